@@ -1,0 +1,142 @@
+"""CPU support for megatron-core: every patch of megatron or torch lives here.
+
+megatron-core assumes CUDA in a handful of places (``torch.cuda.current_device()`` as a
+tensor device, stream/synchronize calls in pipeline p2p, the tensor-parallel RNG tracker
+saving CUDA RNG states, literal ``device="cuda"`` in the schedules). ``activate()`` maps
+them to the CPU so TP/PP/DP run on gloo process groups. It does nothing when a CUDA device
+is present, and it is idempotent.
+
+Patched:
+  * ``torch.cuda.current_device`` -> ``"cpu"``; ``synchronize`` / ``empty_cache`` -> no-ops;
+    ``current_stream`` / ``default_stream`` / ``Stream`` -> a dummy stream.
+  * ``torch.cuda.{get,set}_rng_state`` / ``manual_seed`` and megatron's
+    ``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` -> the CPU default generator, so the
+    tracker's forked states (dropout under TP) are real CPU generator states.
+  * torch factory functions, ``Tensor.cuda`` and ``Tensor.to`` rewrite ``device="cuda"`` to the
+    CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["activate", "is_active", "needed"]
+
+_LOCK = threading.Lock()
+_ACTIVE = False
+
+
+def needed() -> bool:
+    """True when no CUDA device is usable (the shim should be active)."""
+    return not torch.cuda.is_available()
+
+
+def is_active() -> bool:
+    return _ACTIVE
+
+
+class _DummyStream:
+    def wait_stream(self, *args, **kwargs) -> None:
+        pass
+
+    def wait_event(self, *args, **kwargs) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self, *args, **kwargs):
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _is_cuda(device) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return False
+
+
+_FACTORIES = ("ones", "zeros", "empty", "full", "arange", "tensor", "as_tensor", "randn", "rand",
+              "randint", "randperm", "eye", "linspace", "empty_strided", "ones_like", "zeros_like",
+              "empty_like", "full_like")
+
+
+def _redirect_factory(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _tensor_to(orig):
+    @functools.wraps(orig)
+    def to(self, *args, **kwargs):
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        args = tuple("cpu" if _is_cuda(a) else a for a in args)
+        return orig(self, *args, **kwargs)
+
+    return to
+
+
+class _DropTrackerWarning(logging.Filter):
+    # The tracker warns when the CPU RNG moved inside a fork; on CPU the forked state *is*
+    # the CPU generator, so that is expected.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
+
+
+def activate() -> bool:
+    """Install the CPU patches if no CUDA device is present. Returns True when active."""
+    global _ACTIVE
+    if not needed():
+        return False
+    with _LOCK:
+        if _ACTIVE:
+            return True
+        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+        torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+        torch.cuda.empty_cache = lambda: None  # type: ignore[assignment]
+        torch.cuda.current_stream = lambda *a, **k: _DummyStream()  # type: ignore[assignment]
+        torch.cuda.default_stream = lambda *a, **k: _DummyStream()  # type: ignore[assignment]
+        torch.cuda.Stream = lambda *a, **k: _DummyStream()  # type: ignore[assignment]
+        torch.cuda.stream = lambda *a, **k: _DummyStream()  # type: ignore[assignment]
+        torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()  # type: ignore[assignment]
+        torch.cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)  # type: ignore[assignment]
+        # torch.manual_seed itself calls torch.cuda.manual_seed_all: keep that a no-op.
+        torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))  # type: ignore[assignment]
+        torch.cuda.manual_seed_all = lambda seed: None  # type: ignore[assignment]
+        try:
+            from megatron.core.tensor_parallel import random as mrandom
+
+            mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+            mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+            logging.getLogger(mrandom.__name__).addFilter(_DropTrackerWarning())
+        except ImportError:  # megatron-core not installed: plain torch use
+            pass
+        # Literal device="cuda" / .cuda() / .to("cuda") in megatron-core (causal mask,
+        # schedules): plain wrappers, which unlike a TorchFunctionMode also apply inside
+        # autograd Functions (activation recompute).
+        for fname in _FACTORIES:
+            setattr(torch, fname, _redirect_factory(getattr(torch, fname)))
+        torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[assignment]
+        torch.Tensor.to = _tensor_to(torch.Tensor.to)  # type: ignore[assignment]
+        _ACTIVE = True
+        logger.info("no CUDA device: megatron-core CPU shim active")
+    return True

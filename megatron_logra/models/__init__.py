@@ -1,0 +1,1 @@
+"""Model builders (megatron-core GPT) and layout maps."""

@@ -1,0 +1,214 @@
+"""megatron-core GPT builder with Llama/Qwen-style options and layout-invariant init.
+
+``init_layout_invariant_`` gives every parameter values that depend only on the seed and
+the parameter's *global* name, never on TP/PP layout, so runs at different parallel
+layouts start from identical weights (the basis of the TP/PP/DP equivalence tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from megatron_logra.models.layout import global_param_names, shard_full
+from megatron_logra.parallel import ParallelGroups
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ModelConfig", "build_gpt", "init_layout_invariant_"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelConfig:
+    """Shape and options of a decoder-only GPT (megatron-core ``GPTModel``)."""
+
+    num_layers: int = 2
+    """Transformer layers (Megatron-LM: --num-layers)."""
+    hidden_size: int = 64
+    """Model width (--hidden-size)."""
+    num_attention_heads: int = 4
+    """Query heads (--num-attention-heads)."""
+    num_query_groups: Optional[int] = None
+    """KV heads for grouped-query attention; None = multi-head (--num-query-groups)."""
+    ffn_hidden_size: int = 192
+    """MLP width (--ffn-hidden-size)."""
+    vocab_size: int = 64
+    """Tokenizer vocabulary; padded to a multiple of ``make_vocab_size_divisible_by × tp``."""
+    make_vocab_size_divisible_by: int = 16
+    """Vocabulary padding multiple (--make-vocab-size-divisible-by)."""
+    seq_length: int = 64
+    """Maximum sequence length (--seq-length / --max-position-embeddings)."""
+    swiglu: bool = True
+    """Gated SiLU MLP (Llama/Qwen); False = GELU MLP."""
+    normalization: str = "RMSNorm"
+    """RMSNorm or LayerNorm."""
+    position_embedding_type: str = "rope"
+    """rope or learned_absolute."""
+    rotary_base: int = 10000
+    """RoPE base (--rotary-base)."""
+    add_bias_linear: bool = False
+    """Biases on all linears (--add-bias-linear)."""
+    add_qkv_bias: bool = False
+    """Bias on the QKV projection only (Qwen2)."""
+    qk_layernorm: bool = False
+    """Per-head RMSNorm on queries and keys (Qwen3)."""
+    untie_embeddings_and_output_weights: bool = True
+    """Separate output layer (--untie-embeddings-and-output-weights)."""
+    params_dtype: str = "float32"
+    """Weight dtype: float32, bfloat16 or float16."""
+    recompute: str = "none"
+    """Activation recompute: none or full (--recompute-granularity full, uniform, 1 layer)."""
+    hidden_dropout: float = 0.0
+    """Dropout after attention/MLP (--hidden-dropout)."""
+    attention_dropout: float = 0.0
+    """Dropout on attention probabilities (--attention-dropout)."""
+    init_std: float = 0.02
+    """Std of the normal init (--init-method-std)."""
+    layernorm_epsilon: float = 1e-6
+    """Norm epsilon (--norm-epsilon)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size", "seq_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be >= 1")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"model.hidden_size={self.hidden_size} must be divisible by model.num_attention_heads={self.num_attention_heads}"
+            )
+        groups = self.num_query_groups or self.num_attention_heads
+        if self.num_attention_heads % groups:
+            raise ValueError(f"model.num_query_groups={groups} must divide num_attention_heads={self.num_attention_heads}")
+        if self.normalization not in ("RMSNorm", "LayerNorm"):
+            raise ValueError(f"model.normalization={self.normalization!r}: choose RMSNorm or LayerNorm")
+        if self.position_embedding_type not in ("rope", "learned_absolute"):
+            raise ValueError(f"model.position_embedding_type={self.position_embedding_type!r}: choose rope or learned_absolute")
+        if self.params_dtype not in _DTYPES:
+            raise ValueError(f"model.params_dtype={self.params_dtype!r}: choose one of {sorted(_DTYPES)}")
+        if self.recompute not in ("none", "full"):
+            raise ValueError(f"model.recompute={self.recompute!r}: choose none or full")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.params_dtype]
+
+    def padded_vocab_size(self, tp: int = 1) -> int:
+        multiple = self.make_vocab_size_divisible_by * tp
+        return int(math.ceil(self.vocab_size / multiple) * multiple)
+
+    def num_params(self) -> int:
+        """Total parameter count (padded vocabulary at TP=1)."""
+        h, f, v = self.hidden_size, self.ffn_hidden_size, self.padded_vocab_size()
+        kv = (self.num_query_groups or self.num_attention_heads) * (h // self.num_attention_heads)
+        attn = h * (h + 2 * kv) + h * h
+        mlp = h * f * (3 if self.swiglu else 2)
+        per_layer = attn + mlp + 2 * h
+        emb = v * h * (2 if self.untie_embeddings_and_output_weights else 1)
+        return self.num_layers * per_layer + emb + h
+
+
+def _transformer_config(cfg: ModelConfig, groups: ParallelGroups):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    kwargs = dict(
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_query_groups=cfg.num_query_groups,
+        ffn_hidden_size=cfg.ffn_hidden_size,
+        tensor_model_parallel_size=groups.tp_size,
+        pipeline_model_parallel_size=groups.pp_size,
+        params_dtype=cfg.torch_dtype,
+        bf16=cfg.torch_dtype == torch.bfloat16,
+        fp16=cfg.torch_dtype == torch.float16,
+        pipeline_dtype=cfg.torch_dtype,
+        use_cpu_initialization=True,
+        perform_initialization=True,
+        init_method_std=cfg.init_std,
+        normalization=cfg.normalization,
+        layernorm_epsilon=cfg.layernorm_epsilon,
+        add_bias_linear=cfg.add_bias_linear,
+        add_qkv_bias=cfg.add_qkv_bias,
+        gated_linear_unit=cfg.swiglu,
+        activation_func=torch.nn.functional.silu if cfg.swiglu else torch.nn.functional.gelu,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        hidden_dropout=cfg.hidden_dropout,
+        attention_dropout=cfg.attention_dropout,
+        qk_layernorm=cfg.qk_layernorm,
+        sequence_parallel=False,
+    )
+    if cfg.recompute == "full":
+        kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    return TransformerConfig(**kwargs)
+
+
+def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234) -> nn.Module:
+    """Build this rank's stage of a megatron-core ``GPTModel`` and initialise it layout-invariantly.
+
+    Parallel state must have been initialised by :func:`megatron_logra.parallel.initialize_parallel`.
+    """
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    tcfg = _transformer_config(cfg, groups)
+    spec = get_gpt_layer_local_spec(normalization=cfg.normalization, qk_layernorm=cfg.qk_layernorm)
+    model = GPTModel(
+        config=tcfg,
+        transformer_layer_spec=spec,
+        vocab_size=cfg.padded_vocab_size(groups.tp_size),
+        max_sequence_length=cfg.seq_length,
+        pre_process=groups.pp_first,
+        post_process=groups.pp_last,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not cfg.untie_embeddings_and_output_weights,
+        position_embedding_type=cfg.position_embedding_type,
+        rotary_base=cfg.rotary_base,
+    )
+    init_layout_invariant_(model, cfg, groups, seed=seed)
+    return model
+
+
+def _param_seed(seed: int, global_name: str) -> int:
+    digest = hashlib.blake2b(f"logra-init|{seed}|{global_name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+@torch.no_grad()
+def init_layout_invariant_(model: nn.Module, cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234) -> None:
+    """Re-initialise every parameter from ``(seed, global name)`` and take this rank's TP shard.
+
+    Norm weights -> 1, biases -> 0, matrices -> N(0, init_std²) (output projections scaled by
+    1/sqrt(2·num_layers) as in Megatron). The padded vocabulary rows are generated at the
+    padded size of TP=1 ... so they are also identical across TP, except for extra padding.
+    """
+    names = global_param_names(model)
+    for local_name, param in model.named_parameters():
+        gname = names[local_name]
+        leaf = gname.split(".")[-1]
+        if "norm" in gname.split(".")[-2] or gname.endswith("layer_norm_weight"):
+            param.fill_(1.0)
+            continue
+        if leaf == "bias" or gname.endswith("layer_norm_bias"):
+            param.zero_()
+            continue
+        full_shape = list(param.shape)
+        if getattr(param, "tensor_model_parallel", False):
+            full_shape[param.partition_dim] *= groups.tp_size
+        std = cfg.init_std
+        if gname.endswith(("linear_proj.weight", "linear_fc2.weight")):
+            std = cfg.init_std / math.sqrt(2.0 * cfg.num_layers)
+        gen = torch.Generator().manual_seed(_param_seed(seed, gname))
+        full = torch.randn(full_shape, generator=gen, dtype=torch.float32) * std
+        param.copy_(shard_full(full, gname, param, groups.tp_rank, groups.tp_size))

@@ -1,0 +1,168 @@
+"""Process groups: the only module that creates or reads megatron-core's global parallel state.
+
+Everything else receives a :class:`ParallelGroups` and passes its groups explicitly.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron_logra import cpu_shim
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ParallelConfig", "ParallelGroups", "init_distributed", "initialize_parallel", "destroy_parallel",
+           "all_reduce_sum", "group_size", "group_rank"]
+
+
+@dataclass
+class ParallelConfig:
+    """Parallel layout. World size = tp × pp × dp."""
+
+    tp: int = 1
+    """Tensor-parallel size (Megatron-LM: --tensor-model-parallel-size)."""
+    pp: int = 1
+    """Pipeline-parallel size (Megatron-LM: --pipeline-model-parallel-size)."""
+    backend: str = "auto"
+    """torch.distributed backend: auto (nccl with CUDA, else gloo), nccl or gloo."""
+    timeout_minutes: int = 30
+    """Collective timeout."""
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ValueError(f"parallel.tp={self.tp} must be >= 1")
+        if self.pp < 1:
+            raise ValueError(f"parallel.pp={self.pp} must be >= 1")
+        if self.backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"parallel.backend={self.backend!r}: choose auto, nccl or gloo")
+
+
+def group_size(group: Optional[dist.ProcessGroup]) -> int:
+    return dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
+
+
+def group_rank(group: Optional[dist.ProcessGroup]) -> int:
+    return dist.get_rank(group) if group is not None and dist.is_initialized() else 0
+
+
+def all_reduce_sum(tensor: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+    """In-place sum over ``group`` (no-op for a missing or single-member group)."""
+    if group_size(group) > 1:
+        dist.all_reduce(tensor, group=group)
+    return tensor
+
+
+@dataclass
+class ParallelGroups:
+    """Process groups of one rank. ``None`` groups mean "this rank alone"."""
+
+    tp: Optional[dist.ProcessGroup] = None
+    pp: Optional[dist.ProcessGroup] = None
+    dp: Optional[dist.ProcessGroup] = None
+    mp: Optional[dist.ProcessGroup] = None
+    """Model-parallel group (tp × pp): agreement on skipped steps, global norms."""
+    embedding: Optional[dist.ProcessGroup] = None
+    """First and last pipeline stage (tied word embeddings)."""
+    pp_first: bool = True
+    pp_last: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tp_size(self) -> int:
+        return group_size(self.tp)
+
+    @property
+    def tp_rank(self) -> int:
+        return group_rank(self.tp)
+
+    @property
+    def pp_size(self) -> int:
+        return group_size(self.pp)
+
+    @property
+    def pp_rank(self) -> int:
+        return group_rank(self.pp)
+
+    @property
+    def dp_size(self) -> int:
+        return group_size(self.dp)
+
+    @property
+    def dp_rank(self) -> int:
+        return group_rank(self.dp)
+
+    @property
+    def is_rank0(self) -> bool:
+        return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def init_distributed(backend: str = "auto", timeout_minutes: int = 30) -> None:
+    """Initialise torch.distributed from torchrun's environment, or as a 1-process world.
+
+    A single process without torchrun variables gets a gloo world of size 1 on a free
+    loopback port, so megatron-core's parallel state can be built the same way.
+    """
+    if dist.is_initialized():
+        return
+    if not torch.cuda.is_available():
+        cpu_shim.activate()
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend=backend, timeout=timeout)
+    else:
+        store = dist.HashStore()
+        dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
+    logger.info("torch.distributed: backend=%s world=%d", backend, dist.get_world_size())
+
+
+def initialize_parallel(cfg: ParallelConfig, seed: int = 1234) -> ParallelGroups:
+    """Build megatron-core's model-parallel groups and return them as :class:`ParallelGroups`.
+
+    Also seeds megatron's tensor-parallel RNG tracker (dropout inside TP regions).
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    init_distributed(cfg.backend, cfg.timeout_minutes)
+    world = dist.get_world_size()
+    if world % (cfg.tp * cfg.pp) != 0:
+        raise ValueError(
+            f"world size {world} is not divisible by parallel.tp × parallel.pp = {cfg.tp * cfg.pp}; "
+            "launch tp × pp × dp processes"
+        )
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    groups = ParallelGroups(
+        tp=ps.get_tensor_model_parallel_group(),
+        pp=ps.get_pipeline_model_parallel_group(),
+        dp=ps.get_data_parallel_group(),
+        mp=ps.get_model_parallel_group(),
+        embedding=ps.get_embedding_group(check_initialized=False) if cfg.pp > 1 else None,
+        pp_first=ps.is_pipeline_first_stage(ignore_virtual=True),
+        pp_last=ps.is_pipeline_last_stage(ignore_virtual=True),
+    )
+    logger.info("parallel layout: tp=%d pp=%d dp=%d", groups.tp_size, groups.pp_size, groups.dp_size)
+    return groups
+
+
+def destroy_parallel() -> None:
+    """Tear down megatron's groups and the default process group."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,18 @@
+"""Projections, canonical names and sketch capture.
+
+``projection`` and ``canonical_name`` import only torch: inference engines use them to
+regenerate ``A`` without megatron-core.
+"""
+
+from megatron_logra.sketch.naming import canonical_name, strip_wrappers
+from megatron_logra.sketch.projection import DISTRIBUTIONS, projection
+
+__all__ = ["canonical_name", "strip_wrappers", "projection", "DISTRIBUTIONS", "install_sketches", "SketchSet", "SketchTarget"]
+
+
+def __getattr__(name):  # capture is imported lazily so engine processes stay light
+    if name in ("install_sketches", "SketchSet", "SketchTarget", "DEFAULT_TARGETS"):
+        from megatron_logra.sketch import capture
+
+        return getattr(capture, name)
+    raise AttributeError(name)

@@ -1,0 +1,339 @@
+"""Sketch capture: ``S += Hᵀ (X Aᵀ)`` during backward, with no dense weight gradient.
+
+``install_sketches`` freezes every target weight (so neither ``.grad`` nor a wgrad GEMM
+exists: megatron-core switches to ``linear_with_frozen_weight``), and registers a forward
+hook that computes ``P = X Aᵀ`` under ``no_grad`` and routes the layer output through an
+identity autograd function holding ``P``. Its backward adds ``Hᵀ P`` to the target's row
+block of one flat fp32 buffer and passes ``H`` through unchanged, so input gradients are
+exactly those of dense training.
+
+Activation recompute: the hook only captures when grad mode is on. Megatron's full
+recompute (reentrant) runs the first forward under ``no_grad`` and captures in the
+recompute; ``torch.utils.checkpoint`` (non-reentrant) captures in the first forward and
+its recompute only refills the saved ``P``. Either way ``Hᵀ P`` is added once.
+
+Tensor parallelism: a column-parallel layer owns rows and the full ``A``; a row-parallel
+layer owns a column block of the input and computes a *partial* sketch with
+``A[:, cols]``; ``SketchSet.reduce_tensor_parallel`` sums the partial blocks over the TP
+group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from megatron_logra.sketch.naming import TARGET_ALIASES, canonical_name
+from megatron_logra.sketch.projection import DISTRIBUTIONS, projection
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SketchTarget", "SketchSet", "install_sketches", "DEFAULT_TARGETS"]
+
+DEFAULT_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+@dataclass
+class SketchTarget:
+    """One frozen target linear layer and its sketch."""
+
+    name: str
+    """Canonical layer name (keys the projection)."""
+    module_name: str
+    """Path of the module inside the model it was installed on."""
+    module: nn.Module
+    weight: nn.Parameter
+    """The frozen weight ``[n_out_local, n_in_local]``."""
+    kind: str
+    """Megatron target kind: linear_qkv | linear_proj | linear_fc1 | linear_fc2 (or the leaf name)."""
+    parallel: str
+    """``none`` | ``column`` | ``row``: how the layer is split over the TP group."""
+    n_in: int
+    """Input features of the full (unsharded) layer; the projection's width."""
+    cols: Optional[range]
+    """Global input columns this rank owns (row-parallel), or None for all."""
+    row_offset: int = 0
+    """First row of this target in the flat sketch buffer."""
+    sketch: torch.Tensor = field(default=None, repr=False)  # type: ignore[assignment]
+    """``[n_out_local, r]`` fp32 view into the flat buffer."""
+
+    @property
+    def n_out_local(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def partial(self) -> bool:
+        """True when the sketch on this rank is a partial sum over the TP group."""
+        return self.parallel == "row"
+
+
+class _SketchCapture(torch.autograd.Function):
+    """Identity on the layer output whose backward accumulates ``Hᵀ P`` into the sketch."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, proj_in: torch.Tensor, anchor: torch.Tensor, target: SketchTarget):
+        ctx.save_for_backward(proj_in)
+        ctx.target = target
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (proj_in,) = ctx.saved_tensors
+        sketch_OR: torch.Tensor = ctx.target.sketch
+        grad_TO = grad_out.reshape(-1, grad_out.shape[-1])
+        proj_TR = proj_in.reshape(-1, proj_in.shape[-1])
+        if grad_TO.dtype == torch.float32 and proj_TR.dtype == torch.float32:
+            sketch_OR.addmm_(grad_TO.t(), proj_TR)
+        else:
+            sketch_OR.addmm_(grad_TO.t().float(), proj_TR.float())
+        return grad_out, None, None, None
+
+
+class SketchSet:
+    """All sketches of a model: targets, the flat fp32 buffer, projection bookkeeping.
+
+    ``update`` is the projection update index in use; the optimizer calls ``advance()``
+    after each applied step (a no-op for the index when ``refresh`` is off).
+    """
+
+    def __init__(
+        self,
+        targets: list[SketchTarget],
+        rank: int,
+        seed: int,
+        distribution: str,
+        refresh: bool,
+        tp_group: Optional[dist.ProcessGroup],
+        cache_projections: bool,
+    ) -> None:
+        self.targets = targets
+        self.rank = rank
+        self.seed = seed
+        self.distribution = distribution
+        self.refresh = refresh
+        self.tp_group = tp_group
+        self.cache_projections = cache_projections
+        self.num_updates = 0
+        self.capture_enabled = True
+        self._cache: dict[tuple[str, int], torch.Tensor] = {}
+        self._handles: list = []
+        device = targets[0].weight.device
+        num_rows = sum(t.n_out_local for t in targets)
+        self.flat = torch.zeros(num_rows, rank, dtype=torch.float32, device=device)
+        offset = 0
+        for t in targets:
+            t.row_offset = offset
+            t.sketch = self.flat[offset : offset + t.n_out_local]
+            offset += t.n_out_local
+        # Makes every capture output require grad even when all parameters are frozen,
+        # so backward reaches the sketches (DESIGN: the "embedding hook" requirement).
+        self._anchor = torch.zeros(0, device=device, requires_grad=True)
+
+    # ------------------------------------------------------------------ projections
+    @property
+    def update(self) -> int:
+        """Projection update index of the step being accumulated."""
+        return self.num_updates if self.refresh else 0
+
+    def projection_for(self, target: SketchTarget, update: Optional[int] = None) -> torch.Tensor:
+        """fp32 ``[r, len(cols)]``: the columns of ``A`` this rank applies to ``target``."""
+        update = self.update if update is None else update
+        key = (target.name + (f"|{target.cols.start}:{target.cols.stop}" if target.cols else ""), update)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        proj_RI = projection(
+            self.seed, target.name, update, self.rank, target.n_in,
+            distribution=self.distribution, cols=target.cols, device=target.weight.device,
+        )
+        if self.cache_projections:
+            self._cache[key] = proj_RI
+        return proj_RI
+
+    def advance(self) -> None:
+        """Move to the next update index and drop cached projections of the old one."""
+        self.num_updates += 1
+        if self.refresh:
+            self._cache.clear()
+
+    # ------------------------------------------------------------------ buffer ops
+    def zero_(self) -> None:
+        self.flat.zero_()
+
+    def reduce_tensor_parallel(self) -> None:
+        """Sum the partial sketches of row-parallel targets over the TP group (one collective)."""
+        if self.tp_group is None or dist.get_world_size(self.tp_group) == 1:
+            return
+        partial = [t for t in self.targets if t.partial]
+        if not partial:
+            return
+        packed = torch.cat([t.sketch.reshape(-1) for t in partial])
+        dist.all_reduce(packed, group=self.tp_group)
+        offset = 0
+        for t in partial:
+            n = t.sketch.numel()
+            t.sketch.copy_(packed[offset : offset + n].view_as(t.sketch))
+            offset += n
+
+    def sketches(self) -> dict[str, torch.Tensor]:
+        """Canonical name -> sketch view (rows local to this TP rank)."""
+        return {t.name: t.sketch for t in self.targets}
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Forward passes inside this context capture nothing (evaluation, probes)."""
+        prev = self.capture_enabled
+        self.capture_enabled = False
+        try:
+            yield
+        finally:
+            self.capture_enabled = prev
+
+    def remove(self) -> None:
+        """Remove the hooks (weights stay frozen)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    # ------------------------------------------------------------------ hook
+    def _make_hook(self, target: SketchTarget) -> Callable:
+        def hook(module, args, kwargs, output):
+            if not (self.capture_enabled and torch.is_grad_enabled()):
+                return None
+            x = args[0] if args else next(iter(kwargs.values()))
+            proj_RI = self.projection_for(target)
+            with torch.no_grad():
+                proj_in = torch.matmul(x.detach(), proj_RI.to(x.dtype).t())
+            if isinstance(output, tuple):
+                return (_SketchCapture.apply(output[0], proj_in, self._anchor, target),) + tuple(output[1:])
+            return _SketchCapture.apply(output, proj_in, self._anchor, target)
+
+        return hook
+
+
+def _classify(module: nn.Module, tp_group: Optional[dist.ProcessGroup]) -> tuple[str, int, Optional[range]]:
+    """(parallel kind, full n_in, owned columns) of a supported linear module."""
+    weight = module.weight
+    try:
+        from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    except ImportError:  # plain torch usage
+        ColumnParallelLinear = RowParallelLinear = ()  # type: ignore[assignment]
+    if RowParallelLinear and isinstance(module, RowParallelLinear):
+        if not module.input_is_parallel:
+            raise ValueError("RowParallelLinear targets must have input_is_parallel=True")
+        if getattr(module, "sequence_parallel", False):
+            raise NotImplementedError("sketch capture with sequence_parallel needs the GPU path (gather of P)")
+        n_in_local = weight.shape[1]
+        tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
+        tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
+        return "row", n_in_local * tp_size, range(tp_rank * n_in_local, (tp_rank + 1) * n_in_local)
+    if ColumnParallelLinear and isinstance(module, ColumnParallelLinear):
+        if module.gather_output:
+            raise ValueError("ColumnParallelLinear targets must have gather_output=False")
+        if getattr(module, "sequence_parallel", False):
+            raise NotImplementedError("sketch capture with sequence_parallel needs the GPU path (gather of P)")
+        return "column", weight.shape[1], None
+    if isinstance(module, nn.Linear):
+        return "none", weight.shape[1], None
+    raise ValueError(
+        f"target module of type {type(module).__name__} is not supported; "
+        "expected nn.Linear, ColumnParallelLinear or RowParallelLinear"
+    )
+
+
+def _global_layer_index(model: nn.Module, module_name: str) -> Optional[int]:
+    """0-based global layer index from the nearest enclosing module with ``layer_number``
+    (megatron's TransformerLayer numbers layers globally, from 1, across pipeline stages)."""
+    parts = module_name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            parent = model.get_submodule(".".join(parts[:cut]))
+        except AttributeError:
+            continue
+        number = getattr(parent, "layer_number", None)
+        if isinstance(number, int):
+            return number - 1
+    return None
+
+
+def _matches(leaf: str, requested: str) -> bool:
+    return leaf == requested or TARGET_ALIASES.get(leaf) == requested
+
+
+def install_sketches(
+    model: Union[nn.Module, Sequence[nn.Module]],
+    targets: Iterable[str] = DEFAULT_TARGETS,
+    rank: int = 256,
+    seed: int = 0,
+    distribution: str = "rademacher",
+    refresh: bool = True,
+    *,
+    tp_group: Optional[dist.ProcessGroup] = None,
+    cache_projections: bool = True,
+) -> SketchSet:
+    """Freeze the target linears of ``model`` and capture rank-``rank`` sketches of their gradients.
+
+    Args:
+        model: a module or a list of modules (pipeline chunks).
+        targets: Megatron kinds (``linear_qkv``, ``linear_proj``, ``linear_fc1``, ``linear_fc2``,
+            each also matching its HF/SGLang aliases) or exact leaf module names.
+        rank: sketch rank ``r`` (1 <= r <= n_in of every target).
+        seed: base seed of the projections.
+        distribution: ``rademacher`` or ``gaussian``.
+        refresh: redraw ``A`` every optimizer step (update index = step - 1) or keep index 0.
+        tp_group: tensor-parallel group of megatron-core layers (None for plain modules).
+        cache_projections: keep each step's projections (fp32) until the step is applied,
+            instead of regenerating them for every micro-batch and for the update.
+
+    Raises:
+        ValueError: unknown distribution, rank out of range, a requested target that
+            matches no module, or a target of an unsupported type.
+    """
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"distribution={distribution!r} is unknown; choose one of {DISTRIBUTIONS}")
+    if rank < 1:
+        raise ValueError(f"rank={rank} must be >= 1")
+    requested = list(targets)
+    if not requested:
+        raise ValueError("targets is empty; name at least one target layer (e.g. linear_qkv)")
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    found: list[SketchTarget] = []
+    hits = {r: 0 for r in requested}
+    for chunk_idx, chunk in enumerate(chunks):
+        for module_name, module in chunk.named_modules():
+            leaf = module_name.split(".")[-1]
+            matched = [r for r in requested if _matches(leaf, r)]
+            if not matched:
+                continue
+            for r in matched:
+                hits[r] += 1
+            parallel, n_in, cols = _classify(module, tp_group)
+            if rank > n_in:
+                raise ValueError(f"rank={rank} exceeds n_in={n_in} of target {module_name}; choose rank <= {n_in}")
+            layer = _global_layer_index(chunk, module_name)
+            name = canonical_name(module_name, layer_index=layer)
+            prefix = f"{chunk_idx}." if len(chunks) > 1 else ""
+            found.append(SketchTarget(
+                name=name, module_name=prefix + module_name, module=module, weight=module.weight,
+                kind=TARGET_ALIASES.get(leaf, leaf), parallel=parallel, n_in=n_in, cols=cols,
+            ))
+    missing = [r for r, n in hits.items() if n == 0]
+    if missing:
+        raise ValueError(
+            f"targets {missing} match no module of the model; known target names are "
+            f"{sorted(set(TARGET_ALIASES))} or exact leaf module names"
+        )
+    for t in found:
+        t.weight.requires_grad_(False)
+        t.weight.grad = None
+    sketches = SketchSet(found, rank, seed, distribution, refresh, tp_group, cache_projections)
+    for t in found:
+        sketches._handles.append(t.module.register_forward_hook(sketches._make_hook(t), with_kwargs=True))
+    logger.info("installed %d sketches (rank %d, %s, refresh=%s)", len(found), rank, distribution, refresh)
+    return sketches

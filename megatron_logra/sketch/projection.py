@@ -1,0 +1,132 @@
+"""Counter-based random projections.
+
+Every entry ``A[k, j]`` of a projection is a pure function of
+``(seed, canonical layer name, update index, row k, column j)``. There is no generator
+state: a tensor-parallel rank that owns columns ``cols`` of a row-parallel layer, an
+inference engine with another TP degree, or a GPU process all compute exactly the same
+numbers for the entries they ask for, without materialising the whole matrix.
+
+The hash is a 32-bit integer mixer (``lowbias32``) evaluated with int64 torch ops whose
+intermediate values never exceed 2**63, so the result is identical on every backend.
+
+This module imports only ``torch`` and the standard library: inference engines import
+it in processes that have no megatron-core.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+
+from megatron_logra.sketch.naming import canonical_name
+
+__all__ = ["DISTRIBUTIONS", "projection", "projection_key", "hash_u32"]
+
+DISTRIBUTIONS = ("rademacher", "gaussian")
+
+_MASK32 = 0xFFFFFFFF
+_MASK16 = 0xFFFF
+# lowbias32 constants (Wellons, "hash-prospector").
+_C1 = 0x7FEB352D
+_C2 = 0x846CA68B
+_GOLDEN = 0x9E3779B9
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2**32`` for ``x`` in [0, 2**32) without int64 overflow."""
+    lo = x * (c & _MASK16)
+    hi = ((x * (c >> 16)) & _MASK16) << 16
+    return (lo + hi) & _MASK32
+
+
+def hash_u32(x: torch.Tensor) -> torch.Tensor:
+    """Bijective 32-bit mixer (lowbias32) on int64 tensors holding values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, _C1)
+    x = x ^ (x >> 15)
+    x = _mul32(x, _C2)
+    x = x ^ (x >> 16)
+    return x
+
+
+def projection_key(seed: int, name: str, update: int) -> tuple[int, int, int, int]:
+    """Four 32-bit words derived from ``(seed, canonical name, update index)``.
+
+    Uses BLAKE2b, so the key is stable across Python processes, platforms and versions
+    (unlike ``hash()``).
+    """
+    if update < 0:
+        raise ValueError(f"update index must be >= 0, got {update}")
+    msg = f"logra-projection-v1|{int(seed)}|{canonical_name(name)}|{int(update)}".encode()
+    digest = hashlib.blake2b(msg, digest_size=16).digest()
+    return tuple(int.from_bytes(digest[4 * i : 4 * i + 4], "little") for i in range(4))  # type: ignore[return-value]
+
+
+def _entry_hash(
+    key: tuple[int, int, int, int], rows: torch.Tensor, cols: torch.Tensor, lane: int
+) -> torch.Tensor:
+    """Hash of every (row, col) pair: [len(rows), len(cols)] int64 in [0, 2**32)."""
+    k0, k1, k2, k3 = key
+    lane_salt = (lane * _GOLDEN) & _MASK32
+    row_h = hash_u32(hash_u32((rows ^ k0) & _MASK32) ^ k1 ^ lane_salt)  # [R]
+    col_h = hash_u32(hash_u32((cols ^ k2) & _MASK32) ^ k3)  # [C]
+    mixed = hash_u32(((row_h[:, None] + _mul32(col_h, _GOLDEN)[None, :]) & _MASK32) ^ lane_salt)
+    return hash_u32(mixed ^ row_h[:, None])
+
+
+def projection(
+    seed: int,
+    name: str,
+    update: int,
+    rank: int,
+    n_in: int,
+    *,
+    distribution: str = "rademacher",
+    cols: Optional[Union[Sequence[int], torch.Tensor, slice, range]] = None,
+    device: Optional[Union[str, torch.device]] = None,
+) -> torch.Tensor:
+    """Projection ``A`` (or the columns ``cols`` of it) as fp32 ``[rank, len(cols)]``.
+
+    Args:
+        seed: base seed of the run.
+        name: layer name; canonicalised, so Megatron, HF and wrapped names of one layer agree.
+        update: 0-based update index (optimizer step ``t`` uses ``t - 1``).
+        rank: number of rows ``r``.
+        n_in: number of input features of the full (unsharded) layer.
+        distribution: ``"rademacher"`` (entries ±1/√r, exact on every device) or
+            ``"gaussian"`` (N(0, 1/r) by Box–Muller in float64, rounded to fp32).
+        cols: global column indices to produce (default: all ``n_in``).
+        device: where to build the result.
+
+    ``E[AᵀA] = I`` for both distributions.
+    """
+    if rank < 1:
+        raise ValueError(f"rank must be >= 1, got {rank}")
+    if n_in < 1:
+        raise ValueError(f"n_in must be >= 1, got {n_in}")
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"unknown distribution {distribution!r}; choose one of {DISTRIBUTIONS}")
+    if cols is None:
+        col_idx = torch.arange(n_in, dtype=torch.int64, device=device)
+    elif isinstance(cols, slice):
+        col_idx = torch.arange(n_in, dtype=torch.int64, device=device)[cols]
+    else:
+        col_idx = torch.as_tensor(list(cols) if isinstance(cols, range) else cols, dtype=torch.int64, device=device)
+    if col_idx.numel() and (int(col_idx.min()) < 0 or int(col_idx.max()) >= n_in):
+        raise ValueError(f"cols must lie in [0, {n_in}); got range [{int(col_idx.min())}, {int(col_idx.max())}]")
+    row_idx = torch.arange(rank, dtype=torch.int64, device=col_idx.device)
+    key = projection_key(seed, name, update)
+    scale = 1.0 / math.sqrt(rank)
+    if distribution == "rademacher":
+        bits = _entry_hash(key, row_idx, col_idx, lane=0) >> 31
+        out = (1.0 - 2.0 * bits.to(torch.float32)) * scale
+        return out
+    h1 = _entry_hash(key, row_idx, col_idx, lane=1).to(torch.float64)
+    h2 = _entry_hash(key, row_idx, col_idx, lane=2).to(torch.float64)
+    u1 = (h1 + 1.0) / 4294967296.0  # (0, 1]
+    u2 = h2 / 4294967296.0  # [0, 1)
+    z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * math.pi) * u2)
+    return (z * scale).to(torch.float32)
