@@ -58,6 +58,9 @@ class SketchTarget:
     """Input features of the full (unsharded) layer; the projection's width."""
     cols: Optional[range]
     """Global input columns this rank owns (row-parallel), or None for all."""
+    key: str = ""
+    """Unique state key: the canonical name, suffixed with the leaf when several modules share
+    it (HF q/k/v_proj all map to ``qkv_proj``)."""
     row_offset: int = 0
     """First row of this target in the flat sketch buffer."""
     sketch: torch.Tensor = field(default=None, repr=False)  # type: ignore[assignment]
@@ -329,7 +332,11 @@ def install_sketches(
             f"targets {missing} match no module of the model; known target names are "
             f"{sorted(set(TARGET_ALIASES))} or exact leaf module names"
         )
+    counts: dict[str, int] = {}
     for t in found:
+        counts[t.name] = counts.get(t.name, 0) + 1
+    for t in found:
+        t.key = t.name if counts[t.name] == 1 else f"{t.name}/{t.module_name.split('.')[-1]}"
         t.weight.requires_grad_(False)
         t.weight.grad = None
     sketches = SketchSet(found, rank, seed, distribution, refresh, tp_group, cache_projections)

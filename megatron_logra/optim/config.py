@@ -1,0 +1,126 @@
+"""Typed configs of the optimizers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from megatron_logra.sketch.capture import DEFAULT_TARGETS
+from megatron_logra.sketch.naming import TARGET_ALIASES
+from megatron_logra.sketch.projection import DISTRIBUTIONS
+
+__all__ = ["LograConfig", "NativeConfig", "OptimizerConfig"]
+
+
+@dataclass
+class NativeConfig:
+    """AdamW for parameters that are not LoGRA targets (embeddings, norms, biases, output layer)."""
+
+    freeze: bool = False
+    """Freeze non-target parameters instead of training them."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    beta1: float = 0.9
+    """First-moment decay."""
+    beta2: float = 0.95
+    """Second-moment decay."""
+    eps: float = 1e-8
+    """Denominator epsilon."""
+
+    def __post_init__(self) -> None:
+        if self.lr < 0:
+            raise ValueError(f"native.lr={self.lr} must be >= 0")
+        if not 0.0 <= self.beta1 < 1.0:
+            raise ValueError(f"native.beta1={self.beta1} must lie in [0, 1)")
+        if not 0.0 <= self.beta2 < 1.0:
+            raise ValueError(f"native.beta2={self.beta2} must lie in [0, 1)")
+        if self.eps <= 0:
+            raise ValueError(f"native.eps={self.eps} must be > 0")
+
+
+@dataclass
+class LograConfig:
+    """LoGRA sketch optimizer (DESIGN §1)."""
+
+    rank: int = 256
+    """Sketch rank r (1 <= r <= n_in of every target)."""
+    targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
+    """Target layers: Megatron kinds or HF/SGLang aliases (q_proj, gate_up_proj, ...)."""
+    distribution: str = "rademacher"
+    """Projection entries: rademacher (±1/√r) or gaussian (N(0, 1/r))."""
+    refresh: bool = True
+    """Redraw the projection every optimizer step (update index = step − 1)."""
+    seed: int = 1234
+    """Base seed of the projections."""
+    algorithm: str = "row_adam"
+    """row_adam (per-row second moment) or sgd (D = S)."""
+    recipe: str = "optimizer"
+    """optimizer: lr / weight decay / clipping. paper: token-normalised sketches, per-layer
+    norm restoration, global update-ratio scaling, step size α from the KL controller."""
+    lr: float = 1e-3
+    """Learning rate (optimizer recipe)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay on targets (optimizer recipe)."""
+    beta2: float = 0.95
+    """RowAdam second-moment decay, in [0, 1)."""
+    eps: float = 1e-8
+    """RowAdam denominator epsilon."""
+    clip_grad: float = 1.0
+    """Global-norm clip of the reconstructed gradient plus native grads; 0 disables (optimizer recipe)."""
+    update_ratio: float = 6e-5
+    """‖ΔW‖_F / ‖W‖_F over all targets at α = 1 (paper recipe)."""
+    masters: str = "fp32"
+    """fp32: fp32 master copy of low-precision targets (≈6 B/param); none: bf16-only (≈2 B/param)."""
+    rounding: str = "stochastic"
+    """Rounding of bf16-only updates: stochastic (counter-based noise, unbiased) or nearest."""
+    cache_projections: bool = True
+    """Keep a step's projections (fp32, Σ r·n_in·4 bytes) until the step is applied instead of
+    regenerating them per micro-batch and for the update."""
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"logra.rank={self.rank} must be >= 1")
+        if not self.targets:
+            raise ValueError("logra.targets is empty; name at least one target layer (e.g. linear_qkv)")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"logra.distribution={self.distribution!r} is unknown; choose one of {DISTRIBUTIONS}")
+        if self.algorithm not in ("row_adam", "sgd"):
+            raise ValueError(f"logra.algorithm={self.algorithm!r}: choose row_adam or sgd")
+        if self.recipe not in ("optimizer", "paper"):
+            raise ValueError(f"logra.recipe={self.recipe!r}: choose optimizer or paper")
+        if not 0.0 <= self.beta2 < 1.0:
+            raise ValueError(f"logra.beta2={self.beta2} must lie in [0, 1)")
+        if self.eps <= 0:
+            raise ValueError(f"logra.eps={self.eps} must be > 0")
+        if self.lr < 0:
+            raise ValueError(f"logra.lr={self.lr} must be >= 0")
+        if self.weight_decay < 0:
+            raise ValueError(f"logra.weight_decay={self.weight_decay} must be >= 0")
+        if self.clip_grad < 0:
+            raise ValueError(f"logra.clip_grad={self.clip_grad} must be >= 0 (0 disables clipping)")
+        if self.update_ratio <= 0:
+            raise ValueError(f"logra.update_ratio={self.update_ratio} must be > 0")
+        if self.masters not in ("fp32", "none"):
+            raise ValueError(f"logra.masters={self.masters!r}: choose fp32 or none (bf16-only)")
+        if self.rounding not in ("stochastic", "nearest"):
+            raise ValueError(f"logra.rounding={self.rounding!r}: choose stochastic or nearest")
+        unknown = [t for t in self.targets if not t.replace("_", "").isalnum()]
+        if unknown:
+            raise ValueError(f"logra.targets has malformed names {unknown}; known names: {sorted(TARGET_ALIASES)}")
+
+
+@dataclass
+class OptimizerConfig:
+    """Which optimizer trains the model."""
+
+    name: str = "logra"
+    """logra (sketches for targets + native AdamW) or adam (dense AdamW, for comparison)."""
+    logra: LograConfig = field(default_factory=LograConfig)
+    """LoGRA settings."""
+    native: NativeConfig = field(default_factory=NativeConfig)
+    """AdamW for non-targets (and for everything when name=adam)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in ("logra", "adam"):
+            raise ValueError(f"optimizer.name={self.name!r}: choose logra or adam")

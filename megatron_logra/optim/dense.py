@@ -1,0 +1,93 @@
+"""Dense AdamW through the LoGRA optimizer interface, for side-by-side comparison.
+
+Every trainable parameter gets a dense gradient: bf16 weights use fp32 main grads, fp32
+masters and fp32 moments (18 bytes per parameter, as Megatron's mixed-precision optimizer).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from megatron_logra.optim.config import NativeConfig
+from megatron_logra.optim.logra import PreparedUpdate, _module_params
+from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
+from megatron_logra.parallel import ParallelGroups, all_reduce_sum
+
+__all__ = ["DenseAdamW"]
+
+
+class DenseAdamW:
+    """AdamW on all trainable parameters with ``zero_grad / prepare / apply / step``."""
+
+    def __init__(
+        self,
+        model: Union[nn.Module, Sequence[nn.Module]],
+        cfg: NativeConfig,
+        groups: ParallelGroups,
+        *,
+        clip_grad: float = 1.0,
+    ) -> None:
+        params = [p for p in _module_params(model) if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no trainable parameters for dense AdamW")
+        self.groups = groups
+        self.clip_grad = clip_grad
+        self.device = params[0].device
+        self.native = NativeAdamW(
+            params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay, groups=groups
+        )
+        self.num_steps = 0
+        self.num_skipped = 0
+
+    def zero_grad(self) -> None:
+        self.native.zero_grad()
+
+    def persistent_bytes(self) -> dict[str, int]:
+        n = self.native.num_params()
+        low = sum(p.numel() for p in self.native.params if p.dtype != torch.float32)
+        return {"grads": n * 4, "masters": low * 4, "moments": n * 8}
+
+    @torch.no_grad()
+    def prepare(self, num_tokens: Optional[int] = None) -> PreparedUpdate:
+        update = PreparedUpdate(step=self.num_steps + 1, update_index=self.num_steps)
+        self.native.reduce_gradients(average=True)
+        if reduce_flag_any(not self.native.all_finite(), self.groups.mp, self.device):
+            self.num_skipped += 1
+            update.skipped, update.reason = True, "non-finite gradient"
+            self.zero_grad()
+            return update
+        norm2 = all_reduce_sum(self.native.local_norm2(self.device).reshape(1), self.groups.mp)
+        update.grad_norm = math.sqrt(norm2.item())
+        if self.clip_grad > 0 and update.grad_norm > self.clip_grad:
+            update.clip_coef = self.clip_grad / (update.grad_norm + 1e-6)
+            self.native.scale_grads_(update.clip_coef)
+        return update
+
+    def apply(self, update: PreparedUpdate, alpha: float = 1.0) -> None:
+        if update.skipped:
+            return
+        if alpha != 1.0:
+            raise ValueError("dense AdamW applies its own step size; alpha must be 1.0")
+        self.native.step()
+        self.num_steps += 1
+        self.zero_grad()
+
+    def step(self, num_tokens: Optional[int] = None) -> PreparedUpdate:
+        update = self.prepare(num_tokens)
+        self.apply(update)
+        return update
+
+    def state_dict(self) -> dict:
+        return {"kind": "adam", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
+                "native": self.native.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("kind") != "adam":
+            raise ValueError(f"optimizer state is of kind {state.get('kind')!r}, expected 'adam'")
+        self.native.load_state_dict(state["native"])
+        self.num_steps = int(state["num_steps"])
+        self.num_skipped = int(state.get("num_skipped", 0))

@@ -1,0 +1,116 @@
+"""Pure numerical cores of the LoGRA optimizer (no process groups, no module state).
+
+Shapes: a sketch ``S`` is ``[n_out, r]`` (``sketch_OR``), a projection ``A`` is
+``[r, n_in]`` (``proj_RI``), a direction ``D`` has the sketch's shape, row moments ``v``
+are ``[n_out]``. The reconstructed gradient is ``S·A``; the weight update is ``ΔW = −c·D·A``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from megatron_logra.sketch.projection import _entry_hash, projection_key
+
+__all__ = [
+    "row_adam_direction",
+    "reconstructed_norm2",
+    "apply_low_rank_update_",
+    "stochastic_round_bf16",
+    "rounding_noise",
+]
+
+
+def row_adam_direction(
+    sketch_OR: torch.Tensor, v_O: torch.Tensor, step: int, beta2: float, eps: float
+) -> torch.Tensor:
+    """RowAdam: one second moment per output row, no first moment.
+
+    ``v_i ← β2·v_i + (1−β2)·mean_j S_ij²`` (updated in place), then
+    ``D_ij = S_ij / (sqrt(v_i / (1−β2^t)) + ε)`` for the 1-based ``step`` t.
+    """
+    if step < 1:
+        raise ValueError(f"step must be >= 1 (1-based), got {step}")
+    v_O.mul_(beta2).add_(sketch_OR.pow(2).mean(dim=1), alpha=1.0 - beta2)
+    denom_O = (v_O / (1.0 - beta2**step)).sqrt_().add_(eps)
+    return sketch_OR / denom_O[:, None]
+
+
+def reconstructed_norm2(sketch_OR: torch.Tensor, proj_RI: torch.Tensor) -> torch.Tensor:
+    """``‖S·A‖_F²`` through the ``r×r`` Gram: ``Σ ((S·AAᵀ) ⊙ S)`` (fp64 scalar).
+
+    With ``A`` a column block of the full projection this is that block's share; summing
+    the shares of all blocks gives the full norm.
+    """
+    gram_RR = proj_RI.double() @ proj_RI.double().t()
+    s = sketch_OR.double()
+    return ((s @ gram_RR) * s).sum()
+
+
+def rounding_noise(seed: int, name: str, update: int, shape: tuple[int, int], row_offset: int = 0) -> torch.Tensor:
+    """Deterministic 16-bit noise ``[rows, cols]`` in [0, 65536) for stochastic rounding.
+
+    Counter-based like the projections, so a replay of the same step rounds identically.
+    """
+    key = projection_key(seed, f"{name}#stochastic-rounding", update)
+    rows = torch.arange(row_offset, row_offset + shape[0], dtype=torch.int64)
+    cols = torch.arange(shape[1], dtype=torch.int64)
+    return _entry_hash(key, rows, cols, lane=7) & 0xFFFF
+
+
+def stochastic_round_bf16(x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Round fp32 ``x`` to bf16 stochastically: ``E[round(x)] = x`` over uniform 16-bit noise.
+
+    Adds the noise to the 16 bits that bf16 drops (sign-magnitude, so unbiased for both
+    signs) and truncates; the truncated fp32 value is exactly representable in bf16.
+    """
+    bits = x.float().contiguous().view(torch.int32).to(torch.int64)
+    bits = (bits + noise.to(bits.device)) & ~0xFFFF
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits)  # back to signed int32 range
+    return bits.to(torch.int32).view(torch.float32).to(torch.bfloat16)
+
+
+@torch.no_grad()
+def apply_low_rank_update_(
+    weight: torch.Tensor,
+    factor_OR: torch.Tensor,
+    proj_RI: torch.Tensor,
+    *,
+    decay: float = 1.0,
+    master: Optional[torch.Tensor] = None,
+    noise_fn=None,
+    max_chunk_elems: int = 1 << 24,
+) -> None:
+    """``W ← decay·W − factor·A`` in place.
+
+    * ``master`` given (fp32): update the master, then copy it (round to nearest) into ``weight``.
+    * ``weight`` fp32 and no master: update in place.
+    * low-precision ``weight`` and no master: compute in fp32 row chunk by row chunk and round
+      back, to nearest or stochastically when ``noise_fn(row_start, rows) -> int64 noise`` is given.
+    """
+    factor = factor_OR.float()
+    proj = proj_RI.float()
+    if master is not None:
+        if decay != 1.0:
+            master.mul_(decay)
+        master.addmm_(factor, proj, alpha=-1.0)
+        weight.copy_(master)
+        return
+    if weight.dtype == torch.float32:
+        if decay != 1.0:
+            weight.mul_(decay)
+        weight.addmm_(factor, proj, alpha=-1.0)
+        return
+    n_out, n_in = weight.shape
+    rows_per_chunk = max(1, max_chunk_elems // max(n_in, 1))
+    for start in range(0, n_out, rows_per_chunk):
+        stop = min(n_out, start + rows_per_chunk)
+        block = weight[start:stop].float()
+        if decay != 1.0:
+            block.mul_(decay)
+        block.addmm_(factor[start:stop], proj, alpha=-1.0)
+        if noise_fn is not None and weight.dtype == torch.bfloat16:
+            weight[start:stop].copy_(stochastic_round_bf16(block, noise_fn(start, stop - start)))
+        else:
+            weight[start:stop].copy_(block)

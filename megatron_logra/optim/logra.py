@@ -1,0 +1,304 @@
+"""The LoGRA optimizer: sketches of the targets + a native AdamW for everything else.
+
+A step is split in two so a step-size controller can sit between them::
+
+    opt.zero_grad()
+    ... forward / backward (sketches and native grads accumulate) ...
+    update = opt.prepare(num_tokens=...)   # reduce, check, clip/normalise, RowAdam -> directions D
+    alpha = controller(update)             # e.g. predicted-KL step control (paper recipe)
+    opt.apply(update, alpha)               # W ← decay·W − α·D·A, native AdamW, next projection
+
+``opt.step()`` is ``apply(prepare(), 1.0)``. A non-finite sketch or native gradient on any
+rank skips the step on every rank: weights, row moments and the projection index are
+untouched and the update says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from megatron_logra.optim.config import LograConfig, NativeConfig
+from megatron_logra.optim.functional import (
+    apply_low_rank_update_,
+    reconstructed_norm2,
+    rounding_noise,
+    row_adam_direction,
+)
+from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
+from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
+from megatron_logra.sketch.capture import SketchSet, SketchTarget, install_sketches
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PreparedUpdate", "LograOptimizer"]
+
+
+@dataclass
+class PreparedUpdate:
+    """A step that is ready to apply: ``ΔW_t = −α·D_t·A_t`` for each target ``t``."""
+
+    step: int
+    """1-based optimizer step this update becomes when applied."""
+    update_index: int
+    """Projection update index the sketches were taken with."""
+    skipped: bool = False
+    """True when the step must not be applied (reason says why)."""
+    reason: Optional[str] = None
+    directions: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Target key -> scaled direction ``D`` ``[n_out_local, r]``."""
+    grad_norm: float = float("nan")
+    """Global norm of the reconstructed gradient plus native grads (after reduction, before clipping)."""
+    clip_coef: float = 1.0
+    num_tokens: Optional[int] = None
+    """Global valid tokens the sketches were normalised by (paper recipe)."""
+    scale: float = 1.0
+    """Global scale folded into ``D`` (lr, or the update-ratio scale of the paper recipe)."""
+
+
+def _module_params(model: Union[nn.Module, Sequence[nn.Module]]) -> list[nn.Parameter]:
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    seen, out = set(), []
+    for chunk in chunks:
+        for p in chunk.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+class LograOptimizer:
+    """LoGRA on the targets of ``model``; AdamW (or frozen) for the rest."""
+
+    def __init__(
+        self,
+        model: Union[nn.Module, Sequence[nn.Module]],
+        cfg: LograConfig,
+        native: NativeConfig,
+        groups: ParallelGroups,
+    ) -> None:
+        self.cfg = cfg
+        self.groups = groups
+        self.sketches: SketchSet = install_sketches(
+            model, cfg.targets, cfg.rank, cfg.seed, cfg.distribution, cfg.refresh,
+            tp_group=groups.tp, cache_projections=cfg.cache_projections,
+        )
+        self.device = self.sketches.flat.device
+        others = [p for p in _module_params(model) if p.requires_grad]
+        if native.freeze:
+            for p in others:
+                p.requires_grad_(False)
+            others = []
+        self.native = NativeAdamW(
+            others, lr=native.lr, betas=(native.beta1, native.beta2), eps=native.eps,
+            weight_decay=native.weight_decay, groups=groups,
+        )
+        self.row_moments: dict[str, torch.Tensor] = {
+            t.key: torch.zeros(t.n_out_local, dtype=torch.float32, device=self.device) for t in self.targets
+        }
+        self.masters: dict[str, torch.Tensor] = {}
+        if cfg.masters == "fp32":
+            for t in self.targets:
+                if t.weight.dtype != torch.float32:
+                    self.masters[t.key] = t.weight.detach().float().clone()
+        self.num_steps = 0
+        self.num_skipped = 0
+
+    @property
+    def targets(self) -> list[SketchTarget]:
+        return self.sketches.targets
+
+    # ------------------------------------------------------------------ bookkeeping
+    def zero_grad(self) -> None:
+        self.sketches.zero_()
+        self.native.zero_grad()
+
+    def persistent_bytes(self) -> dict[str, int]:
+        """Bytes of optimizer-owned persistent state by kind (weights excluded)."""
+        return {
+            "sketches": self.sketches.flat.numel() * 4,
+            "row_moments": sum(v.numel() * 4 for v in self.row_moments.values()),
+            "masters": sum(m.numel() * 4 for m in self.masters.values()),
+            "native": sum(
+                p.numel() * (4 if p.dtype == torch.float32 else 4 + 4 + 4) + p.numel() * 8 for p in self.native.params
+            ),
+        }
+
+    def _replicated_on_tp(self, t: SketchTarget) -> bool:
+        return t.parallel == "none"
+
+    def _tp_sum_layers(self, values: torch.Tensor, replicated: list[bool]) -> torch.Tensor:
+        """Sum per-layer partial statistics over TP; rows flagged replicated are already full."""
+        tp = group_size(self.groups.tp)
+        if tp == 1:
+            return values
+        mask = torch.tensor(replicated, device=values.device)
+        values = torch.where(mask[:, None], values / tp, values)
+        return all_reduce_sum(values, self.groups.tp)
+
+    def _mp_sum(self, values: torch.Tensor) -> torch.Tensor:
+        return all_reduce_sum(values, self.groups.mp)
+
+    # ------------------------------------------------------------------ step
+    @torch.no_grad()
+    def prepare(self, num_tokens: Optional[int] = None) -> PreparedUpdate:
+        """Reduce sketches and grads, check them, and compute the scaled directions."""
+        cfg, ss = self.cfg, self.sketches
+        paper = cfg.recipe == "paper"
+        update = PreparedUpdate(step=self.num_steps + 1, update_index=ss.update)
+        ss.reduce_tensor_parallel()
+        dp = group_size(self.groups.dp)
+        if dp > 1:
+            dist.all_reduce(ss.flat, group=self.groups.dp)
+        self.native.reduce_gradients(average=not paper)
+        if paper:
+            if num_tokens is None:
+                raise ValueError("logra.recipe=paper normalises by tokens: pass num_tokens to prepare()")
+            total = torch.tensor([float(num_tokens)], dtype=torch.float64, device=self.device)
+            all_reduce_sum(total, self.groups.dp)
+            if total.item() <= 0:
+                raise ValueError("no valid tokens in this step (num_tokens summed over data parallel ranks is 0)")
+            update.num_tokens = int(total.item())
+            ss.flat.div_(total.item())
+            self.native.scale_grads_(1.0 / total.item())
+        elif dp > 1:
+            ss.flat.div_(dp)
+
+        bad = not (bool(torch.isfinite(ss.flat).all()) and self.native.all_finite())
+        if reduce_flag_any(bad, self.groups.mp, self.device):
+            self.num_skipped += 1
+            update.skipped, update.reason = True, "non-finite sketch or gradient"
+            logger.warning("step %d skipped: non-finite sketch or gradient (%d skipped so far)", update.step, self.num_skipped)
+            self.zero_grad()
+            return update
+
+        projs = {t.key: ss.projection_for(t) for t in self.targets}
+        tp_rank = self.groups.tp_rank
+        norm2 = torch.zeros((), dtype=torch.float64, device=self.device)
+        for t in self.targets:
+            if not self._replicated_on_tp(t) or tp_rank == 0:
+                norm2 += reconstructed_norm2(t.sketch, projs[t.key])
+        norm2 = norm2 + self.native.local_norm2(self.device)
+        update.grad_norm = math.sqrt(self._mp_sum(norm2.reshape(1)).item())
+
+        if not paper and cfg.clip_grad > 0 and update.grad_norm > cfg.clip_grad:
+            update.clip_coef = cfg.clip_grad / (update.grad_norm + 1e-6)
+            ss.flat.mul_(update.clip_coef)
+            self.native.scale_grads_(update.clip_coef)
+
+        for t in self.targets:
+            if cfg.algorithm == "row_adam":
+                d = row_adam_direction(t.sketch, self.row_moments[t.key], update.step, cfg.beta2, cfg.eps)
+            else:
+                d = t.sketch.clone()
+            update.directions[t.key] = d
+
+        if paper:
+            self._paper_scale(update, projs)
+        else:
+            update.scale = cfg.lr
+            for d in update.directions.values():
+                d.mul_(cfg.lr)
+        return update
+
+    def _paper_scale(self, update: PreparedUpdate, projs: dict[str, torch.Tensor]) -> None:
+        """Per-layer ‖D‖_F = ‖S‖_F, then one global scale so ‖ΔW‖/‖W‖ = update_ratio over all targets."""
+        targets = self.targets
+        stats = torch.zeros(len(targets), 2, dtype=torch.float64, device=self.device)
+        for i, t in enumerate(targets):
+            stats[i, 0] = t.sketch.double().pow(2).sum()
+            stats[i, 1] = update.directions[t.key].double().pow(2).sum()
+        # column-parallel rows are split over TP; row-parallel and plain sketches are full rows
+        stats = self._tp_sum_layers(stats, [t.parallel != "column" for t in targets])
+        for i, t in enumerate(targets):
+            s2, d2 = stats[i, 0].item(), stats[i, 1].item()
+            if d2 > 0:
+                update.directions[t.key].mul_(math.sqrt(s2 / d2))
+        tp_rank = self.groups.tp_rank
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for t in targets:
+            if self._replicated_on_tp(t) and tp_rank != 0:
+                continue
+            totals[0] += reconstructed_norm2(update.directions[t.key], projs[t.key])
+            totals[1] += t.weight.double().pow(2).sum() if t.key not in self.masters else self.masters[t.key].double().pow(2).sum()
+        totals = self._mp_sum(totals)
+        delta_norm, weight_norm = math.sqrt(totals[0].item()), math.sqrt(totals[1].item())
+        scale = self.cfg.update_ratio * weight_norm / delta_norm if delta_norm > 0 else 0.0
+        update.scale = scale
+        for d in update.directions.values():
+            d.mul_(scale)
+
+    @torch.no_grad()
+    def apply(self, update: PreparedUpdate, alpha: float = 1.0) -> None:
+        """``W ← decay·W − α·D·A`` for every target, native AdamW step, advance the projection."""
+        if update.skipped:
+            return
+        if not math.isfinite(alpha):
+            raise ValueError(f"step size alpha={alpha} is not finite; refusing an uncontrolled step")
+        assert update.update_index == self.sketches.update, "update prepared with another projection index"
+        cfg = self.cfg
+        decay = 1.0 - cfg.lr * cfg.weight_decay if cfg.recipe == "optimizer" else 1.0
+        tp_rank = self.groups.tp_rank
+        for t in self.targets:
+            proj_RI = self.sketches.projection_for(t, update.update_index)
+            factor = update.directions[t.key] if alpha == 1.0 else update.directions[t.key] * alpha
+            noise_fn = None
+            if t.key not in self.masters and t.weight.dtype == torch.bfloat16 and cfg.rounding == "stochastic":
+                name = f"{t.key}|tp{tp_rank}"
+                shape_in = t.weight.shape[1]
+
+                def noise_fn(start, rows, _name=name, _n=shape_in):
+                    return rounding_noise(cfg.seed, _name, update.update_index, (rows, _n), row_offset=start).to(t.weight.device)
+
+            apply_low_rank_update_(
+                t.weight, factor, proj_RI, decay=decay, master=self.masters.get(t.key), noise_fn=noise_fn
+            )
+        self.native.step()
+        self.num_steps += 1
+        self.sketches.advance()
+        self.zero_grad()
+
+    def step(self, num_tokens: Optional[int] = None) -> PreparedUpdate:
+        """``prepare`` then ``apply`` with α = 1."""
+        update = self.prepare(num_tokens)
+        self.apply(update, 1.0)
+        return update
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """Everything needed to resume; projections are regenerated, never stored."""
+        return {
+            "kind": "logra",
+            "num_steps": self.num_steps,
+            "num_skipped": self.num_skipped,
+            "row_moments": {k: v.clone() for k, v in self.row_moments.items()},
+            "masters": {k: m.clone() for k, m in self.masters.items()},
+            "native": self.native.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("kind") != "logra":
+            raise ValueError(f"optimizer state is of kind {state.get('kind')!r}, expected 'logra'")
+        missing = sorted(set(self.row_moments) - set(state["row_moments"]))
+        if missing:
+            raise ValueError(f"optimizer state lacks row moments for targets {missing[:4]}{'...' if len(missing) > 4 else ''}")
+        for k, v in self.row_moments.items():
+            saved = state["row_moments"][k]
+            if saved.shape != v.shape:
+                raise ValueError(f"row moments of {k} have shape {tuple(saved.shape)}, expected {tuple(v.shape)}")
+            v.copy_(saved)
+        for k, m in self.masters.items():
+            if k not in state["masters"]:
+                raise ValueError(f"optimizer state lacks the fp32 master of {k}")
+            m.copy_(state["masters"][k])
+        self.native.load_state_dict(state["native"])
+        self.num_steps = int(state["num_steps"])
+        self.num_skipped = int(state.get("num_skipped", 0))
+        self.sketches.num_updates = self.num_steps
+        self.sketches._cache.clear()

@@ -1,0 +1,159 @@
+"""AdamW over ordinary (dense-gradient) parameters, Megatron-style.
+
+Low-precision parameters accumulate their gradients into an fp32 ``main_grad`` (the
+``.grad`` is folded in and dropped right after it is accumulated) and are stepped through
+an fp32 master copy, as Megatron's mixed-precision optimizer does: 2 (weight) + 4 (grad)
++ 4 (master) + 8 (moments) = 18 bytes per parameter. fp32 parameters are their own masters.
+
+Data-parallel gradient reduction is one coalesced all-reduce; word embeddings tied across
+pipeline stages (``shared_embedding``) are summed over the embedding group.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable, Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["NativeAdamW"]
+
+
+class NativeAdamW:
+    """AdamW with fp32 main grads and masters for a list of parameters."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        groups: ParallelGroups,
+    ) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.groups = groups
+        self.masters: list[torch.Tensor] = []
+        self._hooks = []
+        for p in self.params:
+            if p.dtype == torch.float32:
+                self.masters.append(p)
+                continue
+            p.main_grad = torch.zeros_like(p, dtype=torch.float32)
+            master = p.detach().float().clone()
+            self.masters.append(master)
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._fold_grad))
+        self.inner = (
+            torch.optim.AdamW(self.masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+            if self.params
+            else None
+        )
+
+    @staticmethod
+    def _fold_grad(p: torch.Tensor) -> None:
+        p.main_grad.add_(p.grad)
+        p.grad = None
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def grads(self) -> list[torch.Tensor]:
+        """The fp32 gradient of every parameter (zeros where backward produced none)."""
+        out = []
+        for p, m in zip(self.params, self.masters):
+            if m is p:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                out.append(p.grad)
+            else:
+                out.append(p.main_grad)
+        return out
+
+    def zero_grad(self) -> None:
+        for p, m in zip(self.params, self.masters):
+            if m is p:
+                p.grad = None
+            else:
+                p.main_grad.zero_()
+
+    def reduce_gradients(self, *, average: bool) -> None:
+        """Sum (or average) gradients over data parallel ranks in one collective, and tied
+        embeddings over the first/last pipeline stage."""
+        grads = self.grads()
+        if not grads:
+            return
+        if self.groups.embedding is not None and group_size(self.groups.embedding) > 1:
+            for p, g in zip(self.params, grads):
+                if getattr(p, "shared_embedding", False):
+                    dist.all_reduce(g, group=self.groups.embedding)
+        dp = group_size(self.groups.dp)
+        if dp == 1:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.groups.dp)
+        if average:
+            flat.div_(dp)
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset : offset + n].view_as(g))
+            offset += n
+
+    def local_norm2(self, device: torch.device) -> torch.Tensor:
+        """This rank's share of the global grad norm² (TP-replicated params counted on TP rank 0 only)."""
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        tp_rank = self.groups.tp_rank
+        for p, g in zip(self.params, self.grads()):
+            if getattr(p, "tensor_model_parallel", False) or tp_rank == 0:
+                total += g.double().pow(2).sum()
+        return total
+
+    def all_finite(self) -> bool:
+        return all(bool(torch.isfinite(g).all()) for g in self.grads())
+
+    def scale_grads_(self, factor: float) -> None:
+        for g in self.grads():
+            g.mul_(factor)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        if self.inner is None:
+            return
+        for p, m, g in zip(self.params, self.masters, self.grads()):
+            if m is not p:
+                m.grad = g
+        self.inner.step()
+        for p, m in zip(self.params, self.masters):
+            if m is not p:
+                p.copy_(m)
+                m.grad = None
+
+    def state_dict(self) -> dict:
+        state = {"inner": self.inner.state_dict() if self.inner is not None else None}
+        state["masters"] = [m.detach().clone() if m is not p else None for p, m in zip(self.params, self.masters)]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.inner is not None and state.get("inner") is not None:
+            self.inner.load_state_dict(state["inner"])
+        for (p, m), saved in zip(zip(self.params, self.masters), state.get("masters", [])):
+            if saved is not None and m is not p:
+                m.copy_(saved)
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+def reduce_flag_any(flag: bool, group: Optional[dist.ProcessGroup], device: torch.device) -> bool:
+    """True if ``flag`` is True on any rank of ``group``."""
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    all_reduce_sum(t, group)
+    return bool(t.item() > 0)
