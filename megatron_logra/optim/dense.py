@@ -54,7 +54,13 @@ class DenseAdamW:
     @torch.no_grad()
     def prepare(self, num_tokens: Optional[int] = None) -> PreparedUpdate:
         update = PreparedUpdate(step=self.num_steps + 1, update_index=self.num_steps)
-        self.native.reduce_gradients(average=True)
+        self.native.reduce_gradients(average=num_tokens is None)
+        if num_tokens is not None:
+            total = all_reduce_sum(torch.tensor([float(num_tokens)], dtype=torch.float64, device=self.device), self.groups.dp)
+            if total.item() <= 0:
+                raise ValueError("no valid tokens in this step (num_tokens summed over data parallel ranks is 0)")
+            update.num_tokens = int(total.item())
+            self.native.scale_grads_(1.0 / total.item())
         if reduce_flag_any(not self.native.all_finite(), self.groups.mp, self.device):
             self.num_skipped += 1
             update.skipped, update.reason = True, "non-finite gradient"

@@ -148,7 +148,12 @@ class LograOptimizer:
     # ------------------------------------------------------------------ step
     @torch.no_grad()
     def prepare(self, num_tokens: Optional[int] = None) -> PreparedUpdate:
-        """Reduce sketches and grads, check them, and compute the scaled directions."""
+        """Reduce sketches and grads, check them, and compute the scaled directions.
+
+        ``num_tokens``: this rank's valid tokens when the loss was a *sum* over tokens; the
+        sketches and grads are then summed over data parallel ranks and divided by the global
+        count (required by the paper recipe). Without it they are averaged over DP ranks.
+        """
         cfg, ss = self.cfg, self.sketches
         paper = cfg.recipe == "paper"
         update = PreparedUpdate(step=self.num_steps + 1, update_index=ss.update)
@@ -156,10 +161,11 @@ class LograOptimizer:
         dp = group_size(self.groups.dp)
         if dp > 1:
             dist.all_reduce(ss.flat, group=self.groups.dp)
-        self.native.reduce_gradients(average=not paper)
-        if paper:
-            if num_tokens is None:
-                raise ValueError("logra.recipe=paper normalises by tokens: pass num_tokens to prepare()")
+        by_tokens = num_tokens is not None
+        if paper and not by_tokens:
+            raise ValueError("logra.recipe=paper normalises by tokens: pass num_tokens to prepare()")
+        self.native.reduce_gradients(average=not by_tokens)
+        if by_tokens:
             total = torch.tensor([float(num_tokens)], dtype=torch.float64, device=self.device)
             all_reduce_sum(total, self.groups.dp)
             if total.item() <= 0:
