@@ -148,6 +148,7 @@ def _transformer_config(cfg: ModelConfig, groups: ParallelGroups):
         attention_dropout=cfg.attention_dropout,
         qk_layernorm=cfg.qk_layernorm,
         sequence_parallel=False,
+        calculate_per_token_loss=True,
     )
     if cfg.recompute == "full":
         kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)

@@ -1,0 +1,78 @@
+"""``megatron-logra``: thin command-line entry point.
+
+    megatron-logra train [RECIPE|file.yaml] [overrides...]     # default recipe: tiny
+    megatron-logra recipes                                     # list recipes
+    megatron-logra config [RECIPE] [overrides...]              # print the resolved config
+
+Launch multi-process runs with torchrun, e.g.
+``torchrun --nproc-per-node 4 -m megatron_logra.cli train --tensor-model-parallel-size 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import warnings
+from typing import Optional, Sequence
+
+import yaml
+
+__all__ = ["main"]
+
+
+def _setup_logging() -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+
+
+def _split_recipe(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
+    if args and not args[0].startswith("-") and "=" not in args[0]:
+        return args[0], list(args[1:])
+    return None, list(args)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="megatron-logra", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["train", "config", "recipes"])
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help="recipe name or YAML, then overrides")
+    ns = parser.parse_args(argv)
+    _setup_logging()
+
+    from megatron_logra.config import RECIPES, parse_args_to_config, to_dict
+
+    if ns.command == "recipes":
+        for name, fn in RECIPES.items():
+            sys.stdout.write(f"{name:12s} {fn.__doc__.strip().splitlines()[0]}\n")
+        return 0
+    recipe, overrides = _split_recipe(ns.rest)
+    try:
+        cfg = parse_args_to_config(recipe, overrides)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if ns.command == "config":
+        sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        return 0
+
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.train.lm import run_lm
+
+    try:
+        summary = run_lm(cfg)
+    finally:
+        destroy_parallel()
+    if int(os.environ.get("RANK", "0")) == 0:
+        sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

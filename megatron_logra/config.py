@@ -1,0 +1,319 @@
+"""Run configuration: each component's dataclass composed into :class:`RunConfig`, recipes,
+dotted CLI overrides and Megatron-LM flag aliases.
+
+Overrides take any of these forms::
+
+    optimizer.logra.rank=64      --optimizer.logra.rank 64      --logra.rank=64
+    --tensor-model-parallel-size 2   --micro-batch-size 4   --bf16
+
+``logra.`` and ``native.`` are short for ``optimizer.logra.`` and ``optimizer.native.``.
+Every value is parsed by the field's annotated type and the whole config is re-validated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import yaml
+
+from megatron_logra.data.synthetic import SyntheticConfig
+from megatron_logra.models.gpt import ModelConfig
+from megatron_logra.optim.config import LograConfig, NativeConfig, OptimizerConfig
+from megatron_logra.parallel import ParallelConfig
+
+__all__ = ["TrainConfig", "RunConfig", "RECIPES", "load_recipe", "apply_overrides", "parse_args_to_config",
+           "to_dict", "from_dict", "MEGATRON_ALIASES"]
+
+
+@dataclass
+class TrainConfig:
+    """The training loop."""
+
+    steps: int = 300
+    """Optimizer steps (Megatron-LM: --train-iters)."""
+    micro_batch_size: int = 8
+    """Sequences per micro-batch per rank (--micro-batch-size)."""
+    global_batch_size: int = 32
+    """Sequences per optimizer step over all DP ranks (--global-batch-size)."""
+    seed: int = 1234
+    """Seed of model init and data (--seed)."""
+    log_interval: int = 10
+    """Steps between log lines (--log-interval)."""
+    eval_interval: int = 50
+    """Steps between held-out evaluations; 0 disables (--eval-interval)."""
+    eval_batches: int = 4
+    """Micro-batches per evaluation."""
+    save_interval: int = 0
+    """Steps between checkpoints; 0 = only at the end (--save-interval)."""
+    keep_last: int = 2
+    """Checkpoints to keep."""
+    run_dir: str = "runs/tiny"
+    """Output directory: config, metrics.jsonl, checkpoints (--save)."""
+    resume: bool = False
+    """Continue from the latest checkpoint in run_dir."""
+    progress: bool = True
+    """Show a progress bar on rank 0."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "micro_batch_size", "global_batch_size", "log_interval", "eval_batches", "keep_last"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name}={getattr(self, name)} must be >= 1")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"train.global_batch_size={self.global_batch_size} must be a multiple of "
+                f"train.micro_batch_size={self.micro_batch_size}"
+            )
+        if self.eval_interval < 0 or self.save_interval < 0:
+            raise ValueError("train.eval_interval and train.save_interval must be >= 0")
+
+
+@dataclass
+class RunConfig:
+    """Everything a run needs."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The GPT."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """TP / PP layout (DP = world / (TP × PP))."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """LoGRA or dense AdamW."""
+    data: SyntheticConfig = field(default_factory=SyntheticConfig)
+    """The training task."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The loop."""
+
+    def __post_init__(self) -> None:
+        if self.model.seq_length < self.data.seq_length - 1:
+            raise ValueError(
+                f"model.seq_length={self.model.seq_length} is shorter than the task's "
+                f"{self.data.seq_length - 1} input tokens; raise model.seq_length or lower data.content_length"
+            )
+        if self.data.num_symbols + 2 > self.model.vocab_size:
+            raise ValueError(
+                f"data.num_symbols={self.data.num_symbols} needs model.vocab_size >= {self.data.num_symbols + 2}"
+            )
+
+    def validate(self) -> "RunConfig":
+        """Re-run every component's validation (after overrides)."""
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).__post_init__()
+        self.optimizer.logra.__post_init__()
+        self.optimizer.native.__post_init__()
+        self.__post_init__()
+        return self
+
+
+# ---------------------------------------------------------------------------- recipes
+def tiny() -> RunConfig:
+    """Tiny GPT learning the reverse task with LoGRA (RowAdam, optimizer recipe) in ~1 minute on 2 CPU cores."""
+    return RunConfig(
+        model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=192,
+                          vocab_size=32, seq_length=32),
+        optimizer=OptimizerConfig(logra=LograConfig(rank=16, lr=3e-3, clip_grad=1.0),
+                                  native=NativeConfig(lr=3e-3)),
+        data=SyntheticConfig(task="reverse", content_length=6, num_symbols=12),
+        train=TrainConfig(steps=250, micro_batch_size=16, global_batch_size=32, run_dir="runs/tiny"),
+    )
+
+
+def tiny_adam() -> RunConfig:
+    """The tiny recipe with dense AdamW, for comparison."""
+    cfg = tiny()
+    cfg.optimizer.name = "adam"
+    cfg.train.run_dir = "runs/tiny-adam"
+    return cfg
+
+
+RECIPES: dict[str, Callable[[], RunConfig]] = {"tiny": tiny, "tiny-adam": tiny_adam}
+
+
+# ---------------------------------------------------------------------------- (de)serialisation
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type, data: dict) -> Any:
+    """Build dataclass ``cls`` from a (possibly partial) nested dict; unknown keys are errors."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields {unknown}; known: {sorted(names)}")
+    kwargs = {}
+    for key, value in data.items():
+        ftype = hints[key]
+        if dataclasses.is_dataclass(ftype) and isinstance(value, dict):
+            kwargs[key] = from_dict(ftype, value)
+        else:
+            kwargs[key] = value
+    return cls(**kwargs)
+
+
+def load_recipe(name_or_path: str) -> RunConfig:
+    """A named recipe or a YAML file (a partial RunConfig dict, applied over the defaults)."""
+    if name_or_path in RECIPES:
+        return RECIPES[name_or_path]()
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        data = yaml.safe_load(path.read_text()) or {}
+        base = data.pop("recipe", None)
+        cfg = load_recipe(base) if base else RunConfig()
+        apply_overrides(cfg, [f"{k}={_yaml_value(v)}" for k, v in _flatten(data)])
+        return cfg
+    raise ValueError(f"unknown recipe {name_or_path!r}: choose one of {sorted(RECIPES)} or a .yaml file")
+
+
+def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for k, v in data.items():
+        if isinstance(v, dict):
+            out.extend(_flatten(v, f"{prefix}{k}."))
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out
+
+
+def _yaml_value(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x) for x in v)
+    return str(v)
+
+
+# ---------------------------------------------------------------------------- overrides
+MEGATRON_ALIASES: dict[str, str] = {
+    "tensor-model-parallel-size": "parallel.tp",
+    "pipeline-model-parallel-size": "parallel.pp",
+    "micro-batch-size": "train.micro_batch_size",
+    "global-batch-size": "train.global_batch_size",
+    "seq-length": "model.seq_length",
+    "max-position-embeddings": "model.seq_length",
+    "num-layers": "model.num_layers",
+    "hidden-size": "model.hidden_size",
+    "ffn-hidden-size": "model.ffn_hidden_size",
+    "num-attention-heads": "model.num_attention_heads",
+    "num-query-groups": "model.num_query_groups",
+    "init-method-std": "model.init_std",
+    "hidden-dropout": "model.hidden_dropout",
+    "attention-dropout": "model.attention_dropout",
+    "rotary-base": "model.rotary_base",
+    "normalization": "model.normalization",
+    "norm-epsilon": "model.layernorm_epsilon",
+    "recompute-granularity": "model.recompute",
+    "make-vocab-size-divisible-by": "model.make_vocab_size_divisible_by",
+    "train-iters": "train.steps",
+    "seed": "train.seed",
+    "log-interval": "train.log_interval",
+    "eval-interval": "train.eval_interval",
+    "save-interval": "train.save_interval",
+    "save": "train.run_dir",
+    "lr": "optimizer.logra.lr",
+    "weight-decay": "optimizer.logra.weight_decay",
+    "clip-grad": "optimizer.logra.clip_grad",
+    "adam-beta1": "optimizer.native.beta1",
+    "adam-beta2": "optimizer.native.beta2",
+    "adam-eps": "optimizer.native.eps",
+    "optimizer": "optimizer.name",
+}
+
+# Megatron-LM boolean flags (no value) -> (dotted key, value)
+MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
+    "bf16": ("model.params_dtype", "bfloat16"),
+    "fp16": ("model.params_dtype", "float16"),
+    "swiglu": ("model.swiglu", "true"),
+    "untie-embeddings-and-output-weights": ("model.untie_embeddings_and_output_weights", "true"),
+    "add-qkv-bias": ("model.add_qkv_bias", "true"),
+    "add-bias-linear": ("model.add_bias_linear", "true"),
+    "disable-bias-linear": ("model.add_bias_linear", "false"),
+    "qk-layernorm": ("model.qk_layernorm", "true"),
+    "resume": ("train.resume", "true"),
+}
+
+_SHORTCUTS = {"logra.": "optimizer.logra.", "native.": "optimizer.native."}
+
+
+def _parse_value(raw: str, ftype: Any, key: str) -> Any:
+    origin = typing.get_origin(ftype)
+    args = typing.get_args(ftype)
+    if origin is typing.Union and type(None) in args:
+        if raw.lower() in ("none", "null", ""):
+            return None
+        inner = [a for a in args if a is not type(None)][0]
+        return _parse_value(raw, inner, key)
+    if ftype is bool:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{key}={raw!r} is not a boolean (use true/false)")
+    if ftype is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{key}={raw!r} is not an integer") from None
+    if ftype is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"{key}={raw!r} is not a number") from None
+    if origin in (list, Sequence) or ftype is list:
+        return [s.strip() for s in raw.split(",") if s.strip()]
+    return raw
+
+
+def set_dotted(cfg: Any, key: str, raw: str) -> None:
+    """Set ``cfg.<key>`` from the string ``raw``, parsed by the field's type."""
+    for short, full in _SHORTCUTS.items():
+        if key.startswith(short):
+            key = full + key[len(short):]
+    parts = key.replace("-", "_").split(".")
+    obj = cfg
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(obj):
+            raise ValueError(f"unknown config key {key!r}: {'.'.join(parts[:i])} is not a section")
+        names = {f.name for f in dataclasses.fields(obj)}
+        if part not in names:
+            where = ".".join(parts[:i]) or "the run config"
+            raise ValueError(f"unknown config key {key!r}: {where} has no field {part!r}; known: {sorted(names)}")
+        if i == len(parts) - 1:
+            ftype = typing.get_type_hints(type(obj))[part]
+            setattr(obj, part, _parse_value(raw, ftype, key))
+        else:
+            obj = getattr(obj, part)
+
+
+def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
+    """Apply dotted overrides and Megatron-LM flags (see module docstring), then validate."""
+    items = list(overrides)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        i += 1
+        if item.startswith("--"):
+            body = item[2:]
+            if "=" in body:
+                key, raw = body.split("=", 1)
+            elif body in MEGATRON_FLAGS:
+                key, raw = MEGATRON_FLAGS[body]
+                set_dotted(cfg, key, raw)
+                continue
+            else:
+                if i >= len(items):
+                    raise ValueError(f"option {item} needs a value")
+                key, raw = body, items[i]
+                i += 1
+        elif "=" in item:
+            key, raw = item.split("=", 1)
+        else:
+            raise ValueError(f"cannot parse override {item!r}: use key=value or --key value")
+        key = MEGATRON_ALIASES.get(key, key)
+        set_dotted(cfg, key, raw)
+    return cfg.validate()
+
+
+def parse_args_to_config(recipe: Optional[str], overrides: Sequence[str]) -> RunConfig:
+    """Recipe (default ``tiny``) plus overrides."""
+    return apply_overrides(load_recipe(recipe or "tiny"), overrides)

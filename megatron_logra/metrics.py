@@ -1,0 +1,72 @@
+"""Metrics: one JSON object per step in ``metrics.jsonl`` plus TensorBoard events, rank 0 only."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MetricsWriter", "is_rank0", "log_rank0"]
+
+
+def is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def log_rank0(msg: str, *args: Any) -> None:
+    if is_rank0():
+        logger.info(msg, *args)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsWriter:
+    """Appends step records to ``RUN/metrics.jsonl`` and TensorBoard (if installed) on rank 0."""
+
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, truncate_after: Optional[int] = None) -> None:
+        self.enabled = is_rank0()
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._tb = None
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if truncate_after is not None and self.path.exists():
+            # resuming: drop records after the checkpoint so the file matches an uninterrupted run
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= truncate_after]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        elif truncate_after is None and self.path.exists():
+            self.path.unlink()
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(log_dir=str(self.path.parent / "tensorboard"))
+            except ImportError:
+                logger.info("tensorboard is not installed; writing metrics.jsonl only")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {k: _clean(v) for k, v in record.items()}
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            step = record.get("step", 0)
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()

@@ -1,0 +1,1 @@
+"""Training loops: LM pretraining/SFT with LoGRA (and dense AdamW for comparison)."""

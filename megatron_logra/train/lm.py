@@ -1,0 +1,148 @@
+"""LM training with LoGRA (or dense AdamW): the loop reads top to bottom.
+
+batch → forward/backward (sketches accumulate) → prepare update (reduce, clip, RowAdam)
+→ apply → log / evaluate / checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from megatron_logra.config import RunConfig, to_dict
+from megatron_logra.data.synthetic import SyntheticTask
+from megatron_logra.metrics import MetricsWriter, is_rank0
+from megatron_logra.models.gpt import build_gpt
+from megatron_logra.optim import LograOptimizer, build_optimizer
+from megatron_logra.parallel import ParallelGroups, initialize_parallel
+from megatron_logra.train.step import forward_backward
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["run_lm", "evaluate"]
+
+
+def _num_microbatches(cfg: RunConfig, groups: ParallelGroups) -> int:
+    per_step = cfg.train.micro_batch_size * groups.dp_size
+    if cfg.train.global_batch_size % per_step:
+        raise ValueError(
+            f"train.global_batch_size={cfg.train.global_batch_size} is not a multiple of "
+            f"micro_batch_size × dp = {cfg.train.micro_batch_size} × {groups.dp_size}"
+        )
+    return cfg.train.global_batch_size // per_step
+
+
+@torch.no_grad()
+def evaluate(model, task: SyntheticTask, cfg: RunConfig, groups: ParallelGroups, optimizer: Any) -> float:
+    """Mean held-out loss per answer token (same batches for every layout)."""
+    model.eval()
+    paused = optimizer.sketches.paused() if isinstance(optimizer, LograOptimizer) else nullcontext()
+    n = cfg.train.eval_batches
+    per_rank = max(1, n // groups.dp_size)
+    with paused:
+        mbs = [task.microbatch(0, groups.dp_rank * per_rank + i, cfg.train.micro_batch_size, split="eval")
+               for i in range(per_rank)]
+        result = forward_backward(model, mbs, groups, forward_only=True)
+    model.train()
+    return result.loss
+
+
+def run_lm(cfg: RunConfig) -> dict:
+    """Train ``cfg`` and return a summary (first/last loss, eval before/after, timing)."""
+    groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
+    num_micro = _num_microbatches(cfg, groups)
+    model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
+    optimizer = build_optimizer(model, cfg.optimizer, groups)
+    task = SyntheticTask(cfg.data, cfg.model.vocab_size)
+    run_dir = Path(cfg.train.run_dir)
+
+    start = 0
+    if cfg.train.resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is not None:
+            start = load_checkpoint(ckpt, model, optimizer, groups)["step"]
+            logger.info("resuming from %s at step %d", ckpt, start)
+    if is_rank0():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    metrics = MetricsWriter(run_dir, truncate_after=start if cfg.train.resume else None)
+
+    eval_before = evaluate(model, task, cfg, groups, optimizer)
+    first_loss = last_loss = math.nan
+    progress = _progress(cfg, start) if cfg.train.progress and is_rank0() else None
+    t_start = time.perf_counter()
+    for step in range(start + 1, cfg.train.steps + 1):
+        t0 = time.perf_counter()
+        microbatches = [
+            task.microbatch(step, groups.dp_rank * num_micro + i, cfg.train.micro_batch_size) for i in range(num_micro)
+        ]
+        optimizer.zero_grad()
+        result = forward_backward(model, microbatches, groups)
+        update = optimizer.prepare(num_tokens=result.num_tokens)
+        optimizer.apply(update)
+        step_seconds = time.perf_counter() - t0
+
+        last_loss = result.loss
+        if step == start + 1:
+            first_loss = result.loss
+        record = {
+            "step": step,
+            "loss": result.loss,
+            "grad_norm": update.grad_norm,
+            "clip_coef": update.clip_coef,
+            "skipped": update.skipped,
+            "tokens": result.global_tokens,
+            "step_seconds": step_seconds,
+            "eval_loss": None,
+        }
+        if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
+            record["eval_loss"] = evaluate(model, task, cfg, groups, optimizer)
+        metrics.write(record)
+        if progress is not None:
+            progress[0].update(progress[1], advance=1, loss=result.loss, gnorm=update.grad_norm)
+        if is_rank0() and (step % cfg.train.log_interval == 0 or step == cfg.train.steps):
+            logger.info("step %d loss %.4f grad_norm %.3f %.3fs/step", step, result.loss, update.grad_norm, step_seconds)
+        if cfg.train.save_interval and step % cfg.train.save_interval == 0 and step != cfg.train.steps:
+            save_checkpoint(run_dir, step, model, optimizer, groups, config=to_dict(cfg), keep_last=cfg.train.keep_last)
+    if progress is not None:
+        progress[0].stop()
+    train_seconds = time.perf_counter() - t_start
+    eval_after = evaluate(model, task, cfg, groups, optimizer)
+    if cfg.train.steps > start:
+        save_checkpoint(run_dir, cfg.train.steps, model, optimizer, groups, config=to_dict(cfg),
+                        keep_last=cfg.train.keep_last)
+    metrics.close()
+    summary = {
+        "optimizer": cfg.optimizer.name,
+        "first_loss": first_loss,
+        "last_loss": last_loss,
+        "eval_loss_before": eval_before,
+        "eval_loss_after": eval_after,
+        "chance_loss": math.log(cfg.data.num_symbols),
+        "steps": cfg.train.steps - start,
+        "train_seconds": train_seconds,
+    }
+    if is_rank0():
+        logger.info("done: %s", summary)
+    return summary
+
+
+def _progress(cfg: RunConfig, start: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("[bold]train[/bold]"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("|g| {task.fields[gnorm]:.2f}"),
+        TimeElapsedColumn(), transient=False,
+    )
+    task_id = progress.add_task("train", total=cfg.train.steps, completed=start, loss=float("nan"), gnorm=float("nan"))
+    progress.start()
+    return progress, task_id
