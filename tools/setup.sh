@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Create ./.venv and install megatron_logra with its test dependencies (idempotent).
+#
+#   TORCH_SPEC   torch requirement to install first (default: torch==2.13.0). On a CPU-only
+#                machine point it at a CPU build; on GPU nodes prefer the NVIDIA container
+#                (docker/) which ships torch, TransformerEngine and apex.
+#   VENV         virtual environment directory (default: .venv)
+#   EXTRAS       pip extras of this package (default: dev)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+EXTRAS="${EXTRAS:-dev}"
+PY="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+# torch first and pinned: an unpinned torch pulled in by megatron-core would be a multi-GB CUDA build.
+if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  "${PIP[@]}" install "$TORCH_SPEC"
+fi
+if ! "$VENV/bin/python" -c "import megatron_logra, megatron.core, pytest" >/dev/null 2>&1 \
+   || [ pyproject.toml -nt "$VENV/.megatron_logra_installed" ]; then
+  "${PIP[@]}" install -e ".[${EXTRAS}]"
+  touch "$VENV/.megatron_logra_installed"
+fi
