@@ -214,6 +214,7 @@ def test_hf_aliases_match_default_targets_and_share_projection_per_input():
         for leaf in leaves
     }
     assert {t.module_name: t.name for t in ss.targets} == expected
+    assert len({t.key for t in ss.targets}) == len(ss.targets)  # state keys stay unique
     rec = Recorder(dense, expected)
     batches = micro_batches(n=2, d=16, seed=4)
 

@@ -402,6 +402,9 @@ _PASS_THROUGH = [
     ("model.norm.weight", "model.norm"),
     ("lm_head.weight", "lm_head"),
     ("lm_head", "lm_head"),
+    ("_checkpoint_wrapped_module.lm_head.weight", "lm_head"),
+    ("module._checkpoint_wrapped_module.output_layer.weight", "output_layer"),
+    ("_orig_mod.module.model.embed_tokens", "model.embed_tokens"),
 ]
 
 
