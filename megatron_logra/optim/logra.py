@@ -157,13 +157,13 @@ class LograOptimizer:
         cfg, ss = self.cfg, self.sketches
         paper = cfg.recipe == "paper"
         update = PreparedUpdate(step=self.num_steps + 1, update_index=ss.update)
+        by_tokens = num_tokens is not None
+        if paper and not by_tokens:
+            raise ValueError("logra.recipe=paper normalises by tokens: pass num_tokens to prepare()")
         ss.reduce_tensor_parallel()
         dp = group_size(self.groups.dp)
         if dp > 1:
             dist.all_reduce(ss.flat, group=self.groups.dp)
-        by_tokens = num_tokens is not None
-        if paper and not by_tokens:
-            raise ValueError("logra.recipe=paper normalises by tokens: pass num_tokens to prepare()")
         self.native.reduce_gradients(average=not by_tokens)
         if by_tokens:
             total = torch.tensor([float(num_tokens)], dtype=torch.float64, device=self.device)
@@ -242,7 +242,11 @@ class LograOptimizer:
 
     @torch.no_grad()
     def apply(self, update: PreparedUpdate, alpha: float = 1.0) -> None:
-        """``W ← decay·W − α·D·A`` for every target, native AdamW step, advance the projection."""
+        """``W ← decay·W − α·D·A`` for every target, native AdamW step, advance the projection.
+
+        The decoupled weight decay ``decay = 1 − lr·wd`` (optimizer recipe) does not scale with
+        α: α scales the gradient step only, as a step-size controller expects.
+        """
         if update.skipped:
             return
         if not math.isfinite(alpha):
@@ -260,7 +264,7 @@ class LograOptimizer:
                 shape_in = t.weight.shape[1]
 
                 def noise_fn(start, rows, _name=name, _n=shape_in):
-                    return rounding_noise(cfg.seed, _name, update.update_index, (rows, _n), row_offset=start).to(t.weight.device)
+                    return rounding_noise(cfg.seed, _name, update.step, (rows, _n), row_offset=start).to(t.weight.device)
 
             apply_low_rank_update_(
                 t.weight, factor, proj_RI, decay=decay, master=self.masters.get(t.key), noise_fn=noise_fn

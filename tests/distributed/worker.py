@@ -16,8 +16,8 @@ for a few steps on the synthetic reverse task with the same *global* batch at ev
 * bitwise agreement checks: max |difference| of every parameter between DP replicas, and of
   TP-replicated (non-sharded) parameters between TP ranks — both must be exactly 0.
 
-Global rank 0 writes ``OUT/<job>.safetensors`` (keys ``weight/<global name>`` and
-``sketch/<step>/<canonical name>``) and ``OUT/<job>.json``. Several jobs run one after another
+Global rank 0 writes ``OUT/<job>.safetensors`` (keys ``init/<global name>`` and
+``weight/<global name>``: full weights before and after training, ``sketch/<step>/<canonical name>``) and ``OUT/<job>.json``. Several jobs run one after another
 in one launch (``--job NAME:key=value,...``), re-initialising the parallel groups for each;
 this amortises torchrun's start-up cost (imports take most of it).
 """
@@ -140,7 +140,7 @@ def run_job(name: str, cfg: dict, out_dir: str) -> None:
     record = {"name": name, "config": cfg, "tp": groups.tp_size, "pp": groups.pp_size, "dp": dp,
               "world": dist.get_world_size(), "num_micro": num_micro,
               "losses": [], "grad_norms": [], "clip_coefs": [], "skipped": [], "tokens": []}
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor] = {f"init/{k}": v for k, v in gather_full_state(model, groups.tp).items()}
     model.train()
     for step in range(1, cfg["steps"] + 1):
         batches = [task.microbatch(step, dp_rank * num_micro + i, cfg["mbs"]) for i in range(num_micro)]

@@ -702,10 +702,6 @@ def test_tiny_updates_lost_with_nearest_preserved_in_expectation_with_stochastic
     assert float(drift.mean()) == pytest.approx(float(U.mean()), abs=5 * math.sqrt(steps) / 2 * ulp / math.sqrt(U.numel()))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: LograOptimizer.apply keys rounding_noise on update.update_index, which is 0 on every step "
-    "when refresh=False, so each entry gets the same noise every step and rounds the same way "
-    "(moves every step or never): per-entry error grows like K·ulp instead of sqrt(K)·ulp"))
 def test_stochastic_rounding_noise_is_fresh_each_step_without_refresh():
     steps = 64
     w0, wk, U, ulp = _tiny_update_run("stochastic", False, steps)

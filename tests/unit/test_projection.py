@@ -158,7 +158,7 @@ _CHILD = textwrap.dedent(
 def child_report():
     env = dict(os.environ, PYTHONHASHSEED="98765")  # str hash() differs from this process
     res = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(_DET_CASES)], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-c", _CHILD, json.dumps(_DET_CASES)], capture_output=True, text=True, env=env, timeout=600
     )
     assert res.returncode == 0, res.stderr[-4000:]
     return json.loads(res.stdout.strip().splitlines()[-1])

@@ -1,0 +1,87 @@
+"""Launch helpers of the distributed tests: subprocesses with torchrun (gloo on CPU).
+
+Every launch runs in a fresh process group with ``OMP_NUM_THREADS=1`` (2 cores shared by up to 4
+ranks), a free loopback port and a timeout; a failure raises with the tail of the output.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Optional, Sequence
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).resolve().parent / "worker.py"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONWARNINGS"] = "ignore"
+    # torchrun variables of an enclosing launch would confuse the child
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    return env
+
+
+def launch(
+    nproc: int,
+    target: Sequence[str],
+    *,
+    timeout: float = 240,
+    log: Optional[Path] = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run ``target`` (``[script, args...]`` or ``["-m", module, args...]``) on ``nproc`` ranks.
+
+    ``nproc == 1`` runs plain ``python`` (a 1-process gloo world, no torchrun).
+    """
+    for attempt in range(3):
+        if nproc == 1:
+            cmd = [sys.executable, *target]
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                   "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *target]
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            out = (exc.stdout or b"")[-4000:] if isinstance(exc.stdout, bytes) else (exc.stdout or "")[-4000:]
+            pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}")
+        text = proc.stdout + proc.stderr
+        if log is not None:
+            log.write_text(f"$ {' '.join(cmd)}\n{text}")
+        if proc.returncode != 0 and "address already in use" in text.lower() and attempt < 2:
+            continue  # lost the free-port race: retry on another port
+        break
+    if check and proc.returncode != 0:
+        pytest.fail(f"exit status {proc.returncode}: {' '.join(cmd)}\n--- output tail ---\n{text[-6000:]}")
+    return proc
+
+
+def launch_worker(nproc: int, out: Path, jobs: Sequence[str], *, timeout: float = 240) -> Path:
+    """Run the worker's ``jobs`` (``NAME:key=value,...``) on ``nproc`` ranks; results land in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    args = [str(WORKER), "--out", str(out)]
+    for job in jobs:
+        args += ["--job", job]
+    launch(nproc, args, timeout=timeout, log=out / "launch.log")
+    return out
+
+
+@pytest.fixture(scope="session")
+def launcher():
+    """``launcher.launch`` / ``launcher.launch_worker`` / ``launcher.free_port`` for the tests."""
+
+    return SimpleNamespace(launch=launch, launch_worker=launch_worker, free_port=free_port, root=ROOT)
