@@ -19,6 +19,7 @@ Patched:
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import threading
 
@@ -133,6 +134,10 @@ def activate() -> bool:
         # Literal device="cuda" / .cuda() / .to("cuda") in megatron-core (causal mask,
         # schedules): plain wrappers, which unlike a TorchFunctionMode also apply inside
         # autograd Functions (activation recompute).
+        # TorchScript cannot compile through the wrappers: load the scripted forward-AD
+        # decompositions (which call factories) before wrapping.
+        importlib.import_module("torch._decomp.decompositions_for_jvp")
+
         for fname in _FACTORIES:
             setattr(torch, fname, _redirect_factory(getattr(torch, fname)))
         torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[assignment]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from megatron_logra.sketch.capture import DEFAULT_TARGETS
 from megatron_logra.sketch.naming import TARGET_ALIASES
-from megatron_logra.sketch.projection import DISTRIBUTIONS
+from megatron_logra.sketch.random_projection import DISTRIBUTIONS
 
 __all__ = ["LograConfig", "NativeConfig", "OptimizerConfig"]
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from megatron_logra.sketch.projection import _entry_hash, projection_key
+from megatron_logra.sketch.random_projection import _entry_hash, projection_key
 
 __all__ = [
     "row_adam_direction",

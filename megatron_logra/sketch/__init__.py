@@ -5,7 +5,7 @@ regenerate ``A`` without megatron-core.
 """
 
 from megatron_logra.sketch.naming import canonical_name, strip_wrappers
-from megatron_logra.sketch.projection import DISTRIBUTIONS, projection
+from megatron_logra.sketch.random_projection import DISTRIBUTIONS, projection
 
 __all__ = ["canonical_name", "strip_wrappers", "projection", "DISTRIBUTIONS", "install_sketches", "SketchSet", "SketchTarget"]
 

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron_logra.sketch.naming import TARGET_ALIASES, canonical_name
-from megatron_logra.sketch.projection import DISTRIBUTIONS, projection
+from megatron_logra.sketch.random_projection import DISTRIBUTIONS, projection
 
 logger = logging.getLogger(__name__)
 
@@ -185,8 +185,8 @@ class SketchSet:
             offset += n
 
     def sketches(self) -> dict[str, torch.Tensor]:
-        """Canonical name -> sketch view (rows local to this TP rank)."""
-        return {t.name: t.sketch for t in self.targets}
+        """Target key -> sketch view (rows local to this TP rank)."""
+        return {t.key: t.sketch for t in self.targets}
 
     @contextlib.contextmanager
     def paused(self):
@@ -262,6 +262,18 @@ def _global_layer_index(model: nn.Module, module_name: str) -> Optional[int]:
         number = getattr(parent, "layer_number", None)
         if isinstance(number, int):
             return number - 1
+    return None
+
+
+_EMBEDDING_TYPES = ("Embedding", "VocabParallelEmbedding", "LanguageModelEmbedding")
+
+
+def _require_grad_hook(module, args, output):
+    """Make the embedding output require grad so backward reaches the sketches even when every
+    parameter before the first target is frozen (megatron's reentrant recompute runs the first
+    forward under no_grad, so an inner anchor cannot do it)."""
+    if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and not output.requires_grad:
+        return output.detach().requires_grad_()
     return None
 
 
@@ -342,5 +354,9 @@ def install_sketches(
     sketches = SketchSet(found, rank, seed, distribution, refresh, tp_group, cache_projections)
     for t in found:
         sketches._handles.append(t.module.register_forward_hook(sketches._make_hook(t), with_kwargs=True))
+    for chunk in chunks:
+        for module in chunk.modules():
+            if type(module).__name__ in _EMBEDDING_TYPES:
+                sketches._handles.append(module.register_forward_hook(_require_grad_hook))
     logger.info("installed %d sketches (rank %d, %s, refresh=%s)", len(found), rank, distribution, refresh)
     return sketches

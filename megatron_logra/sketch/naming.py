@@ -12,7 +12,9 @@ Canonical form (SGLang/vLLM-style fused names, global layer index)::
     model.layers.{i}.mlp.gate_up_proj       <- linear_fc1 | gate_proj | up_proj | gate_up_proj
     model.layers.{i}.mlp.down_proj          <- linear_fc2 | down_proj
 
-Names that are not transformer-layer linears keep their (unwrapped) module path.
+Other names inside a transformer layer keep their suffix under the canonical prefix
+(``decoder.layers.4.input_layernorm`` -> ``model.layers.4.input_layernorm``); names outside
+the layers (embeddings, output layer) keep their unwrapped path.
 Only the standard library is imported.
 """
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from megatron_logra.sketch.naming import canonical_name, strip_wrappers
-from megatron_logra.sketch.projection import DISTRIBUTIONS, hash_u32, projection
+from megatron_logra.sketch.random_projection import DISTRIBUTIONS, hash_u32, projection
 
 DISTS = ("rademacher", "gaussian")
 QKV = "model.layers.3.self_attn.qkv_proj"
@@ -133,7 +133,7 @@ _CHILD = textwrap.dedent(
     import hashlib, torch
     torch.set_num_threads(1)
     naming = importlib.import_module("megatron_logra.sketch.naming")
-    projection = importlib.import_module("megatron_logra.sketch.projection")
+    projection = importlib.import_module("megatron_logra.sketch.random_projection")
     from megatron_logra.sketch import canonical_name, projection as proj_fn
 
     a = projection.projection(0, "decoder.layers.1.mlp.linear_fc1", 0, 4, 16, distribution="gaussian", cols=[3, 1])

@@ -111,10 +111,13 @@ def projection(
         raise ValueError(f"unknown distribution {distribution!r}; choose one of {DISTRIBUTIONS}")
     if cols is None:
         col_idx = torch.arange(n_in, dtype=torch.int64, device=device)
-    elif isinstance(cols, slice):
-        col_idx = torch.arange(n_in, dtype=torch.int64, device=device)[cols]
+    elif isinstance(cols, (slice, range)):
+        span = range(n_in)[cols] if isinstance(cols, slice) else cols
+        col_idx = torch.as_tensor(list(span), dtype=torch.int64, device=device)
     else:
-        col_idx = torch.as_tensor(list(cols) if isinstance(cols, range) else cols, dtype=torch.int64, device=device)
+        col_idx = torch.as_tensor(cols, dtype=torch.int64, device=device)
+        if col_idx.dim() != 1:
+            raise ValueError(f"cols must be one-dimensional, got shape {tuple(col_idx.shape)}")
     if col_idx.numel() and (int(col_idx.min()) < 0 or int(col_idx.max()) >= n_in):
         raise ValueError(f"cols must lie in [0, {n_in}); got range [{int(col_idx.min())}, {int(col_idx.max())}]")
     row_idx = torch.arange(rank, dtype=torch.int64, device=col_idx.device)

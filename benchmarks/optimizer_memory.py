@@ -1,0 +1,790 @@
+#!/usr/bin/env python
+"""Optimizer memory and step time: dense AdamW vs LoGRA (fp32 masters) vs LoGRA (bf16 only).
+
+For megatron-core GPTs of several sizes (bf16 weights, rank r = hidden/16, one micro-batch
+of 2 x 512 tokens, one process) this measures, side by side in one run:
+
+* persistent bytes per *target* parameter (``linear_qkv/proj/fc1/fc2``), summed from the
+  real objects that live across steps (weights, fp32 main grads, masters, Adam moments,
+  sketches, row moments), next to the formula value (18; 2 + 4 + (4r + 4)/n_in; 2 + (4r + 4)/n_in);
+* peak memory of one full train step (forward, backward, prepare, apply), two ways:
+  (1) exact live-tensor accounting: a ``TorchDispatchMode`` registers every storage that an
+  op returns (once, by storage) plus every tensor alive when the step starts, and drops it
+  when ``weakref.finalize`` on the storage fires; (2) the peak RSS (``ru_maxrss``) of the
+  process that ran the configuration, absolute and above the RSS measured after imports;
+* step time: median over a few full steps, after a short warm-up step and the tracked step.
+
+Every configuration runs in its own child process (``--child``, so its peak RSS is its own).
+The three children of one size stay alive together and the parent commands their steps
+round-robin (rotating the order each round), so slow drifts of the machine's load hit all
+three alike and the time ratios are taken side by side.
+
+    python benchmarks/optimizer_memory.py            # full run (~10 min on 2 idle cores)
+    python benchmarks/optimizer_memory.py --quick    # smaller sizes, fewer steps (~1-2 min)
+
+Results: a table on stdout, plus ``benchmarks/results/optimizer_memory{,_quick}.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+OPTIMIZERS = ("adam", "logra_fp32", "logra_bf16")
+LABELS = {
+    "adam": "dense AdamW (bf16 w, fp32 grad/master/moments)",
+    "logra_fp32": "LoGRA fp32 masters",
+    "logra_bf16": "LoGRA bf16-only",
+}
+SHORT = {"adam": "dense AdamW", "logra_fp32": "LoGRA fp32-master", "logra_bf16": "LoGRA bf16"}
+
+# Targets of the issue: persistent bytes per target parameter, peak and step time vs dense.
+PERSISTENT_TARGET = {"adam": 18.0, "logra_fp32": 6.3, "logra_bf16": 2.3}
+PEAK_TARGET = 0.45
+TIME_TARGET = 0.85
+GATE_HIDDEN = 1024  # peak and step-time targets are judged at hidden >= 1024
+
+FULL_SIZES = [(256, 2), (512, 2), (1024, 1)]
+QUICK_SIZES = [(128, 2), (256, 2), (512, 1)]
+
+MiB = 1024 * 1024
+
+
+# ======================================================================== utilities (both sides)
+def _rss_bytes() -> int:
+    """Current resident set size of this process."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _maxrss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def ffn_size(hidden: int) -> int:
+    """Llama-style SwiGLU width: 8/3·hidden rounded down to a multiple of 64."""
+    return max(64, (8 * hidden // 3) // 64 * 64)
+
+
+# ======================================================================== live-tensor tracker
+class LiveTensorTracker:
+    """Exact accounting of live tensor storages during a region, with its peak.
+
+    Inside ``with tracker:`` a ``TorchDispatchMode`` sees every aten op (forward, backward
+    on this thread, optimizer) and registers the storages of the tensors it returns. Each
+    storage counts once (keyed by the storage object, which torch keeps unique per
+    StorageImpl) with its current ``nbytes``; ``weakref.finalize`` on it subtracts it when
+    torch frees it. On entry every tensor reachable by the garbage collector is registered
+    too, so the figures are totals of live tensor bytes, not deltas.
+
+    Not seen: scratch memory inside a kernel (e.g. oneDNN buffers, temporaries of a C++
+    composite op that never reach the dispatcher) and allocator overhead. The RSS
+    measurement covers those.
+    """
+
+    def __init__(self) -> None:
+        self.live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+        self.peak_phase = ""
+        self.phase = "start"
+        self.phase_peaks: dict[str, int] = {}
+        self.start_bytes = 0
+        self.active = False
+        self._mode = None
+        self.num_ops = 0
+
+    # -- bookkeeping
+    def _free(self, key: int) -> None:
+        n = self.live.pop(key, None)
+        if n is not None:
+            self.current -= n
+
+    def _register(self, storage) -> None:
+        import weakref
+
+        try:
+            n = storage.nbytes()
+        except Exception:  # storages without data (meta, fake) — none expected here
+            return
+        key = id(storage)
+        old = self.live.get(key)
+        if old is None:
+            if n == 0:
+                return
+            self.live[key] = n
+            self.current += n
+            weakref.finalize(storage, self._free, key)
+        elif old != n:  # resized in place
+            self.live[key] = n
+            self.current += n - old
+        self._note_peak()
+
+    def _note_peak(self) -> None:
+        if not self.active:
+            return
+        phase = self.phase
+        if phase == "fwd_bwd":
+            import torch
+
+            phase = "backward" if torch._C._current_autograd_node() is not None else "forward"
+        if self.current > self.phase_peaks.get(phase, 0):
+            self.phase_peaks[phase] = self.current
+        if self.current > self.peak:
+            self.peak = self.current
+            self.peak_phase = phase
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+
+    # -- context
+    def __enter__(self) -> "LiveTensorTracker":
+        import gc
+
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        tracker = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                tracker.num_ops += 1
+                stack = [out]
+                while stack:
+                    o = stack.pop()
+                    if isinstance(o, torch.Tensor):
+                        tracker._register(o.untyped_storage())
+                    elif isinstance(o, (list, tuple)):
+                        stack.extend(o)
+                return out
+
+        gc.collect()
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, torch.Tensor) and obj.device.type != "meta":
+                    self._register(obj.untyped_storage())
+            except Exception:
+                continue
+        self.start_bytes = self.current
+        self.peak = self.current
+        self.peak_phase = "start"
+        self.active = True
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+        self.active = False
+
+
+# ======================================================================== child: one configuration
+class _NullTracker:
+    def set_phase(self, phase: str) -> None:
+        pass
+
+
+class Child:
+    """One optimizer configuration of one model size, driven over stdin/stdout."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import warnings
+
+        warnings.filterwarnings("ignore")
+        import torch
+
+        torch.set_num_threads(args.threads)
+        from megatron_logra.models.gpt import ModelConfig, build_gpt
+        from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
+        from megatron_logra.parallel import ParallelConfig, initialize_parallel
+        from megatron_logra.sketch.capture import DEFAULT_TARGETS
+        from megatron_logra.train.step import Batch, forward_backward
+
+        self.torch = torch
+        self.args = args
+        self.forward_backward = forward_backward
+        self.kind = args.opt
+        self.groups = initialize_parallel(ParallelConfig(), seed=1)
+        self.baseline_rss = _rss_bytes()
+        h, L = args.hidden, args.layers
+        self.rank = max(1, h // 16)
+        self.mcfg = ModelConfig(
+            num_layers=L, hidden_size=h, num_attention_heads=max(1, h // 64), ffn_hidden_size=ffn_size(h),
+            vocab_size=args.vocab, seq_length=args.seq, params_dtype="bfloat16", swiglu=True,
+        )
+        self.model = build_gpt(self.mcfg, self.groups, seed=1)
+        if self.kind == "adam":
+            ocfg = OptimizerConfig(name="adam", native=NativeConfig(lr=1e-4))
+        else:
+            masters = "fp32" if self.kind == "logra_fp32" else "none"
+            ocfg = OptimizerConfig(
+                name="logra", logra=LograConfig(rank=self.rank, masters=masters, lr=1e-4), native=NativeConfig(lr=1e-4)
+            )
+        self.opt = build_optimizer(self.model, ocfg, self.groups)
+        self.build_rss = _rss_bytes()
+
+        # the target linears (the same modules LoGRA targets, looked up by leaf name)
+        self.target_params: list[tuple[str, Any]] = []
+        for name, mod in self.model.named_modules():
+            if name.split(".")[-1] in DEFAULT_TARGETS:
+                self.target_params.append((name, mod.weight))
+
+        gen = torch.Generator().manual_seed(1234)
+
+        def make_batch(b: int, s: int):
+            tokens = torch.randint(0, args.vocab, (b, s), generator=gen)
+            labels = torch.roll(tokens, -1, dims=1)
+            return Batch(tokens, labels, torch.ones(b, s, dtype=torch.float32),
+                         torch.arange(s, dtype=torch.int64).unsqueeze(0).expand(b, s).contiguous())
+
+        self.batch = make_batch(args.micro_batch, args.seq)
+        self.warm_batch = make_batch(args.micro_batch, min(args.seq, 64))
+        self.projection_cache_bytes = 0
+        self.losses: list[float] = []
+
+    # -- one full train step
+    def _step(self, batch, tracker=None) -> dict:
+        torch = self.torch
+        tr = tracker or _NullTracker()
+        c0, t0 = time.process_time(), time.perf_counter()
+        tr.set_phase("zero_grad")
+        self.opt.zero_grad()
+        tr.set_phase("fwd_bwd")
+        res = self.forward_backward(self.model, [batch], self.groups)
+        t1 = time.perf_counter()
+        tr.set_phase("prepare")
+        update = self.opt.prepare(num_tokens=res.num_tokens)
+        t2 = time.perf_counter()
+        cache = getattr(getattr(self.opt, "sketches", None), "_cache", None)
+        if cache:
+            self.projection_cache_bytes = sum(v.numel() * v.element_size() for v in cache.values())
+        tr.set_phase("apply")
+        self.opt.apply(update)
+        t3, c3 = time.perf_counter(), time.process_time()
+        tr.set_phase("end")
+        if update.skipped:
+            raise RuntimeError(f"{self.kind}: step skipped ({update.reason})")
+        if not (res.loss == res.loss) or res.loss in (float("inf"), float("-inf")):
+            raise RuntimeError(f"{self.kind}: non-finite loss {res.loss}")
+        self.losses.append(res.loss)
+        del torch
+        return {"wall_s": t3 - t0, "cpu_s": c3 - c0, "fwd_bwd_s": t1 - t0, "prepare_s": t2 - t1,
+                "apply_s": t3 - t2, "loss": res.loss}
+
+    def cmd_warmup(self) -> dict:
+        return self._step(self.warm_batch)
+
+    def cmd_track(self) -> dict:
+        import gc
+
+        gc.collect()
+        tracker = LiveTensorTracker()
+        with tracker:
+            out = self._step(self.batch, tracker)
+        gc.collect()
+        out.update(
+            live_start_bytes=tracker.start_bytes, live_peak_bytes=tracker.peak, peak_phase=tracker.peak_phase,
+            phase_peaks=tracker.phase_peaks, live_end_bytes=tracker.current, num_ops=tracker.num_ops,
+        )
+        return out
+
+    def cmd_step(self) -> dict:
+        return self._step(self.batch)
+
+    # -- persistent accounting from the real objects
+    def _nbytes(self, t) -> int:
+        return 0 if t is None else t.numel() * t.element_size()
+
+    def cmd_report(self) -> dict:
+        torch = self.torch
+        per_target: dict[str, int] = {}
+        target_numel = sum(p.numel() for _, p in self.target_params)
+        rows = sum(p.shape[0] for _, p in self.target_params)
+        target_ids = {id(p) for _, p in self.target_params}
+
+        def add(key: str, n: int) -> None:
+            per_target[key] = per_target.get(key, 0) + n
+
+        opt = self.opt
+        native = opt.native
+        for _, p in self.target_params:
+            add("weight", self._nbytes(p))
+            add("grad", self._nbytes(p.grad) + self._nbytes(getattr(p, "main_grad", None)))
+        if self.kind == "adam":
+            index = {id(p): i for i, p in enumerate(native.params)}
+            for _, p in self.target_params:
+                master = native.masters[index[id(p)]]
+                if master is not p:
+                    add("master", self._nbytes(master))
+                state = native.inner.state.get(master, {})
+                add("moments", sum(self._nbytes(v) for v in state.values() if isinstance(v, torch.Tensor)))
+        else:
+            for t in opt.targets:
+                assert id(t.weight) in target_ids, f"LoGRA target {t.module_name} is not a benchmark target"
+                add("master", self._nbytes(opt.masters.get(t.key)))
+                add("sketch", self._nbytes(t.sketch))
+                add("row_moments", self._nbytes(opt.row_moments[t.key]))
+            assert len(opt.targets) == len(self.target_params)
+        measured = sum(per_target.values())
+
+        # formula, from shapes only
+        if self.kind == "adam":
+            formula = 18.0
+        else:
+            base = 2 + (4 if self.kind == "logra_fp32" else 0)
+            formula = base + rows * (4 * self.rank + 4) / target_numel
+
+        # whole model: unique storages of parameters, buffers and optimizer state
+        seen: set[int] = set()
+        whole = 0
+
+        def count(t) -> None:
+            nonlocal whole
+            if t is None or not isinstance(t, torch.Tensor):
+                return
+            st = t.untyped_storage()
+            if id(st) in seen:
+                return
+            seen.add(id(st))
+            whole += st.nbytes()
+
+        for p in self.model.parameters():
+            count(p)
+            count(p.grad)
+            count(getattr(p, "main_grad", None))
+        for b in self.model.buffers():
+            count(b)
+        for m in native.masters:
+            count(m)
+        if native.inner is not None:
+            for st in native.inner.state.values():
+                for v in st.values():
+                    count(v)
+        if self.kind != "adam":
+            count(opt.sketches.flat)
+            for v in opt.row_moments.values():
+                count(v)
+            for v in opt.masters.values():
+                count(v)
+        model_numel = sum(p.numel() for p in self.model.parameters())
+        claimed = opt.persistent_bytes()
+        return {
+            "kind": self.kind,
+            "hidden": self.args.hidden,
+            "layers": self.args.layers,
+            "ffn": self.mcfg.ffn_hidden_size,
+            "rank": self.rank,
+            "model_params": model_numel,
+            "target_params": target_numel,
+            "target_rows": rows,
+            "persistent_target_bytes": per_target,
+            "persistent_target_B_per_param": measured / target_numel,
+            "persistent_target_formula_B_per_param": formula,
+            "persistent_model_bytes": whole,
+            "persistent_model_B_per_param": whole / model_numel,
+            "opt_persistent_bytes_claimed": claimed,
+            "projection_cache_bytes": self.projection_cache_bytes,
+            "baseline_rss_bytes": self.baseline_rss,
+            "build_rss_bytes": self.build_rss,
+            "peak_rss_bytes": _maxrss_bytes(),
+            "losses": self.losses,
+        }
+
+
+def child_main(args: argparse.Namespace) -> None:
+    # stdout is the protocol channel; everything else printed goes to stderr
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def send(obj: dict) -> None:
+        proto.write(json.dumps(obj) + "\n")
+        proto.flush()
+
+    try:
+        child = Child(args)
+        send({"ok": True, "event": "ready"})
+        for line in sys.stdin:
+            cmd = line.strip()
+            if not cmd:
+                continue
+            if cmd == "exit":
+                break
+            send({"ok": True, "cmd": cmd, "result": getattr(child, f"cmd_{cmd}")()})
+    except Exception as exc:  # report to the parent, then fail
+        import traceback
+
+        traceback.print_exc()
+        send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        raise SystemExit(1)
+
+
+# ======================================================================== parent
+@dataclass
+class ChildProc:
+    kind: str
+    proc: subprocess.Popen
+    log: Any
+    results: dict = field(default_factory=dict)
+
+    def send(self, cmd: str, timeout: Optional[float] = None) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self.recv()
+
+    def recv(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"child {self.kind} died:\n{self.tail()}")
+        msg = json.loads(line)
+        if not msg.get("ok"):
+            raise RuntimeError(f"child {self.kind} failed: {msg.get('error')}\n{self.tail()}")
+        return msg.get("result", msg)
+
+    def tail(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return "".join(self.log.read().splitlines(keepends=True)[-40:])
+
+
+def spawn(kind: str, hidden: int, layers: int, args: argparse.Namespace) -> ChildProc:
+    log = tempfile.TemporaryFile("w+")
+    cmd = [
+        sys.executable, str(Path(__file__).resolve()), "--child", "--opt", kind, "--hidden", str(hidden),
+        "--layers", str(layers), "--seq", str(args.seq), "--micro-batch", str(args.micro_batch),
+        "--vocab", str(args.vocab), "--threads", str(args.threads),
+    ]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(args.threads))
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO,
+                            env=env)
+    return ChildProc(kind, proc, log)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_size(hidden: int, layers: int, args: argparse.Namespace) -> dict:
+    children = {k: spawn(k, hidden, layers, args) for k in OPTIMIZERS}
+    try:
+        for c in children.values():
+            c.recv()  # ready
+        log(f"hidden {hidden} x {layers} layers: models built; warm-up step (seq {min(args.seq, 64)})")
+        for c in children.values():
+            c.results["warmup"] = c.send("warmup")
+        for k, c in children.items():
+            c.results["track"] = c.send("track")
+            log(f"  tracked step {k}: {c.results['track']['wall_s']:.1f} s, "
+                f"peak live {c.results['track']['live_peak_bytes'] / MiB:.1f} MiB")
+        order = list(OPTIMIZERS)
+        for i in range(args.steps):
+            rot = order[i % len(order):] + order[: i % len(order)]
+            for k in rot:
+                children[k].results.setdefault("steps", []).append(children[k].send("step"))
+            log(f"  timed round {i + 1}/{args.steps}: " + ", ".join(
+                f"{k} {children[k].results['steps'][-1]['wall_s']:.2f} s" for k in order))
+        for c in children.values():
+            c.results["report"] = c.send("report")
+            c.proc.stdin.write("exit\n")
+            c.proc.stdin.flush()
+        for c in children.values():
+            c.proc.wait(timeout=120)
+    finally:
+        for c in children.values():
+            if c.proc.poll() is None:
+                c.proc.kill()
+    return {k: c.results for k, c in children.items()}
+
+
+# ======================================================================== summary
+def summarize(raw: dict, args: argparse.Namespace) -> list[dict]:
+    rows = []
+    for (hidden, layers), res in raw.items():
+        dense = res["adam"]
+        d_peak = dense["track"]["live_peak_bytes"]
+        d_rss = dense["report"]["peak_rss_bytes"]
+        d_rss_delta = d_rss - dense["report"]["baseline_rss_bytes"]
+        d_time = statistics.median(s["wall_s"] for s in dense["steps"])
+        d_cpu = statistics.median(s["cpu_s"] for s in dense["steps"])
+        for kind in OPTIMIZERS:
+            r = res[kind]
+            rep, tr = r["report"], r["track"]
+            steps = r["steps"]
+            t = statistics.median(s["wall_s"] for s in steps)
+            cpu = statistics.median(s["cpu_s"] for s in steps)
+            rss_delta = rep["peak_rss_bytes"] - rep["baseline_rss_bytes"]
+            row = {
+                "hidden": hidden, "layers": layers, "ffn": rep["ffn"], "rank": rep["rank"],
+                "model_params": rep["model_params"], "target_params": rep["target_params"],
+                "optimizer": kind,
+                "persistent_B_per_target_param": rep["persistent_target_B_per_param"],
+                "persistent_formula_B_per_target_param": rep["persistent_target_formula_B_per_param"],
+                "persistent_target_bytes": rep["persistent_target_bytes"],
+                "persistent_model_bytes": rep["persistent_model_bytes"],
+                "persistent_model_B_per_param": rep["persistent_model_B_per_param"],
+                "opt_persistent_bytes_claimed": rep["opt_persistent_bytes_claimed"],
+                "projection_cache_bytes": rep["projection_cache_bytes"],
+                "live_start_bytes": tr["live_start_bytes"],
+                "peak_live_bytes": tr["live_peak_bytes"],
+                "peak_live_ratio": tr["live_peak_bytes"] / d_peak,
+                "peak_phase": tr["peak_phase"],
+                "phase_peaks": tr["phase_peaks"],
+                "peak_rss_bytes": rep["peak_rss_bytes"],
+                "peak_rss_ratio": rep["peak_rss_bytes"] / d_rss,
+                "baseline_rss_bytes": rep["baseline_rss_bytes"],
+                "peak_rss_above_baseline_bytes": rss_delta,
+                "peak_rss_above_baseline_ratio": rss_delta / d_rss_delta,
+                "step_s_median": t,
+                "step_ratio": t / d_time,
+                "step_cpu_s_median": cpu,
+                "step_cpu_ratio": cpu / d_cpu,
+                "steps": steps,
+                "warmup": r["warmup"],
+                "tracked_step_s": tr["wall_s"],
+                "losses": rep["losses"],
+            }
+            row["verdicts"] = verdicts(row)
+            rows.append(row)
+    return rows
+
+
+def _verdict(value: float, target: float, unit: str = "x") -> str:
+    if value <= target:
+        return f"PASS ({value:.3g}{unit} <= {target:g}{unit}, margin {target - value:.3g}{unit})"
+    return f"MISS ({value:.3g}{unit} > {target:g}{unit}, over by {value - target:.3g}{unit} = {100 * (value / target - 1):.0f}%)"
+
+
+def verdicts(row: dict) -> dict:
+    kind = row["optimizer"]
+    out = {"persistent": _verdict(row["persistent_B_per_target_param"], PERSISTENT_TARGET[kind], " B")}
+    if kind == "adam":
+        return out
+    gated = row["hidden"] >= GATE_HIDDEN
+    suffix = "" if gated else f" [info: target applies at hidden >= {GATE_HIDDEN}]"
+    out["peak"] = _verdict(row["peak_live_ratio"], PEAK_TARGET) + suffix
+    out["peak_rss"] = _verdict(row["peak_rss_above_baseline_ratio"], PEAK_TARGET) + suffix
+    out["step_time"] = _verdict(row["step_ratio"], TIME_TARGET) + suffix
+    return out
+
+
+def _mib(n: float) -> str:
+    return f"{n / MiB:,.0f}"
+
+
+def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    header = [
+        "size (hidden/layers/params)", "optimizer", "persistent B/target-param (formula)",
+        "peak step mem (tracker) MiB", "ratio", "peak RSS MiB (above import)", "RSS ratio (abs / above)",
+        "step time s", "ratio (cpu ratio)",
+    ]
+    body = []
+    for r in rows:
+        size = f"{r['hidden']}/{r['layers']}/{r['model_params'] / 1e6:.1f}M (targets {r['target_params'] / 1e6:.1f}M, r={r['rank']})"
+        body.append([
+            size, SHORT[r["optimizer"]],
+            f"{r['persistent_B_per_target_param']:.3f} ({r['persistent_formula_B_per_target_param']:.3f})",
+            f"{_mib(r['peak_live_bytes'])} [{r['peak_phase']}]",
+            f"{r['peak_live_ratio']:.3f}",
+            f"{_mib(r['peak_rss_bytes'])} ({_mib(r['peak_rss_above_baseline_bytes'])})",
+            f"{r['peak_rss_ratio']:.3f} / {r['peak_rss_above_baseline_ratio']:.3f}",
+            f"{r['step_s_median']:.2f}",
+            f"{r['step_ratio']:.3f} ({r['step_cpu_ratio']:.3f})",
+        ])
+    return header, body
+
+
+def verdict_lines(rows: list[dict]) -> list[str]:
+    lines = [
+        f"Targets: persistent <= {PERSISTENT_TARGET['logra_fp32']} B/param (fp32 masters), "
+        f"<= {PERSISTENT_TARGET['logra_bf16']} B/param (bf16-only) vs {PERSISTENT_TARGET['adam']:g} dense; "
+        f"peak step memory <= {PEAK_TARGET}x dense; step time <= {TIME_TARGET}x dense (at hidden >= {GATE_HIDDEN}).",
+    ]
+    for r in rows:
+        head = f"{r['hidden']}/{r['layers']} {SHORT[r['optimizer']]}:"
+        v = r["verdicts"]
+        lines.append(f"{head} persistent {v['persistent']}")
+        if "peak" in v:
+            lines.append(f"{' ' * len(head)} peak (tracker) {v['peak']}")
+            lines.append(f"{' ' * len(head)} peak (RSS above import baseline) {v['peak_rss']}")
+            lines.append(f"{' ' * len(head)} step time {v['step_time']}")
+    return lines
+
+
+def detail_lines(rows: list[dict]) -> list[str]:
+    lines = []
+    for r in rows:
+        pt = r["persistent_target_bytes"]
+        n = r["target_params"]
+        parts = ", ".join(f"{k} {v / n:.3f}" for k, v in pt.items())
+        phases = ", ".join(f"{k} {_mib(v)}" for k, v in r["phase_peaks"].items())
+        steps = r["steps"]
+        med = {k: statistics.median(s[k] for s in steps) for k in ("fwd_bwd_s", "prepare_s", "apply_s")}
+        claimed = ", ".join(f"{k} {_mib(v)}" for k, v in r["opt_persistent_bytes_claimed"].items())
+        lines.append(
+            f"{r['hidden']}/{r['layers']} {SHORT[r['optimizer']]}: per target param [{parts}] B; "
+            f"whole model persistent {_mib(r['persistent_model_bytes'])} MiB ({r['persistent_model_B_per_param']:.2f} B/param, "
+            f"opt.persistent_bytes(): {claimed} MiB); live at step start {_mib(r['live_start_bytes'])} MiB; "
+            f"phase peaks [{phases}] MiB; projection cache {_mib(r['projection_cache_bytes'])} MiB; "
+            f"step phases (median s) fwd+bwd {med['fwd_bwd_s']:.2f}, prepare {med['prepare_s']:.3f}, apply {med['apply_s']:.3f}; "
+            f"step times {[round(s['wall_s'], 2) for s in steps]}; losses {[round(x, 3) for x in r['losses']]}"
+        )
+    return lines
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    header, body = table_rows(rows)
+    out = [
+        "# Optimizer memory and step time: dense AdamW vs LoGRA",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Run: {meta['date']}, {meta['runtime_s']:.0f} s, torch {meta['torch']}, {meta['threads']} threads, "
+        f"micro-batch {meta['micro_batch']} x seq {meta['seq']}, vocab {meta['vocab']}, bf16 weights, rank r = hidden/16, "
+        f"{meta['steps']} timed steps per configuration (median), interleaved round-robin.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
+    out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in body]
+    out += ["", "## Targets", ""] + [f"- {line}" for line in verdict_lines(rows)]
+    out += ["", "## Details", ""] + [f"- {line}" for line in detail_lines(rows)]
+    out += ["", "## How measured", "", *[f"- {line}" for line in meta["notes"]], ""]
+    return "\n".join(out)
+
+
+NOTES = [
+    "persistent B/target-param: bytes of the objects that live across steps for the target linears "
+    "(linear_qkv/proj/fc1/fc2) — weight, fp32 main_grad, master, Adam moments (dense); weight, fp32 master, "
+    "sketch rows, row moments (LoGRA) — read from the tensors after the steps, divided by the target "
+    "parameter count. In parentheses: the formula (18; 2 + 4 + Σn_out(4r + 4)/Σn_out·n_in; 2 + Σn_out(4r + 4)/Σn_out·n_in).",
+    "peak step mem (tracker): maximum of live tensor bytes (whole process: weights, optimizer state, activations, "
+    "temporaries) over one full step (zero_grad, forward, backward, prepare, apply) after a warm-up step; the "
+    "phase of the peak in brackets. A TorchDispatchMode registers each storage returned by an op once; "
+    "weakref.finalize on the storage removes it; every tensor alive at the start is registered too.",
+    "peak RSS: ru_maxrss of the configuration's own child process over its whole life; in parentheses the part "
+    "above the RSS measured after imports and process-group init (before the model is built). RSS ratio: "
+    "absolute / above that baseline, each vs dense.",
+    "step time: median wall time of the timed steps (each: zero_grad, forward+backward, prepare, apply), "
+    "commanded round-robin across the three configurations; cpu ratio: the same with process CPU time.",
+    "The whole model includes embeddings, norms and the output layer (native AdamW in every configuration); the "
+    "per-target figures exclude them.",
+]
+
+
+def print_table(rows: list[dict]) -> None:
+    header, body = table_rows(rows)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="Optimizer memory / step time (ratios vs dense AdamW of the same size)")
+        for h in header:
+            table.add_column(h, overflow="fold")
+        prev = None
+        for r, row in zip(rows, body):
+            key = (r["hidden"], r["layers"])
+            if prev is not None and key != prev:
+                table.add_section()
+            prev = key
+            table.add_row(*row)
+        Console(width=200).print(table)
+    except ImportError:
+        widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(header)]
+        print(" | ".join(h.ljust(w) for h, w in zip(header, widths)))
+        print("-+-".join("-" * w for w in widths))
+        for row in body:
+            print(" | ".join(c.ljust(w) for c, w in zip(row, widths)))
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.split(","):
+        h, _, L = part.strip().partition("x")
+        out.append((int(h), int(L or 1)))
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help=f"smaller sizes {QUICK_SIZES} and 2 timed steps (~1-2 min)")
+    p.add_argument("--sizes", type=str, default=None, help="comma list of HIDDENxLAYERS, e.g. 256x2,512x2,1024x1")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per configuration (default 3, quick 2)")
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=str, default=None, help="output stem (default benchmarks/results/optimizer_memory[_quick])")
+    # child side
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--opt", choices=OPTIMIZERS, help=argparse.SUPPRESS)
+    p.add_argument("--hidden", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--layers", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        child_main(args)
+        return
+
+    sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else FULL_SIZES)
+    if args.steps is None:
+        args.steps = 2 if args.quick else 3
+    out_stem = Path(args.out) if args.out else HERE / "results" / ("optimizer_memory_quick" if args.quick else "optimizer_memory")
+    t0 = time.time()
+    raw = {}
+    for hidden, layers in sizes:
+        raw[(hidden, layers)] = run_size(hidden, layers, args)
+    runtime = time.time() - t0
+    rows = summarize(raw, args)
+
+    import torch
+
+    meta = {
+        "command": "python " + " ".join([os.path.relpath(__file__, REPO)] + (argv if argv is not None else sys.argv[1:])),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "runtime_s": runtime,
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "micro_batch": args.micro_batch,
+        "seq": args.seq,
+        "vocab": args.vocab,
+        "steps": args.steps,
+        "sizes": sizes,
+        "load_avg": os.getloadavg(),
+        "notes": NOTES,
+    }
+    print()
+    print_table(rows)
+    print()
+    for line in verdict_lines(rows):
+        print(line)
+    print()
+    for line in detail_lines(rows):
+        print(line)
+    print(f"\nruntime {runtime:.0f} s (load average at end: {', '.join(f'{x:.1f}' for x in os.getloadavg())})")
+
+    out_stem.parent.mkdir(parents=True, exist_ok=True)
+    out_stem.with_suffix(".md").write_text(markdown(rows, meta))
+    out_stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    print(f"wrote {out_stem.with_suffix('.md')} and {out_stem.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    main()
