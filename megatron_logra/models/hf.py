@@ -1,0 +1,293 @@
+"""HF-compatible configs and the Megatron <-> HF (Llama / Qwen2 / Qwen3) parameter layout map.
+
+Megatron side: a *full* state in the TP=1 layout with global layer indices, exactly as
+:func:`megatron_logra.models.layout.gather_full_state` returns it (megatron-core local spec names)::
+
+    embedding.word_embeddings.weight                   [V, h]
+    decoder.layers.{i}.input_layernorm.weight          [h]
+    decoder.layers.{i}.self_attention.linear_qkv.weight [G·(H/G + 2)·d, h]  (+ .bias)
+    decoder.layers.{i}.self_attention.q_layernorm.weight [d]   (qk_layernorm)
+    decoder.layers.{i}.self_attention.k_layernorm.weight [d]   (qk_layernorm)
+    decoder.layers.{i}.self_attention.linear_proj.weight [h, H·d]  (+ .bias)
+    decoder.layers.{i}.pre_mlp_layernorm.weight        [h]
+    decoder.layers.{i}.mlp.linear_fc1.weight           [2·f, h] = [gate; up]  (+ .bias)
+    decoder.layers.{i}.mlp.linear_fc2.weight           [h, f]  (+ .bias)
+    decoder.final_layernorm.weight                     [h]
+    output_layer.weight                                [V, h]  (untied only)
+
+with ``V`` the padded vocabulary, ``H`` query heads, ``G`` query groups, ``d`` head dim.
+The fused QKV rows are interleaved per query group: group ``g`` holds
+``[q heads of g (H/G·d rows); k (d rows); v (d rows)]``.
+
+HF side: ``model.embed_tokens``, ``model.layers.{i}.self_attn.{q,k,v,o}_proj``,
+``self_attn.{q,k}_norm`` (Qwen3), ``mlp.{gate,up,down}_proj``, ``input_layernorm``,
+``post_attention_layernorm``, ``model.norm`` and ``lm_head`` (absent when tied).
+
+Both directions are pure functions: only reshapes, slices and concatenations (bitwise
+round trip); outputs never alias inputs; unknown, missing or mis-shaped names raise
+``ValueError`` listing them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from megatron_logra.models.gpt import ModelConfig
+
+if TYPE_CHECKING:  # transformers is imported lazily (heavy import)
+    from transformers import PretrainedConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["hf_config_from_model_config", "megatron_to_hf", "hf_to_megatron", "megatron_shapes", "hf_shapes"]
+
+Shape = tuple[int, ...]
+
+
+def _check_supported(cfg: ModelConfig) -> None:
+    if not cfg.swiglu:
+        raise ValueError("model.swiglu=False is not supported by the HF mapping (needs a gated SiLU MLP)")
+    if cfg.normalization != "RMSNorm":
+        raise ValueError(f"model.normalization={cfg.normalization!r} is not supported by the HF mapping (needs RMSNorm)")
+    if cfg.position_embedding_type != "rope":
+        raise ValueError(
+            f"model.position_embedding_type={cfg.position_embedding_type!r} is not supported by the HF mapping (needs rope)"
+        )
+    if cfg.qk_layernorm and (cfg.add_qkv_bias or cfg.add_bias_linear):
+        field = "add_qkv_bias" if cfg.add_qkv_bias else "add_bias_linear"
+        raise ValueError(
+            f"model.{field}=True together with model.qk_layernorm=True is not supported by the HF mapping "
+            "(Qwen3 has biases on q/k/v/o together or not at all)"
+        )
+
+
+def _dims(cfg: ModelConfig) -> tuple[int, int, int, int]:
+    """(heads H, query groups G, head dim d, hidden h)."""
+    heads = cfg.num_attention_heads
+    groups = cfg.num_query_groups or heads
+    return heads, groups, cfg.hidden_size // heads, cfg.hidden_size
+
+
+def hf_config_from_model_config(cfg: ModelConfig, tp: int = 1) -> "PretrainedConfig":
+    """A transformers config whose causal LM has exactly the shapes of ``cfg``'s megatron GPT.
+
+    ``LlamaConfig`` by default (``add_bias_linear`` -> ``attention_bias`` and ``mlp_bias``),
+    ``Qwen2Config`` for ``add_qkv_bias`` alone, ``Qwen3Config`` for ``qk_layernorm``. The
+    vocabulary is ``cfg.padded_vocab_size(tp)`` so embedding shapes match the megatron model.
+    Raises ``ValueError`` naming the field for configurations HF cannot express
+    (non-SwiGLU MLP, LayerNorm, non-rope positions, qk_layernorm with biases).
+    """
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    _check_supported(cfg)
+    heads, groups, head_dim, hidden = _dims(cfg)
+    common = dict(
+        vocab_size=cfg.padded_vocab_size(tp),
+        hidden_size=hidden,
+        intermediate_size=cfg.ffn_hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=groups,
+        head_dim=head_dim,
+        hidden_act="silu",
+        max_position_embeddings=cfg.seq_length,
+        initializer_range=cfg.init_std,
+        rms_norm_eps=cfg.layernorm_epsilon,
+        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rotary_base)},
+        tie_word_embeddings=not cfg.untie_embeddings_and_output_weights,
+        attention_dropout=0.0,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    if cfg.qk_layernorm:
+        out = Qwen3Config(attention_bias=False, use_sliding_window=False, **common)
+    elif cfg.add_bias_linear:
+        out = LlamaConfig(attention_bias=True, mlp_bias=True, **common)
+    elif cfg.add_qkv_bias:
+        out = Qwen2Config(use_sliding_window=False, **common)
+    else:
+        out = LlamaConfig(attention_bias=False, mlp_bias=False, **common)
+    logger.debug("HF config %s for %s", type(out).__name__, cfg)
+    return out
+
+
+def megatron_shapes(cfg: ModelConfig, tp: int = 1) -> dict[str, Shape]:
+    """Names and shapes of the full (TP=1-layout) megatron state of ``cfg``."""
+    _check_supported(cfg)
+    heads, groups, d, h = _dims(cfg)
+    f, v = cfg.ffn_hidden_size, cfg.padded_vocab_size(tp)
+    qkv_rows = groups * (heads // groups + 2) * d
+    out: dict[str, Shape] = {"embedding.word_embeddings.weight": (v, h)}
+    for i in range(cfg.num_layers):
+        p = f"decoder.layers.{i}."
+        out[p + "input_layernorm.weight"] = (h,)
+        out[p + "self_attention.linear_qkv.weight"] = (qkv_rows, h)
+        if cfg.add_qkv_bias or cfg.add_bias_linear:
+            out[p + "self_attention.linear_qkv.bias"] = (qkv_rows,)
+        if cfg.qk_layernorm:
+            out[p + "self_attention.q_layernorm.weight"] = (d,)
+            out[p + "self_attention.k_layernorm.weight"] = (d,)
+        out[p + "self_attention.linear_proj.weight"] = (h, heads * d)
+        out[p + "pre_mlp_layernorm.weight"] = (h,)
+        out[p + "mlp.linear_fc1.weight"] = (2 * f, h)
+        out[p + "mlp.linear_fc2.weight"] = (h, f)
+        if cfg.add_bias_linear:
+            out[p + "self_attention.linear_proj.bias"] = (h,)
+            out[p + "mlp.linear_fc1.bias"] = (2 * f,)
+            out[p + "mlp.linear_fc2.bias"] = (h,)
+    out["decoder.final_layernorm.weight"] = (h,)
+    if cfg.untie_embeddings_and_output_weights:
+        out["output_layer.weight"] = (v, h)
+    return out
+
+
+def hf_shapes(cfg: ModelConfig, tp: int = 1) -> dict[str, Shape]:
+    """Names and shapes of the HF causal LM built from :func:`hf_config_from_model_config` (tied head excluded)."""
+    _check_supported(cfg)
+    heads, groups, d, h = _dims(cfg)
+    f, v = cfg.ffn_hidden_size, cfg.padded_vocab_size(tp)
+    out: dict[str, Shape] = {"model.embed_tokens.weight": (v, h)}
+    qkv_bias = cfg.add_qkv_bias or cfg.add_bias_linear
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = (h,)
+        for proj, rows in (("q_proj", heads * d), ("k_proj", groups * d), ("v_proj", groups * d)):
+            out[p + f"self_attn.{proj}.weight"] = (rows, h)
+            if qkv_bias:
+                out[p + f"self_attn.{proj}.bias"] = (rows,)
+        if cfg.qk_layernorm:
+            out[p + "self_attn.q_norm.weight"] = (d,)
+            out[p + "self_attn.k_norm.weight"] = (d,)
+        out[p + "self_attn.o_proj.weight"] = (h, heads * d)
+        out[p + "post_attention_layernorm.weight"] = (h,)
+        out[p + "mlp.gate_proj.weight"] = (f, h)
+        out[p + "mlp.up_proj.weight"] = (f, h)
+        out[p + "mlp.down_proj.weight"] = (h, f)
+        if cfg.add_bias_linear:
+            out[p + "self_attn.o_proj.bias"] = (h,)
+            out[p + "mlp.gate_proj.bias"] = (f,)
+            out[p + "mlp.up_proj.bias"] = (f,)
+            out[p + "mlp.down_proj.bias"] = (h,)
+    out["model.norm.weight"] = (h,)
+    if cfg.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = (v, h)
+    return out
+
+
+def _validate(state: dict[str, torch.Tensor], expected: dict[str, Shape], what: str) -> None:
+    unknown = sorted(set(state) - set(expected))
+    missing = sorted(set(expected) - set(state))
+    if unknown or missing:
+        raise ValueError(f"{what} state does not match the model config: unknown names {unknown}, missing names {missing}")
+    bad = [f"{k}: {tuple(state[k].shape)} != {expected[k]}" for k in expected if tuple(state[k].shape) != expected[k]]
+    if bad:
+        raise ValueError(f"{what} state has wrong shapes: {bad}")
+
+
+# Renames that are 1:1 (per layer, then global), megatron suffix -> HF suffix.
+_LAYER_RENAMES = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+    "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
+    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "self_attention.linear_proj.bias": "self_attn.o_proj.bias",
+    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+    "mlp.linear_fc2.bias": "mlp.down_proj.bias",
+}
+_GLOBAL_RENAMES = {
+    "embedding.word_embeddings.weight": "model.embed_tokens.weight",
+    "decoder.final_layernorm.weight": "model.norm.weight",
+    "output_layer.weight": "lm_head.weight",
+}
+
+
+def split_qkv(fused: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split megatron's per-group interleaved ``linear_qkv`` rows (weight ``[R, h]`` or bias ``[R]``) into q, k, v.
+
+    Returns ``q`` ``[H·d, ...]``, ``k`` and ``v`` ``[G·d, ...]`` (contiguous copies).
+    """
+    heads, groups, d, _ = _dims(cfg)
+    per = heads // groups
+    grouped = fused.reshape(groups, per + 2, d, *fused.shape[1:])
+    q = grouped[:, :per].reshape(heads * d, *fused.shape[1:])
+    k = grouped[:, per].reshape(groups * d, *fused.shape[1:])
+    v = grouped[:, per + 1].reshape(groups * d, *fused.shape[1:])
+    return q.clone(), k.clone(), v.clone()
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """Inverse of :func:`split_qkv`."""
+    heads, groups, d, _ = _dims(cfg)
+    per = heads // groups
+    rest = tuple(q.shape[1:])
+    parts = [q.reshape(groups, per, d, *rest), k.reshape(groups, 1, d, *rest), v.reshape(groups, 1, d, *rest)]
+    return torch.cat(parts, dim=1).reshape(groups * (per + 2) * d, *rest)
+
+
+def megatron_to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Map a full (TP=1-layout, global layer index) megatron GPT state to HF causal-LM names.
+
+    ``state`` must hold exactly the names of :func:`megatron_shapes` with those shapes
+    (else ``ValueError`` listing unknown / missing / mis-shaped names). Dtypes are kept.
+    """
+    _validate(state, megatron_shapes(cfg), "megatron")
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name in _GLOBAL_RENAMES:
+            out[_GLOBAL_RENAMES[name]] = tensor.clone()
+            continue
+        _, _, layer, suffix = name.split(".", 3)
+        p = f"model.layers.{layer}."
+        if suffix in _LAYER_RENAMES:
+            out[p + _LAYER_RENAMES[suffix]] = tensor.clone()
+        elif suffix.startswith("self_attention.linear_qkv."):
+            leaf = suffix.rsplit(".", 1)[1]
+            q, k, v = split_qkv(tensor, cfg)
+            out[p + f"self_attn.q_proj.{leaf}"] = q
+            out[p + f"self_attn.k_proj.{leaf}"] = k
+            out[p + f"self_attn.v_proj.{leaf}"] = v
+        elif suffix.startswith("mlp.linear_fc1."):
+            leaf = suffix.rsplit(".", 1)[1]
+            gate, up = tensor.chunk(2, dim=0)
+            out[p + f"mlp.gate_proj.{leaf}"] = gate.clone()
+            out[p + f"mlp.up_proj.{leaf}"] = up.clone()
+        else:  # unreachable after _validate; kept as a guard against table drift
+            raise ValueError(f"no HF mapping for megatron parameter {name!r}")
+    return out
+
+
+def hf_to_megatron(hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`megatron_to_hf` (bitwise): HF causal-LM names -> full megatron state.
+
+    ``hf_state`` must hold exactly the names of :func:`hf_shapes` (a tied model has no
+    ``lm_head.weight``), else ``ValueError`` listing unknown / missing / mis-shaped names.
+    """
+    _validate(hf_state, hf_shapes(cfg), "HF")
+    inv_layer = {v: k for k, v in _LAYER_RENAMES.items()}
+    inv_global = {v: k for k, v in _GLOBAL_RENAMES.items()}
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in hf_state.items():
+        if name in inv_global:
+            out[inv_global[name]] = tensor.clone()
+            continue
+        _, _, layer, suffix = name.split(".", 3)
+        p = f"decoder.layers.{layer}."
+        if suffix in inv_layer:
+            out[p + inv_layer[suffix]] = tensor.clone()
+            continue
+        module, leaf = suffix.rsplit(".", 1)
+        pre = f"model.layers.{layer}."
+        if module == "self_attn.q_proj":
+            q, k, v = (hf_state[pre + f"self_attn.{x}_proj.{leaf}"] for x in "qkv")
+            out[p + f"self_attention.linear_qkv.{leaf}"] = fuse_qkv(q, k, v, cfg)
+        elif module == "mlp.gate_proj":
+            gate, up = hf_state[pre + f"mlp.gate_proj.{leaf}"], hf_state[pre + f"mlp.up_proj.{leaf}"]
+            out[p + f"mlp.linear_fc1.{leaf}"] = torch.cat([gate, up], dim=0)
+        elif module not in ("self_attn.k_proj", "self_attn.v_proj", "mlp.up_proj"):
+            raise ValueError(f"no megatron mapping for HF parameter {name!r}")
+    return out
