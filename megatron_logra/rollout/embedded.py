@@ -1,0 +1,262 @@
+"""In-process rollout engine: a ``transformers`` causal LM with KV-cached, batched sampling.
+
+The engine owns its own copy of the policy, built from
+:func:`megatron_logra.models.hf.hf_config_from_model_config` (random init until
+:meth:`EmbeddedEngine.update_weights_full`). ``generate`` left-pads the batch, passes an
+attention mask and per-row position ids (``cumsum(mask) - 1``, so every prompt starts at
+position 0 whatever its padding), runs the prompt once, then decodes one token per step
+through ``past_key_values``. Sampling (greedy, temperature, top-p, stop tokens) draws from one
+``torch.Generator`` seeded with ``SamplingParams.seed``: the same prompts, params and weights
+give the same rollouts (a different batch composition may give different draws).
+Log-prob convention: see :mod:`megatron_logra.rollout.engine`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Union
+
+import torch
+
+from megatron_logra.models.gpt import ModelConfig
+from megatron_logra.models.hf import hf_config_from_model_config
+from megatron_logra.rollout.engine import Rollout, SamplingParams
+
+try:
+    # Resolve transformers' lazy modeling imports now. megatron_logra.cpu_shim (activated by
+    # initialize_parallel on a CPU-only machine) replaces torch.cuda.Stream with a function, after
+    # which transformers' generation modules (annotated ``torch.cuda.Stream | None``) fail to import.
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM  # noqa: F401
+except TypeError as exc:  # pragma: no cover - depends on import order
+    raise ImportError(
+        "transformers could not be imported after megatron_logra.cpu_shim patched torch.cuda.Stream; "
+        "import megatron_logra.rollout.embedded before initialize_parallel()"
+    ) from exc
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EmbeddedEngine", "sample_next"]
+
+_PAD_ID = 0  # any valid id: padded positions are masked out and never attended to
+
+
+def sample_next(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row from ``logits`` ``[B, V]`` (fp32).
+
+    Returns ``(tokens [B] int64, logprobs [B] fp32)``: ``logprobs`` are of ``softmax(z / T)``
+    before top-p truncation (``softmax(z)`` when ``T == 0``, which takes the argmax, lowest id on ties).
+    Top-p keeps, in descending probability order (stable: lower id first on ties), every token whose
+    preceding mass is ``< top_p``; the most likely token is therefore always kept.
+    """
+    if temperature == 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        tokens = torch.argmax(logits, dim=-1)
+        return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_logp, order = torch.sort(logp, dim=-1, descending=True, stable=True)
+        probs = sorted_logp.exp()
+        keep = (probs.cumsum(dim=-1) - probs) < top_p
+        keep[:, 0] = True
+        nucleus = torch.where(keep, probs, torch.zeros_like(probs))
+        choice = torch.multinomial(nucleus, 1, generator=generator)
+        tokens = order.gather(-1, choice)[:, 0]
+    else:
+        tokens = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
+    return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+
+
+class EmbeddedEngine:
+    """A real generator running a ``transformers`` copy of the policy in this process.
+
+    ``cfg`` fixes the architecture (see :func:`hf_config_from_model_config`; unsupported
+    configs raise ``ValueError``). ``dtype``/``device`` place the model; ``attn_implementation``
+    is passed to transformers ("sdpa" or "eager"); ``init_seed`` makes the random initial
+    weights reproducible without touching the global RNG. ``weight_version`` starts at 0.
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: Union[str, torch.device] = "cpu",
+        attn_implementation: str = "sdpa",
+        init_seed: int = 0,
+    ) -> None:
+        if attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(f"attn_implementation={attn_implementation!r}: choose sdpa or eager")
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.hf_config = hf_config_from_model_config(cfg)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(init_seed)
+            model = AutoModelForCausalLM.from_config(
+                self.hf_config, dtype=dtype, attn_implementation=attn_implementation
+            )
+        self.model = model.to(self.device).eval()
+        # transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (old name deprecated): use whichever exists.
+        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self.vocab_size = int(self.hf_config.vocab_size)
+        self.max_positions = int(self.hf_config.max_position_embeddings)
+        self._version = 0
+        logger.info(
+            "embedded engine: %s, %d params, %s on %s",
+            type(self.model).__name__, sum(p.numel() for p in self.model.parameters()), dtype, self.device,
+        )
+
+    # ------------------------------------------------------------------ weights
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the loaded weights (0 = initial random weights)."""
+        return self._version
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Names and shapes :meth:`update_weights_full` requires (tied ``lm_head`` excluded)."""
+        return {name: tuple(p.shape) for name, p in self.model.named_parameters()}
+
+    def update_weights_full(self, hf_state: dict[str, torch.Tensor], version: int) -> None:
+        """Copy every parameter from ``hf_state`` (HF names) and set ``weight_version = version``.
+
+        All names and shapes are checked before anything is copied (a failed update leaves
+        the engine untouched): unknown or missing names and shape mismatches raise
+        ``ValueError`` listing them. ``version`` must be an int >= the current version.
+        Values are cast to the engine's dtype and device.
+        """
+        if isinstance(version, bool) or not isinstance(version, int) or version < self._version:
+            raise ValueError(f"version={version!r} must be an int >= the current weight_version {self._version}")
+        params = dict(self.model.named_parameters())
+        unknown = sorted(set(hf_state) - set(params))
+        missing = sorted(set(params) - set(hf_state))
+        if unknown or missing:
+            raise ValueError(f"update_weights_full: unknown names {unknown}, missing names {missing}")
+        bad = [
+            f"{n}: {tuple(t.shape)} != {tuple(params[n].shape)}"
+            for n, t in hf_state.items() if tuple(t.shape) != tuple(params[n].shape)
+        ]
+        if bad:
+            raise ValueError(f"update_weights_full: wrong shapes {bad}")
+        with torch.no_grad():
+            for name, tensor in hf_state.items():
+                params[name].copy_(tensor.to(device=self.device, dtype=self.dtype))
+        self._version = version
+        logger.info("embedded engine: loaded %d tensors, weight_version=%d", len(hf_state), version)
+
+    # ------------------------------------------------------------------ generation
+
+    def _check_ids(self, seqs: list[list[int]], what: str) -> None:
+        if not seqs:
+            raise ValueError(f"{what}: empty batch")
+        for i, s in enumerate(seqs):
+            if len(s) == 0:
+                raise ValueError(f"{what} {i} is empty")
+            if min(s) < 0 or max(s) >= self.vocab_size:
+                raise ValueError(f"{what} {i} has token ids outside [0, {self.vocab_size})")
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(input_ids [B, L], attention_mask [B, L], position_ids [B, L])`` of the left-padded batch."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), _PAD_ID, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+        return ids.to(self.device), mask.to(self.device), positions.to(self.device)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
+        """Sample one completion per prompt (batched, KV-cached). See the module docstring.
+
+        Raises ``ValueError`` when a prompt is empty, holds ids outside the vocabulary, or is
+        longer than ``max_position_embeddings - max_new_tokens``.
+        """
+        self._check_ids(prompts, "prompt")
+        limit = self.max_positions - params.max_new_tokens
+        for i, p in enumerate(prompts):
+            if len(p) > limit:
+                raise ValueError(
+                    f"prompt {i} has {len(p)} tokens; at most max_position_embeddings {self.max_positions} - "
+                    f"max_new_tokens {params.max_new_tokens} = {limit} fit"
+                )
+        gen = torch.Generator(device=self.device).manual_seed(params.seed)
+        stops = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=self.device)
+        batch = len(prompts)
+        ids, mask, positions = self._left_pad(prompts)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
+        cache = self._cache_of(out)
+        next_pos = positions[:, -1] + 1  # [B]
+        logits = out.logits[:, -1].float()  # [B, V]
+        tokens_out = torch.empty((batch, 0), dtype=torch.long, device=self.device)
+        logps_out = torch.empty((batch, 0), dtype=torch.float32, device=self.device)
+        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        hit_stop = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        for step in range(params.max_new_tokens):
+            tokens, logps = sample_next(logits, params.temperature, params.top_p, gen)
+            tokens_out = torch.cat([tokens_out, tokens[:, None]], dim=1)
+            logps_out = torch.cat([logps_out, logps.float()[:, None]], dim=1)
+            is_stop = torch.isin(tokens, stops) & ~done
+            hit_stop |= is_stop
+            done |= is_stop
+            if bool(done.all()) or step == params.max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            out = self.model(
+                input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                use_cache=True, **{self._cache_kw: cache},
+            )
+            cache = self._cache_of(out)
+            next_pos = next_pos + 1
+            logits = out.logits[:, -1].float()
+        return [self._rollout(prompts[i], tokens_out[i].tolist(), logps_out[i].tolist(), stops, bool(hit_stop[i]))
+                for i in range(batch)]
+
+    def _cache_of(self, out: Any) -> Any:
+        """The KV cache (a transformers ``DynamicCache``) returned by a forward."""
+        return out.cache if self._cache_kw == "cache" else out.past_key_values
+
+    def _rollout(self, prompt: list[int], toks: list[int], logps: list[float], stops: torch.Tensor,
+                 finished: bool) -> Rollout:
+        """Cut a row's tokens after its first stop token (later steps ran on for other rows only)."""
+        stop_set = set(stops.tolist())
+        n = next((j + 1 for j, t in enumerate(toks) if t in stop_set), len(toks))
+        return Rollout(list(prompt), toks[:n], logps[:n], finished, self._version)
+
+    @torch.inference_mode()
+    def logprobs_of(
+        self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0
+    ) -> list[list[float]]:
+        """Log-probs of each sequence's completion tokens ``seq[prompt_len:]`` from one full forward (no cache).
+
+        Same convention as ``generate``: ``log_softmax(z / T)`` (``T == 0`` means T = 1). The batch is
+        right-padded (causal attention: padding after a sequence cannot affect it). Returns one list of
+        ``len(seq) - prompt_len`` floats per sequence.
+        """
+        self._check_ids(sequences, "sequence")
+        if len(prompt_lens) != len(sequences):
+            raise ValueError(f"prompt_lens has {len(prompt_lens)} entries for {len(sequences)} sequences")
+        if not temperature >= 0:
+            raise ValueError(f"temperature={temperature!r} must be >= 0")
+        for i, (s, n) in enumerate(zip(sequences, prompt_lens)):
+            if not 1 <= n <= len(s):
+                raise ValueError(f"prompt_lens[{i}]={n} must be in [1, {len(s)}] (sequence {i} length)")
+            if len(s) > self.max_positions:
+                raise ValueError(f"sequence {i} has {len(s)} tokens > max_position_embeddings {self.max_positions}")
+        width = max(len(s) for s in sequences)
+        ids = torch.full((len(sequences), width), _PAD_ID, dtype=torch.long)
+        mask = torch.zeros((len(sequences), width), dtype=torch.long)
+        for i, s in enumerate(sequences):
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()  # [B, W, V]
+        logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+        token_logp = logp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]  # [B, W-1]: logp of token j+1
+        return [token_logp[i, n - 1: len(s) - 1].tolist() for i, (s, n) in enumerate(zip(sequences, prompt_lens))]

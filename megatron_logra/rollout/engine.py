@@ -1,0 +1,95 @@
+"""The rollout-engine interface the RL loop uses: sampling parameters, rollouts, the engine protocol.
+
+Log-prob convention (every engine): ``Rollout.logprobs[j]`` is the log-probability of
+``completion_ids[j]`` under the temperature-scaled distribution ``softmax(z / T)`` of the policy
+that sampled it, taken BEFORE top-p truncation (the nucleus only restricts which tokens can be
+drawn; it does not renormalise the reported log-prob). With ``T = 0`` (greedy) the distribution
+``softmax(z / 0)`` is degenerate, so greedy rollouts report log-probs under ``softmax(z)`` (T = 1).
+These are the numbers the trainer compares with its own ``log_softmax(z / T)`` for importance
+weights and the rollout/trainer mismatch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SamplingParams", "Rollout", "RolloutEngine"]
+
+
+@dataclass
+class SamplingParams:
+    """How to sample completions for one ``generate`` call."""
+
+    temperature: float = 1.0
+    """Softmax temperature T >= 0; 0 means greedy (argmax, ties to the lowest token id)."""
+    top_p: float = 1.0
+    """Nucleus mass in (0, 1]: sample from the smallest set of most likely tokens whose mass reaches top_p."""
+    max_new_tokens: int = 32
+    """Completion length limit (>= 1); a sequence cut here has ``finished=False``."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Token ids that end a sequence; the stop token is included in ``completion_ids``."""
+    seed: int = 0
+    """Seed of the sampling generator: the same prompts and params give the same rollouts."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not (
+            math.isfinite(self.temperature) and self.temperature >= 0
+        ):
+            raise ValueError(f"sampling.temperature={self.temperature!r} must be a finite number >= 0")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p={self.top_p!r} must be in (0, 1]")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"sampling.max_new_tokens={self.max_new_tokens!r} must be an int >= 1")
+        stops = list(self.stop_token_ids)
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in stops):
+            raise ValueError(f"sampling.stop_token_ids={self.stop_token_ids!r} must be non-negative ints")
+        self.stop_token_ids = stops
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"sampling.seed={self.seed!r} must be an int in [0, 2**63)")
+
+
+@dataclass
+class Rollout:
+    """One sampled completion."""
+
+    prompt_ids: list[int]
+    """The prompt's token ids, as given."""
+    completion_ids: list[int]
+    """Generated token ids (including the stop token when one ended the sequence)."""
+    logprobs: list[float]
+    """Per completion token: log-prob under softmax(z/T) before top-p truncation (T=0: softmax(z))."""
+    finished: bool
+    """True when a stop token ended the sequence; False when ``max_new_tokens`` cut it."""
+    weight_version: int
+    """Version of the weights that produced every token of this rollout."""
+
+    def __post_init__(self) -> None:
+        if len(self.logprobs) != len(self.completion_ids):
+            raise ValueError(
+                f"rollout.logprobs has {len(self.logprobs)} entries for {len(self.completion_ids)} completion_ids"
+            )
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the RL loop needs from a generator (embedded torch engine, SGLang, ...)."""
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the weights currently loaded (tags every rollout)."""
+        ...
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
+        """One rollout per prompt, in order, all from the same ``weight_version``."""
+        ...
+
+    def update_weights_full(self, hf_state: dict[str, torch.Tensor], version: int) -> None:
+        """Replace every weight (HF names, full TP=1 layout) and set ``weight_version = version``."""
+        ...
