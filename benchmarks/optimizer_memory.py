@@ -56,8 +56,8 @@ PEAK_TARGET = 0.45
 TIME_TARGET = 0.85
 GATE_HIDDEN = 1024  # peak and step-time targets are judged at hidden >= 1024
 
-FULL_SIZES = [(256, 2), (512, 2), (1024, 1)]
-QUICK_SIZES = [(128, 2), (256, 2), (512, 1)]
+FULL_SIZES = [(256, 2), (512, 1), (1024, 1)]
+QUICK_SIZES = [(64, 1), (128, 1), (256, 1)]
 
 MiB = 1024 * 1024
 
@@ -100,7 +100,10 @@ class LiveTensorTracker:
     """
 
     def __init__(self) -> None:
-        self.live: dict[int, int] = {}
+        self.live: dict[int, tuple[int, str]] = {}
+        self.by_origin: dict[str, int] = {}
+        self.peak_breakdown: dict[str, int] = {}
+        self.origin = "alive at start"
         self.current = 0
         self.peak = 0
         self.peak_phase = ""
@@ -113,9 +116,11 @@ class LiveTensorTracker:
 
     # -- bookkeeping
     def _free(self, key: int) -> None:
-        n = self.live.pop(key, None)
-        if n is not None:
+        entry = self.live.pop(key, None)
+        if entry is not None:
+            n, origin = entry
             self.current -= n
+            self.by_origin[origin] -= n
 
     def _register(self, storage) -> None:
         import weakref
@@ -125,16 +130,22 @@ class LiveTensorTracker:
         except Exception:  # storages without data (meta, fake) — none expected here
             return
         key = id(storage)
-        old = self.live.get(key)
-        if old is None:
+        entry = self.live.get(key)
+        if entry is None:
             if n == 0:
                 return
-            self.live[key] = n
+            origin = self.origin
+            self.live[key] = (n, origin)
             self.current += n
+            self.by_origin[origin] = self.by_origin.get(origin, 0) + n
             weakref.finalize(storage, self._free, key)
-        elif old != n:  # resized in place
-            self.live[key] = n
+        elif entry[0] != n:  # resized in place
+            old, origin = entry
+            self.live[key] = (n, origin)
             self.current += n - old
+            self.by_origin[origin] += n - old
+        else:
+            return
         self._note_peak()
 
     def _note_peak(self) -> None:
@@ -150,6 +161,7 @@ class LiveTensorTracker:
         if self.current > self.peak:
             self.peak = self.current
             self.peak_phase = phase
+            self.peak_breakdown = {k: v for k, v in self.by_origin.items() if v > 0}
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
@@ -167,6 +179,11 @@ class LiveTensorTracker:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
                 tracker.num_ops += 1
+                phase = tracker.phase
+                if phase == "fwd_bwd":
+                    phase = "backward" if torch._C._current_autograd_node() is not None else "forward"
+                shape = tuple(out.shape) if isinstance(out, torch.Tensor) else ""
+                tracker.origin = f"{phase} {func.__name__} {list(shape) if shape != '' else ''}".rstrip()
                 stack = [out]
                 while stack:
                     o = stack.pop()
@@ -186,6 +203,7 @@ class LiveTensorTracker:
         self.start_bytes = self.current
         self.peak = self.current
         self.peak_phase = "start"
+        self.peak_breakdown = dict(self.by_origin)
         self.active = True
         self._mode = _Mode()
         self._mode.__enter__()
@@ -303,6 +321,7 @@ class Child:
         out.update(
             live_start_bytes=tracker.start_bytes, live_peak_bytes=tracker.peak, peak_phase=tracker.peak_phase,
             phase_peaks=tracker.phase_peaks, live_end_bytes=tracker.current, num_ops=tracker.num_ops,
+            peak_breakdown=dict(sorted(tracker.peak_breakdown.items(), key=lambda kv: -kv[1])[:12]),
         )
         return out
 
@@ -386,6 +405,23 @@ class Child:
                 count(v)
         model_numel = sum(p.numel() for p in self.model.parameters())
         claimed = opt.persistent_bytes()
+        # the same categories measured from the objects, to check persistent_bytes()
+        native_measured = 0
+        for p, m in zip(native.params, native.masters):
+            native_measured += self._nbytes(getattr(p, "main_grad", None)) + self._nbytes(p.grad)
+            if m is not p:
+                native_measured += self._nbytes(m)
+            st = native.inner.state.get(m, {}) if native.inner is not None else {}
+            native_measured += sum(self._nbytes(v) for v in st.values() if isinstance(v, torch.Tensor))
+        if self.kind == "adam":
+            measured_claims = {"grads+masters+moments": native_measured}
+        else:
+            measured_claims = {
+                "sketches": self._nbytes(opt.sketches.flat),
+                "row_moments": sum(self._nbytes(v) for v in opt.row_moments.values()),
+                "masters": sum(self._nbytes(v) for v in opt.masters.values()),
+                "native": native_measured,
+            }
         return {
             "kind": self.kind,
             "hidden": self.args.hidden,
@@ -401,6 +437,8 @@ class Child:
             "persistent_model_bytes": whole,
             "persistent_model_B_per_param": whole / model_numel,
             "opt_persistent_bytes_claimed": claimed,
+            "opt_persistent_bytes_measured": measured_claims,
+            "native_params": sum(p.numel() for p in native.params),
             "projection_cache_bytes": self.projection_cache_bytes,
             "baseline_rss_bytes": self.baseline_rss,
             "build_rss_bytes": self.build_rss,
@@ -497,11 +535,12 @@ def run_size(hidden: int, layers: int, args: argparse.Namespace) -> dict:
             log(f"  tracked step {k}: {c.results['track']['wall_s']:.1f} s, "
                 f"peak live {c.results['track']['live_peak_bytes'] / MiB:.1f} MiB")
         order = list(OPTIMIZERS)
-        for i in range(args.steps):
+        steps = args.steps or (2 if hidden >= GATE_HIDDEN else 3)
+        for i in range(steps):
             rot = order[i % len(order):] + order[: i % len(order)]
             for k in rot:
                 children[k].results.setdefault("steps", []).append(children[k].send("step"))
-            log(f"  timed round {i + 1}/{args.steps}: " + ", ".join(
+            log(f"  timed round {i + 1}/{steps}: " + ", ".join(
                 f"{k} {children[k].results['steps'][-1]['wall_s']:.2f} s" for k in order))
         for c in children.values():
             c.results["report"] = c.send("report")
@@ -543,6 +582,10 @@ def summarize(raw: dict, args: argparse.Namespace) -> list[dict]:
                 "persistent_model_bytes": rep["persistent_model_bytes"],
                 "persistent_model_B_per_param": rep["persistent_model_B_per_param"],
                 "opt_persistent_bytes_claimed": rep["opt_persistent_bytes_claimed"],
+                "opt_persistent_bytes_measured": rep["opt_persistent_bytes_measured"],
+                "native_params": rep["native_params"],
+                "peak_breakdown": tr["peak_breakdown"],
+                "tracker_num_ops": tr["num_ops"],
                 "projection_cache_bytes": rep["projection_cache_bytes"],
                 "live_start_bytes": tr["live_start_bytes"],
                 "peak_live_bytes": tr["live_peak_bytes"],
@@ -576,9 +619,10 @@ def _verdict(value: float, target: float, unit: str = "x") -> str:
 
 def verdicts(row: dict) -> dict:
     kind = row["optimizer"]
-    out = {"persistent": _verdict(row["persistent_B_per_target_param"], PERSISTENT_TARGET[kind], " B")}
     if kind == "adam":
-        return out
+        return {"persistent": f"reference ({row['persistent_B_per_target_param']:.4g} B measured, "
+                              f"{PERSISTENT_TARGET[kind]:g} B expected)"}
+    out = {"persistent": _verdict(row["persistent_B_per_target_param"], PERSISTENT_TARGET[kind], " B")}
     gated = row["hidden"] >= GATE_HIDDEN
     suffix = "" if gated else f" [info: target applies at hidden >= {GATE_HIDDEN}]"
     out["peak"] = _verdict(row["peak_live_ratio"], PEAK_TARGET) + suffix
@@ -639,12 +683,17 @@ def detail_lines(rows: list[dict]) -> list[str]:
         phases = ", ".join(f"{k} {_mib(v)}" for k, v in r["phase_peaks"].items())
         steps = r["steps"]
         med = {k: statistics.median(s[k] for s in steps) for k in ("fwd_bwd_s", "prepare_s", "apply_s")}
-        claimed = ", ".join(f"{k} {_mib(v)}" for k, v in r["opt_persistent_bytes_claimed"].items())
+        claimed = ", ".join(f"{k} {v / n:.3f}" for k, v in r["opt_persistent_bytes_claimed"].items())
+        measured = ", ".join(f"{k} {v / n:.3f}" for k, v in r["opt_persistent_bytes_measured"].items())
+        top = "; ".join(f"{k}: {_mib(v)}" for k, v in list(r["peak_breakdown"].items())[:6])
         lines.append(
             f"{r['hidden']}/{r['layers']} {SHORT[r['optimizer']]}: per target param [{parts}] B; "
             f"whole model persistent {_mib(r['persistent_model_bytes'])} MiB ({r['persistent_model_B_per_param']:.2f} B/param, "
-            f"opt.persistent_bytes(): {claimed} MiB); live at step start {_mib(r['live_start_bytes'])} MiB; "
-            f"phase peaks [{phases}] MiB; projection cache {_mib(r['projection_cache_bytes'])} MiB; "
+            f"opt.persistent_bytes() [{claimed}] vs the same categories measured [{measured}] bytes per target param; "
+            f"live at step start {_mib(r['live_start_bytes'])} MiB; "
+            f"phase peaks [{phases}] MiB; largest live groups at the peak (phase op [output shape]: MiB) [{top}]; "
+            f"projection cache during the step {r['projection_cache_bytes'] / 1024:,.0f} KiB; "
+            f"tracked step {r['tracked_step_s']:.2f} s ({r['tracker_num_ops']} ops); "
             f"step phases (median s) fwd+bwd {med['fwd_bwd_s']:.2f}, prepare {med['prepare_s']:.3f}, apply {med['apply_s']:.3f}; "
             f"step times {[round(s['wall_s'], 2) for s in steps]}; losses {[round(x, 3) for x in r['losses']]}"
         )
@@ -659,7 +708,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"Command: `{meta['command']}`  ",
         f"Run: {meta['date']}, {meta['runtime_s']:.0f} s, torch {meta['torch']}, {meta['threads']} threads, "
         f"micro-batch {meta['micro_batch']} x seq {meta['seq']}, vocab {meta['vocab']}, bf16 weights, rank r = hidden/16, "
-        f"{meta['steps']} timed steps per configuration (median), interleaved round-robin.",
+        f"{meta['steps'] or '3 (2 at hidden >= 1024)'} timed steps per configuration (median), interleaved round-robin.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
@@ -727,7 +776,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"smaller sizes {QUICK_SIZES} and 2 timed steps (~1-2 min)")
     p.add_argument("--sizes", type=str, default=None, help="comma list of HIDDENxLAYERS, e.g. 256x2,512x2,1024x1")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per configuration (default 3, quick 2)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="timed steps per configuration (default: 3, 2 at hidden >= 1024; quick: 2)")
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--vocab", type=int, default=1024)
@@ -744,8 +794,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         return
 
     sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else FULL_SIZES)
-    if args.steps is None:
-        args.steps = 2 if args.quick else 3
+    if args.steps is None and args.quick:
+        args.steps = 2
     out_stem = Path(args.out) if args.out else HERE / "results" / ("optimizer_memory_quick" if args.quick else "optimizer_memory")
     t0 = time.time()
     raw = {}

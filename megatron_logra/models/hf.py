@@ -253,7 +253,7 @@ def megatron_to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str
             out[p + f"self_attn.v_proj.{leaf}"] = v
         elif suffix.startswith("mlp.linear_fc1."):
             leaf = suffix.rsplit(".", 1)[1]
-            gate, up = tensor.chunk(2, dim=0)
+            up, gate = tensor.chunk(2, dim=0)
             out[p + f"mlp.gate_proj.{leaf}"] = gate.clone()
             out[p + f"mlp.up_proj.{leaf}"] = up.clone()
         else:  # unreachable after _validate; kept as a guard against table drift

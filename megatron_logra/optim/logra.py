@@ -241,6 +241,23 @@ class LograOptimizer:
             d.mul_(scale)
 
     @torch.no_grad()
+    def relative_update_norm(self, update: PreparedUpdate, alpha: float = 1.0) -> float:
+        """``‖ΔW‖_F / ‖W‖_F`` over all targets for step size ``alpha`` (through the r×r Gram)."""
+        if update.skipped:
+            return 0.0
+        tp_rank = self.groups.tp_rank
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for t in self.targets:
+            if self._replicated_on_tp(t) and tp_rank != 0:
+                continue
+            proj_RI = self.sketches.projection_for(t, update.update_index)
+            totals[0] += reconstructed_norm2(update.directions[t.key], proj_RI)
+            weight = self.masters.get(t.key, t.weight)
+            totals[1] += weight.double().pow(2).sum()
+        totals = self._mp_sum(totals)
+        return abs(alpha) * math.sqrt(totals[0].item() / max(totals[1].item(), 1e-300))
+
+    @torch.no_grad()
     def apply(self, update: PreparedUpdate, alpha: float = 1.0) -> None:
         """``W ← decay·W − α·D·A`` for every target, native AdamW step, advance the projection.
 

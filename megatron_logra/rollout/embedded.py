@@ -166,7 +166,7 @@ class EmbeddedEngine:
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p):] = 1
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+        positions = torch.arange(width)[None].expand(len(prompts), width).clone()
         return ids.to(self.device), mask.to(self.device), positions.to(self.device)
 
     @torch.inference_mode()

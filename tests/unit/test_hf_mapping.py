@@ -35,6 +35,7 @@ from megatron_logra.models.hf import (
 )
 from megatron_logra.models.layout import gather_full_state
 
+pytestmark = pytest.mark.filterwarnings("ignore:Warning. tp_group is None:DeprecationWarning")
 REL_TOL = 1e-5
 
 CASES = {
@@ -56,6 +57,15 @@ def _cfg(**kw) -> ModelConfig:
                 seq_length=32, init_std=0.1, layernorm_epsilon=1e-5)
     base.update(kw)
     return ModelConfig(**base)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models: intra-op threads only add contention on the shared 2-core machine (≈10x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,166 @@
+"""Math answers: final-answer extraction from a completion and equivalence checks with math-verify.
+
+Extraction rule (:func:`extract_final_answer`), first match wins:
+
+1. the content of the **last** ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced;
+2. else the content of the last ``<answer>...</answer>`` (rule 1 is applied inside it);
+3. else the text after the last ``answer:`` / ``answer is`` (case-insensitive) up to the end of
+   that line (or the next non-empty line when that line is empty), with a trailing period and
+   enclosing ``$...$`` removed;
+4. else the last number in the text (integers, decimals, ``1,234`` thousands, ``a/b`` fractions,
+   an optional leading minus sign unless it follows a letter, digit or ``)``);
+5. else None (scored as wrong).
+
+An extracted answer longer than :data:`MAX_ANSWER_CHARS` characters is rejected (None): sympy can
+take unbounded time on adversarial input, and no reference answer is that long.
+
+Equivalence (:func:`math_equal`): both strings are wrapped in ``\\boxed{...}`` and parsed with
+``math_verify.parse`` (bare LaTeX such as ``\\frac{\\sqrt{3}}{2}`` is not found by math-verify
+without an anchor; ``\\boxed`` is the strongest one), then ``math_verify.verify(gold, pred)``.
+math-verify 0.9.0 signatures: ``parse(pred, extraction_config=..., fallback_mode=...,
+extraction_mode=..., parsing_timeout=5, raise_on_error=False)`` and ``verify(gold, target,
+float_rounding=6, numeric_precision=15, strict=True, allow_set_relation_comp=False,
+timeout_seconds=5, raise_on_error=False)``. Its timeouts use ``signal.alarm``, which raises off
+the main thread; we therefore pass ``parsing_timeout=None, timeout_seconds=None`` whenever we are
+not on the main thread (or the scorer's timeout is disabled).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+from typing import Any
+
+from megatron_logra.rewards.base import Problem, extract_tagged_answer
+
+__all__ = [
+    "MAX_ANSWER_CHARS",
+    "MathVerifyScorer",
+    "extract_boxed",
+    "extract_final_answer",
+    "math_equal",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_ANSWER_CHARS = 512
+"""Longest extracted answer that is handed to math-verify; longer ones score as wrong."""
+
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_ANSWER_MARKER_RE = re.compile(r"answer\s*(?::|is\b)", re.IGNORECASE)
+_NUMBER_RE = re.compile(r"(?:(?<![\w)])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` with balanced braces; None if none closes."""
+    for match in reversed(list(_BOXED_RE.finditer(text))):
+        depth, start = 1, match.end()
+        for pos in range(start, len(text)):
+            ch = text[pos]
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start:pos].strip()
+    return None
+
+
+def _after_marker(text: str) -> str | None:
+    matches = list(_ANSWER_MARKER_RE.finditer(text))
+    if not matches:
+        return None
+    rest = text[matches[-1].end() :]
+    lines = rest.split("\n")
+    candidate = lines[0].strip()
+    if not candidate:
+        candidate = next((line.strip() for line in lines[1:] if line.strip()), "")
+    candidate = candidate.rstrip(".").strip()
+    if len(candidate) >= 2 and candidate.startswith("$") and candidate.endswith("$"):
+        candidate = candidate.strip("$").strip()
+    return candidate or None
+
+
+def extract_final_answer(completion: str) -> str | None:
+    """The final answer in ``completion`` by the module's rule (boxed > <answer> > "answer:" > last number)."""
+    answer = extract_boxed(completion)
+    if answer is None:
+        tagged = extract_tagged_answer(completion)
+        if tagged is not None:
+            answer = extract_boxed(tagged) or tagged
+    if answer is None:
+        answer = _after_marker(completion)
+    if answer is None:
+        numbers = _NUMBER_RE.findall(completion)
+        answer = numbers[-1] if numbers else None
+    if answer is None or not answer.strip():
+        return None
+    if len(answer) > MAX_ANSWER_CHARS:
+        logger.debug("extracted answer of %d chars exceeds MAX_ANSWER_CHARS; scored as wrong", len(answer))
+        return None
+    return answer.strip()
+
+
+def _timeouts(timeout_s: int | None) -> tuple[int | None, int | None]:
+    """(parsing_timeout, timeout_seconds) for math-verify: None off the main thread (signal.alarm)."""
+    if timeout_s is None or threading.current_thread() is not threading.main_thread():
+        return None, None
+    return timeout_s, timeout_s
+
+
+def _parse(text: str, timeout_s: int | None) -> list[Any]:
+    from math_verify import parse
+
+    parsing_timeout, _ = _timeouts(timeout_s)
+    parsed = parse("\\boxed{" + text + "}", parsing_timeout=parsing_timeout)
+    if not parsed:
+        parsed = parse(text, parsing_timeout=parsing_timeout)
+    return parsed
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(text: str, timeout_s: int | None) -> tuple[Any, ...]:
+    return tuple(_parse(text, timeout_s))
+
+
+def math_equal(gold: str, predicted: str, *, timeout_s: int | None = 5) -> bool:
+    """Whether ``predicted`` is mathematically equivalent to ``gold`` according to math-verify.
+
+    Both are answer strings (no surrounding prose), e.g. ``"\\frac{1}{2}"`` and ``"0.5"``. Unparsable
+    input is not equivalent to anything. ``timeout_s`` bounds parsing and verification on the main
+    thread; off the main thread, or with None, math-verify runs without a timeout.
+    """
+    if len(predicted) > MAX_ANSWER_CHARS:
+        return False
+    from math_verify import verify
+
+    gold_parsed = list(_parse_gold(gold, timeout_s))
+    if not gold_parsed:
+        logger.warning("math-verify could not parse the reference answer %r", gold[:200])
+        return False
+    pred_parsed = _parse(predicted, timeout_s)
+    if not pred_parsed:
+        return False
+    _, verify_timeout = _timeouts(timeout_s)
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=verify_timeout))
+
+
+class MathVerifyScorer:
+    """Scores 1.0 when the final answer extracted from the completion equals ``problem.answer``.
+
+    Binary: returns 1.0 or 0.0. Thread-safe (no timeouts off the main thread, see module doc).
+    """
+
+    def __init__(self, timeout_s: int | None = 5) -> None:
+        if timeout_s is not None and timeout_s < 1:
+            raise ValueError(f"timeout_s={timeout_s} must be >= 1 second or None (no timeout)")
+        self.timeout_s = timeout_s
+
+    def score(self, problem: Problem, completion: str) -> float:
+        """1.0 if ``extract_final_answer(completion)`` is equivalent to ``problem.answer``, else 0.0."""
+        predicted = extract_final_answer(completion)
+        if predicted is None:
+            return 0.0
+        return 1.0 if math_equal(problem.answer, predicted, timeout_s=self.timeout_s) else 0.0

@@ -1,0 +1,231 @@
+"""The RL training loop. One update reads top to bottom:
+
+rollout → reward → advantage → forward/backward → prepare update → KL control → apply → sync.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from megatron_logra.kl.controller import KLController
+from megatron_logra.kl.probe import ProbeBatch, measure_kl, predicted_kl
+from megatron_logra.metrics import MetricsWriter, is_rank0
+from megatron_logra.optim import LograOptimizer
+from megatron_logra.parallel import ParallelGroups, all_reduce_sum
+from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
+from megatron_logra.rl.batching import pack_sequences, split_microbatches
+from megatron_logra.rl.losses import rl_loss, token_logprobs
+from megatron_logra.train.step import Batch, forward_backward
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RLState", "RLComponents", "rl_update", "evaluate_accuracy", "make_rl_loss_fn"]
+
+
+@dataclass
+class RLState:
+    """Everything the loop itself must checkpoint."""
+
+    step: int = 0
+    """Completed RL updates."""
+    weight_version: int = 0
+    """Version of the policy the engine holds."""
+    baseline: EMABaseline = field(default_factory=EMABaseline)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "weight_version": self.weight_version, "baseline": self.baseline.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.weight_version = int(state["weight_version"])
+        self.baseline.load_state_dict(state["baseline"])
+
+
+@dataclass
+class RLComponents:
+    """The live objects an update works on (built by ``rl.job``)."""
+
+    cfg: Any
+    """RunConfig."""
+    groups: ParallelGroups
+    model: torch.nn.Module
+    optimizer: Any
+    controller: KLController
+    engine: Any
+    task: Any
+    tokenizer: Any
+    sync: Any
+    """Callable ``sync(version) -> bytes sent`` that refreshes the engine from the trainer."""
+    ref_model: Optional[torch.nn.Module] = None
+
+
+def make_rl_loss_fn(loss_cfg, temperature: float, tp_group, ref_logprobs_fn=None):
+    """The per-micro-batch RL objective for ``forward_backward``; also reports the mismatch
+    ``Σ (rollout_logprob − trainer_logprob)`` over tokens of completed sequences."""
+
+    def loss_fn(batch: Batch, logits: torch.Tensor):
+        logp = token_logprobs(logits, batch.labels, temperature, tp_group)
+        mask = batch.loss_mask
+        ref = batch.extras.get("ref_logprobs")
+        loss = rl_loss(loss_cfg, logp, batch.extras["rollout_logprobs"], batch.extras["advantages"], mask, ref)
+        finished = batch.extras["finished"] * mask
+        gap = ((batch.extras["rollout_logprobs"] - logp.detach()) * finished).sum()
+        report = {
+            "lm": torch.stack([loss.detach().float(), mask.sum()]),
+            "mismatch": torch.stack([gap.float(), finished.sum()]),
+        }
+        return loss, mask.sum().to(torch.int), report
+
+    loss_fn.report_names = ["mismatch"]
+    return loss_fn
+
+
+def _prompt_ids(c: RLComponents, text: str) -> list[int]:
+    ids = c.tokenizer(c.cfg.rl.prompt_template.format(prompt=text), add_special_tokens=False)["input_ids"]
+    return [c.tokenizer.bos_token_id] + list(ids)
+
+
+def _decode(c: RLComponents, ids: list[int]) -> str:
+    return c.tokenizer.decode([i for i in ids if i != c.tokenizer.eos_token_id], skip_special_tokens=True)
+
+
+@torch.no_grad()
+def evaluate_accuracy(c: RLComponents) -> float:
+    """Held-out accuracy of the engine's policy (greedy by default), shared over DP ranks."""
+    from megatron_logra.rollout.engine import SamplingParams
+
+    problems = c.task.eval_problems()
+    mine = problems[c.groups.dp_rank :: c.groups.dp_size]
+    correct = 0
+    if mine:
+        params = SamplingParams(temperature=c.cfg.rl.rollout.eval_temperature, top_p=1.0,
+                                max_new_tokens=c.cfg.rl.rollout.max_new_tokens,
+                                stop_token_ids=[c.tokenizer.eos_token_id], seed=c.cfg.train.seed)
+        rollouts = c.engine.generate([_prompt_ids(c, p.prompt) for p in mine], params)
+        correct = sum(int(c.task.score(p, _decode(c, r.completion_ids))[1]) for p, r in zip(mine, rollouts))
+    counts = torch.tensor([float(correct), float(len(mine))], dtype=torch.float64)
+    all_reduce_sum(counts, c.groups.dp)
+    return (counts[0] / counts[1]).item() if counts[1] > 0 else float("nan")
+
+
+def _reference_logprobs(c: RLComponents, batch: Batch) -> torch.Tensor:
+    with torch.no_grad():
+        logits = c.ref_model(batch.tokens, batch.position_ids, None)
+        return token_logprobs(logits, batch.labels, c.cfg.rl.rollout.temperature, c.groups.tp)
+
+
+def rl_update(c: RLComponents, state: RLState) -> dict:
+    """One RL update; returns its metrics record."""
+    from megatron_logra.rollout.engine import SamplingParams
+
+    cfg, rl, groups = c.cfg, c.cfg.rl, c.groups
+    step = state.step + 1
+    t0 = time.perf_counter()
+
+    # ---- rollout: this DP rank's prompts, G samples each, from the engine's current policy
+    per_rank = rl.prompts_per_step // groups.dp_size
+    first = (step - 1) * rl.prompts_per_step + groups.dp_rank * per_rank
+    problems = [c.task.train_problem(first + i) for i in range(per_rank)]
+    prompt_ids = [_prompt_ids(c, p.prompt) for p in problems for _ in range(rl.group_size)]
+    params = SamplingParams(temperature=rl.rollout.temperature, top_p=rl.rollout.top_p,
+                            max_new_tokens=rl.rollout.max_new_tokens, stop_token_ids=[c.tokenizer.eos_token_id],
+                            seed=cfg.train.seed * 1_000_003 + step * 1009 + groups.dp_rank)
+    rollouts = c.engine.generate(prompt_ids, params)
+    rollout_seconds = time.perf_counter() - t0
+
+    # ---- reward
+    scored = [c.task.score(problems[i // rl.group_size], _decode(c, r.completion_ids)) for i, r in enumerate(rollouts)]
+    rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32)
+    correct = torch.tensor([float(s[1]) for s in scored])
+
+    # ---- advantage
+    if rl.advantage.estimator == "grpo":
+        advantages = grpo_advantages(rewards, rl.group_size, scale_by_std=rl.advantage.scale_by_std, eps=rl.advantage.eps)
+    else:
+        advantages = state.baseline.advantages(rewards)
+    stats = torch.tensor([rewards.sum().item(), correct.sum().item(), float(len(rollouts)),
+                          float(sum(len(r.completion_ids) for r in rollouts)), advantages.abs().sum().item()],
+                         dtype=torch.float64)
+    all_reduce_sum(stats, groups.dp)
+    record: dict[str, Any] = {
+        "step": step, "reward_mean": stats[0].item() / stats[2].item(), "accuracy": stats[1].item() / stats[2].item(),
+        "eval_accuracy": None, "response_length": stats[3].item() / stats[2].item(),
+        "kl_predicted": None, "kl_actual": None, "alpha": None, "budget": None, "mismatch": c.controller.mismatch,
+        "update_ratio": None, "skipped": False, "rollout_seconds": rollout_seconds, "sync_bytes": 0,
+    }
+    state.step = step
+    if stats[4].item() == 0.0:
+        logger.info("step %d: every advantage is zero (all groups uniform); no update", step)
+        record.update(skipped=True, step_seconds=time.perf_counter() - t0)
+        return record
+
+    # ---- forward/backward
+    batch = pack_sequences(
+        [r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts],
+        rollout_logprobs=[r.logprobs for r in rollouts], advantages=advantages.tolist(),
+        finished=[r.finished for r in rollouts], pad_id=c.tokenizer.pad_token_id, max_length=cfg.model.seq_length,
+    )
+    if c.ref_model is not None:
+        batch.extras["ref_logprobs"] = _reference_logprobs(c, batch)
+    loss_fn = make_rl_loss_fn(rl.loss, rl.rollout.temperature, groups.tp)
+    c.optimizer.zero_grad()
+    result = forward_backward(c.model, split_microbatches(batch, rl.micro_batch_size), groups, loss_fn=loss_fn)
+    gap_sum, gap_tokens = result.reports["mismatch"].tolist()
+    mismatch = c.controller.observe_mismatch(gap_sum / gap_tokens) if gap_tokens > 0 else c.controller.mismatch
+
+    # ---- prepare update
+    update = c.optimizer.prepare(num_tokens=result.num_tokens)
+    if update.skipped:
+        record.update(skipped=True, mismatch=mismatch, step_seconds=time.perf_counter() - t0)
+        return record
+
+    # ---- KL control
+    alpha, budget, pred, old_logits, probe = 1.0, c.controller.effective_budget(step), None, None, None
+    logra = isinstance(c.optimizer, LograOptimizer)
+    if logra and cfg.kl.mode != "none":
+        probe = _probe_batch(batch, cfg.kl)
+        pred, old_logits = predicted_kl(c.model, c.optimizer.sketches, update.directions, update.update_index,
+                                        probe, groups, temperature=rl.rollout.temperature)
+        alpha, budget = c.controller.step_size(pred, step)
+    elif cfg.kl.measure_actual and groups.pp_size == 1:
+        probe = _probe_batch(batch, cfg.kl)
+        with torch.no_grad():
+            logits = c.model(probe.tokens, probe.position_ids, None)
+            old_logits = logits.reshape(-1, logits.shape[-1])[probe.mask.reshape(-1)]
+    ratio = c.optimizer.relative_update_norm(update, alpha) if logra else None
+
+    # ---- apply
+    c.optimizer.apply(update, alpha)
+    actual = None
+    if probe is not None and old_logits is not None and cfg.kl.measure_actual:
+        actual = measure_kl(c.model, probe, old_logits, groups, temperature=rl.rollout.temperature)
+        c.controller.observe_actual(actual, alpha * alpha * pred if pred is not None else float("nan"))
+    c.controller.finish_update()
+
+    # ---- sync
+    state.weight_version += 1
+    sync_bytes = c.sync(state.weight_version)
+
+    record.update(
+        kl_predicted=(alpha * alpha * pred) if pred is not None else None, kl_actual=actual, alpha=alpha,
+        budget=budget, mismatch=mismatch, update_ratio=ratio, loss=result.loss, grad_norm=update.grad_norm,
+        sync_bytes=sync_bytes, step_seconds=time.perf_counter() - t0,
+    )
+    return record
+
+
+def _probe_batch(batch: Batch, kl_cfg) -> ProbeBatch:
+    n = min(kl_cfg.probe_sequences, batch.tokens.shape[0])
+    tokens, pos, mask = batch.tokens[:n], batch.position_ids[:n], batch.loss_mask[:n].clone()
+    # cap the probe's token count
+    flat = mask.reshape(-1)
+    keep = torch.cumsum(flat, 0) <= kl_cfg.probe_max_tokens
+    mask = (flat * keep).view_as(mask)
+    return ProbeBatch(tokens, pos, mask)

@@ -1,0 +1,97 @@
+"""Policy-gradient losses on per-token log-probs (pure functions, summed over tokens).
+
+All take ``[b, s]`` tensors aligned with the labels and a 0/1 ``mask`` of completion tokens,
+and return the *sum* over masked tokens; the optimizer divides by the global token count
+(token-level normalisation).
+
+* TIS: ``−w·A·log π_θ`` with ``w = min(exp(log π_θ − log μ), cap)`` detached, where ``μ`` is
+  the rollout engine's policy (truncated importance sampling against rollout log-probs).
+* PPO-clip with clip-higher: ``−min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)``, ``ρ = π_θ / π_old``.
+* KL penalty to a frozen reference: k1 ``log π_θ − log π_ref`` or k3
+  ``exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1`` (Schulman's unbiased, positive estimator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+__all__ = ["LossConfig", "tis_pg_loss", "ppo_clip_loss", "kl_penalty", "token_logprobs"]
+
+
+@dataclass
+class LossConfig:
+    """The RL objective."""
+
+    kind: str = "tis"
+    """tis (policy gradient with truncated importance sampling) or ppo (PPO-clip)."""
+    tis_cap: float = 2.0
+    """TIS: cap on the importance weight π_θ / μ."""
+    clip_low: float = 0.2
+    """PPO: ε_low."""
+    clip_high: float = 0.28
+    """PPO: ε_high (clip-higher)."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the initial (reference) policy; 0 disables it."""
+    kl_estimator: str = "k3"
+    """k1 or k3."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("tis", "ppo"):
+            raise ValueError(f"rl.loss.kind={self.kind!r}: choose tis or ppo")
+        if self.tis_cap <= 0:
+            raise ValueError(f"rl.loss.tis_cap={self.tis_cap} must be > 0")
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError("rl.loss.clip_low must lie in [0, 1) and rl.loss.clip_high must be >= 0")
+        if self.kl_coef < 0:
+            raise ValueError(f"rl.loss.kl_coef={self.kl_coef} must be >= 0")
+        if self.kl_estimator not in ("k1", "k3"):
+            raise ValueError(f"rl.loss.kl_estimator={self.kl_estimator!r}: choose k1 or k3")
+
+
+def token_logprobs(logits_bsV: torch.Tensor, labels_bs: torch.Tensor, temperature: float, tp_group=None) -> torch.Tensor:
+    """``log softmax(z/τ)[label]`` per position, with vocabulary-parallel logits (differentiable)."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    scaled = logits_bsV.float() / temperature
+    # megatron's kernel works on any leading dims and reduces over the TP vocab shards
+    return -vocab_parallel_cross_entropy(scaled.transpose(0, 1).contiguous(), labels_bs.t().contiguous()).t()
+
+
+def tis_pg_loss(logp: torch.Tensor, rollout_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                cap: float) -> torch.Tensor:
+    weight = torch.exp(logp.detach() - rollout_logp).clamp(max=cap)
+    return -(weight * advantages * logp * mask).sum()
+
+
+def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                  clip_low: float, clip_high: float) -> torch.Tensor:
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    return -(torch.minimum(unclipped, clipped) * mask).sum()
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    log_ratio = ref_logp - logp
+    if estimator == "k1":
+        per_token = -log_ratio
+    else:
+        per_token = torch.exp(log_ratio) - log_ratio - 1.0
+    return (per_token * mask).sum()
+
+
+def rl_loss(cfg: LossConfig, logp: torch.Tensor, rollout_logp: torch.Tensor, advantages: torch.Tensor,
+            mask: torch.Tensor, ref_logp: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The configured objective (sum over masked tokens)."""
+    if cfg.kind == "tis":
+        loss = tis_pg_loss(logp, rollout_logp, advantages, mask, cfg.tis_cap)
+    else:
+        loss = ppo_clip_loss(logp, rollout_logp, advantages, mask, cfg.clip_low, cfg.clip_high)
+    if cfg.kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError("rl.loss.kl_coef > 0 needs reference log-probs")
+        loss = loss + cfg.kl_coef * kl_penalty(logp, ref_logp, mask, cfg.kl_estimator)
+    return loss
