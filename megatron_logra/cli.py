@@ -1,6 +1,6 @@
 """``megatron-logra``: thin command-line entry point.
 
-    megatron-logra train [RECIPE|file.yaml] [overrides...]     # default recipe: tiny
+    megatron-logra train [RECIPE|file.yaml] [overrides...]     # default recipe: tiny (RL)
     megatron-logra recipes                                     # list recipes
     megatron-logra config [RECIPE] [overrides...]              # print the resolved config
 
@@ -63,10 +63,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
 
     from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.train.lm import run_lm
 
+    if cfg.job == "rl":
+        from megatron_logra.rl.job import run_rl as run
+    else:
+        from megatron_logra.train.lm import run_lm as run
     try:
-        summary = run_lm(cfg)
+        summary = run(cfg)
     finally:
         destroy_parallel()
     if int(os.environ.get("RANK", "0")) == 0:

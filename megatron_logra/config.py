@@ -21,9 +21,13 @@ from typing import Any, Callable, Optional, Sequence
 import yaml
 
 from megatron_logra.data.synthetic import SyntheticConfig
+from megatron_logra.data.tokenizer import TokenizerConfig
+from megatron_logra.kl.controller import KLConfig
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.optim.config import LograConfig, NativeConfig, OptimizerConfig
 from megatron_logra.parallel import ParallelConfig
+from megatron_logra.rewards import TaskConfig
+from megatron_logra.rl.config import RLConfig, RolloutConfig, SFTConfig
 
 __all__ = ["TrainConfig", "RunConfig", "RECIPES", "load_recipe", "apply_overrides", "parse_args_to_config",
            "to_dict", "from_dict", "MEGATRON_ALIASES"]
@@ -75,6 +79,8 @@ class TrainConfig:
 class RunConfig:
     """Everything a run needs."""
 
+    job: str = "rl"
+    """rl (warm start + LoGRA RL with KL control) or lm (next-token training on a synthetic task)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The GPT."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -82,11 +88,25 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """LoGRA or dense AdamW."""
     data: SyntheticConfig = field(default_factory=SyntheticConfig)
-    """The training task."""
+    """The synthetic next-token task (job=lm)."""
     train: TrainConfig = field(default_factory=TrainConfig)
-    """The loop."""
+    """Run directory, seed, logging, checkpoints (and the lm job's loop)."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """RL problems and rewards (job=rl)."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """Tokenizer (job=rl)."""
+    rl: RLConfig = field(default_factory=RLConfig)
+    """The RL loop (job=rl)."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Supervised warm start before RL (job=rl)."""
+    kl: KLConfig = field(default_factory=KLConfig)
+    """Predicted-KL step control (job=rl)."""
 
     def __post_init__(self) -> None:
+        if self.job not in ("rl", "lm"):
+            raise ValueError(f"job={self.job!r}: choose rl or lm")
+        if self.job == "rl":
+            return
         if self.model.seq_length < self.data.seq_length - 1:
             raise ValueError(
                 f"model.seq_length={self.model.seq_length} is shorter than the task's "
@@ -98,37 +118,77 @@ class RunConfig:
             )
 
     def validate(self) -> "RunConfig":
-        """Re-run every component's validation (after overrides)."""
-        for f in dataclasses.fields(self):
-            getattr(self, f.name).__post_init__()
-        self.optimizer.logra.__post_init__()
-        self.optimizer.native.__post_init__()
-        self.__post_init__()
+        """Re-run every component's validation, innermost first (after overrides)."""
+        _validate_tree(self)
         return self
+
+
+def _validate_tree(obj: Any) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            _validate_tree(value)
+    post = getattr(obj, "__post_init__", None)
+    if post is not None:
+        post()
 
 
 # ---------------------------------------------------------------------------- recipes
 def tiny() -> RunConfig:
-    """Tiny GPT learning the reverse task with LoGRA (RowAdam, optimizer recipe) in ~1 minute on 2 CPU cores."""
+    """Main job: tiny GPT, warm start, LoGRA RL with predicted-KL control on reasoning-gym chain_sum (CPU)."""
     return RunConfig(
+        job="rl",
+        model=ModelConfig(num_layers=4, hidden_size=128, num_attention_heads=4, ffn_hidden_size=384,
+                          vocab_size=128, seq_length=96),
+        optimizer=OptimizerConfig(
+            logra=LograConfig(rank=32, recipe="paper", update_ratio=2e-3, algorithm="row_adam"),
+            native=NativeConfig(freeze=True),
+        ),
+        task=TaskConfig(datasets=["chain_sum"],
+                        dataset_kwargs={"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},
+                        num_eval=200),
+        rl=RLConfig(steps=60, prompts_per_step=16, group_size=8, micro_batch_size=64, eval_interval=10,
+                    prompt_template="{prompt}\n", rollout=RolloutConfig(temperature=1.0, max_new_tokens=6)),
+        sft=SFTConfig(steps=300, lr=3e-3, batch_size=64),
+        kl=KLConfig(mode="calibrated", budget_start=2e-3, budget_end=5e-4, horizon=60),
+        train=TrainConfig(run_dir="runs/tiny", log_interval=5),
+    )
+
+
+def tiny_adam() -> RunConfig:
+    """The main job with dense AdamW (no KL control), for comparison."""
+    cfg = tiny()
+    cfg.optimizer.name = "adam"
+    cfg.optimizer.native = NativeConfig(lr=1e-4)
+    cfg.kl.mode = "none"
+    cfg.train.run_dir = "runs/tiny-adam"
+    return cfg
+
+
+def lm_tiny() -> RunConfig:
+    """Tiny GPT learning a synthetic reverse task with LoGRA (RowAdam, optimizer recipe) in ~1 minute."""
+    return RunConfig(
+        job="lm",
         model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=192,
                           vocab_size=32, seq_length=32),
         optimizer=OptimizerConfig(logra=LograConfig(rank=16, lr=3e-3, clip_grad=1.0),
                                   native=NativeConfig(lr=3e-3)),
         data=SyntheticConfig(task="reverse", content_length=6, num_symbols=12),
-        train=TrainConfig(steps=250, micro_batch_size=16, global_batch_size=32, run_dir="runs/tiny"),
+        train=TrainConfig(steps=250, micro_batch_size=16, global_batch_size=32, run_dir="runs/lm-tiny"),
     )
 
 
-def tiny_adam() -> RunConfig:
-    """The tiny recipe with dense AdamW, for comparison."""
-    cfg = tiny()
+def lm_tiny_adam() -> RunConfig:
+    """The lm-tiny recipe with dense AdamW."""
+    cfg = lm_tiny()
     cfg.optimizer.name = "adam"
-    cfg.train.run_dir = "runs/tiny-adam"
+    cfg.train.run_dir = "runs/lm-tiny-adam"
     return cfg
 
 
-RECIPES: dict[str, Callable[[], RunConfig]] = {"tiny": tiny, "tiny-adam": tiny_adam}
+RECIPES: dict[str, Callable[[], RunConfig]] = {
+    "tiny": tiny, "tiny-adam": tiny_adam, "lm-tiny": lm_tiny, "lm-tiny-adam": lm_tiny_adam,
+}
 
 
 # ---------------------------------------------------------------------------- (de)serialisation
@@ -167,10 +227,13 @@ def load_recipe(name_or_path: str) -> RunConfig:
     raise ValueError(f"unknown recipe {name_or_path!r}: choose one of {sorted(RECIPES)} or a .yaml file")
 
 
+_OPAQUE_DICTS = ("task.dataset_kwargs",)
+
+
 def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
     out = []
     for k, v in data.items():
-        if isinstance(v, dict):
+        if isinstance(v, dict) and f"{prefix}{k}" not in _OPAQUE_DICTS:
             out.extend(_flatten(v, f"{prefix}{k}."))
         else:
             out.append((f"{prefix}{k}", v))
@@ -178,6 +241,10 @@ def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def _yaml_value(v: Any) -> str:
+    if isinstance(v, dict):
+        import json
+
+        return json.dumps(v)
     if isinstance(v, (list, tuple)):
         return ",".join(str(x) for x in v)
     return str(v)
@@ -260,7 +327,18 @@ def _parse_value(raw: str, ftype: Any, key: str) -> Any:
         except ValueError:
             raise ValueError(f"{key}={raw!r} is not a number") from None
     if origin in (list, Sequence) or ftype is list:
-        return [s.strip() for s in raw.split(",") if s.strip()]
+        inner = args[0] if args else str
+        return [_parse_value(s.strip(), inner, key) for s in raw.split(",") if s.strip()]
+    if origin is dict or ftype is dict:
+        import json
+
+        try:
+            value = json.loads(raw) if raw.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{key}={raw!r} is not a JSON object ({exc})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}={raw!r} is not a JSON object")
+        return value
     return raw
 
 

@@ -43,6 +43,9 @@ def is_active() -> bool:
 
 
 class _DummyStream:
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
     def wait_stream(self, *args, **kwargs) -> None:
         pass
 
@@ -116,7 +119,7 @@ def activate() -> bool:
         torch.cuda.empty_cache = lambda: None  # type: ignore[assignment]
         torch.cuda.current_stream = lambda *a, **k: _DummyStream()  # type: ignore[assignment]
         torch.cuda.default_stream = lambda *a, **k: _DummyStream()  # type: ignore[assignment]
-        torch.cuda.Stream = lambda *a, **k: _DummyStream()  # type: ignore[assignment]
+        torch.cuda.Stream = _DummyStream  # type: ignore[assignment,misc]  (a class: annotations use it with |)
         torch.cuda.stream = lambda *a, **k: _DummyStream()  # type: ignore[assignment]
         torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()  # type: ignore[assignment]
         torch.cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)  # type: ignore[assignment]

@@ -229,13 +229,14 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig
     return torch.cat(parts, dim=1).reshape(groups * (per + 2) * d, *rest)
 
 
-def megatron_to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def megatron_to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, *, tp: int = 1) -> dict[str, torch.Tensor]:
     """Map a full (TP=1-layout, global layer index) megatron GPT state to HF causal-LM names.
 
-    ``state`` must hold exactly the names of :func:`megatron_shapes` with those shapes
-    (else ``ValueError`` listing unknown / missing / mis-shaped names). Dtypes are kept.
+    ``state`` must hold exactly the names of :func:`megatron_shapes` ``(cfg, tp)`` with those
+    shapes (else ``ValueError`` listing unknown / missing / mis-shaped names); ``tp`` is the
+    trainer's TP degree, which fixes the padded vocabulary. Dtypes are kept.
     """
-    _validate(state, megatron_shapes(cfg), "megatron")
+    _validate(state, megatron_shapes(cfg, tp), "megatron")
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         if name in _GLOBAL_RENAMES:
@@ -253,7 +254,7 @@ def megatron_to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str
             out[p + f"self_attn.v_proj.{leaf}"] = v
         elif suffix.startswith("mlp.linear_fc1."):
             leaf = suffix.rsplit(".", 1)[1]
-            up, gate = tensor.chunk(2, dim=0)
+            gate, up = tensor.chunk(2, dim=0)
             out[p + f"mlp.gate_proj.{leaf}"] = gate.clone()
             out[p + f"mlp.up_proj.{leaf}"] = up.clone()
         else:  # unreachable after _validate; kept as a guard against table drift
@@ -261,13 +262,13 @@ def megatron_to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str
     return out
 
 
-def hf_to_megatron(hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def hf_to_megatron(hf_state: dict[str, torch.Tensor], cfg: ModelConfig, *, tp: int = 1) -> dict[str, torch.Tensor]:
     """Inverse of :func:`megatron_to_hf` (bitwise): HF causal-LM names -> full megatron state.
 
-    ``hf_state`` must hold exactly the names of :func:`hf_shapes` (a tied model has no
-    ``lm_head.weight``), else ``ValueError`` listing unknown / missing / mis-shaped names.
+    ``hf_state`` must hold exactly the names of :func:`hf_shapes` ``(cfg, tp)`` (a tied model
+    has no ``lm_head.weight``), else ``ValueError`` listing unknown / missing / mis-shaped names.
     """
-    _validate(hf_state, hf_shapes(cfg), "HF")
+    _validate(hf_state, hf_shapes(cfg, tp), "HF")
     inv_layer = {v: k for k, v in _LAYER_RENAMES.items()}
     inv_global = {v: k for k, v in _GLOBAL_RENAMES.items()}
     out: dict[str, torch.Tensor] = {}

@@ -5,8 +5,8 @@ Extraction rule (:func:`extract_final_answer`), first match wins:
 1. the content of the **last** ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced;
 2. else the content of the last ``<answer>...</answer>`` (rule 1 is applied inside it);
 3. else the text after the last ``answer:`` / ``answer is`` (case-insensitive) up to the end of
-   that line (or the next non-empty line when that line is empty), with a trailing period and
-   enclosing ``$...$`` removed;
+   that line (or the next non-empty line when that line is empty) or the first sentence end (a
+   period followed by whitespace), with a trailing period and enclosing ``$...$`` removed;
 4. else the last number in the text (integers, decimals, ``1,234`` thousands, ``a/b`` fractions,
    an optional leading minus sign unless it follows a letter, digit or ``)``);
 5. else None (scored as wrong).
@@ -50,6 +50,7 @@ MAX_ANSWER_CHARS = 512
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_MARKER_RE = re.compile(r"answer\s*(?::|is\b)", re.IGNORECASE)
+_SENTENCE_END_RE = re.compile(r"\.\s")
 _NUMBER_RE = re.compile(r"(?:(?<![\w)])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 
 
@@ -77,7 +78,7 @@ def _after_marker(text: str) -> str | None:
     candidate = lines[0].strip()
     if not candidate:
         candidate = next((line.strip() for line in lines[1:] if line.strip()), "")
-    candidate = candidate.rstrip(".").strip()
+    candidate = _SENTENCE_END_RE.split(candidate, maxsplit=1)[0].rstrip(".").strip()
     if len(candidate) >= 2 and candidate.startswith("$") and candidate.endswith("$"):
         candidate = candidate.strip("$").strip()
     return candidate or None

@@ -8,6 +8,8 @@ position 0 whatever its padding), runs the prompt once, then decodes one token p
 through ``past_key_values``. Sampling (greedy, temperature, top-p, stop tokens) draws from one
 ``torch.Generator`` seeded with ``SamplingParams.seed``: the same prompts, params and weights
 give the same rollouts (a different batch composition may give different draws).
+Tokens are drawn from the model's full (padded) vocabulary: the same distribution the trainer's
+``log_softmax`` over megatron's padded logits describes, so rollout and trainer log-probs agree.
 Log-prob convention: see :mod:`megatron_logra.rollout.engine`.
 """
 
@@ -23,16 +25,7 @@ from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.hf import hf_config_from_model_config
 from megatron_logra.rollout.engine import Rollout, SamplingParams
 
-try:
-    # Resolve transformers' lazy modeling imports now. megatron_logra.cpu_shim (activated by
-    # initialize_parallel on a CPU-only machine) replaces torch.cuda.Stream with a function, after
-    # which transformers' generation modules (annotated ``torch.cuda.Stream | None``) fail to import.
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM  # noqa: F401
-except TypeError as exc:  # pragma: no cover - depends on import order
-    raise ImportError(
-        "transformers could not be imported after megatron_logra.cpu_shim patched torch.cuda.Stream; "
-        "import megatron_logra.rollout.embedded before initialize_parallel()"
-    ) from exc
+from transformers import AutoModelForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +68,8 @@ class EmbeddedEngine:
     ``cfg`` fixes the architecture (see :func:`hf_config_from_model_config`; unsupported
     configs raise ``ValueError``). ``dtype``/``device`` place the model; ``attn_implementation``
     is passed to transformers ("sdpa" or "eager"); ``init_seed`` makes the random initial
-    weights reproducible without touching the global RNG. ``weight_version`` starts at 0.
+    weights reproducible without touching the global RNG; ``tp`` is the trainer's TP degree, which
+    fixes the padded vocabulary (``cfg.padded_vocab_size(tp)``). ``weight_version`` starts at 0.
     """
 
     def __init__(
@@ -86,15 +80,16 @@ class EmbeddedEngine:
         device: Union[str, torch.device] = "cpu",
         attn_implementation: str = "sdpa",
         init_seed: int = 0,
+        tp: int = 1,
     ) -> None:
         if attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation={attn_implementation!r}: choose sdpa or eager")
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
-        self.hf_config = hf_config_from_model_config(cfg)
+        self.hf_config = hf_config_from_model_config(cfg, tp)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(init_seed)
+            torch.default_generator.manual_seed(init_seed)  # CPU only: the model is initialised on the CPU
             model = AutoModelForCausalLM.from_config(
                 self.hf_config, dtype=dtype, attn_implementation=attn_implementation
             )
@@ -166,7 +161,7 @@ class EmbeddedEngine:
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p):] = 1
-        positions = torch.arange(width)[None].expand(len(prompts), width).clone()
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
         return ids.to(self.device), mask.to(self.device), positions.to(self.device)
 
     @torch.inference_mode()

@@ -11,7 +11,7 @@ from megatron_logra.parallel import ParallelConfig
 
 
 def test_megatron_aliases_and_flags_map_to_fields():
-    cfg = parse_args_to_config("tiny", [
+    cfg = parse_args_to_config("lm-tiny", [
         "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size=2", "--micro-batch-size", "4",
         "--global-batch-size", "16", "--seq-length", "48", "--num-layers", "4", "--bf16", "--lr", "0.01",
         "--train-iters", "7", "--recompute-granularity", "full",
@@ -51,7 +51,7 @@ def test_dotted_overrides_and_shortcuts_parse_types():
 ])
 def test_bad_values_raise_naming_the_field(override, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-        parse_args_to_config("tiny", [override])
+        parse_args_to_config("lm-tiny", [override])
 
 
 def test_unknown_keys_and_bad_types_are_rejected():
@@ -82,11 +82,27 @@ def test_component_configs_validate_on_construction():
 
 def test_yaml_recipe_round_trip(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("recipe: tiny\noptimizer:\n  logra:\n    rank: 4\n    targets: [linear_qkv]\ntrain:\n  steps: 3\n")
+    path.write_text("recipe: lm-tiny\noptimizer:\n  logra:\n    rank: 4\n    targets: [linear_qkv]\ntrain:\n  steps: 3\n")
     cfg = load_recipe(str(path))
     assert cfg.optimizer.logra.rank == 4 and cfg.optimizer.logra.targets == ["linear_qkv"] and cfg.train.steps == 3
-    assert cfg.model.hidden_size == load_recipe("tiny").model.hidden_size
+    assert cfg.model.hidden_size == load_recipe("lm-tiny").model.hidden_size
     rebuilt = from_dict(RunConfig, to_dict(cfg))
     assert to_dict(rebuilt) == to_dict(cfg)
     with pytest.raises(ValueError, match="unknown RunConfig fields"):
         from_dict(RunConfig, {"modle": {}})
+
+
+def test_rl_sections_parse_lists_and_json():
+    cfg = parse_args_to_config("tiny", [
+        "task.datasets=chain_sum,gcd", "task.weights=0.25,0.75", "--rl.group_size", "4",
+        'task.dataset_kwargs={"gcd": {"min_value": 1, "max_value": 20}}', "kl.mode=predicted", "--optimizer", "adam",
+    ])
+    assert cfg.task.datasets == ["chain_sum", "gcd"] and cfg.task.weights == [0.25, 0.75]
+    assert cfg.rl.group_size == 4 and cfg.kl.mode == "predicted" and cfg.optimizer.name == "adam"
+    assert cfg.task.dataset_kwargs == {"gcd": {"min_value": 1, "max_value": 20}}
+    with pytest.raises(ValueError, match="rl.group_size"):
+        parse_args_to_config("tiny", ["rl.group_size=0"])
+    with pytest.raises(ValueError, match="kl.mode"):
+        parse_args_to_config("tiny", ["kl.mode=magic"])
+    with pytest.raises(ValueError, match="job"):
+        parse_args_to_config("tiny", ["job=pretrain"])

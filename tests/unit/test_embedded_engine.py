@@ -104,6 +104,26 @@ def test_greedy_equals_stepwise_argmax_of_full_forwards(engine, megatron):
         assert torch.allclose(torch.tensor(ro.logprobs), ref[:, 0], atol=LOGP_ATOL, rtol=0)
 
 
+def test_left_padding_masks_and_positions(engine):
+    """RoPE makes a constant position shift invisible in outputs, so check the batch layout directly."""
+    ids, mask, pos = engine._left_pad([[7, 8, 9], [5]])
+    assert ids.tolist() == [[7, 8, 9], [0, 0, 5]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert pos[mask.bool()].tolist() == [0, 1, 2, 0]  # every prompt starts at position 0
+
+
+def test_eager_attention_matches_sdpa(engine, megatron):
+    groups, model_a, _ = megatron
+    eager = EmbeddedEngine(CFG, attn_implementation="eager")
+    eager.update_weights_full(megatron_to_hf(gather_full_state(model_a, groups.tp), CFG), version=1)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=9)
+    a, b = engine.generate(PROMPTS, params), eager.generate(PROMPTS, params)
+    assert [r.completion_ids for r in a] == [r.completion_ids for r in b]
+    assert max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra.logprobs, rb.logprobs)) < LOGP_ATOL
+    with pytest.raises(ValueError, match="attn_implementation"):
+        EmbeddedEngine(CFG, attn_implementation="flash")
+
+
 def test_sampled_logprobs_match_full_forward(engine, megatron):
     _, model_a, _ = megatron
     params = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=10, seed=5)

@@ -214,3 +214,14 @@ def test_unknown_missing_and_misshaped_names_raise():
         hf_to_megatron(dict(hf_state, **{"lm_head.weight": torch.zeros(64, 64)}), cfg)
     with pytest.raises(ValueError, match=r"missing names \['model\.layers\.0\.mlp\.up_proj\.weight'\]"):
         hf_to_megatron({k: v for k, v in hf_state.items() if k != "model.layers.0.mlp.up_proj.weight"}, cfg)
+
+
+def test_vocab_padding_follows_trainer_tp():
+    cfg = _cfg(vocab_size=70, num_layers=1)  # padded: 80 at TP=1, 96 at TP=2
+    state2 = {k: torch.randn(s) for k, s in megatron_shapes(cfg, tp=2).items()}
+    assert state2["embedding.word_embeddings.weight"].shape[0] == 96
+    hf_state = megatron_to_hf(state2, cfg, tp=2)
+    assert hf_state["lm_head.weight"].shape[0] == hf_config_from_model_config(cfg, tp=2).vocab_size == 96
+    assert all(torch.equal(v, state2[k]) for k, v in hf_to_megatron(hf_state, cfg, tp=2).items())
+    with pytest.raises(ValueError, match="embedding.word_embeddings.weight"):
+        megatron_to_hf(state2, cfg)  # TP=1 padding expects 80 rows

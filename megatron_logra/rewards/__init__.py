@@ -1,0 +1,208 @@
+"""Tasks and rewards for RL: reasoning-gym datasets, math-verify, local JSONL files, reward plugins.
+
+``build_task(TaskConfig(...))`` returns a :class:`Task` with a deterministic infinite train
+stream (``train_problem(index)``), a held-out eval set disjoint from it by prompt text
+(``eval_problems()``) and ``score(problem, completion) -> (reward, correct)``. See ``task.py``
+for the sampling / disjointness contract and ``math.py`` for the answer-extraction rule.
+
+Importing this package is cheap: reasoning-gym and math-verify are imported on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from math import isfinite  # not `import math`: the submodule rewards.math shadows it here
+from typing import Any
+
+from megatron_logra.rewards.base import Problem, ProblemSource, Scorer, prompt_bucket, stable_hash
+from megatron_logra.rewards.jsonl import JSONL_PREFIX, JsonlSource, load_jsonl_problems
+from megatron_logra.rewards.math import MathVerifyScorer, extract_final_answer, math_equal
+from megatron_logra.rewards.plugins import PluginScorer, is_dotted_path, load_reward_fn
+from megatron_logra.rewards.task import Task
+
+__all__ = [
+    "JsonlSource",
+    "MathVerifyScorer",
+    "PluginScorer",
+    "Problem",
+    "ProblemSource",
+    "Scorer",
+    "Task",
+    "TaskConfig",
+    "build_task",
+    "extract_final_answer",
+    "load_jsonl_problems",
+    "load_reward_fn",
+    "math_equal",
+    "prompt_bucket",
+]
+
+logger = logging.getLogger(__name__)
+
+_GYM_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass
+class TaskConfig:
+    """RL task: which problems to train on, how to hold out eval problems and how to reward answers."""
+
+    datasets: list[str] = field(default_factory=lambda: ["chain_sum"])
+    """Problem sources: reasoning-gym dataset names (e.g. chain_sum, gcd, spell_backward) or
+    ``jsonl:PATH`` for a local JSONL file (``prompt``/``answer`` or MATH-500 keys). A comma-separated
+    string is accepted too."""
+    weights: list[float] = field(default_factory=list)
+    """Mixture weights, one per dataset (>= 0, positive sum); empty = uniform."""
+    dataset_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per reasoning-gym dataset config kwargs, e.g. ``{"chain_sum": {"min_terms": 2, "max_terms": 2,
+    "min_digits": 1, "max_digits": 1}}``; ``size`` sets the dataset's (virtual) size. A JSON string is
+    accepted too."""
+    reward: str = "auto"
+    """auto (each gym dataset's own scorer, math-verify for JSONL), math_verify (for every source),
+    or a dotted path ``package.module:function`` of ``fn(problem, completion) -> score in [0, 1]``."""
+    correct_reward: float = 1.0
+    """Reward of a correct answer (score >= 1)."""
+    wrong_reward: float = -0.01
+    """Reward of a wrong answer (score 0); graded scores interpolate linearly up to correct_reward."""
+    num_eval: int = 200
+    """Held-out eval problems (split over datasets by weight); 0 disables the eval set."""
+    seed: int = 1234
+    """Seed of the train stream (and of the datasets that produce it)."""
+    eval_seed: int = 4321
+    """Seed of the eval set; fixed by default so runs with different ``seed`` share one eval set."""
+    eval_modulus: int = 16
+    """Prompts whose text hash % eval_modulus == 0 are eval-only (about 1/eval_modulus of every
+    prompt space); the train stream skips them, guaranteeing train/eval disjointness."""
+    math_timeout_s: int = 5
+    """Seconds math-verify may spend per parse / verify on the main thread (0 = no timeout;
+    off the main thread there is never a timeout, since math-verify uses signal.alarm)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.datasets, str):
+            self.datasets = [s.strip() for s in self.datasets.split(",") if s.strip()]
+        self.datasets = list(self.datasets)
+        if not self.datasets:
+            raise ValueError("task.datasets is empty: name at least one dataset, e.g. ['chain_sum']")
+        for i, spec in enumerate(self.datasets):
+            if not isinstance(spec, str):
+                raise ValueError(f"task.datasets[{i}]={spec!r} must be a string")
+            if spec.startswith(JSONL_PREFIX):
+                if not spec[len(JSONL_PREFIX) :].strip():
+                    raise ValueError(f"task.datasets[{i}]={spec!r}: give a file path after 'jsonl:'")
+            elif not _GYM_NAME_RE.match(spec):
+                raise ValueError(
+                    f"task.datasets[{i}]={spec!r}: expected a reasoning-gym name (lowercase, e.g. chain_sum) "
+                    f"or 'jsonl:PATH'"
+                )
+        dupes = sorted({d for d in self.datasets if self.datasets.count(d) > 1})
+        if dupes:
+            raise ValueError(f"task.datasets lists {dupes} more than once; list each once and use task.weights")
+        self._check_weights()
+        self._check_kwargs()
+        if not isinstance(self.reward, str) or not (
+            self.reward in ("auto", "math_verify") or is_dotted_path(self.reward)
+        ):
+            raise ValueError(
+                f"task.reward={self.reward!r}: use auto, math_verify or a dotted path 'package.module:function'"
+            )
+        for name in ("correct_reward", "wrong_reward"):
+            if not isfinite(float(getattr(self, name))):
+                raise ValueError(f"task.{name}={getattr(self, name)!r} must be finite")
+        if not self.correct_reward > self.wrong_reward:
+            raise ValueError(
+                f"task.correct_reward={self.correct_reward} must exceed task.wrong_reward={self.wrong_reward}"
+            )
+        if self.num_eval < 0:
+            raise ValueError(f"task.num_eval={self.num_eval} must be >= 0")
+        if self.eval_modulus < 2:
+            raise ValueError(f"task.eval_modulus={self.eval_modulus} must be >= 2 (1/eval_modulus is held out)")
+        if self.math_timeout_s < 0:
+            raise ValueError(f"task.math_timeout_s={self.math_timeout_s} must be >= 0 (0 = no timeout)")
+
+    def _check_weights(self) -> None:
+        if isinstance(self.weights, str):
+            self.weights = [s for s in self.weights.split(",") if s.strip()]
+        try:
+            self.weights = [float(w) for w in self.weights]
+        except (TypeError, ValueError):
+            raise ValueError(f"task.weights={self.weights!r}: every weight must be a number") from None
+        if not self.weights:
+            return
+        if len(self.weights) != len(self.datasets):
+            raise ValueError(
+                f"task.weights has {len(self.weights)} entries for {len(self.datasets)} datasets: "
+                f"give one weight per dataset or none (uniform)"
+            )
+        if any(not isfinite(w) or w < 0 for w in self.weights) or sum(self.weights) <= 0:
+            raise ValueError(f"task.weights={self.weights}: weights must be finite, >= 0, with a positive sum")
+
+    def _check_kwargs(self) -> None:
+        if isinstance(self.dataset_kwargs, str):
+            try:
+                self.dataset_kwargs = json.loads(self.dataset_kwargs) if self.dataset_kwargs.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"task.dataset_kwargs: not valid JSON ({exc.msg})") from None
+        if not isinstance(self.dataset_kwargs, dict):
+            raise ValueError(f"task.dataset_kwargs must map dataset names to dicts, got {self.dataset_kwargs!r}")
+        for name, kwargs in self.dataset_kwargs.items():
+            if name not in self.datasets or name.startswith(JSONL_PREFIX):
+                raise ValueError(
+                    f"task.dataset_kwargs[{name!r}]: not a reasoning-gym dataset of task.datasets {self.datasets}"
+                )
+            if not isinstance(kwargs, dict):
+                raise ValueError(f"task.dataset_kwargs[{name!r}]={kwargs!r} must be a dict of config kwargs")
+
+    @property
+    def normalized_weights(self) -> list[float]:
+        """Weights summing to 1 (uniform when ``weights`` is empty)."""
+        weights = self.weights or [1.0] * len(self.datasets)
+        total = sum(weights)
+        return [w / total for w in weights]
+
+
+def _seed_for(seed: int, name: str, split: str) -> int:
+    return stable_hash(seed, split, name) % (2**31 - 1)
+
+
+def build_task(cfg: TaskConfig) -> Task:
+    """Build the sources, eval sources and scorers of ``cfg``.
+
+    Raises ValueError for unknown reasoning-gym names (listing valid ones), bad dataset kwargs, an
+    unloadable reward plugin, and FileNotFoundError / ValueError for missing or malformed JSONL files.
+    """
+    cfg.__post_init__()
+    timeout = cfg.math_timeout_s or None
+    math_scorer = MathVerifyScorer(timeout_s=timeout)
+    plugin = PluginScorer(cfg.reward) if is_dotted_path(cfg.reward) else None
+    sources: list[ProblemSource] = []
+    eval_sources: list[ProblemSource] = []
+    scorers: dict[str, Scorer] = {}
+    for spec in cfg.datasets:
+        if spec.startswith(JSONL_PREFIX):
+            source = JsonlSource(spec[len(JSONL_PREFIX) :], source=spec)
+            sources.append(source)
+            eval_sources.append(source)
+            own: Scorer = math_scorer
+        else:
+            from megatron_logra.rewards.gym import GymScorer, GymSource
+
+            kwargs = cfg.dataset_kwargs.get(spec, {})
+            source = GymSource(spec, _seed_for(cfg.seed, spec, "train"), kwargs)
+            sources.append(source)
+            eval_sources.append(GymSource(spec, _seed_for(cfg.eval_seed, spec, "eval"), kwargs))
+            own = GymScorer(source.dataset, spec)
+        scorers[spec] = plugin or (math_scorer if cfg.reward == "math_verify" else own)
+    return Task(
+        sources,
+        scorers,
+        cfg.weights or None,
+        eval_sources=eval_sources,
+        seed=cfg.seed,
+        eval_seed=cfg.eval_seed,
+        num_eval=cfg.num_eval,
+        eval_modulus=cfg.eval_modulus,
+        correct_reward=cfg.correct_reward,
+        wrong_reward=cfg.wrong_reward,
+    )

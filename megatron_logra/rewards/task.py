@@ -1,0 +1,213 @@
+"""A training task: a weighted mixture of problem sources, a held-out eval set and reward mapping.
+
+Contracts
+---------
+* **Train stream** — ``train_problem(index)`` is a pure function of ``(seed, index)`` (and the
+  sources' configuration): the source is picked with probability proportional to its weight by
+  ``unit_uniform(seed, "mix", index)``, then raw indices ``stable_hash(seed, "train", source,
+  index, attempt) % size`` are tried for ``attempt = 0, 1, ...`` until the prompt is *not*
+  eval-only. Any process (any DP rank) computes the same problem for the same index; indices
+  need not be visited in order. Sources are sampled with replacement.
+* **Held-out set** — a prompt is eval-only iff ``prompt_bucket(prompt, eval_modulus) == 0``
+  (a blake2b hash of the prompt text). The train stream never returns such a prompt, and
+  ``eval_problems()`` returns only such prompts, so the two are disjoint *by prompt text*, for
+  every source, seed and index — including tiny prompt spaces (1-digit ``chain_sum``) where any
+  fresh sample would repeat training prompts. (A different reasoning-gym seed alone is not a
+  split: most datasets draw item ``i`` from ``Random(seed + i)``.) About ``1/eval_modulus`` of
+  each prompt space is reserved for evaluation.
+* **Eval set** — ``num_eval`` distinct prompts split over sources by weight (largest
+  remainder), drawn from the eval sources (seeded by ``eval_seed``) in a fixed order; a source
+  whose eval-only prompt space is exhausted contributes fewer (logged as a warning). Computed
+  once and cached.
+* **Rewards** — ``score`` returns ``(reward, correct)``: ``correct = score >= 1`` and
+  ``reward = correct_reward`` if correct else ``wrong_reward + score * (correct_reward - wrong_reward)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from bisect import bisect_right
+from itertools import accumulate
+from typing import Mapping, Sequence
+
+from megatron_logra.rewards.base import Problem, ProblemSource, Scorer, prompt_bucket, stable_hash, unit_uniform
+
+__all__ = ["MAX_TRAIN_ATTEMPTS", "Task", "allocate_counts"]
+
+logger = logging.getLogger(__name__)
+
+MAX_TRAIN_ATTEMPTS = 64
+"""Raw indices tried per train index before giving up (each is eval-only with probability ≈ 1/eval_modulus)."""
+
+EVAL_PATIENCE = 2000
+"""Stop scanning a source for eval prompts after this many consecutive candidates gave no new one."""
+
+ENUMERATE_LIMIT = 1_000_000
+"""Finite sources up to this size are scanned as a seeded permutation of all their raw indices."""
+
+
+def allocate_counts(total: int, weights: Sequence[float]) -> list[int]:
+    """Split ``total`` into integers proportional to ``weights`` (largest remainder; ties to the first)."""
+    wsum = float(sum(weights))
+    if total <= 0 or wsum <= 0:
+        return [0] * len(weights)
+    exact = [total * w / wsum for w in weights]
+    counts = [math.floor(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+class Task:
+    """Train stream, held-out eval set and reward mapping over weighted problem sources."""
+
+    def __init__(
+        self,
+        sources: Sequence[ProblemSource],
+        scorers: Mapping[str, Scorer],
+        weights: Sequence[float] | None = None,
+        *,
+        eval_sources: Sequence[ProblemSource] | None = None,
+        seed: int = 0,
+        eval_seed: int = 1,
+        num_eval: int = 200,
+        eval_modulus: int = 16,
+        correct_reward: float = 1.0,
+        wrong_reward: float = -0.01,
+    ) -> None:
+        if not sources:
+            raise ValueError("task.datasets: at least one problem source is required")
+        names = [s.name for s in sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"task.datasets: duplicate sources {names}")
+        weights = list(weights) if weights else [1.0] * len(sources)
+        if len(weights) != len(sources) or any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"task.weights={weights}: need {len(sources)} finite weights >= 0 with a positive sum")
+        eval_sources = list(eval_sources) if eval_sources is not None else list(sources)
+        if [s.name for s in eval_sources] != names:
+            raise ValueError("eval_sources must match sources one to one (same names, same order)")
+        missing = [n for n in names if n not in scorers]
+        if missing:
+            raise ValueError(f"task.reward: no scorer for sources {missing}")
+        if eval_modulus < 2:
+            raise ValueError(f"task.eval_modulus={eval_modulus} must be >= 2")
+        if not correct_reward > wrong_reward:
+            raise ValueError(f"task.correct_reward={correct_reward} must exceed task.wrong_reward={wrong_reward}")
+        self.sources = list(sources)
+        self.eval_sources = eval_sources
+        self.scorers = dict(scorers)
+        self.weights = [float(w) for w in weights]
+        self._cum = list(accumulate(self.weights))
+        self.seed = seed
+        self.eval_seed = eval_seed
+        self.num_eval = num_eval
+        self.eval_modulus = eval_modulus
+        self.correct_reward = float(correct_reward)
+        self.wrong_reward = float(wrong_reward)
+        self._eval: list[Problem] | None = None
+
+    # ------------------------------------------------------------------ partition
+    @property
+    def names(self) -> list[str]:
+        """Source names in configuration order."""
+        return [s.name for s in self.sources]
+
+    def is_eval_prompt(self, prompt: str) -> bool:
+        """Whether ``prompt`` is reserved for evaluation (never produced by the train stream)."""
+        return prompt_bucket(prompt, self.eval_modulus) == 0
+
+    # ------------------------------------------------------------------ train stream
+    def source_index(self, index: int) -> int:
+        """Which source train ``index`` draws from (weighted, a pure function of ``(seed, index)``)."""
+        if len(self.sources) == 1:
+            return 0
+        u = unit_uniform(self.seed, "mix", index) * self._cum[-1]
+        k = bisect_right(self._cum, u)  # first k with cum[k] > u: never a zero-weight source
+        if k >= len(self.sources):  # u rounded up to the total: take the last positive weight
+            k = max(i for i, w in enumerate(self.weights) if w > 0)
+        return k
+
+    def train_problem(self, index: int) -> Problem:
+        """Training problem number ``index`` (>= 0) of the infinite, deterministic stream; never eval-only."""
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ValueError(f"train index must be an int >= 0, got {index!r}")
+        k = self.source_index(index)
+        source = self.sources[k]
+        size = source.size
+        for attempt in range(MAX_TRAIN_ATTEMPTS):
+            raw = stable_hash(self.seed, "train", source.name, index, attempt)
+            problem = source.problem(raw % size if size else raw)
+            if not self.is_eval_prompt(problem.prompt):
+                return problem
+        raise RuntimeError(
+            f"task.datasets: {source.name!r} produced only eval-only prompts in {MAX_TRAIN_ATTEMPTS} draws "
+            f"(train index {index}); its prompt space is too small to split — enlarge it via task.dataset_kwargs"
+        )
+
+    # ------------------------------------------------------------------ eval set
+    def _eval_candidates(self, k: int):
+        source = self.eval_sources[k]
+        size = source.size
+        if size is not None and size <= ENUMERATE_LIMIT:
+            order = list(range(size))
+            random.Random(stable_hash(self.eval_seed, "eval-order", source.name)).shuffle(order)
+            yield from order
+            return
+        j = 0
+        while True:
+            raw = stable_hash(self.eval_seed, "eval", source.name, j)
+            yield raw % size if size else raw
+            j += 1
+
+    def _eval_for_source(self, k: int, count: int) -> list[Problem]:
+        source = self.eval_sources[k]
+        max_scan = max(10_000, 50 * self.eval_modulus * count)
+        seen: set[str] = set()
+        out: list[Problem] = []
+        misses = scanned = 0
+        for raw in self._eval_candidates(k):
+            if len(out) >= count or misses >= EVAL_PATIENCE or scanned >= max_scan:
+                break
+            scanned += 1
+            problem = source.problem(raw)
+            if problem.prompt in seen or not self.is_eval_prompt(problem.prompt):
+                misses += 1
+                continue
+            misses = 0
+            seen.add(problem.prompt)
+            out.append(problem)
+        if len(out) < count:
+            logger.warning(
+                "%s: only %d distinct eval-only prompts found (asked for %d, scanned %d candidates); "
+                "its prompt space is small (a smaller task.eval_modulus holds out more of it)", source.name, len(out), count, scanned,
+            )
+        return out
+
+    def eval_problems(self) -> list[Problem]:
+        """The held-out problems (cached; a new list each call), disjoint from every train prompt."""
+        if self._eval is None:
+            counts = allocate_counts(self.num_eval, self.weights)
+            problems: list[Problem] = []
+            for k, count in enumerate(counts):
+                if count:
+                    problems.extend(self._eval_for_source(k, count))
+            self._eval = problems
+            logger.info("eval set: %d problems over %s", len(problems), dict(zip(self.names, counts)))
+        return list(self._eval)
+
+    # ------------------------------------------------------------------ rewards
+    def score(self, problem: Problem, completion: str) -> tuple[float, bool]:
+        """``(reward, correct)`` of ``completion`` for ``problem`` (see module doc for the mapping)."""
+        scorer = self.scorers.get(problem.source)
+        if scorer is None:
+            raise ValueError(f"problem.source={problem.source!r} is not one of this task's sources {self.names}")
+        value = float(scorer.score(problem, completion))
+        if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"scorer for {problem.source!r} returned {value!r}; scores must lie in [0, 1]")
+        correct = value >= 1.0
+        if correct:
+            return self.correct_reward, True
+        return self.wrong_reward + value * (self.correct_reward - self.wrong_reward), False

@@ -1,0 +1,218 @@
+"""The RL job: build everything, warm start, then run ``rl_update`` step after step.
+
+Owns the run directory: ``config.yaml``, ``tokenizer/``, ``metrics.jsonl``, TensorBoard
+events, ``checkpoints/`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from megatron_logra.config import RunConfig, to_dict
+from megatron_logra.data.tokenizer import build_tokenizer, load_tokenizer, save_tokenizer
+from megatron_logra.kl.controller import KLController
+from megatron_logra.metrics import MetricsWriter, is_rank0
+from megatron_logra.models.gpt import build_gpt
+from megatron_logra.models.hf import megatron_to_hf
+from megatron_logra.optim import build_optimizer
+from megatron_logra.parallel import ParallelGroups, initialize_parallel
+from megatron_logra.rewards import build_task
+from megatron_logra.rl.loop import RLComponents, RLState, evaluate_accuracy, rl_update
+from megatron_logra.rl.sft import load_weights, run_sft, save_weights, warm_start_key
+from megatron_logra.rl.weights import gather_full_model
+from megatron_logra.rollout.embedded import EmbeddedEngine
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["run_rl", "build_components"]
+
+
+class _OptimizerWithRL:
+    """Checkpoint adapter: optimizer + KL controller + RL loop state in one state dict."""
+
+    def __init__(self, optimizer, controller: KLController, state: RLState) -> None:
+        self.optimizer, self.controller, self.state = optimizer, controller, state
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "kl": self.controller.state_dict(),
+                "rl": self.state.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.controller.load_state_dict(state["kl"])
+        self.state.load_state_dict(state["rl"])
+
+
+def _tokenizer(cfg: RunConfig, task, run_dir: Path):
+    saved = run_dir / "tokenizer"
+    if cfg.train.resume and saved.exists():
+        return load_tokenizer(saved)
+    texts = [task.train_problem(i).prompt + " " + task.train_problem(i).answer for i in range(64)]
+    tok = build_tokenizer(cfg.tokenizer, texts)
+    if is_rank0():
+        save_tokenizer(tok, saved)
+    return tok
+
+
+def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> None:
+    if cfg.sft.init_path:
+        load_weights(model, Path(cfg.sft.init_path))
+        return
+    if cfg.sft.steps == 0:
+        return
+    key = warm_start_key({"model": to_dict(cfg.model), "task": to_dict(cfg.task), "sft": to_dict(cfg.sft),
+                         "template": cfg.rl.prompt_template, "seed": cfg.train.seed,
+                         "tp": groups.tp_size, "pp": groups.pp_size, "tp_rank": groups.tp_rank, "pp_rank": groups.pp_rank,
+                         "vocab": tok.get_vocab() if hasattr(tok, "get_vocab") else None})
+    cache = Path(cfg.train.run_dir).parent / ".cache" / f"warm_start_{key}.safetensors"
+    if cfg.sft.cache and cache.exists():
+        logger.info("warm start: reusing %s", cache)
+        load_weights(model, cache)
+        return
+
+    def demo(index: int):
+        problem = task.train_problem(1_000_000_000 + index)  # disjoint from the RL stream's indices
+        prompt = [tok.bos_token_id] + tok(cfg.rl.prompt_template.format(prompt=problem.prompt), add_special_tokens=False)["input_ids"]
+        answer = tok(problem.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        return prompt, answer
+
+    t0 = time.perf_counter()
+
+    def log(step: int, loss: float) -> None:
+        if is_rank0() and (step % 50 == 0 or step == cfg.sft.steps):
+            logger.info("warm start step %d/%d loss %.4f", step, cfg.sft.steps, loss)
+
+    loss = run_sft(model, groups, demo, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
+                   micro_batch_size=cfg.rl.micro_batch_size, pad_id=tok.pad_token_id,
+                   max_length=cfg.model.seq_length, log=log)
+    logger.info("warm start done in %.0fs (loss %.4f)", time.perf_counter() - t0, loss)
+    if cfg.sft.cache:
+        save_weights(model, cache)
+
+
+def build_components(cfg: RunConfig) -> tuple[RLComponents, RLState, _OptimizerWithRL]:
+    """Everything the loop needs, warm-started (and resumed when asked)."""
+    groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
+    run_dir = Path(cfg.train.run_dir)
+    task = build_task(cfg.task)
+    tok = _tokenizer(cfg, task, run_dir)
+    if len(tok) > cfg.model.vocab_size:
+        raise ValueError(f"the tokenizer has {len(tok)} tokens but model.vocab_size={cfg.model.vocab_size}; raise it")
+    model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
+    resume_from = latest_checkpoint(run_dir) if cfg.train.resume else None
+    if resume_from is None:
+        _warm_start(cfg, model, groups, task, tok)
+    ref_model = None
+    if cfg.rl.loss.kl_coef > 0:
+        if groups.pp_size > 1:
+            raise ValueError("rl.loss.kl_coef > 0 (reference model) is not supported with pipeline parallelism yet")
+        ref_model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
+        ref_model.load_state_dict(model.state_dict())
+        for p in ref_model.parameters():
+            p.requires_grad_(False)
+    optimizer = build_optimizer(model, cfg.optimizer, groups)
+    controller = KLController(cfg.kl)
+    state = RLState()
+    state.baseline.weight = cfg.rl.advantage.baseline_weight
+    bundle = _OptimizerWithRL(optimizer, controller, state)
+    if resume_from is not None:
+        load_checkpoint(resume_from, model, bundle, groups)
+        logger.info("resumed from %s at RL step %d", resume_from, state.step)
+    engine = EmbeddedEngine(cfg.model, init_seed=cfg.train.seed, tp=groups.tp_size)
+
+    def sync(version: int) -> int:
+        hf_state = megatron_to_hf(gather_full_model(model, groups), cfg.model, tp=groups.tp_size)
+        engine.update_weights_full(hf_state, version)
+        return sum(t.numel() * t.element_size() for t in hf_state.values())
+
+    sync(state.weight_version)
+    comps = RLComponents(cfg=cfg, groups=groups, model=model, optimizer=optimizer, controller=controller,
+                         engine=engine, task=task, tokenizer=tok, sync=sync, ref_model=ref_model)
+    return comps, state, bundle
+
+
+def run_rl(cfg: RunConfig) -> dict:
+    """Warm start + RL; returns the summary (also written to RUN/summary.json)."""
+    t_start = time.perf_counter()
+    comps, state, bundle = build_components(cfg)
+    run_dir = Path(cfg.train.run_dir)
+    if is_rank0():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    metrics = MetricsWriter(run_dir, truncate_after=state.step if cfg.train.resume else None)
+    setup_seconds = time.perf_counter() - t_start
+    eval_before = evaluate_accuracy(comps)
+    logger.info("held-out accuracy before RL: %.3f", eval_before)
+    progress = _progress(cfg, state.step) if cfg.train.progress and is_rank0() else None
+    record = {}
+    rl_start = time.perf_counter()
+    while state.step < cfg.rl.steps:
+        record = rl_update(comps, state)
+        if cfg.rl.eval_interval and (state.step % cfg.rl.eval_interval == 0 or state.step == cfg.rl.steps):
+            record["eval_accuracy"] = evaluate_accuracy(comps)
+        record["memory_bytes"] = _rss_bytes()
+        metrics.write(record)
+        if progress is not None:
+            progress[0].update(progress[1], advance=1, **_bar_fields(record))
+        elif is_rank0() and state.step % cfg.train.log_interval == 0:
+            logger.info("rl step %d %s", state.step, {k: record.get(k) for k in ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual")})
+        if cfg.train.save_interval and state.step % cfg.train.save_interval == 0 and state.step != cfg.rl.steps:
+            save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=to_dict(cfg),
+                            keep_last=cfg.train.keep_last)
+    if progress is not None:
+        progress[0].stop()
+    eval_after = record.get("eval_accuracy") if record.get("eval_accuracy") is not None else evaluate_accuracy(comps)
+    save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=to_dict(cfg),
+                    keep_last=cfg.train.keep_last)
+    metrics.close()
+    summary = {
+        "optimizer": cfg.optimizer.name, "task": cfg.task.datasets, "steps": state.step,
+        "eval_accuracy_before": eval_before, "eval_accuracy_after": eval_after,
+        "setup_seconds": setup_seconds, "rl_seconds": time.perf_counter() - rl_start,
+        "total_seconds": time.perf_counter() - t_start, "run_dir": str(run_dir),
+    }
+    if is_rank0():
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        logger.info("done: held-out accuracy %.3f -> %.3f", eval_before, eval_after)
+    return summary
+
+
+def _rss_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:
+        return 0
+
+
+def _bar_fields(record: dict) -> dict:
+    def f(key):
+        v = record.get(key)
+        return float("nan") if v is None else float(v)
+
+    return {"reward": f("reward_mean"), "acc": f("accuracy"), "kl_pred": f("kl_predicted"),
+            "kl_act": f("kl_actual"), "alpha": f("alpha")}
+
+
+def _progress(cfg: RunConfig, start: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("[bold]rl[/bold]"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("reward {task.fields[reward]:.3f} acc {task.fields[acc]:.2f}"),
+        TextColumn("KL pred/act {task.fields[kl_pred]:.2e}/{task.fields[kl_act]:.2e} α {task.fields[alpha]:.2f}"),
+        TimeElapsedColumn(),
+    )
+    task_id = progress.add_task("rl", total=cfg.rl.steps, completed=start, reward=math.nan, acc=math.nan,
+                                kl_pred=math.nan, kl_act=math.nan, alpha=math.nan)
+    progress.start()
+    return progress, task_id
