@@ -66,6 +66,10 @@ class TaskConfig:
     """Reward of a correct answer (score >= 1)."""
     wrong_reward: float = -0.01
     """Reward of a wrong answer (score 0); graded scores interpolate linearly up to correct_reward."""
+    graded: bool = True
+    """Graded scores in (0, 1) interpolate between wrong_reward and correct_reward; False makes every
+    score < 1 earn wrong_reward (binary rewards: reasoning-gym grants partial credit, e.g. chain_sum
+    scores an answer that merely contains the oracle by the length ratio)."""
     num_eval: int = 200
     """Held-out eval problems (split over datasets by weight); 0 disables the eval set."""
     seed: int = 1234
@@ -205,4 +209,5 @@ def build_task(cfg: TaskConfig) -> Task:
         eval_modulus=cfg.eval_modulus,
         correct_reward=cfg.correct_reward,
         wrong_reward=cfg.wrong_reward,
+        graded=cfg.graded,
     )

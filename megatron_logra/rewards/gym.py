@@ -111,6 +111,8 @@ class GymSource:
     """Problems of one reasoning-gym dataset; ``problem(i)`` is ``dataset[i % size]``.
 
     ``Problem.metadata`` is the entry's own metadata dict, which the dataset's scorer reads back.
+    Datasets without a single oracle answer (graph_color, boxnet, propositional_logic, ...) give
+    ``answer=None``; it becomes ``Problem.answer == ""`` and is passed back to the scorer as None.
     """
 
     def __init__(self, name: str, seed: int, kwargs: dict[str, Any] | None = None) -> None:
@@ -125,7 +127,7 @@ class GymSource:
         entry = self.dataset[raw_index % self.size]
         return Problem(
             prompt=str(entry["question"]),
-            answer=str(entry["answer"]),
+            answer="" if entry["answer"] is None else str(entry["answer"]),
             source=self.name,
             metadata=dict(entry.get("metadata") or {}),
         )
@@ -145,7 +147,8 @@ class GymScorer:
 
     def score(self, problem: Problem, completion: str) -> float:
         """Score in ``[0, 1]``; 1.0 for the oracle answer."""
-        entry = {"question": problem.prompt, "answer": problem.answer, "metadata": problem.metadata}
+        oracle = problem.answer if problem.answer != "" else None
+        entry = {"question": problem.prompt, "answer": oracle, "metadata": problem.metadata}
         answer = extract_gym_answer(completion)
         try:
             value = float(self.dataset.score_answer(answer=answer, entry=entry))

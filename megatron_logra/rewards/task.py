@@ -20,7 +20,8 @@ Contracts
   whose eval-only prompt space is exhausted contributes fewer (logged as a warning). Computed
   once and cached.
 * **Rewards** — ``score`` returns ``(reward, correct)``: ``correct = score >= 1`` and
-  ``reward = correct_reward`` if correct else ``wrong_reward + score * (correct_reward - wrong_reward)``.
+  ``reward = correct_reward`` if correct else ``wrong_reward + score * (correct_reward - wrong_reward)``
+  (or plain ``wrong_reward`` when ``graded=False``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import math
 import random
 from bisect import bisect_right
 from itertools import accumulate
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from megatron_logra.rewards.base import Problem, ProblemSource, Scorer, prompt_bucket, stable_hash, unit_uniform
 
@@ -77,6 +78,7 @@ class Task:
         eval_modulus: int = 16,
         correct_reward: float = 1.0,
         wrong_reward: float = -0.01,
+        graded: bool = True,
     ) -> None:
         if not sources:
             raise ValueError("task.datasets: at least one problem source is required")
@@ -107,6 +109,7 @@ class Task:
         self.eval_modulus = eval_modulus
         self.correct_reward = float(correct_reward)
         self.wrong_reward = float(wrong_reward)
+        self.graded = bool(graded)
         self._eval: list[Problem] | None = None
 
     # ------------------------------------------------------------------ partition
@@ -148,7 +151,7 @@ class Task:
         )
 
     # ------------------------------------------------------------------ eval set
-    def _eval_candidates(self, k: int):
+    def _eval_candidates(self, k: int) -> Iterator[int]:
         source = self.eval_sources[k]
         size = source.size
         if size is not None and size <= ENUMERATE_LIMIT:
@@ -210,4 +213,6 @@ class Task:
         correct = value >= 1.0
         if correct:
             return self.correct_reward, True
+        if not self.graded:
+            return self.wrong_reward, False
         return self.wrong_reward + value * (self.correct_reward - self.wrong_reward), False

@@ -78,6 +78,10 @@ def test_task_reward_values(tiny_task):
     q = custom.train_problem(7)
     assert custom.score(q, q.answer) == (2.0, True)
     assert custom.score(q, "x") == (-1.0, False)
+    assert custom.score(q, "9" + q.answer)[0] > -1.0  # graded by default
+    binary = build_task(TaskConfig(dataset_kwargs=TINY_SUM, graded=False, num_eval=0))
+    assert binary.score(p, near_miss) == (-0.01, False)
+    assert binary.score(p, p.answer) == (1.0, True)
     with pytest.raises(ValueError, match="not one of this task's sources"):
         tiny_task.score(Problem("q", "1", "products", {}), "1")
 
