@@ -64,18 +64,17 @@ def _tokenizer(cfg: RunConfig, task, run_dir: Path):
 
 def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> None:
     if cfg.sft.init_path:
-        load_weights(model, Path(cfg.sft.init_path))
+        load_weights(model, groups, Path(cfg.sft.init_path))
         return
     if cfg.sft.steps == 0:
         return
     key = warm_start_key({"model": to_dict(cfg.model), "task": to_dict(cfg.task), "sft": to_dict(cfg.sft),
                          "template": cfg.rl.prompt_template, "seed": cfg.train.seed,
-                         "tp": groups.tp_size, "pp": groups.pp_size, "tp_rank": groups.tp_rank, "pp_rank": groups.pp_rank,
                          "vocab": tok.get_vocab() if hasattr(tok, "get_vocab") else None})
     cache = Path(cfg.train.run_dir).parent / ".cache" / f"warm_start_{key}.safetensors"
     if cfg.sft.cache and cache.exists():
         logger.info("warm start: reusing %s", cache)
-        load_weights(model, cache)
+        load_weights(model, groups, cache)
         return
 
     def demo(index: int):
@@ -95,7 +94,7 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
                    max_length=cfg.model.seq_length, log=log)
     logger.info("warm start done in %.0fs (loss %.4f)", time.perf_counter() - t0, loss)
     if cfg.sft.cache:
-        save_weights(model, cache)
+        save_weights(model, groups, cache, meta={"sft_loss": loss, "key": key})
 
 
 def build_components(cfg: RunConfig) -> tuple[RLComponents, RLState, _OptimizerWithRL]:

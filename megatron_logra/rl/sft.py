@@ -15,8 +15,12 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from megatron_logra.models.layout import global_param_names, shard_full
+from megatron_logra.rl.weights import gather_full_model
 
 from megatron_logra.optim import DenseAdamW, NativeConfig
 from megatron_logra.parallel import ParallelGroups
@@ -32,27 +36,38 @@ def warm_start_key(parts: dict) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def save_weights(model: nn.Module, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-               if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}, str(tmp))
-    tmp.replace(path)
+def save_weights(model: nn.Module, groups: ParallelGroups, path: Path, meta: Optional[dict] = None) -> None:
+    """Write the whole model (all TP shards and PP stages joined, global names, fp32) to one
+    safetensors file, from rank 0; every rank must call it."""
+    full = gather_full_model(model, groups)
+    if groups.is_rank0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        save_file({k: v.cpu().contiguous() for k, v in full.items()}, str(tmp),
+                  metadata={"megatron_logra": json.dumps(meta or {})})
+        tmp.replace(path)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
-def load_weights(model: nn.Module, path: Path) -> None:
-    if not Path(path).exists():
+def load_weights(model: nn.Module, groups: ParallelGroups, path: Path) -> None:
+    """Load a file written by :func:`save_weights` into this rank's shard, at any TP/PP layout."""
+    path = Path(path)
+    if not path.exists():
         raise FileNotFoundError(f"warm-start weights {path} do not exist")
     state = load_file(str(path))
-    own = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
-    missing = sorted(set(own) - set(state))
+    names = global_param_names(model)
+    missing = sorted(n for n in names.values() if n not in state)
     if missing:
-        raise ValueError(f"{path} lacks parameters {missing[:4]} (was it saved for another model config or layout?)")
+        raise ValueError(f"{path} lacks parameters {missing[:4]} (saved for another model config?)")
     with torch.no_grad():
-        for k, v in own.items():
-            if state[k].shape != v.shape:
-                raise ValueError(f"{path}: {k} has shape {tuple(state[k].shape)}, the model expects {tuple(v.shape)}")
-            v.copy_(state[k])
+        for local, param in model.named_parameters():
+            full = state[names[local]]
+            shard = shard_full(full, names[local], param, groups.tp_rank, groups.tp_size)
+            if shard.shape != param.shape:
+                raise ValueError(f"{path}: {names[local]} has shape {tuple(full.shape)}, which does not fit "
+                                 f"{tuple(param.shape)} at tp={groups.tp_size}")
+            param.copy_(shard)
 
 
 def run_sft(

@@ -39,7 +39,7 @@ ATTENTION = ("model.attention_dropout=0.1",)
 
 
 def _train_args(run_dir: Path, steps: int, *extra: str) -> list[str]:
-    return ["train", f"train.run_dir={run_dir}", f"train.steps={steps}", *COMMON, *extra]
+    return ["train", "lm-tiny", f"train.run_dir={run_dir}", f"train.steps={steps}", *COMMON, *extra]
 
 
 def _summary(stdout: str) -> dict:
