@@ -1,6 +1,8 @@
 """``megatron-logra``: thin command-line entry point.
 
     megatron-logra train [RECIPE|file.yaml] [overrides...]     # default recipe: tiny (RL)
+    megatron-logra eval RUN_DIR [overrides...]                 # held-out accuracy of a run's latest checkpoint
+    megatron-logra plot RUN_DIR [--out FILE]                   # PNG of reward/accuracy, KL, α, memory
     megatron-logra recipes                                     # list recipes
     megatron-logra config [RECIPE] [overrides...]              # print the resolved config
 
@@ -42,7 +44,7 @@ def _split_recipe(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-logra", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "config", "recipes"])
+    parser.add_argument("command", choices=["train", "eval", "plot", "config", "recipes"])
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="recipe name or YAML, then overrides")
     ns = parser.parse_args(argv)
     _setup_logging()
@@ -53,6 +55,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for name, fn in RECIPES.items():
             sys.stdout.write(f"{name:12s} {fn.__doc__.strip().splitlines()[0]}\n")
         return 0
+    if ns.command == "plot":
+        from megatron_logra.plot import plot_run
+
+        if not ns.rest:
+            parser.error("plot needs a run directory")
+        out = ns.rest[ns.rest.index("--out") + 1] if "--out" in ns.rest else None
+        try:
+            sys.stdout.write(f"{plot_run(ns.rest[0], out)}\n")
+        except (FileNotFoundError, ValueError) as exc:
+            parser.error(str(exc))
+        return 0
+    if ns.command == "eval":
+        return _eval(parser, ns.rest)
     recipe, overrides = _split_recipe(ns.rest)
     try:
         cfg = parse_args_to_config(recipe, overrides)
@@ -74,6 +89,46 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         destroy_parallel()
     if int(os.environ.get("RANK", "0")) == 0:
         sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
+    from pathlib import Path
+
+    from megatron_logra.checkpoint import latest_checkpoint
+    from megatron_logra.config import RunConfig, apply_overrides, from_dict
+    from megatron_logra.parallel import destroy_parallel
+
+    if not rest:
+        parser.error("eval needs a run directory")
+    run_dir = Path(rest[0])
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.exists():
+        parser.error(f"{cfg_path} does not exist: is {run_dir} a run directory?")
+    if latest_checkpoint(run_dir) is None:
+        parser.error(f"{run_dir} has no checkpoint to evaluate")
+    try:
+        cfg = from_dict(RunConfig, yaml.safe_load(cfg_path.read_text()))
+        cfg.train.run_dir, cfg.train.resume, cfg.train.progress = str(run_dir), True, False
+        cfg = apply_overrides(cfg, list(rest[1:]))
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        if cfg.job == "rl":
+            from megatron_logra.rl.job import build_components
+            from megatron_logra.rl.loop import evaluate_accuracy
+
+            comps, state, _ = build_components(cfg)
+            result = {"run_dir": str(run_dir), "step": state.step, "eval_accuracy": evaluate_accuracy(comps),
+                      "num_eval": len(comps.task.eval_problems())}
+        else:
+            from megatron_logra.train.lm import evaluate_checkpoint
+
+            result = evaluate_checkpoint(cfg)
+    finally:
+        destroy_parallel()
+    if int(os.environ.get("RANK", "0")) == 0:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -27,7 +27,7 @@ from megatron_logra.train.step import forward_backward
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_lm", "evaluate"]
+__all__ = ["run_lm", "evaluate", "evaluate_checkpoint"]
 
 
 def _num_microbatches(cfg: RunConfig, groups: ParallelGroups) -> int:
@@ -53,6 +53,19 @@ def evaluate(model, task: SyntheticTask, cfg: RunConfig, groups: ParallelGroups,
         result = forward_backward(model, mbs, groups, forward_only=True)
     model.train()
     return result.loss
+
+
+def evaluate_checkpoint(cfg: RunConfig) -> dict:
+    """Held-out loss of the latest checkpoint in ``cfg.train.run_dir``."""
+    groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
+    model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
+    optimizer = build_optimizer(model, cfg.optimizer, groups)
+    ckpt = latest_checkpoint(cfg.train.run_dir)
+    if ckpt is None:
+        raise FileNotFoundError(f"{cfg.train.run_dir} has no checkpoint")
+    step = load_checkpoint(ckpt, model, optimizer, groups)["step"]
+    task = SyntheticTask(cfg.data, cfg.model.vocab_size)
+    return {"run_dir": cfg.train.run_dir, "step": step, "eval_loss": evaluate(model, task, cfg, groups, optimizer)}
 
 
 def run_lm(cfg: RunConfig) -> dict:

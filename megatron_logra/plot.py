@@ -1,0 +1,102 @@
+"""``megatron-logra plot RUN_DIR``: one PNG summarising a run from its ``metrics.jsonl``.
+
+Panels: reward and accuracy (train and held-out), predicted vs actual KL per update, step
+size α with the KL budget, and process memory. An lm run shows its loss instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["read_metrics", "plot_run"]
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The step records of a run; a clear error when the run has none."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run directory?")
+    records = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno} is not JSON ({exc})") from None
+    if not records:
+        raise ValueError(f"{path} has no records")
+    return records
+
+
+def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            xs.append(r["step"])
+            ys.append(float(v))
+    return xs, ys
+
+
+def plot_run(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:
+    """Write the summary PNG (default ``RUN_DIR/summary.png``) and return its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    out = Path(out) if out else Path(run_dir) / "summary.png"
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    ax = axes[0, 0]
+    if any("reward_mean" in r for r in records):
+        for key, label in (("reward_mean", "reward"), ("accuracy", "train accuracy"), ("eval_accuracy", "held-out accuracy")):
+            xs, ys = _series(records, key)
+            if xs:
+                ax.plot(xs, ys, marker="o" if key == "eval_accuracy" else None, label=label)
+        ax.set_title("reward and accuracy")
+    else:
+        for key in ("loss", "eval_loss"):
+            xs, ys = _series(records, key)
+            if xs:
+                ax.plot(xs, ys, label=key)
+        ax.set_title("loss")
+    ax.legend()
+    ax = axes[0, 1]
+    for key, label in (("kl_predicted", "predicted KL"), ("kl_actual", "actual KL"), ("budget", "budget")):
+        xs, ys = _series(records, key)
+        if xs:
+            ax.plot(xs, ys, label=label, linestyle="--" if key == "budget" else "-")
+    ax.set_yscale("log") if any(_series(records, "kl_actual")[1]) else None
+    ax.set_title("KL per update")
+    ax.legend()
+    ax = axes[1, 0]
+    xs, ys = _series(records, "alpha")
+    if xs:
+        ax.plot(xs, ys, label="α")
+    xs, ys = _series(records, "update_ratio")
+    if xs:
+        ax2 = ax.twinx()
+        ax2.plot(xs, ys, color="tab:orange", label="‖ΔW‖/‖W‖")
+        ax2.set_ylabel("‖ΔW‖/‖W‖")
+    ax.set_title("step size α")
+    ax = axes[1, 1]
+    xs, ys = _series(records, "memory_bytes")
+    if xs:
+        ax.plot(xs, [y / 2**20 for y in ys])
+        ax.set_ylabel("MiB")
+    ax.set_title("process memory (RSS)")
+    for a in axes.flat:
+        a.set_xlabel("update")
+    fig.suptitle(str(run_dir))
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    logger.info("wrote %s", out)
+    return out
