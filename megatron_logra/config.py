@@ -139,7 +139,8 @@ def tiny() -> RunConfig:
     return RunConfig(
         job="rl",
         model=ModelConfig(num_layers=4, hidden_size=128, num_attention_heads=4, ffn_hidden_size=384,
-                          vocab_size=128, seq_length=96),
+                          vocab_size=160, seq_length=48),
+        tokenizer=TokenizerConfig(kind="words", vocab_size=160),
         optimizer=OptimizerConfig(
             logra=LograConfig(rank=32, recipe="paper", update_ratio=2e-3, algorithm="row_adam"),
             native=NativeConfig(freeze=True),
