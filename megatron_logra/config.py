@@ -134,13 +134,18 @@ def _validate_tree(obj: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- recipes
+WARM_START_TINY = Path(__file__).resolve().parent / "assets" / "warm_start_tiny"
+
+
 def tiny() -> RunConfig:
     """Main job: tiny GPT, warm start, LoGRA RL with predicted-KL control on reasoning-gym chain_sum (CPU)."""
+    shipped = (WARM_START_TINY / "model.safetensors").exists()
     return RunConfig(
         job="rl",
         model=ModelConfig(num_layers=4, hidden_size=128, num_attention_heads=4, ffn_hidden_size=384,
                           vocab_size=160, seq_length=48),
-        tokenizer=TokenizerConfig(kind="words", vocab_size=160),
+        tokenizer=TokenizerConfig(kind="words", vocab_size=160,
+                                  path=str(WARM_START_TINY / "tokenizer") if shipped else ""),
         optimizer=OptimizerConfig(
             logra=LograConfig(rank=32, recipe="paper", update_ratio=2e-3, algorithm="row_adam"),
             native=NativeConfig(freeze=True),
@@ -150,7 +155,9 @@ def tiny() -> RunConfig:
                         num_eval=200),
         rl=RLConfig(steps=60, prompts_per_step=16, group_size=8, micro_batch_size=64, eval_interval=10,
                     prompt_template="{prompt}\n", rollout=RolloutConfig(temperature=1.0, max_new_tokens=6)),
-        sft=SFTConfig(steps=300, lr=3e-3, batch_size=64),
+        # the shipped warm start (tools/make_warm_start.py) replaces the SFT phase when present
+        sft=SFTConfig(steps=300, lr=3e-3, batch_size=64,
+                      init_path=str(WARM_START_TINY / "model.safetensors") if shipped else ""),
         kl=KLConfig(mode="calibrated", budget_start=2e-3, budget_end=5e-4, horizon=60),
         train=TrainConfig(run_dir="runs/tiny", log_interval=5),
     )
