@@ -151,7 +151,7 @@ def tiny() -> RunConfig:
             native=NativeConfig(freeze=True),
         ),
         task=TaskConfig(datasets=["chain_sum"],
-                        dataset_kwargs={"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},
+                        dataset_kwargs={"chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}},
                         num_eval=200),
         rl=RLConfig(steps=60, prompts_per_step=16, group_size=8, micro_batch_size=64, eval_interval=10,
                     prompt_template="{prompt}\n", rollout=RolloutConfig(temperature=1.0, max_new_tokens=6)),
