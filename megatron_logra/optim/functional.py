@@ -80,7 +80,7 @@ def apply_low_rank_update_(
     decay: float = 1.0,
     master: Optional[torch.Tensor] = None,
     noise_fn=None,
-    max_chunk_elems: int = 1 << 24,
+    max_chunk_elems: int = 1 << 20,
 ) -> None:
     """``W ← decay·W − factor·A`` in place.
 
