@@ -4,5 +4,5 @@
 # Env: NPROC (processes, default 2). DP = NPROC / (TP x PP).
 set -euo pipefail
 NPROC="${NPROC:-2}"
-exec torchrun --nproc-per-node "$NPROC" -m megatron_logra.cli train tiny \
+exec torchrun --nproc-per-node "$NPROC" -m megatron_logra.cli train lm-tiny \
   --tensor-model-parallel-size 2 train.run_dir=runs/tiny-tp2 "$@"
