@@ -32,6 +32,10 @@ def pack_sequences(
     n = len(prompts)
     if not (len(completions) == len(rollout_logprobs) == len(advantages) == len(finished) == n):
         raise ValueError("prompts, completions, log-probs, advantages and finished flags must have equal lengths")
+    empty = [i for i, p in enumerate(prompts) if len(p) == 0]
+    if empty:
+        raise ValueError(f"sequences {empty[:4]} have an empty prompt: at least one token (e.g. BOS) must precede "
+                         "the completion")
     lengths = [len(p) + len(c) - 1 for p, c in zip(prompts, completions)]
     longest = max(lengths) if lengths else 1
     if longest > max_length:

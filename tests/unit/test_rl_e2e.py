@@ -1,0 +1,344 @@
+"""CPU end-to-end RL with the real components (megatron GPT, LoGRA, KL control, embedded engine).
+
+The tiny recipe is shrunk (2 layers, hidden 64, 20 SFT steps, 4 prompts × 4 samples) so one
+build takes seconds after the imports. Expectations are computed here, independently:
+
+* the weight change of every target is rebuilt in float64 from the prepared direction ``D``,
+  the projection ``A`` (``SketchSet.projection_for``, a pure function of seed/name/update) and
+  the step size α captured at ``optimizer.apply``: ``W_after = W_before − α·D·A``;
+* the engine's log-probs after sync are compared against ``log_softmax`` of a fresh megatron
+  forward of the trainer model;
+* the recorded ``update_ratio`` against ‖ΔW‖/‖W‖ measured from the weight snapshots.
+
+Rewards: the barely warm-started model gets the same (format-penalty) reward on every sample,
+so every GRPO group would be uniform and every step skipped. Tests that need a real update
+replace the reward with an alternating one (1, 0, 1, 0, ... within each group); the skip test
+uses a constant reward on purpose.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+
+RECORD_KEYS = {"step", "reward_mean", "accuracy", "eval_accuracy", "response_length", "kl_predicted", "kl_actual",
+               "alpha", "budget", "mismatch", "update_ratio", "step_seconds", "rollout_seconds", "sync_bytes"}
+FP32_EPS = torch.finfo(torch.float32).eps
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """A shared 2-core machine: intra-op threads only add contention."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def small_cfg(run_dir: Path, *extra: str):
+    from megatron_logra.config import parse_args_to_config
+
+    return parse_args_to_config("tiny", [
+        "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
+        "sft.steps=20", "sft.init_path=", "tokenizer.path=", "sft.cache=false",
+        "rl.steps=2", "rl.prompts_per_step=4", "rl.group_size=4", "rl.micro_batch_size=16",
+        "task.num_eval=8", "rl.eval_interval=0", f"train.run_dir={run_dir}", "train.progress=false", *extra,
+    ])
+
+
+def alternating_score():
+    """A reward that ignores the text: 1, 0, 1, 0, ... (never a uniform group of even size)."""
+    counter = itertools.count()
+
+    def score(problem, completion):
+        return (float(next(counter) % 2), False)
+
+    return score
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.rl.job import build_components
+
+    cfg = small_cfg(tmp_path_factory.mktemp("rl_direct") / "run")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        comps, state, bundle = build_components(cfg)
+    yield comps, state
+    destroy_parallel()
+
+
+def fixed_sequence(comps) -> tuple[list[int], int]:
+    """BOS + a templated training prompt + its reference answer + EOS, and the prompt length."""
+    tok, cfg = comps.tokenizer, comps.cfg
+    problem = comps.task.train_problem(12345)
+    prompt = [tok.bos_token_id] + tok(cfg.rl.prompt_template.format(prompt=problem.prompt),
+                                      add_special_tokens=False)["input_ids"]
+    answer = tok(problem.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    return prompt + answer, len(prompt)
+
+
+def megatron_logprobs(comps, seq: list[int], prompt_len: int) -> torch.Tensor:
+    """log_softmax of a fresh trainer forward, at the completion tokens ``seq[prompt_len:]`` (float64)."""
+    tokens = torch.tensor([seq])
+    pos = torch.arange(len(seq))[None]
+    with torch.no_grad():
+        logits = comps.model(tokens, pos, None)  # [1, s, V]
+    assert logits.dim() == 3 and logits.shape[:2] == (1, len(seq))
+    logp = torch.log_softmax(logits[0].double() / comps.cfg.rl.rollout.temperature, dim=-1)
+    return torch.stack([logp[t - 1, seq[t]] for t in range(prompt_len, len(seq))])
+
+
+@pytest.fixture(scope="module")
+def stepped(built):
+    """One real RL update with everything around it captured."""
+    from megatron_logra.rl.loop import rl_update
+
+    comps, state = built
+    opt = comps.optimizer
+    assert all(not p.requires_grad for p in comps.model.parameters())  # native.freeze=true: all frozen
+    target_ids = {id(t.weight) for t in opt.targets}
+    before_targets = {t.key: t.weight.detach().clone() for t in opt.targets}
+    before_others = {n: p.detach().clone() for n, p in comps.model.named_parameters() if id(p) not in target_ids}
+    assert before_others, "the model has non-target parameters (embeddings, norms)"
+    seq, plen = fixed_sequence(comps)
+    engine_before = torch.tensor(comps.engine.logprobs_of([seq], [plen], comps.cfg.rl.rollout.temperature)[0],
+                                 dtype=torch.float64)
+    version_before = comps.engine.weight_version
+    captured = {}
+    real_apply = opt.apply
+
+    def spy(update, alpha=1.0):
+        captured["update"], captured["alpha"] = update, alpha
+        captured["calibration"] = comps.controller.calibration
+        captured["D"] = {k: d.detach().clone() for k, d in update.directions.items()}
+        captured["A"] = {t.key: opt.sketches.projection_for(t, update.update_index).detach().clone()
+                         for t in opt.targets}
+        return real_apply(update, alpha)
+
+    opt.apply = spy
+    real_score = comps.task.score
+    comps.task.score = alternating_score()
+    try:
+        record = rl_update(comps, state)
+    finally:
+        del opt.apply
+        comps.task.score = real_score
+    return dict(record=record, captured=captured, before_targets=before_targets, before_others=before_others,
+                seq=seq, plen=plen, engine_before=engine_before, version_before=version_before)
+
+
+def test_update_is_exactly_minus_alpha_D_A(built, stepped):
+    comps, _ = built
+    cap = stepped["captured"]
+    assert "update" in cap, "optimizer.apply was never called (step skipped?)"
+    alpha = cap["alpha"]
+    assert len(comps.optimizer.targets) == 8  # 4 default targets × 2 layers
+    for t in comps.optimizer.targets:
+        w0 = stepped["before_targets"][t.key].double()
+        delta = alpha * (cap["D"][t.key].double() @ cap["A"][t.key].double())
+        expected = w0 - delta
+        got = t.weight.detach().double()
+        # one fp32 addmm: the r-term dot products round to ≲ r·eps·α·(|D|·|A|), the sum to eps·|W|
+        r = cap["A"][t.key].shape[0]
+        dot_bound = alpha * (cap["D"][t.key].double().abs() @ cap["A"][t.key].double().abs())
+        tol = 2 * FP32_EPS * expected.abs() + (r + 2) * FP32_EPS * dot_bound
+        err = (got - expected).abs()
+        worst = (err / tol).max().item()
+        assert worst <= 1.0, f"{t.key}: error {worst:.2f}× the fp32 bound (max err {err.max().item():.3e})"
+        # ~1e-6 relative to the weights, and far below the step itself (a wrong α, D or A would fail)
+        assert err.norm().item() <= 1e-6 * w0.norm().item()
+        assert err.norm().item() <= 1e-3 * delta.norm().item()
+        assert (got - w0).norm().item() == pytest.approx(delta.norm().item(), rel=1e-3)
+
+
+def test_non_target_parameters_unchanged(built, stepped):
+    comps, _ = built
+    params = dict(comps.model.named_parameters())
+    for name, before in stepped["before_others"].items():
+        assert torch.equal(params[name].detach(), before), name
+
+
+def test_update_ratio_matches_weights(built, stepped):
+    comps, _ = built
+    num = sum(((t.weight.detach().double() - stepped["before_targets"][t.key].double()) ** 2).sum()
+              for t in comps.optimizer.targets)
+    den = sum((stepped["before_targets"][t.key].double() ** 2).sum() for t in comps.optimizer.targets)
+    measured = math.sqrt(num / den)
+    rec = stepped["record"]
+    assert rec["update_ratio"] == pytest.approx(measured, rel=1e-3)
+    # paper recipe: ‖D·A‖/‖W‖ = logra.update_ratio before α
+    assert measured == pytest.approx(stepped["captured"]["alpha"] * comps.cfg.optimizer.logra.update_ratio, rel=1e-3)
+
+
+def test_engine_synced_to_new_weights(built, stepped):
+    comps, state = built
+    assert comps.engine.weight_version == stepped["version_before"] + 1
+    assert state.weight_version == comps.engine.weight_version
+    seq, plen = stepped["seq"], stepped["plen"]
+    after = torch.tensor(comps.engine.logprobs_of([seq], [plen], comps.cfg.rl.rollout.temperature)[0],
+                         dtype=torch.float64)
+    assert after.shape == stepped["engine_before"].shape and after.numel() >= 2
+    assert (after - stepped["engine_before"]).abs().max().item() > 1e-6, "engine log-probs did not change"
+    fresh = megatron_logprobs(comps, seq, plen)
+    torch.testing.assert_close(after, fresh, rtol=0, atol=1e-4)
+
+
+def test_record_contents(built, stepped):
+    comps, state = built
+    rec, cap = stepped["record"], stepped["captured"]
+    assert RECORD_KEYS <= set(rec), RECORD_KEYS - set(rec)
+    assert rec["step"] == 1 and state.step >= 1 and rec["skipped"] is False
+    for key in ("kl_predicted", "kl_actual"):
+        assert math.isfinite(rec[key]) and rec[key] > 0, (key, rec[key])
+    alpha_max = comps.cfg.kl.alpha_max
+    assert 0 < rec["alpha"] <= alpha_max and rec["alpha"] == cap["alpha"]
+    # the control law α = min(α_max, sqrt(budget / (c·pred))): either capped or c·α²·pred = budget
+    # (kl_predicted = α²·pred, so below the cap c·kl_predicted = budget, at the cap c·kl_predicted <= budget)
+    if rec["alpha"] < alpha_max:
+        assert cap["calibration"] * rec["kl_predicted"] == pytest.approx(rec["budget"], rel=1e-9)
+    else:
+        assert cap["calibration"] * rec["kl_predicted"] <= rec["budget"] * (1 + 1e-12)
+    # the second-order prediction is close to the measured KL for a step this small
+    assert 0.5 < rec["kl_actual"] / rec["kl_predicted"] < 2.0
+    # engine and trainer hold the same fp32 weights: rollout and trainer log-probs agree
+    assert abs(rec["mismatch"]) < 1e-4
+    assert 0 < rec["budget"] <= comps.cfg.kl.budget_start
+    assert 0 <= rec["reward_mean"] <= 1 and 0 <= rec["accuracy"] <= 1
+    assert rec["reward_mean"] == pytest.approx(0.5)  # alternating 1, 0 over 16 samples
+    assert rec["response_length"] >= 1 and rec["sync_bytes"] > 0
+    assert rec["step_seconds"] >= rec["rollout_seconds"] > 0
+    assert math.isfinite(rec["mismatch"])
+    json.dumps(rec)  # serialisable as a metrics line
+
+
+def test_zero_advantages_skip_the_step(built, stepped):
+    from megatron_logra.rl.loop import rl_update
+
+    comps, state = built
+    params = {n: p.detach().clone() for n, p in comps.model.named_parameters()}
+    version, step = comps.engine.weight_version, state.step
+    real_score = comps.task.score
+    comps.task.score = lambda problem, completion: (0.0, False)
+    try:
+        rec = rl_update(comps, state)
+    finally:
+        comps.task.score = real_score
+    assert rec["skipped"] is True
+    assert rec["step"] == step + 1 and rec["reward_mean"] == 0.0 and rec["accuracy"] == 0.0
+    for n, p in comps.model.named_parameters():
+        assert torch.equal(p.detach(), params[n]), n
+    assert comps.engine.weight_version == version and state.weight_version == version
+    for k, v in rec.items():
+        if isinstance(v, float):
+            assert not math.isnan(v), k
+    assert RECORD_KEYS <= set(rec), RECORD_KEYS - set(rec)
+
+
+# --------------------------------------------------------------------------- run_rl + cli
+
+
+def _env():
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    return env
+
+
+def _cli(*commands: list[str], timeout: int = 300) -> list[subprocess.CompletedProcess]:
+    """Run ``python -m megatron_logra.cli ARGS`` for each command, concurrently (imports dominate)."""
+    procs = [subprocess.Popen([sys.executable, "-m", "megatron_logra.cli", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=_env()) for args in commands]
+    out = []
+    try:
+        for args, proc in zip(commands, procs):
+            stdout, stderr = proc.communicate(timeout=timeout)
+            out.append(subprocess.CompletedProcess(args, proc.returncode, stdout, stderr))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.rewards.task import Task
+    from megatron_logra.rl.job import run_rl
+
+    run = tmp_path_factory.mktemp("rl_job") / "run"
+    cfg = small_cfg(run)
+    counter = itertools.count()
+    real = Task.score
+
+    def score(self, problem, completion):  # the task's own reward plus an alternating bonus
+        reward, correct = real(self, problem, completion)
+        return reward + 0.5 * (next(counter) % 2), correct
+
+    destroy_parallel()
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mp.setattr(Task, "score", score)
+        try:
+            summary = run_rl(cfg)
+        finally:
+            destroy_parallel()
+    assert summary["steps"] == 2
+    return run
+
+
+def test_run_rl_writes_the_run_directory(run_dir):
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [r["step"] for r in lines] == [1, 2]
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    for r in lines:
+        assert RECORD_KEYS <= set(r), RECORD_KEYS - set(r)
+        assert r["skipped"] is False and r["kl_predicted"] > 0 and 0 < r["alpha"] <= cfg["kl"]["alpha_max"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and 0 <= summary["eval_accuracy_before"] <= 1
+    assert cfg["rl"]["steps"] == 2 and cfg["model"]["num_layers"] == 2
+    tb = run_dir / "tensorboard"
+    assert tb.is_dir() and any(p.name.startswith("events.") for p in tb.iterdir())
+    tok = run_dir / "tokenizer"
+    assert tok.is_dir() and any(tok.iterdir())
+    from megatron_logra.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir)
+    assert ckpt is not None and ckpt.parent == run_dir / "checkpoints" and (ckpt / "meta.json").exists()
+    assert any(p.suffix == ".safetensors" for p in ckpt.iterdir())
+
+
+def test_cli_eval_and_plot(run_dir):
+    ev, pl = _cli(["eval", str(run_dir)], ["plot", str(run_dir)])
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    out = json.loads(ev.stdout)
+    assert 0.0 <= out["eval_accuracy"] <= 1.0 and out["step"] == 2 and out["num_eval"] == 8
+    assert pl.returncode == 0, pl.stderr[-3000:]
+    png = run_dir / "summary.png"
+    assert png.exists() and png.stat().st_size > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_eval_without_checkpoint_fails(run_dir, tmp_path):
+    empty = tmp_path / "no_ckpt"
+    empty.mkdir()
+    (empty / "config.yaml").write_text((run_dir / "config.yaml").read_text())
+    no_ckpt, no_run = _cli(["eval", str(empty)], ["eval", str(tmp_path / "missing")], timeout=120)
+    assert no_ckpt.returncode != 0
+    assert "no checkpoint" in no_ckpt.stderr and str(empty) in no_ckpt.stderr
+    # not a run directory at all
+    assert no_run.returncode != 0 and "config.yaml" in no_run.stderr
