@@ -33,12 +33,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Warning. tp_group is None:Deprec
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models: intra-op threads only add contention on the shared 2-core machine (≈10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread):
+    """Every test of this module runs single-threaded (conftest.one_thread)."""
 
 
 @pytest.fixture(scope="module")

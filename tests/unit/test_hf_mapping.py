@@ -60,24 +60,8 @@ def _cfg(**kw) -> ModelConfig:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models: intra-op threads only add contention on the shared 2-core machine (≈10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def groups():
-    from megatron_logra.parallel import ParallelConfig, destroy_parallel, initialize_parallel
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        g = initialize_parallel(ParallelConfig())
-    yield g
-    destroy_parallel()
-
+def _one_thread(one_thread):
+    """Every test of this module runs single-threaded (conftest.one_thread)."""
 
 def _megatron(cfg: ModelConfig, groups, seed: int = 7):
     with warnings.catch_warnings():

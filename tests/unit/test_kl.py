@@ -35,12 +35,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::U
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors on a shared 2-core machine: intra-op threads only add contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread):
+    """Every test of this module runs single-threaded (conftest.one_thread)."""
 
 
 # --------------------------------------------------------------------------- naive references
@@ -262,18 +258,6 @@ def test_kl_config_validation_names_the_field(kwargs, field):
 
 
 # --------------------------------------------------------------------------- megatron GPT probe
-
-
-@pytest.fixture(scope="module")
-def groups():
-    from megatron_logra.parallel import ParallelConfig, destroy_parallel, initialize_parallel
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        g = initialize_parallel(ParallelConfig())
-    yield g
-    destroy_parallel()
-
 
 B, S, V = 2, 16, 64
 ALPHA = 0.05

@@ -23,25 +23,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::U
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors on a shared 2-core machine: intra-op threads only add contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def groups():
-    """Single-process megatron parallel state (vocab_parallel_cross_entropy reads the TP group)."""
-    from megatron_logra.parallel import ParallelConfig, destroy_parallel, initialize_parallel
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        g = initialize_parallel(ParallelConfig())
-    yield g
-    destroy_parallel()
-
+def _one_thread(one_thread):
+    """Every test of this module runs single-threaded (conftest.one_thread)."""
 
 # --------------------------------------------------------------------------- advantages
 
