@@ -95,6 +95,29 @@ def _model_state(model: Union[nn.Module, Sequence[nn.Module]]) -> dict[str, torc
     return out
 
 
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error types for truncation
+        raise CheckpointError(f"{path} is unreadable (truncated or corrupt?): {exc}") from exc
+
+
+def _tracker_states() -> dict[str, torch.Tensor]:
+    """megatron-core's tensor-parallel RNG tracker states (empty without megatron)."""
+    try:
+        from megatron.core import tensor_parallel
+
+        return {k: v.clone() for k, v in tensor_parallel.get_cuda_rng_tracker().get_states().items()}
+    except (ImportError, AttributeError):
+        return {}
+
+
+def _set_tracker_states(states: dict[str, torch.Tensor]) -> None:
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.get_cuda_rng_tracker().set_states(states)
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -132,6 +155,8 @@ def save_checkpoint(
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
+    for name, state in _tracker_states().items():  # dropout inside TP regions draws from these
+        rng[f"tracker.{name}"] = state
     save_file(rng, str(tmp / f"rng_rank{rank}.safetensors"))
     _barrier()
     if rank == 0:
@@ -197,12 +222,12 @@ def load_checkpoint(
     missing = [p.name for p in needed if not p.exists()]
     if missing:
         raise CheckpointError(f"{path} lacks {missing}")
+    model_tensors = _read_safetensors(needed[0])
+    optim_tensors = _read_safetensors(needed[1])
     try:
-        model_tensors = load_file(str(needed[0]))
-        optim_tensors = load_file(str(needed[1]))
         skeleton = json.loads(needed[2].read_text())
-    except Exception as exc:  # safetensors raises its own error types for truncation
-        raise CheckpointError(f"{path}: cannot read {tag} files ({exc})") from exc
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{needed[2]} is corrupt: {exc}") from exc
     expected = _model_state(model)
     absent = sorted(set(expected) - set(model_tensors))
     if absent:
@@ -218,9 +243,12 @@ def load_checkpoint(
     optimizer.load_state_dict(unflatten_state(skeleton, optim_tensors))
     rng_path = path / f"rng_rank{_global_rank()}.safetensors"
     if rng_path.exists():
-        rng = load_file(str(rng_path))
+        rng = _read_safetensors(rng_path)
         torch.set_rng_state(rng["torch"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
+        tracker = {k[len("tracker."):]: v for k, v in rng.items() if k.startswith("tracker.")}
+        if tracker:
+            _set_tracker_states(tracker)
     logger.info("loaded checkpoint %s (step %d)", path, meta["step"])
     return meta

@@ -7,6 +7,7 @@ ranks), a free loopback port and a timeout; a failure raises with the tail of th
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +37,25 @@ def _env() -> dict:
     return env
 
 
+def _kill_tree(pid: int) -> None:
+    try:
+        import psutil
+    except ImportError:  # psutil is a dev dependency; without it, at least the launch's group goes
+        os.killpg(pid, signal.SIGKILL)
+        return
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
 def launch(
     nproc: int,
     target: Sequence[str],
@@ -54,11 +74,19 @@ def launch(
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                    "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *target]
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            out = (exc.stdout or b"")[-4000:] if isinstance(exc.stdout, bytes) else (exc.stdout or "")[-4000:]
-            pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}")
+        # on timeout the whole launch (torchrun and its ranks, which torchrun may put in their own
+        # sessions) is killed, so no rank outlives the test holding a port or the output pipes
+        with subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True) as popen:
+            try:
+                stdout, stderr = popen.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill_tree(popen.pid)
+                stdout, stderr = popen.communicate()
+                if log is not None:
+                    log.write_text(f"$ {' '.join(cmd)}\n{stdout}{stderr}")
+                pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{(stdout + stderr)[-4000:]}")
+        proc = subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
         text = proc.stdout + proc.stderr
         if log is not None:
             log.write_text(f"$ {' '.join(cmd)}\n{text}")

@@ -52,7 +52,7 @@ SKETCH_ATOL_REL = 1e-4  # × max |S_ref| of each sketch
 WEIGHT_ATOL = 1e-5
 LOSS_RTOL = 1e-5
 GNORM_RTOL = 1e-4
-DROPOUT_STEPS = 8
+DROPOUT_STEPS = 6
 
 
 class Result:

@@ -2,24 +2,26 @@
 
 For one process and for DP=2 (torchrun): an uninterrupted run of N steps (saving every K) is
 compared with a run stopped after K steps (``train.steps=K``) and resumed in a fresh process
-(``train.steps=N train.resume=true``). The final checkpoints' model, optimizer and per-rank RNG
-tensors must be bitwise equal, and so must every step's loss / grad norm / clip coefficient in
-metrics.jsonl. Hidden dropout is on (it draws from the default generator), so the RNG state must
-be restored too.
+(``python -m megatron_logra.cli train train.steps=N train.resume=true``). The final checkpoints'
+model, optimizer and per-rank RNG tensors must be bitwise equal, and so must every step's
+loss / grad norm / clip coefficient / token count in metrics.jsonl. Hidden dropout is on (it
+draws from the default generator), so the RNG state must be restored too.
 
-One more process (the "driver") calls the CLI's entry point ``cli.main`` several times:
+To save start-ups (~10 s of imports each on 2 cores), the uninterrupted and the stopped run of
+a layout share one launch of ``resume_driver.py`` (``run_lm`` twice; ``initialize_parallel``
+re-seeds everything, so each starts as a fresh process would); only the resume is a fresh CLI
+process. The 1-process driver also runs
 * a run with *attention* dropout, stopped at K and resumed: attention dropout forks megatron's
-  tensor-parallel RNG tracker, whose state must be checkpointed as well (a fresh
-  ``initialize_parallel`` re-seeds the tracker exactly as a fresh process does);
-* resume attempts from damaged copies of the 1-process run, which must raise ``CheckpointError``
-  with a message that names the problem (the exception propagates out of ``cli.main``, so
-  ``python -m megatron_logra.cli`` exits non-zero with it).
+  tensor-parallel RNG tracker, whose state must be checkpointed as well;
+* resume attempts through ``cli.main`` (the CLI's entry point) from damaged copies of the
+  uninterrupted run, which must raise ``CheckpointError`` with a message that names the problem
+  (the exception propagates out of ``cli.main``, so ``python -m megatron_logra.cli`` exits
+  non-zero with it) and leave the run untouched.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,7 @@ COMMON = [
 ]
 COMPARED = ("loss", "grad_norm", "clip_coef", "skipped", "tokens")
 ATTENTION = ("model.attention_dropout=0.1",)
+DRIVER = Path(__file__).resolve().parent / "resume_driver.py"
 
 
 def _train_args(run_dir: Path, steps: int, *extra: str) -> list[str]:
@@ -47,9 +50,19 @@ def _summary(stdout: str) -> dict:
 
 
 def _cli(launcher, nproc: int, run_dir: Path, steps: int, *extra: str) -> dict:
+    """A fresh ``python -m megatron_logra.cli train ...`` (torchrun for nproc > 1); rank 0's summary."""
     proc = launcher.launch(nproc, ["-m", "megatron_logra.cli", *_train_args(run_dir, steps, *extra)],
                            timeout=300, log=run_dir.with_name(run_dir.name + f".steps{steps}.log"))
     return _summary(proc.stdout)
+
+
+def _drive(launcher, nproc: int, base: Path, ops: list, name: str) -> dict:
+    """Run ``ops`` in one launch of ``resume_driver.py``; its results by label."""
+    out = base / f"{name}.json"
+    launcher.launch(nproc, [str(DRIVER), str(out), json.dumps([[str(x) if isinstance(x, Path) else x for x in op]
+                                                                 for op in ops])],
+                    timeout=400, log=base / f"{name}.log")
+    return json.loads(out.read_text())
 
 
 def _latest(run_dir: Path) -> Path:
@@ -63,20 +76,51 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 _CACHE: dict = {}
 
+LAST = f"step_{N:08d}"
+# case -> (damage operations on a copy RUN of the 1-process uninterrupted run, words the error must contain)
+CORRUPTIONS = {
+    "truncated_model": (lambda run: [["truncate", run / "checkpoints" / LAST / "model_tp0_pp0.safetensors"]],
+                        [LAST, "tp0_pp0"]),
+    "truncated_optim": (lambda run: [["truncate", run / "checkpoints" / LAST / "optim_tp0_pp0.safetensors"]],
+                        [LAST, "tp0_pp0"]),
+    "missing_meta": (lambda run: [["unlink", run / "checkpoints" / LAST / "meta.json"]], [LAST, "meta.json"]),
+    "corrupt_meta": (lambda run: [["write", run / "checkpoints" / LAST / "meta.json", "{not json"]],
+                     [LAST, "meta.json", "corrupt"]),
+    "missing_optim": (lambda run: [["unlink", run / "checkpoints" / LAST / "optim_tp0_pp0.safetensors"]],
+                      [LAST, "optim_tp0_pp0.safetensors"]),
+    "dangling_latest": (lambda run: [["write", run / "checkpoints" / "latest", "step_00000099"]], ["step_00000099"]),
+}
+
 
 def _runs(launcher, tmp_path_factory, nproc: int) -> dict:
-    """Uninterrupted N-step run, and a K-step run resumed to N in a fresh process (cached)."""
-    if nproc not in _CACHE:
-        base = tmp_path_factory.mktemp(f"resume_np{nproc}")
-        full, stopped = base / "full", base / "stopped"
-        s_full = _cli(launcher, nproc, full, N)
-        s_stop = _cli(launcher, nproc, stopped, K)
-        pristine = base / "stopped_at_K"
-        shutil.copytree(stopped, pristine)
-        s_res = _cli(launcher, nproc, stopped, N, "train.resume=true")
-        _CACHE[nproc] = {"nproc": nproc, "full": full, "resumed": stopped, "pristine": pristine,
-                         "summaries": (s_full, s_stop, s_res)}
-    return _CACHE[nproc]
+    """Launch 1 (driver): the uninterrupted N-step run and the K-step run, plus for nproc=1 the
+    attention-dropout trio and the damaged-checkpoint resumes. Launch 2: a fresh CLI process
+    resumes the K-step run to N. Cached per nproc."""
+    if nproc in _CACHE:
+        return _CACHE[nproc]
+    base = tmp_path_factory.mktemp(f"resume_np{nproc}")
+    full, stopped, pristine = base / "full", base / "stopped", base / "stopped_at_K"
+    ops = [["run", "full", _train_args(full, N)], ["run", "stop", _train_args(stopped, K)],
+           ["copy", stopped, pristine]]
+    entry = {"nproc": nproc, "full": full, "resumed": stopped, "pristine": pristine, "base": base}
+    if nproc == 1:
+        a_full, a_stop = base / "attn_full", base / "attn_stopped"
+        ops += [["run", "attn_full", _train_args(a_full, N, *ATTENTION)],
+                ["run", "attn_stop", _train_args(a_stop, K, *ATTENTION)],
+                ["copy", a_stop, base / "attn_stopped_at_K"],
+                ["run", "attn_resume", _train_args(a_stop, N, "train.resume=true", *ATTENTION)]]
+        entry["attn"] = {"nproc": 1, "full": a_full, "resumed": a_stop, "pristine": base / "attn_stopped_at_K"}
+        entry["corrupt"] = {}
+        for case, (damage, _) in CORRUPTIONS.items():
+            run = base / f"corrupt_{case}"
+            ops += [["copy", full, run], *damage(run), ["cli", case, _train_args(run, N + 1, "train.resume=true")]]
+            entry["corrupt"][case] = run
+    results = _drive(launcher, nproc, base, ops, "driver")
+    entry["results"] = results
+    s_res = _cli(launcher, nproc, stopped, N, "train.resume=true")
+    entry["summaries"] = (results["full"]["summary"], results["stop"]["summary"], s_res)
+    _CACHE[nproc] = entry
+    return entry
 
 
 def assert_resume_bitwise(runs: dict) -> None:
@@ -121,77 +165,14 @@ def test_resume_is_bitwise(launcher, tmp_path_factory, nproc):
     assert_resume_bitwise(_runs(launcher, tmp_path_factory, nproc))
 
 
-# --------------------------------------------------------------------------- driver (one process, many cli.main)
-
-_DRIVER = r"""
-import contextlib, io, json, shutil, sys
-from megatron_logra import cli
-out = {}
-for label, argv in json.loads(sys.argv[1]):
-    if label.startswith("copy:"):
-        shutil.copytree(*argv)
-        continue
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buf):
-            cli.main(argv)
-        out[label] = {"error": None, "stdout": buf.getvalue()}
-    except Exception as exc:
-        out[label] = {"error": [type(exc).__name__, str(exc)], "stdout": buf.getvalue()}
-print("RESULT=" + json.dumps(out))
-"""
-
-
-def _damage_truncate(path: Path) -> None:
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
-
-
-LAST = f"step_{N:08d}"
-# case -> (damage(checkpoints root, latest checkpoint dir), words the error message must contain)
-CORRUPTIONS = {
-    "truncated_model": (lambda root, ck: _damage_truncate(ck / "model_tp0_pp0.safetensors"), [LAST, "tp0_pp0"]),
-    "truncated_optim": (lambda root, ck: _damage_truncate(ck / "optim_tp0_pp0.safetensors"), [LAST, "tp0_pp0"]),
-    "missing_meta": (lambda root, ck: (ck / "meta.json").unlink(), [LAST, "meta.json"]),
-    "corrupt_meta": (lambda root, ck: (ck / "meta.json").write_text("{not json"), [LAST, "meta.json", "corrupt"]),
-    "missing_optim": (lambda root, ck: (ck / "optim_tp0_pp0.safetensors").unlink(), [LAST, "optim_tp0_pp0.safetensors"]),
-    "dangling_latest": (lambda root, ck: (root / "latest").write_text("step_00000099"), ["step_00000099"]),
-}
-
-
-@pytest.fixture(scope="module")
-def driver(launcher, tmp_path_factory):
-    single = _runs(launcher, tmp_path_factory, 1)
-    base = tmp_path_factory.mktemp("driver")
-    calls = []
-    # attention dropout: uninterrupted, stopped at K, resumed
-    a_full, a_stop = base / "attn_full", base / "attn_stopped"
-    calls += [["attn_full", _train_args(a_full, N, *ATTENTION)], ["attn_stop", _train_args(a_stop, K, *ATTENTION)],
-              ["copy:attn", [str(a_stop), str(base / "attn_stopped_at_K")]],
-              ["attn_resume", _train_args(a_stop, N, "train.resume=true", *ATTENTION)]]
-    # damaged copies of the 1-process uninterrupted run
-    dirs = {}
-    for case, (damage, _) in CORRUPTIONS.items():
-        run = base / case
-        shutil.copytree(single["full"], run)
-        damage(run / "checkpoints", run / "checkpoints" / LAST)
-        dirs[case] = run
-        calls.append([case, _train_args(run, N + 1, "train.resume=true")])
-    before = {case: (d / "metrics.jsonl").read_text() for case, d in dirs.items()}
-    proc = launcher.launch(1, ["-c", _DRIVER, json.dumps(calls)], timeout=400, log=base / "driver.log")
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT=")]
-    assert line, f"driver printed no result:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    results = json.loads(line[-1][len("RESULT="):])
-    return {"results": results, "dirs": dirs, "before": before,
-            "attn": {"nproc": 1, "full": a_full, "resumed": a_stop, "pristine": base / "attn_stopped_at_K"}}
-
-
-def test_corrupt_checkpoint_fails_with_clear_error(driver):
+def test_corrupt_checkpoint_fails_with_clear_error(launcher, tmp_path_factory):
     """Resume from a damaged latest checkpoint raises CheckpointError naming the problem, before
     touching the run (metrics.jsonl unchanged, no new checkpoint)."""
+    runs = _runs(launcher, tmp_path_factory, 1)
+    before = (runs["full"] / "metrics.jsonl").read_text()
     problems = []
     for case, (_, needles) in CORRUPTIONS.items():
-        got = driver["results"][case]["error"]
+        got = runs["results"][case]["error"]
         if got is None:
             problems.append(f"{case}: resume did not fail")
             continue
@@ -201,24 +182,16 @@ def test_corrupt_checkpoint_fails_with_clear_error(driver):
         missing = [n for n in needles if n not in message]
         if missing:
             problems.append(f"{case}: message does not name {missing}: {message!r}")
-        run = driver["dirs"][case]
-        if (run / "metrics.jsonl").read_text() != driver["before"][case]:
+        run = runs["corrupt"][case]
+        if (run / "metrics.jsonl").read_text() != before:
             problems.append(f"{case}: metrics.jsonl was modified by the failed resume")
         if (run / "checkpoints" / f"step_{N + 1:08d}").exists():
             problems.append(f"{case}: a new checkpoint was written")
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG (megatron_logra/checkpoint.py): save_checkpoint/load_checkpoint keep torch.get_rng_state() but not "
-    "megatron's tensor-parallel RNG tracker states (tensor_parallel.get_cuda_rng_tracker().get_states()), "
-    "which attention dropout forks from; a resumed run draws other attention-dropout masks. "
-    "Remove this mark once fixed."))
-def test_resume_restores_rng_tracker(driver):
-    res = driver["results"]
-    for label in ("attn_full", "attn_stop", "attn_resume"):
-        if res[label]["error"] is not None:
-            pytest.fail(f"{label} failed: {res[label]['error']}")
-    runs = dict(driver["attn"])
-    runs["summaries"] = tuple(_summary(res[label]["stdout"]) for label in ("attn_full", "attn_stop", "attn_resume"))
-    assert_resume_bitwise(runs)
+def test_resume_restores_rng_tracker(launcher, tmp_path_factory):
+    runs = _runs(launcher, tmp_path_factory, 1)
+    attn = dict(runs["attn"])
+    attn["summaries"] = tuple(runs["results"][k]["summary"] for k in ("attn_full", "attn_stop", "attn_resume"))
+    assert_resume_bitwise(attn)
