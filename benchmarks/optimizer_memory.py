@@ -78,6 +78,16 @@ def _maxrss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def _reset_peak_rss() -> bool:
+    """Reset the process's peak RSS (VmHWM, and with it ru_maxrss) to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def ffn_size(hidden: int) -> int:
     """Llama-style SwiGLU width: 8/3·hidden rounded down to a multiple of 64."""
     return max(64, (8 * hidden // 3) // 64 * 64)
@@ -258,6 +268,9 @@ class Child:
             )
         self.opt = build_optimizer(self.model, ocfg, self.groups)
         self.build_rss = _rss_bytes()
+        # the peak RSS from here on belongs to the steps, not to imports or the model build
+        self.build_peak_rss = _maxrss_bytes()
+        self.rss_reset = _reset_peak_rss()
 
         # the target linears (the same modules LoGRA targets, looked up by leaf name)
         self.target_params: list[tuple[str, Any]] = []
@@ -442,6 +455,8 @@ class Child:
             "projection_cache_bytes": self.projection_cache_bytes,
             "baseline_rss_bytes": self.baseline_rss,
             "build_rss_bytes": self.build_rss,
+            "build_peak_rss_bytes": self.build_peak_rss,
+            "rss_reset_after_build": self.rss_reset,
             "peak_rss_bytes": _maxrss_bytes(),
             "losses": self.losses,
         }
@@ -593,6 +608,8 @@ def summarize(raw: dict, args: argparse.Namespace) -> list[dict]:
                 "peak_phase": tr["peak_phase"],
                 "phase_peaks": tr["phase_peaks"],
                 "peak_rss_bytes": rep["peak_rss_bytes"],
+                "rss_reset_after_build": rep["rss_reset_after_build"],
+                "lifetime_peak_rss_bytes": max(rep["peak_rss_bytes"], rep["build_peak_rss_bytes"]),
                 "peak_rss_ratio": rep["peak_rss_bytes"] / d_rss,
                 "baseline_rss_bytes": rep["baseline_rss_bytes"],
                 "peak_rss_above_baseline_bytes": rss_delta,
@@ -638,7 +655,7 @@ def _mib(n: float) -> str:
 def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     header = [
         "size (hidden/layers/params)", "optimizer", "persistent B/target-param (formula)",
-        "peak step mem (tracker) MiB", "ratio", "peak RSS MiB (above import)", "RSS ratio (abs / above)",
+        "peak step mem (tracker) MiB", "ratio", "peak RSS of the steps MiB (above import)", "RSS ratio (abs / above)",
         "step time s", "ratio (cpu ratio)",
     ]
     body = []
@@ -683,6 +700,7 @@ def detail_lines(rows: list[dict]) -> list[str]:
         phases = ", ".join(f"{k} {_mib(v)}" for k, v in r["phase_peaks"].items())
         steps = r["steps"]
         med = {k: statistics.median(s[k] for s in steps) for k in ("fwd_bwd_s", "prepare_s", "apply_s")}
+        fastest = min(s["wall_s"] for s in steps)
         claimed = ", ".join(f"{k} {v / n:.3f}" for k, v in r["opt_persistent_bytes_claimed"].items())
         measured = ", ".join(f"{k} {v / n:.3f}" for k, v in r["opt_persistent_bytes_measured"].items())
         top = "; ".join(f"{k}: {_mib(v)}" for k, v in list(r["peak_breakdown"].items())[:6])
@@ -695,7 +713,8 @@ def detail_lines(rows: list[dict]) -> list[str]:
             f"projection cache during the step {r['projection_cache_bytes'] / 1024:,.0f} KiB; "
             f"tracked step {r['tracked_step_s']:.2f} s ({r['tracker_num_ops']} ops); "
             f"step phases (median s) fwd+bwd {med['fwd_bwd_s']:.2f}, prepare {med['prepare_s']:.3f}, apply {med['apply_s']:.3f}; "
-            f"step times {[round(s['wall_s'], 2) for s in steps]}; losses {[round(x, 3) for x in r['losses']]}"
+            f"step times {[round(s['wall_s'], 2) for s in steps]} (min {fastest:.2f}); "
+            f"peak RSS over the process life {_mib(r['lifetime_peak_rss_bytes'])} MiB; losses {[round(x, 3) for x in r['losses']]}"
         )
     return lines
 
@@ -708,7 +727,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"Command: `{meta['command']}`  ",
         f"Run: {meta['date']}, {meta['runtime_s']:.0f} s, torch {meta['torch']}, {meta['threads']} threads, "
         f"micro-batch {meta['micro_batch']} x seq {meta['seq']}, vocab {meta['vocab']}, bf16 weights, rank r = hidden/16, "
-        f"{meta['steps'] or '3 (2 at hidden >= 1024)'} timed steps per configuration (median), interleaved round-robin.",
+        f"{meta['steps'] or '3 (2 at hidden >= 1024)'} timed steps per configuration (median), interleaved round-robin. "
+        f"Load average (1 min) at start / end: {meta['load_avg_start'][0]:.1f} / {meta['load_avg_end'][0]:.1f} "
+        f"on {os.cpu_count()} CPUs.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
@@ -729,9 +750,11 @@ NOTES = [
     "temporaries) over one full step (zero_grad, forward, backward, prepare, apply) after a warm-up step; the "
     "phase of the peak in brackets. A TorchDispatchMode registers each storage returned by an op once; "
     "weakref.finalize on the storage removes it; every tensor alive at the start is registered too.",
-    "peak RSS: ru_maxrss of the configuration's own child process over its whole life; in parentheses the part "
-    "above the RSS measured after imports and process-group init (before the model is built). RSS ratio: "
-    "absolute / above that baseline, each vs dense.",
+    "peak RSS of the steps: ru_maxrss of the configuration's own child process, reset (/proc/self/clear_refs) "
+    "after the model and optimizer are built, read after the warm-up, tracked and timed steps; in parentheses "
+    "the part above the RSS measured after imports and process-group init (before the model is built), so it "
+    "holds weights, optimizer state, activations, temporaries and allocator overhead. RSS ratio: absolute / "
+    "above that baseline, each vs dense.",
     "step time: median wall time of the timed steps (each: zero_grad, forward+backward, prepare, apply), "
     "commanded round-robin across the three configurations; cpu ratio: the same with process CPU time.",
     "The whole model includes embeddings, norms and the output layer (native AdamW in every configuration); the "
@@ -798,6 +821,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         args.steps = 2
     out_stem = Path(args.out) if args.out else HERE / "results" / ("optimizer_memory_quick" if args.quick else "optimizer_memory")
     t0 = time.time()
+    load_start = os.getloadavg()
     raw = {}
     for hidden, layers in sizes:
         raw[(hidden, layers)] = run_size(hidden, layers, args)
@@ -817,7 +841,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         "vocab": args.vocab,
         "steps": args.steps,
         "sizes": sizes,
-        "load_avg": os.getloadavg(),
+        "load_avg_start": load_start,
+        "load_avg_end": os.getloadavg(),
         "notes": NOTES,
     }
     print()
