@@ -1,0 +1,92 @@
+"""RL parity: LoGRA vs dense AdamW on the default recipe, several seeds, side by side in one run.
+
+    python benchmarks/rl_parity.py [--seeds 1 2 3] [--steps 60] [overrides...]
+
+Each (optimizer, seed) trains in its own subprocess (``megatron-logra train tiny`` or
+``tiny-adam`` with ``train.seed`` and ``task.seed`` set), so its peak RSS is measured alone
+(``os.wait4``). Prints, and writes to ``benchmarks/results/rl_parity.{md,json}``: held-out
+accuracy before/after (mean ± sd over seeds), the gain over the warm start, wall time and
+peak-memory ratios to dense, and LoGRA's median ``|kl_actual / kl_predicted − 1|``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _run(recipe: str, seed: int, steps: int, run_root: Path, overrides: list[str]) -> dict:
+    run_dir = run_root / f"{recipe}-seed{seed}"
+    cmd = [sys.executable, "-m", "megatron_logra.cli", "train", recipe, f"train.seed={seed}", f"task.seed={seed}",
+           f"rl.steps={steps}", f"train.run_dir={run_dir}", "train.progress=false", *overrides]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
+    summary = json.loads(out[out.index("{"): out.rindex("}") + 1])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    errors = [abs(r["kl_actual"] / r["kl_predicted"] - 1.0) for r in records
+              if r.get("kl_predicted") and r.get("kl_actual") is not None]
+    return {
+        "recipe": recipe, "seed": seed, "wall_seconds": time.perf_counter() - t0,
+        "peak_rss_mib": usage.ru_maxrss / 1024.0,
+        "eval_before": summary["eval_accuracy_before"], "eval_after": summary["eval_accuracy_after"],
+        "kl_rel_error_median": statistics.median(errors) if errors else None,
+    }
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--run-root", default="runs/bench-rl-parity")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides applied to both recipes")
+    args = parser.parse_args()
+    rows = [_run(recipe, seed, args.steps, Path(args.run_root), args.overrides)
+            for seed in args.seeds for recipe in ("tiny", "tiny-adam")]
+    by = {r: [x for x in rows if x["recipe"] == r] for r in ("tiny", "tiny-adam")}
+    dense_wall = statistics.mean(x["wall_seconds"] for x in by["tiny-adam"])
+    dense_rss = statistics.mean(x["peak_rss_mib"] for x in by["tiny-adam"])
+    lines = [
+        "| optimizer | held-out before | held-out after (mean ± sd) | gain (points) | wall s | wall ratio | peak RSS MiB | RSS ratio | median KL error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    table = {}
+    for recipe, label in (("tiny", "LoGRA"), ("tiny-adam", "dense AdamW")):
+        xs = by[recipe]
+        before, _ = _mean_sd([x["eval_before"] for x in xs])
+        after, sd = _mean_sd([x["eval_after"] for x in xs])
+        wall = statistics.mean(x["wall_seconds"] for x in xs)
+        rss = statistics.mean(x["peak_rss_mib"] for x in xs)
+        kl = [x["kl_rel_error_median"] for x in xs if x["kl_rel_error_median"] is not None]
+        kl_text = f"{statistics.median(kl):.1%}" if kl else "—"
+        table[label] = {"before": before, "after": after, "sd": sd, "wall": wall, "rss": rss}
+        lines.append(f"| {label} | {before:.3f} | {after:.3f} ± {sd:.3f} | {100 * (after - before):+.1f} | {wall:.0f} | "
+                     f"{wall / dense_wall:.2f} | {rss:.0f} | {rss / dense_rss:.2f} | {kl_text} |")
+    text = "\n".join(lines)
+    print(text)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "rl_parity.md").write_text(
+        f"# RL parity (seeds {args.seeds}, {args.steps} updates)\n\nCommand: `python benchmarks/rl_parity.py "
+        f"--seeds {' '.join(map(str, args.seeds))} --steps {args.steps}`\n\n{text}\n")
+    (RESULTS / "rl_parity.json").write_text(json.dumps({"rows": rows, "table": table}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
