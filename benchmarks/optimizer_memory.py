@@ -10,17 +10,19 @@ of 2 x 512 tokens, one process) this measures, side by side in one run:
 * peak memory of one full train step (forward, backward, prepare, apply), two ways:
   (1) exact live-tensor accounting: a ``TorchDispatchMode`` registers every storage that an
   op returns (once, by storage) plus every tensor alive when the step starts, and drops it
-  when ``weakref.finalize`` on the storage fires; (2) the peak RSS (``ru_maxrss``) of the
-  process that ran the configuration, absolute and above the RSS measured after imports;
+  when ``weakref.finalize`` on the storage fires; (2) the peak RSS (``ru_maxrss``, reset through
+  ``/proc/self/clear_refs`` once the model is built) of the process that ran the configuration,
+  absolute and above the RSS measured before the model was built;
 * step time: median over a few full steps, after a short warm-up step and the tracked step.
 
-Every configuration runs in its own child process (``--child``, so its peak RSS is its own).
+Every configuration runs in its own child process (``--child``, so its peak RSS is its own;
+fresh children per size, or one per configuration for all sizes with ``--quick``).
 The three children of one size stay alive together and the parent commands their steps
 round-robin (rotating the order each round), so slow drifts of the machine's load hit all
 three alike and the time ratios are taken side by side.
 
-    python benchmarks/optimizer_memory.py            # full run (~10 min on 2 idle cores)
-    python benchmarks/optimizer_memory.py --quick    # smaller sizes, fewer steps (~1-2 min)
+    python benchmarks/optimizer_memory.py            # full run (~10-15 min on 2 cores)
+    python benchmarks/optimizer_memory.py --quick    # smaller sizes, fewer steps, reused children (~1.5 min)
 
 Results: a table on stdout, plus ``benchmarks/results/optimizer_memory{,_quick}.{md,json}``.
 """
@@ -231,7 +233,12 @@ class _NullTracker:
 
 
 class Child:
-    """One optimizer configuration of one model size, driven over stdin/stdout."""
+    """One optimizer configuration, driven over stdin/stdout: ``build H L``, then steps and a report.
+
+    Normally a child builds one size and exits (fresh process, clean RSS). ``--quick`` reuses
+    the children across sizes (``free`` then ``build``) to save the imports; the RSS baseline
+    of a size is then the RSS after the previous size was freed.
+    """
 
     def __init__(self, args: argparse.Namespace) -> None:
         import warnings
@@ -240,19 +247,40 @@ class Child:
         import torch
 
         torch.set_num_threads(args.threads)
-        from megatron_logra.models.gpt import ModelConfig, build_gpt
-        from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
         from megatron_logra.parallel import ParallelConfig, initialize_parallel
-        from megatron_logra.sketch.capture import DEFAULT_TARGETS
-        from megatron_logra.train.step import Batch, forward_backward
+        from megatron_logra.train.step import forward_backward
 
         self.torch = torch
         self.args = args
         self.forward_backward = forward_backward
         self.kind = args.opt
         self.groups = initialize_parallel(ParallelConfig(), seed=1)
+        self.model = self.opt = None
+
+    def cmd_free(self) -> dict:
+        import gc
+
+        self.model = self.opt = self.batch = self.warm_batch = None
+        self.target_params = []
+        gc.collect()
+        return {"rss_bytes": _rss_bytes()}
+
+    def cmd_build(self, hidden: str, layers: str) -> dict:
+        import gc
+
+        torch, args = self.torch, self.args
+        from megatron_logra.models.gpt import ModelConfig, build_gpt
+        from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
+        from megatron_logra.sketch.capture import DEFAULT_TARGETS
+        from megatron_logra.train.step import Batch
+
+        if self.model is not None:
+            self.cmd_free()
+        gc.collect()
         self.baseline_rss = _rss_bytes()
-        h, L = args.hidden, args.layers
+        _reset_peak_rss()  # a reused process: forget the previous size's peak
+        h, L = int(hidden), int(layers)
+        self.hidden, self.layers = h, L
         self.rank = max(1, h // 16)
         self.mcfg = ModelConfig(
             num_layers=L, hidden_size=h, num_attention_heads=max(1, h // 64), ffn_hidden_size=ffn_size(h),
@@ -290,6 +318,7 @@ class Child:
         self.warm_batch = make_batch(args.micro_batch, min(args.seq, 64))
         self.projection_cache_bytes = 0
         self.losses: list[float] = []
+        return {"baseline_rss_bytes": self.baseline_rss, "build_rss_bytes": self.build_rss}
 
     # -- one full train step
     def _step(self, batch, tracker=None) -> dict:
@@ -437,8 +466,8 @@ class Child:
             }
         return {
             "kind": self.kind,
-            "hidden": self.args.hidden,
-            "layers": self.args.layers,
+            "hidden": self.hidden,
+            "layers": self.layers,
             "ffn": self.mcfg.ffn_hidden_size,
             "rank": self.rank,
             "model_params": model_numel,
@@ -476,12 +505,10 @@ def child_main(args: argparse.Namespace) -> None:
         child = Child(args)
         send({"ok": True, "event": "ready"})
         for line in sys.stdin:
-            cmd = line.strip()
-            if not cmd:
-                continue
+            cmd, *cmd_args = line.split()
             if cmd == "exit":
                 break
-            send({"ok": True, "cmd": cmd, "result": getattr(child, f"cmd_{cmd}")()})
+            send({"ok": True, "cmd": cmd, "result": getattr(child, f"cmd_{cmd}")(*cmd_args)})
     except Exception as exc:  # report to the parent, then fail
         import traceback
 
@@ -520,12 +547,11 @@ class ChildProc:
         return "".join(self.log.read().splitlines(keepends=True)[-40:])
 
 
-def spawn(kind: str, hidden: int, layers: int, args: argparse.Namespace) -> ChildProc:
+def spawn(kind: str, args: argparse.Namespace) -> ChildProc:
     log = tempfile.TemporaryFile("w+")
     cmd = [
-        sys.executable, str(Path(__file__).resolve()), "--child", "--opt", kind, "--hidden", str(hidden),
-        "--layers", str(layers), "--seq", str(args.seq), "--micro-batch", str(args.micro_batch),
-        "--vocab", str(args.vocab), "--threads", str(args.threads),
+        sys.executable, str(Path(__file__).resolve()), "--child", "--opt", kind, "--seq", str(args.seq),
+        "--micro-batch", str(args.micro_batch), "--vocab", str(args.vocab), "--threads", str(args.threads),
     ]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO,
@@ -537,11 +563,36 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def run_size(hidden: int, layers: int, args: argparse.Namespace) -> dict:
-    children = {k: spawn(k, hidden, layers, args) for k in OPTIMIZERS}
+def spawn_all(args: argparse.Namespace) -> dict[str, ChildProc]:
+    children = {k: spawn(k, args) for k in OPTIMIZERS}
+    for c in children.values():
+        c.recv()  # ready: imports done
+    return children
+
+
+def close_all(children: dict[str, ChildProc]) -> None:
+    for c in children.values():
+        if c.proc.poll() is None:
+            try:
+                c.proc.stdin.write("exit\n")
+                c.proc.stdin.flush()
+                c.proc.wait(timeout=120)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if c.proc.poll() is None:
+            c.proc.kill()
+
+
+def run_size(hidden: int, layers: int, args: argparse.Namespace, children: Optional[dict] = None) -> dict:
+    """All three configurations of one size; fresh children unless ``children`` are given (reused)."""
+    own = children is None
+    if own:
+        children = spawn_all(args)
+    for c in children.values():
+        c.results = {}
     try:
         for c in children.values():
-            c.recv()  # ready
+            c.results["build"] = c.send(f"build {hidden} {layers}")
         log(f"hidden {hidden} x {layers} layers: models built; warm-up step (seq {min(args.seq, 64)})")
         for c in children.values():
             c.results["warmup"] = c.send("warmup")
@@ -550,7 +601,7 @@ def run_size(hidden: int, layers: int, args: argparse.Namespace) -> dict:
             log(f"  tracked step {k}: {c.results['track']['wall_s']:.1f} s, "
                 f"peak live {c.results['track']['live_peak_bytes'] / MiB:.1f} MiB")
         order = list(OPTIMIZERS)
-        steps = args.steps or (2 if hidden >= GATE_HIDDEN else 3)
+        steps = args.steps
         for i in range(steps):
             rot = order[i % len(order):] + order[: i % len(order)]
             for k in rot:
@@ -559,14 +610,11 @@ def run_size(hidden: int, layers: int, args: argparse.Namespace) -> dict:
                 f"{k} {children[k].results['steps'][-1]['wall_s']:.2f} s" for k in order))
         for c in children.values():
             c.results["report"] = c.send("report")
-            c.proc.stdin.write("exit\n")
-            c.proc.stdin.flush()
-        for c in children.values():
-            c.proc.wait(timeout=120)
+            if not own:
+                c.send("free")
     finally:
-        for c in children.values():
-            if c.proc.poll() is None:
-                c.proc.kill()
+        if own:
+            close_all(children)
     return {k: c.results for k, c in children.items()}
 
 
@@ -655,7 +703,7 @@ def _mib(n: float) -> str:
 def table_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     header = [
         "size (hidden/layers/params)", "optimizer", "persistent B/target-param (formula)",
-        "peak step mem (tracker) MiB", "ratio", "peak RSS of the steps MiB (above import)", "RSS ratio (abs / above)",
+        "peak step mem (tracker) MiB", "ratio", "peak RSS of the steps MiB (above baseline)", "RSS ratio (abs / above)",
         "step time s", "ratio (cpu ratio)",
     ]
     body = []
@@ -686,7 +734,7 @@ def verdict_lines(rows: list[dict]) -> list[str]:
         lines.append(f"{head} persistent {v['persistent']}")
         if "peak" in v:
             lines.append(f"{' ' * len(head)} peak (tracker) {v['peak']}")
-            lines.append(f"{' ' * len(head)} peak (RSS above import baseline) {v['peak_rss']}")
+            lines.append(f"{' ' * len(head)} peak (RSS above baseline) {v['peak_rss']}")
             lines.append(f"{' ' * len(head)} step time {v['step_time']}")
     return lines
 
@@ -727,8 +775,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"Command: `{meta['command']}`  ",
         f"Run: {meta['date']}, {meta['runtime_s']:.0f} s, torch {meta['torch']}, {meta['threads']} threads, "
         f"micro-batch {meta['micro_batch']} x seq {meta['seq']}, vocab {meta['vocab']}, bf16 weights, rank r = hidden/16, "
-        f"{meta['steps'] or '3 (2 at hidden >= 1024)'} timed steps per configuration (median), interleaved round-robin. "
-        f"Load average (1 min) at start / end: {meta['load_avg_start'][0]:.1f} / {meta['load_avg_end'][0]:.1f} "
+        f"{meta['steps']} timed steps per configuration (median), interleaved round-robin. "
+        + ("Child processes reused across sizes (RSS baseline of a size = RSS after the previous size was freed). "
+           if meta["reuse_processes"] else "Fresh child processes per size. ")
+        + f"Load average (1 min) at start / end: {meta['load_avg_start'][0]:.1f} / {meta['load_avg_end'][0]:.1f} "
         f"on {os.cpu_count()} CPUs.",
         "",
         "| " + " | ".join(header) + " |",
@@ -752,9 +802,10 @@ NOTES = [
     "weakref.finalize on the storage removes it; every tensor alive at the start is registered too.",
     "peak RSS of the steps: ru_maxrss of the configuration's own child process, reset (/proc/self/clear_refs) "
     "after the model and optimizer are built, read after the warm-up, tracked and timed steps; in parentheses "
-    "the part above the RSS measured after imports and process-group init (before the model is built), so it "
-    "holds weights, optimizer state, activations, temporaries and allocator overhead. RSS ratio: absolute / "
-    "above that baseline, each vs dense.",
+    "the part above the baseline RSS measured before the model is built (after imports and process-group init "
+    "in a fresh child; after freeing the previous size when children are reused, as with --quick), so it holds "
+    "weights, optimizer state, activations, temporaries and allocator overhead. RSS ratio: absolute / above "
+    "the baseline, each vs dense.",
     "step time: median wall time of the timed steps (each: zero_grad, forward+backward, prepare, apply), "
     "commanded round-robin across the three configurations; cpu ratio: the same with process CPU time.",
     "The whole model includes embeddings, norms and the output layer (native AdamW in every configuration); the "
@@ -797,34 +848,41 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
 
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help=f"smaller sizes {QUICK_SIZES} and 2 timed steps (~1-2 min)")
+    p.add_argument("--quick", action="store_true", help=f"smaller sizes {QUICK_SIZES}, 2 timed steps, children reused across sizes (~1.5 min)")
     p.add_argument("--sizes", type=str, default=None, help="comma list of HIDDENxLAYERS, e.g. 256x2,512x2,1024x1")
-    p.add_argument("--steps", type=int, default=None,
-                   help="timed steps per configuration (default: 3, 2 at hidden >= 1024; quick: 2)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per configuration (default 3, quick 2)")
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--vocab", type=int, default=1024)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reuse-processes", action=argparse.BooleanOptionalAction, default=None,
+                   help="one child per optimizer for all sizes (saves imports; default with --quick) instead of "
+                        "fresh children per size (clean peak RSS; default)")
     p.add_argument("--out", type=str, default=None, help="output stem (default benchmarks/results/optimizer_memory[_quick])")
     # child side
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--opt", choices=OPTIMIZERS, help=argparse.SUPPRESS)
-    p.add_argument("--hidden", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         child_main(args)
         return
 
     sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else FULL_SIZES)
-    if args.steps is None and args.quick:
-        args.steps = 2
+    if args.steps is None:
+        args.steps = 2 if args.quick else 3
+    if args.reuse_processes is None:
+        args.reuse_processes = args.quick
     out_stem = Path(args.out) if args.out else HERE / "results" / ("optimizer_memory_quick" if args.quick else "optimizer_memory")
     t0 = time.time()
     load_start = os.getloadavg()
     raw = {}
-    for hidden, layers in sizes:
-        raw[(hidden, layers)] = run_size(hidden, layers, args)
+    shared = spawn_all(args) if args.reuse_processes else None
+    try:
+        for hidden, layers in sizes:
+            raw[(hidden, layers)] = run_size(hidden, layers, args, shared)
+    finally:
+        if shared is not None:
+            close_all(shared)
     runtime = time.time() - t0
     rows = summarize(raw, args)
 
@@ -840,6 +898,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         "seq": args.seq,
         "vocab": args.vocab,
         "steps": args.steps,
+        "reuse_processes": args.reuse_processes,
         "sizes": sizes,
         "load_avg_start": load_start,
         "load_avg_end": os.getloadavg(),
