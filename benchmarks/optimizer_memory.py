@@ -689,7 +689,7 @@ def verdicts(row: dict) -> dict:
                               f"{PERSISTENT_TARGET[kind]:g} B expected)"}
     out = {"persistent": _verdict(row["persistent_B_per_target_param"], PERSISTENT_TARGET[kind], " B")}
     gated = row["hidden"] >= GATE_HIDDEN
-    suffix = "" if gated else f" [info: target applies at hidden >= {GATE_HIDDEN}]"
+    suffix = "" if gated else f" [info only: hidden < {GATE_HIDDEN}]"
     out["peak"] = _verdict(row["peak_live_ratio"], PEAK_TARGET) + suffix
     out["peak_rss"] = _verdict(row["peak_rss_above_baseline_ratio"], PEAK_TARGET) + suffix
     out["step_time"] = _verdict(row["step_ratio"], TIME_TARGET) + suffix
@@ -739,6 +739,21 @@ def verdict_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def verdict_table(rows: list[dict]) -> list[str]:
+    """The verdicts as a markdown table."""
+    out = [
+        "| size | optimizer | persistent B/target-param | peak (tracker) | peak (RSS above baseline) | step time |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        v = r["verdicts"]
+        out.append("| " + " | ".join([
+            f"{r['hidden']}/{r['layers']}", SHORT[r["optimizer"]], v["persistent"],
+            v.get("peak", "reference"), v.get("peak_rss", "reference"), v.get("step_time", "reference"),
+        ]) + " |")
+    return out
+
+
 def detail_lines(rows: list[dict]) -> list[str]:
     lines = []
     for r in rows:
@@ -785,7 +800,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         "|" + "|".join("---" for _ in header) + "|",
     ]
     out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in body]
-    out += ["", "## Targets", ""] + [f"- {line}" for line in verdict_lines(rows)]
+    out += ["", "## Targets", "", verdict_lines(rows)[0], "", *verdict_table(rows)]
     out += ["", "## Details", ""] + [f"- {line}" for line in detail_lines(rows)]
     out += ["", "## How measured", "", *[f"- {line}" for line in meta["notes"]], ""]
     return "\n".join(out)
@@ -862,9 +877,20 @@ def main(argv: Optional[list[str]] = None) -> None:
     # child side
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--opt", choices=OPTIMIZERS, help=argparse.SUPPRESS)
+    p.add_argument("--render", type=str, default=None, metavar="JSON",
+                   help="do not run: re-print and re-write the markdown of a saved results JSON")
     args = p.parse_args(argv)
     if args.child:
         child_main(args)
+        return
+    if args.render:
+        path = Path(args.render)
+        saved = json.loads(path.read_text())
+        rows, meta = saved["rows"], saved["meta"]
+        for r in rows:
+            r["verdicts"] = verdicts(r)
+        meta["notes"] = NOTES
+        emit(rows, meta, path.with_suffix(""))
         return
 
     sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else FULL_SIZES)
@@ -904,6 +930,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         "load_avg_end": os.getloadavg(),
         "notes": NOTES,
     }
+    emit(rows, meta, out_stem)
+
+
+def emit(rows: list[dict], meta: dict, out_stem: Path) -> None:
+    """Print the table, verdicts and details; write the markdown and JSON."""
     print()
     print_table(rows)
     print()
@@ -912,7 +943,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     print()
     for line in detail_lines(rows):
         print(line)
-    print(f"\nruntime {runtime:.0f} s (load average at end: {', '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    print(f"\nruntime {meta['runtime_s']:.0f} s (load average at start {meta['load_avg_start'][0]:.1f}, "
+          f"at end {meta['load_avg_end'][0]:.1f})")
 
     out_stem.parent.mkdir(parents=True, exist_ok=True)
     out_stem.with_suffix(".md").write_text(markdown(rows, meta))
