@@ -125,8 +125,9 @@ class LograOptimizer:
             "sketches": self.sketches.flat.numel() * 4,
             "row_moments": sum(v.numel() * 4 for v in self.row_moments.values()),
             "masters": sum(m.numel() * 4 for m in self.masters.values()),
+            # fp32 params: grad 4 + moments 8; low-precision: fp32 main grad 4 + master 4 + moments 8
             "native": sum(
-                p.numel() * (4 if p.dtype == torch.float32 else 4 + 4 + 4) + p.numel() * 8 for p in self.native.params
+                p.numel() * ((4 if p.dtype == torch.float32 else 4 + 4) + 8) for p in self.native.params
             ),
         }
 
