@@ -31,7 +31,7 @@ from megatron_logra.sketch.capture import SketchSet
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["tangent_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl", "measure_kl", "ProbeBatch"]
+__all__ = ["flat_valid", "tangent_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl", "measure_kl", "ProbeBatch"]
 
 
 class ProbeBatch:
@@ -120,7 +120,7 @@ def _global_mean(total: torch.Tensor, count: torch.Tensor, dp_group) -> float:
     return (packed[0] / packed[1]).item()
 
 
-def _flat_valid(x_bsV: torch.Tensor, mask_bs: torch.Tensor) -> torch.Tensor:
+def flat_valid(x_bsV: torch.Tensor, mask_bs: torch.Tensor) -> torch.Tensor:
     return x_bsV.reshape(-1, x_bsV.shape[-1])[mask_bs.reshape(-1)]
 
 
@@ -148,8 +148,8 @@ def predicted_kl(
         z, dz = fwAD.unpack_dual(logits)
         if dz is None:
             raise KLControlError("the KL probe lost its tangent: no target contributed to the logits")
-        z_NV = _flat_valid(z, batch.mask)
-        dz_NV = _flat_valid(dz, batch.mask)
+        z_NV = flat_valid(z, batch.mask)
+        dz_NV = flat_valid(dz, batch.mask)
     total = torch.zeros((), dtype=torch.float64, device=z_NV.device)
     for start in range(0, z_NV.shape[0], chunk):
         total += predicted_kl_terms(z_NV[start : start + chunk], dz_NV[start : start + chunk], temperature, groups.tp).sum()
@@ -171,7 +171,7 @@ def measure_kl(
 ) -> float:
     """Mean exact ``KL(π_old ‖ π_now)`` over the probe's valid positions."""
     logits = model(batch.tokens, batch.position_ids, None)
-    new_NV = _flat_valid(logits, batch.mask)
+    new_NV = flat_valid(logits, batch.mask)
     total = torch.zeros((), dtype=torch.float64, device=new_NV.device)
     for start in range(0, new_NV.shape[0], chunk):
         total += exact_kl_terms(old_logits_NV[start : start + chunk], new_NV[start : start + chunk], temperature, groups.tp).sum()

@@ -6,16 +6,14 @@ rollout → reward → advantage → forward/backward → prepare update → KL 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from megatron_logra.kl.controller import KLController
-from megatron_logra.kl.probe import ProbeBatch, measure_kl, predicted_kl
+from megatron_logra.kl.probe import ProbeBatch, flat_valid, measure_kl, predicted_kl
 from megatron_logra.metrics import MetricsWriter, is_rank0
 from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum
@@ -198,7 +196,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         probe = _probe_batch(batch, cfg.kl)
         with torch.no_grad():
             logits = c.model(probe.tokens, probe.position_ids, None)
-            old_logits = logits.reshape(-1, logits.shape[-1])[probe.mask.reshape(-1)]
+            old_logits = flat_valid(logits, probe.mask)
     ratio = c.optimizer.relative_update_norm(update, alpha) if logra else None
 
     # ---- apply
