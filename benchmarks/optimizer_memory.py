@@ -832,6 +832,7 @@ def print_table(rows: list[dict]) -> None:
     header, body = table_rows(rows)
     try:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title="Optimizer memory / step time (ratios vs dense AdamW of the same size)")
@@ -843,7 +844,7 @@ def print_table(rows: list[dict]) -> None:
             if prev is not None and key != prev:
                 table.add_section()
             prev = key
-            table.add_row(*row)
+            table.add_row(*(escape(c) for c in row))
         Console(width=200).print(table)
     except ImportError:
         widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(header)]
