@@ -1,0 +1,246 @@
+"""The merge arithmetic shared by trainer and engine, and the all-or-nothing delta apply.
+
+``low_rank_merge_(W, U_OR, A_RI, decay)`` is *the* definition of a sketch-delta step. Row
+chunk by row chunk (``rows`` of ``W``)::
+
+    P    = mm_fp32(fp32(U_OR[rows]), A_RI)        # fp32 GEMM, K = r, beta = 0
+    fp32 W:        W[rows] = (decay ⊙ W[rows]) ⊖ P          # in place, fp32, round-to-nearest-even
+    bf16/fp16 W:   T = fp32(W[rows]); T = (decay ⊙ T) ⊖ P;  W[rows] = round_nearest_even(T)
+
+where ``⊙``/``⊖`` are single correctly-rounded fp32 operations and ``decay ⊙`` is skipped
+when ``decay == 1``. ``fp32(U)`` of a bf16 ``U`` is exact. Bitwise reproducibility across
+trainer and engine (and across tensor-parallel splits of rows of ``U`` or columns of ``A``)
+therefore rests only on the GEMM giving each output element the same bits regardless of how
+many rows/columns it was called with: true for MKL on CPU when every call has >= 3 rows (so
+chunks here never have fewer than 16 rows unless the whole shard does) and checked by the
+tests; on GPU it must be checked per device type (the claim is "same device type").
+
+``apply_delta_`` validates the whole delta first (versions, names, shapes, dtypes,
+finiteness), then prepares every projection, fp32 U and dense cast (all allocations), and
+only then commits with in-place kernels into preallocated workspaces. Any failure before the
+commit leaves the weights untouched; the commit itself allocates nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from megatron_logra.sketch.random_projection import projection
+from megatron_logra.sync.codec import SketchDelta
+from megatron_logra.sync.errors import SyncError
+from megatron_logra.sync.layout import EnginePlan, plan_for
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["low_rank_merge_", "merge_row_chunks", "validate", "apply_delta_", "check_version", "MERGE_DTYPES"]
+
+MERGE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MIN_CHUNK_ROWS = 16
+DEFAULT_CHUNK_ELEMS = 1 << 22
+
+
+def merge_row_chunks(n_out: int, n_in: int, max_chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> list[tuple[int, int]]:
+    """Row chunks ``[(start, stop)]`` of a merge: ``>= MIN_CHUNK_ROWS`` rows each unless ``n_out`` is smaller
+    (a short tail is folded into the previous chunk)."""
+    per = max(MIN_CHUNK_ROWS, max_chunk_elems // max(n_in, 1))
+    chunks = [(s, min(n_out, s + per)) for s in range(0, n_out, per)]
+    if len(chunks) > 1 and chunks[-1][1] - chunks[-1][0] < MIN_CHUNK_ROWS:
+        tail = chunks.pop()
+        chunks[-1] = (chunks[-1][0], tail[1])
+    return chunks
+
+
+def _workspace_elems(n_out: int, n_in: int, max_chunk_elems: int) -> int:
+    return max(b - a for a, b in merge_row_chunks(n_out, n_in, max_chunk_elems)) * n_in if n_out else 0
+
+
+@torch.no_grad()
+def low_rank_merge_(
+    weight: torch.Tensor,
+    U_OR: torch.Tensor,
+    A_RI: torch.Tensor,
+    *,
+    decay: float = 1.0,
+    workspace: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    max_chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+) -> None:
+    """``W ← decay·W − U·A`` in place, exactly as the module docstring defines it.
+
+    Args:
+        weight: ``[n_out, n_in_local]`` fp32, bf16 or fp16.
+        U_OR: ``[n_out, r]`` (bf16 on the wire; any float dtype is converted to fp32 first).
+        A_RI: fp32 ``[r, n_in_local]`` (the columns of the projection this weight multiplies).
+        decay: weight-decay factor (1.0: none).
+        workspace: two contiguous fp32 buffers of at least the largest chunk's elements
+            (``apply_delta_`` preallocates them so the merge allocates nothing).
+    """
+    if weight.dim() != 2 or U_OR.dim() != 2 or A_RI.dim() != 2:
+        raise ValueError(f"expected 2-D tensors, got W {tuple(weight.shape)}, U {tuple(U_OR.shape)}, A {tuple(A_RI.shape)}")
+    n_out, n_in = weight.shape
+    if U_OR.shape[0] != n_out or A_RI.shape != (U_OR.shape[1], n_in):
+        raise ValueError(f"shapes do not chain: W {tuple(weight.shape)}, U {tuple(U_OR.shape)}, A {tuple(A_RI.shape)}")
+    if weight.dtype not in MERGE_DTYPES:
+        raise ValueError(f"weight dtype {weight.dtype} is not one of {MERGE_DTYPES}")
+    U32 = U_OR.to(device=weight.device, dtype=torch.float32)
+    A32 = A_RI.to(device=weight.device, dtype=torch.float32).contiguous()
+    need = _workspace_elems(n_out, n_in, max_chunk_elems)
+    if workspace is None:
+        prod_buf = torch.empty(need, dtype=torch.float32, device=weight.device)
+        tmp_buf = torch.empty(need if weight.dtype != torch.float32 else 0, dtype=torch.float32, device=weight.device)
+    else:
+        prod_buf, tmp_buf = workspace
+    for start, stop in merge_row_chunks(n_out, n_in, max_chunk_elems):
+        rows = stop - start
+        prod = prod_buf[: rows * n_in].view(rows, n_in)
+        torch.mm(U32[start:stop], A32, out=prod)
+        block = weight[start:stop]
+        if weight.dtype == torch.float32:
+            if decay != 1.0:
+                block.mul_(decay)
+            block.sub_(prod)
+        else:
+            tmp = tmp_buf[: rows * n_in].view(rows, n_in)
+            tmp.copy_(block)
+            if decay != 1.0:
+                tmp.mul_(decay)
+            tmp.sub_(prod)
+            block.copy_(tmp)
+
+
+def check_version(delta: SketchDelta, current_version: int) -> None:
+    """Raise :class:`SyncError` unless ``delta.base_version == current_version``.
+
+    ``new_version <= current``: replay (``replay``); ``base > current``: missing deltas
+    (``gap``); otherwise the base diverged from the engine (``version``).
+    """
+    if delta.base_version == current_version:
+        return
+    if delta.new_version <= current_version:
+        raise SyncError("replay", f"delta {delta.base_version}->{delta.new_version} is already applied (engine at {current_version})")
+    if delta.base_version > current_version:
+        raise SyncError("gap", f"delta {delta.base_version}->{delta.new_version} skips versions: engine is at {current_version}")
+    raise SyncError("version", f"delta base {delta.base_version} != engine version {current_version}")
+
+
+def _finite(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t).all()) if t.is_floating_point() else True
+
+
+def validate(
+    delta: SketchDelta,
+    weights: dict[str, torch.Tensor],
+    current_version: int,
+    *,
+    layout: str = "hf",
+    tp_size: int = 1,
+    tp_rank: int = 0,
+) -> EnginePlan:
+    """Check ``delta`` against ``weights`` (engine names, this rank's shards) without touching anything.
+
+    Checks the message structure, the version chain, that every engine parameter it maps to
+    exists with the right shape and a supported dtype, that dense shapes match, and that every
+    U and dense tensor is finite. Returns the engine plan; raises :class:`SyncError` naming
+    the first problem.
+    """
+    delta.check_structure()
+    check_version(delta, current_version)
+    plan = plan_for(delta, layout, tp_size, tp_rank)
+    missing = sorted(({f.param for f in plan.factors} | {d.param for d in plan.dense}) - set(weights))
+    if missing:
+        raise SyncError("name", f"engine has no parameters {missing[:6]}{'...' if len(missing) > 6 else ''}")
+    for t in delta.targets:
+        if not _finite(t.U_OR):
+            raise SyncError("nonfinite", f"U of {t.name} has non-finite entries")
+    for f in plan.factors:
+        w = weights[f.param]
+        n_in_local = len(f.cols) if f.cols is not None else f.n_in
+        want = (f.U_OR.shape[0], n_in_local)
+        if w.dim() != 2 or tuple(w.shape) != want:
+            raise SyncError("shape", f"{f.param}: engine weight {tuple(w.shape)}, delta implies {want}")
+        if w.dtype not in MERGE_DTYPES:
+            raise SyncError("dtype", f"{f.param}: engine weight dtype {w.dtype} is not one of {MERGE_DTYPES}")
+    for d in plan.dense:
+        w = weights[d.param]
+        if d.split == "vocab":
+            rows = w.shape[0] * tp_size
+            ok = tuple(w.shape[1:]) == tuple(d.tensor.shape[1:]) and rows >= d.tensor.shape[0] > rows - w.shape[0]
+        else:
+            ok = tuple(w.shape) == tuple(d.tensor.shape)
+        if not ok:
+            raise SyncError("shape", f"dense {d.param}: engine {tuple(w.shape)} vs delta {tuple(d.tensor.shape)} (split={d.split})")
+        if not _finite(d.tensor):
+            raise SyncError("nonfinite", f"dense {d.param} has non-finite entries")
+    params = [f.param for f in plan.factors] + [d.param for d in plan.dense]
+    if len(set(params)) != len(params):
+        raise SyncError("name", "delta maps two entries onto one engine parameter")
+    return plan
+
+
+@torch.no_grad()
+def apply_delta_(
+    weights: dict[str, torch.Tensor],
+    delta: SketchDelta,
+    current_version: int,
+    *,
+    layout: str = "hf",
+    tp_size: int = 1,
+    tp_rank: int = 0,
+    max_chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+) -> int:
+    """Apply ``delta`` to ``weights`` in place and return ``delta.new_version``.
+
+    ``weights`` maps engine parameter names (``layout``, this rank's shards) to tensors.
+    All-or-nothing: :func:`validate` and every allocation (projections, fp32 U, dense casts,
+    workspaces) happen before the first weight is written; the commit then runs only
+    in-place kernels into preallocated buffers. A failure during the commit (which would
+    take a kernel error, not an allocation) raises ``SyncError("apply")`` saying the weights
+    are partially written and need a full refit.
+    """
+    plan = validate(delta, weights, current_version, layout=layout, tp_size=tp_size, tp_rank=tp_rank)
+    try:
+        staged = []
+        need: dict[torch.device, list[int]] = {}
+        for f in plan.factors:
+            w = weights[f.param]
+            A_RI = projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in,
+                              distribution=delta.distribution, cols=f.cols, device=w.device)
+            U32 = f.U_OR.to(device=w.device, dtype=torch.float32)
+            staged.append((w, U32, A_RI))
+            elems = _workspace_elems(w.shape[0], w.shape[1], max_chunk_elems)
+            cur = need.setdefault(w.device, [0, 0])
+            cur[0] = max(cur[0], elems)
+            if w.dtype != torch.float32:
+                cur[1] = max(cur[1], elems)
+        workspaces = {dev: (torch.empty(a, dtype=torch.float32, device=dev), torch.empty(b, dtype=torch.float32, device=dev))
+                      for dev, (a, b) in need.items()}
+        dense = []
+        for d in plan.dense:
+            w = weights[d.param]
+            src = d.tensor
+            if d.split == "vocab":
+                lo = tp_rank * w.shape[0]
+                src = src[lo : min(lo + w.shape[0], src.shape[0])]
+            dense.append((w, src.to(device=w.device, dtype=w.dtype).contiguous()))
+    except SyncError:
+        raise
+    except Exception as exc:  # nothing written yet
+        raise SyncError("apply", f"preparing delta {delta.base_version}->{delta.new_version} failed before any write: {exc!r}") from exc
+    done = 0
+    try:
+        for w, U32, A_RI in staged:
+            low_rank_merge_(w, U32, A_RI, decay=delta.decay, workspace=workspaces[w.device], max_chunk_elems=max_chunk_elems)
+            done += 1
+        for w, src in dense:
+            w[: src.shape[0]].copy_(src)
+            done += 1
+    except Exception as exc:  # pragma: no cover - needs a failing in-place kernel
+        logger.critical("delta %d->%d partially applied (%d of %d tensors): reload a full anchor",
+                        delta.base_version, delta.new_version, done, len(staged) + len(dense))
+        raise SyncError("apply", f"commit failed after {done} tensors; weights are partially written, reload a full refit") from exc
+    logger.debug("applied delta %d->%d: %d factors, %d dense", delta.base_version, delta.new_version,
+                 len(staged), len(dense))
+    return delta.new_version

@@ -1,0 +1,246 @@
+"""Map a sketch delta (Megatron row order, TP=1) onto an engine's own parameters.
+
+The wire carries, per canonical target, the full ``U_OR`` in Megatron row order. An engine
+needs, for each of *its* parameters, the rows of ``U`` it holds and the columns of ``A``
+it multiplies (``A`` is regenerated from the canonical name, so every piece of one layer
+shares it). Everything here is row selection (``index_select``: bitwise copies) or a
+column range; no arithmetic.
+
+Megatron order (see :mod:`megatron_logra.models.hf`): fused QKV rows are interleaved per
+query group ``g``: ``[q heads of g (H/G·d rows); k_g (d); v_g (d)]``; ``linear_fc1`` rows
+are ``[gate; up]``.
+
+Layouts:
+
+* ``hf`` (Hugging Face, TP=1): ``q_proj``/``k_proj``/``v_proj`` (head-major rows),
+  ``gate_proj``/``up_proj``, ``o_proj``, ``down_proj``; dense tensors keep their HF names.
+* ``sglang`` (fused, TP ``k`` of ``T``): ``qkv_proj`` holds ``[q heads of rank k; kv heads of
+  rank k (k); (v)]`` (a kv head is replicated when ``G < T``), ``gate_up_proj`` holds
+  ``[gate rows of k; up rows of k]`` (column parallel: a subset of U's rows, all of A);
+  ``o_proj``/``down_proj`` are row parallel: all of U, columns ``[k·n/T, (k+1)·n/T)`` of A.
+  Dense q/k/v (gate/up) biases are fused and sharded the same way; ``embed_tokens`` and
+  ``lm_head`` are vocab parallel (rows of rank k, padding rows untouched); other dense
+  tensors (norms, o/down biases) are replicated.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from megatron_logra.sync.codec import AttentionDims, SketchDelta
+from megatron_logra.sync.errors import SyncError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EngineFactor", "DenseEntry", "EnginePlan", "LAYOUT_NAMES",
+    "qkv_rows_hf", "megatron_rows_from_hf", "sglang_qkv_rows", "sglang_gate_up_rows", "plan_for",
+]
+
+LAYOUT_NAMES = ("hf", "sglang")
+_VOCAB_PARALLEL = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+@dataclass
+class EngineFactor:
+    """One engine parameter's share of a target update: ``W_param ← decay·W − U_OR·A[:, cols]``."""
+
+    param: str
+    """Engine parameter name (``model.layers.0.self_attn.q_proj.weight`` ...)."""
+    target: str
+    """Canonical target name (keys the projection)."""
+    U_OR: torch.Tensor
+    """bf16 ``[rows of this parameter, r]``."""
+    n_in: int
+    """Full input width of the layer."""
+    cols: Optional[range]
+    """Columns of ``A`` this parameter multiplies (row-parallel shard), None for all."""
+
+
+@dataclass
+class DenseEntry:
+    """A dense tensor for one engine parameter; ``split="vocab"`` takes this rank's row block."""
+
+    param: str
+    tensor: torch.Tensor
+    split: str = "none"
+
+
+@dataclass
+class EnginePlan:
+    """Everything one engine rank applies for a delta."""
+
+    factors: list[EngineFactor]
+    dense: list[DenseEntry]
+
+
+def qkv_rows_hf(dims: AttentionDims) -> dict[str, torch.Tensor]:
+    """Indices into the Megatron-interleaved QKV rows of HF ``q``, ``k`` and ``v`` rows (in HF order).
+
+    Megatron row of (group ``g``, slot ``s`` in ``[0, H/G+2)``, row ``t`` in ``[0, d)``) is
+    ``(g·(H/G+2) + s)·d + t``; HF query head ``h = g·H/G + j`` is slot ``j`` of group ``g``,
+    ``k_g`` is slot ``H/G``, ``v_g`` slot ``H/G + 1``.
+    """
+    H, G, d = dims.num_heads, dims.num_kv_heads, dims.head_dim
+    per = H // G
+    base = torch.arange(G * (per + 2) * d, dtype=torch.int64).reshape(G, per + 2, d)
+    return {
+        "q": base[:, :per].reshape(H * d).clone(),
+        "k": base[:, per].reshape(G * d).clone(),
+        "v": base[:, per + 1].reshape(G * d).clone(),
+    }
+
+
+def megatron_rows_from_hf(dims: AttentionDims) -> torch.Tensor:
+    """Inverse permutation: index into ``cat([q; k; v])`` (HF order) of each Megatron QKV row."""
+    parts = qkv_rows_hf(dims)
+    hf_of_megatron = torch.cat([parts["q"], parts["k"], parts["v"]])
+    inv = torch.empty_like(hf_of_megatron)
+    inv[hf_of_megatron] = torch.arange(hf_of_megatron.numel(), dtype=torch.int64)
+    return inv
+
+
+def _kv_shard(G: int, tp_size: int, tp_rank: int) -> range:
+    """KV heads held by ``tp_rank`` (SGLang/vLLM QKVParallelLinear: replicated when ``G < T``)."""
+    if G >= tp_size:
+        if G % tp_size:
+            raise SyncError("layout", f"num_kv_heads={G} is not divisible by the engine TP size {tp_size}")
+        n = G // tp_size
+        return range(tp_rank * n, (tp_rank + 1) * n)
+    if tp_size % G:
+        raise SyncError("layout", f"engine TP size {tp_size} is not a multiple of num_kv_heads={G}")
+    head = tp_rank // (tp_size // G)
+    return range(head, head + 1)
+
+
+def sglang_qkv_rows(dims: AttentionDims, tp_size: int, tp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(megatron_rows, hf_rows)`` of the local fused ``qkv_proj`` of ``tp_rank``.
+
+    ``megatron_rows`` index the Megatron-interleaved U; ``hf_rows`` index ``cat([q; k; v])``
+    in HF order (for fusing q/k/v biases). Local order: ``[q heads; k heads; v heads]``.
+    """
+    H, G, d = dims.num_heads, dims.num_kv_heads, dims.head_dim
+    if H % tp_size:
+        raise SyncError("layout", f"num_heads={H} is not divisible by the engine TP size {tp_size}")
+    hq = H // tp_size
+    q_heads = range(tp_rank * hq, (tp_rank + 1) * hq)
+    kv = _kv_shard(G, tp_size, tp_rank)
+
+    def rows(heads: range, offset: int) -> torch.Tensor:
+        return torch.arange(heads.start * d, heads.stop * d, dtype=torch.int64) + offset
+
+    hf_rows = torch.cat([rows(q_heads, 0), rows(kv, H * d), rows(kv, H * d + G * d)])
+    parts = qkv_rows_hf(dims)
+    hf_to_meg = torch.cat([parts["q"], parts["k"], parts["v"]])
+    return hf_to_meg[hf_rows], hf_rows
+
+
+def sglang_gate_up_rows(n_out: int, tp_size: int, tp_rank: int) -> torch.Tensor:
+    """Rows of ``[gate; up]`` (``n_out = 2f``) held by ``tp_rank``: ``[gate block; up block]``."""
+    f = n_out // 2
+    if f % tp_size:
+        raise SyncError("layout", f"ffn size {f} is not divisible by the engine TP size {tp_size}")
+    per = f // tp_size
+    g = torch.arange(tp_rank * per, (tp_rank + 1) * per, dtype=torch.int64)
+    return torch.cat([g, g + f])
+
+
+def _prefix(name: str, suffix: str) -> str:
+    return name[: -len(suffix)]
+
+
+def _hf_factors(delta: SketchDelta) -> list[EngineFactor]:
+    out: list[EngineFactor] = []
+    for t in delta.targets:
+        if t.layout == "qkv_interleaved":
+            pre = _prefix(t.name, "qkv_proj")
+            for part, rows in qkv_rows_hf(delta.attention).items():  # type: ignore[arg-type]
+                out.append(EngineFactor(f"{pre}{part}_proj.weight", t.name, t.U_OR.index_select(0, rows), t.n_in, None))
+        elif t.layout == "gate_up":
+            pre = _prefix(t.name, "gate_up_proj")
+            gate, up = t.U_OR.chunk(2, dim=0)
+            out.append(EngineFactor(f"{pre}gate_proj.weight", t.name, gate, t.n_in, None))
+            out.append(EngineFactor(f"{pre}up_proj.weight", t.name, up, t.n_in, None))
+        else:
+            out.append(EngineFactor(f"{t.name}.weight", t.name, t.U_OR, t.n_in, None))
+    return out
+
+
+def _sglang_factors(delta: SketchDelta, tp_size: int, tp_rank: int) -> list[EngineFactor]:
+    out: list[EngineFactor] = []
+    for t in delta.targets:
+        param = f"{t.name}.weight"
+        if t.layout == "qkv_interleaved":
+            meg_rows, _ = sglang_qkv_rows(delta.attention, tp_size, tp_rank)  # type: ignore[arg-type]
+            out.append(EngineFactor(param, t.name, t.U_OR.index_select(0, meg_rows), t.n_in, None))
+        elif t.layout == "gate_up":
+            rows = sglang_gate_up_rows(t.U_OR.shape[0], tp_size, tp_rank)
+            out.append(EngineFactor(param, t.name, t.U_OR.index_select(0, rows), t.n_in, None))
+        elif t.layout == "row_parallel" and tp_size > 1:
+            if t.n_in % tp_size:
+                raise SyncError("layout", f"{t.name}: n_in={t.n_in} is not divisible by the engine TP size {tp_size}")
+            per = t.n_in // tp_size
+            out.append(EngineFactor(param, t.name, t.U_OR, t.n_in, range(tp_rank * per, (tp_rank + 1) * per)))
+        else:
+            out.append(EngineFactor(param, t.name, t.U_OR, t.n_in, None))
+    return out
+
+
+def _sglang_dense(delta: SketchDelta, tp_size: int, tp_rank: int) -> list[DenseEntry]:
+    dense = dict(delta.dense)
+    out: list[DenseEntry] = []
+    for name in sorted(dense):
+        if name.endswith((".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".gate_proj.weight", ".up_proj.weight")):
+            raise SyncError("layout", f"dense {name}: dense q/k/v/gate/up weights are not supported by the sglang layout")
+        if name.endswith(".q_proj.bias"):
+            pre = _prefix(name, "q_proj.bias")
+            parts = [f"{pre}{p}_proj.bias" for p in "qkv"]
+            missing = [p for p in parts if p not in dense]
+            if missing:
+                raise SyncError("keys", f"fusing {pre}qkv_proj.bias needs {missing}")
+            if delta.attention is None:
+                raise SyncError("layout", f"fusing {pre}qkv_proj.bias needs attention dims in the header")
+            _, hf_rows = sglang_qkv_rows(delta.attention, tp_size, tp_rank)
+            fused = torch.cat([dense[p] for p in parts]).index_select(0, hf_rows)
+            out.append(DenseEntry(f"{pre}qkv_proj.bias", fused))
+        elif name.endswith((".k_proj.bias", ".v_proj.bias")):
+            if name.rsplit(".", 2)[0] + ".q_proj.bias" not in dense:
+                raise SyncError("keys", f"dense {name} present without its q_proj.bias")
+        elif name.endswith(".gate_proj.bias"):
+            pre = _prefix(name, "gate_proj.bias")
+            if f"{pre}up_proj.bias" not in dense:
+                raise SyncError("keys", f"fusing {pre}gate_up_proj.bias needs {pre}up_proj.bias")
+            both = torch.cat([dense[name], dense[f"{pre}up_proj.bias"]])
+            rows = sglang_gate_up_rows(both.shape[0], tp_size, tp_rank)
+            out.append(DenseEntry(f"{pre}gate_up_proj.bias", both.index_select(0, rows)))
+        elif name.endswith(".up_proj.bias"):
+            if f"{_prefix(name, 'up_proj.bias')}gate_proj.bias" not in dense:
+                raise SyncError("keys", f"dense {name} present without its gate_proj.bias")
+        elif name in _VOCAB_PARALLEL:
+            out.append(DenseEntry(name, dense[name], split="vocab" if tp_size > 1 else "none"))
+        else:
+            out.append(DenseEntry(name, dense[name]))
+    return out
+
+
+def plan_for(delta: SketchDelta, layout: str = "hf", tp_size: int = 1, tp_rank: int = 0) -> EnginePlan:
+    """The engine parameters ``delta`` touches on rank ``tp_rank`` of a ``tp_size`` engine in ``layout``.
+
+    Raises :class:`SyncError` (``layout``) for an unknown layout, an HF engine with TP > 1, or
+    dimensions the engine TP size does not divide.
+    """
+    if layout not in LAYOUT_NAMES:
+        raise SyncError("layout", f"unknown engine layout {layout!r}; choose one of {LAYOUT_NAMES}")
+    if tp_size < 1 or not (0 <= tp_rank < tp_size):
+        raise SyncError("layout", f"engine tp_rank={tp_rank} is not in [0, tp_size={tp_size})")
+    if any(t.layout == "qkv_interleaved" for t in delta.targets) and delta.attention is None:
+        raise SyncError("layout", "delta has a fused QKV target but no attention dims")
+    if layout == "hf":
+        if tp_size != 1:
+            raise SyncError("layout", f"the hf layout is unsharded; got tp_size={tp_size}")
+        return EnginePlan(_hf_factors(delta), [DenseEntry(k, v) for k, v in sorted(delta.dense.items())])
+    return EnginePlan(_sglang_factors(delta, tp_size, tp_rank), _sglang_dense(delta, tp_size, tp_rank))

@@ -1,0 +1,166 @@
+"""Sketch-delta wire format (DESIGN §1 "Sketch-delta policy sync"): round trip and every rejection.
+
+Malformed-but-consistent messages (extra key, wrong dtype, wrong shape with a valid checksum)
+are crafted here by re-packing the safetensors blob and recomputing the digest with the codec's
+own hash, so the test reaches the check behind the checksum.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from megatron_logra.sync import codec
+from megatron_logra.sync.codec import AttentionDims, SketchDelta, TargetFactor, decode, encode
+from megatron_logra.sync.errors import SyncError
+from megatron_logra.sync.synthetic import DenseShape, random_delta
+
+SHAPE = DenseShape(hidden=32, layers=2, heads=4, kv_heads=2, ffn=48, vocab=40)
+
+
+def _delta(**kw) -> SketchDelta:
+    dense = {"model.norm.weight": torch.randn(32), "model.layers.0.input_layernorm.weight": torch.randn(32).bfloat16()}
+    return random_delta(SHAPE, 8, base_version=3, new_version=4, seed=11, update_index=3, dense=dense, **kw)
+
+
+def _metadata(data: bytes) -> dict:
+    (n,) = struct.unpack("<Q", data[:8])
+    return json.loads(json.loads(data[8 : 8 + n])["__metadata__"]["logra.delta"])
+
+
+def _repack(data: bytes, edit_header=None, edit_tensors=None, rehash: bool = True) -> bytes:
+    meta = _metadata(data)
+    tensors = st_load(data)
+    header = meta["header"]
+    if edit_header:
+        edit_header(header)
+    if edit_tensors:
+        edit_tensors(tensors)
+    digest = codec._digest(json.dumps(header, sort_keys=True, separators=(",", ":")), tensors) if rehash else meta["sha256"]
+    outer = json.dumps({"header": header, "sha256": digest}, sort_keys=True, separators=(",", ":"))
+    return st_save(tensors, metadata={"logra.delta": outer})
+
+
+def test_round_trip_is_bitwise_and_carries_every_field():
+    delta = _delta(distribution="gaussian")
+    delta.decay = 0.999
+    data = encode(delta)
+    out = decode(data)
+    assert out.checksum == delta.checksum and len(out.checksum) == 64
+    for field in ("base_version", "new_version", "seed", "update_index", "rank", "distribution", "decay",
+                  "attention", "format_version"):
+        assert getattr(out, field) == getattr(delta, field), field
+    assert [t.name for t in out.targets] == [t.name for t in delta.targets]
+    for a, b in zip(out.targets, delta.targets):
+        assert a.U_OR.dtype == torch.bfloat16 and torch.equal(a.U_OR.view(torch.int16), b.U_OR.view(torch.int16))
+        assert (a.n_in, a.layout) == (b.n_in, b.layout)
+    assert set(out.dense) == set(delta.dense)
+    for k in delta.dense:
+        assert out.dense[k].dtype == delta.dense[k].dtype and torch.equal(out.dense[k], delta.dense[k])
+    assert encode(out) == data  # deterministic bytes
+    assert len(data) - delta.payload_bytes() < 8192  # header overhead is small
+
+
+def test_flipped_byte_in_tensor_data_is_a_checksum_error():
+    data = bytearray(encode(_delta()))
+    data[-5] ^= 0x01  # inside the last tensor's bytes
+    with pytest.raises(SyncError, match="sha256 mismatch") as exc:
+        decode(bytes(data))
+    assert exc.value.kind == "checksum"
+
+
+def test_any_single_byte_flip_is_rejected():
+    data = encode(_delta())
+    for pos in range(0, len(data), max(1, len(data) // 97)):
+        bad = bytearray(data)
+        bad[pos] ^= 0x40
+        with pytest.raises(SyncError):
+            decode(bytes(bad))
+
+
+@pytest.mark.parametrize("cut", [0, 5, 8, 100, -1, -300])
+def test_truncated_bytes_are_rejected(cut):
+    data = encode(_delta())
+    with pytest.raises(SyncError) as exc:
+        decode(data[:cut])
+    assert exc.value.kind == "truncated"
+
+
+def test_trailing_garbage_is_rejected():
+    with pytest.raises(SyncError, match="trailing"):
+        decode(encode(_delta()) + b"\0")
+
+
+def test_unknown_format_version_is_named():
+    data = _repack(encode(_delta()), edit_header=lambda h: h.update(format_version=2), rehash=False)
+    with pytest.raises(SyncError, match="unknown format version 2") as exc:
+        decode(data)
+    assert exc.value.kind == "format_version"
+
+
+def test_extra_and_missing_tensor_keys_are_named():
+    extra = _repack(encode(_delta()), edit_tensors=lambda t: t.update({"dense/intruder": torch.zeros(3)}))
+    with pytest.raises(SyncError, match=r"extra \['dense/intruder'\]"):
+        decode(extra)
+    name = "U/model.layers.1.mlp.down_proj"
+    missing = _repack(encode(_delta()), edit_tensors=lambda t: t.pop(name))
+    with pytest.raises(SyncError, match=r"missing \['U/model.layers.1.mlp.down_proj'\]") as exc:
+        decode(missing)
+    assert exc.value.kind == "keys"
+
+
+def test_wrong_dtype_and_shape_with_a_valid_checksum_are_named():
+    name = "U/model.layers.0.self_attn.o_proj"
+    wrong_dtype = _repack(encode(_delta()), edit_tensors=lambda t: t.update({name: t[name].float()}))
+    with pytest.raises(SyncError, match="o_proj is torch.float32, expected torch.bfloat16") as exc:
+        decode(wrong_dtype)
+    assert exc.value.kind == "dtype"
+    wrong_shape = _repack(encode(_delta()), edit_tensors=lambda t: t.update({name: t[name][:-1].clone()}))
+    with pytest.raises(SyncError, match="o_proj has shape") as exc:
+        decode(wrong_shape)
+    assert exc.value.kind == "shape"
+    dense_shape = _repack(encode(_delta()), edit_tensors=lambda t: t.update({"dense/model.norm.weight": torch.zeros(31)}))
+    with pytest.raises(SyncError, match="dense model.norm.weight"):
+        decode(dense_shape)
+
+
+def test_header_semantics_are_checked():
+    def rename(h):
+        h["targets"][0]["name"] = "decoder.layers.0.self_attention.linear_qkv"
+
+    with pytest.raises(SyncError, match="not canonical"):
+        decode(_repack(encode(_delta()), edit_header=rename))
+
+    def relayout(h):
+        h["targets"][1]["layout"] = "gate_up"
+
+    with pytest.raises(SyncError, match="expected 'row_parallel'") as exc:
+        decode(_repack(encode(_delta()), edit_header=relayout))
+    assert exc.value.kind == "layout"
+    with pytest.raises(SyncError, match="new_version=3 must be > base_version=3"):
+        decode(_repack(encode(_delta()), edit_header=lambda h: h.update(new_version=3)))
+
+
+def test_encode_refuses_malformed_deltas():
+    delta = _delta()
+    delta.targets[0].U_OR = delta.targets[0].U_OR.float()
+    with pytest.raises(SyncError, match="expected torch.bfloat16"):
+        encode(delta)
+    qkv = TargetFactor("model.layers.0.self_attn.qkv_proj", torch.zeros(10, 8, dtype=torch.bfloat16), 32, "qkv_interleaved")
+    bad = SketchDelta(0, 1, 0, 0, 8, "rademacher", [qkv], attention=AttentionDims(4, 2, 8))
+    with pytest.raises(SyncError, match="has 10 rows, attention dims"):
+        encode(bad)
+    bad.attention = None
+    with pytest.raises(SyncError, match="needs attention dims"):
+        encode(bad)
+
+
+def test_tampered_header_without_rehash_is_a_checksum_error():
+    data = _repack(encode(_delta()), edit_header=lambda h: h.update(new_version=9), rehash=False)
+    with pytest.raises(SyncError, match="sha256 mismatch"):
+        decode(data)
