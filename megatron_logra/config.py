@@ -235,7 +235,7 @@ def load_recipe(name_or_path: str) -> RunConfig:
     raise ValueError(f"unknown recipe {name_or_path!r}: choose one of {sorted(RECIPES)} or a .yaml file")
 
 
-_OPAQUE_DICTS = ("task.dataset_kwargs",)
+_OPAQUE_DICTS = ("task.dataset_kwargs", "sft.teacher_kwargs")
 
 
 def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
@@ -336,7 +336,10 @@ def _parse_value(raw: str, ftype: Any, key: str) -> Any:
             raise ValueError(f"{key}={raw!r} is not a number") from None
     if origin in (list, Sequence) or ftype is list:
         inner = args[0] if args else str
-        return [_parse_value(s.strip(), inner, key) for s in raw.split(",") if s.strip()]
+        body = raw.strip()
+        if body.startswith("[") and body.endswith("]"):  # YAML/JSON flow style: [a, b]
+            body = body[1:-1]
+        return [_parse_value(s.strip().strip("'\""), inner, key) for s in body.split(",") if s.strip()]
     if origin is dict or ftype is dict:
         import json
 

@@ -60,6 +60,12 @@ class NativeAdamW:
         p.main_grad.add_(p.grad)
         p.grad = None
 
+    def set_lr(self, lr: float) -> None:
+        """Learning rate of the following steps (schedules call this before each step)."""
+        if self.inner is not None:
+            for group in self.inner.param_groups:
+                group["lr"] = lr
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.params)
 

@@ -52,10 +52,21 @@ class SFTConfig:
     """Reuse a warm start already trained with the same model/task/SFT settings (runs/.cache)."""
     init_path: str = ""
     """Load the warm-start weights from this safetensors file instead of training them."""
+    final_lr_ratio: float = 1.0
+    """Learning rate at the last step as a fraction of ``lr``, reached by cosine decay (1.0 = constant)."""
+    teacher: str = "reference"
+    """Who writes the demonstrations: ``reference`` (the dataset's answers), ``careless_arithmetic``
+    (a weak teacher with a systematic slip, see ``rl/teachers.py``) or ``package.module:factory``."""
+    teacher_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of the teacher factory (e.g. ``{"slip_rate": 0.6}``)."""
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch_size < 1 or self.lr <= 0:
             raise ValueError("sft.steps must be >= 0, sft.batch_size >= 1 and sft.lr > 0")
+        if not 0.0 <= self.final_lr_ratio <= 1.0:
+            raise ValueError(f"sft.final_lr_ratio={self.final_lr_ratio} must be in [0, 1]")
+        if not isinstance(self.teacher_kwargs, dict):
+            raise ValueError(f"sft.teacher_kwargs must be a mapping, got {self.teacher_kwargs!r}")
 
 
 @dataclass

@@ -27,6 +27,7 @@ from megatron_logra.parallel import ParallelGroups, initialize_parallel
 from megatron_logra.rewards import build_task
 from megatron_logra.rl.loop import RLComponents, RLState, evaluate_accuracy, rl_update
 from megatron_logra.rl.sft import load_weights, run_sft, save_weights, warm_start_key
+from megatron_logra.rl.teachers import build_teacher
 from megatron_logra.rl.weights import gather_full_model
 from megatron_logra.rollout.embedded import EmbeddedEngine
 
@@ -77,10 +78,12 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
         load_weights(model, groups, cache)
         return
 
+    teacher = build_teacher(cfg.sft.teacher, cfg.sft.teacher_kwargs)
+
     def demo(index: int):
         problem = task.train_problem(1_000_000_000 + index)  # disjoint from the RL stream's indices
         prompt = [tok.bos_token_id] + tok(cfg.rl.prompt_template.format(prompt=problem.prompt), add_special_tokens=False)["input_ids"]
-        answer = tok(problem.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        answer = tok(teacher(problem, index), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         return prompt, answer
 
     t0 = time.perf_counter()
@@ -91,7 +94,7 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
 
     loss = run_sft(model, groups, demo, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
                    micro_batch_size=cfg.rl.micro_batch_size, pad_id=tok.pad_token_id,
-                   max_length=cfg.model.seq_length, log=log)
+                   max_length=cfg.model.seq_length, log=log, final_lr_ratio=cfg.sft.final_lr_ratio)
     logger.info("warm start done in %.0fs (loss %.4f)", time.perf_counter() - t0, loss)
     if cfg.sft.cache:
         save_weights(model, groups, cache, meta={"sft_loss": loss, "key": key})

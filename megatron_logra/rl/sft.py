@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -82,16 +83,20 @@ def run_sft(
     pad_id: int,
     max_length: int,
     log: Optional[Callable[[int, float], None]] = None,
+    final_lr_ratio: float = 1.0,
 ) -> float:
     """Train ``model`` on demonstrations ``demos(index) -> (prompt_ids, answer_ids)``; returns the last loss.
 
     Each DP rank takes its share of every global batch (indices are global, so any layout
-    trains on the same data).
+    trains on the same data). The learning rate follows a cosine from ``lr`` to
+    ``final_lr_ratio·lr`` at the last step.
     """
     opt = DenseAdamW(model, NativeConfig(lr=lr, weight_decay=0.0), groups, clip_grad=1.0)
     per_rank = max(1, batch_size // groups.dp_size)
     loss = float("nan")
     for step in range(steps):
+        progress = step / max(1, steps - 1)
+        opt.native.set_lr(lr * (final_lr_ratio + (1.0 - final_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))))
         base = step * batch_size + groups.dp_rank * per_rank
         pairs = [demos(base + i) for i in range(per_rank)]
         batch = pack_sequences(

@@ -100,6 +100,8 @@ def test_rl_sections_parse_lists_and_json():
     assert cfg.task.datasets == ["chain_sum", "gcd"] and cfg.task.weights == [0.25, 0.75]
     assert cfg.rl.group_size == 4 and cfg.kl.mode == "predicted" and cfg.optimizer.name == "adam"
     assert cfg.task.dataset_kwargs == {"gcd": {"min_value": 1, "max_value": 20}}
+    flow = parse_args_to_config("tiny", ["task.datasets=[chain_sum, 'gcd']", "task.weights=[0.5,0.5]"])
+    assert flow.task.datasets == ["chain_sum", "gcd"] and flow.task.weights == [0.5, 0.5]
     with pytest.raises(ValueError, match="rl.group_size"):
         parse_args_to_config("tiny", ["rl.group_size=0"])
     with pytest.raises(ValueError, match="kl.mode"):
