@@ -258,12 +258,37 @@ class LograOptimizer:
         totals = self._mp_sum(totals)
         return abs(alpha) * math.sqrt(totals[0].item() / max(totals[1].item(), 1e-300))
 
+    def weight_decay_factor(self) -> float:
+        """``decay`` of ``W ← decay·W − ΔW``: ``1 − lr·wd`` (optimizer recipe) or 1 (paper recipe)."""
+        cfg = self.cfg
+        return 1.0 - cfg.lr * cfg.weight_decay if cfg.recipe == "optimizer" else 1.0
+
+    def _check_factors(self, factors: dict[str, torch.Tensor]) -> None:
+        missing = sorted(t.key for t in self.targets if t.key not in factors)
+        unknown = sorted(set(factors) - {t.key for t in self.targets})
+        if missing or unknown:
+            raise ValueError(f"factors do not match the targets: missing {missing[:4]}, unknown {unknown[:4]}")
+        for t in self.targets:
+            U = factors[t.key]
+            if U.dtype != torch.bfloat16 or tuple(U.shape) != (t.n_out_local, self.cfg.rank):
+                raise ValueError(f"factor of {t.key} is {U.dtype} {tuple(U.shape)}, expected bf16 "
+                                 f"{(t.n_out_local, self.cfg.rank)}")
+
     @torch.no_grad()
-    def apply(self, update: PreparedUpdate, alpha: float = 1.0) -> None:
+    def apply(self, update: PreparedUpdate, alpha: float = 1.0, *,
+              factors: Optional[dict[str, torch.Tensor]] = None) -> None:
         """``W ← decay·W − α·D·A`` for every target, native AdamW step, advance the projection.
 
         The decoupled weight decay ``decay = 1 − lr·wd`` (optimizer recipe) does not scale with
         α: α scales the gradient step only, as a step-size controller expects.
+
+        ``factors`` (opt-in, sketch-delta sync): target key -> this rank's bf16
+        ``U = quantize_factor(α·D)`` ``[n_out_local, r]`` (:func:`megatron_logra.sync.trainer.local_factors`).
+        The low-rank step is then :func:`megatron_logra.sync.apply.low_rank_merge_` with exactly
+        those factors -- the arithmetic the inference engine runs -- so trainer and engine weights
+        stay bitwise equal (fp32 weights, or low-precision weights without masters; rounding is to
+        nearest, ``logra.rounding=stochastic`` does not apply). With fp32 masters the master is
+        merged and copied (round to nearest) into the weight. All factors are checked first.
         """
         if update.skipped:
             return
@@ -271,10 +296,21 @@ class LograOptimizer:
             raise ValueError(f"step size alpha={alpha} is not finite; refusing an uncontrolled step")
         assert update.update_index == self.sketches.update, "update prepared with another projection index"
         cfg = self.cfg
-        decay = 1.0 - cfg.lr * cfg.weight_decay if cfg.recipe == "optimizer" else 1.0
+        decay = self.weight_decay_factor()
         tp_rank = self.groups.tp_rank
+        if factors is not None:
+            from megatron_logra.sync.apply import low_rank_merge_  # engine-side arithmetic (torch only)
+
+            self._check_factors(factors)
         for t in self.targets:
             proj_RI = self.sketches.projection_for(t, update.update_index)
+            if factors is not None:
+                master = self.masters.get(t.key)
+                low_rank_merge_(t.weight if master is None else master, factors[t.key], proj_RI, decay=decay,
+                                distribution=cfg.distribution)
+                if master is not None:
+                    t.weight.copy_(master)
+                continue
             factor = update.directions[t.key] if alpha == 1.0 else update.directions[t.key] * alpha
             noise_fn = None
             if t.key not in self.masters and t.weight.dtype == torch.bfloat16 and cfg.rounding == "stochastic":

@@ -1,30 +1,38 @@
 """The merge arithmetic shared by trainer and engine, and the all-or-nothing delta apply.
 
-``low_rank_merge_(W, U_OR, A_RI, decay)`` is *the* definition of a sketch-delta step. Row
-chunk by row chunk (``rows`` of ``W``)::
+**Factors.** ``U = quantize_factor(α·D)``: round to bf16 (nearest even), then round each row
+onto the grid ``q_i = 2^(e_i + L − 24)`` where ``2^(e_i−1) <= max_k |U_ik| < 2^e_i`` and
+``L = ceil(log2 r)`` (rows whose max is below ``2^-100`` become zero). Entries within ``2^8`` of
+the row max keep their bf16 value; smaller ones move by at most ``2^-(24−L)``·rowmax, far below
+bf16's own rounding of the large entries. On that grid every partial sum of ``±U_ik`` is an
+integer multiple of ``q_i`` below ``2^24·q_i``: exactly representable in fp32.
 
-    P    = mm_fp32(fp32(U_OR[rows]), A_RI)        # fp32 GEMM, K = r, beta = 0
-    fp32 W:        W[rows] = (decay ⊙ W[rows]) ⊖ P          # in place, fp32, round-to-nearest-even
-    bf16/fp16 W:   T = fp32(W[rows]); T = (decay ⊙ T) ⊖ P;  W[rows] = round_nearest_even(T)
+**Merge** ``low_rank_merge_(W, U_OR, A_RI, decay, distribution)``, row chunk by row chunk::
 
-where ``⊙``/``⊖`` are single correctly-rounded fp32 operations and ``decay ⊙`` is skipped
-when ``decay == 1``. ``fp32(U)`` of a bf16 ``U`` is exact. Bitwise reproducibility across
-trainer and engine (and across tensor-parallel splits of rows of ``U`` or columns of ``A``)
-therefore rests only on the GEMM giving each output element the same bits regardless of how
-many rows/columns it was called with: true for MKL on CPU when every call has >= 3 rows (so
-chunks here never have fewer than 16 rows unless the whole shard does) and checked by the
-tests; on GPU it must be checked per device type (the claim is "same device type").
+    rademacher (A = s·B, B = ±1, s = fp32(1/sqrt(r))):
+        P = s ⊙ mm_fp32(U, B)       # the GEMM is exact (any order, any blocking, TF32 too)
+    gaussian:
+        P = mm_fp32(U, A)           # ordinary fp32 GEMM (bits depend on the kernel)
+    fp32 W:       W = (decay ⊙ W) ⊖ P                         (in place)
+    bf16/fp16 W:  W = round_nearest_even((decay ⊙ fp32(W)) ⊖ P)
+
+``⊙``/``⊖`` are single correctly-rounded fp32 operations; ``decay ⊙`` is skipped when
+``decay == 1``. With Rademacher projections (the default) the result is therefore the same
+bits for any split of U's rows or A's columns over tensor-parallel ranks, any chunking, any
+BLAS and any device: trainer and engine weights stay bitwise equal. With Gaussian projections
+that holds only where both sides run the same GEMM shapes on the same kind of device.
 
 ``apply_delta_`` validates the whole delta first (versions, names, shapes, dtypes,
-finiteness), then prepares every projection, fp32 U and dense cast (all allocations), and
-only then commits with in-place kernels into preallocated workspaces. Any failure before the
-commit leaves the weights untouched; the commit itself allocates nothing.
+finiteness, factors on the exact-sum grid), then prepares every projection, fp32 U and dense
+cast (all allocations), and only then commits with in-place kernels into preallocated
+workspaces. Any failure before the commit leaves the weights untouched; the commit itself
+allocates nothing.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import math
 from typing import Optional
 
 import torch
@@ -36,11 +44,47 @@ from megatron_logra.sync.layout import EnginePlan, plan_for
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["low_rank_merge_", "merge_row_chunks", "validate", "apply_delta_", "check_version", "MERGE_DTYPES"]
+__all__ = [
+    "low_rank_merge_", "merge_row_chunks", "quantize_factor", "off_grid_rows", "rademacher_scale",
+    "validate", "apply_delta_", "check_version", "MERGE_DTYPES",
+]
 
 MERGE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MIN_CHUNK_ROWS = 16
 DEFAULT_CHUNK_ELEMS = 1 << 22
+_TINY_ROW_EXP = -100
+
+
+def rademacher_scale(rank: int) -> float:
+    """``s = fp32(1/sqrt(r))``: the magnitude of every entry of a Rademacher projection."""
+    return float(torch.tensor(1.0 / math.sqrt(rank), dtype=torch.float32))
+
+
+def _row_grid(U32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grid ``q`` ``[n_out, 1]``, tiny-row mask ``[n_out, 1]``) of fp32 factors ``U32`` ``[n_out, r]``."""
+    L = max(0, math.ceil(math.log2(U32.shape[1])))
+    rowmax = U32.abs().amax(dim=1, keepdim=True)
+    _, e = torch.frexp(rowmax)
+    tiny = rowmax < 2.0**_TINY_ROW_EXP
+    q = torch.ldexp(torch.ones_like(rowmax), torch.clamp(e + (L - 24), min=-149))
+    return q, tiny
+
+
+@torch.no_grad()
+def quantize_factor(X_OR: torch.Tensor) -> torch.Tensor:
+    """bf16 factor ``U`` of an fp32 ``α·D`` ``[n_out, r]`` on the exact-sum grid (module docstring)."""
+    U32 = X_OR.to(torch.bfloat16).float()
+    q, tiny = _row_grid(U32)
+    U32 = torch.where(tiny, torch.zeros_like(U32), torch.round(U32 / q) * q)
+    return U32.to(torch.bfloat16)
+
+
+def off_grid_rows(U_OR: torch.Tensor) -> int:
+    """Number of rows of ``U_OR`` that are not on the exact-sum grid (0 for ``quantize_factor`` output)."""
+    U32 = U_OR.float()
+    q, tiny = _row_grid(U32)
+    on = torch.where(tiny, U32 == 0, torch.round(U32 / q) * q == U32)
+    return int((~on.all(dim=1)).sum())
 
 
 def merge_row_chunks(n_out: int, n_in: int, max_chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> list[tuple[int, int]]:
@@ -58,45 +102,28 @@ def _workspace_elems(n_out: int, n_in: int, max_chunk_elems: int) -> int:
     return max(b - a for a, b in merge_row_chunks(n_out, n_in, max_chunk_elems)) * n_in if n_out else 0
 
 
-@torch.no_grad()
-def low_rank_merge_(
-    weight: torch.Tensor,
-    U_OR: torch.Tensor,
-    A_RI: torch.Tensor,
-    *,
-    decay: float = 1.0,
-    workspace: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-    max_chunk_elems: int = DEFAULT_CHUNK_ELEMS,
-) -> None:
-    """``W ← decay·W − U·A`` in place, exactly as the module docstring defines it.
+def _split_projection(A_RI: torch.Tensor, distribution: str) -> tuple[torch.Tensor, Optional[float]]:
+    """(matrix the GEMM multiplies, scale applied after it): ``(sign(A), s)`` or ``(A, None)``."""
+    A32 = A_RI.to(torch.float32).contiguous()
+    if distribution == "gaussian":
+        return A32, None
+    if distribution != "rademacher":
+        raise ValueError(f"unknown distribution {distribution!r}")
+    s = rademacher_scale(A32.shape[0])
+    if not bool((A32.abs() == s).all()):
+        raise ValueError(f"A is not a Rademacher projection of rank {A32.shape[0]} (entries must be ±{s})")
+    return torch.sign(A32), s
 
-    Args:
-        weight: ``[n_out, n_in_local]`` fp32, bf16 or fp16.
-        U_OR: ``[n_out, r]`` (bf16 on the wire; any float dtype is converted to fp32 first).
-        A_RI: fp32 ``[r, n_in_local]`` (the columns of the projection this weight multiplies).
-        decay: weight-decay factor (1.0: none).
-        workspace: two contiguous fp32 buffers of at least the largest chunk's elements
-            (``apply_delta_`` preallocates them so the merge allocates nothing).
-    """
-    if weight.dim() != 2 or U_OR.dim() != 2 or A_RI.dim() != 2:
-        raise ValueError(f"expected 2-D tensors, got W {tuple(weight.shape)}, U {tuple(U_OR.shape)}, A {tuple(A_RI.shape)}")
-    n_out, n_in = weight.shape
-    if U_OR.shape[0] != n_out or A_RI.shape != (U_OR.shape[1], n_in):
-        raise ValueError(f"shapes do not chain: W {tuple(weight.shape)}, U {tuple(U_OR.shape)}, A {tuple(A_RI.shape)}")
-    if weight.dtype not in MERGE_DTYPES:
-        raise ValueError(f"weight dtype {weight.dtype} is not one of {MERGE_DTYPES}")
-    U32 = U_OR.to(device=weight.device, dtype=torch.float32)
-    A32 = A_RI.to(device=weight.device, dtype=torch.float32).contiguous()
-    need = _workspace_elems(n_out, n_in, max_chunk_elems)
-    if workspace is None:
-        prod_buf = torch.empty(need, dtype=torch.float32, device=weight.device)
-        tmp_buf = torch.empty(need if weight.dtype != torch.float32 else 0, dtype=torch.float32, device=weight.device)
-    else:
-        prod_buf, tmp_buf = workspace
-    for start, stop in merge_row_chunks(n_out, n_in, max_chunk_elems):
+
+def _merge_prepared_(weight, U32, M_RI, scale, decay, prod_buf, tmp_buf, max_chunk_elems) -> None:
+    """The commit kernel: in-place ops into preallocated buffers only."""
+    n_in = weight.shape[1]
+    for start, stop in merge_row_chunks(weight.shape[0], n_in, max_chunk_elems):
         rows = stop - start
         prod = prod_buf[: rows * n_in].view(rows, n_in)
-        torch.mm(U32[start:stop], A32, out=prod)
+        torch.mm(U32[start:stop], M_RI, out=prod)
+        if scale is not None:
+            prod.mul_(scale)
         block = weight[start:stop]
         if weight.dtype == torch.float32:
             if decay != 1.0:
@@ -109,6 +136,40 @@ def low_rank_merge_(
                 tmp.mul_(decay)
             tmp.sub_(prod)
             block.copy_(tmp)
+
+
+@torch.no_grad()
+def low_rank_merge_(
+    weight: torch.Tensor,
+    U_OR: torch.Tensor,
+    A_RI: torch.Tensor,
+    *,
+    decay: float = 1.0,
+    distribution: str = "rademacher",
+    max_chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+) -> None:
+    """``W ← decay·W − U·A`` in place, exactly as the module docstring defines it.
+
+    Args:
+        weight: ``[n_out, n_in_local]`` fp32, bf16 or fp16.
+        U_OR: ``[n_out, r]`` factors (bf16 from :func:`quantize_factor` for the exactness guarantee).
+        A_RI: ``[r, n_in_local]``: the columns of the projection this weight multiplies.
+        decay: weight-decay factor (1.0: none).
+        distribution: ``rademacher`` (A must be ±fp32(1/sqrt(r)); ValueError otherwise) or ``gaussian``.
+    """
+    if weight.dim() != 2 or U_OR.dim() != 2 or A_RI.dim() != 2:
+        raise ValueError(f"expected 2-D tensors, got W {tuple(weight.shape)}, U {tuple(U_OR.shape)}, A {tuple(A_RI.shape)}")
+    n_out, n_in = weight.shape
+    if U_OR.shape[0] != n_out or A_RI.shape != (U_OR.shape[1], n_in):
+        raise ValueError(f"shapes do not chain: W {tuple(weight.shape)}, U {tuple(U_OR.shape)}, A {tuple(A_RI.shape)}")
+    if weight.dtype not in MERGE_DTYPES:
+        raise ValueError(f"weight dtype {weight.dtype} is not one of {MERGE_DTYPES}")
+    U32 = U_OR.to(device=weight.device, dtype=torch.float32)
+    M_RI, scale = _split_projection(A_RI.to(weight.device), distribution)
+    need = _workspace_elems(n_out, n_in, max_chunk_elems)
+    prod_buf = torch.empty(need, dtype=torch.float32, device=weight.device)
+    tmp_buf = torch.empty(need if weight.dtype != torch.float32 else 0, dtype=torch.float32, device=weight.device)
+    _merge_prepared_(weight, U32, M_RI, scale, decay, prod_buf, tmp_buf, max_chunk_elems)
 
 
 def check_version(delta: SketchDelta, current_version: int) -> None:
@@ -155,6 +216,11 @@ def validate(
     for t in delta.targets:
         if not _finite(t.U_OR):
             raise SyncError("nonfinite", f"U of {t.name} has non-finite entries")
+        if delta.distribution == "rademacher":
+            bad = off_grid_rows(t.U_OR)
+            if bad:
+                raise SyncError("precision", f"U of {t.name}: {bad} rows are off the exact-sum grid "
+                                             "(build factors with quantize_factor)")
     for f in plan.factors:
         w = weights[f.param]
         n_in_local = len(f.cols) if f.cols is not None else f.n_in
@@ -208,8 +274,9 @@ def apply_delta_(
             w = weights[f.param]
             A_RI = projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in,
                               distribution=delta.distribution, cols=f.cols, device=w.device)
+            M_RI, scale = _split_projection(A_RI, delta.distribution)
             U32 = f.U_OR.to(device=w.device, dtype=torch.float32)
-            staged.append((w, U32, A_RI))
+            staged.append((w, U32, M_RI, scale))
             elems = _workspace_elems(w.shape[0], w.shape[1], max_chunk_elems)
             cur = need.setdefault(w.device, [0, 0])
             cur[0] = max(cur[0], elems)
@@ -231,8 +298,8 @@ def apply_delta_(
         raise SyncError("apply", f"preparing delta {delta.base_version}->{delta.new_version} failed before any write: {exc!r}") from exc
     done = 0
     try:
-        for w, U32, A_RI in staged:
-            low_rank_merge_(w, U32, A_RI, decay=delta.decay, workspace=workspaces[w.device], max_chunk_elems=max_chunk_elems)
+        for w, U32, M_RI, scale in staged:
+            _merge_prepared_(w, U32, M_RI, scale, delta.decay, *workspaces[w.device], max_chunk_elems)
             done += 1
         for w, src in dense:
             w[: src.shape[0]].copy_(src)

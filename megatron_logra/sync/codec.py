@@ -1,7 +1,7 @@
 """Wire format of a sketch delta: one safetensors blob with a JSON header and a sha256.
 
 A :class:`SketchDelta` moves an engine from ``base_version`` to ``new_version``. For each
-target layer it carries ``U = round_bf16(α·D)`` ``[n_out, r]`` (the *full*, TP-gathered
+target layer it carries ``U = quantize_factor(α·D)`` (bf16 ``[n_out, r]``, the *full*, TP-gathered
 rows in Megatron order: ``linear_qkv`` rows interleaved per query group, ``linear_fc1`` =
 ``[gate; up]``) plus what regenerates ``A`` ``[r, n_in]``: ``(seed, canonical name,
 update index, rank, distribution)``. The engine applies ``W ← decay·W − U·A``

@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from megatron_logra.sync.apply import quantize_factor
 from megatron_logra.sync.codec import AttentionDims, SketchDelta, TargetFactor, expected_layout
 
 logger = logging.getLogger(__name__)
@@ -104,13 +105,13 @@ def random_delta(
     generator_seed: int = 0,
     layers: Optional[list[int]] = None,
 ) -> SketchDelta:
-    """A well-formed delta with N(0, scale²) bf16 factors for every target (of ``layers``, default all)."""
+    """A well-formed delta with N(0, scale²) factors (``quantize_factor``) for every target (of ``layers``, default all)."""
     gen = torch.Generator().manual_seed(generator_seed)
     targets = []
     for name, n_out, n_in in shape.targets():
         if layers is not None and int(name.split(".")[2]) not in layers:
             continue
-        U_OR = (torch.randn(n_out, rank, generator=gen) * scale).to(torch.bfloat16)
+        U_OR = quantize_factor(torch.randn(n_out, rank, generator=gen) * scale)
         targets.append(TargetFactor(name=name, U_OR=U_OR, n_in=n_in, layout=expected_layout(name)))
     return SketchDelta(
         base_version=base_version, new_version=new_version, seed=seed, update_index=update_index, rank=rank,
