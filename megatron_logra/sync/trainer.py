@@ -68,12 +68,16 @@ def attention_dims_of(model: Union[nn.Module, Sequence[nn.Module]]) -> Optional[
 
 
 def _gather_tp(local: torch.Tensor, param: torch.Tensor, tp_group) -> torch.Tensor:
-    """Full tensor from this rank's shard of ``param``'s layout (bitwise: gathers the raw bits)."""
+    """Full tensor from this rank's shard of ``param``'s layout.
+
+    16-bit tensors travel as their raw bytes (gloo has no bf16/int16 all-gather); the byte view
+    keeps every block boundary on an element boundary, so the result is bitwise the full tensor.
+    """
     if group_size(tp_group) == 1 or not getattr(param, "tensor_model_parallel", False):
         return local
-    bits = local.contiguous().view(torch.int16) if local.element_size() == 2 else local.contiguous()
-    shards = [torch.empty_like(bits) for _ in range(group_size(tp_group))]
-    dist.all_gather(shards, bits, group=tp_group)
+    raw = local.contiguous().view(torch.uint8) if local.element_size() == 2 else local.contiguous()
+    shards = [torch.empty_like(raw) for _ in range(group_size(tp_group))]
+    dist.all_gather(shards, raw, group=tp_group)
     full = unshard(shards, param)
     return full.view(local.dtype) if full.dtype != local.dtype else full
 

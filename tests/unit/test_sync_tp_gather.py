@@ -1,0 +1,48 @@
+"""Trainer-side TP gather of column-parallel factors over a real gloo group of 2 processes.
+
+Each rank holds its shard of a bf16 ``U`` laid out like megatron's ``linear_fc1`` (partition
+stride 2: ``[gate_k; up_k]``) and of ``linear_qkv`` (stride 1); ``_gather_tp`` must return the
+full Megatron-order tensor bit for bit (it gathers the raw 16-bit words).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class _Param:
+    def __init__(self, stride):
+        self.tensor_model_parallel, self.partition_dim, self.partition_stride = True, 0, stride
+
+
+def _worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    from megatron_logra.models.layout import shard_full
+    from megatron_logra.sync.apply import quantize_factor
+    from megatron_logra.sync.trainer import _gather_tp
+
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for name, rows, stride in (("fc1", 24, 2), ("qkv", 16, 1), ("fc1_bias", 24, 2)):
+        full = quantize_factor(torch.randn(rows, 8, generator=gen))
+        if name.endswith("bias"):  # a 1-D bf16 dense parameter
+            full = full[:, 0].contiguous()
+        local = shard_full(full, name, _Param(stride), rank, world).contiguous()
+        gathered = _gather_tp(local, _Param(stride), dist.group.WORLD)
+        out[name] = bool(gathered.dtype == torch.bfloat16 and torch.equal(gathered.view(torch.int16), full.view(torch.int16)))
+    torch.save(out, os.path.join(result_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_column_parallel_factors_gather_bitwise_over_gloo():
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        mp.spawn(_worker, args=(2, init_file, tmp), nprocs=2, join=True)
+        results = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(2)]
+    assert results == [{"fc1": True, "qkv": True, "fc1_bias": True}] * 2
