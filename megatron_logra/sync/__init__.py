@@ -10,12 +10,13 @@ from megatron_logra.sync.apply import apply_delta_, low_rank_merge_, validate
 from megatron_logra.sync.codec import FORMAT_VERSION, AttentionDims, SketchDelta, TargetFactor, decode, encode
 from megatron_logra.sync.engine import ModuleEngine
 from megatron_logra.sync.errors import SyncError
+from megatron_logra.sync.factors import quantize_factor
 from megatron_logra.sync.fingerprint import combined, drift, fingerprint
 from megatron_logra.sync.layout import plan_for
 from megatron_logra.sync.transport import DirectoryTransport, InProcessTransport
 
 __all__ = [
     "FORMAT_VERSION", "AttentionDims", "SketchDelta", "TargetFactor", "encode", "decode", "SyncError",
-    "low_rank_merge_", "validate", "apply_delta_", "plan_for", "fingerprint", "combined", "drift",
+    "quantize_factor", "low_rank_merge_", "validate", "apply_delta_", "plan_for", "fingerprint", "combined", "drift",
     "ModuleEngine", "InProcessTransport", "DirectoryTransport",
 ]

@@ -2,9 +2,9 @@
 
 **Factors.** ``U = quantize_factor(α·D)``: round to bf16 (nearest even), then round each row
 onto the grid ``q_i = 2^(e_i + L − 24)`` where ``2^(e_i−1) <= max_k |U_ik| < 2^e_i`` and
-``L = ceil(log2 r)`` (rows whose max is below ``2^-100`` become zero). Entries within ``2^8`` of
-the row max keep their bf16 value; smaller ones move by at most ``2^-(24−L)``·rowmax, far below
-bf16's own rounding of the large entries. On that grid every partial sum of ``±U_ik`` is an
+``L = ceil(log2 r)`` (rows whose max is below ``2^-100`` become zero). Entries of at least
+``2^-(15−L)``·rowmax keep their bf16 value; smaller ones move by at most ``2^-(24−L)``·rowmax,
+far below bf16's own rounding of the large entries (see :mod:`megatron_logra.sync.factors`). On that grid every partial sum of ``±U_ik`` is an
 integer multiple of ``q_i`` below ``2^24·q_i``: exactly representable in fp32.
 
 **Merge** ``low_rank_merge_(W, U_OR, A_RI, decay, distribution)``, row chunk by row chunk::
@@ -32,7 +32,6 @@ allocates nothing.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Optional
 
 import torch
@@ -40,6 +39,7 @@ import torch
 from megatron_logra.sketch.random_projection import projection
 from megatron_logra.sync.codec import SketchDelta
 from megatron_logra.sync.errors import SyncError
+from megatron_logra.sync.factors import off_grid_rows, quantize_factor, rademacher_scale, split_projection
 from megatron_logra.sync.layout import EnginePlan, plan_for
 
 logger = logging.getLogger(__name__)
@@ -60,39 +60,6 @@ def _chunk_elems(device: torch.device, requested: Optional[int]) -> int:
     if requested is not None:
         return requested
     return _CPU_CHUNK_ELEMS if torch.device(device).type == "cpu" else DEFAULT_CHUNK_ELEMS
-_TINY_ROW_EXP = -100
-
-
-def rademacher_scale(rank: int) -> float:
-    """``s = fp32(1/sqrt(r))``: the magnitude of every entry of a Rademacher projection."""
-    return float(torch.tensor(1.0 / math.sqrt(rank), dtype=torch.float32))
-
-
-def _row_grid(U32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grid ``q`` ``[n_out, 1]``, tiny-row mask ``[n_out, 1]``) of fp32 factors ``U32`` ``[n_out, r]``."""
-    L = max(0, math.ceil(math.log2(U32.shape[1])))
-    rowmax = U32.abs().amax(dim=1, keepdim=True)
-    _, e = torch.frexp(rowmax)
-    tiny = rowmax < 2.0**_TINY_ROW_EXP
-    q = torch.ldexp(torch.ones_like(rowmax), torch.clamp(e + (L - 24), min=-149))
-    return q, tiny
-
-
-@torch.no_grad()
-def quantize_factor(X_OR: torch.Tensor) -> torch.Tensor:
-    """bf16 factor ``U`` of an fp32 ``α·D`` ``[n_out, r]`` on the exact-sum grid (module docstring)."""
-    U32 = X_OR.to(torch.bfloat16).float()
-    q, tiny = _row_grid(U32)
-    U32 = torch.where(tiny, torch.zeros_like(U32), torch.round(U32 / q) * q)
-    return U32.to(torch.bfloat16)
-
-
-def off_grid_rows(U_OR: torch.Tensor) -> int:
-    """Number of rows of ``U_OR`` that are not on the exact-sum grid (0 for ``quantize_factor`` output)."""
-    U32 = U_OR.float()
-    q, tiny = _row_grid(U32)
-    on = torch.where(tiny, U32 == 0, torch.round(U32 / q) * q == U32)
-    return int((~on.all(dim=1)).sum())
 
 
 def merge_row_chunks(n_out: int, n_in: int, max_chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> list[tuple[int, int]]:
@@ -108,19 +75,6 @@ def merge_row_chunks(n_out: int, n_in: int, max_chunk_elems: int = DEFAULT_CHUNK
 
 def _workspace_elems(n_out: int, n_in: int, max_chunk_elems: int) -> int:
     return max(b - a for a, b in merge_row_chunks(n_out, n_in, max_chunk_elems)) * n_in if n_out else 0
-
-
-def _split_projection(A_RI: torch.Tensor, distribution: str) -> tuple[torch.Tensor, Optional[float]]:
-    """(matrix the GEMM multiplies, scale applied after it): ``(sign(A), s)`` or ``(A, None)``."""
-    A32 = A_RI.to(torch.float32).contiguous()
-    if distribution == "gaussian":
-        return A32, None
-    if distribution != "rademacher":
-        raise ValueError(f"unknown distribution {distribution!r}")
-    s = rademacher_scale(A32.shape[0])
-    if not bool((A32.abs() == s).all()):
-        raise ValueError(f"A is not a Rademacher projection of rank {A32.shape[0]} (entries must be ±{s})")
-    return torch.sign(A32), s
 
 
 def _merge_prepared_(weight, U32, M_RI, scale, decay, prod_buf, tmp_buf, max_chunk_elems) -> None:
@@ -175,7 +129,7 @@ def low_rank_merge_(
     if weight.dtype not in MERGE_DTYPES:
         raise ValueError(f"weight dtype {weight.dtype} is not one of {MERGE_DTYPES}")
     U32 = U_OR.to(device=weight.device, dtype=torch.float32)
-    M_RI, scale = _split_projection(A_RI.to(weight.device), distribution)
+    M_RI, scale = split_projection(A_RI.to(weight.device), distribution)
     max_chunk_elems = _chunk_elems(weight.device, max_chunk_elems)
     need = _workspace_elems(n_out, n_in, max_chunk_elems)
     prod_buf = torch.empty(need, dtype=torch.float32, device=weight.device)
@@ -285,7 +239,7 @@ def apply_delta_(
             w = weights[f.param]
             A_RI = projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in,
                               distribution=delta.distribution, cols=f.cols, device=w.device)
-            M_RI, scale = _split_projection(A_RI, delta.distribution)
+            M_RI, scale = split_projection(A_RI, delta.distribution)
             U32 = f.U_OR.to(device=w.device, dtype=torch.float32)
             staged.append((w, U32, M_RI, scale))
             elems = _workspace_elems(w.shape[0], w.shape[1], _chunk_elems(w.device, max_chunk_elems))

@@ -33,9 +33,10 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from megatron_logra.sketch.naming import canonical_name
-from megatron_logra.sketch.random_projection import DISTRIBUTIONS
 from megatron_logra.sync.errors import SyncError
+from megatron_logra.sync.schema import DENSE_DTYPES, FORMAT_VERSION, LAYOUTS, MAGIC, check_header, expected_layout
+
+_META_KEY = "logra.delta"
 
 logger = logging.getLogger(__name__)
 
@@ -43,23 +44,6 @@ __all__ = [
     "FORMAT_VERSION", "LAYOUTS", "AttentionDims", "TargetFactor", "SketchDelta",
     "encode", "decode", "expected_layout",
 ]
-
-FORMAT_VERSION = 1
-_MAGIC = "logra-sketch-delta"
-_META_KEY = "logra.delta"
-LAYOUTS = ("qkv_interleaved", "gate_up", "row_parallel", "plain")
-_DENSE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def expected_layout(name: str) -> str:
-    """Layout tag a canonical target name must carry (see module docstring)."""
-    if name.endswith(".self_attn.qkv_proj"):
-        return "qkv_interleaved"
-    if name.endswith(".mlp.gate_up_proj"):
-        return "gate_up"
-    if name.endswith(".self_attn.o_proj") or name.endswith(".mlp.down_proj"):
-        return "row_parallel"
-    return "plain"
 
 
 @dataclass(frozen=True)
@@ -118,7 +102,7 @@ class SketchDelta:
     def header(self) -> dict:
         """The JSON-able header (everything but tensor bytes and the checksum)."""
         return {
-            "format": _MAGIC,
+            "format": MAGIC,
             "format_version": self.format_version,
             "base_version": self.base_version,
             "new_version": self.new_version,
@@ -140,71 +124,20 @@ class SketchDelta:
 
     def check_structure(self) -> None:
         """Raise :class:`SyncError` unless the message is well formed (no weights needed)."""
-        _check_header(self.header())
+        check_header(self.header())
         for t in self.targets:
             if t.U_OR.dtype != torch.bfloat16:
                 raise SyncError("dtype", f"U of {t.name} is {t.U_OR.dtype}, expected torch.bfloat16")
             if t.U_OR.dim() != 2 or t.U_OR.shape[1] != self.rank:
                 raise SyncError("shape", f"U of {t.name} has shape {tuple(t.U_OR.shape)}, expected [n_out, {self.rank}]")
         for k, v in self.dense.items():
-            if v.dtype not in _DENSE_DTYPES.values():
-                raise SyncError("dtype", f"dense tensor {k} is {v.dtype}; allowed {sorted(_DENSE_DTYPES)}")
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check_header(h: dict) -> None:
-    """Semantic checks of a header dict (shared by encode and decode)."""
-    if h.get("format") != _MAGIC:
-        raise SyncError("format_version", f"not a sketch delta (format={h.get('format')!r})")
-    if h.get("format_version") != FORMAT_VERSION:
-        raise SyncError("format_version", f"unknown format version {h.get('format_version')!r}; this reader knows {FORMAT_VERSION}")
-    for key in ("base_version", "new_version", "seed", "update_index", "rank"):
-        if not _is_int(h.get(key)):
-            raise SyncError("keys", f"header field {key}={h.get(key)!r} must be an int")
-    if h["base_version"] < 0 or h["new_version"] <= h["base_version"]:
-        raise SyncError("version", f"new_version={h['new_version']} must be > base_version={h['base_version']} >= 0")
-    if h["rank"] < 1 or h["update_index"] < 0:
-        raise SyncError("keys", f"rank={h['rank']} must be >= 1 and update_index={h['update_index']} >= 0")
-    if h.get("distribution") not in DISTRIBUTIONS:
-        raise SyncError("keys", f"unknown distribution {h.get('distribution')!r}; expected one of {DISTRIBUTIONS}")
-    if not isinstance(h.get("decay"), float) or not (0.0 < h["decay"] <= 1.0):
-        raise SyncError("keys", f"decay={h.get('decay')!r} must be a float in (0, 1]")
-    att = h.get("attention")
-    if att is not None:
-        if not all(_is_int(att.get(k)) and att[k] > 0 for k in ("num_heads", "num_kv_heads", "head_dim")):
-            raise SyncError("keys", f"attention dims {att!r} must be positive ints")
-        if att["num_heads"] % att["num_kv_heads"]:
-            raise SyncError("keys", f"num_heads={att['num_heads']} is not a multiple of num_kv_heads={att['num_kv_heads']}")
-    names = [t.get("name") for t in h.get("targets", [])]
-    if len(set(names)) != len(names):
-        raise SyncError("name", f"duplicate target names in {names}")
-    for t in h.get("targets", []):
-        name = t.get("name")
-        if not isinstance(name, str) or canonical_name(name) != name:
-            raise SyncError("name", f"target name {name!r} is not canonical (expected {canonical_name(str(name))!r})")
-        if t.get("layout") != expected_layout(name):
-            raise SyncError("layout", f"target {name} has layout {t.get('layout')!r}, expected {expected_layout(name)!r}")
-        if not (_is_int(t.get("n_in")) and _is_int(t.get("n_out")) and t["n_in"] >= 1 and t["n_out"] >= 1):
-            raise SyncError("shape", f"target {name}: n_in={t.get('n_in')!r}, n_out={t.get('n_out')!r} must be positive ints")
-        if t["layout"] == "qkv_interleaved":
-            if att is None:
-                raise SyncError("layout", f"target {name} needs attention dims in the header")
-            rows = (att["num_heads"] + 2 * att["num_kv_heads"]) * att["head_dim"]
-            if t["n_out"] != rows:
-                raise SyncError("shape", f"target {name} has {t['n_out']} rows, attention dims {att} imply {rows}")
-        if t["layout"] == "gate_up" and t["n_out"] % 2:
-            raise SyncError("shape", f"target {name} ([gate; up]) has an odd number of rows {t['n_out']}")
-    for d in h.get("dense", []):
-        if d.get("dtype") not in _DENSE_DTYPES or not isinstance(d.get("shape"), list):
-            raise SyncError("dtype", f"dense entry {d!r} has an unsupported dtype or shape")
+            if v.dtype not in DENSE_DTYPES.values():
+                raise SyncError("dtype", f"dense tensor {k} is {v.dtype}; allowed {sorted(DENSE_DTYPES)}")
 
 
 def _digest(header_json: str, tensors: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
-    h.update(f"{_MAGIC}|".encode())
+    h.update(f"{MAGIC}|".encode())
     h.update(header_json.encode())
     for key in sorted(tensors):
         t = tensors[key].detach().cpu().contiguous()
@@ -276,8 +209,8 @@ def decode(data: bytes) -> SketchDelta:
         raise SyncError("checksum", f"delta metadata does not parse ({exc!r})") from None
     if not isinstance(header, dict) or not isinstance(claimed, str):
         raise SyncError("checksum", "delta header is not a JSON object with a sha256 string")
-    if header.get("format_version") != FORMAT_VERSION or header.get("format") != _MAGIC:
-        _check_header(header)  # raises the format_version error
+    if header.get("format_version") != FORMAT_VERSION or header.get("format") != MAGIC:
+        check_header(header)  # raises the format_version error
     try:
         tensors = st_load(data)
     except Exception as exc:  # safetensors raises its own error type for malformed bytes
@@ -285,7 +218,7 @@ def decode(data: bytes) -> SketchDelta:
     digest = _digest(_canonical_json(header), tensors)
     if digest != claimed:
         raise SyncError("checksum", f"sha256 mismatch: message says {claimed[:16]}…, content hashes to {digest[:16]}…")
-    _check_header(header)
+    check_header(header)
     want = {f"U/{t['name']}" for t in header["targets"]} | {f"dense/{d['name']}" for d in header["dense"]}
     missing, extra = sorted(want - set(tensors)), sorted(set(tensors) - want)
     if missing or extra:
@@ -301,7 +234,7 @@ def decode(data: bytes) -> SketchDelta:
     dense = {}
     for d in header["dense"]:
         v = tensors[f"dense/{d['name']}"]
-        if v.dtype != _DENSE_DTYPES[d["dtype"]] or list(v.shape) != d["shape"]:
+        if v.dtype != DENSE_DTYPES[d["dtype"]] or list(v.shape) != d["shape"]:
             raise SyncError("shape", f"dense {d['name']}: {v.dtype} {list(v.shape)}, header says {d['dtype']} {d['shape']}")
         dense[d["name"]] = v
     att = header["attention"]

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from megatron_logra.sync.apply import quantize_factor
+from megatron_logra.sync.factors import quantize_factor
 from megatron_logra.sync.codec import AttentionDims, SketchDelta, TargetFactor, expected_layout
 
 logger = logging.getLogger(__name__)
