@@ -28,6 +28,7 @@ from megatron_logra.optim.config import LograConfig, NativeConfig, OptimizerConf
 from megatron_logra.parallel import ParallelConfig
 from megatron_logra.rewards import TaskConfig
 from megatron_logra.rl.config import RLConfig, RolloutConfig, SFTConfig
+from megatron_logra.sync.config import SyncConfig
 
 __all__ = ["TrainConfig", "RunConfig", "RECIPES", "load_recipe", "apply_overrides", "parse_args_to_config",
            "to_dict", "from_dict", "MEGATRON_ALIASES"]
@@ -101,6 +102,8 @@ class RunConfig:
     """Supervised warm start before RL (job=rl)."""
     kl: KLConfig = field(default_factory=KLConfig)
     """Predicted-KL step control (job=rl)."""
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    """Policy sync to the rollout engine: sketch deltas or full refits (job=rl)."""
 
     def __post_init__(self) -> None:
         if self.job not in ("rl", "lm"):

@@ -24,6 +24,8 @@ class RolloutConfig:
     """Completion length cap."""
     eval_temperature: float = 0.0
     """Temperature of held-out evaluation (0 = greedy)."""
+    eval_samples: int = 1
+    """Samples per held-out problem; accuracy is their mean (mean@k, "pass@1 over k samples")."""
 
     def __post_init__(self) -> None:
         if self.engine not in ("embedded",):
@@ -36,6 +38,10 @@ class RolloutConfig:
             raise ValueError(f"rl.rollout.max_new_tokens={self.max_new_tokens} must be >= 1")
         if self.eval_temperature < 0:
             raise ValueError(f"rl.rollout.eval_temperature={self.eval_temperature} must be >= 0")
+        if self.eval_samples < 1:
+            raise ValueError(f"rl.rollout.eval_samples={self.eval_samples} must be >= 1")
+        if self.eval_samples > 1 and self.eval_temperature == 0:
+            raise ValueError("rl.rollout.eval_samples > 1 needs rl.rollout.eval_temperature > 0 (greedy samples are identical)")
 
 
 @dataclass

@@ -21,14 +21,13 @@ from megatron_logra.data.tokenizer import build_tokenizer, load_tokenizer, save_
 from megatron_logra.kl.controller import KLController
 from megatron_logra.metrics import MetricsWriter, is_rank0
 from megatron_logra.models.gpt import build_gpt
-from megatron_logra.models.hf import megatron_to_hf
 from megatron_logra.optim import build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
 from megatron_logra.rewards import build_task
 from megatron_logra.rl.loop import RLComponents, RLState, evaluate_accuracy, rl_update
 from megatron_logra.rl.sft import load_weights, run_sft, save_weights, warm_start_key
+from megatron_logra.rl.policy_sync import PolicySync
 from megatron_logra.rl.teachers import build_teacher
-from megatron_logra.rl.weights import gather_full_model
 from megatron_logra.rollout.embedded import EmbeddedEngine
 
 logger = logging.getLogger(__name__)
@@ -130,12 +129,9 @@ def build_components(cfg: RunConfig) -> tuple[RLComponents, RLState, _OptimizerW
         logger.info("resumed from %s at RL step %d", resume_from, state.step)
     engine = EmbeddedEngine(cfg.model, init_seed=cfg.train.seed, tp=groups.tp_size)
 
-    def sync(version: int) -> int:
-        hf_state = megatron_to_hf(gather_full_model(model, groups), cfg.model, tp=groups.tp_size)
-        engine.update_weights_full(hf_state, version)
-        return sum(t.numel() * t.element_size() for t in hf_state.values())
-
-    sync(state.weight_version)
+    sync = PolicySync(cfg.sync, model=model, model_cfg=cfg.model, optimizer=optimizer, engine=engine,
+                      groups=groups, run_dir=run_dir)
+    sync.full(state.weight_version)
     comps = RLComponents(cfg=cfg, groups=groups, model=model, optimizer=optimizer, controller=controller,
                          engine=engine, task=task, tokenizer=tok, sync=sync, ref_model=ref_model)
     return comps, state, bundle

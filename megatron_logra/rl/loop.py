@@ -60,7 +60,7 @@ class RLComponents:
     task: Any
     tokenizer: Any
     sync: Any
-    """Callable ``sync(version) -> bytes sent`` that refreshes the engine from the trainer."""
+    """``PolicySync`` that brings the engine to the trainer's new weights after each update."""
     ref_model: Optional[torch.nn.Module] = None
 
 
@@ -86,8 +86,16 @@ def make_rl_loss_fn(loss_cfg, temperature: float, tp_group, ref_logprobs_fn=None
 
 
 def _prompt_ids(c: RLComponents, text: str) -> list[int]:
-    ids = c.tokenizer(c.cfg.rl.prompt_template.format(prompt=text), add_special_tokens=False)["input_ids"]
-    return [c.tokenizer.bos_token_id] + list(ids)
+    """Token ids of a problem's prompt; a prompt that leaves no room for the response is an error."""
+    ids = [c.tokenizer.bos_token_id] + list(
+        c.tokenizer(c.cfg.rl.prompt_template.format(prompt=text), add_special_tokens=False)["input_ids"])
+    room = c.cfg.model.seq_length + 1 - c.cfg.rl.rollout.max_new_tokens
+    if len(ids) > room:
+        raise ValueError(
+            f"a prompt of {len(ids)} tokens does not fit: model.seq_length={c.cfg.model.seq_length} leaves "
+            f"{room} tokens before rl.rollout.max_new_tokens={c.cfg.rl.rollout.max_new_tokens}; raise "
+            f"model.seq_length or shorten the prompts (prompt starts {text[:60]!r})")
+    return ids
 
 
 def _decode(c: RLComponents, ids: list[int]) -> str:
@@ -96,19 +104,22 @@ def _decode(c: RLComponents, ids: list[int]) -> str:
 
 @torch.no_grad()
 def evaluate_accuracy(c: RLComponents) -> float:
-    """Held-out accuracy of the engine's policy (greedy by default), shared over DP ranks."""
+    """Held-out accuracy of the engine's policy, shared over DP ranks: greedy by default, else
+    the mean over ``rl.rollout.eval_samples`` samples per problem at ``eval_temperature``."""
     from megatron_logra.rollout.engine import SamplingParams
 
+    rollout = c.cfg.rl.rollout
     problems = c.task.eval_problems()
     mine = problems[c.groups.dp_rank :: c.groups.dp_size]
     correct = 0
     if mine:
-        params = SamplingParams(temperature=c.cfg.rl.rollout.eval_temperature, top_p=1.0,
-                                max_new_tokens=c.cfg.rl.rollout.max_new_tokens,
+        params = SamplingParams(temperature=rollout.eval_temperature, top_p=1.0, max_new_tokens=rollout.max_new_tokens,
                                 stop_token_ids=[c.tokenizer.eos_token_id], seed=c.cfg.train.seed)
-        rollouts = c.engine.generate([_prompt_ids(c, p.prompt) for p in mine], params)
-        correct = sum(int(c.task.score(p, _decode(c, r.completion_ids))[1]) for p, r in zip(mine, rollouts))
-    counts = torch.tensor([float(correct), float(len(mine))], dtype=torch.float64)
+        k = rollout.eval_samples
+        rollouts = c.engine.generate([_prompt_ids(c, p.prompt) for p in mine for _ in range(k)], params)
+        correct = sum(int(c.task.score(p, _decode(c, r.completion_ids))[1])
+                      for p, r in zip((p for p in mine for _ in range(k)), rollouts))
+    counts = torch.tensor([float(correct), float(len(mine) * rollout.eval_samples)], dtype=torch.float64)
     all_reduce_sum(counts, c.groups.dp)
     return (counts[0] / counts[1]).item() if counts[1] > 0 else float("nan")
 
@@ -157,6 +168,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         "eval_accuracy": None, "response_length": stats[3].item() / stats[2].item(),
         "kl_predicted": None, "kl_actual": None, "alpha": None, "budget": None, "mismatch": c.controller.mismatch,
         "update_ratio": None, "skipped": False, "rollout_seconds": rollout_seconds, "sync_bytes": 0,
+        "sync_mode": None, "sync_drift": 0,
     }
     state.step = step
     if stats[4].item() == 0.0:
@@ -199,8 +211,12 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
             old_logits = flat_valid(logits, probe.mask)
     ratio = c.optimizer.relative_update_norm(update, alpha) if logra else None
 
-    # ---- apply
-    c.optimizer.apply(update, alpha)
+    # ---- apply (with sketch-delta sync, the very factors the engine will merge)
+    factors = c.sync.factors(update, alpha)
+    if factors is not None:
+        c.optimizer.apply(update, alpha, factors=factors)
+    else:
+        c.optimizer.apply(update, alpha)
     actual = None
     if probe is not None and old_logits is not None and cfg.kl.measure_actual:
         actual = measure_kl(c.model, probe, old_logits, groups, temperature=rl.rollout.temperature)
@@ -209,12 +225,12 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
 
     # ---- sync
     state.weight_version += 1
-    sync_bytes = c.sync(state.weight_version)
+    sync = c.sync.push(update, alpha, factors, state.weight_version - 1, state.weight_version)
 
     record.update(
         kl_predicted=(alpha * alpha * pred) if pred is not None else None, kl_actual=actual, alpha=alpha,
         budget=budget, mismatch=mismatch, update_ratio=ratio, loss=result.loss, grad_norm=update.grad_norm,
-        sync_bytes=sync_bytes, step_seconds=time.perf_counter() - t0,
+        **sync, step_seconds=time.perf_counter() - t0,
     )
     return record
 

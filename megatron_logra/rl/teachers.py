@@ -4,9 +4,10 @@ A teacher maps a training problem to the answer text the warm start imitates:
 ``teacher(problem, index) -> str``. The default, ``reference``, is the dataset's own answer.
 
 ``careless_arithmetic`` imitates a weak teacher with one systematic slip in a share
-``slip_rate`` of its demonstrations: it drops the carry into the tens (``7 + 8 + 6`` -> ``1``,
-slip ``drop_tens``) or reads every minus sign as a plus (``7 - 8 + 6`` -> ``21``, slip
-``minus_as_plus``). A policy warm-started on it already holds the right
+``slip_rate`` of its demonstrations: it echoes the equals sign before the answer (``= 5``, which
+the verifier does not accept as an answer; slip ``echo_equals``), drops the carry into the tens
+(``7 + 8 + 6`` -> ``1``, slip ``drop_tens``) or reads every minus sign as a plus
+(``7 - 8 + 6`` -> ``21``, slip ``minus_as_plus``). A policy warm-started on it already holds the right
 answer in its sampling distribution but often not as its most likely one, which is the
 situation RL with a verifier exists for (pass@k well above pass@1): the reward finds the
 correct behaviour and the held-out greedy accuracy rises within minutes, where learning
@@ -49,12 +50,12 @@ def reference() -> Teacher:
     return lambda problem, index: problem.answer
 
 
-SLIPS = ("drop_tens", "minus_as_plus")
+SLIPS = ("echo_equals", "drop_tens", "minus_as_plus")
 
 
 def careless_arithmetic(slip_rate: float = 0.6, slip: str = "drop_tens", seed: int = 0) -> Teacher:
     """Makes ``slip`` in a ``slip_rate`` share of demonstrations (chosen by a hash of the
-    demonstration index and ``seed``): ``drop_tens`` answers ``sign·(|v| mod 10)``,
+    demonstration index and ``seed``): ``echo_equals`` answers ``= <reference>``, ``drop_tens`` answers ``sign·(|v| mod 10)``,
     ``minus_as_plus`` evaluates the expression with every ``-`` read as ``+``. Problems without
     an arithmetic ``metadata['expression']`` get the reference answer."""
     if not 0.0 <= slip_rate <= 1.0:
@@ -68,6 +69,8 @@ def careless_arithmetic(slip_rate: float = 0.6, slip: str = "drop_tens", seed: i
             return problem.answer
         if stable_hash(seed, "careless", index) / 2.0**64 >= slip_rate:
             return problem.answer
+        if slip == "echo_equals":
+            return f"= {problem.answer}"
         value = evaluate_chain(expression, minus_as_plus=slip == "minus_as_plus")
         if value is None:
             return problem.answer

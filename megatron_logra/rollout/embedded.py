@@ -142,6 +142,24 @@ class EmbeddedEngine:
         self._version = version
         logger.info("embedded engine: loaded %d tensors, weight_version=%d", len(hf_state), version)
 
+    def apply_sketch_delta(self, delta) -> int:
+        """Validate and apply one sketch delta (``SketchDelta`` or its encoded bytes) to the
+        engine's weights; returns the new ``weight_version``. All-or-nothing: on any
+        ``SyncError`` (checksum, version gap or replay, names, shapes, values) nothing changed."""
+        from megatron_logra.sync import apply_delta_
+        from megatron_logra.sync.engine import as_delta
+
+        d = as_delta(delta)
+        weights = {name: p.data for name, p in self.model.named_parameters()}
+        self._version = apply_delta_(weights, d, self._version, layout="hf", tp_size=1, tp_rank=0)
+        return self._version
+
+    def fingerprint(self, rows_per_tensor: int = 4) -> dict[str, str]:
+        """Per-tensor hash of sampled rows (``megatron_logra.sync.fingerprint``) for drift checks."""
+        from megatron_logra.sync import fingerprint
+
+        return fingerprint({name: p.data for name, p in self.model.named_parameters()}, rows_per_tensor)
+
     # ------------------------------------------------------------------ generation
 
     def _check_ids(self, seqs: list[list[int]], what: str) -> None:

@@ -80,3 +80,16 @@ def test_drop_tens_teacher_on_basic_arithmetic_items():
         assert always(problem, i) == str(value % 10)
         carries += value >= 10
     assert carries > 20
+
+
+def test_echo_equals_slip_is_rejected_by_the_real_scorer():
+    task = build_task(TaskConfig(datasets=["chain_sum"], num_eval=10,
+                                 dataset_kwargs={"chain_sum": {"min_terms": 2, "max_terms": 3, "max_digits": 1}}))
+    teacher = build_teacher("careless_arithmetic", {"slip_rate": 0.6, "slip": "echo_equals"})
+    answers = [(task.train_problem(i), teacher(task.train_problem(i), i)) for i in range(300)]
+    slipped = [(p, a) for p, a in answers if a != p.answer]
+    assert 0.5 < len(slipped) / len(answers) < 0.7
+    for problem, answer in slipped:
+        assert answer == "= " + problem.answer
+        assert task.score(problem, answer)[1] is False
+        assert task.score(problem, problem.answer)[1] is True

@@ -1,0 +1,105 @@
+"""Trainer side of policy sync: after each update, bring the rollout engine to the new policy.
+
+``delta`` mode (LoGRA): the step's factors ``U = quantize_factor(α·D)`` are merged into the
+trainer's weights *and* shipped to the engine, which regenerates ``A`` from the seed and runs
+the same merge (:mod:`megatron_logra.sync`), so both sides hold bitwise-equal weights. A
+fingerprint of sampled rows is compared every ``check_interval`` syncs; a mismatch (or every
+``anchor_interval`` updates) triggers a full refit, the safety net. ``full`` mode, other
+optimizers and pipeline parallelism (whose per-stage deltas are not gathered yet) refit densely.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from megatron_logra.models.hf import megatron_to_hf
+from megatron_logra.optim.logra import LograOptimizer, PreparedUpdate
+from megatron_logra.parallel import ParallelGroups
+from megatron_logra.rl.weights import gather_full_model
+from megatron_logra.sync import DirectoryTransport, InProcessTransport, SyncError, drift, encode, fingerprint
+from megatron_logra.sync.config import SyncConfig
+from megatron_logra.sync.trainer import build_delta, local_factors
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PolicySync"]
+
+
+class PolicySync:
+    """Keeps one rollout engine at the trainer's weight version (every rank owns its engine)."""
+
+    def __init__(self, cfg: SyncConfig, *, model: Any, model_cfg: Any, optimizer: Any, engine: Any,
+                 groups: ParallelGroups, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.model, self.model_cfg, self.optimizer, self.engine, self.groups = model, model_cfg, optimizer, engine, groups
+        self.delta_mode = cfg.mode == "delta" and isinstance(optimizer, LograOptimizer) and groups.pp_size == 1
+        if cfg.mode == "delta" and not self.delta_mode:
+            why = "pipeline parallelism" if groups.pp_size > 1 else f"optimizer {type(optimizer).__name__}"
+            logger.info("sync.mode=delta falls back to full refits with %s", why)
+        self.transport = None
+        if self.delta_mode:
+            if cfg.transport == "directory":
+                directory = Path(cfg.directory or run_dir / "deltas") / f"rank{torch.distributed.get_rank()}"
+                shutil.rmtree(directory, ignore_errors=True)  # a fresh chain starts at the engine's current version
+                self.transport = DirectoryTransport(directory)
+            else:
+                self.transport = InProcessTransport(engine)
+        self.num_syncs = 0
+        self.num_drifts = 0
+
+    # ------------------------------------------------------------------ full refit
+    def _trainer_hf_state(self) -> dict[str, torch.Tensor]:
+        return megatron_to_hf(gather_full_model(self.model, self.groups), self.model_cfg, tp=self.groups.tp_size)
+
+    def full(self, version: int) -> int:
+        """Dense refit of every engine weight; returns the bytes a bf16 copy would send."""
+        hf_state = self._trainer_hf_state()
+        self.engine.update_weights_full(hf_state, version)
+        return sum(t.numel() * 2 for t in hf_state.values())
+
+    # ------------------------------------------------------------------ per update
+    def factors(self, update: PreparedUpdate, alpha: float) -> Optional[dict[str, torch.Tensor]]:
+        """The factors the optimizer must merge (``None``: use its own arithmetic, refit densely)."""
+        if not self.delta_mode or update.skipped:
+            return None
+        return local_factors(self.optimizer, update, alpha)
+
+    def push(self, update: PreparedUpdate, alpha: float, factors: Optional[dict[str, torch.Tensor]],
+             base_version: int, new_version: int) -> dict:
+        """Send the applied update to the engine; returns ``sync_bytes``, ``sync_mode`` and ``sync_drift``."""
+        self.num_syncs += 1
+        anchor = self.cfg.anchor_interval and self.num_syncs % self.cfg.anchor_interval == 0
+        if factors is None:
+            return {"sync_bytes": self.full(new_version), "sync_mode": "full", "sync_drift": 0}
+        delta = build_delta(self.optimizer, update, alpha, base_version, new_version, self.groups,
+                            model=self.model, factors=factors)
+        payload = encode(delta)
+        try:
+            if isinstance(self.transport, DirectoryTransport):
+                self.transport.publish(payload)
+                self.transport.consume(self.engine)
+                if self.cfg.keep_deltas:
+                    self.transport.prune(new_version - self.cfg.keep_deltas + 1)
+            else:
+                self.transport.send(payload)
+        except SyncError as exc:  # the engine kept its weights; bring it back with a dense refit
+            logger.warning("sync: the engine rejected delta %d->%d (%s); full refit", base_version, new_version, exc)
+            self.num_drifts += 1
+            return {"sync_bytes": len(payload) + self.full(new_version), "sync_mode": "full", "sync_drift": 1}
+        mode, drifted = "delta", 0
+        if self.cfg.check_interval and self.num_syncs % self.cfg.check_interval == 0:
+            mismatched = drift(fingerprint(self._trainer_hf_state()), self.engine.fingerprint())
+            if mismatched:
+                drifted = 1
+                self.num_drifts += 1
+                logger.warning("sync: engine weights drifted from the trainer's in %d tensors (e.g. %s); "
+                               "full refit", len(mismatched), mismatched[0])
+        if drifted or anchor:
+            self.full(new_version)
+            mode = "delta+anchor"
+        return {"sync_bytes": len(payload), "sync_mode": mode, "sync_drift": drifted}

@@ -1,0 +1,42 @@
+"""Configuration of policy sync between the trainer and the rollout engine (stdlib only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SyncConfig", "SYNC_MODES", "TRANSPORTS"]
+
+SYNC_MODES = ("delta", "full")
+TRANSPORTS = ("inprocess", "directory")
+
+
+@dataclass
+class SyncConfig:
+    """How the rollout engine receives each new policy."""
+
+    mode: str = "delta"
+    """``delta``: ship ``U = quantize_factor(α·D)`` per target plus the projection seed and let the
+    engine regenerate ``A`` (LoGRA only; other optimizers fall back to ``full``). ``full``: a
+    dense refit of every weight after each update."""
+    anchor_interval: int = 0
+    """Full refit every this many updates even when deltas apply cleanly (0 = only on drift)."""
+    check_interval: int = 1
+    """Compare trainer and engine fingerprints every this many syncs (0 = never); a mismatch
+    triggers a full refit and is counted in the metrics (``sync_drift``)."""
+    transport: str = "inprocess"
+    """``inprocess`` (the embedded engine) or ``directory`` (delta files written atomically to
+    ``directory``, applied by the consumer in version order; the embedded engine consumes them)."""
+    directory: str = ""
+    """Delta directory for ``transport=directory`` (default: ``RUN_DIR/deltas``)."""
+    keep_deltas: int = 8
+    """Delta files kept in ``directory`` after they were applied (older ones are pruned)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in SYNC_MODES:
+            raise ValueError(f"sync.mode={self.mode!r} is unknown; choose one of {SYNC_MODES}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"sync.transport={self.transport!r} is unknown; choose one of {TRANSPORTS}")
+        if self.anchor_interval < 0 or self.check_interval < 0:
+            raise ValueError("sync.anchor_interval and sync.check_interval must be >= 0 (0 disables)")
+        if self.keep_deltas < 0:
+            raise ValueError(f"sync.keep_deltas={self.keep_deltas} must be >= 0")
