@@ -268,6 +268,58 @@ def test_zero_advantages_skip_the_step(built, stepped):
     assert RECORD_KEYS <= set(rec), RECORD_KEYS - set(rec)
 
 
+def _assert_engine_equals_trainer(comps):
+    from megatron_logra.models.hf import megatron_to_hf
+    from megatron_logra.rl.weights import gather_full_model
+
+    trainer = megatron_to_hf(gather_full_model(comps.model, comps.groups), comps.cfg.model, tp=1)
+    engine = dict(comps.engine.model.named_parameters())
+    for name, tensor in trainer.items():
+        assert torch.equal(engine[name].detach(), tensor.to(engine[name].dtype)), name
+
+
+def test_drift_is_detected_and_repaired_by_a_full_refit(built, stepped):
+    from megatron_logra.rl.loop import rl_update
+
+    comps, state = built
+    with torch.no_grad():  # simulate silent engine-side corruption of one weight row
+        comps.engine.model.model.layers[0].mlp.down_proj.weight[0, 0] += 1e-3
+    real_score = comps.task.score
+    comps.task.score = alternating_score()
+    try:
+        rec = rl_update(comps, state)
+    finally:
+        comps.task.score = real_score
+    assert rec["skipped"] is False
+    assert rec["sync_drift"] == 1 and rec["sync_mode"] == "delta+anchor"
+    _assert_engine_equals_trainer(comps)
+    assert comps.engine.weight_version == state.weight_version
+
+
+def test_directory_transport_applies_deltas_from_files(built, stepped, tmp_path):
+    from megatron_logra.rl.loop import rl_update
+    from megatron_logra.rl.policy_sync import PolicySync
+    from megatron_logra.sync.config import SyncConfig
+
+    comps, state = built
+    real_sync = comps.sync
+    comps.sync = PolicySync(SyncConfig(transport="directory", directory=str(tmp_path / "deltas")), model=comps.model,
+                            model_cfg=comps.cfg.model, optimizer=comps.optimizer, engine=comps.engine,
+                            groups=comps.groups, run_dir=tmp_path)
+    real_score = comps.task.score
+    comps.task.score = alternating_score()
+    try:
+        rec = rl_update(comps, state)
+    finally:
+        comps.task.score = real_score
+        comps.sync = real_sync
+    assert rec["sync_mode"] == "delta" and rec["sync_drift"] == 0
+    files = sorted((tmp_path / "deltas").rglob("delta_*.safetensors"))
+    assert [f.name for f in files] == [f"delta_{state.weight_version:08d}.safetensors"]
+    assert files[0].stat().st_size == rec["sync_bytes"]
+    _assert_engine_equals_trainer(comps)
+
+
 def test_prompt_longer_than_the_context_is_a_clear_error(built):
     from megatron_logra.rl.loop import rl_update
 
