@@ -1,0 +1,323 @@
+"""Per-rank GPU memory of one training configuration: pure arithmetic on exact parameter counts.
+
+Every figure is bytes on one rank (one TP rank of one pipeline stage; data-parallel ranks
+are alike). Parameter counts come from :func:`megatron_logra.memory.count.count_params`
+(the megatron model built on the meta device). The formulas, all stated in ``docs/memory.md``:
+
+Persistent state (lives across steps)
+  * weights: every parameter in its own dtype (bf16 linears/embeddings, fp32 local-spec norms).
+  * dense AdamW (Megatron mixed precision): fp32 grad buffer 4 B for every parameter (never
+    sharded; Megatron's distributed optimizer reduce-scatters into the full buffer), fp32
+    master 4 B for every 16-bit parameter, moments 2 x 4 B. ``distributed_optimizer`` shards
+    masters and moments over DP: 2 + 4 + 12/dp B/param (Megatron's table).
+  * LoGRA: targets keep no gradient and no moments; an fp32 master (4 B) per 16-bit target
+    parameter with ``masters="fp32"`` (replicated over DP: never sharded in this project);
+    sketches ``4 r`` B per output row held by the rank (column-parallel targets hold
+    n_out/tp rows, row-parallel ones all n_out rows as TP-partial sums); row moments 4 B per
+    row. Non-target parameters (embedding, output layer, norms, biases) use the dense AdamW
+    accounting above, sharded alike under ``distributed_optimizer``.
+
+Transient state of a step
+  * activations, per layer and micro-batch, no sequence parallelism, b·s = T tokens,
+    B = 2 bytes (16-bit params) — Korthikanti et al. 2022 generalised to GQA / SwiGLU /
+    dropout 0: ``4·B·T·h`` replicated (two norm inputs and outputs) + attention
+    ``3·B·T·q/t`` (q, k, v after megatron's GQA expansion; flash: ``B·T·(2q + 3kv)/t`` + fp32
+    LSE) + scores ``6·a·T·s/t`` (fp32 softmax output + 16-bit probabilities; unfused only)
+    + ``B·T·q/t`` (proj input) + MLP ``4·B·T·f/t`` (SwiGLU: fc1 output, silu, product;
+    GELU ``2·B·T·f/t``) + LoGRA's captured ``P = X·Aᵀ``: ``4·B·T·r``. Dropout > 0 adds
+    1-byte masks. Full recompute keeps ``B·T·h`` per layer plus one layer's full set. The
+    first pipeline stage holds ``pp`` micro-batches in flight (1F1B). The last stage adds the
+    final norm (``2·B·T·h``); unfused attention adds megatron's global score buffer
+    ``B·a·T·s/t`` once.
+  * logits (last stage): 16-bit output ``2·T·V/t`` + fp32 copy ``4·T·V/t``; log-prob working
+    set ``8·T·V/t`` (two more fp32 [T, V/t] buffers: shifted logits and the softmax kept for
+    backward, which becomes the gradient).
+  * LoGRA step: cached projections ``4·r·Σn_in`` (from forward to apply, when
+    ``cache_projections``), directions ``4·r·Σn_out`` and the largest target's fp32 update.
+    Dense AdamW steps in place (fused Adam: no temporaries).
+
+Colocated rollout engine: ``engine_fraction`` x GPU memory (SGLang's ``mem_fraction_static``:
+engine weights + KV cache), resident during training. ``overhead_bytes`` covers the CUDA
+context, NCCL buffers and allocator fragmentation.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+from megatron_logra.memory.count import ParamCounts, count_params
+from megatron_logra.memory.units import GiB
+from megatron_logra.models.gpt import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PlanConfig", "RankMemory", "MemoryPlan", "plan", "compare", "check_layout"]
+
+OPTIMIZERS = ("adam", "logra")
+
+
+@dataclass
+class PlanConfig:
+    """A training configuration to plan: parallel layout, optimizer, batch shape, GPU."""
+
+    tp: int = 1
+    """Tensor-parallel size (must divide heads, query groups and the MLP width)."""
+    pp: int = 1
+    """Pipeline-parallel size (must divide the number of layers)."""
+    dp: int = 1
+    """Data-parallel size (only the distributed optimizer's sharding depends on it)."""
+    optimizer: str = "logra"
+    """adam (dense AdamW, Megatron mixed precision) or logra (sketches + RowAdam, native AdamW for the rest)."""
+    rank: int = 256
+    """LoGRA sketch rank r (1 <= r <= n_in of every target)."""
+    masters: str = "fp32"
+    """LoGRA masters: fp32 (4 B per 16-bit target parameter) or none (bf16-only)."""
+    micro_batch: int = 1
+    """Sequences per micro-batch."""
+    seq_len: int = 4096
+    """Tokens per sequence (prompt + response)."""
+    recompute: str = "none"
+    """Activation recompute: none or full (megatron uniform, one layer per checkpoint)."""
+    gpu_memory_bytes: int = 80 * GiB
+    """Memory of one GPU."""
+    engine_fraction: float = 0.0
+    """Fraction of GPU memory held by a colocated rollout engine (SGLang mem_fraction_static); 0 = none."""
+    distributed_optimizer: bool = True
+    """Shard fp32 masters and Adam moments of dense-AdamW parameters over DP (Megatron's DistributedOptimizer)."""
+    attention: str = "unfused"
+    """unfused (megatron's local-spec DotProductAttention, stores s x s scores) or flash (fused kernels)."""
+    cache_projections: bool = True
+    """LoGRA keeps a step's fp32 projections from forward to apply (LograConfig.cache_projections)."""
+    overhead_bytes: int = 2 * GiB
+    """CUDA context, NCCL buffers and allocator fragmentation per GPU."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "rank", "micro_batch", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={self.optimizer!r}: choose adam or logra")
+        if self.masters not in ("fp32", "none"):
+            raise ValueError(f"masters={self.masters!r}: choose fp32 or none")
+        if self.recompute not in ("none", "full"):
+            raise ValueError(f"recompute={self.recompute!r}: choose none or full")
+        if self.attention not in ("unfused", "flash"):
+            raise ValueError(f"attention={self.attention!r}: choose unfused or flash")
+        if not isinstance(self.gpu_memory_bytes, int) or self.gpu_memory_bytes <= 0:
+            raise ValueError(f"gpu_memory_bytes={self.gpu_memory_bytes!r} must be a positive number of bytes (e.g. 80GiB)")
+        if not 0.0 <= float(self.engine_fraction) < 1.0:
+            raise ValueError(f"engine_fraction={self.engine_fraction!r} must lie in [0, 1) (0 = no colocated engine)")
+        if self.overhead_bytes < 0:
+            raise ValueError(f"overhead_bytes={self.overhead_bytes!r} must be >= 0")
+
+
+@dataclass
+class RankMemory:
+    """Bytes on one rank of one pipeline stage."""
+
+    stage: int
+    """Pipeline stage (0 = first)."""
+    counts: ParamCounts = field(repr=False)
+    """Exact parameter counts of this rank."""
+    weights: int = 0
+    """All parameters in their own dtypes."""
+    grads: int = 0
+    """fp32 gradient buffers (dense: all parameters; LoGRA: non-targets only)."""
+    masters: int = 0
+    """fp32 master weights (dense: all 16-bit parameters; LoGRA: 16-bit targets + 16-bit non-targets)."""
+    moments: int = 0
+    """Adam first and second moments (fp32), of the parameters stepped by AdamW."""
+    sketches: int = 0
+    """LoGRA sketch buffer: fp32 [Σ n_out held by this rank, r]."""
+    row_moments: int = 0
+    """LoGRA RowAdam second moments: one fp32 per sketch row."""
+    target_persistent: int = 0
+    """The part of the persistent state that belongs to target linears (weight, grad, master, moments or sketch state)."""
+    projection_cache: int = 0
+    """LoGRA cached fp32 projections of one step (forward to apply)."""
+    activations: int = 0
+    """Saved activations of the micro-batches in flight (see the module docstring)."""
+    logits: int = 0
+    """Output logits: 16-bit [T, V/tp] and its fp32 copy (last stage only)."""
+    logprob_working: int = 0
+    """Log-prob / cross-entropy working set: two more fp32 [T, V/tp] (last stage only)."""
+    step_working: int = 0
+    """Optimizer-step temporaries (LoGRA directions + the largest fp32 update; dense fused Adam: 0)."""
+    engine: int = 0
+    """Colocated rollout engine's share of the GPU."""
+    overhead: int = 0
+    """CUDA context, NCCL buffers, allocator fragmentation."""
+
+    @property
+    def persistent(self) -> int:
+        return self.weights + self.grads + self.masters + self.moments + self.sketches + self.row_moments
+
+    @property
+    def forward_backward(self) -> int:
+        return self.activations + self.logits + self.logprob_working
+
+    @property
+    def trainer_peak(self) -> int:
+        """Persistent state + cached projections + the larger of forward/backward and step temporaries."""
+        return self.persistent + self.projection_cache + max(self.forward_backward, self.step_working)
+
+    @property
+    def total(self) -> int:
+        return self.trainer_peak + self.engine + self.overhead
+
+    def items(self) -> list[tuple[str, int]]:
+        """(label, bytes) of every line, in display order."""
+        return [
+            ("weights", self.weights), ("grads (fp32)", self.grads), ("fp32 masters", self.masters),
+            ("Adam moments", self.moments), ("sketches", self.sketches), ("row moments", self.row_moments),
+            ("projection cache", self.projection_cache), ("activations", self.activations),
+            ("logits", self.logits), ("log-prob working set", self.logprob_working),
+            ("optimizer-step temporaries", self.step_working), ("rollout engine", self.engine),
+            ("CUDA/NCCL overhead", self.overhead),
+        ]
+
+
+@dataclass
+class MemoryPlan:
+    """The plan of one configuration: every pipeline stage, the worst one and the verdict."""
+
+    model: ModelConfig
+    """The model planned."""
+    config: PlanConfig
+    """The configuration planned."""
+    stages: tuple[RankMemory, ...]
+    """One entry per pipeline stage (a rank of that stage)."""
+
+    @property
+    def worst(self) -> RankMemory:
+        return max(self.stages, key=lambda r: r.total)
+
+    @property
+    def gpu_memory(self) -> int:
+        return self.config.gpu_memory_bytes
+
+    @property
+    def headroom(self) -> float:
+        """Free fraction of GPU memory on the worst rank (negative: short by that fraction)."""
+        return (self.gpu_memory - self.worst.total) / self.gpu_memory
+
+    @property
+    def fits(self) -> bool:
+        return self.worst.total <= self.gpu_memory
+
+    @property
+    def verdict(self) -> str:
+        return f"{'fit' if self.fits else 'OOM'} ({100 * self.headroom:+.1f}% headroom)"
+
+
+def _divisors_common(*values: int) -> list[int]:
+    g = 0
+    for v in values:
+        from math import gcd
+
+        g = gcd(g, v)
+    return [d for d in range(1, g + 1) if g % d == 0]
+
+
+def check_layout(model: ModelConfig, cfg: PlanConfig) -> None:
+    """Raise ``ValueError`` naming the field when the layout cannot shard ``model``."""
+    heads = model.num_attention_heads
+    groups = model.num_query_groups or heads
+    ok = _divisors_common(heads, groups, model.ffn_hidden_size)
+    for what, value in (("num_attention_heads", heads), ("num_query_groups", groups), ("ffn_hidden_size", model.ffn_hidden_size)):
+        if value % cfg.tp:
+            raise ValueError(f"tp={cfg.tp} must divide model.{what}={value}: choose tp in {ok}")
+    if model.num_layers % cfg.pp:
+        ok_pp = [d for d in range(1, model.num_layers + 1) if model.num_layers % d == 0]
+        raise ValueError(f"pp={cfg.pp} must divide model.num_layers={model.num_layers}: choose pp in {ok_pp}")
+    if cfg.optimizer == "logra":
+        min_in = min(model.hidden_size, model.ffn_hidden_size)
+        if cfg.rank > min_in:
+            raise ValueError(f"rank={cfg.rank} must be <= the smallest target input width {min_in}")
+
+
+def _activations(model: ModelConfig, cfg: PlanConfig, counts: ParamCounts, last: bool) -> int:
+    """Saved activations of one stage (bytes), see the module docstring."""
+    B = 4 if model.params_dtype == "float32" else 2
+    t, s, h = cfg.tp, cfg.seq_len, model.hidden_size
+    T = cfg.micro_batch * s
+    a = model.num_attention_heads
+    d = h // a
+    q, kv = a * d, (model.num_query_groups or a) * d
+    f = model.ffn_hidden_size
+    replicated = 4 * B * T * h + (2 * T * h if model.hidden_dropout > 0 else 0)
+    if cfg.attention == "unfused":
+        attn = 3 * B * T * q // t + 6 * a * T * s // t + (a * T * s // t if model.attention_dropout > 0 else 0)
+    else:
+        attn = B * T * (2 * q + 3 * kv) // t + 4 * a * T // t
+    proj_in = B * T * q // t
+    mlp = (4 if model.swiglu else 2) * B * T * f // t
+    captured = len(counts.targets) * B * T * cfg.rank if cfg.optimizer == "logra" else 0
+    per_layer = replicated + attn + proj_in + mlp + captured
+    layers = counts.num_layers
+    in_flight = cfg.pp - counts.stage  # 1F1B: stage k holds pp - k micro-batches
+    if cfg.recompute == "full":
+        stored = in_flight * layers * B * T * h + per_layer
+    else:
+        stored = in_flight * layers * per_layer
+    extra = B * a * T * s // t if cfg.attention == "unfused" else 0  # megatron's global score buffer
+    if last:
+        extra += 2 * B * T * h  # final norm input and output
+    return stored + extra
+
+
+def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
+    c = count_params(model, tp=cfg.tp, pp=cfg.pp, stage=stage)
+    shard = cfg.dp if cfg.distributed_optimizer else 1
+    r = RankMemory(stage=stage, counts=c, weights=c.weight_bytes)
+    target_weight_bytes = sum(t.numel * (2 if t.low_precision else 4) for t in c.targets)
+    if cfg.optimizer == "adam":
+        low = c.native_low_precision + c.target_low_precision
+        r.grads = 4 * c.total
+        r.masters = 4 * low // shard
+        r.moments = 8 * c.total // shard
+        r.target_persistent = target_weight_bytes + (4 * c.target_params + (4 * c.target_low_precision + 8 * c.target_params) // shard)
+    else:
+        target_masters = 4 * c.target_low_precision if cfg.masters == "fp32" else 0
+        r.grads = 4 * c.native
+        r.masters = target_masters + 4 * c.native_low_precision // shard
+        r.moments = 8 * c.native // shard
+        r.sketches = 4 * cfg.rank * c.target_rows
+        r.row_moments = 4 * c.target_rows
+        r.target_persistent = target_weight_bytes + target_masters + r.sketches + r.row_moments
+        r.projection_cache = 4 * cfg.rank * c.target_cols if cfg.cache_projections else 0
+        r.step_working = 4 * cfg.rank * c.target_rows + 4 * c.largest_target
+    last = stage == cfg.pp - 1
+    r.activations = _activations(model, cfg, c, last)
+    if last:
+        tv = cfg.micro_batch * cfg.seq_len * (c.padded_vocab // cfg.tp)
+        r.logits = (2 if model.params_dtype != "float32" else 4) * tv + 4 * tv
+        r.logprob_working = 8 * tv
+    r.engine = int(cfg.engine_fraction * cfg.gpu_memory_bytes)
+    r.overhead = cfg.overhead_bytes
+    return r
+
+
+def plan(model: ModelConfig, config: Optional[PlanConfig] = None, **kwargs) -> MemoryPlan:
+    """Plan ``model`` under ``config`` (or a ``PlanConfig`` built from ``kwargs``: tp, pp, dp,
+    optimizer, rank, masters, micro_batch, seq_len, recompute, gpu_memory_bytes,
+    engine_fraction, distributed_optimizer, attention, cache_projections, overhead_bytes)."""
+    if config is None:
+        config = PlanConfig(**kwargs)
+    elif kwargs:
+        raise ValueError(f"give either config or keyword fields, not both (got {sorted(kwargs)})")
+    check_layout(model, config)
+    stages = tuple(_stage(model, config, k) for k in range(config.pp))
+    result = MemoryPlan(model=model, config=config, stages=stages)
+    logger.debug("plan %s tp=%d pp=%d dp=%d: %s", config.optimizer, config.tp, config.pp, config.dp, result.verdict)
+    return result
+
+
+def compare(model: ModelConfig, config: PlanConfig) -> tuple[MemoryPlan, MemoryPlan]:
+    """(dense AdamW plan, LoGRA plan) of the same layout, batch and GPU."""
+    from dataclasses import replace
+
+    return plan(model, replace(config, optimizer="adam")), plan(model, replace(config, optimizer="logra"))

@@ -1,0 +1,210 @@
+"""Named model shapes (Qwen2.5 1.5B / 7B and a 27B-class shape) and a Hugging Face ``config.json`` loader.
+
+Presets are plain :class:`~megatron_logra.models.gpt.ModelConfig` objects (bf16 parameters,
+sequence length 4096 unless told otherwise), used by the memory planner and by anyone who
+wants the real shapes of a model without its weights.
+
+``27b`` is a Gemma-3-27B-like shape expressed in what ``ModelConfig`` supports: it has no
+``kv_channels`` field, so the head dimension is ``hidden_size / num_attention_heads``
+(5376 / 32 = 168) instead of Gemma's 128. Everything else follows Gemma 3 27B (hidden 5376,
+62 layers, 32 query heads, 16 KV groups, SwiGLU width 21504, vocabulary 262144, tied
+embeddings). The wider heads give 28.3 B parameters instead of Gemma's 27.0 B text weights,
+so memory figures for it are slightly conservative. 32 heads and 16 groups allow TP 1-16.
+
+:func:`load_hf_config` reads a ``config.json`` of a Llama, Mistral, Qwen2 or Qwen3 causal LM
+(``architectures`` / ``model_type``) and rejects anything else, or any field ``ModelConfig``
+cannot express (a head dimension other than hidden/heads, a non-SiLU MLP, ...), with a
+``ValueError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+from megatron_logra.models.gpt import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PRESETS", "get_preset", "load_hf_config", "resolve_model", "preset_names"]
+
+DEFAULT_SEQ_LENGTH = 4096
+
+
+def _qwen25_1_5b() -> ModelConfig:
+    """Qwen2.5-1.5B (1.54 B parameters, tied embeddings, QKV bias)."""
+    return ModelConfig(
+        num_layers=28, hidden_size=1536, num_attention_heads=12, num_query_groups=2, ffn_hidden_size=8960,
+        vocab_size=151936, seq_length=DEFAULT_SEQ_LENGTH, swiglu=True, add_qkv_bias=True,
+        untie_embeddings_and_output_weights=False, rotary_base=1000000, params_dtype="bfloat16",
+    )
+
+
+def _qwen25_7b() -> ModelConfig:
+    """Qwen2.5-7B (7.62 B parameters, untied embeddings, QKV bias)."""
+    return ModelConfig(
+        num_layers=28, hidden_size=3584, num_attention_heads=28, num_query_groups=4, ffn_hidden_size=18944,
+        vocab_size=152064, seq_length=DEFAULT_SEQ_LENGTH, swiglu=True, add_qkv_bias=True,
+        untie_embeddings_and_output_weights=True, rotary_base=1000000, params_dtype="bfloat16",
+    )
+
+
+def _gemma_like_27b() -> ModelConfig:
+    """27B-class, Gemma-3-27B-like shape with head dim 168 (28.3 B parameters, tied embeddings)."""
+    return ModelConfig(
+        num_layers=62, hidden_size=5376, num_attention_heads=32, num_query_groups=16, ffn_hidden_size=21504,
+        vocab_size=262144, seq_length=DEFAULT_SEQ_LENGTH, swiglu=True, add_qkv_bias=False,
+        untie_embeddings_and_output_weights=False, rotary_base=1000000, params_dtype="bfloat16",
+    )
+
+
+PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    "qwen2.5-1.5b": _qwen25_1_5b,
+    "qwen2.5-7b": _qwen25_7b,
+    "27b": _gemma_like_27b,
+}
+"""Preset name -> factory of a fresh ``ModelConfig``."""
+
+
+def preset_names() -> list[str]:
+    return list(PRESETS)
+
+
+def get_preset(name: str, *, seq_length: Optional[int] = None) -> ModelConfig:
+    """A fresh ``ModelConfig`` of the preset ``name`` (optionally with another ``seq_length``)."""
+    key = name.strip().lower()
+    if key not in PRESETS:
+        raise ValueError(f"model={name!r} is not a preset: choose one of {', '.join(PRESETS)} or a path to a config.json")
+    cfg = PRESETS[key]()
+    return replace(cfg, seq_length=seq_length) if seq_length else cfg
+
+
+# ------------------------------------------------------------------ Hugging Face config.json
+_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_MODEL_TYPES = set(_ARCHITECTURES.values())
+_TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "half": "float16",
+                 "float": "float32"}
+
+
+def _family(raw: dict, source: str) -> str:
+    archs = raw.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
+    known = [a for a in archs if a in _ARCHITECTURES]
+    if archs and not known:
+        raise ValueError(
+            f"{source}: architectures={archs} is not supported: the loader reads "
+            f"{', '.join(sorted(_ARCHITECTURES))} (Llama / Mistral / Qwen2 / Qwen3 decoder-only models)"
+        )
+    family = _ARCHITECTURES[known[0]] if known else raw.get("model_type")
+    if family not in _MODEL_TYPES:
+        raise ValueError(
+            f"{source}: model_type={raw.get('model_type')!r} is not supported: choose a config.json whose "
+            f"architectures names one of {', '.join(sorted(_ARCHITECTURES))}"
+        )
+    return family
+
+
+def _require(raw: dict, key: str, source: str) -> int:
+    if key not in raw:
+        raise ValueError(f"{source}: the field {key!r} is missing (needed for the model shape)")
+    value = raw[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{source}: {key}={value!r} must be a positive integer")
+    return value
+
+
+def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, source: str = "config.json") -> ModelConfig:
+    """``ModelConfig`` of a Hugging Face config dict (Llama / Mistral / Qwen2 / Qwen3)."""
+    family = _family(raw, source)
+    hidden = _require(raw, "hidden_size", source)
+    layers = _require(raw, "num_hidden_layers", source)
+    heads = _require(raw, "num_attention_heads", source)
+    ffn = _require(raw, "intermediate_size", source)
+    vocab = _require(raw, "vocab_size", source)
+    kv = raw.get("num_key_value_heads") or heads
+    if hidden % heads:
+        raise ValueError(f"{source}: hidden_size={hidden} is not divisible by num_attention_heads={heads}")
+    head_dim = raw.get("head_dim")
+    if head_dim is not None and head_dim != hidden // heads:
+        raise ValueError(
+            f"{source}: head_dim={head_dim} differs from hidden_size/num_attention_heads={hidden // heads}; "
+            "ModelConfig has no kv_channels field, so such models cannot be expressed yet"
+        )
+    act = raw.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"{source}: hidden_act={act!r} is not supported: the loader needs a gated SiLU (SwiGLU) MLP")
+    mlp_bias = bool(raw.get("mlp_bias", False))
+    attn_bias = bool(raw.get("attention_bias", False))
+    if family == "qwen2":
+        qkv_bias, bias_linear = True, False
+    elif mlp_bias or attn_bias:
+        # Llama / Qwen3 attention_bias also puts a bias on o_proj: only expressible as biases everywhere
+        if attn_bias != mlp_bias:
+            raise ValueError(
+                f"{source}: attention_bias={attn_bias} with mlp_bias={mlp_bias} cannot be expressed: "
+                "ModelConfig has biases on all linears (add_bias_linear) or on QKV only (add_qkv_bias)"
+            )
+        qkv_bias, bias_linear = False, True
+    else:
+        qkv_bias, bias_linear = False, False
+    dtype_name = str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16").replace("torch.", "")
+    if dtype_name not in _TORCH_DTYPES:
+        raise ValueError(f"{source}: torch_dtype={dtype_name!r}: choose bfloat16, float16 or float32")
+    if raw.get("rope_scaling"):
+        logger.warning("%s: rope_scaling=%s is ignored (it does not change shapes or memory)", source, raw["rope_scaling"])
+    return ModelConfig(
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_query_groups=kv if kv != heads else None,
+        ffn_hidden_size=ffn,
+        vocab_size=vocab,
+        seq_length=seq_length or DEFAULT_SEQ_LENGTH,
+        swiglu=True,
+        normalization="RMSNorm",
+        position_embedding_type="rope",
+        rotary_base=int(raw.get("rope_theta", 10000)),
+        add_bias_linear=bias_linear,
+        add_qkv_bias=qkv_bias,
+        qk_layernorm=family == "qwen3",
+        untie_embeddings_and_output_weights=not bool(raw.get("tie_word_embeddings", False)),
+        params_dtype=_TORCH_DTYPES[dtype_name],
+        layernorm_epsilon=float(raw.get("rms_norm_eps", 1e-6)),
+    )
+
+
+def load_hf_config(path: Union[str, Path], *, seq_length: Optional[int] = None) -> ModelConfig:
+    """Read ``path`` (a ``config.json`` or a directory holding one) into a ``ModelConfig``."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise ValueError(f"model={str(path)!r}: no such config.json (give a preset name or a path to a config.json)")
+    try:
+        raw = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"model={str(path)!r}: {p} is not valid JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"model={str(path)!r}: {p} does not hold a JSON object")
+    return model_config_from_hf_dict(raw, seq_length=seq_length, source=str(p))
+
+
+def resolve_model(spec: Union[str, Path, ModelConfig], *, seq_length: Optional[int] = None) -> ModelConfig:
+    """A preset name, a path to a ``config.json`` (or its directory), or a ``ModelConfig`` as is."""
+    if isinstance(spec, ModelConfig):
+        return replace(spec, seq_length=seq_length) if seq_length else spec
+    text = str(spec)
+    if text.strip().lower() in PRESETS:
+        return get_preset(text, seq_length=seq_length)
+    if text.endswith(".json") or "/" in text or Path(text).exists():
+        return load_hf_config(text, seq_length=seq_length)
+    raise ValueError(f"model={text!r} is neither a preset ({', '.join(PRESETS)}) nor a path to a config.json")
