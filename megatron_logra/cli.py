@@ -5,6 +5,7 @@
     megatron-logra plot RUN_DIR [--out FILE]                   # PNG of reward/accuracy, KL, α, memory
     megatron-logra recipes                                     # list recipes
     megatron-logra config [RECIPE] [overrides...]              # print the resolved config
+    megatron-logra memory --model 27b --tp 8 --compare         # per-GPU memory plan, dense AdamW vs LoGRA
 
 Launch multi-process runs with torchrun, e.g.
 ``torchrun --nproc-per-node 4 -m megatron_logra.cli train --tensor-model-parallel-size 2``.
@@ -45,10 +46,14 @@ def _split_recipe(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-logra", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "eval", "plot", "config", "recipes"])
+    parser.add_argument("command", choices=["train", "eval", "plot", "config", "recipes", "memory"])
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="recipe name or YAML, then overrides")
     ns = parser.parse_args(argv)
     _setup_logging()
+    if ns.command == "memory":
+        from megatron_logra.memory.cli import main as memory_main
+
+        return memory_main(ns.rest)
 
     from megatron_logra.config import RECIPES, parse_args_to_config, to_dict
 

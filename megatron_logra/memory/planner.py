@@ -17,21 +17,10 @@ Persistent state (lives across steps)
     row. Non-target parameters (embedding, output layer, norms, biases) use the dense AdamW
     accounting above, sharded alike under ``distributed_optimizer``.
 
-Transient state of a step
-  * activations, per layer and micro-batch, no sequence parallelism, b·s = T tokens,
-    B = 2 bytes (16-bit params) — Korthikanti et al. 2022 generalised to GQA / SwiGLU /
-    dropout 0: ``4·B·T·h`` replicated (two norm inputs and outputs) + attention
-    ``3·B·T·q/t`` (q, k, v after megatron's GQA expansion; flash: ``B·T·(2q + 3kv)/t`` + fp32
-    LSE) + scores ``6·a·T·s/t`` (fp32 softmax output + 16-bit probabilities; unfused only)
-    + ``B·T·q/t`` (proj input) + MLP ``4·B·T·f/t`` (SwiGLU: fc1 output, silu, product;
-    GELU ``2·B·T·f/t``) + LoGRA's captured ``P = X·Aᵀ``: ``4·B·T·r``. Dropout > 0 adds
-    1-byte masks. Full recompute keeps ``B·T·h`` per layer plus one layer's full set. The
-    first pipeline stage holds ``pp`` micro-batches in flight (1F1B). The last stage adds the
-    final norm (``2·B·T·h``); unfused attention adds megatron's global score buffer
-    ``B·a·T·s/t`` once.
-  * logits (last stage): 16-bit output ``2·T·V/t`` + fp32 copy ``4·T·V/t``; log-prob working
-    set ``8·T·V/t`` (two more fp32 [T, V/t] buffers: shifted logits and the softmax kept for
-    backward, which becomes the gradient).
+Transient state of a step (formulas in :mod:`megatron_logra.memory.activations`)
+  * activations: saved activations of the micro-batches in flight.
+  * logits (last stage): 16-bit output + fp32 copy ``(2 + 4)·T·V/t``; log-prob working set
+    ``8·T·V/t``.
   * LoGRA step: cached projections ``4·r·Σn_in`` (from forward to apply, when
     ``cache_projections``), directions ``4·r·Σn_out`` and the largest target's fp32 update.
     Dense AdamW steps in place (fused Adam: no temporaries).
@@ -44,9 +33,11 @@ context, NCCL buffers and allocator fragmentation.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from megatron_logra.memory.activations import activation_bytes, logit_bytes
 from megatron_logra.memory.count import ParamCounts, count_params
 from megatron_logra.memory.units import GiB
 from megatron_logra.models.gpt import ModelConfig
@@ -208,17 +199,20 @@ class MemoryPlan:
     def fits(self) -> bool:
         return self.worst.total <= self.gpu_memory
 
+    def engine_fraction_limit(self, min_headroom: float = 0.0) -> float:
+        """Largest colocated-engine fraction that keeps ``min_headroom`` free on the worst rank (may be < 0)."""
+        if not 0.0 <= min_headroom < 1.0:
+            raise ValueError(f"min_headroom={min_headroom!r} must lie in [0, 1)")
+        gpu = self.gpu_memory
+        return min((gpu * (1.0 - min_headroom) - (r.total - r.engine)) / gpu for r in self.stages)
+
     @property
     def verdict(self) -> str:
         return f"{'fit' if self.fits else 'OOM'} ({100 * self.headroom:+.1f}% headroom)"
 
 
 def _divisors_common(*values: int) -> list[int]:
-    g = 0
-    for v in values:
-        from math import gcd
-
-        g = gcd(g, v)
+    g = math.gcd(*values)
     return [d for d in range(1, g + 1) if g % d == 0]
 
 
@@ -237,36 +231,6 @@ def check_layout(model: ModelConfig, cfg: PlanConfig) -> None:
         min_in = min(model.hidden_size, model.ffn_hidden_size)
         if cfg.rank > min_in:
             raise ValueError(f"rank={cfg.rank} must be <= the smallest target input width {min_in}")
-
-
-def _activations(model: ModelConfig, cfg: PlanConfig, counts: ParamCounts, last: bool) -> int:
-    """Saved activations of one stage (bytes), see the module docstring."""
-    B = 4 if model.params_dtype == "float32" else 2
-    t, s, h = cfg.tp, cfg.seq_len, model.hidden_size
-    T = cfg.micro_batch * s
-    a = model.num_attention_heads
-    d = h // a
-    q, kv = a * d, (model.num_query_groups or a) * d
-    f = model.ffn_hidden_size
-    replicated = 4 * B * T * h + (2 * T * h if model.hidden_dropout > 0 else 0)
-    if cfg.attention == "unfused":
-        attn = 3 * B * T * q // t + 6 * a * T * s // t + (a * T * s // t if model.attention_dropout > 0 else 0)
-    else:
-        attn = B * T * (2 * q + 3 * kv) // t + 4 * a * T // t
-    proj_in = B * T * q // t
-    mlp = (4 if model.swiglu else 2) * B * T * f // t
-    captured = len(counts.targets) * B * T * cfg.rank if cfg.optimizer == "logra" else 0
-    per_layer = replicated + attn + proj_in + mlp + captured
-    layers = counts.num_layers
-    in_flight = cfg.pp - counts.stage  # 1F1B: stage k holds pp - k micro-batches
-    if cfg.recompute == "full":
-        stored = in_flight * layers * B * T * h + per_layer
-    else:
-        stored = in_flight * layers * per_layer
-    extra = B * a * T * s // t if cfg.attention == "unfused" else 0  # megatron's global score buffer
-    if last:
-        extra += 2 * B * T * h  # final norm input and output
-    return stored + extra
 
 
 def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
@@ -291,11 +255,11 @@ def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
         r.projection_cache = 4 * cfg.rank * c.target_cols if cfg.cache_projections else 0
         r.step_working = 4 * cfg.rank * c.target_rows + 4 * c.largest_target
     last = stage == cfg.pp - 1
-    r.activations = _activations(model, cfg, c, last)
+    r.activations = activation_bytes(model, c, tp=cfg.tp, pp=cfg.pp, micro_batch=cfg.micro_batch, seq_len=cfg.seq_len,
+                                     recompute=cfg.recompute, attention=cfg.attention,
+                                     rank=cfg.rank if cfg.optimizer == "logra" else 0)
     if last:
-        tv = cfg.micro_batch * cfg.seq_len * (c.padded_vocab // cfg.tp)
-        r.logits = (2 if model.params_dtype != "float32" else 4) * tv + 4 * tv
-        r.logprob_working = 8 * tv
+        r.logits, r.logprob_working = logit_bytes(model, c, tp=cfg.tp, micro_batch=cfg.micro_batch, seq_len=cfg.seq_len)
     r.engine = int(cfg.engine_fraction * cfg.gpu_memory_bytes)
     r.overhead = cfg.overhead_bytes
     return r

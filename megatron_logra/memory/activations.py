@@ -1,0 +1,128 @@
+"""Activation and logit memory of one rank: Korthikanti et al. (2022) generalised to this model family.
+
+Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", give
+``s·b·h·(34 + 5·a·s/h)`` bytes per layer and micro-batch for a GELU GPT with dropout and
+16-bit activations, ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` under tensor parallelism without
+sequence parallelism, and ``2·s·b·h`` per layer with full recompute. Here, with ``T = b·s``
+tokens per micro-batch, ``B`` bytes per activation element (2 for 16-bit parameters),
+``q = a·d`` query width, ``kv = g·d`` key/value width, ``f`` the MLP width, ``t`` TP,
+``r`` the LoGRA rank (0 for dense AdamW), and megatron-core's local spec (what
+``build_gpt`` builds), the saved tensors of one layer are:
+
+====================  ==========================================  ==========================
+part                  bytes                                       what is saved
+====================  ==========================================  ==========================
+norms (replicated)    ``4·B·T·h``                                 inputs and outputs of both norms (outputs feed QKV and fc1)
+attention, unfused    ``3·B·T·q/t + 6·a·T·s/t``                   q and k, v after GQA expansion; fp32 softmax output + 16-bit probabilities
+attention, flash      ``B·T·(2q + 3kv)/t + 4·a·T/t``              q, k after RoPE, the fused QKV output (v is a view), fp32 LSE
+proj input            ``B·T·q/t``                                 context
+MLP                   ``4·B·T·f/t`` (SwiGLU), ``2·B·T·f/t`` (GELU) fc1 output, silu output, product
+LoGRA capture         ``4·B·T·r``                                 ``P = X·Aᵀ`` of the four targets (``[T, r]`` each, also on row-parallel ranks)
+dropout masks         ``2·T·h`` (+ ``a·T·s/t`` attention)          only when the dropout probability is > 0
+====================  ==========================================  ==========================
+
+For the GELU GPT with dropout (f = 4h, q = h) the dense total is Korthikanti's
+``T·h·(10 + 24/t) + 6·a·T·s/t`` (6 instead of 5: megatron keeps the softmax in fp32).
+Stage totals: without recompute every layer of the stage stores its set; with full recompute
+(megatron ``uniform``, one layer per checkpoint) each layer stores only its input ``B·T·h``
+and one layer's set is alive while it is recomputed. 1F1B pipeline stage ``k`` of ``pp``
+holds ``pp − k`` micro-batches in flight (assuming at least ``pp`` micro-batches per step).
+Unfused attention adds megatron's global score buffer ``B·a·T·s/t`` once; the last stage
+adds the final norm's input and output ``2·B·T·h``.
+
+Logits (last stage): the 16-bit output ``[T, V/t]`` and its fp32 copy (``2 + 4`` bytes per
+entry) and the log-prob / cross-entropy working set, two more fp32 ``[T, V/t]`` buffers
+(shifted logits and the softmax saved for backward, which becomes the gradient): ``8`` bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from megatron_logra.memory.count import ParamCounts
+from megatron_logra.models.gpt import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LayerActivations", "layer_activations", "activation_bytes", "logit_bytes"]
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Saved activation bytes of one transformer layer and one micro-batch on one TP rank."""
+
+    norms: int
+    """Norm inputs and outputs (replicated over TP)."""
+    attention: int
+    """q / k / v, scores and probabilities (unfused) or q / k / v and LSE (flash)."""
+    proj_input: int
+    """Input of the attention output projection."""
+    mlp: int
+    """fc1 output, activation and gated product (SwiGLU) or activation input/output (GELU)."""
+    capture: int
+    """LoGRA's ``P = X·Aᵀ`` of the four targets (0 for dense AdamW)."""
+    dropout_masks: int
+    """1-byte dropout masks (0 when dropout is off)."""
+
+    @property
+    def total(self) -> int:
+        return self.norms + self.attention + self.proj_input + self.mlp + self.capture + self.dropout_masks
+
+
+def _element_bytes(model: ModelConfig) -> int:
+    return 4 if model.params_dtype == "float32" else 2
+
+
+def layer_activations(model: ModelConfig, *, tp: int, micro_batch: int, seq_len: int, attention: str = "unfused",
+                      rank: int = 0, num_targets: int = 4) -> LayerActivations:
+    """Saved bytes of one layer (see the table in the module docstring)."""
+    if attention not in ("unfused", "flash"):
+        raise ValueError(f"attention={attention!r}: choose unfused or flash")
+    B, t, s, h = _element_bytes(model), tp, seq_len, model.hidden_size
+    T = micro_batch * s
+    a = model.num_attention_heads
+    d = h // a
+    q, kv = a * d, (model.num_query_groups or a) * d
+    f = model.ffn_hidden_size
+    masks = 2 * T * h if model.hidden_dropout > 0 else 0
+    if attention == "unfused":
+        attn = 3 * B * T * q // t + 6 * a * T * s // t
+        if model.attention_dropout > 0:
+            masks += a * T * s // t
+    else:
+        attn = B * T * (2 * q + 3 * kv) // t + 4 * a * T // t
+    return LayerActivations(
+        norms=4 * B * T * h,
+        attention=attn,
+        proj_input=B * T * q // t,
+        mlp=(4 if model.swiglu else 2) * B * T * f // t,
+        capture=num_targets * B * T * rank,
+        dropout_masks=masks,
+    )
+
+
+def activation_bytes(model: ModelConfig, counts: ParamCounts, *, tp: int, pp: int, micro_batch: int, seq_len: int,
+                     recompute: str = "none", attention: str = "unfused", rank: int = 0) -> int:
+    """Saved activations of the pipeline stage ``counts.stage`` on one rank (bytes)."""
+    if recompute not in ("none", "full"):
+        raise ValueError(f"recompute={recompute!r}: choose none or full")
+    layer = layer_activations(model, tp=tp, micro_batch=micro_batch, seq_len=seq_len, attention=attention,
+                              rank=rank, num_targets=len(counts.targets))
+    B, T, h = _element_bytes(model), micro_batch * seq_len, model.hidden_size
+    in_flight = pp - counts.stage
+    if recompute == "full":
+        stored = in_flight * counts.num_layers * B * T * h + layer.total
+    else:
+        stored = in_flight * counts.num_layers * layer.total
+    if attention == "unfused":
+        stored += B * model.num_attention_heads * T * seq_len // tp
+    if counts.stage == pp - 1:
+        stored += 2 * B * T * h
+    return stored
+
+
+def logit_bytes(model: ModelConfig, counts: ParamCounts, *, tp: int, micro_batch: int, seq_len: int) -> tuple[int, int]:
+    """(logits, log-prob working set) bytes on the last stage: ``(2 + 4)·T·V/t`` and ``8·T·V/t``."""
+    entries = micro_batch * seq_len * (counts.padded_vocab // tp)
+    return (_element_bytes(model) + 4) * entries, 8 * entries

@@ -1,0 +1,144 @@
+"""``megatron-logra memory``: will this configuration fit? Per-rank memory, dense AdamW vs LoGRA.
+
+    megatron-logra memory --model 27b --tp 8 --optimizer logra --rank 128 --recompute full \\
+        --gpu-memory 80GiB --engine-fraction 0.3
+    megatron-logra memory --model qwen2.5-7b --tp 4 --dp 2 --compare
+    megatron-logra memory --model path/to/config.json --tp auto --gpus 8 --compare
+    megatron-logra memory --model qwen2.5-1.5b,qwen2.5-7b,27b --tp auto --gpus 8 \\
+        --gpu-memory 80GiB,140GiB --compare --markdown        # the table of docs/memory.md
+
+``--model`` takes presets (qwen2.5-1.5b, qwen2.5-7b, 27b) or paths to a Hugging Face
+``config.json``; ``--gpu-memory`` sizes like 80GiB, 141GB, 81559MiB (comma lists plan every
+combination). ``--tp auto`` takes the largest TP size <= GPUs / PP that shards the model;
+with ``--gpus`` the DP size is GPUs / (TP x PP). ``--strict`` exits with status 2 if any
+planned configuration does not fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from dataclasses import replace
+from typing import Optional, Sequence
+
+from megatron_logra.memory.units import parse_bytes
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["main", "build_parser", "auto_tp"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="megatron-logra memory", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="preset(s) or config.json path(s), comma-separated")
+    p.add_argument("--tp", default="1", help="tensor-parallel size, or auto (default 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
+    p.add_argument("--dp", type=int, default=None, help="data-parallel size (default 1, or GPUs / (TP x PP) with --gpus)")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs in the job (sets DP; bounds --tp auto)")
+    p.add_argument("--optimizer", choices=["adam", "logra"], default="logra")
+    p.add_argument("--compare", action="store_true", help="plan dense AdamW and LoGRA side by side")
+    p.add_argument("--rank", type=int, default=256, help="LoGRA sketch rank (default 256)")
+    p.add_argument("--masters", choices=["fp32", "none"], default="fp32", help="LoGRA masters (default fp32)")
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--recompute", choices=["none", "full"], default="none")
+    p.add_argument("--attention", choices=["unfused", "flash"], default="unfused",
+                   help="unfused: megatron local spec (stores s x s scores); flash: fused attention")
+    p.add_argument("--gpu-memory", default="80GiB", help="memory of one GPU, e.g. 80GiB, 141GB (comma list allowed)")
+    p.add_argument("--engine-fraction", type=float, default=0.0,
+                   help="GPU fraction of a colocated rollout engine (SGLang mem_fraction_static); default 0")
+    p.add_argument("--overhead", default="2GiB", help="CUDA context / NCCL / fragmentation per GPU (default 2GiB)")
+    p.add_argument("--no-distributed-optimizer", action="store_true",
+                   help="do not shard AdamW masters and moments over DP")
+    p.add_argument("--no-cache-projections", action="store_true", help="LoGRA regenerates projections (no cache)")
+    p.add_argument("--markdown", action="store_true", help="print markdown tables instead of rich tables")
+    p.add_argument("--strict", action="store_true", help="exit with status 2 if any configuration does not fit")
+    return p
+
+
+def auto_tp(model, limit: int) -> int:
+    """Largest TP size <= ``limit`` dividing heads, query groups and the MLP width."""
+    heads = model.num_attention_heads
+    g = math.gcd(heads, model.num_query_groups or heads, model.ffn_hidden_size)
+    return max(d for d in range(1, max(1, limit) + 1) if g % d == 0)
+
+
+def _plans(args: argparse.Namespace):
+    from megatron_logra.memory.planner import PlanConfig, plan
+    from megatron_logra.memory.report import Scenario
+    from megatron_logra.models.presets import resolve_model
+
+    gpus_texts = [t.strip() for t in args.gpu_memory.split(",") if t.strip()]
+    scenarios = []
+    for name in [m.strip() for m in args.model.split(",") if m.strip()]:
+        model = resolve_model(name, seq_length=args.seq_len)
+        if args.tp == "auto":
+            tp = auto_tp(model, (args.gpus or 8) // args.pp)
+        else:
+            try:
+                tp = int(args.tp)
+            except ValueError:
+                raise ValueError(f"tp={args.tp!r}: give an integer or auto") from None
+        if args.gpus is not None:
+            if args.gpus % (tp * args.pp):
+                raise ValueError(f"gpus={args.gpus} must be a multiple of tp x pp = {tp * args.pp}")
+            dp = args.gpus // (tp * args.pp)
+            if args.dp is not None and args.dp != dp:
+                raise ValueError(f"dp={args.dp} contradicts gpus={args.gpus} / (tp x pp = {tp * args.pp}) = {dp}")
+        else:
+            dp = args.dp or 1
+        for gtext in gpus_texts:
+            base = PlanConfig(
+                tp=tp, pp=args.pp, dp=dp, optimizer=args.optimizer, rank=args.rank, masters=args.masters,
+                micro_batch=args.micro_batch, seq_len=args.seq_len, recompute=args.recompute,
+                gpu_memory_bytes=parse_bytes(gtext, name="gpu_memory"), engine_fraction=args.engine_fraction,
+                distributed_optimizer=not args.no_distributed_optimizer, attention=args.attention,
+                cache_projections=not args.no_cache_projections, overhead_bytes=parse_bytes(args.overhead, name="overhead"),
+            )
+            configs = [replace(base, optimizer="adam"), replace(base, optimizer="logra")] if args.compare else [base]
+            scenarios.append(Scenario(model_name=name, gpu_text=gtext, plans=tuple(plan(model, c) for c in configs)))
+    return scenarios
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.getLogger("megatron").setLevel(logging.WARNING)  # build-time notices about TE / FSDP
+    try:
+        scenarios = _plans(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    from megatron_logra.memory.report import (breakdown_rows, breakdown_table, layout_text, markdown, summary_rows,
+                                              summary_table, verdict_line)
+
+    if args.markdown:
+        out = []
+        if len(scenarios) > 1:
+            out += [markdown(*summary_rows(scenarios)), ""]
+        for sc in scenarios:
+            out += [f"**{sc.model_name} on {sc.gpu_text}** ({layout_text(sc.plans[0])})", "",
+                    markdown(*breakdown_rows(sc.plans)), ""]
+        sys.stdout.write("\n".join(out) + "\n")
+    else:
+        from rich.console import Console
+
+        console = Console(width=max(100, Console().width))
+        for sc in scenarios:
+            title = f"{sc.model_name} on {sc.gpu_text} GPUs — {layout_text(sc.plans[0])}"
+            console.print(breakdown_table(sc.plans, title))
+            for p in sc.plans:
+                colour = "green" if p.fits else "red"
+                console.print(f"[{colour}]{verdict_line(p)}[/{colour}]", soft_wrap=True)
+            console.print()
+        if len(scenarios) > 1:
+            console.print(summary_table(scenarios, "Summary (worst rank of each configuration)"))
+    if args.strict and any(not p.fits for sc in scenarios for p in sc.plans):
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
