@@ -150,7 +150,9 @@ def tiny() -> RunConfig:
         tokenizer=TokenizerConfig(kind="words", vocab_size=160,
                                   path=str(WARM_START_TINY / "tokenizer") if shipped else ""),
         optimizer=OptimizerConfig(
-            logra=LograConfig(rank=32, recipe="paper", update_ratio=2e-3, algorithm="row_adam"),
+            # RowAdam at lr 1e-4 with the predicted-KL controller scaling each step; the paper recipe's fixed
+            # update ratio learned about half as fast on this model (benchmarks/README.md)
+            logra=LograConfig(rank=32, recipe="optimizer", lr=1e-4, weight_decay=0.0, algorithm="row_adam"),
             native=NativeConfig(freeze=True),
         ),
         task=TaskConfig(datasets=["chain_sum"],
@@ -158,8 +160,11 @@ def tiny() -> RunConfig:
                         num_eval=200),
         rl=RLConfig(steps=60, prompts_per_step=16, group_size=8, micro_batch_size=64, eval_interval=10,
                     prompt_template="{prompt}\n", rollout=RolloutConfig(temperature=1.0, max_new_tokens=6)),
-        # the shipped warm start (tools/make_warm_start.py) replaces the SFT phase when present
-        sft=SFTConfig(steps=300, lr=3e-3, batch_size=64,
+        # a careless teacher (echoes "=" before 60% of its answers, which the verifier rejects) leaves the right
+        # answer in the policy's distribution but not its mode; the shipped warm start
+        # (tools/make_warm_start.py) replaces this SFT phase when present
+        sft=SFTConfig(steps=1500, lr=3e-3, batch_size=64, final_lr_ratio=0.1, teacher="careless_arithmetic",
+                      teacher_kwargs={"slip_rate": 0.6, "slip": "echo_equals"},
                       init_path=str(WARM_START_TINY / "model.safetensors") if shipped else ""),
         kl=KLConfig(mode="calibrated", budget_start=2e-3, budget_end=5e-4, horizon=60),
         train=TrainConfig(run_dir="runs/tiny", log_interval=5),

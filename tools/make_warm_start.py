@@ -1,8 +1,9 @@
 """Produce the warm-start checkpoint shipped with the package for the ``tiny`` recipe.
 
-    python tools/make_warm_start.py [--steps 300] [overrides...]
+    python tools/make_warm_start.py [--steps 1500] [overrides...]
 
-Trains the tiny recipe's supervised warm start (dense AdamW on task demonstrations) and writes
+Trains the tiny recipe's supervised warm start (dense AdamW on the demonstrations of the recipe's
+``sft.teacher``: a careless teacher that echoes ``=`` before 60% of its answers) and writes
 ``megatron_logra/assets/warm_start_tiny/{model.safetensors,tokenizer/,info.json}``: the whole
 model in TP=1 layout with global names (loadable at any TP/PP), the tokenizer it was trained
 with, and the held-out accuracy it reached. The ``tiny`` recipe loads it when present, so the
@@ -24,7 +25,7 @@ ASSET_DIR = Path(__file__).resolve().parents[1] / "megatron_logra" / "assets" / 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--out", default=str(ASSET_DIR))
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()

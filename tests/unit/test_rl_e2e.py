@@ -53,6 +53,7 @@ def small_cfg(run_dir: Path, *extra: str):
 
     return parse_args_to_config("tiny", [
         "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
+        "logra.recipe=paper", "logra.update_ratio=2e-3",
         "sft.steps=20", "sft.init_path=", "tokenizer.path=", "sft.cache=false",
         "rl.steps=2", "rl.prompts_per_step=4", "rl.group_size=4", "rl.micro_batch_size=16",
         "task.num_eval=8", "rl.eval_interval=0", f"train.run_dir={run_dir}", "train.progress=false", *extra,
