@@ -9,20 +9,19 @@ tokens per micro-batch, ``B`` bytes per activation element (2 for 16-bit paramet
 ``r`` the LoGRA rank (0 for dense AdamW), and megatron-core's local spec (what
 ``build_gpt`` builds), the saved tensors of one layer are:
 
-====================  ==========================================  ==========================
-part                  bytes                                       what is saved
-====================  ==========================================  ==========================
-norms (replicated)    ``4·B·T·h``                                 inputs and outputs of both norms (outputs feed QKV and fc1)
-attention, unfused    ``3·B·T·q/t + 6·a·T·s/t``                   q and k, v after GQA expansion; fp32 softmax output + 16-bit probabilities
-attention, flash      ``B·T·(2q + 3kv)/t + 4·a·T/t``              q, k after RoPE, the fused QKV output (v is a view), fp32 LSE
-proj input            ``B·T·q/t``                                 context
-MLP                   ``4·B·T·f/t`` (SwiGLU), ``2·B·T·f/t`` (GELU) fc1 output, silu output, product
-LoGRA capture         ``4·B·T·r``                                 ``P = X·Aᵀ`` of the four targets (``[T, r]`` each, also on row-parallel ranks)
-dropout masks         ``2·T·h`` (+ ``a·T·s/t`` attention)          only when the dropout probability is > 0
-====================  ==========================================  ==========================
+* norms (replicated over TP): ``4·B·T·h`` — inputs and outputs of both norms (outputs feed QKV, fc1);
+* attention, unfused: ``3·B·T·q/t + 6·a·T·s/t`` — q, and k, v after megatron's GQA expansion; the fp32
+  softmax output and the 16-bit probabilities;
+* attention, flash: ``B·T·(2q + 3kv)/t + 4·a·T/t`` — q, k after RoPE, the fused QKV output (v is a view
+  of it), the fp32 log-sum-exp;
+* attention-output projection input: ``B·T·q/t``;
+* MLP: ``4·B·T·f/t`` (SwiGLU: fc1 output, silu output, product) or ``2·B·T·f/t`` (GELU);
+* LoGRA capture: ``4·B·T·r`` — ``P = X·Aᵀ`` (``[T, r]``) of the four targets, also on row-parallel ranks;
+* dropout masks, only when the probability is > 0: ``2·T·h`` (+ ``a·T·s/t`` for attention dropout).
 
 For the GELU GPT with dropout (f = 4h, q = h) the dense total is Korthikanti's
-``T·h·(10 + 24/t) + 6·a·T·s/t`` (6 instead of 5: megatron keeps the softmax in fp32).
+``T·h·(10 + 24/t) + 7·a·T·s/t`` (7 instead of 5 bytes per score: megatron keeps the softmax
+output in fp32).
 Stage totals: without recompute every layer of the stage stores its set; with full recompute
 (megatron ``uniform``, one layer per checkpoint) each layer stores only its input ``B·T·h``
 and one layer's set is alive while it is recomputed. 1F1B pipeline stage ``k`` of ``pp``

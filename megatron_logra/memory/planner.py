@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from megatron_logra.memory.activations import activation_bytes, logit_bytes
@@ -282,6 +282,4 @@ def plan(model: ModelConfig, config: Optional[PlanConfig] = None, **kwargs) -> M
 
 def compare(model: ModelConfig, config: PlanConfig) -> tuple[MemoryPlan, MemoryPlan]:
     """(dense AdamW plan, LoGRA plan) of the same layout, batch and GPU."""
-    from dataclasses import replace
-
     return plan(model, replace(config, optimizer="adam")), plan(model, replace(config, optimizer="logra"))
