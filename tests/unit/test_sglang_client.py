@@ -1,0 +1,678 @@
+"""SGLang side of policy sync on CPU: the never-raising loader, payloads, and both clients' protocol.
+
+No SGLang here (it cannot start on this CPU), so its side is played by small stand-ins that
+follow its source (python/sglang/srt/...): ``_SGLangLlama`` has SGLang's Llama parameter names
+and TP shard shapes (fused ``qkv_proj``/``gate_up_proj``, row-parallel ``o_proj``/``down_proj``,
+vocab-padded embeddings with ``org_vocab_size``); ``_Runtime`` does what ``ModelRunner.
+update_weights_from_tensor`` does with a request (custom loader by dotted path when listed in
+``custom_weight_loader``, ``model.load_weights`` for ``load_format=None``, anything else kills
+the scheduler) and what ``get_weights_by_name`` returns (fp32 ``tolist()``, truncated);
+``_FakeEngine`` passes tensors through ``ForkingPickler`` like ``Engine.update_weights_from_tensor``;
+``_FakeServer`` answers SGLang's HTTP routes with SGLang's status codes and bodies and unpickles
+with an allow-list like SGLang's ``SafeUnpickler``. The weights themselves are real: every
+check compares them bitwise with the HF-layout reference apply.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import io
+import json
+import pickle
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing.reduction import ForkingPickler
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from megatron_logra.sync import SyncError, encode
+from megatron_logra.sync.apply import apply_delta_
+from megatron_logra.sync.fingerprint import drift, fingerprint
+from megatron_logra.sync.sglang_client import (
+    SGLangEngineTarget,
+    SGLangError,
+    SGLangServerTarget,
+    chunk_named_tensors,
+    serialize_named_tensors,
+)
+from megatron_logra.sync import sglang_loader
+from megatron_logra.sync.sglang_loader import (
+    COMMAND_NAME,
+    FINGERPRINT_PARAM,
+    LOADER_PATH,
+    STATE_PARAM,
+    TENSOR_NAME,
+    command_as_named_tensors,
+    delta_as_named_tensors,
+    engine_hf_view,
+    engine_version,
+    read_state,
+    sync_loader,
+)
+from megatron_logra.sync.synthetic import DenseShape, random_delta
+
+H, G, D, F, V, HID, RANK = 4, 2, 8, 48, 40, 32, 8
+SHAPE = DenseShape(hidden=HID, layers=2, heads=H, kv_heads=G, ffn=F, vocab=V)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    yield
+
+
+def _hf_state(seed=0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {k: (torch.randn(*s, generator=gen) * 0.02).to(torch.bfloat16) for k, s in SHAPE.hf_shapes().items()}
+
+
+def _deltas(n, *, start=0, dense=True):
+    out = []
+    for v in range(start, start + n):
+        extra = {"model.norm.weight": torch.full((HID,), 1.0 + v / 8)} if dense and v % 2 == 0 else {}
+        out.append(random_delta(SHAPE, RANK, base_version=v, new_version=v + 1, update_index=v, seed=11,
+                                generator_seed=v, scale=2e-3, dense=extra))
+    return out
+
+
+def _reference(hf, deltas):
+    ref = {k: v.clone() for k, v in hf.items()}
+    for d in deltas:
+        apply_delta_(ref, d, d.base_version)
+    return ref
+
+
+# --------------------------------------------------------------------------- SGLang stand-ins
+
+
+class _Linear(nn.Module):
+    def __init__(self, weight, tp_size, tp_rank):
+        super().__init__()
+        self.tp_size, self.tp_rank = tp_size, tp_rank
+        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
+
+
+class _Embedding(nn.Module):
+    """VocabParallelEmbedding / ParallelLMHead: padded rows, ``org_vocab_size`` real ones."""
+
+    def __init__(self, weight, org_vocab_size):
+        super().__init__()
+        self.org_vocab_size = org_vocab_size
+        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
+
+
+class _Norm(nn.Module):
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
+
+
+class _SGLangLlama(nn.Module):
+    """LlamaForCausalLM's parameters as SGLang lays them out on rank ``rank`` of ``tp``."""
+
+    def __init__(self, hf, tp=1, rank=0, vocab_pad=0):
+        super().__init__()
+        self.config = SimpleNamespace(num_attention_heads=H, num_key_value_heads=G, head_dim=D, hidden_size=HID,
+                                      vocab_size=V)
+        hq, kv, f, cols, vl = H // tp, G // tp, F // tp, H * D // tp, V // tp
+
+        def vocab(w):
+            local = w[rank * vl: (rank + 1) * vl]
+            return torch.cat([local, torch.zeros(vocab_pad, HID, dtype=w.dtype)])
+
+        self.model = nn.Module()
+        self.model.embed_tokens = _Embedding(vocab(hf["model.embed_tokens.weight"]), vl)
+        self.model.layers = nn.ModuleList()
+        for i in range(SHAPE.layers):
+            p = f"model.layers.{i}."
+            q = hf[p + "self_attn.q_proj.weight"][rank * hq * D: (rank + 1) * hq * D]
+            k = hf[p + "self_attn.k_proj.weight"][rank * kv * D: (rank + 1) * kv * D]
+            v = hf[p + "self_attn.v_proj.weight"][rank * kv * D: (rank + 1) * kv * D]
+            gate = hf[p + "mlp.gate_proj.weight"][rank * f: (rank + 1) * f]
+            up = hf[p + "mlp.up_proj.weight"][rank * f: (rank + 1) * f]
+            layer, attn, mlp = nn.Module(), nn.Module(), nn.Module()
+            attn.qkv_proj = _Linear(torch.cat([q, k, v]), tp, rank)
+            attn.o_proj = _Linear(hf[p + "self_attn.o_proj.weight"][:, rank * cols: (rank + 1) * cols], tp, rank)
+            mlp.gate_up_proj = _Linear(torch.cat([gate, up]), tp, rank)
+            mlp.down_proj = _Linear(hf[p + "mlp.down_proj.weight"][:, rank * f: (rank + 1) * f], tp, rank)
+            layer.self_attn, layer.mlp = attn, mlp
+            layer.input_layernorm = _Norm(hf[p + "input_layernorm.weight"])
+            layer.post_attention_layernorm = _Norm(hf[p + "post_attention_layernorm.weight"])
+            self.model.layers.append(layer)
+        self.model.norm = _Norm(hf["model.norm.weight"])
+        self.lm_head = _Embedding(vocab(hf["lm_head.weight"]), vl)
+
+    @torch.no_grad()
+    def load_weights(self, named):
+        """SGLang's default loader (TP=1): stack q/k/v and gate/up, copy the rest, keep padding rows."""
+        params = dict(self.named_parameters())
+        for name, t in named:
+            for shard, fused in (("q_proj", "qkv_proj"), ("k_proj", "qkv_proj"), ("v_proj", "qkv_proj"),
+                                 ("gate_proj", "gate_up_proj"), ("up_proj", "gate_up_proj")):
+                if f".{shard}." in name:
+                    p = params[name.replace(shard, fused)]
+                    offset = {"q_proj": 0, "k_proj": H * D, "v_proj": (H + G) * D, "gate_proj": 0, "up_proj": F}[shard]
+                    p.data[offset: offset + t.shape[0]].copy_(t)
+                    break
+            else:
+                params[name].data[: t.shape[0]].copy_(t)
+
+
+def _engine_params(model):
+    return {n: p for n, p in model.named_parameters() if n not in (STATE_PARAM, FINGERPRINT_PARAM)}
+
+
+def _assert_same(model, expect):
+    got, want = _engine_params(model), _engine_params(expect)
+    assert set(got) == set(want)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+class _Runtime:
+    """The scheduler side: ``ModelRunner.update_weights_from_tensor`` and ``get_weights_by_name`` of each TP rank."""
+
+    def __init__(self, models, loaders=(LOADER_PATH,)):
+        self.models = models
+        self.custom_weight_loader = list(loaders)
+        self.dead = None
+
+    def update(self, rank, named_tensors, load_format):
+        if self.dead:
+            raise RuntimeError(f"scheduler is dead: {self.dead}")
+        model = self.models[rank]
+        named_tensors = [(n, t.to("cpu")) for n, t in named_tensors]  # _unwrap_tensor(..., device)
+        try:
+            if load_format in self.custom_weight_loader:
+                module, _, fn = load_format.rpartition(".")  # sglang.srt.utils.dynamic_import
+                getattr(importlib.import_module(module), fn)(model, named_tensors)
+            elif load_format is None:
+                model.load_weights(named_tensors)
+            else:
+                raise NotImplementedError(f"Unknown load_format={load_format}")
+        except Exception as exc:  # no try in SGLang: the scheduler process dies, the server with it
+            self.dead = repr(exc)
+            raise
+
+    def get_weights_by_name(self, name, truncate_size=100):
+        param = dict(self.models[0].named_parameters()).get(name)
+        if param is None:
+            return None  # the model's get_weights_by_name logs and returns None
+        return param.detach().cpu().to(torch.float32).numpy().tolist()[:truncate_size]
+
+
+class _FakeEngine:
+    """``sglang.Engine``'s weight-update surface; tensors go through ForkingPickler (``_serialize_tensors_per_rank``)."""
+
+    def __init__(self, runtime, tp_size=1):
+        self.runtime = runtime
+        self.server_args = SimpleNamespace(custom_weight_loader=runtime.custom_weight_loader, tp_size=tp_size)
+        self.calls = []
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        self.calls.append(("update", load_format, flush_cache, [n for n, _ in named_tensors]))
+        for rank in range(self.server_args.tp_size):
+            buf = io.BytesIO()
+            ForkingPickler(buf).dump(named_tensors)
+            self.runtime.update(rank, ForkingPickler.loads(buf.getvalue()), load_format)
+        return True, "Success"
+
+    def get_weights_by_name(self, name, truncate_size=100):
+        self.calls.append(("get", name))
+        return self.runtime.get_weights_by_name(name, truncate_size)
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """SGLang's ``SafeUnpickler`` allow-list (module prefixes), enough for tensors pickled by value."""
+
+    ALLOWED = ("builtins.", "collections.", "copyreg.", "torch.")
+
+    def find_class(self, module, name):
+        if any((module + ".").startswith(p) for p in self.ALLOWED):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"Blocked unsafe class loading ({module}.{name})")
+
+
+class _FakeServer:
+    """SGLang's HTTP routes used by the client, recording every request."""
+
+    def __init__(self, runtime, *, tp_size=1, api_key=None, server_info=None, fail_update=None):
+        self.runtime, self.tp_size, self.api_key = runtime, tp_size, api_key
+        self.server_info = server_info if server_info is not None else {
+            "tp_size": tp_size, "custom_weight_loader": runtime.custom_weight_loader, "weight_version": "default"}
+        self.fail_update = fail_update
+        self.requests = []
+        self.weight_version = "default"
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, status, body):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(n) if n else b""
+                body = json.loads(raw) if raw else None
+                owner.requests.append({"method": self.command, "path": self.path, "body": body,
+                                       "headers": {k.lower(): v for k, v in self.headers.items()}})
+                if owner.api_key and self.headers.get("Authorization") != "Bearer " + owner.api_key:
+                    return self._reply(401, {"error": "Unauthorized"})
+                status, reply = owner.route(self.command, self.path, body)
+                self._reply(status, reply)
+
+            do_GET = do_POST = _handle
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def route(self, method, path, body):
+        if path == "/get_server_info" and method == "GET":
+            return 200, self.server_info
+        if path == "/update_weights_from_tensor" and method == "POST":
+            if self.fail_update:
+                return 400, {"success": False, "message": self.fail_update}
+            entries = body["serialized_named_tensors"]
+            if len(entries) != self.tp_size:
+                return 400, {"success": False, "message": f"{len(entries)} entries for tp_size {self.tp_size}"}
+            try:
+                for rank in range(self.tp_size):  # each scheduler reads serialized_named_tensors[tp_rank]
+                    named = _SafeUnpickler(io.BytesIO(base64.b64decode(entries[rank], validate=True))).load()
+                    self.runtime.update(rank, named, body["load_format"])
+            except Exception as exc:
+                return 500, {"detail": f"Internal Server Error: {exc!r}"}
+            return 200, {"success": True, "message": "Success"}
+        if path == "/get_weights_by_name":
+            ret = self.runtime.get_weights_by_name(body["name"], body.get("truncate_size", 100))
+            if ret is None:
+                return 400, {"error": {"message": "Get parameter by name failed"}}
+            return 200, ret
+        if path == "/pause_generation":
+            return 200, {"message": "Generation paused successfully.", "status": "ok"}
+        if path == "/continue_generation":
+            return 200, {"message": "Generation continued successfully.", "status": "ok"}
+        if path == "/update_weight_version":
+            self.weight_version = body["new_version"]
+            return 200, {"success": True, "message": f"Weight version updated to {body['new_version']}",
+                         "new_version": body["new_version"]}
+        return 404, {"detail": "Not Found"}
+
+    def paths(self):
+        return [r["path"] for r in self.requests]
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def servers():
+    made = []
+    yield made
+    for s in made:
+        s.close()
+
+
+# --------------------------------------------------------------------------- the loader
+
+
+def test_pickled_payload_round_trips_through_sglangs_unpickler_into_the_loader():
+    """Delta + command tensors -> client serialization -> SGLang-style unpickling -> loader: bitwise the HF apply."""
+    hf = _hf_state()
+    deltas = _deltas(3)
+    model = _SGLangLlama(hf)
+    for d in deltas:
+        entry = serialize_named_tensors(delta_as_named_tensors(d) + command_as_named_tensors({"nonce": "n"}))
+        named = _SafeUnpickler(io.BytesIO(base64.b64decode(entry))).load()
+        assert [n for n, _ in named] == [TENSOR_NAME, COMMAND_NAME]
+        assert named[0][1].dtype == torch.uint8 and bytes(named[0][1].numpy()) == encode(d)
+        sync_loader(model, named)
+        state = read_state(model)
+        assert state["ok"] and state["nonce"] == "n" and state["op"] == "apply" and state["version"] == d.new_version
+    _assert_same(model, _SGLangLlama(_reference(hf, deltas)))
+    assert engine_version(model) == 3 and read_state(model)["seq"] == 3
+
+
+def test_loader_records_rejections_without_raising_or_touching_weights():
+    hf = _hf_state()
+    model = _SGLangLlama(hf)
+    before = {n: p.detach().clone() for n, p in _engine_params(model).items()}
+    good = _deltas(1)[0]
+    corrupt = bytearray(encode(good))
+    corrupt[len(corrupt) // 2] ^= 1
+    cases = [
+        ([(TENSOR_NAME, torch.frombuffer(corrupt, dtype=torch.uint8))], None),  # checksum / truncated
+        (delta_as_named_tensors(_deltas(1, start=1)[0]), "gap"),
+        ([("model.norm.weight", torch.zeros(HID))], "keys"),
+        (command_as_named_tensors({"op": "explode"}), "keys"),
+        (command_as_named_tensors({"op": "set_version", "version": -3}), "keys"),
+    ]
+    for seq, (named, kind) in enumerate(cases, start=1):
+        sync_loader(model, named)  # never raises
+        state = read_state(model)
+        assert state["seq"] == seq and not state["ok"] and state["error"] and state["version"] == 0
+        if kind:
+            assert state["error_kind"] == kind
+    assert engine_version(model) == 0
+    assert all(torch.equal(p, before[n]) for n, p in _engine_params(model).items())
+    sync_loader(model, delta_as_named_tensors(good))
+    assert read_state(model)["ok"] and engine_version(model) == 1
+
+
+def test_tp_disagreement_after_commit_marks_the_version_unknown_until_a_refit(monkeypatch):
+    model = _SGLangLlama(_hf_state(), tp=2, rank=0)
+    votes = iter([True, False])  # validation agreed, another rank failed its commit
+    monkeypatch.setattr(sglang_loader, "_tp_all", lambda ok: ok and next(votes))
+    sync_loader(model, delta_as_named_tensors(_deltas(1)[0]))
+    state = read_state(model)
+    assert not state["ok"] and state["error_kind"] == "apply" and state["version"] == -1
+    monkeypatch.setattr(sglang_loader, "_tp_all", lambda ok: ok)
+    sync_loader(model, delta_as_named_tensors(_deltas(1, start=1)[0]))
+    assert read_state(model)["error_kind"] == "gap"  # refused until a full refit sets the version
+    sync_loader(model, command_as_named_tensors({"op": "set_version", "version": 1}))
+    assert read_state(model)["ok"] and engine_version(model) == 1
+
+
+def test_tp_rejection_on_another_rank_leaves_this_rank_untouched(monkeypatch):
+    model = _SGLangLlama(_hf_state(), tp=2, rank=1)
+    before = {n: p.detach().clone() for n, p in _engine_params(model).items()}
+    monkeypatch.setattr(sglang_loader, "_tp_all", lambda ok: False)
+    sync_loader(model, delta_as_named_tensors(_deltas(1)[0]))
+    state = read_state(model)
+    assert not state["ok"] and "another TP rank" in state["error"] and state["version"] == 0
+    assert all(torch.equal(p, before[n]) for n, p in _engine_params(model).items())
+
+
+def test_engine_fingerprint_in_hf_layout_equals_the_trainers_despite_vocab_padding():
+    hf = _hf_state()
+    deltas = _deltas(2)
+    model = _SGLangLlama(hf, vocab_pad=24)
+    for d in deltas:
+        sync_loader(model, delta_as_named_tensors(d))
+    view = engine_hf_view(model)
+    ref = _reference(hf, deltas)
+    assert set(view) == set(ref)
+    assert all(torch.equal(view[k], ref[k]) for k in ref)
+    sync_loader(model, command_as_named_tensors({"op": "fingerprint", "nonce": 7}))
+    state = read_state(model)
+    assert state["ok"] and state["fingerprint_version"] == 2 and state["fingerprint_error"] is None
+    record = read_state(model, FINGERPRINT_PARAM)
+    assert record["version"] == 2 and drift(record["fingerprint"], fingerprint(ref)) == []
+
+
+def test_fingerprint_on_a_tp2_engine_is_reported_unavailable_not_raised():
+    model = _SGLangLlama(_hf_state(), tp=2, rank=0)
+    sync_loader(model, command_as_named_tensors({"op": "fingerprint"}))
+    state = read_state(model)
+    assert state["ok"] and state["fingerprint_version"] is None and "TP=2" in state["fingerprint_error"]
+
+
+def test_chunking_bounds_bytes_and_keeps_every_tensor_once():
+    state = {f"t{i}": torch.zeros(10 * (i + 1), dtype=torch.bfloat16) for i in range(6)}
+    chunks = list(chunk_named_tensors(state, max_bytes=64))
+    assert [n for c in chunks for n, _ in c] == sorted(state)
+    assert all(sum(t.numel() * 2 for _, t in c) <= 64 or len(c) == 1 for c in chunks)
+
+
+# --------------------------------------------------------------------------- in-process engine client
+
+
+def test_engine_target_applies_deltas_refits_and_fingerprints():
+    hf = _hf_state()
+    runtime = _Runtime([_SGLangLlama(hf, vocab_pad=8)])
+    engine = _FakeEngine(runtime)
+    target = SGLangEngineTarget(engine)
+    assert target.weight_version == 0
+    deltas = _deltas(3)
+    for d in deltas:
+        assert target.apply_sketch_delta(encode(d)) == d.new_version
+    ref = _reference(hf, deltas)
+    _assert_same(runtime.models[0], _SGLangLlama(ref, vocab_pad=8))
+    assert drift(target.fingerprint(), fingerprint(ref)) == []
+    assert target.num_deltas == 3 and target.bytes_sent == sum(len(encode(d)) for d in deltas)
+    updates = [c for c in engine.calls if c[0] == "update"]
+    assert all(c[1] == LOADER_PATH for c in updates)
+    assert [c[3] for c in updates if TENSOR_NAME in c[3]] == [[TENSOR_NAME, COMMAND_NAME]] * 3
+    assert all(c[2] for c in updates if TENSOR_NAME in c[3])  # flush_cache after every delta
+
+    # anchor refit through SGLang's default loader, then the version is what the trainer says
+    new = _hf_state(seed=5)
+    target.chunk_bytes = 4096
+    target.update_weights_full(new, 10)
+    assert target.weight_version == 10 and engine_version(runtime.models[0]) == 10
+    _assert_same(runtime.models[0], _SGLangLlama(new, vocab_pad=8))
+    assert sum(1 for c in engine.calls if c[0] == "update" and c[1] is None) > 1  # chunked
+    assert drift(target.fingerprint(), fingerprint(new)) == []
+    assert runtime.dead is None
+
+
+def test_engine_target_rejections_keep_the_version_and_never_kill_the_engine():
+    hf = _hf_state()
+    runtime = _Runtime([_SGLangLlama(hf)])
+    engine = _FakeEngine(runtime)
+    target = SGLangEngineTarget(engine)
+    d1, d2 = _deltas(2)
+    target.apply_sketch_delta(d1)
+    n_updates = sum(1 for c in engine.calls if c[0] == "update")
+
+    with pytest.raises(SyncError, match="not sent to SGLang.*already applied"):
+        target.apply_sketch_delta(d1)  # replay: caught before anything is sent
+    bad = bytearray(encode(d2))
+    bad[-3] ^= 1
+    with pytest.raises(SyncError):
+        target.apply_sketch_delta(bytes(bad))  # corrupt: caught by decode on the trainer side
+    assert sum(1 for c in engine.calls if c[0] == "update") == n_updates
+
+    # the engine itself refuses (a weight it does not have): reason surfaces, version kept
+    odd = random_delta(DenseShape(hidden=HID, layers=3, heads=H, kv_heads=G, ffn=F, vocab=V), RANK,
+                       base_version=1, new_version=2, layers=[2])
+    with pytest.raises(SyncError, match="rejected delta 1->2.*no parameters") as info:
+        target.apply_sketch_delta(odd)
+    assert info.value.kind == "name" and target.weight_version == 1 and runtime.dead is None
+    assert target.apply_sketch_delta(d2) == 2
+
+
+def test_engine_target_refuses_a_server_without_the_loader_before_sending():
+    runtime = _Runtime([_SGLangLlama(_hf_state())], loaders=())
+    engine = _FakeEngine(runtime)
+    with pytest.raises(SGLangError, match=f"--custom-weight-loader {LOADER_PATH}") as info:
+        SGLangEngineTarget(engine).apply_sketch_delta(_deltas(1)[0])
+    assert info.value.kind == "config" and engine.calls == [] and runtime.dead is None
+    engine.server_args.custom_weight_loader = None  # SGLang's default when the flag is not given
+    with pytest.raises(SGLangError, match="does not register"):
+        SGLangEngineTarget(engine).weight_version
+    assert engine.calls == []
+
+
+def test_engine_target_version_mismatch_with_the_engine_is_an_error():
+    runtime = _Runtime([_SGLangLlama(_hf_state())])
+    target = SGLangEngineTarget(_FakeEngine(runtime))
+    target.reset_version(4)  # e.g. another trainer process refit it
+    with pytest.raises(SyncError, match="engine at version 4") as info:
+        target.apply_sketch_delta(_deltas(1)[0])
+    assert info.value.kind == "replay" and target.weight_version == 4  # the engine is ahead of this delta
+
+
+def test_a_model_without_get_weights_by_name_is_a_clear_error():
+    runtime = _Runtime([_SGLangLlama(_hf_state())])
+    engine = _FakeEngine(runtime)
+    engine.get_weights_by_name = lambda name, truncate_size=100: None
+    with pytest.raises(SGLangError, match="get_weights_by_name"):
+        SGLangEngineTarget(engine).weight_version
+
+
+# --------------------------------------------------------------------------- HTTP client
+
+
+def test_http_target_speaks_sglangs_protocol(servers):
+    hf = _hf_state()
+    runtime = _Runtime([_SGLangLlama(hf, tp=2, rank=r) for r in range(2)])
+    server = _FakeServer(runtime, tp_size=2, api_key="sekret")
+    servers.append(server)
+    target = SGLangServerTarget(server.url + "/", api_key="sekret", timeout=10)
+    deltas = _deltas(2)
+    for d in deltas:
+        assert target.apply_sketch_delta(d) == d.new_version
+    ref = _reference(hf, deltas)
+    for r in range(2):
+        _assert_same(runtime.models[r], _SGLangLlama(ref, tp=2, rank=r))
+    assert server.weight_version == "2"
+
+    assert all(r["headers"].get("authorization") == "Bearer sekret" for r in server.requests)
+    posts = [r for r in server.requests if r["method"] == "POST"]
+    assert all(r["headers"]["content-type"] == "application/json" for r in posts)
+    assert server.paths()[0] == "/get_server_info"
+    # one sync: read state, pause, send, read state back, continue, publish the version
+    tail = server.paths()[-6:]
+    assert tail == ["/get_weights_by_name", "/pause_generation", "/update_weights_from_tensor",
+                    "/get_weights_by_name", "/continue_generation", "/update_weight_version"]
+    upd = [r["body"] for r in server.requests if r["path"] == "/update_weights_from_tensor"][-1]
+    assert upd["load_format"] == LOADER_PATH and upd["flush_cache"] is True
+    assert len(upd["serialized_named_tensors"]) == 2
+    reads = [r["body"] for r in server.requests if r["path"] == "/get_weights_by_name"]
+    assert all(b["name"] == STATE_PARAM and b["truncate_size"] >= 1 << 20 for b in reads)
+    # TP=2: the engine cannot fingerprint, so drift checks are skipped (None), not faked
+    assert target.fingerprint() is None
+
+
+def test_http_errors_are_mapped(servers):
+    runtime = _Runtime([_SGLangLlama(_hf_state())])
+    server = _FakeServer(runtime, api_key="right")
+    servers.append(server)
+    with pytest.raises(SGLangError, match="401 unauthorized.*api_key") as info:
+        SGLangServerTarget(server.url, api_key="wrong", timeout=10).weight_version
+    assert info.value.kind == "auth" and info.value.status == 401
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    with pytest.raises(SGLangError, match="unreachable") as info:
+        SGLangServerTarget(f"http://127.0.0.1:{port}", timeout=5).weight_version
+    assert info.value.kind == "unreachable" and info.value.status is None
+
+    target = SGLangServerTarget(server.url, api_key="right", timeout=10)
+    with pytest.raises(SGLangError, match="HTTP 404: Not Found") as info:
+        target.request("POST", "/no_such_route", {})
+    assert info.value.status == 404 and info.value.body == {"detail": "Not Found"}
+
+    failing = _FakeServer(runtime)
+    servers.append(failing)
+    ftarget = SGLangServerTarget(failing.url, timeout=10)
+    assert ftarget.weight_version == 0
+    failing.fail_update = "Failed to deserialize"  # SGLang's own 400 for the delta request
+    with pytest.raises(SGLangError, match="Failed to deserialize") as info:
+        ftarget.apply_sketch_delta(_deltas(1)[0])
+    assert info.value.kind == "engine"
+    assert failing.paths()[-1] == "/continue_generation"  # generation resumed after the failure
+
+
+def test_http_target_checks_loader_and_version_before_pausing(servers):
+    runtime = _Runtime([_SGLangLlama(_hf_state())])
+    bare = _FakeServer(runtime, server_info={"tp_size": 1, "custom_weight_loader": []})
+    servers.append(bare)
+    with pytest.raises(SGLangError, match="does not register the sketch-delta loader"):
+        SGLangServerTarget(bare.url, timeout=10).apply_sketch_delta(_deltas(1)[0])
+    assert bare.paths() == ["/get_server_info"]
+
+    server = _FakeServer(runtime)
+    servers.append(server)
+    target = SGLangServerTarget(server.url, timeout=10)
+    target.reset_version(2)
+    n = len(server.requests)
+    with pytest.raises(SyncError, match="base 0 != engine version 2|skips versions|engine at version 2"):
+        target.apply_sketch_delta(random_delta(SHAPE, RANK, base_version=1, new_version=2))
+    assert "/pause_generation" not in server.paths()[n:] and "/update_weights_from_tensor" not in server.paths()[n:]
+    assert target.weight_version == 2 and runtime.dead is None
+
+
+# --------------------------------------------------------------------------- the GPU smoke tool's checks
+
+
+def _smoke_tool():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "sglang_sync_smoke.py"
+    spec = importlib.util.spec_from_file_location("sglang_sync_smoke", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _StandInDriver:
+    """The smoke tool's driver interface over the CPU stand-in (greedy "generation" = a hash of the weights)."""
+
+    name = "stand-in"
+
+    def __init__(self, hf):
+        self.runtime = _Runtime([_SGLangLlama(hf)])
+        self.target = SGLangEngineTarget(_FakeEngine(self.runtime))
+
+    def generate(self, prompts, n_tokens):
+        digest = sum(int(v.float().sum().mul(1e4)) for v in engine_hf_view(self.runtime.models[0]).values())
+        return [[(digest + 31 * i + j) % V for j in range(n_tokens)] for i, _ in enumerate(prompts)]
+
+    def read(self, name):
+        view = engine_hf_view(self.runtime.models[0])
+        return view[name].float().clone() if name in view else None
+
+
+def test_smoke_tool_check_passes_on_a_faithful_engine_and_catches_a_flipped_bit():
+    smoke = _smoke_tool()
+    hf = _hf_state()
+    deltas = _deltas(3)
+    res = smoke.check(_StandInDriver(hf), hf, deltas, n_tokens=4, report=lambda msg: None)
+    assert res["passed"], res["failures"]
+    assert res["weights_checked"] == len(hf) and res["weights_moved"] > 0 and res["fingerprint_checked"]
+    assert res["bytes_per_sync"] < res["full_refit_bytes"]
+
+    driver = _StandInDriver(hf)
+    apply = driver.target.apply_sketch_delta
+
+    def apply_then_corrupt(payload):  # an engine that silently flips one bit between two deltas
+        version = apply(payload)
+        if version == 2:
+            w = driver.runtime.models[0].model.layers[1].mlp.down_proj.weight
+            w.data.view(torch.int16)[0, 0] ^= 1
+        return version
+
+    driver.target.apply_sketch_delta = apply_then_corrupt
+    res = smoke.check(driver, hf, deltas, n_tokens=4, report=lambda msg: None)
+    assert not res["passed"]
+    assert any("model.layers.1.mlp.down_proj.weight" in f for f in res["failures"])
+    assert any("fingerprint drift" in f for f in res["failures"])
+
+
+def test_client_imports_neither_sglang_megatron_transformers_nor_requests():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = ("import sys\n"
+              "for m in ('megatron', 'transformers', 'sglang', 'requests'): sys.modules[m] = None\n"
+              "import megatron_logra.sync.sglang_client as c\n"
+              "bad = [m for m in sys.modules if m.split('.')[0] in ('megatron', 'transformers', 'sglang', 'requests')"
+              " and sys.modules[m] is not None]\n"
+              "assert not bad, bad\n"
+              "assert 'megatron_logra.sync.trainer' not in sys.modules\n"
+              "print('CLIENT-OK', c.LOADER_PATH)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"CLIENT-OK {LOADER_PATH}" in out.stdout
