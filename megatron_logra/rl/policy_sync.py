@@ -93,7 +93,8 @@ class PolicySync:
             return {"sync_bytes": len(payload) + self.full(new_version), "sync_mode": "full", "sync_drift": 1}
         mode, drifted = "delta", 0
         if self.cfg.check_interval and self.num_syncs % self.cfg.check_interval == 0:
-            mismatched = drift(fingerprint(self._trainer_hf_state()), self.engine.fingerprint())
+            engine_fp = self.engine.fingerprint()  # None: the engine cannot fingerprint (anchor refits only)
+            mismatched = drift(fingerprint(self._trainer_hf_state()), engine_fp) if engine_fp is not None else []
             if mismatched:
                 drifted = 1
                 self.num_drifts += 1

@@ -221,7 +221,7 @@ def _sglang_dense(delta: SketchDelta, tp_size: int, tp_rank: int) -> list[DenseE
             if f"{_prefix(name, 'up_proj.bias')}gate_proj.bias" not in dense:
                 raise SyncError("keys", f"dense {name} present without its gate_proj.bias")
         elif name in _VOCAB_PARALLEL:
-            out.append(DenseEntry(name, dense[name], split="vocab" if tp_size > 1 else "none"))
+            out.append(DenseEntry(name, dense[name], split="vocab"))  # SGLang pads the vocabulary even at TP 1
         else:
             out.append(DenseEntry(name, dense[name]))
     return out
