@@ -258,6 +258,34 @@ class LograOptimizer:
         totals = self._mp_sum(totals)
         return abs(alpha) * math.sqrt(totals[0].item() / max(totals[1].item(), 1e-300))
 
+    @torch.no_grad()
+    def master_drift(self) -> float:
+        """``‖W − round(master)‖ / ‖round(master)‖`` over all targets with fp32 masters (0 without).
+
+        Under sketch-delta sync the compute weights replay the engine's low-precision merges
+        while the masters accumulate in fp32; this is how far the two have separated.
+        """
+        if not self.masters:
+            return 0.0
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for t in self.targets:
+            master = self.masters.get(t.key)
+            if master is None:
+                continue
+            rounded = master.to(t.weight.dtype)
+            totals[0] += (t.weight.double() - rounded.double()).pow(2).sum()
+            totals[1] += rounded.double().pow(2).sum()
+        totals = self._mp_sum(totals)
+        return math.sqrt(totals[0].item() / max(totals[1].item(), 1e-300))
+
+    @torch.no_grad()
+    def reanchor(self) -> None:
+        """Copy the fp32 masters (rounded to nearest) into the compute weights."""
+        for t in self.targets:
+            master = self.masters.get(t.key)
+            if master is not None:
+                t.weight.copy_(master)
+
     def weight_decay_factor(self) -> float:
         """``decay`` of ``W ← decay·W − ΔW``: ``1 − lr·wd`` (optimizer recipe) or 1 (paper recipe)."""
         cfg = self.cfg
@@ -286,9 +314,11 @@ class LograOptimizer:
         ``U = quantize_factor(α·D)`` ``[n_out_local, r]`` (:func:`megatron_logra.sync.trainer.local_factors`).
         The low-rank step is then :func:`megatron_logra.sync.apply.low_rank_merge_` with exactly
         those factors -- the arithmetic the inference engine runs -- so trainer and engine weights
-        stay bitwise equal (fp32 weights, or low-precision weights without masters; rounding is to
-        nearest, ``logra.rounding=stochastic`` does not apply). With fp32 masters the master is
-        merged and copied (round to nearest) into the weight. All factors are checked first.
+        stay bitwise equal (rounding is to nearest, ``logra.rounding=stochastic`` does not apply).
+        With fp32 masters the master takes the fp32 step and the compute weight runs the engine's
+        own merge, so it still mirrors the engine bitwise; the two drift apart by rounding
+        (:meth:`master_drift`) until :meth:`reanchor` copies the masters back (followed by a full
+        engine refit). All factors are checked first.
         """
         if update.skipped:
             return
@@ -306,10 +336,9 @@ class LograOptimizer:
             proj_RI = self.sketches.projection_for(t, update.update_index)
             if factors is not None:
                 master = self.masters.get(t.key)
-                low_rank_merge_(t.weight if master is None else master, factors[t.key], proj_RI, decay=decay,
-                                distribution=cfg.distribution)
-                if master is not None:
-                    t.weight.copy_(master)
+                if master is not None:  # the exact fp32 trajectory, kept beside the engine mirror
+                    low_rank_merge_(master, factors[t.key], proj_RI, decay=decay, distribution=cfg.distribution)
+                low_rank_merge_(t.weight, factors[t.key], proj_RI, decay=decay, distribution=cfg.distribution)
                 continue
             factor = update.directions[t.key] if alpha == 1.0 else update.directions[t.key] * alpha
             noise_fn = None

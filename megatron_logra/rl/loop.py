@@ -168,7 +168,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         "eval_accuracy": None, "response_length": stats[3].item() / stats[2].item(),
         "kl_predicted": None, "kl_actual": None, "alpha": None, "budget": None, "mismatch": c.controller.mismatch,
         "update_ratio": None, "skipped": False, "rollout_seconds": rollout_seconds, "sync_bytes": 0,
-        "sync_mode": None, "sync_drift": 0,
+        "sync_mode": None, "sync_drift": 0, "sync_master_drift": 0.0,
     }
     state.step = step
     if stats[4].item() == 0.0:

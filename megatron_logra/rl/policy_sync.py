@@ -4,7 +4,9 @@
 trainer's weights *and* shipped to the engine, which regenerates ``A`` from the seed and runs
 the same merge (:mod:`megatron_logra.sync`), so both sides hold bitwise-equal weights. A
 fingerprint of sampled rows is compared every ``check_interval`` syncs; a mismatch (or every
-``anchor_interval`` updates) triggers a full refit, the safety net. ``full`` mode, other
+``anchor_interval`` updates) triggers a full refit, the safety net. With fp32 masters the
+compute weights replay the engine's merges while the masters keep the exact trajectory; once
+they separate by more than ``max_master_drift`` the masters are copied back and the engine refit. ``full`` mode, other
 optimizers and pipeline parallelism (whose per-stage deltas are not gathered yet) refit densely.
 """
 
@@ -75,7 +77,7 @@ class PolicySync:
         self.num_syncs += 1
         anchor = self.cfg.anchor_interval and self.num_syncs % self.cfg.anchor_interval == 0
         if factors is None:
-            return {"sync_bytes": self.full(new_version), "sync_mode": "full", "sync_drift": 0}
+            return {"sync_bytes": self.full(new_version), "sync_mode": "full", "sync_drift": 0, "sync_master_drift": 0.0}
         delta = build_delta(self.optimizer, update, alpha, base_version, new_version, self.groups,
                             model=self.model, factors=factors)
         payload = encode(delta)
@@ -90,7 +92,8 @@ class PolicySync:
         except SyncError as exc:  # the engine kept its weights; bring it back with a dense refit
             logger.warning("sync: the engine rejected delta %d->%d (%s); full refit", base_version, new_version, exc)
             self.num_drifts += 1
-            return {"sync_bytes": len(payload) + self.full(new_version), "sync_mode": "full", "sync_drift": 1}
+            return {"sync_bytes": len(payload) + self.full(new_version), "sync_mode": "full", "sync_drift": 1,
+                    "sync_master_drift": 0.0}
         mode, drifted = "delta", 0
         if self.cfg.check_interval and self.num_syncs % self.cfg.check_interval == 0:
             engine_fp = self.engine.fingerprint()  # None: the engine cannot fingerprint (anchor refits only)
@@ -100,7 +103,11 @@ class PolicySync:
                 self.num_drifts += 1
                 logger.warning("sync: engine weights drifted from the trainer's in %d tensors (e.g. %s); "
                                "full refit", len(mismatched), mismatched[0])
+        master_drift = self.optimizer.master_drift()
+        if self.optimizer.masters and (anchor or 0 < self.cfg.max_master_drift < master_drift):
+            self.optimizer.reanchor()
+            anchor = True
         if drifted or anchor:
             self.full(new_version)
             mode = "delta+anchor"
-        return {"sync_bytes": len(payload), "sync_mode": mode, "sync_drift": drifted}
+        return {"sync_bytes": len(payload), "sync_mode": mode, "sync_drift": drifted, "sync_master_drift": master_drift}

@@ -23,6 +23,9 @@ class SyncConfig:
     check_interval: int = 1
     """Compare trainer and engine fingerprints every this many syncs (0 = never); a mismatch
     triggers a full refit and is counted in the metrics (``sync_drift``)."""
+    max_master_drift: float = 1e-2
+    """With fp32 masters: re-anchor (copy the masters into the compute weights, full refit) once
+    ``‖W − round(master)‖/‖W‖`` over the targets exceeds this (0 = only at ``anchor_interval``)."""
     transport: str = "inprocess"
     """``inprocess`` (the embedded engine) or ``directory`` (delta files written atomically to
     ``directory``, applied by the consumer in version order; the embedded engine consumes them)."""
@@ -38,5 +41,7 @@ class SyncConfig:
             raise ValueError(f"sync.transport={self.transport!r} is unknown; choose one of {TRANSPORTS}")
         if self.anchor_interval < 0 or self.check_interval < 0:
             raise ValueError("sync.anchor_interval and sync.check_interval must be >= 0 (0 disables)")
+        if self.max_master_drift < 0:
+            raise ValueError(f"sync.max_master_drift={self.max_master_drift} must be >= 0 (0 disables)")
         if self.keep_deltas < 0:
             raise ValueError(f"sync.keep_deltas={self.keep_deltas} must be >= 0")

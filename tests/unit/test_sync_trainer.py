@@ -211,3 +211,42 @@ def test_merge_deltas_joins_stage_parts():
     assert [t.name for t in merged.targets] == [t.name for t in whole.targets]
     with pytest.raises(ValueError, match="appears in two parts"):
         merge_deltas([first, first])
+
+
+def test_fp32_masters_mirror_the_engine_and_reanchor():
+    """bf16 targets with fp32 masters: the compute weights replay the engine's bf16 merges (bitwise
+    equal to an engine fed only deltas) while the masters keep the fp32 step; ``master_drift`` is
+    their separation and ``reanchor`` copies the masters back."""
+    torch.manual_seed(0)
+    model = _Model().to(torch.bfloat16)
+    engine = _to_hf(model)
+    cfg = LograConfig(rank=8, lr=3e-2, clip_grad=0.0, seed=7, masters="fp32")
+    opt = LograOptimizer(model, cfg, NativeConfig(freeze=True), GROUPS)
+    assert opt.masters and opt.master_drift() == 0.0
+    version = 0
+    for step in range(3):
+        opt.zero_grad()
+        gen = torch.Generator().manual_seed(100 + step)
+        model(torch.randn(3, 5, HID, generator=gen).bfloat16()).float().pow(2).mean().backward()
+        update = opt.prepare()
+        factors = local_factors(opt, update, 1.0)
+        masters_before = {k: m.clone() for k, m in opt.masters.items()}
+        opt.apply(update, 1.0, factors=factors)
+        delta = build_delta(opt, update, 1.0, version, version + 1, GROUPS, model=model, dims=AttentionDims(H, G, D),
+                            factors=factors)
+        version = apply_delta_(engine, decode(encode(delta)), version)
+        mapped = _to_hf(model)
+        for name in mapped:
+            assert torch.equal(engine[name], mapped[name]), f"step {step}: {name} differs from the engine"
+        for t in opt.targets:  # the master took the fp32 step: m - U·A up to fp32 rounding
+            A = opt.sketches.projection_for(t, update.update_index).double()
+            expected = masters_before[t.key].double() - factors[t.key].double() @ A
+            torch.testing.assert_close(opt.masters[t.key].double(), expected, rtol=1e-6, atol=1e-7)
+    num = sum((t.weight.double() - opt.masters[t.key].bfloat16().double()).pow(2).sum() for t in opt.targets)
+    den = sum(opt.masters[t.key].bfloat16().double().pow(2).sum() for t in opt.targets)
+    drift = opt.master_drift()
+    assert drift > 0 and drift == pytest.approx((num / den).sqrt().item(), rel=1e-9)
+    opt.reanchor()
+    assert opt.master_drift() == 0.0
+    for t in opt.targets:
+        assert torch.equal(t.weight, opt.masters[t.key].bfloat16())
