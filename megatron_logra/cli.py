@@ -6,6 +6,8 @@
     megatron-logra recipes                                     # list recipes
     megatron-logra config [RECIPE] [overrides...]              # print the resolved config
     megatron-logra memory --model 27b --tp 8 --compare         # per-GPU memory plan, dense AdamW vs LoGRA
+    megatron-logra convert hf-to-mcore --hf DIR --out DIR [--tp N --pp M]    # HF -> per-rank megatron-core files
+    megatron-logra convert mcore-to-hf --mcore DIR --out DIR [--hf-template DIR]   # and back (or a trainer checkpoint)
 
 Launch multi-process runs with torchrun, e.g.
 ``torchrun --nproc-per-node 4 -m megatron_logra.cli train --tensor-model-parallel-size 2``.
@@ -46,7 +48,7 @@ def _split_recipe(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-logra", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "eval", "plot", "config", "recipes", "memory"])
+    parser.add_argument("command", choices=["train", "eval", "plot", "config", "recipes", "memory", "convert"])
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="recipe name or YAML, then overrides")
     ns = parser.parse_args(argv)
     _setup_logging()
@@ -54,6 +56,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from megatron_logra.memory.cli import main as memory_main
 
         return memory_main(ns.rest)
+    if ns.command == "convert":
+        from megatron_logra.convert.cli import main as convert_main
+
+        return convert_main(ns.rest)
 
     from megatron_logra.config import RECIPES, parse_args_to_config, to_dict
 

@@ -74,6 +74,10 @@ class ModelConfig:
     """Std of the normal init (--init-method-std)."""
     layernorm_epsilon: float = 1e-6
     """Norm epsilon (--norm-epsilon)."""
+    hf_path: str = ""
+    """Hugging Face checkpoint directory (config.json + safetensors) to start from; "" = random init.
+    Its architecture fields replace this config's (``megatron_logra.convert.model_config_from_hf``) and its
+    weights are loaded into the built model at any TP/PP (``megatron_logra.convert.load_hf_into_model``)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size", "seq_length"):
@@ -94,6 +98,8 @@ class ModelConfig:
             raise ValueError(f"model.params_dtype={self.params_dtype!r}: choose one of {sorted(_DTYPES)}")
         if self.recompute not in ("none", "full"):
             raise ValueError(f"model.recompute={self.recompute!r}: choose none or full")
+        if not isinstance(self.hf_path, str):
+            raise ValueError(f"model.hf_path={self.hf_path!r} must be a directory path (a string)")
 
     @property
     def torch_dtype(self) -> torch.dtype:

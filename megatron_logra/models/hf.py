@@ -42,7 +42,8 @@ if TYPE_CHECKING:  # transformers is imported lazily (heavy import)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["hf_config_from_model_config", "megatron_to_hf", "hf_to_megatron", "megatron_shapes", "hf_shapes"]
+__all__ = ["hf_config_from_model_config", "megatron_to_hf", "hf_to_megatron", "megatron_shapes", "hf_shapes",
+           "hf_sources"]
 
 Shape = tuple[int, ...]
 
@@ -204,6 +205,28 @@ _GLOBAL_RENAMES = {
     "decoder.final_layernorm.weight": "model.norm.weight",
     "output_layer.weight": "lm_head.weight",
 }
+
+
+def hf_sources(megatron_name: str) -> tuple[str, ...]:
+    """HF names whose tensors make up the full megatron parameter ``megatron_name`` (global layer index).
+
+    One name for 1:1 renames; ``(q_proj, k_proj, v_proj)`` for ``linear_qkv`` (combine with
+    :func:`fuse_qkv`); ``(gate_proj, up_proj)`` for ``linear_fc1`` (concatenate along rows).
+    ``ValueError`` for a name this map does not know.
+    """
+    if megatron_name in _GLOBAL_RENAMES:
+        return (_GLOBAL_RENAMES[megatron_name],)
+    parts = megatron_name.split(".", 3)
+    if len(parts) == 4 and parts[:2] == ["decoder", "layers"] and parts[2].isdigit():
+        suffix, pre = parts[3], f"model.layers.{parts[2]}."
+        if suffix in _LAYER_RENAMES:
+            return (pre + _LAYER_RENAMES[suffix],)
+        module, _, leaf = suffix.rpartition(".")
+        if module == "self_attention.linear_qkv" and leaf in ("weight", "bias"):
+            return tuple(pre + f"self_attn.{x}_proj.{leaf}" for x in "qkv")
+        if module == "mlp.linear_fc1" and leaf in ("weight", "bias"):
+            return (pre + f"mlp.gate_proj.{leaf}", pre + f"mlp.up_proj.{leaf}")
+    raise ValueError(f"no HF mapping for megatron parameter {megatron_name!r}")
 
 
 def split_qkv(fused: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

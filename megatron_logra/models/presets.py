@@ -161,6 +161,10 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
         raise ValueError(f"{source}: torch_dtype={dtype_name!r}: choose bfloat16, float16 or float32")
     if raw.get("rope_scaling"):
         logger.warning("%s: rope_scaling=%s is ignored (it does not change shapes or memory)", source, raw["rope_scaling"])
+    rope_theta = raw.get("rope_theta")
+    rope_parameters = raw.get("rope_parameters")
+    if rope_theta is None and isinstance(rope_parameters, dict):  # transformers >= 5 writes rope_parameters
+        rope_theta = rope_parameters.get("rope_theta")
     return ModelConfig(
         num_layers=layers,
         hidden_size=hidden,
@@ -172,7 +176,7 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
         swiglu=True,
         normalization="RMSNorm",
         position_embedding_type="rope",
-        rotary_base=int(raw.get("rope_theta", 10000)),
+        rotary_base=int(rope_theta if rope_theta is not None else 10000),
         add_bias_linear=bias_linear,
         add_qkv_bias=qkv_bias,
         qk_layernorm=family == "qwen3",

@@ -1,0 +1,253 @@
+"""Readers of the two checkpoint kinds the converters move between.
+
+:class:`HFCheckpoint` — a Hugging Face directory: ``config.json`` plus ``model.safetensors`` or
+shards listed by ``model.safetensors.index.json``. Every shard's header is read and validated on
+open (truncation, offsets, the index agreeing with the files); tensors are then read one at a
+time. ``pytorch_model.bin`` is never read (no pickle).
+
+:class:`McoreCheckpoint` — a directory with one ``model_tp{t}_pp{p}.safetensors`` per model-parallel
+rank and a ``meta.json``: either written by :func:`megatron_logra.convert.convert_hf_to_mcore`
+(``format = "megatron_logra.mcore"``, sha256 per file) or a trainer checkpoint of
+:mod:`megatron_logra.checkpoint` (``RUN/checkpoints/step_XXXXXXXX``; parameter names prefixed by
+the model-chunk index ``0.``, model config under ``config.model``, no checksums).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+
+from megatron_logra.convert.spec import (
+    IGNORED_HF_SUFFIXES,
+    TensorPlan,
+    model_config_from_json,
+    read_hf_config,
+    shard_shape,
+    unshard_full,
+)
+from megatron_logra.convert.st_io import TensorFile, TensorInfo, sha256_file
+from megatron_logra.models.gpt import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["HFCheckpoint", "McoreCheckpoint", "MCORE_FORMAT", "MCORE_FORMAT_VERSION", "rank_file_name",
+           "HF_EXTRA_FILES"]
+
+MCORE_FORMAT = "megatron_logra.mcore"
+MCORE_FORMAT_VERSION = 1
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+HF_EXTRA_FILES = (
+    "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+)
+"""Files copied alongside the weights when present (tokenizer and generation config)."""
+
+
+def rank_file_name(tp_rank: int, pp_rank: int) -> str:
+    return f"model_tp{tp_rank}_pp{pp_rank}.safetensors"
+
+
+def _ignored(name: str) -> bool:
+    return name.endswith(IGNORED_HF_SUFFIXES)
+
+
+class HFCheckpoint:
+    """A Hugging Face safetensors checkpoint directory, headers validated, tensors read one at a time."""
+
+    def __init__(self, hf_dir: Union[str, Path]):
+        self.dir = Path(hf_dir)
+        self.config, self.config_path = read_hf_config(self.dir)
+        index_path, single = self.dir / INDEX_NAME, self.dir / SINGLE_NAME
+        weight_map: Optional[dict[str, str]] = None
+        if index_path.is_file():
+            try:
+                index = json.loads(index_path.read_text())
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{index_path}: not valid JSON ({exc})") from None
+            weight_map = index.get("weight_map") if isinstance(index, dict) else None
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise ValueError(f"{index_path}: no weight_map object of tensor name -> shard file")
+            files = sorted(set(weight_map.values()))
+            for fname in files:
+                if "/" in fname or "\\" in fname or fname.startswith("."):
+                    raise ValueError(f"{index_path}: shard file name {fname!r} is not a plain file name")
+                if not (self.dir / fname).is_file():
+                    example = next(k for k, v in weight_map.items() if v == fname)
+                    raise ValueError(f"{index_path}: shard {fname} (holding {example!r}) does not exist in {self.dir}")
+            self.index_path: Optional[Path] = index_path
+        elif single.is_file():
+            files = [SINGLE_NAME]
+            self.index_path = None
+        else:
+            bins = sorted(p.name for p in self.dir.glob("*.bin"))
+            hint = f" ({', '.join(bins)} are pickle files, which are never read)" if bins else ""
+            raise ValueError(f"{self.dir}: no {SINGLE_NAME} or {INDEX_NAME}{hint}")
+        self.files: list[str] = files
+        self._readers: dict[str, TensorFile] = {}
+        self.location: dict[str, tuple[int, TensorInfo]] = {}
+        for i, fname in enumerate(files):
+            reader = TensorFile(self.dir / fname)  # validates the header against the file size
+            self._readers[fname] = reader
+            for name, info in reader.tensors.items():
+                if name in self.location:
+                    other = files[self.location[name][0]]
+                    raise ValueError(f"{self.dir}: tensor {name!r} is stored twice, in {other} and {fname}")
+                if weight_map is not None and weight_map.get(name) != fname:
+                    raise ValueError(f"{index_path}: tensor {name!r} is in {fname} but the index maps it to "
+                                     f"{weight_map.get(name)!r}")
+                self.location[name] = (i, info)
+        if weight_map is not None:
+            for name, fname in weight_map.items():
+                if name not in self.location:
+                    raise ValueError(f"{index_path}: lists tensor {name!r} in {fname}, which does not hold it")
+
+    # --------------------------------------------------------------------------- queries
+    def where(self, name: str) -> str:
+        return self.files[self.location[name][0]]
+
+    def info(self, name: str) -> TensorInfo:
+        return self.location[name][1]
+
+    def position(self, name: str) -> tuple[int, int]:
+        i, info = self.location[name]
+        return i, info.begin
+
+    def validate(self, expected: dict[str, tuple[int, ...]], *, tied: bool) -> None:
+        """``ValueError`` naming every unknown, missing or mis-shaped tensor (and its file); non-float dtypes too."""
+        names = {n for n in self.location if not _ignored(n)}
+        allowed_extra = {"lm_head.weight"} if tied else set()
+        unknown = sorted(names - set(expected) - allowed_extra)
+        missing = sorted(set(expected) - names)
+        if missing:
+            raise ValueError(f"{self.dir}: missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''} "
+                             f"(expected by config.json, {len(missing)} in all)")
+        if unknown:
+            raise ValueError(f"{self.dir}: unknown tensors {[f'{n} (in {self.where(n)})' for n in unknown[:8]]}"
+                             f"{' ...' if len(unknown) > 8 else ''}: not part of a "
+                             f"{self.config.get('architectures')} model of this config.json")
+        if tied and "lm_head.weight" in names:
+            expected = dict(expected, **{"lm_head.weight": expected["model.embed_tokens.weight"]})
+        for name in sorted(names):
+            info = self.info(name)
+            if info.shape != tuple(expected[name]):
+                raise ValueError(f"{self.dir}: tensor {name!r} (in {self.where(name)}) has shape {list(info.shape)}, "
+                                 f"config.json implies {list(expected[name])}")
+            if not info.dtype.is_floating_point:
+                raise ValueError(f"{self.dir}: tensor {name!r} (in {self.where(name)}) has dtype {info.dtype}; "
+                                 "only floating-point weights are converted")
+
+    def read(self, name: str) -> torch.Tensor:
+        return self._readers[self.where(name)].read(name)
+
+    def check_tied_head(self) -> None:
+        """A tied model's checkpoint may still store ``lm_head.weight``: it must equal the embeddings."""
+        if "lm_head.weight" in self.location:
+            if not torch.equal(self.read("lm_head.weight"), self.read("model.embed_tokens.weight")):
+                raise ValueError(f"{self.dir}: tie_word_embeddings is true but lm_head.weight (in "
+                                 f"{self.where('lm_head.weight')}) differs from model.embed_tokens.weight")
+
+    def close(self) -> None:
+        for r in self._readers.values():
+            r.close()
+
+
+class McoreCheckpoint:
+    """Per-rank megatron safetensors files plus ``meta.json`` (converter output or a trainer checkpoint)."""
+
+    def __init__(self, mcore_dir: Union[str, Path]):
+        self.dir = Path(mcore_dir)
+        meta_path = self.dir / "meta.json"
+        if not meta_path.is_file():
+            raise ValueError(f"{self.dir}: no meta.json (expected a converted megatron checkpoint or a trainer "
+                             "checkpoint step directory)")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{meta_path}: not valid JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"{meta_path}: does not hold a JSON object")
+        self.meta = meta
+        if meta.get("format") == MCORE_FORMAT:
+            if meta.get("format_version") != MCORE_FORMAT_VERSION:
+                raise ValueError(f"{meta_path}: format_version={meta.get('format_version')!r}, this reader reads "
+                                 f"{MCORE_FORMAT_VERSION}")
+            self.cfg = model_config_from_json(meta.get("model_config") or {}, str(meta_path))
+            self.prefix = ""
+            self.checksums = {k: v.get("sha256") for k, v in (meta.get("files") or {}).items()}
+            self.kind = "converted"
+        elif "step" in meta and isinstance(meta.get("config"), dict) and isinstance(meta["config"].get("model"), dict):
+            self.cfg = model_config_from_json(meta["config"]["model"], f"{meta_path} (config.model)")
+            self.prefix = "0."  # checkpoint.py prefixes the model-chunk index
+            self.checksums = {}
+            self.kind = "trainer"
+        else:
+            raise ValueError(f"{meta_path}: neither a converted checkpoint (format={MCORE_FORMAT!r}) nor a trainer "
+                             "checkpoint (step + config.model)")
+        try:
+            self.tp, self.pp = int(meta["tp"]), int(meta["pp"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{meta_path}: needs integer fields tp and pp") from None
+        self._readers: dict[tuple[int, int], TensorFile] = {}
+
+    @property
+    def hf_files_dir(self) -> Optional[Path]:
+        """``hf/`` of a converted checkpoint: the source config.json, tokenizer and generation config."""
+        path = self.dir / "hf"
+        return path if path.is_dir() else None
+
+    def file(self, tp_rank: int, pp_rank: int, *, verify: bool = True) -> TensorFile:
+        key = (tp_rank, pp_rank)
+        if key not in self._readers:
+            name = rank_file_name(tp_rank, pp_rank)
+            path = self.dir / name
+            if not path.is_file():
+                raise ValueError(f"{self.dir}: rank file {name} is missing (meta.json says tp={self.tp} pp={self.pp})")
+            expected = self.checksums.get(name)
+            if self.kind == "converted" and expected is None:
+                raise ValueError(f"{self.dir / 'meta.json'}: no checksum for {name}")
+            if verify and expected is not None:
+                actual = sha256_file(path)
+                if actual != expected:
+                    raise ValueError(f"{path}: sha256 {actual[:16]}... does not match meta.json ({expected[:16]}...): "
+                                     "the file is corrupt or was modified")
+            self._readers[key] = TensorFile(path)
+        return self._readers[key]
+
+    def validate(self, plan: list[TensorPlan], *, verify: bool = True) -> None:
+        """Every rank file holds exactly the plan's tensors with the plan's shard shapes (``ValueError`` naming it)."""
+        for pp_rank in range(self.pp):
+            stage = [e for e in plan if e.pp_rank == pp_rank]
+            for tp_rank in range(self.tp):
+                f = self.file(tp_rank, pp_rank, verify=verify)
+                expected = {self.prefix + e.local_name: shard_shape(e.shape, e.partition, self.tp) for e in stage}
+                unknown = sorted(set(f.tensors) - set(expected))
+                missing = sorted(set(expected) - set(f.tensors))
+                if unknown or missing:
+                    raise ValueError(f"{f.path}: does not match the model config at tp={self.tp} pp={self.pp}: "
+                                     f"missing tensors {missing[:8]}, unknown tensors {unknown[:8]}")
+                for name, shape in expected.items():
+                    if f.tensors[name].shape != shape:
+                        raise ValueError(f"{f.path}: tensor {name!r} has shape {list(f.tensors[name].shape)}, "
+                                         f"expected {list(shape)} at tp={self.tp}")
+
+    def dtype(self, entry: TensorPlan) -> torch.dtype:
+        return self.file(0, entry.pp_rank).tensors[self.prefix + entry.local_name].dtype
+
+    def read_full(self, entry: TensorPlan) -> torch.Tensor:
+        """The full (TP-unsharded) tensor of ``entry``, read rank file by rank file."""
+        shards = [self.file(t, entry.pp_rank).read(self.prefix + entry.local_name) for t in range(self.tp)]
+        dtypes = {s.dtype for s in shards}
+        if len(dtypes) > 1:
+            raise ValueError(f"{self.dir}: tensor {entry.local_name!r} of stage {entry.pp_rank} has different dtypes "
+                             f"on different TP ranks: {sorted(map(str, dtypes))}")
+        return unshard_full(shards, entry.partition)
+
+    def close(self) -> None:
+        for r in self._readers.values():
+            r.close()
+

@@ -1,0 +1,69 @@
+"""``megatron-logra convert`` (also ``python tools/convert_checkpoint.py``)::
+
+    megatron-logra convert hf-to-mcore --hf DIR --out DIR [--tp N] [--pp M] [--make-vocab-size-divisible-by K] [--force]
+    megatron-logra convert mcore-to-hf --mcore DIR --out DIR [--hf-template DIR] [--max-shard-size 5GB] [--force]
+
+``mcore-to-hf`` also reads a trainer checkpoint step directory (``RUN/checkpoints/step_XXXXXXXX``).
+Prints the written ``meta.json`` (hf-to-mcore) or a summary (mcore-to-hf) as JSON; a rejected
+input exits with status 2 and a message naming the field, tensor or file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Optional, Sequence
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser(prog: str = "megatron-logra convert") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="direction", required=True)
+    a = sub.add_parser("hf-to-mcore", help="Hugging Face safetensors -> per-rank megatron-core files")
+    a.add_argument("--hf", required=True, help="HF checkpoint directory (config.json + safetensors)")
+    a.add_argument("--out", required=True, help="output directory")
+    a.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the output (default 1)")
+    a.add_argument("--pp", type=int, default=1, help="pipeline-parallel size of the output (default 1)")
+    a.add_argument("--make-vocab-size-divisible-by", type=int, default=None,
+                   help="vocabulary padding multiple per TP rank (default: ModelConfig's, 16)")
+    a.add_argument("--force", action="store_true", help="replace a previous conversion in --out")
+    b = sub.add_parser("mcore-to-hf", help="per-rank megatron-core files (or a trainer checkpoint) -> Hugging Face")
+    b.add_argument("--mcore", required=True, help="converted directory or trainer checkpoint step directory")
+    b.add_argument("--out", required=True, help="output directory")
+    b.add_argument("--hf-template", default=None,
+                   help="HF directory whose config.json, tokenizer files and shard layout are reused")
+    b.add_argument("--max-shard-size", default="5GB", help="shard size without a sharded template (default 5GB)")
+    b.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the rank files")
+    b.add_argument("--force", action="store_true", help="replace a previous conversion in --out")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "megatron-logra convert") -> int:
+    parser = build_parser(prog)
+    ns = parser.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            datefmt="%H:%M:%S")
+    from megatron_logra.convert.convert import convert_hf_to_mcore, convert_mcore_to_hf
+
+    try:
+        if ns.direction == "hf-to-mcore":
+            out = convert_hf_to_mcore(ns.hf, ns.out, tp=ns.tp, pp=ns.pp,
+                                      make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by, force=ns.force)
+        else:
+            index = convert_mcore_to_hf(ns.mcore, ns.out, hf_template=ns.hf_template,
+                                        max_shard_size=ns.max_shard_size, force=ns.force, verify=not ns.no_verify)
+            out = {"out": ns.out, "files": index["files"], "metadata": index["metadata"],
+                   "num_tensors": len(index["weight_map"])}
+    except (ValueError, FileNotFoundError) as exc:
+        sys.stderr.write(f"{prog} {ns.direction}: error: {exc}\n")
+        return 2
+    sys.stdout.write(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,365 @@
+"""HF <-> megatron-core checkpoint conversion, streaming.
+
+``convert_hf_to_mcore(hf_dir, out_dir, tp=, pp=)`` writes ``model_tp{t}_pp{p}.safetensors`` per
+model-parallel rank (exactly the parameters, names and TP shards ``build_gpt`` holds on that rank;
+vocabulary rows zero-padded to ``ModelConfig.padded_vocab_size(tp)``), ``hf/`` (the source
+``config.json``, tokenizer files and ``generation_config.json``) and ``meta.json`` (format version,
+model config, tp, pp, source architecture, sha256 / size / tensor count per file), written last.
+
+``convert_mcore_to_hf(mcore_dir, out_dir, hf_template=None)`` reads such a directory (or a trainer
+checkpoint step directory) and writes a Hugging Face checkpoint: ``model.safetensors`` or shards
+``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json`` (the template's shard
+assignment when it has one, else greedy up to ``max_shard_size``), ``config.json`` and the
+tokenizer / generation-config files of the template (else of ``mcore_dir/hf``).
+
+Memory bound. Nothing is ever loaded a file at a time: tensors are read one by one
+(``seek`` + ``read``), combined, split into TP shards and appended to output files whose headers
+were computed up front from the config (safetensors needs every shape before the first byte).
+Peak memory is therefore about two copies of the largest *single* megatron parameter (its HF
+parts plus the fused / padded / unsharded result, e.g. ``[2·ffn, hidden]`` for ``linear_fc1`` or
+``[padded vocab, hidden]`` for the embeddings) plus one TP shard of it, independently of the
+number and size of the HF shards. Inputs are processed in storage order (HF: shard, then offset),
+so disks read sequentially.
+
+Outputs are built in a sibling ``.NAME.partial`` directory and renamed onto ``out_dir`` at the
+end; an existing non-empty ``out_dir`` is replaced only with ``force=True`` and only when it
+looks like a checkpoint (has ``meta.json`` or ``config.json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+
+from megatron_logra.convert.checkpoints import (
+    HF_EXTRA_FILES,
+    INDEX_NAME,
+    MCORE_FORMAT,
+    MCORE_FORMAT_VERSION,
+    SINGLE_NAME,
+    HFCheckpoint,
+    McoreCheckpoint,
+    rank_file_name,
+)
+from megatron_logra.convert.spec import (
+    check_same_architecture,
+    combine,
+    hf_expected_shapes,
+    megatron_plan,
+    model_config_from_hf_dict_strict,
+    shard,
+    shard_shape,
+    split_to_hf,
+)
+from megatron_logra.convert.st_io import SafetensorsWriter
+from megatron_logra.models.gpt import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["convert_hf_to_mcore", "convert_mcore_to_hf", "parse_size"]
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: Union[str, int]) -> int:
+    """``"5GB"`` (10⁹, as transformers), ``"500MiB"`` (2²⁰) or a byte count."""
+    if isinstance(text, int):
+        value = text
+    else:
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*", str(text), flags=re.IGNORECASE)
+        if not m:
+            raise ValueError(f"max_shard_size={text!r}: give bytes or a size like 5GB, 500MB, 2GiB")
+        value = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+    if value < 1:
+        raise ValueError(f"max_shard_size={text!r} must be positive")
+    return value
+
+
+# ------------------------------------------------------------------------------ output directories
+def _prepare_out(out: Path, force: bool, inputs: tuple[Path, ...]) -> Path:
+    out = out.resolve()
+    for src in inputs:
+        if src is not None and src.resolve() == out:
+            raise ValueError(f"--out {out} is also an input directory")
+    if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"--out {out} exists and is not a directory")
+        if any(out.iterdir()):
+            if not force:
+                raise ValueError(f"--out {out} exists and is not empty (pass --force to replace a previous conversion)")
+            if not ((out / "meta.json").is_file() or (out / "config.json").is_file()):
+                raise ValueError(f"--out {out} is not empty and holds no meta.json or config.json: refusing to "
+                                 "replace a directory that does not look like a checkpoint")
+    tmp = out.parent / f".{out.name}.partial"
+    if tmp.exists():
+        shutil.rmtree(tmp)  # a previous interrupted conversion to the same destination
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _finalize(tmp: Path, out: Path) -> None:
+    out = out.resolve()
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
+def _copy_extras(src: Optional[Path], dst: Path, *, config: bool) -> list[str]:
+    copied = []
+    if src is None:
+        return copied
+    names = (("config.json",) if config else ()) + HF_EXTRA_FILES
+    for name in names:
+        if (src / name).is_file():
+            dst.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+# ------------------------------------------------------------------------------ HF -> megatron-core
+def convert_hf_to_mcore(
+    hf_dir: Union[str, Path],
+    out_dir: Union[str, Path],
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    make_vocab_size_divisible_by: Optional[int] = None,
+    force: bool = False,
+) -> dict:
+    """Convert the HF checkpoint ``hf_dir`` to per-rank megatron-core files at ``(tp, pp)``; returns meta.json."""
+    t0 = time.perf_counter()
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    ckpt = HFCheckpoint(hf_dir)
+    try:
+        cfg = model_config_from_hf_dict_strict(ckpt.config, source=str(ckpt.config_path))
+        if make_vocab_size_divisible_by is not None:
+            if make_vocab_size_divisible_by < 1:
+                raise ValueError(f"make_vocab_size_divisible_by={make_vocab_size_divisible_by} must be >= 1")
+            cfg = dataclasses.replace(cfg, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+        tied = not cfg.untie_embeddings_and_output_weights
+        plan = megatron_plan(cfg, tp, pp)
+        ckpt.validate(hf_expected_shapes(cfg), tied=tied)
+        if tied:
+            ckpt.check_tied_head()
+        dtypes = {}
+        for e in plan:
+            found = {ckpt.info(s).dtype for s in e.sources}
+            if len(found) > 1:
+                raise ValueError(f"{hf_dir}: HF tensors {list(e.sources)} have different dtypes "
+                                 f"{sorted(map(str, found))}; they are fused into {e.name}")
+            dtypes[e] = found.pop()
+        order = sorted(plan, key=lambda e: min(ckpt.position(s) for s in e.sources))
+
+        tmp = _prepare_out(out_dir, force, (hf_dir,))
+        writers: dict[tuple[int, int], SafetensorsWriter] = {}
+        try:
+            for p in range(pp):
+                stage = [e for e in order if e.pp_rank == p]
+                for t in range(tp):
+                    entries = [(e.local_name, dtypes[e], shard_shape(e.shape, e.partition, tp)) for e in stage]
+                    writers[(t, p)] = SafetensorsWriter(tmp / rank_file_name(t, p), entries,
+                                                        metadata={"format": "pt", "tp_rank": str(t), "pp_rank": str(p)})
+            for e in order:
+                full = combine(e, [ckpt.read(s) for s in e.sources], cfg)
+                for t in range(tp):
+                    writers[(t, e.pp_rank)].write(e.local_name, shard(full, e.partition, t, tp))
+                del full
+            files = {}
+            for (t, p), w in sorted(writers.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+                files[rank_file_name(t, p)] = {"tp_rank": t, "pp_rank": p, **w.close()}
+            copied = _copy_extras(hf_dir, tmp / "hf", config=True)
+            archs = ckpt.config.get("architectures") or []
+            meta = {
+                "format": MCORE_FORMAT,
+                "format_version": MCORE_FORMAT_VERSION,
+                "model_config": dataclasses.asdict(cfg),
+                "tp": tp,
+                "pp": pp,
+                "padded_vocab_size": cfg.padded_vocab_size(tp),
+                "vocab_padding": "zeros",
+                "source": {
+                    "kind": "hf",
+                    "architecture": archs[0] if archs else None,
+                    "model_type": ckpt.config.get("model_type"),
+                    "path": str(hf_dir.resolve()),
+                    "num_files": len(ckpt.files),
+                    "dtypes": sorted({str(d).replace("torch.", "") for d in dtypes.values()}),
+                    "copied_files": copied,
+                },
+                "files": files,
+            }
+            _write_json(tmp / "meta.json", meta)  # last: a directory without it is incomplete
+            _finalize(tmp, out_dir)
+        except BaseException:
+            for w in writers.values():
+                w.abort()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        ckpt.close()
+    logger.info("converted %s -> %s (tp=%d pp=%d, %d tensors) in %.1fs", hf_dir, out_dir, tp, pp, len(plan),
+                time.perf_counter() - t0)
+    return meta
+
+
+# ------------------------------------------------------------------------------ megatron-core -> HF
+def _generated_hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
+    from megatron_logra.models.hf import hf_config_from_model_config
+
+    hc = hf_config_from_model_config(dataclasses.replace(cfg, make_vocab_size_divisible_by=1))
+    data = hc.to_dict()
+    data["vocab_size"] = cfg.vocab_size
+    data["max_position_embeddings"] = cfg.seq_length
+    data["dtype"] = str(dtype).replace("torch.", "")
+    data.pop("transformers_version", None)
+    return data
+
+
+def _plan_shards(names: list[tuple[str, int]], max_bytes: int) -> list[list[str]]:
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, nbytes in names:
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def convert_mcore_to_hf(
+    mcore_dir: Union[str, Path],
+    out_dir: Union[str, Path],
+    *,
+    hf_template: Optional[Union[str, Path]] = None,
+    max_shard_size: Union[str, int] = "5GB",
+    force: bool = False,
+    verify: bool = True,
+) -> dict:
+    """Convert per-rank megatron-core files (converter output or a trainer checkpoint) to an HF checkpoint.
+
+    ``hf_template``: an HF directory of the same architecture whose ``config.json``, tokenizer files and
+    shard assignment (``model.safetensors.index.json``) are reused. Returns the written index dict
+    (``weight_map`` and ``metadata``; one file -> ``{"weight_map": ..., "metadata": ...}`` as well).
+    """
+    t0 = time.perf_counter()
+    mcore_dir, out_dir = Path(mcore_dir), Path(out_dir)
+    template = Path(hf_template) if hf_template else None
+    max_bytes = parse_size(max_shard_size)
+    src = McoreCheckpoint(mcore_dir)
+    try:
+        cfg, tp, pp = src.cfg, src.tp, src.pp
+        plan = megatron_plan(cfg, tp, pp)
+        src.validate(plan, verify=verify)
+        tied = not cfg.untie_embeddings_and_output_weights
+
+        # config.json (and the files that travel with it)
+        extras_from = template if template is not None else src.hf_files_dir
+        config_text: Optional[str] = None
+        if extras_from is not None and (extras_from / "config.json").is_file():
+            raw = json.loads((extras_from / "config.json").read_text())
+            hf_cfg = model_config_from_hf_dict_strict(raw, source=str(extras_from / "config.json"))
+            check_same_architecture(cfg, hf_cfg, str(extras_from / "config.json"))
+            config_text = (extras_from / "config.json").read_text()
+        elif template is not None:
+            raise ValueError(f"--hf-template {template}: no config.json")
+
+        # the HF tensors, in processing order (megatron stage order), with shapes and dtypes
+        expected = hf_expected_shapes(cfg)
+        sources = [e for e in plan if not (tied and e.name == "output_layer.weight")]
+        hf_entries: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
+        for e in sources:
+            dtype = src.dtype(e)
+            for name in e.sources:
+                hf_entries.append((name, dtype, tuple(expected[name])))
+        itemsize = {d: torch.empty((), dtype=d).element_size() for _, d, _ in hf_entries}
+        nbytes = {n: itemsize[d] * int(torch.Size(s).numel()) for n, d, s in hf_entries}
+
+        # shard assignment
+        template_index = template / INDEX_NAME if template is not None else None
+        if template_index is not None and template_index.is_file():
+            weight_map = json.loads(template_index.read_text()).get("weight_map") or {}
+            mine = {n for n, _, _ in hf_entries}
+            if set(weight_map) != mine:
+                extra, missing = sorted(set(weight_map) - mine), sorted(mine - set(weight_map))
+                raise ValueError(f"{template_index}: its weight_map does not match this model: tensors not in the "
+                                 f"model {extra[:8]}, tensors missing from the index {missing[:8]}")
+            file_names = sorted(set(weight_map.values()))
+            assignment = {n: weight_map[n] for n in mine}
+        else:
+            groups = _plan_shards([(n, nbytes[n]) for n, _, _ in hf_entries], max_bytes)
+            if template is not None and (template / SINGLE_NAME).is_file():
+                groups = [[n for g in groups for n in g]]
+            if len(groups) == 1:
+                file_names = [SINGLE_NAME]
+            else:
+                file_names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+            assignment = {n: file_names[i] for i, g in enumerate(groups) for n in g}
+
+        tmp = _prepare_out(out_dir, force, (mcore_dir,) + ((template,) if template else ()))
+        writers: dict[str, SafetensorsWriter] = {}
+        try:
+            for fname in file_names:
+                entries = [x for x in hf_entries if assignment[x[0]] == fname]
+                writers[fname] = SafetensorsWriter(tmp / fname, entries, metadata={"format": "pt"})
+            results: dict[str, dict] = {}
+            embedding_digest: Optional[str] = None
+            for e in plan:
+                full = src.read_full(e)
+                if tied and e.name == "output_layer.weight":  # megatron's last-stage copy of the embeddings
+                    digest = hashlib.sha256(full.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()
+                    if digest != embedding_digest:
+                        raise ValueError(f"{mcore_dir}: tied embeddings, but output_layer.weight of stage {e.pp_rank} "
+                                         "differs from embedding.word_embeddings.weight of stage 0")
+                    continue
+                if tied and e.name == "embedding.word_embeddings.weight" and pp > 1:
+                    embedding_digest = hashlib.sha256(full.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()
+                for name, tensor in split_to_hf(e, full, cfg):
+                    w = writers[assignment[name]]
+                    w.write(name, tensor.contiguous())
+                    if w.done:
+                        results[assignment[name]] = w.close()
+                del full
+            for fname, w in writers.items():
+                if fname not in results:
+                    results[fname] = w.close()
+            weight_map = {n: assignment[n] for n in sorted(assignment)}
+            index = {
+                "metadata": {"total_size": sum(nbytes.values()),
+                             "total_parameters": sum(int(torch.Size(s).numel()) for _, _, s in hf_entries)},
+                "weight_map": weight_map,
+            }
+            if len(file_names) > 1:
+                _write_json(tmp / INDEX_NAME, index)
+            copied = _copy_extras(extras_from, tmp, config=False)
+            if config_text is None:
+                first_dtype = hf_entries[0][1]
+                config_text = json.dumps(_generated_hf_config(cfg, first_dtype), indent=2, sort_keys=True) + "\n"
+            (tmp / "config.json").write_text(config_text)  # last
+            _finalize(tmp, out_dir)
+        except BaseException:
+            for w in writers.values():
+                w.abort()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        src.close()
+    logger.info("converted %s -> %s (%d files, %d tensors, extras %s) in %.1fs", mcore_dir, out_dir, len(file_names),
+                len(hf_entries), copied, time.perf_counter() - t0)
+    return {**index, "files": results}

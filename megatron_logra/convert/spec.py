@@ -1,0 +1,311 @@
+"""What a conversion moves where: strict HF config checks and the per-tensor megatron plan.
+
+:func:`check_hf_config` accepts a ``config.json`` of a dense Llama / Mistral / Qwen2 / Qwen3
+causal LM whose forward pass megatron-core's GPT reproduces, and rejects everything else with
+a ``ValueError`` naming the field: other architectures, rope scaling (``rope_scaling`` or a
+non-default ``rope_parameters.rope_type``), partial rotary, sliding-window attention
+(``use_sliding_window``, ``sliding_window``, ``layer_types``), mixture-of-experts fields,
+quantized checkpoints, a head dimension other than hidden/heads, non-SiLU MLPs.
+
+:func:`megatron_plan` lists every tensor of the megatron model at a ``(tp, pp)`` layout: its
+global name (TP=1 layout, global layer index), the HF tensors it is made of and how
+(``copy``, ``qkv`` fuse, ``fc1`` = ``[gate; up]``, ``vocab`` = rows padded with zeros to the
+padded vocabulary), its TP partition ``(dim, stride)`` (megatron-core's
+``partition_dim`` / ``partition_stride``), its pipeline stage and its stage-local name, i.e.
+exactly what ``build_gpt`` holds on rank ``(tp_rank, pp_rank)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional, Union
+
+import torch
+
+from megatron_logra.models.gpt import ModelConfig
+from megatron_logra.models.hf import _check_supported, hf_shapes, hf_sources, megatron_shapes
+from megatron_logra.models.layout import shard_full, unshard
+from megatron_logra.models.presets import model_config_from_hf_dict
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["check_hf_config", "model_config_from_hf_dict_strict", "model_config_from_hf", "TensorPlan",
+           "megatron_plan", "partition_of", "check_layout", "hf_expected_shapes", "shard", "unshard_full",
+           "ARCH_FIELDS", "TRAINING_FIELDS", "IGNORED_HF_SUFFIXES", "check_same_architecture"]
+
+TRAINING_FIELDS = ("seq_length", "params_dtype", "recompute", "hidden_dropout", "attention_dropout", "init_std",
+                   "make_vocab_size_divisible_by", "hf_path")
+"""ModelConfig fields a run chooses; everything else (:data:`ARCH_FIELDS`) comes from the HF config."""
+ARCH_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in TRAINING_FIELDS)
+
+IGNORED_HF_SUFFIXES = (".rotary_emb.inv_freq",)
+"""HF tensors that are recomputed buffers, not weights (older Llama checkpoints store them)."""
+
+_MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
+
+
+def check_hf_config(raw: dict, source: str = "config.json") -> None:
+    """Reject HF config fields whose model the megatron GPT would not reproduce (``ValueError`` naming the field)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = raw.get(key)
+        if rope is None:
+            continue
+        if not isinstance(rope, dict):
+            raise ValueError(f"{source}: {key}={rope!r} is not supported (expected an object)")
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"{source}: {key}.rope_type={kind!r} is not supported: only unscaled (default) RoPE "
+                             "is implemented by the megatron model")
+        factor = rope.get("partial_rotary_factor")
+        if factor not in (None, 1, 1.0):
+            raise ValueError(f"{source}: {key}.partial_rotary_factor={factor} is not supported (rotary on all dims only)")
+    if raw.get("partial_rotary_factor") not in (None, 1, 1.0):
+        raise ValueError(f"{source}: partial_rotary_factor={raw['partial_rotary_factor']} is not supported")
+    theta = raw.get("rope_theta")
+    if theta is None and isinstance(raw.get("rope_parameters"), dict):
+        theta = raw["rope_parameters"].get("rope_theta")
+    if theta is not None and (not isinstance(theta, (int, float)) or float(theta) != int(theta) or theta <= 0):
+        raise ValueError(f"{source}: rope_theta={theta!r} is not supported (model.rotary_base is a positive integer)")
+    if "use_sliding_window" in raw:
+        if raw["use_sliding_window"]:
+            raise ValueError(f"{source}: use_sliding_window=True is not supported (full attention only)")
+    elif raw.get("sliding_window") is not None:
+        raise ValueError(f"{source}: sliding_window={raw['sliding_window']} is not supported (full attention only)")
+    layer_types = raw.get("layer_types")
+    if layer_types is not None:
+        other = sorted({t for t in layer_types if t != "full_attention"})
+        if other:
+            raise ValueError(f"{source}: layer_types contains {other}; only full_attention layers are supported")
+    for key in _MOE_FIELDS:
+        if raw.get(key):
+            raise ValueError(f"{source}: {key}={raw[key]} (mixture of experts) is not supported: dense models only")
+    if raw.get("quantization_config"):
+        raise ValueError(f"{source}: quantization_config is set: quantized checkpoints are not supported")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if raw.get(key):
+            raise ValueError(f"{source}: {key}={raw[key]} is not supported")
+
+
+def model_config_from_hf_dict_strict(raw: dict, *, source: str = "config.json", base: Optional[ModelConfig] = None,
+                                     seq_length: Optional[int] = None) -> ModelConfig:
+    """:func:`check_hf_config`, then the presets loader, then the HF-mapping support check.
+
+    Architecture fields come from ``raw``; :data:`TRAINING_FIELDS` from ``base`` when given
+    (else ``seq_length`` = ``max_position_embeddings``, dtype from the config, ModelConfig defaults).
+    """
+    check_hf_config(raw, source)
+    if seq_length is None and base is None:
+        mpe = raw.get("max_position_embeddings")
+        seq_length = mpe if isinstance(mpe, int) and mpe > 0 else None
+    cfg = model_config_from_hf_dict(raw, seq_length=seq_length, source=source)
+    if base is not None:
+        cfg = replace(cfg, **{k: getattr(base, k) for k in TRAINING_FIELDS})
+    try:
+        _check_supported(cfg)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    return cfg
+
+
+def read_hf_config(hf_dir: Union[str, Path]) -> tuple[dict, Path]:
+    path = Path(hf_dir) / "config.json"
+    if not Path(hf_dir).is_dir():
+        raise ValueError(f"{hf_dir}: not a directory (expected a Hugging Face checkpoint directory)")
+    if not path.is_file():
+        raise ValueError(f"{hf_dir}: no config.json (expected a Hugging Face checkpoint directory)")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: does not hold a JSON object")
+    return raw, path
+
+
+def model_config_from_hf(hf_dir: Union[str, Path], base: Optional[ModelConfig] = None) -> ModelConfig:
+    """``ModelConfig`` of the HF checkpoint in ``hf_dir`` (strictly checked, see :func:`check_hf_config`).
+
+    Architecture fields (layers, widths, heads, groups, vocabulary, biases, q/k norm, tying, RoPE
+    base, norm epsilon) come from ``config.json``. With ``base`` the run's own choices
+    (:data:`TRAINING_FIELDS`: sequence length, dtype, recompute, dropout, init std, vocabulary
+    padding multiple) are kept from it; without, ``seq_length`` is ``max_position_embeddings`` and
+    the dtype is the checkpoint's. ``hf_path`` is set to ``hf_dir``.
+    """
+    raw, path = read_hf_config(hf_dir)
+    cfg = model_config_from_hf_dict_strict(raw, source=str(path), base=base)
+    return replace(cfg, hf_path=str(hf_dir))
+
+
+def check_same_architecture(cfg: ModelConfig, hf_cfg: ModelConfig, what: str) -> None:
+    """``ValueError`` naming every architecture field where ``cfg`` differs from the checkpoint's ``hf_cfg``."""
+    diff = [f"model.{k}={getattr(cfg, k)!r} but {what} has {getattr(hf_cfg, k)!r}"
+            for k in ARCH_FIELDS if getattr(cfg, k) != getattr(hf_cfg, k)]
+    if diff:
+        raise ValueError("the model config does not match the checkpoint: " + "; ".join(diff))
+
+
+def check_layout(cfg: ModelConfig, tp: int, pp: int) -> None:
+    """``ValueError`` naming the field when ``cfg`` cannot be split at TP ``tp`` / PP ``pp``."""
+    if tp < 1 or pp < 1:
+        raise ValueError(f"tp={tp} and pp={pp} must be >= 1")
+    groups = cfg.num_query_groups or cfg.num_attention_heads
+    for field, value in (("num_attention_heads", cfg.num_attention_heads), ("num_query_groups", groups),
+                         ("ffn_hidden_size", cfg.ffn_hidden_size)):
+        if value % tp:
+            raise ValueError(f"model.{field}={value} is not divisible by tp={tp}")
+    if cfg.num_layers % pp:
+        raise ValueError(f"model.num_layers={cfg.num_layers} is not divisible by pp={pp}")
+
+
+def partition_of(global_name: str) -> Optional[tuple[int, int]]:
+    """megatron-core's TP split ``(partition_dim, partition_stride)`` of a parameter, ``None`` if replicated."""
+    leaf = global_name.rsplit(".", 1)[-1]
+    if global_name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        return 0, 1
+    if ".self_attention.linear_qkv." in global_name:
+        return 0, 1
+    if ".mlp.linear_fc1." in global_name:
+        return 0, 2
+    if leaf == "weight" and (".self_attention.linear_proj." in global_name or ".mlp.linear_fc2." in global_name):
+        return 1, 1
+    return None
+
+
+def _fake_param(partition: Optional[tuple[int, int]]) -> SimpleNamespace:
+    if partition is None:
+        return SimpleNamespace(tensor_model_parallel=False)
+    return SimpleNamespace(tensor_model_parallel=True, partition_dim=partition[0], partition_stride=partition[1])
+
+
+def shard(full: torch.Tensor, partition: Optional[tuple[int, int]], tp_rank: int, tp: int) -> torch.Tensor:
+    """TP rank ``tp_rank``'s shard of ``full`` (``layout.shard_full`` with the static partition)."""
+    return shard_full(full, "", _fake_param(partition), tp_rank, tp)
+
+
+def unshard_full(shards: list[torch.Tensor], partition: Optional[tuple[int, int]]) -> torch.Tensor:
+    return unshard(shards, _fake_param(partition))
+
+
+def shard_shape(shape: tuple[int, ...], partition: Optional[tuple[int, int]], tp: int) -> tuple[int, ...]:
+    if partition is None or tp == 1:
+        return tuple(shape)
+    out = list(shape)
+    out[partition[0]] //= tp
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One megatron parameter of one pipeline stage and the HF tensors it is made of."""
+
+    name: str
+    """Global megatron name (TP=1 layout, global layer index)."""
+    local_name: str
+    """Name in the stage's ``model.named_parameters()`` (stage-local layer index)."""
+    pp_rank: int
+    sources: tuple[str, ...]
+    """HF tensor names, in combine order."""
+    kind: str
+    """copy | qkv | fc1 | vocab."""
+    shape: tuple[int, ...]
+    """Full (all TP ranks) shape, padded vocabulary of this layout."""
+    partition: Optional[tuple[int, int]]
+
+
+def hf_expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor names and shapes of ``cfg``'s checkpoint (unpadded vocabulary; no ``lm_head`` when tied)."""
+    return hf_shapes(replace(cfg, make_vocab_size_divisible_by=1), tp=1)
+
+
+def megatron_plan(cfg: ModelConfig, tp: int = 1, pp: int = 1) -> list[TensorPlan]:
+    """Every parameter of ``build_gpt(cfg)`` at ``(tp, pp)``, stage by stage, in build order.
+
+    With tied embeddings and ``pp > 1`` the last stage also holds ``output_layer.weight``,
+    megatron-core's copy of the word embeddings (source ``model.embed_tokens.weight``).
+    """
+    check_layout(cfg, tp, pp)
+    shapes = megatron_shapes(cfg, tp)
+    per_stage = cfg.num_layers // pp
+    out: list[TensorPlan] = []
+    for name, shape in shapes.items():
+        if name.startswith("decoder.layers."):
+            layer = int(name.split(".")[2])
+            stage, local = layer // per_stage, f"decoder.layers.{layer % per_stage}." + name.split(".", 3)[3]
+        elif name == "embedding.word_embeddings.weight":
+            stage, local = 0, name
+        else:  # final_layernorm, output_layer
+            stage, local = pp - 1, name
+        sources = hf_sources(name)
+        if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+            kind = "vocab"
+        elif ".linear_qkv." in name:
+            kind = "qkv"
+        elif ".linear_fc1." in name:
+            kind = "fc1"
+        else:
+            kind = "copy"
+        out.append(TensorPlan(name, local, stage, sources, kind, tuple(shape), partition_of(name)))
+    if not cfg.untie_embeddings_and_output_weights and pp > 1:
+        emb = shapes["embedding.word_embeddings.weight"]
+        out.append(TensorPlan("output_layer.weight", "output_layer.weight", pp - 1, ("model.embed_tokens.weight",),
+                              "vocab", tuple(emb), partition_of("output_layer.weight")))
+    out.sort(key=lambda t: t.pp_rank)  # stable: build order within a stage
+    return out
+
+
+def combine(entry: TensorPlan, parts: list[torch.Tensor], cfg: ModelConfig) -> torch.Tensor:
+    """The full megatron tensor of ``entry`` from its HF ``parts`` (in ``entry.sources`` order)."""
+    from megatron_logra.models.hf import fuse_qkv
+
+    dtypes = {p.dtype for p in parts}
+    if len(dtypes) > 1:
+        raise ValueError(f"HF tensors {list(entry.sources)} have different dtypes {sorted(map(str, dtypes))}; "
+                         f"they are fused into {entry.name}")
+    if entry.kind == "qkv":
+        return fuse_qkv(parts[0], parts[1], parts[2], cfg)
+    if entry.kind == "fc1":
+        return torch.cat(parts, dim=0)
+    if entry.kind == "vocab":
+        (emb,) = parts
+        pad = entry.shape[0] - emb.shape[0]
+        if pad < 0:
+            raise ValueError(f"{entry.sources[0]} has {emb.shape[0]} rows, more than the padded vocabulary {entry.shape[0]}")
+        if pad == 0:
+            return emb
+        return torch.cat([emb, emb.new_zeros((pad, *emb.shape[1:]))], dim=0)
+    (only,) = parts
+    return only
+
+
+def split_to_hf(entry: TensorPlan, full: torch.Tensor, cfg: ModelConfig) -> list[tuple[str, torch.Tensor]]:
+    """Inverse of :func:`combine`: HF ``(name, tensor)`` pairs of a full megatron tensor (vocabulary unpadded)."""
+    from megatron_logra.models.hf import split_qkv
+
+    if entry.kind == "qkv":
+        return list(zip(entry.sources, split_qkv(full, cfg)))
+    if entry.kind == "fc1":
+        gate, up = full.chunk(2, dim=0)
+        return list(zip(entry.sources, (gate, up)))
+    if entry.kind == "vocab":
+        return [(entry.sources[0], full[: cfg.vocab_size])]
+    return [(entry.sources[0], full)]
+
+
+def jsonable_model_config(cfg: ModelConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def model_config_from_json(data: dict, source: str) -> ModelConfig:
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{source}: unknown ModelConfig fields {unknown}")
+    try:
+        return ModelConfig(**data)
+    except TypeError as exc:
+        raise ValueError(f"{source}: invalid model config ({exc})") from None
