@@ -26,6 +26,8 @@ from megatron_logra.parallel import ParallelGroups, initialize_parallel
 from megatron_logra.rewards import build_task
 from megatron_logra.rl.loop import RLComponents, RLState, evaluate_accuracy, rl_update
 from megatron_logra.rl.sft import load_weights, run_sft, save_weights, warm_start_key
+from megatron_logra.convert.load import load_hf_into_model
+from megatron_logra.convert.spec import model_config_from_hf
 from megatron_logra.rl.policy_sync import PolicySync
 from megatron_logra.rl.teachers import build_teacher
 from megatron_logra.rollout.embedded import EmbeddedEngine
@@ -55,14 +57,22 @@ def _tokenizer(cfg: RunConfig, task, run_dir: Path):
     saved = run_dir / "tokenizer"
     if cfg.train.resume and saved.exists():
         return load_tokenizer(saved)
-    texts = [task.train_problem(i).prompt + " " + task.train_problem(i).answer for i in range(64)]
-    tok = build_tokenizer(cfg.tokenizer, texts)
+    if cfg.model.hf_path and not cfg.tokenizer.path:  # a real checkpoint brings its tokenizer
+        tok = load_tokenizer(cfg.model.hf_path)
+    else:
+        texts = [task.train_problem(i).prompt + " " + task.train_problem(i).answer for i in range(64)]
+        tok = build_tokenizer(cfg.tokenizer, texts)
     if is_rank0():
         save_tokenizer(tok, saved)
     return tok
 
 
 def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> None:
+    if cfg.model.hf_path:
+        stats = load_hf_into_model(model, groups, cfg.model.hf_path, cfg.model)
+        logger.info("started from %s (%d tensors, %.1fs); no supervised warm start", cfg.model.hf_path,
+                    stats["tensors"], stats["seconds"])
+        return
     if cfg.sft.init_path:
         load_weights(model, groups, Path(cfg.sft.init_path))
         return
@@ -101,6 +111,8 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
 
 def build_components(cfg: RunConfig) -> tuple[RLComponents, RLState, _OptimizerWithRL]:
     """Everything the loop needs, warm-started (and resumed when asked)."""
+    if cfg.model.hf_path:  # the checkpoint's architecture replaces the recipe's
+        cfg.model = model_config_from_hf(cfg.model.hf_path, base=cfg.model)
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
     run_dir = Path(cfg.train.run_dir)
     task = build_task(cfg.task)

@@ -431,3 +431,31 @@ def test_cli_eval_without_checkpoint_fails(run_dir, tmp_path):
     assert "no checkpoint" in no_ckpt.stderr and str(empty) in no_ckpt.stderr
     # not a run directory at all
     assert no_run.returncode != 0 and "config.yaml" in no_run.stderr
+
+
+def test_train_starts_from_a_hugging_face_checkpoint(tmp_path):
+    """``--model.hf_path``: architecture, weights and tokenizer come from a local HF checkpoint."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from megatron_logra.config import WARM_START_TINY
+    from megatron_logra.data.tokenizer import load_tokenizer
+
+    hf_dir = tmp_path / "hf"
+    tok = load_tokenizer(WARM_START_TINY / "tokenizer")
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False, rms_norm_eps=1e-6))
+    hf.save_pretrained(hf_dir)
+    tok.save_pretrained(hf_dir)
+    run = tmp_path / "run"
+    (proc,) = _cli(["train", "tiny", f"--model.hf_path={hf_dir}", "rl.steps=1", "rl.prompts_per_step=4",
+                    "rl.group_size=2", "task.num_eval=4", "rl.eval_interval=0", f"train.run_dir={run}",
+                    "train.progress=false"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["model"]["hidden_size"] == 48 and cfg["model"]["num_query_groups"] == 2
+    assert cfg["model"]["num_layers"] == 2 and cfg["model"]["hf_path"] == str(hf_dir)
+    assert "started from" in proc.stderr
+    (bad,) = _cli(["train", "tiny", f"--model.hf_path={tmp_path / 'missing'}", f"train.run_dir={run}2"])
+    assert bad.returncode != 0 and "model.hf_path" in bad.stderr
