@@ -25,9 +25,9 @@ from megatron_logra.convert.spec import (
     IGNORED_HF_SUFFIXES,
     TensorPlan,
     model_config_from_json,
+    place_shard,
     read_hf_config,
     shard_shape,
-    unshard_full,
 )
 from megatron_logra.convert.st_io import TensorFile, TensorInfo, sha256_file
 from megatron_logra.models.gpt import ModelConfig
@@ -141,8 +141,8 @@ class HFCheckpoint:
                 raise ValueError(f"{self.dir}: tensor {name!r} (in {self.where(name)}) has dtype {info.dtype}; "
                                  "only floating-point weights are converted")
 
-    def read(self, name: str) -> torch.Tensor:
-        return self._readers[self.where(name)].read(name)
+    def read(self, name: str, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self._readers[self.where(name)].read(name, out=out)
 
     def check_tied_head(self) -> None:
         """A tied model's checkpoint may still store ``lm_head.weight``: it must equal the embeddings."""
@@ -239,13 +239,29 @@ class McoreCheckpoint:
         return self.file(0, entry.pp_rank).tensors[self.prefix + entry.local_name].dtype
 
     def read_full(self, entry: TensorPlan) -> torch.Tensor:
-        """The full (TP-unsharded) tensor of ``entry``, read rank file by rank file."""
-        shards = [self.file(t, entry.pp_rank).read(self.prefix + entry.local_name) for t in range(self.tp)]
-        dtypes = {s.dtype for s in shards}
-        if len(dtypes) > 1:
-            raise ValueError(f"{self.dir}: tensor {entry.local_name!r} of stage {entry.pp_rank} has different dtypes "
-                             f"on different TP ranks: {sorted(map(str, dtypes))}")
-        return unshard_full(shards, entry.partition)
+        """The full (TP-unsharded) tensor of ``entry``, rank file by rank file into place.
+
+        Peak memory: the result plus one shard. TP-replicated tensors (norms, row-parallel biases)
+        must be bitwise equal on every TP rank, else ``ValueError``.
+        """
+        dtype = self.dtype(entry)
+        if entry.partition is None:
+            first = self.file(0, entry.pp_rank).read(self.prefix + entry.local_name)
+            for t in range(1, self.tp):
+                other = self.file(t, entry.pp_rank).read(self.prefix + entry.local_name)
+                if not torch.equal(other, first):
+                    raise ValueError(f"{self.dir}: replicated tensor {entry.local_name!r} of stage {entry.pp_rank} "
+                                     f"differs between TP rank 0 and TP rank {t}")
+            return first
+        full = torch.empty(entry.shape, dtype=dtype)
+        for t in range(self.tp):
+            piece = self.file(t, entry.pp_rank).read(self.prefix + entry.local_name)
+            if piece.dtype != dtype:
+                raise ValueError(f"{self.dir}: tensor {entry.local_name!r} of stage {entry.pp_rank} is {piece.dtype} on "
+                                 f"TP rank {t} and {dtype} on TP rank 0")
+            place_shard(full, piece, entry.partition, t, self.tp)
+            del piece
+        return full
 
     def close(self) -> None:
         for r in self._readers.values():

@@ -10,8 +10,8 @@ Each rank reads the checkpoint's headers (validating every shard and the index),
 HF tensors of its own pipeline stage, one megatron parameter at a time: the parts are read,
 fused (QKV, ``[gate; up]``), the vocabulary zero-padded to the model's padded size, this rank's TP
 shard taken with the parameter's own ``partition_dim`` / ``partition_stride`` and copied in
-(cast to the model's dtype). Peak extra memory is about two copies of the largest single full
-parameter. No collective is used; every rank reads the files itself.
+(cast to the model's dtype). Peak extra memory is about one full parameter plus one q/k/v part
+or one shard of it. No collective is used; every rank reads the files itself.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from torch import nn
 
 from megatron_logra.convert.checkpoints import HFCheckpoint, McoreCheckpoint, rank_file_name
 from megatron_logra.convert.spec import (
+    build_full,
     check_same_architecture,
-    combine,
     hf_expected_shapes,
     megatron_plan,
     model_config_from_hf,
@@ -93,10 +93,13 @@ def load_hf_into_model(model: nn.Module, groups: ParallelGroups, hf_dir: Union[s
         todo.sort(key=lambda x: min(ckpt.position(s) for s in x[0].sources))
         read = 0
         for e, local, param in todo:
-            parts = [ckpt.read(s) for s in e.sources]
-            read += sum(p.numel() * p.element_size() for p in parts)
-            full = combine(e, parts, model_cfg)
-            del parts
+            infos = [ckpt.info(s) for s in e.sources]
+            dtypes = {i.dtype for i in infos}
+            if len(dtypes) > 1:
+                raise ValueError(f"{hf_dir}: HF tensors {list(e.sources)} have different dtypes "
+                                 f"{sorted(map(str, dtypes))}; they are fused into {e.name}")
+            read += sum(i.nbytes for i in infos)
+            full = build_full(e, ckpt.read, model_cfg, infos[0].dtype)
             piece = shard_full(full, e.name, param, groups.tp_rank, groups.tp_size)
             if tuple(piece.shape) != tuple(param.shape):
                 raise ValueError(f"{hf_dir}: {e.name} (from {list(e.sources)}) gives a shard of shape "

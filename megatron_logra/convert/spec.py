@@ -23,19 +23,20 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.hf import _check_supported, hf_shapes, hf_sources, megatron_shapes
-from megatron_logra.models.layout import shard_full, unshard
+from megatron_logra.models.layout import shard_full
 from megatron_logra.models.presets import model_config_from_hf_dict
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["check_hf_config", "model_config_from_hf_dict_strict", "model_config_from_hf", "TensorPlan",
-           "megatron_plan", "partition_of", "check_layout", "hf_expected_shapes", "shard", "unshard_full",
+           "megatron_plan", "partition_of", "check_layout", "hf_expected_shapes", "shard", "shard_shape",
+           "build_full", "split_to_hf", "place_shard",
            "ARCH_FIELDS", "TRAINING_FIELDS", "IGNORED_HF_SUFFIXES", "check_same_architecture"]
 
 TRAINING_FIELDS = ("seq_length", "params_dtype", "recompute", "hidden_dropout", "attention_dropout", "init_std",
@@ -183,12 +184,15 @@ def _fake_param(partition: Optional[tuple[int, int]]) -> SimpleNamespace:
 
 
 def shard(full: torch.Tensor, partition: Optional[tuple[int, int]], tp_rank: int, tp: int) -> torch.Tensor:
-    """TP rank ``tp_rank``'s shard of ``full`` (``layout.shard_full`` with the static partition)."""
+    """TP rank ``tp_rank``'s shard of ``full`` (``layout.shard_full`` with the static partition).
+
+    Stride 1 gives a view (no copy); stride > 1 concatenates the rank's blocks (one shard's worth).
+    """
+    if partition is not None and partition[1] == 1 and tp > 1:
+        dim = partition[0]
+        size = full.shape[dim] // tp
+        return full.narrow(dim, tp_rank * size, size)
     return shard_full(full, "", _fake_param(partition), tp_rank, tp)
-
-
-def unshard_full(shards: list[torch.Tensor], partition: Optional[tuple[int, int]]) -> torch.Tensor:
-    return unshard(shards, _fake_param(partition))
 
 
 def shard_shape(shape: tuple[int, ...], partition: Optional[tuple[int, int]], tp: int) -> tuple[int, ...]:
@@ -258,42 +262,76 @@ def megatron_plan(cfg: ModelConfig, tp: int = 1, pp: int = 1) -> list[TensorPlan
     return out
 
 
-def combine(entry: TensorPlan, parts: list[torch.Tensor], cfg: ModelConfig) -> torch.Tensor:
-    """The full megatron tensor of ``entry`` from its HF ``parts`` (in ``entry.sources`` order)."""
-    from megatron_logra.models.hf import fuse_qkv
+def build_full(entry: TensorPlan, read: Callable[..., torch.Tensor], cfg: ModelConfig,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The full megatron tensor of ``entry``, its HF parts read by ``read(name, out=...)`` into place.
 
-    dtypes = {p.dtype for p in parts}
-    if len(dtypes) > 1:
-        raise ValueError(f"HF tensors {list(entry.sources)} have different dtypes {sorted(map(str, dtypes))}; "
-                         f"they are fused into {entry.name}")
+    ``copy`` / ``fc1`` / ``vocab`` parts are read straight into their rows of the result (the padded
+    vocabulary rows are zeros); ``qkv`` parts are read one at a time and copied into their per-group
+    rows. Peak memory: the result plus one q/k/v part.
+    """
+    full = torch.empty(entry.shape, dtype=dtype)
+    if entry.kind == "copy":
+        read(entry.sources[0], out=full)
+    elif entry.kind == "vocab":
+        rows = cfg.vocab_size
+        if rows > entry.shape[0]:
+            raise ValueError(f"{entry.sources[0]} has {rows} rows, more than the padded vocabulary {entry.shape[0]}")
+        read(entry.sources[0], out=full[:rows])
+        full[rows:].zero_()
+    elif entry.kind == "fc1":
+        half = entry.shape[0] // 2
+        read(entry.sources[0], out=full[:half])
+        read(entry.sources[1], out=full[half:])
+    elif entry.kind == "qkv":
+        heads, groups = cfg.num_attention_heads, cfg.num_query_groups or cfg.num_attention_heads
+        d, per, rest = cfg.hidden_size // heads, heads // groups, tuple(entry.shape[1:])
+        grouped = full.view(groups, per + 2, d, *rest)
+        slots = (slice(0, per), slice(per, per + 1), slice(per + 1, per + 2))
+        for name, slot in zip(entry.sources, slots):
+            part = read(name)
+            if part.dtype != dtype:
+                raise ValueError(f"HF tensor {name} is {part.dtype}, the other parts of {entry.name} are {dtype}")
+            grouped[:, slot].copy_(part.reshape(groups, slot.stop - slot.start, d, *rest))
+            del part
+    else:  # pragma: no cover - megatron_plan only makes the kinds above
+        raise ValueError(f"unknown tensor kind {entry.kind!r}")
+    return full
+
+
+def split_to_hf(entry: TensorPlan, full: torch.Tensor, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """Inverse of :func:`build_full`: HF ``(name, tensor)`` pairs of a full megatron tensor, one at a time.
+
+    Tensors are views of ``full`` where possible (rows of ``fc1``, the unpadded vocabulary rows);
+    q / k / v are copied out one by one.
+    """
     if entry.kind == "qkv":
-        return fuse_qkv(parts[0], parts[1], parts[2], cfg)
-    if entry.kind == "fc1":
-        return torch.cat(parts, dim=0)
-    if entry.kind == "vocab":
-        (emb,) = parts
-        pad = entry.shape[0] - emb.shape[0]
-        if pad < 0:
-            raise ValueError(f"{entry.sources[0]} has {emb.shape[0]} rows, more than the padded vocabulary {entry.shape[0]}")
-        if pad == 0:
-            return emb
-        return torch.cat([emb, emb.new_zeros((pad, *emb.shape[1:]))], dim=0)
-    (only,) = parts
-    return only
+        heads, groups = cfg.num_attention_heads, cfg.num_query_groups or cfg.num_attention_heads
+        d, per, rest = cfg.hidden_size // heads, heads // groups, tuple(full.shape[1:])
+        grouped = full.view(groups, per + 2, d, *rest)
+        for name, slot, n in zip(entry.sources, (slice(0, per), slice(per, per + 1), slice(per + 1, per + 2)),
+                                 (heads, groups, groups)):
+            yield name, grouped[:, slot].reshape(n * d, *rest)
+    elif entry.kind == "fc1":
+        half = full.shape[0] // 2
+        yield entry.sources[0], full[:half]
+        yield entry.sources[1], full[half:]
+    elif entry.kind == "vocab":
+        yield entry.sources[0], full[: cfg.vocab_size]
+    else:
+        yield entry.sources[0], full
 
 
-def split_to_hf(entry: TensorPlan, full: torch.Tensor, cfg: ModelConfig) -> list[tuple[str, torch.Tensor]]:
-    """Inverse of :func:`combine`: HF ``(name, tensor)`` pairs of a full megatron tensor (vocabulary unpadded)."""
-    from megatron_logra.models.hf import split_qkv
-
-    if entry.kind == "qkv":
-        return list(zip(entry.sources, split_qkv(full, cfg)))
-    if entry.kind == "fc1":
-        gate, up = full.chunk(2, dim=0)
-        return list(zip(entry.sources, (gate, up)))
-    if entry.kind == "vocab":
-        return [(entry.sources[0], full[: cfg.vocab_size])]
-    return [(entry.sources[0], full)]
+def place_shard(full: torch.Tensor, piece: torch.Tensor, partition: Optional[tuple[int, int]], tp_rank: int,
+                tp: int) -> None:
+    """Copy TP rank ``tp_rank``'s shard ``piece`` into its place in ``full`` (inverse of :func:`shard`)."""
+    if partition is None or tp == 1:
+        full.copy_(piece)
+        return
+    dim, stride = partition
+    block = full.shape[dim] // (stride * tp)
+    for i in range(stride):
+        full.narrow(dim, (i * tp + tp_rank) * block, block).copy_(piece.narrow(dim, i * block, block))
 
 
 def jsonable_model_config(cfg: ModelConfig) -> dict[str, Any]:

@@ -126,20 +126,25 @@ class TensorFile:
         self.tensors, self.metadata, self.data_start = read_header(self.path)
         self._f: Optional[BinaryIO] = None
 
-    def read(self, name: str) -> torch.Tensor:
+    def read(self, name: str, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Tensor ``name``; with ``out`` (contiguous, same dtype and element count) its bytes are read
+        straight into ``out``'s memory, which is returned reshaped to the stored shape."""
         info = self.tensors.get(name)
         if info is None:
             raise ValueError(f"{self.path}: no tensor {name!r}")
-        if self._f is None:
-            self._f = open(self.path, "rb")
-        buf = bytearray(info.nbytes)
+        if out is None:
+            out = torch.empty(info.shape, dtype=info.dtype)
+        elif out.dtype != info.dtype or out.numel() != _numel(info.shape) or not out.is_contiguous():
+            raise ValueError(f"{self.path}: tensor {name!r} is {info.dtype}{list(info.shape)}, cannot be read into a "
+                             f"{'non-contiguous ' if not out.is_contiguous() else ''}{out.dtype}{list(out.shape)} buffer")
         if info.nbytes:
+            if self._f is None:
+                self._f = open(self.path, "rb")
             self._f.seek(self.data_start + info.begin)
-            got = self._f.readinto(buf)
+            got = self._f.readinto(memoryview(out.reshape(-1).view(torch.uint8).numpy()))
             if got != info.nbytes:  # the file shrank after its header was checked
                 raise ValueError(f"{self.path}: truncated while reading tensor {name!r} ({got} of {info.nbytes} bytes)")
-            return torch.frombuffer(buf, dtype=info.dtype).reshape(info.shape)
-        return torch.empty(info.shape, dtype=info.dtype)
+        return out.view(info.shape)
 
     def close(self) -> None:
         if self._f is not None:
@@ -241,7 +246,7 @@ class SafetensorsWriter:
             self._f = None
 
 
-def sha256_file(path: Union[str, Path], chunk: int = 1 << 24) -> str:
+def sha256_file(path: Union[str, Path], chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while True:
