@@ -137,7 +137,12 @@ def model_config_from_hf(hf_dir: Union[str, Path], base: Optional[ModelConfig] =
     padding multiple) are kept from it; without, ``seq_length`` is ``max_position_embeddings`` and
     the dtype is the checkpoint's. ``hf_path`` is set to ``hf_dir``.
     """
-    raw, path = read_hf_config(hf_dir)
+    if not str(hf_dir) or not Path(hf_dir).is_dir():
+        raise ValueError(f"model.hf_path={str(hf_dir)!r} is not a directory (expected a Hugging Face checkpoint)")
+    try:
+        raw, path = read_hf_config(hf_dir)
+    except ValueError as exc:
+        raise ValueError(f"model.hf_path={str(hf_dir)!r}: {exc}") from None
     cfg = model_config_from_hf_dict_strict(raw, source=str(path), base=base)
     return replace(cfg, hf_path=str(hf_dir))
 

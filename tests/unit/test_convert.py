@@ -14,6 +14,7 @@ of converted tensors is ``torch.equal``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -217,7 +218,9 @@ def _assert_same_checkpoint(a: Path, b: Path, *, same_files: bool):
             assert idx["weight_map"] == ref["weight_map"]
             assert idx["metadata"]["total_size"] == ref["metadata"]["total_size"]
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
-        assert (b / name).read_bytes() == (a / name).read_bytes(), name
+        assert (a / name).exists() == (b / name).exists(), name
+        if (a / name).exists():
+            assert (b / name).read_bytes() == (a / name).read_bytes(), name
 
 
 @pytest.mark.parametrize("case", ["llama_gqa_untied", "qwen2_bias_tied", "qwen3_norm_untied"])
@@ -259,6 +262,37 @@ def test_converted_hf_loads_in_transformers_and_trainer_checkpoint_exports(hf_mo
                            config={"model": dataclasses.asdict(cfg)})
     convert_mcore_to_hf(step, tmp_path / "from_trainer", hf_template=hf_dir)
     _assert_same_checkpoint(hf_dir, tmp_path / "from_trainer", same_files=True)
+
+
+def test_bf16_round_trip_keeps_dtype(hf_models, tmp_path):
+    """bf16 checkpoints stay bf16 bitwise through mcore (TP2 x PP2) and back; meta.json records the dtype."""
+    _, hf = hf_models["qwen3_norm_untied"]
+    src = tmp_path / "bf16"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        copy.deepcopy(hf).to(torch.bfloat16).save_pretrained(src, max_shard_size="20KB")
+    assert (src / "model.safetensors.index.json").exists()
+    meta = convert_hf_to_mcore(src, tmp_path / "mc", tp=2, pp=2)
+    assert meta["model_config"]["params_dtype"] == "bfloat16" and meta["source"]["dtypes"] == ["bfloat16"]
+    assert all(t.dtype == torch.bfloat16 for t in load_file(str(tmp_path / "mc" / "model_tp1_pp1.safetensors")).values())
+    convert_mcore_to_hf(tmp_path / "mc", tmp_path / "back", hf_template=src)
+    _assert_same_checkpoint(src, tmp_path / "back", same_files=True)
+
+
+def test_mcore_files_must_match_meta(hf_models, tmp_path):
+    hf_dir = hf_models["llama_gqa_untied"][0]
+    convert_hf_to_mcore(hf_dir, tmp_path / "mc", tp=2)
+    good = (tmp_path / "mc" / "meta.json").read_text()
+    meta = json.loads(good)
+    meta["model_config"]["ffn_hidden_size"] = 48  # the files hold ffn 96
+    (tmp_path / "mc" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"model_tp0_pp0.safetensors: tensor 'decoder.layers.0.mlp.linear_fc1.weight' "
+                                         r"has shape \[96, 64\], expected \[48, 64\] at tp=2"):
+        convert_mcore_to_hf(tmp_path / "mc", tmp_path / "out")
+    (tmp_path / "mc" / "meta.json").write_text(good)
+    (tmp_path / "mc" / "model_tp1_pp0.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"rank file model_tp1_pp0.safetensors is missing"):
+        convert_mcore_to_hf(tmp_path / "mc", tmp_path / "out")
 
 
 # ------------------------------------------------------------------------------------------ rejections
@@ -384,6 +418,10 @@ def test_rejects_bad_mcore_and_outputs(hf_models, tmp_path):
                            dataclasses.replace(model_config_from_hf(hf_dir), hidden_size=32))
     with pytest.raises(ValueError, match=r"model.hf_path='.*nowhere' is not a directory"):
         load_hf_into_model(torch.nn.Linear(1, 1), None, tmp_path / "nowhere", BASE)
+    with pytest.raises(ValueError, match=r"model.hf_path='.*nowhere' is not a directory"):
+        model_config_from_hf(tmp_path / "nowhere", base=BASE)
+    with pytest.raises(ValueError, match=r"model.hf_path='.*mc': .*no config.json"):
+        model_config_from_hf(tmp_path / "mc", base=BASE)
 
 
 # ------------------------------------------------------------------------------------------ CLI and memory
