@@ -30,7 +30,6 @@ from megatron_logra.convert.spec import (
     shard_shape,
 )
 from megatron_logra.convert.st_io import TensorFile, TensorInfo, sha256_file
-from megatron_logra.models.gpt import ModelConfig
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 
@@ -337,10 +337,6 @@ def place_shard(full: torch.Tensor, piece: torch.Tensor, partition: Optional[tup
     block = full.shape[dim] // (stride * tp)
     for i in range(stride):
         full.narrow(dim, (i * tp + tp_rank) * block, block).copy_(piece.narrow(dim, i * block, block))
-
-
-def jsonable_model_config(cfg: ModelConfig) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
 
 
 def model_config_from_json(data: dict, source: str) -> ModelConfig:

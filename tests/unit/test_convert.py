@@ -158,6 +158,19 @@ def test_plan_matches_build_gpt(kw, groups):
     assert last[-1].sources == ("model.embed_tokens.weight",) and last[-1].shape == (96, 64)
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(add_bias_linear=True), dict(add_qkv_bias=True, qk_layernorm=False),
+                                dict(qk_layernorm=True, untie_embeddings_and_output_weights=False)])
+def test_hf_sources_partition_the_hf_state(kw):
+    """Every HF tensor is the source of exactly one megatron tensor (hf.hf_sources vs hf.hf_shapes)."""
+    from megatron_logra.models.hf import hf_shapes, hf_sources, megatron_shapes
+
+    cfg = ModelConfig(num_layers=3, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=48, **kw)
+    used = [s for name in megatron_shapes(cfg) for s in hf_sources(name)]
+    assert sorted(used) == sorted(hf_shapes(cfg)) and len(used) == len(set(used))
+    with pytest.raises(ValueError, match="no HF mapping for megatron parameter 'decoder.layers.0.mlp.router.weight'"):
+        hf_sources("decoder.layers.0.mlp.router.weight")
+
+
 # ------------------------------------------------------------------------------------------ HF -> megatron-core
 @pytest.mark.parametrize("case", list(CASES))
 def test_hf_to_mcore_logits_and_tp_shards(case, hf_models, groups, tmp_path):
