@@ -140,6 +140,10 @@ def activate() -> bool:
         # TorchScript cannot compile through the wrappers: load the scripted forward-AD
         # decompositions (which call factories) before wrapping.
         importlib.import_module("torch._decomp.decompositions_for_jvp")
+        # ``with torch.device(...)`` (meta init, transformers' from_pretrained) redirects the factories it
+        # finds in a cache built on first use; built after wrapping, it would hold the wrappers and
+        # silently skip the redirect (e.g. rotary inv_freq left uninitialised). Build it first.
+        importlib.import_module("torch.utils._device")._device_constructors()
 
         for fname in _FACTORIES:
             setattr(torch, fname, _redirect_factory(getattr(torch, fname)))
