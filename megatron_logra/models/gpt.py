@@ -184,7 +184,38 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234) -> 
         rotary_base=cfg.rotary_base,
     )
     init_layout_invariant_(model, cfg, groups, seed=seed)
+    padded = cfg.padded_vocab_size(groups.tp_size)
+    if groups.pp_last and padded > cfg.vocab_size:
+        mask_padded_vocab(model.output_layer, cfg.vocab_size, first_col=groups.tp_rank * (padded // groups.tp_size))
     return model
+
+
+PADDED_LOGIT = -1.0e4
+"""Logit of padded vocabulary columns: never sampled, ~0 probability, finite (KL terms stay finite)."""
+
+
+def mask_padded_vocab(module: nn.Module, vocab_size: int, *, first_col: int = 0):
+    """Set this output layer's logits for global columns ``>= vocab_size`` to :data:`PADDED_LOGIT`.
+
+    Megatron pads the vocabulary to a multiple of ``make_vocab_size_divisible_by · TP``; rows of a
+    real checkpoint are zero there, so their logits would be 0 and carry probability. The trainer
+    (megatron ``output_layer``, a vocab shard starting at ``first_col``) and the rollout engine
+    (HF ``lm_head``) both install this, so sampling, log-probs and the KL probe see one distribution.
+    Returns the hook handle.
+    """
+
+    def hook(_module, _args, output):
+        logits = output[0] if isinstance(output, tuple) else output
+        local = logits.shape[-1]
+        start = max(0, vocab_size - first_col)
+        if start >= local:
+            return output
+        pad = torch.zeros(local, dtype=torch.bool, device=logits.device)
+        pad[start:] = True
+        masked = logits.masked_fill(pad, PADDED_LOGIT)
+        return (masked,) + tuple(output[1:]) if isinstance(output, tuple) else masked
+
+    return module.register_forward_hook(hook)
 
 
 def _param_seed(seed: int, global_name: str) -> int:

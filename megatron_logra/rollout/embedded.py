@@ -8,8 +8,9 @@ position 0 whatever its padding), runs the prompt once, then decodes one token p
 through ``past_key_values``. Sampling (greedy, temperature, top-p, stop tokens) draws from one
 ``torch.Generator`` seeded with ``SamplingParams.seed``: the same prompts, params and weights
 give the same rollouts (a different batch composition may give different draws).
-Tokens are drawn from the model's full (padded) vocabulary: the same distribution the trainer's
-``log_softmax`` over megatron's padded logits describes, so rollout and trainer log-probs agree.
+Padded vocabulary columns (beyond ``ModelConfig.vocab_size``) get the logit
+``models.gpt.PADDED_LOGIT`` on both sides (engine ``lm_head`` and megatron ``output_layer``), so they
+are never sampled and rollout and trainer log-probs describe the same distribution.
 Log-prob convention: see :mod:`megatron_logra.rollout.engine`.
 """
 
@@ -21,7 +22,7 @@ from typing import Any, Union
 
 import torch
 
-from megatron_logra.models.gpt import ModelConfig
+from megatron_logra.models.gpt import ModelConfig, mask_padded_vocab
 from megatron_logra.models.hf import hf_config_from_model_config
 from megatron_logra.rollout.engine import Rollout, SamplingParams
 
@@ -97,6 +98,8 @@ class EmbeddedEngine:
         # transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (old name deprecated): use whichever exists.
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self.vocab_size = int(self.hf_config.vocab_size)
+        if cfg.vocab_size < self.vocab_size:  # the padded columns the trainer masks too
+            mask_padded_vocab(self.model.get_output_embeddings(), cfg.vocab_size)
         self.max_positions = int(self.hf_config.max_position_embeddings)
         self._version = 0
         logger.info(

@@ -59,7 +59,7 @@ from megatron_logra.convert import (
     model_config_from_hf,
 )
 from megatron_logra.convert.spec import partition_of
-from megatron_logra.models.gpt import ModelConfig, build_gpt
+from megatron_logra.models.gpt import PADDED_LOGIT, ModelConfig, build_gpt
 from megatron_logra.models.layout import shard_full
 
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. tp_group is None:DeprecationWarning")
@@ -185,7 +185,9 @@ def test_hf_to_mcore_logits_and_tp_shards(case, hf_models, groups, tmp_path):
     ref = hf(input_ids=tokens).logits.detach()
     out = _logits(model, tokens)
     assert out.shape == (2, 19, 80) and ref.shape == (2, 19, V)
-    assert torch.equal(out[..., V:], torch.zeros_like(out[..., V:]))  # zero-padded vocabulary rows
+    assert (out[..., V:] == PADDED_LOGIT).all()  # padded vocabulary columns are masked, never sampled
+    head = model.output_layer.weight if cfg.untie_embeddings_and_output_weights else model.embedding.word_embeddings.weight
+    assert torch.equal(head[V:], torch.zeros_like(head[V:]))  # zero-padded vocabulary rows
     scale, err = ref.abs().max().item(), (out[..., :V] - ref).abs().max().item()
     assert scale > 0.5
     assert err <= REL_TOL * scale, f"{case}: max |Δlogit| {err:.3g} > {REL_TOL} × {scale:.3g}"
