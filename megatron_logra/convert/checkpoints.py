@@ -30,6 +30,7 @@ from megatron_logra.convert.spec import (
     shard_shape,
 )
 from megatron_logra.convert.st_io import TensorFile, TensorInfo, sha256_file
+from megatron_logra.models.presets import read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -164,12 +165,7 @@ class McoreCheckpoint:
         if not meta_path.is_file():
             raise ValueError(f"{self.dir}: no meta.json (expected a converted megatron checkpoint or a trainer "
                              "checkpoint step directory)")
-        try:
-            meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{meta_path}: not valid JSON ({exc})") from None
-        if not isinstance(meta, dict):
-            raise ValueError(f"{meta_path}: does not hold a JSON object")
+        meta = read_json_object(meta_path)
         self.meta = meta
         if meta.get("format") == MCORE_FORMAT:
             if meta.get("format_version") != MCORE_FORMAT_VERSION:

@@ -18,7 +18,6 @@ exactly what ``build_gpt`` holds on rank ``(tp_rank, pp_rank)``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.hf import _check_supported, hf_shapes, hf_sources, megatron_shapes
 from megatron_logra.models.layout import shard_full
-from megatron_logra.models.presets import model_config_from_hf_dict
+from megatron_logra.models.presets import model_config_from_hf_dict, read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -119,13 +118,7 @@ def read_hf_config(hf_dir: Union[str, Path]) -> tuple[dict, Path]:
         raise ValueError(f"{hf_dir}: not a directory (expected a Hugging Face checkpoint directory)")
     if not path.is_file():
         raise ValueError(f"{hf_dir}: no config.json (expected a Hugging Face checkpoint directory)")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: does not hold a JSON object")
-    return raw, path
+    return read_json_object(path), path
 
 
 def model_config_from_hf(hf_dir: Union[str, Path], base: Optional[ModelConfig] = None) -> ModelConfig:

@@ -193,13 +193,19 @@ def load_hf_config(path: Union[str, Path], *, seq_length: Optional[int] = None) 
         p = p / "config.json"
     if not p.is_file():
         raise ValueError(f"model={str(path)!r}: no such config.json (give a preset name or a path to a config.json)")
-    try:
-        raw = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"model={str(path)!r}: {p} is not valid JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise ValueError(f"model={str(path)!r}: {p} does not hold a JSON object")
+    raw = read_json_object(p, prefix=f"model={str(path)!r}: ")
     return model_config_from_hf_dict(raw, seq_length=seq_length, source=str(p))
+
+
+def read_json_object(path: Path, *, prefix: str = "") -> dict:
+    """The JSON object stored in ``path``; ``ValueError`` (``prefix`` + path) if it is not valid JSON or not an object."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{prefix}{path}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{prefix}{path}: does not hold a JSON object")
+    return raw
 
 
 def resolve_model(spec: Union[str, Path, ModelConfig], *, seq_length: Optional[int] = None) -> ModelConfig:
