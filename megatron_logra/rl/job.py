@@ -109,8 +109,11 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
         save_weights(model, groups, cache, meta={"sft_loss": loss, "key": key})
 
 
-def build_components(cfg: RunConfig) -> tuple[RLComponents, RLState, _OptimizerWithRL]:
-    """Everything the loop needs, warm-started (and resumed when asked)."""
+def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponents, RLState, _OptimizerWithRL]:
+    """Everything the loop needs, warm-started (and resumed when asked).
+
+    ``optimizer_factory(model, cfg.optimizer, groups)``, when given, replaces ``build_optimizer``
+    (benchmarks plug in other optimizers with the ``DenseAdamW`` interface this way)."""
     if cfg.model.hf_path:  # the checkpoint's architecture replaces the recipe's
         cfg.model = model_config_from_hf(cfg.model.hf_path, base=cfg.model)
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
@@ -131,7 +134,7 @@ def build_components(cfg: RunConfig) -> tuple[RLComponents, RLState, _OptimizerW
         ref_model.load_state_dict(model.state_dict())
         for p in ref_model.parameters():
             p.requires_grad_(False)
-    optimizer = build_optimizer(model, cfg.optimizer, groups)
+    optimizer = (optimizer_factory or build_optimizer)(model, cfg.optimizer, groups)
     controller = KLController(cfg.kl)
     state = RLState()
     state.baseline.weight = cfg.rl.advantage.baseline_weight
@@ -149,10 +152,11 @@ def build_components(cfg: RunConfig) -> tuple[RLComponents, RLState, _OptimizerW
     return comps, state, bundle
 
 
-def run_rl(cfg: RunConfig) -> dict:
-    """Warm start + RL; returns the summary (also written to RUN/summary.json)."""
+def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
+    """Warm start + RL; returns the summary (also written to RUN/summary.json).
+    ``optimizer_factory``: see ``build_components``."""
     t_start = time.perf_counter()
-    comps, state, bundle = build_components(cfg)
+    comps, state, bundle = build_components(cfg, optimizer_factory)
     run_dir = Path(cfg.train.run_dir)
     if is_rank0():
         run_dir.mkdir(parents=True, exist_ok=True)
