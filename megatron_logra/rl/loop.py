@@ -19,7 +19,7 @@ from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
 from megatron_logra.rl.batching import pack_sequences, split_microbatches
-from megatron_logra.rl.losses import rl_loss, token_logprobs
+from megatron_logra.rl.losses import rl_loss, token_logprobs, token_logprobs_and_entropy
 from megatron_logra.train.step import Batch, forward_backward
 
 logger = logging.getLogger(__name__)
@@ -66,10 +66,12 @@ class RLComponents:
 
 def make_rl_loss_fn(loss_cfg, temperature: float, tp_group, ref_logprobs_fn=None):
     """The per-micro-batch RL objective for ``forward_backward``; also reports the mismatch
-    ``Σ (rollout_logprob − trainer_logprob)`` over tokens of completed sequences."""
+    ``Σ (rollout_logprob − trainer_logprob)`` over tokens of completed sequences and the summed
+    policy entropy at the sampling temperature over the loss tokens."""
 
     def loss_fn(batch: Batch, logits: torch.Tensor):
-        logp = token_logprobs(logits, batch.labels, temperature, tp_group)
+        logp, entropy = token_logprobs_and_entropy(logits, batch.labels, temperature, tp_group,
+                                                   loss_cfg.logprob_chunk_tokens)
         mask = batch.loss_mask
         ref = batch.extras.get("ref_logprobs")
         loss = rl_loss(loss_cfg, logp, batch.extras["rollout_logprobs"], batch.extras["advantages"], mask, ref)
@@ -78,10 +80,11 @@ def make_rl_loss_fn(loss_cfg, temperature: float, tp_group, ref_logprobs_fn=None
         report = {
             "lm": torch.stack([loss.detach().float(), mask.sum()]),
             "mismatch": torch.stack([gap.float(), finished.sum()]),
+            "entropy": torch.stack([(entropy.detach() * mask).sum().float(), mask.sum().float()]),
         }
         return loss, mask.sum().to(torch.int), report
 
-    loss_fn.report_names = ["mismatch"]
+    loss_fn.report_names = ["mismatch", "entropy"]
     return loss_fn
 
 
@@ -127,7 +130,8 @@ def evaluate_accuracy(c: RLComponents) -> float:
 def _reference_logprobs(c: RLComponents, batch: Batch) -> torch.Tensor:
     with torch.no_grad():
         logits = c.ref_model(batch.tokens, batch.position_ids, None)
-        return token_logprobs(logits, batch.labels, c.cfg.rl.rollout.temperature, c.groups.tp)
+        return token_logprobs(logits, batch.labels, c.cfg.rl.rollout.temperature, c.groups.tp,
+                              c.cfg.rl.loss.logprob_chunk_tokens)
 
 
 def rl_update(c: RLComponents, state: RLState) -> dict:
@@ -167,7 +171,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         "step": step, "reward_mean": stats[0].item() / stats[2].item(), "accuracy": stats[1].item() / stats[2].item(),
         "eval_accuracy": None, "response_length": stats[3].item() / stats[2].item(),
         "kl_predicted": None, "kl_actual": None, "alpha": None, "budget": None, "mismatch": c.controller.mismatch,
-        "update_ratio": None, "skipped": False, "rollout_seconds": rollout_seconds, "sync_bytes": 0,
+        "update_ratio": None, "entropy": None, "skipped": False, "rollout_seconds": rollout_seconds, "sync_bytes": 0,
         "sync_mode": None, "sync_drift": 0, "sync_master_drift": 0.0,
     }
     state.step = step
@@ -188,6 +192,8 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     c.optimizer.zero_grad()
     result = forward_backward(c.model, split_microbatches(batch, rl.micro_batch_size), groups, loss_fn=loss_fn)
     gap_sum, gap_tokens = result.reports["mismatch"].tolist()
+    entropy_sum, entropy_tokens = result.reports["entropy"].tolist()
+    record["entropy"] = entropy_sum / entropy_tokens if entropy_tokens > 0 else None
     mismatch = c.controller.observe_mismatch(gap_sum / gap_tokens) if gap_tokens > 0 else c.controller.mismatch
 
     # ---- prepare update

@@ -9,6 +9,9 @@ and return the *sum* over masked tokens; the optimizer divides by the global tok
 * PPO-clip with clip-higher: ``−min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)``, ``ρ = π_θ / π_old``.
 * KL penalty to a frozen reference: k1 ``log π_θ − log π_ref`` or k3
   ``exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1`` (Schulman's unbiased, positive estimator).
+
+Per-token log-probs come from vocabulary-parallel logits through :mod:`megatron_logra.rl.logprobs`
+(chunks of ``LossConfig.logprob_chunk_tokens`` tokens, no fp32 ``[tokens, vocab]`` tensor for the batch).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from typing import Optional
 
 import torch
 
-__all__ = ["LossConfig", "tis_pg_loss", "ppo_clip_loss", "kl_penalty", "token_logprobs"]
+from megatron_logra.rl.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs_and_entropy, chunked_token_logprobs
+
+__all__ = ["LossConfig", "tis_pg_loss", "ppo_clip_loss", "kl_penalty", "token_logprobs", "token_logprobs_and_entropy"]
 
 
 @dataclass
@@ -37,6 +42,10 @@ class LossConfig:
     """Weight of the KL penalty to the initial (reference) policy; 0 disables it."""
     kl_estimator: str = "k3"
     """k1 or k3."""
+    logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    """Tokens per chunk when turning logits into log-probs and entropy: the fp32 working set is two
+    ``[chunk, V/tp]`` buffers in forward and in backward instead of several ``[tokens, V/tp]`` ones;
+    0 processes the whole micro-batch as one chunk."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("tis", "ppo"):
@@ -49,15 +58,23 @@ class LossConfig:
             raise ValueError(f"rl.loss.kl_coef={self.kl_coef} must be >= 0")
         if self.kl_estimator not in ("k1", "k3"):
             raise ValueError(f"rl.loss.kl_estimator={self.kl_estimator!r}: choose k1 or k3")
+        if isinstance(self.logprob_chunk_tokens, bool) or not isinstance(self.logprob_chunk_tokens, int) \
+                or self.logprob_chunk_tokens < 0:
+            raise ValueError(f"rl.loss.logprob_chunk_tokens={self.logprob_chunk_tokens!r} must be an integer >= 0 "
+                             "(0 = the whole micro-batch in one chunk)")
 
 
-def token_logprobs(logits_bsV: torch.Tensor, labels_bs: torch.Tensor, temperature: float, tp_group=None) -> torch.Tensor:
-    """``log softmax(z/τ)[label]`` per position, with vocabulary-parallel logits (differentiable)."""
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+def token_logprobs(logits_bsV: torch.Tensor, labels_bs: torch.Tensor, temperature: float, tp_group=None,
+                   chunk_tokens: Optional[int] = None) -> torch.Tensor:
+    """``log softmax(z/τ)[label]`` per position, with vocabulary-parallel logits (differentiable),
+    ``chunk_tokens`` tokens at a time (default :data:`~megatron_logra.rl.logprobs.DEFAULT_CHUNK_TOKENS`)."""
+    return chunked_token_logprobs(logits_bsV, labels_bs, temperature, tp_group, chunk_tokens)
 
-    scaled = logits_bsV.float() / temperature
-    # megatron's kernel works on any leading dims and reduces over the TP vocab shards
-    return -vocab_parallel_cross_entropy(scaled.transpose(0, 1).contiguous(), labels_bs.t().contiguous()).t()
+
+def token_logprobs_and_entropy(logits_bsV: torch.Tensor, labels_bs: torch.Tensor, temperature: float, tp_group=None,
+                               chunk_tokens: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``token_logprobs``, entropy of ``softmax(z/τ)``) per position from one chunked pass."""
+    return chunked_logprobs_and_entropy(logits_bsV, labels_bs, temperature, tp_group, chunk_tokens)
 
 
 def tis_pg_loss(logp: torch.Tensor, rollout_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
