@@ -15,7 +15,10 @@ its recompute only refills the saved ``P``. Either way ``Hᵀ P`` is added once.
 Tensor parallelism: a column-parallel layer owns rows and the full ``A``; a row-parallel
 layer owns a column block of the input and computes a *partial* sketch with
 ``A[:, cols]``; ``SketchSet.reduce_tensor_parallel`` sums the partial blocks over the TP
-group.
+group. Sequence parallelism moves only ``P`` (gathered or reduce-scattered along the
+sequence), never ``X``; TransformerEngine linears (including the fused
+``TELayerNormColumnParallelLinear``, whose captured input is the normalised hidden state)
+are supported: see :mod:`megatron_logra.sketch.layers`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from megatron_logra.sketch.layers import (
+    classify_linear, gather_sequence, normalized_input, reduce_scatter_sequence,
+)
 from megatron_logra.sketch.naming import TARGET_ALIASES, canonical_name
 from megatron_logra.sketch.random_projection import DISTRIBUTIONS, projection
 
@@ -58,6 +64,10 @@ class SketchTarget:
     """Input features of the full (unsharded) layer; the projection's width."""
     cols: Optional[range]
     """Global input columns this rank owns (row-parallel), or None for all."""
+    sequence_parallel: bool = False
+    """The layer runs under sequence parallelism (``P`` is gathered / reduce-scattered over TP)."""
+    fused_norm: bool = False
+    """The module normalises its input before the GEMM (TE ``LayerNormLinear``): ``X`` is ``norm(input)``."""
     key: str = ""
     """Unique state key: the canonical name, suffixed with the leaf when several modules share
     it (HF q/k/v_proj all map to ``qkv_proj``)."""
@@ -205,49 +215,38 @@ class SketchSet:
         self._handles.clear()
 
     # ------------------------------------------------------------------ hook
+    def target_input(self, target: SketchTarget, x: torch.Tensor) -> torch.Tensor:
+        """The input ``X`` the target's weight multiplies, given the module's forward input ``x``
+        (``norm(x)`` for a fused TE ``LayerNormLinear``; this rank's shard under TP / SP)."""
+        return normalized_input(target.module, x) if target.fused_norm else x
+
+    @torch.no_grad()
+    def project_input(self, target: SketchTarget, x: torch.Tensor) -> torch.Tensor:
+        """``P = X·Aᵀ`` aligned with the output gradient this rank receives.
+
+        Column-parallel targets under sequence parallelism all-gather ``P`` along the sequence;
+        row-parallel ones reduce-scatter their partial ``P`` (in fp32) so each rank holds the
+        sum over TP for its own sequence chunk."""
+        x = self.target_input(target, x.detach())
+        proj_in = torch.matmul(x, self.projection_for(target).to(x.dtype).t())
+        if target.sequence_parallel:
+            if target.parallel == "row":
+                proj_in = reduce_scatter_sequence(proj_in.float(), self.tp_group)
+            elif target.parallel == "column":
+                proj_in = gather_sequence(proj_in, self.tp_group)
+        return proj_in
+
     def _make_hook(self, target: SketchTarget) -> Callable:
         def hook(module, args, kwargs, output):
             if not (self.capture_enabled and torch.is_grad_enabled()):
                 return None
             x = args[0] if args else next(iter(kwargs.values()))
-            proj_RI = self.projection_for(target)
-            with torch.no_grad():
-                proj_in = torch.matmul(x.detach(), proj_RI.to(x.dtype).t())
+            proj_in = self.project_input(target, x)
             if isinstance(output, tuple):
                 return (_SketchCapture.apply(output[0], proj_in, self._anchor, target),) + tuple(output[1:])
             return _SketchCapture.apply(output, proj_in, self._anchor, target)
 
         return hook
-
-
-def _classify(module: nn.Module, tp_group: Optional[dist.ProcessGroup]) -> tuple[str, int, Optional[range]]:
-    """(parallel kind, full n_in, owned columns) of a supported linear module."""
-    weight = module.weight
-    try:
-        from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-    except ImportError:  # plain torch usage
-        ColumnParallelLinear = RowParallelLinear = ()  # type: ignore[assignment]
-    if RowParallelLinear and isinstance(module, RowParallelLinear):
-        if not module.input_is_parallel:
-            raise ValueError("RowParallelLinear targets must have input_is_parallel=True")
-        if getattr(module, "sequence_parallel", False):
-            raise NotImplementedError("sketch capture with sequence_parallel needs the GPU path (gather of P)")
-        n_in_local = weight.shape[1]
-        tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
-        tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
-        return "row", n_in_local * tp_size, range(tp_rank * n_in_local, (tp_rank + 1) * n_in_local)
-    if ColumnParallelLinear and isinstance(module, ColumnParallelLinear):
-        if module.gather_output:
-            raise ValueError("ColumnParallelLinear targets must have gather_output=False")
-        if getattr(module, "sequence_parallel", False):
-            raise NotImplementedError("sketch capture with sequence_parallel needs the GPU path (gather of P)")
-        return "column", weight.shape[1], None
-    if isinstance(module, nn.Linear):
-        return "none", weight.shape[1], None
-    raise ValueError(
-        f"target module of type {type(module).__name__} is not supported; "
-        "expected nn.Linear, ColumnParallelLinear or RowParallelLinear"
-    )
 
 
 def _global_layer_index(model: nn.Module, module_name: str) -> Optional[int]:
@@ -328,7 +327,8 @@ def install_sketches(
                 continue
             for r in matched:
                 hits[r] += 1
-            parallel, n_in, cols = _classify(module, tp_group)
+            info = classify_linear(module, tp_group, module_name)
+            n_in = info.n_in
             if rank > n_in:
                 raise ValueError(f"rank={rank} exceeds n_in={n_in} of target {module_name}; choose rank <= {n_in}")
             layer = _global_layer_index(chunk, module_name)
@@ -336,7 +336,8 @@ def install_sketches(
             prefix = f"{chunk_idx}." if len(chunks) > 1 else ""
             found.append(SketchTarget(
                 name=name, module_name=prefix + module_name, module=module, weight=module.weight,
-                kind=TARGET_ALIASES.get(leaf, leaf), parallel=parallel, n_in=n_in, cols=cols,
+                kind=TARGET_ALIASES.get(leaf, leaf), parallel=info.parallel, n_in=n_in, cols=info.cols,
+                sequence_parallel=info.sequence_parallel, fused_norm=info.fused_norm,
             ))
     missing = [r for r, n in hits.items() if n == 0]
     if missing:
