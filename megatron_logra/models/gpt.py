@@ -74,6 +74,19 @@ class ModelConfig:
     """Std of the normal init (--init-method-std)."""
     layernorm_epsilon: float = 1e-6
     """Norm epsilon (--norm-epsilon)."""
+    transformer_impl: str = "local"
+    """Layer implementation: ``local`` (megatron-core local spec, CPU and GPU), ``transformer_engine``
+    (TE spec: fused norm+linear, TE attention, FP8, sequence parallelism; needs CUDA and the ``gpu``
+    extra) or ``auto`` (TE when installed with CUDA, else local). See ``megatron_logra.models.te``."""
+    fp8: Optional[str] = None
+    """FP8 GEMMs in the transformer layers: null (off), ``hybrid`` (E4M3 forward, E5M2 gradients) or
+    ``e4m3``; needs the TE spec (megatron ``--fp8-format``). Token count per micro-batch must be a
+    multiple of 16."""
+    fp8_recipe: str = "delayed"
+    """TE scaling recipe when ``fp8`` is set: delayed, tensorwise, blockwise (Hopper) or mxfp8 (Blackwell)."""
+    sequence_parallel: bool = False
+    """Shard norms, dropout and residuals along the sequence over the TP group (--sequence-parallel);
+    needs the TE spec and only takes effect with parallel.tp > 1. Sketches gather ``X·Aᵀ``, never ``X``."""
     hf_path: str = ""
     """Hugging Face checkpoint directory (config.json + safetensors) to start from; "" = random init.
     Its architecture fields replace this config's (``megatron_logra.convert.model_config_from_hf``) and its
@@ -98,6 +111,24 @@ class ModelConfig:
             raise ValueError(f"model.params_dtype={self.params_dtype!r}: choose one of {sorted(_DTYPES)}")
         if self.recompute not in ("none", "full"):
             raise ValueError(f"model.recompute={self.recompute!r}: choose none or full")
+        from megatron_logra.models.te import FP8_FORMATS, FP8_RECIPES, TRANSFORMER_IMPLS, te_installed
+
+        if self.transformer_impl not in TRANSFORMER_IMPLS:
+            raise ValueError(f"model.transformer_impl={self.transformer_impl!r}: choose one of {', '.join(TRANSFORMER_IMPLS)}")
+        if self.transformer_impl == "transformer_engine" and not te_installed():
+            raise ValueError("model.transformer_impl='transformer_engine' but transformer_engine is not installed: "
+                             "install the gpu extra on a CUDA machine (or use docker/), or set "
+                             "model.transformer_impl=local or auto")
+        if self.fp8 is not None and self.fp8 not in FP8_FORMATS:
+            raise ValueError(f"model.fp8={self.fp8!r}: choose null, {' or '.join(FP8_FORMATS)}")
+        if self.fp8 is not None and self.transformer_impl == "local":
+            raise ValueError(f"model.fp8={self.fp8!r} needs model.transformer_impl=transformer_engine (or auto on a "
+                             "CUDA machine with TransformerEngine); the local spec has no FP8 GEMMs")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"model.fp8_recipe={self.fp8_recipe!r}: choose one of {', '.join(FP8_RECIPES)}")
+        if self.sequence_parallel and self.transformer_impl == "local":
+            raise ValueError("model.sequence_parallel=true needs model.transformer_impl=transformer_engine (or auto): "
+                             "megatron-core's local torch norms do not support sequence parallelism")
         if not isinstance(self.hf_path, str):
             raise ValueError(f"model.hf_path={self.hf_path!r} must be a directory path (a string)")
 
@@ -120,8 +151,17 @@ class ModelConfig:
         return self.num_layers * per_layer + emb + h
 
 
-def _transformer_config(cfg: ModelConfig, groups: ParallelGroups):
+def _transformer_config(cfg: ModelConfig, groups: ParallelGroups, impl: Optional[str] = None):
+    """megatron ``TransformerConfig`` of ``cfg``; ``impl=None`` gives the shapes only (no FP8, no
+    sequence parallelism: what the memory planner counts on the meta device)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron_logra.models.te import fp8_config_kwargs
+
+    sequence_parallel = impl is not None and cfg.sequence_parallel and groups.tp_size > 1
+    if sequence_parallel and impl != "transformer_engine":
+        raise RuntimeError(f"model.sequence_parallel=true needs the TransformerEngine spec, but "
+                           f"model.transformer_impl={cfg.transformer_impl!r} resolved to {impl!r} on this machine")
 
     kwargs = dict(
         num_layers=cfg.num_layers,
@@ -153,8 +193,9 @@ def _transformer_config(cfg: ModelConfig, groups: ParallelGroups):
         hidden_dropout=cfg.hidden_dropout,
         attention_dropout=cfg.attention_dropout,
         qk_layernorm=cfg.qk_layernorm,
-        sequence_parallel=False,
+        sequence_parallel=sequence_parallel,
         calculate_per_token_loss=True,
+        **(fp8_config_kwargs(cfg.fp8, cfg.fp8_recipe, impl) if impl is not None else {}),
     )
     if cfg.recompute == "full":
         kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
@@ -165,12 +206,17 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234) -> 
     """Build this rank's stage of a megatron-core ``GPTModel`` and initialise it layout-invariantly.
 
     Parallel state must have been initialised by :func:`megatron_logra.parallel.initialize_parallel`.
+    ``cfg.transformer_impl`` picks the layer spec (``auto`` resolves here); a TransformerEngine
+    model is moved to the current CUDA device (TE runs on GPUs only), a local one stays on the CPU
+    until its caller moves it.
     """
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    tcfg = _transformer_config(cfg, groups)
-    spec = get_gpt_layer_local_spec(normalization=cfg.normalization, qk_layernorm=cfg.qk_layernorm)
+    from megatron_logra.models.te import layer_spec, resolve_transformer_impl
+
+    impl = resolve_transformer_impl(cfg.transformer_impl)
+    tcfg = _transformer_config(cfg, groups, impl)
+    spec = layer_spec(impl, normalization=cfg.normalization, qk_layernorm=cfg.qk_layernorm)
     model = GPTModel(
         config=tcfg,
         transformer_layer_spec=spec,
@@ -184,6 +230,8 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234) -> 
         rotary_base=cfg.rotary_base,
     )
     init_layout_invariant_(model, cfg, groups, seed=seed)
+    if impl == "transformer_engine":
+        model = model.cuda(torch.cuda.current_device())
     padded = cfg.padded_vocab_size(groups.tp_size)
     if groups.pp_last and padded > cfg.vocab_size:
         mask_padded_vocab(model.output_layer, cfg.vocab_size, first_col=groups.tp_rank * (padded // groups.tp_size))

@@ -15,16 +15,35 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["global_param_names", "shard_full", "unshard", "gather_full_state"]
+__all__ = ["canonical_param_name", "global_param_names", "shard_full", "unshard", "gather_full_state"]
 
 _LOCAL_LAYER_RE = re.compile(r"^(.*?\bdecoder\.layers\.)(\d+)(\..*)$")
+
+# TransformerEngine's fused norm+linear (TELayerNormColumnParallelLinear) holds the layer's norm
+# parameters; global names use the local spec's separate norm modules, so checkpoints, HF
+# conversion and sync see one naming whatever ``model.transformer_impl`` is.
+_TE_FUSED_NORMS = {
+    ".self_attention.linear_qkv.layer_norm_weight": ".input_layernorm.weight",
+    ".self_attention.linear_qkv.layer_norm_bias": ".input_layernorm.bias",
+    ".mlp.linear_fc1.layer_norm_weight": ".pre_mlp_layernorm.weight",
+    ".mlp.linear_fc1.layer_norm_bias": ".pre_mlp_layernorm.bias",
+}
+
+
+def canonical_param_name(name: str) -> str:
+    """``name`` with TE fused-norm parameters renamed to the local spec's norm parameters."""
+    for te_suffix, local_suffix in _TE_FUSED_NORMS.items():
+        if name.endswith(te_suffix):
+            return name[: -len(te_suffix)] + local_suffix
+    return name
 
 
 def global_param_names(model: nn.Module) -> dict[str, str]:
     """Map each parameter name to the same name with the *global* layer index.
 
     Megatron numbers ``decoder.layers.{i}`` locally per pipeline stage; each
-    ``TransformerLayer`` knows its global 1-based ``layer_number``.
+    ``TransformerLayer`` knows its global 1-based ``layer_number``. TransformerEngine's fused
+    norm parameters get the local spec's names (:func:`canonical_param_name`).
     """
     offsets: dict[str, int] = {}
     for mname, module in model.named_modules():
@@ -36,11 +55,11 @@ def global_param_names(model: nn.Module) -> dict[str, str]:
     for pname, _ in model.named_parameters():
         m = _LOCAL_LAYER_RE.match(pname)
         if m is None:
-            out[pname] = pname
+            out[pname] = canonical_param_name(pname)
             continue
         layer_module = m.group(1) + m.group(2)
         index = offsets.get(layer_module, int(m.group(2)))
-        out[pname] = f"{m.group(1)}{index}{m.group(3)}"
+        out[pname] = canonical_param_name(f"{m.group(1)}{index}{m.group(3)}")
     return out
 
 

@@ -1,0 +1,105 @@
+"""TransformerEngine (TE) path of the GPT builder: availability, layer spec, FP8 settings.
+
+Nothing here imports ``transformer_engine`` at module import time, and the availability checks
+use ``importlib.util.find_spec`` (no import): TE cannot be imported without CUDA, and a partial
+install breaks ``import megatron.core``, so CPU environments must never load it. Only
+:func:`layer_spec` with ``impl="transformer_engine"`` imports megatron's TE spec (and TE).
+
+``model.transformer_impl``:
+
+* ``local``: megatron-core's local spec (torch norms, megatron tensor-parallel linears); runs on
+  CPU and GPU; no sequence parallelism, no FP8.
+* ``transformer_engine``: ``get_gpt_layer_with_transformer_engine_spec`` (TE norms fused into
+  ``linear_qkv`` / ``linear_fc1`` as ``TELayerNormColumnParallelLinear``, TE attention); needs
+  CUDA and TE; enables ``model.fp8`` and ``model.sequence_parallel``.
+* ``auto``: ``transformer_engine`` when TE is installed and CUDA is present, else ``local``.
+
+``model.fp8`` (``hybrid``: E4M3 forward, E5M2 gradients; ``e4m3``: E4M3 everywhere) maps to
+megatron's ``TransformerConfig.fp8`` / ``fp8_recipe``; megatron's ``TransformerBlock`` then runs
+the layers' GEMMs under TE's ``fp8_autocast``. Frozen LoGRA targets have no wgrad GEMM in any
+precision; sketches are captured from the high-precision input in the forward hook.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TRANSFORMER_IMPLS", "FP8_FORMATS", "FP8_RECIPES", "te_installed", "te_unavailable_reason",
+           "resolve_transformer_impl", "layer_spec", "fp8_config_kwargs"]
+
+TRANSFORMER_IMPLS = ("local", "transformer_engine", "auto")
+FP8_FORMATS = ("hybrid", "e4m3")
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+
+
+def te_installed() -> bool:
+    """True when a ``transformer_engine`` package is installed (checked without importing it)."""
+    try:
+        return importlib.util.find_spec("transformer_engine") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def te_unavailable_reason() -> Optional[str]:
+    """Why the TE spec cannot be built in this process, or None when it can (CUDA + TE installed)."""
+    if not torch.cuda.is_available():
+        return "no CUDA device is available (TransformerEngine runs on NVIDIA GPUs only)"
+    if not te_installed():
+        return ("transformer_engine is not installed; install the gpu extra "
+                "(pip install 'megatron_logra[gpu]') or use docker/Dockerfile")
+    return None
+
+
+def resolve_transformer_impl(impl: str) -> str:
+    """``local`` or ``transformer_engine`` for ``model.transformer_impl=impl``.
+
+    Raises:
+        RuntimeError: ``transformer_engine`` was requested but CUDA or TE is missing.
+        ValueError: an unknown value.
+    """
+    if impl not in TRANSFORMER_IMPLS:
+        raise ValueError(f"model.transformer_impl={impl!r}: choose one of {', '.join(TRANSFORMER_IMPLS)}")
+    reason = te_unavailable_reason()
+    if impl == "auto":
+        resolved = "local" if reason else "transformer_engine"
+        logger.info("model.transformer_impl=auto -> %s%s", resolved, f" ({reason})" if reason else "")
+        return resolved
+    if impl == "transformer_engine" and reason:
+        raise RuntimeError(f"model.transformer_impl='transformer_engine' cannot be built: {reason}; "
+                           "or set model.transformer_impl=local (or auto)")
+    return impl
+
+
+def layer_spec(impl: str, *, normalization: str, qk_layernorm: bool):
+    """megatron-core ``ModuleSpec`` of one transformer layer for a resolved ``impl``."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if impl == "transformer_engine":
+        if not getattr(gpt_layer_specs, "HAVE_TE", False):
+            raise RuntimeError("model.transformer_impl='transformer_engine': megatron-core could not import "
+                               "TransformerEngine (check that transformer_engine imports on this machine)")
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+    if impl == "local":
+        return gpt_layer_specs.get_gpt_layer_local_spec(normalization=normalization, qk_layernorm=qk_layernorm)
+    raise ValueError(f"layer_spec needs a resolved impl (local or transformer_engine), got {impl!r}")
+
+
+def fp8_config_kwargs(fp8: Optional[str], recipe: str, impl: str) -> dict[str, Any]:
+    """``TransformerConfig`` keyword arguments of ``model.fp8`` / ``model.fp8_recipe`` (empty when off).
+
+    Raises:
+        RuntimeError: FP8 requested while the model is built with the local spec.
+    """
+    if fp8 is None:
+        return {}
+    if impl != "transformer_engine":
+        raise RuntimeError(f"model.fp8={fp8!r} needs the TransformerEngine spec, but the model is built with "
+                           f"the {impl} spec: set model.transformer_impl=transformer_engine on a CUDA machine "
+                           "with TransformerEngine, or model.fp8=null")
+    return {"fp8": fp8, "fp8_recipe": recipe, "fp8_wgrad": True}
