@@ -206,6 +206,11 @@ RECIPES: dict[str, Callable[[], RunConfig]] = {
     "tiny": tiny, "tiny-adam": tiny_adam, "lm-tiny": lm_tiny, "lm-tiny-adam": lm_tiny_adam,
 }
 
+# GPU recipes of real sizes (qwen2.5-1.5b, qwen2.5-7b, 27b); their factories import this module lazily
+from megatron_logra.recipes_large import LARGE_RECIPES  # noqa: E402
+
+RECIPES.update(LARGE_RECIPES)
+
 
 # ---------------------------------------------------------------------------- (de)serialisation
 def to_dict(cfg: Any) -> dict:

@@ -1,0 +1,86 @@
+"""Train recipes of real model sizes on GPUs: ``qwen2.5-1.5b``, ``qwen2.5-7b`` and ``27b``.
+
+Shapes come from :mod:`megatron_logra.models.presets` (the ones the memory planner uses); weights and
+tokenizer from a local Hugging Face checkpoint given with ``--model.hf_path`` (its architecture
+fields replace the preset's). Layouts follow docs/memory.md for one 8-GPU node: 1.5B at TP 1
+(DP = GPUs), 7B at TP 4, 27B at TP 8; full activation recompute, LoGRA rank 128 with fp32 masters,
+sequence length 4096.
+
+LoGRA runs the *paper* recipe (token-normalised sketches, per-layer norm restoration, global update
+ratio 6e-5, step size from the predicted-KL controller, budget 2e-4 -> 2e-5 over 300 updates);
+non-target parameters (embeddings, norms, output layer) are frozen, so the KL probe sees every
+trained parameter.
+
+``model.transformer_impl`` stays ``local``: the predicted-KL probe runs forward-mode AD through
+megatron's local linears, and TransformerEngine's fused kernels have no forward-mode rule. For
+TE / FP8 / sequence parallelism use ``model.transformer_impl=transformer_engine
+model.sequence_parallel=true model.fp8=hybrid`` with ``kl.mode=none`` (see examples/).
+
+Functions import :mod:`megatron_logra.config` lazily: ``config`` registers these recipes at import.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LARGE_RECIPES", "large_recipe"]
+
+_LAYOUTS = {
+    # preset: (tensor-parallel size, RL micro-batch in sequences)
+    "qwen2.5-1.5b": (1, 8),
+    "qwen2.5-7b": (4, 4),
+    "27b": (8, 2),
+}
+
+
+def large_recipe(preset: str):
+    """LoGRA RL recipe (a ``RunConfig``) for the model preset ``preset`` on GPUs."""
+    from megatron_logra.config import RunConfig, TrainConfig
+    from megatron_logra.kl.controller import KLConfig
+    from megatron_logra.models.presets import get_preset
+    from megatron_logra.optim.config import LograConfig, NativeConfig, OptimizerConfig
+    from megatron_logra.parallel import ParallelConfig
+    from megatron_logra.rewards import TaskConfig
+    from megatron_logra.rl.config import RLConfig, RolloutConfig
+    from megatron_logra.sync.config import SyncConfig
+
+    if preset not in _LAYOUTS:
+        raise ValueError(f"no large recipe for preset {preset!r}; choose one of {', '.join(_LAYOUTS)}")
+    tp, micro_batch = _LAYOUTS[preset]
+    model = get_preset(preset)
+    model.recompute = "full"
+    model.transformer_impl = "local"
+    run = preset.replace(".", "_")
+    return RunConfig(
+        job="rl",
+        model=model,
+        parallel=ParallelConfig(tp=tp, pp=1),
+        optimizer=OptimizerConfig(
+            logra=LograConfig(rank=128, recipe="paper", update_ratio=6e-5, masters="fp32", algorithm="row_adam"),
+            native=NativeConfig(freeze=True),
+        ),
+        task=TaskConfig(datasets=["basic_arithmetic", "chain_sum", "gcd", "lcm", "simple_equations"], num_eval=200),
+        rl=RLConfig(steps=300, prompts_per_step=64, group_size=8, micro_batch_size=micro_batch, eval_interval=25,
+                    prompt_template="{prompt}\nAnswer with the final result only.\n",
+                    rollout=RolloutConfig(temperature=1.0, max_new_tokens=512)),
+        kl=KLConfig(mode="predicted", budget_start=2e-4, budget_end=2e-5, horizon=300),
+        sync=SyncConfig(mode="delta", anchor_interval=50),
+        train=TrainConfig(run_dir=f"runs/{run}", log_interval=1, save_interval=50),
+    )
+
+
+def _factory(preset: str) -> Callable:
+    def recipe():
+        return large_recipe(preset)
+
+    recipe.__name__ = preset.replace(".", "_").replace("-", "_")
+    recipe.__doc__ = (f"{preset}: LoGRA RL on GPUs (TP {_LAYOUTS[preset][0]}, full recompute, rank 128, paper recipe, "
+                      "predicted-KL control); pass --model.hf_path")
+    return recipe
+
+
+LARGE_RECIPES: dict[str, Callable] = {name: _factory(name) for name in _LAYOUTS}
+"""Recipe name (= preset name) -> factory of a fresh ``RunConfig``."""
