@@ -129,14 +129,12 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
             p_cV = torch.exp(logq_cV)
             if use_ent:
                 # g_H·p·(log p + H), then + g_logp·p: the negated gradient before the label term
-                logq_cV.clamp_(min=_NEG).add_(entropy_t[a:b, None]).mul_(p_cV).mul_(g_ent_t[a:b, None])
-                acc_cV = logq_cV
+                acc_cV = logq_cV.clamp_(min=_NEG).add_(entropy_t[a:b, None]).mul_(p_cV).mul_(g_ent_t[a:b, None])
                 if use_logp:
                     acc_cV.addcmul_(p_cV, g_logp_t[a:b, None])
-                del p_cV
             else:
-                del logq_cV
                 acc_cV = p_cV.mul_(g_logp_t[a:b, None])
+            del logq_cV, p_cV  # acc_cV is one of them: at most two fp32 chunk buffers are alive
             if use_logp:
                 rows = torch.arange(b - a, device=acc_cV.device)
                 acc_cV.index_put_((rows, local_idx[a:b]), -g_logp_t[a:b] * owned[a:b], accumulate=True)

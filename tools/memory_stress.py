@@ -1,0 +1,404 @@
+#!/usr/bin/env python
+"""Memory stress: N real LoGRA and dense-AdamW training steps at a given scale, per-step peaks as CSV + PNG.
+
+    python tools/memory_stress.py --hidden 2048 --layers 8 --micro-batch 2 --seq-len 2048 --steps 5
+    torchrun --nproc-per-node 8 tools/memory_stress.py --model 27b --tp 8 --rank 128 --recompute full \\
+        --seq-len 4096 --steps 3 --out runs/stress-27b
+    python tools/memory_stress.py --model 27b --tp 8 --dry-run        # predicted numbers only (meta device)
+    python tools/memory_stress.py --device cpu --hidden 64 --layers 2 --steps 2 --out /tmp/stress   # CPU, tiny
+
+Each optimizer (``--optimizers logra,adam``) builds the megatron-core GPT (TP from ``--tp``
+under torchrun), runs ``--steps`` full steps — forward/backward of the RL loss (TIS policy gradient
+on chunked vocabulary-parallel log-probs, ``--loss rl``) or of megatron's LM cross entropy
+(``--loss lm``), then ``prepare`` and ``apply`` — and records per step, as the maximum over ranks:
+
+* CUDA: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` (reset before every step)
+  and, when nvidia-ml-py (``pynvml``) and the NVML library exist, the device's used memory sampled
+  every 5 ms during the step (whole device: includes other processes and the CUDA context);
+* CPU: the peak of live tensor bytes (``LiveTensorTracker`` of ``benchmarks/optimizer_memory.py``)
+  and the process's peak RSS (reset through ``/proc/self/clear_refs`` before every step);
+* optimizer-state bytes measured from the objects (fp32 grads / main grads, masters, Adam moments;
+  LoGRA: sketch buffer, row moments, target masters, the native AdamW's state).
+
+Beside them, the memory planner's prediction for the same layout (``megatron_logra.memory``:
+parameter counts from the model built on the meta device; no distributed optimizer, no rollout
+engine, no CUDA overhead): the trainer peak and the optimizer state. ``--dry-run`` prints only
+those, building nothing. Rank 0 writes ``OUT/memory_stress.csv`` and ``OUT/memory_stress.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import logging
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from optimizer_memory import LiveTensorTracker, _maxrss_bytes, _reset_peak_rss, ffn_size  # noqa: E402
+
+logger = logging.getLogger("memory_stress")
+
+COLUMNS = ["optimizer", "step", "device", "world", "tp", "tokens_per_step", "peak_allocated_bytes",
+           "peak_reserved_bytes", "nvml_peak_used_bytes", "live_tensor_peak_bytes", "peak_rss_bytes",
+           "optimizer_state_bytes", "predicted_peak_bytes", "predicted_optimizer_state_bytes", "step_seconds", "loss"]
+MEASURED = COLUMNS[6:12] + ["step_seconds"]
+GiB = 2 ** 30
+
+
+def model_config(args):
+    from megatron_logra.models.gpt import ModelConfig
+    from megatron_logra.models.presets import resolve_model
+
+    if args.model:
+        return resolve_model(args.model, seq_length=args.seq_len)
+    return ModelConfig(num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads or max(1, args.hidden // 64),
+                       num_query_groups=args.query_groups, ffn_hidden_size=args.ffn or ffn_size(args.hidden),
+                       vocab_size=args.vocab, seq_length=args.seq_len, params_dtype=args.dtype, swiglu=True)
+
+
+def predicted(mcfg, kind: str, args, world: int) -> tuple[int, int]:
+    """(trainer peak, optimizer state) bytes of one rank from the memory planner."""
+    from megatron_logra.memory.planner import PlanConfig, plan
+
+    p = plan(mcfg, PlanConfig(tp=args.tp, dp=max(1, world // args.tp), optimizer=kind, rank=args.rank,
+                              masters=args.masters, micro_batch=args.micro_batch, seq_len=args.seq_len,
+                              recompute=args.recompute, distributed_optimizer=False, overhead_bytes=0))
+    w = p.worst
+    return w.trainer_peak, w.grads + w.masters + w.moments + w.sketches + w.row_moments
+
+
+def optimizer_state_bytes(opt) -> int:
+    """Bytes of the unique storages the optimizer keeps across steps (weights excluded)."""
+    seen, total = set(), 0
+
+    def add(t) -> None:
+        nonlocal total
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            st = t.untyped_storage()
+            if st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                total += st.nbytes()
+
+    native = opt.native
+    for p, m in zip(native.params, native.masters):
+        add(p.grad)
+        add(getattr(p, "main_grad", None))
+        if m is not p:
+            add(m)
+    if native.inner is not None:
+        for state in native.inner.state.values():
+            for v in state.values():
+                add(v)
+    if hasattr(opt, "sketches"):
+        add(opt.sketches.flat)
+        for v in list(opt.row_moments.values()) + list(opt.masters.values()):
+            add(v)
+    return total
+
+
+class NvmlSampler:
+    """Peak device memory in use during a region, sampled every ``interval`` s (None without NVML)."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self.handle, self.interval, self.peak = None, interval, None
+        try:
+            import pynvml
+        except ImportError:
+            logger.warning("nvidia-ml-py (pynvml) is not installed: no NVML readings (pip install nvidia-ml-py)")
+            return
+        try:
+            pynvml.nvmlInit()
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            bus = getattr(props, "pci_bus_id", None)
+            if bus is not None:
+                pci = f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+                self.handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci.encode())
+            else:
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+            self._info = pynvml.nvmlDeviceGetMemoryInfo
+        except pynvml.NVMLError as exc:  # NVMLError_LibraryNotFound without a driver, and friends
+            logger.warning("NVML unavailable (%s): no NVML readings", exc)
+            self.handle = None
+
+    def __enter__(self):
+        self.peak, self._stop = None, threading.Event()
+        if self.handle is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            used = self._info(self.handle).used
+            self.peak = used if self.peak is None else max(self.peak, used)
+            if self._stop.wait(self.interval):
+                return
+
+    def __exit__(self, *exc) -> None:
+        if self.handle is not None:
+            self._stop.set()
+            self._thread.join()
+
+
+def make_batch(mcfg, args, device, seed: int):
+    from megatron_logra.train.step import Batch
+
+    gen = torch.Generator().manual_seed(seed)
+    b, s = args.micro_batch, args.seq_len
+    tokens = torch.randint(0, mcfg.vocab_size, (b, s), generator=gen)
+    mask = torch.ones(b, s)
+    mask[:, : s // 4] = 0.0  # a prompt part outside the loss
+    extras = {"advantages": torch.randn(b, 1, generator=gen).expand(b, s).contiguous(),
+              "rollout_logprobs": torch.full((b, s), -2.0), "finished": torch.ones(b, s)}
+    batch = Batch(tokens=tokens, labels=torch.roll(tokens, -1, dims=1), loss_mask=mask,
+                  position_ids=torch.arange(s)[None].expand(b, s).contiguous(), extras=extras)
+    move = lambda t: t.to(device)  # noqa: E731
+    return Batch(move(batch.tokens), move(batch.labels), move(batch.loss_mask), move(batch.position_ids),
+                 {k: move(v) for k, v in extras.items()})
+
+
+def run_kind(kind: str, mcfg, args, device: torch.device, world: int) -> list[dict]:
+    import torch.distributed as dist
+
+    from megatron_logra.models.gpt import build_gpt
+    from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
+    from megatron_logra.parallel import ParallelConfig, initialize_parallel
+    from megatron_logra.rl.loop import make_rl_loss_fn
+    from megatron_logra.rl.losses import LossConfig
+    from megatron_logra.train.step import forward_backward
+
+    groups = initialize_parallel(ParallelConfig(tp=args.tp), seed=1)
+    model = build_gpt(mcfg, groups, seed=1)
+    if device.type == "cuda":
+        model = model.cuda()
+    ocfg = OptimizerConfig(name="adam" if kind == "adam" else "logra", native=NativeConfig(lr=1e-5),
+                           logra=LograConfig(rank=args.rank, masters=args.masters, lr=1e-5))
+    opt = build_optimizer(model, ocfg, groups)
+    loss_fn = make_rl_loss_fn(LossConfig(logprob_chunk_tokens=args.chunk_tokens), 1.0, groups.tp) \
+        if args.loss == "rl" else None
+    pred_peak, pred_state = predicted(mcfg, kind, args, world)
+    cuda = device.type == "cuda"
+    nvml = NvmlSampler() if cuda else None
+    rows = []
+    for step in range(1, args.steps + 1):
+        batches = [make_batch(mcfg, args, device, 1000 * step + i) for i in range(args.micro_batches)]
+        gc.collect()
+        tracker = LiveTensorTracker() if (not cuda and args.track_tensors) else None
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            _reset_peak_rss()
+        t0 = time.perf_counter()
+        with (nvml if nvml is not None else _Null()), (tracker if tracker is not None else _Null()):
+            opt.zero_grad()
+            res = forward_backward(model, batches, groups, loss_fn=loss_fn)
+            opt.apply(opt.prepare(num_tokens=res.num_tokens))
+            if cuda:
+                torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        vals = {
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved() if cuda else None,
+            "nvml_peak_used_bytes": nvml.peak if nvml is not None else None,
+            "live_tensor_peak_bytes": tracker.peak if tracker is not None else None,
+            "peak_rss_bytes": None if cuda else _maxrss_bytes(),
+            "optimizer_state_bytes": optimizer_state_bytes(opt),
+            "step_seconds": seconds,
+        }
+        # worst rank: the maximum of each reading over the world (-1 = not measured)
+        t = torch.tensor([float(-1 if vals[k] is None else vals[k]) for k in MEASURED], dtype=torch.float64,
+                         device=device)
+        if world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        vals = {k: (None if v < 0 else (v if k == "step_seconds" else int(v))) for k, v in zip(MEASURED, t.tolist())}
+        rows.append({"optimizer": kind, "step": step, "device": device.type, "world": world, "tp": args.tp,
+                     "tokens_per_step": args.micro_batch * args.seq_len * args.micro_batches * max(1, world // args.tp),
+                     **vals, "predicted_peak_bytes": pred_peak, "predicted_optimizer_state_bytes": pred_state,
+                     "loss": res.loss})
+        logger.info("%s step %d: %s", kind, step, {k: v for k, v in vals.items() if v is not None})
+    del model, opt, loss_fn
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return rows
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def unit_of(rows: list[dict]) -> tuple[str, int]:
+    """GiB when any reading reaches 1 GiB, else MiB."""
+    keys = [k for k in COLUMNS if k.endswith("_bytes")]
+    big = max((r[k] for r in rows for k in keys if r.get(k) is not None), default=0)
+    return ("GiB", GiB) if big >= GiB else ("MiB", 2 ** 20)
+
+
+def fmt(v, scale: int) -> str:
+    return "-" if v in (None, "") else f"{int(v) / scale:.3f}"
+
+
+def report(rows: list[dict], out: Path, title: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "memory_stress.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
+    unit, scale = unit_of(rows)
+    head = ["optimizer", "step", "allocated", "reserved", "NVML used", "live tensors", "RSS", "predicted peak",
+            "opt state", "predicted opt state", "step s"]
+    print(f"{title}\n(peaks per step, worst rank, {unit})")
+    print(" | ".join(head))
+    keys = ["peak_allocated_bytes", "peak_reserved_bytes", "nvml_peak_used_bytes", "live_tensor_peak_bytes",
+            "peak_rss_bytes", "predicted_peak_bytes", "optimizer_state_bytes", "predicted_optimizer_state_bytes"]
+    for r in rows:
+        print(" | ".join([r["optimizer"], str(r["step"]), *(fmt(r.get(k), scale) for k in keys),
+                          "-" if r.get("step_seconds") is None else f"{r['step_seconds']:.2f}"]))
+    plot(rows, out / "memory_stress.png", title)
+    print(f"wrote {out / 'memory_stress.csv'} and {out / 'memory_stress.png'}")
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    unit, scale = unit_of(rows)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax_rss = None
+    kinds = list(dict.fromkeys(r["optimizer"] for r in rows))
+    for i, kind in enumerate(kinds):
+        rs = [r for r in rows if r["optimizer"] == kind]
+        colour = f"C{i}"
+        for key, style, what in (("peak_allocated_bytes", "-o", "allocated"), ("peak_reserved_bytes", "--s", "reserved"),
+                                 ("nvml_peak_used_bytes", ":^", "NVML used"), ("live_tensor_peak_bytes", "-o", "live tensors"),
+                                 ("peak_rss_bytes", ":s", "process RSS (right axis)")):
+            pts = [(r["step"], r[key] / scale) for r in rs if r.get(key) is not None]
+            if not pts:
+                continue
+            if key == "peak_rss_bytes":  # the whole process, imports included: its own axis
+                ax_rss = ax_rss or ax1.twinx()
+                ax_rss.plot(*zip(*pts), style, color=colour, alpha=0.6, label=f"{kind} {what}")
+            else:
+                ax1.plot(*zip(*pts), style, color=colour, label=f"{kind} {what}")
+        ax1.axhline(rs[0]["predicted_peak_bytes"] / scale, color=colour, alpha=0.5, lw=1, label=f"{kind} predicted")
+        measured = rs[-1].get("optimizer_state_bytes")
+        ax2.bar(i - 0.2, (measured or 0) / scale, 0.4, color=colour, label="measured" if i == 0 else None)
+        ax2.bar(i + 0.2, rs[0]["predicted_optimizer_state_bytes"] / scale, 0.4, color=colour, alpha=0.4,
+                hatch="//", label="predicted" if i == 0 else None)
+    ax1.set(xlabel="step", ylabel=f"{unit} (worst rank)", title="peak memory per step")
+    ax1.set_ylim(bottom=0)
+    ax1.xaxis.get_major_locator().set_params(integer=True)
+    handles, labels = ax1.get_legend_handles_labels()
+    if ax_rss is not None:
+        ax_rss.set_ylabel(f"process RSS {unit}")
+        more = ax_rss.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax1.legend(handles, labels, fontsize=7)
+    ax2.set_xticks(range(len(kinds)), kinds)
+    ax2.set(ylabel=f"{unit} (worst rank)", title="optimizer state")
+    ax2.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="preset (qwen2.5-1.5b, qwen2.5-7b, 27b) or config.json; else the sizes below")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=None, help="default hidden/64")
+    p.add_argument("--query-groups", type=int, default=None)
+    p.add_argument("--ffn", type=int, default=None, help="default 8/3·hidden rounded to 64")
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--micro-batches", type=int, default=1, help="micro-batches per step (gradient accumulation)")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (launch world = tp x dp with torchrun)")
+    p.add_argument("--rank", type=int, default=128, help="LoGRA sketch rank")
+    p.add_argument("--masters", choices=["fp32", "none"], default="fp32")
+    p.add_argument("--recompute", choices=["none", "full"], default="none")
+    p.add_argument("--loss", choices=["rl", "lm"], default="rl")
+    p.add_argument("--chunk-tokens", type=int, default=1024, help="rl.loss.logprob_chunk_tokens of the RL loss")
+    p.add_argument("--optimizers", default="logra,adam")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument("--no-track-tensors", dest="track_tensors", action="store_false",
+                   help="CPU: skip the live-tensor tracker (faster; RSS only)")
+    p.add_argument("--dry-run", action="store_true", help="planner prediction only (model on the meta device)")
+    p.add_argument("--out", default="runs/memory_stress")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    logging.getLogger("megatron").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    kinds = [k.strip() for k in args.optimizers.split(",") if k.strip()]
+    if not kinds or any(k not in ("logra", "adam") for k in kinds):
+        raise SystemExit(f"--optimizers={args.optimizers!r}: a comma list of logra and adam")
+    if args.steps < 1:
+        raise SystemExit("--steps must be >= 1")
+    from dataclasses import replace
+
+    mcfg = model_config(args)
+    if args.recompute != "none":
+        mcfg = replace(mcfg, recompute=args.recompute)
+    what = args.model or f"hidden {args.hidden} x {args.layers} layers, vocab {args.vocab}"
+    title = (f"{what}; micro-batch {args.micro_batch} x seq {args.seq_len} x {args.micro_batches}, TP {args.tp}, "
+             f"LoGRA rank {args.rank} ({args.masters} masters), recompute {args.recompute}, loss {args.loss}")
+    if args.dry_run:
+        rows = []
+        for kind in kinds:
+            peak, state = predicted(mcfg, kind, args, args.tp)
+            rows.append({"optimizer": kind, "step": 0, "device": "meta", "world": args.tp, "tp": args.tp,
+                         "tokens_per_step": args.micro_batch * args.seq_len * args.micro_batches,
+                         "predicted_peak_bytes": peak, "predicted_optimizer_state_bytes": state})
+        report(rows, Path(args.out), title + " (dry run: planner only)")
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device")
+    use_cuda = torch.cuda.is_available() and args.device != "cpu"
+    if not use_cuda and torch.cuda.is_available():
+        raise SystemExit("--device cpu on a CUDA machine is not supported (megatron would still use CUDA)")
+    from megatron_logra.parallel import destroy_parallel, init_distributed
+
+    init_distributed("nccl" if use_cuda else "gloo")
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    rows = []
+    try:
+        for kind in kinds:
+            rows += run_kind(kind, mcfg, args, device, world)
+    finally:
+        rank0 = dist.get_rank() == 0
+        destroy_parallel()
+    if rank0:
+        report(rows, Path(args.out), title)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
