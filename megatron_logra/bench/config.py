@@ -84,6 +84,8 @@ class PaperBenchConfig:
     """Sketch rank of Fig 5b/5c (the tiny recipe's)."""
     cosine_steps: int = 8
     """k: batches accumulated for the accumulated-gradient cosine; the single-step cosine is averaged over them."""
+    cosine_draws: int = 32
+    """Further projections per gradient for the single-step Monte-Carlo mean compared with the theory."""
     cosine_batch: int = 64
     """Sequences per batch of the cosine measurement."""
     theory_tolerance: float = 0.05
@@ -111,7 +113,7 @@ class PaperBenchConfig:
         if max(self.ranks) > 128:
             raise ValueError(f"ranks={self.ranks!r}: every rank must be <= 128 (the tiny model's hidden size)")
         for name in ("rl_steps", "eval_interval", "peer_update_proj_gap", "memory_seq", "memory_micro_batch",
-                     "memory_steps", "memory_rank_divisor", "cosine_steps", "cosine_batch", "threads"):
+                     "memory_steps", "memory_rank_divisor", "cosine_steps", "cosine_draws", "cosine_batch", "threads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
@@ -141,7 +143,7 @@ class PaperBenchConfig:
         if quick:
             base = dict(quick=True, seeds=[1], rl_steps=20, eval_interval=5, ranks=[8, 32], rank_seeds=[1],
                         kl_seeds=[1], memory_sizes=[(64, 1), (128, 1), (256, 1)], memory_seq=128, memory_steps=1,
-                        cosine_steps=4, cosine_batch=32)
+                        cosine_steps=4, cosine_draws=8, cosine_batch=32)
         else:
             base = dict(quick=False)
         base.update(overrides)

@@ -106,6 +106,7 @@ class PeerOptimizer(DenseAdamW):
         if not low_rank:
             raise ValueError(f"none of the targets {list(targets)} is trainable; nothing for {peer} to project")
         self.num_low_rank = sum(m.numel() for m in low_rank)
+        self._low_rank_ids = {id(m) for m in low_rank}
         group = {"params": low_rank, "rank": settings.rank, "update_proj_gap": settings.update_proj_gap,
                  "scale": settings.scale, "proj_type": "std"}
         module, cls_name, _ = PEERS[peer]
@@ -144,6 +145,25 @@ class PeerOptimizer(DenseAdamW):
                           for k, s in inner["state"].items()}
         return {"kind": self.peer, "num_steps": self.num_steps, "num_skipped": self.num_skipped,
                 "native": {"inner": inner}}
+
+    def sharded_state(self):
+        """Checkpoint slots of the parameter-shaped state only (plain-Adam moments, masters): the
+        peer's low-rank moments are not parameter-shaped and are left out, like its projectors."""
+        from megatron_logra.optim.state import ParamSlot
+
+        native, slots = self.native, []
+        for p, m in zip(native.params, native.masters):
+            state = native.inner.state.get(m, {})
+            if id(m) not in self._low_rank_ids:
+                for name in ("exp_avg", "exp_avg_sq"):
+                    buf = state.get(name)
+                    slots.append(ParamSlot(f"native.{name}", p, buf if buf is not None else torch.zeros_like(m)))
+            if m is not p:
+                slots.append(ParamSlot("native.master", p, m))
+        return {"kind": self.peer, "num_steps": self.num_steps, "num_skipped": self.num_skipped}, slots
+
+    def load_sharded_state(self, scalars: dict, slots: list) -> None:
+        raise NotImplementedError(f"resuming a {self.peer} benchmark run is not supported (projectors are not saved)")
 
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError(f"resuming a {self.peer} benchmark run is not supported (projectors are not saved)")
