@@ -8,6 +8,7 @@
     megatron-logra memory --model 27b --tp 8 --compare         # per-GPU memory plan, dense AdamW vs LoGRA
     megatron-logra convert hf-to-mcore --hf DIR --out DIR [--tp N --pp M]    # HF -> per-rank megatron-core files
     megatron-logra convert mcore-to-hf --mcore DIR --out DIR [--hf-template DIR]   # and back (or a trainer checkpoint)
+    megatron-logra bench paper [--quick]                       # small-scale paper figures -> docs/results.md
 
 Launch multi-process runs with torchrun, e.g.
 ``torchrun --nproc-per-node 4 -m megatron_logra.cli train --tensor-model-parallel-size 2``.
@@ -48,7 +49,7 @@ def _split_recipe(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-logra", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "eval", "plot", "config", "recipes", "memory", "convert"])
+    parser.add_argument("command", choices=["train", "eval", "plot", "config", "recipes", "memory", "convert", "bench"])
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="recipe name or YAML, then overrides")
     ns = parser.parse_args(argv)
     _setup_logging()
@@ -60,6 +61,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from megatron_logra.convert.cli import main as convert_main
 
         return convert_main(ns.rest)
+    if ns.command == "bench":
+        from megatron_logra.bench.cli import main as bench_main
+
+        return bench_main(ns.rest)
 
     from megatron_logra.config import RECIPES, parse_args_to_config, to_dict
 

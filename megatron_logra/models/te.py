@@ -17,7 +17,11 @@ install breaks ``import megatron.core``, so CPU environments must never load it.
 ``model.fp8`` (``hybrid``: E4M3 forward, E5M2 gradients; ``e4m3``: E4M3 everywhere) maps to
 megatron's ``TransformerConfig.fp8`` / ``fp8_recipe``; megatron's ``TransformerBlock`` then runs
 the layers' GEMMs under TE's ``fp8_autocast``. Frozen LoGRA targets have no wgrad GEMM in any
-precision; sketches are captured from the high-precision input in the forward hook.
+precision; sketches are captured from the high-precision input in the forward hook. TE's per-step
+FP8 weight cache is disabled (weights change in place between forwards).
+
+Known limit: the predicted-KL probe (forward-mode AD) has rules for megatron's local linears only;
+TE's fused kernels have no forward-mode derivative, so TE models need ``kl.mode=none`` for now.
 """
 
 from __future__ import annotations
@@ -102,4 +106,7 @@ def fp8_config_kwargs(fp8: Optional[str], recipe: str, impl: str) -> dict[str, A
         raise RuntimeError(f"model.fp8={fp8!r} needs the TransformerEngine spec, but the model is built with "
                            f"the {impl} spec: set model.transformer_impl=transformer_engine on a CUDA machine "
                            "with TransformerEngine, or model.fp8=null")
-    return {"fp8": fp8, "fp8_recipe": recipe, "fp8_wgrad": True}
+    # TE caches each weight's FP8 copy from the first micro-batch on; LoGRA merges updates into the
+    # weights in place and the RL loop runs forwards outside megatron's schedules (which are what reset
+    # the cache), so the cache is off: every forward casts the current weights.
+    return {"fp8": fp8, "fp8_recipe": recipe, "fp8_wgrad": True, "disable_parameter_transpose_cache": True}

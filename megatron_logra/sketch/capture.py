@@ -82,8 +82,9 @@ class SketchTarget:
 
     @property
     def partial(self) -> bool:
-        """True when the sketch on this rank is a partial sum over the TP group."""
-        return self.parallel == "row"
+        """True when the sketch on this rank is a partial sum over the TP group (row-parallel input
+        columns, or a replicated layer that sees only this rank's tokens under sequence parallelism)."""
+        return self.parallel == "row" or (self.parallel == "none" and self.sequence_parallel)
 
 
 class _SketchCapture(torch.autograd.Function):

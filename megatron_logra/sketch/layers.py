@@ -22,7 +22,8 @@ layer sees the full sequence and reduce-scatters its output. Only the small proj
 row-parallel targets reduce-scatter their per-rank partial ``P_k = X_k·A[:, cols_k]ᵀ`` so each rank
 holds ``(Σ_k P_k)`` for its own sequence chunk, matching the output gradient it receives. The
 row-parallel sketch then is a partial sum over sequence chunks, summed over the TP group as without
-sequence parallelism.
+sequence parallelism. A TE ``TELinear`` in ``duplicated`` mode (full weight on every TP rank) sees only
+its rank's tokens under sequence parallelism: its sketch is a partial sum over the TP group as well.
 """
 
 from __future__ import annotations
@@ -126,8 +127,9 @@ def _classify_te(module: nn.Module, tp_group, name: str) -> LinearInfo:
         return LinearInfo("row", n_in, cols, _check_sp(module, name, tp_group), fused, "transformer_engine")
     if mode == "column":
         return LinearInfo("column", weight.shape[1], None, _check_sp(module, name, tp_group), fused, "transformer_engine")
-    if mode is None:  # "duplicated": no tensor parallelism
-        return LinearInfo("none", weight.shape[1], None, False, fused, "transformer_engine")
+    if mode is None:  # "duplicated": full weight on every TP rank; under SP it sees only local tokens
+        sp = bool(getattr(getattr(module, "config", None), "sequence_parallel", False)) and _tp(tp_group)[0] > 1
+        return LinearInfo("none", weight.shape[1], None, sp, fused, "transformer_engine")
     raise ValueError(f"target {name}: TransformerEngine parallel_mode={mode!r} is not supported")
 
 
