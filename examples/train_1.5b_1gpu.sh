@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# LoGRA RL of Qwen2.5-1.5B on one GPU (recipe qwen2.5-1.5b: TP 1, full recompute, rank 128, paper
+# recipe with predicted-KL step control). With GPUS=8 the same recipe runs data-parallel on a node.
+#
+#   HF_PATH=/ckpt/Qwen2.5-1.5B-Instruct bash examples/train_1.5b_1gpu.sh [extra overrides...]
+#
+# Env: HF_PATH (required), GPUS (default 1), RUN_DIR (default runs/qwen2_5-1.5b),
+#      IMPL / FP8 as in examples/train_27b_8gpu.sh.
+set -euo pipefail
+: "${HF_PATH:?set HF_PATH to a local Hugging Face checkpoint directory}"
+GPUS="${GPUS:-1}"
+RUN_DIR="${RUN_DIR:-runs/qwen2_5-1.5b}"
+IMPL="${IMPL:-local}"
+EXTRA=()
+if [[ "$IMPL" == "transformer_engine" ]]; then
+  EXTRA+=(model.transformer_impl=transformer_engine kl.mode=none)
+  if [[ -n "${FP8:-}" ]]; then EXTRA+=("model.fp8=$FP8"); fi
+elif [[ "$IMPL" != "local" ]]; then
+  echo "IMPL=$IMPL: choose local or transformer_engine" >&2; exit 2
+fi
+export CUDA_DEVICE_MAX_CONNECTIONS=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+exec torchrun --standalone --nproc-per-node "$GPUS" -m megatron_logra.cli train qwen2.5-1.5b \
+  --model.hf_path "$HF_PATH" train.run_dir="$RUN_DIR" ${EXTRA[@]+"${EXTRA[@]}"} "$@"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# LoGRA RL of a 27B-class model on one 8-GPU node (recipe 27b: TP 8, full recompute, rank 128,
+# fp32 masters, paper recipe with predicted-KL step control; see docs/memory.md for the memory plan).
+#
+#   HF_PATH=/ckpt/gemma-like-27b bash examples/train_27b_8gpu.sh [extra overrides...]
+#
+# Env:
+#   HF_PATH   local Hugging Face checkpoint (config.json, safetensors, tokenizer); required
+#   GPUS      processes on this node (default 8); DP = GPUS / TP
+#   RUN_DIR   run directory (default runs/27b)
+#   IMPL      local (default: what the predicted-KL probe supports) or transformer_engine
+#             (TE spec with sequence parallelism; KL control off, since TE kernels have no
+#             forward-mode AD rule)
+#   FP8       with IMPL=transformer_engine: hybrid or e4m3 FP8 training GEMMs (H100 / H200)
+# Check the plan first:
+#   megatron-logra memory --model "$HF_PATH/config.json" --tp 8 --rank 128 --recompute full --compare
+set -euo pipefail
+: "${HF_PATH:?set HF_PATH to a local Hugging Face checkpoint directory}"
+GPUS="${GPUS:-8}"
+RUN_DIR="${RUN_DIR:-runs/27b}"
+IMPL="${IMPL:-local}"
+EXTRA=()
+if [[ "$IMPL" == "transformer_engine" ]]; then
+  EXTRA+=(model.transformer_impl=transformer_engine model.sequence_parallel=true kl.mode=none)
+  if [[ -n "${FP8:-}" ]]; then EXTRA+=("model.fp8=$FP8"); fi
+elif [[ "$IMPL" != "local" ]]; then
+  echo "IMPL=$IMPL: choose local or transformer_engine" >&2; exit 2
+fi
+export CUDA_DEVICE_MAX_CONNECTIONS=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+exec torchrun --standalone --nproc-per-node "$GPUS" -m megatron_logra.cli train 27b \
+  --model.hf_path "$HF_PATH" train.run_dir="$RUN_DIR" ${EXTRA[@]+"${EXTRA[@]}"} "$@"

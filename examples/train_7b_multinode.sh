@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# LoGRA RL of Qwen2.5-7B over several nodes (recipe qwen2.5-7b: TP 4 inside a node, DP across the
+# rest, full recompute, rank 128, paper recipe with predicted-KL step control).
+#
+# Run the same command on every node, changing only NODE_RANK:
+#   NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 HF_PATH=/ckpt/Qwen2.5-7B-Instruct \
+#     bash examples/train_7b_multinode.sh [extra overrides...]
+#
+# Env:
+#   NNODES         number of nodes (required)
+#   NODE_RANK      this node's index, 0 .. NNODES-1 (required)
+#   MASTER_ADDR    address of node 0, reachable from every node (required)
+#   MASTER_PORT    a free TCP port on node 0 (default 29500)
+#   GPUS_PER_NODE  processes per node (default 8); world = NNODES x GPUS_PER_NODE, DP = world / TP
+#   HF_PATH        local Hugging Face checkpoint on every node (same path); required
+#   RUN_DIR        run directory, on storage every node can write (default runs/qwen2_5-7b)
+#   IMPL / FP8     as in examples/train_27b_8gpu.sh
+set -euo pipefail
+: "${NNODES:?set NNODES}" "${NODE_RANK:?set NODE_RANK}" "${MASTER_ADDR:?set MASTER_ADDR}"
+: "${HF_PATH:?set HF_PATH to a local Hugging Face checkpoint directory}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
+RUN_DIR="${RUN_DIR:-runs/qwen2_5-7b}"
+IMPL="${IMPL:-local}"
+EXTRA=()
+if [[ "$IMPL" == "transformer_engine" ]]; then
+  EXTRA+=(model.transformer_impl=transformer_engine model.sequence_parallel=true kl.mode=none)
+  if [[ -n "${FP8:-}" ]]; then EXTRA+=("model.fp8=$FP8"); fi
+elif [[ "$IMPL" != "local" ]]; then
+  echo "IMPL=$IMPL: choose local or transformer_engine" >&2; exit 2
+fi
+export CUDA_DEVICE_MAX_CONNECTIONS=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+exec torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" \
+  --master-port "$MASTER_PORT" --nproc-per-node "$GPUS_PER_NODE" -m megatron_logra.cli train qwen2.5-7b \
+  --model.hf_path "$HF_PATH" train.run_dir="$RUN_DIR" ${EXTRA[@]+"${EXTRA[@]}"} "$@"
