@@ -5,12 +5,12 @@
 #                machine point it at a CPU build; on GPU nodes prefer the NVIDIA container
 #                (docker/) which ships torch, TransformerEngine and apex.
 #   VENV         virtual environment directory (default: .venv)
-#   EXTRAS       pip extras of this package (default: dev)
+#   EXTRAS       pip extras of this package (default: dev,bench; bench = GaLore/APOLLO peers of `bench paper`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
-EXTRAS="${EXTRAS:-dev}"
+EXTRAS="${EXTRAS:-dev,bench}"
 PY="${PYTHON:-python3}"
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -48,6 +48,9 @@ class RunResult:
     records: list[dict] = field(default_factory=list)
     """Per-update metrics (response_length, kl_actual, kl_predicted, alpha, accuracy, ...)."""
     wall_seconds: float = 0.0
+    """Whole run including model build and warm-start load (the first run also pays lazy imports)."""
+    rl_seconds: float = 0.0
+    """The RL loop alone (rollouts, updates, evaluations): the fair time comparison."""
     skipped: Optional[str] = None
 
 
@@ -84,7 +87,7 @@ def run_rl_job(cfg: PaperBenchConfig, *, label: str, recipe: str, seed: int, ove
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     result = RunResult(label=label, seed=seed, eval_before=summary["eval_accuracy_before"],
                        eval_after=summary["eval_accuracy_after"], records=records,
-                       wall_seconds=time.perf_counter() - t0)
+                       wall_seconds=time.perf_counter() - t0, rl_seconds=float(summary["rl_seconds"]))
     result.curve = [(0, result.eval_before)] + [(int(r["step"]), float(r["eval_accuracy"])) for r in records
                                                 if r.get("eval_accuracy") is not None]
     logger.info("%s seed %d: held-out %.3f -> %.3f in %.0fs", label, seed, result.eval_before, result.eval_after,

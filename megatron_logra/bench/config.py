@@ -75,7 +75,7 @@ class PaperBenchConfig:
     memory_micro_batch: int = 2
     """Sequences per micro-batch of the Fig 1 training step."""
     memory_steps: int = 2
-    """Tracked training steps per (size, optimizer) after one untracked warm-up step."""
+    """Timed training steps per (size, optimizer) after one warm-up step; one more step is memory-tracked."""
     memory_rank_divisor: int = 16
     """Rank of LoGRA/GaLore/APOLLO in Fig 1 is hidden / this (as benchmarks/optimizer_memory.py)."""
     planner_presets: list[str] = field(default_factory=lambda: ["qwen2.5-1.5b", "qwen2.5-7b", "27b"])

@@ -1,10 +1,11 @@
 """Fig 1: training memory of dense AdamW, LoGRA, GaLore and APOLLO.
 
 Measured: megatron-core GPTs of a few sizes on this CPU (bf16 weights, rank = hidden /
-``memory_rank_divisor``), one full training step (zero_grad, forward, backward, prepare,
-apply) of one micro-batch, with every live tensor storage counted by a ``TorchDispatchMode``
+``memory_rank_divisor``). After a warm-up step and ``memory_steps`` timed steps, one full
+training step (zero_grad, forward, backward, prepare, apply) of one micro-batch is tracked,
+with every live tensor storage counted by a ``TorchDispatchMode``
 (the same exact accounting as ``benchmarks/optimizer_memory.py``). Peak is the largest live
-total during the tracked steps; average is the mean live total over all ops of those steps
+total during the tracked step; average is the mean live total over all ops of that step
 (what the step holds most of the time, not only at its worst moment).
 
 Planned: the memory planner's per-GPU totals at 1.5B/7B/27B (the largest TP <= 8 the heads allow, rank 128,
@@ -177,12 +178,13 @@ def _measure_one(cfg: PaperBenchConfig, hidden: int, layers: int, optimizer: str
         opt.apply(update)
 
     step()  # warm-up: optimizer state exists from here on, as in any step but the first
-    tracker = LiveBytes()
     t0 = time.perf_counter()
-    with tracker:
-        for _ in range(cfg.memory_steps):
-            step()
+    for _ in range(cfg.memory_steps):  # timed without the tracker (its per-op bookkeeping would dominate)
+        step()
     row.step_seconds = (time.perf_counter() - t0) / cfg.memory_steps
+    tracker = LiveBytes()
+    with tracker:
+        step()
     row.start_bytes, row.peak_bytes, row.avg_bytes = tracker.start, tracker.peak, int(tracker.average)
     del model, opt, batch, tracker
     gc.collect()

@@ -1,0 +1,147 @@
+"""``megatron-logra bench paper [--quick]``: regenerate the paper's evidence at small scale.
+
+    megatron-logra bench paper --quick     # ≈5 min on 2 cores: 1 seed, 20 updates, small sizes
+    megatron-logra bench paper             # ≈30 min: 3 seeds, 60 updates, hidden up to 1024
+
+Runs Fig 1 (memory), Fig 2 + 5a (accuracy per optimizer and per rank), Fig 5b/5c
+(reconstruction cosines) and Fig 6 (KL handling) one after the other in this process and
+writes ``docs/results.md`` (quick: ``docs/results-quick.md``) with PNGs under ``docs/results/``.
+A missing GaLore/APOLLO package is reported and skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from megatron_logra.bench.config import KL_MODES, OPTIMIZERS, PaperBenchConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["add_parser", "build_parser", "main", "run_paper"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``paper`` sub-command to ``subparsers`` (of ``megatron-logra bench``)."""
+    p = subparsers.add_parser("paper", help="small-scale paper figures vs GaLore and APOLLO",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="≈5 min budget: fewer steps, one seed, small sizes")
+    p.add_argument("--out-dir", default="docs", help="results.md goes here, PNGs under OUT_DIR/results/")
+    p.add_argument("--run-root", default="runs/bench-paper", help="parent of the RL run directories")
+    p.add_argument("--figures", nargs="+", choices=["memory", "accuracy", "cosine", "kl"],
+                   help="only these figure groups (default: all)")
+    p.add_argument("--optimizers", nargs="+", choices=list(OPTIMIZERS), help="subset of optimizers (default: all)")
+    p.add_argument("--kl-modes", nargs="+", choices=list(KL_MODES), help="subset of KL variants (default: all)")
+    p.add_argument("--seeds", nargs="+", type=int, help="training seeds of Fig 2")
+    p.add_argument("--rl-steps", type=int, help="RL updates per run")
+    p.set_defaults(bench_command="paper")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="megatron-logra bench", description="benchmarks that write reports")
+    sub = parser.add_subparsers(dest="bench_command", required=True)
+    add_parser(sub)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> PaperBenchConfig:
+    """``PaperBenchConfig.preset(args.quick)`` with the flags given on top (ValueError names a bad field)."""
+    overrides: dict[str, Any] = {"out_dir": args.out_dir, "run_root": args.run_root}
+    for flag, name in (("figures", "figures"), ("optimizers", "optimizers"), ("kl_modes", "kl_modes"),
+                       ("seeds", "seeds"), ("rl_steps", "rl_steps")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides[name] = value
+    if args.rl_steps is not None and args.rl_steps < PaperBenchConfig.preset(args.quick).eval_interval:
+        overrides["eval_interval"] = args.rl_steps
+    return PaperBenchConfig.preset(args.quick, **overrides)
+
+
+def run_paper(cfg: PaperBenchConfig) -> Path:
+    """Run every figure group of ``cfg`` and write the report; returns the report's path."""
+    import torch
+
+    from megatron_logra.bench import accuracy_fig, cosine_fig, kl_fig, memory_fig, report
+    from megatron_logra.bench.peers import PEERS, peer_missing
+
+    torch.set_num_threads(cfg.threads)
+    t_start = time.perf_counter()
+    timings: dict[str, float] = {}
+    missing = {p: why for p in cfg.optimizers if p in PEERS for why in [peer_missing(p)] if why}
+    for peer, why in missing.items():
+        logger.warning("peer %s skipped: %s", peer, why)
+    img_dir = Path(cfg.out_dir) / "results"
+    prefix = "quick-" if cfg.quick else ""
+    images: dict[str, str] = {}
+
+    def image(key: str, name: str) -> Path:
+        images[key] = f"results/{prefix}{name}"
+        return img_dir / f"{prefix}{name}"
+
+    memory, planned = [], []
+    if "memory" in cfg.figures:
+        t0 = time.perf_counter()
+        memory = memory_fig.measure_memory(cfg)
+        planned = memory_fig.planner_rows(cfg)
+        memory_fig.plot_memory(memory, planned, cfg.optimizers, image("memory", "fig1_memory.png"))
+        timings["memory"] = time.perf_counter() - t0
+    cache = accuracy_fig.RunCache(cfg)
+    by_optimizer: dict[str, list] = {}
+    by_rank: dict[int, list] = {}
+    if "accuracy" in cfg.figures:
+        t0 = time.perf_counter()
+        for seed in cfg.seeds:  # seed-major: a partial run still has every optimizer side by side
+            for opt in cfg.optimizers:
+                by_optimizer.setdefault(opt, []).append(cache.optimizer(opt, seed))
+        accuracy_fig.plot_accuracy(by_optimizer, image("accuracy", "fig2_accuracy.png"))
+        for rank in cfg.ranks:
+            label = "logra" if rank == 32 else f"logra-r{rank}"
+            by_rank[rank] = [cache.get(label, seed, "logra", rank=rank) for seed in cfg.rank_seeds]
+        accuracy_fig.plot_rank(by_rank, by_optimizer.get("adam", []), image("rank", "fig5a_rank.png"))
+        timings["accuracy"] = time.perf_counter() - t0
+    cosines: Optional[dict] = None
+    if "cosine" in cfg.figures:
+        t0 = time.perf_counter()
+        cosines = cosine_fig.measure_cosines(cfg)
+        cosine_fig.plot_cosines(cosines, image("cosine_single", "fig5b_cosine_single.png"),
+                                image("cosine_accumulated", "fig5c_cosine_accumulated.png"))
+        timings["cosine"] = time.perf_counter() - t0
+    kl_rows: list[dict] = []
+    if "kl" in cfg.figures:
+        t0 = time.perf_counter()
+        by_mode = kl_fig.kl_runs(cfg, cache)
+        kl_rows = kl_fig.kl_summary(by_mode)
+        kl_fig.plot_kl(by_mode, image("kl", "fig6_kl.png"))
+        timings["kl"] = time.perf_counter() - t0
+    timings["total"] = time.perf_counter() - t_start
+    text = report.render_report(cfg, timings=timings, missing=missing, memory=memory, planned=planned,
+                                by_optimizer=by_optimizer, by_rank=by_rank, cosines=cosines, kl_rows=kl_rows,
+                                images=images)
+    data = {"config": asdict(cfg), "timings": timings, "missing": missing,
+            "memory": [asdict(r) for r in memory], "planner": planned,
+            "runs": {f"{k[0]}-seed{k[1]}": {"eval_before": r.eval_before, "eval_after": r.eval_after,
+                                            "curve": r.curve, "wall_seconds": r.wall_seconds, "rl_seconds": r.rl_seconds,
+                                            "skipped": r.skipped}
+                     for k, r in cache.runs.items()},
+            "cosines": cosines, "kl": kl_rows}
+    path = report.write_report(cfg, text, data)
+    logger.info("bench paper done in %.1f min: %s", timings["total"] / 60, path)
+    return path
+
+
+def main(args: Union[argparse.Namespace, Sequence[str], None] = None) -> int:
+    """Entry point of ``megatron-logra bench ...``: parsed args or an argv list; returns the exit code."""
+    parser = build_parser()
+    ns = args if isinstance(args, argparse.Namespace) else parser.parse_args(list(args or []))
+    try:
+        cfg = config_from_args(ns)
+    except ValueError as exc:
+        parser.error(str(exc))
+    path = run_paper(cfg)
+    logging.getLogger(__name__).info("report: %s", path)
+    return 0
