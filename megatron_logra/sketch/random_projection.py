@@ -7,7 +7,11 @@ inference engine with another TP degree, or a GPU process all compute exactly th
 numbers for the entries they ask for, without materialising the whole matrix.
 
 The hash is a 32-bit integer mixer (``lowbias32``) evaluated with int64 torch ops whose
-intermediate values never exceed 2**63, so the result is identical on every backend.
+intermediate values never exceed 2**63, so the result is identical on every backend. On the
+CPU the per-entry part runs on int32 bit patterns instead (two's-complement wrapping add and
+multiply are arithmetic mod 2**32, shifts are masked to be logical): the same integers, a
+third of the memory traffic and no emulated 64-bit multiplies; tests compare both paths and
+a plain-Python reference bitwise.
 
 This module imports only ``torch`` and the standard library: inference engines import
 it in processes that have no megatron-core.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import struct
 from typing import Optional, Sequence, Union
 
 import torch
@@ -33,6 +38,7 @@ _MASK16 = 0xFFFF
 _C1 = 0x7FEB352D
 _C2 = 0x846CA68B
 _GOLDEN = 0x9E3779B9
+_SIGN32 = -(1 << 31)  # int32 pattern of bit 31
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -49,6 +55,33 @@ def hash_u32(x: torch.Tensor) -> torch.Tensor:
     x = x ^ (x >> 15)
     x = _mul32(x, _C2)
     x = x ^ (x >> 16)
+    return x
+
+
+def _i32(c: int) -> int:
+    """The int32 whose two's-complement bit pattern is the uint32 ``c``."""
+    return c - (1 << 32) if c >= 1 << 31 else c
+
+
+def _xorshift_i32_(x: torch.Tensor, shift: int, tmp: torch.Tensor) -> None:
+    """``x ^= x >>> shift`` (logical shift) in place on int32 bit patterns; ``tmp``: scratch like ``x``."""
+    torch.bitwise_right_shift(x, shift, out=tmp)
+    tmp &= (1 << (32 - shift)) - 1
+    x ^= tmp
+
+
+def _hash_i32_(x: torch.Tensor, tmp: torch.Tensor, *, sign_only: bool = False) -> torch.Tensor:
+    """:func:`hash_u32` in place on int32 bit patterns (``tmp``: scratch of ``x``'s shape).
+
+    ``sign_only`` skips the last xorshift, which does not change bit 31: only the sign bit of
+    the result is then meaningful.
+    """
+    _xorshift_i32_(x, 16, tmp)
+    x.mul_(_i32(_C1))
+    _xorshift_i32_(x, 15, tmp)
+    x.mul_(_i32(_C2))
+    if not sign_only:
+        _xorshift_i32_(x, 16, tmp)
     return x
 
 
@@ -75,6 +108,46 @@ def _entry_hash(
     col_h = hash_u32(hash_u32((cols ^ k2) & _MASK32) ^ k3)  # [C]
     mixed = hash_u32(((row_h[:, None] + _mul32(col_h, _GOLDEN)[None, :]) & _MASK32) ^ lane_salt)
     return hash_u32(mixed ^ row_h[:, None])
+
+
+def _entry_hash_i32(
+    key: tuple[int, int, int, int], rows: torch.Tensor, cols: torch.Tensor, lane: int, *, sign_only: bool = False
+) -> torch.Tensor:
+    """:func:`_entry_hash` as int32 bit patterns ``[len(rows), len(cols)]`` (bit 31 only with ``sign_only``).
+
+    The row and column pre-hashes run as one vector (few ops: the per-call overhead matters
+    for engines that regenerate hundreds of small projections per update).
+    """
+    k0, k1, k2, k3 = key
+    lane_salt = (lane * _GOLDEN) & _MASK32
+    R = rows.numel()
+    rc = torch.cat([rows, cols]).to(torch.int32)  # [R + C]; indices < 2**31 (checked by the caller)
+    rc[:R] ^= _i32(k0)
+    rc[R:] ^= _i32(k2)
+    tmp = torch.empty_like(rc)
+    _hash_i32_(rc, tmp)
+    rc[:R] ^= _i32(k1 ^ lane_salt)
+    rc[R:] ^= _i32(k3)
+    _hash_i32_(rc, tmp)
+    row_h, col_g = rc[:R], rc[R:]
+    col_g.mul_(_i32(_GOLDEN))
+    x = row_h[:, None] + col_g[None, :]  # wraps mod 2**32
+    if lane_salt:
+        x ^= _i32(lane_salt)
+    tmp = torch.empty_like(x)
+    _hash_i32_(x, tmp)
+    x ^= row_h[:, None]
+    return _hash_i32_(x, tmp, sign_only=sign_only)
+
+
+def _f32_bits(x: float) -> int:
+    """int32 bit pattern of ``fp32(x)`` (round to nearest even, as torch rounds a Python float)."""
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+def _fast_path(device: torch.device) -> bool:
+    """Whether the int32 path runs on ``device`` (the CPU; elsewhere the int64 ops, bitwise equal)."""
+    return device.type == "cpu"
 
 
 def projection(
@@ -109,26 +182,42 @@ def projection(
         raise ValueError(f"n_in must be >= 1, got {n_in}")
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"unknown distribution {distribution!r}; choose one of {DISTRIBUTIONS}")
+    in_range = False  # whether col_idx is known to lie in [0, n_in) without looking at it
     if cols is None:
         col_idx = torch.arange(n_in, dtype=torch.int64, device=device)
+        in_range = True
     elif isinstance(cols, (slice, range)):
         span = range(n_in)[cols] if isinstance(cols, slice) else cols
-        col_idx = torch.as_tensor(list(span), dtype=torch.int64, device=device)
+        if span.step == 1 and (len(span) == 0 or (span.start >= 0 and span[-1] < n_in)):
+            col_idx = torch.arange(span.start, span.start + len(span), dtype=torch.int64, device=device)
+            in_range = True
+        else:
+            col_idx = torch.as_tensor(list(span), dtype=torch.int64, device=device)
     else:
         col_idx = torch.as_tensor(cols, dtype=torch.int64, device=device)
         if col_idx.dim() != 1:
             raise ValueError(f"cols must be one-dimensional, got shape {tuple(col_idx.shape)}")
-    if col_idx.numel() and (int(col_idx.min()) < 0 or int(col_idx.max()) >= n_in):
+    if not in_range and col_idx.numel() and (int(col_idx.min()) < 0 or int(col_idx.max()) >= n_in):
         raise ValueError(f"cols must lie in [0, {n_in}); got range [{int(col_idx.min())}, {int(col_idx.max())}]")
     row_idx = torch.arange(rank, dtype=torch.int64, device=col_idx.device)
     key = projection_key(seed, name, update)
     scale = 1.0 / math.sqrt(rank)
+    fast = _fast_path(col_idx.device) and n_in < 1 << 31 and rank < 1 << 31
     if distribution == "rademacher":
+        if fast:  # bit 31 of the hash is the sign bit of ±fp32(scale): build the floats' bit patterns
+            h = _entry_hash_i32(key, row_idx, col_idx, 0, sign_only=True)
+            h &= _SIGN32
+            h |= _f32_bits(scale)
+            return h.view(torch.float32)
         bits = _entry_hash(key, row_idx, col_idx, lane=0) >> 31
         out = (1.0 - 2.0 * bits.to(torch.float32)) * scale
         return out
-    h1 = _entry_hash(key, row_idx, col_idx, lane=1).to(torch.float64)
-    h2 = _entry_hash(key, row_idx, col_idx, lane=2).to(torch.float64)
+    if fast:
+        h1 = (_entry_hash_i32(key, row_idx, col_idx, 1).to(torch.int64) & _MASK32).to(torch.float64)
+        h2 = (_entry_hash_i32(key, row_idx, col_idx, 2).to(torch.int64) & _MASK32).to(torch.float64)
+    else:
+        h1 = _entry_hash(key, row_idx, col_idx, lane=1).to(torch.float64)
+        h2 = _entry_hash(key, row_idx, col_idx, lane=2).to(torch.float64)
     u1 = (h1 + 1.0) / 4294967296.0  # (0, 1]
     u2 = h2 / 4294967296.0  # [0, 1)
     z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * math.pi) * u2)

@@ -39,14 +39,21 @@ import torch
 from megatron_logra.sketch.random_projection import projection
 from megatron_logra.sync.codec import SketchDelta
 from megatron_logra.sync.errors import SyncError
-from megatron_logra.sync.factors import off_grid_rows, quantize_factor, rademacher_scale, split_projection
+from megatron_logra.sync.factors import (
+    check_factor,
+    off_grid_rows,
+    quantize_factor,
+    rademacher_scale,
+    rademacher_signs,
+    split_projection,
+)
 from megatron_logra.sync.layout import EnginePlan, plan_for
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "low_rank_merge_", "merge_row_chunks", "quantize_factor", "off_grid_rows", "rademacher_scale",
-    "validate", "apply_delta_", "check_version", "MERGE_DTYPES",
+    "validate", "apply_delta_", "check_version", "chunk_elems", "MERGE_DTYPES",
 ]
 
 MERGE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -55,8 +62,8 @@ DEFAULT_CHUNK_ELEMS = 1 << 22
 _CPU_CHUNK_ELEMS = 1 << 18  # 1 MiB of fp32: the chunk's product stays in L2 for the scaling and subtraction
 
 
-def _chunk_elems(device: torch.device, requested: Optional[int]) -> int:
-    """Chunk size in elements: ``requested``, else cache-sized on CPU and large elsewhere (fewer launches)."""
+def chunk_elems(device: torch.device, requested: Optional[int] = None) -> int:
+    """Merge chunk size in elements: ``requested``, else cache-sized on CPU and large elsewhere (fewer launches)."""
     if requested is not None:
         return requested
     return _CPU_CHUNK_ELEMS if torch.device(device).type == "cpu" else DEFAULT_CHUNK_ELEMS
@@ -73,31 +80,52 @@ def merge_row_chunks(n_out: int, n_in: int, max_chunk_elems: int = DEFAULT_CHUNK
     return chunks
 
 
+def _needs_tmp(dtype: torch.dtype, decay: float) -> bool:
+    """Whether the merge of a weight of ``dtype`` needs the fp32 scratch (bf16/fp16 with decay)."""
+    return dtype != torch.float32 and decay != 1.0
+
+
 def _workspace_elems(n_out: int, n_in: int, max_chunk_elems: int) -> int:
     return max(b - a for a, b in merge_row_chunks(n_out, n_in, max_chunk_elems)) * n_in if n_out else 0
 
 
-def _merge_prepared_(weight, U32, M_RI, scale, decay, prod_buf, tmp_buf, max_chunk_elems) -> None:
-    """The commit kernel: in-place ops into preallocated buffers only."""
+def _merge_prepared_(
+    weight: torch.Tensor,
+    U32_OR: torch.Tensor,
+    M_RI: torch.Tensor,
+    scale: Optional[float],
+    decay: float,
+    prod_buf: torch.Tensor,
+    tmp_buf: torch.Tensor,
+    max_chunk_elems: int,
+) -> None:
+    """The commit kernel: in-place ops into preallocated buffers only.
+
+    Per row chunk: ``P = U·M`` (GEMM into ``prod_buf``), ``P ← s ⊙ P``, then the weight update.
+    A bf16/fp16 weight without decay is updated by one mixed-dtype ``sub_``: torch promotes to
+    fp32, subtracts once and rounds the fp32 difference to the weight dtype (nearest even), the
+    same bits as converting, subtracting and converting back, without the fp32 copy.
+    """
     n_in = weight.shape[1]
+    fp32 = weight.dtype == torch.float32
     for start, stop in merge_row_chunks(weight.shape[0], n_in, max_chunk_elems):
         rows = stop - start
         prod = prod_buf[: rows * n_in].view(rows, n_in)
-        torch.mm(U32[start:stop], M_RI, out=prod)
+        torch.mm(U32_OR[start:stop], M_RI, out=prod)
         if scale is not None:
             prod.mul_(scale)
         block = weight[start:stop]
-        if weight.dtype == torch.float32:
+        if fp32:
             if decay != 1.0:
                 block.mul_(decay)
+            block.sub_(prod)
+        elif decay == 1.0:
             block.sub_(prod)
         else:
             tmp = tmp_buf[: rows * n_in].view(rows, n_in)
             tmp.copy_(block)
-            if decay != 1.0:
-                tmp.mul_(decay)
-            tmp.sub_(prod)
-            block.copy_(tmp)
+            tmp.mul_(decay)
+            torch.sub(tmp, prod, out=block)
 
 
 @torch.no_grad()
@@ -130,10 +158,10 @@ def low_rank_merge_(
         raise ValueError(f"weight dtype {weight.dtype} is not one of {MERGE_DTYPES}")
     U32 = U_OR.to(device=weight.device, dtype=torch.float32)
     M_RI, scale = split_projection(A_RI.to(weight.device), distribution)
-    max_chunk_elems = _chunk_elems(weight.device, max_chunk_elems)
+    max_chunk_elems = chunk_elems(weight.device, max_chunk_elems)
     need = _workspace_elems(n_out, n_in, max_chunk_elems)
     prod_buf = torch.empty(need, dtype=torch.float32, device=weight.device)
-    tmp_buf = torch.empty(need if weight.dtype != torch.float32 else 0, dtype=torch.float32, device=weight.device)
+    tmp_buf = torch.empty(need if _needs_tmp(weight.dtype, decay) else 0, dtype=torch.float32, device=weight.device)
     _merge_prepared_(weight, U32, M_RI, scale, decay, prod_buf, tmp_buf, max_chunk_elems)
 
 
@@ -179,10 +207,10 @@ def validate(
     if missing:
         raise SyncError("name", f"engine has no parameters {missing[:6]}{'...' if len(missing) > 6 else ''}")
     for t in delta.targets:
-        if not _finite(t.U_OR):
+        finite, bad = check_factor(t.U_OR)
+        if not finite:
             raise SyncError("nonfinite", f"U of {t.name} has non-finite entries")
         if delta.distribution == "rademacher":
-            bad = off_grid_rows(t.U_OR)
             if bad:
                 raise SyncError("precision", f"U of {t.name}: {bad} rows are off the exact-sum grid "
                                              "(build factors with quantize_factor)")
@@ -239,13 +267,16 @@ def apply_delta_(
             w = weights[f.param]
             A_RI = projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in,
                               distribution=delta.distribution, cols=f.cols, device=w.device)
-            M_RI, scale = split_projection(A_RI, delta.distribution)
+            if delta.distribution == "rademacher":
+                M_RI, scale = rademacher_signs(A_RI)  # regenerated here: ±s by construction
+            else:
+                M_RI, scale = split_projection(A_RI, delta.distribution)
             U32 = f.U_OR.to(device=w.device, dtype=torch.float32)
             staged.append((w, U32, M_RI, scale))
-            elems = _workspace_elems(w.shape[0], w.shape[1], _chunk_elems(w.device, max_chunk_elems))
+            elems = _workspace_elems(w.shape[0], w.shape[1], chunk_elems(w.device, max_chunk_elems))
             cur = need.setdefault(w.device, [0, 0])
             cur[0] = max(cur[0], elems)
-            if w.dtype != torch.float32:
+            if _needs_tmp(w.dtype, delta.decay):
                 cur[1] = max(cur[1], elems)
         workspaces = {dev: (torch.empty(a, dtype=torch.float32, device=dev), torch.empty(b, dtype=torch.float32, device=dev))
                       for dev, (a, b) in need.items()}
@@ -265,7 +296,7 @@ def apply_delta_(
     try:
         for w, U32, M_RI, scale in staged:
             _merge_prepared_(w, U32, M_RI, scale, delta.decay, *workspaces[w.device],
-                             _chunk_elems(w.device, max_chunk_elems))
+                             chunk_elems(w.device, max_chunk_elems))
             done += 1
         for w, src in dense:
             w[: src.shape[0]].copy_(src)

@@ -455,3 +455,87 @@ def test_distinct_layers_and_kinds_stay_distinct():
         for k in ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")
     }
     assert len(names) == 12
+
+
+# --------------------------------------------------------------------------- CPU int32 path
+#
+# On the CPU ``projection`` evaluates the per-entry hash on int32 bit patterns (wrapping
+# arithmetic); elsewhere it keeps the int64 ops. Both must give the same bits, and both must
+# equal the hash chain written out in plain Python integers.
+
+
+def _int64_path(*args, **kwargs):
+    """``projection`` with the int64 ops forced (the path non-CPU devices take)."""
+    import megatron_logra.sketch.random_projection as rp
+
+    saved = rp._fast_path
+    rp._fast_path = lambda device: False
+    try:
+        return rp.projection(*args, **kwargs)
+    finally:
+        rp._fast_path = saved
+
+
+def _entry_ref(key, k: int, j: int, lane: int) -> int:
+    """``_entry_hash`` of one entry in plain Python integers."""
+    m, golden = 0xFFFFFFFF, 0x9E3779B9
+    k0, k1, k2, k3 = key
+    salt = (lane * golden) & m
+    row_h = _lowbias32_ref(_lowbias32_ref((k ^ k0) & m) ^ k1 ^ salt)
+    col_h = _lowbias32_ref(_lowbias32_ref((j ^ k2) & m) ^ k3)
+    mixed = _lowbias32_ref(((row_h + col_h * golden) & m) ^ salt)
+    return _lowbias32_ref(mixed ^ row_h)
+
+
+def test_int32_hash_matches_python_reference_on_edge_values():
+    from megatron_logra.sketch.random_projection import _hash_i32_
+
+    gen = torch.Generator().manual_seed(3)
+    edge = [0, 1, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, 0x80000001, 0xFFFFFFFE, 0xFFFFFFFF]
+    values = edge + torch.randint(0, 2**32, (4096,), generator=gen, dtype=torch.int64).tolist()
+    x = torch.tensor([v - 2**32 if v >= 2**31 else v for v in values], dtype=torch.int32)
+    got = (_hash_i32_(x, torch.empty_like(x)).to(torch.int64) & 0xFFFFFFFF).tolist()
+    assert got == [_lowbias32_ref(v) for v in values]
+
+
+@pytest.mark.parametrize("dist", DISTS)
+def test_cpu_int32_path_equals_int64_path_bitwise(dist):
+    gen = torch.Generator().manual_seed(11)
+    cases = [
+        (0, QKV, 0, 32, 1024, None),
+        (2**40 + 3, "model.layers.0.self_attn.o_proj", 5, 8, 777, range(300, 500)),
+        (123456789, "decoder.layers.7.mlp.linear_fc2", 41, 17, 4096, [4095, 0, 17, 2048, 17]),
+        (7, "model.layers.1.mlp.gate_up_proj", 2**31 + 5, 1, 3, slice(1, None)),
+        (1, "lm_head", 0, 256, 129, torch.tensor([128, 0])),
+        (5, QKV, 9, 12, 300, range(0)),
+    ]
+    for _ in range(6):
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+        rank = int(torch.randint(1, 70, (1,), generator=gen))
+        n_in = int(torch.randint(1, 3000, (1,), generator=gen))
+        cases.append((seed, f"model.layers.{seed % 40}.mlp.down_proj", seed % 1000, rank, n_in, None))
+    for seed, name, update, rank, n_in, cols in cases:
+        fast = projection(seed, name, update, rank, n_in, distribution=dist, cols=cols)
+        ref = _int64_path(seed, name, update, rank, n_in, distribution=dist, cols=cols)
+        assert fast.dtype == ref.dtype == torch.float32 and fast.shape == ref.shape
+        assert torch.equal(fast.view(torch.int32), ref.view(torch.int32)), (seed, name, rank, n_in, cols)
+
+
+def test_rademacher_entries_equal_the_plain_python_hash_chain():
+    from megatron_logra.sketch.random_projection import projection_key
+
+    seed, update, rank, n_in = 99, 3, 12, 5000
+    A = projection(seed, QKV, update, rank, n_in)
+    key = projection_key(seed, QKV, update)
+    s = float(torch.tensor(1.0 / math.sqrt(rank), dtype=torch.float32))
+    for k, j in [(0, 0), (0, 4999), (11, 0), (11, 4999), (5, 2**12 + 1), (7, 1234)]:
+        want = s if _entry_ref(key, k, j, 0) >> 31 == 0 else -s
+        assert float(A[k, j]) == want
+
+
+def test_cpu_path_bad_columns_still_raise():
+    with pytest.raises(ValueError, match="cols must lie"):
+        projection(0, QKV, 0, 4, 10, cols=range(5, 11))
+    with pytest.raises(ValueError, match="cols must lie"):
+        projection(0, QKV, 0, 4, 10, cols=range(-1, 3))
+    assert projection(0, QKV, 0, 4, 10, cols=range(3, 3)).shape == (4, 0)

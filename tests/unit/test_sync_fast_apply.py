@@ -1,0 +1,181 @@
+"""The engine's apply path against a naive per-target reference, bitwise (DESIGN §1 "Sketch-delta policy sync").
+
+The reference is written out here one engine parameter at a time, sharing no code with the
+apply path: ``A`` is regenerated with the int64 hash ops (the CPU apply uses the int32 ones),
+and the update is the documented formula in its plainest form,
+``round_to_weight_dtype(decay·fp32(W) − fp32(s · (U·sign(A))))`` with the sum ``U·sign(A)``
+taken in float64 (exact: the factors are on the exact-sum grid), i.e. ``W − U·A`` with the
+one rounding the contract allows. The literal ``W − U.float() @ A.float()`` (which rounds every
+product) is checked to agree within fp32 rounding. Shapes, ranks (powers of two and not),
+weight dtypes, decay, chunk sizes and engine layouts (HF, SGLang at TP 1/2/4 with GQA) are
+drawn at random from fixed seeds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import megatron_logra.sketch.random_projection as rp
+from megatron_logra.sync.apply import apply_delta_
+from megatron_logra.sync.factors import check_factor, quantize_factor, rademacher_signs
+from megatron_logra.sync.layout import plan_for
+from megatron_logra.sync.synthetic import DenseShape, random_delta
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    yield
+
+
+def _reference_projection(seed: int, name: str, update: int, rank: int, n_in: int) -> torch.Tensor:
+    """The full ``A`` from the int64 hash ops (the non-CPU path), independent of the int32 one."""
+    saved = rp._fast_path
+    rp._fast_path = lambda device: False
+    try:
+        return rp.projection(seed, name, update, rank, n_in)
+    finally:
+        rp._fast_path = saved
+
+
+def _naive_merge(W: torch.Tensor, U: torch.Tensor, A: torch.Tensor, decay: float) -> torch.Tensor:
+    """``decay·W − U·A`` for one weight: exact sum in float64, then the contract's fp32 roundings."""
+    s = float(A[0, 0].abs())
+    assert bool((A.abs() == s).all())
+    exact = U.double() @ torch.sign(A).double()
+    assert torch.equal(exact.float().double(), exact)  # representable in fp32: the grid lemma
+    P = exact.float() * s
+    Wf = W.float() if decay == 1.0 else W.float() * decay
+    return (Wf - P).to(W.dtype)
+
+
+def _random_shape(gen: torch.Generator) -> DenseShape:
+    def pick(*xs):
+        return xs[int(torch.randint(0, len(xs), (1,), generator=gen))]
+
+    G = pick(1, 2, 4)
+    H = G * pick(1, 2, 4)
+    d = pick(4, 8)
+    return DenseShape(hidden=H * d, layers=2, heads=H, kv_heads=G, ffn=pick(16, 24, 48), vocab=40)
+
+
+def _weights_for(plan, dtype: torch.dtype, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in plan.factors:
+        cols = len(f.cols) if f.cols is not None else f.n_in
+        out[f.param] = torch.randn(f.U_OR.shape[0], cols, generator=gen).to(dtype)
+    return out
+
+
+CASES = [  # (rank, weight dtype, decay, max_chunk_elems)
+    (8, torch.float32, 1.0, None),
+    (12, torch.float32, 0.99, 16 * 8),
+    (32, torch.bfloat16, 1.0, None),
+    (17, torch.bfloat16, 0.995, 16 * 16),
+    (64, torch.float16, 1.0, 16 * 24),
+    (3, torch.float16, 0.9, None),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("layout,tp", [("hf", 1), ("sglang", 1), ("sglang", 2), ("sglang", 4)])
+def test_apply_equals_naive_reference_per_parameter_bitwise(case, layout, tp):
+    rank, dtype, decay, chunk = CASES[case]
+    gen = torch.Generator().manual_seed(100 * case + tp)
+    shape = _random_shape(gen)
+    if layout == "sglang" and (shape.heads % tp or shape.ffn % tp or (shape.kv_heads % tp and tp % shape.kv_heads)):
+        shape = DenseShape(hidden=32, layers=2, heads=8, kv_heads=2, ffn=48, vocab=40)
+    delta = random_delta(shape, rank, seed=case, update_index=7 * case, scale=0.05, generator_seed=case)
+    delta.decay = decay
+    A_full = {t.name: _reference_projection(delta.seed, t.name, delta.update_index, rank, t.n_in) for t in delta.targets}
+    for tp_rank in range(tp):
+        plan = plan_for(delta, layout, tp, tp_rank)
+        weights = _weights_for(plan, dtype, gen)
+        before = {k: v.clone() for k, v in weights.items()}
+        assert apply_delta_(weights, delta, 0, layout=layout, tp_size=tp, tp_rank=tp_rank, max_chunk_elems=chunk) == 1
+        for f in plan.factors:
+            A = A_full[f.target] if f.cols is None else A_full[f.target][:, f.cols.start : f.cols.stop]
+            expect = _naive_merge(before[f.param], f.U_OR, A, decay)
+            got = weights[f.param]
+            assert got.dtype == dtype and torch.equal(got, expect), f.param
+            literal = before[f.param].double() * decay - f.U_OR.float() @ A.float()
+            tol = 2.0 ** -20 * (1 + literal.abs().max()) if dtype == torch.float32 else 2.0 ** -7 * (1 + literal.abs().max())
+            assert float((got.double() - literal).abs().max()) <= tol
+            assert not torch.equal(got, before[f.param])
+
+
+def test_column_shards_equal_slices_of_the_unsharded_apply():
+    """Row-parallel weights (o_proj, down_proj): each TP rank's columns after its apply equal
+    those columns of the TP-1 engine's weight after its apply."""
+    shape = DenseShape(hidden=32, layers=1, heads=8, kv_heads=2, ffn=48, vocab=40)
+    delta = random_delta(shape, 16, seed=3, update_index=2, scale=0.05)
+    gen = torch.Generator().manual_seed(0)
+    full = _weights_for(plan_for(delta, "sglang", 1, 0), torch.float32, gen)
+    after = {k: v.clone() for k, v in full.items()}
+    apply_delta_(after, delta, 0, layout="sglang")
+    checked = 0
+    for tp in (2, 4):
+        for tp_rank in range(tp):
+            plan = plan_for(delta, "sglang", tp, tp_rank)
+            local = _weights_for(plan, torch.float32, gen)
+            for f in plan.factors:
+                if f.cols is not None:
+                    local[f.param] = full[f.param][:, f.cols.start : f.cols.stop].clone()
+            apply_delta_(local, delta, 0, layout="sglang", tp_size=tp, tp_rank=tp_rank)
+            for f in plan.factors:
+                if f.cols is not None:
+                    assert torch.equal(local[f.param], after[f.param][:, f.cols.start : f.cols.stop]), (tp, f.param)
+                    checked += 1
+    assert checked == 2 * (2 + 4)
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_rademacher_signs_equal_torch_sign():
+    for rank, n_in in [(1, 5), (8, 33), (32, 1024), (12, 7)]:
+        A = rp.projection(4, "model.layers.0.mlp.down_proj", 1, rank, n_in)
+        M, s = rademacher_signs(A)
+        assert M.dtype == torch.float32 and torch.equal(M, torch.sign(A))
+        assert s == float(torch.tensor(1.0 / math.sqrt(rank), dtype=torch.float32))
+
+
+def _naive_check(U: torch.Tensor) -> tuple[bool, int]:
+    """(finite, off-grid rows) written out from the definition, row by row in float64."""
+    finite = bool(torch.isfinite(U.float()).all())
+    if not finite:
+        return False, 0
+    L = max(0, math.ceil(math.log2(U.shape[1])))
+    off = 0
+    for row in U.double():
+        m = float(row.abs().max())
+        if m < 2.0**-100:
+            off += int(bool(row.any()))
+            continue
+        e = math.frexp(m)[1]
+        q = 2.0 ** max(e + L - 24, -149)
+        off += int(any(float(v) / q != math.floor(float(v) / q) for v in row))
+    return True, off
+
+
+def test_check_factor_equals_the_definition():
+    gen = torch.Generator().manual_seed(5)
+    for r in (1, 2, 7, 8, 32, 100):
+        X = torch.randn(40, r, generator=gen) * torch.logspace(-30, 30, 40)[:, None]
+        U = quantize_factor(X)
+        assert check_factor(U) == _naive_check(U) == (True, 0)
+        raw = X.bfloat16()
+        raw[3] = 0
+        raw[4] = 1e-35  # a tiny row that is not zero
+        raw[5, 0] = 2.0**-133  # bf16 subnormal
+        assert check_factor(raw) == _naive_check(raw)
+        assert check_factor(raw)[1] > (0 if r == 1 else 1)
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            V = U.clone()
+            V[7, r - 1] = bad
+            assert check_factor(V) == (False, 0)
+    assert check_factor(torch.zeros(0, 4, dtype=torch.bfloat16)) == (True, 0)
+    with pytest.raises(ValueError):
+        check_factor(torch.zeros(3, 4))
