@@ -1,29 +1,26 @@
 #!/usr/bin/env python
-"""Memory stress: N real LoGRA and dense-AdamW training steps at a given scale, per-step peaks as CSV + PNG.
+"""Memory stress: N real LoGRA and dense-AdamW training steps at a given scale; per-step peaks as CSV + PNG.
 
     python tools/memory_stress.py --hidden 2048 --layers 8 --micro-batch 2 --seq-len 2048 --steps 5
-    torchrun --nproc-per-node 8 tools/memory_stress.py --model 27b --tp 8 --rank 128 --recompute full \\
-        --seq-len 4096 --steps 3 --out runs/stress-27b
-    python tools/memory_stress.py --model 27b --tp 8 --dry-run        # predicted numbers only (meta device)
-    python tools/memory_stress.py --device cpu --hidden 64 --layers 2 --steps 2 --out /tmp/stress   # CPU, tiny
+    torchrun --nproc-per-node 8 tools/memory_stress.py --model 27b --tp 8 --rank 128 --recompute full --steps 3
+    python tools/memory_stress.py --model 27b --tp 8 --dry-run          # planner prediction only (meta device)
+    python tools/memory_stress.py --device cpu --hidden 64 --layers 2 --steps 2 --out /tmp/stress
 
-Each optimizer (``--optimizers logra,adam``) builds the megatron-core GPT (TP from ``--tp``
-under torchrun), runs ``--steps`` full steps — forward/backward of the RL loss (TIS policy gradient
-on chunked vocabulary-parallel log-probs, ``--loss rl``) or of megatron's LM cross entropy
-(``--loss lm``), then ``prepare`` and ``apply`` — and records per step, as the maximum over ranks:
+Per optimizer (``--optimizers logra,adam``, one after another in this process): build the GPT,
+run ``--steps`` full steps (forward/backward of the RL loss on chunked vocabulary-parallel
+log-probs, or megatron's LM loss with ``--loss lm``; ``prepare``; ``apply``) and record per step,
+as the maximum over ranks:
 
-* CUDA: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` (reset before every step)
-  and, when nvidia-ml-py (``pynvml``) and the NVML library exist, the device's used memory sampled
-  every 5 ms during the step (whole device: includes other processes and the CUDA context);
+* CUDA: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` (reset every step) and, with
+  nvidia-ml-py and the NVML library, the device's used memory sampled every 5 ms (whole device);
 * CPU: the peak of live tensor bytes (``LiveTensorTracker`` of ``benchmarks/optimizer_memory.py``)
-  and the process's peak RSS (reset through ``/proc/self/clear_refs`` before every step);
-* optimizer-state bytes measured from the objects (fp32 grads / main grads, masters, Adam moments;
-  LoGRA: sketch buffer, row moments, target masters, the native AdamW's state).
+  and the process's peak RSS (imports included; reset through ``/proc/self/clear_refs``);
+* optimizer-state bytes counted from the objects (fp32 grads, masters, Adam moments; LoGRA: sketch
+  buffer, row moments, target masters and its native AdamW's state).
 
-Beside them, the memory planner's prediction for the same layout (``megatron_logra.memory``:
-parameter counts from the model built on the meta device; no distributed optimizer, no rollout
-engine, no CUDA overhead): the trainer peak and the optimizer state. ``--dry-run`` prints only
-those, building nothing. Rank 0 writes ``OUT/memory_stress.csv`` and ``OUT/memory_stress.png``.
+Beside them: the memory planner's prediction (``megatron_logra.memory``, counts from the model on
+the meta device; no distributed optimizer, engine or CUDA overhead): trainer peak and optimizer
+state. ``--dry-run`` prints only the prediction. Rank 0 writes ``OUT/memory_stress.{csv,png}``.
 """
 
 from __future__ import annotations
@@ -36,6 +33,8 @@ import sys
 import threading
 import time
 import warnings
+from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -118,11 +117,10 @@ class NvmlSampler:
         try:
             pynvml.nvmlInit()
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            bus = getattr(props, "pci_bus_id", None)
-            if bus is not None:
-                pci = f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+            try:  # by PCI id: CUDA_VISIBLE_DEVICES renumbers CUDA devices, not NVML's
+                pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
                 self.handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci.encode())
-            else:
+            except (AttributeError, pynvml.NVMLError):
                 self.handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
             self._info = pynvml.nvmlDeviceGetMemoryInfo
         except pynvml.NVMLError as exc:  # NVMLError_LibraryNotFound without a driver, and friends
@@ -159,11 +157,8 @@ def make_batch(mcfg, args, device, seed: int):
     mask[:, : s // 4] = 0.0  # a prompt part outside the loss
     extras = {"advantages": torch.randn(b, 1, generator=gen).expand(b, s).contiguous(),
               "rollout_logprobs": torch.full((b, s), -2.0), "finished": torch.ones(b, s)}
-    batch = Batch(tokens=tokens, labels=torch.roll(tokens, -1, dims=1), loss_mask=mask,
-                  position_ids=torch.arange(s)[None].expand(b, s).contiguous(), extras=extras)
-    move = lambda t: t.to(device)  # noqa: E731
-    return Batch(move(batch.tokens), move(batch.labels), move(batch.loss_mask), move(batch.position_ids),
-                 {k: move(v) for k, v in extras.items()})
+    return Batch(tokens.to(device), torch.roll(tokens, -1, dims=1).to(device), mask.to(device),
+                 torch.arange(s)[None].expand(b, s).contiguous().to(device), {k: v.to(device) for k, v in extras.items()})
 
 
 def run_kind(kind: str, mcfg, args, device: torch.device, world: int) -> list[dict]:
@@ -199,7 +194,7 @@ def run_kind(kind: str, mcfg, args, device: torch.device, world: int) -> list[di
         else:
             _reset_peak_rss()
         t0 = time.perf_counter()
-        with (nvml if nvml is not None else _Null()), (tracker if tracker is not None else _Null()):
+        with nvml or nullcontext(), tracker or nullcontext():
             opt.zero_grad()
             res = forward_backward(model, batches, groups, loss_fn=loss_fn)
             opt.apply(opt.prepare(num_tokens=res.num_tokens))
@@ -231,14 +226,6 @@ def run_kind(kind: str, mcfg, args, device: torch.device, world: int) -> list[di
     if cuda:
         torch.cuda.empty_cache()
     return rows
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 def unit_of(rows: list[dict]) -> tuple[str, int]:
@@ -283,33 +270,27 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     ax_rss = None
     kinds = list(dict.fromkeys(r["optimizer"] for r in rows))
+    series = (("peak_allocated_bytes", "-o", "allocated"), ("peak_reserved_bytes", "--s", "reserved"),
+              ("nvml_peak_used_bytes", ":^", "NVML used"), ("live_tensor_peak_bytes", "-o", "live tensors"),
+              ("peak_rss_bytes", ":s", "process RSS (right axis)"))
     for i, kind in enumerate(kinds):
-        rs = [r for r in rows if r["optimizer"] == kind]
-        colour = f"C{i}"
-        for key, style, what in (("peak_allocated_bytes", "-o", "allocated"), ("peak_reserved_bytes", "--s", "reserved"),
-                                 ("nvml_peak_used_bytes", ":^", "NVML used"), ("live_tensor_peak_bytes", "-o", "live tensors"),
-                                 ("peak_rss_bytes", ":s", "process RSS (right axis)")):
+        rs, colour = [r for r in rows if r["optimizer"] == kind], f"C{i}"
+        for key, style, what in series:
             pts = [(r["step"], r[key] / scale) for r in rs if r.get(key) is not None]
-            if not pts:
-                continue
-            if key == "peak_rss_bytes":  # the whole process, imports included: its own axis
-                ax_rss = ax_rss or ax1.twinx()
-                ax_rss.plot(*zip(*pts), style, color=colour, alpha=0.6, label=f"{kind} {what}")
-            else:
-                ax1.plot(*zip(*pts), style, color=colour, label=f"{kind} {what}")
+            if pts:  # RSS is the whole process, imports included: its own axis
+                ax = (ax_rss := ax_rss or ax1.twinx()) if key == "peak_rss_bytes" else ax1
+                ax.plot(*zip(*pts), style, color=colour, label=f"{kind} {what}")
         ax1.axhline(rs[0]["predicted_peak_bytes"] / scale, color=colour, alpha=0.5, lw=1, label=f"{kind} predicted")
-        measured = rs[-1].get("optimizer_state_bytes")
-        ax2.bar(i - 0.2, (measured or 0) / scale, 0.4, color=colour, label="measured" if i == 0 else None)
+        ax2.bar(i - 0.2, (rs[-1].get("optimizer_state_bytes") or 0) / scale, 0.4, color=colour,
+                label="measured" if i == 0 else None)
         ax2.bar(i + 0.2, rs[0]["predicted_optimizer_state_bytes"] / scale, 0.4, color=colour, alpha=0.4,
                 hatch="//", label="predicted" if i == 0 else None)
-    ax1.set(xlabel="step", ylabel=f"{unit} (worst rank)", title="peak memory per step")
-    ax1.set_ylim(bottom=0)
+    ax1.set(xlabel="step", ylabel=f"{unit} (worst rank)", title="peak memory per step", ylim=(0, None))
     ax1.xaxis.get_major_locator().set_params(integer=True)
     handles, labels = ax1.get_legend_handles_labels()
     if ax_rss is not None:
         ax_rss.set_ylabel(f"process RSS {unit}")
-        more = ax_rss.get_legend_handles_labels()
-        handles, labels = handles + more[0], labels + more[1]
+        handles, labels = handles + ax_rss.get_legend_handles_labels()[0], labels + ax_rss.get_legend_handles_labels()[1]
     ax1.legend(handles, labels, fontsize=7)
     ax2.set_xticks(range(len(kinds)), kinds)
     ax2.set(ylabel=f"{unit} (worst rank)", title="optimizer state")
@@ -322,30 +303,21 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="preset (qwen2.5-1.5b, qwen2.5-7b, 27b) or config.json; else the sizes below")
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=None, help="default hidden/64")
-    p.add_argument("--query-groups", type=int, default=None)
-    p.add_argument("--ffn", type=int, default=None, help="default 8/3·hidden rounded to 64")
-    p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--micro-batches", type=int, default=1, help="micro-batches per step (gradient accumulation)")
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (launch world = tp x dp with torchrun)")
-    p.add_argument("--rank", type=int, default=128, help="LoGRA sketch rank")
-    p.add_argument("--masters", choices=["fp32", "none"], default="fp32")
-    p.add_argument("--recompute", choices=["none", "full"], default="none")
-    p.add_argument("--loss", choices=["rl", "lm"], default="rl")
-    p.add_argument("--chunk-tokens", type=int, default=1024, help="rl.loss.logprob_chunk_tokens of the RL loss")
-    p.add_argument("--optimizers", default="logra,adam")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    p.add_argument("--no-track-tensors", dest="track_tensors", action="store_false",
-                   help="CPU: skip the live-tensor tracker (faster; RSS only)")
-    p.add_argument("--dry-run", action="store_true", help="planner prediction only (model on the meta device)")
-    p.add_argument("--out", default="runs/memory_stress")
+    add = p.add_argument
+    add("--model", default=None, help="preset (qwen2.5-1.5b, qwen2.5-7b, 27b) or config.json; else the sizes below")
+    for flag, default in (("--hidden", 256), ("--layers", 2), ("--heads", None), ("--query-groups", None),
+                          ("--ffn", None), ("--vocab", 32000), ("--micro-batch", 1), ("--micro-batches", 1),
+                          ("--seq-len", 512), ("--tp", 1), ("--rank", 128), ("--chunk-tokens", 1024), ("--steps", 3)):
+        add(flag, type=int, default=default)
+    add("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    add("--masters", choices=["fp32", "none"], default="fp32")
+    add("--recompute", choices=["none", "full"], default="none")
+    add("--loss", choices=["rl", "lm"], default="rl", help="RL loss (chunked log-probs) or megatron's LM loss")
+    add("--optimizers", default="logra,adam")
+    add("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    add("--no-track-tensors", dest="track_tensors", action="store_false", help="CPU: RSS only (faster)")
+    add("--dry-run", action="store_true", help="planner prediction only")
+    add("--out", default="runs/memory_stress")
     return p
 
 
@@ -355,45 +327,32 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.getLogger("megatron").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
     kinds = [k.strip() for k in args.optimizers.split(",") if k.strip()]
-    if not kinds or any(k not in ("logra", "adam") for k in kinds):
-        raise SystemExit(f"--optimizers={args.optimizers!r}: a comma list of logra and adam")
-    if args.steps < 1:
-        raise SystemExit("--steps must be >= 1")
-    from dataclasses import replace
-
-    mcfg = model_config(args)
-    if args.recompute != "none":
-        mcfg = replace(mcfg, recompute=args.recompute)
-    what = args.model or f"hidden {args.hidden} x {args.layers} layers, vocab {args.vocab}"
-    title = (f"{what}; micro-batch {args.micro_batch} x seq {args.seq_len} x {args.micro_batches}, TP {args.tp}, "
-             f"LoGRA rank {args.rank} ({args.masters} masters), recompute {args.recompute}, loss {args.loss}")
+    if not kinds or any(k not in ("logra", "adam") for k in kinds) or args.steps < 1:
+        raise SystemExit(f"--optimizers={args.optimizers!r} (logra and/or adam), --steps={args.steps} (>= 1)")
+    mcfg = replace(model_config(args), recompute=args.recompute)
+    title = (f"{args.model or f'hidden {args.hidden} x {args.layers} layers, vocab {args.vocab}'}; micro-batch "
+             f"{args.micro_batch} x seq {args.seq_len} x {args.micro_batches}, TP {args.tp}, LoGRA rank {args.rank} "
+             f"({args.masters} masters), recompute {args.recompute}, loss {args.loss}")
     if args.dry_run:
-        rows = []
-        for kind in kinds:
-            peak, state = predicted(mcfg, kind, args, args.tp)
-            rows.append({"optimizer": kind, "step": 0, "device": "meta", "world": args.tp, "tp": args.tp,
-                         "tokens_per_step": args.micro_batch * args.seq_len * args.micro_batches,
-                         "predicted_peak_bytes": peak, "predicted_optimizer_state_bytes": state})
+        rows = [{"optimizer": k, "step": 0, "device": "meta", "world": args.tp, "tp": args.tp,
+                 "tokens_per_step": args.micro_batch * args.seq_len * args.micro_batches,
+                 **dict(zip(("predicted_peak_bytes", "predicted_optimizer_state_bytes"), predicted(mcfg, k, args, args.tp)))}
+                for k in kinds]
         report(rows, Path(args.out), title + " (dry run: planner only)")
         return 0
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device")
-    use_cuda = torch.cuda.is_available() and args.device != "cpu"
-    if not use_cuda and torch.cuda.is_available():
-        raise SystemExit("--device cpu on a CUDA machine is not supported (megatron would still use CUDA)")
+    use_cuda = torch.cuda.is_available()
+    if args.device != "auto" and use_cuda != (args.device == "cuda"):  # the CPU shim is active only without CUDA
+        raise SystemExit(f"--device {args.device}: CUDA is {'' if use_cuda else 'not '}available")
     from megatron_logra.parallel import destroy_parallel, init_distributed
 
     init_distributed("nccl" if use_cuda else "gloo")
     import torch.distributed as dist
 
-    world = dist.get_world_size()
+    world, rank0 = dist.get_world_size(), dist.get_rank() == 0
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
-    rows = []
     try:
-        for kind in kinds:
-            rows += run_kind(kind, mcfg, args, device, world)
+        rows = [row for kind in kinds for row in run_kind(kind, mcfg, args, device, world)]
     finally:
-        rank0 = dist.get_rank() == 0
         destroy_parallel()
     if rank0:
         report(rows, Path(args.out), title)
