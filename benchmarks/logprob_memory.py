@@ -28,7 +28,7 @@ How memory is measured (CPU: ``torch.cuda`` memory statistics do not exist here)
 peak must be reconstructed from them and it does not attribute frees inside the custom autograd
 function's chunks to a phase; the tracker gives the same live-byte total directly.
 
-    OMP_NUM_THREADS=1 python benchmarks/logprob_memory.py            # 4096 x 32768 and 1024 x 151936 (~2 min)
+    OMP_NUM_THREADS=1 python benchmarks/logprob_memory.py            # 4096 x 32768 and 4096 x 151936 (~10 min, 8 GiB)
     python benchmarks/logprob_memory.py --shapes 4096x65536 --chunks 512,2048
 
 Writes ``benchmarks/results/logprob_memory.md`` (``--out`` to change).
@@ -155,7 +155,7 @@ def table(rows: list[dict]) -> list[str]:
 
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="4096x32768,1024x151936", help="comma list of TOKENSxVOCAB")
+    p.add_argument("--shapes", default="4096x32768,4096x151936", help="comma list of TOKENSxVOCAB")
     p.add_argument("--chunks", default="256,1024,0", help="tokens per chunk of the chunked runs (0 = one chunk)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=str(HERE / "results" / "logprob_memory.md"))
