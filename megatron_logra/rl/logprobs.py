@@ -65,7 +65,7 @@ def _spans(n: int, chunk: int):
 
 
 def _local_labels(labels_t: torch.Tensor, vocab_start: int, local_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(index into this shard, clamped into range; 1.0 where this rank owns the label else 0.0)."""
+    """(index into this shard, clamped into range; True where this rank's shard holds the label)."""
     local = labels_t - vocab_start
     owned = (local >= 0) & (local < local_vocab)
     return local.clamp(0, local_vocab - 1), owned
@@ -110,6 +110,7 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         return logp_t, entropy_t
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logp_t, grad_entropy_t):
         logits_tV, labels_t, lse_t, entropy_t = ctx.saved_tensors
         use_logp = ctx.want_logp and grad_logp_t is not None
