@@ -143,3 +143,26 @@ def test_loss_config_knob():
     for bad in (-1, 1.5, True, "8"):
         with pytest.raises(ValueError, match="logprob_chunk_tokens"):
             LossConfig(logprob_chunk_tokens=bad)
+
+
+def test_rl_loss_fn_uses_the_chunk_knob_and_reports_entropy():
+    from megatron_logra.rl.loop import make_rl_loss_fn
+    from megatron_logra.train.step import Batch
+
+    z, labels, adv, _ = _inputs((2, 5), 17, F32, seed=13)
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 1.0, 1.0]])
+    batch = Batch(tokens=torch.zeros(2, 5, dtype=torch.long), labels=labels, loss_mask=mask,
+                  position_ids=torch.arange(5)[None].expand(2, 5),
+                  extras={"advantages": adv, "rollout_logprobs": torch.full((2, 5), -2.5), "finished": torch.ones(2, 5)})
+    out = {}
+    for chunk in (0, 3):
+        zc = z.clone().requires_grad_(True)
+        loss, ntok, report = make_rl_loss_fn(LossConfig(logprob_chunk_tokens=chunk), 0.9, None)(batch, zc)
+        loss.backward()
+        out[chunk] = (loss.detach(), zc.grad, report)
+    torch.testing.assert_close(out[3][0], out[0][0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out[3][1], out[0][1], rtol=1e-5, atol=1e-7)
+    _, ref_entropy = _reference(z, labels, 0.9)
+    entropy_sum, tokens = out[3][2]["entropy"].tolist()
+    assert tokens == 8.0
+    assert entropy_sum == pytest.approx((ref_entropy * mask.double()).sum().item(), rel=1e-5)
