@@ -164,5 +164,5 @@ def test_rl_loss_fn_uses_the_chunk_knob_and_reports_entropy():
     torch.testing.assert_close(out[3][1], out[0][1], rtol=1e-5, atol=1e-7)
     _, ref_entropy = _reference(z, labels, 0.9)
     entropy_sum, tokens = out[3][2]["entropy"].tolist()
-    assert tokens == 8.0
+    assert tokens == 7.0  # 3 + 4 loss tokens
     assert entropy_sum == pytest.approx((ref_entropy * mask.double()).sum().item(), rel=1e-5)
