@@ -18,7 +18,7 @@ from megatron_logra.models.te import resolve_transformer_impl, te_installed, te_
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback (no CUDA here)")
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback (no CUDA)")
 
 GUARD = """
 import sys
@@ -37,6 +37,7 @@ print("LINEARS", kinds)
 """
 
 
+@cpu_only
 def test_package_and_tiny_model_never_import_transformer_engine():
     out = subprocess.run([sys.executable, "-c", GUARD], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -44,6 +45,7 @@ def test_package_and_tiny_model_never_import_transformer_engine():
     assert "ColumnParallelLinear" in out.stdout and "TELayerNorm" not in out.stdout
 
 
+@cpu_only
 def test_auto_resolves_to_local_and_explicit_te_is_a_clear_error():
     assert te_unavailable_reason() is not None
     assert resolve_transformer_impl("auto") == "local"
@@ -78,7 +80,8 @@ def test_overrides_parse_fp8_null_and_gpu_fields():
     assert cfg.model.fp8 is None
 
 
-def test_fp8_or_sequence_parallel_with_auto_on_cpu_fails_at_build_with_the_field_named():
+@cpu_only
+def test_fp8_with_auto_on_cpu_fails_at_build_with_the_field_named():
     from megatron_logra.models.gpt import _transformer_config
     from megatron_logra.parallel import ParallelGroups
 
