@@ -1,6 +1,7 @@
 """``megatron-logra``: thin command-line entry point.
 
     megatron-logra train [RECIPE|file.yaml] [overrides...]     # default recipe: tiny (RL)
+    megatron-logra train --resume RUN_DIR [overrides...]        # continue a run (its config.yaml; any TP/PP/DP)
     megatron-logra eval RUN_DIR [overrides...]                 # held-out accuracy of a run's latest checkpoint
     megatron-logra plot RUN_DIR [--out FILE]                   # PNG of reward/accuracy, KL, α, memory
     megatron-logra recipes                                     # list recipes
@@ -85,9 +86,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if ns.command == "eval":
         return _eval(parser, ns.rest)
-    recipe, overrides = _split_recipe(ns.rest)
+    resume_dir, rest = _resume_dir(ns.rest)
     try:
-        cfg = parse_args_to_config(recipe, overrides)
+        if resume_dir is not None:
+            cfg = _run_dir_config(parser, resume_dir, rest)
+        else:
+            recipe, overrides = _split_recipe(rest)
+            cfg = parse_args_to_config(recipe, overrides)
     except ValueError as exc:
         parser.error(str(exc))
     if ns.command == "config":
@@ -109,25 +114,49 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
+def _resume_dir(rest: Sequence[str]) -> tuple[Optional[str], list[str]]:
+    """``--resume RUN_DIR`` (a directory) -> (RUN_DIR, the other arguments); a bare ``--resume``
+    (or ``--resume`` before another flag) stays the Megatron-LM style flag ``train.resume=true``."""
+    rest = list(rest)
+    for i, arg in enumerate(rest):
+        if arg == "--resume" and i + 1 < len(rest) and not rest[i + 1].startswith("-") and "=" not in rest[i + 1]:
+            return rest[i + 1], rest[:i] + rest[i + 2:]
+    return None, rest
+
+
+def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[str], *, progress: Optional[bool] = None):
+    """The config saved in ``RUN_DIR/config.yaml``, set to resume from its latest checkpoint, with
+    ``overrides`` (e.g. more steps, another parallel layout) applied on top."""
     from pathlib import Path
 
     from megatron_logra.checkpoint import latest_checkpoint
     from megatron_logra.config import RunConfig, apply_overrides, from_dict
+
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.exists():
+        parser.error(f"{cfg_path} does not exist: is {run_dir} a run directory?")
+    if latest_checkpoint(run_dir) is None:
+        parser.error(f"{run_dir} has no complete checkpoint (checkpoints/latest) to continue from")
+    if overrides and not overrides[0].startswith("-") and "=" not in overrides[0]:
+        parser.error(f"--resume {run_dir} takes its recipe from {cfg_path}; drop {overrides[0]!r} or start a new run")
+    cfg = from_dict(RunConfig, yaml.safe_load(cfg_path.read_text()))
+    cfg.train.run_dir, cfg.train.resume = str(run_dir), True
+    if progress is not None:
+        cfg.train.progress = progress
+    return apply_overrides(cfg, overrides)
+
+
+def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
+    from pathlib import Path
+
     from megatron_logra.parallel import destroy_parallel
 
     if not rest:
         parser.error("eval needs a run directory")
     run_dir = Path(rest[0])
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.exists():
-        parser.error(f"{cfg_path} does not exist: is {run_dir} a run directory?")
-    if latest_checkpoint(run_dir) is None:
-        parser.error(f"{run_dir} has no checkpoint to evaluate")
     try:
-        cfg = from_dict(RunConfig, yaml.safe_load(cfg_path.read_text()))
-        cfg.train.run_dir, cfg.train.resume, cfg.train.progress = str(run_dir), True, False
-        cfg = apply_overrides(cfg, list(rest[1:]))
+        cfg = _run_dir_config(parser, run_dir, list(rest[1:]), progress=False)
     except ValueError as exc:
         parser.error(str(exc))
     try:

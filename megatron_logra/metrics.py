@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,6 +31,18 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _step_of(line: str, last: int) -> bool:
+    """Keep ``line`` when it is a record of a step <= ``last`` (a torn final line of a killed run is dropped)."""
+    if not line.strip():
+        return False
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        logger.warning("dropping a torn metrics record (the previous run was killed while writing it)")
+        return False
+    return isinstance(record, dict) and record.get("step", 0) <= last
+
+
 class MetricsWriter:
     """Appends step records to ``RUN/metrics.jsonl`` and TensorBoard (if installed) on rank 0."""
 
@@ -42,9 +55,10 @@ class MetricsWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if truncate_after is not None and self.path.exists():
             # resuming: drop records after the checkpoint so the file matches an uninterrupted run
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= truncate_after]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            kept = [line for line in self.path.read_text().splitlines() if _step_of(line, truncate_after)]
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.path)  # a kill now leaves the old or the new file, never half of one
         elif truncate_after is None and self.path.exists():
             self.path.unlink()
         if tensorboard:

@@ -15,6 +15,7 @@ from torch import nn
 from megatron_logra.optim.config import NativeConfig
 from megatron_logra.optim.logra import PreparedUpdate, _module_params
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
+from megatron_logra.optim.state import SlotState
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum
 
 __all__ = ["DenseAdamW"]
@@ -90,6 +91,19 @@ class DenseAdamW:
     def state_dict(self) -> dict:
         return {"kind": "adam", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
                 "native": self.native.state_dict()}
+
+    def sharded_state(self) -> SlotState:
+        """AdamW moments and masters as parameter-shaped slots (:mod:`megatron_logra.optim.state`)."""
+        native_scalars, slots = self.native.sharded_state("native")
+        return {"kind": "adam", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
+                "native": native_scalars}, slots
+
+    def load_sharded_state(self, scalars: dict, slots: list) -> None:
+        if scalars.get("kind") != "adam":
+            raise ValueError(f"optimizer state is of kind {scalars.get('kind')!r}, expected 'adam'")
+        self.native.load_sharded_state(scalars["native"], slots)
+        self.num_steps = int(scalars["num_steps"])
+        self.num_skipped = int(scalars.get("num_skipped", 0))
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("kind") != "adam":

@@ -32,6 +32,7 @@ from megatron_logra.optim.functional import (
     row_adam_direction,
 )
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
+from megatron_logra.optim.state import ParamSlot, SlotState
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
 from megatron_logra.sketch.capture import SketchSet, SketchTarget, install_sketches
 
@@ -374,6 +375,33 @@ class LograOptimizer:
             "masters": {k: m.clone() for k, m in self.masters.items()},
             "native": self.native.state_dict(),
         }
+
+    def sharded_state(self) -> SlotState:
+        """Row moments (row-shaped) and target masters (parameter-shaped) as slots, the native
+        AdamW's state under ``native.*``, counters as scalars (:mod:`megatron_logra.optim.state`)."""
+        native_scalars, slots = self.native.sharded_state("native")
+        for t in self.targets:
+            slots.append(ParamSlot("logra.row_moment", t.weight, self.row_moments[t.key], like="rows"))
+            if t.key in self.masters:
+                slots.append(ParamSlot("logra.master", t.weight, self.masters[t.key]))
+        scalars = {"kind": "logra", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
+                   "rank": self.cfg.rank, "seed": self.cfg.seed, "distribution": self.cfg.distribution,
+                   "native": native_scalars}
+        return scalars, slots
+
+    def load_sharded_state(self, scalars: dict, slots: list[ParamSlot]) -> None:
+        if scalars.get("kind") != "logra":
+            raise ValueError(f"optimizer state is of kind {scalars.get('kind')!r}, expected 'logra'")
+        for field_name in ("rank", "seed", "distribution"):
+            saved, here = scalars.get(field_name), getattr(self.cfg, field_name)
+            if saved is not None and saved != here:
+                raise ValueError(f"the checkpoint was trained with optimizer.logra.{field_name}={saved!r}, "
+                                 f"this run has {here!r}; the row moments belong to that projection")
+        self.native.load_sharded_state(scalars["native"], [s for s in slots if s.name.startswith("native.")])
+        self.num_steps = int(scalars["num_steps"])
+        self.num_skipped = int(scalars.get("num_skipped", 0))
+        self.sketches.num_updates = self.num_steps
+        self.sketches._cache.clear()
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("kind") != "logra":

@@ -17,6 +17,7 @@ from typing import Iterable, Optional
 import torch
 import torch.distributed as dist
 
+from megatron_logra.optim.state import ParamSlot, SlotState
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
 
 logger = logging.getLogger(__name__)
@@ -151,6 +152,52 @@ class NativeAdamW:
         for (p, m), saved in zip(zip(self.params, self.masters), state.get("masters", [])):
             if saved is not None and m is not p:
                 m.copy_(saved)
+
+    def sharded_state(self, prefix: str = "native") -> SlotState:
+        """Moments and fp32 masters as parameter-shaped slots; step count and lr as scalars
+        (see :mod:`megatron_logra.optim.state`). Moments not created yet are zeros, step 0."""
+        scalars: dict = {"step": 0, "lr": None}
+        slots: list[ParamSlot] = []
+        if self.inner is None:
+            return scalars, slots
+        scalars["lr"] = self.inner.param_groups[0]["lr"]
+        for p, m in zip(self.params, self.masters):
+            st = self.inner.state.get(m, {})
+            if "step" in st:
+                scalars["step"] = int(st["step"])
+            for name in ("exp_avg", "exp_avg_sq"):
+                buf = st.get(name)
+                slots.append(ParamSlot(f"{prefix}.{name}", p, buf if buf is not None else torch.zeros_like(m)))
+            if m is not p:
+                slots.append(ParamSlot(f"{prefix}.master", p, m))
+        return scalars, slots
+
+    def load_sharded_state(self, scalars: dict, slots: list[ParamSlot]) -> None:
+        """Install ``slots`` (from :meth:`sharded_state`, filled from a checkpoint)."""
+        if self.inner is None:
+            return
+        by_param: dict[int, dict[str, torch.Tensor]] = {}
+        for s in slots:
+            by_param.setdefault(id(s.param), {})[s.name.rsplit(".", 1)[-1]] = s.tensor
+        step = int(scalars.get("step", 0))
+        if scalars.get("lr") is not None:
+            self.set_lr(float(scalars["lr"]))
+        for p, m in zip(self.params, self.masters):
+            got = by_param.get(id(p), {})
+            if m is not p and "master" in got and got["master"] is not m:
+                m.copy_(got["master"])
+            if step == 0:
+                self.inner.state.pop(m, None)
+                continue
+            self.inner.state[m] = {
+                "step": torch.tensor(float(step)),
+                "exp_avg": got["exp_avg"],
+                "exp_avg_sq": got["exp_avg_sq"],
+            }
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters):
+                if m is not p:
+                    p.copy_(m)
 
     def remove_hooks(self) -> None:
         for h in self._hooks:

@@ -47,6 +47,15 @@ class _OptimizerWithRL:
         return {"optimizer": self.optimizer.state_dict(), "kl": self.controller.state_dict(),
                 "rl": self.state.state_dict()}
 
+    def sharded_state(self):
+        scalars, slots = self.optimizer.sharded_state()
+        return {"optimizer": scalars, "kl": self.controller.state_dict(), "rl": self.state.state_dict()}, slots
+
+    def load_sharded_state(self, scalars: dict, slots) -> None:
+        self.optimizer.load_sharded_state(scalars["optimizer"], slots)
+        self.controller.load_state_dict(scalars["kl"])
+        self.state.load_state_dict(scalars["rl"])
+
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.controller.load_state_dict(state["kl"])

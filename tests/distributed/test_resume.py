@@ -79,17 +79,23 @@ _CACHE: dict = {}
 LAST = f"step_{N:08d}"
 # case -> (damage operations on a copy RUN of the 1-process uninterrupted run, words the error must contain)
 CORRUPTIONS = {
-    "truncated_model": (lambda run: [["truncate", run / "checkpoints" / LAST / "model_tp0_pp0.safetensors"]],
-                        [LAST, "tp0_pp0"]),
-    "truncated_optim": (lambda run: [["truncate", run / "checkpoints" / LAST / "optim_tp0_pp0.safetensors"]],
-                        [LAST, "tp0_pp0"]),
+    "truncated_shard": (lambda run: [["truncate", run / "checkpoints" / LAST / "dist" / "__0_0.distcp"]],
+                        [LAST, "__0_0.distcp", "truncated"]),
+    "truncated_index": (lambda run: [["truncate", run / "checkpoints" / LAST / "dist" / ".metadata"]],
+                        [LAST, ".metadata", "truncated"]),
+    "missing_shard": (lambda run: [["unlink", run / "checkpoints" / LAST / "dist" / "__0_1.distcp"]],
+                      [LAST, "__0_1.distcp", "missing"]),
     "missing_meta": (lambda run: [["unlink", run / "checkpoints" / LAST / "meta.json"]], [LAST, "meta.json"]),
     "corrupt_meta": (lambda run: [["write", run / "checkpoints" / LAST / "meta.json", "{not json"]],
                      [LAST, "meta.json", "corrupt"]),
-    "missing_optim": (lambda run: [["unlink", run / "checkpoints" / LAST / "optim_tp0_pp0.safetensors"]],
-                      [LAST, "optim_tp0_pp0.safetensors"]),
+    "old_format": (lambda run: [["write", run / "checkpoints" / LAST / "meta.json", '{"format_version": 1}']],
+                   [LAST, "format version 1"]),
     "dangling_latest": (lambda run: [["write", run / "checkpoints" / "latest", "step_00000099"]], ["step_00000099"]),
 }
+# the same run under the (layout-independent) checkpoint format, saved at TP=2 and resumed at TP=1:
+# no dropout, so TP=1 and TP=2 compute the same function
+TP_ARGS = ("--tensor-model-parallel-size", "2")
+NO_DROPOUT = ("model.hidden_dropout=0.0",)
 
 
 def _runs(launcher, tmp_path_factory, nproc: int) -> dict:
@@ -115,12 +121,32 @@ def _runs(launcher, tmp_path_factory, nproc: int) -> dict:
             run = base / f"corrupt_{case}"
             ops += [["copy", full, run], *damage(run), ["cli", case, _train_args(run, N + 1, "train.resume=true")]]
             entry["corrupt"][case] = run
+    if nproc == 2:
+        tp2, tp1 = base / "tp2_full", base / "tp2_to_tp1"
+        ops += [["run", "tp2_full", _train_args(tp2, N, *TP_ARGS, *NO_DROPOUT)], ["copy", tp2, tp1],
+                ["write", tp1 / "checkpoints" / "latest", f"step_{K:08d}"]]
+        entry["tp2"], entry["tp1"] = tp2, tp1
     results = _drive(launcher, nproc, base, ops, "driver")
     entry["results"] = results
     s_res = _cli(launcher, nproc, stopped, N, "train.resume=true")
     entry["summaries"] = (results["full"]["summary"], results["stop"]["summary"], s_res)
+    if nproc == 2:  # `train --resume RUN_DIR` at another layout: the saved config, TP overridden
+        proc = launcher.launch(1, ["-m", "megatron_logra.cli", "train", "--resume", str(entry["tp1"]),
+                                   "--tensor-model-parallel-size", "1"], timeout=300,
+                               log=base / "tp2_to_tp1.log")
+        entry["tp1_summary"] = _summary(proc.stdout)
     _CACHE[nproc] = entry
     return entry
+
+
+def _tensors(ckpt: Path) -> dict[str, torch.Tensor]:
+    """Every global tensor of a checkpoint (model and optimizer) plus each rank's RNG states."""
+    from megatron_logra.checkpoint.plain import PlainCheckpoint
+
+    out = PlainCheckpoint(ckpt).read_all()
+    for f in sorted(ckpt.glob("rng_rank*.safetensors")):
+        out.update({f"{f.stem}.{k}": v for k, v in load_file(str(f)).items()})
+    return out
 
 
 def assert_resume_bitwise(runs: dict) -> None:
@@ -132,25 +158,24 @@ def assert_resume_bitwise(runs: dict) -> None:
 
     ck_full, ck_res = _latest(full), _latest(resumed)
     assert ck_full.name == ck_res.name == f"step_{N:08d}"
+    meta_full = json.loads((ck_full / "meta.json").read_text())
     meta = json.loads((ck_res / "meta.json").read_text())
     assert (meta["step"], meta["dp"], meta["world_size"]) == (N, nproc, nproc)
-    files = sorted(p.name for p in ck_full.glob("*.safetensors"))
-    assert "model_tp0_pp0.safetensors" in files and "optim_tp0_pp0.safetensors" in files
-    assert len([f for f in files if f.startswith("rng_rank")]) == nproc
-    assert files == sorted(p.name for p in ck_res.glob("*.safetensors"))
-    for name in files:  # model, optimizer and per-rank RNG states
-        a, b = load_file(str(ck_full / name)), load_file(str(ck_res / name))
-        assert set(a) == set(b), f"{name}: tensor names differ"
-        for key in a:
-            assert torch.equal(a[key], b[key]), (
-                f"{name}:{key} differs after resume (max {float((a[key].double() - b[key].double()).abs().max()):.3g})"
-            )
-    assert json.loads((ck_full / "optim_tp0_pp0.json").read_text()) == json.loads(
-        (ck_res / "optim_tp0_pp0.json").read_text())
+    assert meta["state"] == meta_full["state"]  # optimizer counters, lr
+    assert len(list(ck_res.glob("rng_rank*.safetensors"))) == nproc
+    a, b = _tensors(ck_full), _tensors(ck_res)
+    assert set(a) == set(b), f"tensor names differ: {sorted(set(a) ^ set(b))[:6]}"
+    assert any(k.startswith("optimizer.native.exp_avg.") for k in a) and any(".row_moment." in k for k in a)
+    for key in a:  # model, optimizer (moments, row moments) and per-rank RNG states
+        assert torch.equal(a[key], b[key]), (
+            f"{key} differs after resume (max {float((a[key].double() - b[key].double()).abs().max()):.3g})"
+        )
     # the weights did train after K (equality of untouched weights would be vacuous)
-    at_k = load_file(str(runs["pristine"] / "checkpoints" / f"step_{K:08d}" / "model_tp0_pp0.safetensors"))
-    final = load_file(str(ck_res / "model_tp0_pp0.safetensors"))
-    assert any(not torch.equal(at_k[k], final[k]) for k in final), "no weight changed between step K and N"
+    from megatron_logra.checkpoint.plain import PlainCheckpoint
+
+    at_k = PlainCheckpoint(runs["pristine"] / "checkpoints" / f"step_{K:08d}")
+    key = "decoder.layers.self_attention.linear_qkv.weight"
+    assert not torch.equal(at_k.read(key), b[key]), "no weight changed between step K and N"
 
     m_full, m_res = _metrics(full), _metrics(resumed)
     assert [r["step"] for r in m_full] == list(range(1, N + 1))
@@ -195,3 +220,23 @@ def test_resume_restores_rng_tracker(launcher, tmp_path_factory):
     attn = dict(runs["attn"])
     attn["summaries"] = tuple(runs["results"][k]["summary"] for k in ("attn_full", "attn_stop", "attn_resume"))
     assert_resume_bitwise(attn)
+
+
+def test_resume_at_another_tensor_parallel_size(launcher, tmp_path_factory):
+    """A run saved at TP=2 continues at TP=1 (``train --resume RUN_DIR --tensor-model-parallel-size 1``):
+    the sharded checkpoint is resharded (weights, AdamW moments, LoGRA row moments of column- and
+    row-parallel layers) and the following steps have the same loss as the uninterrupted TP=2 run."""
+    runs = _runs(launcher, tmp_path_factory, 2)
+    assert runs["tp1_summary"]["steps"] == N - K
+    meta = json.loads((_latest(runs["tp1"]) / "meta.json").read_text())
+    assert (meta["tp"], meta["world_size"]) == (1, 1)
+    m2, m1 = _metrics(runs["tp2"]), _metrics(runs["tp1"])
+    assert [r["step"] for r in m1] == list(range(1, N + 1))
+    for a, b in zip(m2[K:], m1[K:]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6), f"step {a['step']}: loss at TP=2 {a['loss']} vs TP=1 {b['loss']}"
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+    t2, t1 = _tensors(_latest(runs["tp2"])), _tensors(_latest(runs["tp1"]))
+    model_keys = [k for k in t2 if not k.startswith("rng_rank")]
+    assert set(model_keys) == {k for k in t1 if not k.startswith("rng_rank")}
+    for key in model_keys:
+        torch.testing.assert_close(t1[key], t2[key], rtol=1e-4, atol=1e-6, msg=lambda m: f"{key}: {m}")
