@@ -1,7 +1,7 @@
 """``megatron-logra bench paper [--quick]``: regenerate the paper's evidence at small scale.
 
     megatron-logra bench paper --quick     # ≈5 min on 2 cores: 1 seed, 20 updates, small sizes
-    megatron-logra bench paper             # ≈30 min: 3 seeds, 60 updates, hidden up to 1024
+    megatron-logra bench paper             # ≈30 min: 3 seeds, 50 updates, hidden up to 768
 
 Runs Fig 1 (memory), Fig 2 + 5a (accuracy per optimizer and per rank), Fig 5b/5c
 (reconstruction cosines) and Fig 6 (KL handling) one after the other in this process and
