@@ -106,6 +106,8 @@ def _file_sizes(root: Path) -> dict[str, int]:
 def _sharded_state(model, optimizer) -> tuple[dict, dict, list]:
     """(sharded state dict for dist_checkpointing, optimizer scalars, optimizer slots)."""
     model_sd = model_sharded_state(model)
+    if optimizer is None:  # weights only (e.g. an export)
+        return dict(model_sd), {}, []
     scalars, slots = optimizer.sharded_state()
     sharded = dict(model_sd)
     sharded["optimizer"] = optimizer_sharded_state(slots, param_shardings(model_sd))
@@ -124,7 +126,7 @@ def save_checkpoint(
     keep_last: int = 2,
 ) -> Path:
     """Write checkpoint ``step`` collectively (every rank calls it). ``optimizer`` provides
-    ``sharded_state()`` (:mod:`megatron_logra.optim.state`)."""
+    ``sharded_state()`` (:mod:`megatron_logra.optim.state`); ``None`` saves the weights only."""
     from megatron.core import dist_checkpointing
 
     root = Path(run_dir) / "checkpoints"
@@ -269,14 +271,17 @@ def load_checkpoint(
         else:
             for i, c in enumerate(chunks):
                 _load_chunk(c, loaded[f"model{i}"], f"{path} (chunk {i})")
-        by_name = loaded["optimizer"]
+        by_name = loaded.get("optimizer", {})
         shardings = param_shardings(model_sharded_state(model))
         for slot in slots:
             value = by_name[slot_name(slot, shardings)]
             if value.data_ptr() != slot.tensor.data_ptr():
                 slot.tensor.copy_(value.view_as(slot.tensor))
+    if optimizer is not None and "optimizer" not in loaded:
+        raise CheckpointError(f"{path} holds weights only (no optimizer state) and cannot be resumed")
     try:
-        optimizer.load_sharded_state(meta["state"], slots)
+        if optimizer is not None:
+            optimizer.load_sharded_state(meta["state"], slots)
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"{path}: optimizer state does not fit this run: {exc}") from exc
     if rng is not None:

@@ -8,14 +8,15 @@ time. ``pytorch_model.bin`` is never read (no pickle).
 :class:`McoreCheckpoint` — a directory with one ``model_tp{t}_pp{p}.safetensors`` per model-parallel
 rank and a ``meta.json``: either written by :func:`megatron_logra.convert.convert_hf_to_mcore`
 (``format = "megatron_logra.mcore"``, sha256 per file) or a trainer checkpoint of
-:mod:`megatron_logra.checkpoint` (``RUN/checkpoints/step_XXXXXXXX``; parameter names prefixed by
-the model-chunk index ``0.``, model config under ``config.model``, no checksums).
+:mod:`megatron_logra.checkpoint` (``RUN/checkpoints/step_XXXXXXXX``: megatron-core sharded checkpoint under ``dist/``, read as
+global tensors one key at a time; model config under ``config.model``; file sizes checked).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Optional, Union
 
@@ -46,6 +47,13 @@ HF_EXTRA_FILES = (
     "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json",
 )
 """Files copied alongside the weights when present (tokenizer and generation config)."""
+
+
+_LAYER = re.compile(r"^(decoder\.layers\.)(\d+)\.(.+)$")
+
+
+_FUSED_NORM_KEYS = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
+                    "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
 
 
 def rank_file_name(tp_rank: int, pp_rank: int) -> str:
@@ -173,11 +181,19 @@ class McoreCheckpoint:
                                  f"{MCORE_FORMAT_VERSION}")
             self.cfg = model_config_from_json(meta.get("model_config") or {}, str(meta_path))
             self.prefix = ""
+            self.plain = None
             self.checksums = {k: v.get("sha256") for k, v in (meta.get("files") or {}).items()}
             self.kind = "converted"
         elif "step" in meta and isinstance(meta.get("config"), dict) and isinstance(meta["config"].get("model"), dict):
+            from megatron_logra.checkpoint.plain import PlainCheckpoint
+            from megatron_logra.checkpoint.store import CheckpointError
+
             self.cfg = model_config_from_json(meta["config"]["model"], f"{meta_path} (config.model)")
-            self.prefix = "0."  # checkpoint.py prefixes the model-chunk index
+            try:  # sharded (dist_checkpointing): global tensors, layers stacked, read one key at a time
+                self.plain: Optional[PlainCheckpoint] = PlainCheckpoint(self.dir)
+            except CheckpointError as exc:
+                raise ValueError(str(exc)) from None
+            self.prefix = ""
             self.checksums = {}
             self.kind = "trainer"
         else:
@@ -188,6 +204,7 @@ class McoreCheckpoint:
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{meta_path}: needs integer fields tp and pp") from None
         self._readers: dict[tuple[int, int], TensorFile] = {}
+        self._stacked: dict[str, torch.Tensor] = {}
 
     @property
     def hf_files_dir(self) -> Optional[Path]:
@@ -196,6 +213,9 @@ class McoreCheckpoint:
         return path if path.is_dir() else None
 
     def file(self, tp_rank: int, pp_rank: int, *, verify: bool = True) -> TensorFile:
+        if self.kind == "trainer":
+            raise ValueError(f"{self.dir} is a sharded trainer checkpoint, not per-rank files: continue it with "
+                             "`megatron-logra train --resume RUN_DIR` (any layout) or export it with mcore-to-hf")
         key = (tp_rank, pp_rank)
         if key not in self._readers:
             name = rank_file_name(tp_rank, pp_rank)
@@ -213,8 +233,45 @@ class McoreCheckpoint:
             self._readers[key] = TensorFile(path)
         return self._readers[key]
 
+    def _trainer_key(self, entry: TensorPlan) -> tuple[str, Optional[int]]:
+        """Global checkpoint key of ``entry`` and its index along the stacked-layer axis."""
+        m = _LAYER.match(entry.name)
+        if m is None:
+            if entry.name == "output_layer.weight" and self.plain is not None and entry.name not in self.plain.keys():
+                return "embedding.word_embeddings.weight", None  # tied: stored once, as the embedding
+            return entry.name, None
+        key = m.group(1) + m.group(3)
+        if self.plain is not None and key not in self.plain.keys():
+            for local, stored in _FUSED_NORM_KEYS.items():  # megatron stores local-spec norms under TE names
+                if m.group(3).startswith(local):
+                    key = m.group(1) + stored + m.group(3)[len(local):]
+        return key, int(m.group(2))
+
+    def _trainer_validate(self, plan: list[TensorPlan]) -> None:
+        assert self.plain is not None
+        for e in plan:
+            key, layer = self._trainer_key(e)
+            if key not in self.plain.keys():
+                raise ValueError(f"{self.dir}: the checkpoint has no tensor {key!r} for {e.name} "
+                                 "(does config.model match the weights?)")
+            shape = self.plain.shape(key)
+            want = e.shape if layer is None else (self.cfg.num_layers, *e.shape)
+            if tuple(shape) != tuple(want):
+                raise ValueError(f"{self.dir}: tensor {key!r} has shape {list(shape)}, expected {list(want)}")
+
+    def _trainer_read(self, entry: TensorPlan) -> torch.Tensor:
+        assert self.plain is not None
+        key, layer = self._trainer_key(entry)
+        if key not in self._stacked:  # one stacked key (all layers of one tensor kind) in memory at a time
+            self._stacked = {key: self.plain.read(key)}
+        full = self._stacked[key]
+        return full if layer is None else full[layer].clone()
+
     def validate(self, plan: list[TensorPlan], *, verify: bool = True) -> None:
         """Every rank file holds exactly the plan's tensors with the plan's shard shapes (``ValueError`` naming it)."""
+        if self.kind == "trainer":
+            self._trainer_validate(plan)
+            return
         for pp_rank in range(self.pp):
             stage = [e for e in plan if e.pp_rank == pp_rank]
             for tp_rank in range(self.tp):
@@ -231,6 +288,8 @@ class McoreCheckpoint:
                                          f"expected {list(shape)} at tp={self.tp}")
 
     def dtype(self, entry: TensorPlan) -> torch.dtype:
+        if self.kind == "trainer":
+            return self._trainer_read(entry).dtype
         return self.file(0, entry.pp_rank).tensors[self.prefix + entry.local_name].dtype
 
     def read_full(self, entry: TensorPlan) -> torch.Tensor:
@@ -239,6 +298,8 @@ class McoreCheckpoint:
         Peak memory: the result plus one shard. TP-replicated tensors (norms, row-parallel biases)
         must be bitwise equal on every TP rank, else ``ValueError``.
         """
+        if self.kind == "trainer":
+            return self._trainer_read(entry)
         dtype = self.dtype(entry)
         if entry.partition is None:
             first = self.file(0, entry.pp_rank).read(self.prefix + entry.local_name)
