@@ -292,6 +292,9 @@ MEGATRON_ALIASES: dict[str, str] = {
     "norm-epsilon": "model.layernorm_epsilon",
     "recompute-granularity": "model.recompute",
     "make-vocab-size-divisible-by": "model.make_vocab_size_divisible_by",
+    "transformer-impl": "model.transformer_impl",
+    "fp8-format": "model.fp8",
+    "fp8-recipe": "model.fp8_recipe",
     "train-iters": "train.steps",
     "seed": "train.seed",
     "log-interval": "train.log_interval",
@@ -317,6 +320,7 @@ MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
     "add-bias-linear": ("model.add_bias_linear", "true"),
     "disable-bias-linear": ("model.add_bias_linear", "false"),
     "qk-layernorm": ("model.qk_layernorm", "true"),
+    "sequence-parallel": ("model.sequence_parallel", "true"),
     "resume": ("train.resume", "true"),
 }
 

@@ -78,6 +78,11 @@ def test_overrides_parse_fp8_null_and_gpu_fields():
     assert (cfg.model.transformer_impl, cfg.model.fp8, cfg.model.sequence_parallel) == ("auto", "hybrid", True)
     cfg = apply_overrides(cfg, ["model.fp8=null"])
     assert cfg.model.fp8 is None
+    # Megatron-LM spellings
+    cfg = apply_overrides(load_recipe("lm-tiny"), ["--transformer-impl", "auto", "--sequence-parallel",
+                                                   "--fp8-format", "e4m3", "--fp8-recipe", "tensorwise"])
+    assert (cfg.model.transformer_impl, cfg.model.sequence_parallel, cfg.model.fp8, cfg.model.fp8_recipe) == \
+        ("auto", True, "e4m3", "tensorwise")
 
 
 @cpu_only
