@@ -11,6 +11,7 @@ product with a Rademacher sign matrix is exact whatever the GEMM's order or bloc
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Optional
@@ -24,6 +25,7 @@ __all__ = ["rademacher_scale", "quantize_factor", "off_grid_rows", "check_factor
 _TINY_ROW_EXP = -100
 
 
+@functools.lru_cache(maxsize=64)
 def rademacher_scale(rank: int) -> float:
     """``s = fp32(1/sqrt(r))``: the magnitude of every entry of a Rademacher projection."""
     return float(torch.tensor(1.0 / math.sqrt(rank), dtype=torch.float32))
