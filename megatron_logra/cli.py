@@ -137,7 +137,7 @@ def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[st
     if not cfg_path.exists():
         parser.error(f"{cfg_path} does not exist: is {run_dir} a run directory?")
     if latest_checkpoint(run_dir) is None:
-        parser.error(f"{run_dir} has no complete checkpoint (checkpoints/latest) to continue from")
+        parser.error(f"{run_dir} has no checkpoint (no complete checkpoints/latest) to continue from or evaluate")
     if overrides and not overrides[0].startswith("-") and "=" not in overrides[0]:
         parser.error(f"--resume {run_dir} takes its recipe from {cfg_path}; drop {overrides[0]!r} or start a new run")
     cfg = from_dict(RunConfig, yaml.safe_load(cfg_path.read_text()))
