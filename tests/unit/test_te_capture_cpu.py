@@ -6,8 +6,9 @@
   ``G·Aᵀ`` with ``G = Hᵀ·norm(x)`` the dense weight gradient (RMSNorm, LayerNorm, zero-centred γ).
 * Sequence parallelism on a real gloo TP=2 group with megatron-core's ``ColumnParallelLinear`` /
   ``RowParallelLinear`` (``sequence_parallel=True`` works on CPU for these layers; the local spec's
-  norms do not, so a whole GPT cannot run it here): sketches equal ``G·Aᵀ`` of the TP=1 dense model,
-  with only ``P`` communicated.
+  norms do not, so a whole GPT cannot run it here), followed by a TE-like replicated ("duplicated")
+  linear that sees only its rank's tokens under sequence parallelism: sketches equal ``G·Aᵀ`` of the
+  TP=1 dense model, with only ``P`` communicated.
 
 Tolerance: fp32 on both sides, different association only: relative 1e-5 of the sketch's scale.
 """
@@ -145,11 +146,13 @@ def _sp_worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
     h, f, s, b = 16, 32, 8, 2
     gen = torch.Generator().manual_seed(0)
     w1, w2 = torch.randn(f, h, generator=gen) * 0.3, torch.randn(h, f, generator=gen) * 0.3
+    w3 = torch.randn(h, h, generator=gen) * 0.3
     x, target = torch.randn(s, b, h, generator=gen), torch.randn(s, b, h, generator=gen)
 
-    # dense TP=1 reference: G = Hᵀ X of both layers
-    d1, d2, dx = w1.clone().requires_grad_(), w2.clone().requires_grad_(), x.clone().requires_grad_()
-    (F.linear(F.gelu(F.linear(dx, d1)), d2) * target).sum().backward()
+    # dense TP=1 reference: G = Hᵀ X of the three layers
+    d1, d2, d3 = (w.clone().requires_grad_() for w in (w1, w2, w3))
+    dx = x.clone().requires_grad_()
+    (F.linear(F.linear(F.gelu(F.linear(dx, d1)), d2), d3) * target).sum().backward()
     out = {}
     for sp in (True, False):
         cfg = TransformerConfig(num_layers=1, hidden_size=h, num_attention_heads=2, tensor_model_parallel_size=world,
@@ -159,20 +162,25 @@ def _sp_worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
                                                 gather_output=False)
         block.linear_fc2 = RowParallelLinear(f, h, config=cfg, init_method=nn.init.zeros_, bias=False,
                                              input_is_parallel=True, skip_bias_add=True)
+        block.out_proj = FakeTELinear(h, h)  # replicated on every TP rank
+        block.out_proj.config = cfg
         with torch.no_grad():
             block.linear_fc1.weight.copy_(w1.chunk(world, 0)[rank])
             block.linear_fc2.weight.copy_(w2.chunk(world, 1)[rank])
-        ss = install_sketches(block, ["linear_fc1", "linear_fc2"], rank=RANK, seed=SEED, tp_group=tp)
+            block.out_proj.weight.copy_(w3)
+        ss = install_sketches(block, ["linear_fc1", "linear_fc2", "out_proj"], rank=RANK, seed=SEED, tp_group=tp)
         local = (lambda t: t.chunk(world, 0)[rank]) if sp else (lambda t: t)
         xin = local(x).clone().requires_grad_()
         for _ in range(2):  # two micro-batches accumulate
             y, _ = block.linear_fc1(xin)
             z, _ = block.linear_fc2(F.gelu(y))
+            z, _ = block.out_proj(z)
             assert z.shape == local(x).shape
             (z * local(target)).sum().backward()
         ss.reduce_tensor_parallel()
         errs = {}
-        for t, dense_grad, rows in ((ss.targets[0], d1.grad, f // world), (ss.targets[1], d2.grad, h)):
+        for t, dense_grad, rows in ((ss.targets[0], d1.grad, f // world), (ss.targets[1], d2.grad, h),
+                                    (ss.targets[2], d3.grad, h)):
             ref = 2 * dense_grad.double() @ projection(SEED, t.name, 0, RANK, t.n_in).double().T
             if t.parallel == "column":
                 ref = ref[rank * rows:(rank + 1) * rows]
@@ -191,6 +199,6 @@ def test_sequence_parallel_sketches_equal_tp1_dense_gradients_over_gloo():
         results = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(2)]
     for res in results:
         for sp, errs in res.items():
-            assert errs["column_sp"] is sp and errs["row_sp"] is sp
-            assert errs["column"] < 1e-5 and errs["row"] < 1e-5, (sp, errs)
+            assert errs["column_sp"] is sp and errs["row_sp"] is sp and errs["none_sp"] is sp
+            assert errs["column"] < 1e-5 and errs["row"] < 1e-5 and errs["none"] < 1e-5, (sp, errs)
             assert errs["dx"] < 1e-5, (sp, errs)
