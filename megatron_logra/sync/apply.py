@@ -40,7 +40,7 @@ from megatron_logra.sketch.random_projection import projection
 from megatron_logra.sync.codec import SketchDelta
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.factors import (
-    check_factor,
+    check_factors,
     off_grid_rows,
     quantize_factor,
     rademacher_scale,
@@ -201,8 +201,7 @@ def validate(
     missing = sorted(({f.param for f in plan.factors} | {d.param for d in plan.dense}) - set(weights))
     if missing:
         raise SyncError("name", f"engine has no parameters {missing[:6]}{'...' if len(missing) > 6 else ''}")
-    for t in delta.targets:
-        finite, bad = check_factor(t.U_OR)
+    for t, (finite, bad) in zip(delta.targets, check_factors([t.U_OR for t in delta.targets])):
         if not finite:
             raise SyncError("nonfinite", f"U of {t.name} has non-finite entries")
         if delta.distribution == "rademacher":

@@ -14,13 +14,16 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["rademacher_scale", "quantize_factor", "off_grid_rows", "check_factor", "split_projection", "rademacher_signs"]
+__all__ = [
+    "rademacher_scale", "quantize_factor", "off_grid_rows", "check_factor", "check_factors", "split_projection",
+    "rademacher_signs",
+]
 
 _TINY_ROW_EXP = -100
 
@@ -64,33 +67,48 @@ def off_grid_rows(U_OR: torch.Tensor) -> int:
 def check_factor(U_OR: torch.Tensor) -> tuple[bool, int]:
     """``(all entries finite, rows off the exact-sum grid)`` of a bf16 factor ``U_OR`` ``[n_out, r]``.
 
-    One pass for both: the row maxima of ``|U|`` come from the bf16 bit patterns (an int16
-    max of the magnitude bits orders finite values by size and puts inf/NaN above them), so
-    the finiteness check is free. A row is on the grid iff every ``U_ik / q_i`` (exact: ``q_i``
-    is a power of two) is an integer, which is what :func:`quantize_factor` produces and
-    ``round(U/q)·q == U`` tests; a row below ``2^-100`` must be zero. The off-grid count is
-    meaningful only when the factor is finite.
+    See :func:`check_factors` (this is the one-factor case).
     """
-    if U_OR.dtype != torch.bfloat16 or U_OR.dim() != 2:
-        raise ValueError(f"expected a 2-D bf16 factor, got {U_OR.dtype} {tuple(U_OR.shape)}")
-    if U_OR.numel() == 0:
-        return True, 0
-    mag_O1 = (U_OR.view(torch.int16) & 0x7FFF).amax(dim=1, keepdim=True)
-    if not bool((mag_O1 < 0x7F80).all()):
-        return False, 0
-    rowmax_O1 = mag_O1.view(torch.bfloat16).float()
-    L = max(0, math.ceil(math.log2(U_OR.shape[1])))
-    _, e = torch.frexp(rowmax_O1)
-    tiny_O1 = rowmax_O1 < 2.0**_TINY_ROW_EXP
-    q_O1 = torch.ldexp(torch.ones_like(rowmax_O1), torch.clamp(e + (L - 24), min=-149))
-    frac_OR = torch.frac(U_OR.float().div_(q_O1))
-    any_tiny = bool(tiny_O1.any())
-    if not any_tiny and not bool(frac_OR.any()):
-        return True, 0
-    off_O1 = frac_OR.ne_(0).any(dim=1, keepdim=True)
-    if any_tiny:
-        off_O1 = torch.where(tiny_O1, rowmax_O1 != 0, off_O1)
-    return True, int(off_O1.sum())
+    return check_factors([U_OR])[0]
+
+
+@torch.no_grad()
+def check_factors(factors: Sequence[torch.Tensor]) -> list[tuple[bool, int]]:
+    """``(all entries finite, rows off the exact-sum grid)`` of each bf16 factor ``[n_out_t, r]`` (one ``r``).
+
+    All factors are checked in one batch of row-wise ops (their rows concatenated). The row
+    maxima of ``|U|`` come from the bf16 bit patterns (an int16 max of the magnitude bits
+    orders finite values by size and puts inf/NaN above them), so the finiteness check is
+    free. A row is on the grid iff every ``U_ik / q_i`` (exact: ``q_i`` is a power of two) is
+    an integer, which is what :func:`quantize_factor` produces and ``round(U/q)·q == U``
+    tests; a row below ``2^-100`` must be zero. The off-grid count of a factor that is not
+    finite is reported as 0.
+    """
+    if not factors:
+        return []
+    r = factors[0].shape[-1]
+    for U in factors:
+        if U.dtype != torch.bfloat16 or U.dim() != 2 or U.shape[1] != r:
+            raise ValueError(f"expected 2-D bf16 factors with {r} columns, got {U.dtype} {tuple(U.shape)}")
+    U_NR = factors[0] if len(factors) == 1 else torch.cat(list(factors))
+    if U_NR.numel() == 0:
+        return [(True, 0) for _ in factors]
+    mag_N1 = (U_NR.view(torch.int16) & 0x7FFF).amax(dim=1, keepdim=True)
+    rowmax_N1 = mag_N1.view(torch.bfloat16).float()  # NaN/inf rows: >= 0x7F80
+    L = max(0, math.ceil(math.log2(r)))
+    _, e = torch.frexp(rowmax_N1)
+    tiny_N1 = rowmax_N1 < 2.0**_TINY_ROW_EXP
+    q_N1 = torch.ldexp(torch.ones_like(rowmax_N1), torch.clamp(e + (L - 24), min=-149))
+    frac_NR = torch.frac(U_NR.float().div_(q_N1))
+    nonfinite_N = (mag_N1[:, 0] >= 0x7F80).to(torch.int32)
+    off_N = frac_NR.ne_(0).any(dim=1, keepdim=True)
+    off_N = torch.where(tiny_N1, rowmax_N1 != 0, off_N)[:, 0].to(torch.int32)
+    ends = torch.tensor([U.shape[0] for U in factors]).cumsum(0)
+    starts = ends - torch.tensor([U.shape[0] for U in factors])
+    cs = torch.stack([torch.cat([torch.zeros(1, dtype=torch.int64), nonfinite_N.cumsum(0)]),
+                      torch.cat([torch.zeros(1, dtype=torch.int64), off_N.cumsum(0)])])  # [2, N + 1]
+    counts = (cs[:, ends] - cs[:, starts]).tolist()
+    return [(nf == 0, off if nf == 0 else 0) for nf, off in zip(counts[0], counts[1])]
 
 
 def split_projection(A_RI: torch.Tensor, distribution: str) -> tuple[torch.Tensor, Optional[float]]:

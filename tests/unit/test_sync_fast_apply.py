@@ -20,7 +20,7 @@ import torch
 
 import megatron_logra.sketch.random_projection as rp
 from megatron_logra.sync.apply import apply_delta_
-from megatron_logra.sync.factors import check_factor, quantize_factor, rademacher_signs
+from megatron_logra.sync.factors import check_factor, check_factors, quantize_factor, rademacher_signs
 from megatron_logra.sync.layout import plan_for
 from megatron_logra.sync.synthetic import DenseShape, random_delta
 
@@ -179,3 +179,26 @@ def test_check_factor_equals_the_definition():
     assert check_factor(torch.zeros(0, 4, dtype=torch.bfloat16)) == (True, 0)
     with pytest.raises(ValueError):
         check_factor(torch.zeros(3, 4))
+
+
+def test_check_factors_batch_equals_each_factor_alone():
+    gen = torch.Generator().manual_seed(9)
+    r = 16
+    factors = []
+    for i in range(12):
+        X = torch.randn(int(torch.randint(1, 50, (1,), generator=gen)), r, generator=gen) * 10.0 ** (i - 6)
+        U = quantize_factor(X) if i % 3 else (X * torch.logspace(-9, 0, r)).bfloat16()  # raw bf16: off the grid
+        if i == 4:
+            U[0, 3] = float("nan")
+        if i == 7:
+            U[-1, 0] = float("inf")
+        if i == 9:
+            U[0] = 1e-35
+        factors.append(U)
+    factors.append(torch.zeros(0, r, dtype=torch.bfloat16))
+    got = check_factors(factors)
+    assert got == [_naive_check(U) for U in factors]
+    assert got[4] == (False, 0) and got[7] == (False, 0) and got[9][1] >= 1 and got[3][1] > 0
+    assert check_factors([]) == []
+    with pytest.raises(ValueError):
+        check_factors([factors[0], torch.zeros(2, r + 1, dtype=torch.bfloat16)])
