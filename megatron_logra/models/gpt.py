@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from megatron_logra.models.layout import global_param_names, shard_full
+from megatron_logra.models.te import check_model_fields, fp8_config_kwargs, layer_spec, resolve_transformer_impl
 from megatron_logra.parallel import ParallelGroups
 
 logger = logging.getLogger(__name__)
@@ -111,24 +112,7 @@ class ModelConfig:
             raise ValueError(f"model.params_dtype={self.params_dtype!r}: choose one of {sorted(_DTYPES)}")
         if self.recompute not in ("none", "full"):
             raise ValueError(f"model.recompute={self.recompute!r}: choose none or full")
-        from megatron_logra.models.te import FP8_FORMATS, FP8_RECIPES, TRANSFORMER_IMPLS, te_installed
-
-        if self.transformer_impl not in TRANSFORMER_IMPLS:
-            raise ValueError(f"model.transformer_impl={self.transformer_impl!r}: choose one of {', '.join(TRANSFORMER_IMPLS)}")
-        if self.transformer_impl == "transformer_engine" and not te_installed():
-            raise ValueError("model.transformer_impl='transformer_engine' but transformer_engine is not installed: "
-                             "install the gpu extra on a CUDA machine (or use docker/), or set "
-                             "model.transformer_impl=local or auto")
-        if self.fp8 is not None and self.fp8 not in FP8_FORMATS:
-            raise ValueError(f"model.fp8={self.fp8!r}: choose null, {' or '.join(FP8_FORMATS)}")
-        if self.fp8 is not None and self.transformer_impl == "local":
-            raise ValueError(f"model.fp8={self.fp8!r} needs model.transformer_impl=transformer_engine (or auto on a "
-                             "CUDA machine with TransformerEngine); the local spec has no FP8 GEMMs")
-        if self.fp8_recipe not in FP8_RECIPES:
-            raise ValueError(f"model.fp8_recipe={self.fp8_recipe!r}: choose one of {', '.join(FP8_RECIPES)}")
-        if self.sequence_parallel and self.transformer_impl == "local":
-            raise ValueError("model.sequence_parallel=true needs model.transformer_impl=transformer_engine (or auto): "
-                             "megatron-core's local torch norms do not support sequence parallelism")
+        check_model_fields(self.transformer_impl, self.fp8, self.fp8_recipe, self.sequence_parallel)
         if not isinstance(self.hf_path, str):
             raise ValueError(f"model.hf_path={self.hf_path!r} must be a directory path (a string)")
 
@@ -155,8 +139,6 @@ def _transformer_config(cfg: ModelConfig, groups: ParallelGroups, impl: Optional
     """megatron ``TransformerConfig`` of ``cfg``; ``impl=None`` gives the shapes only (no FP8, no
     sequence parallelism: what the memory planner counts on the meta device)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
-
-    from megatron_logra.models.te import fp8_config_kwargs
 
     sequence_parallel = impl is not None and cfg.sequence_parallel and groups.tp_size > 1
     if sequence_parallel and impl != "transformer_engine":
@@ -211,8 +193,6 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234) -> 
     until its caller moves it.
     """
     from megatron.core.models.gpt import GPTModel
-
-    from megatron_logra.models.te import layer_spec, resolve_transformer_impl
 
     impl = resolve_transformer_impl(cfg.transformer_impl)
     tcfg = _transformer_config(cfg, groups, impl)

@@ -35,6 +35,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 __all__ = ["TRANSFORMER_IMPLS", "FP8_FORMATS", "FP8_RECIPES", "te_installed", "te_unavailable_reason",
+           "check_model_fields",
            "resolve_transformer_impl", "layer_spec", "fp8_config_kwargs"]
 
 TRANSFORMER_IMPLS = ("local", "transformer_engine", "auto")
@@ -58,6 +59,27 @@ def te_unavailable_reason() -> Optional[str]:
         return ("transformer_engine is not installed; install the gpu extra "
                 "(pip install 'megatron_logra[gpu]') or use docker/Dockerfile")
     return None
+
+
+def check_model_fields(transformer_impl: str, fp8: Optional[str], fp8_recipe: str, sequence_parallel: bool) -> None:
+    """Validate ``model.transformer_impl`` / ``fp8`` / ``fp8_recipe`` / ``sequence_parallel`` (``ValueError``
+    naming the field). Checks that TE is installed without importing it; CUDA is checked at build time."""
+    if transformer_impl not in TRANSFORMER_IMPLS:
+        raise ValueError(f"model.transformer_impl={transformer_impl!r}: choose one of {', '.join(TRANSFORMER_IMPLS)}")
+    if transformer_impl == "transformer_engine" and not te_installed():
+        raise ValueError("model.transformer_impl='transformer_engine' but transformer_engine is not installed: "
+                         "install the gpu extra on a CUDA machine (or use docker/), or set "
+                         "model.transformer_impl=local or auto")
+    if fp8 is not None and fp8 not in FP8_FORMATS:
+        raise ValueError(f"model.fp8={fp8!r}: choose null, {' or '.join(FP8_FORMATS)}")
+    if fp8 is not None and transformer_impl == "local":
+        raise ValueError(f"model.fp8={fp8!r} needs model.transformer_impl=transformer_engine (or auto on a "
+                         "CUDA machine with TransformerEngine); the local spec has no FP8 GEMMs")
+    if fp8_recipe not in FP8_RECIPES:
+        raise ValueError(f"model.fp8_recipe={fp8_recipe!r}: choose one of {', '.join(FP8_RECIPES)}")
+    if sequence_parallel and transformer_impl == "local":
+        raise ValueError("model.sequence_parallel=true needs model.transformer_impl=transformer_engine (or auto): "
+                         "megatron-core's local torch norms do not support sequence parallelism")
 
 
 def resolve_transformer_impl(impl: str) -> str:
