@@ -98,6 +98,14 @@ def launch(
     return proc
 
 
+def start(target: Sequence[str], *, log: Path) -> subprocess.Popen:
+    """Start ``python target...`` (1 process) in its own session without waiting; output to ``log``.
+    Stop it with :func:`_kill_tree` (SIGKILL to it and every child)."""
+    fh = open(log, "w")
+    return subprocess.Popen([sys.executable, *target], cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
 def launch_worker(nproc: int, out: Path, jobs: Sequence[str], *, timeout: float = 240) -> Path:
     """Run the worker's ``jobs`` (``NAME:key=value,...``) on ``nproc`` ranks; results land in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -112,4 +120,5 @@ def launch_worker(nproc: int, out: Path, jobs: Sequence[str], *, timeout: float 
 def launcher():
     """``launcher.launch`` / ``launcher.launch_worker`` / ``launcher.free_port`` for the tests."""
 
-    return SimpleNamespace(launch=launch, launch_worker=launch_worker, free_port=free_port, root=ROOT)
+    return SimpleNamespace(launch=launch, launch_worker=launch_worker, free_port=free_port, root=ROOT, start=start,
+                           kill=_kill_tree)
