@@ -39,7 +39,8 @@ __all__ = ["check_hf_config", "model_config_from_hf_dict_strict", "model_config_
            "ARCH_FIELDS", "TRAINING_FIELDS", "IGNORED_HF_SUFFIXES", "check_same_architecture"]
 
 TRAINING_FIELDS = ("seq_length", "params_dtype", "recompute", "hidden_dropout", "attention_dropout", "init_std",
-                   "make_vocab_size_divisible_by", "hf_path")
+                   "make_vocab_size_divisible_by", "hf_path",
+                   "transformer_impl", "fp8", "fp8_recipe", "sequence_parallel")
 """ModelConfig fields a run chooses; everything else (:data:`ARCH_FIELDS`) comes from the HF config."""
 ARCH_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in TRAINING_FIELDS)
 
@@ -127,7 +128,7 @@ def model_config_from_hf(hf_dir: Union[str, Path], base: Optional[ModelConfig] =
     Architecture fields (layers, widths, heads, groups, vocabulary, biases, q/k norm, tying, RoPE
     base, norm epsilon) come from ``config.json``. With ``base`` the run's own choices
     (:data:`TRAINING_FIELDS`: sequence length, dtype, recompute, dropout, init std, vocabulary
-    padding multiple) are kept from it; without, ``seq_length`` is ``max_position_embeddings`` and
+    padding multiple, layer implementation, FP8, sequence parallelism) are kept from it; without, ``seq_length`` is ``max_position_embeddings`` and
     the dtype is the checkpoint's. ``hf_path`` is set to ``hf_dir``.
     """
     if not str(hf_dir) or not Path(hf_dir).is_dir():

@@ -128,3 +128,18 @@ def test_example_scripts_parse_and_name_existing_recipes(script):
     text = script.read_text()
     used = [r for r in RECIPES if f" {r} " in text or f" {r}\n" in text or f" {r} \\" in text]
     assert used, f"{script.name} runs no known recipe"
+
+
+def test_hf_checkpoint_keeps_the_runs_gpu_fields(tmp_path):
+    import json
+
+    from megatron_logra.convert.spec import model_config_from_hf
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100,
+        "max_position_embeddings": 64, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}))
+    base = ModelConfig(transformer_impl="auto", fp8="hybrid", fp8_recipe="tensorwise", sequence_parallel=True)
+    cfg = model_config_from_hf(tmp_path, base=base)
+    assert (cfg.hidden_size, cfg.num_query_groups) == (64, 2)  # architecture from config.json
+    assert (cfg.transformer_impl, cfg.fp8, cfg.fp8_recipe, cfg.sequence_parallel) == ("auto", "hybrid", "tensorwise", True)
