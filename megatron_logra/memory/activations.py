@@ -29,9 +29,11 @@ holds ``pp − k`` micro-batches in flight (assuming at least ``pp`` micro-batch
 Unfused attention adds megatron's global score buffer ``B·a·T·s/t`` once; the last stage
 adds the final norm's input and output ``2·B·T·h``.
 
-Logits (last stage): the 16-bit output ``[T, V/t]`` and its fp32 copy (``2 + 4`` bytes per
-entry) and the log-prob / cross-entropy working set, two more fp32 ``[T, V/t]`` buffers
-(shifted logits and the softmax saved for backward, which becomes the gradient): ``8`` bytes.
+Logits (last stage), with the trainer's chunked log-probs (:mod:`megatron_logra.rl.logprobs`,
+``chunk`` tokens at a time): the 16-bit output ``[T, V/t]`` saved for backward and its 16-bit
+gradient (``2 + 2`` bytes per entry), plus a working set of two fp32 ``[chunk, V/t]`` buffers
+(``8·chunk·V/t``). Without chunking (``chunk = 0``) the whole batch is upcast: an fp32 copy of
+the logits (``2 + 4`` bytes per entry) and a working set of ``8·T·V/t``.
 """
 
 from __future__ import annotations
@@ -121,7 +123,11 @@ def activation_bytes(model: ModelConfig, counts: ParamCounts, *, tp: int, pp: in
     return stored
 
 
-def logit_bytes(model: ModelConfig, counts: ParamCounts, *, tp: int, micro_batch: int, seq_len: int) -> tuple[int, int]:
-    """(logits, log-prob working set) bytes on the last stage: ``(2 + 4)·T·V/t`` and ``8·T·V/t``."""
-    entries = micro_batch * seq_len * (counts.padded_vocab // tp)
-    return (_element_bytes(model) + 4) * entries, 8 * entries
+def logit_bytes(model: ModelConfig, counts: ParamCounts, *, tp: int, micro_batch: int, seq_len: int,
+                chunk_tokens: int = 1024) -> tuple[int, int]:
+    """(logits, log-prob working set) bytes on the last stage (see the module docstring)."""
+    vocab = counts.padded_vocab // tp
+    tokens = micro_batch * seq_len
+    if chunk_tokens <= 0 or chunk_tokens >= tokens:
+        return (_element_bytes(model) + 4) * tokens * vocab, 8 * tokens * vocab
+    return 2 * _element_bytes(model) * tokens * vocab, 8 * chunk_tokens * vocab

@@ -19,8 +19,8 @@ Persistent state (lives across steps)
 
 Transient state of a step (formulas in :mod:`megatron_logra.memory.activations`)
   * activations: saved activations of the micro-batches in flight.
-  * logits (last stage): 16-bit output + fp32 copy ``(2 + 4)·T·V/t``; log-prob working set
-    ``8·T·V/t``.
+  * logits (last stage): 16-bit output + its 16-bit gradient ``(2 + 2)·T·V/t``; chunked
+    log-prob working set ``8·chunk·V/t`` (unchunked: fp32 copy ``(2 + 4)·T·V/t``, ``8·T·V/t``).
   * LoGRA step: cached projections ``4·r·Σn_in`` (from forward to apply, when
     ``cache_projections``), directions ``4·r·Σn_out`` and the largest target's fp32 update.
     Dense AdamW steps in place (fused Adam: no temporaries).
@@ -81,6 +81,8 @@ class PlanConfig:
     """unfused (megatron's local-spec DotProductAttention, stores s x s scores) or flash (fused kernels)."""
     cache_projections: bool = True
     """LoGRA keeps a step's fp32 projections from forward to apply (LograConfig.cache_projections)."""
+    logprob_chunk_tokens: int = 1024
+    """Tokens per chunk of the log-prob computation (rl.loss.logprob_chunk_tokens); 0 = whole batch at once."""
     overhead_bytes: int = 2 * GiB
     """CUDA context, NCCL buffers and allocator fragmentation per GPU."""
 
@@ -101,6 +103,8 @@ class PlanConfig:
             raise ValueError(f"gpu_memory_bytes={self.gpu_memory_bytes!r} must be a positive number of bytes (e.g. 80GiB)")
         if not 0.0 <= float(self.engine_fraction) < 1.0:
             raise ValueError(f"engine_fraction={self.engine_fraction!r} must lie in [0, 1) (0 = no colocated engine)")
+        if not isinstance(self.logprob_chunk_tokens, int) or self.logprob_chunk_tokens < 0:
+            raise ValueError(f"logprob_chunk_tokens={self.logprob_chunk_tokens!r} must be an integer >= 0 (0 = unchunked)")
         if self.overhead_bytes < 0:
             raise ValueError(f"overhead_bytes={self.overhead_bytes!r} must be >= 0")
 
@@ -132,7 +136,7 @@ class RankMemory:
     activations: int = 0
     """Saved activations of the micro-batches in flight (see the module docstring)."""
     logits: int = 0
-    """Output logits: 16-bit [T, V/tp] and its fp32 copy (last stage only)."""
+    """Output logits: 16-bit [T, V/tp] and its gradient, or its fp32 copy when unchunked (last stage only)."""
     logprob_working: int = 0
     """Log-prob / cross-entropy working set: two more fp32 [T, V/tp] (last stage only)."""
     step_working: int = 0
@@ -259,7 +263,8 @@ def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
                                      recompute=cfg.recompute, attention=cfg.attention,
                                      rank=cfg.rank if cfg.optimizer == "logra" else 0)
     if last:
-        r.logits, r.logprob_working = logit_bytes(model, c, tp=cfg.tp, micro_batch=cfg.micro_batch, seq_len=cfg.seq_len)
+        r.logits, r.logprob_working = logit_bytes(model, c, tp=cfg.tp, micro_batch=cfg.micro_batch, seq_len=cfg.seq_len,
+                                                     chunk_tokens=cfg.logprob_chunk_tokens)
     r.engine = int(cfg.engine_fraction * cfg.gpu_memory_bytes)
     r.overhead = cfg.overhead_bytes
     return r
