@@ -149,8 +149,8 @@ class HFCheckpoint:
                 raise ValueError(f"{self.dir}: tensor {name!r} (in {self.where(name)}) has dtype {info.dtype}; "
                                  "only floating-point weights are converted")
 
-    def read(self, name: str, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self._readers[self.where(name)].read(name, out=out)
+    def read(self, name: str, out: Optional[torch.Tensor] = None, rows: Optional[tuple[int, int]] = None) -> torch.Tensor:
+        return self._readers[self.where(name)].read(name, out=out, rows=rows)
 
     def check_tied_head(self) -> None:
         """A tied model's checkpoint may still store ``lm_head.weight``: it must equal the embeddings."""

@@ -7,11 +7,11 @@ Usage (every rank of the job, after ``initialize_parallel``)::
     load_hf_into_model(model, groups, cfg.model.hf_path, cfg.model)       # this rank's shards only
 
 Each rank reads the checkpoint's headers (validating every shard and the index), then only the
-HF tensors of its own pipeline stage, one megatron parameter at a time: the parts are read,
-fused (QKV, ``[gate; up]``), the vocabulary zero-padded to the model's padded size, this rank's TP
-shard taken with the parameter's own ``partition_dim`` / ``partition_stride`` and copied in
-(cast to the model's dtype). Peak extra memory is about one full parameter plus one q/k/v part
-or one shard of it. No collective is used; every rank reads the files itself.
+HF tensors of its own pipeline stage, one megatron parameter at a time. Row-split parameters (QKV,
+``[gate; up]``, vocabulary) are assembled from only the HF rows this TP rank holds (1/t of their
+bytes at TP = t: ``spec.build_shard``); column-split and replicated ones are read whole, fused and
+sliced. Shards are copied in (cast to the model's dtype). Peak extra memory is one shard, or one
+full column-split parameter. No collective is used; every rank reads the files itself.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torch import nn
 
 from megatron_logra.convert.checkpoints import HFCheckpoint, McoreCheckpoint, rank_file_name
 from megatron_logra.convert.spec import (
-    build_full,
+    build_shard,
     check_same_architecture,
     hf_expected_shapes,
     megatron_plan,
@@ -35,7 +35,7 @@ from megatron_logra.convert.spec import (
     partition_of,
 )
 from megatron_logra.models.gpt import ModelConfig
-from megatron_logra.models.layout import global_param_names, shard_full
+from megatron_logra.models.layout import global_param_names
 from megatron_logra.parallel import ParallelGroups
 
 logger = logging.getLogger(__name__)
@@ -92,20 +92,26 @@ def load_hf_into_model(model: nn.Module, groups: ParallelGroups, hf_dir: Union[s
         todo = _stage_params(model, plan, groups, str(hf_dir))
         todo.sort(key=lambda x: min(ckpt.position(s) for s in x[0].sources))
         read = 0
+
+        def counting_read(name: str, out=None, rows=None):
+            nonlocal read
+            tensor = ckpt.read(name, out=out, rows=rows)
+            read += tensor.numel() * tensor.element_size()
+            return tensor
+
         for e, local, param in todo:
             infos = [ckpt.info(s) for s in e.sources]
             dtypes = {i.dtype for i in infos}
             if len(dtypes) > 1:
                 raise ValueError(f"{hf_dir}: HF tensors {list(e.sources)} have different dtypes "
                                  f"{sorted(map(str, dtypes))}; they are fused into {e.name}")
-            read += sum(i.nbytes for i in infos)
-            full = build_full(e, ckpt.read, model_cfg, infos[0].dtype)
-            piece = shard_full(full, e.name, param, groups.tp_rank, groups.tp_size)
+            piece = build_shard(e, counting_read, model_cfg, infos[0].dtype, groups.tp_rank, groups.tp_size,
+                                source_rows=lambda name: ckpt.info(name).shape[0])
             if tuple(piece.shape) != tuple(param.shape):
                 raise ValueError(f"{hf_dir}: {e.name} (from {list(e.sources)}) gives a shard of shape "
                                  f"{list(piece.shape)} at tp={groups.tp_size}, the model holds {list(param.shape)}")
             param.copy_(piece)
-            del full, piece
+            del piece
     finally:
         ckpt.close()
     seconds = time.perf_counter() - t0

@@ -298,6 +298,45 @@ def build_full(entry: TensorPlan, read: Callable[..., torch.Tensor], cfg: ModelC
     return full
 
 
+_SOURCE_SHIFT = 40  # row codes: (source index << 40) + row + 1; 0 marks a padded row
+
+
+def build_shard(entry: TensorPlan, read: Callable[..., torch.Tensor], cfg: ModelConfig, dtype: torch.dtype,
+                tp_rank: int, tp: int, source_rows: Callable[[str], int]) -> torch.Tensor:
+    """TP rank ``tp_rank``'s shard of ``entry`` — equal to ``shard(build_full(...))`` — reading only
+    the HF rows it holds when the tensor is split along its rows (QKV, ``fc1``, vocabulary: at
+    TP = t each rank reads 1/t of those bytes). ``read(name, rows=(start, stop), out=...)`` reads a
+    row range; ``source_rows(name)`` is an HF tensor's row count. Column-split and replicated
+    tensors are built whole and sliced.
+
+    Which HF rows land where is derived by running :func:`build_full` and :func:`shard` on row
+    codes instead of values, so the layout logic exists once."""
+    partition = entry.partition
+    if partition is None or tp == 1 or partition[0] != 0:
+        return shard(build_full(entry, read, cfg, dtype), partition, tp_rank, tp).contiguous()
+
+    def code_read(name: str, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        n = source_rows(name)
+        codes = (torch.arange(n, dtype=torch.int64) + 1 + (entry.sources.index(name) << _SOURCE_SHIFT)).view(n, 1)
+        if out is None:
+            return codes
+        return out.copy_(codes.view_as(out))
+
+    codes = shard(build_full(replace(entry, shape=(entry.shape[0], 1)), code_read, cfg, torch.int64),
+                  partition, tp_rank, tp).reshape(-1)
+    out = torch.zeros((codes.numel(), *entry.shape[1:]), dtype=dtype)
+    # runs of consecutive rows of one source: a new run wherever the code does not advance by one
+    breaks = torch.nonzero(codes[1:] - codes[:-1] != 1).reshape(-1) + 1
+    bounds = [0, *breaks.tolist(), codes.numel()]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        code = int(codes[a])
+        if code == 0:  # padded vocabulary rows stay zero (runs of padding advance by 0, one row per run)
+            continue
+        src, row = code >> _SOURCE_SHIFT, (code & ((1 << _SOURCE_SHIFT) - 1)) - 1
+        read(entry.sources[src], rows=(row, row + b - a), out=out[a:b])
+    return out
+
+
 def split_to_hf(entry: TensorPlan, full: torch.Tensor, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """Inverse of :func:`build_full`: HF ``(name, tensor)`` pairs of a full megatron tensor, one at a time.
 

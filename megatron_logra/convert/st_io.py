@@ -126,25 +126,34 @@ class TensorFile:
         self.tensors, self.metadata, self.data_start = read_header(self.path)
         self._f: Optional[BinaryIO] = None
 
-    def read(self, name: str, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Tensor ``name``; with ``out`` (contiguous, same dtype and element count) its bytes are read
-        straight into ``out``'s memory, which is returned reshaped to the stored shape."""
+    def read(self, name: str, out: Optional[torch.Tensor] = None,
+             rows: Optional[tuple[int, int]] = None) -> torch.Tensor:
+        """Tensor ``name`` (or only its rows ``[start, stop)`` along dim 0: one contiguous byte range);
+        with ``out`` (contiguous, same dtype and element count) the bytes are read straight into
+        ``out``'s memory, which is returned reshaped to the stored (row-sliced) shape."""
         info = self.tensors.get(name)
         if info is None:
             raise ValueError(f"{self.path}: no tensor {name!r}")
+        shape, begin, nbytes = tuple(info.shape), info.begin, info.nbytes
+        if rows is not None:
+            start, stop = rows
+            if not shape or not 0 <= start <= stop <= shape[0]:
+                raise ValueError(f"{self.path}: rows {rows} out of range for tensor {name!r} of shape {list(shape)}")
+            row_bytes = nbytes // shape[0] if shape[0] else 0
+            shape, begin, nbytes = (stop - start, *shape[1:]), begin + start * row_bytes, (stop - start) * row_bytes
         if out is None:
-            out = torch.empty(info.shape, dtype=info.dtype)
-        elif out.dtype != info.dtype or out.numel() != _numel(info.shape) or not out.is_contiguous():
-            raise ValueError(f"{self.path}: tensor {name!r} is {info.dtype}{list(info.shape)}, cannot be read into a "
+            out = torch.empty(shape, dtype=info.dtype)
+        elif out.dtype != info.dtype or out.numel() != _numel(shape) or not out.is_contiguous():
+            raise ValueError(f"{self.path}: tensor {name!r} is {info.dtype}{list(shape)}, cannot be read into a "
                              f"{'non-contiguous ' if not out.is_contiguous() else ''}{out.dtype}{list(out.shape)} buffer")
-        if info.nbytes:
+        if nbytes:
             if self._f is None:
                 self._f = open(self.path, "rb")
-            self._f.seek(self.data_start + info.begin)
+            self._f.seek(self.data_start + begin)
             got = self._f.readinto(memoryview(out.reshape(-1).view(torch.uint8).numpy()))
-            if got != info.nbytes:  # the file shrank after its header was checked
-                raise ValueError(f"{self.path}: truncated while reading tensor {name!r} ({got} of {info.nbytes} bytes)")
-        return out.view(info.shape)
+            if got != nbytes:  # the file shrank after its header was checked
+                raise ValueError(f"{self.path}: truncated while reading tensor {name!r} ({got} of {nbytes} bytes)")
+        return out.view(shape)
 
     def close(self) -> None:
         if self._f is not None:

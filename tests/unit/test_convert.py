@@ -539,3 +539,42 @@ def test_streaming_memory_bound(tmp_path):
     back = _hf_state(tmp_path / "hf")
     assert set(back) == set(shapes)
     assert all(torch.equal(t, torch.full(shapes[n], fill[n])) for n, t in back.items())
+
+
+@pytest.mark.parametrize("case", ["llama_gqa_untied", "qwen2_bias_tied", "qwen3_mqa_tied"])
+def test_row_split_shards_read_only_their_rows(hf_models, case):
+    """``build_shard`` (what each TP rank loads) equals the shard of the whole fused tensor
+    (``build_full`` then ``shard``) for every parameter at TP 1, 2 and 4, and for row-split
+    parameters reads only the bytes of that rank's rows."""
+    from megatron_logra.convert.checkpoints import HFCheckpoint
+    from megatron_logra.convert.spec import build_full, build_shard, shard
+
+    hf_dir, _ = hf_models[case]
+    cfg = model_config_from_hf(hf_dir, base=BASE)
+    ckpt = HFCheckpoint(hf_dir)
+    try:
+        for tp in (1, 2, 4):
+            if (cfg.num_query_groups or cfg.num_attention_heads) % tp:
+                continue
+            for e in megatron_plan(cfg, tp=tp, pp=1):
+                dtype = ckpt.info(e.sources[0]).dtype
+                whole = build_full(e, ckpt.read, cfg, dtype)
+                for rank in range(tp):
+                    read = []
+
+                    def counting(name, out=None, rows=None):
+                        t = ckpt.read(name, out=out, rows=rows)
+                        read.append(t.numel() * t.element_size())
+                        return t
+
+                    got = build_shard(e, counting, cfg, dtype, rank, tp, lambda n: ckpt.info(n).shape[0])
+                    want = shard(whole, e.partition, rank, tp)
+                    assert torch.equal(got, want), f"{case} tp={tp} rank={rank}: {e.name} differs"
+                    total = sum(ckpt.info(s).nbytes for s in e.sources)
+                    if e.partition is not None and e.partition[0] == 0 and tp > 1:
+                        held = want.numel() * want.element_size()  # this rank's rows (padding is not read)
+                        assert sum(read) <= held < total, f"{e.name}: read {sum(read)} of {total} bytes at tp={tp}"
+                    else:
+                        assert sum(read) == total
+    finally:
+        ckpt.close()
