@@ -12,8 +12,8 @@ weight of the model, the engine side of a dense refit, in the same dtype) are ti
 side in one loop, alternating which goes first, so both see the same machine load; the ratio
 is of the two medians. The breakdown times the pieces of apply separately: validation,
 regenerating every engine parameter's ``sign(A)``, the rank-r GEMMs alone (``U·sign(A)`` into
-the chunk workspace) and the scale-and-subtract pass alone (streams every target weight once,
-as the copy streams every weight once). ``encode`` (delta -> bytes) and ``decode`` (bytes ->
+the chunk workspace) and the whole merge kernel (GEMMs, scaling, and the subtraction that
+streams every target weight once, as the copy streams every weight once). ``encode`` (delta -> bytes) and ``decode`` (bytes ->
 verified delta) are timed too.
 
     python benchmarks/sync_bytes.py [--repeats 7] [--threads 1,2] [--big-dtypes float32,bfloat16]
@@ -34,7 +34,7 @@ import torch
 
 from megatron_logra.sketch.random_projection import projection
 from megatron_logra.sync import apply_delta_, decode, encode, validate
-from megatron_logra.sync.apply import chunk_elems, merge_row_chunks
+from megatron_logra.sync.apply import _merge_prepared_, chunk_elems, merge_row_chunks
 from megatron_logra.sync.codec import SketchDelta
 from megatron_logra.sync.factors import rademacher_signs
 from megatron_logra.sync.layout import plan_for
@@ -124,11 +124,10 @@ def _merge_pieces(weights: dict[str, torch.Tensor], delta: SketchDelta) -> dict[
         w = weights[f.param]
         M_RI, scale = rademacher_signs(projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in))
         staged.append((w, f.U_OR.float(), M_RI, scale))
-    cpu = torch.device("cpu")
-    elems = chunk_elems(cpu)
+    elems = chunk_elems(torch.device("cpu"))
     need = max(max(b - a for a, b in merge_row_chunks(w.shape[0], w.shape[1], elems)) * w.shape[1] for w, *_ in staged)
-    buf = torch.empty(need)
-    zeros = torch.zeros(need)
+    prod_buf = torch.empty(need)
+    tmp_buf = torch.empty(need if any(w.dtype != torch.float32 for w, *_ in staged) else 0)
 
     def regen():
         for f in plan.factors:
@@ -138,18 +137,14 @@ def _merge_pieces(weights: dict[str, torch.Tensor], delta: SketchDelta) -> dict[
         for w, U32, M_RI, _ in staged:
             n_in = w.shape[1]
             for a, b in merge_row_chunks(w.shape[0], n_in, elems):
-                torch.mm(U32[a:b], M_RI, out=buf[: (b - a) * n_in].view(b - a, n_in))
+                torch.mm(U32[a:b], M_RI, out=prod_buf[: (b - a) * n_in].view(b - a, n_in))
 
-    def scale_sub():  # the same ops on a zero product: the weights keep their values
-        for w, _, _, scale in staged:
-            n_in = w.shape[1]
-            for a, b in merge_row_chunks(w.shape[0], n_in, elems):
-                prod = zeros[: (b - a) * n_in].view(b - a, n_in)
-                prod.mul_(scale)
-                w[a:b].sub_(prod)
+    def merge():  # the commit kernel apply_delta_ runs: GEMM, scale, subtract (bf16: via the fp32 scratch)
+        for w, U32, M_RI, scale in staged:
+            _merge_prepared_(w, U32, M_RI, scale, delta.decay, prod_buf, tmp_buf, elems)
 
     return {"validate": lambda: validate(delta, weights, delta.base_version), "regen": regen, "gemm": gemm,
-            "scale_sub": scale_sub}
+            "merge": merge}
 
 
 def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, repeats: int,
@@ -177,8 +172,8 @@ def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, repe
     row = (f"| {label} | {_fmt_params(n)} {str(dtype).removeprefix('torch.')} | {rank} | {threads} | "
            f"{_fmt_bytes(len(data))} | {1e3 * t_encode:.1f} | {1e3 * t_decode:.1f} | {ms['apply']:.1f} | "
            f"{ms['copy']:.1f} | **{main['apply'] / main['copy']:.2f}x** | {ms['validate']:.1f} | {ms['regen']:.1f} | "
-           f"{ms['gemm']:.1f} ({flops / parts['gemm'] / 1e9:.0f} GFLOP/s) | {ms['scale_sub']:.1f} | "
-           f"{(parts['gemm'] + parts['scale_sub']) / main['copy']:.2f}x |")
+           f"{ms['gemm']:.1f} ({flops / parts['gemm'] / 1e9:.0f} GFLOP/s) | {ms['merge']:.1f} | "
+           f"{parts['gemm'] / main['copy']:.2f}x | {parts['merge'] / main['copy']:.2f}x |")
     return row, {**main, **parts, "flops": flops, "targets": shape.target_params(), "params": n, "threads": threads,
                  "dtype": dtype, "label": label, "factors": len(plan_for(decoded, "hf").factors)}
 
@@ -186,20 +181,22 @@ def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, repe
 def _explain(stats: dict, rank: int) -> str:
     """One paragraph saying where the time of one row goes."""
     ratio = stats["apply"] / stats["copy"]
-    other = stats["apply"] - stats["validate"] - stats["regen"] - stats["gemm"] - stats["scale_sub"]
+    elementwise = stats["merge"] - stats["gemm"]
+    other = stats["apply"] - stats["validate"] - stats["regen"] - stats["merge"]
     dt = str(stats["dtype"]).removeprefix("torch.")
     text = (
         f"- {stats['label']}, {dt}, {stats['threads']} thread(s): apply {1e3 * stats['apply']:.1f} ms = "
-        f"{ratio:.2f}x the copy ({1e3 * stats['copy']:.1f} ms). Of it: the rank-{rank} GEMMs "
-        f"{1e3 * stats['gemm']:.1f} ms ({2 * rank} flops per target weight, {stats['flops'] / 1e9:.1f} GFLOP at "
-        f"{stats['flops'] / stats['gemm'] / 1e9:.0f} GFLOP/s; alone {stats['gemm'] / stats['copy']:.2f}x the copy), "
-        f"scale-and-subtract {1e3 * stats['scale_sub']:.1f} ms (reads and writes each target weight once: "
-        f"{stats['targets'] / stats['params']:.0%} of the parameters, so it moves less than the copy), "
-        f"regenerating sign(A) for {stats['factors']} engine parameters {1e3 * stats['regen']:.1f} ms, validation "
-        f"{1e3 * stats['validate']:.1f} ms, the rest (factor casts, workspaces, dispatch) {1e3 * max(other, 0):.1f} ms."
+        f"{ratio:.2f}x the copy ({1e3 * stats['copy']:.1f} ms). The merge {1e3 * stats['merge']:.1f} ms: rank-{rank} "
+        f"GEMMs {1e3 * stats['gemm']:.1f} ms ({2 * rank} flops per target weight, {stats['flops'] / 1e9:.1f} GFLOP at "
+        f"{stats['flops'] / stats['gemm'] / 1e9:.0f} GFLOP/s; alone {stats['gemm'] / stats['copy']:.2f}x the copy) "
+        f"plus {1e3 * max(elementwise, 0):.1f} ms scaling and subtracting"
+        + (" (through the fp32 scratch: convert, subtract, round back)" if dt != "float32" else "")
+        + f", which reads and writes each target weight once ({stats['targets'] / stats['params']:.0%} of the "
+        f"parameters). Regenerating sign(A) for {stats['factors']} engine parameters {1e3 * stats['regen']:.1f} ms, "
+        f"validation {1e3 * stats['validate']:.1f} ms, the rest (factor casts, workspaces) {1e3 * max(other, 0):.1f} ms."
     )
     if stats["params"] < 1e7:
-        text += " With ~1M parameters the fixed per-tensor work (Python dispatch of a few dozen small ops per tensor) dominates."
+        text += " With ~1M parameters the fixed per-tensor work (a few dozen small ops per tensor) dominates."
     return text
 
 
@@ -220,8 +217,8 @@ def main() -> int:
     out += bytes_table(ranks)
     out += ["", f"## Engine-side time (CPU, median of {args.repeats}; apply and copy side by side)", "",
             "| model | params | rank | threads | delta bytes | encode ms | decode ms | apply ms | copy all ms | "
-            "apply / copy | validate ms | sign(A) ms | GEMM ms | scale+sub ms | (GEMM + scale+sub) / copy |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "apply / copy | validate ms | sign(A) ms | GEMM ms | merge ms | GEMM / copy | merge / copy |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     runs = [("tiny (recipe)", MODELS["tiny (recipe)"][0], torch.float32)]
     runs += [("hidden 1024 x 8, ffn 4096, vocab 32000", BIG, getattr(torch, d)) for d in args.big_dtypes.split(",")]
     notes = []
@@ -232,6 +229,7 @@ def main() -> int:
             notes.append(_explain(stats, r))
             print(row, flush=True)
     out += ["", "Where the time goes:", ""] + notes + ["", _BOUND_NOTE.format(r=r, flops=2 * r)]
+    out += ["", f"Load average at the end: {_load():.1f} (other processes share the cores: compare ratios, not times)."]
     text = "\n".join(out)
     print(text)
     cmd = "python benchmarks/sync_bytes.py " + " ".join(sys.argv[1:])
@@ -251,11 +249,12 @@ _BOUND_NOTE = (
     "trainer and engine bitwise equal), which is a rank-{r} GEMM, {flops} flops per target weight, on top of reading "
     "and writing the weight once, which is all a copy does. The GEMM alone runs at the BLAS's speed for an inner "
     "dimension of {r} and costs about as much as copying the whole model on one core; the scale-and-subtract pass "
-    "streams the target weights once (memory-bound, like the copy). ``(GEMM + scale+sub) / copy`` is therefore the "
-    "floor for this arithmetic on this machine; validation and regenerating ``sign(A)`` are what apply adds on top. "
-    "More threads speed up the GEMM but not the memory-bound copy, so the ratio falls with the thread count; with "
-    "bf16 weights the copy moves half the bytes while the GEMM stays the same, so the ratio is higher. On a GPU the "
-    "rank-{r} GEMM is far below the memory time (not measured here)."
+    "streams the target weights once (memory-bound, like the copy). ``merge / copy`` is therefore the floor for this "
+    "arithmetic on this machine; validation and regenerating ``sign(A)`` are what apply adds on top. "
+    "More threads speed up the GEMM but hardly the memory-bound copy, so the ratio falls with the thread count (when "
+    "the cores are free: on an oversubscribed machine the second thread mostly waits); with bf16 weights the copy "
+    "moves half the bytes while the GEMM stays the same, so the ratio is higher. On a GPU the rank-{r} GEMM is far "
+    "below the memory time (not measured here)."
 )
 
 
@@ -269,8 +268,13 @@ def _machine() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, load average {load:.1f} at the start"
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, load average {_load():.1f} at the start"
+
+
+def _load() -> float:
+    import os
+
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 if __name__ == "__main__":
