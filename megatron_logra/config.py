@@ -283,6 +283,7 @@ MEGATRON_ALIASES: dict[str, str] = {
     "hidden-size": "model.hidden_size",
     "ffn-hidden-size": "model.ffn_hidden_size",
     "num-attention-heads": "model.num_attention_heads",
+    "kv-channels": "model.kv_channels",
     "num-query-groups": "model.num_query_groups",
     "init-method-std": "model.init_std",
     "hidden-dropout": "model.hidden_dropout",

@@ -284,7 +284,7 @@ def build_full(entry: TensorPlan, read: Callable[..., torch.Tensor], cfg: ModelC
         read(entry.sources[1], out=full[half:])
     elif entry.kind == "qkv":
         heads, groups = cfg.num_attention_heads, cfg.num_query_groups or cfg.num_attention_heads
-        d, per, rest = cfg.hidden_size // heads, heads // groups, tuple(entry.shape[1:])
+        d, per, rest = cfg.head_dim, heads // groups, tuple(entry.shape[1:])
         grouped = full.view(groups, per + 2, d, *rest)
         slots = (slice(0, per), slice(per, per + 1), slice(per + 1, per + 2))
         for name, slot in zip(entry.sources, slots):
@@ -345,7 +345,7 @@ def split_to_hf(entry: TensorPlan, full: torch.Tensor, cfg: ModelConfig) -> Iter
     """
     if entry.kind == "qkv":
         heads, groups = cfg.num_attention_heads, cfg.num_query_groups or cfg.num_attention_heads
-        d, per, rest = cfg.hidden_size // heads, heads // groups, tuple(full.shape[1:])
+        d, per, rest = cfg.head_dim, heads // groups, tuple(full.shape[1:])
         grouped = full.view(groups, per + 2, d, *rest)
         for name, slot, n in zip(entry.sources, (slice(0, per), slice(per, per + 1), slice(per + 1, per + 2)),
                                  (heads, groups, groups)):

@@ -39,6 +39,9 @@ class ModelConfig:
     """Query heads (--num-attention-heads)."""
     num_query_groups: Optional[int] = None
     """KV heads for grouped-query attention; None = multi-head (--num-query-groups)."""
+    kv_channels: Optional[int] = None
+    """Head dimension; None = hidden_size / num_attention_heads (--kv-channels; Qwen3 and Gemma
+    models set HF ``head_dim`` to something else)."""
     ffn_hidden_size: int = 192
     """MLP width (--ffn-hidden-size)."""
     vocab_size: int = 64
@@ -97,9 +100,13 @@ class ModelConfig:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size", "seq_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be >= 1")
-        if self.hidden_size % self.num_attention_heads:
+        if self.kv_channels is not None and (not isinstance(self.kv_channels, int) or self.kv_channels < 1):
+            raise ValueError(f"model.kv_channels={self.kv_channels!r} must be a positive integer (or null for "
+                             "hidden_size / num_attention_heads)")
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
-                f"model.hidden_size={self.hidden_size} must be divisible by model.num_attention_heads={self.num_attention_heads}"
+                f"model.hidden_size={self.hidden_size} must be divisible by model.num_attention_heads="
+                f"{self.num_attention_heads}, or set model.kv_channels (the head dimension)"
             )
         groups = self.num_query_groups or self.num_attention_heads
         if self.num_attention_heads % groups:
@@ -120,6 +127,11 @@ class ModelConfig:
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.params_dtype]
 
+    @property
+    def head_dim(self) -> int:
+        """Channels per attention head."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
     def padded_vocab_size(self, tp: int = 1) -> int:
         multiple = self.make_vocab_size_divisible_by * tp
         return int(math.ceil(self.vocab_size / multiple) * multiple)
@@ -127,8 +139,9 @@ class ModelConfig:
     def num_params(self) -> int:
         """Total parameter count (padded vocabulary at TP=1)."""
         h, f, v = self.hidden_size, self.ffn_hidden_size, self.padded_vocab_size()
-        kv = (self.num_query_groups or self.num_attention_heads) * (h // self.num_attention_heads)
-        attn = h * (h + 2 * kv) + h * h
+        q = self.num_attention_heads * self.head_dim
+        kv = (self.num_query_groups or self.num_attention_heads) * self.head_dim
+        attn = h * (q + 2 * kv) + q * h
         mlp = h * f * (3 if self.swiglu else 2)
         per_layer = attn + mlp + 2 * h
         emb = v * h * (2 if self.untie_embeddings_and_output_weights else 1)
@@ -150,6 +163,7 @@ def _transformer_config(cfg: ModelConfig, groups: ParallelGroups, impl: Optional
         hidden_size=cfg.hidden_size,
         num_attention_heads=cfg.num_attention_heads,
         num_query_groups=cfg.num_query_groups,
+        kv_channels=cfg.kv_channels,
         ffn_hidden_size=cfg.ffn_hidden_size,
         tensor_model_parallel_size=groups.tp_size,
         pipeline_model_parallel_size=groups.pp_size,

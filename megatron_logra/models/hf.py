@@ -69,7 +69,7 @@ def _dims(cfg: ModelConfig) -> tuple[int, int, int, int]:
     """(heads H, query groups G, head dim d, hidden h)."""
     heads = cfg.num_attention_heads
     groups = cfg.num_query_groups or heads
-    return heads, groups, cfg.hidden_size // heads, cfg.hidden_size
+    return heads, groups, cfg.head_dim, cfg.hidden_size
 
 
 def hf_config_from_model_config(cfg: ModelConfig, tp: int = 1) -> "PretrainedConfig":

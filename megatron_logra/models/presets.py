@@ -4,9 +4,9 @@ Presets are plain :class:`~megatron_logra.models.gpt.ModelConfig` objects (bf16 
 sequence length 4096 unless told otherwise), used by the memory planner and by anyone who
 wants the real shapes of a model without its weights.
 
-``27b`` is a Gemma-3-27B-like shape expressed in what ``ModelConfig`` supports: it has no
-``kv_channels`` field, so the head dimension is ``hidden_size / num_attention_heads``
-(5376 / 32 = 168) instead of Gemma's 128. Everything else follows Gemma 3 27B (hidden 5376,
+``27b`` is a Gemma-3-27B-like shape whose head dimension is left at ``hidden_size /
+num_attention_heads`` (5376 / 32 = 168) instead of Gemma's 128 (``kv_channels=128``), so that its
+figures stay comparable with the published tables and err on the large side. Everything else follows Gemma 3 27B (hidden 5376,
 62 layers, 32 query heads, 16 KV groups, SwiGLU width 21504, vocabulary 262144, tied
 embeddings). The wider heads give 28.3 B parameters instead of Gemma's 27.0 B text weights,
 so memory figures for it are slightly conservative. 32 heads and 16 groups allow TP 1-16.
@@ -131,14 +131,13 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
     ffn = _require(raw, "intermediate_size", source)
     vocab = _require(raw, "vocab_size", source)
     kv = raw.get("num_key_value_heads") or heads
-    if hidden % heads:
-        raise ValueError(f"{source}: hidden_size={hidden} is not divisible by num_attention_heads={heads}")
     head_dim = raw.get("head_dim")
-    if head_dim is not None and head_dim != hidden // heads:
-        raise ValueError(
-            f"{source}: head_dim={head_dim} differs from hidden_size/num_attention_heads={hidden // heads}; "
-            "ModelConfig has no kv_channels field, so such models cannot be expressed yet"
-        )
+    if head_dim is not None and (not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1):
+        raise ValueError(f"{source}: head_dim={head_dim!r} must be a positive integer")
+    if head_dim is None and hidden % heads:
+        raise ValueError(f"{source}: hidden_size={hidden} is not divisible by num_attention_heads={heads} "
+                         "and there is no head_dim")
+    kv_channels = head_dim if head_dim is not None and head_dim * heads != hidden else None
     act = raw.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ValueError(f"{source}: hidden_act={act!r} is not supported: the loader needs a gated SiLU (SwiGLU) MLP")
@@ -170,6 +169,7 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
         hidden_size=hidden,
         num_attention_heads=heads,
         num_query_groups=kv if kv != heads else None,
+        kv_channels=kv_channels,
         ffn_hidden_size=ffn,
         vocab_size=vocab,
         seq_length=seq_length or DEFAULT_SEQ_LENGTH,

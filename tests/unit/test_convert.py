@@ -77,6 +77,9 @@ CASES = {
                                             rope_parameters={"rope_type": "default", "rope_theta": 500000.0}), True),
     "qwen3_mqa_tied": (Qwen3Config, dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16,
                                          tie_word_embeddings=True), False),
+    # head_dim != hidden / heads (as in Qwen3-0.6B ... 32B): megatron kv_channels
+    "qwen3_wide_heads": (Qwen3Config, dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                                           tie_word_embeddings=False), False),
     "mistral_untied": (MistralConfig, dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None,
                                            tie_word_embeddings=False), False),
 }
@@ -354,7 +357,7 @@ def _rewrite_tensor(d: Path, name: str, tensor) -> None:
     (dict(use_sliding_window=True, sliding_window=16), r"use_sliding_window=True"),
     (dict(layer_types=["sliding_attention", "full_attention"]), r"layer_types contains \['sliding_attention'\]"),
     (dict(num_experts=8), r"num_experts=8 \(mixture of experts\)"),
-    (dict(head_dim=32), r"head_dim=32"),
+    (dict(head_dim=0), r"head_dim=0"),
     (dict(hidden_act="gelu"), r"hidden_act='gelu'"),
     (dict(quantization_config={"quant_method": "gptq"}), r"quantization_config is set"),
     (dict(sliding_window=4096, source="mistral_untied"), r"sliding_window=4096 is not supported"),

@@ -187,7 +187,10 @@ def test_hf_config_loader(tmp_path):
     path.write_text(json.dumps(dict(qwen2, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=128)))
     assert load_hf_config(path).qk_layernorm
     path.write_text(json.dumps(dict(qwen2, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=64)))
-    with pytest.raises(ValueError, match="head_dim=64"):
+    wide = load_hf_config(path)  # head_dim != hidden / heads (1536 / 12 = 128): kv_channels
+    assert wide.kv_channels == 64 and wide.head_dim == 64
+    path.write_text(json.dumps(dict(qwen2, head_dim=-1)))
+    with pytest.raises(ValueError, match="head_dim=-1"):
         load_hf_config(path)
     path.write_text(json.dumps(dict(qwen2, architectures=["GPT2LMHeadModel"], model_type="gpt2")))
     with pytest.raises(ValueError, match="architectures=.*GPT2LMHeadModel.*not supported"):
