@@ -53,9 +53,15 @@ def group_rank(group: Optional[dist.ProcessGroup]) -> int:
 
 
 def all_reduce_sum(tensor: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
-    """In-place sum over ``group`` (no-op for a missing or single-member group)."""
+    """In-place sum over ``group`` (no-op for a missing or single-member group). Host tensors
+    (loop statistics) go through the GPU when the group is NCCL, which reduces device memory only."""
     if group_size(group) > 1:
-        dist.all_reduce(tensor, group=group)
+        if tensor.device.type == "cpu" and dist.get_backend(group) == "nccl":
+            on_device = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+            dist.all_reduce(on_device, group=group)
+            tensor.copy_(on_device)
+        else:
+            dist.all_reduce(tensor, group=group)
     return tensor
 
 

@@ -203,8 +203,8 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234) -> 
 
     Parallel state must have been initialised by :func:`megatron_logra.parallel.initialize_parallel`.
     ``cfg.transformer_impl`` picks the layer spec (``auto`` resolves here); a TransformerEngine
-    model is moved to the current CUDA device (TE runs on GPUs only), a local one stays on the CPU
-    until its caller moves it.
+    model is moved to the current CUDA device (TE runs on GPUs only); so is a local one whenever a
+    GPU is present (``forward_backward`` moves micro-batches to the model's device).
     """
     from megatron.core.models.gpt import GPTModel
 
@@ -224,7 +224,7 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234) -> 
         rotary_base=cfg.rotary_base,
     )
     init_layout_invariant_(model, cfg, groups, seed=seed)
-    if impl == "transformer_engine":
+    if impl == "transformer_engine" or torch.cuda.is_available():
         model = model.cuda(torch.cuda.current_device())
     padded = cfg.padded_vocab_size(groups.tp_size)
     if groups.pp_last and padded > cfg.vocab_size:

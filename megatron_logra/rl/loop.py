@@ -20,7 +20,7 @@ from megatron_logra.parallel import ParallelGroups, all_reduce_sum
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
 from megatron_logra.rl.batching import pack_sequences, split_microbatches
 from megatron_logra.rl.losses import rl_loss, token_logprobs, token_logprobs_and_entropy
-from megatron_logra.train.step import Batch, forward_backward
+from megatron_logra.train.step import Batch, forward_backward, model_device
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,7 @@ def evaluate_accuracy(c: RLComponents) -> float:
 
 
 def _reference_logprobs(c: RLComponents, batch: Batch) -> torch.Tensor:
+    batch = batch.to(model_device(c.ref_model))
     with torch.no_grad():
         logits = c.ref_model(batch.tokens, batch.position_ids, None)
         return token_logprobs(logits, batch.labels, c.cfg.rl.rollout.temperature, c.groups.tp,

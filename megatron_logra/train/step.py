@@ -31,6 +31,20 @@ class Batch:
     position_ids: torch.Tensor
     extras: dict = field(default_factory=dict)
 
+    def to(self, device: torch.device) -> "Batch":
+        """This batch with every tensor (extras included) on ``device`` (no copy where it already is)."""
+        if self.tokens.device == device:
+            return self
+        return Batch(self.tokens.to(device), self.labels.to(device), self.loss_mask.to(device),
+                     self.position_ids.to(device),
+                     {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.extras.items()})
+
+
+def model_device(model: Union[nn.Module, Sequence[nn.Module]]) -> torch.device:
+    """Where the model's parameters live (the device micro-batches are moved to)."""
+    chunk = model[0] if isinstance(model, (list, tuple)) else model
+    return next(chunk.parameters()).device
+
 
 @dataclass
 class StepResult:
@@ -92,6 +106,8 @@ def forward_backward(
     if not microbatches:
         raise ValueError("forward_backward needs at least one micro-batch")
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    device = model_device(chunks)
+    microbatches = [b.to(device) for b in microbatches]  # data is built on the host
     mb, seq = microbatches[0].tokens.shape
     fb = get_forward_backward_func()
     outputs = fb(
