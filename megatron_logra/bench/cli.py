@@ -22,7 +22,7 @@ from megatron_logra.bench.config import KL_MODES, OPTIMIZERS, PaperBenchConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["add_parser", "build_parser", "main", "run_paper"]
+__all__ = ["add_parser", "build_parser", "main", "run_paper", "render_only"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -38,6 +38,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--kl-modes", nargs="+", choices=list(KL_MODES), help="subset of KL variants (default: all)")
     p.add_argument("--seeds", nargs="+", type=int, help="training seeds of Fig 2")
     p.add_argument("--rl-steps", type=int, help="RL updates per run")
+    p.add_argument("--render-only", action="store_true",
+                   help="re-render results.md from OUT_DIR/results/results[-quick].json without running anything")
     p.set_defaults(bench_command="paper")
     return p
 
@@ -134,10 +136,27 @@ def run_paper(cfg: PaperBenchConfig) -> Path:
     return path
 
 
+def render_only(out_dir: Path, *, quick: bool) -> int:
+    """Rewrite the report from the numbers of an earlier run (after a change of wording)."""
+    from megatron_logra.bench import report
+
+    source = out_dir / "results" / ("results-quick.json" if quick else "results.json")
+    if not source.exists():
+        raise SystemExit(f"{source} does not exist: run `megatron-logra bench paper{' --quick' if quick else ''}` first")
+    kw = report.load_results(source)
+    cfg, data = kw.pop("cfg"), kw.pop("data")
+    cfg.out_dir = str(out_dir)
+    path = report.write_report(cfg, report.render_report(cfg, **kw), data)
+    logger.info("re-rendered %s from %s", path, source)
+    return 0
+
+
 def main(args: Union[argparse.Namespace, Sequence[str], None] = None) -> int:
     """Entry point of ``megatron-logra bench ...``: parsed args or an argv list; returns the exit code."""
     parser = build_parser()
     ns = args if isinstance(args, argparse.Namespace) else parser.parse_args(list(args or []))
+    if getattr(ns, "render_only", False):
+        return render_only(Path(ns.out_dir), quick=ns.quick)
     try:
         cfg = config_from_args(ns)
     except ValueError as exc:

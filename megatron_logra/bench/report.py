@@ -19,7 +19,7 @@ from megatron_logra.bench.memory_fig import MemoryRow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["render_report", "write_report", "verdicts"]
+__all__ = ["render_report", "write_report", "verdicts", "load_results"]
 
 MiB = 1024.0 * 1024.0
 
@@ -43,7 +43,8 @@ def _compare(name: str, logra: float, other: float, sd: float, unit: str, higher
     better = diff > sd if higher_is_better else diff < -sd
     worse = diff < -sd if higher_is_better else diff > sd
     word = "**wins**" if better else "**loses**" if worse else "ties (within one sd)"
-    return f"LoGRA {word} vs {name}: {logra:.3f} vs {other:.3f} {unit} (difference {diff:+.3f}, sd {sd:.3f})"
+    spread = f"sd {sd:.3f}" if sd > 0 else "one seed: no sd, a single-run difference"
+    return f"LoGRA {word} vs {name}: {logra:.3f} vs {other:.3f}{unit} (difference {diff:+.3f}, {spread})"
 
 
 def verdicts(memory: list[MemoryRow], planned: list[dict], by_optimizer: dict[str, list[RunResult]],
@@ -63,7 +64,7 @@ def verdicts(memory: list[MemoryRow], planned: list[dict], by_optimizer: dict[st
                            f"peak {lo.peak_bytes / MiB:.1f} vs {r.peak_bytes / MiB:.1f} MiB "
                            f"({lo.peak_bytes / r.peak_bytes:.2f}x), average {lo.avg_bytes / MiB:.1f} vs "
                            f"{r.avg_bytes / MiB:.1f} MiB ({lo.avg_bytes / r.avg_bytes:.2f}x); step time "
-                           f"{lo.step_seconds:.2f} vs {r.step_seconds:.2f} s")
+                           f"{lo.step_seconds:.2f} vs {r.step_seconds:.2f} s (one step on a shared machine: noisy)")
     for p in planned:
         out.append(f"Memory (planner, {p['preset']}, TP {p['tp']}): LoGRA {p['logra']:.1f} GiB vs dense AdamW "
                    f"{p['adam']:.1f} GiB ({p['logra'] / p['adam']:.2f}x) vs GaLore/APOLLO (derived) "
@@ -127,7 +128,8 @@ def render_report(cfg: PaperBenchConfig, *, timings: dict[str, float], missing: 
                  "—" if r.skipped else f"{r.step_seconds:.2f}"] for r in memory]
         parts += ["", "## Fig 1: training memory", "",
                   f"Measured: live tensor bytes over one full training step after a warm-up and {cfg.memory_steps} timed "
-                  f"step(s) (s/step: their mean, without tracking) "
+                  f"step(s) (s/step: their mean, without tracking; bf16 GEMMs on a CPU without bf16 units, on a machine "
+                  f"shared with other jobs, so step times are noisy and not a speed claim) "
                   f"(bf16 weights, micro-batch {cfg.memory_micro_batch} x {cfg.memory_seq} tokens, rank = hidden/"
                   f"{cfg.memory_rank_divisor}; GaLore/APOLLO on the LoGRA targets, AdamW on the rest).", "",
                   _table(["hidden/layers", "optimizer", "params", "rank", "start MiB", "peak MiB", "average MiB",
@@ -154,7 +156,14 @@ def render_report(cfg: PaperBenchConfig, *, timings: dict[str, float], missing: 
                          f"{wall:.0f}"])
         parts += ["## Fig 2: held-out accuracy over updates", "",
                   f"The tiny RL recipe (chain_sum, warm start with a careless teacher), {cfg.rl_steps} updates, "
-                  f"seeds {cfg.seeds}, held-out greedy accuracy on 200 problems every {cfg.eval_interval} updates.", "",
+                  f"seeds {cfg.seeds}, held-out greedy accuracy on 200 problems every {cfg.eval_interval} updates. "
+                  f"LoGRA is the `tiny` recipe: RowAdam on the target matrices, non-targets frozen, predicted-KL "
+                  f"step control with calibration. Dense AdamW, GaLore and APOLLO use the `tiny-adam` recipe: AdamW "
+                  f"on the non-targets (embeddings, norms, output layer), no KL control; GaLore (SVD projector, "
+                  f"refreshed every {cfg.peer_update_proj_gap} updates, scale {cfg.galore_scale}) and APOLLO "
+                  f"(random projector, channel-wise scaling, scale {cfg.apollo_scale}) at LoGRA's rank 32 on the "
+                  f"target matrices. Same lr (1e-4) for all. RL-loop time excludes model build and warm-start load.",
+                  "",
                   _table(["optimizer", "before", "after (mean ± sd)", "seeds", "RL-loop s / run"], rows), ""]
         parts += [f"![Fig 2]({images['accuracy']})", ""] if "accuracy" in images else []
     if by_rank:
@@ -189,6 +198,35 @@ def render_report(cfg: PaperBenchConfig, *, timings: dict[str, float], missing: 
                           "median actual KL", "max actual KL", "actual/budget"], rows), ""]
         parts += [f"![Fig 6]({images['kl']})", ""] if "kl" in images else []
     return "\n".join(parts) + "\n"
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """The keyword arguments of :func:`render_report` (and the config) rebuilt from a
+    ``results[-quick].json`` written by :func:`write_report`, to re-render a report without
+    rerunning it. Per-update records are not stored there; the KL rows are."""
+    data = json.loads(Path(path).read_text())
+    cfg = PaperBenchConfig(**{k: ([tuple(x) for x in v] if k == "memory_sizes" else v)
+                              for k, v in data["config"].items()})
+    runs = {}
+    for key, r in data["runs"].items():
+        label, seed = key.rsplit("-seed", 1)
+        runs[(label, int(seed))] = RunResult(label=label, seed=int(seed), eval_before=r["eval_before"],
+                                             eval_after=r["eval_after"], curve=[tuple(x) for x in r["curve"]],
+                                             wall_seconds=r["wall_seconds"], rl_seconds=r.get("rl_seconds", 0.0),
+                                             skipped=r["skipped"])
+    by_optimizer = {o: [runs[(o, s)] for s in cfg.seeds if (o, s) in runs] for o in cfg.optimizers}
+    by_rank = {k: [runs[(lab, s)] for s in cfg.rank_seeds if (lab, s) in runs]
+               for k in cfg.ranks for lab in ["logra" if k == 32 else f"logra-r{k}"]}
+    prefix = "quick-" if cfg.quick else ""
+    names = {"memory": "fig1_memory.png", "accuracy": "fig2_accuracy.png", "rank": "fig5a_rank.png",
+             "cosine_single": "fig5b_cosine_single.png", "cosine_accumulated": "fig5c_cosine_accumulated.png",
+             "kl": "fig6_kl.png"}
+    images = {k: f"results/{prefix}{v}" for k, v in names.items() if (Path(path).parent / f"{prefix}{v}").exists()}
+    return {"cfg": cfg, "timings": data["timings"], "missing": data["missing"],
+            "memory": [MemoryRow(**m) for m in data["memory"]], "planned": data["planner"],
+            "by_optimizer": {k: v for k, v in by_optimizer.items() if v},
+            "by_rank": {k: v for k, v in by_rank.items() if v}, "cosines": data["cosines"],
+            "kl_rows": data["kl"], "images": images, "data": data}
 
 
 def write_report(cfg: PaperBenchConfig, text: str, data: dict[str, Any]) -> Path:
