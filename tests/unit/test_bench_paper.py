@@ -191,3 +191,29 @@ def test_cli_parser_builds_config_and_rejects_bad_values():
     assert cfg.quick and cfg.optimizers == ["logra", "adam"] and cfg.rl_steps == 3 and cfg.eval_interval == 3
     with pytest.raises(ValueError, match="seeds"):
         config_from_args(build_parser().parse_args(["paper", "--seeds", "0"]))
+
+
+# ------------------------------------------------------------------------------------ missing peers
+def test_missing_peer_is_reported_and_skipped(monkeypatch):
+    import sys
+
+    from megatron_logra.bench.accuracy_fig import RunCache, RunResult
+    from megatron_logra.bench.memory_fig import MemoryRow
+    from megatron_logra.bench.report import render_report
+
+    monkeypatch.setitem(sys.modules, "apollo_torch", None)  # `import apollo_torch` now raises ImportError
+    reason = peer_missing("apollo")
+    assert reason and "apollo-torch" in reason
+    with pytest.raises(RuntimeError, match="unavailable"):
+        PeerOptimizer(_Toy(), NativeConfig(), GROUPS, peer="apollo", settings=PeerSettings(rank=2),
+                      targets=["linear_fc1"])
+    cfg = PaperBenchConfig.preset(True, optimizers=["logra", "apollo"])
+    skipped = RunCache(cfg).optimizer("apollo", 1)  # no run is started for a missing peer
+    assert skipped.skipped == reason
+    logra = RunResult(label="logra", seed=1, eval_before=0.1, eval_after=0.5, curve=[(0, 0.1), (5, 0.5)])
+    text = render_report(cfg, timings={"total": 1.0}, missing={"apollo": reason},
+                         memory=[MemoryRow(64, 1, "logra", params=10, peak_bytes=2, avg_bytes=1),
+                                 MemoryRow(64, 1, "apollo", skipped=reason)],
+                         planned=[], by_optimizer={"logra": [logra], "apollo": [skipped]}, by_rank={},
+                         cosines=None, kl_rows=[], images={})
+    assert "**Skipped peers**: apollo" in text and "| APOLLO | skipped |" in text
