@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from megatron_logra.sketch.random_projection import projection
+from megatron_logra.sketch.random_projection import projection, shared_projections
 from megatron_logra.sync import apply_delta_, decode, encode, validate
 from megatron_logra.sync.apply import _merge_prepared_, chunk_elems, merge_row_chunks
 from megatron_logra.sync.codec import SketchDelta
@@ -129,9 +129,13 @@ def _merge_pieces(weights: dict[str, torch.Tensor], delta: SketchDelta) -> dict[
     prod_buf = torch.empty(need)
     tmp_buf = torch.empty(need if any(w.dtype != torch.float32 for w, *_ in staged) else 0)
 
-    def regen():
-        for f in plan.factors:
-            rademacher_signs(projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in))
+    def regen():  # as apply_delta_ does it: one A (and sign(A)) per layer, shared by q/k/v and gate/up
+        seen: dict[int, tuple] = {}
+        with shared_projections():
+            for f in plan.factors:
+                A_RI = projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in)
+                if id(A_RI) not in seen:
+                    seen[id(A_RI)] = (A_RI, rademacher_signs(A_RI))
 
     def gemm():
         for w, U32, M_RI, _ in staged:

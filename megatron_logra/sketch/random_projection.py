@@ -19,16 +19,18 @@ it in processes that have no megatron-core.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import math
 import struct
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
 from megatron_logra.sketch.naming import canonical_name
 
-__all__ = ["DISTRIBUTIONS", "projection", "projection_key", "hash_u32"]
+__all__ = ["DISTRIBUTIONS", "projection", "projection_key", "hash_u32", "shared_projections"]
 
 DISTRIBUTIONS = ("rademacher", "gaussian")
 
@@ -150,6 +152,42 @@ def _fast_path(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+_MEMO: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("logra_projection_memo", default=None)
+
+
+@contextlib.contextmanager
+def shared_projections() -> Iterator[None]:
+    """Within the block, :func:`projection` calls with equal arguments return one tensor, computed once.
+
+    For a consumer that needs one layer's projection for several of its parameters in one
+    update (an engine's ``q``/``k``/``v`` or ``gate``/``up`` weights): the tensors returned
+    inside the block are shared and must be treated as read-only. Calls with an index list
+    or tensor as ``cols`` are not shared. Nothing is kept after the block (nested blocks share
+    the outer one's memo).
+    """
+    if _MEMO.get() is not None:
+        yield
+        return
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def _memo_key(seed, name, update, rank, n_in, distribution, cols, device) -> Optional[tuple]:
+    if cols is None:
+        cols_key: Optional[tuple] = None
+    elif isinstance(cols, range):
+        cols_key = ("range", cols.start, cols.stop, cols.step)
+    elif isinstance(cols, slice):
+        cols_key = ("slice", cols.start, cols.stop, cols.step)
+    else:
+        return None
+    dev = None if device is None else str(torch.device(device))
+    return (int(seed), canonical_name(name), int(update), int(rank), int(n_in), distribution, cols_key, dev)
+
+
 def projection(
     seed: int,
     name: str,
@@ -174,8 +212,32 @@ def projection(
         cols: global column indices to produce (default: all ``n_in``).
         device: where to build the result.
 
-    ``E[AᵀA] = I`` for both distributions.
+    ``E[AᵀA] = I`` for both distributions. Inside :func:`shared_projections` equal calls
+    return the same (read-only) tensor.
     """
+    memo = _MEMO.get()
+    mkey = None if memo is None else _memo_key(seed, name, update, rank, n_in, distribution, cols, device)
+    if mkey is not None:
+        hit = memo.get(mkey)  # type: ignore[union-attr]
+        if hit is None:
+            hit = memo[mkey] = _projection(seed, name, update, rank, n_in, distribution=distribution, cols=cols,  # type: ignore[index]
+                                           device=device)
+        return hit
+    return _projection(seed, name, update, rank, n_in, distribution=distribution, cols=cols, device=device)
+
+
+def _projection(
+    seed: int,
+    name: str,
+    update: int,
+    rank: int,
+    n_in: int,
+    *,
+    distribution: str = "rademacher",
+    cols: Optional[Union[Sequence[int], torch.Tensor, slice, range]] = None,
+    device: Optional[Union[str, torch.device]] = None,
+) -> torch.Tensor:
+    """:func:`projection` without the memo."""
     if rank < 1:
         raise ValueError(f"rank must be >= 1, got {rank}")
     if n_in < 1:

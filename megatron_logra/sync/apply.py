@@ -36,7 +36,7 @@ from typing import Optional
 
 import torch
 
-from megatron_logra.sketch.random_projection import projection
+from megatron_logra.sketch.random_projection import projection, shared_projections
 from megatron_logra.sync.codec import SketchDelta
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.factors import (
@@ -257,21 +257,27 @@ def apply_delta_(
     try:
         staged = []
         need: dict[torch.device, list[int]] = {}
-        for f in plan.factors:
-            w = weights[f.param]
-            A_RI = projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in,
-                              distribution=delta.distribution, cols=f.cols, device=w.device)
-            if delta.distribution == "rademacher":
-                M_RI, scale = rademacher_signs(A_RI)  # regenerated here: ±s by construction
-            else:
-                M_RI, scale = split_projection(A_RI, delta.distribution)
-            U32 = f.U_OR.to(device=w.device, dtype=torch.float32)
-            staged.append((w, U32, M_RI, scale))
-            elems = _workspace_elems(w.shape[0], w.shape[1], chunk_elems(w.device, max_chunk_elems))
-            cur = need.setdefault(w.device, [0, 0])
-            cur[0] = max(cur[0], elems)
-            if w.dtype != torch.float32:
-                cur[1] = max(cur[1], elems)
+        split: dict[int, tuple[torch.Tensor, torch.Tensor, Optional[float]]] = {}  # id(A) -> (A, M, s)
+        with shared_projections():  # q/k/v (gate/up) of one layer share A: computed once per apply
+            for f in plan.factors:
+                w = weights[f.param]
+                A_RI = projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in,
+                                  distribution=delta.distribution, cols=f.cols, device=w.device)
+                hit = split.get(id(A_RI))
+                if hit is not None and hit[0] is A_RI:
+                    _, M_RI, scale = hit
+                elif delta.distribution == "rademacher":
+                    M_RI, scale = rademacher_signs(A_RI)  # regenerated here: ±s by construction
+                else:
+                    M_RI, scale = split_projection(A_RI, delta.distribution)
+                split[id(A_RI)] = (A_RI, M_RI, scale)
+                U32 = f.U_OR.to(device=w.device, dtype=torch.float32)
+                staged.append((w, U32, M_RI, scale))
+                elems = _workspace_elems(w.shape[0], w.shape[1], chunk_elems(w.device, max_chunk_elems))
+                cur = need.setdefault(w.device, [0, 0])
+                cur[0] = max(cur[0], elems)
+                if w.dtype != torch.float32:
+                    cur[1] = max(cur[1], elems)
         workspaces = {dev: (torch.empty(a, dtype=torch.float32, device=dev), torch.empty(b, dtype=torch.float32, device=dev))
                       for dev, (a, b) in need.items()}
         dense = []

@@ -202,3 +202,25 @@ def test_check_factors_batch_equals_each_factor_alone():
     assert check_factors([]) == []
     with pytest.raises(ValueError):
         check_factors([factors[0], torch.zeros(2, r + 1, dtype=torch.bfloat16)])
+
+
+def test_apply_computes_each_layers_projection_once_and_shares_nothing_after(monkeypatch):
+    shape = DenseShape(hidden=32, layers=2, heads=4, kv_heads=2, ffn=48, vocab=40)
+    delta = random_delta(shape, 8)
+    plan = plan_for(delta, "hf")
+    weights = _weights_for(plan, torch.float32, torch.Generator().manual_seed(0))
+    computed = []
+    real = rp._projection
+
+    def counting(*args, **kw):
+        computed.append(args[1])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(rp, "_projection", counting)
+    apply_delta_(weights, delta, 0)
+    assert len(plan.factors) == 14 and sorted(computed) == sorted(t.name for t in delta.targets)  # 8, not 14
+    with rp.shared_projections():
+        a = rp.projection(1, "x", 0, 4, 9)
+        assert rp.projection(1, "x", 0, 4, 9) is a
+        assert rp.projection(1, "x", 0, 4, 9, cols=[0, 1]) is not rp.projection(1, "x", 0, 4, 9, cols=[0, 1])
+    assert rp.projection(1, "x", 0, 4, 9) is not a and torch.equal(rp.projection(1, "x", 0, 4, 9), a)
