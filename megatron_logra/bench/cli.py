@@ -12,17 +12,20 @@ A missing GaLore/APOLLO package is reported and skipped, never fatal.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from megatron_logra.bench.accuracy_fig import RunResult
 from megatron_logra.bench.config import KL_MODES, OPTIMIZERS, PaperBenchConfig
+from megatron_logra.bench.memory_fig import MemoryRow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["add_parser", "build_parser", "main", "run_paper", "render_only"]
+__all__ = ["add_parser", "build_parser", "main", "run_paper", "render_only", "load_results"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -136,6 +139,35 @@ def run_paper(cfg: PaperBenchConfig) -> Path:
     return path
 
 
+def load_results(path: Path) -> dict[str, Any]:
+    """The keyword arguments of :func:`render_report` (and the config) rebuilt from a
+    ``results[-quick].json`` written by :func:`write_report`, to re-render a report without
+    rerunning it. Per-update records are not stored there; the KL rows are."""
+    data = json.loads(Path(path).read_text())
+    cfg = PaperBenchConfig(**{k: ([tuple(x) for x in v] if k == "memory_sizes" else v)
+                              for k, v in data["config"].items()})
+    runs = {}
+    for key, r in data["runs"].items():
+        label, seed = key.rsplit("-seed", 1)
+        runs[(label, int(seed))] = RunResult(label=label, seed=int(seed), eval_before=r["eval_before"],
+                                             eval_after=r["eval_after"], curve=[tuple(x) for x in r["curve"]],
+                                             wall_seconds=r["wall_seconds"], rl_seconds=r.get("rl_seconds", 0.0),
+                                             skipped=r["skipped"])
+    by_optimizer = {o: [runs[(o, s)] for s in cfg.seeds if (o, s) in runs] for o in cfg.optimizers}
+    by_rank = {k: [runs[(lab, s)] for s in cfg.rank_seeds if (lab, s) in runs]
+               for k in cfg.ranks for lab in ["logra" if k == 32 else f"logra-r{k}"]}
+    prefix = "quick-" if cfg.quick else ""
+    names = {"memory": "fig1_memory.png", "accuracy": "fig2_accuracy.png", "rank": "fig5a_rank.png",
+             "cosine_single": "fig5b_cosine_single.png", "cosine_accumulated": "fig5c_cosine_accumulated.png",
+             "kl": "fig6_kl.png"}
+    images = {k: f"results/{prefix}{v}" for k, v in names.items() if (Path(path).parent / f"{prefix}{v}").exists()}
+    return {"cfg": cfg, "timings": data["timings"], "missing": data["missing"],
+            "memory": [MemoryRow(**m) for m in data["memory"]], "planned": data["planner"],
+            "by_optimizer": {k: v for k, v in by_optimizer.items() if v},
+            "by_rank": {k: v for k, v in by_rank.items() if v}, "cosines": data["cosines"],
+            "kl_rows": data["kl"], "images": images, "data": data}
+
+
 def render_only(out_dir: Path, *, quick: bool) -> int:
     """Rewrite the report from the numbers of an earlier run (after a change of wording)."""
     from megatron_logra.bench import report
@@ -143,7 +175,7 @@ def render_only(out_dir: Path, *, quick: bool) -> int:
     source = out_dir / "results" / ("results-quick.json" if quick else "results.json")
     if not source.exists():
         raise SystemExit(f"{source} does not exist: run `megatron-logra bench paper{' --quick' if quick else ''}` first")
-    kw = report.load_results(source)
+    kw = load_results(source)
     cfg, data = kw.pop("cfg"), kw.pop("data")
     cfg.out_dir = str(out_dir)
     path = report.write_report(cfg, report.render_report(cfg, **kw), data)

@@ -19,7 +19,7 @@ from megatron_logra.bench.memory_fig import MemoryRow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["render_report", "write_report", "verdicts", "load_results"]
+__all__ = ["render_report", "write_report", "verdicts"]
 
 MiB = 1024.0 * 1024.0
 
@@ -198,35 +198,6 @@ def render_report(cfg: PaperBenchConfig, *, timings: dict[str, float], missing: 
                           "median actual KL", "max actual KL", "actual/budget"], rows), ""]
         parts += [f"![Fig 6]({images['kl']})", ""] if "kl" in images else []
     return "\n".join(parts) + "\n"
-
-
-def load_results(path: Path) -> dict[str, Any]:
-    """The keyword arguments of :func:`render_report` (and the config) rebuilt from a
-    ``results[-quick].json`` written by :func:`write_report`, to re-render a report without
-    rerunning it. Per-update records are not stored there; the KL rows are."""
-    data = json.loads(Path(path).read_text())
-    cfg = PaperBenchConfig(**{k: ([tuple(x) for x in v] if k == "memory_sizes" else v)
-                              for k, v in data["config"].items()})
-    runs = {}
-    for key, r in data["runs"].items():
-        label, seed = key.rsplit("-seed", 1)
-        runs[(label, int(seed))] = RunResult(label=label, seed=int(seed), eval_before=r["eval_before"],
-                                             eval_after=r["eval_after"], curve=[tuple(x) for x in r["curve"]],
-                                             wall_seconds=r["wall_seconds"], rl_seconds=r.get("rl_seconds", 0.0),
-                                             skipped=r["skipped"])
-    by_optimizer = {o: [runs[(o, s)] for s in cfg.seeds if (o, s) in runs] for o in cfg.optimizers}
-    by_rank = {k: [runs[(lab, s)] for s in cfg.rank_seeds if (lab, s) in runs]
-               for k in cfg.ranks for lab in ["logra" if k == 32 else f"logra-r{k}"]}
-    prefix = "quick-" if cfg.quick else ""
-    names = {"memory": "fig1_memory.png", "accuracy": "fig2_accuracy.png", "rank": "fig5a_rank.png",
-             "cosine_single": "fig5b_cosine_single.png", "cosine_accumulated": "fig5c_cosine_accumulated.png",
-             "kl": "fig6_kl.png"}
-    images = {k: f"results/{prefix}{v}" for k, v in names.items() if (Path(path).parent / f"{prefix}{v}").exists()}
-    return {"cfg": cfg, "timings": data["timings"], "missing": data["missing"],
-            "memory": [MemoryRow(**m) for m in data["memory"]], "planned": data["planner"],
-            "by_optimizer": {k: v for k, v in by_optimizer.items() if v},
-            "by_rank": {k: v for k, v in by_rank.items() if v}, "cosines": data["cosines"],
-            "kl_rows": data["kl"], "images": images, "data": data}
 
 
 def write_report(cfg: PaperBenchConfig, text: str, data: dict[str, Any]) -> Path:
