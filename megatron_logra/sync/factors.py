@@ -69,46 +69,50 @@ def check_factor(U_OR: torch.Tensor) -> tuple[bool, int]:
 
     See :func:`check_factors` (this is the one-factor case).
     """
-    return check_factors([U_OR])[0]
+    if U_OR.dtype != torch.bfloat16 or U_OR.dim() != 2:
+        raise ValueError(f"expected a 2-D bf16 factor, got {U_OR.dtype} {tuple(U_OR.shape)}")
+    return _check_factor(U_OR)
 
 
 @torch.no_grad()
 def check_factors(factors: Sequence[torch.Tensor]) -> list[tuple[bool, int]]:
-    """``(all entries finite, rows off the exact-sum grid)`` of each bf16 factor ``[n_out_t, r]`` (one ``r``).
+    """``(all entries finite, rows off the exact-sum grid)`` of each bf16 factor ``[n_out_t, r]``.
 
-    All factors are checked in one batch of row-wise ops (their rows concatenated). The row
-    maxima of ``|U|`` come from the bf16 bit patterns (an int16 max of the magnitude bits
-    orders finite values by size and puts inf/NaN above them), so the finiteness check is
-    free. A row is on the grid iff every ``U_ik / q_i`` (exact: ``q_i`` is a power of two) is
-    an integer, which is what :func:`quantize_factor` produces and ``round(U/q)·q == U``
-    tests; a row below ``2^-100`` must be zero. The off-grid count of a factor that is not
-    finite is reported as 0.
+    The row maxima of ``|U|`` come from the bf16 bit patterns (an int16 max of the magnitude
+    bits orders finite values by size and puts inf/NaN above them), so the finiteness check is
+    free. The common case (every row on the grid, none tiny, ``q_i <= 2^16``) is settled by one
+    flat test: ``x = U/q`` row by row (``q_i`` a power of two) is then exact or fractional, so
+    the rows are on the grid iff every ``x`` is an integer. Otherwise the
+    definition ``round(U/q)·q == U`` (a row below ``2^-100`` must be zero) is evaluated row by
+    row, as :func:`off_grid_rows` always did. The off-grid count of a non-finite factor is 0.
     """
-    if not factors:
-        return []
-    r = factors[0].shape[-1]
+    out = []
     for U in factors:
-        if U.dtype != torch.bfloat16 or U.dim() != 2 or U.shape[1] != r:
-            raise ValueError(f"expected 2-D bf16 factors with {r} columns, got {U.dtype} {tuple(U.shape)}")
-    U_NR = factors[0] if len(factors) == 1 else torch.cat(list(factors))
-    if U_NR.numel() == 0:
-        return [(True, 0) for _ in factors]
-    mag_N1 = (U_NR.view(torch.int16) & 0x7FFF).amax(dim=1, keepdim=True)
-    rowmax_N1 = mag_N1.view(torch.bfloat16).float()  # NaN/inf rows: >= 0x7F80
-    L = max(0, math.ceil(math.log2(r)))
-    _, e = torch.frexp(rowmax_N1)
-    tiny_N1 = rowmax_N1 < 2.0**_TINY_ROW_EXP
-    q_N1 = torch.ldexp(torch.ones_like(rowmax_N1), torch.clamp(e + (L - 24), min=-149))
-    frac_NR = torch.frac(U_NR.float().div_(q_N1))
-    nonfinite_N = (mag_N1[:, 0] >= 0x7F80).to(torch.int32)
-    off_N = frac_NR.ne_(0).any(dim=1, keepdim=True)
-    off_N = torch.where(tiny_N1, rowmax_N1 != 0, off_N)[:, 0].to(torch.int32)
-    ends = torch.tensor([U.shape[0] for U in factors]).cumsum(0)
-    starts = ends - torch.tensor([U.shape[0] for U in factors])
-    cs = torch.stack([torch.cat([torch.zeros(1, dtype=torch.int64), nonfinite_N.cumsum(0)]),
-                      torch.cat([torch.zeros(1, dtype=torch.int64), off_N.cumsum(0)])])  # [2, N + 1]
-    counts = (cs[:, ends] - cs[:, starts]).tolist()
-    return [(nf == 0, off if nf == 0 else 0) for nf, off in zip(counts[0], counts[1])]
+        if U.dtype != torch.bfloat16 or U.dim() != 2:
+            raise ValueError(f"expected a 2-D bf16 factor, got {U.dtype} {tuple(U.shape)}")
+        out.append(_check_factor(U))
+    return out
+
+
+def _check_factor(U_OR: torch.Tensor) -> tuple[bool, int]:
+    if U_OR.numel() == 0:
+        return True, 0
+    mag_O1 = (U_OR.view(torch.int16) & 0x7FFF).amax(dim=1, keepdim=True)
+    if bool((mag_O1 >= 0x7F80).any()):
+        return False, 0
+    rowmax_O1 = mag_O1.view(torch.bfloat16).float()
+    L = max(0, math.ceil(math.log2(U_OR.shape[1])))
+    _, e = torch.frexp(rowmax_O1)
+    tiny_O1 = rowmax_O1 < 2.0**_TINY_ROW_EXP
+    q_O1 = torch.ldexp(torch.ones_like(rowmax_O1), torch.clamp(e + (L - 24), min=-149))
+    # x = U/q is exact unless it underflows; with q <= 2^16 a nonzero bf16 U (>= 2^-133) cannot
+    # underflow to zero, and an inexact (subnormal) quotient is below 1, hence fractional.
+    if not bool(tiny_O1.any()) and float(q_O1.max()) <= 2.0**16:
+        if not bool(U_OR.float().div_(q_O1).frac_().any()):
+            return True, 0
+    U32 = U_OR.float()
+    on = torch.where(tiny_O1, U32 == 0, torch.round(U32 / q_O1) * q_O1 == U32)
+    return True, int((~on.all(dim=1)).sum())
 
 
 def split_projection(A_RI: torch.Tensor, distribution: str) -> tuple[torch.Tensor, Optional[float]]:

@@ -176,6 +176,11 @@ def test_check_factor_equals_the_definition():
             V = U.clone()
             V[7, r - 1] = bad
             assert check_factor(V) == (False, 0)
+    # huge rows (q > 2^16): an entry at bf16's smallest subnormal would underflow U/q to zero in fp32
+    big = quantize_factor(torch.randn(6, 8, generator=gen) * 2.0**60)
+    assert check_factor(big) == _naive_check(big) == (True, 0)
+    big[2, 5] = 2.0**-133
+    assert check_factor(big) == _naive_check(big) == (True, 1)
     assert check_factor(torch.zeros(0, 4, dtype=torch.bfloat16)) == (True, 0)
     with pytest.raises(ValueError):
         check_factor(torch.zeros(3, 4))
@@ -201,7 +206,7 @@ def test_check_factors_batch_equals_each_factor_alone():
     assert got[4] == (False, 0) and got[7] == (False, 0) and got[9][1] >= 1 and got[3][1] > 0
     assert check_factors([]) == []
     with pytest.raises(ValueError):
-        check_factors([factors[0], torch.zeros(2, r + 1, dtype=torch.bfloat16)])
+        check_factors([factors[0], torch.zeros(2, r)])
 
 
 def test_apply_computes_each_layers_projection_once_and_shares_nothing_after(monkeypatch):
