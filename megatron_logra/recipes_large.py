@@ -4,7 +4,9 @@ Shapes come from :mod:`megatron_logra.models.presets` (the ones the memory plann
 tokenizer from a local Hugging Face checkpoint given with ``--model.hf_path`` (its architecture
 fields replace the preset's). Layouts follow docs/memory.md for one 8-GPU node: 1.5B at TP 1
 (DP = GPUs), 7B at TP 4, 27B at TP 8; full activation recompute, LoGRA rank 128 with fp32 masters,
-sequence length 4096.
+sequence length 4096. Rollouts come from SGLang (``rl.rollout.engine=sglang``: an in-process
+``sglang.Engine`` per DP replica on the replica's GPUs with 30% of their memory, or
+``--rl.rollout.sglang_url`` for a running server), kept in sync by sketch deltas.
 
 LoGRA runs the *paper* recipe (token-normalised sketches, per-layer norm restoration, global update
 ratio 6e-5, step size from the predicted-KL controller, budget 2e-4 -> 2e-5 over 300 updates);
@@ -65,7 +67,8 @@ def large_recipe(preset: str):
         task=TaskConfig(datasets=["basic_arithmetic", "chain_sum", "gcd", "lcm", "simple_equations"], num_eval=200),
         rl=RLConfig(steps=300, prompts_per_step=64, group_size=8, micro_batch_size=micro_batch, eval_interval=25,
                     prompt_template="{prompt}\nAnswer with the final result only.\n",
-                    rollout=RolloutConfig(temperature=1.0, max_new_tokens=512)),
+                    rollout=RolloutConfig(engine="sglang", temperature=1.0, max_new_tokens=512,
+                                          mem_fraction_static=0.3)),
         kl=KLConfig(mode="predicted", budget_start=2e-4, budget_end=2e-5, horizon=300),
         sync=SyncConfig(mode="delta", anchor_interval=50),
         train=TrainConfig(run_dir=f"runs/{run}", log_interval=1, save_interval=50),

@@ -15,7 +15,28 @@ class RolloutConfig:
     """Sampling of the rollout engine."""
 
     engine: str = "embedded"
-    """embedded (a transformers copy of the policy in this process)."""
+    """``embedded`` (a transformers copy of the policy in this process; CPU recipes) or ``sglang``
+    (``megatron_logra.rollout.sglang_engine``: an in-process ``sglang.Engine`` per DP replica, or the
+    server at ``sglang_url``; GPU only)."""
+    sglang_url: str = ""
+    """Base URL of a running SGLang server (started with ``--custom-weight-loader
+    megatron_logra.sync.sglang_loader.sync_loader``); empty: start an in-process ``sglang.Engine``."""
+    sglang_api_key: str = ""
+    """The server's ``--api-key`` (sent as a bearer token); empty: none."""
+    sglang_timeout: float = 600.0
+    """Seconds each HTTP request to the server may take (generation and weight updates)."""
+    sglang_serialization: str = "pickle"
+    """How dense tensors travel to a server: ``pickle`` (by value, any host) or ``cuda_ipc`` (same host)."""
+    mem_fraction_static: float = 0.3
+    """Share of each GPU's memory the in-process SGLang engine reserves (weights + KV cache); the
+    trainer lives in the rest (``megatron-logra memory --engine-fraction`` plans it)."""
+    sglang_tp: int = 0
+    """Tensor-parallel size of the in-process engine; 0 = the trainer's ``parallel.tp`` (its GPUs)."""
+    sglang_sampling_seed: bool = False
+    """Send a per-request ``sampling_seed`` (reproducible rollouts on SGLang versions that support it);
+    off: SGLang samples from its own generator (seeded once with ``train.seed``)."""
+    sglang_engine_args: dict = field(default_factory=dict)
+    """Extra ``sglang.Engine`` keyword arguments (ServerArgs), e.g. ``{"attention_backend": "triton"}``."""
     temperature: float = 1.0
     """Sampling temperature τ (also the temperature of trainer log-probs and the KL probe)."""
     top_p: float = 1.0
@@ -28,8 +49,22 @@ class RolloutConfig:
     """Samples per held-out problem; accuracy is their mean (mean@k, "pass@1 over k samples")."""
 
     def __post_init__(self) -> None:
-        if self.engine not in ("embedded",):
-            raise ValueError(f"rl.rollout.engine={self.engine!r}: only 'embedded' is available on this build")
+        if self.engine not in ("embedded", "sglang"):
+            raise ValueError(f"rl.rollout.engine={self.engine!r}: choose embedded or sglang")
+        if self.sglang_url and self.engine != "sglang":
+            raise ValueError(f"rl.rollout.sglang_url={self.sglang_url!r} needs rl.rollout.engine=sglang")
+        if self.sglang_url and not self.sglang_url.startswith(("http://", "https://")):
+            raise ValueError(f"rl.rollout.sglang_url={self.sglang_url!r} must start with http:// or https://")
+        if not self.sglang_timeout > 0:
+            raise ValueError(f"rl.rollout.sglang_timeout={self.sglang_timeout} must be > 0")
+        if self.sglang_serialization not in ("pickle", "cuda_ipc"):
+            raise ValueError(f"rl.rollout.sglang_serialization={self.sglang_serialization!r}: choose pickle or cuda_ipc")
+        if not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"rl.rollout.mem_fraction_static={self.mem_fraction_static} must lie in (0, 1)")
+        if isinstance(self.sglang_tp, bool) or not isinstance(self.sglang_tp, int) or self.sglang_tp < 0:
+            raise ValueError(f"rl.rollout.sglang_tp={self.sglang_tp!r} must be an int >= 0 (0 = parallel.tp)")
+        if not isinstance(self.sglang_engine_args, dict):
+            raise ValueError(f"rl.rollout.sglang_engine_args must be a mapping, got {self.sglang_engine_args!r}")
         if self.temperature <= 0:
             raise ValueError(f"rl.rollout.temperature={self.temperature} must be > 0")
         if not 0 < self.top_p <= 1:

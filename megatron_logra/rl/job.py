@@ -30,8 +30,7 @@ from megatron_logra.convert.load import load_hf_into_model
 from megatron_logra.convert.spec import model_config_from_hf
 from megatron_logra.rl.policy_sync import PolicySync
 from megatron_logra.rl.teachers import build_teacher
-from megatron_logra.train.step import model_device
-from megatron_logra.rollout.embedded import EmbeddedEngine
+from megatron_logra.rollout import build_engine
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +151,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
     if resume_from is not None:
         load_checkpoint(resume_from, model, bundle, groups)
         logger.info("resumed from %s at RL step %d", resume_from, state.step)
-    engine = EmbeddedEngine(cfg.model, init_seed=cfg.train.seed, tp=groups.tp_size, device=model_device(model))
+    engine = build_engine(cfg, model, groups)
 
     sync = PolicySync(cfg.sync, model=model, model_cfg=cfg.model, optimizer=optimizer, engine=engine,
                       groups=groups, run_dir=run_dir)

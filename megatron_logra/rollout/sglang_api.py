@@ -1,0 +1,157 @@
+"""SGLang's native ``/generate`` API as pure functions, and the log-prob convention checks.
+
+Request (``POST /generate``; ``sglang.Engine.generate`` takes the same fields as keyword arguments)::
+
+    {"input_ids": [[1, 5, 9], ...], "sampling_params": {"temperature": 1.0, "top_p": 1.0,
+     "max_new_tokens": 32, "stop_token_ids": [2], ...}, "return_logprob": true}
+
+Response: one dict per prompt, in order (a bare dict for a single prompt)::
+
+    {"output_ids": [17, 4, 2],
+     "meta_info": {"output_token_logprobs": [[-0.71, 17, null], [-1.2, 4, null], [-0.05, 2, null]],
+                   "finish_reason": {"type": "stop", "matched": 2},   # or {"type": "length", "length": 3}
+                   "weight_version": "3", "completion_tokens": 3, ...}}
+
+(``output_token_logprobs`` entries are ``(logprob, token_id, text)`` tuples from the in-process
+engine, JSON lists over HTTP; ``text`` is null without ``return_text_in_logprobs``.) The
+log-prob semantics and why they match the trainer are in :mod:`megatron_logra.rollout.sglang_engine`.
+Imports no SGLang.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+from megatron_logra.rollout.engine import Rollout, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_generate_payload", "parse_generate_response", "check_logprob_convention", "engine_hf_config",
+           "require_sglang", "ORIGINAL_LOGPROB_ENV", "PADDED_LOGIT_BIAS"]
+
+PADDED_LOGIT_BIAS = -1.0e4  # models.gpt.PADDED_LOGIT, kept literal: this module must not import megatron
+ORIGINAL_LOGPROB_ENV = ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RETURN_ORIGINAL_LOGPROB")
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_warned_top_p = False
+
+
+def require_sglang() -> Any:
+    """``import sglang``, or an ImportError saying how to get it (GPU only)."""
+    try:
+        import sglang
+    except ImportError as exc:
+        raise ImportError(
+            "rl.rollout.engine='sglang' needs SGLang, which is not installed here "
+            f"({exc}); install the GPU extra: pip install 'megatron-logra[sglang]' (CUDA only), "
+            "or point rl.rollout.sglang_url at a running server, or use rl.rollout.engine=embedded") from exc
+    return sglang
+
+
+def require_sglang() -> Any:
+    """``import sglang``, or an ImportError saying how to get it (GPU only)."""
+    try:
+        import sglang
+    except ImportError as exc:
+        raise ImportError(
+            "rl.rollout.engine='sglang' needs SGLang, which is not installed here "
+            f"({exc}); install the GPU extra: pip install 'megatron-logra[sglang]' (CUDA only), "
+            "or point rl.rollout.sglang_url at a running server, or use rl.rollout.engine=embedded") from exc
+    return sglang
+
+
+# --------------------------------------------------------------------------- pure translations
+
+
+def check_logprob_convention(params: SamplingParams, env: Optional[Mapping[str, str]] = None) -> None:
+    """Refuse settings under which SGLang's log-probs are not ``log_softmax(z / T)`` (module docstring)."""
+    global _warned_top_p
+    env = os.environ if env is None else env
+    for name in ORIGINAL_LOGPROB_ENV:
+        if str(env.get(name, "")).lower() in ("1", "true", "yes", "on") and params.temperature not in (0, 1):
+            raise ValueError(f"{name} is set: SGLang would return log-probs of softmax(z), not softmax(z/T) at "
+                             f"T={params.temperature}; unset it")
+    if params.top_p < 1 and params.temperature > 0 and not _warned_top_p:
+        _warned_top_p = True
+        logger.warning("sglang engine: top_p=%s < 1: SGLang reports log-probs renormalised over the nucleus "
+                       "(>= the trainer's untruncated ones); importance weights absorb the gap", params.top_p)
+
+
+def build_generate_payload(prompts: Sequence[Sequence[int]], params: SamplingParams, *, vocab_size: int,
+                           padded_vocab_size: int, send_seed: bool = False) -> dict:
+    """The ``/generate`` body (also ``Engine.generate``'s keyword arguments) for one batch.
+
+    ``temperature == 0`` is sent as 0 (SGLang maps it to greedy, ``top_k = 1``, log-probs of
+    ``softmax(z)``). ``logit_bias`` holds the padded ids ``[vocab_size, padded_vocab_size)``.
+    ``send_seed`` adds ``sampling_seed = params.seed + i`` per prompt (SGLang's per-request seed),
+    making ``sampling_params`` a list; otherwise SGLang samples from its own generator.
+    """
+    if not prompts:
+        raise ValueError("generate: empty batch")
+    sp: dict[str, Any] = {"temperature": float(params.temperature), "top_p": float(params.top_p),
+                          "max_new_tokens": int(params.max_new_tokens),
+                          "stop_token_ids": sorted(set(params.stop_token_ids)), "skip_special_tokens": False}
+    if padded_vocab_size > vocab_size:
+        sp["logit_bias"] = {str(i): PADDED_LOGIT_BIAS for i in range(vocab_size, padded_vocab_size)}
+    sampling: Any = sp
+    if send_seed:
+        sampling = [{**sp, "sampling_seed": (params.seed + i) % 2**63} for i in range(len(prompts))]
+    return {"input_ids": [list(map(int, p)) for p in prompts], "sampling_params": sampling, "return_logprob": True}
+
+
+def parse_generate_response(response: Any, prompts: Sequence[Sequence[int]], weight_version: int) -> list[Rollout]:
+    """Rollouts from a ``/generate`` answer (a list of per-prompt dicts; a bare dict for one prompt).
+
+    ``completion_ids`` are ``output_ids`` (stop token included, as SGLang returns it); log-probs are the
+    first field of each ``meta_info.output_token_logprobs`` entry, whose token id must equal the
+    output id at that position; ``finished`` is ``finish_reason.type == "stop"``. A ``weight_version``
+    in ``meta_info`` that is an integer different from ``weight_version`` means the rollout came from
+    other weights: ValueError. Any missing field or length mismatch is a ValueError naming it.
+    """
+    outs = [response] if isinstance(response, dict) else response
+    if not isinstance(outs, list) or len(outs) != len(prompts):
+        raise ValueError(f"/generate returned {type(response).__name__} of "
+                         f"{len(outs) if isinstance(outs, list) else '?'} items for {len(prompts)} prompts")
+    rollouts = []
+    for i, (out, prompt) in enumerate(zip(outs, prompts)):
+        if not isinstance(out, dict) or "output_ids" not in out or not isinstance(out.get("meta_info"), dict):
+            raise ValueError(f"/generate item {i} lacks output_ids or meta_info: {str(out)[:200]}")
+        meta = out["meta_info"]
+        ids = [int(t) for t in out["output_ids"]]
+        entries = meta.get("output_token_logprobs")
+        if entries is None:
+            raise ValueError(f"/generate item {i} has no meta_info.output_token_logprobs (send return_logprob=True)")
+        if len(entries) != len(ids):
+            raise ValueError(f"/generate item {i}: {len(entries)} output_token_logprobs for {len(ids)} output_ids")
+        logps = []
+        for j, entry in enumerate(entries):
+            logp, tok = entry[0], int(entry[1])
+            if tok != ids[j] or logp is None:
+                raise ValueError(f"/generate item {i} token {j}: logprob entry {entry!r} for output id {ids[j]}")
+            logps.append(float(logp))
+        reason = meta.get("finish_reason")
+        kind = reason.get("type") if isinstance(reason, dict) else reason
+        if kind not in ("stop", "length"):
+            raise ValueError(f"/generate item {i} finished with {reason!r} (expected stop or length)")
+        tag = meta.get("weight_version")
+        if tag is not None and str(tag).isdigit() and int(tag) != weight_version:
+            raise ValueError(f"/generate item {i} was generated by weight_version {tag}, engine at {weight_version}")
+        rollouts.append(Rollout(list(prompt), ids, logps, kind == "stop", weight_version))
+    return rollouts
+
+
+def engine_hf_config(model_cfg: Any, tp: int = 1) -> dict:
+    """``config.json`` of the engine's model: :func:`hf_config_from_model_config` (padded vocab, the
+    trainer's exact shapes) plus the fields SGLang reads to pick and build the model class
+    (``architectures``, a top-level ``rope_theta``, ``torch_dtype``). SGLang loads it with
+    ``load_format="dummy"``; the real weights arrive with the first full refit."""
+    from megatron_logra.models.hf import hf_config_from_model_config
+
+    hf = hf_config_from_model_config(model_cfg, tp)
+    cfg = hf.to_dict()
+    cfg["architectures"] = [_ARCHITECTURES[hf.model_type]]
+    cfg["rope_theta"] = float(model_cfg.rotary_base)
+    cfg.setdefault("rope_scaling", None)
+    cfg["torch_dtype"] = "bfloat16"
+    return cfg

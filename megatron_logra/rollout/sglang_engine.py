@@ -1,0 +1,236 @@
+"""SGLang rollout engine: the :class:`~megatron_logra.rollout.engine.RolloutEngine` protocol on
+``sglang.Engine`` (in process, on the trainer's GPUs) or on a running SGLang server (HTTP).
+
+Generation goes through SGLang's native ``/generate`` (``Engine.generate`` takes the same fields):
+``{"input_ids": [[...], ...], "sampling_params": {...}, "return_logprob": true}``; the answer is
+one dict per prompt, in order, with ``output_ids`` and ``meta_info`` holding
+``output_token_logprobs`` (one ``[logprob, token_id, text_or_null]`` per generated token),
+``finish_reason`` (``{"type": "stop", "matched": id}`` or ``{"type": "length", "length": n}``) and,
+on SGLang >= 0.5, ``weight_version`` (a string). :mod:`megatron_logra.rollout.sglang_api`
+holds the pure translations (tested against those shapes).
+
+Log-prob convention (see :mod:`megatron_logra.rollout.engine`: ``log_softmax(z / T)`` at the sampled
+token, before top-p truncation; ``softmax(z)`` when greedy). SGLang's sampler (>= 0.4.1, by design:
+"the real logprob used in sampling") returns, for ``T > 0``, ``log`` of the temperature-scaled
+probabilities *renormalised over the top-p nucleus*; for greedy requests ``log_softmax(z)``. So:
+
+* ``top_p == 1``: identical to the trainer's convention (up to kernel rounding);
+* ``top_p < 1``: SGLang's value is ``ours - log(nucleus mass) >= ours``; the nucleus mass is not
+  returned, so it cannot be converted back. A warning is logged once; the mismatch shows up in the
+  ``mismatch`` metric and the truncated importance weights absorb it;
+* ``SGLANG_RETURN_ORIGINAL_LOGPROB`` (older: ``RETURN_ORIGINAL_LOGPROB``) makes SGLang return
+  ``log_softmax(z)`` whatever ``T``: with ``T`` not in ``{0, 1}`` the engine refuses to start
+  (checked in this process's environment, which an in-process engine inherits; a server's
+  environment cannot be seen: do not set it there).
+
+Padded vocabulary: the trainer gives columns ``>= ModelConfig.vocab_size`` the logit
+``PADDED_LOGIT``; SGLang has no such hook, so every request carries a ``logit_bias`` of
+``PADDED_LOGIT`` on those ids (probability ~0 on both sides).
+
+Weights: synchronised only through :mod:`megatron_logra.sync.sglang_client` (sketch deltas via the
+custom loader, dense refits, fingerprints, versions); this module just decides who talks to it.
+
+Ranks: SGLang runs its own tensor parallelism, so one process per engine talks to it.
+
+* generation: rank 0 of the model-parallel group (``groups.mp``: the TP x PP ranks of one DP
+  replica, which all roll out the same prompts) generates and broadcasts the rollouts (token ids,
+  log-probs, flags) to the group;
+* weight sync: for an in-process engine (one per DP replica, started by that replica's ``mp`` rank 0
+  with ``tp_size = parallel.tp`` on GPUs ``[cuda.current_device(), +tp)``), the same rank applies
+  and broadcasts the outcome over ``groups.mp``; for a server URL (one engine shared by every DP
+  replica), global rank 0 syncs it and broadcasts over the world, which also keeps other replicas
+  from generating before the update landed.
+
+Errors on the driving rank (a rejected delta, an HTTP failure) are re-raised on every rank of the
+group with the same type (``SyncError`` keeps its ``kind``), so ``PolicySync``'s fallback to a full
+refit runs on all ranks together. SGLang is imported lazily (:func:`require_sglang`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron_logra.rollout.engine import Rollout, SamplingParams
+from megatron_logra.rollout.sglang_api import (
+    build_generate_payload,
+    check_logprob_convention,
+    engine_hf_config,
+    parse_generate_response,
+    require_sglang,
+)
+from megatron_logra.sync.errors import SyncError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SGLangEngine", "share_from_driver"]
+
+
+# --------------------------------------------------------------------------- one driver per group
+
+
+def _world_size(group: Any) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() and group is not None else 1
+
+
+def _is_driver(group: Any) -> bool:
+    return _world_size(group) == 1 or dist.get_rank(group) == 0
+
+
+def share_from_driver(fn: Callable[[], Any], group: Any) -> Any:
+    """Run ``fn`` on ``group``'s rank 0 and give its result, or its error, to every rank of ``group``.
+
+    ``group``: a process group, ``dist.group.WORLD``, or None (this rank alone). Every rank must call.
+    ``SyncError`` keeps its ``kind``; other errors become ``RuntimeError`` on non-driving ranks.
+    """
+    if _world_size(group) == 1:
+        return fn()
+    box: list[Any] = [None]
+    if _is_driver(group):
+        try:
+            box[0] = ("ok", fn())
+        except SyncError as exc:
+            box[0] = ("sync", exc.kind, str(exc).removeprefix(f"[{exc.kind}] "))
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+            box[0] = ("error", type(exc).__name__, str(exc))
+            original = exc
+    src = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
+    dist.broadcast_object_list(box, src=src, group=group)
+    status = box[0]
+    if status[0] == "ok":
+        return status[1]
+    if status[0] == "sync":
+        raise SyncError(status[1], status[2])
+    if _is_driver(group):
+        raise original
+    raise RuntimeError(f"the rank driving the SGLang engine failed: {status[1]}: {status[2]}")
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+class SGLangEngine:
+    """Rollout engine backed by SGLang (see the module docstring for conventions and ranks).
+
+    ``generate_fn(payload) -> response`` exists on the generation driver (rank 0 of ``gen_group``),
+    ``target`` (a :mod:`~megatron_logra.sync.sglang_client` target) on the sync driver (rank 0 of
+    ``sync_group``); other ranks pass None. Build it with :meth:`from_config`. The constructor reads
+    the engine's version on the sync driver and shares it (a collective: every rank constructs).
+    """
+
+    def __init__(self, *, generate_fn: Optional[Callable[[dict], Any]], target: Any, vocab_size: int,
+                 padded_vocab_size: int, gen_group: Any = None, sync_group: Any = None, send_seed: bool = False,
+                 close_fn: Optional[Callable[[], None]] = None) -> None:
+        if _is_driver(gen_group) and generate_fn is None:
+            raise ValueError("the generation driver (rank 0 of gen_group) needs generate_fn")
+        if _is_driver(sync_group) and target is None:
+            raise ValueError("the sync driver (rank 0 of sync_group) needs a sglang_client target")
+        self.generate_fn, self.target = generate_fn, target
+        self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
+        self.gen_group, self.sync_group, self.send_seed = gen_group, sync_group, send_seed
+        self._close_fn = close_fn
+        self._version = int(share_from_driver(lambda: self.target.weight_version, sync_group))
+
+    # ------------------------------------------------------------------ weights (sync_client, driver only)
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the engine's weights (shared from the sync driver after every update)."""
+        return self._version
+
+    def _synced(self, fn: Callable[[], Any]) -> Any:
+        result, self._version = share_from_driver(lambda: (fn(), int(self.target.weight_version)), self.sync_group)
+        return result
+
+    def apply_sketch_delta(self, delta: Any) -> int:
+        """Send one sketch delta through ``sglang_client`` (driver); every rank gets the new version or the
+        same ``SyncError`` (the engine kept its weights)."""
+        self._synced(lambda: self.target.apply_sketch_delta(delta))
+        return self._version
+
+    def update_weights_full(self, hf_state: dict[str, torch.Tensor], version: int) -> None:
+        """Dense refit (HF names, full tensors) through ``sglang_client``; then ``weight_version = version``."""
+        self._synced(lambda: self.target.update_weights_full(hf_state, version))
+
+    def fingerprint(self) -> Optional[dict[str, str]]:
+        """The engine's per-tensor hashes (``sglang_client``), or None when it cannot say (TP > 1 engines)."""
+        return share_from_driver(lambda: self.target.fingerprint(), self.sync_group)
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
+        """One rollout per prompt, in order, from the engine's current weights (driver generates, group shares)."""
+
+        def run() -> list[Rollout]:
+            check_logprob_convention(params)
+            for i, p in enumerate(prompts):
+                if not p or min(p) < 0 or max(p) >= self.vocab_size:
+                    raise ValueError(f"prompt {i} is empty or has token ids outside [0, {self.vocab_size})")
+            payload = build_generate_payload(prompts, params, vocab_size=self.vocab_size,
+                                             padded_vocab_size=self.padded_vocab_size, send_seed=self.send_seed)
+            return parse_generate_response(self.generate_fn(payload), prompts, self._version)
+
+        return share_from_driver(run, self.gen_group)
+
+    def close(self) -> None:
+        """Shut an in-process engine down (no-op for a server or on other ranks)."""
+        if self._close_fn is not None:
+            fn, self._close_fn = self._close_fn, None
+            fn()
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_config(cls, cfg: Any, groups: Any) -> "SGLangEngine":
+        """The engine ``cfg.rl.rollout`` asks for (``sglang_url`` set: that server; else an in-process
+        ``sglang.Engine`` per DP replica loading ``RUN/sglang_model/config.json`` with dummy weights)."""
+        from megatron_logra.sync.sglang_client import SGLangEngineTarget, SGLangServerTarget
+        from megatron_logra.sync.sglang_loader import LOADER_PATH
+
+        ro = cfg.rl.rollout
+        mp = groups.mp if _world_size(groups.mp) > 1 else None
+        common = dict(vocab_size=cfg.model.vocab_size, padded_vocab_size=cfg.model.padded_vocab_size(groups.tp_size),
+                      send_seed=ro.sglang_sampling_seed)
+        if ro.sglang_url:
+            world = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
+
+            def server() -> SGLangServerTarget:
+                return SGLangServerTarget(ro.sglang_url, api_key=ro.sglang_api_key or None, timeout=ro.sglang_timeout,
+                                          serialization=ro.sglang_serialization)
+
+            gen_target = server() if _is_driver(mp) else None
+            sync_target = (gen_target or server()) if _is_driver(world) else None
+            gen_fn = None
+            if gen_target is not None:
+                def gen_fn(payload: dict) -> Any:
+                    return gen_target.request("POST", "/generate", payload)[1]
+            logger.info("sglang engine: server %s (generation by mp rank 0, sync by global rank 0)", ro.sglang_url)
+            return cls(generate_fn=gen_fn, target=sync_target, gen_group=mp, sync_group=world, **common)
+
+        engine = None
+        if _is_driver(mp):
+            sglang = require_sglang()
+            model_dir = Path(cfg.train.run_dir) / "sglang_model" / f"dp{groups.dp_rank}"
+            model_dir.mkdir(parents=True, exist_ok=True)
+            (model_dir / "config.json").write_text(json.dumps(engine_hf_config(cfg.model, groups.tp_size), indent=1))
+            kwargs = dict(model_path=str(model_dir), load_format="dummy", dtype="bfloat16",
+                          tp_size=ro.sglang_tp or groups.tp_size,
+                          base_gpu_id=torch.cuda.current_device() if torch.cuda.is_available() else 0,
+                          mem_fraction_static=ro.mem_fraction_static, skip_tokenizer_init=True,
+                          random_seed=cfg.train.seed, context_length=cfg.model.seq_length,
+                          custom_weight_loader=[LOADER_PATH], log_level="error")
+            kwargs.update(ro.sglang_engine_args)
+            engine = sglang.Engine(**kwargs)
+            atexit.register(engine.shutdown)
+            logger.info("sglang engine: in-process, tp_size=%d, mem_fraction_static=%.2f, %s",
+                        kwargs["tp_size"], ro.mem_fraction_static, model_dir)
+        target = SGLangEngineTarget(engine) if engine is not None else None
+        gen_fn = (lambda payload: engine.generate(**payload)) if engine is not None else None
+        return cls(generate_fn=gen_fn, target=target, gen_group=mp, sync_group=mp,
+                   close_fn=engine.shutdown if engine is not None else None, **common)
