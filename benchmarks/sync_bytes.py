@@ -14,9 +14,11 @@ is of the two medians. The breakdown times the pieces of apply separately: valid
 regenerating every engine parameter's ``sign(A)``, the rank-r GEMMs alone (``U·sign(A)`` into
 the chunk workspace) and the whole merge kernel (GEMMs, scaling, and the subtraction that
 streams every target weight once, as the copy streams every weight once). ``encode`` (delta -> bytes) and ``decode`` (bytes ->
-verified delta) are timed too.
+verified delta) are timed too. ``--baseline-rev REV`` adds ``apply_delta_`` as of git revision REV
+(its projection, factors and apply modules) to the side-by-side loop, after checking that both
+give the same weights, for a before/after table.
 
-    python benchmarks/sync_bytes.py [--repeats 7] [--threads 1,2] [--big-dtypes float32,bfloat16]
+    python benchmarks/sync_bytes.py [--repeats 7] [--threads 1,2] [--big-dtypes float32,bfloat16] [--baseline-rev REV]
 
 """
 
@@ -28,7 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -151,8 +153,33 @@ def _merge_pieces(weights: dict[str, torch.Tensor], delta: SketchDelta) -> dict[
             "merge": merge}
 
 
+_BASELINE_FILES = {  # module name in the baseline package -> path; imports rewritten to the baseline copies
+    "baseline_projection": "megatron_logra/sketch/random_projection.py",
+    "baseline_factors": "megatron_logra/sync/factors.py",
+    "baseline_apply": "megatron_logra/sync/apply.py",
+}
+
+
+def _load_baseline(rev: str) -> Callable[..., int]:
+    """``apply_delta_`` as of git revision ``rev`` (projection, factors and apply from that commit, the rest current)."""
+    import importlib
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parent.parent
+    tmp = Path(tempfile.mkdtemp(prefix="sync_baseline_"))
+    for mod, path in _BASELINE_FILES.items():
+        text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], check=True, capture_output=True,
+                              text=True).stdout
+        text = text.replace("megatron_logra.sketch.random_projection", "baseline_projection")
+        text = text.replace("megatron_logra.sync.factors", "baseline_factors")
+        (tmp / f"{mod}.py").write_text(text)
+    sys.path.insert(0, str(tmp))
+    return importlib.import_module("baseline_apply").apply_delta_
+
+
 def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, repeats: int,
-              threads: int) -> tuple[str, dict]:
+              threads: int, baseline: Optional[Callable[..., int]] = None) -> tuple[str, dict]:
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
     weights = {k: (torch.randn(*s, generator=gen) * 0.02).to(dtype) for k, s in shape.hf_shapes().items()}
@@ -165,8 +192,16 @@ def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, repe
         for k, v in weights.items():
             v.copy_(src[k])
 
-    main = _side_by_side({"copy": copy_all, "apply": lambda: apply_delta_(weights, decoded, decoded.base_version)},
-                         repeats)
+    fns = {"copy": copy_all, "apply": lambda: apply_delta_(weights, decoded, decoded.base_version)}
+    if baseline is not None:
+        check = {k: v.clone() for k, v in weights.items()}
+        baseline(check, decoded, decoded.base_version)
+        apply_delta_(weights, decoded, decoded.base_version)
+        if not all(torch.equal(check[k], weights[k]) for k in weights):
+            raise SystemExit("the baseline and the current apply give different weights")
+        del check
+        fns["baseline"] = lambda: baseline(weights, decoded, decoded.base_version)
+    main = _side_by_side(fns, repeats)
     parts = _side_by_side(_merge_pieces(weights, decoded), repeats)
     t_encode = _median_time(lambda: encode(delta), repeats)
     t_decode = _median_time(lambda: decode(data), repeats)
@@ -179,7 +214,8 @@ def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, repe
            f"{ms['gemm']:.1f} ({flops / parts['gemm'] / 1e9:.0f} GFLOP/s) | {ms['merge']:.1f} | "
            f"{parts['gemm'] / main['copy']:.2f}x | {parts['merge'] / main['copy']:.2f}x |")
     return row, {**main, **parts, "flops": flops, "targets": shape.target_params(), "params": n, "threads": threads,
-                 "dtype": dtype, "label": label, "factors": len(plan_for(decoded, "hf").factors)}
+                 "dtype": dtype, "label": label, "factors": len(plan_for(decoded, "hf").factors),
+                 "layers_A": len(decoded.targets)}
 
 
 def _explain(stats: dict, rank: int) -> str:
@@ -196,7 +232,8 @@ def _explain(stats: dict, rank: int) -> str:
         f"plus {1e3 * max(elementwise, 0):.1f} ms scaling and subtracting"
         + (" (through the fp32 scratch: convert, subtract, round back)" if dt != "float32" else "")
         + f", which reads and writes each target weight once ({stats['targets'] / stats['params']:.0%} of the "
-        f"parameters). Regenerating sign(A) for {stats['factors']} engine parameters {1e3 * stats['regen']:.1f} ms, "
+        f"parameters). Regenerating sign(A) for {stats['factors']} engine parameters (one A per layer: "
+        f"{stats['layers_A']}) {1e3 * stats['regen']:.1f} ms, "
         f"validation {1e3 * stats['validate']:.1f} ms, the rest (factor casts, workspaces) {1e3 * max(other, 0):.1f} ms."
     )
     if stats["params"] < 1e7:
@@ -211,8 +248,11 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--big-dtypes", default="float32,bfloat16", help="weight dtypes of the >=100M model")
     p.add_argument("--threads", default="1,2", help="thread counts (comma separated); both sides use the same")
+    p.add_argument("--baseline-rev", default=None,
+                   help="also time apply_delta_ as of this git revision, side by side (and check equal weights)")
     p.add_argument("--out", default="benchmarks/results/sync_bytes.md")
     args = p.parse_args()
+    baseline = _load_baseline(args.baseline_rev) if args.baseline_rev else None
     ranks = [int(r) for r in args.ranks.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
     torch.set_num_threads(threads[0])
@@ -225,13 +265,22 @@ def main() -> int:
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     runs = [("tiny (recipe)", MODELS["tiny (recipe)"][0], torch.float32)]
     runs += [("hidden 1024 x 8, ffn 4096, vocab 32000", BIG, getattr(torch, d)) for d in args.big_dtypes.split(",")]
-    notes = []
+    notes: list[str] = []
+    versus: list[str] = []
     for label, shape, dtype in runs:
         for t in threads:
-            row, stats = time_rows(label, shape, r, dtype, args.repeats, t)
+            row, stats = time_rows(label, shape, r, dtype, args.repeats, t, baseline)
             out.append(row)
+            if baseline is not None:
+                versus.append(f"| {label} | {str(dtype).removeprefix('torch.')} | {t} | {1e3 * stats['copy']:.1f} | "
+                              f"{1e3 * stats['baseline']:.1f} | {stats['baseline'] / stats['copy']:.2f}x | "
+                              f"{1e3 * stats['apply']:.1f} | {stats['apply'] / stats['copy']:.2f}x |")
             notes.append(_explain(stats, r))
             print(row, flush=True)
+    if versus:
+        out += ["", f"Before / after (apply at `{args.baseline_rev}` and now, side by side with the copy):", "",
+                "| model | weights | threads | copy ms | apply before ms | before / copy | apply now ms | now / copy |",
+                "|---|---|---:|---:|---:|---:|---:|---:|"] + versus
     out += ["", "Where the time goes:", ""] + notes + ["", _BOUND_NOTE.format(r=r, flops=2 * r)]
     out += ["", f"Load average at the end: {_load():.1f} (other processes share the cores: compare ratios, not times)."]
     text = "\n".join(out)

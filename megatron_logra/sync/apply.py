@@ -26,7 +26,11 @@ that holds only where both sides run the same GEMM shapes on the same kind of de
 finiteness, factors on the exact-sum grid), then prepares every projection, fp32 U and dense
 cast (all allocations), and only then commits with in-place kernels into preallocated
 workspaces. Any failure before the commit leaves the weights untouched; the commit itself
-allocates nothing.
+allocates nothing. Validation reads the factors without copying them (one flat test per
+factor in the common case, :func:`megatron_logra.sync.factors.check_factors`); each layer's
+``A`` is regenerated once per apply and shared by the engine parameters cut from it (``q``/``k``/``v``,
+``gate``/``up``), and turned into ``sign(A)`` by bit operations. What remains is the arithmetic
+itself: per target weight a rank-r GEMM (``2r`` flops) and one read-modify-write pass.
 """
 
 from __future__ import annotations
