@@ -1,0 +1,376 @@
+"""The SGLang rollout engine on CPU: config, the ``/generate`` translations, the log-prob convention,
+the missing-SGLang error, and the one-driver-per-group sharing (2 gloo processes).
+
+SGLang cannot start here, so its side is a small stand-in (:class:`_FakeSGLang`) that answers a
+``/generate`` payload the way SGLang documents it (``output_ids``, ``meta_info.output_token_logprobs``
+as ``(logprob, token_id, text)``, ``finish_reason``), sampling from a fixed bigram logit table with the
+request's ``logit_bias`` and temperature; the engine's log-probs are compared with the trainer's
+convention (``log_softmax(z / T)`` with padded columns at ``PADDED_LOGIT``) computed independently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from megatron_logra.models.gpt import PADDED_LOGIT
+from megatron_logra.rl.config import RolloutConfig
+from megatron_logra.rollout import build_engine
+from megatron_logra.rollout.engine import SamplingParams
+from megatron_logra.rollout.sglang_api import (
+    PADDED_LOGIT_BIAS,
+    build_generate_payload,
+    check_logprob_convention,
+    engine_hf_config,
+    parse_generate_response,
+    require_sglang,
+)
+from megatron_logra.rollout.sglang_engine import SGLangEngine, share_from_driver
+from megatron_logra.sync import SyncError
+from megatron_logra.sync.sglang_client import SGLangServerTarget
+
+VOCAB, PADDED = 40, 48
+
+
+# --------------------------------------------------------------------------- stand-ins
+
+
+class _FakeSGLang:
+    """Answers ``/generate`` payloads like SGLang: bigram logits ``table[last token]`` (+ logit_bias),
+    greedy for T = 0 (log-probs of softmax(z)), else sampled from softmax(z/T) with its log-prob."""
+
+    def __init__(self, seed: int = 0, as_tuples: bool = True) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(PADDED, PADDED, generator=g, dtype=torch.float64) * 2
+        self.gen = torch.Generator().manual_seed(seed + 1)
+        self.as_tuples = as_tuples
+        self.payloads: list[dict] = []
+        self.weight_version = None
+
+    def __call__(self, payload: dict) -> list[dict]:
+        self.payloads.append(payload)
+        sp_all = payload["sampling_params"]
+        outs = []
+        for i, prompt in enumerate(payload["input_ids"]):
+            sp = sp_all[i] if isinstance(sp_all, list) else sp_all
+            bias = torch.zeros(PADDED, dtype=torch.float64)
+            for k, v in sp.get("logit_bias", {}).items():
+                bias[int(k)] += v
+            last, ids, entries, reason = prompt[-1], [], [], None
+            for _ in range(sp["max_new_tokens"]):
+                z = self.table[last] + bias
+                if sp["temperature"] == 0:
+                    tok = int(torch.argmax(z))
+                    logp = torch.log_softmax(z, -1)[tok]
+                else:
+                    lp = torch.log_softmax(z / sp["temperature"], -1)
+                    tok = int(torch.multinomial(lp.exp(), 1, generator=self.gen))
+                    logp = lp[tok]
+                ids.append(tok)
+                entry = (float(logp), tok, None)
+                entries.append(entry if self.as_tuples else list(entry))
+                last = tok
+                if tok in sp["stop_token_ids"]:
+                    reason = {"type": "stop", "matched": tok}
+                    break
+            reason = reason or {"type": "length", "length": len(ids)}
+            meta = {"output_token_logprobs": entries, "finish_reason": reason, "completion_tokens": len(ids),
+                    "prompt_tokens": len(prompt)}
+            if self.weight_version is not None:
+                meta["weight_version"] = self.weight_version
+            outs.append({"output_ids": ids, "meta_info": meta})
+        return outs
+
+
+class _FakeTarget:
+    """The ``sglang_client`` target protocol with a version and canned answers."""
+
+    def __init__(self, version: int = 0) -> None:
+        self.weight_version = version
+        self.calls: list[str] = []
+
+    def apply_sketch_delta(self, delta):
+        self.calls.append("delta")
+        if delta == "bad":
+            raise SyncError("gap", "delta 5->6 does not follow version 0")
+        if delta == "boom":
+            raise OSError("connection reset")
+        self.weight_version += 1
+        return self.weight_version
+
+    def update_weights_full(self, hf_state, version):
+        self.calls.append("full")
+        self.weight_version = version
+
+    def fingerprint(self):
+        return {"w": f"hash-{self.weight_version}"}
+
+
+def _trainer_logprobs(table: torch.Tensor, prompt: list[int], completion: list[int], temperature: float):
+    """The trainer's convention, computed independently: padded columns at PADDED_LOGIT, log_softmax(z/T)."""
+    out, last = [], prompt[-1]
+    for tok in completion:
+        z = table[last].clone()
+        z[VOCAB:] = PADDED_LOGIT
+        out.append(float(torch.log_softmax(z / (temperature or 1.0), -1)[tok]))
+        last = tok
+    return out
+
+
+def _engine(fake=None, target=None, **kw) -> SGLangEngine:
+    return SGLangEngine(generate_fn=fake or _FakeSGLang(), target=target or _FakeTarget(), vocab_size=VOCAB,
+                        padded_vocab_size=PADDED, **kw)
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_rollout_config_accepts_sglang_and_validates_its_fields():
+    cfg = RolloutConfig(engine="sglang", sglang_url="http://127.0.0.1:30000", mem_fraction_static=0.5, sglang_tp=2)
+    assert cfg.engine == "sglang" and cfg.sglang_tp == 2
+    bad = [
+        (dict(engine="vllm"), "rl.rollout.engine"),
+        (dict(sglang_url="http://x:1"), "rl.rollout.sglang_url"),
+        (dict(engine="sglang", sglang_url="127.0.0.1:30000"), "rl.rollout.sglang_url"),
+        (dict(engine="sglang", mem_fraction_static=0.0), "rl.rollout.mem_fraction_static"),
+        (dict(engine="sglang", mem_fraction_static=1.0), "rl.rollout.mem_fraction_static"),
+        (dict(engine="sglang", sglang_tp=-1), "rl.rollout.sglang_tp"),
+        (dict(engine="sglang", sglang_serialization="json"), "rl.rollout.sglang_serialization"),
+        (dict(engine="sglang", sglang_timeout=0), "rl.rollout.sglang_timeout"),
+        (dict(engine="sglang", sglang_engine_args=["x"]), "rl.rollout.sglang_engine_args"),
+    ]
+    for kwargs, field in bad:
+        with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+            RolloutConfig(**kwargs)
+
+
+def test_large_recipes_roll_out_with_sglang():
+    from megatron_logra.recipes_large import LARGE_RECIPES
+
+    for name, recipe in LARGE_RECIPES.items():
+        assert recipe().rl.rollout.engine == "sglang", name
+
+
+# --------------------------------------------------------------------------- translations
+
+
+def test_payload_carries_sampling_params_logprobs_and_padded_bias():
+    params = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=5, stop_token_ids=[3, 2, 3], seed=11)
+    p = build_generate_payload([[1, 2], [5]], params, vocab_size=VOCAB, padded_vocab_size=PADDED)
+    assert p["input_ids"] == [[1, 2], [5]] and p["return_logprob"] is True
+    sp = p["sampling_params"]
+    assert sp["temperature"] == 0.7 and sp["top_p"] == 1.0 and sp["max_new_tokens"] == 5
+    assert sp["stop_token_ids"] == [2, 3]
+    assert sp["logit_bias"] == {str(i): PADDED_LOGIT_BIAS for i in range(VOCAB, PADDED)}
+    assert PADDED_LOGIT_BIAS == PADDED_LOGIT
+    json.dumps(p)  # travels as JSON
+    seeded = build_generate_payload([[1], [2]], params, vocab_size=VOCAB, padded_vocab_size=VOCAB, send_seed=True)
+    assert [s["sampling_seed"] for s in seeded["sampling_params"]] == [11, 12]
+    assert "logit_bias" not in seeded["sampling_params"][0]
+    greedy = build_generate_payload([[1]], SamplingParams(temperature=0), vocab_size=VOCAB, padded_vocab_size=PADDED)
+    assert greedy["sampling_params"]["temperature"] == 0.0
+    with pytest.raises(ValueError, match="empty"):
+        build_generate_payload([], params, vocab_size=VOCAB, padded_vocab_size=PADDED)
+
+
+def _documented_response():
+    # shaped as SGLang's /generate answers a batch of two input_ids prompts with return_logprob=True
+    return [
+        {"output_ids": [17, 4, 2],
+         "meta_info": {"id": "a", "prompt_tokens": 3, "completion_tokens": 3, "cached_tokens": 0,
+                       "finish_reason": {"type": "stop", "matched": 2}, "weight_version": "7",
+                       "output_token_logprobs": [[-0.5, 17, None], [-1.25, 4, None], [-0.125, 2, None]]}},
+        {"output_ids": [9, 9],
+         "meta_info": {"id": "b", "prompt_tokens": 1, "completion_tokens": 2, "cached_tokens": 0,
+                       "finish_reason": {"type": "length", "length": 2}, "weight_version": "7",
+                       "output_token_logprobs": [(-2.0, 9, None), (-0.25, 9, None)]}},
+    ]
+
+
+def test_parse_documented_response():
+    rollouts = parse_generate_response(_documented_response(), [[1, 2, 3], [5]], weight_version=7)
+    assert [r.completion_ids for r in rollouts] == [[17, 4, 2], [9, 9]]
+    assert [r.logprobs for r in rollouts] == [[-0.5, -1.25, -0.125], [-2.0, -0.25]]
+    assert [r.finished for r in rollouts] == [True, False]
+    assert [r.prompt_ids for r in rollouts] == [[1, 2, 3], [5]]
+    assert all(r.weight_version == 7 for r in rollouts)
+    single = parse_generate_response(_documented_response()[0], [[1, 2, 3]], weight_version=7)
+    assert single[0].completion_ids == [17, 4, 2]
+    tagless = _documented_response()
+    for out in tagless:
+        out["meta_info"]["weight_version"] = "default"  # SGLang's tag before any update_weight_version
+    assert len(parse_generate_response(tagless, [[1], [5]], weight_version=0)) == 2
+
+
+@pytest.mark.parametrize("break_it, match", [
+    (lambda r: r[0]["meta_info"].pop("output_token_logprobs"), "return_logprob"),
+    (lambda r: r[0]["meta_info"]["output_token_logprobs"].pop(), "output_token_logprobs for 3"),
+    (lambda r: r[0]["meta_info"]["output_token_logprobs"].__setitem__(1, [-1.0, 5, None]), "token 1"),
+    (lambda r: r[1]["meta_info"].__setitem__("finish_reason", {"type": "abort", "message": "x"}), "abort"),
+    (lambda r: r[1]["meta_info"].__setitem__("weight_version", "6"), "weight_version 6"),
+    (lambda r: r.pop(), "for 2 prompts"),
+    (lambda r: r[0].pop("output_ids"), "output_ids"),
+])
+def test_parse_rejects_inconsistent_responses(break_it, match):
+    resp = _documented_response()
+    break_it(resp)
+    with pytest.raises(ValueError, match=match):
+        parse_generate_response(resp, [[1, 2, 3], [5]], weight_version=7)
+
+
+def test_logprob_convention_checks(caplog):
+    env = {"SGLANG_RETURN_ORIGINAL_LOGPROB": "true"}
+    with pytest.raises(ValueError, match="SGLANG_RETURN_ORIGINAL_LOGPROB"):
+        check_logprob_convention(SamplingParams(temperature=0.7), env)
+    check_logprob_convention(SamplingParams(temperature=1.0), env)  # softmax(z) is softmax(z/1)
+    check_logprob_convention(SamplingParams(temperature=0.0), env)  # greedy reports softmax(z) anyway
+    with pytest.raises(ValueError, match="RETURN_ORIGINAL_LOGPROB"):
+        check_logprob_convention(SamplingParams(temperature=2.0), {"RETURN_ORIGINAL_LOGPROB": "1"})
+    with caplog.at_level(logging.WARNING):
+        check_logprob_convention(SamplingParams(temperature=1.0, top_p=0.9), {})
+    assert "nucleus" in caplog.text
+
+
+def test_engine_hf_config_names_the_architecture():
+    from megatron_logra.models.gpt import ModelConfig
+
+    cfg = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, vocab_size=100,
+                      seq_length=64)
+    hf = engine_hf_config(cfg, tp=2)
+    assert hf["architectures"] == ["LlamaForCausalLM"] and hf["vocab_size"] == cfg.padded_vocab_size(2)
+    assert hf["rope_theta"] == float(cfg.rotary_base) and hf["num_hidden_layers"] == 2
+    json.dumps(hf)
+
+
+def test_missing_sglang_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sglang", None)
+    with pytest.raises(ImportError, match=r"megatron-logra\[sglang\]"):
+        require_sglang()
+    cfg = SimpleNamespace(
+        rl=SimpleNamespace(rollout=RolloutConfig(engine="sglang")),
+        model=SimpleNamespace(vocab_size=VOCAB, padded_vocab_size=lambda tp: PADDED, seq_length=64),
+        train=SimpleNamespace(run_dir="/nonexistent/run", seed=0))
+    groups = SimpleNamespace(mp=None, tp_size=1, dp_rank=0)
+    with pytest.raises(ImportError, match="rl.rollout.engine='sglang'"):
+        build_engine(cfg, None, groups)
+
+
+# --------------------------------------------------------------------------- the engine, one process
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0])
+def test_engine_logprobs_match_the_trainer_convention(temperature):
+    fake = _FakeSGLang(as_tuples=temperature != 0.6)
+    engine = _engine(fake)
+    prompts = [[1, 2, 3], [7], [30, 31]]
+    params = SamplingParams(temperature=temperature, max_new_tokens=6, stop_token_ids=[5])
+    rollouts = engine.generate(prompts, params)
+    assert len(rollouts) == 3
+    for p, r in zip(prompts, rollouts):
+        assert max(r.completion_ids) < VOCAB  # padded ids are never drawn
+        assert r.finished == (r.completion_ids[-1] == 5)
+        want = _trainer_logprobs(fake.table, p, r.completion_ids, temperature)
+        assert r.logprobs == pytest.approx(want, abs=1e-9)
+
+
+def test_engine_delegates_sync_and_tracks_the_version():
+    target = _FakeTarget(version=3)
+    fake = _FakeSGLang()
+    engine = _engine(fake, target)
+    assert engine.weight_version == 3
+    assert engine.apply_sketch_delta(b"ok") == 4 and engine.weight_version == 4
+    with pytest.raises(SyncError, match="does not follow") as err:
+        engine.apply_sketch_delta("bad")
+    assert err.value.kind == "gap" and engine.weight_version == 4
+    engine.update_weights_full({}, 10)
+    assert engine.weight_version == 10 and engine.fingerprint() == {"w": "hash-10"}
+    fake.weight_version = "10"
+    assert engine.generate([[1]], SamplingParams(max_new_tokens=2))[0].weight_version == 10
+    fake.weight_version = "9"
+    with pytest.raises(ValueError, match="weight_version 9"):
+        engine.generate([[1]], SamplingParams(max_new_tokens=2))
+    with pytest.raises(ValueError, match="outside"):
+        engine.generate([[VOCAB]], SamplingParams(max_new_tokens=2))
+    assert target.calls == ["delta", "delta", "full"]
+
+
+def test_engine_over_http_generate():
+    """The payload and the response survive JSON over a real HTTP round trip (SGLang's /generate route)."""
+    fake = _FakeSGLang(as_tuples=False)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            data = json.dumps(fake(body) if self.path == "/generate" else {"error": "no route"}).encode()
+            self.send_response(200 if self.path == "/generate" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = SGLangServerTarget(f"http://127.0.0.1:{server.server_address[1]}", timeout=30)
+        engine = _engine(lambda payload: client.request("POST", "/generate", payload)[1])
+        rollouts = engine.generate([[1, 2], [3]], SamplingParams(temperature=0.8, max_new_tokens=4))
+    finally:
+        server.shutdown()
+        server.server_close()
+    for p, r in zip([[1, 2], [3]], rollouts):
+        assert r.logprobs == pytest.approx(_trainer_logprobs(fake.table, p, r.completion_ids, 0.8), abs=1e-9)
+
+
+# --------------------------------------------------------------------------- one driver, 2 gloo processes
+
+
+def _share_worker(rank: int, port: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        group = dist.new_group([0, 1])
+        driver = rank == 0
+        fake = _FakeSGLang(seed=3) if driver else None
+        target = _FakeTarget(version=2) if driver else None
+        engine = SGLangEngine(generate_fn=fake, target=target, vocab_size=VOCAB, padded_vocab_size=PADDED,
+                              gen_group=group, sync_group=dist.group.WORLD)
+        assert engine.weight_version == 2
+        rollouts = engine.generate([[1, 2], [4]], SamplingParams(temperature=1.0, max_new_tokens=5))
+        gathered: list = [None, None]
+        dist.all_gather_object(gathered, [(r.completion_ids, r.logprobs, r.finished) for r in rollouts])
+        assert gathered[0] == gathered[1]
+        assert engine.apply_sketch_delta(b"ok") == 3
+        with pytest.raises(SyncError) as err:
+            engine.apply_sketch_delta("bad")
+        assert err.value.kind == "gap" and "does not follow" in str(err.value) and engine.weight_version == 3
+        with pytest.raises(OSError if driver else RuntimeError, match="connection reset"):
+            engine.apply_sketch_delta("boom")
+        engine.update_weights_full({}, 9)
+        assert engine.weight_version == 9 and engine.fingerprint() == {"w": "hash-9"}
+        assert share_from_driver(lambda: dist.get_rank(), group) == 0
+        if driver:
+            assert target.calls == ["delta", "delta", "delta", "full"] and len(fake.payloads) == 1
+        dist.barrier()  # no rank tears gloo down while the other still talks
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_driver_generates_and_syncs_for_the_group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_share_worker, args=(port,), nprocs=2, join=True)
