@@ -175,7 +175,11 @@ def shared_projections() -> Iterator[None]:
         _MEMO.reset(token)
 
 
-def _memo_key(seed, name, update, rank, n_in, distribution, cols, device) -> Optional[tuple]:
+def _memo_key(
+    seed: int, name: str, update: int, rank: int, n_in: int, distribution: str,
+    cols: Optional[Union[Sequence[int], torch.Tensor, slice, range]], device: Optional[Union[str, torch.device]],
+) -> Optional[tuple]:
+    """Hashable key of a :func:`projection` call, or None when ``cols`` is an index list or tensor (not shared)."""
     if cols is None:
         cols_key: Optional[tuple] = None
     elif isinstance(cols, range):
@@ -217,13 +221,13 @@ def projection(
     """
     memo = _MEMO.get()
     mkey = None if memo is None else _memo_key(seed, name, update, rank, n_in, distribution, cols, device)
-    if mkey is not None:
-        hit = memo.get(mkey)  # type: ignore[union-attr]
-        if hit is None:
-            hit = memo[mkey] = _projection(seed, name, update, rank, n_in, distribution=distribution, cols=cols,  # type: ignore[index]
-                                           device=device)
-        return hit
-    return _projection(seed, name, update, rank, n_in, distribution=distribution, cols=cols, device=device)
+    if memo is None or mkey is None:
+        return _projection(seed, name, update, rank, n_in, distribution=distribution, cols=cols, device=device)
+    hit = memo.get(mkey)
+    if hit is None:
+        hit = _projection(seed, name, update, rank, n_in, distribution=distribution, cols=cols, device=device)
+        memo[mkey] = hit
+    return hit
 
 
 def _projection(
