@@ -144,7 +144,8 @@ def parse_generate_response(response: Any, prompts: Sequence[Sequence[int]], wei
 def engine_hf_config(model_cfg: Any, tp: int = 1) -> dict:
     """``config.json`` of the engine's model: :func:`hf_config_from_model_config` (padded vocab, the
     trainer's exact shapes) plus the fields SGLang reads to pick and build the model class
-    (``architectures``, a top-level ``rope_theta``, ``torch_dtype``). SGLang loads it with
+    (``architectures``, a top-level ``rope_theta``, ``torch_dtype`` = ``model.params_dtype``: the
+    engine holds the trainer's compute dtype, so sketch-delta merges stay bitwise equal). SGLang loads it with
     ``load_format="dummy"``; the real weights arrive with the first full refit."""
     from megatron_logra.models.hf import hf_config_from_model_config
 
@@ -153,5 +154,5 @@ def engine_hf_config(model_cfg: Any, tp: int = 1) -> dict:
     cfg["architectures"] = [_ARCHITECTURES[hf.model_type]]
     cfg["rope_theta"] = float(model_cfg.rotary_base)
     cfg.setdefault("rope_scaling", None)
-    cfg["torch_dtype"] = "bfloat16"
+    cfg["torch_dtype"] = str(model_cfg.params_dtype)
     return cfg

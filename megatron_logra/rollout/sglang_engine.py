@@ -219,7 +219,7 @@ class SGLangEngine:
             model_dir = Path(cfg.train.run_dir) / "sglang_model" / f"dp{groups.dp_rank}"
             model_dir.mkdir(parents=True, exist_ok=True)
             (model_dir / "config.json").write_text(json.dumps(engine_hf_config(cfg.model, groups.tp_size), indent=1))
-            kwargs = dict(model_path=str(model_dir), load_format="dummy", dtype="bfloat16",
+            kwargs = dict(model_path=str(model_dir), load_format="dummy", dtype=str(cfg.model.params_dtype),
                           tp_size=ro.sglang_tp or groups.tp_size,
                           base_gpu_id=torch.cuda.current_device() if torch.cuda.is_available() else 0,
                           mem_fraction_static=ro.mem_fraction_static, skip_tokenizer_init=True,

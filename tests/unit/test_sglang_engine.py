@@ -249,6 +249,7 @@ def test_engine_hf_config_names_the_architecture():
     hf = engine_hf_config(cfg, tp=2)
     assert hf["architectures"] == ["LlamaForCausalLM"] and hf["vocab_size"] == cfg.padded_vocab_size(2)
     assert hf["rope_theta"] == float(cfg.rotary_base) and hf["num_hidden_layers"] == 2
+    assert hf["torch_dtype"] == cfg.params_dtype == "float32"
     json.dumps(hf)
 
 
