@@ -28,8 +28,10 @@ class RolloutConfig:
     sglang_serialization: str = "pickle"
     """How dense tensors travel to a server: ``pickle`` (by value, any host) or ``cuda_ipc`` (same host)."""
     mem_fraction_static: float = 0.3
-    """Share of each GPU's memory the in-process SGLang engine reserves (weights + KV cache); the
-    trainer lives in the rest (``megatron-logra memory --engine-fraction`` plans it)."""
+    """Share of each GPU's memory the in-process SGLang engine reserves for itself (weights + KV cache);
+    the trainer lives in the rest (``megatron-logra memory --engine-fraction`` plans it). Memory the
+    trainer already holds when the engine starts is added before it becomes SGLang's own
+    ``mem_fraction_static`` (which counts everything in use on the GPU)."""
     sglang_tp: int = 0
     """Tensor-parallel size of the in-process engine; 0 = the trainer's ``parallel.tp`` (its GPUs)."""
     sglang_sampling_seed: bool = False

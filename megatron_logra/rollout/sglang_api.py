@@ -29,7 +29,7 @@ from megatron_logra.rollout.engine import Rollout, SamplingParams
 logger = logging.getLogger(__name__)
 
 __all__ = ["build_generate_payload", "parse_generate_response", "check_logprob_convention", "engine_hf_config",
-           "require_sglang", "ORIGINAL_LOGPROB_ENV", "PADDED_LOGIT_BIAS"]
+           "engine_context_length", "sglang_mem_fraction", "require_sglang", "ORIGINAL_LOGPROB_ENV", "PADDED_LOGIT_BIAS"]
 
 PADDED_LOGIT_BIAS = -1.0e4  # models.gpt.PADDED_LOGIT, kept literal: this module must not import megatron
 ORIGINAL_LOGPROB_ENV = ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RETURN_ORIGINAL_LOGPROB")
@@ -141,6 +141,32 @@ def parse_generate_response(response: Any, prompts: Sequence[Sequence[int]], wei
     return rollouts
 
 
+def sglang_mem_fraction(share: float, free_bytes: int, total_bytes: int, cap: float = 0.95) -> float:
+    """SGLang's ``mem_fraction_static`` that leaves the engine ``share`` of the GPU for itself.
+
+    SGLang sizes its KV cache as ``free_after_weights - total * (1 - mem_fraction_static)``: memory
+    already in use when it starts (the colocated trainer's weights and optimizer state) counts against
+    its fraction. ``rl.rollout.mem_fraction_static`` means the engine's own share (weights + KV cache,
+    as the memory planner's ``--engine-fraction``), so the memory in use now is added; capped at ``cap``.
+    Raises ValueError when the GPU has less than ``share`` free.
+    """
+    if total_bytes <= 0 or not 0 < share < 1:
+        raise ValueError(f"share={share} must lie in (0, 1) and total_bytes={total_bytes} be > 0")
+    used = (total_bytes - free_bytes) / total_bytes
+    if share > 1 - used:
+        raise ValueError(f"rl.rollout.mem_fraction_static={share} but only {1 - used:.2f} of the GPU is free "
+                         "when the SGLang engine starts")
+    return min(cap, share + used)
+
+
+def engine_context_length(model_cfg: Any) -> int:
+    """SGLang's ``context_length`` (and the config's ``max_position_embeddings``): ``seq_length`` plus a little
+    headroom. A rollout holds at most ``seq_length + 1`` tokens (``rl.loop._prompt_ids`` enforces it), and
+    SGLang rejects requests whose prompt plus ``max_new_tokens`` reach its context length; rope positions
+    past ``seq_length`` are never used by the trainer, so the headroom changes nothing it computes."""
+    return int(model_cfg.seq_length) + 8
+
+
 def engine_hf_config(model_cfg: Any, tp: int = 1) -> dict:
     """``config.json`` of the engine's model: :func:`hf_config_from_model_config` (padded vocab, the
     trainer's exact shapes) plus the fields SGLang reads to pick and build the model class
@@ -155,4 +181,5 @@ def engine_hf_config(model_cfg: Any, tp: int = 1) -> dict:
     cfg["rope_theta"] = float(model_cfg.rotary_base)
     cfg.setdefault("rope_scaling", None)
     cfg["torch_dtype"] = str(model_cfg.params_dtype)
+    cfg["max_position_embeddings"] = engine_context_length(model_cfg)
     return cfg

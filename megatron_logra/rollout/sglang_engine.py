@@ -61,9 +61,11 @@ from megatron_logra.rollout.engine import Rollout, SamplingParams
 from megatron_logra.rollout.sglang_api import (
     build_generate_payload,
     check_logprob_convention,
+    engine_context_length,
     engine_hf_config,
     parse_generate_response,
     require_sglang,
+    sglang_mem_fraction,
 )
 from megatron_logra.sync.errors import SyncError
 
@@ -219,17 +221,20 @@ class SGLangEngine:
             model_dir = Path(cfg.train.run_dir) / "sglang_model" / f"dp{groups.dp_rank}"
             model_dir.mkdir(parents=True, exist_ok=True)
             (model_dir / "config.json").write_text(json.dumps(engine_hf_config(cfg.model, groups.tp_size), indent=1))
+            fraction = ro.mem_fraction_static
+            if torch.cuda.is_available():  # the trainer's memory already in use counts against SGLang's fraction
+                fraction = sglang_mem_fraction(fraction, *torch.cuda.mem_get_info())
             kwargs = dict(model_path=str(model_dir), load_format="dummy", dtype=str(cfg.model.params_dtype),
                           tp_size=ro.sglang_tp or groups.tp_size,
                           base_gpu_id=torch.cuda.current_device() if torch.cuda.is_available() else 0,
-                          mem_fraction_static=ro.mem_fraction_static, skip_tokenizer_init=True,
-                          random_seed=cfg.train.seed, context_length=cfg.model.seq_length,
+                          mem_fraction_static=fraction, skip_tokenizer_init=True,
+                          random_seed=cfg.train.seed, context_length=engine_context_length(cfg.model),
                           custom_weight_loader=[LOADER_PATH], log_level="error")
             kwargs.update(ro.sglang_engine_args)
             engine = sglang.Engine(**kwargs)
             atexit.register(engine.shutdown)
-            logger.info("sglang engine: in-process, tp_size=%d, mem_fraction_static=%.2f, %s",
-                        kwargs["tp_size"], ro.mem_fraction_static, model_dir)
+            logger.info("sglang engine: in-process, tp_size=%d, share %.2f (SGLang mem_fraction_static %.2f), %s",
+                        kwargs["tp_size"], ro.mem_fraction_static, kwargs["mem_fraction_static"], model_dir)
         target = SGLangEngineTarget(engine) if engine is not None else None
         gen_fn = (lambda payload: engine.generate(**payload)) if engine is not None else None
         return cls(generate_fn=gen_fn, target=target, gen_group=mp, sync_group=mp,

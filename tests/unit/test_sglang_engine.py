@@ -31,9 +31,11 @@ from megatron_logra.rollout.sglang_api import (
     PADDED_LOGIT_BIAS,
     build_generate_payload,
     check_logprob_convention,
+    engine_context_length,
     engine_hf_config,
     parse_generate_response,
     require_sglang,
+    sglang_mem_fraction,
 )
 from megatron_logra.rollout.sglang_engine import SGLangEngine, share_from_driver
 from megatron_logra.sync import SyncError
@@ -250,7 +252,17 @@ def test_engine_hf_config_names_the_architecture():
     assert hf["architectures"] == ["LlamaForCausalLM"] and hf["vocab_size"] == cfg.padded_vocab_size(2)
     assert hf["rope_theta"] == float(cfg.rotary_base) and hf["num_hidden_layers"] == 2
     assert hf["torch_dtype"] == cfg.params_dtype == "float32"
+    assert hf["max_position_embeddings"] == engine_context_length(cfg) > cfg.seq_length + 1
     json.dumps(hf)
+
+
+def test_mem_fraction_adds_the_memory_in_use():
+    gib = 1 << 30
+    assert sglang_mem_fraction(0.3, free_bytes=80 * gib, total_bytes=80 * gib) == pytest.approx(0.3)
+    assert sglang_mem_fraction(0.3, free_bytes=60 * gib, total_bytes=80 * gib) == pytest.approx(0.55)
+    assert sglang_mem_fraction(0.3, free_bytes=24 * gib, total_bytes=80 * gib) == pytest.approx(0.95)  # capped
+    with pytest.raises(ValueError, match="only 0.25 of the GPU is free"):
+        sglang_mem_fraction(0.3, free_bytes=20 * gib, total_bytes=80 * gib)
 
 
 def test_missing_sglang_is_a_clear_error(monkeypatch):
