@@ -14,6 +14,10 @@ A save goes to ``step_XXXXXXXX.tmp`` and is renamed when complete; ``RUN/checkpo
 names the newest complete checkpoint and is replaced atomically after the rename, so a kill at
 any moment (including mid-save) leaves the previous checkpoint usable. Loading checks the
 format, the recorded file sizes and the presence of every tensor before anything is modified.
+
+megatron-core's torch_dist writer collects results through a ``multiprocessing`` manager started
+with ``spawn``: a script that calls the training functions directly must guard its entry point
+with ``if __name__ == "__main__":`` (the ``megatron-logra`` CLI does).
 """
 
 from __future__ import annotations

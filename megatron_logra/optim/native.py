@@ -90,11 +90,23 @@ class NativeAdamW:
                 p.main_grad.zero_()
 
     def reduce_gradients(self, *, average: bool) -> None:
-        """Sum (or average) gradients over data parallel ranks in one collective, and tied
-        embeddings over the first/last pipeline stage."""
+        """Sum (or average) gradients over data parallel ranks in one collective, tied
+        embeddings over the first/last pipeline stage, and sequence-parallel partial grads of
+        TP-replicated parameters over the TP group."""
         grads = self.grads()
         if not grads:
             return
+        if group_size(self.groups.tp) > 1:
+            # under sequence parallelism each TP rank saw a slice of the sequence: parameters replicated
+            # over TP (norm weights, marked ``sequence_parallel`` by megatron-core) hold partial grads
+            partial = [g for p, g in zip(self.params, grads) if getattr(p, "sequence_parallel", False)]
+            if partial:
+                flat = torch.cat([g.reshape(-1) for g in partial])
+                dist.all_reduce(flat, group=self.groups.tp)
+                offset = 0
+                for g in partial:
+                    g.copy_(flat[offset: offset + g.numel()].view_as(g))
+                    offset += g.numel()
         if self.groups.embedding is not None and group_size(self.groups.embedding) > 1:
             for p, g in zip(self.params, grads):
                 if getattr(p, "shared_embedding", False):
