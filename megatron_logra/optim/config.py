@@ -74,6 +74,9 @@ class LograConfig:
     """fp32: fp32 master copy of low-precision targets (≈6 B/param); none: bf16-only (≈2 B/param)."""
     rounding: str = "stochastic"
     """Rounding of bf16-only updates: stochastic (counter-based noise, unbiased) or nearest."""
+    scale_native: bool = True
+    """Scale the native AdamW part of a step (non-target parameters, when trained) by the step size
+    α as well, so a KL controller limits the whole update; False applies native steps in full."""
     cache_projections: bool = True
     """Keep a step's projections (fp32, Σ r·n_in·4 bytes) until the step is applied instead of
     regenerating them per micro-batch and for the update."""

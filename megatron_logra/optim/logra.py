@@ -353,7 +353,7 @@ class LograOptimizer:
             apply_low_rank_update_(
                 t.weight, factor, proj_RI, decay=decay, master=self.masters.get(t.key), noise_fn=noise_fn
             )
-        self.native.step()
+        self.native.step(scale=alpha if self.cfg.scale_native else 1.0)
         self.num_steps += 1
         self.sketches.advance()
         self.zero_grad()

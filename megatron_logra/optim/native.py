@@ -141,13 +141,19 @@ class NativeAdamW:
             g.mul_(factor)
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, scale: float = 1.0) -> None:
+        """One AdamW step; ``scale`` multiplies the parameter change (the moments advance as
+        usual), so a step-size controller can shorten the native part of an update with the rest."""
         if self.inner is None:
             return
         for p, m, g in zip(self.params, self.masters, self.grads()):
             if m is not p:
                 m.grad = g
+        before = [m.clone() for m in self.masters] if scale != 1.0 else None
         self.inner.step()
+        if before is not None:
+            for m, old in zip(self.masters, before):
+                m.sub_(old).mul_(scale).add_(old)
         for p, m in zip(self.params, self.masters):
             if m is not p:
                 p.copy_(m)

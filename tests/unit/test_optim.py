@@ -874,3 +874,43 @@ def test_config_defaults_are_valid_and_documented_values():
     assert cfg.name == "logra"
     assert (cfg.logra.beta2, cfg.logra.eps, cfg.logra.update_ratio, cfg.logra.rank) == (0.95, 1e-8, 6e-5, 256)
     assert LograConfig(beta2=0.0, clip_grad=0.0).beta2 == 0.0  # boundary values that are allowed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_step_scale_shortens_the_parameter_change_only(dtype):
+    """``NativeAdamW.step(scale)``: parameters move by ``scale`` × torch AdamW's change (from the
+    fp32 master), while the moments advance exactly as torch AdamW's do."""
+    from megatron_logra.optim.native import NativeAdamW
+    from megatron_logra.parallel import ParallelGroups
+
+    gen = torch.Generator().manual_seed(5)
+    init = torch.randn(7, 3, generator=gen)
+    grads = [torch.randn(7, 3, generator=gen) for _ in range(3)]
+    ref = init.clone().requires_grad_(True)
+    ref_opt = torch.optim.AdamW([ref], lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    p = torch.nn.Parameter(init.clone().to(dtype))
+    opt = NativeAdamW([p], lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, groups=ParallelGroups())
+    master = opt.masters[0]
+    for g in grads:
+        before = master.detach().clone()
+        ref_before = ref.detach().clone()
+        ref.grad = g.clone()
+        ref_opt.step()
+        # the reference for this step starts from our master (earlier scaled steps moved it elsewhere)
+        with torch.no_grad():
+            ref_state = ref_opt.state[ref]
+        opt.zero_grad()
+        if dtype == torch.float32:
+            p.grad = g.clone()
+        else:
+            p.main_grad.copy_(g)
+        opt.step(scale=0.25)
+        state = opt.inner.state[master]
+        torch.testing.assert_close(state["exp_avg"], ref_state["exp_avg"], rtol=0, atol=0)
+        torch.testing.assert_close(state["exp_avg_sq"], ref_state["exp_avg_sq"], rtol=0, atol=0)
+        # AdamW change from `before`: decoupled decay on `before`, moment ratio the same as the reference's
+        lr, wd = 0.05, 0.1
+        adam_dir = (ref_before * (1 - lr * wd) - ref.detach()) / lr  # m̂/(√v̂+ε) of the reference step
+        expected = before + 0.25 * (before * (1 - lr * wd) - lr * adam_dir - before)
+        torch.testing.assert_close(master, expected, rtol=1e-6, atol=1e-7)
+        assert torch.equal(p.detach(), master.to(dtype))
