@@ -477,7 +477,7 @@ def test_paper_recipe_token_normalisation_norm_restoration_and_update_ratio():
         dw2 += float(got_delta.pow(2).sum())
     assert math.sqrt(dw2) / w_norm == pytest.approx(alpha * ratio, rel=1e-3)
 
-    # native params: AdamW on gradients divided by the token count
+    # native params: AdamW on gradients divided by the token count, the change scaled by α (logra.scale_native)
     native_names = [n for n, _ in model.named_parameters() if not n.endswith("fc1.weight") and not n.endswith("fc2.weight")]
     params = [w0[n].clone().requires_grad_(True) for n in native_names]
     ref_opt = torch.optim.AdamW(params, lr=native_cfg.lr, betas=(native_cfg.beta1, native_cfg.beta2),
@@ -487,7 +487,8 @@ def test_paper_recipe_token_normalisation_norm_restoration_and_update_ratio():
     ref_opt.step()
     got = dict(model.named_parameters())
     for p, n in zip(params, native_names):
-        torch.testing.assert_close(got[n], p.detach(), rtol=1e-5, atol=1e-7)
+        expected = w0[n].float() + alpha * (p.detach() - w0[n].float())
+        torch.testing.assert_close(got[n], expected, rtol=1e-5, atol=1e-7)
 
 
 # --------------------------------------------------------------------------- 8. non-finite
