@@ -57,8 +57,10 @@ def _child(impl: str, tokens: int, vocab: int) -> dict:
     warnings.filterwarnings("ignore")
     import torch
 
-    sys.path.insert(0, str(HERE))
-    from optimizer_memory import LiveTensorTracker, _maxrss_bytes, _reset_peak_rss, _rss_bytes
+    from megatron_logra.memory.measure import LiveTensorTracker
+    from megatron_logra.memory.measure import maxrss_bytes as _maxrss_bytes
+    from megatron_logra.memory.measure import reset_peak_rss as _reset_peak_rss
+    from megatron_logra.memory.measure import rss_bytes as _rss_bytes
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if impl == "megatron":

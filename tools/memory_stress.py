@@ -42,7 +42,11 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from optimizer_memory import LiveTensorTracker, _maxrss_bytes, _reset_peak_rss, ffn_size  # noqa: E402
+from optimizer_memory import ffn_size  # noqa: E402
+
+from megatron_logra.memory.measure import LiveTensorTracker  # noqa: E402
+from megatron_logra.memory.measure import maxrss_bytes as _maxrss_bytes  # noqa: E402
+from megatron_logra.memory.measure import reset_peak_rss as _reset_peak_rss  # noqa: E402
 
 logger = logging.getLogger("memory_stress")
 

@@ -4,7 +4,7 @@ Measured: megatron-core GPTs of a few sizes on this CPU (bf16 weights, rank = hi
 ``memory_rank_divisor``). After a warm-up step and ``memory_steps`` timed steps, one full
 training step (zero_grad, forward, backward, prepare, apply) of one micro-batch is tracked,
 with every live tensor storage counted by a ``TorchDispatchMode``
-(the same exact accounting as ``benchmarks/optimizer_memory.py``). Peak is the largest live
+(``megatron_logra.memory.measure.LiveTensorTracker``, as in ``benchmarks/optimizer_memory.py``). Peak is the largest live
 total during the tracked step; average is the mean live total over all ops of that step
 (what the step holds most of the time, not only at its worst moment).
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import gc
 import logging
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -29,10 +28,11 @@ import torch
 
 from megatron_logra.bench.config import PaperBenchConfig
 from megatron_logra.bench.peers import PeerSettings, peer_factory, peer_missing
+from megatron_logra.memory.measure import LiveTensorTracker
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MemoryRow", "LiveBytes", "measure_memory", "planner_rows", "plot_memory"]
+__all__ = ["MemoryRow", "measure_memory", "planner_rows", "plot_memory"]
 
 MiB = 1024.0 * 1024.0
 
@@ -54,81 +54,6 @@ class MemoryRow:
     step_seconds: float = 0.0
     skipped: Optional[str] = None
     """Why this optimizer did not run (missing peer)."""
-
-
-class LiveBytes:
-    """Live tensor storage bytes inside ``with``: current, peak and the mean over ops.
-
-    Every storage an aten op returns is registered once (keyed by the storage object) and
-    dropped by ``weakref.finalize`` when torch frees it; tensors alive on entry are counted
-    too, so the figures are totals, not deltas. Kernel scratch memory is not seen.
-    """
-
-    def __init__(self) -> None:
-        self.live: dict[int, int] = {}
-        self.current = self.peak = self.start = 0
-        self.samples = 0
-        self.sample_sum = 0.0
-        self._mode = None
-
-    def _free(self, key: int) -> None:
-        self.current -= self.live.pop(key, 0)
-
-    def _register(self, storage) -> None:
-        try:
-            n = storage.nbytes()
-        except Exception:  # storages without data
-            return
-        key = id(storage)
-        old = self.live.get(key)
-        if old is None:
-            if n == 0:
-                return
-            self.live[key] = n
-            self.current += n
-            weakref.finalize(storage, self._free, key)
-        elif old != n:
-            self.live[key] = n
-            self.current += n - old
-        self.peak = max(self.peak, self.current)
-
-    def __enter__(self) -> "LiveBytes":
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        tracker = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                stack = [out]
-                while stack:
-                    o = stack.pop()
-                    if isinstance(o, torch.Tensor):
-                        tracker._register(o.untyped_storage())
-                    elif isinstance(o, (list, tuple)):
-                        stack.extend(o)
-                tracker.samples += 1
-                tracker.sample_sum += tracker.current
-                return out
-
-        gc.collect()
-        for obj in gc.get_objects():
-            try:
-                if isinstance(obj, torch.Tensor) and obj.device.type != "meta":
-                    self._register(obj.untyped_storage())
-            except Exception:
-                continue
-        self.start = self.peak = self.current
-        self._mode = _Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._mode.__exit__(*exc)
-
-    @property
-    def average(self) -> float:
-        return self.sample_sum / self.samples if self.samples else float(self.current)
 
 
 def _ffn(hidden: int) -> int:
@@ -182,10 +107,10 @@ def _measure_one(cfg: PaperBenchConfig, hidden: int, layers: int, optimizer: str
     for _ in range(cfg.memory_steps):  # timed without the tracker (its per-op bookkeeping would dominate)
         step()
     row.step_seconds = (time.perf_counter() - t0) / cfg.memory_steps
-    tracker = LiveBytes()
+    tracker = LiveTensorTracker()
     with tracker:
         step()
-    row.start_bytes, row.peak_bytes, row.avg_bytes = tracker.start, tracker.peak, int(tracker.average)
+    row.start_bytes, row.peak_bytes, row.avg_bytes = tracker.start_bytes, tracker.peak, int(tracker.average)
     del model, opt, batch, tracker
     gc.collect()
     return row
