@@ -19,7 +19,7 @@ from megatron_logra import cpu_shim
 logger = logging.getLogger(__name__)
 
 __all__ = ["ParallelConfig", "ParallelGroups", "init_distributed", "initialize_parallel", "destroy_parallel",
-           "all_reduce_sum", "group_size", "group_rank"]
+           "all_reduce_sum", "all_gather_bytes", "group_size", "group_rank"]
 
 
 @dataclass
@@ -63,6 +63,24 @@ def all_reduce_sum(tensor: torch.Tensor, group: Optional[dist.ProcessGroup]) -> 
         else:
             dist.all_reduce(tensor, group=group)
     return tensor
+
+
+def all_gather_bytes(payload: bytes, group: Optional[dist.ProcessGroup]) -> list[bytes]:
+    """Every rank's ``payload`` (any lengths), in group rank order; ``[payload]`` without a group."""
+    if group_size(group) == 1:
+        return [payload]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device) if payload else \
+        torch.zeros(0, dtype=torch.uint8, device=device)
+    size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(group_size(group))]
+    dist.all_gather(sizes, size, group=group)
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(max(longest, 1), dtype=torch.uint8, device=device)
+    padded[: data.numel()] = data
+    bufs = [torch.zeros_like(padded) for _ in sizes]
+    dist.all_gather(bufs, padded, group=group)
+    return [bytes(b[: int(s.item())].cpu().numpy().tobytes()) for b, s in zip(bufs, sizes)]
 
 
 @dataclass

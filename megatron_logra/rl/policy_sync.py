@@ -6,8 +6,10 @@ the same merge (:mod:`megatron_logra.sync`), so both sides hold bitwise-equal we
 fingerprint of sampled rows is compared every ``check_interval`` syncs; a mismatch (or every
 ``anchor_interval`` updates) triggers a full refit, the safety net. With fp32 masters the
 compute weights replay the engine's merges while the masters keep the exact trajectory; once
-they separate by more than ``max_master_drift`` the masters are copied back and the engine refit. ``full`` mode, other
-optimizers and pipeline parallelism (whose per-stage deltas are not gathered yet) refit densely.
+they separate by more than ``max_master_drift`` the masters are copied back and the engine refit.
+``full`` mode and other optimizers refit densely. Under pipeline parallelism each stage builds the
+part of its own layers; the parts are gathered over the pipeline group and merged, so every
+rank's engine receives the whole delta.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ import torch
 
 from megatron_logra.models.hf import megatron_to_hf
 from megatron_logra.optim.logra import LograOptimizer, PreparedUpdate
-from megatron_logra.parallel import ParallelGroups
+from megatron_logra.parallel import ParallelGroups, all_gather_bytes
 from megatron_logra.rl.weights import gather_full_model
-from megatron_logra.sync import DirectoryTransport, InProcessTransport, SyncError, drift, encode, fingerprint
+from megatron_logra.sync import DirectoryTransport, InProcessTransport, SyncError, decode, drift, encode, fingerprint
 from megatron_logra.sync.config import SyncConfig
-from megatron_logra.sync.trainer import build_delta, local_factors
+from megatron_logra.sync.trainer import build_delta, local_factors, merge_deltas
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +41,9 @@ class PolicySync:
                  groups: ParallelGroups, run_dir: Path) -> None:
         self.cfg = cfg
         self.model, self.model_cfg, self.optimizer, self.engine, self.groups = model, model_cfg, optimizer, engine, groups
-        self.delta_mode = cfg.mode == "delta" and isinstance(optimizer, LograOptimizer) and groups.pp_size == 1
+        self.delta_mode = cfg.mode == "delta" and isinstance(optimizer, LograOptimizer)
         if cfg.mode == "delta" and not self.delta_mode:
-            why = "pipeline parallelism" if groups.pp_size > 1 else f"optimizer {type(optimizer).__name__}"
-            logger.info("sync.mode=delta falls back to full refits with %s", why)
+            logger.info("sync.mode=delta falls back to full refits with optimizer %s", type(optimizer).__name__)
         self.transport = None
         if self.delta_mode:
             if cfg.transport == "directory":
@@ -81,6 +82,9 @@ class PolicySync:
         delta = build_delta(self.optimizer, update, alpha, base_version, new_version, self.groups,
                             model=self.model, factors=factors)
         payload = encode(delta)
+        if self.groups.pp_size > 1:  # each stage built its own layers' part: every rank's engine needs all
+            parts = all_gather_bytes(payload, self.groups.pp)
+            payload = encode(merge_deltas([decode(part) for part in parts]))
         try:
             if isinstance(self.transport, DirectoryTransport):
                 self.transport.publish(payload)

@@ -15,23 +15,13 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron_logra.models.layout import gather_full_state
-from megatron_logra.parallel import ParallelGroups, all_reduce_sum
+from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum
 
 __all__ = ["gather_full_model"]
 
 
-def _exchange_json(obj: dict, group, device) -> list[dict]:
-    payload = torch.tensor(list(json.dumps(obj).encode()), dtype=torch.uint8, device=device)
-    size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
-    world = dist.get_world_size(group)
-    sizes = [torch.zeros_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size, group=group)
-    longest = int(max(s.item() for s in sizes))
-    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
-    padded[: payload.numel()] = payload
-    bufs = [torch.zeros_like(padded) for _ in range(world)]
-    dist.all_gather(bufs, padded, group=group)
-    return [json.loads(bytes(b[: int(s.item())].tolist()).decode()) for b, s in zip(bufs, sizes)]
+def _exchange_json(obj: dict, group) -> list[dict]:
+    return [json.loads(b.decode()) for b in all_gather_bytes(json.dumps(obj).encode(), group)]
 
 
 @torch.no_grad()
@@ -44,7 +34,7 @@ def gather_full_model(model: nn.Module, groups: ParallelGroups) -> dict[str, tor
     # word embeddings may live on the first and the last stage (tied): keep the first stage's
     if not groups.pp_first:
         local.pop("embedding.word_embeddings.weight", None)
-    metas = _exchange_json({k: list(v.shape) for k, v in local.items()}, groups.pp, device)
+    metas = _exchange_json({k: list(v.shape) for k, v in local.items()}, groups.pp)
     names: dict[str, list[int]] = {}
     for meta in metas:
         for k, shape in meta.items():
