@@ -21,8 +21,10 @@ GROUPS = ParallelGroups()  # one rank, no collectives
 
 # ------------------------------------------------------------------------------------ cosine
 def test_cosine_matches_definition_and_edge_cases():
-    a, b = torch.randn(5, 7, generator=torch.Generator().manual_seed(0)), torch.randn(5, 7)
-    expected = float((a * b).sum() / (a.norm() * b.norm()))
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(5, 7, generator=gen), torch.randn(5, 7, generator=gen)
+    a64, b64 = a.double(), b.double()  # the reference in float64: a float32 one misses rel 1e-6 near zero
+    expected = float((a64 * b64).sum() / (a64.norm() * b64.norm()))
     assert cosine(a, b) == pytest.approx(expected, rel=1e-6)
     assert cosine(a, 3 * a) == pytest.approx(1.0, abs=1e-12)
     assert cosine(a, -a) == pytest.approx(-1.0, abs=1e-12)
