@@ -13,7 +13,29 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["read_metrics", "plot_run"]
+__all__ = ["read_metrics", "plot_run", "pyplot", "save_figure"]
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the file-only Agg backend (cluster nodes have no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str | Path, *, dpi: Optional[float] = None) -> Path:
+    """Lay ``fig`` out, write it to ``path`` (creating the folder) and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -46,11 +68,7 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 def plot_run(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:
     """Write the summary PNG (default ``RUN_DIR/summary.png``) and return its path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     records = read_metrics(run_dir)
     out = Path(out) if out else Path(run_dir) / "summary.png"
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
@@ -95,8 +113,6 @@ def plot_run(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:
     for a in axes.flat:
         a.set_xlabel("update")
     fig.suptitle(str(run_dir))
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out, dpi=110)
     logger.info("wrote %s", out)
     return out

@@ -47,6 +47,7 @@ from optimizer_memory import ffn_size  # noqa: E402
 from megatron_logra.memory.measure import LiveTensorTracker  # noqa: E402
 from megatron_logra.memory.measure import maxrss_bytes as _maxrss_bytes  # noqa: E402
 from megatron_logra.memory.measure import reset_peak_rss as _reset_peak_rss  # noqa: E402
+from megatron_logra.plot import pyplot, save_figure  # noqa: E402
 
 logger = logging.getLogger("memory_stress")
 
@@ -265,10 +266,7 @@ def report(rows: list[dict], out: Path, title: str) -> None:
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     unit, scale = unit_of(rows)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -300,9 +298,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     ax2.set(ylabel=f"{unit} (worst rank)", title="optimizer state")
     ax2.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def build_parser() -> argparse.ArgumentParser:

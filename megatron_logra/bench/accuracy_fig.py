@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 from megatron_logra.bench.config import PaperBenchConfig
 from megatron_logra.bench.peers import PeerSettings, peer_factory, peer_missing
+from megatron_logra.plot import pyplot, save_figure
 
 logger = logging.getLogger(__name__)
 
@@ -138,10 +139,7 @@ def curve_stats(runs: list[RunResult]) -> tuple[list[int], list[float], list[flo
 
 def plot_accuracy(by_optimizer: dict[str, list[RunResult]], path: Path) -> Path:
     """Fig 2: held-out accuracy over updates, mean ± sd band over seeds, one line per optimizer."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.8), dpi=80)
     for opt, runs in by_optimizer.items():
@@ -157,19 +155,12 @@ def plot_accuracy(by_optimizer: dict[str, list[RunResult]], path: Path) -> Path:
     ax.set_title("tiny RL task (chain_sum), mean ± sd over seeds")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_rank(by_rank: dict[int, list[RunResult]], dense: list[RunResult], path: Path) -> Path:
     """Fig 5a: final held-out accuracy of LoGRA vs rank (mean ± sd), dense AdamW as a reference line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5, 3.5), dpi=80)
     ranks = sorted(by_rank)
@@ -189,8 +180,4 @@ def plot_rank(by_rank: dict[int, list[RunResult]], dense: list[RunResult], path:
     ax.set_ylabel("final held-out accuracy")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

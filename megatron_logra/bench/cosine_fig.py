@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from megatron_logra.bench.config import PaperBenchConfig
+from megatron_logra.plot import pyplot, save_figure
 
 logger = logging.getLogger(__name__)
 
@@ -192,10 +193,7 @@ def _grid(rows: list[dict], value: str, distribution: str, refresh: bool) -> tup
 def plot_cosines(result: dict, path_single: Path, path_acc: Path) -> tuple[Path, Path]:
     """Fig 5b (single step: Rademacher, Gaussian, theory, measured/theory) and Fig 5c
     (accumulated over k steps: refreshed vs fixed, both distributions) as annotated heatmaps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows, k, r = result["rows"], result["k"], result["rank"]
     panels_b = [("single_mc", "rademacher", True, "single step, Rademacher"),
@@ -223,9 +221,5 @@ def plot_cosines(result: dict, path_single: Path, path_acc: Path) -> tuple[Path,
             ax.set_yticks(range(len(layers)), [f"L{i}" for i in layers], fontsize=7)
             ax.set_title(label, fontsize=8)
         fig.suptitle(title, fontsize=9)
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path)
-        plt.close(fig)
-        out.append(path)
+        out.append(save_figure(fig, path))
     return out[0], out[1]

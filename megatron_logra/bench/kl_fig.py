@@ -21,6 +21,7 @@ from pathlib import Path
 
 from megatron_logra.bench.accuracy_fig import RunCache, RunResult, curve_stats, mean_sd
 from megatron_logra.bench.config import PaperBenchConfig
+from megatron_logra.plot import pyplot, save_figure
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +90,7 @@ def _per_step(runs: list[RunResult], key: str) -> tuple[list[int], list[float]]:
 
 def plot_kl(by_mode: dict[str, list[RunResult]], path: Path) -> Path:
     """Three panels over RL updates: held-out accuracy, mean response length, actual KL (log)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), dpi=80)
     for mode, runs in by_mode.items():
@@ -114,8 +112,4 @@ def plot_kl(by_mode: dict[str, list[RunResult]], path: Path) -> Path:
         ax.set_xlabel("RL update")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

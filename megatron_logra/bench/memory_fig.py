@@ -29,6 +29,7 @@ import torch
 from megatron_logra.bench.config import PaperBenchConfig
 from megatron_logra.bench.peers import PeerSettings, peer_factory, peer_missing
 from megatron_logra.memory.measure import LiveTensorTracker
+from megatron_logra.plot import pyplot, save_figure
 
 logger = logging.getLogger(__name__)
 
@@ -173,10 +174,7 @@ def planner_rows(cfg: PaperBenchConfig, *, rank: int = 128, max_tp: int = 8) -> 
 
 def plot_memory(rows: list[MemoryRow], planned: list[dict], optimizers: list[str], path: Path) -> Path:
     """Two panels: measured peak (bars) and average (dots) per size; planner totals per preset."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     colors = {"adam": "tab:gray", "logra": "tab:blue", "galore": "tab:orange", "apollo": "tab:green"}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), dpi=80)
@@ -207,9 +205,5 @@ def plot_memory(rows: list[MemoryRow], planned: list[dict], optimizers: list[str
     ax2.set_ylabel("GiB per GPU")
     ax2.set_title("planner per GPU: TP " + "/".join(str(p["tp"]) for p in planned) + ", r 128, full recompute")
     ax2.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
