@@ -10,14 +10,7 @@ set -euo pipefail
 : "${HF_PATH:?set HF_PATH to a local Hugging Face checkpoint directory}"
 GPUS="${GPUS:-1}"
 RUN_DIR="${RUN_DIR:-runs/qwen2_5-1.5b}"
-IMPL="${IMPL:-local}"
-EXTRA=()
-if [[ "$IMPL" == "transformer_engine" ]]; then
-  EXTRA+=(model.transformer_impl=transformer_engine kl.mode=none)
-  if [[ -n "${FP8:-}" ]]; then EXTRA+=("model.fp8=$FP8"); fi
-elif [[ "$IMPL" != "local" ]]; then
-  echo "IMPL=$IMPL: choose local or transformer_engine" >&2; exit 2
-fi
-export CUDA_DEVICE_MAX_CONNECTIONS=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+source "$(dirname "$0")/gpu_impl.bash"
+gpu_impl_args 0
 exec torchrun --standalone --nproc-per-node "$GPUS" -m megatron_logra.cli train qwen2.5-1.5b \
   --model.hf_path "$HF_PATH" train.run_dir="$RUN_DIR" ${EXTRA[@]+"${EXTRA[@]}"} "$@"

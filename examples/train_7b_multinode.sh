@@ -21,15 +21,8 @@ set -euo pipefail
 MASTER_PORT="${MASTER_PORT:-29500}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 RUN_DIR="${RUN_DIR:-runs/qwen2_5-7b}"
-IMPL="${IMPL:-local}"
-EXTRA=()
-if [[ "$IMPL" == "transformer_engine" ]]; then
-  EXTRA+=(model.transformer_impl=transformer_engine model.sequence_parallel=true kl.mode=none)
-  if [[ -n "${FP8:-}" ]]; then EXTRA+=("model.fp8=$FP8"); fi
-elif [[ "$IMPL" != "local" ]]; then
-  echo "IMPL=$IMPL: choose local or transformer_engine" >&2; exit 2
-fi
-export CUDA_DEVICE_MAX_CONNECTIONS=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+source "$(dirname "$0")/gpu_impl.bash"
+gpu_impl_args 1
 exec torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" \
   --master-port "$MASTER_PORT" --nproc-per-node "$GPUS_PER_NODE" -m megatron_logra.cli train qwen2.5-7b \
   --model.hf_path "$HF_PATH" train.run_dir="$RUN_DIR" ${EXTRA[@]+"${EXTRA[@]}"} "$@"
