@@ -49,18 +49,6 @@ def require_sglang() -> Any:
     return sglang
 
 
-def require_sglang() -> Any:
-    """``import sglang``, or an ImportError saying how to get it (GPU only)."""
-    try:
-        import sglang
-    except ImportError as exc:
-        raise ImportError(
-            "rl.rollout.engine='sglang' needs SGLang, which is not installed here "
-            f"({exc}); install the GPU extra: pip install 'megatron-logra[sglang]' (CUDA only), "
-            "or point rl.rollout.sglang_url at a running server, or use rl.rollout.engine=embedded") from exc
-    return sglang
-
-
 # --------------------------------------------------------------------------- pure translations
 
 
