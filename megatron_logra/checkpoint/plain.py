@@ -55,6 +55,9 @@ class PlainCheckpoint:
     def keys(self) -> list[str]:
         return sorted(self._sharded)
 
+    def __contains__(self, key: str) -> bool:
+        return key in self._sharded
+
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._entry(key).global_shape)
 

@@ -108,14 +108,15 @@ def _file_sizes(root: Path) -> dict[str, int]:
 
 
 def _sharded_state(model, optimizer) -> tuple[dict, dict, list]:
-    """(sharded state dict for dist_checkpointing, optimizer scalars, optimizer slots)."""
+    """(sharded state dict for dist_checkpointing, optimizer scalars, ``[(slot name, slot)]``)."""
     model_sd = model_sharded_state(model)
     if optimizer is None:  # weights only (e.g. an export)
         return dict(model_sd), {}, []
     scalars, slots = optimizer.sharded_state()
+    shardings = param_shardings(model_sd)
     sharded = dict(model_sd)
-    sharded["optimizer"] = optimizer_sharded_state(slots, param_shardings(model_sd))
-    return sharded, scalars, slots
+    sharded["optimizer"] = optimizer_sharded_state(slots, shardings)
+    return sharded, scalars, [(slot_name(slot, shardings), slot) for slot in slots]
 
 
 def save_checkpoint(
@@ -253,12 +254,14 @@ def load_checkpoint(
 
     path = Path(path)
     meta = read_meta(path)
-    sharded, current, slots = _sharded_state(model, optimizer)
+    sharded, current, named_slots = _sharded_state(model, optimizer)
     _check_compatible(meta.get("state"), current, str(path))
     try:
         loaded = dist_checkpointing.load(sharded, str(path / _DIST))
     except Exception as exc:  # torch.distributed.checkpoint / megatron raise many types here
         raise CheckpointError(f"{path}/{_DIST} could not be loaded into this model: {type(exc).__name__}: {exc}") from exc
+    if named_slots and "optimizer" not in loaded:
+        raise CheckpointError(f"{path} holds weights only (no optimizer state) and cannot be resumed")
     same_layout = (meta["tp"], meta["pp"], meta["dp"]) == (groups.tp_size, groups.pp_size, groups.dp_size)
     rng_path = path / f"rng_rank{_global_rank()}.safetensors"
     rng = None
@@ -275,17 +278,13 @@ def load_checkpoint(
         else:
             for i, c in enumerate(chunks):
                 _load_chunk(c, loaded[f"model{i}"], f"{path} (chunk {i})")
-        by_name = loaded.get("optimizer", {})
-        shardings = param_shardings(model_sharded_state(model))
-        for slot in slots:
-            value = by_name[slot_name(slot, shardings)]
+        for name, slot in named_slots:
+            value = loaded["optimizer"][name]
             if value.data_ptr() != slot.tensor.data_ptr():
                 slot.tensor.copy_(value.view_as(slot.tensor))
-    if optimizer is not None and "optimizer" not in loaded:
-        raise CheckpointError(f"{path} holds weights only (no optimizer state) and cannot be resumed")
     try:
         if optimizer is not None:
-            optimizer.load_sharded_state(meta["state"], slots)
+            optimizer.load_sharded_state(meta["state"], [slot for _, slot in named_slots])
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"{path}: optimizer state does not fit this run: {exc}") from exc
     if rng is not None:

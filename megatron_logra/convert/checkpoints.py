@@ -237,11 +237,11 @@ class McoreCheckpoint:
         """Global checkpoint key of ``entry`` and its index along the stacked-layer axis."""
         m = _LAYER.match(entry.name)
         if m is None:
-            if entry.name == "output_layer.weight" and self.plain is not None and entry.name not in self.plain.keys():
+            if entry.name == "output_layer.weight" and self.plain is not None and entry.name not in self.plain:
                 return "embedding.word_embeddings.weight", None  # tied: stored once, as the embedding
             return entry.name, None
         key = m.group(1) + m.group(3)
-        if self.plain is not None and key not in self.plain.keys():
+        if self.plain is not None and key not in self.plain:
             for local, stored in _FUSED_NORM_KEYS.items():  # megatron stores local-spec norms under TE names
                 if m.group(3).startswith(local):
                     key = m.group(1) + stored + m.group(3)[len(local):]
@@ -251,7 +251,7 @@ class McoreCheckpoint:
         assert self.plain is not None
         for e in plan:
             key, layer = self._trainer_key(e)
-            if key not in self.plain.keys():
+            if key not in self.plain:
                 raise ValueError(f"{self.dir}: the checkpoint has no tensor {key!r} for {e.name} "
                                  "(does config.model match the weights?)")
             shape = self.plain.shape(key)

@@ -38,14 +38,10 @@ __all__ = ["run_rl", "build_components"]
 
 
 class _OptimizerWithRL:
-    """Checkpoint adapter: optimizer + KL controller + RL loop state in one state dict."""
+    """Checkpoint adapter: optimizer + KL controller + RL loop state as one sharded state."""
 
     def __init__(self, optimizer, controller: KLController, state: RLState) -> None:
         self.optimizer, self.controller, self.state = optimizer, controller, state
-
-    def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "kl": self.controller.state_dict(),
-                "rl": self.state.state_dict()}
 
     def sharded_state(self):
         scalars, slots = self.optimizer.sharded_state()
@@ -55,11 +51,6 @@ class _OptimizerWithRL:
         self.optimizer.load_sharded_state(scalars["optimizer"], slots)
         self.controller.load_state_dict(scalars["kl"])
         self.state.load_state_dict(scalars["rl"])
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.controller.load_state_dict(state["kl"])
-        self.state.load_state_dict(state["rl"])
 
 
 def _tokenizer(cfg: RunConfig, task, run_dir: Path):
