@@ -1,0 +1,142 @@
+"""What the SGLang clients send and read back: request payloads, pre-send checks, and :class:`SGLangError`.
+
+Contract: pure functions over tensors and bytes, no I/O. :func:`serialize_named_tensors` builds
+one entry of an HTTP ``/update_weights_from_tensor`` request, :func:`chunk_named_tensors` cuts a
+dense refit into requests of bounded size, ``_precheck`` runs the weight-free checks of
+``apply.validate`` so a bad delta never reaches the engine, and ``_decode_json_param`` decodes a
+loader parameter read back with ``get_weights_by_name`` (raising :class:`SGLangError`). Used by
+:mod:`~megatron_logra.sync.sglang_protocol` and :mod:`~megatron_logra.sync.sglang_client`
+(which re-exports the public names).
+
+HTTP payloads: ``serialized_named_tensors`` is a list with one base64 string per engine TP
+rank (each scheduler reads entry ``tp_rank``). ``serialization="pickle"`` (default) pickles
+CPU tensors by value (``torch._utils._rebuild_tensor_v2`` + ``torch.storage._load_from_bytes``,
+both inside SGLang's unpickling allow-list), so it works with a server on another host at the
+cost of shipping the bytes (x4/3 for base64, x TP size). ``serialization="cuda_ipc"`` sends
+CUDA tensors as IPC handles (``torch.multiprocessing`` reductions, as SGLang's own
+``MultiprocessingSerializer`` does): zero-copy, but only for a server on the same host and
+GPU(s), and the tensors must stay alive until the request returns (they do: calls are
+synchronous). CPU tensors cannot use IPC (their shared-memory handles need the sender's
+multiprocessing authkey, which an independently started server does not have).
+
+Imports only torch and the standard library besides the sync package; SGLang is imported
+lazily and only for ``serialization="cuda_ipc"``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import pickle
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import torch
+
+from megatron_logra.sync.apply import check_version
+from megatron_logra.sync.codec import SketchDelta
+from megatron_logra.sync.errors import SyncError
+from megatron_logra.sync.factors import off_grid_rows
+from megatron_logra.sync.sglang_wire import bytes_from_values
+
+__all__ = ["SGLangError", "serialize_named_tensors", "chunk_named_tensors", "SERIALIZATIONS", "DEFAULT_CHUNK_BYTES"]
+
+SERIALIZATIONS = ("pickle", "cuda_ipc")
+DEFAULT_CHUNK_BYTES = 512 << 20
+
+
+class SGLangError(SyncError):
+    """A failure talking to SGLang: ``kind`` is ``unreachable``, ``auth``, ``http``, ``config`` or ``engine``.
+
+    ``status`` is the HTTP status (None when there was no response), ``body`` the decoded response.
+    """
+
+    def __init__(self, kind: str, message: str, *, status: Optional[int] = None, body: Any = None) -> None:
+        super().__init__(kind, message)
+        self.status = status
+        self.body = body
+
+
+# --------------------------------------------------------------------------- payloads
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached and contiguous, cloned when it is a view of a larger storage (pickle ships whole storages)."""
+    t = t.detach().contiguous()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size() or t.storage_offset():
+        t = t.clone()
+    return t
+
+
+def serialize_named_tensors(named_tensors: Sequence[tuple[str, torch.Tensor]], serialization: str = "pickle") -> str:
+    """One base64 entry of ``serialized_named_tensors`` for SGLang's HTTP ``/update_weights_from_tensor``.
+
+    ``pickle``: CPU copies pickled by value (any host). ``cuda_ipc``: CUDA tensors as IPC handles
+    via ``torch.multiprocessing``'s reductions (same host only); SGLang's serializer is used when
+    importable (it encodes the device by UUID), else a ``ForkingPickler`` with torch's reductions.
+    """
+    if serialization == "pickle":
+        obj = [(name, _compact(t.cpu())) for name, t in named_tensors]
+        return base64.b64encode(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+    if serialization == "cuda_ipc":
+        obj = []
+        for name, t in named_tensors:
+            if not t.is_cuda:
+                raise SyncError("config", f"serialization='cuda_ipc' needs CUDA tensors; {name} is on {t.device}")
+            obj.append((name, t.detach().contiguous()))
+        try:  # pragma: no cover - needs sglang
+            from sglang.srt.utils import MultiprocessingSerializer
+
+            return MultiprocessingSerializer.serialize(obj, output_str=True)
+        except ImportError:
+            from multiprocessing.reduction import ForkingPickler
+
+            import torch.multiprocessing  # noqa: F401  (registers the tensor reductions)
+
+            buf = io.BytesIO()
+            ForkingPickler(buf).dump(obj)
+            return base64.b64encode(buf.getvalue()).decode("ascii")
+    raise SyncError("config", f"unknown serialization {serialization!r}; choose one of {SERIALIZATIONS}")
+
+
+def chunk_named_tensors(state: Mapping[str, torch.Tensor], max_bytes: int = DEFAULT_CHUNK_BYTES,
+                        ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Groups of ``(name, tensor)`` of at most ``max_bytes`` each (a larger tensor travels alone), in name order."""
+    chunk: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name in sorted(state):
+        t = state[name]
+        n = t.numel() * t.element_size()
+        if chunk and size + n > max_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, t))
+        size += n
+    if chunk:
+        yield chunk
+
+
+def _precheck(delta: SketchDelta, current_version: int) -> None:
+    """The weight-free checks of ``apply.validate``, so a bad delta never reaches (or pauses) the engine."""
+    check_version(delta, current_version)
+    for t in delta.targets:
+        if not bool(torch.isfinite(t.U_OR).all()):
+            raise SyncError("nonfinite", f"U of {t.name} has non-finite entries")
+        if delta.distribution == "rademacher" and off_grid_rows(t.U_OR):
+            raise SyncError("precision", f"U of {t.name} has rows off the exact-sum grid "
+                                         "(build it with quantize_factor)")
+    for name, v in delta.dense.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise SyncError("nonfinite", f"dense {name} has non-finite entries")
+
+
+def _decode_json_param(values: Any, what: str) -> dict:
+    if not isinstance(values, list):
+        raise SGLangError("engine", f"{what}: expected a list of byte values, got {type(values).__name__}")
+    try:
+        obj = json.loads(bytes_from_values(values))
+    except (SyncError, UnicodeDecodeError, json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise SGLangError("engine", f"{what} does not decode ({exc})") from None
+    if not isinstance(obj, dict):
+        raise SGLangError("engine", f"{what} is not a JSON object")
+    return obj

@@ -1,0 +1,260 @@
+"""The engine protocol both SGLang targets share (``_SGLangTarget``), built on five transport primitives.
+
+Contract: a transport (:mod:`~megatron_logra.sync.sglang_client`) implements ``_server_info``,
+``_update`` (``update_weights_from_tensor``), ``_read_param`` (``get_weights_by_name``),
+``_pause`` and ``_continue`` (and may implement ``_publish_version``); this class turns them into
+the engine protocol (``weight_version``, ``apply_sketch_delta``, ``update_weights_full``,
+``reset_version``, ``fingerprint``), keeps the version bookkeeping and the byte/time counters,
+checks the server registers the loader, and pauses generation around updates.
+
+How a delta travels (checked against SGLang's source, see the module README in the report):
+
+1. the server must list :data:`~megatron_logra.sync.sglang_loader.LOADER_PATH` in
+   ``--custom-weight-loader`` (``ServerArgs.custom_weight_loader``); the client checks this in
+   ``get_server_info`` / ``engine.server_args`` *before* sending anything, because SGLang raises
+   ``NotImplementedError("Unknown load_format")`` inside the scheduler for an unregistered
+   loader, which kills the server;
+2. the delta bytes go as one uint8 tensor (plus a small JSON command tensor with a nonce)
+   through ``update_weights_from_tensor(named_tensors, load_format=LOADER_PATH,
+   flush_cache=True)``; SGLang deserializes them on every TP rank and calls
+   ``sync_loader(model, named_tensors)``;
+3. SGLang reports success whatever the loader decided (the loader must not raise, see
+   :mod:`~megatron_logra.sync.sglang_loader`), so the client reads the loader's recorded outcome
+   back with ``get_weights_by_name(STATE_PARAM)`` and checks its nonce, ``ok`` and version;
+   a rejection raises :class:`SyncError` with the engine's reason and the version is kept.
+
+``fingerprint()`` asks the engine's loader to hash its weights in HF layout (TP=1 engines
+only); it returns ``None`` when the engine cannot (TP > 1, or the served model class has no
+``get_weights_by_name``): drift checks are then skipped for that engine, and only the periodic
+anchor refit protects against silent drift. Imports only torch and the standard library
+besides the sync package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import time
+from typing import Any, Iterator, Mapping, Optional, Union
+
+import torch
+
+from megatron_logra.sync.codec import SketchDelta, decode, encode
+from megatron_logra.sync.errors import SyncError
+from megatron_logra.sync.sglang_payloads import (
+    DEFAULT_CHUNK_BYTES,
+    SGLangError,
+    _decode_json_param,
+    _precheck,
+    chunk_named_tensors,
+)
+from megatron_logra.sync.sglang_wire import (
+    FINGERPRINT_PARAM,
+    LOADER_PATH,
+    STATE_PARAM,
+    command_as_named_tensors,
+    delta_as_named_tensors,
+)
+
+logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- the shared protocol
+
+
+class _SGLangTarget:
+    """The engine protocol on top of five primitives each transport implements."""
+
+    def __init__(self, *, pause: bool = True, fingerprint_on_apply: bool = True, rows_per_tensor: int = 4,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        self.pause = pause
+        self.fingerprint_on_apply = fingerprint_on_apply
+        self.rows_per_tensor = rows_per_tensor
+        self.chunk_bytes = chunk_bytes
+        self._version: Optional[int] = None
+        self._checked = False
+        self._fp_disabled: Optional[str] = None
+        self.bytes_sent = 0
+        self.num_deltas = 0
+        self.num_full = 0
+        self.last_apply_s = 0.0
+        self.last_full_s = 0.0
+
+    # ---- primitives (transport specific) ------------------------------------------------
+    def _server_info(self) -> dict:
+        raise NotImplementedError
+
+    def _update(self, named_tensors: list[tuple[str, torch.Tensor]], load_format: Optional[str],
+                flush_cache: bool) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    def _read_param(self, name: str) -> Optional[list]:
+        """The parameter's values (``get_weights_by_name``), None when the engine has no such parameter."""
+        raise NotImplementedError
+
+    def _pause(self) -> None:
+        raise NotImplementedError
+
+    def _continue(self) -> None:
+        raise NotImplementedError
+
+    def _publish_version(self, version: int) -> None:
+        """Tell SGLang's own ``weight_version`` (tags generations); best effort."""
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _check_server(self) -> None:
+        if self._checked:
+            return
+        info = self._server_info()
+        loaders = info.get("custom_weight_loader") or []  # SGLang's default is None / []
+        if "custom_weight_loader" not in info:
+            logger.warning("SGLang server info has no 'custom_weight_loader' field; assuming %s is registered",
+                           LOADER_PATH)
+        elif LOADER_PATH not in loaders:
+            raise SGLangError("config", f"the SGLang engine does not register the sketch-delta loader: start it with "
+                                        f"--custom-weight-loader {LOADER_PATH} (it lists {loaders or []}); sending "
+                                        "an unregistered load_format would crash its scheduler")
+        self._checked = True
+
+    @contextlib.contextmanager
+    def _paused(self) -> Iterator[None]:
+        if not self.pause:
+            yield
+            return
+        self._pause()
+        try:
+            yield
+        finally:
+            self._continue()
+
+    def _command(self, op: str, *, flush_cache: bool = False, **fields: Any) -> dict:
+        """Run one loader command and return its verified state."""
+        nonce = secrets.token_hex(8)
+        command = {"op": op, "nonce": nonce, "rows_per_tensor": self.rows_per_tensor, **fields}
+        self._send(command_as_named_tensors(command), flush_cache=flush_cache, what=f"command {op!r}")
+        return self._state(nonce)
+
+    def _send(self, named_tensors: list, *, flush_cache: bool, what: str) -> None:
+        ok, message = self._update(named_tensors, LOADER_PATH, flush_cache)
+        if not ok:
+            raise SGLangError("engine", f"SGLang update_weights_from_tensor failed for {what}: {message}")
+
+    def _state(self, nonce: Optional[str] = None) -> dict:
+        values = self._read_param(STATE_PARAM)
+        if values is None:
+            raise SGLangError("engine", f"cannot read the loader state {STATE_PARAM!r} back: the served model class "
+                                        "needs get_weights_by_name (SGLang's Llama/Qwen classes have it)")
+        state = _decode_json_param(values, f"loader state {STATE_PARAM!r}")
+        if nonce is not None and state.get("nonce") != nonce:
+            raise SGLangError("engine", f"the loader did not record this request (state nonce {state.get('nonce')!r}, "
+                                        f"sent {nonce!r}): was {LOADER_PATH} really called?")
+        return state
+
+    def refresh(self) -> int:
+        """Check the server and read the engine's version from its loader state (runs a status command once)."""
+        self._check_server()
+        values = self._read_param(STATE_PARAM)
+        state = self._command("status") if values is None else _decode_json_param(values, "loader state")
+        self._version = int(state["version"])
+        return self._version
+
+    # ---- the protocol ----------------------------------------------------------------------
+    @property
+    def weight_version(self) -> int:
+        """The engine's weight version (read from the engine on first use, then tracked)."""
+        if self._version is None:
+            self.refresh()
+        return int(self._version)  # type: ignore[arg-type]
+
+    def apply_sketch_delta(self, payload: Union[SketchDelta, bytes, bytearray, memoryview]) -> int:
+        """Send one delta; returns the new version. Raises :class:`SyncError` (version kept) on rejection."""
+        data = encode(payload) if isinstance(payload, SketchDelta) else bytes(payload)
+        delta = decode(data)  # checksum and structure, before anything is sent
+        current = self.refresh()  # the engine's own version: someone may have refit or restarted it
+        try:
+            _precheck(delta, current)
+        except SyncError as exc:
+            hint = (" -- a TP rank failed mid-apply earlier, so the engine needs a full refit (update_weights_full)"
+                    if current < 0 else "")
+            raise SyncError(exc.kind, f"not sent to SGLang: {exc} (engine at version {current}){hint}") from None
+        nonce = secrets.token_hex(8)
+        command = {"op": "apply", "nonce": nonce, "rows_per_tensor": self.rows_per_tensor,
+                   "fingerprint": bool(self.fingerprint_on_apply and not self._fp_disabled)}
+        t0 = time.perf_counter()
+        with self._paused():
+            self._send(delta_as_named_tensors(data) + command_as_named_tensors(command), flush_cache=True,
+                       what=f"delta {delta.base_version}->{delta.new_version}")
+            state = self._state(nonce)
+        self.last_apply_s = time.perf_counter() - t0
+        self._version = int(state["version"])
+        if state.get("fingerprint_error") and not self._fp_disabled:
+            self._fp_disabled = state["fingerprint_error"]
+            logger.warning("SGLang engine cannot fingerprint its weights (%s): drift checks are skipped",
+                           self._fp_disabled)
+        if not state.get("ok"):
+            raise SyncError(state.get("error_kind") or "rejected",
+                            f"SGLang engine rejected delta {delta.base_version}->{delta.new_version}: "
+                            f"{state.get('error')} (engine at version {self._version})")
+        if self._version != delta.new_version:
+            raise SGLangError("engine", f"engine reports version {self._version} after delta "
+                                        f"{delta.base_version}->{delta.new_version}")
+        self.bytes_sent += len(data)
+        self.num_deltas += 1
+        self._publish_version(self._version)
+        return self._version
+
+    def update_weights_full(self, hf_state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Dense refit of ``hf_state`` (HF names, full tensors) in ``chunk_bytes`` chunks; then version := ``version``.
+
+        Goes through SGLang's default loader (``load_format=None`` -> ``model.load_weights``, which
+        fuses q/k/v and gate/up and shards for TP). An unknown name makes SGLang's ``load_weights``
+        raise inside the scheduler, so names must be the checkpoint's.
+        """
+        self._check_server()
+        t0 = time.perf_counter()
+        sent = 0
+        with self._paused():
+            for chunk in chunk_named_tensors(hf_state, self.chunk_bytes):
+                ok, message = self._update(chunk, None, False)
+                if not ok:
+                    raise SGLangError("engine", f"full refit to version {version} failed at {chunk[0][0]}: {message}")
+                sent += sum(t.numel() * t.element_size() for _, t in chunk)
+            state = self._command("set_version", flush_cache=True, version=int(version),
+                                  fingerprint=bool(self.fingerprint_on_apply and not self._fp_disabled))
+        if not state.get("ok"):
+            raise SGLangError("engine", f"setting version {version} after the refit failed: {state.get('error')}")
+        self._version = int(state["version"])
+        self.last_full_s = time.perf_counter() - t0
+        self.bytes_sent += sent
+        self.num_full += 1
+        self._publish_version(self._version)
+
+    def reset_version(self, version: int) -> None:
+        """Set the engine's version after weights were loaded outside the delta chain."""
+        self._check_server()
+        state = self._command("set_version", version=int(version))
+        if not state.get("ok"):
+            raise SGLangError("engine", f"set_version {version} failed: {state.get('error')}")
+        self._version = int(state["version"])
+
+    def fingerprint(self) -> Optional[dict[str, str]]:
+        """``{HF name: sha256 hex}`` of the engine's weights, or None when it cannot say (see module docstring)."""
+        if self._fp_disabled:
+            return None
+        current = self.weight_version
+        values = self._read_param(FINGERPRINT_PARAM)
+        record = None if values is None else _decode_json_param(values, "engine fingerprint")
+        if record is None or record.get("version") != current:
+            state = self._command("fingerprint")
+            if state.get("fingerprint_error"):
+                self._fp_disabled = state["fingerprint_error"]
+                logger.warning("SGLang engine cannot fingerprint its weights (%s): drift checks are skipped",
+                               self._fp_disabled)
+                return None
+            values = self._read_param(FINGERPRINT_PARAM)
+            record = None if values is None else _decode_json_param(values, "engine fingerprint")
+        if record is None or record.get("version") != current:
+            raise SGLangError("engine", f"engine fingerprint is for version {record and record.get('version')}, "
+                                        f"engine at {current}")
+        return dict(record["fingerprint"])
