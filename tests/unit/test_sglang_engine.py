@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -351,8 +350,8 @@ def test_engine_over_http_generate():
 # --------------------------------------------------------------------------- one driver, 2 gloo processes
 
 
-def _share_worker(rank: int, port: int) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+def _share_worker(rank: int, init_file: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         group = dist.new_group([0, 1])
         driver = rank == 0
@@ -382,8 +381,6 @@ def _share_worker(rank: int, port: int) -> None:
 
 
 @pytest.mark.distributed
-def test_driver_generates_and_syncs_for_the_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_share_worker, args=(port,), nprocs=2, join=True)
+def test_driver_generates_and_syncs_for_the_group(tmp_path):
+    # file rendezvous: a probed TCP port can be taken by another process before gloo binds it
+    mp.spawn(_share_worker, args=(str(tmp_path / "rendezvous"),), nprocs=2, join=True)
