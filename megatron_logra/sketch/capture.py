@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron_logra.sketch.layers import (
-    classify_linear, gather_sequence, normalized_input, reduce_scatter_sequence,
+    LinearInfo, classify_linear, gather_sequence, normalized_input, reduce_scatter_sequence,
 )
 from megatron_logra.sketch.naming import TARGET_ALIASES, canonical_name
 from megatron_logra.sketch.random_projection import DISTRIBUTIONS, projection
@@ -45,9 +45,9 @@ __all__ = ["SketchTarget", "SketchSet", "install_sketches", "DEFAULT_TARGETS"]
 DEFAULT_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
-@dataclass
-class SketchTarget:
-    """One frozen target linear layer and its sketch."""
+@dataclass(kw_only=True)
+class SketchTarget(LinearInfo):
+    """One frozen target linear layer and its sketch; how it is split comes from ``LinearInfo``."""
 
     name: str
     """Canonical layer name (keys the projection)."""
@@ -58,16 +58,6 @@ class SketchTarget:
     """The frozen weight ``[n_out_local, n_in_local]``."""
     kind: str
     """Megatron target kind: linear_qkv | linear_proj | linear_fc1 | linear_fc2 (or the leaf name)."""
-    parallel: str
-    """``none`` | ``column`` | ``row``: how the layer is split over the TP group."""
-    n_in: int
-    """Input features of the full (unsharded) layer; the projection's width."""
-    cols: Optional[range]
-    """Global input columns this rank owns (row-parallel), or None for all."""
-    sequence_parallel: bool = False
-    """The layer runs under sequence parallelism (``P`` is gathered / reduce-scattered over TP)."""
-    fused_norm: bool = False
-    """The module normalises its input before the GEMM (TE ``LayerNormLinear``): ``X`` is ``norm(input)``."""
     key: str = ""
     """Unique state key: the canonical name, suffixed with the leaf when several modules share
     it (HF q/k/v_proj all map to ``qkv_proj``)."""
@@ -337,8 +327,7 @@ def install_sketches(
             prefix = f"{chunk_idx}." if len(chunks) > 1 else ""
             found.append(SketchTarget(
                 name=name, module_name=prefix + module_name, module=module, weight=module.weight,
-                kind=TARGET_ALIASES.get(leaf, leaf), parallel=info.parallel, n_in=n_in, cols=info.cols,
-                sequence_parallel=info.sequence_parallel, fused_norm=info.fused_norm,
+                kind=TARGET_ALIASES.get(leaf, leaf), **vars(info),
             ))
     missing = [r for r, n in hits.items() if n == 0]
     if missing:

@@ -42,7 +42,7 @@ __all__ = ["LinearInfo", "classify_linear", "is_transformer_engine_module", "nor
            "gather_sequence", "reduce_scatter_sequence"]
 
 
-@dataclass(frozen=True)
+@dataclass
 class LinearInfo:
     """How a target linear is split and what its weight multiplies."""
 
