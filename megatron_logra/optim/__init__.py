@@ -8,7 +8,8 @@ from torch import nn
 
 from megatron_logra.optim.config import LograConfig, NativeConfig, OptimizerConfig
 from megatron_logra.optim.dense import DenseAdamW
-from megatron_logra.optim.logra import LograOptimizer, PreparedUpdate
+from megatron_logra.optim.logra import LograOptimizer
+from megatron_logra.optim.update import PreparedUpdate
 from megatron_logra.parallel import ParallelGroups
 
 __all__ = ["LograConfig", "NativeConfig", "OptimizerConfig", "LograOptimizer", "DenseAdamW", "PreparedUpdate",

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from megatron_logra.optim.config import NativeConfig
-from megatron_logra.optim.logra import PreparedUpdate, _module_params
+from megatron_logra.optim.update import PreparedUpdate, module_params
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
 from megatron_logra.optim.state import SlotState
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum
@@ -32,7 +32,7 @@ class DenseAdamW:
         *,
         clip_grad: float = 1.0,
     ) -> None:
-        params = [p for p in _module_params(model) if p.requires_grad]
+        params = [p for p in module_params(model) if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters for dense AdamW")
         self.groups = groups

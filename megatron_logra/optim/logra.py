@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 import torch
@@ -31,50 +30,18 @@ from megatron_logra.optim.functional import (
     rounding_noise,
     row_adam_direction,
 )
+from megatron_logra.optim.logra_state import LograStateMixin
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
-from megatron_logra.optim.state import ParamSlot, SlotState
+from megatron_logra.optim.update import PreparedUpdate, module_params
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
 from megatron_logra.sketch.capture import SketchSet, SketchTarget, install_sketches
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PreparedUpdate", "LograOptimizer"]
+__all__ = ["LograOptimizer"]
 
 
-@dataclass
-class PreparedUpdate:
-    """A step that is ready to apply: ``ΔW_t = −α·D_t·A_t`` for each target ``t``."""
-
-    step: int
-    """1-based optimizer step this update becomes when applied."""
-    update_index: int
-    """Projection update index the sketches were taken with."""
-    skipped: bool = False
-    """True when the step must not be applied (reason says why)."""
-    reason: Optional[str] = None
-    directions: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Target key -> scaled direction ``D`` ``[n_out_local, r]``."""
-    grad_norm: float = float("nan")
-    """Global norm of the reconstructed gradient plus native grads (after reduction, before clipping)."""
-    clip_coef: float = 1.0
-    num_tokens: Optional[int] = None
-    """Global valid tokens the sketches were normalised by (paper recipe)."""
-    scale: float = 1.0
-    """Global scale folded into ``D`` (lr, or the update-ratio scale of the paper recipe)."""
-
-
-def _module_params(model: Union[nn.Module, Sequence[nn.Module]]) -> list[nn.Parameter]:
-    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
-    seen, out = set(), []
-    for chunk in chunks:
-        for p in chunk.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-    return out
-
-
-class LograOptimizer:
+class LograOptimizer(LograStateMixin):
     """LoGRA on the targets of ``model``; AdamW (or frozen) for the rest."""
 
     def __init__(
@@ -91,7 +58,7 @@ class LograOptimizer:
             tp_group=groups.tp, cache_projections=cfg.cache_projections,
         )
         self.device = self.sketches.flat.device
-        others = [p for p in _module_params(model) if p.requires_grad]
+        others = [p for p in module_params(model) if p.requires_grad]
         if native.freeze:
             for p in others:
                 p.requires_grad_(False)
@@ -363,63 +330,3 @@ class LograOptimizer:
         update = self.prepare(num_tokens)
         self.apply(update, 1.0)
         return update
-
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict:
-        """Everything needed to resume; projections are regenerated, never stored."""
-        return {
-            "kind": "logra",
-            "num_steps": self.num_steps,
-            "num_skipped": self.num_skipped,
-            "row_moments": {k: v.clone() for k, v in self.row_moments.items()},
-            "masters": {k: m.clone() for k, m in self.masters.items()},
-            "native": self.native.state_dict(),
-        }
-
-    def sharded_state(self) -> SlotState:
-        """Row moments (row-shaped) and target masters (parameter-shaped) as slots, the native
-        AdamW's state under ``native.*``, counters as scalars (:mod:`megatron_logra.optim.state`)."""
-        native_scalars, slots = self.native.sharded_state("native")
-        for t in self.targets:
-            slots.append(ParamSlot("logra.row_moment", t.weight, self.row_moments[t.key], like="rows"))
-            if t.key in self.masters:
-                slots.append(ParamSlot("logra.master", t.weight, self.masters[t.key]))
-        scalars = {"kind": "logra", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
-                   "rank": self.cfg.rank, "seed": self.cfg.seed, "distribution": self.cfg.distribution,
-                   "native": native_scalars}
-        return scalars, slots
-
-    def load_sharded_state(self, scalars: dict, slots: list[ParamSlot]) -> None:
-        if scalars.get("kind") != "logra":
-            raise ValueError(f"optimizer state is of kind {scalars.get('kind')!r}, expected 'logra'")
-        for field_name in ("rank", "seed", "distribution"):
-            saved, here = scalars.get(field_name), getattr(self.cfg, field_name)
-            if saved is not None and saved != here:
-                raise ValueError(f"the checkpoint was trained with optimizer.logra.{field_name}={saved!r}, "
-                                 f"this run has {here!r}; the row moments belong to that projection")
-        self.native.load_sharded_state(scalars["native"], [s for s in slots if s.name.startswith("native.")])
-        self.num_steps = int(scalars["num_steps"])
-        self.num_skipped = int(scalars.get("num_skipped", 0))
-        self.sketches.num_updates = self.num_steps
-        self.sketches._cache.clear()
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("kind") != "logra":
-            raise ValueError(f"optimizer state is of kind {state.get('kind')!r}, expected 'logra'")
-        missing = sorted(set(self.row_moments) - set(state["row_moments"]))
-        if missing:
-            raise ValueError(f"optimizer state lacks row moments for targets {missing[:4]}{'...' if len(missing) > 4 else ''}")
-        for k, v in self.row_moments.items():
-            saved = state["row_moments"][k]
-            if saved.shape != v.shape:
-                raise ValueError(f"row moments of {k} have shape {tuple(saved.shape)}, expected {tuple(v.shape)}")
-            v.copy_(saved)
-        for k, m in self.masters.items():
-            if k not in state["masters"]:
-                raise ValueError(f"optimizer state lacks the fp32 master of {k}")
-            m.copy_(state["masters"][k])
-        self.native.load_state_dict(state["native"])
-        self.num_steps = int(state["num_steps"])
-        self.num_skipped = int(state.get("num_skipped", 0))
-        self.sketches.num_updates = self.num_steps
-        self.sketches._cache.clear()

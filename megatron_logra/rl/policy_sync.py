@@ -22,7 +22,8 @@ from typing import Any, Optional
 import torch
 
 from megatron_logra.models.hf import megatron_to_hf
-from megatron_logra.optim.logra import LograOptimizer, PreparedUpdate
+from megatron_logra.optim.logra import LograOptimizer
+from megatron_logra.optim.update import PreparedUpdate
 from megatron_logra.parallel import ParallelGroups, all_gather_bytes
 from megatron_logra.rl.weights import gather_full_model
 from megatron_logra.sync import DirectoryTransport, InProcessTransport, SyncError, decode, drift, encode, fingerprint

@@ -33,7 +33,8 @@ from torch import nn
 
 from megatron_logra.models.hf import _GLOBAL_RENAMES, _LAYER_RENAMES
 from megatron_logra.models.layout import global_param_names, unshard
-from megatron_logra.optim.logra import LograOptimizer, PreparedUpdate
+from megatron_logra.optim.logra import LograOptimizer
+from megatron_logra.optim.update import PreparedUpdate
 from megatron_logra.parallel import ParallelGroups, group_size
 from megatron_logra.sync.factors import quantize_factor
 from megatron_logra.sync.codec import AttentionDims, SketchDelta, TargetFactor, expected_layout

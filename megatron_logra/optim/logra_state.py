@@ -1,0 +1,78 @@
+"""Checkpoint contract of :class:`megatron_logra.optim.logra.LograOptimizer`.
+
+What a LoGRA optimizer saves: row moments (row-shaped slots), fp32 masters of low-precision
+targets (parameter-shaped slots), the native AdamW's state and the step counters. Projections
+are a pure function of ``(seed, name, update index)`` and are regenerated, never stored; a
+checkpoint taken with another rank, seed or distribution is refused because its row moments
+belong to that projection.
+"""
+
+from __future__ import annotations
+
+from megatron_logra.optim.state import ParamSlot, SlotState
+
+__all__ = ["LograStateMixin"]
+
+
+class LograStateMixin:
+    """``state_dict`` / ``sharded_state`` and their loaders; needs ``cfg``, ``targets``, ``sketches``,
+    ``native``, ``row_moments``, ``masters``, ``num_steps`` and ``num_skipped`` on the optimizer."""
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume; projections are regenerated, never stored."""
+        return {
+            "kind": "logra",
+            "num_steps": self.num_steps,
+            "num_skipped": self.num_skipped,
+            "row_moments": {k: v.clone() for k, v in self.row_moments.items()},
+            "masters": {k: m.clone() for k, m in self.masters.items()},
+            "native": self.native.state_dict(),
+        }
+
+    def sharded_state(self) -> SlotState:
+        """Row moments (row-shaped) and target masters (parameter-shaped) as slots, the native
+        AdamW's state under ``native.*``, counters as scalars (:mod:`megatron_logra.optim.state`)."""
+        native_scalars, slots = self.native.sharded_state("native")
+        for t in self.targets:
+            slots.append(ParamSlot("logra.row_moment", t.weight, self.row_moments[t.key], like="rows"))
+            if t.key in self.masters:
+                slots.append(ParamSlot("logra.master", t.weight, self.masters[t.key]))
+        scalars = {"kind": "logra", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
+                   "rank": self.cfg.rank, "seed": self.cfg.seed, "distribution": self.cfg.distribution,
+                   "native": native_scalars}
+        return scalars, slots
+
+    def load_sharded_state(self, scalars: dict, slots: list[ParamSlot]) -> None:
+        if scalars.get("kind") != "logra":
+            raise ValueError(f"optimizer state is of kind {scalars.get('kind')!r}, expected 'logra'")
+        for field_name in ("rank", "seed", "distribution"):
+            saved, here = scalars.get(field_name), getattr(self.cfg, field_name)
+            if saved is not None and saved != here:
+                raise ValueError(f"the checkpoint was trained with optimizer.logra.{field_name}={saved!r}, "
+                                 f"this run has {here!r}; the row moments belong to that projection")
+        self.native.load_sharded_state(scalars["native"], [s for s in slots if s.name.startswith("native.")])
+        self.num_steps = int(scalars["num_steps"])
+        self.num_skipped = int(scalars.get("num_skipped", 0))
+        self.sketches.num_updates = self.num_steps
+        self.sketches._cache.clear()
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("kind") != "logra":
+            raise ValueError(f"optimizer state is of kind {state.get('kind')!r}, expected 'logra'")
+        missing = sorted(set(self.row_moments) - set(state["row_moments"]))
+        if missing:
+            raise ValueError(f"optimizer state lacks row moments for targets {missing[:4]}{'...' if len(missing) > 4 else ''}")
+        for k, v in self.row_moments.items():
+            saved = state["row_moments"][k]
+            if saved.shape != v.shape:
+                raise ValueError(f"row moments of {k} have shape {tuple(saved.shape)}, expected {tuple(v.shape)}")
+            v.copy_(saved)
+        for k, m in self.masters.items():
+            if k not in state["masters"]:
+                raise ValueError(f"optimizer state lacks the fp32 master of {k}")
+            m.copy_(state["masters"][k])
+        self.native.load_state_dict(state["native"])
+        self.num_steps = int(state["num_steps"])
+        self.num_skipped = int(state.get("num_skipped", 0))
+        self.sketches.num_updates = self.num_steps
+        self.sketches._cache.clear()
