@@ -1,7 +1,7 @@
 # Sourced by the GPU launchers (examples/train_*gpu*.sh, train_7b_multinode.sh): sets
 #   EXTRA  overrides for the layer implementation chosen by IMPL (and FP8), and
 #   CUDA_DEVICE_MAX_CONNECTIONS / OMP_NUM_THREADS for torchrun.
-# Env: IMPL=local (default) | transformer_engine (needs `kl.mode=none` for now, added here);
+# Env: IMPL=local (default) | transformer_engine (the KL probe runs by finite differences there);
 #      FP8=hybrid | e4m3 (TE only). Call `gpu_impl_args 1` where TP > 1 allows sequence parallelism.
 gpu_impl_args() {
   local sequence_parallel="${1:-0}"
@@ -11,7 +11,6 @@ gpu_impl_args() {
     transformer_engine)
       EXTRA+=(model.transformer_impl=transformer_engine)
       if [[ "$sequence_parallel" == 1 ]]; then EXTRA+=(model.sequence_parallel=true); fi
-      EXTRA+=(kl.mode=none)
       if [[ -n "${FP8:-}" ]]; then EXTRA+=("model.fp8=$FP8"); fi
       ;;
     *) echo "IMPL=$IMPL: choose local or transformer_engine" >&2; exit 2 ;;

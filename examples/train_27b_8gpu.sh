@@ -8,9 +8,8 @@
 #   HF_PATH   local Hugging Face checkpoint (config.json, safetensors, tokenizer); required
 #   GPUS      processes on this node (default 8); DP = GPUS / TP
 #   RUN_DIR   run directory (default runs/27b)
-#   IMPL      local (default: what the predicted-KL probe supports) or transformer_engine
-#             (TE spec with sequence parallelism; KL control off, since TE kernels have no
-#             forward-mode AD rule)
+#   IMPL      local (default: forward-mode KL probe) or transformer_engine (TE spec with
+#             sequence parallelism; the KL probe runs by finite differences, kl.probe=auto)
 #   FP8       with IMPL=transformer_engine: hybrid or e4m3 FP8 training GEMMs (H100 / H200)
 # Check the plan first:
 #   megatron-logra memory --model "$HF_PATH/config.json" --tp 8 --rank 128 --recompute full --compare

@@ -13,10 +13,9 @@ ratio 6e-5, step size from the predicted-KL controller, budget 2e-4 -> 2e-5 over
 non-target parameters (embeddings, norms, output layer) are frozen, so the KL probe sees every
 trained parameter.
 
-``model.transformer_impl`` stays ``local``: the predicted-KL probe runs forward-mode AD through
-megatron's local linears, and TransformerEngine's fused kernels have no forward-mode rule. For
-TE / FP8 / sequence parallelism use ``model.transformer_impl=transformer_engine
-model.sequence_parallel=true model.fp8=hybrid`` with ``kl.mode=none`` (see examples/).
+``model.transformer_impl`` stays ``local`` (the forward-mode KL probe, exact). For TE / FP8 /
+sequence parallelism use ``model.transformer_impl=transformer_engine model.sequence_parallel=true
+model.fp8=hybrid`` (see examples/); the KL probe then runs by finite differences (``kl.probe=auto``).
 
 Functions import :mod:`megatron_logra.config` lazily: ``config`` registers these recipes at import.
 """

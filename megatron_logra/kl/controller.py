@@ -52,6 +52,17 @@ class KLConfig:
     """Token cap of the probe set per rank."""
     measure_actual: bool = True
     """Measure the actual KL on the probe set after each step (needed by ``calibrated``)."""
+    probe: str = "auto"
+    """How the prediction gets the logits' tangent: jvp (one forward-mode AD pass), finite_difference
+    (three no-grad forwards with the step added to the target outputs; for kernels without forward-mode
+    rules such as TransformerEngine / FP8) or auto (finite_difference when a target is a TE module)."""
+    fd_step: float = 0.0
+    """Central-difference step h of the finite-difference probe, in units of the α = 1 update; 0 = auto:
+    h = max(1, fd_min_relative / (‖ΔW‖/‖W‖ at α = 1)) for low-precision targets, else 1."""
+    fd_min_relative: float = 0.005
+    """Auto step: ‖h·ΔW‖/‖W‖ for bf16/fp16 targets, so the perturbation stands above the outputs' rounding
+    (bf16 resolves ≈ 0.4% relative; the paper's α = 1 update is 6e-5). Larger steps bias the central
+    difference by the policy's curvature (on a small GPT: −3% at 0.005, −17% at 0.02)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("predicted", "calibrated", "none"):
@@ -69,6 +80,12 @@ class KLConfig:
             raise ValueError(f"kl.calibration_clip={self.calibration_clip} must be >= 1")
         if self.probe_sequences < 1 or self.probe_max_tokens < 1:
             raise ValueError("kl.probe_sequences and kl.probe_max_tokens must be >= 1")
+        if self.probe not in ("auto", "jvp", "finite_difference"):
+            raise ValueError(f"kl.probe={self.probe!r}: choose auto, jvp or finite_difference")
+        if self.fd_step < 0:
+            raise ValueError(f"kl.fd_step={self.fd_step} must be >= 0 (0 chooses it from the target dtype)")
+        if not 0 < self.fd_min_relative < 1:
+            raise ValueError(f"kl.fd_min_relative={self.fd_min_relative} must lie in (0, 1); 0.005 suits bf16")
         if self.mode == "calibrated" and not self.measure_actual:
             raise ValueError("kl.mode=calibrated needs kl.measure_actual=true")
 

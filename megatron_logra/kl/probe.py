@@ -11,6 +11,13 @@ averaged over valid positions in float64, chunk by chunk, with vocabulary-parall
 reduced over the TP group. Row-parallel targets hold a column block of ``X``: their partial
 tangents are summed over TP. Pipeline parallelism is not supported by the probe (tangents
 would have to cross stages).
+
+Kernels without forward-mode rules (TransformerEngine's fused GEMMs, FP8) take the
+finite-difference probe instead (:func:`predicted_kl_fd`): the same hooks add ``±h·(−(X·Aᵀ)·Dᵀ)``
+to the target outputs as a *primal* perturbation -- the exact output of ``W ∓ h·D·A``, weights
+untouched -- and the logits' tangent is the central difference ``δz = (z₊ − z₋) / 2h``, exact up
+to ``O(h²)``. It runs three no-grad forwards (base, +h, −h) and works under sequence parallelism
+(the small ``X·Aᵀ`` is gathered or reduce-scattered like the sketch capture does).
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ from megatron_logra.sketch.capture import SketchSet
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["flat_valid", "tangent_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl", "measure_kl", "ProbeBatch"]
+__all__ = ["flat_valid", "tangent_hooks", "perturbation_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl",
+           "predicted_kl_fd", "fd_step", "probe_method", "measure_kl", "ProbeBatch", "PROBE_METHODS"]
+
+PROBE_METHODS = ("auto", "jvp", "finite_difference")
 
 
 class ProbeBatch:
@@ -76,6 +86,66 @@ def tangent_hooks(
     finally:
         for h in handles:
             h.remove()
+
+
+@contextlib.contextmanager
+def perturbation_hooks(
+    sketches: SketchSet, directions: dict[str, torch.Tensor], scale: float, tp_group=None
+) -> Iterator[None]:
+    """Within the context, every target's output is that of ``W − scale·D·A`` (weights untouched).
+
+    ``X·Aᵀ`` comes from :meth:`SketchSet.project_input` (normalised input of a fused
+    ``LayerNormLinear``, sequence-parallel gather / reduce-scatter); a row-parallel target
+    without sequence parallelism sums its partial ``X_k·A_kᵀ`` over TP first.
+    """
+    handles = []
+
+    def make_hook(target):
+        def hook(module, args, kwargs, output):
+            x = args[0] if args else next(iter(kwargs.values()))
+            proj_in = sketches.project_input(target, x).float()
+            if target.parallel == "row" and not target.sequence_parallel and group_size(tp_group) > 1:
+                dist.all_reduce(proj_in, group=tp_group)
+            delta = torch.matmul(proj_in, directions[target.key].float().t()).mul_(-scale)
+            out = output[0] if isinstance(output, tuple) else output
+            new = (out.float() + delta).to(out.dtype)
+            return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+
+        return hook
+
+    for t in sketches.targets:
+        handles.append(t.module.register_forward_hook(make_hook(t), with_kwargs=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def probe_method(method: str, sketches: SketchSet) -> str:
+    """Resolve ``auto``: the finite-difference probe when a target is a TransformerEngine module
+    (no forward-mode rules), else forward-mode AD."""
+    if method not in PROBE_METHODS:
+        raise ValueError(f"kl.probe={method!r}: choose one of {PROBE_METHODS}")
+    if method != "auto":
+        return method
+    te = any(getattr(t, "backend", "") == "transformer_engine" for t in sketches.targets)
+    return "finite_difference" if te else "jvp"
+
+
+def fd_step(fixed: float, min_relative: float, relative_update: float, weight_dtype: torch.dtype) -> float:
+    """Step ``h`` of the finite-difference probe (in units of the α = 1 update).
+
+    ``fixed`` > 0 is used as is. Otherwise fp32/fp64 targets take ``h = 1`` (difference across the
+    planned step); low-precision targets take ``h = max(1, min_relative / relative_update)``, where
+    ``relative_update`` is ``‖ΔW‖/‖W‖`` at α = 1: a bf16 output cannot resolve a perturbation much
+    below its own 2⁻⁸ spacing, and a central difference stays accurate to ``O(h²)`` well beyond it.
+    """
+    if fixed > 0:
+        return fixed
+    if weight_dtype in (torch.float32, torch.float64) or relative_update <= 0:
+        return 1.0
+    return max(1.0, min_relative / relative_update)
 
 
 def _softmax_stats(z_NV: torch.Tensor, tp_group) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,13 +220,54 @@ def predicted_kl(
             raise KLControlError("the KL probe lost its tangent: no target contributed to the logits")
         z_NV = flat_valid(z, batch.mask)
         dz_NV = flat_valid(dz, batch.mask)
+    return _mean_predicted(z_NV, dz_NV, temperature, groups, chunk), z_NV.detach()
+
+
+def _mean_predicted(z_NV: torch.Tensor, dz_NV: torch.Tensor, temperature: float, groups: ParallelGroups,
+                    chunk: int) -> float:
     total = torch.zeros((), dtype=torch.float64, device=z_NV.device)
     for start in range(0, z_NV.shape[0], chunk):
         total += predicted_kl_terms(z_NV[start : start + chunk], dz_NV[start : start + chunk], temperature, groups.tp).sum()
     pred = _global_mean(total, torch.tensor(z_NV.shape[0], device=z_NV.device), groups.dp)
     if not torch.isfinite(torch.tensor(pred)):
         raise KLControlError(f"predicted KL is not finite ({pred})")
-    return pred, z_NV.detach()
+    return pred
+
+
+@torch.no_grad()
+def predicted_kl_fd(
+    model: nn.Module,
+    sketches: SketchSet,
+    directions: dict[str, torch.Tensor],
+    batch: ProbeBatch,
+    groups: ParallelGroups,
+    *,
+    temperature: float = 1.0,
+    chunk: int = 1024,
+    step: float = 1.0,
+) -> tuple[float, torch.Tensor]:
+    """:func:`predicted_kl` by a central difference of step ``h = step`` in units of the α = 1 update.
+
+    The default ``h = 1`` differences across the very step being planned, so the prediction
+    holds where it is used; the error of ``δz`` is third order in ``h``. Raises
+    :class:`KLControlError` when the perturbation does not reach the logits, there are no
+    valid positions, or the prediction is not finite.
+    """
+    if groups.pp_size > 1:
+        raise NotImplementedError("the predicted-KL probe does not support pipeline parallelism yet")
+    if not step > 0:
+        raise ValueError(f"kl.fd_step={step} must be > 0")
+    with sketches.paused():
+        z_NV = flat_valid(model(batch.tokens, batch.position_ids, None), batch.mask)
+        with perturbation_hooks(sketches, directions, step, groups.tp):
+            plus_NV = flat_valid(model(batch.tokens, batch.position_ids, None), batch.mask).float()
+        with perturbation_hooks(sketches, directions, -step, groups.tp):
+            minus_NV = flat_valid(model(batch.tokens, batch.position_ids, None), batch.mask).float()
+    dz_NV = (plus_NV - minus_NV).div_(2.0 * step)
+    del plus_NV, minus_NV
+    if any(directions[t.key].any() for t in sketches.targets) and not bool(dz_NV.any()):
+        logger.warning("the finite-difference KL probe saw no change of the logits (step below the logits' precision?)")
+    return _mean_predicted(z_NV, dz_NV, temperature, groups, chunk), z_NV.detach()
 
 
 @torch.no_grad()

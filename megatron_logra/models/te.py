@@ -20,8 +20,9 @@ the layers' GEMMs under TE's ``fp8_autocast``. Frozen LoGRA targets have no wgra
 precision; sketches are captured from the high-precision input in the forward hook. TE's per-step
 FP8 weight cache is disabled (weights change in place between forwards).
 
-Known limit: the predicted-KL probe (forward-mode AD) has rules for megatron's local linears only;
-TE's fused kernels have no forward-mode derivative, so TE models need ``kl.mode=none`` for now.
+TE's fused kernels have no forward-mode derivative, so the predicted-KL probe of a TE model is the
+finite-difference one (``kl.probe=auto`` picks it for TE targets, :func:`megatron_logra.kl.probe.predicted_kl_fd`):
+three no-grad forwards with the step added to the target outputs, in the model's own kernels and precision.
 """
 
 from __future__ import annotations

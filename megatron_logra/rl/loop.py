@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 
 from megatron_logra.kl.controller import KLController
-from megatron_logra.kl.probe import ProbeBatch, flat_valid, measure_kl, predicted_kl
+from megatron_logra.kl.probe import ProbeBatch, flat_valid, fd_step, measure_kl, predicted_kl, predicted_kl_fd, probe_method
 from megatron_logra.metrics import MetricsWriter, is_rank0
 from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum
@@ -208,8 +208,14 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     logra = isinstance(c.optimizer, LograOptimizer)
     if logra and cfg.kl.mode != "none":
         probe = _probe_batch(batch, cfg.kl)
-        pred, old_logits = predicted_kl(c.model, c.optimizer.sketches, update.directions, update.update_index,
-                                        probe, groups, temperature=rl.rollout.temperature)
+        if probe_method(cfg.kl.probe, c.optimizer.sketches) == "jvp":
+            pred, old_logits = predicted_kl(c.model, c.optimizer.sketches, update.directions, update.update_index,
+                                            probe, groups, temperature=rl.rollout.temperature)
+        else:
+            h = fd_step(cfg.kl.fd_step, cfg.kl.fd_min_relative, c.optimizer.relative_update_norm(update, 1.0),
+                        c.optimizer.targets[0].weight.dtype)
+            pred, old_logits = predicted_kl_fd(c.model, c.optimizer.sketches, update.directions, probe, groups,
+                                               temperature=rl.rollout.temperature, step=h)
         alpha, budget = c.controller.step_size(pred, step)
     elif cfg.kl.measure_actual and groups.pp_size == 1:
         probe = _probe_batch(batch, cfg.kl)

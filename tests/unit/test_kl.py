@@ -28,7 +28,17 @@ import torch
 import torch.nn.functional as F
 
 from megatron_logra.kl.controller import KLConfig, KLController, KLControlError, cosine_budget
-from megatron_logra.kl.probe import ProbeBatch, exact_kl_terms, measure_kl, predicted_kl, predicted_kl_terms
+from megatron_logra.kl.probe import (
+    ProbeBatch,
+    exact_kl_terms,
+    fd_step,
+    measure_kl,
+    perturbation_hooks,
+    predicted_kl,
+    predicted_kl_fd,
+    predicted_kl_terms,
+    probe_method,
+)
 
 F64 = torch.float64
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
@@ -388,6 +398,76 @@ def test_predicted_kl_without_valid_positions_raises(groups, gpt_step):
         measure_kl(model, empty, torch.zeros(0, V), groups)
 
 
+def test_perturbation_hooks_give_the_logits_of_the_stepped_weights(groups, gpt_step):
+    """The finite-difference probe's primal perturbation is exactly the forward of W − h·D·A."""
+    model, opt, update, probe, _ = gpt_step
+    saved = {t.key: t.weight.detach().clone() for t in opt.targets}
+    try:
+        for h in (1.0, -0.5):
+            with perturbation_hooks(opt.sketches, update.directions, h, groups.tp):
+                hooked = logits_of(model, probe)
+            for t in opt.targets:
+                assert torch.equal(t.weight, saved[t.key]), t.key
+            set_step(opt, update, saved, h)
+            by_hand = logits_of(model, probe)
+            for t in opt.targets:
+                t.weight.data.copy_(saved[t.key])
+            effect = (by_hand - logits_of(model, probe)).abs().max().item()
+            assert effect > 1e-4  # the step is visible
+            # fp32, different association only (x·(W − hDA)ᵀ vs x·Wᵀ − h(x·Aᵀ)·Dᵀ)
+            assert (hooked - by_hand).abs().max().item() <= 1e-3 * effect
+    finally:
+        with torch.no_grad():
+            for t in opt.targets:
+                t.weight.copy_(saved[t.key])
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.7])
+def test_finite_difference_prediction_equals_jvp_and_exact_kl(groups, gpt_step, tau):
+    """Central differences across the α = 1 step (h = 1) predict what forward-mode AD predicts,
+    and both match the exact KL of a small step measured with the weights changed by hand."""
+    model, opt, update, probe, _ = gpt_step
+    saved = {t.key: t.weight.detach().clone() for t in opt.targets}
+    try:
+        jvp, _ = predicted_kl(model, opt.sketches, update.directions, update.update_index, probe, groups,
+                              temperature=tau)
+        fd, old_logits = predicted_kl_fd(model, opt.sketches, update.directions, probe, groups, temperature=tau)
+        for t in opt.targets:
+            assert torch.equal(t.weight, saved[t.key]), t.key
+        torch.testing.assert_close(old_logits, logits_of(model, probe), rtol=0, atol=1e-6)
+        assert abs(fd / jvp - 1.0) <= 1e-3, (fd, jvp)
+        old = logits_of(model, probe)
+        set_step(opt, update, saved, ALPHA)
+        exact = exact_mean_kl(old, logits_of(model, probe), tau)
+        assert abs(exact / (ALPHA**2 * fd) - 1.0) <= 2e-3, (exact, ALPHA**2 * fd)
+        # a wrong direction is seen: dropping a target changes the finite-difference prediction too
+        for t in opt.targets:
+            t.weight.data.copy_(saved[t.key])
+        dirs = dict(update.directions)
+        dropped = opt.targets[0].key
+        dirs[dropped] = torch.zeros_like(dirs[dropped])
+        partial, _ = predicted_kl_fd(model, opt.sketches, dirs, probe, groups, temperature=tau)
+        assert abs(partial / fd - 1.0) > 1e-4
+        with pytest.raises(ValueError, match="fd_step"):
+            predicted_kl_fd(model, opt.sketches, update.directions, probe, groups, step=0.0)
+    finally:
+        with torch.no_grad():
+            for t in opt.targets:
+                t.weight.copy_(saved[t.key])
+
+
+def test_probe_method_resolution(gpt_step):
+    _, opt, _, _, _ = gpt_step
+    assert probe_method("auto", opt.sketches) == "jvp"  # megatron-core local layers have jvp rules
+    assert probe_method("finite_difference", opt.sketches) == "finite_difference"
+    with pytest.raises(ValueError, match="kl.probe"):
+        probe_method("secant", opt.sketches)
+    with pytest.raises(ValueError, match="kl.probe"):
+        KLConfig(probe="secant")
+    with pytest.raises(ValueError, match="kl.fd_step"):
+        KLConfig(fd_step=-1.0)
+
+
 def test_gpt_apply_matches_manual_step_and_measured_kl(groups, gpt_step):
     """The optimizer's own apply(update, α) is the step the probe predicted (runs last: it
     advances the projection index)."""
@@ -402,3 +482,41 @@ def test_gpt_apply_matches_manual_step_and_measured_kl(groups, gpt_step):
         assert (t.weight - saved[t.key]).abs().max() > 1e-6  # >> the 1e-7 tolerance
     actual = measure_kl(model, probe, old_logits, groups)
     assert abs(actual / (ALPHA**2 * pred) - 1.0) <= 1e-3
+
+
+def test_finite_difference_probe_on_bf16_weights_with_the_paper_step(groups):
+    """bf16 outputs cannot resolve the paper recipe's α = 1 step (‖ΔW‖/‖W‖ = 6e-5, far below bf16's
+    2⁻⁸ spacing): the automatic step h (``kl.fd_step=0``) lifts the perturbation above it, and the
+    prediction then matches forward-mode AD on an fp32 twin holding the same (bf16-rounded) weights."""
+    from megatron_logra.models.gpt import ModelConfig, build_gpt
+    from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
+    from megatron_logra.train.step import Batch, forward_backward
+
+    optim_cfg = OptimizerConfig(logra=LograConfig(rank=8, recipe="paper", update_ratio=6e-5),
+                                native=NativeConfig(freeze=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_gpt(ModelConfig(init_std=0.1, vocab_size=V, params_dtype="bfloat16"), groups, seed=3)
+        twin = build_gpt(ModelConfig(init_std=0.1, vocab_size=V), groups, seed=3)
+    twin.load_state_dict({k: v.float() for k, v in model.state_dict().items() if v is not None}, strict=False)
+    opt = build_optimizer(model, optim_cfg, groups)
+    twin_opt = build_optimizer(twin, optim_cfg, groups)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, V, (B, S), generator=gen)
+    pos = torch.arange(S)[None].expand(B, S).contiguous()
+    mask = torch.ones(B, S)
+    mask[:, :4] = 0.0
+    opt.zero_grad()
+    r = forward_backward(model, [Batch(tokens, torch.randint(0, V, (B, S), generator=gen), mask, pos)], groups)
+    update = opt.prepare(num_tokens=r.num_tokens)
+    probe = ProbeBatch(tokens, pos, mask)
+    ref, _ = predicted_kl(twin, twin_opt.sketches, update.directions, update.update_index, probe, groups)
+    relative = opt.relative_update_norm(update, 1.0)
+    assert relative == pytest.approx(6e-5, rel=1e-3)
+    h = fd_step(0.0, 0.005, relative, torch.bfloat16)
+    assert h == pytest.approx(0.005 / relative) and fd_step(0.0, 0.005, relative, torch.float32) == 1.0
+    assert fd_step(2.5, 0.02, relative, torch.bfloat16) == 2.5
+    auto, _ = predicted_kl_fd(model, opt.sketches, update.directions, probe, groups, step=h)
+    naive, _ = predicted_kl_fd(model, opt.sketches, update.directions, probe, groups, step=1.0)
+    assert abs(auto / ref - 1.0) <= 0.1  # measured -3.3% (the fp32 twin at the same h: -1.4%)
+    assert abs(naive / ref - 1.0) > 0.5  # h = 1 is lost in bf16 rounding (measured +991%)

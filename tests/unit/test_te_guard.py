@@ -118,8 +118,8 @@ def test_large_recipes_validate_with_planner_layouts(name, tp):
     assert heads % tp == 0 and groups % tp == 0 and cfg.model.ffn_hidden_size % tp == 0
     assert cfg.optimizer.logra.rank <= cfg.model.hidden_size
     # the TE variant the examples document is a valid config too
-    apply_overrides(cfg, ["model.transformer_impl=auto", "model.sequence_parallel=true", "model.fp8=hybrid",
-                          "kl.mode=none"])
+    apply_overrides(cfg, ["model.transformer_impl=auto", "model.sequence_parallel=true", "model.fp8=hybrid"])
+    assert cfg.kl.mode != "none" and cfg.kl.probe == "auto"  # TE targets take the finite-difference probe
 
 
 @pytest.mark.parametrize("script", sorted((ROOT / "examples").glob("*.sh")), ids=lambda p: p.name)

@@ -1,0 +1,138 @@
+"""The finite-difference KL probe on the module kinds of the GPU path, checked on CPU.
+
+TransformerEngine kernels have no forward-mode rules, so TE models take the finite-difference
+probe: forward hooks add ``−h·(X·Aᵀ)·Dᵀ`` to every target's output. Here that perturbation is
+compared with the forward of the weights changed by hand (``W − h·D·A``, ``A`` regenerated from
+the projection's public generator):
+
+* TE-like stand-ins (classes living under a ``transformer_engine`` module path, see
+  ``test_te_capture_cpu``), including the fused ``LayerNormLinear`` whose weight multiplies
+  ``norm(x)``, and the ``auto`` method resolving to ``finite_difference`` for them;
+* megatron-core ``ColumnParallelLinear`` / ``RowParallelLinear`` on a real gloo TP=2 group, with
+  and without sequence parallelism, followed by a replicated TE-like layer, against the TP=1
+  dense forward.
+
+Tolerance: fp32, different association only: 1e-4 of the perturbation's own size.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+from megatron_logra.kl.probe import perturbation_hooks, probe_method
+from megatron_logra.sketch.capture import install_sketches
+from megatron_logra.sketch.random_projection import projection
+from test_te_capture_cpu import Block, FakeTELinear
+
+SEED, RANK = 11, 4
+
+
+def _relative_error(hooked: torch.Tensor, by_hand: torch.Tensor, base: torch.Tensor) -> float:
+    effect = (by_hand - base).abs().max()
+    assert effect > 1e-3, "the perturbation must be visible"
+    return float((hooked - by_hand).abs().max() / effect)
+
+
+@pytest.mark.parametrize("normalization,zero_centered", [("RMSNorm", False), ("LayerNorm", False), ("RMSNorm", True)])
+def test_perturbation_of_te_like_modules_equals_stepped_weights(normalization, zero_centered):
+    torch.manual_seed(0)
+    model = Block(normalization, zero_centered)
+    reference = copy.deepcopy(model)
+    ss = install_sketches(model, ["linear_qkv", "linear_proj"], rank=RANK, seed=SEED)
+    assert probe_method("auto", ss) == "finite_difference"
+    gen = torch.Generator().manual_seed(1)
+    dirs = {t.key: torch.randn(t.n_out_local, RANK, generator=gen) * 0.05 for t in ss.targets}
+    x = torch.randn(2, 6, 16, generator=gen)
+    with torch.no_grad():
+        base = model(x)
+        for h in (1.0, -2.0):
+            with perturbation_hooks(ss, dirs, h):
+                hooked = model(x)
+            for t in ss.targets:
+                proj = projection(SEED, t.name, 0, RANK, t.n_in)
+                reference.get_submodule(t.module_name).weight.copy_(t.weight - h * dirs[t.key] @ proj)
+            assert _relative_error(hooked, reference(x), base) < 1e-4
+        assert torch.equal(model(x), base)  # hooks removed, weights untouched
+
+
+def _tp_worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    from megatron_logra import cpu_shim
+
+    cpu_shim.activate()
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=world)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    tp = ps.get_tensor_model_parallel_group()
+    h, f, s, b, step = 16, 32, 8, 2, 1.5
+    gen = torch.Generator().manual_seed(0)  # the same draws on every rank
+    w1, w2 = torch.randn(f, h, generator=gen) * 0.3, torch.randn(h, f, generator=gen) * 0.3
+    w3 = torch.randn(h, h, generator=gen) * 0.3
+    x = torch.randn(s, b, h, generator=gen)
+    d1, d2, d3 = (torch.randn(n, RANK, generator=gen) * 0.05 for n in (f, h, h))
+    out = {}
+    for sp in (True, False):
+        cfg = TransformerConfig(num_layers=1, hidden_size=h, num_attention_heads=2, tensor_model_parallel_size=world,
+                                sequence_parallel=sp, use_cpu_initialization=True, gradient_accumulation_fusion=False)
+        block = nn.Module()
+        block.linear_fc1 = ColumnParallelLinear(h, f, config=cfg, init_method=nn.init.zeros_, bias=False,
+                                                gather_output=False)
+        block.linear_fc2 = RowParallelLinear(f, h, config=cfg, init_method=nn.init.zeros_, bias=False,
+                                             input_is_parallel=True, skip_bias_add=True)
+        block.out_proj = FakeTELinear(h, h)  # replicated on every TP rank
+        block.out_proj.config = cfg
+        with torch.no_grad():
+            block.linear_fc1.weight.copy_(w1.chunk(world, 0)[rank])
+            block.linear_fc2.weight.copy_(w2.chunk(world, 1)[rank])
+            block.out_proj.weight.copy_(w3)
+        ss = install_sketches(block, ["linear_fc1", "linear_fc2", "out_proj"], rank=RANK, seed=SEED, tp_group=tp)
+        fc1, fc2, proj3 = ss.targets
+        dirs = {fc1.key: d1.chunk(world, 0)[rank], fc2.key: d2, proj3.key: d3}
+        local = (lambda t: t.chunk(world, 0)[rank]) if sp else (lambda t: t)
+
+        def forward():
+            y, _ = block.linear_fc1(local(x))
+            z, _ = block.linear_fc2(F.gelu(y))
+            return block.out_proj(z)[0]
+
+        with torch.no_grad():
+            base = forward()
+            with perturbation_hooks(ss, dirs, step, tp):
+                hooked = forward()
+            # TP=1 dense forward of the stepped weights
+            a1, a2, a3 = (projection(SEED, t.name, 0, RANK, t.n_in) for t in (fc1, fc2, proj3))
+            v1, v2, v3 = w1 - step * d1 @ a1, w2 - step * d2 @ a2, w3 - step * d3 @ a3
+            by_hand = local(F.linear(F.linear(F.gelu(F.linear(x, v1)), v2), v3))
+            dense_base = local(F.linear(F.linear(F.gelu(F.linear(x, w1)), w2), w3))
+        out[sp] = {"rel": _relative_error(hooked, by_hand, dense_base),
+                   "base": float((base - dense_base).abs().max()),
+                   "kinds": [(t.parallel, t.sequence_parallel) for t in ss.targets]}
+    torch.save(out, os.path.join(result_dir, f"rank{rank}.pt"))
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def test_perturbation_under_tensor_and_sequence_parallelism_equals_tp1_stepped_forward():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_tp_worker, args=(2, os.path.join(tmp, "init"), tmp), nprocs=2, join=True)
+        results = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(2)]
+    for rank, res in enumerate(results):
+        assert res[True]["kinds"] == [("column", True), ("row", True), ("none", True)]
+        assert res[False]["kinds"] == [("column", False), ("row", False), ("none", False)]
+        for sp in (True, False):
+            assert res[sp]["base"] < 1e-5, (rank, sp, res[sp])
+            assert res[sp]["rel"] < 1e-4, (rank, sp, res[sp])
