@@ -321,6 +321,29 @@ def test_directory_transport_applies_deltas_from_files(built, stepped, tmp_path)
     _assert_engine_equals_trainer(comps)
 
 
+def test_finite_difference_probe_controls_the_step(built, stepped, monkeypatch):
+    """``kl.probe=finite_difference`` (what TE models take): the loop predicts the KL without forward-mode
+    AD, and the step it chooses has the measured KL it predicted."""
+    from megatron_logra.rl import loop
+
+    comps, state = built
+
+    def no_jvp(*args, **kwargs):
+        raise AssertionError("kl.probe=finite_difference must not run the forward-mode probe")
+
+    monkeypatch.setattr(loop, "predicted_kl", no_jvp)
+    monkeypatch.setattr(comps.cfg.kl, "probe", "finite_difference")
+    real_score = comps.task.score
+    comps.task.score = alternating_score()
+    try:
+        rec = loop.rl_update(comps, state)
+    finally:
+        comps.task.score = real_score
+    assert rec["skipped"] is False and rec["kl_predicted"] > 0
+    assert 0.8 < rec["kl_actual"] / rec["kl_predicted"] < 1.25, (rec["kl_actual"], rec["kl_predicted"])
+    _assert_engine_equals_trainer(comps)
+
+
 def test_prompt_longer_than_the_context_is_a_clear_error(built):
     from megatron_logra.rl.loop import rl_update
 
