@@ -52,6 +52,11 @@ def group_rank(group: Optional[dist.ProcessGroup]) -> int:
     return dist.get_rank(group) if group is not None and dist.is_initialized() else 0
 
 
+def collective_device(group: Optional[dist.ProcessGroup]) -> torch.device:
+    """Where tensors of a collective on ``group`` must live: the current CUDA device under NCCL, else the host."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
 def all_reduce_sum(tensor: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """In-place sum over ``group`` (no-op for a missing or single-member group). Host tensors
     (loop statistics) go through the GPU when the group is NCCL, which reduces device memory only."""
@@ -69,7 +74,7 @@ def all_gather_bytes(payload: bytes, group: Optional[dist.ProcessGroup]) -> list
     """Every rank's ``payload`` (any lengths), in group rank order; ``[payload]`` without a group."""
     if group_size(group) == 1:
         return [payload]
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    device = collective_device(group)
     data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device) if payload else \
         torch.zeros(0, dtype=torch.uint8, device=device)
     size = torch.tensor([data.numel()], dtype=torch.int64, device=device)

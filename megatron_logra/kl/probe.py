@@ -9,15 +9,17 @@ for all layers at once while the weights stay untouched. Per position, with
 
 averaged over valid positions in float64, chunk by chunk, with vocabulary-parallel logits
 reduced over the TP group. Row-parallel targets hold a column block of ``X``: their partial
-tangents are summed over TP. Pipeline parallelism is not supported by the probe (tangents
-would have to cross stages).
+tangents are summed over TP. Forward-mode tangents cannot cross pipeline stages, so under
+pipeline parallelism the probe is the finite-difference one.
 
 Kernels without forward-mode rules (TransformerEngine's fused GEMMs, FP8) take the
 finite-difference probe instead (:func:`predicted_kl_fd`): the same hooks add ``±h·(−(X·Aᵀ)·Dᵀ)``
 to the target outputs as a *primal* perturbation -- the exact output of ``W ∓ h·D·A``, weights
 untouched -- and the logits' tangent is the central difference ``δz = (z₊ − z₋) / 2h``, exact up
 to ``O(h²)``. It runs three no-grad forwards (base, +h, −h) and works under sequence parallelism
-(the small ``X·Aᵀ`` is gathered or reduce-scattered like the sketch capture does).
+(the small ``X·Aᵀ`` is gathered or reduce-scattered like the sketch capture does) and pipeline
+parallelism: each stage perturbs its own targets inside megatron's forward-only schedule, the
+last stage computes the prediction (and the measured KL) and broadcasts it to the other stages.
 """
 
 from __future__ import annotations
@@ -33,13 +35,13 @@ from torch import nn
 
 from megatron_logra.kl import forward_ad
 from megatron_logra.kl.controller import KLControlError
-from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
+from megatron_logra.parallel import ParallelGroups, all_reduce_sum, collective_device, group_size
 from megatron_logra.sketch.capture import SketchSet
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["flat_valid", "tangent_hooks", "perturbation_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl",
-           "predicted_kl_fd", "fd_step", "probe_method", "measure_kl", "ProbeBatch", "PROBE_METHODS"]
+           "predicted_kl_fd", "fd_step", "probe_method", "probe_logits", "measure_kl", "ProbeBatch", "PROBE_METHODS"]
 
 PROBE_METHODS = ("auto", "jvp", "finite_difference")
 
@@ -122,15 +124,19 @@ def perturbation_hooks(
             h.remove()
 
 
-def probe_method(method: str, sketches: SketchSet) -> str:
+def probe_method(method: str, sketches: SketchSet, pp_size: int = 1) -> str:
     """Resolve ``auto``: the finite-difference probe when a target is a TransformerEngine module
-    (no forward-mode rules), else forward-mode AD."""
+    (no forward-mode rules) or under pipeline parallelism (tangents cannot cross stages), else
+    forward-mode AD."""
     if method not in PROBE_METHODS:
         raise ValueError(f"kl.probe={method!r}: choose one of {PROBE_METHODS}")
+    if method == "jvp" and pp_size > 1:
+        raise ValueError("kl.probe=jvp cannot run under pipeline parallelism (tangents do not cross stages); "
+                         "use kl.probe=finite_difference or auto")
     if method != "auto":
         return method
     te = any(getattr(t, "backend", "") == "transformer_engine" for t in sketches.targets)
-    return "finite_difference" if te else "jvp"
+    return "finite_difference" if te or pp_size > 1 else "jvp"
 
 
 def fd_step(fixed: float, min_relative: float, relative_update: float, weight_dtype: torch.dtype) -> float:
@@ -212,7 +218,7 @@ def predicted_kl(
     there are no valid positions, or the prediction is not finite.
     """
     if groups.pp_size > 1:
-        raise NotImplementedError("the predicted-KL probe does not support pipeline parallelism yet")
+        raise NotImplementedError("forward-mode tangents cannot cross pipeline stages: use predicted_kl_fd (kl.probe=auto)")
     with fwAD.dual_level(), tangent_hooks(sketches, directions, update_index, groups.tp):
         logits = model(batch.tokens, batch.position_ids, None)
         z, dz = fwAD.unpack_dual(logits)
@@ -221,6 +227,42 @@ def predicted_kl(
         z_NV = flat_valid(z, batch.mask)
         dz_NV = flat_valid(dz, batch.mask)
     return _mean_predicted(z_NV, dz_NV, temperature, groups, chunk), z_NV.detach()
+
+
+def probe_logits(model, batch: ProbeBatch, groups: ParallelGroups) -> Optional[torch.Tensor]:
+    """Logits of the probe's valid positions (this TP rank's vocabulary shard, ``[N, V/tp]``).
+
+    Under pipeline parallelism the forward runs through megatron's forward-only schedule and only
+    the last stage gets the logits; the other stages return None.
+    """
+    if groups.pp_size == 1:
+        return flat_valid(model(batch.tokens, batch.position_ids, None), batch.mask)
+    from megatron_logra.train.step import Batch, forward_backward
+
+    kept: list[torch.Tensor] = []
+
+    def keep(mb: Batch, logits: torch.Tensor):
+        kept.append(flat_valid(logits, mb.loss_mask.bool()).detach())
+        zero = logits.sum() * 0.0
+        return zero, mb.loss_mask.sum().to(torch.int), {"lm": torch.stack([zero.detach().float(), mb.loss_mask.sum()])}
+
+    mask = batch.mask.float()
+    forward_backward(model, [Batch(batch.tokens, batch.tokens, mask, batch.position_ids)], groups,
+                     forward_only=True, loss_fn=keep)
+    return kept[0] if groups.pp_last else None
+
+
+def _from_last_stage(value: Optional[float], groups: ParallelGroups, what: str) -> float:
+    """``value`` (a float on the last pipeline stage, None elsewhere) on every stage; NaN means the
+    last stage failed, and every stage raises."""
+    if groups.pp_size > 1:
+        buf = torch.tensor([value if value is not None else float("nan")], dtype=torch.float64,
+                           device=collective_device(groups.pp))
+        dist.broadcast(buf, src=dist.get_global_rank(groups.pp, groups.pp_size - 1), group=groups.pp)
+        value = buf.item()
+    if value is None or not torch.isfinite(torch.tensor(value)):
+        raise KLControlError(f"{what} is not finite ({value}) on the last pipeline stage")
+    return value
 
 
 def _mean_predicted(z_NV: torch.Tensor, dz_NV: torch.Tensor, temperature: float, groups: ParallelGroups,
@@ -253,21 +295,28 @@ def predicted_kl_fd(
     :class:`KLControlError` when the perturbation does not reach the logits, there are no
     valid positions, or the prediction is not finite.
     """
-    if groups.pp_size > 1:
-        raise NotImplementedError("the predicted-KL probe does not support pipeline parallelism yet")
     if not step > 0:
         raise ValueError(f"kl.fd_step={step} must be > 0")
     with sketches.paused():
-        z_NV = flat_valid(model(batch.tokens, batch.position_ids, None), batch.mask)
+        z_NV = probe_logits(model, batch, groups)
         with perturbation_hooks(sketches, directions, step, groups.tp):
-            plus_NV = flat_valid(model(batch.tokens, batch.position_ids, None), batch.mask).float()
+            plus_NV = probe_logits(model, batch, groups)
         with perturbation_hooks(sketches, directions, -step, groups.tp):
-            minus_NV = flat_valid(model(batch.tokens, batch.position_ids, None), batch.mask).float()
-    dz_NV = (plus_NV - minus_NV).div_(2.0 * step)
-    del plus_NV, minus_NV
-    if any(directions[t.key].any() for t in sketches.targets) and not bool(dz_NV.any()):
-        logger.warning("the finite-difference KL probe saw no change of the logits (step below the logits' precision?)")
-    return _mean_predicted(z_NV, dz_NV, temperature, groups, chunk), z_NV.detach()
+            minus_NV = probe_logits(model, batch, groups)
+    pred = None
+    if groups.pp_last:
+        dz_NV = (plus_NV.float() - minus_NV.float()).div_(2.0 * step)
+        del plus_NV, minus_NV
+        if any(directions[t.key].any() for t in sketches.targets) and not bool(dz_NV.any()):
+            logger.warning("the finite-difference KL probe saw no change of the logits (step below their precision?)")
+        try:
+            pred = _mean_predicted(z_NV, dz_NV, temperature, groups, chunk)
+        except KLControlError:
+            if groups.pp_size == 1:
+                raise
+            pred = float("nan")  # every stage raises below
+    pred = _from_last_stage(pred, groups, "the finite-difference KL prediction")
+    return pred, (z_NV.detach() if z_NV is not None else None)
 
 
 @torch.no_grad()
@@ -280,10 +329,19 @@ def measure_kl(
     temperature: float = 1.0,
     chunk: int = 1024,
 ) -> float:
-    """Mean exact ``KL(π_old ‖ π_now)`` over the probe's valid positions."""
-    logits = model(batch.tokens, batch.position_ids, None)
-    new_NV = flat_valid(logits, batch.mask)
-    total = torch.zeros((), dtype=torch.float64, device=new_NV.device)
-    for start in range(0, new_NV.shape[0], chunk):
-        total += exact_kl_terms(old_logits_NV[start : start + chunk], new_NV[start : start + chunk], temperature, groups.tp).sum()
-    return _global_mean(total, torch.tensor(new_NV.shape[0], device=new_NV.device), groups.dp)
+    """Mean exact ``KL(π_old ‖ π_now)`` over the probe's valid positions (on every pipeline stage;
+    ``old_logits_NV`` is needed on the last stage only)."""
+    new_NV = probe_logits(model, batch, groups)
+    value = None
+    if groups.pp_last:
+        total = torch.zeros((), dtype=torch.float64, device=new_NV.device)
+        for start in range(0, new_NV.shape[0], chunk):
+            total += exact_kl_terms(old_logits_NV[start : start + chunk], new_NV[start : start + chunk], temperature,
+                                    groups.tp).sum()
+        try:
+            value = _global_mean(total, torch.tensor(new_NV.shape[0], device=new_NV.device), groups.dp)
+        except KLControlError:
+            if groups.pp_size == 1:
+                raise
+            value = float("nan")
+    return _from_last_stage(value, groups, "the measured KL")

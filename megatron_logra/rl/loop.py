@@ -13,7 +13,15 @@ from typing import Any, Optional
 import torch
 
 from megatron_logra.kl.controller import KLController
-from megatron_logra.kl.probe import ProbeBatch, flat_valid, fd_step, measure_kl, predicted_kl, predicted_kl_fd, probe_method
+from megatron_logra.kl.probe import (
+    ProbeBatch,
+    fd_step,
+    measure_kl,
+    predicted_kl,
+    predicted_kl_fd,
+    probe_logits,
+    probe_method,
+)
 from megatron_logra.metrics import MetricsWriter, is_rank0
 from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum
@@ -208,7 +216,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     logra = isinstance(c.optimizer, LograOptimizer)
     if logra and cfg.kl.mode != "none":
         probe = _probe_batch(batch, cfg.kl)
-        if probe_method(cfg.kl.probe, c.optimizer.sketches) == "jvp":
+        if probe_method(cfg.kl.probe, c.optimizer.sketches, groups.pp_size) == "jvp":
             pred, old_logits = predicted_kl(c.model, c.optimizer.sketches, update.directions, update.update_index,
                                             probe, groups, temperature=rl.rollout.temperature)
         else:
@@ -217,11 +225,10 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
             pred, old_logits = predicted_kl_fd(c.model, c.optimizer.sketches, update.directions, probe, groups,
                                                temperature=rl.rollout.temperature, step=h)
         alpha, budget = c.controller.step_size(pred, step)
-    elif cfg.kl.measure_actual and groups.pp_size == 1:
+    elif cfg.kl.measure_actual:
         probe = _probe_batch(batch, cfg.kl)
         with torch.no_grad():
-            logits = c.model(probe.tokens, probe.position_ids, None)
-            old_logits = flat_valid(logits, probe.mask)
+            old_logits = probe_logits(c.model, probe, groups)
     ratio = c.optimizer.relative_update_norm(update, alpha) if logra else None
 
     # ---- apply (with sketch-delta sync, the very factors the engine will merge)
@@ -231,7 +238,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     else:
         c.optimizer.apply(update, alpha)
     actual = None
-    if probe is not None and old_logits is not None and cfg.kl.measure_actual:
+    if probe is not None and cfg.kl.measure_actual:  # old_logits live on the last pipeline stage only
         actual = measure_kl(c.model, probe, old_logits, groups, temperature=rl.rollout.temperature)
         c.controller.observe_actual(actual, alpha * alpha * pred if pred is not None else float("nan"))
     c.controller.finish_update()

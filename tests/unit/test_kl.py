@@ -460,6 +460,9 @@ def test_probe_method_resolution(gpt_step):
     _, opt, _, _, _ = gpt_step
     assert probe_method("auto", opt.sketches) == "jvp"  # megatron-core local layers have jvp rules
     assert probe_method("finite_difference", opt.sketches) == "finite_difference"
+    assert probe_method("auto", opt.sketches, pp_size=2) == "finite_difference"  # tangents cannot cross stages
+    with pytest.raises(ValueError, match="pipeline"):
+        probe_method("jvp", opt.sketches, pp_size=2)
     with pytest.raises(ValueError, match="kl.probe"):
         probe_method("secant", opt.sketches)
     with pytest.raises(ValueError, match="kl.probe"):
