@@ -72,7 +72,7 @@ def enable() -> None:
         def trainable_forward(ctx, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
                               sequence_parallel, *rest):
             if sequence_parallel and torch.autograd.forward_ad._current_level >= 0:
-                raise NotImplementedError("the forward-AD probe does not support sequence parallelism")
+                raise NotImplementedError("the forward-AD probe does not support sequence parallelism: use kl.probe=auto or finite_difference")
             ctx.jvp_weight = weight
             return orig_trainable_forward(ctx, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
                                           sequence_parallel, *rest)

@@ -126,8 +126,8 @@ def perturbation_hooks(
 
 def probe_method(method: str, sketches: SketchSet, pp_size: int = 1) -> str:
     """Resolve ``auto``: the finite-difference probe when a target is a TransformerEngine module
-    (no forward-mode rules) or under pipeline parallelism (tangents cannot cross stages), else
-    forward-mode AD."""
+    (no forward-mode rules), runs under sequence parallelism, or under pipeline parallelism
+    (tangents cannot cross stages); else forward-mode AD."""
     if method not in PROBE_METHODS:
         raise ValueError(f"kl.probe={method!r}: choose one of {PROBE_METHODS}")
     if method == "jvp" and pp_size > 1:
@@ -136,7 +136,8 @@ def probe_method(method: str, sketches: SketchSet, pp_size: int = 1) -> str:
     if method != "auto":
         return method
     te = any(getattr(t, "backend", "") == "transformer_engine" for t in sketches.targets)
-    return "finite_difference" if te or pp_size > 1 else "jvp"
+    sp = any(t.sequence_parallel for t in sketches.targets)  # the jvp rules do not cover SP's sequence scatter
+    return "finite_difference" if te or sp or pp_size > 1 else "jvp"
 
 
 def fd_step(fixed: float, min_relative: float, relative_update: float, weight_dtype: torch.dtype) -> float:

@@ -463,6 +463,12 @@ def test_probe_method_resolution(gpt_step):
     assert probe_method("auto", opt.sketches, pp_size=2) == "finite_difference"  # tangents cannot cross stages
     with pytest.raises(ValueError, match="pipeline"):
         probe_method("jvp", opt.sketches, pp_size=2)
+    target = opt.sketches.targets[0]
+    target.sequence_parallel = True
+    try:
+        assert probe_method("auto", opt.sketches) == "finite_difference"
+    finally:
+        target.sequence_parallel = False
     with pytest.raises(ValueError, match="kl.probe"):
         probe_method("secant", opt.sketches)
     with pytest.raises(ValueError, match="kl.probe"):
