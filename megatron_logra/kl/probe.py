@@ -301,13 +301,14 @@ def predicted_kl_fd(
     with sketches.paused():
         z_NV = probe_logits(model, batch, groups)
         with perturbation_hooks(sketches, directions, step, groups.tp):
-            plus_NV = probe_logits(model, batch, groups)
+            dz_NV = probe_logits(model, batch, groups)
+        dz_NV = dz_NV.float() if dz_NV is not None else None  # probe_logits returns a fresh tensor: in place is safe
         with perturbation_hooks(sketches, directions, -step, groups.tp):
             minus_NV = probe_logits(model, batch, groups)
     pred = None
     if groups.pp_last:
-        dz_NV = (plus_NV.float() - minus_NV.float()).div_(2.0 * step)
-        del plus_NV, minus_NV
+        dz_NV.sub_(minus_NV).div_(2.0 * step)
+        del minus_NV
         if any(directions[t.key].any() for t in sketches.targets) and not bool(dz_NV.any()):
             logger.warning("the finite-difference KL probe saw no change of the logits (step below their precision?)")
         try:
