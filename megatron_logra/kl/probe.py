@@ -12,14 +12,10 @@ reduced over the TP group. Row-parallel targets hold a column block of ``X``: th
 tangents are summed over TP. Forward-mode tangents cannot cross pipeline stages, so under
 pipeline parallelism the probe is the finite-difference one.
 
-Kernels without forward-mode rules (TransformerEngine's fused GEMMs, FP8) take the
-finite-difference probe instead (:func:`predicted_kl_fd`): the same hooks add ``±h·(−(X·Aᵀ)·Dᵀ)``
-to the target outputs as a *primal* perturbation -- the exact output of ``W ∓ h·D·A``, weights
-untouched -- and the logits' tangent is the central difference ``δz = (z₊ − z₋) / 2h``, exact up
-to ``O(h²)``. It runs three no-grad forwards (base, +h, −h) and works under sequence parallelism
-(the small ``X·Aᵀ`` is gathered or reduce-scattered like the sketch capture does) and pipeline
-parallelism: each stage perturbs its own targets inside megatron's forward-only schedule, the
-last stage computes the prediction (and the measured KL) and broadcasts it to the other stages.
+Kernels without forward-mode rules (TransformerEngine, FP8), sequence parallelism and pipeline
+parallelism take the finite-difference probe of :mod:`megatron_logra.kl.fd_probe` instead
+(:func:`probe_method` resolves ``kl.probe=auto``); both share the terms, the logits helpers
+and :func:`measure_kl` defined here.
 """
 
 from __future__ import annotations
@@ -40,8 +36,8 @@ from megatron_logra.sketch.capture import SketchSet
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["flat_valid", "tangent_hooks", "perturbation_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl",
-           "predicted_kl_fd", "fd_step", "probe_method", "probe_logits", "measure_kl", "ProbeBatch", "PROBE_METHODS"]
+__all__ = ["flat_valid", "tangent_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl", "probe_method",
+           "probe_logits", "mean_predicted", "from_last_stage", "measure_kl", "ProbeBatch", "PROBE_METHODS"]
 
 PROBE_METHODS = ("auto", "jvp", "finite_difference")
 
@@ -90,40 +86,6 @@ def tangent_hooks(
             h.remove()
 
 
-@contextlib.contextmanager
-def perturbation_hooks(
-    sketches: SketchSet, directions: dict[str, torch.Tensor], scale: float, tp_group=None
-) -> Iterator[None]:
-    """Within the context, every target's output is that of ``W − scale·D·A`` (weights untouched).
-
-    ``X·Aᵀ`` comes from :meth:`SketchSet.project_input` (normalised input of a fused
-    ``LayerNormLinear``, sequence-parallel gather / reduce-scatter); a row-parallel target
-    without sequence parallelism sums its partial ``X_k·A_kᵀ`` over TP first.
-    """
-    handles = []
-
-    def make_hook(target):
-        def hook(module, args, kwargs, output):
-            x = args[0] if args else next(iter(kwargs.values()))
-            proj_in = sketches.project_input(target, x).float()
-            if target.parallel == "row" and not target.sequence_parallel and group_size(tp_group) > 1:
-                dist.all_reduce(proj_in, group=tp_group)
-            delta = torch.matmul(proj_in, directions[target.key].float().t()).mul_(-scale)
-            out = output[0] if isinstance(output, tuple) else output
-            new = (out.float() + delta).to(out.dtype)
-            return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
-
-        return hook
-
-    for t in sketches.targets:
-        handles.append(t.module.register_forward_hook(make_hook(t), with_kwargs=True))
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def probe_method(method: str, sketches: SketchSet, pp_size: int = 1) -> str:
     """Resolve ``auto``: the finite-difference probe when a target is a TransformerEngine module
     (no forward-mode rules), runs under sequence parallelism, or under pipeline parallelism
@@ -138,21 +100,6 @@ def probe_method(method: str, sketches: SketchSet, pp_size: int = 1) -> str:
     te = any(getattr(t, "backend", "") == "transformer_engine" for t in sketches.targets)
     sp = any(t.sequence_parallel for t in sketches.targets)  # the jvp rules do not cover SP's sequence scatter
     return "finite_difference" if te or sp or pp_size > 1 else "jvp"
-
-
-def fd_step(fixed: float, min_relative: float, relative_update: float, weight_dtype: torch.dtype) -> float:
-    """Step ``h`` of the finite-difference probe (in units of the α = 1 update).
-
-    ``fixed`` > 0 is used as is. Otherwise fp32/fp64 targets take ``h = 1`` (difference across the
-    planned step); low-precision targets take ``h = max(1, min_relative / relative_update)``, where
-    ``relative_update`` is ``‖ΔW‖/‖W‖`` at α = 1: a bf16 output cannot resolve a perturbation much
-    below its own 2⁻⁸ spacing, and a central difference stays accurate to ``O(h²)`` well beyond it.
-    """
-    if fixed > 0:
-        return fixed
-    if weight_dtype in (torch.float32, torch.float64) or relative_update <= 0:
-        return 1.0
-    return max(1.0, min_relative / relative_update)
 
 
 def _softmax_stats(z_NV: torch.Tensor, tp_group) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,7 +174,7 @@ def predicted_kl(
             raise KLControlError("the KL probe lost its tangent: no target contributed to the logits")
         z_NV = flat_valid(z, batch.mask)
         dz_NV = flat_valid(dz, batch.mask)
-    return _mean_predicted(z_NV, dz_NV, temperature, groups, chunk), z_NV.detach()
+    return mean_predicted(z_NV, dz_NV, temperature, groups, chunk), z_NV.detach()
 
 
 def probe_logits(model, batch: ProbeBatch, groups: ParallelGroups) -> Optional[torch.Tensor]:
@@ -253,7 +200,7 @@ def probe_logits(model, batch: ProbeBatch, groups: ParallelGroups) -> Optional[t
     return kept[0] if groups.pp_last else None
 
 
-def _from_last_stage(value: Optional[float], groups: ParallelGroups, what: str) -> float:
+def from_last_stage(value: Optional[float], groups: ParallelGroups, what: str) -> float:
     """``value`` (a float on the last pipeline stage, None elsewhere) on every stage; NaN means the
     last stage failed, and every stage raises."""
     if groups.pp_size > 1:
@@ -266,7 +213,7 @@ def _from_last_stage(value: Optional[float], groups: ParallelGroups, what: str) 
     return value
 
 
-def _mean_predicted(z_NV: torch.Tensor, dz_NV: torch.Tensor, temperature: float, groups: ParallelGroups,
+def mean_predicted(z_NV: torch.Tensor, dz_NV: torch.Tensor, temperature: float, groups: ParallelGroups,
                     chunk: int) -> float:
     total = torch.zeros((), dtype=torch.float64, device=z_NV.device)
     for start in range(0, z_NV.shape[0], chunk):
@@ -275,50 +222,6 @@ def _mean_predicted(z_NV: torch.Tensor, dz_NV: torch.Tensor, temperature: float,
     if not torch.isfinite(torch.tensor(pred)):
         raise KLControlError(f"predicted KL is not finite ({pred})")
     return pred
-
-
-@torch.no_grad()
-def predicted_kl_fd(
-    model: nn.Module,
-    sketches: SketchSet,
-    directions: dict[str, torch.Tensor],
-    batch: ProbeBatch,
-    groups: ParallelGroups,
-    *,
-    temperature: float = 1.0,
-    chunk: int = 1024,
-    step: float = 1.0,
-) -> tuple[float, torch.Tensor]:
-    """:func:`predicted_kl` by a central difference of step ``h = step`` in units of the α = 1 update.
-
-    The default ``h = 1`` differences across the very step being planned, so the prediction
-    holds where it is used; the error of ``δz`` is third order in ``h``. Raises
-    :class:`KLControlError` when the perturbation does not reach the logits, there are no
-    valid positions, or the prediction is not finite.
-    """
-    if not step > 0:
-        raise ValueError(f"kl.fd_step={step} must be > 0")
-    with sketches.paused():
-        z_NV = probe_logits(model, batch, groups)
-        with perturbation_hooks(sketches, directions, step, groups.tp):
-            dz_NV = probe_logits(model, batch, groups)
-        dz_NV = dz_NV.float() if dz_NV is not None else None  # probe_logits returns a fresh tensor: in place is safe
-        with perturbation_hooks(sketches, directions, -step, groups.tp):
-            minus_NV = probe_logits(model, batch, groups)
-    pred = None
-    if groups.pp_last:
-        dz_NV.sub_(minus_NV).div_(2.0 * step)
-        del minus_NV
-        if any(directions[t.key].any() for t in sketches.targets) and not bool(dz_NV.any()):
-            logger.warning("the finite-difference KL probe saw no change of the logits (step below their precision?)")
-        try:
-            pred = _mean_predicted(z_NV, dz_NV, temperature, groups, chunk)
-        except KLControlError:
-            if groups.pp_size == 1:
-                raise
-            pred = float("nan")  # every stage raises below
-    pred = _from_last_stage(pred, groups, "the finite-difference KL prediction")
-    return pred, (z_NV.detach() if z_NV is not None else None)
 
 
 @torch.no_grad()
@@ -346,4 +249,4 @@ def measure_kl(
             if groups.pp_size == 1:
                 raise
             value = float("nan")
-    return _from_last_stage(value, groups, "the measured KL")
+    return from_last_stage(value, groups, "the measured KL")

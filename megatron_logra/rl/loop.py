@@ -13,15 +13,8 @@ from typing import Any, Optional
 import torch
 
 from megatron_logra.kl.controller import KLController
-from megatron_logra.kl.probe import (
-    ProbeBatch,
-    fd_step,
-    measure_kl,
-    predicted_kl,
-    predicted_kl_fd,
-    probe_logits,
-    probe_method,
-)
+from megatron_logra.kl.fd_probe import fd_step, predicted_kl_fd
+from megatron_logra.kl.probe import ProbeBatch, measure_kl, predicted_kl, probe_logits, probe_method
 from megatron_logra.metrics import MetricsWriter, is_rank0
 from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum

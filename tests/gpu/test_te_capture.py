@@ -210,7 +210,8 @@ def test_te_gpt_finite_difference_kl_probe_predicts_the_actual_kl():
     for TE targets, and its prediction for the paper step (bf16, α chosen for a 1e-3 budget) agrees
     with the exact KL measured after applying that step, within 25% (the calibrated controller
     corrects what remains)."""
-    from megatron_logra.kl.probe import ProbeBatch, fd_step, measure_kl, predicted_kl_fd, probe_method
+    from megatron_logra.kl.fd_probe import fd_step, predicted_kl_fd
+    from megatron_logra.kl.probe import ProbeBatch, measure_kl, probe_method
     from megatron_logra.models.gpt import ModelConfig, build_gpt
     from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
     from megatron_logra.parallel import ParallelConfig, destroy_parallel, initialize_parallel

@@ -28,14 +28,12 @@ import torch
 import torch.nn.functional as F
 
 from megatron_logra.kl.controller import KLConfig, KLController, KLControlError, cosine_budget
+from megatron_logra.kl.fd_probe import fd_step, perturbation_hooks, predicted_kl_fd
 from megatron_logra.kl.probe import (
     ProbeBatch,
     exact_kl_terms,
-    fd_step,
     measure_kl,
-    perturbation_hooks,
     predicted_kl,
-    predicted_kl_fd,
     predicted_kl_terms,
     probe_method,
 )

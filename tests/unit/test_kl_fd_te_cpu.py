@@ -28,7 +28,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from megatron_logra.kl.probe import perturbation_hooks, probe_method
+from megatron_logra.kl.fd_probe import perturbation_hooks
+from megatron_logra.kl.probe import probe_method
 from megatron_logra.sketch.capture import install_sketches
 from megatron_logra.sketch.random_projection import projection
 from test_te_capture_cpu import Block, FakeTELinear
