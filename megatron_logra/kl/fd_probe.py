@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from megatron_logra.kl.controller import KLControlError
 from megatron_logra.kl.probe import ProbeBatch, from_last_stage, mean_predicted, probe_logits
@@ -89,11 +90,13 @@ def predicted_kl_fd(
     temperature: float = 1.0,
     chunk: int = 1024,
     step: float = 1.0,
-) -> tuple[float, torch.Tensor]:
+) -> tuple[float, Optional[torch.Tensor]]:
     """:func:`predicted_kl` by a central difference of step ``h = step`` in units of the α = 1 update.
 
     The default ``h = 1`` differences across the very step being planned, so the prediction
-    holds where it is used; the error of ``δz`` is third order in ``h``. Raises
+    holds where it is used; the error of ``δz`` is third order in ``h``. Returns the prediction
+    (on every pipeline stage) and the base logits of the valid positions (last stage; None on
+    the others). Raises
     :class:`KLControlError` when the perturbation does not reach the logits, there are no
     valid positions, or the prediction is not finite.
     """
