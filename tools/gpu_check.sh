@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One-shot verification of the GPU paths on a CUDA node, within a few minutes: environment report,
+# the gpu-marked tests, and the smoke benchmark (LoGRA vs dense AdamW steps: memory and step time).
+#
+#   bash tools/gpu_check.sh [OUT_DIR=runs/gpu-check] [WHEEL_DIR=wheelhouse]
+#
+# WHEEL_DIR (from tools/offline_wheels.sh), when it exists, is installed into a private site directory
+# first, for images that hold CUDA PyTorch but not megatron-core / reasoning-gym / math-verify. Logs go to
+# OUT_DIR (env.txt, pytest.txt, smoke.txt, summary.txt); exit status 1 when a test or the smoke check failed.
+# Env: PYTHON (default python3), TEST_TIMEOUT (default 420 s), SMOKE_TIMEOUT (default 240 s).
+set -uo pipefail
+
+OUT=${1:-runs/gpu-check}
+WHEELS=${2:-wheelhouse}
+PY=${PYTHON:-python3}
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT"
+
+if [[ -d "$WHEELS" ]]; then
+  site=$(mktemp -d /tmp/megatron-logra-site.XXXX)
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" "$WHEELS"/* \
+    || { echo "installing $WHEELS failed" >&2; exit 2; }
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+{
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  else
+    echo "nvidia-smi: not available"
+  fi
+  "$PY" -W ignore - <<'EOF'
+import importlib, sys
+import torch
+print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda,
+      "| devices", torch.cuda.device_count(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
+for name in ("megatron.core", "transformer_engine", "apex", "sglang", "reasoning_gym", "math_verify", "pynvml"):
+    try:
+        mod = importlib.import_module(name)
+        print(f"{name:20s} {getattr(mod, '__version__', 'present')}")
+    except Exception as exc:  # a broken optional package is reported, not fatal
+        print(f"{name:20s} missing ({type(exc).__name__})")
+EOF
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+timeout "${TEST_TIMEOUT:-420}" "$PY" -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider > "$OUT/pytest.txt" 2>&1
+tests_rc=$?
+tail -n 25 "$OUT/pytest.txt"
+
+smoke_rc=0
+if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  timeout "${SMOKE_TIMEOUT:-240}" "$PY" tools/gpu_smoke.py > "$OUT/smoke.txt" 2>&1
+  smoke_rc=$?
+  cat "$OUT/smoke.txt"
+else
+  echo "no CUDA device: smoke benchmark not run" | tee "$OUT/smoke.txt"
+fi
+
+{
+  echo "gpu-marked tests: exit $tests_rc ($(tail -n 1 "$OUT/pytest.txt"))"
+  echo "smoke benchmark: exit $smoke_rc"
+} | tee "$OUT/summary.txt"
+[[ $tests_rc -eq 0 && $smoke_rc -eq 0 ]]
