@@ -95,10 +95,13 @@ def probe_method(method: str, sketches: SketchSet, pp_size: int = 1) -> str:
     if method == "jvp" and pp_size > 1:
         raise ValueError("kl.probe=jvp cannot run under pipeline parallelism (tangents do not cross stages); "
                          "use kl.probe=finite_difference or auto")
-    if method != "auto":
-        return method
     te = any(getattr(t, "backend", "") == "transformer_engine" for t in sketches.targets)
     sp = any(t.sequence_parallel for t in sketches.targets)  # the jvp rules do not cover SP's sequence scatter
+    if method == "jvp" and (te or sp):
+        raise ValueError("kl.probe=jvp cannot differentiate through TransformerEngine kernels or sequence parallelism; "
+                         "use kl.probe=finite_difference or auto")
+    if method != "auto":
+        return method
     return "finite_difference" if te or sp or pp_size > 1 else "jvp"
 
 

@@ -19,9 +19,10 @@ from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_c
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.tokenizer import build_tokenizer, load_tokenizer, save_tokenizer
 from megatron_logra.kl.controller import KLController
+from megatron_logra.kl.probe import probe_method
 from megatron_logra.metrics import MetricsWriter, is_rank0
 from megatron_logra.models.gpt import build_gpt
-from megatron_logra.optim import build_optimizer
+from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
 from megatron_logra.rewards import build_task
 from megatron_logra.rl.loop import RLComponents, RLState, evaluate_accuracy, rl_update
@@ -135,6 +136,9 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
         for p in ref_model.parameters():
             p.requires_grad_(False)
     optimizer = (optimizer_factory or build_optimizer)(model, cfg.optimizer, groups)
+    if isinstance(optimizer, LograOptimizer) and cfg.kl.mode != "none":
+        # fail before any rollout when the requested probe cannot run on this model / layout
+        logger.info("KL probe: %s", probe_method(cfg.kl.probe, optimizer.sketches, groups.pp_size))
     controller = KLController(cfg.kl)
     state = RLState()
     state.baseline.weight = cfg.rl.advantage.baseline_weight

@@ -465,6 +465,8 @@ def test_probe_method_resolution(gpt_step):
     target.sequence_parallel = True
     try:
         assert probe_method("auto", opt.sketches) == "finite_difference"
+        with pytest.raises(ValueError, match="sequence parallelism"):
+            probe_method("jvp", opt.sketches)
     finally:
         target.sequence_parallel = False
     with pytest.raises(ValueError, match="kl.probe"):

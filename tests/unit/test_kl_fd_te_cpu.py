@@ -50,6 +50,8 @@ def test_perturbation_of_te_like_modules_equals_stepped_weights(normalization, z
     reference = copy.deepcopy(model)
     ss = install_sketches(model, ["linear_qkv", "linear_proj"], rank=RANK, seed=SEED)
     assert probe_method("auto", ss) == "finite_difference"
+    with pytest.raises(ValueError, match="TransformerEngine"):
+        probe_method("jvp", ss)
     gen = torch.Generator().manual_seed(1)
     dirs = {t.key: torch.randn(t.n_out_local, RANK, generator=gen) * 0.05 for t in ss.targets}
     x = torch.randn(2, 6, 16, generator=gen)
