@@ -23,16 +23,14 @@ import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from torch import nn
 
 from megatron_logra.kl.fd_probe import perturbation_hooks
 from megatron_logra.kl.probe import probe_method
 from megatron_logra.sketch.capture import install_sketches
 from megatron_logra.sketch.random_projection import projection
-from test_te_capture_cpu import Block, FakeTELinear
+from test_te_capture_cpu import Block, destroy_gloo_tp, init_gloo_tp, parallel_chain
 
 SEED, RANK = 11, 4
 
@@ -68,19 +66,7 @@ def test_perturbation_of_te_like_modules_equals_stepped_weights(normalization, z
 
 
 def _tp_worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    from megatron_logra import cpu_shim
-
-    cpu_shim.activate()
-    from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    ps.initialize_model_parallel(tensor_model_parallel_size=world)
-    tensor_parallel.model_parallel_cuda_manual_seed(1)
-    tp = ps.get_tensor_model_parallel_group()
+    tp = init_gloo_tp(rank, world, init_file)
     h, f, s, b, step = 16, 32, 8, 2, 1.5
     gen = torch.Generator().manual_seed(0)  # the same draws on every rank
     w1, w2 = torch.randn(f, h, generator=gen) * 0.3, torch.randn(h, f, generator=gen) * 0.3
@@ -89,19 +75,7 @@ def _tp_worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
     d1, d2, d3 = (torch.randn(n, RANK, generator=gen) * 0.05 for n in (f, h, h))
     out = {}
     for sp in (True, False):
-        cfg = TransformerConfig(num_layers=1, hidden_size=h, num_attention_heads=2, tensor_model_parallel_size=world,
-                                sequence_parallel=sp, use_cpu_initialization=True, gradient_accumulation_fusion=False)
-        block = nn.Module()
-        block.linear_fc1 = ColumnParallelLinear(h, f, config=cfg, init_method=nn.init.zeros_, bias=False,
-                                                gather_output=False)
-        block.linear_fc2 = RowParallelLinear(f, h, config=cfg, init_method=nn.init.zeros_, bias=False,
-                                             input_is_parallel=True, skip_bias_add=True)
-        block.out_proj = FakeTELinear(h, h)  # replicated on every TP rank
-        block.out_proj.config = cfg
-        with torch.no_grad():
-            block.linear_fc1.weight.copy_(w1.chunk(world, 0)[rank])
-            block.linear_fc2.weight.copy_(w2.chunk(world, 1)[rank])
-            block.out_proj.weight.copy_(w3)
+        block = parallel_chain(world, rank, sp, w1, w2, w3)
         ss = install_sketches(block, ["linear_fc1", "linear_fc2", "out_proj"], rank=RANK, seed=SEED, tp_group=tp)
         fc1, fc2, proj3 = ss.targets
         dirs = {fc1.key: d1.chunk(world, 0)[rank], fc2.key: d2, proj3.key: d3}
@@ -125,8 +99,7 @@ def _tp_worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
                    "base": float((base - dense_base).abs().max()),
                    "kinds": [(t.parallel, t.sequence_parallel) for t in ss.targets]}
     torch.save(out, os.path.join(result_dir, f"rank{rank}.pt"))
-    ps.destroy_model_parallel()
-    dist.destroy_process_group()
+    destroy_gloo_tp()
 
 
 def test_perturbation_under_tensor_and_sequence_parallelism_equals_tp1_stepped_forward():

@@ -129,7 +129,8 @@ def test_fused_norm_sketch_equals_dense_gradient_times_projection(normalization,
 # --------------------------------------------------------------------------- sequence parallel over gloo
 
 
-def _sp_worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
+def init_gloo_tp(rank: int, world: int, init_file: str):
+    """A gloo world of ``world`` processes with megatron-core TP = ``world`` on CPU; returns the TP group."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     from megatron_logra import cpu_shim
@@ -137,12 +138,45 @@ def _sp_worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
     cpu_shim.activate()
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-    from megatron.core.transformer.transformer_config import TransformerConfig
 
     ps.initialize_model_parallel(tensor_model_parallel_size=world)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
-    tp = ps.get_tensor_model_parallel_group()
+    return ps.get_tensor_model_parallel_group()
+
+
+def destroy_gloo_tp() -> None:
+    from megatron.core import parallel_state as ps
+
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def parallel_chain(world: int, rank: int, sp: bool, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> nn.Module:
+    """``linear_fc1`` (column-parallel, ``w1`` ``[f, h]``) → ``linear_fc2`` (row-parallel, ``w2`` ``[h, f]``) →
+    ``out_proj`` (TE-like linear replicated on every TP rank, ``w3`` ``[h, h]``), with or without sequence
+    parallelism; each rank holds its shard of the TP=1 weights."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    f, h = w1.shape
+    cfg = TransformerConfig(num_layers=1, hidden_size=h, num_attention_heads=2, tensor_model_parallel_size=world,
+                            sequence_parallel=sp, use_cpu_initialization=True, gradient_accumulation_fusion=False)
+    block = nn.Module()
+    block.linear_fc1 = ColumnParallelLinear(h, f, config=cfg, init_method=nn.init.zeros_, bias=False,
+                                            gather_output=False)
+    block.linear_fc2 = RowParallelLinear(f, h, config=cfg, init_method=nn.init.zeros_, bias=False,
+                                         input_is_parallel=True, skip_bias_add=True)
+    block.out_proj = FakeTELinear(h, h)
+    block.out_proj.config = cfg
+    with torch.no_grad():
+        block.linear_fc1.weight.copy_(w1.chunk(world, 0)[rank])
+        block.linear_fc2.weight.copy_(w2.chunk(world, 1)[rank])
+        block.out_proj.weight.copy_(w3)
+    return block
+
+
+def _sp_worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
+    tp = init_gloo_tp(rank, world, init_file)
     h, f, s, b = 16, 32, 8, 2
     gen = torch.Generator().manual_seed(0)
     w1, w2 = torch.randn(f, h, generator=gen) * 0.3, torch.randn(h, f, generator=gen) * 0.3
@@ -155,19 +189,7 @@ def _sp_worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
     (F.linear(F.linear(F.gelu(F.linear(dx, d1)), d2), d3) * target).sum().backward()
     out = {}
     for sp in (True, False):
-        cfg = TransformerConfig(num_layers=1, hidden_size=h, num_attention_heads=2, tensor_model_parallel_size=world,
-                                sequence_parallel=sp, use_cpu_initialization=True, gradient_accumulation_fusion=False)
-        block = nn.Module()
-        block.linear_fc1 = ColumnParallelLinear(h, f, config=cfg, init_method=nn.init.zeros_, bias=False,
-                                                gather_output=False)
-        block.linear_fc2 = RowParallelLinear(f, h, config=cfg, init_method=nn.init.zeros_, bias=False,
-                                             input_is_parallel=True, skip_bias_add=True)
-        block.out_proj = FakeTELinear(h, h)  # replicated on every TP rank
-        block.out_proj.config = cfg
-        with torch.no_grad():
-            block.linear_fc1.weight.copy_(w1.chunk(world, 0)[rank])
-            block.linear_fc2.weight.copy_(w2.chunk(world, 1)[rank])
-            block.out_proj.weight.copy_(w3)
+        block = parallel_chain(world, rank, sp, w1, w2, w3)
         ss = install_sketches(block, ["linear_fc1", "linear_fc2", "out_proj"], rank=RANK, seed=SEED, tp_group=tp)
         local = (lambda t: t.chunk(world, 0)[rank]) if sp else (lambda t: t)
         xin = local(x).clone().requires_grad_()
@@ -189,8 +211,7 @@ def _sp_worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
         errs["dx"] = float((xin.grad - 2 * local(dx.grad)).abs().max())
         out[sp] = errs
     torch.save(out, os.path.join(result_dir, f"rank{rank}.pt"))
-    ps.destroy_model_parallel()
-    dist.destroy_process_group()
+    destroy_gloo_tp()
 
 
 def test_sequence_parallel_sketches_equal_tp1_dense_gradients_over_gloo():
