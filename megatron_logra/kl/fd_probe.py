@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron_logra.kl.controller import KLControlError
-from megatron_logra.kl.probe import ProbeBatch, from_last_stage, mean_predicted, probe_logits
+from megatron_logra.kl.probe import ProbeBatch, from_last_stage, mean_predicted, output_hooks, probe_logits
 from megatron_logra.parallel import ParallelGroups, group_size
 from megatron_logra.sketch.capture import SketchSet
 
@@ -40,28 +40,16 @@ def perturbation_hooks(
     ``LayerNormLinear``, sequence-parallel gather / reduce-scatter); a row-parallel target
     without sequence parallelism sums its partial ``X_k·A_kᵀ`` over TP first.
     """
-    handles = []
 
-    def make_hook(target):
-        def hook(module, args, kwargs, output):
-            x = args[0] if args else next(iter(kwargs.values()))
-            proj_in = sketches.project_input(target, x).float()
-            if target.parallel == "row" and not target.sequence_parallel and group_size(tp_group) > 1:
-                dist.all_reduce(proj_in, group=tp_group)
-            delta = torch.matmul(proj_in, directions[target.key].float().t()).mul_(-scale)
-            out = output[0] if isinstance(output, tuple) else output
-            new = (out.float() + delta).to(out.dtype)
-            return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+    def perturb(target, x, out):
+        proj_in = sketches.project_input(target, x).float()
+        if target.parallel == "row" and not target.sequence_parallel and group_size(tp_group) > 1:
+            dist.all_reduce(proj_in, group=tp_group)
+        delta = torch.matmul(proj_in, directions[target.key].float().t()).mul_(-scale)
+        return (out.float() + delta).to(out.dtype)
 
-        return hook
-
-    for t in sketches.targets:
-        handles.append(t.module.register_forward_hook(make_hook(t), with_kwargs=True))
-    try:
+    with output_hooks(sketches, perturb):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def fd_step(fixed: float, min_relative: float, relative_update: float, weight_dtype: torch.dtype) -> float:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -32,11 +32,11 @@ from torch import nn
 from megatron_logra.kl import forward_ad
 from megatron_logra.kl.controller import KLControlError
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, collective_device, group_size
-from megatron_logra.sketch.capture import SketchSet
+from megatron_logra.sketch.capture import SketchSet, SketchTarget
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["flat_valid", "tangent_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl", "probe_method",
+__all__ = ["flat_valid", "output_hooks", "tangent_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl", "probe_method",
            "probe_logits", "mean_predicted", "from_last_stage", "measure_kl", "ProbeBatch", "PROBE_METHODS"]
 
 PROBE_METHODS = ("auto", "jvp", "finite_difference")
@@ -56,24 +56,19 @@ def _primal(x: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def tangent_hooks(
-    sketches: SketchSet, directions: dict[str, torch.Tensor], update_index: int, tp_group=None
+def output_hooks(
+    sketches: SketchSet, edit: Callable[[SketchTarget, torch.Tensor, torch.Tensor], torch.Tensor]
 ) -> Iterator[None]:
-    """Within the context, every target's output carries the tangent of ``ΔW = −D·A``."""
-    forward_ad.enable()
+    """Within the context, every target module's output ``y`` (the first element of a tuple
+    output) becomes ``edit(target, x, y)``, with ``x`` the module's forward input."""
     handles = []
 
     def make_hook(target):
         def hook(module, args, kwargs, output):
-            x = _primal(args[0] if args else next(iter(kwargs.values())))
-            proj_RI = sketches.projection_for(target, update_index)
-            d_OR = directions[target.key]
-            tangent = -torch.matmul(torch.matmul(x.to(torch.float32), proj_RI.t()), d_OR.t())
-            if target.partial and group_size(tp_group) > 1:
-                dist.all_reduce(tangent, group=tp_group)
-            out = output[0] if isinstance(output, tuple) else output
-            new = out + fwAD.make_dual(torch.zeros_like(_primal(out)), tangent.to(out.dtype))
-            return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+            x = args[0] if args else next(iter(kwargs.values()))
+            if isinstance(output, tuple):
+                return (edit(target, x, output[0]),) + tuple(output[1:])
+            return edit(target, x, output)
 
         return hook
 
@@ -84,6 +79,24 @@ def tangent_hooks(
     finally:
         for h in handles:
             h.remove()
+
+
+@contextlib.contextmanager
+def tangent_hooks(
+    sketches: SketchSet, directions: dict[str, torch.Tensor], update_index: int, tp_group=None
+) -> Iterator[None]:
+    """Within the context, every target's output carries the tangent of ``ΔW = −D·A``."""
+    forward_ad.enable()
+
+    def add_tangent(target, x, out):
+        proj_RI = sketches.projection_for(target, update_index)
+        tangent = -torch.matmul(torch.matmul(_primal(x).to(torch.float32), proj_RI.t()), directions[target.key].t())
+        if target.partial and group_size(tp_group) > 1:
+            dist.all_reduce(tangent, group=tp_group)
+        return out + fwAD.make_dual(torch.zeros_like(_primal(out)), tangent.to(out.dtype))
+
+    with output_hooks(sketches, add_tangent):
+        yield
 
 
 def probe_method(method: str, sketches: SketchSet, pp_size: int = 1) -> str:
