@@ -61,8 +61,9 @@ def all_reduce_sum(tensor: torch.Tensor, group: Optional[dist.ProcessGroup]) -> 
     """In-place sum over ``group`` (no-op for a missing or single-member group). Host tensors
     (loop statistics) go through the GPU when the group is NCCL, which reduces device memory only."""
     if group_size(group) > 1:
-        if tensor.device.type == "cpu" and dist.get_backend(group) == "nccl":
-            on_device = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        device = collective_device(group)
+        if tensor.device.type == "cpu" and device.type == "cuda":
+            on_device = tensor.to(device)
             dist.all_reduce(on_device, group=group)
             tensor.copy_(on_device)
         else:

@@ -25,6 +25,10 @@ class KLControlError(RuntimeError):
     """The KL prediction cannot be trusted; the step must not be taken."""
 
 
+PROBE_METHODS = ("auto", "jvp", "finite_difference")
+"""Values of ``kl.probe``."""
+
+
 @dataclass
 class KLConfig:
     """Step-size control by predicted KL."""
@@ -80,8 +84,8 @@ class KLConfig:
             raise ValueError(f"kl.calibration_clip={self.calibration_clip} must be >= 1")
         if self.probe_sequences < 1 or self.probe_max_tokens < 1:
             raise ValueError("kl.probe_sequences and kl.probe_max_tokens must be >= 1")
-        if self.probe not in ("auto", "jvp", "finite_difference"):
-            raise ValueError(f"kl.probe={self.probe!r}: choose auto, jvp or finite_difference")
+        if self.probe not in PROBE_METHODS:
+            raise ValueError(f"kl.probe={self.probe!r}: choose one of {PROBE_METHODS}")
         if self.fd_step < 0:
             raise ValueError(f"kl.fd_step={self.fd_step} must be >= 0 (0 chooses it from the target dtype)")
         if not 0 < self.fd_min_relative < 1:

@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from megatron_logra.kl.controller import KLControlError
 from megatron_logra.kl.probe import ProbeBatch, from_last_stage, mean_predicted, output_hooks, probe_logits
 from megatron_logra.parallel import ParallelGroups, group_size
 from megatron_logra.sketch.capture import SketchSet
@@ -84,9 +83,9 @@ def predicted_kl_fd(
     The default ``h = 1`` differences across the very step being planned, so the prediction
     holds where it is used; the error of ``δz`` is third order in ``h``. Returns the prediction
     (on every pipeline stage) and the base logits of the valid positions (last stage; None on
-    the others). Raises
-    :class:`KLControlError` when the perturbation does not reach the logits, there are no
-    valid positions, or the prediction is not finite.
+    the others). Raises :class:`~megatron_logra.kl.controller.KLControlError` (on every stage)
+    when there are no valid positions or the prediction is not finite; logs a warning when the
+    perturbation does not change the logits at all.
     """
     if not step > 0:
         raise ValueError(f"kl.fd_step={step} must be > 0")
@@ -97,17 +96,12 @@ def predicted_kl_fd(
         dz_NV = dz_NV.float() if dz_NV is not None else None  # probe_logits returns a fresh tensor: in place is safe
         with perturbation_hooks(sketches, directions, -step, groups.tp):
             minus_NV = probe_logits(model, batch, groups)
-    pred = None
-    if groups.pp_last:
+
+    def predict() -> float:
         dz_NV.sub_(minus_NV).div_(2.0 * step)
-        del minus_NV
         if any(directions[t.key].any() for t in sketches.targets) and not bool(dz_NV.any()):
             logger.warning("the finite-difference KL probe saw no change of the logits (step below their precision?)")
-        try:
-            pred = mean_predicted(z_NV, dz_NV, temperature, groups, chunk)
-        except KLControlError:
-            if groups.pp_size == 1:
-                raise
-            pred = float("nan")  # every stage raises below
-    pred = from_last_stage(pred, groups, "the finite-difference KL prediction")
+        return mean_predicted(z_NV, dz_NV, temperature, groups, chunk)
+
+    pred = from_last_stage(predict, groups, "the finite-difference KL prediction")
     return pred, (z_NV.detach() if z_NV is not None else None)

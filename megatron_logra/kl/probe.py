@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -30,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron_logra.kl import forward_ad
-from megatron_logra.kl.controller import KLControlError
+from megatron_logra.kl.controller import PROBE_METHODS, KLControlError
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, collective_device, group_size
 from megatron_logra.sketch.capture import SketchSet, SketchTarget
 
@@ -38,8 +39,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["flat_valid", "output_hooks", "tangent_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl", "probe_method",
            "probe_logits", "mean_predicted", "from_last_stage", "measure_kl", "ProbeBatch", "PROBE_METHODS"]
-
-PROBE_METHODS = ("auto", "jvp", "finite_difference")
 
 
 class ProbeBatch:
@@ -216,15 +215,22 @@ def probe_logits(model, batch: ProbeBatch, groups: ParallelGroups) -> Optional[t
     return kept[0] if groups.pp_last else None
 
 
-def from_last_stage(value: Optional[float], groups: ParallelGroups, what: str) -> float:
-    """``value`` (a float on the last pipeline stage, None elsewhere) on every stage; NaN means the
-    last stage failed, and every stage raises."""
-    if groups.pp_size > 1:
-        buf = torch.tensor([value if value is not None else float("nan")], dtype=torch.float64,
-                           device=collective_device(groups.pp))
+def from_last_stage(compute: Callable[[], float], groups: ParallelGroups, what: str) -> float:
+    """``compute()`` run on the last pipeline stage, its value on every stage. When it fails with
+    :class:`KLControlError` (or is not finite) every stage raises, so no stage is left waiting."""
+    if groups.pp_size == 1:
+        value = compute()
+    else:
+        value = float("nan")
+        if groups.pp_last:
+            try:
+                value = compute()
+            except KLControlError:
+                pass  # NaN: every stage raises below
+        buf = torch.tensor([value], dtype=torch.float64, device=collective_device(groups.pp))
         dist.broadcast(buf, src=dist.get_global_rank(groups.pp, groups.pp_size - 1), group=groups.pp)
         value = buf.item()
-    if value is None or not torch.isfinite(torch.tensor(value)):
+    if not math.isfinite(value):
         raise KLControlError(f"{what} is not finite ({value}) on the last pipeline stage")
     return value
 
@@ -253,16 +259,12 @@ def measure_kl(
     """Mean exact ``KL(π_old ‖ π_now)`` over the probe's valid positions (on every pipeline stage;
     ``old_logits_NV`` is needed on the last stage only)."""
     new_NV = probe_logits(model, batch, groups)
-    value = None
-    if groups.pp_last:
+
+    def mean_exact() -> float:
         total = torch.zeros((), dtype=torch.float64, device=new_NV.device)
         for start in range(0, new_NV.shape[0], chunk):
             total += exact_kl_terms(old_logits_NV[start : start + chunk], new_NV[start : start + chunk], temperature,
                                     groups.tp).sum()
-        try:
-            value = _global_mean(total, torch.tensor(new_NV.shape[0], device=new_NV.device), groups.dp)
-        except KLControlError:
-            if groups.pp_size == 1:
-                raise
-            value = float("nan")
-    return from_last_stage(value, groups, "the measured KL")
+        return _global_mean(total, torch.tensor(new_NV.shape[0], device=new_NV.device), groups.dp)
+
+    return from_last_stage(mean_exact, groups, "the measured KL")

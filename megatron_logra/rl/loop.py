@@ -207,14 +207,14 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     # ---- KL control
     alpha, budget, pred, old_logits, probe = 1.0, c.controller.effective_budget(step), None, None, None
     logra = isinstance(c.optimizer, LograOptimizer)
+    ratio_at_1 = c.optimizer.relative_update_norm(update, 1.0) if logra else None  # ‖ΔW‖/‖W‖ scales with |α|
     if logra and cfg.kl.mode != "none":
         probe = _probe_batch(batch, cfg.kl)
         if probe_method(cfg.kl.probe, c.optimizer.sketches, groups.pp_size) == "jvp":
             pred, old_logits = predicted_kl(c.model, c.optimizer.sketches, update.directions, update.update_index,
                                             probe, groups, temperature=rl.rollout.temperature)
         else:
-            h = fd_step(cfg.kl.fd_step, cfg.kl.fd_min_relative, c.optimizer.relative_update_norm(update, 1.0),
-                        c.optimizer.targets[0].weight.dtype)
+            h = fd_step(cfg.kl.fd_step, cfg.kl.fd_min_relative, ratio_at_1, c.optimizer.targets[0].weight.dtype)
             pred, old_logits = predicted_kl_fd(c.model, c.optimizer.sketches, update.directions, probe, groups,
                                                temperature=rl.rollout.temperature, step=h)
         alpha, budget = c.controller.step_size(pred, step)
@@ -222,7 +222,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         probe = _probe_batch(batch, cfg.kl)
         with torch.no_grad():
             old_logits = probe_logits(c.model, probe, groups)
-    ratio = c.optimizer.relative_update_norm(update, alpha) if logra else None
+    ratio = abs(alpha) * ratio_at_1 if logra else None
 
     # ---- apply (with sketch-delta sync, the very factors the engine will merge)
     factors = c.sync.factors(update, alpha)
