@@ -43,22 +43,17 @@ class LograStateMixin:
         return scalars, slots
 
     def load_sharded_state(self, scalars: dict, slots: list[ParamSlot]) -> None:
-        if scalars.get("kind") != "logra":
-            raise ValueError(f"optimizer state is of kind {scalars.get('kind')!r}, expected 'logra'")
+        _check_kind(scalars)
         for field_name in ("rank", "seed", "distribution"):
             saved, here = scalars.get(field_name), getattr(self.cfg, field_name)
             if saved is not None and saved != here:
                 raise ValueError(f"the checkpoint was trained with optimizer.logra.{field_name}={saved!r}, "
                                  f"this run has {here!r}; the row moments belong to that projection")
         self.native.load_sharded_state(scalars["native"], [s for s in slots if s.name.startswith("native.")])
-        self.num_steps = int(scalars["num_steps"])
-        self.num_skipped = int(scalars.get("num_skipped", 0))
-        self.sketches.num_updates = self.num_steps
-        self.sketches._cache.clear()
+        self._restore_counters(scalars)
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("kind") != "logra":
-            raise ValueError(f"optimizer state is of kind {state.get('kind')!r}, expected 'logra'")
+        _check_kind(state)
         missing = sorted(set(self.row_moments) - set(state["row_moments"]))
         if missing:
             raise ValueError(f"optimizer state lacks row moments for targets {missing[:4]}{'...' if len(missing) > 4 else ''}")
@@ -72,7 +67,14 @@ class LograStateMixin:
                 raise ValueError(f"optimizer state lacks the fp32 master of {k}")
             m.copy_(state["masters"][k])
         self.native.load_state_dict(state["native"])
+        self._restore_counters(state)
+
+    def _restore_counters(self, state: dict) -> None:
         self.num_steps = int(state["num_steps"])
         self.num_skipped = int(state.get("num_skipped", 0))
-        self.sketches.num_updates = self.num_steps
-        self.sketches._cache.clear()
+        self.sketches.seek(self.num_steps)
+
+
+def _check_kind(state: dict) -> None:
+    if state.get("kind") != "logra":
+        raise ValueError(f"optimizer state is of kind {state.get('kind')!r}, expected 'logra'")

@@ -166,6 +166,11 @@ class SketchSet:
         if self.refresh:
             self._cache.clear()
 
+    def seek(self, num_updates: int) -> None:
+        """Continue after ``num_updates`` applied updates (resuming a run): drop every cached projection."""
+        self.num_updates = num_updates
+        self._cache.clear()
+
     # ------------------------------------------------------------------ buffer ops
     def zero_(self) -> None:
         self.flat.zero_()
