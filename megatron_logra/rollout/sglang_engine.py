@@ -57,6 +57,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from megatron_logra.parallel import group_rank, group_size
 from megatron_logra.rollout.engine import Rollout, SamplingParams
 from megatron_logra.rollout.sglang_api import (
     build_generate_payload,
@@ -77,12 +78,8 @@ __all__ = ["SGLangEngine", "share_from_driver"]
 # --------------------------------------------------------------------------- one driver per group
 
 
-def _world_size(group: Any) -> int:
-    return dist.get_world_size(group) if dist.is_initialized() and group is not None else 1
-
-
 def _is_driver(group: Any) -> bool:
-    return _world_size(group) == 1 or dist.get_rank(group) == 0
+    return group_rank(group) == 0
 
 
 def share_from_driver(fn: Callable[[], Any], group: Any) -> Any:
@@ -91,7 +88,7 @@ def share_from_driver(fn: Callable[[], Any], group: Any) -> Any:
     ``group``: a process group, ``dist.group.WORLD``, or None (this rank alone). Every rank must call.
     ``SyncError`` keeps its ``kind``; other errors become ``RuntimeError`` on non-driving ranks.
     """
-    if _world_size(group) == 1:
+    if group_size(group) == 1:
         return fn()
     box: list[Any] = [None]
     if _is_driver(group):
@@ -196,7 +193,7 @@ class SGLangEngine:
         from megatron_logra.sync.sglang_loader import LOADER_PATH
 
         ro = cfg.rl.rollout
-        mp = groups.mp if _world_size(groups.mp) > 1 else None
+        mp = groups.mp if group_size(groups.mp) > 1 else None
         common = dict(vocab_size=cfg.model.vocab_size, padded_vocab_size=cfg.model.padded_vocab_size(groups.tp_size),
                       send_seed=ro.sglang_sampling_seed)
         if ro.sglang_url:
