@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from typing import Iterable, Mapping, Sequence, Union
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["sample_rows", "fingerprint", "combined", "drift"]
+__all__ = ["sample_rows", "sampled_rows_of", "digest", "fingerprint", "combined", "drift"]
 
 
 def sample_rows(name: str, n_rows: int, rows_per_tensor: int = 4) -> list[int]:
@@ -33,21 +34,43 @@ def sample_rows(name: str, n_rows: int, rows_per_tensor: int = 4) -> list[int]:
     return sorted(rows)
 
 
+def sampled_rows_of(name: str, shape: Sequence[int], rows_per_tensor: int = 4) -> list[int]:
+    """Rows of tensor ``name`` (full shape ``shape``) that its fingerprint covers.
+
+    A tensor of rank <= 1 is one row; otherwise rows index dim 0 and the rest is flattened.
+    """
+    return sample_rows(name, 1 if len(shape) <= 1 else int(shape[0]), rows_per_tensor)
+
+
+def digest(name: str, dtype: torch.dtype, shape: Sequence[int], rows: Sequence[int], sample: torch.Tensor) -> str:
+    """sha256 hex of one tensor's fingerprint from its sampled rows ``sample`` ``[len(rows), row width]``.
+
+    The single definition of what a fingerprint hashes, so a side that assembles the sampled
+    rows from shards (a TP-sharded trainer or engine) and a side that holds the whole tensor
+    produce equal digests exactly when the sampled bytes are equal.
+    """
+    h = hashlib.sha256(f"{name}|{dtype}|{list(shape)}|{list(rows)}|".encode())
+    if len(rows) and sample.numel():
+        h.update(memoryview(sample.detach().contiguous().cpu().view(torch.uint8).reshape(-1).numpy()))
+    return h.hexdigest()
+
+
 @torch.no_grad()
-def fingerprint(weights: dict[str, torch.Tensor], rows_per_tensor: int = 4) -> dict[str, str]:
-    """Name -> sha256 hex of the sampled rows (see module docstring)."""
+def fingerprint(weights: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
+                rows_per_tensor: int = 4) -> dict[str, str]:
+    """Name -> sha256 hex of the sampled rows (see module docstring).
+
+    ``weights``: a mapping, or an iterable of ``(name, tensor)`` pairs that is consumed once
+    (so a caller can stream tensors one at a time and never hold them all).
+    """
     out: dict[str, str] = {}
-    for name in sorted(weights):
-        t = weights[name].detach()
+    for name, t in (weights.items() if isinstance(weights, Mapping) else weights):
+        t = t.detach()
         mat = t.reshape(1, -1) if t.dim() <= 1 else t.reshape(t.shape[0], -1)
-        rows = sample_rows(name, mat.shape[0], rows_per_tensor)
-        h = hashlib.sha256(f"{name}|{t.dtype}|{list(t.shape)}|{rows}|".encode())
-        if rows and mat.shape[1]:
-            idx = torch.tensor(rows, dtype=torch.int64, device=mat.device)
-            sample = mat.index_select(0, idx).contiguous().cpu()
-            h.update(memoryview(sample.view(torch.uint8).reshape(-1).numpy()))
-        out[name] = h.hexdigest()
-    return out
+        rows = sampled_rows_of(name, t.shape, rows_per_tensor)
+        sample = mat.index_select(0, torch.tensor(rows, dtype=torch.int64, device=mat.device)) if rows else mat[:0]
+        out[name] = digest(name, t.dtype, t.shape, rows, sample)
+    return dict(sorted(out.items()))
 
 
 def combined(fp: dict[str, str]) -> str:
