@@ -31,11 +31,13 @@ round trip); outputs never alias inputs; unknown, missing or mis-shaped names ra
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from megatron_logra.models.gpt import ModelConfig
+from megatron_logra.sync.codec import AttentionDims
+from megatron_logra.sync.layout import qkv_rows_hf
 
 if TYPE_CHECKING:  # transformers is imported lazily (heavy import)
     from transformers import PretrainedConfig
@@ -43,7 +45,7 @@ if TYPE_CHECKING:  # transformers is imported lazily (heavy import)
 logger = logging.getLogger(__name__)
 
 __all__ = ["hf_config_from_model_config", "megatron_to_hf", "hf_to_megatron", "megatron_shapes", "hf_shapes",
-           "hf_sources"]
+           "hf_sources", "attention_dims", "hf_rows", "megatron_param_to_hf"]
 
 Shape = tuple[int, ...]
 
@@ -252,6 +254,41 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig
     return torch.cat(parts, dim=1).reshape(groups * (per + 2) * d, *rest)
 
 
+def attention_dims(cfg: ModelConfig) -> AttentionDims:
+    """``cfg``'s attention shape (heads, query groups, head dim), as the QKV row maps take it."""
+    heads, groups, d, _ = _dims(cfg)
+    return AttentionDims(heads, groups, d)
+
+
+def hf_rows(megatron_name: str, num_rows: int, dims: Optional[AttentionDims]) -> list[tuple[str, Optional[torch.Tensor]]]:
+    """The HF tensors one full megatron parameter (global name, ``num_rows`` rows) maps to.
+
+    Each entry is ``(hf_name, rows)``: the megatron rows the HF tensor takes, in HF order, or
+    None for all of them unchanged. ``linear_qkv`` splits into q/k/v by the per-group
+    interleave (needs ``dims``), ``linear_fc1`` into its ``[gate; up]`` halves. This is the
+    one row map that full conversion (:func:`megatron_param_to_hf`) and row-sampled
+    fingerprints of sharded weights share. ``ValueError`` for an unknown name.
+    """
+    sources = hf_sources(megatron_name)
+    if len(sources) == 1:
+        return [(sources[0], None)]
+    if len(sources) == 3:
+        if dims is None:
+            raise ValueError(f"splitting {megatron_name} into q/k/v needs attention dims")
+        if dims.qkv_rows != num_rows:
+            raise ValueError(f"{megatron_name}: {num_rows} rows, attention dims {dims} imply {dims.qkv_rows}")
+        parts = qkv_rows_hf(dims)
+        return [(name, parts[p]) for name, p in zip(sources, "qkv")]
+    gate, up = torch.arange(num_rows, dtype=torch.int64).chunk(2)
+    return [(sources[0], gate), (sources[1], up)]
+
+
+def megatron_param_to_hf(name: str, tensor: torch.Tensor, dims: Optional[AttentionDims]) -> list[tuple[str, torch.Tensor]]:
+    """HF ``(name, tensor)`` pairs of one full megatron parameter (copies; dtype kept). See :func:`hf_rows`."""
+    return [(hf, tensor.clone() if rows is None else tensor.index_select(0, rows.to(tensor.device)))
+            for hf, rows in hf_rows(name, tensor.shape[0], dims)]
+
+
 def megatron_to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, *, tp: int = 1) -> dict[str, torch.Tensor]:
     """Map a full (TP=1-layout, global layer index) megatron GPT state to HF causal-LM names.
 
@@ -260,28 +297,10 @@ def megatron_to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, *, tp: int 
     trainer's TP degree, which fixes the padded vocabulary. Dtypes are kept.
     """
     _validate(state, megatron_shapes(cfg, tp), "megatron")
+    dims = attention_dims(cfg)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
-        if name in _GLOBAL_RENAMES:
-            out[_GLOBAL_RENAMES[name]] = tensor.clone()
-            continue
-        _, _, layer, suffix = name.split(".", 3)
-        p = f"model.layers.{layer}."
-        if suffix in _LAYER_RENAMES:
-            out[p + _LAYER_RENAMES[suffix]] = tensor.clone()
-        elif suffix.startswith("self_attention.linear_qkv."):
-            leaf = suffix.rsplit(".", 1)[1]
-            q, k, v = split_qkv(tensor, cfg)
-            out[p + f"self_attn.q_proj.{leaf}"] = q
-            out[p + f"self_attn.k_proj.{leaf}"] = k
-            out[p + f"self_attn.v_proj.{leaf}"] = v
-        elif suffix.startswith("mlp.linear_fc1."):
-            leaf = suffix.rsplit(".", 1)[1]
-            gate, up = tensor.chunk(2, dim=0)
-            out[p + f"mlp.gate_proj.{leaf}"] = gate.clone()
-            out[p + f"mlp.up_proj.{leaf}"] = up.clone()
-        else:  # unreachable after _validate; kept as a guard against table drift
-            raise ValueError(f"no HF mapping for megatron parameter {name!r}")
+        out.update(megatron_param_to_hf(name, tensor, dims))
     return out
 
 

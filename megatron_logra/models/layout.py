@@ -9,13 +9,14 @@ holds block ``k`` of every one of them, concatenated.
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["canonical_param_name", "global_param_names", "shard_full", "unshard", "gather_full_state"]
+__all__ = ["canonical_param_name", "global_param_names", "shard_full", "unshard", "gather_tp", "full_rows",
+           "gather_full_state"]
 
 _LOCAL_LAYER_RE = re.compile(r"^(.*?\bdecoder\.layers\.)(\d+)(\..*)$")
 
@@ -87,17 +88,61 @@ def unshard(shards: list[torch.Tensor], param: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.cat([pr[i] for pr in per_rank], dim=dim) for i in range(stride)], dim=dim)
 
 
+def _tp_size(tp_group: Optional[dist.ProcessGroup]) -> int:
+    return dist.get_world_size(tp_group) if tp_group is not None and dist.is_initialized() else 1
+
+
+def _all_gather_exact(local: torch.Tensor, tp_group: Optional[dist.ProcessGroup]) -> list[torch.Tensor]:
+    """Every rank's ``local`` bit for bit; 16-bit tensors travel as raw bytes (gloo has no bf16 all-gather)."""
+    raw = local.contiguous().view(torch.uint8) if local.element_size() == 2 else local.contiguous()
+    shards = [torch.empty_like(raw) for _ in range(_tp_size(tp_group))]
+    dist.all_gather(shards, raw, group=tp_group)
+    return [s.view(local.dtype) if s.dtype != local.dtype else s for s in shards]
+
+
+def gather_tp(local: torch.Tensor, param: torch.Tensor, tp_group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+    """The full tensor from this rank's shard ``local`` laid out like ``param``, in ``local``'s dtype.
+
+    Bitwise: no casts, the byte view keeps every block boundary on an element boundary.
+    A replicated ``param`` (or a group of one) returns ``local`` itself.
+    """
+    dim, _ = _split_dims(param)
+    if dim is None or _tp_size(tp_group) == 1:
+        return local
+    return unshard(_all_gather_exact(local, tp_group), param)
+
+
+def full_rows(param: torch.Tensor, rows: Sequence[int], tp_group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+    """Rows ``rows`` (indices into dim 0 of the *full* tensor) of a TP-sharded 2-D ``param``, ``[len(rows), n_in]``.
+
+    Moves only those rows: a column-parallel parameter (``partition_dim`` 0, any stride) sends a
+    ``[len(rows), n_in]`` buffer per rank in which each rank fills the rows it owns; a
+    row-parallel one (``partition_dim`` 1) sends its column block of the rows. Bitwise equal
+    to ``gather_tp(param)[rows]``. Every rank of ``tp_group`` must call with the same ``rows``.
+    """
+    local = param.detach()
+    idx = torch.as_tensor(list(rows), dtype=torch.int64, device=local.device)
+    dim, stride = _split_dims(param)
+    size = _tp_size(tp_group)
+    if dim is None or size == 1:
+        return local.index_select(0, idx)
+    if dim == 1:
+        return unshard(_all_gather_exact(local.index_select(0, idx), tp_group), param)
+    rank = dist.get_rank(tp_group)
+    block = local.shape[0] * size // stride  # rows per stride block of the full tensor
+    piece = block // size  # rows per rank within a block
+    offset = idx % block
+    owner = offset // piece
+    local_row = (idx // block) * piece + offset % piece
+    buf = torch.zeros(len(idx), *local.shape[1:], dtype=local.dtype, device=local.device)
+    mine = (owner == rank).nonzero().flatten()
+    buf[mine] = local.index_select(0, local_row[mine])
+    gathered = torch.stack(_all_gather_exact(buf, tp_group))  # [tp, rows, n_in]
+    return gathered[owner, torch.arange(len(idx), device=local.device)]
+
+
 def gather_full_state(model: nn.Module, tp_group: Optional[dist.ProcessGroup]) -> dict[str, torch.Tensor]:
     """Full (TP-unsharded) fp32 copies of this stage's parameters under global names."""
     names = global_param_names(model)
-    tp_size = dist.get_world_size(tp_group) if tp_group is not None and dist.is_initialized() else 1
-    out: dict[str, torch.Tensor] = {}
-    for pname, param in model.named_parameters():
-        local = param.detach().float().contiguous()
-        dim, _ = _split_dims(param)
-        if dim is not None and tp_size > 1:
-            shards = [torch.empty_like(local) for _ in range(tp_size)]
-            dist.all_gather(shards, local, group=tp_group)
-            local = unshard(shards, param)
-        out[names[pname]] = local.clone()
-    return out
+    return {names[pname]: gather_tp(param.detach(), param, tp_group).float().clone()
+            for pname, param in model.named_parameters()}

@@ -17,16 +17,15 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
-from megatron_logra.models.hf import megatron_to_hf
 from megatron_logra.optim.logra import LograOptimizer
 from megatron_logra.optim.update import PreparedUpdate
 from megatron_logra.parallel import ParallelGroups, all_gather_bytes
-from megatron_logra.rl.weights import gather_full_model
-from megatron_logra.sync import DirectoryTransport, InProcessTransport, SyncError, decode, drift, encode, fingerprint
+from megatron_logra.rl.weights import iter_hf_params, trainer_fingerprint
+from megatron_logra.sync import DirectoryTransport, InProcessTransport, SyncError, decode, drift, encode
 from megatron_logra.sync.config import SyncConfig
 from megatron_logra.sync.trainer import build_delta, local_factors, merge_deltas
 
@@ -57,14 +56,18 @@ class PolicySync:
         self.num_drifts = 0
 
     # ------------------------------------------------------------------ full refit
-    def _trainer_hf_state(self) -> dict[str, torch.Tensor]:
-        return megatron_to_hf(gather_full_model(self.model, self.groups), self.model_cfg, tp=self.groups.tp_size)
-
     def full(self, version: int) -> int:
-        """Dense refit of every engine weight; returns the bytes a bf16 copy would send."""
-        hf_state = self._trainer_hf_state()
-        self.engine.update_weights_full(hf_state, version)
-        return sum(t.numel() * 2 for t in hf_state.values())
+        """Dense refit of every engine weight, streamed one full tensor at a time (``rl.weights``);
+        returns the bytes a bf16 copy sends."""
+        sent = [0]
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in iter_hf_params(self.model, self.groups, self.model_cfg):
+                sent[0] += tensor.numel() * 2
+                yield name, tensor
+
+        self.engine.update_weights_full(counted(), version)
+        return sent[0]
 
     # ------------------------------------------------------------------ per update
     def factors(self, update: PreparedUpdate, alpha: float) -> Optional[dict[str, torch.Tensor]]:
@@ -102,7 +105,9 @@ class PolicySync:
         mode, drifted = "delta", 0
         if self.cfg.check_interval and self.num_syncs % self.cfg.check_interval == 0:
             engine_fp = self.engine.fingerprint()  # None: the engine cannot fingerprint (anchor refits only)
-            mismatched = drift(fingerprint(self._trainer_hf_state()), engine_fp) if engine_fp is not None else []
+            mismatched = [] if engine_fp is None else \
+                drift(trainer_fingerprint(self.model, self.groups, self.model_cfg, dtype=self.model_cfg.torch_dtype),
+                      engine_fp)
             if mismatched:
                 drifted = 1
                 self.num_drifts += 1

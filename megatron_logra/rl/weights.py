@@ -1,55 +1,164 @@
-"""Full (TP- and PP-unsharded) copies of the trainer's weights, on every rank.
+"""The trainer's weights as the rollout engine sees them: streamed full tensors and fingerprints.
 
-Used for the dense "full refit" of rollout engines. TP shards are all-gathered
-(``models.layout.gather_full_state``); pipeline stages exchange their parameter names and
-shapes as JSON in a byte tensor (no pickle), then sum zero-filled copies over the PP group,
-so each parameter comes from exactly the one stage that owns it.
+A dense refit must not hold the whole model at once: at 27B a full fp32 copy is 108 GB, more
+than one GPU has. :func:`iter_full_params` therefore yields one full (TP- and PP-unsharded)
+parameter at a time, in the parameter's own dtype and in one global name order on every rank:
+the TP shards of that parameter are all-gathered, and under pipeline parallelism the stage
+that owns it broadcasts it over the PP group. Peak extra memory is the largest parameter.
+:func:`iter_hf_params` maps the stream to Hugging Face names (``models.hf``).
+
+:func:`trainer_fingerprint` is the trainer half of the drift check. It moves no full tensor:
+for each HF tensor only the rows its fingerprint samples are gathered over TP
+(``models.layout.full_rows``), hashed with the one digest definition the engine uses
+(``sync.fingerprint.digest``), and the per-stage dicts are exchanged over PP as JSON. The
+digest covers the dtype: samples are cast to the engine's dtype first, as refits and deltas are.
+
+Stage exchanges are JSON in byte tensors (no pickle). Tied word embeddings held by the first
+and the last stage count once, as the first stage's.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from megatron_logra.models.layout import gather_full_state
-from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum
+from megatron_logra.models.gpt import ModelConfig
+from megatron_logra.models.hf import attention_dims, hf_rows, megatron_param_to_hf
+from megatron_logra.models.layout import full_rows, gather_tp, global_param_names
+from megatron_logra.parallel import ParallelGroups, all_gather_bytes, collective_device
+from megatron_logra.sync.fingerprint import digest, sampled_rows_of
 
-__all__ = ["gather_full_model"]
+__all__ = ["iter_full_params", "iter_hf_params", "gather_full_model", "trainer_fingerprint"]
+
+_WORD_EMBEDDINGS = "embedding.word_embeddings.weight"
 
 
 def _exchange_json(obj: dict, group) -> list[dict]:
     return [json.loads(b.decode()) for b in all_gather_bytes(json.dumps(obj).encode(), group)]
 
 
+def _owned_params(model: nn.Module, groups: ParallelGroups) -> dict[str, torch.Tensor]:
+    """This stage's parameters under global names, without a tied embedding copy off the first stage."""
+    names = global_param_names(model)
+    owned = {names[n]: p for n, p in model.named_parameters()}
+    if groups.pp_size > 1 and not groups.pp_first:
+        owned.pop(_WORD_EMBEDDINGS, None)
+    return owned
+
+
+def _full_shape(param: torch.Tensor, tp_size: int) -> list[int]:
+    shape = list(param.shape)
+    if getattr(param, "tensor_model_parallel", False):
+        shape[int(param.partition_dim)] *= tp_size
+    return shape
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r} in a pipeline stage's parameter list")
+    return dtype
+
+
+def _broadcast_exact(tensor: torch.Tensor, src: int, group) -> torch.Tensor:
+    """``tensor`` from global rank ``src`` on every rank of ``group`` (16-bit types as raw bytes)."""
+    raw = tensor.view(torch.uint8) if tensor.element_size() == 2 else tensor
+    dist.broadcast(raw, src=src, group=group)
+    return raw.view(tensor.dtype) if raw.dtype != tensor.dtype else raw
+
+
 @torch.no_grad()
-def gather_full_model(model: nn.Module, groups: ParallelGroups) -> dict[str, torch.Tensor]:
-    """Every parameter of the whole model (all stages), full size, fp32, megatron global names."""
-    local = gather_full_state(model, groups.tp)
+def iter_full_params(model: nn.Module, groups: ParallelGroups) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(global megatron name, full tensor)`` for every parameter of the whole model, one at a time.
+
+    Sorted by name, identical on every rank of the model-parallel group, which must all consume
+    the stream to its end (it runs TP and PP collectives). Tensors keep the parameter's dtype
+    and are fresh copies only where a gather or broadcast made them (a replicated parameter at
+    PP = 1 is its own ``.detach()``): callers must not write to them.
+    """
+    owned = _owned_params(model, groups)
     if groups.pp_size == 1:
-        return local
-    device = next(iter(local.values())).device
-    # word embeddings may live on the first and the last stage (tied): keep the first stage's
-    if not groups.pp_first:
-        local.pop("embedding.word_embeddings.weight", None)
-    metas = _exchange_json({k: list(v.shape) for k, v in local.items()}, groups.pp)
-    names: dict[str, list[int]] = {}
+        for name in sorted(owned):
+            param = owned[name]
+            yield name, gather_tp(param.detach(), param, groups.tp)
+        return
+    me = dist.get_rank()
+    metas = _exchange_json({"rank": me, "params": {n: [_full_shape(p, groups.tp_size), str(p.dtype)]
+                                                    for n, p in owned.items()}},
+                           groups.pp)
+    owner: dict[str, tuple[int, list[int], str]] = {}
     for meta in metas:
-        for k, shape in meta.items():
-            if k in names:
-                raise RuntimeError(f"parameter {k} is owned by more than one pipeline stage")
-            names[k] = shape
-    full: dict[str, torch.Tensor] = {}
-    for k in sorted(names):
-        t = local.get(k)
-        full[k] = t.clone() if t is not None else torch.zeros(names[k], dtype=torch.float32, device=device)
-    flat = torch.cat([full[k].reshape(-1) for k in sorted(full)])
-    all_reduce_sum(flat, groups.pp)
-    offset = 0
-    for k in sorted(full):
-        n = full[k].numel()
-        full[k] = flat[offset : offset + n].view_as(full[k]).clone()
-        offset += n
-    return full
+        for name, (shape, dtype) in meta["params"].items():
+            if name in owner:
+                raise RuntimeError(f"parameter {name} is owned by more than one pipeline stage")
+            owner[name] = (int(meta["rank"]), shape, dtype)
+    device = collective_device(groups.pp)
+    for name in sorted(owner):
+        src, shape, dtype = owner[name]
+        if src == me:
+            param = owned[name]
+            full = gather_tp(param.detach(), param, groups.tp).to(device).contiguous()
+        else:
+            full = torch.empty(shape, dtype=_dtype(dtype), device=device)
+        yield name, _broadcast_exact(full, src, groups.pp)
+
+
+def iter_hf_params(model: nn.Module, groups: ParallelGroups, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`iter_full_params` under Hugging Face names (q/k/v and gate/up split; see ``models.hf``)."""
+    dims = attention_dims(cfg)
+    for name, full in iter_full_params(model, groups):
+        yield from megatron_param_to_hf(name, full, dims)
+
+
+def gather_full_model(model: nn.Module, groups: ParallelGroups) -> dict[str, torch.Tensor]:
+    """Every parameter of the whole model (all stages), full size, fp32, megatron global names.
+
+    Holds the whole model: for small models, tests and checkpoint export. Refits and drift
+    checks stream instead (:func:`iter_hf_params`, :func:`trainer_fingerprint`).
+    """
+    return {name: full.float().clone() for name, full in iter_full_params(model, groups)}
+
+
+@torch.no_grad()
+def trainer_fingerprint(model: nn.Module, groups: ParallelGroups, cfg: ModelConfig,
+                        rows_per_tensor: int = 4, dtype: Optional[torch.dtype] = None) -> dict[str, str]:
+    """``{HF name: digest}`` of the whole model, equal to ``sync.fingerprint.fingerprint`` of its
+    full HF tensors cast to ``dtype`` (the engine's; None keeps each parameter's), from row
+    samples only (see the module docstring). Every rank of the model-parallel group must call;
+    all get the same dict.
+
+    The cast matters where the trainer keeps some parameters wider than its compute dtype
+    (megatron's fp32 norms in a bf16 model): the engine holds them rounded, as every refit and
+    delta casts to the engine's dtype, and the fingerprint compares exactly that.
+    """
+    dims = attention_dims(cfg)
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t if dtype is None else t.to(dtype)
+
+    local: dict[str, str] = {}
+    for name, param in sorted(_owned_params(model, groups).items()):
+        full_shape = _full_shape(param, groups.tp_size)
+        if param.dim() <= 1:  # biases and norms: whole (and small)
+            for hf_name, t in megatron_param_to_hf(name, gather_tp(param.detach(), param, groups.tp), dims):
+                rows = sampled_rows_of(hf_name, t.shape, rows_per_tensor)
+                t = cast(t)
+                local[hf_name] = digest(hf_name, t.dtype, t.shape, rows, t.reshape(1, -1))
+            continue
+        for hf_name, meg_rows in hf_rows(name, full_shape[0], dims):
+            hf_shape = [full_shape[0] if meg_rows is None else len(meg_rows), *full_shape[1:]]
+            rows = sampled_rows_of(hf_name, hf_shape, rows_per_tensor)
+            wanted = rows if meg_rows is None else meg_rows[rows].tolist()
+            sample = cast(full_rows(param, wanted, groups.tp).reshape(len(rows), -1))
+            local[hf_name] = digest(hf_name, sample.dtype, hf_shape, rows, sample)
+    if groups.pp_size == 1:
+        return dict(sorted(local.items()))
+    merged: dict[str, str] = {}
+    for part in _exchange_json(local, groups.pp):
+        merged.update(part)
+    return dict(sorted(merged.items()))
+

@@ -13,7 +13,8 @@ __all__ = ["Rollout", "RolloutEngine", "SamplingParams", "EmbeddedEngine", "SGLa
 def build_engine(cfg: Any, model: Any, groups: Any) -> Any:
     """The rollout engine ``cfg.rl.rollout.engine`` names, at weight version 0 (``PolicySync.full`` loads it).
 
-    ``embedded``: a transformers copy on the trainer model's device (every rank owns one).
+    ``embedded``: a transformers copy on the trainer model's device in the trainer's compute dtype
+    (``model.params_dtype``, so sketch deltas merge bit for bit on both sides; every rank owns one).
     ``sglang``: :meth:`SGLangEngine.from_config` (one driving rank per engine; see its module).
     """
     kind = cfg.rl.rollout.engine
@@ -21,7 +22,8 @@ def build_engine(cfg: Any, model: Any, groups: Any) -> Any:
         from megatron_logra.rollout.embedded import EmbeddedEngine
         from megatron_logra.train.step import model_device
 
-        return EmbeddedEngine(cfg.model, init_seed=cfg.train.seed, tp=groups.tp_size, device=model_device(model))
+        return EmbeddedEngine(cfg.model, init_seed=cfg.train.seed, tp=groups.tp_size, device=model_device(model),
+                              dtype=cfg.model.torch_dtype)
     if kind == "sglang":
         from megatron_logra.rollout.sglang_engine import SGLangEngine
 

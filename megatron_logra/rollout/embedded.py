@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Union
+from typing import Any, Iterable, Mapping, Union
 
 import torch
 
@@ -118,32 +118,54 @@ class EmbeddedEngine:
         """Names and shapes :meth:`update_weights_full` requires (tied ``lm_head`` excluded)."""
         return {name: tuple(p.shape) for name, p in self.model.named_parameters()}
 
-    def update_weights_full(self, hf_state: dict[str, torch.Tensor], version: int) -> None:
+    def update_weights_full(self, hf_state: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
+                            version: int) -> None:
         """Copy every parameter from ``hf_state`` (HF names) and set ``weight_version = version``.
 
-        All names and shapes are checked before anything is copied (a failed update leaves
-        the engine untouched): unknown or missing names and shape mismatches raise
-        ``ValueError`` listing them. ``version`` must be an int >= the current version.
-        Values are cast to the engine's dtype and device.
+        ``hf_state`` is a mapping or a stream of ``(name, tensor)`` pairs (``rl.weights.iter_hf_params``,
+        which never holds the whole model). ``version`` must be an int >= the current version.
+        Values are cast to the engine's dtype and device. Unknown, repeated or missing names and
+        shape mismatches raise ``ValueError`` listing them. A mapping is checked whole before
+        anything is copied (a failed update leaves the engine untouched); a stream is checked
+        tensor by tensor and always consumed to its end (its producer may be running collectives),
+        and a failure part-way leaves ``weight_version = -1`` (unknown) until a full refit succeeds.
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < self._version:
             raise ValueError(f"version={version!r} must be an int >= the current weight_version {self._version}")
         params = dict(self.model.named_parameters())
-        unknown = sorted(set(hf_state) - set(params))
-        missing = sorted(set(params) - set(hf_state))
-        if unknown or missing:
-            raise ValueError(f"update_weights_full: unknown names {unknown}, missing names {missing}")
-        bad = [
-            f"{n}: {tuple(t.shape)} != {tuple(params[n].shape)}"
-            for n, t in hf_state.items() if tuple(t.shape) != tuple(params[n].shape)
-        ]
-        if bad:
-            raise ValueError(f"update_weights_full: wrong shapes {bad}")
+        if isinstance(hf_state, Mapping):
+            unknown = sorted(set(hf_state) - set(params))
+            missing = sorted(set(params) - set(hf_state))
+            if unknown or missing:
+                raise ValueError(f"update_weights_full: unknown names {unknown}, missing names {missing}")
+            bad = [
+                f"{n}: {tuple(t.shape)} != {tuple(params[n].shape)}"
+                for n, t in hf_state.items() if tuple(t.shape) != tuple(params[n].shape)
+            ]
+            if bad:
+                raise ValueError(f"update_weights_full: wrong shapes {bad}")
+        errors: list[str] = []
+        seen: set[str] = set()
+        copied = 0
         with torch.no_grad():
-            for name, tensor in hf_state.items():
-                params[name].copy_(tensor.to(device=self.device, dtype=self.dtype))
+            for name, tensor in (hf_state.items() if isinstance(hf_state, Mapping) else hf_state):
+                if name not in params or name in seen or tuple(tensor.shape) != tuple(params[name].shape):
+                    what = "unknown" if name not in params else "repeated" if name in seen else \
+                        f"shape {tuple(tensor.shape)} != {tuple(params[name].shape)}"
+                    errors.append(f"{name}: {what}")
+                    continue
+                if not errors:
+                    params[name].copy_(tensor.to(device=self.device, dtype=self.dtype))
+                    copied += 1
+                seen.add(name)
+        missing = sorted(set(params) - seen)
+        if errors or missing:
+            if copied:
+                self._version = -1
+            raise ValueError(f"update_weights_full: {errors[:8]} missing names {missing[:8]}"
+                             f"{' (engine weights are partly replaced: weight_version = -1)' if copied else ''}")
         self._version = version
-        logger.info("embedded engine: loaded %d tensors, weight_version=%d", len(hf_state), version)
+        logger.info("embedded engine: loaded %d tensors, weight_version=%d", len(seen), version)
 
     def apply_sketch_delta(self, delta) -> int:
         """Validate and apply one sketch delta (``SketchDelta`` or its encoded bytes) to the

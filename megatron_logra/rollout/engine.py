@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Iterable, Mapping, Protocol, Union, runtime_checkable
 
 import torch
 
@@ -90,6 +90,11 @@ class RolloutEngine(Protocol):
         """One rollout per prompt, in order, all from the same ``weight_version``."""
         ...
 
-    def update_weights_full(self, hf_state: dict[str, torch.Tensor], version: int) -> None:
-        """Replace every weight (HF names, full TP=1 layout) and set ``weight_version = version``."""
+    def update_weights_full(self, hf_state: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
+                            version: int) -> None:
+        """Replace every weight (HF names, full TP=1 layout) and set ``weight_version = version``.
+
+        ``hf_state`` is a mapping or a stream of ``(name, tensor)`` pairs; a stream must be
+        consumed to its end even on failure (the trainer produces it with collectives).
+        """
         ...

@@ -52,7 +52,7 @@ import atexit
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -80,6 +80,11 @@ __all__ = ["SGLangEngine", "share_from_driver"]
 
 def _is_driver(group: Any) -> bool:
     return group_rank(group) == 0
+
+
+def _drain(stream: Iterator[Any]) -> None:
+    for _ in stream:
+        pass
 
 
 def share_from_driver(fn: Callable[[], Any], group: Any) -> Any:
@@ -153,9 +158,28 @@ class SGLangEngine:
         self._synced(lambda: self.target.apply_sketch_delta(delta))
         return self._version
 
-    def update_weights_full(self, hf_state: dict[str, torch.Tensor], version: int) -> None:
-        """Dense refit (HF names, full tensors) through ``sglang_client``; then ``weight_version = version``."""
-        self._synced(lambda: self.target.update_weights_full(hf_state, version))
+    def update_weights_full(self, hf_state: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
+                            version: int) -> None:
+        """Dense refit (HF names, full tensors) through ``sglang_client``; then ``weight_version = version``.
+
+        ``hf_state`` may be a stream (``rl.weights.iter_hf_params``) whose producer runs TP/PP
+        collectives: every rank consumes its stream to the end -- the driver while sending, the
+        others before they wait for its outcome, the driver also after a failed send.
+        """
+        if isinstance(hf_state, Mapping):
+            self._synced(lambda: self.target.update_weights_full(hf_state, version))
+            return
+        stream = iter(hf_state)
+
+        def drive() -> None:
+            try:
+                self.target.update_weights_full(stream, version)
+            finally:
+                _drain(stream)
+
+        if not _is_driver(self.sync_group):
+            _drain(stream)
+        self._synced(drive)
 
     def fingerprint(self) -> Optional[dict[str, str]]:
         """The engine's per-tensor hashes (``sglang_client``), or None when it cannot say (TP > 1 engines)."""

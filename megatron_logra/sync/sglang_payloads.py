@@ -29,7 +29,7 @@ import base64
 import io
 import json
 import pickle
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -99,13 +99,17 @@ def serialize_named_tensors(named_tensors: Sequence[tuple[str, torch.Tensor]], s
     raise SyncError("config", f"unknown serialization {serialization!r}; choose one of {SERIALIZATIONS}")
 
 
-def chunk_named_tensors(state: Mapping[str, torch.Tensor], max_bytes: int = DEFAULT_CHUNK_BYTES,
-                        ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Groups of ``(name, tensor)`` of at most ``max_bytes`` each (a larger tensor travels alone), in name order."""
+def chunk_named_tensors(state: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
+                        max_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Groups of ``(name, tensor)`` of at most ``max_bytes`` each (a larger tensor travels alone).
+
+    A mapping goes in name order; a stream of pairs in its own order, pulled lazily, so at
+    most one chunk (plus the next tensor) is held at a time.
+    """
     chunk: list[tuple[str, torch.Tensor]] = []
     size = 0
-    for name in sorted(state):
-        t = state[name]
+    pairs = ((name, state[name]) for name in sorted(state)) if isinstance(state, Mapping) else state
+    for name, t in pairs:
         n = t.numel() * t.element_size()
         if chunk and size + n > max_bytes:
             yield chunk

@@ -36,7 +36,7 @@ import contextlib
 import logging
 import secrets
 import time
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 
@@ -204,8 +204,10 @@ class _SGLangTarget:
         self._publish_version(self._version)
         return self._version
 
-    def update_weights_full(self, hf_state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Dense refit of ``hf_state`` (HF names, full tensors) in ``chunk_bytes`` chunks; then version := ``version``.
+    def update_weights_full(self, hf_state: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
+                            version: int) -> None:
+        """Dense refit of ``hf_state`` (HF names, full tensors; a mapping or a stream of pairs) in
+        ``chunk_bytes`` chunks; then version := ``version``.
 
         Goes through SGLang's default loader (``load_format=None`` -> ``model.load_weights``, which
         fuses q/k/v and gate/up and shards for TP). An unknown name makes SGLang's ``load_weights``

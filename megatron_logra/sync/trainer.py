@@ -28,21 +28,20 @@ from collections import defaultdict
 from typing import Optional, Sequence, Union
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from megatron_logra.models.hf import _GLOBAL_RENAMES, _LAYER_RENAMES
-from megatron_logra.models.layout import global_param_names, unshard
+from megatron_logra.models.hf import megatron_param_to_hf
+from megatron_logra.models.layout import gather_tp, global_param_names
 from megatron_logra.optim.logra import LograOptimizer
 from megatron_logra.optim.update import PreparedUpdate
-from megatron_logra.parallel import ParallelGroups, group_size
+from megatron_logra.parallel import ParallelGroups
 from megatron_logra.sync.factors import quantize_factor
 from megatron_logra.sync.codec import AttentionDims, SketchDelta, TargetFactor, expected_layout
-from megatron_logra.sync.layout import megatron_rows_from_hf, qkv_rows_hf
+from megatron_logra.sync.layout import megatron_rows_from_hf
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["local_factors", "build_delta", "merge_deltas", "attention_dims_of", "megatron_dense_to_hf"]
+__all__ = ["local_factors", "build_delta", "merge_deltas", "attention_dims_of"]
 
 
 def local_factors(optimizer: LograOptimizer, update: PreparedUpdate, alpha: float) -> dict[str, torch.Tensor]:
@@ -66,41 +65,6 @@ def attention_dims_of(model: Union[nn.Module, Sequence[nn.Module]]) -> Optional[
     groups = getattr(cfg, "num_query_groups", None) or heads
     head_dim = getattr(cfg, "kv_channels", None) or cfg.hidden_size // heads
     return AttentionDims(int(heads), int(groups), int(head_dim))
-
-
-def _gather_tp(local: torch.Tensor, param: torch.Tensor, tp_group) -> torch.Tensor:
-    """Full tensor from this rank's shard of ``param``'s layout.
-
-    16-bit tensors travel as their raw bytes (gloo has no bf16/int16 all-gather); the byte view
-    keeps every block boundary on an element boundary, so the result is bitwise the full tensor.
-    """
-    if group_size(tp_group) == 1 or not getattr(param, "tensor_model_parallel", False):
-        return local
-    raw = local.contiguous().view(torch.uint8) if local.element_size() == 2 else local.contiguous()
-    shards = [torch.empty_like(raw) for _ in range(group_size(tp_group))]
-    dist.all_gather(shards, raw, group=tp_group)
-    full = unshard(shards, param)
-    return full.view(local.dtype) if full.dtype != local.dtype else full
-
-
-def megatron_dense_to_hf(name: str, tensor: torch.Tensor, dims: Optional[AttentionDims]) -> list[tuple[str, torch.Tensor]]:
-    """HF name(s) of a full megatron (global layer index) non-target parameter; q/k/v and gate/up biases split."""
-    if name in _GLOBAL_RENAMES:
-        return [(_GLOBAL_RENAMES[name], tensor)]
-    parts = name.split(".", 3)
-    if len(parts) == 4 and parts[0] == "decoder" and parts[1] == "layers":
-        pre, suffix = f"model.layers.{parts[2]}.", parts[3]
-        if suffix in _LAYER_RENAMES:
-            return [(pre + _LAYER_RENAMES[suffix], tensor)]
-        if suffix == "self_attention.linear_qkv.bias":
-            if dims is None:
-                raise ValueError(f"splitting {name} needs attention dims")
-            rows = qkv_rows_hf(dims)
-            return [(pre + f"self_attn.{p}_proj.bias", tensor.index_select(0, rows[p])) for p in "qkv"]
-        if suffix == "mlp.linear_fc1.bias":
-            gate, up = tensor.chunk(2)
-            return [(pre + "mlp.gate_proj.bias", gate.clone()), (pre + "mlp.up_proj.bias", up.clone())]
-    raise ValueError(f"no HF name for trained non-target parameter {name!r}")
 
 
 def _fused_U(name: str, pieces: dict[str, torch.Tensor], dims: Optional[AttentionDims]) -> torch.Tensor:
@@ -144,7 +108,7 @@ def build_delta(
     for t in optimizer.targets:
         U_OR = factors[t.key]
         if t.parallel == "column":
-            U_OR = _gather_tp(U_OR, t.weight, groups.tp)
+            U_OR = gather_tp(U_OR, t.weight, groups.tp)
         if t.key != t.name:  # HF-split modules sharing one canonical layer
             fused[t.name] = (t.n_in, {**fused[t.name][1], t.module_name.split(".")[-1]: U_OR})
             continue
@@ -165,8 +129,8 @@ def build_delta(
             by_id.update({id(p): (names[n], p) for n, p in chunk.named_parameters()})
         for p in natives:
             name, param = by_id[id(p)]
-            full = _gather_tp(param.detach(), param, groups.tp)
-            for hf_name, tensor in megatron_dense_to_hf(name, full, dims):
+            full = gather_tp(param.detach(), param, groups.tp)
+            for hf_name, tensor in megatron_param_to_hf(name, full, dims):
                 dense[hf_name] = tensor.detach().cpu().contiguous().clone()
     delta = SketchDelta(
         base_version=base_version, new_version=new_version, seed=cfg.seed, update_index=update.update_index,

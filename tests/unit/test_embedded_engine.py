@@ -254,6 +254,44 @@ def test_weight_versions_and_refit(megatron):
     assert [r.completion_ids for r in eng.generate(PROMPTS, greedy)] == [r.completion_ids for r in out_b]
 
 
+def test_streamed_refit_loads_pairs_and_marks_a_broken_stream_unknown(megatron):
+    """A refit from a stream of (name, tensor) pairs (the trainer never holds the whole model):
+    the stream is always consumed to its end, and a bad tensor part-way leaves version -1."""
+    groups, model_a, model_b = megatron
+    eng = EmbeddedEngine(CFG)
+    state_a = megatron_to_hf(gather_full_state(model_a, groups.tp), CFG)
+    state_b = megatron_to_hf(gather_full_state(model_b, groups.tp), CFG)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    eng.update_weights_full(state_a, version=1)
+    want_a = [r.completion_ids for r in eng.generate(PROMPTS, greedy)]
+
+    eng.update_weights_full(iter(sorted(state_b.items())), version=2)
+    assert eng.weight_version == 2
+    assert [r.completion_ids for r in eng.generate(PROMPTS, greedy)][1] == greedy_reference(model_b, PROMPTS[1], 6)
+    for name, p in eng.model.named_parameters():
+        assert torch.equal(p.detach(), state_b[name]), name
+
+    pulled = []
+
+    def broken():
+        for i, (name, t) in enumerate(sorted(state_a.items())):
+            pulled.append(name)
+            yield (name, t) if i != 3 else (name, t[:-1])  # the fourth tensor has the wrong shape
+
+    with pytest.raises(ValueError, match=r"shape .* weight_version = -1"):
+        eng.update_weights_full(broken(), version=3)
+    assert len(pulled) == len(state_a)  # consumed to the end
+    assert eng.weight_version == -1
+    with pytest.raises(ValueError, match="repeated"):
+        eng.update_weights_full(iter([*state_a.items(), *list(state_a.items())[:1]]), version=4)
+    eng.update_weights_full(iter(state_a.items()), version=4)  # a clean refit restores a known version
+    assert eng.weight_version == 4 and [r.completion_ids for r in eng.generate(PROMPTS, greedy)] == want_a
+
+    with pytest.raises(ValueError, match=r"missing names \['model\.norm\.weight'\]"):
+        eng.update_weights_full(((k, v) for k, v in state_b.items() if k != "model.norm.weight"), version=5)
+    assert eng.weight_version == -1
+
+
 def test_too_long_prompt_raises(engine):
     ok = [1] * (CFG.seq_length - 8)
     engine.generate([ok], SamplingParams(temperature=0.0, max_new_tokens=8))

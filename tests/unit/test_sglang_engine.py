@@ -111,6 +111,9 @@ class _FakeTarget:
 
     def update_weights_full(self, hf_state, version):
         self.calls.append("full")
+        for i, _ in enumerate(hf_state.items() if isinstance(hf_state, dict) else hf_state):
+            if version == 13 and i == 1:
+                raise OSError("refit upload failed")
         self.weight_version = version
 
     def fingerprint(self):
@@ -373,8 +376,24 @@ def _share_worker(rank: int, init_file: str) -> None:
         engine.update_weights_full({}, 9)
         assert engine.weight_version == 9 and engine.fingerprint() == {"w": "hash-9"}
         assert share_from_driver(lambda: dist.get_rank(), group) == 0
+
+        pulled = []
+
+        def stream():  # like rl.weights.iter_hf_params: every item is a collective of all ranks
+            for i in range(4):
+                t = torch.full((2,), float(i))
+                dist.all_reduce(t)
+                pulled.append(i)
+                yield f"w{i}", t
+
+        engine.update_weights_full(stream(), 12)
+        assert engine.weight_version == 12 and pulled == [0, 1, 2, 3]
+        pulled.clear()
+        with pytest.raises(OSError if driver else RuntimeError, match="refit upload failed"):
+            engine.update_weights_full(stream(), 13)  # the driver fails after one tensor: nobody hangs
+        assert pulled == [0, 1, 2, 3] and engine.weight_version == 12
         if driver:
-            assert target.calls == ["delta", "delta", "delta", "full"] and len(fake.payloads) == 1
+            assert target.calls == ["delta", "delta", "delta", "full", "full", "full"] and len(fake.payloads) == 1
         dist.barrier()  # no rank tears gloo down while the other still talks
     finally:
         dist.destroy_process_group()
