@@ -89,6 +89,9 @@ class ParamCounts:
     """Output-layer parameters on this rank (0 when tied on a single stage)."""
     padded_vocab: int
     """Vocabulary padded for ``tp`` (all TP ranks together)."""
+    largest_full_bytes: int = 0
+    """Bytes of this stage's largest parameter at full (TP-unsharded) size in its dtype: what the
+    streamed dense refit (``rl.weights.iter_full_params``) materialises one at a time."""
     by_name: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
     """Per-parameter counts of this rank (local names), for inspection."""
 
@@ -230,8 +233,9 @@ def _count_cached(key: tuple, tp: int, pp: int, stage: int) -> ParamCounts:
     model = _build_meta_stage(cfg, tp, pp, stage)
     by_name: dict[str, int] = {}
     shapes: dict[str, list] = {}
-    total = weight_bytes = low = fp32 = emb = out = 0
+    total = weight_bytes = low = fp32 = emb = out = largest_full = 0
     for name, p in model.named_parameters():
+        largest_full = max(largest_full, p.numel() * p.element_size())  # the meta model has full shapes
         n = _local_numel(name, p, tp)
         by_name[name] = n
         total += n
@@ -263,7 +267,7 @@ def _count_cached(key: tuple, tp: int, pp: int, stage: int) -> ParamCounts:
     counts = ParamCounts(
         tp=tp, pp=pp, stage=stage, num_layers=cfg.num_layers // pp, total=total, weight_bytes=weight_bytes,
         targets=tuple(targets), native_low_precision=low, native_fp32=fp32, embedding=emb, output_layer=out,
-        padded_vocab=cfg.padded_vocab_size(tp), by_name=by_name,
+        padded_vocab=cfg.padded_vocab_size(tp), largest_full_bytes=largest_full, by_name=by_name,
     )
     logger.debug("counted tp=%d pp=%d stage=%d: %d params (%d in targets)", tp, pp, stage, total, counts.target_params)
     return counts

@@ -25,6 +25,12 @@ Transient state of a step (formulas in :mod:`megatron_logra.memory.activations`)
     ``cache_projections``), directions ``4·r·Σn_out`` and the largest target's fp32 update.
     Dense AdamW steps in place (fused Adam: no temporaries).
 
+Policy sync (after each step)
+  * the dense refit streams one full parameter at a time (``rl.weights``): the TP all-gather
+    holds the shards and their concatenation, ``2·`` the largest full parameter, plus one
+    refit chunk (``sync.sglang_payloads.DEFAULT_CHUNK_BYTES``) queued for the engine. Drift
+    checks gather only sampled rows and deltas are ``[n_out, r]``: both negligible.
+
 Colocated rollout engine: ``engine_fraction`` x GPU memory (SGLang's ``mem_fraction_static``:
 engine weights + KV cache), resident during training. ``overhead_bytes`` covers the CUDA
 context, NCCL buffers and allocator fragmentation.
@@ -41,6 +47,7 @@ from megatron_logra.memory.activations import activation_bytes, logit_bytes
 from megatron_logra.memory.count import ParamCounts, count_params
 from megatron_logra.memory.units import GiB
 from megatron_logra.models.gpt import ModelConfig
+from megatron_logra.sync.sglang_payloads import DEFAULT_CHUNK_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +148,8 @@ class RankMemory:
     """Log-prob / cross-entropy working set: two more fp32 [T, V/tp] (last stage only)."""
     step_working: int = 0
     """Optimizer-step temporaries (LoGRA directions + the largest fp32 update; dense fused Adam: 0)."""
+    sync_working: int = 0
+    """Policy-sync temporaries: a streamed dense refit (2 x the largest full parameter + one chunk)."""
     engine: int = 0
     """Colocated rollout engine's share of the GPU."""
     overhead: int = 0
@@ -160,8 +169,13 @@ class RankMemory:
         return self.persistent + self.projection_cache + max(self.forward_backward, self.step_working)
 
     @property
+    def sync_peak(self) -> int:
+        """Persistent state + policy-sync temporaries (the sync runs after the step's apply)."""
+        return self.persistent + self.sync_working
+
+    @property
     def total(self) -> int:
-        return self.trainer_peak + self.engine + self.overhead
+        return max(self.trainer_peak, self.sync_peak) + self.engine + self.overhead
 
     def items(self) -> list[tuple[str, int]]:
         """(label, bytes) of every line, in display order."""
@@ -170,7 +184,8 @@ class RankMemory:
             ("Adam moments", self.moments), ("sketches", self.sketches), ("row moments", self.row_moments),
             ("projection cache", self.projection_cache), ("activations", self.activations),
             ("logits", self.logits), ("log-prob working set", self.logprob_working),
-            ("optimizer-step temporaries", self.step_working), ("rollout engine", self.engine),
+            ("optimizer-step temporaries", self.step_working), ("policy-sync temporaries", self.sync_working),
+            ("rollout engine", self.engine),
             ("CUDA/NCCL overhead", self.overhead),
         ]
 
@@ -265,6 +280,8 @@ def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
     if last:
         r.logits, r.logprob_working = logit_bytes(model, c, tp=cfg.tp, micro_batch=cfg.micro_batch, seq_len=cfg.seq_len,
                                                      chunk_tokens=cfg.logprob_chunk_tokens)
+    largest = max(count_params(model, tp=cfg.tp, pp=cfg.pp, stage=s).largest_full_bytes for s in {0, cfg.pp - 1})
+    r.sync_working = 2 * largest + DEFAULT_CHUNK_BYTES  # every rank streams every stage's parameters
     r.engine = int(cfg.engine_fraction * cfg.gpu_memory_bytes)
     r.overhead = cfg.overhead_bytes
     return r

@@ -59,6 +59,7 @@ def breakdown_rows(plans: Sequence[MemoryPlan]) -> tuple[list[str], list[list[st
         rows.append([name] + [format_bytes(r.items()[i][1]) for r in ranks])
     rows.append(["persistent state"] + [format_bytes(r.persistent) for r in ranks])
     rows.append(["trainer peak"] + [format_bytes(r.trainer_peak) for r in ranks])
+    rows.append(["policy-sync peak"] + [format_bytes(r.sync_peak) for r in ranks])
     rows.append(["total"] + [format_bytes(r.total) for r in ranks])
     rows.append(["GPU memory"] + [format_bytes(p.gpu_memory) for p in plans])
     rows.append(["verdict"] + [p.verdict for p in plans])

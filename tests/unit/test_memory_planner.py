@@ -116,6 +116,24 @@ def test_persistent_state_equals_exact_counts(name):
     assert bf16.masters == 4 * want["native16"]
 
 
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_policy_sync_working_set_is_two_largest_full_parameters_and_a_chunk(name):
+    """The streamed refit holds one full parameter (its TP shards + their concatenation) and one
+    queued chunk; it runs after the step, so the rank needs the larger of the two peaks."""
+    from megatron_logra.sync.sglang_payloads import DEFAULT_CHUNK_BYTES
+
+    cfg, tp = get_preset(name), LAYOUTS[name]
+    h, f, d = cfg.hidden_size, cfg.ffn_hidden_size, cfg.head_dim
+    heads = cfg.num_attention_heads
+    groups = cfg.num_query_groups or heads
+    largest = 2 * max(cfg.padded_vocab_size(tp) * h, (heads + 2 * groups) * d * h, 2 * f * h, h * f, h * heads * d)
+    for pp in (1, 2):
+        for optimizer in ("adam", "logra"):
+            w = plan(cfg, tp=tp, pp=pp, rank=64, optimizer=optimizer).worst
+            assert w.sync_working == 2 * largest + DEFAULT_CHUNK_BYTES, (pp, optimizer)
+            assert w.total == max(w.trainer_peak, w.persistent + w.sync_working) + w.engine + w.overhead
+
+
 def _bench_rows():
     if not BENCH.exists():
         pytest.skip(f"{BENCH} missing (run benchmarks/optimizer_memory.py)")
