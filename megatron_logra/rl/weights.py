@@ -108,10 +108,12 @@ def iter_full_params(model: nn.Module, groups: ParallelGroups) -> Iterator[tuple
 
 
 def iter_hf_params(model: nn.Module, groups: ParallelGroups, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """:func:`iter_full_params` under Hugging Face names (q/k/v and gate/up split; see ``models.hf``)."""
+    """:func:`iter_full_params` under Hugging Face names (q/k/v and gate/up split; see ``models.hf``).
+    Same contract: read-only tensors, consume to the end on every rank."""
     dims = attention_dims(cfg)
     for name, full in iter_full_params(model, groups):
-        yield from megatron_param_to_hf(name, full, dims)
+        for hf_name, rows in hf_rows(name, full.shape[0], dims):  # no copy where a rename is all it takes
+            yield hf_name, full if rows is None else full.index_select(0, rows.to(full.device))
 
 
 def gather_full_model(model: nn.Module, groups: ParallelGroups) -> dict[str, torch.Tensor]:
