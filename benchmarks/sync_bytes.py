@@ -20,6 +20,12 @@ give the same weights, for a before/after table.
 
     python benchmarks/sync_bytes.py [--repeats 7] [--threads 1,2] [--big-dtypes float32,bfloat16] [--baseline-rev REV]
 
+``--device cuda`` (a GPU node, ~1 minute) times apply and copy on the accelerator instead, for the
+>=100M model and the Qwen2.5-1.5B shape, each call closed by ``torch.cuda.synchronize()``; the
+copy is then a device-to-device copy of every weight (the engine side of a refit whose tensors
+already arrived). The weights are drawn on the device; the delta is decoded on the host, as an
+engine receives it.
+
 """
 
 from __future__ import annotations
@@ -88,6 +94,57 @@ def _side_by_side(fns: dict[str, Callable[[], object]], repeats: int) -> dict[st
             if i:
                 times[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _synced(fn: Callable[[], object], device: torch.device) -> Callable[[], object]:
+    if device.type != "cuda":
+        return fn
+
+    def run() -> object:
+        out = fn()
+        torch.cuda.synchronize(device)
+        return out
+
+    return run
+
+
+def device_row(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, repeats: int,
+               device: torch.device) -> tuple[str, float]:
+    """apply vs copy of every weight, side by side on ``device``; returns the table row and the ratio."""
+    gen = torch.Generator(device).manual_seed(0)
+    weights = {k: (torch.randn(*s, generator=gen, device=device) * 0.02).to(dtype) for k, s in shape.hf_shapes().items()}
+    src = {k: v.clone() for k, v in weights.items()}
+    decoded = decode(encode(random_delta(shape, rank, scale=1e-3)))
+
+    def copy_all():
+        for k, v in weights.items():
+            v.copy_(src[k])
+
+    t = _side_by_side({"copy": _synced(copy_all, device),
+                       "apply": _synced(lambda: apply_delta_(weights, decoded, decoded.base_version), device)}, repeats)
+    ratio = t["apply"] / t["copy"]
+    bytes_moved = sum(v.numel() * v.element_size() for v in weights.values())
+    row = (f"| {label} | {_fmt_params(shape.num_params())} {str(dtype).removeprefix('torch.')} | {rank} | "
+           f"{1e3 * t['apply']:.2f} | {1e3 * t['copy']:.2f} ({2 * bytes_moved / t['copy'] / 1e9:.0f} GB/s) | "
+           f"**{ratio:.2f}x** | {'yes' if ratio <= 1.5 else 'NO'} |")
+    return row, ratio
+
+
+DEVICE_MODELS = {"big": ("hidden 1024 x 8, ffn 4096, vocab 32000", BIG), "1.5b": ("Qwen2.5-1.5B", MODELS["Qwen2.5-1.5B"][0])}
+
+
+def device_table(device: torch.device, rank: int, dtypes: list[torch.dtype], repeats: int,
+                 models: list[str]) -> list[str]:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    lines = [f"## Engine-side time on {name} (median of {repeats}; apply and copy side by side, synchronized)", "",
+             "| model | params | rank | apply ms | copy all ms (copy bandwidth) | apply / copy | <= 1.5x |",
+             "|---|---:|---:|---:|---:|---:|:---:|"]
+    for label, shape in (DEVICE_MODELS[m] for m in models):
+        for dtype in dtypes:
+            row, _ = device_row(label, shape, rank, dtype, repeats, device)
+            lines.append(row)
+            print(row, flush=True)
+    return lines
 
 
 def bytes_table(ranks: list[int]) -> list[str]:
@@ -250,8 +307,26 @@ def main() -> int:
     p.add_argument("--threads", default="1,2", help="thread counts (comma separated); both sides use the same")
     p.add_argument("--baseline-rev", default=None,
                    help="also time apply_delta_ as of this git revision, side by side (and check equal weights)")
+    p.add_argument("--device", default=None,
+                   help="time apply vs copy on this device (e.g. cuda) instead of the CPU tables")
+    p.add_argument("--device-models", default="big,1.5b", help=f"models of --device: any of {sorted(DEVICE_MODELS)}")
     p.add_argument("--out", default="benchmarks/results/sync_bytes.md")
     args = p.parse_args()
+    if args.device:
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA device is visible")
+        models = args.device_models.split(",")
+        unknown = sorted(set(models) - set(DEVICE_MODELS))
+        if unknown:
+            raise SystemExit(f"--device-models: unknown {unknown}; choose from {sorted(DEVICE_MODELS)}")
+        lines = device_table(device, args.timing_rank, [getattr(torch, d) for d in args.big_dtypes.split(",")],
+                             args.repeats, models)
+        text = "\n".join([f"Command: `python benchmarks/sync_bytes.py {' '.join(sys.argv[1:])}`", ""] + lines) + "\n"
+        print(text)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+        return 0
     baseline = _load_baseline(args.baseline_rev) if args.baseline_rev else None
     ranks = [int(r) for r in args.ranks.split(",")]
     threads = [int(t) for t in args.threads.split(",")]

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One-shot verification of the GPU paths on a CUDA node, within a few minutes: environment report,
-# the gpu-marked tests, and the smoke benchmark (LoGRA vs dense AdamW steps: memory and step time).
+# the gpu-marked tests, the smoke benchmark (LoGRA vs dense AdamW steps: memory and step time) and the
+# engine-side sync timing (apply a sketch delta vs copy every weight, on the GPU).
 #
 #   bash tools/gpu_check.sh [OUT_DIR=runs/gpu-check] [WHEEL_DIR=wheelhouse]
 #
 # WHEEL_DIR (from tools/offline_wheels.sh), when it exists, is installed into a private site directory
 # first, for images that hold CUDA PyTorch but not megatron-core / reasoning-gym / math-verify. Logs go to
-# OUT_DIR (env.txt, pytest.txt, smoke.txt, summary.txt); exit status 1 when a test or the smoke check failed.
-# Env: PYTHON (default python3), TEST_TIMEOUT (default 420 s), SMOKE_TIMEOUT (default 240 s).
+# OUT_DIR (env.txt, pytest.txt, smoke.txt, sync_apply.txt, summary.txt); exit status 1 when a test, the smoke
+# check or the sync timing failed.
+# Env: PYTHON (default python3), TEST_TIMEOUT (default 420 s), SMOKE_TIMEOUT (default 240 s),
+# SYNC_TIMEOUT (default 180 s).
 set -uo pipefail
 
 OUT=${1:-runs/gpu-check}
@@ -50,16 +53,23 @@ tests_rc=$?
 tail -n 25 "$OUT/pytest.txt"
 
 smoke_rc=0
+sync_rc=0
 if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   timeout "${SMOKE_TIMEOUT:-240}" "$PY" tools/gpu_smoke.py > "$OUT/smoke.txt" 2>&1
   smoke_rc=$?
   cat "$OUT/smoke.txt"
+  timeout "${SYNC_TIMEOUT:-180}" "$PY" benchmarks/sync_bytes.py --device cuda --repeats 5 \
+    --out "$OUT/sync_apply.md" > "$OUT/sync_apply.txt" 2>&1
+  sync_rc=$?
+  tail -n 8 "$OUT/sync_apply.txt"
 else
   echo "no CUDA device: smoke benchmark not run" | tee "$OUT/smoke.txt"
+  echo "no CUDA device: sync timing not run" | tee "$OUT/sync_apply.txt"
 fi
 
 {
   echo "gpu-marked tests: exit $tests_rc ($(tail -n 1 "$OUT/pytest.txt"))"
   echo "smoke benchmark: exit $smoke_rc"
+  echo "sync apply vs copy on the GPU: exit $sync_rc"
 } | tee "$OUT/summary.txt"
-[[ $tests_rc -eq 0 && $smoke_rc -eq 0 ]]
+[[ $tests_rc -eq 0 && $smoke_rc -eq 0 && $sync_rc -eq 0 ]]

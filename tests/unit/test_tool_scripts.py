@@ -28,9 +28,28 @@ def test_gpu_check_reports_without_cuda(tmp_path):
     proc = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), str(out), str(tmp_path / "no-wheels")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert {p.name for p in out.iterdir()} == {"env.txt", "pytest.txt", "smoke.txt", "summary.txt"}
+    assert {p.name for p in out.iterdir()} == {"env.txt", "pytest.txt", "smoke.txt", "sync_apply.txt", "summary.txt"}
     report = (out / "env.txt").read_text()
     assert "torch" in report and "megatron.core" in report and "transformer_engine   missing" in report
     summary = (out / "summary.txt").read_text()
     assert "gpu-marked tests: exit 0" in summary and "skipped" in summary and "passed" not in summary
     assert "no CUDA device" in (out / "smoke.txt").read_text()
+    assert "no CUDA device" in (out / "sync_apply.txt").read_text()
+    assert "sync apply vs copy on the GPU: exit 0" in summary
+
+
+def test_sync_timing_device_mode_runs_and_reports_the_ratio(tmp_path):
+    """``benchmarks/sync_bytes.py --device`` (what gpu_check.sh runs with cuda) on the CPU, one repeat."""
+    out = tmp_path / "sync.md"
+    proc = subprocess.run([sys.executable, "benchmarks/sync_bytes.py", "--device", "cpu", "--repeats", "1",
+                           "--big-dtypes", "float32,bfloat16", "--device-models", "big", "--timing-rank", "8",
+                           "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| hidden") or line.startswith("| Qwen")]
+    assert len(rows) == 2 and "float32" in rows[0] and "bfloat16" in rows[1]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        apply_ms, copy_ms = float(cells[3]), float(cells[4].split()[0])
+        ratio = float(cells[5].strip("*x"))
+        assert apply_ms > 0 and copy_ms > 0 and abs(ratio - apply_ms / copy_ms) < 0.02 * ratio + 0.01
