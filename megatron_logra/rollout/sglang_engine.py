@@ -182,7 +182,7 @@ class SGLangEngine:
         self._synced(drive)
 
     def fingerprint(self) -> Optional[dict[str, str]]:
-        """The engine's per-tensor hashes (``sglang_client``), or None when it cannot say (TP > 1 engines)."""
+        """The engine's per-tensor hashes (``sglang_client``), or None when it cannot (a fingerprint error)."""
         return share_from_driver(lambda: self.target.fingerprint(), self.sync_group)
 
     # ------------------------------------------------------------------ generation

@@ -26,10 +26,12 @@ every rank applies or none does; a failure after some rank committed marks the v
 unknown (-1) until a full refit sets it (``set_version``).
 
 The delta is validated in full before any parameter changes. The engine's TP position, weight
-version and Hugging Face view (for ``fingerprint``, stored in :data:`FINGERPRINT_PARAM`) come
-from :mod:`~megatron_logra.sync.sglang_weights`; the names of both helper modules stay
-importable from here. Imports only torch, the standard library and the sync package (SGLang is
-optional).
+version and Hugging Face view come from :mod:`~megatron_logra.sync.sglang_weights`.
+``fingerprint`` works at every TP size: the ranks exchange their shares of the sampled rows of
+each HF tensor over SGLang's TP CPU group (:mod:`~megatron_logra.sync.sglang_fingerprint`), so
+every rank stores the same record in :data:`FINGERPRINT_PARAM`, equal to the TP=1 fingerprint
+of the full HF tensors. The names of the helper modules stay importable from here. Imports
+only torch, the standard library and the sync package (SGLang is optional).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from torch import nn
 from megatron_logra.sync.apply import apply_delta_, validate
 from megatron_logra.sync.codec import decode
 from megatron_logra.sync.errors import SyncError
-from megatron_logra.sync.fingerprint import fingerprint as _fingerprint
+from megatron_logra.sync.sglang_fingerprint import engine_fingerprint
 from megatron_logra.sync.sglang_weights import (
     VERSION_ATTR,
     _ATTENTION_ATTR,
@@ -154,7 +156,11 @@ def sync_loader(model: nn.Module, named_tensors: list[tuple[str, torch.Tensor]])
     Applies a delta (:data:`TENSOR_NAME`) and/or runs a command (:data:`COMMAND_NAME`), then
     writes the outcome to :data:`STATE_PARAM`: ``{"format", "seq", "nonce", "op", "ok",
     "error", "error_kind", "version", "tp_size", "tp_rank", "fingerprint_version",
-    "fingerprint_error"}``. Rejections leave the weights and the version untouched.
+    "fingerprint_error"}``. Rejections leave the weights and the version untouched. A fingerprint
+    (``op="fingerprint"`` or ``"fingerprint": true``) runs on every rank or on none (``error``
+    is the same on every rank: each gets the same request and ``apply`` agrees over the group),
+    since at TP > 1 it is collective; its failure is recorded in
+    ``fingerprint_error``, never failing the sync.
     """
     seq = int(getattr(model, _SEQ_ATTR, 0)) + 1
     setattr(model, _SEQ_ATTR, seq)
@@ -186,7 +192,8 @@ def sync_loader(model: nn.Module, named_tensors: list[tuple[str, torch.Tensor]])
                 error = SyncError("keys", f"unknown sync_loader op {op!r}")
         if error is None and (op == "fingerprint" or command.get("fingerprint")):
             try:
-                fp = _fingerprint(engine_hf_view(model), int(command.get("rows_per_tensor", 4)))
+                rows_per_tensor = int(command.get("rows_per_tensor", 4))  # the same on every rank
+                fp = engine_fingerprint(model, _tp_cpu_group(), rows_per_tensor)  # collective at TP > 1
                 _write_json_param(model, FINGERPRINT_PARAM, {"version": engine_version(model), "fingerprint": fp})
                 state["fingerprint_version"] = engine_version(model)
             except Exception as exc:  # a fingerprint failure never fails the sync itself

@@ -23,10 +23,12 @@ How a delta travels (checked against SGLang's source, see the module README in t
    back with ``get_weights_by_name(STATE_PARAM)`` and checks its nonce, ``ok`` and version;
    a rejection raises :class:`SyncError` with the engine's reason and the version is kept.
 
-``fingerprint()`` asks the engine's loader to hash its weights in HF layout (TP=1 engines
-only); it returns ``None`` when the engine cannot (TP > 1, or the served model class has no
-``get_weights_by_name``): drift checks are then skipped for that engine, and only the periodic
-anchor refit protects against silent drift. Imports only torch and the standard library
+``fingerprint()`` asks the engine's loader to hash its weights in HF layout (at any TP size:
+the engine's ranks assemble the sampled rows over their TP group, so the result equals the
+TP=1 fingerprint); it returns ``None`` when the engine cannot (the loader reported a
+``fingerprint_error``, or the served model class has no ``get_weights_by_name``): drift checks
+are then skipped for that engine, and only the periodic anchor refit protects against silent
+drift. Imports only torch and the standard library
 besides the sync package.
 """
 

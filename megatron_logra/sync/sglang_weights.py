@@ -8,15 +8,19 @@ loader sets.
 
 The engine's TP rank/size come from the ``tp_rank``/``tp_size`` attributes of SGLang's
 parallel linear modules (or SGLang's parallel state, or 0/1); the weight version lives on the
-model as ``model._logra_weight_version`` (0 at load). ``fingerprint`` (TP=1 engines only) hashes
-the weights in Hugging Face layout (fused ``qkv_proj``/``gate_up_proj`` split back, vocab
-padding rows dropped) with :func:`megatron_logra.sync.fingerprint.fingerprint`, so it compares
-with the trainer's fingerprint of its HF state. Engine side: imports only torch, the standard
+model as ``model._logra_weight_version`` (0 at load). ``fingerprint`` hashes the weights in
+Hugging Face layout (fused ``qkv_proj``/``gate_up_proj`` split back, vocab padding rows
+dropped), so it compares with the trainer's fingerprint of its HF state: at TP=1 the whole
+tensors of :func:`engine_hf_view`; at any TP size each rank's share of every HF tensor
+(:func:`engine_pieces`), whose sampled rows the ranks exchange and assemble
+(:mod:`~megatron_logra.sync.sglang_fingerprint`). Engine side: imports only torch, the standard
 library and the sync package (SGLang is optional).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from math import prod
 from typing import Optional
 
 import torch
@@ -24,9 +28,10 @@ from torch import nn
 
 from megatron_logra.sync.codec import AttentionDims
 from megatron_logra.sync.errors import SyncError
+from megatron_logra.sync.layout import sglang_gate_up_rows, sglang_qkv_rows
 from megatron_logra.sync.sglang_wire import FINGERPRINT_PARAM, STATE_PARAM
 
-__all__ = ["VERSION_ATTR", "engine_tp", "engine_version", "engine_hf_view"]
+__all__ = ["VERSION_ATTR", "Piece", "engine_tp", "engine_version", "engine_hf_view", "engine_pieces"]
 
 VERSION_ATTR = "_logra_weight_version"
 _ATTENTION_ATTR = "_logra_attention"
@@ -102,4 +107,120 @@ def engine_hf_view(model: nn.Module) -> dict[str, torch.Tensor]:
             out[name] = w[:rows] if isinstance(rows, int) and 0 < rows <= w.shape[0] else w
         else:
             out[name] = w
+    return out
+
+
+# --------------------------------------------------------------------------- this rank's share of each HF tensor
+
+
+@dataclass
+class Piece:
+    """This TP rank's share of one HF tensor: rows ``local_rows`` of ``mat`` are its rows ``rows``, columns ``cols``.
+
+    ``cols = (c0, c1)``: ``mat`` holds columns ``[c0, c1)`` of the full (flattened) rows.
+
+    Rows index dim 0 of the full tensor with the other dims flattened (as the fingerprint reads
+    it); a tensor of rank <= 1 is one row of all its elements, so a bias shard is a column range
+    of row 0. ``open_rows``: ``shape[0]`` is only where this rank's real rows end, the full row
+    count is the largest any rank reports (vocab-parallel tensors without their padding rows).
+    """
+
+    shape: tuple[int, ...]
+    rows: torch.Tensor
+    local_rows: torch.Tensor
+    cols: tuple[int, int]
+    mat: torch.Tensor
+    open_rows: bool = False
+
+
+def _arange(lo: int, hi: int) -> torch.Tensor:
+    return torch.arange(lo, hi, dtype=torch.int64)
+
+
+def _whole(w: torch.Tensor) -> Piece:
+    mat = w.reshape(1, -1) if w.dim() <= 1 else w.reshape(w.shape[0], -1)
+    idx = _arange(0, mat.shape[0])
+    return Piece(tuple(w.shape), idx, idx, (0, mat.shape[1]), mat)
+
+
+def _fused(name: str, w: torch.Tensor, hf_idx: torch.Tensor, parts: dict[str, tuple[int, int]]) -> dict[str, Piece]:
+    """Split a fused local parameter whose dim-0 entry ``i`` is entry ``hf_idx[i]`` of ``cat(parts)``."""
+    if w.dim() < 1 or w.shape[0] != hf_idx.numel():
+        raise SyncError("layout", f"{name}: {tuple(w.shape)} locally, the TP layout implies {hf_idx.numel()} rows")
+    out: dict[str, Piece] = {}
+    for part, (offset, size) in parts.items():
+        local = torch.nonzero((hf_idx >= offset) & (hf_idx < offset + size)).reshape(-1)
+        glob = hf_idx[local] - offset
+        if w.dim() >= 2:
+            out[part] = Piece((size, *w.shape[1:]), glob, local, (0, prod(w.shape[1:])), w.reshape(w.shape[0], -1))
+            continue
+        n = local.numel()  # a 1-D shard is a column range of the single row: it must be contiguous
+        g0, l0 = (int(glob[0]), int(local[0])) if n else (0, 0)
+        if not (torch.equal(glob, _arange(g0, g0 + n)) and torch.equal(local, _arange(l0, l0 + n))):
+            raise SyncError("layout", f"{name}: this rank's {part} elements are not one contiguous block")
+        out[part] = Piece((size,), _arange(0, 1), _arange(0, 1), (g0, g0 + n), w[l0: l0 + n].reshape(1, -1))
+    return out
+
+
+def _vocab_rows(module: nn.Module, local_rows: int, size: int, rank: int) -> tuple[int, int]:
+    """``(first global row, real rows)`` of a vocab-parallel shard; local rows ``[0, real rows)`` are real.
+
+    SGLang's ``VocabParallelEmbedding.shard_indices`` says it exactly (``org_vocab_start_index``/
+    ``org_vocab_end_index``, padding removed). Without it, rank ``k`` starts at ``k·local_rows``
+    of the padded vocabulary; ``org_vocab_size`` counts real rows: the whole vocabulary when it
+    exceeds one shard (SGLang's meaning), else this shard's (the CPU stand-ins').
+    """
+    si = getattr(module, "shard_indices", None)
+    lo, hi = getattr(si, "org_vocab_start_index", None), getattr(si, "org_vocab_end_index", None)
+    if isinstance(lo, int) and isinstance(hi, int):
+        if not 0 <= hi - lo <= local_rows:
+            raise SyncError("layout", f"vocab shard [{lo}, {hi}) does not fit {local_rows} local rows")
+        return lo, hi - lo
+    start, org = rank * local_rows, getattr(module, "org_vocab_size", None)
+    if not isinstance(org, int) or org <= 0:
+        return start, local_rows
+    return start, (max(0, min(local_rows, org - start)) if org > local_rows else org)
+
+
+@torch.no_grad()
+def engine_pieces(model: nn.Module) -> dict[str, Piece]:
+    """Per HF name, this TP rank's :class:`Piece` of the full HF tensor (views of the engine weights).
+
+    Layout (:mod:`megatron_logra.sync.layout`): ``qkv_proj`` rows are ``[q heads; kv heads; (v)]``
+    of this rank (``sglang_qkv_rows``), ``gate_up_proj`` rows ``[gate; up]`` of this rank,
+    ``o_proj``/``down_proj`` weights hold all rows and columns ``[k·C/T, (k+1)·C/T)``,
+    ``embed_tokens``/``lm_head`` a block of vocabulary rows (padding dropped), the rest is
+    replicated. A tied ``lm_head`` appears once, as ``embed_tokens``. Raises
+    ``SyncError("layout")`` when a parameter does not fit the layout.
+    """
+    size, rank = engine_tp(model)
+    dims = _attention_dims(model)
+    out: dict[str, Piece] = {}
+    for name, w in _own_weights(model).items():
+        head, _, leaf = name.rpartition(".")
+        module = head.rpartition(".")[2]
+        pre = head[: len(head) - len(module)]
+        if module == "qkv_proj":
+            if dims is None:
+                raise SyncError("layout", f"{name}: attention dims unknown (no delta yet and no model.config)")
+            q, kv = dims.num_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim
+            parts = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
+            pieces = _fused(name, w, sglang_qkv_rows(dims, size, rank)[1], parts)
+            out.update({f"{pre}{p}_proj.{leaf}": piece for p, piece in pieces.items()})
+        elif module == "gate_up_proj":
+            if w.dim() < 1 or w.shape[0] % 2:
+                raise SyncError("layout", f"{name}: {tuple(w.shape)} is not [gate; up]")
+            f = size * w.shape[0] // 2
+            pieces = _fused(name, w, sglang_gate_up_rows(2 * f, size, rank), {"gate": (0, f), "up": (f, f)})
+            out.update({f"{pre}{p}_proj.{leaf}": piece for p, piece in pieces.items()})
+        elif module in ("o_proj", "down_proj") and leaf == "weight" and w.dim() == 2:
+            c = w.shape[1]
+            rows = _arange(0, w.shape[0])
+            out[name] = Piece((w.shape[0], size * c), rows, rows, (rank * c, (rank + 1) * c), w)
+        elif name in ("model.embed_tokens.weight", "lm_head.weight") and w.dim() >= 1:
+            start, n = _vocab_rows(model.get_submodule(head), w.shape[0], size, rank)
+            out[name] = Piece((start + n, *w.shape[1:]), _arange(start, start + n), _arange(0, n),
+                              (0, prod(w.shape[1:])), w.reshape(w.shape[0], -1), open_rows=True)
+        else:
+            out[name] = _whole(w)
     return out
