@@ -23,7 +23,8 @@ the column-parallel ``qkv_proj``/``gate_up_proj``, its columns of A for the row-
 ``o_proj``/``down_proj`` (see :mod:`megatron_logra.sync.layout`). With TP > 1 the ranks agree
 (all-reduce MIN over SGLang's TP CPU group) after validation and after the commit, so either
 every rank applies or none does; a failure after some rank committed marks the version
-unknown (-1) until a full refit sets it (``set_version``).
+unknown (-1) until a full refit sets it (``set_version``). A full refit itself first sets -1, so
+a refit that stops part-way can never pass for the version before it.
 
 The delta is validated in full before any parameter changes. The engine's TP position, weight
 version and Hugging Face view come from :mod:`~megatron_logra.sync.sglang_weights`.
@@ -183,8 +184,9 @@ def sync_loader(model: nn.Module, named_tensors: list[tuple[str, torch.Tensor]])
                 state["version"], error = _apply(model, delta_tensors, size, rank)
             elif op == "set_version":
                 version = command.get("version")
-                if not isinstance(version, int) or version < 0:
-                    error = SyncError("keys", f"set_version needs a non-negative integer version, got {version!r}")
+                if isinstance(version, bool) or not isinstance(version, int) or version < -1:
+                    error = SyncError("keys", "set_version needs a non-negative integer version (or -1: unknown), "
+                                              f"got {version!r}")
                 else:
                     setattr(model, VERSION_ATTR, version)
                     state["version"] = version

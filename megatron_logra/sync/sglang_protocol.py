@@ -212,13 +212,22 @@ class _SGLangTarget:
         ``chunk_bytes`` chunks; then version := ``version``.
 
         Goes through SGLang's default loader (``load_format=None`` -> ``model.load_weights``, which
-        fuses q/k/v and gate/up and shards for TP). An unknown name makes SGLang's ``load_weights``
+        fuses q/k/v and gate/up and shards for TP). The engine's version is -1 (unknown) from the
+        first chunk until the last one has loaded, so a failure part-way leaves it refusing deltas
+        until the next full refit succeeds. An unknown name makes SGLang's ``load_weights``
         raise inside the scheduler, so names must be the checkpoint's.
         """
         self._check_server()
         t0 = time.perf_counter()
         sent = 0
         with self._paused():
+            # the engine's weights are a mix of two versions until the last chunk: say so first, so a
+            # refit that stops part-way leaves version -1 (unknown) and every delta is refused
+            state = self._command("set_version", version=-1)
+            self._version = int(state["version"])
+            if not state.get("ok") or self._version != -1:
+                raise SGLangError("engine", f"marking the engine version unknown before the refit failed: "
+                                            f"{state.get('error')}")
             for chunk in chunk_named_tensors(hf_state, self.chunk_bytes):
                 ok, message = self._update(chunk, None, False)
                 if not ok:

@@ -359,6 +359,7 @@ def test_loader_records_rejections_without_raising_or_touching_weights():
         ([("model.norm.weight", torch.zeros(HID))], "keys"),
         (command_as_named_tensors({"op": "explode"}), "keys"),
         (command_as_named_tensors({"op": "set_version", "version": -3}), "keys"),
+        (command_as_named_tensors({"op": "set_version", "version": True}), "keys"),
     ]
     for seq, (named, kind) in enumerate(cases, start=1):
         sync_loader(model, named)  # never raises
@@ -456,6 +457,38 @@ def test_engine_target_applies_deltas_refits_and_fingerprints():
     _assert_same(runtime.models[0], _SGLangLlama(new, vocab_pad=8))
     assert sum(1 for c in engine.calls if c[0] == "update" and c[1] is None) > 1  # chunked
     assert drift(target.fingerprint(), fingerprint(new)) == []
+    assert runtime.dead is None
+
+
+def test_a_refit_that_fails_part_way_leaves_the_version_unknown_until_a_refit_succeeds(monkeypatch):
+    hf = _hf_state()
+    runtime = _Runtime([_SGLangLlama(hf, vocab_pad=8)])
+    engine = _FakeEngine(runtime)
+    target = SGLangEngineTarget(engine)
+    d1, d2 = _deltas(2)
+    target.apply_sketch_delta(d1)
+    target.chunk_bytes = 4096
+    real_update = target._update
+    dense_calls = []
+
+    def flaky(named_tensors, load_format, flush_cache):
+        if load_format is None:
+            dense_calls.append(1)
+            if len(dense_calls) == 2:
+                return False, "connection reset by peer"
+        return real_update(named_tensors, load_format, flush_cache)
+
+    monkeypatch.setattr(target, "_update", flaky)
+    with pytest.raises(SGLangError, match="full refit to version 7 failed"):
+        target.update_weights_full(_hf_state(seed=5), 7)
+    assert engine_version(runtime.models[0]) == -1 and target.weight_version == -1
+    with pytest.raises(SyncError, match="not sent to SGLang"):
+        target.apply_sketch_delta(d2)  # its base (1) is not the engine's version: half-loaded weights
+    monkeypatch.setattr(target, "_update", real_update)
+    new = _hf_state(seed=6)
+    target.update_weights_full(new, 8)
+    assert target.weight_version == 8 and engine_version(runtime.models[0]) == 8
+    _assert_same(runtime.models[0], _SGLangLlama(new, vocab_pad=8))
     assert runtime.dead is None
 
 
