@@ -689,6 +689,16 @@ def test_smoke_tool_check_passes_on_a_faithful_engine_and_catches_a_flipped_bit(
     assert any("model.layers.1.mlp.down_proj.weight" in f for f in res["failures"])
     assert any("fingerprint drift" in f for f in res["failures"])
 
+    # as at engine TP > 1: only replicated vectors are read back, the fingerprint still catches the bit
+    vectors = lambda name: hf[name].dim() == 1  # noqa: E731
+    res = smoke.check(_StandInDriver(hf), hf, deltas, n_tokens=4, report=lambda msg: None, readback=vectors)
+    assert res["passed"], res["failures"]
+    driver = _StandInDriver(hf)
+    apply = driver.target.apply_sketch_delta
+    driver.target.apply_sketch_delta = apply_then_corrupt
+    res = smoke.check(driver, hf, deltas, n_tokens=4, report=lambda msg: None, readback=vectors)
+    assert not res["passed"] and any("fingerprint drift" in f for f in res["failures"])
+
 
 def test_client_imports_neither_sglang_megatron_transformers_nor_requests():
     import os
