@@ -148,7 +148,8 @@ class ModelConfig:
         return self.num_layers * per_layer + emb + h
 
 
-def _transformer_config(cfg: ModelConfig, groups: ParallelGroups, impl: Optional[str] = None):
+def _transformer_config(cfg: ModelConfig, groups: ParallelGroups, impl: Optional[str] = None,
+                        initialize: bool = True):
     """megatron ``TransformerConfig`` of ``cfg``; ``impl=None`` gives the shapes only (no FP8, no
     sequence parallelism: what the memory planner counts on the meta device)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -172,7 +173,7 @@ def _transformer_config(cfg: ModelConfig, groups: ParallelGroups, impl: Optional
         fp16=cfg.torch_dtype == torch.float16,
         pipeline_dtype=cfg.torch_dtype,
         use_cpu_initialization=True,
-        perform_initialization=True,
+        perform_initialization=initialize,
         init_method_std=cfg.init_std,
         normalization=cfg.normalization,
         layernorm_epsilon=cfg.layernorm_epsilon,
@@ -198,9 +199,14 @@ def _transformer_config(cfg: ModelConfig, groups: ParallelGroups, impl: Optional
     return TransformerConfig(**kwargs)
 
 
-def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234) -> nn.Module:
+def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234, initialize: bool = True) -> nn.Module:
     """Build this rank's stage of a megatron-core ``GPTModel`` and initialise it layout-invariantly.
 
+    ``initialize=False`` is for a model whose every weight is loaded next (a Hugging Face
+    checkpoint, a resumed checkpoint, another model's state): the weights are zeros instead of
+    random draws. At 27B the two random initialisations (megatron's full-size CPU draw per
+    weight, then the layout-invariant one) cost minutes and ~18 GB of host memory per rank,
+    all of it overwritten by the load.
     Parallel state must have been initialised by :func:`megatron_logra.parallel.initialize_parallel`.
     ``cfg.transformer_impl`` picks the layer spec (``auto`` resolves here); a TransformerEngine
     model is moved to the current CUDA device (TE runs on GPUs only); so is a local one whenever a
@@ -209,7 +215,7 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234) -> 
     from megatron.core.models.gpt import GPTModel
 
     impl = resolve_transformer_impl(cfg.transformer_impl)
-    tcfg = _transformer_config(cfg, groups, impl)
+    tcfg = _transformer_config(cfg, groups, impl, initialize=initialize)
     spec = layer_spec(impl, normalization=cfg.normalization, qk_layernorm=cfg.qk_layernorm)
     model = GPTModel(
         config=tcfg,
@@ -223,7 +229,12 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234) -> 
         position_embedding_type=cfg.position_embedding_type,
         rotary_base=cfg.rotary_base,
     )
-    init_layout_invariant_(model, cfg, groups, seed=seed)
+    if initialize:
+        init_layout_invariant_(model, cfg, groups, seed=seed)
+    else:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
     if impl == "transformer_engine" or torch.cuda.is_available():
         model = model.cuda(torch.cuda.current_device())
     padded = cfg.padded_vocab_size(groups.tp_size)

@@ -123,16 +123,22 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
     tok = _tokenizer(cfg, task, run_dir)
     if len(tok) > cfg.model.vocab_size:
         raise ValueError(f"the tokenizer has {len(tok)} tokens but model.vocab_size={cfg.model.vocab_size}; raise it")
-    model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
     resume_from = latest_checkpoint(run_dir) if cfg.train.resume else None
+    # every weight is loaded next (HF checkpoint or resumed state): skip the random initialisation
+    model = build_gpt(cfg.model, groups, seed=cfg.train.seed,
+                      initialize=not (cfg.model.hf_path or resume_from is not None))
     if resume_from is None:
         _warm_start(cfg, model, groups, task, tok)
     ref_model = None
     if cfg.rl.loss.kl_coef > 0:
         if groups.pp_size > 1:
             raise ValueError("rl.loss.kl_coef > 0 (reference model) is not supported with pipeline parallelism yet")
-        ref_model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
-        ref_model.load_state_dict(model.state_dict())
+        if resume_from is None:
+            ref_model = build_gpt(cfg.model, groups, seed=cfg.train.seed, initialize=False)
+            ref_model.load_state_dict(model.state_dict())
+        else:  # the reference is the initial policy, not the resumed one: warm-start it the same way
+            ref_model = build_gpt(cfg.model, groups, seed=cfg.train.seed, initialize=not cfg.model.hf_path)
+            _warm_start(cfg, ref_model, groups, task, tok)
         for p in ref_model.parameters():
             p.requires_grad_(False)
     optimizer = (optimizer_factory or build_optimizer)(model, cfg.optimizer, groups)

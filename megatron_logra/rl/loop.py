@@ -129,11 +129,18 @@ def evaluate_accuracy(c: RLComponents) -> float:
 
 
 def _reference_logprobs(c: RLComponents, batch: Batch) -> torch.Tensor:
-    batch = batch.to(model_device(c.ref_model))
+    """Per-token log-probs ``[b, s]`` of the reference model, one training micro-batch at a time
+    (the logits of the whole step's batch at once would be ``[b, s, V/tp]``: tens of GB at scale)."""
+    device = model_device(c.ref_model)
+    parts = []
     with torch.no_grad():
-        logits = c.ref_model(batch.tokens, batch.position_ids, None)
-        return token_logprobs(logits, batch.labels, c.cfg.rl.rollout.temperature, c.groups.tp,
-                              c.cfg.rl.loss.logprob_chunk_tokens)
+        for mb in split_microbatches(batch, c.cfg.rl.micro_batch_size):
+            mb = mb.to(device)
+            logits = c.ref_model(mb.tokens, mb.position_ids, None)
+            parts.append(token_logprobs(logits, mb.labels, c.cfg.rl.rollout.temperature, c.groups.tp,
+                                        c.cfg.rl.loss.logprob_chunk_tokens))
+            del logits
+    return torch.cat(parts, dim=0)
 
 
 def rl_update(c: RLComponents, state: RLState) -> dict:

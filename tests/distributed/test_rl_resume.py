@@ -31,10 +31,13 @@ def _train(launcher, log: Path, *args: str) -> dict:
     return json.loads(proc.stdout[proc.stdout.index("{"): proc.stdout.rindex("}") + 1])
 
 
-def test_rl_resume_is_bitwise(launcher, tmp_path):
+@pytest.mark.parametrize("extra", [[], ["rl.loss.kl_coef=0.05"]], ids=["default", "reference-kl"])
+def test_rl_resume_is_bitwise(launcher, tmp_path, extra):
+    """``reference-kl``: the KL penalty's reference model is the initial policy after a resume too
+    (warm-started again, not a copy of the resumed weights)."""
     full, part = tmp_path / "full", tmp_path / "part"
-    s_full = _train(launcher, tmp_path / "full.log", "tiny", f"train.run_dir={full}", "rl.steps=4", *SMALL)
-    s_part = _train(launcher, tmp_path / "part.log", "tiny", f"train.run_dir={part}", "rl.steps=2", *SMALL)
+    s_full = _train(launcher, tmp_path / "full.log", "tiny", f"train.run_dir={full}", "rl.steps=4", *SMALL, *extra)
+    s_part = _train(launcher, tmp_path / "part.log", "tiny", f"train.run_dir={part}", "rl.steps=2", *SMALL, *extra)
     s_res = _train(launcher, tmp_path / "resume.log", "--resume", str(part), "rl.steps=4")
     assert (s_full["steps"], s_part["steps"], s_res["steps"]) == (4, 2, 4)
 

@@ -183,6 +183,12 @@ def test_hf_to_mcore_logits_and_tp_shards(case, hf_models, groups, tmp_path):
     model = _megatron(cfg, groups)
     stats = load_hf_into_model(model, groups, hf_dir, cfg)
     assert stats["tensors"] == len(list(model.parameters()))
+    # the RL job skips the random initialisation of a model it loads next: the loaded weights are the same
+    blank = build_gpt(cfg, groups, seed=99, initialize=False)
+    assert all(not p.any() for p in blank.parameters())
+    load_hf_into_model(blank, groups, hf_dir, cfg)
+    loaded = dict(model.named_parameters())
+    assert all(torch.equal(p, loaded[n]) for n, p in blank.named_parameters())
 
     tokens = torch.randint(0, V, (2, 19), generator=torch.Generator().manual_seed(1))
     ref = hf(input_ids=tokens).logits.detach()

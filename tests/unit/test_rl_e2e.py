@@ -344,6 +344,37 @@ def test_finite_difference_probe_controls_the_step(built, stepped, monkeypatch):
     _assert_engine_equals_trainer(comps)
 
 
+def test_reference_logprobs_run_per_micro_batch_and_equal_the_whole_batch(built):
+    """The KL penalty's reference forward goes one training micro-batch at a time (the whole
+    step's logits at once do not fit at scale); the log-probs equal a whole-batch forward."""
+    from megatron_logra.rl.batching import pack_sequences
+    from megatron_logra.rl.loop import _reference_logprobs
+
+    comps, _ = built
+    seq, plen = fixed_sequence(comps)
+    prompts = [seq[:plen]] * 5
+    completions = [seq[plen:plen + k] for k in (1, 3, 2, len(seq) - plen, 4)]
+    batch = pack_sequences(prompts, completions, rollout_logprobs=[[0.0] * len(c) for c in completions],
+                           advantages=[0.0] * 5, finished=[True] * 5, pad_id=comps.tokenizer.pad_token_id,
+                           max_length=comps.cfg.model.seq_length)
+    calls = []
+    handle = comps.model.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
+    saved_ref, saved_mbs = comps.ref_model, comps.cfg.rl.micro_batch_size
+    comps.ref_model, comps.cfg.rl.micro_batch_size = comps.model, 2
+    try:
+        got = _reference_logprobs(comps, batch)
+    finally:
+        comps.ref_model, comps.cfg.rl.micro_batch_size = saved_ref, saved_mbs
+        handle.remove()
+    assert calls == [2, 2, 1]
+    with torch.no_grad():
+        logits = comps.model(batch.tokens, batch.position_ids, None).double()
+    want = torch.log_softmax(logits / comps.cfg.rl.rollout.temperature, -1).gather(-1, batch.labels[..., None])[..., 0]
+    mask = batch.loss_mask.bool()
+    assert got.shape == batch.tokens.shape and mask.sum() == sum(len(c) for c in completions)
+    assert torch.allclose(got[mask].double(), want[mask], atol=1e-5)
+
+
 def test_prompt_longer_than_the_context_is_a_clear_error(built):
     from megatron_logra.rl.loop import rl_update
 
@@ -482,3 +513,4 @@ def test_train_starts_from_a_hugging_face_checkpoint(tmp_path):
     assert "started from" in proc.stderr
     (bad,) = _cli(["train", "tiny", f"--model.hf_path={tmp_path / 'missing'}", f"train.run_dir={run}2"])
     assert bad.returncode != 0 and "model.hf_path" in bad.stderr
+
