@@ -2,7 +2,8 @@
 
 Shapes come from :mod:`megatron_logra.models.presets` (the ones the memory planner uses); weights and
 tokenizer from a local Hugging Face checkpoint given with ``--model.hf_path`` (its architecture
-fields replace the preset's). Layouts follow docs/memory.md for one 8-GPU node: 1.5B at TP 1
+fields replace the preset's; without one the run starts from random weights and says so: no supervised
+warm start at these sizes). Layouts follow docs/memory.md for one 8-GPU node: 1.5B at TP 1
 (DP = GPUs), 7B at TP 4, 27B at TP 8; full activation recompute, LoGRA rank 128 with fp32 masters,
 sequence length 4096. Rollouts come from SGLang (``rl.rollout.engine=sglang``: an in-process
 ``sglang.Engine`` per DP replica on the replica's GPUs with 30% of their memory, or
@@ -45,7 +46,7 @@ def large_recipe(preset: str):
     from megatron_logra.optim.config import LograConfig, NativeConfig, OptimizerConfig
     from megatron_logra.parallel import ParallelConfig
     from megatron_logra.rewards import TaskConfig
-    from megatron_logra.rl.config import RLConfig, RolloutConfig
+    from megatron_logra.rl.config import RLConfig, RolloutConfig, SFTConfig
     from megatron_logra.sync.config import SyncConfig
 
     if preset not in _LAYOUTS:
@@ -69,6 +70,9 @@ def large_recipe(preset: str):
                     rollout=RolloutConfig(engine="sglang", temperature=1.0, max_new_tokens=512,
                                           mem_fraction_static=0.3)),
         kl=KLConfig(mode="predicted", budget_start=2e-4, budget_end=2e-5, horizon=300),
+        # weights come from --model.hf_path; without it the run starts from random weights (a throughput or
+        # memory run), never from a supervised warm start of a multi-billion-parameter model held whole
+        sft=SFTConfig(steps=0, cache=False),
         sync=SyncConfig(mode="delta", anchor_interval=50),
         train=TrainConfig(run_dir=f"runs/{run}", log_interval=1, save_interval=50),
     )

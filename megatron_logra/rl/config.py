@@ -25,8 +25,11 @@ class RolloutConfig:
     """The server's ``--api-key`` (sent as a bearer token); empty: none."""
     sglang_timeout: float = 600.0
     """Seconds each HTTP request to the server may take (generation and weight updates)."""
-    sglang_serialization: str = "pickle"
-    """How dense tensors travel to a server: ``pickle`` (by value, any host) or ``cuda_ipc`` (same host)."""
+    sglang_serialization: str = "auto"
+    """How dense tensors travel to a server: ``pickle`` (by value, base64 in JSON, once per server TP
+    rank: any host, but a 27B refit is hundreds of GB of JSON), ``cuda_ipc`` (CUDA IPC handles: a
+    server on the same host) or ``auto`` (``cuda_ipc`` for a loopback ``sglang_url`` when CUDA is
+    present, else ``pickle``)."""
     mem_fraction_static: float = 0.3
     """Share of each GPU's memory the in-process SGLang engine reserves for itself (weights + KV cache);
     the trainer lives in the rest (``megatron-logra memory --engine-fraction`` plans it). Memory the
@@ -59,8 +62,9 @@ class RolloutConfig:
             raise ValueError(f"rl.rollout.sglang_url={self.sglang_url!r} must start with http:// or https://")
         if not self.sglang_timeout > 0:
             raise ValueError(f"rl.rollout.sglang_timeout={self.sglang_timeout} must be > 0")
-        if self.sglang_serialization not in ("pickle", "cuda_ipc"):
-            raise ValueError(f"rl.rollout.sglang_serialization={self.sglang_serialization!r}: choose pickle or cuda_ipc")
+        if self.sglang_serialization not in ("auto", "pickle", "cuda_ipc"):
+            raise ValueError(f"rl.rollout.sglang_serialization={self.sglang_serialization!r}: "
+                             "choose auto, pickle or cuda_ipc")
         if not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"rl.rollout.mem_fraction_static={self.mem_fraction_static} must lie in (0, 1)")
         if isinstance(self.sglang_tp, bool) or not isinstance(self.sglang_tp, int) or self.sglang_tp < 0:

@@ -78,6 +78,8 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
         load_weights(model, groups, Path(cfg.sft.init_path))
         return
     if cfg.sft.steps == 0:
+        logger.warning("no model.hf_path, sft.init_path or supervised warm start (sft.steps=0): "
+                       "RL starts from random weights")
         return
     key = warm_start_key({"model": to_dict(cfg.model), "task": to_dict(cfg.task), "sft": to_dict(cfg.sft),
                          "template": cfg.rl.prompt_template, "seed": cfg.train.seed,

@@ -129,6 +129,19 @@ def parse_generate_response(response: Any, prompts: Sequence[Sequence[int]], wei
     return rollouts
 
 
+def resolve_serialization(choice: str, url: str, cuda_available: bool) -> str:
+    """The payload serialization for a server at ``url``: ``choice`` unless it is ``auto``, which picks
+    ``cuda_ipc`` (handles, no copy through JSON) for a loopback server when CUDA is present and
+    ``pickle`` (bytes by value) otherwise."""
+    if choice != "auto":
+        return choice
+    from urllib.parse import urlparse
+
+    host = (urlparse(url).hostname or "").lower()
+    local = host in ("localhost", "::1") or host.startswith("127.")
+    return "cuda_ipc" if local and cuda_available else "pickle"
+
+
 def sglang_mem_fraction(share: float, free_bytes: int, total_bytes: int, cap: float = 0.95) -> float:
     """SGLang's ``mem_fraction_static`` that leaves the engine ``share`` of the GPU for itself.
 

@@ -66,6 +66,7 @@ from megatron_logra.rollout.sglang_api import (
     engine_hf_config,
     parse_generate_response,
     require_sglang,
+    resolve_serialization,
     sglang_mem_fraction,
 )
 from megatron_logra.sync.errors import SyncError
@@ -221,11 +222,12 @@ class SGLangEngine:
         common = dict(vocab_size=cfg.model.vocab_size, padded_vocab_size=cfg.model.padded_vocab_size(groups.tp_size),
                       send_seed=ro.sglang_sampling_seed)
         if ro.sglang_url:
+            serialization = resolve_serialization(ro.sglang_serialization, ro.sglang_url, torch.cuda.is_available())
             world = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
 
             def server() -> SGLangServerTarget:
                 return SGLangServerTarget(ro.sglang_url, api_key=ro.sglang_api_key or None, timeout=ro.sglang_timeout,
-                                          serialization=ro.sglang_serialization)
+                                          serialization=serialization)
 
             gen_target = server() if _is_driver(mp) else None
             sync_target = (gen_target or server()) if _is_driver(world) else None
@@ -233,7 +235,8 @@ class SGLangEngine:
             if gen_target is not None:
                 def gen_fn(payload: dict) -> Any:
                     return gen_target.request("POST", "/generate", payload)[1]
-            logger.info("sglang engine: server %s (generation by mp rank 0, sync by global rank 0)", ro.sglang_url)
+            logger.info("sglang engine: server %s (generation by mp rank 0, sync by global rank 0; %s payloads)",
+                        ro.sglang_url, serialization)
             return cls(generate_fn=gen_fn, target=sync_target, gen_group=mp, sync_group=world, **common)
 
         engine = None

@@ -158,11 +158,27 @@ def test_rollout_config_accepts_sglang_and_validates_its_fields():
             RolloutConfig(**kwargs)
 
 
+def test_auto_serialization_sends_handles_to_a_local_server_and_bytes_to_a_remote_one():
+    from megatron_logra.rollout.sglang_api import resolve_serialization
+
+    assert RolloutConfig().sglang_serialization == "auto"
+    for url in ("http://127.0.0.1:30000", "http://localhost:8000/", "http://[::1]:30000"):
+        assert resolve_serialization("auto", url, cuda_available=True) == "cuda_ipc", url
+        assert resolve_serialization("auto", url, cuda_available=False) == "pickle", url
+    for url in ("http://10.0.0.7:30000", "https://sglang.cluster.internal:443"):
+        assert resolve_serialization("auto", url, cuda_available=True) == "pickle", url
+    assert resolve_serialization("pickle", "http://127.0.0.1:1", cuda_available=True) == "pickle"
+    assert resolve_serialization("cuda_ipc", "http://10.0.0.7:1", cuda_available=False) == "cuda_ipc"
+
+
 def test_large_recipes_roll_out_with_sglang():
     from megatron_logra.recipes_large import LARGE_RECIPES
 
     for name, recipe in LARGE_RECIPES.items():
-        assert recipe().rl.rollout.engine == "sglang", name
+        cfg = recipe()
+        assert cfg.rl.rollout.engine == "sglang", name
+        # weights come from model.hf_path: never a supervised warm start (and whole-model save) at these sizes
+        assert cfg.sft.steps == 0 and not cfg.sft.cache, name
 
 
 # --------------------------------------------------------------------------- translations
