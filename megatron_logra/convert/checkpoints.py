@@ -8,8 +8,11 @@ time. ``pytorch_model.bin`` is never read (no pickle).
 :class:`McoreCheckpoint` — a directory with one ``model_tp{t}_pp{p}.safetensors`` per model-parallel
 rank and a ``meta.json``: either written by :func:`megatron_logra.convert.convert_hf_to_mcore`
 (``format = "megatron_logra.mcore"``, sha256 per file) or a trainer checkpoint of
-:mod:`megatron_logra.checkpoint` (``RUN/checkpoints/step_XXXXXXXX``: megatron-core sharded checkpoint under ``dist/``, read as
-global tensors one key at a time; model config under ``config.model``; file sizes checked).
+:mod:`megatron_logra.checkpoint` (``RUN/checkpoints/step_XXXXXXXX``: megatron-core sharded checkpoint under ``dist/``; model config
+under ``config.model``; file sizes checked). A trainer checkpoint stores each per-layer tensor kind as
+one global ``[num_layers, ...]`` key made of one chunk per layer (and TP rank); it is read one layer
+slice at a time (:class:`_DistTensors`), so an export reads every stored chunk once and holds one
+layer's slice of one key, whatever the number of layers; dtypes come from the checkpoint metadata.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import warnings
 from pathlib import Path
 from typing import Optional, Union
 
@@ -164,6 +168,75 @@ class HFCheckpoint:
             r.close()
 
 
+class _DistTensors:
+    """Global tensors of a megatron-core ``torch_dist`` checkpoint directory (torch.distributed.checkpoint
+    storage), read whole or one index of their leading (stacked-layer) axis at a time.
+
+    Only the stored chunks overlapping the request are read (each whole: megatron-core stores one
+    chunk per layer and TP rank, so a layer slice reads exactly that layer's chunks). megatron-core's
+    own ``dist_checkpointing.load`` cannot load a slice in a single-process world (it places the
+    other fragments on rank ``(r + 1) % world_size``, here the reader itself), hence a DCP load
+    planner of our own. No process group is needed (``no_dist``).
+    """
+
+    def __init__(self, path: Path):
+        from torch.distributed.checkpoint import FileSystemReader
+
+        class _Reader(FileSystemReader):  # metadata read once, not on every load
+            def read_metadata(self, *args, **kwargs):
+                return metadata
+
+        try:
+            metadata = FileSystemReader(str(path)).read_metadata()
+        except Exception as exc:
+            raise ValueError(f"{path}: unreadable torch.distributed.checkpoint metadata: {exc}") from None
+        self.path, self.metadata, self._reader = path, metadata, _Reader(str(path))
+
+    def _md(self, key: str):
+        md = self.metadata.state_dict_metadata.get(key)
+        if md is None or not hasattr(md, "chunks"):
+            raise ValueError(f"{self.path}: no stored tensor {key!r}")
+        return md
+
+    def dtype(self, key: str) -> torch.dtype:
+        return self._md(key).properties.dtype
+
+    def read(self, key: str, index: Optional[int] = None) -> torch.Tensor:
+        """The global tensor ``key``, or its ``[index]`` along the leading axis (a new tensor, contiguous)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+        from torch.distributed.checkpoint.planner import LoadPlan
+        from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+        md, path = self._md(key), self.path
+        size = tuple(md.size)
+        if index is not None and not (len(size) >= 1 and 0 <= index < size[0]):
+            raise ValueError(f"{path}: tensor {key!r} of shape {list(size)} has no index {index} on its first axis")
+        rows = size if index is None else (1, *size[1:])
+        offsets = (0,) * len(size) if index is None else (index,) + (0,) * (len(size) - 1)
+        buf = torch.empty(rows, dtype=md.properties.dtype)
+
+        class _Slice(DefaultLoadPlanner):
+            def create_local_plan(self) -> LoadPlan:
+                chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(rows))
+                items = create_read_items_for_chunk_list(key, md, [chunk])
+                covered = sum(int(torch.Size(i.lengths).numel()) for i in items)
+                if covered != buf.numel():  # else rows would stay uninitialised
+                    raise ValueError(f"{path}: the stored chunks of {key!r} cover {covered} of the {buf.numel()} "
+                                     f"elements at offset {list(offsets)}")
+                return LoadPlan(items)
+
+            def lookup_tensor(self, index_):
+                return buf
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({key: buf}, storage_reader=self._reader, no_dist=True,
+                     planner=_Slice(flatten_state_dict=False, flatten_sharded_tensors=False))
+        return buf if index is None else buf[0]
+
+
 class McoreCheckpoint:
     """Per-rank megatron safetensors files plus ``meta.json`` (converter output or a trainer checkpoint)."""
 
@@ -182,6 +255,7 @@ class McoreCheckpoint:
             self.cfg = model_config_from_json(meta.get("model_config") or {}, str(meta_path))
             self.prefix = ""
             self.plain = None
+            self._dist = None
             self.checksums = {k: v.get("sha256") for k, v in (meta.get("files") or {}).items()}
             self.kind = "converted"
         elif "step" in meta and isinstance(meta.get("config"), dict) and isinstance(meta["config"].get("model"), dict):
@@ -189,10 +263,11 @@ class McoreCheckpoint:
             from megatron_logra.checkpoint.store import CheckpointError
 
             self.cfg = model_config_from_json(meta["config"]["model"], f"{meta_path} (config.model)")
-            try:  # sharded (dist_checkpointing): global tensors, layers stacked, read one key at a time
+            try:  # sharded (dist_checkpointing): global tensors, layers stacked along a leading axis
                 self.plain: Optional[PlainCheckpoint] = PlainCheckpoint(self.dir)
             except CheckpointError as exc:
                 raise ValueError(str(exc)) from None
+            self._dist: Optional[_DistTensors] = _DistTensors(self.dir / "dist")
             self.prefix = ""
             self.checksums = {}
             self.kind = "trainer"
@@ -204,7 +279,6 @@ class McoreCheckpoint:
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{meta_path}: needs integer fields tp and pp") from None
         self._readers: dict[tuple[int, int], TensorFile] = {}
-        self._stacked: dict[str, torch.Tensor] = {}
 
     @property
     def hf_files_dir(self) -> Optional[Path]:
@@ -260,12 +334,9 @@ class McoreCheckpoint:
                 raise ValueError(f"{self.dir}: tensor {key!r} has shape {list(shape)}, expected {list(want)}")
 
     def _trainer_read(self, entry: TensorPlan) -> torch.Tensor:
-        assert self.plain is not None
-        key, layer = self._trainer_key(entry)
-        if key not in self._stacked:  # one stacked key (all layers of one tensor kind) in memory at a time
-            self._stacked = {key: self.plain.read(key)}
-        full = self._stacked[key]
-        return full if layer is None else full[layer].clone()
+        """``entry``'s tensor: its layer's slice of the stacked key (only that layer's chunks are read)."""
+        assert self._dist is not None
+        return self._dist.read(*self._trainer_key(entry))
 
     def validate(self, plan: list[TensorPlan], *, verify: bool = True) -> None:
         """Every rank file holds exactly the plan's tensors with the plan's shard shapes (``ValueError`` naming it)."""
@@ -288,15 +359,17 @@ class McoreCheckpoint:
                                          f"expected {list(shape)} at tp={self.tp}")
 
     def dtype(self, entry: TensorPlan) -> torch.dtype:
-        if self.kind == "trainer":
-            return self._trainer_read(entry).dtype
+        if self.kind == "trainer":  # from the metadata: nothing is read
+            assert self._dist is not None
+            return self._dist.dtype(self._trainer_key(entry)[0])
         return self.file(0, entry.pp_rank).tensors[self.prefix + entry.local_name].dtype
 
     def read_full(self, entry: TensorPlan) -> torch.Tensor:
         """The full (TP-unsharded) tensor of ``entry``, rank file by rank file into place.
 
-        Peak memory: the result plus one shard. TP-replicated tensors (norms, row-parallel biases)
-        must be bitwise equal on every TP rank, else ``ValueError``.
+        Peak memory: the result plus one shard (a trainer checkpoint: the result, one layer's slice of
+        one stacked key). TP-replicated tensors (norms, row-parallel biases) must be bitwise equal on
+        every TP rank, else ``ValueError``.
         """
         if self.kind == "trainer":
             return self._trainer_read(entry)

@@ -19,7 +19,9 @@ up front from the config (safetensors needs every shape before the first byte). 
 one full megatron parameter plus one TP shard or one q/k/v part of it (≤ 2× the largest single
 parameter, e.g. ``[2·ffn, hidden]`` for ``linear_fc1`` or ``[padded vocab, hidden]`` for the
 embeddings), independent of the number and size of the HF shards; mcore -> HF likewise holds one
-full parameter plus one rank's shard. ``tests/unit/test_convert.py`` measures the peak RSS growth of
+full parameter plus one rank's shard. A trainer checkpoint (layers stacked along a leading axis) is
+read one layer slice of one key at a time, only that slice's stored chunks, so every stored byte is
+read once whatever the number of layers (``tests/unit/test_convert_trainer_reads.py`` counts them). ``tests/unit/test_convert.py`` measures the peak RSS growth of
 both directions on a 154 MiB checkpoint. Inputs are processed in storage order (HF: shard, then
 offset), so disks read sequentially.
 
@@ -287,7 +289,7 @@ def convert_mcore_to_hf(
         sources = [e for e in plan if not (tied and e.name == "output_layer.weight")]
         hf_entries: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
         for e in sources:
-            dtype = src.dtype(e)
+            dtype = src.dtype(e)  # from file headers / checkpoint metadata: no tensor is read
             for name in e.sources:
                 hf_entries.append((name, dtype, tuple(expected[name])))
         itemsize = {d: torch.empty((), dtype=d).element_size() for _, d, _ in hf_entries}
