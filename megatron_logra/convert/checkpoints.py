@@ -11,7 +11,7 @@ rank and a ``meta.json``: either written by :func:`megatron_logra.convert.conver
 :mod:`megatron_logra.checkpoint` (``RUN/checkpoints/step_XXXXXXXX``: megatron-core sharded checkpoint under ``dist/``; model config
 under ``config.model``; file sizes checked). A trainer checkpoint stores each per-layer tensor kind as
 one global ``[num_layers, ...]`` key made of one chunk per layer (and TP rank); it is read one layer
-slice at a time (:class:`_DistTensors`), so an export reads every stored chunk once and holds one
+slice at a time (:class:`DistTensors`), so an export reads every stored chunk once and holds one
 layer's slice of one key, whatever the number of layers; dtypes come from the checkpoint metadata.
 """
 
@@ -34,6 +34,7 @@ from megatron_logra.convert.spec import (
     read_hf_config,
     shard_shape,
 )
+from megatron_logra.convert.dcp_reader import DistTensors
 from megatron_logra.convert.st_io import TensorFile, TensorInfo, sha256_file
 from megatron_logra.models.presets import read_json_object
 
@@ -168,75 +169,6 @@ class HFCheckpoint:
             r.close()
 
 
-class _DistTensors:
-    """Global tensors of a megatron-core ``torch_dist`` checkpoint directory (torch.distributed.checkpoint
-    storage), read whole or one index of their leading (stacked-layer) axis at a time.
-
-    Only the stored chunks overlapping the request are read (each whole: megatron-core stores one
-    chunk per layer and TP rank, so a layer slice reads exactly that layer's chunks). megatron-core's
-    own ``dist_checkpointing.load`` cannot load a slice in a single-process world (it places the
-    other fragments on rank ``(r + 1) % world_size``, here the reader itself), hence a DCP load
-    planner of our own. No process group is needed (``no_dist``).
-    """
-
-    def __init__(self, path: Path):
-        from torch.distributed.checkpoint import FileSystemReader
-
-        class _Reader(FileSystemReader):  # metadata read once, not on every load
-            def read_metadata(self, *args, **kwargs):
-                return metadata
-
-        try:
-            metadata = FileSystemReader(str(path)).read_metadata()
-        except Exception as exc:
-            raise ValueError(f"{path}: unreadable torch.distributed.checkpoint metadata: {exc}") from None
-        self.path, self.metadata, self._reader = path, metadata, _Reader(str(path))
-
-    def _md(self, key: str):
-        md = self.metadata.state_dict_metadata.get(key)
-        if md is None or not hasattr(md, "chunks"):
-            raise ValueError(f"{self.path}: no stored tensor {key!r}")
-        return md
-
-    def dtype(self, key: str) -> torch.dtype:
-        return self._md(key).properties.dtype
-
-    def read(self, key: str, index: Optional[int] = None) -> torch.Tensor:
-        """The global tensor ``key``, or its ``[index]`` along the leading axis (a new tensor, contiguous)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
-        from torch.distributed.checkpoint.planner import LoadPlan
-        from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
-
-        md, path = self._md(key), self.path
-        size = tuple(md.size)
-        if index is not None and not (len(size) >= 1 and 0 <= index < size[0]):
-            raise ValueError(f"{path}: tensor {key!r} of shape {list(size)} has no index {index} on its first axis")
-        rows = size if index is None else (1, *size[1:])
-        offsets = (0,) * len(size) if index is None else (index,) + (0,) * (len(size) - 1)
-        buf = torch.empty(rows, dtype=md.properties.dtype)
-
-        class _Slice(DefaultLoadPlanner):
-            def create_local_plan(self) -> LoadPlan:
-                chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(rows))
-                items = create_read_items_for_chunk_list(key, md, [chunk])
-                covered = sum(int(torch.Size(i.lengths).numel()) for i in items)
-                if covered != buf.numel():  # else rows would stay uninitialised
-                    raise ValueError(f"{path}: the stored chunks of {key!r} cover {covered} of the {buf.numel()} "
-                                     f"elements at offset {list(offsets)}")
-                return LoadPlan(items)
-
-            def lookup_tensor(self, index_):
-                return buf
-
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load({key: buf}, storage_reader=self._reader, no_dist=True,
-                     planner=_Slice(flatten_state_dict=False, flatten_sharded_tensors=False))
-        return buf if index is None else buf[0]
-
-
 class McoreCheckpoint:
     """Per-rank megatron safetensors files plus ``meta.json`` (converter output or a trainer checkpoint)."""
 
@@ -267,7 +199,7 @@ class McoreCheckpoint:
                 self.plain: Optional[PlainCheckpoint] = PlainCheckpoint(self.dir)
             except CheckpointError as exc:
                 raise ValueError(str(exc)) from None
-            self._dist: Optional[_DistTensors] = _DistTensors(self.dir / "dist")
+            self._dist: Optional[DistTensors] = DistTensors(self.dir / "dist")
             self.prefix = ""
             self.checksums = {}
             self.kind = "trainer"
