@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import warnings
 from pathlib import Path
 from typing import Optional, Union
 
