@@ -60,6 +60,9 @@ class TrainConfig:
     """Output directory: config, metrics.jsonl, checkpoints (--save)."""
     resume: bool = False
     """Continue from the latest checkpoint in run_dir."""
+    overwrite: bool = False
+    """Start a new run in a run_dir that already holds one, deleting its checkpoints, metrics and
+    summary. Without it such a run_dir is refused (continue it with ``--resume RUN_DIR`` instead)."""
     progress: bool = True
     """Show a progress bar on rank 0."""
 
