@@ -220,58 +220,155 @@ def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def from_dict(cls: type, data: dict) -> Any:
-    """Build dataclass ``cls`` from a (possibly partial) nested dict; unknown keys are errors."""
+def from_dict(cls: type, data: dict, _prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a (possibly partial) nested dict; unknown keys are errors.
+
+    Values are checked against the fields' types as the dotted overrides are: strings parse like the command
+    line (``"32"`` -> 32, ``"1e-4"`` -> 1e-4), other values must already have the field's type (ints widen to
+    floats), and a section (a dataclass-typed field) takes a mapping, never a value. Errors are ``ValueError``
+    naming the dotted field.
+    """
+    if not isinstance(data, dict):
+        where = _prefix.rstrip(".") or "the config"
+        raise ValueError(f"{where} must be a mapping of {cls.__name__} fields, got {type(data).__name__} "
+                         f"{_short(data)}")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - names, key=str)
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} fields {unknown}; known: {sorted(names)}")
+        where = f" (in {_prefix.rstrip('.')})" if _prefix else ""
+        raise ValueError(f"unknown {cls.__name__} fields {unknown}{where}; known: {sorted(names)}")
     kwargs = {}
     for key, value in data.items():
-        ftype = hints[key]
-        if dataclasses.is_dataclass(ftype) and isinstance(value, dict):
-            kwargs[key] = from_dict(ftype, value)
+        ftype, path = hints[key], f"{_prefix}{key}"
+        if _is_section(ftype) and isinstance(value, dict):
+            kwargs[key] = from_dict(_section_type(ftype), value, f"{path}.")
         else:
-            kwargs[key] = value
+            kwargs[key] = _coerce(value, ftype, path)
     return cls(**kwargs)
 
 
-def load_recipe(name_or_path: str) -> RunConfig:
-    """A named recipe or a YAML file (a partial RunConfig dict, applied over the defaults)."""
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def load_recipe(name_or_path: str, _including: tuple = ()) -> RunConfig:
+    """A named recipe or a YAML file (a partial RunConfig dict, applied over the defaults).
+
+    A file may name its base with ``recipe: NAME_OR_FILE``; its other keys are dotted sections/fields
+    (``train: {steps: 3}``) parsed by the fields' types. Every problem is a ``ValueError`` naming the file.
+    """
+    if not isinstance(name_or_path, str):
+        raise ValueError(f"recipe={_short(name_or_path)}: give a recipe name ({', '.join(sorted(RECIPES))}) "
+                         "or a .yaml file")
     if name_or_path in RECIPES:
         return RECIPES[name_or_path]()
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and path.exists():
-        data = yaml.safe_load(path.read_text()) or {}
-        base = data.pop("recipe", None)
-        cfg = load_recipe(base) if base else RunConfig()
-        apply_overrides(cfg, [f"{k}={_yaml_value(v)}" for k, v in _flatten(data)])
-        return cfg
-    raise ValueError(f"unknown recipe {name_or_path!r}: choose one of {sorted(RECIPES)} or a .yaml file")
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise ValueError(f"unknown recipe {name_or_path!r}: choose one of {sorted(RECIPES)} or a .yaml file")
+    if not path.exists():
+        raise ValueError(f"recipe file {path} does not exist (check the path; named recipes: {sorted(RECIPES)})")
+    if not path.is_file():
+        raise ValueError(f"recipe file {path} is not a file")
+    resolved = path.resolve()
+    if resolved in _including:
+        chain = " -> ".join(str(p) for p in (*_including, resolved))
+        raise ValueError(f"recipe file {path} includes itself through 'recipe:' ({chain}); break the cycle")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read recipe file {path}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"recipe file {path} is not valid YAML: {_yaml_problem(exc)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"recipe file {path}: the top level must be a mapping of config sections and fields "
+            f"(e.g. 'recipe: tiny' / 'train:' / 'rl:'), got a {type(data).__name__} {_short(data)}"
+        )
+    data = dict(data)
+    base = data.pop("recipe", None)
+    if base is not None and not isinstance(base, str):
+        raise ValueError(f"recipe file {path}: recipe={_short(base)} must be a recipe name "
+                         f"({', '.join(sorted(RECIPES))}) or a .yaml file")
+    try:
+        cfg = load_recipe(base, (*_including, resolved)) if base else RunConfig()
+        for key, value in _flatten(data):
+            set_dotted(cfg, MEGATRON_ALIASES.get(key, key), value)
+        return cfg.validate()
+    except ValueError as exc:
+        raise ValueError(f"recipe file {path}: {exc}") from None
 
 
-_OPAQUE_DICTS = ("task.dataset_kwargs", "sft.teacher_kwargs")
+def _yaml_problem(exc: Exception) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(exc).split())
+    context = getattr(exc, "context", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
 
 
 def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested YAML sections -> (dotted key, value); a mapping given to a dict-typed field stays whole."""
     out = []
     for k, v in data.items():
-        if isinstance(v, dict) and f"{prefix}{k}" not in _OPAQUE_DICTS:
-            out.extend(_flatten(v, f"{prefix}{k}."))
+        key = f"{prefix}{k}"
+        ftype = _field_type(key)
+        if isinstance(v, dict) and not _is_mapping_type(ftype) and (v or _is_section(ftype)):
+            out.extend(_flatten(v, f"{key}."))  # an empty section ("rl: {}") changes nothing
         else:
-            out.append((f"{prefix}{k}", v))
+            out.append((key, v))
     return out
 
 
-def _yaml_value(v: Any) -> str:
-    if isinstance(v, dict):
-        import json
+def _field_type(key: str) -> Any:
+    """The annotated type of dotted ``key`` in :class:`RunConfig` (shortcuts and aliases applied), or None."""
+    key = _expand(MEGATRON_ALIASES.get(key, key))
+    cls: Any = RunConfig
+    ftype: Any = None
+    for part in key.split("."):
+        if not _is_section(cls):
+            return None
+        hints = typing.get_type_hints(_section_type(cls))
+        if part not in hints:
+            return None
+        ftype = cls = hints[part]
+    return ftype
 
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return ",".join(str(x) for x in v)
-    return str(v)
+
+def _is_mapping_type(ftype: Any) -> bool:
+    if typing.get_origin(ftype) is typing.Union:
+        return any(_is_mapping_type(a) for a in typing.get_args(ftype))
+    return ftype is dict or typing.get_origin(ftype) is dict
+
+
+def _section_type(ftype: Any) -> Any:
+    """The dataclass of a section type (``X`` or ``Optional[X]``), else None."""
+    if isinstance(ftype, type) and dataclasses.is_dataclass(ftype):
+        return ftype
+    if typing.get_origin(ftype) is typing.Union:
+        for a in typing.get_args(ftype):
+            if isinstance(a, type) and dataclasses.is_dataclass(a):
+                return a
+    return None
+
+
+def _is_section(ftype: Any) -> bool:
+    return _section_type(ftype) is not None
+
+
+def _section_error(key: str, ftype: Any, value: Any) -> ValueError:
+    cls = _section_type(ftype)
+    fields = sorted(f.name for f in dataclasses.fields(cls))
+    return ValueError(
+        f"{key}={_short(value)}: {key} is a section ({cls.__name__}), not a single value; set its fields "
+        f"with {key}.<field>=... (in YAML, a mapping under '{key.rsplit('.', 1)[-1]}:'); fields: {fields}"
+    )
 
 
 # ---------------------------------------------------------------------------- overrides
@@ -374,12 +471,64 @@ def _parse_value(raw: str, ftype: Any, key: str) -> Any:
     return raw
 
 
-def set_dotted(cfg: Any, key: str, raw: str) -> None:
-    """Set ``cfg.<key>`` from the string ``raw``, parsed by the field's type."""
+def _coerce(value: Any, ftype: Any, key: str) -> Any:
+    """``value`` from YAML / JSON for a field of type ``ftype``: strings parse as on the command line; other
+    values must already have the field's type (ints widen to floats, 0/1 read as booleans)."""
+    if _is_section(ftype):
+        raise _section_error(key, ftype, value)
+    if isinstance(value, str):
+        return _parse_value(value, ftype, key)
+    origin = typing.get_origin(ftype)
+    args = typing.get_args(ftype)
+    if origin is typing.Union and type(None) in args:
+        if value is None:
+            return None
+        inner = [a for a in args if a is not type(None)][0]
+        return _coerce(value, inner, key)
+    if ftype is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ValueError(f"{key}={_short(value)} is not a boolean (use true/false)")
+    if ftype is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"{key}={_short(value)} is not an integer")
+    if ftype is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f"{key}={_short(value)} is not a number")
+    if ftype is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ValueError(f"{key}={_short(value)} is not a string (quote it in YAML)")
+    if origin in (list, Sequence) or ftype is list:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{key}={_short(value)} is not a list (give [a, b] or a,b)")
+        inner = args[0] if args else Any
+        return [v if inner is Any else _coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or ftype is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}={_short(value)} is not a mapping (give a JSON object / YAML mapping)")
+        return value
+    return value
+
+
+def _expand(key: str) -> str:
     for short, full in _SHORTCUTS.items():
         if key.startswith(short):
-            key = full + key[len(short):]
+            return full + key[len(short):]
+        if key == short[:-1]:  # the section itself ("logra" -> "optimizer.logra")
+            return full[:-1]
+    return key
+
+
+def set_dotted(cfg: Any, key: str, raw: Any) -> None:
+    """Set ``cfg.<key>`` from ``raw`` (a command-line string, or a YAML value), parsed by the field's type."""
+    key = _expand(key)
     parts = key.replace("-", "_").split(".")
+    key = ".".join(parts)
     obj = cfg
     for i, part in enumerate(parts):
         if not dataclasses.is_dataclass(obj):
@@ -390,7 +539,7 @@ def set_dotted(cfg: Any, key: str, raw: str) -> None:
             raise ValueError(f"unknown config key {key!r}: {where} has no field {part!r}; known: {sorted(names)}")
         if i == len(parts) - 1:
             ftype = typing.get_type_hints(type(obj))[part]
-            setattr(obj, part, _parse_value(raw, ftype, key))
+            setattr(obj, part, _coerce(raw, ftype, key))
         else:
             obj = getattr(obj, part)
 

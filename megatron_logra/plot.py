@@ -27,10 +27,13 @@ def pyplot():
 
 
 def save_figure(fig, path: str | Path, *, dpi: Optional[float] = None) -> Path:
-    """Lay ``fig`` out, write it to ``path`` (creating the folder) and close it."""
+    """Lay ``fig`` out, write it to ``path`` (creating the folder), close it and return the path written:
+    ``path`` with ``.png`` appended when its suffix is not an image format matplotlib writes."""
     import matplotlib.pyplot as plt
 
     path = Path(path)
+    if path.suffix.lstrip(".").lower() not in fig.canvas.get_supported_filetypes():
+        path = path.with_name(path.name + ".png")  # what is written (matplotlib adds .png only without a suffix)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
@@ -48,9 +51,16 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{lineno} is not JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{lineno} is not a JSON object (a step record), got a "
+                             f"{type(record).__name__}: {line.strip()[:60]}")
+        step = record.get("step")
+        if not isinstance(step, (int, float)) or isinstance(step, bool):
+            raise ValueError(f"{path}:{lineno} has no numeric 'step' (got {step!r}); is this a run's metrics file?")
+        records.append(record)
     if not records:
         raise ValueError(f"{path} has no records")
     return records
@@ -113,6 +123,6 @@ def plot_run(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:
     for a in axes.flat:
         a.set_xlabel("update")
     fig.suptitle(str(run_dir))
-    save_figure(fig, out, dpi=110)
+    out = save_figure(fig, out, dpi=110)
     logger.info("wrote %s", out)
     return out

@@ -8,7 +8,7 @@
         --gpu-memory 80GiB,140GiB --compare --markdown        # the table of docs/memory.md
 
 ``--model`` takes presets (qwen2.5-1.5b, qwen2.5-7b, 27b) or paths to a Hugging Face
-``config.json``; ``--gpu-memory`` sizes like 80GiB, 141GB, 81559MiB (comma lists plan every
+``config.json``; ``--gpu-memory`` sizes with a unit, like 80GiB, 141GB, 81559MiB (comma lists plan every
 combination). ``--tp auto`` takes the largest TP size <= GPUs / PP that shards the model;
 with ``--gpus`` the DP size is GPUs / (TP x PP). ``--strict`` exits with status 2 if any
 planned configuration does not fit.
@@ -73,9 +73,20 @@ def _plans(args: argparse.Namespace):
     from megatron_logra.memory.report import Scenario
     from megatron_logra.models.presets import resolve_model
 
+    for option in ("pp", "dp", "gpus"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise ValueError(f"{option}={value} must be an integer >= 1")
     gpus_texts = [t.strip() for t in args.gpu_memory.split(",") if t.strip()]
+    if not gpus_texts:
+        raise ValueError(f"--gpu-memory {args.gpu_memory!r}: give a size such as 80GiB (comma list allowed)")
+    models = [m.strip() for m in args.model.split(",") if m.strip()]
+    if not models:
+        raise ValueError(f"--model {args.model!r}: give a preset or a config.json path (comma list allowed)")
+    gpu_bytes = {t: parse_bytes(t, name="--gpu-memory", require_unit=True) for t in gpus_texts}
+    overhead_bytes = parse_bytes(args.overhead, name="--overhead", require_unit=True)
     scenarios = []
-    for name in [m.strip() for m in args.model.split(",") if m.strip()]:
+    for name in models:
         model = resolve_model(name, seq_length=args.seq_len)
         if args.tp == "auto":
             tp = auto_tp(model, (args.gpus or 8) // args.pp)
@@ -91,15 +102,15 @@ def _plans(args: argparse.Namespace):
             if args.dp is not None and args.dp != dp:
                 raise ValueError(f"dp={args.dp} contradicts gpus={args.gpus} / (tp x pp = {tp * args.pp}) = {dp}")
         else:
-            dp = args.dp or 1
+            dp = args.dp if args.dp is not None else 1
         for gtext in gpus_texts:
             base = PlanConfig(
                 tp=tp, pp=args.pp, dp=dp, optimizer=args.optimizer, rank=args.rank, masters=args.masters,
                 micro_batch=args.micro_batch, seq_len=args.seq_len, recompute=args.recompute,
-                gpu_memory_bytes=parse_bytes(gtext, name="gpu_memory"), engine_fraction=args.engine_fraction,
+                gpu_memory_bytes=gpu_bytes[gtext], engine_fraction=args.engine_fraction,
                 distributed_optimizer=not args.no_distributed_optimizer, attention=args.attention,
                 cache_projections=not args.no_cache_projections, logprob_chunk_tokens=args.logprob_chunk_tokens,
-                overhead_bytes=parse_bytes(args.overhead, name="overhead"),
+                overhead_bytes=overhead_bytes,
             )
             configs = [replace(base, optimizer="adam"), replace(base, optimizer="logra")] if args.compare else [base]
             scenarios.append(Scenario(model_name=name, gpu_text=gtext, plans=tuple(plan(model, c) for c in configs)))

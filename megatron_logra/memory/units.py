@@ -28,30 +28,49 @@ _SUFFIXES = {
     "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": GB, "gb": GB, "t": 1000**4, "tb": 1000**4,
 }
+_MAX_BYTES = 1e24  # a yottabyte: anything larger is a typo (and 1e400 would overflow)
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
-def parse_bytes(value: Union[str, int, float], *, name: str = "size") -> int:
+def _label(name: str, value: object) -> str:
+    """``--gpu-memory 80`` for a command-line option, ``gpu_memory='80'`` for a field."""
+    return f"{name} {value}" if name.startswith("-") else f"{name}={value!r}"
+
+
+def parse_bytes(value: Union[str, int, float], *, name: str = "size", require_unit: bool = False) -> int:
     """Bytes of ``value``: an int, or a string like ``80GiB``, ``141GB``, ``512 MiB``, ``1.5e9``.
 
-    Raises ``ValueError`` naming ``name`` for anything else (negative, unknown unit, empty).
+    With ``require_unit`` a string must carry its unit (``80`` is refused as "80 bytes?"; ``80B`` is fine,
+    and so is a bare ``0``). Raises ``ValueError`` naming ``name`` (a field, or an option such as
+    ``--gpu-memory``) for anything else: negative, unknown unit, empty, too large.
     """
+    label = _label(name, value)
     if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} is not a size: give bytes or a number with a unit such as 80GiB or 141GB")
+        raise ValueError(f"{label} is not a size: give bytes or a number with a unit such as 80GiB or 141GB")
     if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{name}={value!r} must be a finite, non-negative number of bytes")
+        if (isinstance(value, float) and not math.isfinite(value)) or value < 0:
+            raise ValueError(f"{label} must be a finite, non-negative number of bytes")
+        if value > _MAX_BYTES:
+            raise ValueError(f"{label} is too large (more than {_MAX_BYTES:.0e} bytes)")
         return int(value)
     match = _PATTERN.match(str(value))
     if not match:
-        raise ValueError(f"{name}={value!r} is not a size: give bytes or a number with a unit such as 80GiB or 141GB")
+        raise ValueError(f"{label} is not a size: give bytes or a number with a unit such as 80GiB or 141GB")
     number, unit = match.groups()
     factor = _SUFFIXES.get(unit.lower())
     if factor is None:
         raise ValueError(
-            f"{name}={value!r}: unknown unit {unit!r}; use B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB (decimal)"
+            f"{label}: unknown unit {unit!r}; use B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB (decimal)"
         )
-    return int(round(float(number) * factor))
+    amount = float(number) * factor
+    if not math.isfinite(amount) or amount > _MAX_BYTES:
+        raise ValueError(f"{label} is too large (more than {_MAX_BYTES:.0e} bytes); give a size such as 80GiB")
+    if require_unit and not unit and amount != 0:
+        raise ValueError(
+            f"{label}: give a unit, e.g. {number}GiB or {number}GB ({number} bytes? write {number}B; "
+            f"an \"80 GB\" H100 is 81559MiB)"
+        )
+    return int(round(amount))
 
 
 def format_bytes(n: Union[int, float], *, unit: str = "GiB", digits: int = 2) -> str:
