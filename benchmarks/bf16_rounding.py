@@ -34,7 +34,7 @@ def main() -> int:
         run_dir = f"{args.run_root}/{name.replace(' ', '_').replace(',', '').replace('+', 'plus')}"
         cmd = [sys.executable, "-m", "megatron_logra.cli", "train", "lm-tiny", f"train.steps={args.steps}",
                f"logra.lr={args.lr}", f"native.lr={args.lr}", "train.progress=false", "train.eval_interval=0",
-               f"train.run_dir={run_dir}", *overrides]
+               f"train.run_dir={run_dir}", "train.overwrite=true", *overrides]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         rows[name] = json.loads(out[out.index("{"):])
     ref = rows["bf16 + fp32 masters"]

@@ -29,7 +29,7 @@ def _run(recipe: str, seed: int, steps: int, run_root: Path, overrides: list[str
     run_dir = run_root / f"{recipe}-seed{seed}"
     # the task seed (train/eval partition) stays the warm start's, so the held-out set never overlaps its demonstrations
     cmd = [sys.executable, "-m", "megatron_logra.cli", "train", recipe, f"train.seed={seed}",
-           f"rl.steps={steps}", f"train.run_dir={run_dir}", "train.progress=false", *overrides]
+           f"rl.steps={steps}", f"train.run_dir={run_dir}", "train.overwrite=true", "train.progress=false", *overrides]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     out = proc.stdout.read()

@@ -76,12 +76,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if ns.command == "plot":
         from megatron_logra.plot import plot_run
 
-        if not ns.rest:
-            parser.error("plot needs a run directory")
-        out = ns.rest[ns.rest.index("--out") + 1] if "--out" in ns.rest else None
+        plot_parser = argparse.ArgumentParser(prog="megatron-logra plot")
+        plot_parser.add_argument("run_dir", help="run directory (holds metrics.jsonl)")
+        plot_parser.add_argument("--out", help="image to write (default RUN_DIR/summary.png; .png is added "
+                                               "when the name has no image suffix)")
+        plot_args = plot_parser.parse_args(ns.rest)
         try:
-            sys.stdout.write(f"{plot_run(ns.rest[0], out)}\n")
-        except (FileNotFoundError, ValueError) as exc:
+            sys.stdout.write(f"{plot_run(plot_args.run_dir, plot_args.out)}\n")
+        except (OSError, ValueError) as exc:
             parser.error(str(exc))
         return 0
     if ns.command == "eval":
@@ -106,12 +108,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         from megatron_logra.train.lm import run_lm as run
     try:
-        summary = run(cfg)
+        summary = _reporting_user_errors(parser, lambda: run(cfg))
     finally:
         destroy_parallel()
     if int(os.environ.get("RANK", "0")) == 0:
         sys.stdout.write(json.dumps(summary, indent=1) + "\n")
     return 0
+
+
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+"""Errors that mean bad input (a config value, a path, a checkpoint -- ``CheckpointError`` is a
+``ValueError``): reported as ``megatron-logra: error: ...`` with exit status 2, no traceback.
+``MEGATRON_LOGRA_TRACEBACK=1`` re-raises them (for debugging)."""
+
+
+def _reporting_user_errors(parser: argparse.ArgumentParser, fn):
+    try:
+        return fn()
+    except USER_ERRORS as exc:
+        if os.environ.get("MEGATRON_LOGRA_TRACEBACK", "") not in ("", "0"):
+            raise
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 
 def _resume_dir(rest: Sequence[str]) -> tuple[Optional[str], list[str]]:
@@ -140,11 +157,18 @@ def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[st
         parser.error(f"{run_dir} has no checkpoint (no complete checkpoints/latest) to continue from or evaluate")
     if overrides and not overrides[0].startswith("-") and "=" not in overrides[0]:
         parser.error(f"--resume {run_dir} takes its recipe from {cfg_path}; drop {overrides[0]!r} or start a new run")
-    cfg = from_dict(RunConfig, yaml.safe_load(cfg_path.read_text()))
+    try:
+        cfg = from_dict(RunConfig, yaml.safe_load(cfg_path.read_text()))
+    except (ValueError, yaml.YAMLError) as exc:
+        parser.error(f"{cfg_path}: {exc}")
     cfg.train.run_dir, cfg.train.resume = str(run_dir), True
     if progress is not None:
         cfg.train.progress = progress
-    return apply_overrides(cfg, overrides)
+    cfg = apply_overrides(cfg, overrides)
+    if Path(cfg.train.run_dir) != run_dir:
+        parser.error(f"--resume {run_dir} continues the run in {run_dir}, but train.run_dir={cfg.train.run_dir!r} was "
+                     f"also given; drop train.run_dir (or start a new run there without --resume)")
+    return cfg
 
 
 def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
@@ -159,18 +183,20 @@ def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
         cfg = _run_dir_config(parser, run_dir, list(rest[1:]), progress=False)
     except ValueError as exc:
         parser.error(str(exc))
-    try:
+    def evaluate() -> dict:
         if cfg.job == "rl":
             from megatron_logra.rl.job import build_components
             from megatron_logra.rl.loop import evaluate_accuracy
 
             comps, state, _ = build_components(cfg)
-            result = {"run_dir": str(run_dir), "step": state.step, "eval_accuracy": evaluate_accuracy(comps),
-                      "num_eval": len(comps.task.eval_problems())}
-        else:
-            from megatron_logra.train.lm import evaluate_checkpoint
+            return {"run_dir": str(run_dir), "step": state.step, "eval_accuracy": evaluate_accuracy(comps),
+                    "num_eval": len(comps.task.eval_problems())}
+        from megatron_logra.train.lm import evaluate_checkpoint
 
-            result = evaluate_checkpoint(cfg)
+        return evaluate_checkpoint(cfg)
+
+    try:
+        result = _reporting_user_errors(parser, evaluate)
     finally:
         destroy_parallel()
     if int(os.environ.get("RANK", "0")) == 0:

@@ -79,7 +79,8 @@ def run_rl_job(cfg: PaperBenchConfig, *, label: str, recipe: str, seed: int, ove
     run_dir = Path(cfg.run_root) / f"{label}-seed{seed}"
     job = parse_args_to_config(recipe, [f"train.seed={seed}", f"rl.steps={cfg.rl_steps}",
                                         f"rl.eval_interval={cfg.eval_interval}", f"train.run_dir={run_dir}",
-                                        "train.progress=false", "train.log_interval=1000000", *overrides])
+                                        "train.overwrite=true", "train.progress=false", "train.log_interval=1000000",
+                                        *overrides])
     t0 = time.perf_counter()
     try:
         summary = run_rl(job, optimizer_factory)

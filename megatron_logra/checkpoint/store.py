@@ -50,8 +50,9 @@ FORMAT_VERSION = 2
 _DIST = "dist"
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, corrupt or incompatible with this run."""
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, corrupt or incompatible with this run (bad input: the
+    command line reports it as an error, without a traceback)."""
 
 
 def _barrier() -> None:
@@ -256,9 +257,11 @@ def load_checkpoint(
     meta = read_meta(path)
     sharded, current, named_slots = _sharded_state(model, optimizer)
     _check_compatible(meta.get("state"), current, str(path))
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+
     try:
         loaded = dist_checkpointing.load(sharded, str(path / _DIST))
-    except Exception as exc:  # torch.distributed.checkpoint / megatron raise many types here
+    except (Exception, CheckpointException) as exc:  # torch.distributed.checkpoint / megatron raise many types
         raise CheckpointError(f"{path}/{_DIST} could not be loaded into this model: {type(exc).__name__}: {exc}") from exc
     if named_slots and "optimizer" not in loaded:
         raise CheckpointError(f"{path} holds weights only (no optimizer state) and cannot be resumed")

@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from megatron_logra.checkpoint.run_dir import claim_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.tokenizer import build_tokenizer, load_tokenizer, save_tokenizer
 from megatron_logra.kl.controller import KLController
@@ -121,6 +122,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
         cfg.model = model_config_from_hf(cfg.model.hf_path, base=cfg.model)
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
     run_dir = Path(cfg.train.run_dir)
+    claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
     task = build_task(cfg.task)
     tok = _tokenizer(cfg, task, run_dir)
     if len(tok) > cfg.model.vocab_size:

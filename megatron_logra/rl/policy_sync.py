@@ -15,7 +15,6 @@ rank's engine receives the whole delta.
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -48,8 +47,8 @@ class PolicySync:
         if self.delta_mode:
             if cfg.transport == "directory":
                 directory = Path(cfg.directory or run_dir / "deltas") / f"rank{torch.distributed.get_rank()}"
-                shutil.rmtree(directory, ignore_errors=True)  # a fresh chain starts at the engine's current version
                 self.transport = DirectoryTransport(directory)
+                self.transport.clear()  # a fresh chain starts at the engine's current version; other files stay
             else:
                 self.transport = InProcessTransport(engine)
         self.num_syncs = 0

@@ -16,7 +16,7 @@ class SyncError(ValueError):
 
     ``kind`` is a short machine-readable tag (``checksum``, ``format_version``, ``truncated``,
     ``keys``, ``dtype``, ``shape``, ``version``, ``replay``, ``gap``, ``name``, ``nonfinite``,
-    ``layout``, ``precision``, ``exists``, ``apply``); the message says the rest.
+    ``layout``, ``precision``, ``exists``, ``apply``, ``config``); the message says the rest.
     """
 
     def __init__(self, kind: str, message: str) -> None:

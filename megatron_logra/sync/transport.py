@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["InProcessTransport", "DirectoryTransport", "delta_filename"]
 
 _FILE_RE = re.compile(r"^delta_(\d{8,})\.safetensors$")
+_TMP_RE = re.compile(r"^\.delta_\d{8,}\.safetensors\..+\.tmp$")
 
 
 def delta_filename(new_version: int) -> str:
@@ -76,7 +77,19 @@ class DirectoryTransport:
 
     def __init__(self, directory: Union[str, os.PathLike]) -> None:
         self.dir = Path(directory)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise SyncError("config", f"delta directory {self.dir} exists and is not a directory")
         self.dir.mkdir(parents=True, exist_ok=True)
+
+    def clear(self) -> list[str]:
+        """Delete every published delta and leftover temporary file of this transport (a fresh chain);
+        nothing else in the directory is touched. Returns the names removed."""
+        removed = []
+        for entry in sorted(os.listdir(self.dir)):
+            if _FILE_RE.match(entry) or _TMP_RE.match(entry):
+                (self.dir / entry).unlink(missing_ok=True)
+                removed.append(entry)
+        return removed
 
     # ------------------------------------------------------------------ producer
     def publish(self, delta: Union[SketchDelta, bytes]) -> Path:

@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from megatron_logra.checkpoint.run_dir import claim_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
 from megatron_logra.metrics import MetricsWriter, is_rank0
@@ -71,6 +72,7 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
 def run_lm(cfg: RunConfig) -> dict:
     """Train ``cfg`` and return a summary (first/last loss, eval before/after, timing)."""
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
+    claim_run_dir(cfg.train.run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
     num_micro = _num_microbatches(cfg, groups)
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
     optimizer = build_optimizer(model, cfg.optimizer, groups)

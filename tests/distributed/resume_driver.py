@@ -67,6 +67,7 @@ def main() -> int:
                 os._exit(1)  # peers may wait in a collective: let torchrun tear the launch down
         elif kind == "cli":
             _, label, argv = op
+            os.environ["MEGATRON_LOGRA_TRACEBACK"] = "1"  # the error itself, not the CLI's exit-2 report of it
             try:
                 cli.main(argv)
                 results[label] = {"summary": None, "error": None}

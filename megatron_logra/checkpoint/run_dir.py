@@ -1,0 +1,67 @@
+"""Claiming a run directory: a new run never silently replaces an earlier one.
+
+A run directory holds one run: ``config.yaml``, ``metrics.jsonl``, ``summary.json``, the
+tokenizer, tensorboard events and ``checkpoints/``. Starting a *new* run (not ``--resume``) in a
+directory that already holds a run's checkpoints or metrics is refused with an error naming what
+is there, before anything is written: mixing two runs would overwrite the old config and summary,
+truncate its metrics and let checkpoint pruning delete either run's checkpoints.
+``train.overwrite=true`` deletes the old run's outputs first (rank 0), then every rank proceeds.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Union
+
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["claim_run_dir", "RUN_OUTPUTS"]
+
+RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "tensorboard", "config.yaml")
+"""What a run writes into its directory and an overwrite removes (the tokenizer is rewritten)."""
+
+
+def _previous_run(run_dir: Path) -> list[str]:
+    found = []
+    ckpts = run_dir / "checkpoints"
+    if ckpts.is_dir() and any(ckpts.iterdir()):
+        steps = sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step_"))
+        found.append(f"checkpoints/{steps[-1]}" if steps else "checkpoints/")
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append("metrics.jsonl")
+    return found
+
+
+def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -> None:
+    """Make ``run_dir`` ready for a run; every rank calls it (it synchronises when distributed).
+
+    ``resume``: the directory is continued as it is. Otherwise a directory holding a previous run
+    raises ``ValueError`` naming it and the two ways on (``--resume RUN_DIR``, ``train.overwrite=true``),
+    unless ``overwrite``, which removes :data:`RUN_OUTPUTS` first. A path that exists but is not a
+    directory is a ``ValueError`` too.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"train.run_dir={str(run_dir)!r} exists and is not a directory; choose another train.run_dir")
+    if resume:
+        return
+    found = _previous_run(run_dir)
+    if found and not overwrite:
+        raise ValueError(f"train.run_dir={str(run_dir)!r} already holds a run ({', '.join(found)}); continue it with "
+                         f"--resume {run_dir}, choose a new train.run_dir, or replace it with train.overwrite=true")
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if found and rank0:
+        logger.warning("train.overwrite=true: removing the previous run in %s (%s)", run_dir, ", ".join(found))
+        for name in RUN_OUTPUTS:
+            path = run_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

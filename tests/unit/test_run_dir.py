@@ -1,0 +1,113 @@
+"""A new run never replaces an earlier one by accident, and bad run/checkpoint input is an error
+message (exit status 2), not a traceback or lost files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from megatron_logra.checkpoint.run_dir import claim_run_dir
+
+
+def _previous_run(root: Path) -> dict[str, bytes]:
+    """A run directory as a finished run leaves it, plus a file of the user's; returns every file's bytes."""
+    (root / "checkpoints" / "step_00000002").mkdir(parents=True)
+    (root / "checkpoints" / "step_00000002" / "meta.json").write_text("{}")
+    (root / "checkpoints" / "latest").write_text("step_00000002")
+    (root / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    (root / "summary.json").write_text("{}")
+    (root / "notes.txt").write_text("mine")
+    return _files(root)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_new_run_in_a_used_directory_is_refused_and_nothing_is_touched(tmp_path):
+    before = _previous_run(tmp_path)
+    with pytest.raises(ValueError) as err:
+        claim_run_dir(tmp_path, resume=False, overwrite=False)
+    msg = str(err.value)
+    assert "checkpoints/step_00000002" in msg and "metrics.jsonl" in msg
+    assert f"--resume {tmp_path}" in msg and "train.overwrite=true" in msg
+    assert _files(tmp_path) == before
+    claim_run_dir(tmp_path, resume=True, overwrite=False)  # continuing it is fine
+    assert _files(tmp_path) == before
+
+
+def test_overwrite_removes_the_previous_run_only(tmp_path):
+    _previous_run(tmp_path)
+    claim_run_dir(tmp_path, resume=False, overwrite=True)
+    assert _files(tmp_path) == {"notes.txt": b"mine"}
+
+
+def test_fresh_empty_and_non_directory_run_dirs(tmp_path):
+    claim_run_dir(tmp_path / "new", resume=False, overwrite=False)
+    (tmp_path / "empty").mkdir()
+    claim_run_dir(tmp_path / "empty", resume=False, overwrite=False)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="not a directory"):
+        claim_run_dir(tmp_path / "afile", resume=False, overwrite=True)
+
+
+def test_cli_refuses_a_used_run_dir_with_a_message(tmp_path, capsys):
+    from megatron_logra.cli import main
+
+    before = _previous_run(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "tiny", f"train.run_dir={tmp_path}", "rl.steps=1", "train.progress=false"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "Traceback" not in err
+    assert _files(tmp_path) == before
+
+
+def test_cli_resume_with_another_run_dir_is_refused(tmp_path, capsys):
+    from megatron_logra.cli import main
+    from megatron_logra.config import parse_args_to_config, to_dict
+
+    run = tmp_path / "run"
+    run.mkdir()
+    before = _previous_run(run)
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(parse_args_to_config("tiny", [f"train.run_dir={run}"]))))
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--resume", str(run), f"train.run_dir={tmp_path / 'elsewhere'}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--resume {run}" in err and "elsewhere" in err
+    assert not (tmp_path / "elsewhere").exists()
+    assert {k: v for k, v in _files(run).items() if k != "config.yaml"} == before
+
+
+def test_a_corrupt_checkpoint_is_an_error_message_not_a_traceback(tmp_path, capsys):
+    from megatron_logra.cli import main
+    from megatron_logra.config import parse_args_to_config, to_dict
+
+    run = tmp_path / "run"
+    run.mkdir()
+    _previous_run(run)
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(parse_args_to_config("tiny", [f"train.run_dir={run}"]))))
+    (run / "checkpoints" / "step_00000002" / "meta.json").write_text(json.dumps({"format_version": "x"})[:-3])
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", str(run)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "meta.json" in err and "Traceback" not in err
+
+
+def test_delta_directory_clear_keeps_other_files(tmp_path):
+    from megatron_logra.sync.transport import DirectoryTransport, delta_filename
+
+    t = DirectoryTransport(tmp_path)
+    (tmp_path / delta_filename(3)).write_bytes(b"x")
+    (tmp_path / f".{delta_filename(4)}.123.abcd.tmp").write_bytes(b"y")
+    (tmp_path / "important.txt").write_text("keep")
+    assert t.clear() == [f".{delta_filename(4)}.123.abcd.tmp", delta_filename(3)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["important.txt"]
+    (tmp_path / "afile").write_text("z")
+    with pytest.raises(ValueError, match="not a directory"):
+        DirectoryTransport(tmp_path / "afile")
