@@ -91,6 +91,16 @@ def parse_size(text: Union[str, int]) -> int:
 
 
 # ------------------------------------------------------------------------------ output directories
+def _conversion_output(path: Path) -> bool:
+    """Whether ``path`` is something a conversion writes (weights, index, configs, tokenizer files, and the
+    ``hf/`` folder of config and tokenizer files an HF -> megatron-core conversion keeps)."""
+    name = path.name
+    if path.is_dir():
+        return name == "hf" and all(_conversion_output(p) for p in path.iterdir())
+    return path.is_file() and (name.endswith((".safetensors", ".safetensors.index.json"))
+                               or name in ("config.json", "generation_config.json", "meta.json", *HF_EXTRA_FILES))
+
+
 def _prepare_out(out: Path, force: bool, inputs: tuple[Path, ...]) -> Path:
     out = out.resolve()
     for src in inputs:
@@ -105,6 +115,10 @@ def _prepare_out(out: Path, force: bool, inputs: tuple[Path, ...]) -> Path:
             if not ((out / "meta.json").is_file() or (out / "config.json").is_file()):
                 raise ValueError(f"--out {out} is not empty and holds no meta.json or config.json: refusing to "
                                  "replace a directory that does not look like a checkpoint")
+            foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if not _conversion_output(p))
+            if foreign:
+                raise ValueError(f"--out {out} also holds {foreign[:5]}, which a conversion does not write: "
+                                 "--force would delete them; move them or choose another --out")
     tmp = out.parent / f".{out.name}.partial"
     if tmp.exists():
         shutil.rmtree(tmp)  # a previous interrupted conversion to the same destination
