@@ -147,9 +147,13 @@ class DirectoryTransport:
         """Decode the delta published as ``version`` (``SyncError`` names the file on corruption)."""
         path = self.dir / delta_filename(version)
         try:
-            return decode(path.read_bytes())
+            data = path.read_bytes()
+        except OSError as exc:  # a folder or a dangling link in its place, permissions: unreadable, not a crash
+            raise SyncError("truncated", f"{path.name}: cannot be read ({type(exc).__name__}: {exc.strerror})") from None
+        try:
+            return decode(data)
         except SyncError as exc:
-            raise SyncError(exc.kind, f"{path.name}: {exc}") from None
+            raise SyncError(exc.kind, f"{path.name}: {str(exc).removeprefix(f'[{exc.kind}] ')}") from None
 
     def poll(self, current_version: int) -> list[SketchDelta]:
         """The chain of deltas after ``current_version``, in order.

@@ -111,3 +111,18 @@ def test_delta_directory_clear_keeps_other_files(tmp_path):
     (tmp_path / "afile").write_text("z")
     with pytest.raises(ValueError, match="not a directory"):
         DirectoryTransport(tmp_path / "afile")
+
+
+def test_an_unreadable_delta_file_is_a_sync_error_naming_it_once(tmp_path):
+    from megatron_logra.sync import SyncError
+    from megatron_logra.sync.transport import DirectoryTransport, delta_filename
+
+    t = DirectoryTransport(tmp_path)
+    (tmp_path / delta_filename(1)).mkdir()  # a folder where the delta should be
+    with pytest.raises(SyncError, match=rf"{delta_filename(1)}: cannot be read \(IsADirectoryError"):
+        t.read(1)
+    (tmp_path / delta_filename(1)).rmdir()
+    (tmp_path / delta_filename(1)).write_bytes(b"\x00" * 5)  # truncated
+    with pytest.raises(SyncError) as err:
+        t.read(1)
+    assert str(err.value).count(f"[{err.value.kind}]") == 1 and delta_filename(1) in str(err.value)
