@@ -2,18 +2,17 @@
 
 Contract: the engine-side view of the model's weights, for :mod:`~megatron_logra.sync.sglang_loader`:
 its TP position (:func:`engine_tp`), its weight version (:func:`engine_version`), the weights
-the loader may change (all parameters but its own state parameters), and the Hugging Face
-view used for fingerprints (:func:`engine_hf_view`). Reads only, apart from the attributes the
-loader sets.
+the loader may change (all parameters but its own state parameters), and each rank's share of
+every Hugging Face tensor (:func:`engine_pieces`; at TP=1 also as whole views, :func:`engine_hf_view`).
+Reads only, apart from the attributes the loader sets.
 
 The engine's TP rank/size come from the ``tp_rank``/``tp_size`` attributes of SGLang's
 parallel linear modules (or SGLang's parallel state, or 0/1); the weight version lives on the
 model as ``model._logra_weight_version`` (0 at load). ``fingerprint`` hashes the weights in
 Hugging Face layout (fused ``qkv_proj``/``gate_up_proj`` split back, vocab padding rows
-dropped), so it compares with the trainer's fingerprint of its HF state: at TP=1 the whole
-tensors of :func:`engine_hf_view`; at any TP size each rank's share of every HF tensor
-(:func:`engine_pieces`), whose sampled rows the ranks exchange and assemble
-(:mod:`~megatron_logra.sync.sglang_fingerprint`). Engine side: imports only torch, the standard
+dropped), so it compares with the trainer's fingerprint of its HF state: at any TP size each
+rank's share of every HF tensor (:func:`engine_pieces`), whose sampled rows the ranks exchange
+and assemble (:mod:`~megatron_logra.sync.sglang_fingerprint`). Engine side: imports only torch, the standard
 library and the sync package (SGLang is optional).
 """
 
@@ -76,37 +75,24 @@ def _attention_dims(model: nn.Module) -> Optional[AttentionDims]:
 
 @torch.no_grad()
 def engine_hf_view(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The weights of a TP=1 SGLang model under Hugging Face names (views, no copies).
+    """The weights of a TP=1 SGLang model under Hugging Face names (views, no copies): the
+    :func:`engine_pieces` of an unsharded engine, each one block of whole rows.
 
     ``qkv_proj`` is split into ``q_proj``/``k_proj``/``v_proj`` (attention dims from the last
     delta, else ``model.config``), ``gate_up_proj`` into ``gate_proj``/``up_proj``, and the
-    vocab-parallel ``embed_tokens``/``lm_head`` lose SGLang's padding rows (``org_vocab_size``).
-    A tied ``lm_head`` is a shared parameter and appears once, as ``embed_tokens`` (as in the
-    trainer's HF state). Raises ``SyncError("layout")`` when a fused weight does not fit.
+    vocab-parallel ``embed_tokens``/``lm_head`` lose SGLang's padding rows. A tied ``lm_head`` is a
+    shared parameter and appears once, as ``embed_tokens`` (as in the trainer's HF state). Raises
+    ``SyncError("layout")`` when a fused weight does not fit.
     """
     size, _ = engine_tp(model)
     if size != 1:
         raise SyncError("layout", f"the HF view needs an unsharded engine, this one has TP={size}")
-    dims = _attention_dims(model)
     out: dict[str, torch.Tensor] = {}
-    for name, w in _own_weights(model).items():
-        head, _, leaf = name.rpartition(".")
-        if head.endswith("qkv_proj"):
-            if dims is None:
-                raise SyncError("layout", f"{name}: attention dims unknown (no delta yet and no model.config)")
-            q, kv = dims.num_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim
-            if w.shape[0] != q + 2 * kv:
-                raise SyncError("layout", f"{name}: {w.shape[0]} rows, attention dims imply {q + 2 * kv}")
-            pre = head[: -len("qkv_proj")]
-            out[f"{pre}q_proj.{leaf}"], out[f"{pre}k_proj.{leaf}"], out[f"{pre}v_proj.{leaf}"] = w.split([q, kv, kv])
-        elif head.endswith("gate_up_proj"):
-            pre = head[: -len("gate_up_proj")]
-            out[f"{pre}gate_proj.{leaf}"], out[f"{pre}up_proj.{leaf}"] = w.chunk(2, dim=0)
-        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
-            rows = getattr(model.get_submodule(head), "org_vocab_size", None)
-            out[name] = w[:rows] if isinstance(rows, int) and 0 < rows <= w.shape[0] else w
-        else:
-            out[name] = w
+    for name, p in engine_pieces(model).items():  # the one statement of the engine layout
+        n, l0 = p.local_rows.numel(), int(p.local_rows[0]) if p.local_rows.numel() else 0
+        if not torch.equal(p.local_rows, _arange(l0, l0 + n)) or p.cols != (0, p.mat.shape[1]):
+            raise SyncError("layout", f"{name}: not one block of whole rows on an unsharded engine")
+        out[name] = p.mat[l0: l0 + n].reshape(p.shape)
     return out
 
 
