@@ -16,7 +16,8 @@ order, ``key, dtype, shape`` and its raw little-endian bytes. Encoding is determ
 (equal deltas give equal bytes). No pickle.
 
 ``decode`` re-checks everything and raises :class:`SyncError` naming the problem: truncated
-or malformed bytes, unknown format version, checksum mismatch, missing or extra keys, wrong
+bytes (``truncated``: fewer bytes than the safetensors header promises), bytes that do not
+parse (``malformed``), unknown format version, checksum mismatch, missing or extra keys, wrong
 dtype or shape. Imports only torch, safetensors and the standard library.
 """
 
@@ -176,27 +177,27 @@ def _read_safetensors_header(data: bytes) -> dict:
     try:
         st_header = json.loads(data[8 : 8 + n])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SyncError("truncated", f"safetensors header is not valid JSON ({exc})") from None
+        raise SyncError("malformed", f"safetensors header is not valid JSON ({exc})") from None
     if not isinstance(st_header, dict):
-        raise SyncError("truncated", "safetensors header is not a JSON object")
+        raise SyncError("malformed", "safetensors header is not a JSON object")
     end = 0
     try:
         for key, info in st_header.items():
             if key != "__metadata__":
                 end = max(end, int(info["data_offsets"][1]))
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise SyncError("truncated", f"safetensors header entry is malformed ({exc!r})") from None
+        raise SyncError("malformed", f"safetensors header entry is malformed ({exc!r})") from None
     if 8 + n + end > len(data):
         raise SyncError("truncated", f"tensor data needs {end} bytes but only {len(data) - 8 - n} are present")
     if 8 + n + end < len(data):
-        raise SyncError("truncated", f"{len(data) - 8 - n - end} unexpected trailing bytes after the tensor data")
+        raise SyncError("malformed", f"{len(data) - 8 - n - end} unexpected trailing bytes after the tensor data")
     return st_header
 
 
 def decode(data: bytes) -> SketchDelta:
     """Parse and verify an encoded delta; raises :class:`SyncError` naming the first problem found."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise SyncError("truncated", f"expected bytes, got {type(data).__name__}")
+        raise SyncError("malformed", f"expected bytes, got {type(data).__name__}")
     data = bytes(data)
     st_header = _read_safetensors_header(data)
     meta = st_header.get("__metadata__") or {}
@@ -214,7 +215,7 @@ def decode(data: bytes) -> SketchDelta:
     try:
         tensors = st_load(data)
     except Exception as exc:  # safetensors raises its own error type for malformed bytes
-        raise SyncError("truncated", f"safetensors could not parse the message ({exc})") from None
+        raise SyncError("malformed", f"safetensors could not parse the message ({exc})") from None
     digest = _digest(_canonical_json(header), tensors)
     if digest != claimed:
         raise SyncError("checksum", f"sha256 mismatch: message says {claimed[:16]}…, content hashes to {digest[:16]}…")

@@ -15,8 +15,9 @@ class SyncError(ValueError):
     """A sketch delta was rejected; nothing was modified.
 
     ``kind`` is a short machine-readable tag (``checksum``, ``format_version``, ``truncated``,
-    ``keys``, ``dtype``, ``shape``, ``version``, ``replay``, ``gap``, ``name``, ``nonfinite``,
-    ``layout``, ``precision``, ``exists``, ``apply``, ``config``); the message says the rest.
+    ``malformed``, ``unreadable``, ``keys``, ``dtype``, ``shape``, ``version``, ``replay``, ``gap``,
+    ``name``, ``nonfinite``, ``layout``, ``precision``, ``exists``, ``apply``, ``config``); the
+    message says the rest.
     """
 
     def __init__(self, kind: str, message: str) -> None:

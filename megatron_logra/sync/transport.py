@@ -149,7 +149,7 @@ class DirectoryTransport:
         try:
             data = path.read_bytes()
         except OSError as exc:  # a folder or a dangling link in its place, permissions: unreadable, not a crash
-            raise SyncError("truncated", f"{path.name}: cannot be read ({type(exc).__name__}: {exc.strerror})") from None
+            raise SyncError("unreadable", f"{path.name}: cannot be read ({type(exc).__name__}: {exc.strerror})") from None
         try:
             return decode(data)
         except SyncError as exc:

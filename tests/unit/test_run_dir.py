@@ -119,10 +119,12 @@ def test_an_unreadable_delta_file_is_a_sync_error_naming_it_once(tmp_path):
 
     t = DirectoryTransport(tmp_path)
     (tmp_path / delta_filename(1)).mkdir()  # a folder where the delta should be
-    with pytest.raises(SyncError, match=rf"{delta_filename(1)}: cannot be read \(IsADirectoryError"):
+    with pytest.raises(SyncError, match=rf"{delta_filename(1)}: cannot be read \(IsADirectoryError") as err:
         t.read(1)
+    assert err.value.kind == "unreadable"
     (tmp_path / delta_filename(1)).rmdir()
     (tmp_path / delta_filename(1)).write_bytes(b"\x00" * 5)  # truncated
     with pytest.raises(SyncError) as err:
         t.read(1)
     assert str(err.value).count(f"[{err.value.kind}]") == 1 and delta_filename(1) in str(err.value)
+    assert err.value.kind == "truncated"

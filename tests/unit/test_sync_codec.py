@@ -92,8 +92,50 @@ def test_truncated_bytes_are_rejected(cut):
 
 
 def test_trailing_garbage_is_rejected():
-    with pytest.raises(SyncError, match="trailing"):
+    with pytest.raises(SyncError, match="trailing") as exc:
         decode(encode(_delta()) + b"\0")
+    assert exc.value.kind == "malformed"
+
+
+def _with_safetensors_header(data: bytes, edit) -> bytes:
+    """``data`` with its safetensors JSON header bytes replaced by ``edit(header bytes)``, same length."""
+    (n,) = struct.unpack("<Q", data[:8])
+    new = edit(bytearray(data[8 : 8 + n]))
+    assert len(new) == n
+    return data[:8] + bytes(new) + data[8 + n :]
+
+
+def _break_json(h: bytearray) -> bytearray:
+    h[0:1] = b"["  # '{' -> '[': the header no longer parses
+    return h
+
+
+def _not_an_object(h: bytearray) -> bytearray:
+    return bytearray(b"[]" + b" " * (len(h) - 2))
+
+
+def _bad_offsets(h: bytearray) -> bytearray:
+    i = h.index(b'"data_offsets"')
+    h[i : i + 14] = b'"data_offsetZ"'
+    return h
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_break_json, "not valid JSON"),
+    (_not_an_object, "not a JSON object"),
+    (_bad_offsets, "entry is malformed"),
+])
+def test_a_corrupt_header_of_full_length_is_malformed_not_truncated(edit, message):
+    data = _with_safetensors_header(encode(_delta()), edit)
+    with pytest.raises(SyncError, match=message) as exc:
+        decode(data)
+    assert exc.value.kind == "malformed"
+
+
+def test_a_non_bytes_message_is_malformed():
+    with pytest.raises(SyncError, match="expected bytes, got str") as exc:
+        decode("not bytes")
+    assert exc.value.kind == "malformed"
 
 
 def test_unknown_format_version_is_named():
