@@ -8,8 +8,14 @@ fingerprint of sampled rows is compared every ``check_interval`` syncs; a mismat
 compute weights replay the engine's merges while the masters keep the exact trajectory; once
 they separate by more than ``max_master_drift`` the masters are copied back and the engine refit.
 ``full`` mode and other optimizers refit densely. Under pipeline parallelism each stage builds the
-part of its own layers; the parts are gathered over the pipeline group and merged, so every
-rank's engine receives the whole delta.
+part of its own layers; the parts are gathered over the pipeline group and merged.
+
+Only ranks whose engine takes weight payloads encode them: an engine may say it does not with
+``receives_weights = False`` (:class:`~megatron_logra.rollout.sglang_engine.SGLangEngine` on every
+rank but the one that drives SGLang). Such a rank still runs every collective (the TP gathers of
+``build_delta``, the engine's own agreement on the outcome) but skips the encode, the pipeline
+merge and the checksums -- about 1 GB of host bytes per rank and update at 27B -- and a pipeline
+group without any receiving rank exchanges nothing. Embedded engines receive on every rank.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import torch
 
 from megatron_logra.optim.logra import LograOptimizer
 from megatron_logra.optim.update import PreparedUpdate
-from megatron_logra.parallel import ParallelGroups, all_gather_bytes
+from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum
 from megatron_logra.rl.weights import iter_hf_params, trainer_fingerprint
 from megatron_logra.sync import DirectoryTransport, InProcessTransport, SyncError, decode, drift, encode
 from megatron_logra.sync.config import SyncConfig
@@ -34,17 +40,19 @@ __all__ = ["PolicySync"]
 
 
 class PolicySync:
-    """Keeps one rollout engine at the trainer's weight version (every rank owns its engine)."""
+    """Keeps one rollout engine at the trainer's weight version (every rank holds an engine object;
+    see the module docstring for ranks whose engine is driven by another rank)."""
 
     def __init__(self, cfg: SyncConfig, *, model: Any, model_cfg: Any, optimizer: Any, engine: Any,
                  groups: ParallelGroups, run_dir: Path) -> None:
         self.cfg = cfg
         self.model, self.model_cfg, self.optimizer, self.engine, self.groups = model, model_cfg, optimizer, engine, groups
         self.delta_mode = cfg.mode == "delta" and isinstance(optimizer, LograOptimizer)
+        self.receives = bool(getattr(engine, "receives_weights", True))
         if cfg.mode == "delta" and not self.delta_mode:
             logger.info("sync.mode=delta falls back to full refits with optimizer %s", type(optimizer).__name__)
         self.transport = None
-        if self.delta_mode:
+        if self.delta_mode and self.receives:
             if cfg.transport == "directory":
                 directory = Path(cfg.directory or run_dir / "deltas") / f"rank{torch.distributed.get_rank()}"
                 self.transport = DirectoryTransport(directory)
@@ -84,12 +92,11 @@ class PolicySync:
             return {"sync_bytes": self.full(new_version), "sync_mode": "full", "sync_drift": 0, "sync_master_drift": 0.0}
         delta = build_delta(self.optimizer, update, alpha, base_version, new_version, self.groups,
                             model=self.model, factors=factors)
-        payload = encode(delta)
-        if self.groups.pp_size > 1:  # each stage built its own layers' part: every rank's engine needs all
-            parts = all_gather_bytes(payload, self.groups.pp)
-            payload = encode(merge_deltas([decode(part) for part in parts]))
+        payload = self._payload(delta)
         try:
-            if isinstance(self.transport, DirectoryTransport):
+            if payload is None:  # another rank drives this engine: take part in its agreement only
+                self.engine.apply_sketch_delta(None)
+            elif isinstance(self.transport, DirectoryTransport):
                 self.transport.publish(payload)
                 self.transport.consume(self.engine)
                 if self.cfg.keep_deltas:
@@ -99,7 +106,7 @@ class PolicySync:
         except SyncError as exc:  # the engine kept its weights; bring it back with a dense refit
             logger.warning("sync: the engine rejected delta %d->%d (%s); full refit", base_version, new_version, exc)
             self.num_drifts += 1
-            return {"sync_bytes": len(payload) + self.full(new_version), "sync_mode": "full", "sync_drift": 1,
+            return {"sync_bytes": len(payload or b"") + self.full(new_version), "sync_mode": "full", "sync_drift": 1,
                     "sync_master_drift": 0.0}
         mode, drifted = "delta", 0
         if self.cfg.check_interval and self.num_syncs % self.cfg.check_interval == 0:
@@ -119,4 +126,18 @@ class PolicySync:
         if drifted or anchor:
             self.full(new_version)
             mode = "delta+anchor"
-        return {"sync_bytes": len(payload), "sync_mode": mode, "sync_drift": drifted, "sync_master_drift": master_drift}
+        return {"sync_bytes": len(payload or b""), "sync_mode": mode, "sync_drift": drifted,
+                "sync_master_drift": master_drift}
+
+    def _payload(self, delta: Any) -> Optional[bytes]:
+        """The whole step's encoded delta on a receiving rank, None elsewhere. Under pipeline
+        parallelism every stage contributes its part when some rank of its pipeline group receives."""
+        if self.groups.pp_size == 1:
+            return encode(delta) if self.receives else None
+        wanted = torch.tensor([float(self.receives)], dtype=torch.float64)
+        if all_reduce_sum(wanted, self.groups.pp).item() == 0:
+            return None
+        parts = all_gather_bytes(encode(delta), self.groups.pp)
+        if not self.receives:
+            return None
+        return encode(merge_deltas([decode(part) for part in parts]))

@@ -149,13 +149,20 @@ class SGLangEngine:
         """Version of the engine's weights (shared from the sync driver after every update)."""
         return self._version
 
+    @property
+    def receives_weights(self) -> bool:
+        """True on the sync driver only: the one rank whose payloads reach SGLang. Other ranks take
+        part in every weight call (pass ``None`` as the delta) without building payloads."""
+        return _is_driver(self.sync_group)
+
     def _synced(self, fn: Callable[[], Any]) -> Any:
         result, self._version = share_from_driver(lambda: (fn(), int(self.target.weight_version)), self.sync_group)
         return result
 
     def apply_sketch_delta(self, delta: Any) -> int:
-        """Send one sketch delta through ``sglang_client`` (driver); every rank gets the new version or the
-        same ``SyncError`` (the engine kept its weights)."""
+        """Send one sketch delta through ``sglang_client`` (driver; other ranks' ``delta`` is unused and
+        may be None); every rank gets the new version or the same ``SyncError`` (the engine kept its
+        weights)."""
         self._synced(lambda: self.target.apply_sketch_delta(delta))
         return self._version
 

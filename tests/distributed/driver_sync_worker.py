@@ -1,0 +1,94 @@
+"""Worker for ``test_driver_sync.py``: sketch-delta sync to an engine driven by one rank.
+
+An :class:`SGLangEngine` whose sync target (on global rank 0 only) is a real
+:class:`EmbeddedEngine` -- it has the target protocol: ``weight_version``,
+``apply_sketch_delta(bytes)``, ``update_weights_full``, ``fingerprint`` -- so the trainer side
+runs exactly as with SGLang: one driving rank, the others only in the collectives. Three LoGRA
+updates of a megatron GPT (real forward/backward through megatron's schedule) are synced with
+``PolicySync``; the drift check runs after every update.
+
+Launch: ``torchrun --nproc-per-node N driver_sync_worker.py OUT TP PP``. Every rank writes
+``OUT/rank{r}.json``; the test asserts on them. Reference for the engine's weights: the
+trainer's full weights streamed by ``rl.weights.iter_hf_params`` (compared bit for bit).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+NUM_UPDATES = 3
+
+
+def _lm_batch(step: int, cfg, rows: int = 4):
+    from megatron_logra.train.step import Batch
+
+    gen = torch.Generator().manual_seed(1000 + step)
+    seq = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_length + 1), generator=gen)
+    pos = torch.arange(cfg.seq_length).expand(rows, -1).contiguous()
+    return Batch(seq[:, :-1].contiguous(), seq[:, 1:].contiguous(), torch.ones(rows, cfg.seq_length), pos)
+
+
+def main(out: str, tp: int, pp: int) -> None:
+    torch.set_num_threads(1)
+    from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
+    from megatron_logra.models.gpt import ModelConfig, build_gpt
+    from megatron_logra.parallel import ParallelConfig, destroy_parallel, initialize_parallel
+    from megatron_logra.rl.policy_sync import PolicySync
+    from megatron_logra.rl.weights import iter_hf_params
+    from megatron_logra.rollout.embedded import EmbeddedEngine
+    from megatron_logra.rollout.sglang_engine import SGLangEngine
+    from megatron_logra.sync.config import SyncConfig
+    from megatron_logra.train.step import forward_backward
+
+    groups = initialize_parallel(ParallelConfig(tp=tp, pp=pp), seed=7)
+    cfg = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
+                      vocab_size=80, seq_length=16)
+    model = build_gpt(cfg, groups, seed=7)
+    opt = build_optimizer(model, OptimizerConfig(logra=LograConfig(rank=8, lr=1e-2, seed=3),
+                                                 native=NativeConfig(freeze=True)), groups)
+    driver = dist.get_rank() == 0
+    target = EmbeddedEngine(cfg, tp=tp, init_seed=1) if driver else None
+
+    def no_generation(payload: dict):
+        raise AssertionError("this test does not generate")
+
+    engine = SGLangEngine(generate_fn=no_generation if driver else None, target=target, vocab_size=cfg.vocab_size,
+                          padded_vocab_size=cfg.padded_vocab_size(tp), gen_group=groups.mp, sync_group=groups.mp)
+    sync = PolicySync(SyncConfig(check_interval=1), model=model, model_cfg=cfg, optimizer=opt, engine=engine,
+                      groups=groups, run_dir=Path(out))
+    sync.full(0)
+    records = []
+    for step in range(1, NUM_UPDATES + 1):
+        opt.zero_grad()
+        result = forward_backward(model, [_lm_batch(step, cfg)], groups)
+        update = opt.prepare(num_tokens=result.num_tokens)
+        assert not update.skipped, update.reason
+        factors = sync.factors(update, 1.0)
+        opt.apply(update, 1.0, factors=factors)
+        records.append(sync.push(update, 1.0, factors, step - 1, step))
+    # every rank takes part in the stream; the driver checks its engine against it
+    differ, num_tensors = [], 0
+    for name, full in iter_hf_params(model, groups, cfg):
+        num_tensors += 1
+        if driver:
+            mine = dict(target.model.named_parameters())[name].detach()
+            if not torch.equal(mine, full.to(mine.dtype)):
+                differ.append(name)
+    result = {"rank": dist.get_rank(), "receives": sync.receives, "version": engine.weight_version,
+              "records": records, "differ": differ, "num_tensors": num_tensors,
+              "target_version": target.weight_version if driver else None}
+    (Path(out) / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+    dist.barrier()
+    destroy_parallel()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

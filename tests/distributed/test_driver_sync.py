@@ -1,0 +1,36 @@
+"""Sketch-delta sync to an engine that one rank drives (SGLang's arrangement), on gloo.
+
+With TP 2 and with PP 2 the driving rank's engine must end bitwise equal to the trainer after
+three updates that each travelled as a delta alone (drift check after every update), while the
+other rank built no payload (``sync_bytes`` 0) yet took part in every collective (no hang, same
+versions and outcomes on both ranks).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+WORKER = Path(__file__).resolve().parent / "driver_sync_worker.py"
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
+def test_only_the_driving_rank_builds_payloads_and_its_engine_equals_the_trainer(launcher, tmp_path, tp, pp):
+    launcher.launch(tp * pp, [str(WORKER), str(tmp_path), str(tp), str(pp)], timeout=300,
+                    log=tmp_path / "launch.log")
+    results = sorted((json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in results] == list(range(tp * pp))
+    driver, other = results
+    assert driver["receives"] is True and other["receives"] is False
+    assert driver["target_version"] == 3
+    for r in results:
+        assert r["version"] == 3
+        assert [(rec["sync_mode"], rec["sync_drift"]) for rec in r["records"]] == [("delta", 0)] * 3, r
+    assert all(rec["sync_bytes"] > 0 for rec in driver["records"])
+    assert all(rec["sync_bytes"] == 0 for rec in other["records"])
+    assert driver["num_tensors"] == other["num_tensors"] > 0
+    assert driver["differ"] == []
