@@ -56,6 +56,9 @@ class TrainConfig:
     """Steps between checkpoints; 0 = only at the end (--save-interval)."""
     keep_last: int = 2
     """Checkpoints to keep."""
+    checkpoint_checksums: bool = True
+    """CRC-32 of every checkpoint file in meta.json, verified on load: detects a shard corrupted at
+    the same size; costs ~0.3 s per GB per rank at save and load. Off: sizes only are checked."""
     run_dir: str = "runs/tiny"
     """Output directory: config, metrics.jsonl, checkpoints (--save)."""
     resume: bool = False
@@ -77,6 +80,8 @@ class TrainConfig:
             )
         if self.eval_interval < 0 or self.save_interval < 0:
             raise ValueError("train.eval_interval and train.save_interval must be >= 0")
+        if not isinstance(self.checkpoint_checksums, bool):
+            raise ValueError(f"train.checkpoint_checksums={self.checkpoint_checksums!r} must be true or false")
 
 
 @dataclass

@@ -8,12 +8,24 @@ A checkpoint ``RUN/checkpoints/step_XXXXXXXX/`` holds
   regenerated from ``(seed, layer, update)``, never stored.
 * ``rng_rank{r}.safetensors`` — each rank's RNG states (restored when the layout is the same).
 * ``meta.json`` — written last: format version, step, layout, the layout-independent scalars
-  (optimizer counters, KL-controller and RL-loop state), the config, and the size of every file.
+  (optimizer counters, KL-controller and RL-loop state), the config, and every other file under
+  ``files`` as ``{relative path: {"bytes": size, "crc32": "8 hex digits"}}`` (``crc32`` absent
+  when saved with ``checksums=False``; checkpoints of older versions hold plain sizes, which
+  still load, with sizes checked only).
 
 A save goes to ``step_XXXXXXXX.tmp`` and is renamed when complete; ``RUN/checkpoints/latest``
 names the newest complete checkpoint and is replaced atomically after the rename, so a kill at
-any moment (including mid-save) leaves the previous checkpoint usable. Loading checks the
-format, the recorded file sizes and the presence of every tensor before anything is modified.
+any moment (including mid-save) leaves the previous checkpoint usable. Loading checks, before
+anything is modified: the format, every recorded file's presence and size (cheap), then every
+recorded CRC-32 (reads each file once: a shard corrupted at the same size is named instead of
+loading as wrong weights), then the presence of every tensor.
+
+The CRC-32s (``zlib.crc32``, 16 MiB chunks, so memory stays flat) are computed by all ranks
+together, at save and at load: the files are split into disjoint shares balanced by size
+(:func:`checksum_shares`), each rank hashes its share on a few threads (zlib releases the GIL)
+and the results are gathered over the world group, so every rank raises the same error. CRC-32
+detects accidental corruption (bit flips, torn or overwritten blocks), not tampering; it runs at
+~3.4 GB/s per core where sha256 manages ~1.5 GB/s, i.e. ~0.3 s per GB per rank at save and load.
 
 megatron-core's torch_dist writer collects results through a ``multiprocessing`` manager started
 with ``spawn``: a script that calls the training functions directly must guard its entry point
@@ -22,12 +34,15 @@ with ``if __name__ == "__main__":`` (the ``megatron-logra`` CLI does).
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
 import shutil
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -40,14 +55,19 @@ from megatron_logra.checkpoint.sharding import (
     param_shardings,
     slot_name,
 )
-from megatron_logra.parallel import ParallelGroups
+from megatron_logra.parallel import ParallelGroups, all_gather_bytes, group_rank, group_size
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "read_meta", "CheckpointError", "FORMAT_VERSION"]
+__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "read_meta", "CheckpointError", "FORMAT_VERSION",
+           "checksum_shares", "file_crc32"]
 
 FORMAT_VERSION = 2
 _DIST = "dist"
+_CRC_CHUNK = 16 << 20
+"""Bytes read per ``zlib.crc32`` call: one buffer of this size per hashing thread."""
+_CRC_THREADS = 4
+"""Hashing threads per rank."""
 
 
 class CheckpointError(ValueError):
@@ -66,6 +86,10 @@ def _global_rank() -> int:
 
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _world_group() -> Optional[dist.ProcessGroup]:
+    return dist.group.WORLD if dist.is_initialized() else None
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -108,6 +132,77 @@ def _file_sizes(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def checksum_shares(sizes: Mapping[str, int], world_size: int) -> list[list[str]]:
+    """Split the files ``{name: bytes}`` into ``world_size`` disjoint shares (index = rank) of
+    similar total size: largest first, each to the least loaded rank (ties: lower rank; equal
+    sizes: by name). Deterministic, so every rank computes the same split from the same sizes;
+    every name is in exactly one share, and each share is sorted by name."""
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size} must be >= 1")
+    shares: list[list[str]] = [[] for _ in range(world_size)]
+    load = [(0, r) for r in range(world_size)]
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        total, r = heapq.heappop(load)
+        shares[r].append(name)
+        heapq.heappush(load, (total + sizes[name], r))
+    return [sorted(share) for share in shares]
+
+
+def file_crc32(path: Union[str, Path]) -> tuple[int, str]:
+    """``(bytes read, CRC-32 as 8 lowercase hex digits)`` of a file, read in 16 MiB chunks into one
+    reused buffer (memory stays flat; ``zlib.crc32`` releases the GIL, so threads overlap)."""
+    crc, total = 0, 0
+    view = memoryview(bytearray(_CRC_CHUNK))
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            got = fh.readinto(view)
+            if not got:
+                break
+            crc = zlib.crc32(view[:got], crc)
+            total += got
+    return total, f"{crc:08x}"
+
+
+def _hash_files(root: Path, names: Sequence[str]) -> dict[str, dict]:
+    """``{name: {"bytes": n, "crc32": hex}}`` of files under ``root`` (``{"error": message}`` for
+    one that cannot be read), hashed on up to ``_CRC_THREADS`` threads."""
+    def one(name: str) -> dict:
+        try:
+            n, crc = file_crc32(root / name)
+        except OSError as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"bytes": n, "crc32": crc}
+
+    if not names:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(_CRC_THREADS, len(names)), thread_name_prefix="ckpt-crc32") as pool:
+        return dict(zip(names, pool.map(one, names)))
+
+
+def _file_records(root: Path, sizes: dict[str, int], checksums: bool) -> dict[str, dict]:
+    """meta.json's ``files`` (collective over the world group when ``checksums``): each rank
+    hashes its :func:`checksum_shares` share of the files it sees, the results are gathered; a
+    file that no rank hashed at the size rank 0 sees (a rank that could not read it, or listed
+    other files) is hashed by rank 0 itself. ``{}`` on the other ranks."""
+    if not checksums:
+        return {rel: {"bytes": n} for rel, n in sizes.items()}
+    group = _world_group()
+    share = checksum_shares(sizes, group_size(group))[group_rank(group)]
+    hashed: dict[str, dict] = {}
+    for payload in all_gather_bytes(json.dumps(_hash_files(root, share)).encode(), group):
+        hashed.update(json.loads(payload))
+    if group_rank(group) != 0:
+        return {}
+    records = {}
+    for rel, n in sizes.items():
+        got = hashed.get(rel, {})
+        if got.get("bytes") != n or "crc32" not in got:
+            n, crc = file_crc32(root / rel)
+            got = {"bytes": n, "crc32": crc}
+        records[rel] = {"bytes": got["bytes"], "crc32": got["crc32"]}
+    return records
+
+
 def _sharded_state(model, optimizer) -> tuple[dict, dict, list]:
     """(sharded state dict for dist_checkpointing, optimizer scalars, ``[(slot name, slot)]``)."""
     model_sd = model_sharded_state(model)
@@ -130,9 +225,12 @@ def save_checkpoint(
     extra: Optional[dict] = None,
     config: Optional[dict] = None,
     keep_last: int = 2,
+    checksums: bool = True,
 ) -> Path:
     """Write checkpoint ``step`` collectively (every rank calls it). ``optimizer`` provides
-    ``sharded_state()`` (:mod:`megatron_logra.optim.state`); ``None`` saves the weights only."""
+    ``sharded_state()`` (:mod:`megatron_logra.optim.state`); ``None`` saves the weights only.
+    ``checksums``: record the CRC-32 of every file in meta.json (hashed by all ranks, each a
+    share), so that loading detects a file corrupted at the same size; sizes are always recorded."""
     from megatron.core import dist_checkpointing
 
     root = Path(run_dir) / "checkpoints"
@@ -149,6 +247,7 @@ def save_checkpoint(
     dist_checkpointing.save(sharded, str(tmp / _DIST))
     save_file(_rng_state(), str(tmp / f"rng_rank{rank}.safetensors"))
     _barrier()
+    files = _file_records(tmp, _file_sizes(tmp), checksums) if checksums or rank == 0 else {}
     if rank == 0:
         meta = {
             "format_version": FORMAT_VERSION,
@@ -160,7 +259,7 @@ def save_checkpoint(
             "state": scalars,
             "extra": extra or {},
             "config": config or {},
-            "files": _file_sizes(tmp),
+            "files": files,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         if final.exists():
@@ -187,10 +286,22 @@ def latest_checkpoint(run_dir: Union[str, Path]) -> Optional[Path]:
     return path
 
 
-def read_meta(path: Union[str, Path]) -> dict:
-    """``meta.json`` of checkpoint ``path``, checked: format version and every recorded file
-    present with its recorded size (a truncated or missing shard is named)."""
-    path = Path(path)
+class _Recorded(NamedTuple):
+    bytes: int
+    crc32: Optional[str]
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_crc(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 8 and all(c in "0123456789abcdef" for c in value)
+
+
+def _parse_meta(path: Path) -> tuple[dict, dict[str, _Recorded]]:
+    """meta.json of ``path`` (format version checked) and its ``files``: sizes and CRC-32s (None
+    where not recorded: plain-int sizes of older checkpoints, or saved without checksums)."""
     meta_path = path / "meta.json"
     if not meta_path.exists():
         raise CheckpointError(f"{path} is not a megatron_logra checkpoint (no meta.json)")
@@ -201,14 +312,87 @@ def read_meta(path: Union[str, Path]) -> dict:
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
         got = meta.get("format_version") if isinstance(meta, dict) else None
         raise CheckpointError(f"{path} has format version {got}, expected {FORMAT_VERSION}")
+    files = meta.get("files", {})
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{meta_path} is corrupt: 'files' is a {type(files).__name__}, not a mapping")
+    recorded = {}
+    for rel, entry in files.items():
+        if _is_count(entry):  # sizes only (older checkpoints)
+            recorded[rel] = _Recorded(entry, None)
+        elif isinstance(entry, dict) and _is_count(entry.get("bytes")) and (
+                "crc32" not in entry or _is_crc(entry["crc32"])):
+            recorded[rel] = _Recorded(entry["bytes"], entry.get("crc32"))
+        else:
+            raise CheckpointError(f"{meta_path} is corrupt: files[{rel!r}] = {json.dumps(entry)[:80]} is neither a "
+                                  'size nor {"bytes": size, "crc32": 8 hex digits}')
+    return meta, recorded
+
+
+def _size_problems(path: Path, recorded: Mapping[str, _Recorded]) -> list[str]:
     problems = []
-    for rel, size in meta.get("files", {}).items():
+    for rel, want in recorded.items():
         f = path / rel
         if not f.exists():
             problems.append(f"{rel} is missing")
-        elif f.stat().st_size != size:
-            problems.append(f"{rel} has {f.stat().st_size} bytes, {size} were written (truncated or corrupt)")
+        elif f.stat().st_size != want.bytes:
+            problems.append(f"{rel} has {f.stat().st_size} bytes, {want.bytes} were written (truncated or corrupt)")
+    return problems
+
+
+def _crc_problems(path: Path, recorded: Mapping[str, _Recorded]) -> list[str]:
+    problems = []
+    for rel, got in _hash_files(path, sorted(recorded)).items():
+        want = recorded[rel]
+        if "error" in got:
+            problems.append(f"{rel} is unreadable: {got['error']}")
+        elif got["bytes"] != want.bytes:
+            problems.append(f"{rel} has {got['bytes']} bytes, {want.bytes} were written (truncated or corrupt)")
+        elif got["crc32"] != want.crc32:
+            problems.append(f"{rel} has CRC-32 {got['crc32']}, {want.crc32} was written (corrupt at the same size)")
+    return problems
+
+
+def read_meta(
+    path: Union[str, Path],
+    *,
+    checksums: bool = True,
+    group: Optional[dist.ProcessGroup] = None,
+) -> dict:
+    """``meta.json`` of checkpoint ``path``, checked: format version, every recorded file present
+    with its recorded size, then (``checksums``) every recorded CRC-32. A missing, truncated or
+    corrupt file is named in the :class:`CheckpointError`. Checkpoints without CRC-32s (older
+    ones, or saved with ``checksums=False``) and ``checksums=False`` get the size check only.
+
+    ``group=None``: this process checks every file (tools: convert, eval). With a process group,
+    every member must call it (collective): the CRC-32 work is split among the members
+    (:func:`checksum_shares`) and the problems found by each are gathered, so that every member
+    raises the same CheckpointError, or none does."""
+    path = Path(path)
+    world, rank = group_size(group), group_rank(group)
+    meta: dict = {}
+    error: Optional[str] = None
+    problems: list[str] = []
+    try:
+        meta, recorded = _parse_meta(path)
+        problems = _size_problems(path, recorded)
+        with_crc = {rel: r for rel, r in recorded.items() if r.crc32 is not None}
+        if checksums and not problems and with_crc:
+            share = checksum_shares({rel: r.bytes for rel, r in with_crc.items()}, world)[rank]
+            problems = _crc_problems(path, {rel: with_crc[rel] for rel in share})
+        elif checksums and not with_crc and recorded and rank == 0:
+            logger.info("%s records no CRC-32s (older checkpoint or saved without checksums): sizes checked only", path)
+    except CheckpointError as exc:
+        error = str(exc)
+    except OSError as exc:  # e.g. an unreadable directory: reported like the other problems, on every rank
+        error = f"{path}: {type(exc).__name__}: {exc}"
+    if world > 1:
+        reports = [json.loads(p) for p in all_gather_bytes(json.dumps([error, problems]).encode(), group)]
+        error = next((e for e, _ in reports if e), None)
+        problems = [p for _, ps in reports for p in ps]
+    if error is not None:
+        raise CheckpointError(error)
     if problems:
+        problems = sorted(set(problems))
         raise CheckpointError(f"{path}: " + "; ".join(problems[:4]) + (" ..." if len(problems) > 4 else ""))
     return meta
 
@@ -246,15 +430,20 @@ def load_checkpoint(
     model: Union[nn.Module, Sequence[nn.Module]],
     optimizer: Any,
     groups: ParallelGroups,
+    *,
+    checksums: bool = True,
 ) -> dict:
     """Restore model, optimizer (``load_sharded_state``) and, for an unchanged layout, RNG
-    states from ``path`` — saved under any TP/PP/DP layout. Returns the meta dict.
+    states from ``path`` — saved under any TP/PP/DP layout. Returns the meta dict. Collective:
+    every rank calls it.
 
-    Everything is read and checked before the model or optimizer is modified."""
+    Everything is read and checked before the model or optimizer is modified: :func:`read_meta`
+    over the world group (sizes; with ``checksums``, the recorded CRC-32s, each rank checking a
+    share of the files — every rank raises the same CheckpointError naming a corrupt file)."""
     from megatron.core import dist_checkpointing
 
     path = Path(path)
-    meta = read_meta(path)
+    meta = read_meta(path, checksums=checksums, group=_world_group())
     sharded, current, named_slots = _sharded_state(model, optimizer)
     _check_compatible(meta.get("state"), current, str(path))
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception

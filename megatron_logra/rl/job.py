@@ -154,7 +154,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
     state.baseline.weight = cfg.rl.advantage.baseline_weight
     bundle = _OptimizerWithRL(optimizer, controller, state)
     if resume_from is not None:
-        load_checkpoint(resume_from, model, bundle, groups)
+        load_checkpoint(resume_from, model, bundle, groups, checksums=cfg.train.checkpoint_checksums)
         logger.info("resumed from %s at RL step %d", resume_from, state.step)
     engine = build_engine(cfg, model, groups)
 
@@ -194,12 +194,12 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             logger.info("rl step %d %s", state.step, {k: record.get(k) for k in ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual")})
         if cfg.train.save_interval and state.step % cfg.train.save_interval == 0 and state.step != cfg.rl.steps:
             save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=to_dict(cfg),
-                            keep_last=cfg.train.keep_last)
+                            keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
     if progress is not None:
         progress[0].stop()
     eval_after = record.get("eval_accuracy") if record.get("eval_accuracy") is not None else evaluate_accuracy(comps)
     save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=to_dict(cfg),
-                    keep_last=cfg.train.keep_last)
+                    keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
     metrics.close()
     summary = {
         "optimizer": cfg.optimizer.name, "task": cfg.task.datasets, "steps": state.step,

@@ -64,7 +64,7 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
     ckpt = latest_checkpoint(cfg.train.run_dir)
     if ckpt is None:
         raise FileNotFoundError(f"{cfg.train.run_dir} has no checkpoint")
-    step = load_checkpoint(ckpt, model, optimizer, groups)["step"]
+    step = load_checkpoint(ckpt, model, optimizer, groups, checksums=cfg.train.checkpoint_checksums)["step"]
     task = SyntheticTask(cfg.data, cfg.model.vocab_size)
     return {"run_dir": cfg.train.run_dir, "step": step, "eval_loss": evaluate(model, task, cfg, groups, optimizer)}
 
@@ -83,7 +83,7 @@ def run_lm(cfg: RunConfig) -> dict:
     if cfg.train.resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None:
-            start = load_checkpoint(ckpt, model, optimizer, groups)["step"]
+            start = load_checkpoint(ckpt, model, optimizer, groups, checksums=cfg.train.checkpoint_checksums)["step"]
             logger.info("resuming from %s at step %d", ckpt, start)
     if is_rank0():
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -126,14 +126,15 @@ def run_lm(cfg: RunConfig) -> dict:
         if is_rank0() and (step % cfg.train.log_interval == 0 or step == cfg.train.steps):
             logger.info("step %d loss %.4f grad_norm %.3f %.3fs/step", step, result.loss, update.grad_norm, step_seconds)
         if cfg.train.save_interval and step % cfg.train.save_interval == 0 and step != cfg.train.steps:
-            save_checkpoint(run_dir, step, model, optimizer, groups, config=to_dict(cfg), keep_last=cfg.train.keep_last)
+            save_checkpoint(run_dir, step, model, optimizer, groups, config=to_dict(cfg), keep_last=cfg.train.keep_last,
+                            checksums=cfg.train.checkpoint_checksums)
     if progress is not None:
         progress[0].stop()
     train_seconds = time.perf_counter() - t_start
     eval_after = evaluate(model, task, cfg, groups, optimizer)
     if cfg.train.steps > start:
         save_checkpoint(run_dir, cfg.train.steps, model, optimizer, groups, config=to_dict(cfg),
-                        keep_last=cfg.train.keep_last)
+                        keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
     metrics.close()
     summary = {
         "optimizer": cfg.optimizer.name,

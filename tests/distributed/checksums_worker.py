@@ -1,0 +1,95 @@
+"""Checkpoint CRC-32s on several ranks, for ``test_checkpoint_checksums_2ranks.py``.
+
+``python -m torch.distributed.run --nproc-per-node N checksums_worker.py OUT`` (gloo, DP=N):
+
+1. saves a tiny weights-only checkpoint to ``OUT/run`` (CRC-32s hashed by all ranks);
+2. ``read_meta`` over the world group on the untouched checkpoint, measuring the bytes this rank
+   read (``rchar`` of ``/proc/self/io``, ``null`` where missing): each rank hashes only its share;
+3. global rank 0 flips the middle byte of one file of the *last* rank's share (same size), then
+   every rank calls ``load_checkpoint`` and records the error it raised.
+
+Each rank writes ``OUT/rank{r}.json``: ``{"share": [...], "share_bytes": n, "total_bytes": n,
+"read_bytes": n | null, "flipped": rel, "error": [type, message] | null, "changed": bool}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+
+
+def _rchar() -> int | None:
+    try:
+        with open("/proc/self/io") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def run(out: Path) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from megatron_logra.checkpoint import CheckpointError, load_checkpoint, read_meta, save_checkpoint
+    from megatron_logra.checkpoint.store import checksum_shares
+    from megatron_logra.models.gpt import ModelConfig, build_gpt
+    from megatron_logra.parallel import ParallelConfig, initialize_parallel
+
+    groups = initialize_parallel(ParallelConfig(backend="gloo"))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, vocab_size=64,
+                      seq_length=16)
+    model = build_gpt(cfg, groups, seed=3)
+    ckpt = save_checkpoint(out / "run", 1, model, None, groups)
+
+    sizes = {rel: e["bytes"] for rel, e in json.loads((ckpt / "meta.json").read_text())["files"].items()}
+    shares = checksum_shares(sizes, world)
+    before = _rchar()
+    read_meta(ckpt, group=dist.group.WORLD)
+    after = _rchar()
+    flipped = sorted(shares[-1], key=lambda rel: -sizes[rel])[0]
+    dist.barrier()
+    if rank == 0:
+        f = ckpt / flipped
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
+    dist.barrier()
+
+    fresh = build_gpt(cfg, groups, seed=11)
+    weights = {k: v.clone() for k, v in fresh.state_dict().items() if isinstance(v, torch.Tensor)}
+    error = None
+    try:
+        load_checkpoint(ckpt, fresh, None, groups)
+    except CheckpointError as exc:
+        error = [type(exc).__name__, str(exc)]
+    changed = any(not torch.equal(v, weights[k]) for k, v in fresh.state_dict().items() if k in weights)
+    record = {"share": shares[rank], "share_bytes": sum(sizes[r] for r in shares[rank]),
+              "total_bytes": sum(sizes.values()), "read_bytes": None if before is None else after - before,
+              "flipped": flipped, "error": error, "changed": changed}
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
+    dist.barrier()
+
+
+def main() -> int:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        run(Path(sys.argv[1]))
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # a failed rank cannot leave its peers waiting in a collective
+    from megatron_logra.parallel import destroy_parallel
+
+    destroy_parallel()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
