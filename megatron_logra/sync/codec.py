@@ -180,6 +180,15 @@ def _read_safetensors_header(data: bytes) -> dict:
         raise SyncError("malformed", f"safetensors header is not valid JSON ({exc})") from None
     if not isinstance(st_header, dict):
         raise SyncError("malformed", "safetensors header is not a JSON object")
+    # the sha256 covers the header's content, not its spelling: require the one spelling encode
+    # writes (compact JSON, space padding), so that no byte of a message can change unnoticed
+    try:
+        canonical = json.dumps(st_header, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # an escape that decodes to a lone surrogate
+        canonical = b""
+    if data[8 : 8 + n].rstrip(b" ") != canonical:
+        raise SyncError("malformed", "safetensors header is not in canonical form (changed whitespace, escapes "
+                                     "or padding)")
     end = 0
     try:
         for key, info in st_header.items():
@@ -210,6 +219,8 @@ def decode(data: bytes) -> SketchDelta:
         raise SyncError("checksum", f"delta metadata does not parse ({exc!r})") from None
     if not isinstance(header, dict) or not isinstance(claimed, str):
         raise SyncError("checksum", "delta header is not a JSON object with a sha256 string")
+    if meta[_META_KEY] != _canonical_json(outer):  # e.g. 1.0 spelled 1e0: same numbers, other bytes
+        raise SyncError("malformed", "delta metadata is not in canonical form (sorted keys, compact JSON)")
     if header.get("format_version") != FORMAT_VERSION or header.get("format") != MAGIC:
         check_header(header)  # raises the format_version error
     try:

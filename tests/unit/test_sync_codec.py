@@ -83,6 +83,38 @@ def test_any_single_byte_flip_is_rejected():
             decode(bytes(bad))
 
 
+def test_equivalent_spellings_of_the_headers_are_rejected():
+    """The sha256 covers the headers' content; bytes that spell the same content differently
+    (whitespace in the safetensors padding, ``1.0`` as ``1e0``) must not pass either."""
+    data = encode(_delta())
+    (n,) = struct.unpack("<Q", data[:8])
+    padding = len(data[8 : 8 + n]) - len(data[8 : 8 + n].rstrip(b" "))
+    assert padding > 0, "this message has no header padding to probe"
+    for ws in b"\t\n\r":
+        bad = bytearray(data)
+        bad[8 + n - 1] = ws
+        with pytest.raises(SyncError, match="not in canonical form") as exc:
+            decode(bytes(bad))
+        assert exc.value.kind == "malformed"
+    spelled = data.replace(b'\\"decay\\":1.0', b'\\"decay\\":1e0', 1)
+    assert spelled != data and len(spelled) == len(data)
+    with pytest.raises(SyncError, match="metadata is not in canonical form"):
+        decode(spelled)
+
+
+def test_every_whitespace_or_exponent_flip_in_the_headers_is_rejected():
+    """Exhaustive over the header bytes for the masks that turn a space into whitespace or a
+    ``.`` / digit into an exponent marker (the flips a content-only checksum would miss)."""
+    data = encode(_delta())
+    (n,) = struct.unpack("<Q", data[:8])
+    for pos in range(8 + n):
+        for mask in (0x29, 0x2A, 0x2D, 0x4B, 0x6B):
+            bad = bytearray(data)
+            bad[pos] ^= mask
+            with pytest.raises(SyncError):
+                decode(bytes(bad))
+
+
 @pytest.mark.parametrize("cut", [0, 5, 8, 100, -1, -300])
 def test_truncated_bytes_are_rejected(cut):
     data = encode(_delta())
