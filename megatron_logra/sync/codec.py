@@ -144,7 +144,7 @@ def _digest(header_json: str, tensors: dict[str, torch.Tensor]) -> str:
         t = tensors[key].detach().cpu().contiguous()
         h.update(f"|{key}|{t.dtype}|{list(t.shape)}|".encode())
         if t.numel():
-            h.update(memoryview(t.view(torch.uint8).reshape(-1).numpy()))
+            h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # reshape first: 0-d tensors too
     return h.hexdigest()
 
 

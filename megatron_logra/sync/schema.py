@@ -16,7 +16,7 @@ from megatron_logra.sync.errors import SyncError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "LAYOUTS", "DENSE_DTYPES", "expected_layout", "check_header"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "LAYOUTS", "DENSE_DTYPES", "HEADER_KEYS", "expected_layout", "check_header"]
 
 FORMAT_VERSION = 1
 MAGIC = "logra-sketch-delta"
@@ -44,12 +44,31 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+HEADER_KEYS = frozenset({"format", "format_version", "base_version", "new_version", "seed", "update_index", "rank",
+                         "distribution", "decay", "attention", "targets", "dense"})
+ATTENTION_KEYS = frozenset({"num_heads", "num_kv_heads", "head_dim"})
+TARGET_KEYS = frozenset({"name", "n_out", "n_in", "layout"})
+DENSE_KEYS = frozenset({"name", "dtype", "shape"})
+
+
+def _check_keys(obj, keys: frozenset, what: str) -> None:
+    """``obj`` is a JSON object with exactly ``keys`` (a reader that dropped unknown fields could
+    apply something other than what was sent)."""
+    if not isinstance(obj, dict):
+        raise SyncError("keys", f"{what} must be a JSON object, got {type(obj).__name__}")
+    if set(obj) != keys:
+        missing, extra = sorted(keys - set(obj)), sorted(set(obj) - keys)
+        raise SyncError("keys", f"{what} fields do not match format {FORMAT_VERSION}: missing {missing}, extra {extra}")
+
+
 def check_header(h: dict) -> None:
-    """Semantic checks of a header dict (shared by encode and decode)."""
-    if h.get("format") != MAGIC:
-        raise SyncError("format_version", f"not a sketch delta (format={h.get('format')!r})")
-    if h.get("format_version") != FORMAT_VERSION:
+    """Semantic checks of a header dict (shared by encode and decode): exactly the known fields,
+    each of its JSON type, then the values. Raises :class:`SyncError`, never anything else."""
+    if not isinstance(h, dict) or h.get("format") != MAGIC:
+        raise SyncError("format_version", f"not a sketch delta (format={h.get('format') if isinstance(h, dict) else h!r})")
+    if not _is_int(h.get("format_version")) or h["format_version"] != FORMAT_VERSION:
         raise SyncError("format_version", f"unknown format version {h.get('format_version')!r}; this reader knows {FORMAT_VERSION}")
+    _check_keys(h, HEADER_KEYS, "the header")
     for key in ("base_version", "new_version", "seed", "update_index", "rank"):
         if not _is_int(h.get(key)):
             raise SyncError("keys", f"header field {key}={h.get(key)!r} must be an int")
@@ -57,27 +76,35 @@ def check_header(h: dict) -> None:
         raise SyncError("version", f"new_version={h['new_version']} must be > base_version={h['base_version']} >= 0")
     if h["rank"] < 1 or h["update_index"] < 0:
         raise SyncError("keys", f"rank={h['rank']} must be >= 1 and update_index={h['update_index']} >= 0")
-    if h.get("distribution") not in DISTRIBUTIONS:
+    if not isinstance(h["distribution"], str) or h["distribution"] not in DISTRIBUTIONS:
         raise SyncError("keys", f"unknown distribution {h.get('distribution')!r}; expected one of {DISTRIBUTIONS}")
     if not isinstance(h.get("decay"), float) or not (0.0 < h["decay"] <= 1.0):
         raise SyncError("keys", f"decay={h.get('decay')!r} must be a float in (0, 1]")
-    att = h.get("attention")
+    att = h["attention"]
     if att is not None:
-        if not all(_is_int(att.get(k)) and att[k] > 0 for k in ("num_heads", "num_kv_heads", "head_dim")):
+        _check_keys(att, ATTENTION_KEYS, "attention")
+        if not all(_is_int(att[k]) and att[k] > 0 for k in ATTENTION_KEYS):
             raise SyncError("keys", f"attention dims {att!r} must be positive ints")
         if att["num_heads"] % att["num_kv_heads"]:
             raise SyncError("keys", f"num_heads={att['num_heads']} is not a multiple of num_kv_heads={att['num_kv_heads']}")
-    names = [t.get("name") for t in h.get("targets", [])]
+    for field in ("targets", "dense"):
+        if not isinstance(h[field], list):
+            raise SyncError("keys", f"header field {field} must be a JSON list, got {type(h[field]).__name__}")
+    for i, t in enumerate(h["targets"]):
+        _check_keys(t, TARGET_KEYS, f"target {i}")
+        name = t["name"]
+        if not isinstance(name, str) or canonical_name(name) != name:
+            raise SyncError("name", f"target name {name!r} is not canonical"
+                            + (f" (expected {canonical_name(name)!r})" if isinstance(name, str) else ""))
+    names = [t["name"] for t in h["targets"]]
     if len(set(names)) != len(names):
         raise SyncError("name", f"duplicate target names in {names}")
-    for t in h.get("targets", []):
-        name = t.get("name")
-        if not isinstance(name, str) or canonical_name(name) != name:
-            raise SyncError("name", f"target name {name!r} is not canonical (expected {canonical_name(str(name))!r})")
-        if t.get("layout") != expected_layout(name):
-            raise SyncError("layout", f"target {name} has layout {t.get('layout')!r}, expected {expected_layout(name)!r}")
-        if not (_is_int(t.get("n_in")) and _is_int(t.get("n_out")) and t["n_in"] >= 1 and t["n_out"] >= 1):
-            raise SyncError("shape", f"target {name}: n_in={t.get('n_in')!r}, n_out={t.get('n_out')!r} must be positive ints")
+    for t in h["targets"]:
+        name = t["name"]
+        if t["layout"] != expected_layout(name):
+            raise SyncError("layout", f"target {name} has layout {t['layout']!r}, expected {expected_layout(name)!r}")
+        if not (_is_int(t["n_in"]) and _is_int(t["n_out"]) and t["n_in"] >= 1 and t["n_out"] >= 1):
+            raise SyncError("shape", f"target {name}: n_in={t['n_in']!r}, n_out={t['n_out']!r} must be positive ints")
         if t["layout"] == "qkv_interleaved":
             if att is None:
                 raise SyncError("layout", f"target {name} needs attention dims in the header")
@@ -86,6 +113,13 @@ def check_header(h: dict) -> None:
                 raise SyncError("shape", f"target {name} has {t['n_out']} rows, attention dims {att} imply {rows}")
         if t["layout"] == "gate_up" and t["n_out"] % 2:
             raise SyncError("shape", f"target {name} ([gate; up]) has an odd number of rows {t['n_out']}")
-    for d in h.get("dense", []):
-        if d.get("dtype") not in DENSE_DTYPES or not isinstance(d.get("shape"), list):
+    for i, d in enumerate(h["dense"]):
+        _check_keys(d, DENSE_KEYS, f"dense entry {i}")
+        if not isinstance(d["name"], str) or not d["name"]:
+            raise SyncError("name", f"dense entry {i} has name {d['name']!r}; expected a non-empty string")
+        shape_ok = isinstance(d["shape"], list) and all(_is_int(n) and n >= 0 for n in d["shape"])
+        if not isinstance(d["dtype"], str) or d["dtype"] not in DENSE_DTYPES or not shape_ok:
             raise SyncError("dtype", f"dense entry {d!r} has an unsupported dtype or shape")
+    dense_names = [d["name"] for d in h["dense"]]
+    if dense_names != sorted(set(dense_names)):
+        raise SyncError("name", f"dense names must be unique and sorted: {dense_names}")
