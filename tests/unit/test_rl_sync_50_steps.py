@@ -28,7 +28,7 @@ NUM_UPDATES = 50
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread():
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(2)
     yield
     torch.set_num_threads(before)
 
