@@ -26,7 +26,7 @@ NUM_UPDATES = 50
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
+def _two_threads():
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     yield
