@@ -181,6 +181,10 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     logger.info("held-out accuracy before RL: %.3f", eval_before)
     progress = _progress(cfg, state.step) if cfg.train.progress and is_rank0() else None
     record = {}
+    start_step = state.step
+    if start_step >= cfg.rl.steps:
+        logger.info("the run is at RL step %d >= rl.steps=%d: nothing to train (raise rl.steps to continue)",
+                    start_step, cfg.rl.steps)
     rl_start = time.perf_counter()
     while state.step < cfg.rl.steps:
         record = rl_update(comps, state)
@@ -198,8 +202,9 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     if progress is not None:
         progress[0].stop()
     eval_after = record.get("eval_accuracy") if record.get("eval_accuracy") is not None else evaluate_accuracy(comps)
-    save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=to_dict(cfg),
-                    keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
+    if state.step > start_step or latest_checkpoint(run_dir) is None:  # a finished run is not saved again
+        save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=to_dict(cfg),
+                        keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
     metrics.close()
     summary = {
         "optimizer": cfg.optimizer.name, "task": cfg.task.datasets, "steps": state.step,

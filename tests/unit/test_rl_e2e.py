@@ -487,6 +487,32 @@ def test_cli_eval_without_checkpoint_fails(run_dir, tmp_path):
     assert no_run.returncode != 0 and "config.yaml" in no_run.stderr
 
 
+def test_resuming_a_finished_run_trains_and_saves_nothing(run_dir, tmp_path, caplog):
+    import logging
+    import shutil
+
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.rl.job import run_rl
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    ckpts = sorted((run / "checkpoints").glob("step_*"))
+    before = {p: p.stat().st_mtime_ns for c in ckpts for p in c.rglob("*")}
+    metrics = (run / "metrics.jsonl").read_text()
+    destroy_parallel()
+    with warnings.catch_warnings(), caplog.at_level(logging.INFO, logger="megatron_logra.rl.job"):
+        warnings.simplefilter("ignore")
+        try:
+            summary = run_rl(small_cfg(run, "train.resume=true"))
+        finally:
+            destroy_parallel()
+    assert summary["steps"] == 2
+    assert "nothing to train" in caplog.text
+    assert sorted((run / "checkpoints").glob("step_*")) == ckpts
+    assert {p: p.stat().st_mtime_ns for c in ckpts for p in c.rglob("*")} == before
+    assert (run / "metrics.jsonl").read_text() == metrics
+
+
 def test_train_starts_from_a_hugging_face_checkpoint(tmp_path):
     """``--model.hf_path``: architecture, weights and tokenizer come from a local HF checkpoint."""
     from transformers import LlamaConfig, LlamaForCausalLM
