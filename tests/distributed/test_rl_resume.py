@@ -11,6 +11,7 @@ states all come back from the checkpoint.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,12 @@ def test_rl_resume_is_bitwise(launcher, tmp_path, extra):
     """``reference-kl``: the KL penalty's reference model is the initial policy after a resume too
     (warm-started again, not a copy of the resumed weights)."""
     full, part = tmp_path / "full", tmp_path / "part"
-    s_full = _train(launcher, tmp_path / "full.log", "tiny", f"train.run_dir={full}", "rl.steps=4", *SMALL, *extra)
-    s_part = _train(launcher, tmp_path / "part.log", "tiny", f"train.run_dir={part}", "rl.steps=2", *SMALL, *extra)
+    with ThreadPoolExecutor(2) as pool:  # independent single-process runs: side by side
+        f_full = pool.submit(_train, launcher, tmp_path / "full.log", "tiny", f"train.run_dir={full}", "rl.steps=4",
+                             *SMALL, *extra)
+        f_part = pool.submit(_train, launcher, tmp_path / "part.log", "tiny", f"train.run_dir={part}", "rl.steps=2",
+                             *SMALL, *extra)
+        s_full, s_part = f_full.result(), f_part.result()
     s_res = _train(launcher, tmp_path / "resume.log", "--resume", str(part), "rl.steps=4")
     assert (s_full["steps"], s_part["steps"], s_res["steps"]) == (4, 2, 4)
 
