@@ -58,7 +58,12 @@ class TrainConfig:
     """Checkpoints to keep."""
     checkpoint_checksums: bool = True
     """CRC-32 of every checkpoint file in meta.json, verified on load: detects a shard corrupted at
-    the same size; costs about 0.3-0.5 s per GB of each rank's share at save and at load (zlib CRC-32). Off: sizes only are checked."""
+    the same size; costs about 0.3-0.5 s per GB of each rank's share at save and at load (zlib
+    CRC-32). Off: sizes only are checked."""
+    memory_check: str = "warn"
+    """On a GPU, plan this run's per-GPU memory (the ``megatron-logra memory`` planner) against the
+    device's before the model is built: ``warn`` logs the plan and warns when it does not fit,
+    ``error`` refuses to start, ``off`` skips it."""
     run_dir: str = "runs/tiny"
     """Output directory: config, metrics.jsonl, checkpoints (--save)."""
     resume: bool = False
@@ -82,6 +87,8 @@ class TrainConfig:
             raise ValueError("train.eval_interval and train.save_interval must be >= 0")
         if not isinstance(self.checkpoint_checksums, bool):
             raise ValueError(f"train.checkpoint_checksums={self.checkpoint_checksums!r} must be true or false")
+        if self.memory_check not in ("off", "warn", "error"):
+            raise ValueError(f"train.memory_check={self.memory_check!r}: choose off, warn or error")
 
 
 @dataclass

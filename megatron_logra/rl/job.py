@@ -21,6 +21,7 @@ from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.tokenizer import build_tokenizer, load_tokenizer, save_tokenizer
 from megatron_logra.kl.controller import KLController
 from megatron_logra.kl.probe import probe_method
+from megatron_logra.memory.preflight import memory_preflight
 from megatron_logra.metrics import MetricsWriter, is_rank0
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
@@ -121,6 +122,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
     if cfg.model.hf_path:  # the checkpoint's architecture replaces the recipe's
         cfg.model = model_config_from_hf(cfg.model.hf_path, base=cfg.model)
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
+    memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
     run_dir = Path(cfg.train.run_dir)
     claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
     task = build_task(cfg.task)

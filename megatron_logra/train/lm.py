@@ -20,6 +20,7 @@ from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_c
 from megatron_logra.checkpoint.run_dir import claim_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
+from megatron_logra.memory.preflight import memory_preflight
 from megatron_logra.metrics import MetricsWriter, is_rank0
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
@@ -72,6 +73,7 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
 def run_lm(cfg: RunConfig) -> dict:
     """Train ``cfg`` and return a summary (first/last loss, eval before/after, timing)."""
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
+    memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
     claim_run_dir(cfg.train.run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
     num_micro = _num_microbatches(cfg, groups)
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed)

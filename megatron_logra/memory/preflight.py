@@ -1,0 +1,112 @@
+"""Memory preflight of a training run: the planner's verdict for *this* run, before the model is built.
+
+``megatron-logra memory`` answers "will it fit?" for a configuration typed on the command line;
+:func:`run_plan_config` derives that configuration from a run's own config (model, parallel layout,
+optimizer, batch shape, recompute, attention kernels, rollout engine), and :func:`memory_preflight`
+plans it against the GPU the run is on (``train.memory_check``): the plan is logged, and a run the
+planner says does not fit gets a warning -- or, with ``train.memory_check=error``, a clear error --
+before minutes of model building and checkpoint loading end in an out-of-memory crash.
+
+What the run's config maps to (see :class:`~megatron_logra.memory.planner.PlanConfig`):
+
+* micro-batch: ``rl.micro_batch_size`` (RL) or ``train.micro_batch_size`` (LM), ``model.seq_length``;
+* attention ``flash`` with TransformerEngine layers, else megatron's unfused attention;
+* the colocated engine: an in-process SGLang engine reserves ``rl.rollout.mem_fraction_static``; the
+  embedded engine keeps a whole (un-sharded) copy of the model in ``model.params_dtype`` on the
+  trainer's GPU; a separate SGLang server (``rl.rollout.sglang_url``) takes nothing here;
+* dense AdamW keeps its full states on every DP rank (``distributed_optimizer=False``: this trainer
+  does not shard them), log-probs in ``rl.loss.logprob_chunk_tokens`` chunks (LM: megatron's loss
+  over the whole logits).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+
+from megatron_logra.memory.planner import OPTIMIZERS, MemoryPlan, PlanConfig, plan
+from megatron_logra.memory.report import layout_text, verdict_line
+from megatron_logra.memory.units import format_bytes
+from megatron_logra.models.te import te_installed
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["run_plan_config", "memory_preflight", "MemoryCheckError"]
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class MemoryCheckError(ValueError):
+    """The planner says this run does not fit its GPU and ``train.memory_check=error`` (bad input:
+    the command line reports it without a traceback)."""
+
+
+def _engine_fraction(cfg: Any, gpu_memory_bytes: int) -> float:
+    if cfg.job != "rl":
+        return 0.0
+    ro = cfg.rl.rollout
+    if ro.engine == "sglang":
+        return 0.0 if ro.sglang_url else float(ro.mem_fraction_static)
+    copy = cfg.model.num_params() * _DTYPE_BYTES.get(str(cfg.model.params_dtype), 4)
+    return min(copy / gpu_memory_bytes, 0.99)
+
+
+def run_plan_config(cfg: Any, *, tp: int, pp: int, dp: int, gpu_memory_bytes: int) -> Optional[PlanConfig]:
+    """The planner's configuration of run config ``cfg`` at this layout and GPU size (None for an
+    optimizer the planner does not model)."""
+    name = cfg.optimizer.name
+    if name not in OPTIMIZERS:
+        return None
+    impl = cfg.model.transformer_impl
+    flash = impl == "transformer_engine" or (impl == "auto" and te_installed() and torch.cuda.is_available())
+    rl = cfg.job == "rl"
+    return PlanConfig(
+        tp=tp, pp=pp, dp=dp, optimizer=name, rank=cfg.optimizer.logra.rank, masters=cfg.optimizer.logra.masters,
+        micro_batch=cfg.rl.micro_batch_size if rl else cfg.train.micro_batch_size, seq_len=cfg.model.seq_length,
+        recompute=cfg.model.recompute, gpu_memory_bytes=int(gpu_memory_bytes),
+        engine_fraction=_engine_fraction(cfg, gpu_memory_bytes), distributed_optimizer=False,
+        attention="flash" if flash else "unfused", cache_projections=cfg.optimizer.logra.cache_projections,
+        logprob_chunk_tokens=cfg.rl.loss.logprob_chunk_tokens if rl else 0,
+    )
+
+
+def _device_memory() -> Optional[int]:
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+
+
+def memory_preflight(cfg: Any, *, tp: int, pp: int, dp: int,
+                     gpu_memory_bytes: Optional[int] = None) -> Optional[MemoryPlan]:
+    """Plan run ``cfg`` per ``cfg.train.memory_check`` against ``gpu_memory_bytes`` (default: this
+    process's CUDA device; without one, and with ``off``, nothing is planned and None returned).
+
+    Raises :class:`MemoryCheckError` when the plan does not fit and ``memory_check=error``.
+    """
+    mode = cfg.train.memory_check
+    gpu = gpu_memory_bytes if gpu_memory_bytes is not None else _device_memory()
+    if mode == "off" or gpu is None:
+        return None
+    pcfg = run_plan_config(cfg, tp=tp, pp=pp, dp=dp, gpu_memory_bytes=gpu)
+    if pcfg is None:
+        logger.info("memory preflight: the planner does not model optimizer %r; skipped", cfg.optimizer.name)
+        return None
+    try:
+        result = plan(cfg.model, pcfg)
+    except Exception as exc:  # noqa: BLE001 - a planner limitation must not stop a run it cannot judge
+        logger.warning("memory preflight: the planner cannot plan this run (%s: %s); skipped", type(exc).__name__, exc)
+        return None
+    w = result.worst
+    logger.info("memory preflight: %s; %s (persistent %s, trainer peak %s, engine %s)", layout_text(result),
+                verdict_line(result), format_bytes(w.persistent), format_bytes(w.trainer_peak), format_bytes(w.engine))
+    if not result.fits:
+        hint = ("lower the micro-batch (rl.micro_batch_size / train.micro_batch_size), set model.recompute=full, "
+                "raise the tensor/pipeline-parallel size, lower optimizer.logra.rank or the engine's share; "
+                "`megatron-logra memory` plans alternatives; train.memory_check=off skips this check")
+        message = (f"the memory planner says this run does not fit its GPU: {verdict_line(result)}. {hint}")
+        if mode == "error":
+            raise MemoryCheckError(message)
+        logger.warning(message)
+    return result

@@ -1,0 +1,92 @@
+"""Memory preflight (``train.memory_check``): the planner's verdict for a run's own config.
+
+References are built independently: the planner called with the layout, batch and engine share
+a user would type for the 27B recipe (``megatron-logra memory --model 27b --tp 8 --rank 128
+--recompute full --engine-fraction 0.3 --micro-batch 2``), and the embedded engine's bytes from
+the model's parameter count.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from megatron_logra.config import parse_args_to_config
+from megatron_logra.memory import PlanConfig, plan
+from megatron_logra.memory.preflight import MemoryCheckError, memory_preflight, run_plan_config
+from megatron_logra.memory.units import GiB, parse_bytes
+from megatron_logra.models.presets import get_preset
+
+H100 = parse_bytes("81559MiB")
+
+
+def test_the_27b_recipe_plans_like_the_documented_command():
+    cfg = parse_args_to_config("27b", [])
+    got = memory_preflight(cfg, tp=8, pp=1, dp=1, gpu_memory_bytes=H100)
+    want = plan(get_preset("27b"), PlanConfig(tp=8, rank=128, recompute="full", engine_fraction=0.3, micro_batch=2,
+                                              seq_len=4096, gpu_memory_bytes=H100, distributed_optimizer=False))
+    assert got is not None and got.fits
+    assert got.worst.total == want.worst.total and got.headroom == pytest.approx(want.headroom)
+    assert got.headroom >= 0.15  # the headline: LoGRA at 27B on one 8 x 80 GB node, with room to spare
+    dense = memory_preflight(parse_args_to_config("27b", ["optimizer.name=adam"]), tp=8, pp=1, dp=1,
+                             gpu_memory_bytes=H100)
+    assert dense is not None and not dense.fits
+
+
+def test_the_embedded_engine_holds_a_whole_copy_in_the_compute_dtype():
+    cfg = parse_args_to_config("tiny", ["model.params_dtype=bfloat16"])
+    pcfg = run_plan_config(cfg, tp=1, pp=1, dp=1, gpu_memory_bytes=8 * GiB)
+    assert pcfg is not None
+    assert pcfg.engine_fraction * 8 * GiB == pytest.approx(cfg.model.num_params() * 2)
+    assert (pcfg.micro_batch, pcfg.seq_len, pcfg.rank) == (cfg.rl.micro_batch_size, cfg.model.seq_length, 32)
+    server = parse_args_to_config("tiny", ["rl.rollout.engine=sglang", "rl.rollout.sglang_url=http://h:30000"])
+    assert run_plan_config(server, tp=1, pp=1, dp=1, gpu_memory_bytes=8 * GiB).engine_fraction == 0.0
+    lm = parse_args_to_config("lm-tiny", [])
+    lm_cfg = run_plan_config(lm, tp=1, pp=1, dp=1, gpu_memory_bytes=8 * GiB)
+    assert (lm_cfg.engine_fraction, lm_cfg.micro_batch, lm_cfg.logprob_chunk_tokens) == \
+        (0.0, lm.train.micro_batch_size, 0)
+
+
+def test_a_run_that_does_not_fit_warns_or_is_refused(caplog):
+    small = parse_bytes("24GiB")
+    cfg = parse_args_to_config("27b", [])
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.memory.preflight"):
+        result = memory_preflight(cfg, tp=8, pp=1, dp=1, gpu_memory_bytes=small)
+    assert result is not None and not result.fits
+    assert "does not fit its GPU" in caplog.text and "train.memory_check=off" in caplog.text
+    refused = parse_args_to_config("27b", ["train.memory_check=error"])
+    with pytest.raises(MemoryCheckError, match="does not fit its GPU: LoGRA r=128: OOM") as exc:
+        memory_preflight(refused, tp=8, pp=1, dp=1, gpu_memory_bytes=small)
+    assert isinstance(exc.value, ValueError)  # reported as a user error by the CLI
+    off = parse_args_to_config("27b", ["train.memory_check=off"])
+    assert memory_preflight(off, tp=8, pp=1, dp=1, gpu_memory_bytes=small) is None
+
+
+def test_without_a_gpu_nothing_is_planned_and_bad_modes_are_refused():
+    import torch
+
+    if not torch.cuda.is_available():
+        assert memory_preflight(parse_args_to_config("tiny", []), tp=1, pp=1, dp=1) is None
+    with pytest.raises(ValueError, match="train.memory_check='maybe': choose off, warn or error"):
+        parse_args_to_config("tiny", ["train.memory_check=maybe"])
+
+
+def test_the_rl_job_checks_before_building_the_model(tmp_path, monkeypatch):
+    """With a (pretend) 1 GiB device, ``train.memory_check=error`` stops the job before any model
+    is built or any file is written (the device query is the only thing replaced: no CUDA here)."""
+    from megatron_logra.memory import preflight
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.rl.job import run_rl
+
+    monkeypatch.setattr(preflight, "_device_memory", lambda: 1 * GiB)
+    cfg = parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "train.memory_check=error",
+                                        "model.num_layers=8", "model.hidden_size=1024", "model.ffn_hidden_size=4096",
+                                        "model.num_attention_heads=8"])
+    destroy_parallel()
+    try:
+        with pytest.raises(MemoryCheckError, match="OOM"):
+            run_rl(cfg)
+    finally:
+        destroy_parallel()
+    assert not (tmp_path / "run").exists()
