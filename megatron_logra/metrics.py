@@ -9,11 +9,12 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MetricsWriter", "is_rank0", "log_rank0"]
+__all__ = ["MetricsWriter", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks"]
 
 
 def is_rank0() -> bool:
@@ -23,6 +24,22 @@ def is_rank0() -> bool:
 def log_rank0(msg: str, *args: Any) -> None:
     if is_rank0():
         logger.info(msg, *args)
+
+
+def reset_device_peaks(device: torch.device) -> None:
+    """Start a new peak-memory window on ``device`` (a no-op off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def device_peaks(device: torch.device) -> dict[str, Optional[int]]:
+    """This rank's accelerator memory peaks since :func:`reset_device_peaks`: bytes held by tensors
+    (``gpu_memory_peak_bytes``) and reserved by the caching allocator (``gpu_memory_reserved_peak_bytes``,
+    what ``nvidia-smi`` sees); None off CUDA."""
+    if device.type != "cuda":
+        return {"gpu_memory_peak_bytes": None, "gpu_memory_reserved_peak_bytes": None}
+    return {"gpu_memory_peak_bytes": int(torch.cuda.max_memory_allocated(device)),
+            "gpu_memory_reserved_peak_bytes": int(torch.cuda.max_memory_reserved(device))}
 
 
 def _clean(value: Any) -> Any:

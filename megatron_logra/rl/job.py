@@ -168,6 +168,11 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
     return comps, state, bundle
 
 
+_LOGGED = ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual", "step_seconds", "rollout_tokens_per_second",
+           "train_tokens_per_second", "gpu_memory_peak_bytes")
+"""Record fields of the rank-0 log line every ``train.log_interval`` updates (without a progress bar)."""
+
+
 def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     """Warm start + RL; returns the summary (also written to RUN/summary.json).
     ``optimizer_factory``: see ``build_components``."""
@@ -197,7 +202,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         if progress is not None:
             progress[0].update(progress[1], advance=1, **_bar_fields(record))
         elif is_rank0() and state.step % cfg.train.log_interval == 0:
-            logger.info("rl step %d %s", state.step, {k: record.get(k) for k in ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual")})
+            logger.info("rl step %d %s", state.step, {k: record.get(k) for k in _LOGGED if record.get(k) is not None})
         if cfg.train.save_interval and state.step % cfg.train.save_interval == 0 and state.step != cfg.rl.steps:
             save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=to_dict(cfg),
                             keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)

@@ -15,7 +15,7 @@ import torch
 from megatron_logra.kl.controller import KLController
 from megatron_logra.kl.fd_probe import fd_step, predicted_kl_fd
 from megatron_logra.kl.probe import ProbeBatch, measure_kl, predicted_kl, probe_logits, probe_method
-from megatron_logra.metrics import MetricsWriter, is_rank0
+from megatron_logra.metrics import MetricsWriter, device_peaks, is_rank0, reset_device_peaks
 from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
@@ -149,6 +149,8 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
 
     cfg, rl, groups = c.cfg, c.cfg.rl, c.groups
     step = state.step + 1
+    device = model_device(c.model)
+    reset_device_peaks(device)
     t0 = time.perf_counter()
 
     # ---- rollout: this DP rank's prompts, G samples each, from the engine's current policy
@@ -182,11 +184,13 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         "kl_predicted": None, "kl_actual": None, "alpha": None, "budget": None, "mismatch": c.controller.mismatch,
         "update_ratio": None, "entropy": None, "skipped": False, "rollout_seconds": rollout_seconds, "sync_bytes": 0,
         "sync_mode": None, "sync_drift": 0, "sync_master_drift": 0.0,
+        "rollout_tokens_per_second": stats[3].item() / max(rollout_seconds, 1e-9), "train_tokens": 0,
+        "train_tokens_per_second": None,
     }
     state.step = step
     if stats[4].item() == 0.0:
         logger.info("step %d: every advantage is zero (all groups uniform); no update", step)
-        record.update(skipped=True, step_seconds=time.perf_counter() - t0)
+        record.update(skipped=True, step_seconds=time.perf_counter() - t0, **device_peaks(device))
         return record
 
     # ---- forward/backward
@@ -206,9 +210,10 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     mismatch = c.controller.observe_mismatch(gap_sum / gap_tokens) if gap_tokens > 0 else c.controller.mismatch
 
     # ---- prepare update
+    record["train_tokens"] = result.global_tokens
     update = c.optimizer.prepare(num_tokens=result.num_tokens)
     if update.skipped:
-        record.update(skipped=True, mismatch=mismatch, step_seconds=time.perf_counter() - t0)
+        record.update(skipped=True, mismatch=mismatch, step_seconds=time.perf_counter() - t0, **device_peaks(device))
         return record
 
     # ---- KL control
@@ -250,8 +255,9 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     record.update(
         kl_predicted=(alpha * alpha * pred) if pred is not None else None, kl_actual=actual, alpha=alpha,
         budget=budget, mismatch=mismatch, update_ratio=ratio, loss=result.loss, grad_norm=update.grad_norm,
-        **sync, step_seconds=time.perf_counter() - t0,
+        **sync, step_seconds=time.perf_counter() - t0, **device_peaks(device),
     )
+    record["train_tokens_per_second"] = record["train_tokens"] / max(record["step_seconds"] - rollout_seconds, 1e-9)
     return record
 
 

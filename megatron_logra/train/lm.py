@@ -21,11 +21,11 @@ from megatron_logra.checkpoint.run_dir import claim_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
 from megatron_logra.memory.preflight import memory_preflight
-from megatron_logra.metrics import MetricsWriter, is_rank0
+from megatron_logra.metrics import MetricsWriter, device_peaks, is_rank0, reset_device_peaks
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
-from megatron_logra.train.step import forward_backward
+from megatron_logra.train.step import forward_backward, model_device
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,9 @@ def run_lm(cfg: RunConfig) -> dict:
     first_loss = last_loss = math.nan
     progress = _progress(cfg, start) if cfg.train.progress and is_rank0() else None
     t_start = time.perf_counter()
+    device = model_device(model)
     for step in range(start + 1, cfg.train.steps + 1):
+        reset_device_peaks(device)
         t0 = time.perf_counter()
         microbatches = [
             task.microbatch(step, groups.dp_rank * num_micro + i, cfg.train.micro_batch_size) for i in range(num_micro)
@@ -117,7 +119,9 @@ def run_lm(cfg: RunConfig) -> dict:
             "clip_coef": update.clip_coef,
             "skipped": update.skipped,
             "tokens": result.global_tokens,
+            "tokens_per_second": result.global_tokens / max(step_seconds, 1e-9),
             "step_seconds": step_seconds,
+            **device_peaks(device),
             "eval_loss": None,
         }
         if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
@@ -126,7 +130,10 @@ def run_lm(cfg: RunConfig) -> dict:
         if progress is not None:
             progress[0].update(progress[1], advance=1, loss=result.loss, gnorm=update.grad_norm)
         if is_rank0() and (step % cfg.train.log_interval == 0 or step == cfg.train.steps):
-            logger.info("step %d loss %.4f grad_norm %.3f %.3fs/step", step, result.loss, update.grad_norm, step_seconds)
+            memory = record["gpu_memory_peak_bytes"]
+            logger.info("step %d loss %.4f grad_norm %.3f %.3fs/step %.0f tokens/s%s", step, result.loss, update.grad_norm,
+                        step_seconds, record["tokens_per_second"],
+                        "" if memory is None else f" peak {memory / 2**30:.2f} GiB")
         if cfg.train.save_interval and step % cfg.train.save_interval == 0 and step != cfg.train.steps:
             save_checkpoint(run_dir, step, model, optimizer, groups, config=to_dict(cfg), keep_last=cfg.train.keep_last,
                             checksums=cfg.train.checkpoint_checksums)

@@ -183,6 +183,9 @@ def assert_resume_bitwise(runs: dict) -> None:
     for a, b in zip(m_full, m_res):
         for key in COMPARED:
             assert a[key] == b[key], f"step {a['step']}: {key} {a[key]!r} (uninterrupted) vs {b[key]!r} (resumed)"
+    for r in m_full:  # throughput of the global batch; no accelerator here
+        assert r["tokens_per_second"] == pytest.approx(r["tokens"] / r["step_seconds"])
+        assert r["gpu_memory_peak_bytes"] is None
 
 
 @pytest.mark.parametrize("nproc", [1, 2], ids=["single", "dp2"])

@@ -25,6 +25,10 @@ def _train(tmp_path: Path, *args: str) -> dict:
 def test_lm_job_trains_on_gpu(tmp_path):
     summary = _train(tmp_path, "lm-tiny", "train.steps=20")
     assert summary["last_loss"] < summary["first_loss"]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for r in records:  # per-step device peaks: tensors within what the allocator reserved
+        assert 0 < r["gpu_memory_peak_bytes"] <= r["gpu_memory_reserved_peak_bytes"]
+        assert r["tokens_per_second"] > 0
 
 
 def test_rl_job_runs_on_gpu(tmp_path):
@@ -32,3 +36,4 @@ def test_rl_job_runs_on_gpu(tmp_path):
     assert summary["steps"] == 2
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(r["kl_actual"] is not None for r in records)
+    assert all(0 < r["gpu_memory_peak_bytes"] <= r["gpu_memory_reserved_peak_bytes"] for r in records)

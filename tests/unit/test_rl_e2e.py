@@ -243,6 +243,14 @@ def test_record_contents(built, stepped):
     assert rec["response_length"] >= 1 and rec["sync_bytes"] > 0
     assert rec["step_seconds"] >= rec["rollout_seconds"] > 0
     assert math.isfinite(rec["mismatch"])
+    # throughput: every completion token is trained once; rates are over the rollout / the rest of the step
+    num = comps.cfg.rl.prompts_per_step * comps.cfg.rl.group_size
+    generated = rec["response_length"] * num
+    assert rec["train_tokens"] == round(generated)
+    assert rec["rollout_tokens_per_second"] == pytest.approx(generated / rec["rollout_seconds"])
+    assert rec["train_tokens_per_second"] == pytest.approx(
+        rec["train_tokens"] / (rec["step_seconds"] - rec["rollout_seconds"]))
+    assert rec["gpu_memory_peak_bytes"] is None and rec["gpu_memory_reserved_peak_bytes"] is None  # CPU
     json.dumps(rec)  # serialisable as a metrics line
 
 
