@@ -247,31 +247,45 @@ def save_checkpoint(
     dist_checkpointing.save(sharded, str(tmp / _DIST))
     save_file(_rng_state(), str(tmp / f"rng_rank{rank}.safetensors"))
     _barrier()
-    files = _file_records(tmp, _file_sizes(tmp), checksums) if checksums or rank == 0 else {}
-    if rank == 0:
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "step": step,
-            "tp": groups.tp_size,
-            "pp": groups.pp_size,
-            "dp": groups.dp_size,
-            "world_size": _world_size(),
-            "state": scalars,
-            "extra": extra or {},
-            "config": config or {},
-            "files": files,
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _atomic_write_text(root / "latest", final.name)
-        complete = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
-        for old in complete[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-        logger.info("saved checkpoint %s", final)
-    _barrier()
+    error: Optional[BaseException] = None
+    try:
+        files = _file_records(tmp, _file_sizes(tmp), checksums) if checksums or rank == 0 else {}
+        if rank == 0:
+            _finish_save(root, tmp, final, step, groups, scalars, extra, config, files, keep_last)
+    except Exception as exc:  # noqa: BLE001 - shared below, so no rank waits for a rank 0 that gave up
+        error = exc
+    # the other ranks wait for rank 0's outcome here (this is also the closing barrier)
+    outcome = all_gather_bytes(b"" if error is None else f"{type(error).__name__}: {error}".encode(), _world_group())[0]
+    if outcome:
+        raise CheckpointError(f"saving checkpoint step {step} failed on rank 0 ({outcome.decode()}); "
+                              f"{root / 'latest'} still names the last complete checkpoint") from error
     return final
+
+
+def _finish_save(root: Path, tmp: Path, final: Path, step: int, groups: ParallelGroups, scalars: dict,
+                 extra: Optional[dict], config: Optional[dict], files: dict, keep_last: int) -> None:
+    """Rank 0: write meta.json last, rename the save into place, point ``latest`` at it, prune."""
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "tp": groups.tp_size,
+        "pp": groups.pp_size,
+        "dp": groups.dp_size,
+        "world_size": _world_size(),
+        "state": scalars,
+        "extra": extra or {},
+        "config": config or {},
+        "files": files,
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _atomic_write_text(root / "latest", final.name)
+    complete = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+    for old in complete[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    logger.info("saved checkpoint %s", final)
 
 
 def latest_checkpoint(run_dir: Union[str, Path]) -> Optional[Path]:
@@ -307,7 +321,7 @@ def _parse_meta(path: Path) -> tuple[dict, dict[str, _Recorded]]:
         raise CheckpointError(f"{path} is not a megatron_logra checkpoint (no meta.json)")
     try:
         meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8
         raise CheckpointError(f"{meta_path} is corrupt: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
         got = meta.get("format_version") if isinstance(meta, dict) else None

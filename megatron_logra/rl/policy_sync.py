@@ -10,12 +10,15 @@ they separate by more than ``max_master_drift`` the masters are copied back and 
 ``full`` mode and other optimizers refit densely. Under pipeline parallelism each stage builds the
 part of its own layers; the parts are gathered over the pipeline group and merged.
 
-Only ranks whose engine takes weight payloads encode them: an engine may say it does not with
-``receives_weights = False`` (:class:`~megatron_logra.rollout.sglang_engine.SGLangEngine` on every
-rank but the one that drives SGLang). Such a rank still runs every collective (the TP gathers of
-``build_delta``, the engine's own agreement on the outcome) but skips the encode, the pipeline
-merge and the checksums -- about 1 GB of host bytes per rank and update at 27B -- and a pipeline
-group without any receiving rank exchanges nothing. Embedded engines receive on every rank.
+An engine that one rank drives declares ``receives_weights`` (:class:`~megatron_logra.rollout.
+sglang_engine.SGLangEngine`: True on the rank that drives SGLang, False on the others). Only the
+driving rank builds the payload -- the other ranks skip the encode, the pipeline merge and the
+checksums, about 1 GB of host bytes per rank and update at 27B, and a pipeline group without a
+driving rank exchanges nothing -- and it builds it *inside* the engine's agreement on the outcome
+(``apply_sketch_delta`` takes a callable), so a failure there reaches every rank as the same
+``SyncError`` and all of them fall back to a full refit together. Such engines take deltas in
+process (``sync.transport=directory`` is for engines that read the files themselves). Embedded
+engines receive on every rank.
 """
 
 from __future__ import annotations
@@ -48,7 +51,11 @@ class PolicySync:
         self.cfg = cfg
         self.model, self.model_cfg, self.optimizer, self.engine, self.groups = model, model_cfg, optimizer, engine, groups
         self.delta_mode = cfg.mode == "delta" and isinstance(optimizer, LograOptimizer)
+        self.driven = hasattr(engine, "receives_weights")  # one rank drives the engine (SGLang)
         self.receives = bool(getattr(engine, "receives_weights", True))
+        if self.delta_mode and self.driven and cfg.transport == "directory":
+            raise ValueError("sync.transport=directory writes deltas for an engine that reads the files itself; "
+                             f"the {type(engine).__name__} takes them from its driving rank: use sync.transport=inprocess")
         if cfg.mode == "delta" and not self.delta_mode:
             logger.info("sync.mode=delta falls back to full refits with optimizer %s", type(optimizer).__name__)
         self.transport = None
@@ -92,21 +99,28 @@ class PolicySync:
             return {"sync_bytes": self.full(new_version), "sync_mode": "full", "sync_drift": 0, "sync_master_drift": 0.0}
         delta = build_delta(self.optimizer, update, alpha, base_version, new_version, self.groups,
                             model=self.model, factors=factors)
-        payload = self._payload(delta)
+        parts = self._stage_parts(delta)
+        sent = [0]
+
+        def payload() -> bytes:  # the whole step's delta, on a receiving rank
+            data = encode(delta) if parts is None else encode(merge_deltas([decode(part) for part in parts]))
+            sent[0] = len(data)
+            return data
+
         try:
-            if payload is None:  # another rank drives this engine: take part in its agreement only
-                self.engine.apply_sketch_delta(None)
+            if self.driven:  # the driving rank builds and sends inside the engine's agreement; others wait in it
+                self.engine.apply_sketch_delta(payload if self.receives else None)
             elif isinstance(self.transport, DirectoryTransport):
-                self.transport.publish(payload)
+                self.transport.publish(payload())
                 self.transport.consume(self.engine)
                 if self.cfg.keep_deltas:
                     self.transport.prune(new_version - self.cfg.keep_deltas + 1)
             else:
-                self.transport.send(payload)
+                self.transport.send(payload())
         except SyncError as exc:  # the engine kept its weights; bring it back with a dense refit
             logger.warning("sync: the engine rejected delta %d->%d (%s); full refit", base_version, new_version, exc)
             self.num_drifts += 1
-            return {"sync_bytes": len(payload or b"") + self.full(new_version), "sync_mode": "full", "sync_drift": 1,
+            return {"sync_bytes": sent[0] + self.full(new_version), "sync_mode": "full", "sync_drift": 1,
                     "sync_master_drift": 0.0}
         mode, drifted = "delta", 0
         if self.cfg.check_interval and self.num_syncs % self.cfg.check_interval == 0:
@@ -126,18 +140,22 @@ class PolicySync:
         if drifted or anchor:
             self.full(new_version)
             mode = "delta+anchor"
-        return {"sync_bytes": len(payload or b""), "sync_mode": mode, "sync_drift": drifted,
-                "sync_master_drift": master_drift}
+        return {"sync_bytes": sent[0], "sync_mode": mode, "sync_drift": drifted, "sync_master_drift": master_drift}
 
-    def _payload(self, delta: Any) -> Optional[bytes]:
-        """The whole step's encoded delta on a receiving rank, None elsewhere. Under pipeline
-        parallelism every stage contributes its part when some rank of its pipeline group receives."""
+    def _stage_parts(self, delta: Any) -> Optional[list[bytes]]:
+        """Under pipeline parallelism, every stage's encoded part of the step's delta (collective over
+        the PP group; exchanged only when some rank of the group receives); None at PP = 1 or on a
+        rank whose group has no receiver. A part that cannot be encoded travels empty, so the
+        receiving rank's decode rejects it (one ``SyncError`` for everyone) instead of a rank
+        leaving the collective."""
         if self.groups.pp_size == 1:
-            return encode(delta) if self.receives else None
+            return None
         wanted = torch.tensor([float(self.receives)], dtype=torch.float64)
         if all_reduce_sum(wanted, self.groups.pp).item() == 0:
             return None
-        parts = all_gather_bytes(encode(delta), self.groups.pp)
-        if not self.receives:
-            return None
-        return encode(merge_deltas([decode(part) for part in parts]))
+        try:
+            mine = encode(delta)
+        except SyncError as exc:
+            logger.warning("sync: this stage's delta part cannot be encoded (%s)", exc)
+            mine = b""
+        return all_gather_bytes(mine, self.groups.pp)

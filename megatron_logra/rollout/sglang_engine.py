@@ -162,8 +162,9 @@ class SGLangEngine:
     def apply_sketch_delta(self, delta: Any) -> int:
         """Send one sketch delta through ``sglang_client`` (driver; other ranks' ``delta`` is unused and
         may be None); every rank gets the new version or the same ``SyncError`` (the engine kept its
-        weights)."""
-        self._synced(lambda: self.target.apply_sketch_delta(delta))
+        weights). ``delta`` may be a zero-argument callable that builds it: the driver calls it inside
+        the shared outcome, so a failure while building reaches every rank too."""
+        self._synced(lambda: self.target.apply_sketch_delta(delta() if callable(delta) else delta))
         return self._version
 
     def update_weights_full(self, hf_state: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],

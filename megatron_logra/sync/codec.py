@@ -176,8 +176,8 @@ def _read_safetensors_header(data: bytes) -> dict:
         raise SyncError("truncated", f"safetensors header claims {n} bytes but only {len(data) - 8} follow")
     try:
         st_header = json.loads(data[8 : 8 + n])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SyncError("malformed", f"safetensors header is not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, an int past Python's digit limit, deep nesting
+        raise SyncError("malformed", f"safetensors header is not valid JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(st_header, dict):
         raise SyncError("malformed", "safetensors header is not a JSON object")
     # the sha256 covers the header's content, not its spelling: require the one spelling encode
@@ -215,8 +215,8 @@ def decode(data: bytes) -> SketchDelta:
     try:
         outer = json.loads(meta[_META_KEY])
         header, claimed = outer["header"], outer["sha256"]
-    except (json.JSONDecodeError, TypeError, KeyError) as exc:
-        raise SyncError("checksum", f"delta metadata does not parse ({exc!r})") from None
+    except (ValueError, RecursionError, TypeError, KeyError) as exc:
+        raise SyncError("checksum", f"delta metadata does not parse ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(header, dict) or not isinstance(claimed, str):
         raise SyncError("checksum", "delta header is not a JSON object with a sha256 string")
     if meta[_META_KEY] != _canonical_json(outer):  # e.g. 1.0 spelled 1e0: same numbers, other bytes

@@ -93,9 +93,13 @@ def check_header(h: dict) -> None:
     for i, t in enumerate(h["targets"]):
         _check_keys(t, TARGET_KEYS, f"target {i}")
         name = t["name"]
-        if not isinstance(name, str) or canonical_name(name) != name:
-            raise SyncError("name", f"target name {name!r} is not canonical"
-                            + (f" (expected {canonical_name(name)!r})" if isinstance(name, str) else ""))
+        try:
+            canonical = canonical_name(name) if isinstance(name, str) else None
+        except ValueError:  # e.g. a layer index past Python's int digit limit
+            canonical = None
+        if canonical is None or canonical != name:
+            raise SyncError("name", f"target name {str(name)[:120]!r} is not canonical"
+                            + (f" (expected {canonical!r})" if canonical else ""))
     names = [t["name"] for t in h["targets"]]
     if len(set(names)) != len(names):
         raise SyncError("name", f"duplicate target names in {names}")

@@ -5,7 +5,9 @@ An :class:`SGLangEngine` whose sync target (on global rank 0 only) is a real
 ``apply_sketch_delta(bytes)``, ``update_weights_full``, ``fingerprint`` -- so the trainer side
 runs exactly as with SGLang: one driving rank, the others only in the collectives. Three LoGRA
 updates of a megatron GPT (real forward/backward through megatron's schedule) are synced with
-``PolicySync``; the drift check runs after every update.
+``PolicySync``; the drift check runs after every update. Before a fourth, a partial refit leaves the
+driver's engine at an unknown version: its rejection of the delta must reach every rank, which all fall back
+to one full refit together (no hang).
 
 Launch: ``torchrun --nproc-per-node N driver_sync_worker.py OUT TP PP``. Every rank writes
 ``OUT/rank{r}.json``; the test asserts on them. Reference for the engine's weights: the
@@ -66,7 +68,15 @@ def main(out: str, tp: int, pp: int) -> None:
                       groups=groups, run_dir=Path(out))
     sync.full(0)
     records = []
-    for step in range(1, NUM_UPDATES + 1):
+    for step in range(1, NUM_UPDATES + 2):
+        if step == NUM_UPDATES + 1 and driver:  # a refit from elsewhere stopped part-way: the engine's
+            # version is unknown (-1), so it rejects the next delta -- on the driver only
+            name, param = next(iter(target.model.named_parameters()))
+            try:
+                target.update_weights_full(iter([(name, param.detach().clone())]), NUM_UPDATES)  # a stream
+            except ValueError:
+                pass
+            assert target.weight_version == -1
         opt.zero_grad()
         result = forward_backward(model, [_lm_batch(step, cfg)], groups)
         update = opt.prepare(num_tokens=result.num_tokens)

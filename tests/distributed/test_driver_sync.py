@@ -3,7 +3,8 @@
 With TP 2 and with PP 2 the driving rank's engine must end bitwise equal to the trainer after
 three updates that each travelled as a delta alone (drift check after every update), while the
 other rank built no payload (``sync_bytes`` 0) yet took part in every collective (no hang, same
-versions and outcomes on both ranks).
+versions and outcomes on both ranks); a delta the driver's engine rejects sends every rank into
+the same full refit.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ def test_only_the_driving_rank_builds_payloads_and_its_engine_equals_the_trainer
     assert [r["rank"] for r in results] == list(range(tp * pp))
     driver, other = results
     assert driver["receives"] is True and other["receives"] is False
-    assert driver["target_version"] == 3
+    assert driver["target_version"] == 4
     for r in results:
-        assert r["version"] == 3
-        assert [(rec["sync_mode"], rec["sync_drift"]) for rec in r["records"]] == [("delta", 0)] * 3, r
-    assert all(rec["sync_bytes"] > 0 for rec in driver["records"])
-    assert all(rec["sync_bytes"] == 0 for rec in other["records"])
+        assert r["version"] == 4
+        # three deltas, then the rejected one: every rank fell back to the same full refit
+        assert [(rec["sync_mode"], rec["sync_drift"]) for rec in r["records"]] == [("delta", 0)] * 3 + [("full", 1)], r
+    assert all(rec["sync_bytes"] > 0 for rec in driver["records"][:3])
+    assert all(rec["sync_bytes"] == 0 for rec in other["records"][:3])
     assert driver["num_tensors"] == other["num_tensors"] > 0
     assert driver["differ"] == []

@@ -198,3 +198,26 @@ def test_config_field():
         TrainConfig(checkpoint_checksums="yes")
     with pytest.raises(ValueError, match="train.checkpoint_checksums"):
         parse_args_to_config("lm-tiny", ["train.checkpoint_checksums=maybe"])
+
+
+def test_a_save_that_fails_on_rank_0_is_a_checkpoint_error_and_keeps_latest(saved, groups, tmp_path):
+    """Rank 0 finishes a save alone (meta.json, rename, ``latest``); its failure is shared with every
+    rank as a ``CheckpointError`` (the other ranks would otherwise wait for it forever) and ``latest``
+    keeps naming the last complete checkpoint."""
+    model = _model(groups, seed=3)
+    run = tmp_path / "run"
+    first = save_checkpoint(run, 1, model, None, groups)
+    (run / "checkpoints" / "latest.tmp").mkdir()  # the atomic write of `latest` cannot create its temp file
+    with pytest.raises(CheckpointError, match=r"saving checkpoint step 2 failed on rank 0 \(IsADirectoryError"):
+        save_checkpoint(run, 2, model, None, groups)
+    assert (run / "checkpoints" / "latest").read_text().strip() == first.name
+    read_meta(first)  # still complete and verified
+    (run / "checkpoints" / "latest.tmp").rmdir()
+    assert save_checkpoint(run, 3, model, None, groups).name == "step_00000003"
+
+
+def test_a_meta_json_that_is_not_utf8_is_a_checkpoint_error(ckpt):
+    meta = ckpt / "meta.json"
+    meta.write_bytes(b"\xff" + meta.read_bytes())
+    with pytest.raises(CheckpointError, match="meta.json is corrupt"):
+        read_meta(ckpt)

@@ -238,3 +238,25 @@ def test_tampered_header_without_rehash_is_a_checksum_error():
     data = _repack(encode(_delta()), edit_header=lambda h: h.update(new_version=9), rehash=False)
     with pytest.raises(SyncError, match="sha256 mismatch"):
         decode(data)
+
+
+def test_pathological_json_is_a_sync_error_not_a_crash():
+    """An int past Python's 4300-digit limit or 100,000 levels of nesting in the metadata, and such
+    an int as a layer index under a valid checksum: ``SyncError``, never ValueError / RecursionError."""
+    data = encode(_delta())
+    tensors = st_load(data)
+    meta = _metadata(data)
+    big = "9" * 5000
+    spelled = json.dumps(meta, sort_keys=True, separators=(",", ":")).replace('"seed":', f'"seed":{big},"x":', 1)
+    deep = "[" * 100_000 + "]" * 100_000
+    for raw in (spelled, deep):
+        with pytest.raises(SyncError) as exc:
+            decode(st_save(tensors, metadata={"logra.delta": raw}))
+        assert exc.value.kind == "checksum"
+
+    def big_layer(h):
+        h["targets"][0]["name"] = h["targets"][0]["name"].replace(".0.", f".{big}.", 1)
+
+    with pytest.raises(SyncError) as exc:
+        decode(_repack(data, edit_header=big_layer))
+    assert exc.value.kind == "name"
