@@ -33,7 +33,7 @@ from megatron_logra.models.te import te_installed
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_plan_config", "memory_preflight", "MemoryCheckError"]
+__all__ = ["run_plan_config", "memory_preflight", "unmodelled", "MemoryCheckError"]
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -72,6 +72,18 @@ def run_plan_config(cfg: Any, *, tp: int, pp: int, dp: int, gpu_memory_bytes: in
     )
 
 
+def unmodelled(cfg: Any) -> list[str]:
+    """Parts of run ``cfg`` the planner leaves out (named in the preflight's log line)."""
+    out = []
+    if cfg.job == "rl" and cfg.rl.loss.kl_coef > 0:
+        out.append("the KL penalty's reference model (its weights: params x dtype bytes / TP)")
+    if cfg.model.fp8:
+        out.append("fp8 (TE's scaling state and fp8 weight copies)")
+    if cfg.model.sequence_parallel:
+        out.append("sequence parallelism (activations counted unsharded)")
+    return out
+
+
 def _device_memory() -> Optional[int]:
     if not torch.cuda.is_available():
         return None
@@ -99,8 +111,10 @@ def memory_preflight(cfg: Any, *, tp: int, pp: int, dp: int,
         logger.warning("memory preflight: the planner cannot plan this run (%s: %s); skipped", type(exc).__name__, exc)
         return None
     w = result.worst
-    logger.info("memory preflight: %s; %s (persistent %s, trainer peak %s, engine %s)", layout_text(result),
-                verdict_line(result), format_bytes(w.persistent), format_bytes(w.trainer_peak), format_bytes(w.engine))
+    missing = unmodelled(cfg)
+    logger.info("memory preflight: %s; %s (persistent %s, trainer peak %s, engine %s)%s", layout_text(result),
+                verdict_line(result), format_bytes(w.persistent), format_bytes(w.trainer_peak), format_bytes(w.engine),
+                f"; not modelled: {', '.join(missing)}" if missing else "")
     if not result.fits:
         hint = ("lower the micro-batch (rl.micro_batch_size / train.micro_batch_size), set model.recompute=full, "
                 "raise the tensor/pipeline-parallel size, lower optimizer.logra.rank or the engine's share; "

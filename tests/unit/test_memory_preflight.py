@@ -14,7 +14,7 @@ import pytest
 
 from megatron_logra.config import parse_args_to_config
 from megatron_logra.memory import PlanConfig, plan
-from megatron_logra.memory.preflight import MemoryCheckError, memory_preflight, run_plan_config
+from megatron_logra.memory.preflight import MemoryCheckError, memory_preflight, run_plan_config, unmodelled
 from megatron_logra.memory.units import GiB, parse_bytes
 from megatron_logra.models.presets import get_preset
 
@@ -90,3 +90,12 @@ def test_the_rl_job_checks_before_building_the_model(tmp_path, monkeypatch):
     finally:
         destroy_parallel()
     assert not (tmp_path / "run").exists()
+
+
+def test_what_the_planner_leaves_out_is_named(caplog):
+    cfg = parse_args_to_config("27b", ["rl.loss.kl_coef=0.05"])
+    assert [m.split(" (")[0] for m in unmodelled(cfg)] == ["the KL penalty's reference model"]
+    assert unmodelled(parse_args_to_config("27b", [])) == []
+    with caplog.at_level(logging.INFO, logger="megatron_logra.memory.preflight"):
+        memory_preflight(cfg, tp=8, pp=1, dp=1, gpu_memory_bytes=H100)
+    assert "not modelled: the KL penalty's reference model" in caplog.text
