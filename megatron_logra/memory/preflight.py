@@ -29,14 +29,11 @@ import torch
 from megatron_logra.memory.planner import OPTIMIZERS, MemoryPlan, PlanConfig, plan
 from megatron_logra.memory.report import layout_text, verdict_line
 from megatron_logra.memory.units import format_bytes
-from megatron_logra.models.te import te_installed
+from megatron_logra.models.te import te_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["run_plan_config", "memory_preflight", "unmodelled", "MemoryCheckError"]
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
 
 class MemoryCheckError(ValueError):
     """The planner says this run does not fit its GPU and ``train.memory_check=error`` (bad input:
@@ -49,7 +46,7 @@ def _engine_fraction(cfg: Any, gpu_memory_bytes: int) -> float:
     ro = cfg.rl.rollout
     if ro.engine == "sglang":
         return 0.0 if ro.sglang_url else float(ro.mem_fraction_static)
-    copy = cfg.model.num_params() * _DTYPE_BYTES.get(str(cfg.model.params_dtype), 4)
+    copy = cfg.model.num_params() * cfg.model.torch_dtype.itemsize
     return min(copy / gpu_memory_bytes, 0.99)
 
 
@@ -60,7 +57,7 @@ def run_plan_config(cfg: Any, *, tp: int, pp: int, dp: int, gpu_memory_bytes: in
     if name not in OPTIMIZERS:
         return None
     impl = cfg.model.transformer_impl
-    flash = impl == "transformer_engine" or (impl == "auto" and te_installed() and torch.cuda.is_available())
+    flash = impl == "transformer_engine" or (impl == "auto" and te_unavailable_reason() is None)
     rl = cfg.job == "rl"
     return PlanConfig(
         tp=tp, pp=pp, dp=dp, optimizer=name, rank=cfg.optimizer.logra.rank, masters=cfg.optimizer.logra.masters,

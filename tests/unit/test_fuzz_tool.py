@@ -4,33 +4,22 @@ the decode function as a parameter)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 from safetensors.torch import load as st_load
 
 from megatron_logra.sync.codec import AttentionDims, SketchDelta, TargetFactor
+from tool_modules import load_tool
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "fuzz_sync_codec.py"
 
 
 @pytest.fixture(scope="module")
 def fuzz(one_thread) -> ModuleType:
-    """The tool, imported from its file (registered so its dataclasses resolve their module)."""
-    spec = importlib.util.spec_from_file_location("fuzz_sync_codec", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+    """The tool, imported from its file."""
+    return load_tool("fuzz_sync_codec")
 
 
 def test_main_exits_zero_on_the_codec(fuzz: ModuleType, capsys: pytest.CaptureFixture) -> None:

@@ -28,8 +28,6 @@ as reproducers at the end.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import struct
 from collections import Counter
 from typing import Any, Callable, Optional
@@ -38,8 +36,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from megatron_logra.sketch.naming import canonical_name
 from megatron_logra.sketch.random_projection import DISTRIBUTIONS
@@ -47,6 +43,7 @@ from megatron_logra.sync.codec import AttentionDims, SketchDelta, TargetFactor, 
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.factors import quantize_factor
 from megatron_logra.sync.schema import DENSE_DTYPES, LAYOUTS, MAGIC, expected_layout
+from tool_modules import load_tool
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +51,13 @@ def _one_thread(one_thread):
     yield
 
 
-_META_KEY = "logra.delta"
+# The wire-level reference (documented checksum, raw pack / unpack, bitwise tensor equality) is the
+# fuzz tool's, written from the format's description and independent of the codec under test.
+_wire = load_tool("fuzz_sync_codec")
+reference_digest, unpack, pack = _wire.reference_digest, _wire.unpack, _wire.pack
+_same_tensor, _canonical_json = _wire._same_tensor, _wire.canonical_json
+
+
 _LAYER_SUFFIXES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj",
                    "mlp.router", "self_attn.q_norm")
 _GLOBAL_TARGETS = ("lm_head", "model.embed_tokens")
@@ -164,15 +167,6 @@ def sketch_deltas(draw: st.DrawFn) -> SketchDelta:
 # --------------------------------------------------------------------------- helpers
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s raw bit patterns as integers (NaN payloads and -0 compare exactly)."""
-    return t.contiguous().view(_INT_OF_SIZE[t.element_size()])
-
-
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
-
-
 def assert_same_delta(got: SketchDelta, want: SketchDelta) -> None:
     """``got`` equals ``want`` in every header field, type included, and bit for bit in every tensor."""
     for f in ("base_version", "new_version", "seed", "update_index", "rank", "distribution", "decay",
@@ -187,36 +181,8 @@ def assert_same_delta(got: SketchDelta, want: SketchDelta) -> None:
         assert _same_tensor(got.dense[k], want.dense[k]), k
 
 
-def _canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-def reference_digest(header: dict, tensors: dict[str, torch.Tensor]) -> str:
-    """The documented checksum: sha256 of ``MAGIC|``, the canonical header JSON, then per tensor
-    (sorted keys) ``|key|dtype|shape|`` and its raw bytes."""
-    h = hashlib.sha256(f"{MAGIC}|".encode())
-    h.update(_canonical_json(header).encode())
-    for key in sorted(tensors):
-        t = tensors[key].contiguous()
-        h.update(f"|{key}|{t.dtype}|{list(t.shape)}|".encode())
-        if t.numel():
-            h.update(_bits(t).reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 def _st_header_len(data: bytes) -> int:
     return struct.unpack("<Q", data[:8])[0]
-
-
-def unpack(data: bytes) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(delta header, tensors)`` of a well-formed encoded message."""
-    st_header = json.loads(data[8 : 8 + _st_header_len(data)])
-    return json.loads(st_header["__metadata__"][_META_KEY])["header"], st_load(data)
-
-
-def pack(header: Any, tensors: dict[str, torch.Tensor], sha256: str) -> bytes:
-    """A message with this header, tensors and claimed sha256 (no checks: may be invalid)."""
-    return st_save(tensors, metadata={_META_KEY: _canonical_json({"header": header, "sha256": sha256})})
 
 
 def _reject_or_original(data: bytes, original: SketchDelta) -> Optional[SyncError]:
