@@ -38,8 +38,12 @@ class RolloutConfig:
     sglang_tp: int = 0
     """Tensor-parallel size of the in-process engine; 0 = the trainer's ``parallel.tp`` (its GPUs)."""
     sglang_sampling_seed: bool = False
-    """Send a per-request ``sampling_seed`` (reproducible rollouts on SGLang versions that support it);
-    off: SGLang samples from its own generator (seeded once with ``train.seed``)."""
+    """Send a per-request ``sampling_seed`` (reproducible rollouts on SGLang versions that support it).
+    SGLang honours it only in deterministic mode: the in-process engine is started with
+    ``enable_deterministic_inference=True`` (it needs a deterministic attention backend such as
+    ``flashinfer``, ``fa3`` or ``triton``); a server must be started with
+    ``--enable-deterministic-inference`` (a warning says when it was not). Off: SGLang samples from
+    its own generator (seeded once with ``train.seed``)."""
     sglang_engine_args: dict = field(default_factory=dict)
     """Extra ``sglang.Engine`` keyword arguments (ServerArgs), e.g. ``{"attention_backend": "triton"}``."""
     temperature: float = 1.0

@@ -49,8 +49,10 @@ refit runs on all ranks together. SGLang is imported lazily (:func:`require_sgla
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
@@ -238,6 +240,12 @@ class SGLangEngine:
                                           serialization=serialization)
 
             gen_target = server() if _is_driver(mp) else None
+            if gen_target is not None and ro.sglang_sampling_seed:
+                info = gen_target.request("GET", "/get_server_info")[1]
+                if not (isinstance(info, dict) and info.get("enable_deterministic_inference")):
+                    logger.warning("rl.rollout.sglang_sampling_seed: the server at %s was not started with "
+                                   "--enable-deterministic-inference, so SGLang ignores the per-request seeds",
+                                   ro.sglang_url)
             sync_target = (gen_target or server()) if _is_driver(world) else None
             gen_fn = None
             if gen_target is not None:
@@ -262,8 +270,11 @@ class SGLangEngine:
                           mem_fraction_static=fraction, skip_tokenizer_init=True,
                           random_seed=cfg.train.seed, context_length=engine_context_length(cfg.model),
                           custom_weight_loader=[LOADER_PATH], log_level="error")
+            if ro.sglang_sampling_seed:  # SGLang honours per-request seeds only in deterministic mode
+                kwargs["enable_deterministic_inference"] = True
             kwargs.update(ro.sglang_engine_args)
-            engine = sglang.Engine(**kwargs)
+            with trainer_environment_kept():
+                engine = sglang.Engine(**kwargs)
             atexit.register(engine.shutdown)
             logger.info("sglang engine: in-process, tp_size=%d, share %.2f (SGLang mem_fraction_static %.2f), %s",
                         kwargs["tp_size"], ro.mem_fraction_static, kwargs["mem_fraction_static"], model_dir)
@@ -271,3 +282,35 @@ class SGLangEngine:
         gen_fn = (lambda payload: engine.generate(**payload)) if engine is not None else None
         return cls(generate_fn=gen_fn, target=target, gen_group=mp, sync_group=mp,
                    close_fn=engine.shutdown if engine is not None else None, **common)
+
+
+_TRAINER_ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_NCCL_")
+
+
+@contextlib.contextmanager
+def trainer_environment_kept() -> Iterator[None]:
+    """Undo, after an in-process ``sglang.Engine`` starts, what it set in this process's environment.
+
+    SGLang's engine start (``_set_envs_and_config``) runs in the caller's process and overwrites
+    ``CUDA_DEVICE_MAX_CONNECTIONS`` (Megatron wants 1), ``NCCL_CUMEM_ENABLE``, ``NCCL_NVLS_ENABLE``
+    and ``TORCH_NCCL_AVOID_RECORD_STREAMS`` for its own worker processes. Those are started by the
+    time the constructor returns, so the trainer's values are restored for everything the trainer
+    creates later (NCCL communicators, subprocesses). Other variables, SGLang's signal handlers
+    and its multiprocessing start method are left as SGLang set them: its shutdown path needs them.
+    """
+    before = {k: v for k, v in os.environ.items() if k.startswith(_TRAINER_ENV_PREFIXES)}
+    try:
+        yield
+    finally:
+        changed = []
+        for key in [k for k in os.environ if k.startswith(_TRAINER_ENV_PREFIXES)]:
+            if key not in before:
+                changed.append(key)
+                del os.environ[key]
+        for key, value in before.items():
+            if os.environ.get(key) != value:
+                changed.append(key)
+                os.environ[key] = value
+        if changed:
+            logger.info("sglang engine: restored the trainer's %s after the engine started", ", ".join(sorted(changed)))
+

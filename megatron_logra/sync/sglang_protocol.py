@@ -145,8 +145,9 @@ class _SGLangTarget:
     def _state(self, nonce: Optional[str] = None) -> dict:
         values = self._read_param(STATE_PARAM)
         if values is None:
-            raise SGLangError("engine", f"cannot read the loader state {STATE_PARAM!r} back: the served model class "
-                                        "needs get_weights_by_name (SGLang's Llama/Qwen classes have it)")
+            raise SGLangError("engine", f"cannot read the loader state {STATE_PARAM!r} back with get_weights_by_name "
+                                        "after the loader ran: check the engine's log for the read error (the "
+                                        "loader serves the record itself on model classes without the method)")
         state = _decode_json_param(values, f"loader state {STATE_PARAM!r}")
         if nonce is not None and state.get("nonce") != nonce:
             raise SGLangError("engine", f"the loader did not record this request (state nonce {state.get('nonce')!r}, "

@@ -111,8 +111,9 @@ class _Norm(nn.Module):
         self.weight = nn.Parameter(weight.clone(), requires_grad=False)
 
 
-class _SGLangLlama(nn.Module):
-    """LlamaForCausalLM's parameters as SGLang lays them out on rank ``rank`` of ``tp``."""
+class _SGLangQwen2(nn.Module):
+    """The parameters SGLang's Llama and Qwen2 classes lay out on rank ``rank`` of ``tp``, and no
+    ``get_weights_by_name`` (like ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``)."""
 
     def __init__(self, hf, tp=1, rank=0, vocab_pad=0):
         super().__init__()
@@ -173,6 +174,14 @@ def _assert_same(model, expect):
         assert torch.equal(got[name], want[name]), name
 
 
+class _SGLangLlama(_SGLangQwen2):
+    """``LlamaForCausalLM``: the same layout, plus its ``get_weights_by_name`` (root parameters by name)."""
+
+    def get_weights_by_name(self, name, truncate_size=100, tp_size=1):
+        param = dict(self.named_parameters())[name]
+        return param.detach().cpu().to(torch.float32).numpy().tolist()[:truncate_size]
+
+
 class _Runtime:
     """The scheduler side: ``ModelRunner.update_weights_from_tensor`` and ``get_weights_by_name`` of each TP rank."""
 
@@ -199,10 +208,10 @@ class _Runtime:
             raise
 
     def get_weights_by_name(self, name, truncate_size=100):
-        param = dict(self.models[0].named_parameters()).get(name)
-        if param is None:
-            return None  # the model's get_weights_by_name logs and returns None
-        return param.detach().cpu().to(torch.float32).numpy().tolist()[:truncate_size]
+        try:  # ModelRunner.get_weights_by_name: delegate to the model class, None on any error
+            return self.models[0].get_weights_by_name(name, truncate_size, tp_size=len(self.models))
+        except Exception:
+            return None
 
 
 class _FakeEngine:
@@ -431,9 +440,12 @@ def test_chunking_bounds_bytes_and_keeps_every_tensor_once():
 # --------------------------------------------------------------------------- in-process engine client
 
 
-def test_engine_target_applies_deltas_refits_and_fingerprints():
+@pytest.mark.parametrize("model_class", [_SGLangLlama, _SGLangQwen2], ids=["llama", "no-get_weights_by_name"])
+def test_engine_target_applies_deltas_refits_and_fingerprints(model_class):
     hf = _hf_state()
-    runtime = _Runtime([_SGLangLlama(hf, vocab_pad=8)])
+    runtime = _Runtime([model_class(hf, vocab_pad=8)])
+    if model_class is _SGLangQwen2:  # before the loader first runs, SGLang can read nothing from this class
+        assert runtime.get_weights_by_name(STATE_PARAM, 1 << 20) is None
     engine = _FakeEngine(runtime)
     target = SGLangEngineTarget(engine)
     assert target.weight_version == 0
@@ -458,6 +470,8 @@ def test_engine_target_applies_deltas_refits_and_fingerprints():
     assert sum(1 for c in engine.calls if c[0] == "update" and c[1] is None) > 1  # chunked
     assert drift(target.fingerprint(), fingerprint(new)) == []
     assert runtime.dead is None
+    if model_class is _SGLangQwen2:  # the loader's reader serves its two records, not the model's weights
+        assert runtime.get_weights_by_name("model.norm.weight", 10) is None
 
 
 def test_a_refit_that_fails_part_way_leaves_the_version_unknown_until_a_refit_succeeds(monkeypatch):

@@ -419,3 +419,40 @@ def _share_worker(rank: int, init_file: str) -> None:
 def test_driver_generates_and_syncs_for_the_group(tmp_path):
     # file rendezvous: a probed TCP port can be taken by another process before gloo binds it
     mp.spawn(_share_worker, args=(str(tmp_path / "rendezvous"),), nprocs=2, join=True)
+
+
+def test_in_process_start_asks_for_deterministic_sampling_and_keeps_the_trainer_environment(monkeypatch, tmp_path):
+    """``sglang.Engine`` cannot start on a CPU: a stand-in does what its start does in the caller's
+    process (``_set_envs_and_config``: CUDA/NCCL variables for its workers) and serves the loader
+    through the scheduler stand-in of ``test_sglang_client``."""
+    import os
+
+    from test_sglang_client import _FakeEngine, _hf_state, _Runtime, _SGLangQwen2
+
+    from megatron_logra.config import load_recipe
+
+    started = []
+
+    def engine(**kwargs):
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "4"
+        os.environ["NCCL_CUMEM_ENABLE"] = "0"
+        started.append((kwargs, dict(os.environ)))
+        fake = _FakeEngine(_Runtime([_SGLangQwen2(_hf_state())], loaders=kwargs["custom_weight_loader"]))
+        fake.shutdown = lambda: None
+        return fake
+
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(Engine=engine))
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    cfg = load_recipe("tiny")
+    cfg.train.run_dir = str(tmp_path)
+    groups = SimpleNamespace(mp=None, tp_size=1, dp_rank=0)
+    for seeded in (True, False):
+        cfg.rl.rollout = RolloutConfig(engine="sglang", sglang_sampling_seed=seeded)
+        built = build_engine(cfg, None, groups)
+        kwargs, env_inside = started[-1]
+        assert kwargs.get("enable_deterministic_inference", False) is seeded
+        assert env_inside["CUDA_DEVICE_MAX_CONNECTIONS"] == "4" and env_inside["NCCL_CUMEM_ENABLE"] == "0"
+        assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and "NCCL_CUMEM_ENABLE" not in os.environ
+        assert built.weight_version == 0  # the loader state reads back from a class without get_weights_by_name
+        built.close()
