@@ -123,6 +123,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.job not in ("rl", "lm"):
             raise ValueError(f"job={self.job!r}: choose rl or lm")
+        self._check_sequence_shapes()
         if self.job == "rl":
             return
         if self.model.seq_length < self.data.seq_length - 1:
@@ -134,6 +135,36 @@ class RunConfig:
             raise ValueError(
                 f"data.num_symbols={self.data.num_symbols} needs model.vocab_size >= {self.data.num_symbols + 2}"
             )
+
+    def _check_sequence_shapes(self) -> None:
+        """FP8 GEMMs and sequence parallelism constrain sequence lengths (``models.te.sequence_multiple``).
+
+        RL packs each step's sequences to a multiple of :meth:`sequence_multiple`, capped at
+        ``model.seq_length``, which must then be one too. The lm job's micro-batches are
+        ``[micro_batch_size, data.seq_length - 1]``: the sequence must split over the TP group under
+        sequence parallelism, and FP8 needs each rank's token count to be a multiple of 16."""
+        multiple = self.sequence_multiple()
+        why = (f"(model.fp8={self.model.fp8}, model.sequence_parallel={self.model.sequence_parallel}, "
+               f"parallel.tp={self.parallel.tp})")
+        if self.job == "rl":
+            if multiple > 8 and self.model.seq_length % multiple:
+                raise ValueError(f"model.seq_length={self.model.seq_length} must be a multiple of {multiple} {why}: "
+                                 f"round it to {-(-self.model.seq_length // multiple) * multiple}")
+            return
+        s, b = self.data.seq_length - 1, self.train.micro_batch_size
+        sp = self.parallel.tp if self.model.sequence_parallel and self.parallel.tp > 1 else 1
+        if s % sp:
+            raise ValueError(f"data.content_length={self.data.content_length}: the lm job's {s}-token sequences do "
+                             f"not split over the {sp} sequence-parallel ranks {why}; turn sequence parallelism off")
+        if self.model.fp8 is not None and (s // sp * b) % 16:
+            raise ValueError(f"train.micro_batch_size={b}: FP8 needs each rank's {s // sp}×{b} tokens per micro-batch "
+                             f"to be a multiple of 16 {why}; use a micro-batch size that makes it one")
+
+    def sequence_multiple(self) -> int:
+        """What every packed sequence length must be a multiple of (``models.te.sequence_multiple``)."""
+        from megatron_logra.models.te import sequence_multiple
+
+        return sequence_multiple(self.model.fp8, self.model.sequence_parallel, self.parallel.tp)
 
     def validate(self) -> "RunConfig":
         """Re-run every component's validation, innermost first (after overrides)."""

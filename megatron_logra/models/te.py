@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 from typing import Any, Optional
 
 import torch
@@ -81,6 +82,20 @@ def check_model_fields(transformer_impl: str, fp8: Optional[str], fp8_recipe: st
     if sequence_parallel and transformer_impl == "local":
         raise ValueError("model.sequence_parallel=true needs model.transformer_impl=transformer_engine (or auto): "
                          "megatron-core's local torch norms do not support sequence parallelism")
+
+
+def sequence_multiple(fp8: Optional[str], sequence_parallel: bool, tp_size: int) -> int:
+    """Every packed sequence length must be a multiple of this (8 without FP8 or sequence parallelism).
+
+    With sequence parallelism each TP rank holds ``s·b/tp`` tokens of every activation, so ``s`` must
+    split evenly over the TP group; TE's FP8 GEMMs check the *local* token count of each input
+    (``assert_dim_for_fp8_exec``, before the sequence-parallel all-gather) against a multiple of 16.
+    So: FP8 → ``16·tp`` with sequence parallelism, else 16; sequence parallelism alone → ``lcm(8, tp)``.
+    """
+    sp = tp_size if sequence_parallel and tp_size > 1 else 1
+    if fp8 is not None:
+        return 16 * sp
+    return math.lcm(8, sp)
 
 
 def resolve_transformer_impl(impl: str) -> str:

@@ -3,7 +3,8 @@
 A sequence ``prompt + completion`` becomes ``tokens = seq[:-1]``, ``labels = seq[1:]``; the
 loss mask covers the positions whose label is a completion token. Per-token advantages and
 rollout log-probs are aligned with the labels. Sequences are right-padded with ``pad_id``
-to a common length (a multiple of 8, at most ``max_length``), so every micro-batch of a step
+to a common length (a multiple of 8, or of what FP8 and sequence parallelism need; at most
+``max_length``), so every micro-batch of a step
 has the same shape (pipeline schedules need that).
 """
 
@@ -27,8 +28,15 @@ def pack_sequences(
     finished: Sequence[bool],
     pad_id: int,
     max_length: int,
+    multiple: int = 8,
 ) -> Batch:
-    """One ``Batch`` holding every sequence (``[n, s]``); see the module docstring."""
+    """One ``Batch`` holding every sequence (``[n, s]``); see the module docstring.
+
+    ``s`` is the longest sequence rounded up to ``multiple`` (``models.te.sequence_multiple``: 8, or
+    what FP8 and sequence parallelism need), at most ``max_length``, which must then be a multiple too."""
+    if multiple < 1 or (multiple > 8 and max_length % multiple):
+        raise ValueError(f"max_length={max_length} is not a multiple of {multiple}: FP8 / sequence parallelism need "
+                         f"every sequence length to be one (set model.seq_length to a multiple of {multiple})")
     n = len(prompts)
     if not (len(completions) == len(rollout_logprobs) == len(advantages) == len(finished) == n):
         raise ValueError("prompts, completions, log-probs, advantages and finished flags must have equal lengths")
@@ -40,7 +48,7 @@ def pack_sequences(
     longest = max(lengths) if lengths else 1
     if longest > max_length:
         raise ValueError(f"a prompt+completion of {longest + 1} tokens exceeds the model context of {max_length + 1}")
-    s = min(max_length, ((longest + 7) // 8) * 8)
+    s = min(max_length, -(-longest // multiple) * multiple)
     tokens = torch.full((n, s), pad_id, dtype=torch.long)
     labels = torch.full((n, s), pad_id, dtype=torch.long)
     mask = torch.zeros((n, s), dtype=torch.float32)

@@ -108,7 +108,8 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
 
     loss = run_sft(model, groups, demo, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
                    micro_batch_size=cfg.rl.micro_batch_size, pad_id=tok.pad_token_id,
-                   max_length=cfg.model.seq_length, log=log, final_lr_ratio=cfg.sft.final_lr_ratio)
+                   max_length=cfg.model.seq_length, multiple=cfg.sequence_multiple(),
+                   log=log, final_lr_ratio=cfg.sft.final_lr_ratio)
     logger.info("warm start done in %.0fs (loss %.4f)", time.perf_counter() - t0, loss)
     if cfg.sft.cache:
         save_weights(model, groups, cache, meta={"sft_loss": loss, "key": key})

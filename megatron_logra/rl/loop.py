@@ -198,6 +198,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         [r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts],
         rollout_logprobs=[r.logprobs for r in rollouts], advantages=advantages.tolist(),
         finished=[r.finished for r in rollouts], pad_id=c.tokenizer.pad_token_id, max_length=cfg.model.seq_length,
+        multiple=cfg.sequence_multiple(),
     )
     if c.ref_model is not None:
         batch.extras["ref_logprobs"] = _reference_logprobs(c, batch)

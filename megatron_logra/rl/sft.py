@@ -82,6 +82,7 @@ def run_sft(
     micro_batch_size: int,
     pad_id: int,
     max_length: int,
+    multiple: int = 8,
     log: Optional[Callable[[int, float], None]] = None,
     final_lr_ratio: float = 1.0,
 ) -> float:
@@ -102,7 +103,7 @@ def run_sft(
         batch = pack_sequences(
             [p for p, _ in pairs], [a for _, a in pairs],
             rollout_logprobs=[[0.0] * len(a) for _, a in pairs], advantages=[0.0] * len(pairs),
-            finished=[True] * len(pairs), pad_id=pad_id, max_length=max_length,
+            finished=[True] * len(pairs), pad_id=pad_id, max_length=max_length, multiple=multiple,
         )
         opt.zero_grad()
         result = forward_backward(model, split_microbatches(batch, micro_batch_size), groups)
