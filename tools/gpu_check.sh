@@ -44,6 +44,11 @@ for name in ("megatron.core", "transformer_engine", "apex", "sglang", "reasoning
         print(f"{name:20s} {getattr(mod, '__version__', 'present')}")
     except Exception as exc:  # a broken optional package is reported, not fatal
         print(f"{name:20s} missing ({type(exc).__name__})")
+try:  # megatron-core hides a TE it cannot use (version drift) behind HAVE_TE = False
+    from megatron.core.models.gpt import gpt_layer_specs
+    print(f"{'mcore TE layer spec':20s} {'usable' if getattr(gpt_layer_specs, 'HAVE_TE', False) else 'NOT usable'}")
+except Exception as exc:
+    print(f"{'mcore TE layer spec':20s} unknown ({type(exc).__name__})")
 EOF
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"

@@ -123,8 +123,9 @@ def fp8_checks(args) -> bool:
     print("\nFP8 projection X·Aᵀ (relative Frobenius error vs fp64):")
     for k, v in e.items():
         print(f"  {k:18s} {v:.3e}")
-    ok = e["sign_exact"] == 1.0 and e["projection_added"] < 1e-5 and e["fp8_vs_fp32"] <= 1.1 * e["x_quantization"] + 1e-6
-    print(f"  {'PASS' if ok else 'FAIL'}: Rademacher signs exact in E4M3; error = rounding of X only")
+    ok = (e["sign_exact"] == 1.0 and e["projection_added"] < 0.01 * e["x_quantization"]
+          and e["fp8_vs_fp32"] <= 1.1 * e["x_quantization"] + 1e-6)
+    print(f"  {'PASS' if ok else 'FAIL'}: Rademacher signs exact in E4M3; the GEMM adds < 1% of X's rounding error")
     results = {"logra-fp32 bf16 (TE)": run_steps("logra-fp32", args, transformer_impl="transformer_engine"),
                f"logra-fp32 fp8={args.fp8 or 'hybrid'}": run_steps(
                    "logra-fp32", args, transformer_impl="transformer_engine", fp8=args.fp8 or "hybrid")}

@@ -200,7 +200,8 @@ def test_fp8_projection_adds_no_error_beyond_rounding_x():
     e = fp8_projection_error(x, proj)
     print("FP8 projection errors:", e)
     assert e["sign_exact"] == 1.0
-    assert e["projection_added"] < 1e-5  # A and the GEMM add only fp32 accumulation error
+    # A is exact in E4M3: what the GEMM adds is accumulation error, a small fraction of X's rounding
+    assert e["projection_added"] < 0.01 * e["x_quantization"]
     assert e["fp8_vs_fp32"] <= 1.1 * e["x_quantization"] + 1e-6  # the rest is X's E4M3 rounding
     assert e["bf16_vs_fp32"] < e["fp8_vs_fp32"]
 

@@ -31,6 +31,7 @@ def test_gpu_check_reports_without_cuda(tmp_path):
     assert {p.name for p in out.iterdir()} == {"env.txt", "pytest.txt", "smoke.txt", "sync_apply.txt", "summary.txt"}
     report = (out / "env.txt").read_text()
     assert "torch" in report and "megatron.core" in report and "transformer_engine   missing" in report
+    assert "mcore TE layer spec  NOT usable" in report  # without TE, megatron-core's TE spec is off
     summary = (out / "summary.txt").read_text()
     assert "gpu-marked tests: exit 0" in summary and "skipped" in summary and "passed" not in summary
     assert "no CUDA device" in (out / "smoke.txt").read_text()
