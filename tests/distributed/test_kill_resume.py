@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -64,8 +65,10 @@ def test_sigkill_at_random_moments_then_resume(launcher, tmp_path):
     seed = int(os.environ.get("KILL_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
     ref, run = tmp_path / "reference", tmp_path / "killed"
-    launcher.launch(1, ["-m", "megatron_logra.cli", "train", "lm-tiny", f"train.run_dir={ref}", f"train.steps={N}",
-                        *ARGS], timeout=300, log=tmp_path / "reference.log")
+    pool = ThreadPoolExecutor(1)  # the reference is independent of the killed run: side by side
+    reference = pool.submit(launcher.launch, 1, ["-m", "megatron_logra.cli", "train", "lm-tiny",
+                                                 f"train.run_dir={ref}", f"train.steps={N}", *ARGS],
+                            timeout=300, log=tmp_path / "reference.log")
     kills = [_kill_at_random(launcher, run, ["train", "lm-tiny", f"train.run_dir={run}", f"train.steps={N}", *ARGS],
                              rng, tmp_path / "kill1.log")]
     if _latest_step(run) < N:
@@ -89,6 +92,8 @@ def test_sigkill_at_random_moments_then_resume(launcher, tmp_path):
                            log=tmp_path / "resume.log")
     summary = json.loads(proc.stdout[proc.stdout.index("{"): proc.stdout.rindex("}") + 1])
     assert summary["steps"] == N - step, where
+    reference.result()
+    pool.shutdown()
 
     final_ref, final_run = ckpts.parent.parent / "reference" / "checkpoints", ckpts
     assert (final_run / "latest").read_text().strip() == f"step_{N:08d}", where

@@ -11,6 +11,7 @@ rounding of a different stage split. ``kl.alpha_max`` is raised so α is not cap
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -26,10 +27,13 @@ def _records(run) -> list[dict]:
 
 def test_kl_control_with_two_pipeline_stages_matches_one_process(launcher, tmp_path):
     pp_run, ref_run = tmp_path / "pp2", tmp_path / "pp1"
-    launcher.launch(2, ["-m", "megatron_logra.cli", "train", "tiny", "--pipeline-model-parallel-size", "2",
-                        f"train.run_dir={pp_run}", *COMMON], timeout=500, log=tmp_path / "pp2.log")
-    launcher.launch(1, ["-m", "megatron_logra.cli", "train", "tiny", "kl.probe=finite_difference",
-                        f"train.run_dir={ref_run}", *COMMON], timeout=300, log=tmp_path / "pp1.log")
+    with ThreadPoolExecutor(1) as pool:  # the two runs are independent: side by side
+        ref_launch = pool.submit(launcher.launch, 1, ["-m", "megatron_logra.cli", "train", "tiny",
+                                                      "kl.probe=finite_difference", f"train.run_dir={ref_run}",
+                                                      *COMMON], timeout=500, log=tmp_path / "pp1.log")
+        launcher.launch(2, ["-m", "megatron_logra.cli", "train", "tiny", "--pipeline-model-parallel-size", "2",
+                            f"train.run_dir={pp_run}", *COMMON], timeout=500, log=tmp_path / "pp2.log")
+        ref_launch.result()
     pp, ref = _records(pp_run), _records(ref_run)
     assert [r["step"] for r in pp] == [r["step"] for r in ref] == [1, 2]
     for got, want in zip(pp, ref):
