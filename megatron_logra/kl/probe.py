@@ -49,6 +49,27 @@ class ProbeBatch:
         self.position_ids = position_ids
         self.mask = mask.bool()
 
+    def to(self, device: torch.device) -> "ProbeBatch":
+        """The same batch on ``device`` (the model's: the probes call the model directly)."""
+        return ProbeBatch(self.tokens.to(device), self.position_ids.to(device), self.mask.to(device))
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Every module of ``model`` in eval mode within the context, each restored to its own mode after.
+
+    The probes measure the policy the engine samples from: no dropout. And megatron runs
+    ``recompute_granularity=full`` only in training mode, where its checkpointed forward drops
+    forward-mode tangents (the probe then sees none); probe forwards need no recompute (no graph).
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
 
 def _primal(x: torch.Tensor) -> torch.Tensor:
     return fwAD.unpack_dual(x).primal
@@ -182,7 +203,7 @@ def predicted_kl(
     """
     if groups.pp_size > 1:
         raise NotImplementedError("forward-mode tangents cannot cross pipeline stages: use predicted_kl_fd (kl.probe=auto)")
-    with fwAD.dual_level(), tangent_hooks(sketches, directions, update_index, groups.tp):
+    with fwAD.dual_level(), tangent_hooks(sketches, directions, update_index, groups.tp), eval_mode(model):
         logits = model(batch.tokens, batch.position_ids, None)
         z, dz = fwAD.unpack_dual(logits)
         if dz is None:
@@ -199,7 +220,8 @@ def probe_logits(model, batch: ProbeBatch, groups: ParallelGroups) -> Optional[t
     the last stage gets the logits; the other stages return None.
     """
     if groups.pp_size == 1:
-        return flat_valid(model(batch.tokens, batch.position_ids, None), batch.mask)
+        with eval_mode(model):
+            return flat_valid(model(batch.tokens, batch.position_ids, None), batch.mask)
     from megatron_logra.train.step import Batch, forward_backward
 
     kept: list[torch.Tensor] = []
@@ -210,8 +232,9 @@ def probe_logits(model, batch: ProbeBatch, groups: ParallelGroups) -> Optional[t
         return zero, mb.loss_mask.sum().to(torch.int), {"lm": torch.stack([zero.detach().float(), mb.loss_mask.sum()])}
 
     mask = batch.mask.float()
-    forward_backward(model, [Batch(batch.tokens, batch.tokens, mask, batch.position_ids)], groups,
-                     forward_only=True, loss_fn=keep)
+    with eval_mode(model):
+        forward_backward(model, [Batch(batch.tokens, batch.tokens, mask, batch.position_ids)], groups,
+                         forward_only=True, loss_fn=keep)
     return kept[0] if groups.pp_last else None
 
 

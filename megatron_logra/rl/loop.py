@@ -222,7 +222,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     logra = isinstance(c.optimizer, LograOptimizer)
     ratio_at_1 = c.optimizer.relative_update_norm(update, 1.0) if logra else None  # ‖ΔW‖/‖W‖ scales with |α|
     if logra and cfg.kl.mode != "none":
-        probe = _probe_batch(batch, cfg.kl)
+        probe = _probe_batch(batch, cfg.kl, device)
         if probe_method(cfg.kl.probe, c.optimizer.sketches, groups.pp_size) == "jvp":
             pred, old_logits = predicted_kl(c.model, c.optimizer.sketches, update.directions, update.update_index,
                                             probe, groups, temperature=rl.rollout.temperature)
@@ -232,7 +232,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
                                                temperature=rl.rollout.temperature, step=h)
         alpha, budget = c.controller.step_size(pred, step)
     elif cfg.kl.measure_actual:
-        probe = _probe_batch(batch, cfg.kl)
+        probe = _probe_batch(batch, cfg.kl, device)
         with torch.no_grad():
             old_logits = probe_logits(c.model, probe, groups)
     ratio = abs(alpha) * ratio_at_1 if logra else None
@@ -262,11 +262,12 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     return record
 
 
-def _probe_batch(batch: Batch, kl_cfg) -> ProbeBatch:
+def _probe_batch(batch: Batch, kl_cfg, device: torch.device) -> ProbeBatch:
+    """The first ``kl.probe_sequences`` sequences, at most ``kl.probe_max_tokens`` valid positions, on ``device``."""
     n = min(kl_cfg.probe_sequences, batch.tokens.shape[0])
     tokens, pos, mask = batch.tokens[:n], batch.position_ids[:n], batch.loss_mask[:n].clone()
     # cap the probe's token count
     flat = mask.reshape(-1)
     keep = torch.cumsum(flat, 0) <= kl_cfg.probe_max_tokens
     mask = (flat * keep).view_as(mask)
-    return ProbeBatch(tokens, pos, mask)
+    return ProbeBatch(tokens, pos, mask).to(device)
