@@ -147,8 +147,13 @@ def init_distributed(backend: str = "auto", timeout_minutes: int = 30) -> None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout = datetime.timedelta(minutes=timeout_minutes)
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        if torch.cuda.is_available():  # also under gloo: the model goes to the current device
+            local_rank, num_devices = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+            if local_rank >= num_devices and backend == "nccl":
+                raise RuntimeError(f"LOCAL_RANK={local_rank} but this node has {num_devices} visible CUDA devices: "
+                                   "NCCL needs one GPU per process (torchrun --nproc-per-node <= GPUs), or set "
+                                   "parallel.backend=gloo")
+            torch.cuda.set_device(local_rank % num_devices)
         dist.init_process_group(backend=backend, timeout=timeout)
     else:
         store = dist.HashStore()

@@ -48,14 +48,16 @@ def reconstructed_norm2(sketch_OR: torch.Tensor, proj_RI: torch.Tensor) -> torch
     return ((s @ gram_RR) * s).sum()
 
 
-def rounding_noise(seed: int, name: str, update: int, shape: tuple[int, int], row_offset: int = 0) -> torch.Tensor:
-    """Deterministic 16-bit noise ``[rows, cols]`` in [0, 65536) for stochastic rounding.
+def rounding_noise(seed: int, name: str, update: int, shape: tuple[int, int], row_offset: int = 0,
+                   device: Optional[torch.device] = None) -> torch.Tensor:
+    """Deterministic 16-bit noise ``[rows, cols]`` in [0, 65536) for stochastic rounding, made on ``device``.
 
-    Counter-based like the projections, so a replay of the same step rounds identically.
+    Counter-based like the projections, so a replay of the same step rounds identically; the
+    hash is integer arithmetic, so every device gives the same values.
     """
     key = projection_key(seed, f"{name}#stochastic-rounding", update)
-    rows = torch.arange(row_offset, row_offset + shape[0], dtype=torch.int64)
-    cols = torch.arange(shape[1], dtype=torch.int64)
+    rows = torch.arange(row_offset, row_offset + shape[0], dtype=torch.int64, device=device)
+    cols = torch.arange(shape[1], dtype=torch.int64, device=device)
     return _entry_hash(key, rows, cols, lane=7) & 0xFFFF
 
 

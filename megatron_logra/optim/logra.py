@@ -315,7 +315,8 @@ class LograOptimizer(LograStateMixin):
                 shape_in = t.weight.shape[1]
 
                 def noise_fn(start, rows, _name=name, _n=shape_in):
-                    return rounding_noise(cfg.seed, _name, update.step, (rows, _n), row_offset=start).to(t.weight.device)
+                    return rounding_noise(cfg.seed, _name, update.step, (rows, _n), row_offset=start,
+                                          device=t.weight.device)
 
             apply_low_rank_update_(
                 t.weight, factor, proj_RI, decay=decay, master=self.masters.get(t.key), noise_fn=noise_fn
