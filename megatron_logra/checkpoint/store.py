@@ -117,9 +117,17 @@ def _rng_state() -> dict[str, torch.Tensor]:
     return rng
 
 
-def _restore_rng(rng: dict[str, torch.Tensor]) -> None:
+def _restore_rng(rng: dict[str, torch.Tensor], where: str = "") -> None:
+    """Restore the saved generators. A checkpoint saved with CUDA (it holds a ``cuda`` state) and
+    resumed without it, or the reverse, restores only the host generator: megatron's tracker
+    states are CUDA generator states on a GPU and host ones on a CPU, and do not load into each other."""
     torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
+    if ("cuda" in rng) != torch.cuda.is_available():
+        logger.warning("%s was saved %s CUDA and is resumed %s it: the host RNG is restored, the device and "
+                       "tensor-parallel RNG states start fresh", where or "the checkpoint",
+                       "with" if "cuda" in rng else "without", "without" if "cuda" in rng else "with")
+        return
+    if "cuda" in rng:
         torch.cuda.set_rng_state(rng["cuda"])
     tracker = {k[len("tracker."):]: v for k, v in rng.items() if k.startswith("tracker.")}
     if tracker:
@@ -494,7 +502,7 @@ def load_checkpoint(
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"{path}: optimizer state does not fit this run: {exc}") from exc
     if rng is not None:
-        _restore_rng(rng)
+        _restore_rng(rng, str(path))
     elif not same_layout:
         logger.warning("%s was saved at tp=%d pp=%d dp=%d; this run has tp=%d pp=%d dp=%d: weights and optimizer "
                        "state are resharded, RNG states start fresh", path, meta["tp"], meta["pp"], meta["dp"],

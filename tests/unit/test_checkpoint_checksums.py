@@ -221,3 +221,31 @@ def test_a_meta_json_that_is_not_utf8_is_a_checkpoint_error(ckpt):
     meta.write_bytes(b"\xff" + meta.read_bytes())
     with pytest.raises(CheckpointError, match="meta.json is corrupt"):
         read_meta(ckpt)
+
+
+def test_rng_saved_with_cuda_resumes_on_a_cpu(ckpt, groups, caplog):
+    """A checkpoint written on a GPU holds a CUDA generator state and CUDA tracker states (16 bytes:
+    seed and offset), which do not load into host generators: only the host RNG is restored."""
+    from safetensors.torch import load_file, save_file
+
+    rng_file = ckpt / "rng_rank0.safetensors"
+    rng = load_file(str(rng_file))
+    assert any(k.startswith("tracker.") for k in rng) and "cuda" not in rng
+    gpu_rng = {"torch": rng["torch"], "cuda": torch.arange(16, dtype=torch.uint8)}
+    gpu_rng.update({k: torch.arange(16, dtype=torch.uint8) for k in rng if k.startswith("tracker.")})
+    save_file(gpu_rng, str(rng_file))
+    meta = json.loads((ckpt / "meta.json").read_text())
+    size, crc = file_crc32(rng_file)
+    meta["files"][rng_file.name] = {"bytes": size, "crc32": crc}
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    from megatron.core import tensor_parallel
+
+    tracker_before = {k: v.clone() for k, v in tensor_parallel.get_cuda_rng_tracker().get_states().items()}
+    torch.manual_seed(1234)
+    model = _model(groups, seed=4)
+    with caplog.at_level("WARNING"):
+        assert load_checkpoint(ckpt, model, None, groups)["step"] == 1
+    assert torch.equal(torch.get_rng_state(), rng["torch"])
+    tracker_after = tensor_parallel.get_cuda_rng_tracker().get_states()
+    assert all(torch.equal(tracker_after[k], v) for k, v in tracker_before.items())
+    assert "saved with CUDA and is resumed without it" in caplog.text
