@@ -230,6 +230,12 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234, ini
         position_embedding_type=cfg.position_embedding_type,
         rotary_base=cfg.rotary_base,
     )
+    if impl == "local" and cfg.torch_dtype != torch.float32:
+        # megatron's local spec builds torch.nn.LayerNorm without a dtype (fp32 beside 16-bit linears);
+        # CUDA's layer_norm kernel wants weights in the input's dtype, as apex's fused norm has them
+        for module in model.modules():
+            if type(module) is torch.nn.LayerNorm:
+                module.to(cfg.torch_dtype)
     if initialize:
         init_layout_invariant_(model, cfg, groups, seed=seed)
     else:

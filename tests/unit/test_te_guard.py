@@ -143,3 +143,24 @@ def test_hf_checkpoint_keeps_the_runs_gpu_fields(tmp_path):
     cfg = model_config_from_hf(tmp_path, base=base)
     assert (cfg.hidden_size, cfg.num_query_groups) == (64, 2)  # architecture from config.json
     assert (cfg.transformer_impl, cfg.fp8, cfg.fp8_recipe, cfg.sequence_parallel) == ("auto", "hybrid", "tensorwise", True)
+
+
+def test_local_layernorm_weights_follow_a_16bit_params_dtype(groups):
+    """megatron's local spec makes ``torch.nn.LayerNorm`` in fp32; CUDA's kernel needs them in the
+    activations' dtype, so a bf16 model gets bf16 norms (RMSNorm keeps megatron's own choice)."""
+    import warnings
+
+    from megatron_logra.models.gpt import ModelConfig, build_gpt
+
+    cfg = ModelConfig(num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4, vocab_size=64,
+                      seq_length=16, normalization="LayerNorm", qk_layernorm=True, params_dtype="bfloat16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_gpt(cfg, groups, seed=1)
+    norms = [m for m in model.modules() if type(m) is torch.nn.LayerNorm]
+    assert len(norms) == 2 * 4 + 1  # input, pre-MLP, q and k norms per layer; the final norm
+    assert all(p.dtype == torch.bfloat16 for m in norms for p in m.parameters())
+    tokens = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        logits = model(tokens, torch.arange(16)[None].expand(2, -1), None)
+    assert logits.dtype == torch.bfloat16 and bool(torch.isfinite(logits.float()).all())
