@@ -29,8 +29,8 @@ def _selects_gpu_tier(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     config._cuda_hidden = False
     if not _selects_gpu_tier(config):
+        config._cuda_hidden = any(Path("/dev").glob("nvidia[0-9]*"))  # only worth saying where GPUs exist
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        config._cuda_hidden = True
 
 
 def pytest_collection_modifyitems(config, items):
