@@ -18,7 +18,13 @@ import yaml
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from megatron_logra.checkpoint.run_dir import claim_run_dir
 from megatron_logra.config import RunConfig, to_dict
-from megatron_logra.data.tokenizer import build_tokenizer, load_tokenizer, save_tokenizer
+from megatron_logra.data.tokenizer import (
+    build_tokenizer,
+    load_tokenizer,
+    prompt_token_ids,
+    save_tokenizer,
+    stop_token_ids,
+)
 from megatron_logra.kl.controller import KLController
 from megatron_logra.kl.probe import probe_method
 from megatron_logra.memory.preflight import memory_preflight
@@ -96,7 +102,7 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
 
     def demo(index: int):
         problem = task.train_problem(1_000_000_000 + index)  # disjoint from the RL stream's indices
-        prompt = [tok.bos_token_id] + tok(cfg.rl.prompt_template.format(prompt=problem.prompt), add_special_tokens=False)["input_ids"]
+        prompt = prompt_token_ids(tok, cfg.rl.prompt_template.format(prompt=problem.prompt))
         answer = tok(teacher(problem, index), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         return prompt, answer
 
@@ -165,7 +171,8 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
                       groups=groups, run_dir=run_dir)
     sync.full(state.weight_version)
     comps = RLComponents(cfg=cfg, groups=groups, model=model, optimizer=optimizer, controller=controller,
-                         engine=engine, task=task, tokenizer=tok, sync=sync, ref_model=ref_model)
+                         engine=engine, task=task, tokenizer=tok, sync=sync, ref_model=ref_model,
+                         stop_ids=stop_token_ids(tok, cfg.model.hf_path, cfg.tokenizer.path))
     return comps, state, bundle
 
 

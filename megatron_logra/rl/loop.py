@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import torch
 
+from megatron_logra.data.tokenizer import prompt_token_ids
 from megatron_logra.kl.controller import KLController
 from megatron_logra.kl.fd_probe import fd_step, predicted_kl_fd
 from megatron_logra.kl.probe import ProbeBatch, measure_kl, predicted_kl, probe_logits, probe_method
@@ -63,6 +64,11 @@ class RLComponents:
     sync: Any
     """``PolicySync`` that brings the engine to the trainer's new weights after each update."""
     ref_model: Optional[torch.nn.Module] = None
+    stop_ids: list[int] = field(default_factory=list)
+    """Token ids that end a completion (``data.tokenizer.stop_token_ids``); empty: the tokenizer's EOS."""
+
+    def stop_token_ids(self) -> list[int]:
+        return self.stop_ids or [self.tokenizer.eos_token_id]
 
 
 def make_rl_loss_fn(loss_cfg, temperature: float, tp_group, ref_logprobs_fn=None):
@@ -91,8 +97,7 @@ def make_rl_loss_fn(loss_cfg, temperature: float, tp_group, ref_logprobs_fn=None
 
 def _prompt_ids(c: RLComponents, text: str) -> list[int]:
     """Token ids of a problem's prompt; a prompt that leaves no room for the response is an error."""
-    ids = [c.tokenizer.bos_token_id] + list(
-        c.tokenizer(c.cfg.rl.prompt_template.format(prompt=text), add_special_tokens=False)["input_ids"])
+    ids = prompt_token_ids(c.tokenizer, c.cfg.rl.prompt_template.format(prompt=text))
     room = c.cfg.model.seq_length + 1 - c.cfg.rl.rollout.max_new_tokens
     if len(ids) > room:
         raise ValueError(
@@ -103,7 +108,8 @@ def _prompt_ids(c: RLComponents, text: str) -> list[int]:
 
 
 def _decode(c: RLComponents, ids: list[int]) -> str:
-    return c.tokenizer.decode([i for i in ids if i != c.tokenizer.eos_token_id], skip_special_tokens=True)
+    stop = set(c.stop_token_ids())
+    return c.tokenizer.decode([i for i in ids if i not in stop], skip_special_tokens=True)
 
 
 @torch.no_grad()
@@ -118,7 +124,7 @@ def evaluate_accuracy(c: RLComponents) -> float:
     correct = 0
     if mine:
         params = SamplingParams(temperature=rollout.eval_temperature, top_p=1.0, max_new_tokens=rollout.max_new_tokens,
-                                stop_token_ids=[c.tokenizer.eos_token_id], seed=c.cfg.train.seed)
+                                stop_token_ids=c.stop_token_ids(), seed=c.cfg.train.seed)
         k = rollout.eval_samples
         rollouts = c.engine.generate([_prompt_ids(c, p.prompt) for p in mine for _ in range(k)], params)
         correct = sum(int(c.task.score(p, _decode(c, r.completion_ids))[1])
@@ -159,7 +165,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     problems = [c.task.train_problem(first + i) for i in range(per_rank)]
     prompt_ids = [_prompt_ids(c, p.prompt) for p in problems for _ in range(rl.group_size)]
     params = SamplingParams(temperature=rl.rollout.temperature, top_p=rl.rollout.top_p,
-                            max_new_tokens=rl.rollout.max_new_tokens, stop_token_ids=[c.tokenizer.eos_token_id],
+                            max_new_tokens=rl.rollout.max_new_tokens, stop_token_ids=c.stop_token_ids(),
                             seed=cfg.train.seed * 1_000_003 + step * 1009 + groups.dp_rank)
     rollouts = c.engine.generate(prompt_ids, params)
     rollout_seconds = time.perf_counter() - t0

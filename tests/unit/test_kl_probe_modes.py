@@ -54,3 +54,4 @@ def test_forward_mode_probe_under_full_recompute_and_dropout(tmp_path):
         assert not torch.equal(noisy, plain)  # dropout is really on in training mode
     finally:
         destroy_parallel()
+

@@ -124,3 +124,41 @@ def test_tokenizer_config(tmp_path):
     save_tokenizer(tok, tmp_path / "saved")
     again = build_tokenizer(TokenizerConfig(path=str(tmp_path / "saved")))
     assert again("÷ é")["input_ids"] == tok("÷ é")["input_ids"]
+
+
+def test_prompts_start_with_bos_only_when_the_tokenizer_has_one():
+    from megatron_logra.data.tokenizer import build_char_tokenizer, prompt_token_ids
+
+    tok = build_char_tokenizer()
+    body = tok("Q: 2+3=", add_special_tokens=False)["input_ids"]
+    assert prompt_token_ids(tok, "Q: 2+3=") == [tok.bos_token_id] + body
+    tok.bos_token = None  # like Qwen's tokenizers
+    assert prompt_token_ids(tok, "Q: 2+3=") == body
+    with pytest.raises(ValueError, match="tokenises to nothing"):
+        prompt_token_ids(tok, "")
+
+
+def test_stop_ids_add_the_checkpoints_generation_config(tmp_path):
+    import json
+
+    from megatron_logra.data.tokenizer import build_char_tokenizer, stop_token_ids
+
+    tok = build_char_tokenizer()
+    eos = tok.eos_token_id
+    assert stop_token_ids(tok) == [eos] and stop_token_ids(tok, "", tmp_path / "missing") == [eos]
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "generation_config.json").write_text(json.dumps({"eos_token_id": [50, eos], "do_sample": True}))
+    assert stop_token_ids(tok, ckpt) == sorted({eos, 50})
+    (ckpt / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    assert stop_token_ids(tok, str(ckpt)) == sorted({eos, 7})
+    for bad in ([len(tok)], ["2"], [True], -1):
+        (ckpt / "generation_config.json").write_text(json.dumps({"eos_token_id": bad}))
+        with pytest.raises(ValueError, match="eos_token_id"):
+            stop_token_ids(tok, ckpt)
+    (ckpt / "generation_config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a JSON object"):
+        stop_token_ids(tok, ckpt)
+    tok.eos_token = None
+    with pytest.raises(ValueError, match="could never stop"):
+        stop_token_ids(tok)
