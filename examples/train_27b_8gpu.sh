@@ -2,7 +2,12 @@
 # LoGRA RL of a 27B-class model on one 8-GPU node (recipe 27b: TP 8, full recompute, rank 128,
 # fp32 masters, paper recipe with predicted-KL step control; see docs/memory.md for the memory plan).
 #
-#   HF_PATH=/ckpt/gemma-like-27b bash examples/train_27b_8gpu.sh [extra overrides...]
+#   HF_PATH=/ckpt/Qwen3-32B bash examples/train_27b_8gpu.sh [extra overrides...]
+#
+# The recipe's shapes are Gemma-3-27B's sizes (for the memory plan), but Gemma checkpoints are not
+# supported (its (1+w) norms, GeGLU, embedding scale and sliding windows are refused by name): give a
+# Llama / Qwen2 / Qwen3 checkpoint of this class; its config.json replaces the recipe's shapes, so
+# plan it first with the memory command below.
 #
 # Env:
 #   HF_PATH   local Hugging Face checkpoint (config.json, safetensors, tokenizer); required

@@ -29,7 +29,7 @@ import torch
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.hf import _check_supported, hf_shapes, hf_sources, megatron_shapes
 from megatron_logra.models.layout import shard_full
-from megatron_logra.models.presets import model_config_from_hf_dict, read_json_object
+from megatron_logra.models.presets import _family, model_config_from_hf_dict, read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,11 @@ _MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_inte
 
 
 def check_hf_config(raw: dict, source: str = "config.json") -> None:
-    """Reject HF config fields whose model the megatron GPT would not reproduce (``ValueError`` naming the field)."""
+    """Reject HF config fields whose model the megatron GPT would not reproduce (``ValueError`` naming the field).
+
+    The architecture is checked first, so an unsupported family (Gemma, say) is named as such rather
+    than by one of its fields."""
+    _family(raw, source)
     for key in ("rope_scaling", "rope_parameters"):
         rope = raw.get(key)
         if rope is None:

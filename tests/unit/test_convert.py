@@ -358,6 +358,9 @@ def _rewrite_tensor(d: Path, name: str, tensor) -> None:
 
 @pytest.mark.parametrize("change, match", [
     (dict(architectures=["GPTNeoXForCausalLM"], model_type="gpt_neox"), r"architectures=\['GPTNeoXForCausalLM'\]"),
+    # the family is named before any of its fields (Gemma 3's sliding window would mislead)
+    (dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", sliding_window=512),
+     r"architectures=\['Gemma3ForCausalLM'\] is not supported"),
     (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}), r"rope_parameters.rope_type='llama3'"),
     (dict(rope_scaling={"type": "yarn", "factor": 4.0}), r"rope_scaling.rope_type='yarn'"),
     (dict(use_sliding_window=True, sliding_window=16), r"use_sliding_window=True"),
