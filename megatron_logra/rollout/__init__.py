@@ -14,7 +14,8 @@ def build_engine(cfg: Any, model: Any, groups: Any) -> Any:
     """The rollout engine ``cfg.rl.rollout.engine`` names, at weight version 0 (``PolicySync.full`` loads it).
 
     ``embedded``: a transformers copy on the trainer model's device in the trainer's compute dtype
-    (``model.params_dtype``, so sketch deltas merge bit for bit on both sides; every rank owns one).
+    (``model.params_dtype``, so sketch deltas merge bit for bit on both sides; every rank owns one,
+    and rank 0 of each model-parallel group samples for the group).
     ``sglang``: :meth:`SGLangEngine.from_config` (one driving rank per engine; see its module).
     """
     kind = cfg.rl.rollout.engine
@@ -22,8 +23,11 @@ def build_engine(cfg: Any, model: Any, groups: Any) -> Any:
         from megatron_logra.rollout.embedded import EmbeddedEngine
         from megatron_logra.train.step import model_device
 
+        from megatron_logra.parallel import group_size
+
+        mp = getattr(groups, "mp", None)
         return EmbeddedEngine(cfg.model, init_seed=cfg.train.seed, tp=groups.tp_size, device=model_device(model),
-                              dtype=cfg.model.torch_dtype)
+                              dtype=cfg.model.torch_dtype, gen_group=mp if group_size(mp) > 1 else None)
     if kind == "sglang":
         from megatron_logra.rollout.sglang_engine import SGLangEngine
 

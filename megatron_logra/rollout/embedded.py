@@ -24,6 +24,7 @@ import torch
 
 from megatron_logra.models.gpt import ModelConfig, mask_padded_vocab
 from megatron_logra.models.hf import hf_config_from_model_config
+from megatron_logra.rollout.driver import share_from_driver
 from megatron_logra.rollout.engine import Rollout, SamplingParams
 
 from transformers import AutoModelForCausalLM
@@ -82,10 +83,12 @@ class EmbeddedEngine:
         attn_implementation: str = "sdpa",
         init_seed: int = 0,
         tp: int = 1,
+        gen_group: Any = None,
     ) -> None:
         if attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation={attn_implementation!r}: choose sdpa or eager")
         self.cfg = cfg
+        self.gen_group = gen_group
         self.device = torch.device(device)
         self.dtype = dtype
         self.hf_config = hf_config_from_model_config(cfg, tp)
@@ -207,13 +210,21 @@ class EmbeddedEngine:
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
         return ids.to(self.device), mask.to(self.device), positions.to(self.device)
 
-    @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
         """Sample one completion per prompt (batched, KV-cached). See the module docstring.
+
+        With a ``gen_group`` (the trainer's model-parallel group) its rank 0 samples and the
+        others receive its rollouts (:func:`~megatron_logra.rollout.driver.share_from_driver`): every
+        rank of a model replica trains on the same rollouts even where GPU kernels are not bitwise
+        reproducible across devices. Every rank of the group must call.
 
         Raises ``ValueError`` when a prompt is empty, holds ids outside the vocabulary, or is
         longer than ``max_position_embeddings - max_new_tokens``.
         """
+        return share_from_driver(lambda: self._generate(prompts, params), self.gen_group)
+
+    @torch.inference_mode()
+    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
         self._check_ids(prompts, "prompt")
         limit = self.max_positions - params.max_new_tokens
         for i, p in enumerate(prompts):

@@ -59,7 +59,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 import torch
 import torch.distributed as dist
 
-from megatron_logra.parallel import group_rank, group_size
+from megatron_logra.parallel import group_size
+from megatron_logra.rollout.driver import is_driver, share_from_driver
 from megatron_logra.rollout.engine import Rollout, SamplingParams
 from megatron_logra.rollout.sglang_api import (
     build_generate_payload,
@@ -81,42 +82,9 @@ __all__ = ["SGLangEngine", "share_from_driver"]
 # --------------------------------------------------------------------------- one driver per group
 
 
-def _is_driver(group: Any) -> bool:
-    return group_rank(group) == 0
-
-
 def _drain(stream: Iterator[Any]) -> None:
     for _ in stream:
         pass
-
-
-def share_from_driver(fn: Callable[[], Any], group: Any) -> Any:
-    """Run ``fn`` on ``group``'s rank 0 and give its result, or its error, to every rank of ``group``.
-
-    ``group``: a process group, ``dist.group.WORLD``, or None (this rank alone). Every rank must call.
-    ``SyncError`` keeps its ``kind``; other errors become ``RuntimeError`` on non-driving ranks.
-    """
-    if group_size(group) == 1:
-        return fn()
-    box: list[Any] = [None]
-    if _is_driver(group):
-        try:
-            box[0] = ("ok", fn())
-        except SyncError as exc:
-            box[0] = ("sync", exc.kind, str(exc).removeprefix(f"[{exc.kind}] "))
-        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
-            box[0] = ("error", type(exc).__name__, str(exc))
-            original = exc
-    src = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
-    dist.broadcast_object_list(box, src=src, group=group)
-    status = box[0]
-    if status[0] == "ok":
-        return status[1]
-    if status[0] == "sync":
-        raise SyncError(status[1], status[2])
-    if _is_driver(group):
-        raise original
-    raise RuntimeError(f"the rank driving the SGLang engine failed: {status[1]}: {status[2]}")
 
 
 # --------------------------------------------------------------------------- the engine
@@ -134,9 +102,9 @@ class SGLangEngine:
     def __init__(self, *, generate_fn: Optional[Callable[[dict], Any]], target: Any, vocab_size: int,
                  padded_vocab_size: int, gen_group: Any = None, sync_group: Any = None, send_seed: bool = False,
                  close_fn: Optional[Callable[[], None]] = None) -> None:
-        if _is_driver(gen_group) and generate_fn is None:
+        if is_driver(gen_group) and generate_fn is None:
             raise ValueError("the generation driver (rank 0 of gen_group) needs generate_fn")
-        if _is_driver(sync_group) and target is None:
+        if is_driver(sync_group) and target is None:
             raise ValueError("the sync driver (rank 0 of sync_group) needs a sglang_client target")
         self.generate_fn, self.target = generate_fn, target
         self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
@@ -155,7 +123,7 @@ class SGLangEngine:
     def receives_weights(self) -> bool:
         """True on the sync driver only: the one rank whose payloads reach SGLang. Other ranks take
         part in every weight call (pass ``None`` as the delta) without building payloads."""
-        return _is_driver(self.sync_group)
+        return is_driver(self.sync_group)
 
     def _synced(self, fn: Callable[[], Any]) -> Any:
         result, self._version = share_from_driver(lambda: (fn(), int(self.target.weight_version)), self.sync_group)
@@ -188,7 +156,7 @@ class SGLangEngine:
             finally:
                 _drain(stream)
 
-        if not _is_driver(self.sync_group):
+        if not is_driver(self.sync_group):
             _drain(stream)
         self._synced(drive)
 
@@ -239,14 +207,14 @@ class SGLangEngine:
                 return SGLangServerTarget(ro.sglang_url, api_key=ro.sglang_api_key or None, timeout=ro.sglang_timeout,
                                           serialization=serialization)
 
-            gen_target = server() if _is_driver(mp) else None
+            gen_target = server() if is_driver(mp) else None
             if gen_target is not None and ro.sglang_sampling_seed:
                 info = gen_target.request("GET", "/get_server_info")[1]
                 if not (isinstance(info, dict) and info.get("enable_deterministic_inference")):
                     logger.warning("rl.rollout.sglang_sampling_seed: the server at %s was not started with "
                                    "--enable-deterministic-inference, so SGLang ignores the per-request seeds",
                                    ro.sglang_url)
-            sync_target = (gen_target or server()) if _is_driver(world) else None
+            sync_target = (gen_target or server()) if is_driver(world) else None
             gen_fn = None
             if gen_target is not None:
                 def gen_fn(payload: dict) -> Any:
@@ -256,7 +224,7 @@ class SGLangEngine:
             return cls(generate_fn=gen_fn, target=sync_target, gen_group=mp, sync_group=world, **common)
 
         engine = None
-        if _is_driver(mp):
+        if is_driver(mp):
             sglang = require_sglang()
             model_dir = Path(cfg.train.run_dir) / "sglang_model" / f"dp{groups.dp_rank}"
             model_dir.mkdir(parents=True, exist_ok=True)
