@@ -11,7 +11,10 @@ truncate its metrics and let checkpoint pruning delete either run's checkpoints.
 from __future__ import annotations
 
 import logging
+import secrets
 import shutil
+import socket
+import time
 from pathlib import Path
 from typing import Union
 
@@ -19,7 +22,7 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["claim_run_dir", "RUN_OUTPUTS"]
+__all__ = ["claim_run_dir", "check_shared_storage", "RUN_OUTPUTS"]
 
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "tensorboard", "config.yaml")
 """What a run writes into its directory and an overwrite removes (the tokenizer is rewritten)."""
@@ -48,6 +51,7 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"train.run_dir={str(run_dir)!r} exists and is not a directory; choose another train.run_dir")
+    check_shared_storage(run_dir)
     if resume:
         return
     found = _previous_run(run_dir)
@@ -65,3 +69,45 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -
                 path.unlink()
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def check_shared_storage(run_dir: Path, *, wait_s: float = 5.0) -> None:
+    """Every rank must see what rank 0 writes in ``run_dir`` (collective; no-op in one process).
+
+    Checkpoints are written by every rank into one directory and finished by rank 0, so a run
+    directory on node-local disks (the same path on each node, different contents) would leave
+    each node with a partial checkpoint that no node can resume from. Rank 0 writes a file with a
+    fresh token; every rank looks for it (for up to ``wait_s``, for slow network file systems).
+    ``ValueError`` on every rank, naming the ranks and hosts that cannot see it.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    rank = dist.get_rank()
+    token = [secrets.token_hex(8) if rank == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    probe = run_dir / f".shared-storage-check-{token[0]}"
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token[0])
+    dist.barrier()
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            seen = probe.read_text() == token[0]
+        except OSError:
+            seen = False
+        if seen or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    views: list = [None] * dist.get_world_size()
+    dist.all_gather_object(views, (seen, socket.gethostname()))
+    dist.barrier()
+    if rank == 0:
+        probe.unlink(missing_ok=True)
+    blind = [(r, host) for r, (ok, host) in enumerate(views) if not ok]
+    if blind:
+        shown = ", ".join(f"rank {r} on {host}" for r, host in blind[:8])
+        raise ValueError(f"train.run_dir={str(run_dir)!r} is not shared storage: {shown} cannot see a file rank 0 "
+                         f"wrote there; checkpoints need a directory every node reads and writes (a shared file "
+                         f"system), so give train.run_dir such a path")
+
