@@ -212,12 +212,21 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return _ensure_pad(tok, str(p))
 
 
-def prompt_token_ids(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
+def prompt_token_ids(tok: PreTrainedTokenizerBase, text: str, *, chat: bool = False) -> list[int]:
     """``text`` tokenised as a prompt: the BOS token first when the tokenizer has one (Llama does;
-    Qwen's has none), then the text without special tokens. ValueError for an empty result (a
-    completion needs at least one token before it)."""
-    ids = ([tok.bos_token_id] if tok.bos_token_id is not None else []) + list(
-        tok(text, add_special_tokens=False)["input_ids"])
+    Qwen's has none), then the text without special tokens. With ``chat``, the tokenizer's chat
+    template renders ``text`` as one user message followed by the opened assistant turn (the
+    template decides BOS). ValueError for an empty result (a completion needs at least one token
+    before it) or ``chat`` without a template."""
+    if chat:
+        if not getattr(tok, "chat_template", None):
+            raise ValueError("rl.chat_template=true but the tokenizer has no chat template (a base checkpoint?): "
+                             "set rl.chat_template=false")
+        ids = list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False))
+    else:
+        ids = ([tok.bos_token_id] if tok.bos_token_id is not None else []) + list(
+            tok(text, add_special_tokens=False)["input_ids"])
     if not ids:
         raise ValueError(f"the prompt {text[:60]!r} tokenises to nothing and the tokenizer has no BOS token: "
                          "give rl.prompt_template some text")

@@ -136,6 +136,9 @@ class RLConfig:
     """Updates between held-out evaluations (and one before the first, one after the last)."""
     prompt_template: str = "{prompt}\n"
     """How a problem's text becomes the model prompt."""
+    chat_template: bool = False
+    """Wrap the templated prompt as one user message in the tokenizer's chat template (with the
+    assistant turn opened), as Instruct checkpoints expect; the tokenizer must have one."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Sampling."""
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)

@@ -91,6 +91,7 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
         return
     key = warm_start_key({"model": to_dict(cfg.model), "task": to_dict(cfg.task), "sft": to_dict(cfg.sft),
                          "template": cfg.rl.prompt_template, "seed": cfg.train.seed,
+                         **({"chat_template": True} if cfg.rl.chat_template else {}),
                          "vocab": tok.get_vocab() if hasattr(tok, "get_vocab") else None})
     cache = Path(cfg.train.run_dir).parent / ".cache" / f"warm_start_{key}.safetensors"
     if cfg.sft.cache and cache.exists():
@@ -102,7 +103,7 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
 
     def demo(index: int):
         problem = task.train_problem(1_000_000_000 + index)  # disjoint from the RL stream's indices
-        prompt = prompt_token_ids(tok, cfg.rl.prompt_template.format(prompt=problem.prompt))
+        prompt = prompt_token_ids(tok, cfg.rl.prompt_template.format(prompt=problem.prompt), chat=cfg.rl.chat_template)
         answer = tok(teacher(problem, index), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         return prompt, answer
 
@@ -134,6 +135,8 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
     claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
     task = build_task(cfg.task)
     tok = _tokenizer(cfg, task, run_dir)
+    if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
+        prompt_token_ids(tok, cfg.rl.prompt_template.format(prompt="check"), chat=True)
     if len(tok) > cfg.model.vocab_size:
         raise ValueError(f"the tokenizer has {len(tok)} tokens but model.vocab_size={cfg.model.vocab_size}; raise it")
     resume_from = latest_checkpoint(run_dir) if cfg.train.resume else None

@@ -97,7 +97,7 @@ def make_rl_loss_fn(loss_cfg, temperature: float, tp_group, ref_logprobs_fn=None
 
 def _prompt_ids(c: RLComponents, text: str) -> list[int]:
     """Token ids of a problem's prompt; a prompt that leaves no room for the response is an error."""
-    ids = prompt_token_ids(c.tokenizer, c.cfg.rl.prompt_template.format(prompt=text))
+    ids = prompt_token_ids(c.tokenizer, c.cfg.rl.prompt_template.format(prompt=text), chat=c.cfg.rl.chat_template)
     room = c.cfg.model.seq_length + 1 - c.cfg.rl.rollout.max_new_tokens
     if len(ids) > room:
         raise ValueError(

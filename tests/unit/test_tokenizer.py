@@ -162,3 +162,15 @@ def test_stop_ids_add_the_checkpoints_generation_config(tmp_path):
     tok.eos_token = None
     with pytest.raises(ValueError, match="could never stop"):
         stop_token_ids(tok)
+
+
+def test_chat_prompts_follow_the_tokenizers_template():
+    from megatron_logra.data.tokenizer import build_char_tokenizer, prompt_token_ids
+
+    tok = build_char_tokenizer()
+    with pytest.raises(ValueError, match="rl.chat_template=true but the tokenizer has no chat template"):
+        prompt_token_ids(tok, "Q: 2+3=", chat=True)
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    want = tok("<user>Q: 2+3=<assistant>", add_special_tokens=False)["input_ids"]
+    assert prompt_token_ids(tok, "Q: 2+3=", chat=True) == want  # no BOS unless the template writes one
