@@ -34,7 +34,8 @@ def build_parser(prog: str = "megatron-logra convert") -> argparse.ArgumentParse
     b.add_argument("--mcore", required=True, help="converted directory or trainer checkpoint step directory")
     b.add_argument("--out", required=True, help="output directory")
     b.add_argument("--hf-template", default=None,
-                   help="HF directory whose config.json, tokenizer files and shard layout are reused")
+                   help="HF directory whose config.json, tokenizer files and shard layout are reused (default for a "
+                        "trainer checkpoint: the run's model.hf_path when present; the run's own tokenizer wins)")
     b.add_argument("--max-shard-size", default="5GB", help="shard size without a sharded template (default 5GB)")
     b.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the rank files")
     b.add_argument("--force", action="store_true", help="replace a previous conversion in --out")

@@ -10,7 +10,9 @@ model config, tp, pp, source architecture, sha256 / size / tensor count per file
 checkpoint step directory) and writes a Hugging Face checkpoint: ``model.safetensors`` or shards
 ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json`` (the template's shard
 assignment when it has one, else greedy up to ``max_shard_size``), ``config.json`` and the
-tokenizer / generation-config files of the template (else of ``mcore_dir/hf``).
+tokenizer / generation-config files of the template (else of ``mcore_dir/hf``; for a trainer
+checkpoint, of the run's ``model.hf_path`` when it exists, else a generated, servable config.json;
+tokenizer files of ``RUN/tokenizer`` when the run saved one: :mod:`megatron_logra.convert.export_config`).
 
 Memory bound. No file is ever loaded whole: tensors are read one by one (``seek`` + ``readinto``),
 HF parts straight into their rows of the fused megatron tensor (``[gate; up]``, the unpadded
@@ -55,9 +57,15 @@ from megatron_logra.convert.checkpoints import (
     McoreCheckpoint,
     rank_file_name,
 )
+from megatron_logra.convert.export_config import (
+    config_source,
+    copy_export_extras,
+    generated_hf_config,
+    run_tokenizer_dir,
+    tokenizer_special_ids,
+)
 from megatron_logra.convert.spec import (
     build_full,
-    check_same_architecture,
     hf_expected_shapes,
     megatron_plan,
     model_config_from_hf_dict_strict,
@@ -66,7 +74,6 @@ from megatron_logra.convert.spec import (
     split_to_hf,
 )
 from megatron_logra.convert.st_io import SafetensorsWriter
-from megatron_logra.models.gpt import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -237,18 +244,6 @@ def convert_hf_to_mcore(
 
 
 # ------------------------------------------------------------------------------ megatron-core -> HF
-def _generated_hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
-    from megatron_logra.models.hf import hf_config_from_model_config
-
-    hc = hf_config_from_model_config(dataclasses.replace(cfg, make_vocab_size_divisible_by=1))
-    data = hc.to_dict()
-    data["vocab_size"] = cfg.vocab_size
-    data["max_position_embeddings"] = cfg.seq_length
-    data["dtype"] = str(dtype).replace("torch.", "")
-    data.pop("transformers_version", None)
-    return data
-
-
 def _plan_shards(names: list[tuple[str, int]], max_bytes: int) -> list[list[str]]:
     shards: list[list[str]] = [[]]
     size = 0
@@ -273,7 +268,11 @@ def convert_mcore_to_hf(
     """Convert per-rank megatron-core files (converter output or a trainer checkpoint) to an HF checkpoint.
 
     ``hf_template``: an HF directory of the same architecture whose ``config.json``, tokenizer files and
-    shard assignment (``model.safetensors.index.json``) are reused. Returns the written index dict
+    shard assignment (``model.safetensors.index.json``) are reused. Without one, the config source is
+    ``mcore_dir/hf``, a trainer run's ``model.hf_path`` or a generated config.json
+    (:func:`megatron_logra.convert.export_config.config_source`). A trainer checkpoint's tokenizer files
+    come from ``RUN/tokenizer`` (the tokenizer it was trained with) when the run saved one, even with a
+    template. Returns the written index dict
     (``weight_map`` and ``metadata``; one file -> ``{"weight_map": ..., "metadata": ...}`` as well).
     """
     t0 = time.perf_counter()
@@ -287,16 +286,11 @@ def convert_mcore_to_hf(
         src.validate(plan, verify=verify)
         tied = not cfg.untie_embeddings_and_output_weights
 
-        # config.json (and the files that travel with it)
-        extras_from = template if template is not None else src.hf_files_dir
-        config_text: Optional[str] = None
-        if extras_from is not None and (extras_from / "config.json").is_file():
-            raw = json.loads((extras_from / "config.json").read_text())
-            hf_cfg = model_config_from_hf_dict_strict(raw, source=str(extras_from / "config.json"))
-            check_same_architecture(cfg, hf_cfg, str(extras_from / "config.json"))
-            config_text = (extras_from / "config.json").read_text()
-        elif template is not None:
-            raise ValueError(f"--hf-template {template}: no config.json")
+        # config.json (and the files that travel with it): see export_config
+        source = config_source(src, template)
+        config_text = source.config_text
+        tokenizer_dir = run_tokenizer_dir(src)  # RUN/tokenizer of a trainer checkpoint: its files win
+        special_ids = tokenizer_special_ids(tokenizer_dir) if config_text is None else {}
 
         # the HF tensors, in processing order (megatron stage order), with shapes and dtypes
         expected = hf_expected_shapes(cfg)
@@ -330,7 +324,7 @@ def convert_mcore_to_hf(
                 file_names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
             assignment = {n: file_names[i] for i, g in enumerate(groups) for n in g}
 
-        tmp = _prepare_out(out_dir, force, (mcore_dir,) + ((template,) if template else ()))
+        tmp = _prepare_out(out_dir, force, (mcore_dir,) + ((source.dir,) if source.dir else ()))
         writers: dict[str, SafetensorsWriter] = {}
         try:
             for fname in file_names:
@@ -366,10 +360,10 @@ def convert_mcore_to_hf(
             }
             if len(file_names) > 1:
                 _write_json(tmp / INDEX_NAME, index)
-            copied = _copy_extras(extras_from, tmp, config=False)
+            copied = copy_export_extras(source, tokenizer_dir, tmp)
             if config_text is None:
-                first_dtype = hf_entries[0][1]
-                config_text = json.dumps(_generated_hf_config(cfg, first_dtype), indent=2, sort_keys=True) + "\n"
+                generated = generated_hf_config(cfg, hf_entries[0][1], special_ids)
+                config_text = json.dumps(generated, indent=2, sort_keys=True) + "\n"
             (tmp / "config.json").write_text(config_text)  # last
             _finalize(tmp, out_dir)
         except BaseException:
