@@ -258,9 +258,21 @@ def from_last_stage(compute: Callable[[], float], groups: ParallelGroups, what: 
     return value
 
 
+CHUNK_BYTES = 64 << 20
+"""Cap on one float64 ``[rows, V/tp]`` temporary of the KL terms (each chunk makes about six)."""
+
+
+def chunk_rows(chunk: int, vocab_local: int) -> int:
+    """Rows per chunk of the KL terms: at most ``chunk``, and few enough that one float64 row block
+    stays within :data:`CHUNK_BYTES` (at a 152k vocabulary on one rank, 1024 rows would be 1.2 GB
+    per temporary). The same on every TP rank (equal vocabulary shards), as the collectives need."""
+    return max(1, min(chunk, CHUNK_BYTES // (8 * max(vocab_local, 1))))
+
+
 def mean_predicted(z_NV: torch.Tensor, dz_NV: torch.Tensor, temperature: float, groups: ParallelGroups,
                     chunk: int) -> float:
     total = torch.zeros((), dtype=torch.float64, device=z_NV.device)
+    chunk = chunk_rows(chunk, z_NV.shape[-1])
     for start in range(0, z_NV.shape[0], chunk):
         total += predicted_kl_terms(z_NV[start : start + chunk], dz_NV[start : start + chunk], temperature, groups.tp).sum()
     pred = _global_mean(total, torch.tensor(z_NV.shape[0], device=z_NV.device), groups.dp)
@@ -285,8 +297,9 @@ def measure_kl(
 
     def mean_exact() -> float:
         total = torch.zeros((), dtype=torch.float64, device=new_NV.device)
-        for start in range(0, new_NV.shape[0], chunk):
-            total += exact_kl_terms(old_logits_NV[start : start + chunk], new_NV[start : start + chunk], temperature,
+        rows = chunk_rows(chunk, new_NV.shape[-1])
+        for start in range(0, new_NV.shape[0], rows):
+            total += exact_kl_terms(old_logits_NV[start : start + rows], new_NV[start : start + rows], temperature,
                                     groups.tp).sum()
         return _global_mean(total, torch.tensor(new_NV.shape[0], device=new_NV.device), groups.dp)
 

@@ -387,6 +387,16 @@ def test_predicted_kl_chunking_does_not_change_the_mean(groups, gpt_step):
     assert chunked == pytest.approx(whole, rel=1e-12)
 
 
+def test_kl_chunks_bound_the_float64_temporaries():
+    from megatron_logra.kl.probe import CHUNK_BYTES, chunk_rows
+
+    assert chunk_rows(1024, 160) == 1024  # small vocabularies: the requested chunk
+    rows = chunk_rows(1024, 151936)  # Qwen2.5's vocabulary on one rank
+    assert rows * 151936 * 8 <= CHUNK_BYTES < (rows + 1) * 151936 * 8
+    assert chunk_rows(1024, 151936 // 8) > rows  # a TP shard of it: more rows per chunk
+    assert chunk_rows(1024, 10**9) == 1  # never zero rows
+
+
 def test_predicted_kl_without_valid_positions_raises(groups, gpt_step):
     model, opt, update, probe, _ = gpt_step
     empty = ProbeBatch(probe.tokens, probe.position_ids, torch.zeros_like(probe.mask, dtype=torch.float32))
