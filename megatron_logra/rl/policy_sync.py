@@ -107,6 +107,7 @@ class PolicySync:
             sent[0] = len(data)
             return data
 
+        failure: Optional[SyncError] = None
         try:
             if self.driven:  # the driving rank builds and sends inside the engine's agreement; others wait in it
                 self.engine.apply_sketch_delta(payload if self.receives else None)
@@ -117,8 +118,12 @@ class PolicySync:
                     self.transport.prune(new_version - self.cfg.keep_deltas + 1)
             else:
                 self.transport.send(payload())
-        except SyncError as exc:  # the engine kept its weights; bring it back with a dense refit
-            logger.warning("sync: the engine rejected delta %d->%d (%s); full refit", base_version, new_version, exc)
+        except SyncError as exc:  # the engine kept its weights
+            failure = exc
+        if self._any_rank(failure is not None):  # bring the engines back with a dense refit, all ranks together
+            logger.warning("sync: %s delta %d->%d (%s); full refit",
+                           "the engine rejected" if failure else "another rank's engine rejected", base_version,
+                           new_version, failure or "see that rank's log")
             self.num_drifts += 1
             return {"sync_bytes": sent[0] + self.full(new_version), "sync_mode": "full", "sync_drift": 1,
                     "sync_master_drift": 0.0}
@@ -128,11 +133,11 @@ class PolicySync:
             mismatched = [] if engine_fp is None else \
                 drift(trainer_fingerprint(self.model, self.groups, self.model_cfg, dtype=self.model_cfg.torch_dtype),
                       engine_fp)
-            if mismatched:
+            if self._any_rank(bool(mismatched)):
                 drifted = 1
                 self.num_drifts += 1
                 logger.warning("sync: engine weights drifted from the trainer's in %d tensors (e.g. %s); "
-                               "full refit", len(mismatched), mismatched[0])
+                               "full refit", len(mismatched), mismatched[0] if mismatched else "on another rank")
         master_drift = self.optimizer.master_drift()
         if self.optimizer.masters and (anchor or 0 < self.cfg.max_master_drift < master_drift):
             self.optimizer.reanchor()
@@ -141,6 +146,15 @@ class PolicySync:
             self.full(new_version)
             mode = "delta+anchor"
         return {"sync_bytes": sent[0], "sync_mode": mode, "sync_drift": drifted, "sync_master_drift": master_drift}
+
+    def _any_rank(self, flag: bool) -> bool:
+        """``flag`` on any rank of the model-parallel group, which refits together (``full`` gathers
+        over TP and PP). A driven engine already shares one outcome with every rank; engines that
+        each rank owns (embedded, directory transport) can differ, e.g. one rank out of memory."""
+        if self.driven:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
+        return all_reduce_sum(t, self.groups.mp).item() > 0
 
     def _stage_parts(self, delta: Any) -> Optional[list[bytes]]:
         """Under pipeline parallelism, every stage's encoded part of the step's delta (collective over

@@ -73,7 +73,7 @@ def _fused_U(name: str, pieces: dict[str, torch.Tensor], dims: Optional[Attentio
         if dims is None:
             raise ValueError(f"fusing {name} from q/k/v needs attention dims (pass dims=)")
         hf = torch.cat([pieces["q_proj"], pieces["k_proj"], pieces["v_proj"]])
-        return hf.index_select(0, megatron_rows_from_hf(dims))
+        return hf.index_select(0, megatron_rows_from_hf(dims).to(hf.device))
     if set(pieces) == {"gate_proj", "up_proj"}:
         return torch.cat([pieces["gate_proj"], pieces["up_proj"]])
     raise ValueError(f"cannot fuse the targets {sorted(pieces)} of {name}")

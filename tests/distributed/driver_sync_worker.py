@@ -7,9 +7,11 @@ runs exactly as with SGLang: one driving rank, the others only in the collective
 updates of a megatron GPT (real forward/backward through megatron's schedule) are synced with
 ``PolicySync``; the drift check runs after every update. Before a fourth, a partial refit leaves the
 driver's engine at an unknown version: its rejection of the delta must reach every rank, which all fall back
-to one full refit together (no hang).
+to one full refit together (no hang). Mode ``owned``: every rank syncs its own embedded engine; the
+last rank's engine is corrupted before update 3 and left at an unknown version before update 4, and
+every rank must take the same refits (a rank refitting alone would hang the others' collectives).
 
-Launch: ``torchrun --nproc-per-node N driver_sync_worker.py OUT TP PP``. Every rank writes
+Launch: ``torchrun --nproc-per-node N driver_sync_worker.py OUT TP PP [driven|owned]``. Every rank writes
 ``OUT/rank{r}.json``; the test asserts on them. Reference for the engine's weights: the
 trainer's full weights streamed by ``rl.weights.iter_hf_params`` (compared bit for bit).
 """
@@ -38,7 +40,7 @@ def _lm_batch(step: int, cfg, rows: int = 4):
     return Batch(seq[:, :-1].contiguous(), seq[:, 1:].contiguous(), torch.ones(rows, cfg.seq_length), pos)
 
 
-def main(out: str, tp: int, pp: int) -> None:
+def main(out: str, tp: int, pp: int, mode: str = "driven") -> None:
     torch.set_num_threads(1)
     from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
     from megatron_logra.models.gpt import ModelConfig, build_gpt
@@ -56,21 +58,28 @@ def main(out: str, tp: int, pp: int) -> None:
     model = build_gpt(cfg, groups, seed=7)
     opt = build_optimizer(model, OptimizerConfig(logra=LograConfig(rank=8, lr=1e-2, seed=3),
                                                  native=NativeConfig(freeze=True)), groups)
-    driver = dist.get_rank() == 0
+    owned = mode == "owned"  # every rank syncs its own embedded engine (the default engine's arrangement)
+    driver = owned or dist.get_rank() == 0
     target = EmbeddedEngine(cfg, tp=tp, init_seed=1) if driver else None
 
     def no_generation(payload: dict):
         raise AssertionError("this test does not generate")
 
-    engine = SGLangEngine(generate_fn=no_generation if driver else None, target=target, vocab_size=cfg.vocab_size,
-                          padded_vocab_size=cfg.padded_vocab_size(tp), gen_group=groups.mp, sync_group=groups.mp)
+    engine = target if owned else SGLangEngine(
+        generate_fn=no_generation if driver else None, target=target, vocab_size=cfg.vocab_size,
+        padded_vocab_size=cfg.padded_vocab_size(tp), gen_group=groups.mp, sync_group=groups.mp)
+    last = dist.get_world_size() - 1  # in "owned" mode the faults hit this rank's engine only
     sync = PolicySync(SyncConfig(check_interval=1), model=model, model_cfg=cfg, optimizer=opt, engine=engine,
                       groups=groups, run_dir=Path(out))
     sync.full(0)
     records = []
     for step in range(1, NUM_UPDATES + 2):
-        if step == NUM_UPDATES + 1 and driver:  # a refit from elsewhere stopped part-way: the engine's
-            # version is unknown (-1), so it rejects the next delta -- on the driver only
+        if owned and step == NUM_UPDATES and dist.get_rank() == last:  # silent corruption on one rank's engine
+            with torch.no_grad():
+                next(iter(target.model.parameters())).view(-1)[0] += 1.0
+        if step == NUM_UPDATES + 1 and driver and (not owned or dist.get_rank() == last):
+            # a refit from elsewhere stopped part-way: the engine's version is unknown (-1), so it
+            # rejects the next delta -- on the driver only (owned: on the last rank only)
             name, param = next(iter(target.model.named_parameters()))
             try:
                 target.update_weights_full(iter([(name, param.detach().clone())]), NUM_UPDATES)  # a stream
@@ -101,4 +110,4 @@ def main(out: str, tp: int, pp: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:5])

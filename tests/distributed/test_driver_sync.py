@@ -36,3 +36,17 @@ def test_only_the_driving_rank_builds_payloads_and_its_engine_equals_the_trainer
     assert all(rec["sync_bytes"] == 0 for rec in other["records"][:3])
     assert driver["num_tensors"] == other["num_tensors"] > 0
     assert driver["differ"] == []
+
+
+def test_engines_each_rank_owns_fall_back_together_when_one_rejects_or_drifts(launcher, tmp_path):
+    """TP 2, an embedded engine per rank: rank 1's engine drifts (update 3) and then rejects a delta
+    (update 4); both ranks must refit together (one rank's refit alone would leave the other's
+    collectives waiting), and every engine ends equal to the trainer."""
+    launcher.launch(2, [str(WORKER), str(tmp_path), "2", "1", "owned"], timeout=300, log=tmp_path / "launch.log")
+    results = sorted((json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["receives"] is True and r["version"] == 4 and r["differ"] == []
+        assert [(rec["sync_mode"], rec["sync_drift"]) for rec in r["records"]] == \
+            [("delta", 0), ("delta", 0), ("delta+anchor", 1), ("full", 1)], r
+
