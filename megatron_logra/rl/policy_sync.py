@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import torch
+import torch.distributed as dist
 
 from megatron_logra.optim.logra import LograOptimizer
 from megatron_logra.optim.update import PreparedUpdate
@@ -158,18 +159,26 @@ class PolicySync:
 
     def _stage_parts(self, delta: Any) -> Optional[list[bytes]]:
         """Under pipeline parallelism, every stage's encoded part of the step's delta (collective over
-        the PP group; exchanged only when some rank of the group receives); None at PP = 1 or on a
-        rank whose group has no receiver. A part that cannot be encoded travels empty, so the
+        the PP group; exchanged only when some rank of the group receives, and gathered to that rank
+        alone when it is the only one); None at PP = 1, on a rank whose group has no receiver, or on a
+        non-receiving rank of a group with one receiver. A part that cannot be encoded travels empty, so the
         receiving rank's decode rejects it (one ``SyncError`` for everyone) instead of a rank
         leaving the collective."""
         if self.groups.pp_size == 1:
             return None
-        wanted = torch.tensor([float(self.receives)], dtype=torch.float64)
-        if all_reduce_sum(wanted, self.groups.pp).item() == 0:
+        wanted = torch.zeros(self.groups.pp_size, dtype=torch.float64)
+        wanted[self.groups.pp_rank] = float(self.receives)
+        receivers = [i for i, w in enumerate(all_reduce_sum(wanted, self.groups.pp).tolist()) if w]
+        if not receivers:
             return None
         try:
             mine = encode(delta)
         except SyncError as exc:
             logger.warning("sync: this stage's delta part cannot be encoded (%s)", exc)
             mine = b""
-        return all_gather_bytes(mine, self.groups.pp)
+        if len(receivers) > 1:  # engines each rank owns: every stage needs every part
+            return all_gather_bytes(mine, self.groups.pp)
+        # one driving rank: only it collects the parts (the other stages hold no copy of the step's delta)
+        gathered: Optional[list] = [None] * self.groups.pp_size if self.receives else None
+        dist.gather_object(mine, gathered, dst=dist.get_global_rank(self.groups.pp, receivers[0]), group=self.groups.pp)
+        return gathered
