@@ -60,6 +60,7 @@ from megatron_logra.convert.checkpoints import (
 from megatron_logra.convert.export_config import (
     config_source,
     copy_export_extras,
+    copy_files,
     generated_hf_config,
     run_tokenizer_dir,
     tokenizer_special_ids,
@@ -140,19 +141,6 @@ def _finalize(tmp: Path, out: Path) -> None:
     os.replace(tmp, out)
 
 
-def _copy_extras(src: Optional[Path], dst: Path, *, config: bool) -> list[str]:
-    copied = []
-    if src is None:
-        return copied
-    names = (("config.json",) if config else ()) + HF_EXTRA_FILES
-    for name in names:
-        if (src / name).is_file():
-            dst.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src / name, dst / name)
-            copied.append(name)
-    return copied
-
-
 def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
@@ -208,7 +196,7 @@ def convert_hf_to_mcore(
             files = {}
             for (t, p), w in sorted(writers.items(), key=lambda kv: (kv[0][1], kv[0][0])):
                 files[rank_file_name(t, p)] = {"tp_rank": t, "pp_rank": p, **w.close()}
-            copied = _copy_extras(hf_dir, tmp / "hf", config=True)
+            copied = copy_files(hf_dir, tmp / "hf", ("config.json",) + HF_EXTRA_FILES)
             archs = ckpt.config.get("architectures") or []
             meta = {
                 "format": MCORE_FORMAT,

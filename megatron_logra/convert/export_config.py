@@ -22,7 +22,6 @@ source; ``generation_config.json`` from the config source.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ import torch
 from megatron_logra.convert.checkpoints import HF_EXTRA_FILES, McoreCheckpoint
 from megatron_logra.convert.spec import check_same_architecture, model_config_from_hf_dict_strict
 from megatron_logra.models.gpt import ModelConfig
+from megatron_logra.models.presets import read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -78,14 +78,9 @@ def run_tokenizer_dir(src: McoreCheckpoint) -> Optional[Path]:
 def _checked_config(directory: Path, cfg: ModelConfig) -> str:
     """config.json text of ``directory``; ValueError unless it describes ``cfg``'s architecture."""
     path = directory / "config.json"
-    text = path.read_text()
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    hf_cfg = model_config_from_hf_dict_strict(raw, source=str(path))
+    hf_cfg = model_config_from_hf_dict_strict(read_json_object(path), source=str(path))
     check_same_architecture(cfg, hf_cfg, str(path))
-    return text
+    return path.read_text()
 
 
 def config_source(src: McoreCheckpoint, template: Optional[Path]) -> ConfigSource:
@@ -159,7 +154,6 @@ def generated_hf_config(cfg: ModelConfig, dtype: torch.dtype,
     data["max_position_embeddings"] = cfg.seq_length
     data["dtype"] = name
     data["torch_dtype"] = name
-    data["rope_theta"] = float(cfg.rotary_base)
     for key, value in (special_ids or {}).items():
         if value is not None:
             data[key] = int(value)
@@ -168,12 +162,14 @@ def generated_hf_config(cfg: ModelConfig, dtype: torch.dtype,
 
 
 def copy_files(src: Optional[Path], dst: Path, names: tuple[str, ...]) -> list[str]:
-    """Copy the files ``names`` that exist in ``src`` into ``dst``; returns the names copied."""
+    """Copy the files ``names`` that exist in ``src`` into ``dst`` (created when one does); returns the
+    names copied."""
     copied: list[str] = []
     if src is None:
         return copied
     for name in names:
         if (src / name).is_file():
+            dst.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src / name, dst / name)
             copied.append(name)
     return copied
