@@ -102,16 +102,13 @@ def _downloaded(wheel_dir: str) -> dict[str, str]:
 
 
 def constraints(out: str) -> None:
-    lines = []
-    for dist in md.distributions():
-        name = dist.metadata["Name"]
-        if name and PROTECTED.match(name):
-            lines.append(f"{name}=={dist.version}")
-    if not any(line.lower().startswith("torch==") for line in lines):
+    installed = _protected_installed()
+    if "torch" not in installed:
         sys.exit("pip_guard: torch is not installed in the base image")
+    lines = sorted(f"{name}=={version}" for name, version in installed.items())
     with open(out, "w") as f:
-        f.write("\n".join(sorted(set(lines))) + "\n")
-    print("pip_guard: protected\n  " + "\n  ".join(sorted(set(lines))))
+        f.write("\n".join(lines) + "\n")
+    print("pip_guard: protected\n  " + "\n  ".join(lines))
 
 
 def sglang_requirements(out: str, nodeps_out: str, wheel_dir: str) -> None:

@@ -81,15 +81,15 @@ def _setup(cfg: PaperBenchConfig):
 
 
 def _batches(cfg: PaperBenchConfig, job, task, tok) -> list:
-    from megatron_logra.data.tokenizer import prompt_token_ids
     from megatron_logra.rl.batching import pack_sequences
+    from megatron_logra.rl.loop import rl_prompt_ids
 
     out = []
     for t in range(cfg.cosine_steps):
         prompts, answers = [], []
         for i in range(cfg.cosine_batch):
             p = task.train_problem(7_000_000 + t * cfg.cosine_batch + i)  # away from the RL and warm-start streams
-            prompts.append(prompt_token_ids(tok, job.rl.prompt_template.format(prompt=p.prompt), chat=job.rl.chat_template))
+            prompts.append(rl_prompt_ids(tok, job.rl, p.prompt))
             answers.append(tok(p.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
         n = len(prompts)
         out.append(pack_sequences(prompts, answers, rollout_logprobs=[[0.0] * len(a) for a in answers],

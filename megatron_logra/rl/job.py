@@ -21,7 +21,6 @@ from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.tokenizer import (
     build_tokenizer,
     load_tokenizer,
-    prompt_token_ids,
     save_tokenizer,
     stop_token_ids,
 )
@@ -33,7 +32,7 @@ from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
 from megatron_logra.rewards import build_task
-from megatron_logra.rl.loop import RLComponents, RLState, evaluate_accuracy, rl_update
+from megatron_logra.rl.loop import RLComponents, RLState, evaluate_accuracy, rl_prompt_ids, rl_update
 from megatron_logra.rl.sft import load_weights, run_sft, save_weights, warm_start_key
 from megatron_logra.convert.load import load_hf_into_model
 from megatron_logra.convert.spec import model_config_from_hf
@@ -103,7 +102,7 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
 
     def demo(index: int):
         problem = task.train_problem(1_000_000_000 + index)  # disjoint from the RL stream's indices
-        prompt = prompt_token_ids(tok, cfg.rl.prompt_template.format(prompt=problem.prompt), chat=cfg.rl.chat_template)
+        prompt = rl_prompt_ids(tok, cfg.rl, problem.prompt)
         answer = tok(teacher(problem, index), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         return prompt, answer
 
@@ -136,7 +135,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
     task = build_task(cfg.task)
     tok = _tokenizer(cfg, task, run_dir)
     if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
-        prompt_token_ids(tok, cfg.rl.prompt_template.format(prompt="check"), chat=True)
+        rl_prompt_ids(tok, cfg.rl, "check")
     if len(tok) > cfg.model.vocab_size:
         raise ValueError(f"the tokenizer has {len(tok)} tokens but model.vocab_size={cfg.model.vocab_size}; raise it")
     resume_from = latest_checkpoint(run_dir) if cfg.train.resume else None

@@ -95,9 +95,15 @@ def make_rl_loss_fn(loss_cfg, temperature: float, tp_group, ref_logprobs_fn=None
     return loss_fn
 
 
+def rl_prompt_ids(tok: Any, rl_cfg: Any, text: str) -> list[int]:
+    """Token ids of a problem's prompt ``text``: ``rl.prompt_template`` around it, then BOS when the
+    tokenizer has one, or the tokenizer's chat template with ``rl.chat_template`` (``prompt_token_ids``)."""
+    return prompt_token_ids(tok, rl_cfg.prompt_template.format(prompt=text), chat=rl_cfg.chat_template)
+
+
 def _prompt_ids(c: RLComponents, text: str) -> list[int]:
     """Token ids of a problem's prompt; a prompt that leaves no room for the response is an error."""
-    ids = prompt_token_ids(c.tokenizer, c.cfg.rl.prompt_template.format(prompt=text), chat=c.cfg.rl.chat_template)
+    ids = rl_prompt_ids(c.tokenizer, c.cfg.rl, text)
     room = c.cfg.model.seq_length + 1 - c.cfg.rl.rollout.max_new_tokens
     if len(ids) > room:
         raise ValueError(

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_logra.optim.logra import LograOptimizer
+from megatron_logra.optim.native import reduce_flag_any
 from megatron_logra.optim.update import PreparedUpdate
 from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum
 from megatron_logra.rl.weights import iter_hf_params, trainer_fingerprint
@@ -152,10 +153,7 @@ class PolicySync:
         """``flag`` on any rank of the model-parallel group, which refits together (``full`` gathers
         over TP and PP). A driven engine already shares one outcome with every rank; engines that
         each rank owns (embedded, directory transport) can differ, e.g. one rank out of memory."""
-        if self.driven:
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
-        return all_reduce_sum(t, self.groups.mp).item() > 0
+        return flag if self.driven else reduce_flag_any(flag, self.groups.mp, torch.device("cpu"))
 
     def _stage_parts(self, delta: Any) -> Optional[list[bytes]]:
         """Under pipeline parallelism, every stage's encoded part of the step's delta (collective over

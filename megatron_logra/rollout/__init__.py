@@ -23,11 +23,8 @@ def build_engine(cfg: Any, model: Any, groups: Any) -> Any:
         from megatron_logra.rollout.embedded import EmbeddedEngine
         from megatron_logra.train.step import model_device
 
-        from megatron_logra.parallel import group_size
-
-        mp = getattr(groups, "mp", None)
         return EmbeddedEngine(cfg.model, init_seed=cfg.train.seed, tp=groups.tp_size, device=model_device(model),
-                              dtype=cfg.model.torch_dtype, gen_group=mp if group_size(mp) > 1 else None)
+                              dtype=cfg.model.torch_dtype, gen_group=getattr(groups, "mp", None))
     if kind == "sglang":
         from megatron_logra.rollout.sglang_engine import SGLangEngine
 
