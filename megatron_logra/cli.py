@@ -107,10 +107,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from megatron_logra.rl.job import run_rl as run
     else:
         from megatron_logra.train.lm import run_lm as run
+    succeeded = False
     try:
         summary = _reporting_user_errors(parser, lambda: run(cfg))
+        succeeded = True
     finally:
-        destroy_parallel()
+        destroy_parallel(wait_for_peers=succeeded)
     if int(os.environ.get("RANK", "0")) == 0:
         sys.stdout.write(json.dumps(summary, indent=1) + "\n")
     return 0
@@ -195,10 +197,12 @@ def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
 
         return evaluate_checkpoint(cfg)
 
+    succeeded = False
     try:
         result = _reporting_user_errors(parser, evaluate)
+        succeeded = True
     finally:
-        destroy_parallel()
+        destroy_parallel(wait_for_peers=succeeded)
     if int(os.environ.get("RANK", "0")) == 0:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
     return 0

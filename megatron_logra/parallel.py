@@ -193,10 +193,18 @@ def initialize_parallel(cfg: ParallelConfig, seed: int = 1234) -> ParallelGroups
     return groups
 
 
-def destroy_parallel() -> None:
-    """Tear down megatron's groups and the default process group."""
+def destroy_parallel(wait_for_peers: bool = False) -> None:
+    """Tear down megatron's groups and the default process group.
+
+    ``wait_for_peers``: pass True after a run that succeeded on every rank. The ranks meet at a
+    barrier first, so no rank shuts its communicators down while a peer's last send is still in
+    flight (gloo then aborts the peer in C++, and the launcher reports a failure at the very end of
+    a good run). After an error it must stay False: the other ranks may never arrive.
+    """
     from megatron.core import parallel_state as ps
 
+    if wait_for_peers and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if dist.is_initialized():

@@ -128,38 +128,3 @@ def test_an_unreadable_delta_file_is_a_sync_error_naming_it_once(tmp_path):
         t.read(1)
     assert str(err.value).count(f"[{err.value.kind}]") == 1 and delta_filename(1) in str(err.value)
     assert err.value.kind == "truncated"
-
-
-def _shared_worker(rank: int, init_file: str, dirs: list[str], out: str) -> None:
-    import torch.distributed as dist
-
-    from megatron_logra.checkpoint.run_dir import check_shared_storage
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        try:
-            check_shared_storage(Path(dirs[rank]), wait_s=0.5)
-            result = "ok"
-        except ValueError as exc:
-            result = str(exc)
-        Path(f"{out}.{rank}").write_text(result)
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.distributed
-def test_a_run_dir_that_is_not_shared_between_ranks_is_refused_on_every_rank(tmp_path):
-    """Rank 1 looks at another directory under the same name, as a node-local disk would show it."""
-    import torch.multiprocessing as mp
-
-    def run(dirs, name):
-        out = str(tmp_path / name)
-        mp.spawn(_shared_worker, args=(str(tmp_path / f"{name}.rendezvous"), dirs, out), nprocs=2, join=True)
-        return [Path(f"{out}.{r}").read_text() for r in range(2)]
-
-    shared = str(tmp_path / "run")
-    assert run([shared, shared], "same") == ["ok", "ok"]
-    assert not list((tmp_path / "run").iterdir())  # the probe file is removed
-    results = run([str(tmp_path / "node0" / "run"), str(tmp_path / "node1" / "run")], "local")
-    for message in results:  # each rank names the path as it sees it, and the same blind rank
-        assert "is not shared storage: rank 1 on " in message and "rank 0 on" not in message

@@ -1,13 +1,7 @@
 """SGLang side of policy sync on CPU: the never-raising loader, payloads, and both clients' protocol.
 
-No SGLang here (it cannot start on this CPU), so its side is played by small stand-ins that
-follow its source (python/sglang/srt/...): ``_SGLangLlama`` has SGLang's Llama parameter names
-and TP shard shapes (fused ``qkv_proj``/``gate_up_proj``, row-parallel ``o_proj``/``down_proj``,
-vocab-padded embeddings with ``org_vocab_size``); ``_Runtime`` does what ``ModelRunner.
-update_weights_from_tensor`` does with a request (custom loader by dotted path when listed in
-``custom_weight_loader``, ``model.load_weights`` for ``load_format=None``, anything else kills
-the scheduler) and what ``get_weights_by_name`` returns (fp32 ``tolist()``, truncated);
-``_FakeEngine`` passes tensors through ``ForkingPickler`` like ``Engine.update_weights_from_tensor``;
+No SGLang here (it cannot start on this CPU), so its side is played by the stand-ins of
+``support.sglang_stand_ins`` (model layouts, the scheduler, the engine's pickling), and
 ``_FakeServer`` answers SGLang's HTTP routes with SGLang's status codes and bodies and unpickles
 with an allow-list like SGLang's ``SafeUnpickler``. The weights themselves are real: every
 check compares them bitwise with the HF-layout reference apply.
@@ -16,19 +10,15 @@ check compares them bitwise with the HF-layout reference apply.
 from __future__ import annotations
 
 import base64
-import importlib
 import io
 import json
 import pickle
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from multiprocessing.reduction import ForkingPickler
-from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
 from megatron_logra.sync import SyncError, encode
 from megatron_logra.sync.apply import apply_delta_
@@ -55,19 +45,15 @@ from megatron_logra.sync.sglang_loader import (
     sync_loader,
 )
 from megatron_logra.sync.synthetic import DenseShape, random_delta
+from support.sglang_stand_ins import (F, G, H, HID, SHAPE, V, FakeEngine, SchedulerRuntime, SGLangLlama,
+                                     SGLangQwen2, hf_state)
 
-H, G, D, F, V, HID, RANK = 4, 2, 8, 48, 40, 32, 8
-SHAPE = DenseShape(hidden=HID, layers=2, heads=H, kv_heads=G, ffn=F, vocab=V)
+RANK = 8
 
 
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     yield
-
-
-def _hf_state(seed=0) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return {k: (torch.randn(*s, generator=gen) * 0.02).to(torch.bfloat16) for k, s in SHAPE.hf_shapes().items()}
 
 
 def _deltas(n, *, start=0, dense=True):
@@ -86,83 +72,6 @@ def _reference(hf, deltas):
     return ref
 
 
-# --------------------------------------------------------------------------- SGLang stand-ins
-
-
-class _Linear(nn.Module):
-    def __init__(self, weight, tp_size, tp_rank):
-        super().__init__()
-        self.tp_size, self.tp_rank = tp_size, tp_rank
-        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
-
-
-class _Embedding(nn.Module):
-    """VocabParallelEmbedding / ParallelLMHead: padded rows, ``org_vocab_size`` real ones."""
-
-    def __init__(self, weight, org_vocab_size):
-        super().__init__()
-        self.org_vocab_size = org_vocab_size
-        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
-
-
-class _Norm(nn.Module):
-    def __init__(self, weight):
-        super().__init__()
-        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
-
-
-class _SGLangQwen2(nn.Module):
-    """The parameters SGLang's Llama and Qwen2 classes lay out on rank ``rank`` of ``tp``, and no
-    ``get_weights_by_name`` (like ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``)."""
-
-    def __init__(self, hf, tp=1, rank=0, vocab_pad=0):
-        super().__init__()
-        self.config = SimpleNamespace(num_attention_heads=H, num_key_value_heads=G, head_dim=D, hidden_size=HID,
-                                      vocab_size=V)
-        hq, kv, f, cols, vl = H // tp, G // tp, F // tp, H * D // tp, V // tp
-
-        def vocab(w):
-            local = w[rank * vl: (rank + 1) * vl]
-            return torch.cat([local, torch.zeros(vocab_pad, HID, dtype=w.dtype)])
-
-        self.model = nn.Module()
-        self.model.embed_tokens = _Embedding(vocab(hf["model.embed_tokens.weight"]), vl)
-        self.model.layers = nn.ModuleList()
-        for i in range(SHAPE.layers):
-            p = f"model.layers.{i}."
-            q = hf[p + "self_attn.q_proj.weight"][rank * hq * D: (rank + 1) * hq * D]
-            k = hf[p + "self_attn.k_proj.weight"][rank * kv * D: (rank + 1) * kv * D]
-            v = hf[p + "self_attn.v_proj.weight"][rank * kv * D: (rank + 1) * kv * D]
-            gate = hf[p + "mlp.gate_proj.weight"][rank * f: (rank + 1) * f]
-            up = hf[p + "mlp.up_proj.weight"][rank * f: (rank + 1) * f]
-            layer, attn, mlp = nn.Module(), nn.Module(), nn.Module()
-            attn.qkv_proj = _Linear(torch.cat([q, k, v]), tp, rank)
-            attn.o_proj = _Linear(hf[p + "self_attn.o_proj.weight"][:, rank * cols: (rank + 1) * cols], tp, rank)
-            mlp.gate_up_proj = _Linear(torch.cat([gate, up]), tp, rank)
-            mlp.down_proj = _Linear(hf[p + "mlp.down_proj.weight"][:, rank * f: (rank + 1) * f], tp, rank)
-            layer.self_attn, layer.mlp = attn, mlp
-            layer.input_layernorm = _Norm(hf[p + "input_layernorm.weight"])
-            layer.post_attention_layernorm = _Norm(hf[p + "post_attention_layernorm.weight"])
-            self.model.layers.append(layer)
-        self.model.norm = _Norm(hf["model.norm.weight"])
-        self.lm_head = _Embedding(vocab(hf["lm_head.weight"]), vl)
-
-    @torch.no_grad()
-    def load_weights(self, named):
-        """SGLang's default loader (TP=1): stack q/k/v and gate/up, copy the rest, keep padding rows."""
-        params = dict(self.named_parameters())
-        for name, t in named:
-            for shard, fused in (("q_proj", "qkv_proj"), ("k_proj", "qkv_proj"), ("v_proj", "qkv_proj"),
-                                 ("gate_proj", "gate_up_proj"), ("up_proj", "gate_up_proj")):
-                if f".{shard}." in name:
-                    p = params[name.replace(shard, fused)]
-                    offset = {"q_proj": 0, "k_proj": H * D, "v_proj": (H + G) * D, "gate_proj": 0, "up_proj": F}[shard]
-                    p.data[offset: offset + t.shape[0]].copy_(t)
-                    break
-            else:
-                params[name].data[: t.shape[0]].copy_(t)
-
-
 def _engine_params(model):
     return {n: p for n, p in model.named_parameters() if n not in (STATE_PARAM, FINGERPRINT_PARAM)}
 
@@ -172,67 +81,6 @@ def _assert_same(model, expect):
     assert set(got) == set(want)
     for name in want:
         assert torch.equal(got[name], want[name]), name
-
-
-class _SGLangLlama(_SGLangQwen2):
-    """``LlamaForCausalLM``: the same layout, plus its ``get_weights_by_name`` (root parameters by name)."""
-
-    def get_weights_by_name(self, name, truncate_size=100, tp_size=1):
-        param = dict(self.named_parameters())[name]
-        return param.detach().cpu().to(torch.float32).numpy().tolist()[:truncate_size]
-
-
-class _Runtime:
-    """The scheduler side: ``ModelRunner.update_weights_from_tensor`` and ``get_weights_by_name`` of each TP rank."""
-
-    def __init__(self, models, loaders=(LOADER_PATH,)):
-        self.models = models
-        self.custom_weight_loader = list(loaders)
-        self.dead = None
-
-    def update(self, rank, named_tensors, load_format):
-        if self.dead:
-            raise RuntimeError(f"scheduler is dead: {self.dead}")
-        model = self.models[rank]
-        named_tensors = [(n, t.to("cpu")) for n, t in named_tensors]  # _unwrap_tensor(..., device)
-        try:
-            if load_format in self.custom_weight_loader:
-                module, _, fn = load_format.rpartition(".")  # sglang.srt.utils.dynamic_import
-                getattr(importlib.import_module(module), fn)(model, named_tensors)
-            elif load_format is None:
-                model.load_weights(named_tensors)
-            else:
-                raise NotImplementedError(f"Unknown load_format={load_format}")
-        except Exception as exc:  # no try in SGLang: the scheduler process dies, the server with it
-            self.dead = repr(exc)
-            raise
-
-    def get_weights_by_name(self, name, truncate_size=100):
-        try:  # ModelRunner.get_weights_by_name: delegate to the model class, None on any error
-            return self.models[0].get_weights_by_name(name, truncate_size, tp_size=len(self.models))
-        except Exception:
-            return None
-
-
-class _FakeEngine:
-    """``sglang.Engine``'s weight-update surface; tensors go through ForkingPickler (``_serialize_tensors_per_rank``)."""
-
-    def __init__(self, runtime, tp_size=1):
-        self.runtime = runtime
-        self.server_args = SimpleNamespace(custom_weight_loader=runtime.custom_weight_loader, tp_size=tp_size)
-        self.calls = []
-
-    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
-        self.calls.append(("update", load_format, flush_cache, [n for n, _ in named_tensors]))
-        for rank in range(self.server_args.tp_size):
-            buf = io.BytesIO()
-            ForkingPickler(buf).dump(named_tensors)
-            self.runtime.update(rank, ForkingPickler.loads(buf.getvalue()), load_format)
-        return True, "Success"
-
-    def get_weights_by_name(self, name, truncate_size=100):
-        self.calls.append(("get", name))
-        return self.runtime.get_weights_by_name(name, truncate_size)
 
 
 class _SafeUnpickler(pickle.Unpickler):
@@ -340,9 +188,9 @@ def servers():
 
 def test_pickled_payload_round_trips_through_sglangs_unpickler_into_the_loader():
     """Delta + command tensors -> client serialization -> SGLang-style unpickling -> loader: bitwise the HF apply."""
-    hf = _hf_state()
+    hf = hf_state()
     deltas = _deltas(3)
-    model = _SGLangLlama(hf)
+    model = SGLangLlama(hf)
     for d in deltas:
         entry = serialize_named_tensors(delta_as_named_tensors(d) + command_as_named_tensors({"nonce": "n"}))
         named = _SafeUnpickler(io.BytesIO(base64.b64decode(entry))).load()
@@ -351,13 +199,13 @@ def test_pickled_payload_round_trips_through_sglangs_unpickler_into_the_loader()
         sync_loader(model, named)
         state = read_state(model)
         assert state["ok"] and state["nonce"] == "n" and state["op"] == "apply" and state["version"] == d.new_version
-    _assert_same(model, _SGLangLlama(_reference(hf, deltas)))
+    _assert_same(model, SGLangLlama(_reference(hf, deltas)))
     assert engine_version(model) == 3 and read_state(model)["seq"] == 3
 
 
 def test_loader_records_rejections_without_raising_or_touching_weights():
-    hf = _hf_state()
-    model = _SGLangLlama(hf)
+    hf = hf_state()
+    model = SGLangLlama(hf)
     before = {n: p.detach().clone() for n, p in _engine_params(model).items()}
     good = _deltas(1)[0]
     corrupt = bytearray(encode(good))
@@ -383,7 +231,7 @@ def test_loader_records_rejections_without_raising_or_touching_weights():
 
 
 def test_tp_disagreement_after_commit_marks_the_version_unknown_until_a_refit(monkeypatch):
-    model = _SGLangLlama(_hf_state(), tp=2, rank=0)
+    model = SGLangLlama(hf_state(), tp=2, rank=0)
     votes = iter([True, False])  # validation agreed, another rank failed its commit
     monkeypatch.setattr(sglang_loader, "_tp_all", lambda ok: ok and next(votes))
     sync_loader(model, delta_as_named_tensors(_deltas(1)[0]))
@@ -397,7 +245,7 @@ def test_tp_disagreement_after_commit_marks_the_version_unknown_until_a_refit(mo
 
 
 def test_tp_rejection_on_another_rank_leaves_this_rank_untouched(monkeypatch):
-    model = _SGLangLlama(_hf_state(), tp=2, rank=1)
+    model = SGLangLlama(hf_state(), tp=2, rank=1)
     before = {n: p.detach().clone() for n, p in _engine_params(model).items()}
     monkeypatch.setattr(sglang_loader, "_tp_all", lambda ok: False)
     sync_loader(model, delta_as_named_tensors(_deltas(1)[0]))
@@ -407,9 +255,9 @@ def test_tp_rejection_on_another_rank_leaves_this_rank_untouched(monkeypatch):
 
 
 def test_engine_fingerprint_in_hf_layout_equals_the_trainers_despite_vocab_padding():
-    hf = _hf_state()
+    hf = hf_state()
     deltas = _deltas(2)
-    model = _SGLangLlama(hf, vocab_pad=24)
+    model = SGLangLlama(hf, vocab_pad=24)
     for d in deltas:
         sync_loader(model, delta_as_named_tensors(d))
     view = engine_hf_view(model)
@@ -424,7 +272,7 @@ def test_engine_fingerprint_in_hf_layout_equals_the_trainers_despite_vocab_paddi
 
 
 def test_fingerprint_on_a_tp2_engine_is_reported_unavailable_not_raised():
-    model = _SGLangLlama(_hf_state(), tp=2, rank=0)
+    model = SGLangLlama(hf_state(), tp=2, rank=0)
     sync_loader(model, command_as_named_tensors({"op": "fingerprint"}))
     state = read_state(model)
     assert state["ok"] and state["fingerprint_version"] is None and "TP=2" in state["fingerprint_error"]
@@ -440,20 +288,20 @@ def test_chunking_bounds_bytes_and_keeps_every_tensor_once():
 # --------------------------------------------------------------------------- in-process engine client
 
 
-@pytest.mark.parametrize("model_class", [_SGLangLlama, _SGLangQwen2], ids=["llama", "no-get_weights_by_name"])
+@pytest.mark.parametrize("model_class", [SGLangLlama, SGLangQwen2], ids=["llama", "no-get_weights_by_name"])
 def test_engine_target_applies_deltas_refits_and_fingerprints(model_class):
-    hf = _hf_state()
-    runtime = _Runtime([model_class(hf, vocab_pad=8)])
-    if model_class is _SGLangQwen2:  # before the loader first runs, SGLang can read nothing from this class
+    hf = hf_state()
+    runtime = SchedulerRuntime([model_class(hf, vocab_pad=8)])
+    if model_class is SGLangQwen2:  # before the loader first runs, SGLang can read nothing from this class
         assert runtime.get_weights_by_name(STATE_PARAM, 1 << 20) is None
-    engine = _FakeEngine(runtime)
+    engine = FakeEngine(runtime)
     target = SGLangEngineTarget(engine)
     assert target.weight_version == 0
     deltas = _deltas(3)
     for d in deltas:
         assert target.apply_sketch_delta(encode(d)) == d.new_version
     ref = _reference(hf, deltas)
-    _assert_same(runtime.models[0], _SGLangLlama(ref, vocab_pad=8))
+    _assert_same(runtime.models[0], SGLangLlama(ref, vocab_pad=8))
     assert drift(target.fingerprint(), fingerprint(ref)) == []
     assert target.num_deltas == 3 and target.bytes_sent == sum(len(encode(d)) for d in deltas)
     updates = [c for c in engine.calls if c[0] == "update"]
@@ -462,22 +310,22 @@ def test_engine_target_applies_deltas_refits_and_fingerprints(model_class):
     assert all(c[2] for c in updates if TENSOR_NAME in c[3])  # flush_cache after every delta
 
     # anchor refit through SGLang's default loader, then the version is what the trainer says
-    new = _hf_state(seed=5)
+    new = hf_state(seed=5)
     target.chunk_bytes = 4096
     target.update_weights_full(new, 10)
     assert target.weight_version == 10 and engine_version(runtime.models[0]) == 10
-    _assert_same(runtime.models[0], _SGLangLlama(new, vocab_pad=8))
+    _assert_same(runtime.models[0], SGLangLlama(new, vocab_pad=8))
     assert sum(1 for c in engine.calls if c[0] == "update" and c[1] is None) > 1  # chunked
     assert drift(target.fingerprint(), fingerprint(new)) == []
     assert runtime.dead is None
-    if model_class is _SGLangQwen2:  # the loader's reader serves its two records, not the model's weights
+    if model_class is SGLangQwen2:  # the loader's reader serves its two records, not the model's weights
         assert runtime.get_weights_by_name("model.norm.weight", 10) is None
 
 
 def test_a_refit_that_fails_part_way_leaves_the_version_unknown_until_a_refit_succeeds(monkeypatch):
-    hf = _hf_state()
-    runtime = _Runtime([_SGLangLlama(hf, vocab_pad=8)])
-    engine = _FakeEngine(runtime)
+    hf = hf_state()
+    runtime = SchedulerRuntime([SGLangLlama(hf, vocab_pad=8)])
+    engine = FakeEngine(runtime)
     target = SGLangEngineTarget(engine)
     d1, d2 = _deltas(2)
     target.apply_sketch_delta(d1)
@@ -494,22 +342,22 @@ def test_a_refit_that_fails_part_way_leaves_the_version_unknown_until_a_refit_su
 
     monkeypatch.setattr(target, "_update", flaky)
     with pytest.raises(SGLangError, match="full refit to version 7 failed"):
-        target.update_weights_full(_hf_state(seed=5), 7)
+        target.update_weights_full(hf_state(seed=5), 7)
     assert engine_version(runtime.models[0]) == -1 and target.weight_version == -1
     with pytest.raises(SyncError, match="not sent to SGLang"):
         target.apply_sketch_delta(d2)  # its base (1) is not the engine's version: half-loaded weights
     monkeypatch.setattr(target, "_update", real_update)
-    new = _hf_state(seed=6)
+    new = hf_state(seed=6)
     target.update_weights_full(new, 8)
     assert target.weight_version == 8 and engine_version(runtime.models[0]) == 8
-    _assert_same(runtime.models[0], _SGLangLlama(new, vocab_pad=8))
+    _assert_same(runtime.models[0], SGLangLlama(new, vocab_pad=8))
     assert runtime.dead is None
 
 
 def test_engine_target_rejections_keep_the_version_and_never_kill_the_engine():
-    hf = _hf_state()
-    runtime = _Runtime([_SGLangLlama(hf)])
-    engine = _FakeEngine(runtime)
+    hf = hf_state()
+    runtime = SchedulerRuntime([SGLangLlama(hf)])
+    engine = FakeEngine(runtime)
     target = SGLangEngineTarget(engine)
     d1, d2 = _deltas(2)
     target.apply_sketch_delta(d1)
@@ -533,8 +381,8 @@ def test_engine_target_rejections_keep_the_version_and_never_kill_the_engine():
 
 
 def test_engine_target_refuses_a_server_without_the_loader_before_sending():
-    runtime = _Runtime([_SGLangLlama(_hf_state())], loaders=())
-    engine = _FakeEngine(runtime)
+    runtime = SchedulerRuntime([SGLangLlama(hf_state())], loaders=())
+    engine = FakeEngine(runtime)
     with pytest.raises(SGLangError, match=f"--custom-weight-loader {LOADER_PATH}") as info:
         SGLangEngineTarget(engine).apply_sketch_delta(_deltas(1)[0])
     assert info.value.kind == "config" and engine.calls == [] and runtime.dead is None
@@ -545,8 +393,8 @@ def test_engine_target_refuses_a_server_without_the_loader_before_sending():
 
 
 def test_engine_target_version_mismatch_with_the_engine_is_an_error():
-    runtime = _Runtime([_SGLangLlama(_hf_state())])
-    target = SGLangEngineTarget(_FakeEngine(runtime))
+    runtime = SchedulerRuntime([SGLangLlama(hf_state())])
+    target = SGLangEngineTarget(FakeEngine(runtime))
     target.reset_version(4)  # e.g. another trainer process refit it
     with pytest.raises(SyncError, match="engine at version 4") as info:
         target.apply_sketch_delta(_deltas(1)[0])
@@ -554,8 +402,8 @@ def test_engine_target_version_mismatch_with_the_engine_is_an_error():
 
 
 def test_a_model_without_get_weights_by_name_is_a_clear_error():
-    runtime = _Runtime([_SGLangLlama(_hf_state())])
-    engine = _FakeEngine(runtime)
+    runtime = SchedulerRuntime([SGLangLlama(hf_state())])
+    engine = FakeEngine(runtime)
     engine.get_weights_by_name = lambda name, truncate_size=100: None
     with pytest.raises(SGLangError, match="get_weights_by_name"):
         SGLangEngineTarget(engine).weight_version
@@ -565,8 +413,8 @@ def test_a_model_without_get_weights_by_name_is_a_clear_error():
 
 
 def test_http_target_speaks_sglangs_protocol(servers):
-    hf = _hf_state()
-    runtime = _Runtime([_SGLangLlama(hf, tp=2, rank=r) for r in range(2)])
+    hf = hf_state()
+    runtime = SchedulerRuntime([SGLangLlama(hf, tp=2, rank=r) for r in range(2)])
     server = _FakeServer(runtime, tp_size=2, api_key="sekret")
     servers.append(server)
     target = SGLangServerTarget(server.url + "/", api_key="sekret", timeout=10)
@@ -575,7 +423,7 @@ def test_http_target_speaks_sglangs_protocol(servers):
         assert target.apply_sketch_delta(d) == d.new_version
     ref = _reference(hf, deltas)
     for r in range(2):
-        _assert_same(runtime.models[r], _SGLangLlama(ref, tp=2, rank=r))
+        _assert_same(runtime.models[r], SGLangLlama(ref, tp=2, rank=r))
     assert server.weight_version == "2"
 
     assert all(r["headers"].get("authorization") == "Bearer sekret" for r in server.requests)
@@ -596,7 +444,7 @@ def test_http_target_speaks_sglangs_protocol(servers):
 
 
 def test_http_errors_are_mapped(servers):
-    runtime = _Runtime([_SGLangLlama(_hf_state())])
+    runtime = SchedulerRuntime([SGLangLlama(hf_state())])
     server = _FakeServer(runtime, api_key="right")
     servers.append(server)
     with pytest.raises(SGLangError, match="401 unauthorized.*api_key") as info:
@@ -628,7 +476,7 @@ def test_http_errors_are_mapped(servers):
 
 
 def test_http_target_checks_loader_and_version_before_pausing(servers):
-    runtime = _Runtime([_SGLangLlama(_hf_state())])
+    runtime = SchedulerRuntime([SGLangLlama(hf_state())])
     bare = _FakeServer(runtime, server_info={"tp_size": 1, "custom_weight_loader": []})
     servers.append(bare)
     with pytest.raises(SGLangError, match="does not register the sketch-delta loader"):
@@ -666,8 +514,8 @@ class _StandInDriver:
     name = "stand-in"
 
     def __init__(self, hf):
-        self.runtime = _Runtime([_SGLangLlama(hf)])
-        self.target = SGLangEngineTarget(_FakeEngine(self.runtime))
+        self.runtime = SchedulerRuntime([SGLangLlama(hf)])
+        self.target = SGLangEngineTarget(FakeEngine(self.runtime))
 
     def generate(self, prompts, n_tokens):
         digest = sum(int(v.float().sum().mul(1e4)) for v in engine_hf_view(self.runtime.models[0]).values())
@@ -680,7 +528,7 @@ class _StandInDriver:
 
 def test_smoke_tool_check_passes_on_a_faithful_engine_and_catches_a_flipped_bit():
     smoke = _smoke_tool()
-    hf = _hf_state()
+    hf = hf_state()
     deltas = _deltas(3)
     res = smoke.check(_StandInDriver(hf), hf, deltas, n_tokens=4, report=lambda msg: None)
     assert res["passed"], res["failures"]

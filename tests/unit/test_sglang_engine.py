@@ -1,7 +1,7 @@
 """The SGLang rollout engine on CPU: config, the ``/generate`` translations, the log-prob convention,
-the missing-SGLang error, and the one-driver-per-group sharing (2 gloo processes).
+and the missing-SGLang error (the one-driver-per-group sharing: ``tests/distributed/test_rollout_driver.py``).
 
-SGLang cannot start here, so its side is a small stand-in (:class:`_FakeSGLang`) that answers a
+SGLang cannot start here, so its side is a small stand-in (:class:`FakeSGLang`) that answers a
 ``/generate`` payload the way SGLang documents it (``output_ids``, ``meta_info.output_token_logprobs``
 as ``(logprob, token_id, text)``, ``finish_reason``), sampling from a fixed bigram logit table with the
 request's ``logit_bias`` and temperature; the engine's log-probs are compared with the trainer's
@@ -19,8 +19,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from megatron_logra.models.gpt import PADDED_LOGIT
 from megatron_logra.rl.config import RolloutConfig
@@ -36,88 +34,11 @@ from megatron_logra.rollout.sglang_api import (
     require_sglang,
     sglang_mem_fraction,
 )
-from megatron_logra.rollout.sglang_engine import SGLangEngine, share_from_driver
+from megatron_logra.rollout.sglang_engine import SGLangEngine
 from megatron_logra.sync import SyncError
 from megatron_logra.sync.sglang_client import SGLangServerTarget
+from support.sglang_stand_ins import PADDED, VOCAB, FakeSGLang, FakeTarget
 
-VOCAB, PADDED = 40, 48
-
-
-# --------------------------------------------------------------------------- stand-ins
-
-
-class _FakeSGLang:
-    """Answers ``/generate`` payloads like SGLang: bigram logits ``table[last token]`` (+ logit_bias),
-    greedy for T = 0 (log-probs of softmax(z)), else sampled from softmax(z/T) with its log-prob."""
-
-    def __init__(self, seed: int = 0, as_tuples: bool = True) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.table = torch.randn(PADDED, PADDED, generator=g, dtype=torch.float64) * 2
-        self.gen = torch.Generator().manual_seed(seed + 1)
-        self.as_tuples = as_tuples
-        self.payloads: list[dict] = []
-        self.weight_version = None
-
-    def __call__(self, payload: dict) -> list[dict]:
-        self.payloads.append(payload)
-        sp_all = payload["sampling_params"]
-        outs = []
-        for i, prompt in enumerate(payload["input_ids"]):
-            sp = sp_all[i] if isinstance(sp_all, list) else sp_all
-            bias = torch.zeros(PADDED, dtype=torch.float64)
-            for k, v in sp.get("logit_bias", {}).items():
-                bias[int(k)] += v
-            last, ids, entries, reason = prompt[-1], [], [], None
-            for _ in range(sp["max_new_tokens"]):
-                z = self.table[last] + bias
-                if sp["temperature"] == 0:
-                    tok = int(torch.argmax(z))
-                    logp = torch.log_softmax(z, -1)[tok]
-                else:
-                    lp = torch.log_softmax(z / sp["temperature"], -1)
-                    tok = int(torch.multinomial(lp.exp(), 1, generator=self.gen))
-                    logp = lp[tok]
-                ids.append(tok)
-                entry = (float(logp), tok, None)
-                entries.append(entry if self.as_tuples else list(entry))
-                last = tok
-                if tok in sp["stop_token_ids"]:
-                    reason = {"type": "stop", "matched": tok}
-                    break
-            reason = reason or {"type": "length", "length": len(ids)}
-            meta = {"output_token_logprobs": entries, "finish_reason": reason, "completion_tokens": len(ids),
-                    "prompt_tokens": len(prompt)}
-            if self.weight_version is not None:
-                meta["weight_version"] = self.weight_version
-            outs.append({"output_ids": ids, "meta_info": meta})
-        return outs
-
-
-class _FakeTarget:
-    """The ``sglang_client`` target protocol with a version and canned answers."""
-
-    def __init__(self, version: int = 0) -> None:
-        self.weight_version = version
-        self.calls: list[str] = []
-
-    def apply_sketch_delta(self, delta):
-        self.calls.append("delta")
-        if delta == "bad":
-            raise SyncError("gap", "delta 5->6 does not follow version 0")
-        if delta == "boom":
-            raise OSError("connection reset")
-        self.weight_version += 1
-        return self.weight_version
-
-    def update_weights_full(self, hf_state, version):
-        self.calls.append("full")
-        for i, _ in enumerate(hf_state.items() if isinstance(hf_state, dict) else hf_state):
-            if version == 13 and i == 1:
-                raise OSError("refit upload failed")
-        self.weight_version = version
-
-    def fingerprint(self):
-        return {"w": f"hash-{self.weight_version}"}
 
 
 def _trainer_logprobs(table: torch.Tensor, prompt: list[int], completion: list[int], temperature: float):
@@ -132,7 +53,7 @@ def _trainer_logprobs(table: torch.Tensor, prompt: list[int], completion: list[i
 
 
 def _engine(fake=None, target=None, **kw) -> SGLangEngine:
-    return SGLangEngine(generate_fn=fake or _FakeSGLang(), target=target or _FakeTarget(), vocab_size=VOCAB,
+    return SGLangEngine(generate_fn=fake or FakeSGLang(), target=target or FakeTarget(), vocab_size=VOCAB,
                         padded_vocab_size=PADDED, **kw)
 
 
@@ -301,7 +222,7 @@ def test_missing_sglang_is_a_clear_error(monkeypatch):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0])
 def test_engine_logprobs_match_the_trainer_convention(temperature):
-    fake = _FakeSGLang(as_tuples=temperature != 0.6)
+    fake = FakeSGLang(as_tuples=temperature != 0.6)
     engine = _engine(fake)
     prompts = [[1, 2, 3], [7], [30, 31]]
     params = SamplingParams(temperature=temperature, max_new_tokens=6, stop_token_ids=[5])
@@ -315,8 +236,8 @@ def test_engine_logprobs_match_the_trainer_convention(temperature):
 
 
 def test_engine_delegates_sync_and_tracks_the_version():
-    target = _FakeTarget(version=3)
-    fake = _FakeSGLang()
+    target = FakeTarget(version=3)
+    fake = FakeSGLang()
     engine = _engine(fake, target)
     assert engine.weight_version == 3
     assert engine.apply_sketch_delta(b"ok") == 4 and engine.weight_version == 4
@@ -337,7 +258,7 @@ def test_engine_delegates_sync_and_tracks_the_version():
 
 def test_engine_over_http_generate():
     """The payload and the response survive JSON over a real HTTP round trip (SGLang's /generate route)."""
-    fake = _FakeSGLang(as_tuples=False)
+    fake = FakeSGLang(as_tuples=False)
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802
@@ -366,68 +287,13 @@ def test_engine_over_http_generate():
         assert r.logprobs == pytest.approx(_trainer_logprobs(fake.table, p, r.completion_ids, 0.8), abs=1e-9)
 
 
-# --------------------------------------------------------------------------- one driver, 2 gloo processes
-
-
-def _share_worker(rank: int, init_file: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        group = dist.new_group([0, 1])
-        driver = rank == 0
-        fake = _FakeSGLang(seed=3) if driver else None
-        target = _FakeTarget(version=2) if driver else None
-        engine = SGLangEngine(generate_fn=fake, target=target, vocab_size=VOCAB, padded_vocab_size=PADDED,
-                              gen_group=group, sync_group=dist.group.WORLD)
-        assert engine.weight_version == 2
-        rollouts = engine.generate([[1, 2], [4]], SamplingParams(temperature=1.0, max_new_tokens=5))
-        gathered: list = [None, None]
-        dist.all_gather_object(gathered, [(r.completion_ids, r.logprobs, r.finished) for r in rollouts])
-        assert gathered[0] == gathered[1]
-        assert engine.apply_sketch_delta(b"ok") == 3
-        with pytest.raises(SyncError) as err:
-            engine.apply_sketch_delta("bad")
-        assert err.value.kind == "gap" and "does not follow" in str(err.value) and engine.weight_version == 3
-        with pytest.raises(OSError if driver else RuntimeError, match="connection reset"):
-            engine.apply_sketch_delta("boom")
-        engine.update_weights_full({}, 9)
-        assert engine.weight_version == 9 and engine.fingerprint() == {"w": "hash-9"}
-        assert share_from_driver(lambda: dist.get_rank(), group) == 0
-
-        pulled = []
-
-        def stream():  # like rl.weights.iter_hf_params: every item is a collective of all ranks
-            for i in range(4):
-                t = torch.full((2,), float(i))
-                dist.all_reduce(t)
-                pulled.append(i)
-                yield f"w{i}", t
-
-        engine.update_weights_full(stream(), 12)
-        assert engine.weight_version == 12 and pulled == [0, 1, 2, 3]
-        pulled.clear()
-        with pytest.raises(OSError if driver else RuntimeError, match="refit upload failed"):
-            engine.update_weights_full(stream(), 13)  # the driver fails after one tensor: nobody hangs
-        assert pulled == [0, 1, 2, 3] and engine.weight_version == 12
-        if driver:
-            assert target.calls == ["delta", "delta", "delta", "full", "full", "full"] and len(fake.payloads) == 1
-        dist.barrier()  # no rank tears gloo down while the other still talks
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.distributed
-def test_driver_generates_and_syncs_for_the_group(tmp_path):
-    # file rendezvous: a probed TCP port can be taken by another process before gloo binds it
-    mp.spawn(_share_worker, args=(str(tmp_path / "rendezvous"),), nprocs=2, join=True)
-
-
 def test_in_process_start_asks_for_deterministic_sampling_and_keeps_the_trainer_environment(monkeypatch, tmp_path):
     """``sglang.Engine`` cannot start on a CPU: a stand-in does what its start does in the caller's
     process (``_set_envs_and_config``: CUDA/NCCL variables for its workers) and serves the loader
-    through the scheduler stand-in of ``test_sglang_client``."""
+    through the scheduler stand-in of ``support.sglang_stand_ins``."""
     import os
 
-    from test_sglang_client import _FakeEngine, _hf_state, _Runtime, _SGLangQwen2
+    from support.sglang_stand_ins import FakeEngine, SchedulerRuntime, SGLangQwen2, hf_state
 
     from megatron_logra.config import load_recipe
 
@@ -437,7 +303,7 @@ def test_in_process_start_asks_for_deterministic_sampling_and_keeps_the_trainer_
         os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "4"
         os.environ["NCCL_CUMEM_ENABLE"] = "0"
         started.append((kwargs, dict(os.environ)))
-        fake = _FakeEngine(_Runtime([_SGLangQwen2(_hf_state())], loaders=kwargs["custom_weight_loader"]))
+        fake = FakeEngine(SchedulerRuntime([SGLangQwen2(hf_state())], loaders=kwargs["custom_weight_loader"]))
         fake.shutdown = lambda: None
         return fake
 

@@ -36,3 +36,12 @@ def test_which_runs_keep_cuda_visible(markexpr, args, gpu):
 
 def test_this_cpu_tier_run_hides_cuda():
     assert os.environ.get("CUDA_VISIBLE_DEVICES") == ""
+
+
+def test_unit_tier_starts_no_process_group():
+    """``tests/unit`` runs without a process group; spawned gloo groups belong in ``tests/distributed``
+    (``support.gloo.spawn_group`` tears them down safely)."""
+    starters = ("init_process_group", "mp.spawn", "multiprocessing.spawn", "torch.distributed.run")
+    offenders = [f"{path.name}: {word}" for path in sorted((TESTS / "unit").glob("*.py"))
+                 for word in starters if word in path.read_text() and path.name != Path(__file__).name]
+    assert offenders == []

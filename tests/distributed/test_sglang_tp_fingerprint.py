@@ -2,7 +2,7 @@
 
 Every rank of a sharded engine must write the same record, equal to the TP=1 fingerprint of the
 full HF tensors (vocab padding dropped), so the trainer's comparison does not depend on the
-engine's TP size. Two engine stand-ins: ``_SGLangLlama`` from ``test_sglang_client`` (its
+engine's TP size. Two engine stand-ins: ``SGLangLlama`` of ``support.sglang_stand_ins`` (its
 ``org_vocab_size`` counts a shard's real rows) and ``_Engine`` below, laid out like SGLang's
 Qwen2/Llama at TP ``T``: fused q/k/v biases, ``num_kv_heads < T`` (each kv head replicated on
 ``T/G`` ranks), a vocabulary padded at its end and split in equal blocks, with
@@ -17,9 +17,9 @@ import json
 import os
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from megatron_logra.sync import sglang_loader
@@ -27,8 +27,8 @@ from megatron_logra.sync.fingerprint import drift, fingerprint, sampled_rows_of
 from megatron_logra.sync.sglang_fingerprint import MISMATCH_PREFIX
 from megatron_logra.sync.sglang_loader import (FINGERPRINT_PARAM, command_as_named_tensors, engine_hf_view, read_state,
                                                sync_loader)
-
-from test_sglang_client import _SGLangLlama, _hf_state
+from support.gloo import spawn_group
+from support.sglang_stand_ins import SGLangLlama, hf_state
 
 H, G, D, HID, F, V, LAYERS = 8, 2, 4, 16, 24, 37, 2
 
@@ -138,25 +138,19 @@ def _cases(world: int, rank: int) -> dict[str, dict]:
             _flip(model, "model.layers.0.self_attn.qkv_proj.weight", H // world * D, col=3)
     out["replica"] = _record(model)
     if world == 2:  # test_sglang_client's stand-in (shard-local org_vocab_size, no kv replication)
-        out["stand_in"] = _record(_SGLangLlama(_hf_state(3), tp=2, rank=rank))
+        out["stand_in"] = _record(SGLangLlama(hf_state(3), tp=2, rank=rank))
     return out
 
 
 def _worker(rank: int, world: int, tmp: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'rendezvous')}", rank=rank,
-                            world_size=world)
-    try:
-        sglang_loader._tp_cpu_group = lambda: dist.group.WORLD  # SGLang's get_tp_group().cpu_group
-        result = _cases(world, rank)
-    finally:
-        dist.destroy_process_group()
+    sglang_loader._tp_cpu_group = lambda: dist.group.WORLD  # SGLang's get_tp_group().cpu_group
+    result = _cases(world, rank)
     with open(os.path.join(tmp, f"rank{rank}.json"), "w") as fh:
         json.dump(result, fh)
 
 
 def _run(world: int, tmp_path) -> list[dict]:
-    mp.spawn(_worker, args=(world, str(tmp_path)), nprocs=world, join=True)
+    spawn_group(_worker, world, tmp_path, str(tmp_path))
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     assert all(r == results[0] for r in results[1:]), "TP ranks wrote different fingerprint records"
     return results[0]
@@ -172,19 +166,21 @@ def _check(got: dict, world: int) -> None:
     assert all(got["replica"][n].startswith(MISMATCH_PREFIX) for n in replicas)
 
 
+@pytest.mark.distributed
 def test_tp2_fingerprint_equals_the_full_hf_fingerprint_on_every_rank(tmp_path):
     got = _run(2, tmp_path)
     _check(got, 2)
-    hf = _hf_state(3)
-    assert got["stand_in"] == fingerprint(engine_hf_view(_SGLangLlama(hf))) == fingerprint(hf)
+    hf = hf_state(3)
+    assert got["stand_in"] == fingerprint(engine_hf_view(SGLangLlama(hf))) == fingerprint(hf)
 
 
+@pytest.mark.distributed
 def test_tp4_fingerprint_with_replicated_kv_heads_and_padded_vocab(tmp_path):
     _check(_run(4, tmp_path), 4)
 
 
 def test_tp1_fingerprint_is_the_whole_tensor_fingerprint_of_the_hf_view():
-    for model in (_Engine(_full(), 1, 0), _SGLangLlama(_hf_state(1), vocab_pad=24)):
+    for model in (_Engine(_full(), 1, 0), SGLangLlama(hf_state(1), vocab_pad=24)):
         view = engine_hf_view(model)
         assert _record(model) == fingerprint(view)
     assert fingerprint(engine_hf_view(_Engine(_full(), 1, 0))) == fingerprint(_full())

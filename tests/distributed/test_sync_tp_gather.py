@@ -8,11 +8,14 @@ full Megatron-order tensor bit for bit (it gathers the raw 16-bit words).
 from __future__ import annotations
 
 import os
-import tempfile
 
+import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from support.gloo import spawn_group
+
+pytestmark = pytest.mark.distributed
 
 
 class _Param:
@@ -27,9 +30,7 @@ def _sharded(local, stride, dim):
     return t
 
 
-def _worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+def _worker(rank: int, world: int, result_dir: str) -> None:
     from megatron_logra.models.layout import shard_full
     from megatron_logra.sync.apply import quantize_factor
     from megatron_logra.models.layout import gather_tp as _gather_tp
@@ -54,13 +55,10 @@ def _worker(rank: int, world: int, init_file: str, result_dir: str) -> None:
         want = full[rows]
         out[name] = bool(got.dtype == dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8)))
     torch.save(out, os.path.join(result_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
 
 
-def test_column_parallel_factors_gather_bitwise_over_gloo():
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "init")
-        mp.spawn(_worker, args=(2, init_file, tmp), nprocs=2, join=True)
-        results = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(2)]
+def test_column_parallel_factors_gather_bitwise_over_gloo(tmp_path):
+    spawn_group(_worker, 2, tmp_path, str(tmp_path))
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert results == [{"fc1": True, "qkv": True, "fc1_bias": True, "rows_fc1": True, "rows_qkv": True,
                          "rows_proj": True}] * 2

@@ -1,0 +1,248 @@
+"""CPU stand-ins for SGLang's side of policy sync, written after its source (python/sglang/srt/...).
+
+``SGLangLlama`` has SGLang's Llama parameter names and TP shard shapes (fused ``qkv_proj`` /
+``gate_up_proj``, row-parallel ``o_proj`` / ``down_proj``, vocab-padded embeddings with
+``org_vocab_size``); ``SGLangQwen2`` is the same without ``get_weights_by_name`` (like
+``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``). ``SchedulerRuntime`` does what ``ModelRunner.
+update_weights_from_tensor`` does with a request (custom loader by dotted path when listed in
+``custom_weight_loader``, ``model.load_weights`` for ``load_format=None``, anything else kills the
+scheduler) and what ``get_weights_by_name`` returns (fp32 ``tolist()``, truncated); ``FakeEngine``
+passes tensors through ``ForkingPickler`` like ``Engine.update_weights_from_tensor``.
+``FakeSGLang`` answers ``/generate`` payloads the way SGLang documents them; ``FakeTarget`` is the
+``sglang_client`` target protocol with canned answers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+from multiprocessing.reduction import ForkingPickler
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from megatron_logra.sync import SyncError
+from megatron_logra.sync.sglang_loader import LOADER_PATH
+from megatron_logra.sync.synthetic import DenseShape
+
+__all__ = ["D", "F", "G", "H", "HID", "PADDED", "SHAPE", "V", "VOCAB", "Embedding", "FakeEngine", "FakeSGLang", "FakeTarget",
+           "Linear", "Norm", "SGLangLlama", "SGLangQwen2", "SchedulerRuntime", "hf_state"]
+
+H, G, D, F, V, HID = 4, 2, 8, 48, 40, 32
+SHAPE = DenseShape(hidden=HID, layers=2, heads=H, kv_heads=G, ffn=F, vocab=V)
+VOCAB, PADDED = 40, 48  # FakeSGLang's real and padded vocabulary
+
+
+def hf_state(seed=0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {k: (torch.randn(*s, generator=gen) * 0.02).to(torch.bfloat16) for k, s in SHAPE.hf_shapes().items()}
+
+
+class Linear(nn.Module):
+    def __init__(self, weight, tp_size, tp_rank):
+        super().__init__()
+        self.tp_size, self.tp_rank = tp_size, tp_rank
+        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
+
+
+class Embedding(nn.Module):
+    """VocabParallelEmbedding / ParallelLMHead: padded rows, ``org_vocab_size`` real ones."""
+
+    def __init__(self, weight, org_vocab_size):
+        super().__init__()
+        self.org_vocab_size = org_vocab_size
+        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
+
+
+class Norm(nn.Module):
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
+
+
+class SGLangQwen2(nn.Module):
+    """The parameters SGLang's Llama and Qwen2 classes lay out on rank ``rank`` of ``tp``, and no
+    ``get_weights_by_name`` (like ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``)."""
+
+    def __init__(self, hf, tp=1, rank=0, vocab_pad=0):
+        super().__init__()
+        self.config = SimpleNamespace(num_attention_heads=H, num_key_value_heads=G, head_dim=D, hidden_size=HID,
+                                      vocab_size=V)
+        hq, kv, f, cols, vl = H // tp, G // tp, F // tp, H * D // tp, V // tp
+
+        def vocab(w):
+            local = w[rank * vl: (rank + 1) * vl]
+            return torch.cat([local, torch.zeros(vocab_pad, HID, dtype=w.dtype)])
+
+        self.model = nn.Module()
+        self.model.embed_tokens = Embedding(vocab(hf["model.embed_tokens.weight"]), vl)
+        self.model.layers = nn.ModuleList()
+        for i in range(SHAPE.layers):
+            p = f"model.layers.{i}."
+            q = hf[p + "self_attn.q_proj.weight"][rank * hq * D: (rank + 1) * hq * D]
+            k = hf[p + "self_attn.k_proj.weight"][rank * kv * D: (rank + 1) * kv * D]
+            v = hf[p + "self_attn.v_proj.weight"][rank * kv * D: (rank + 1) * kv * D]
+            gate = hf[p + "mlp.gate_proj.weight"][rank * f: (rank + 1) * f]
+            up = hf[p + "mlp.up_proj.weight"][rank * f: (rank + 1) * f]
+            layer, attn, mlp = nn.Module(), nn.Module(), nn.Module()
+            attn.qkv_proj = Linear(torch.cat([q, k, v]), tp, rank)
+            attn.o_proj = Linear(hf[p + "self_attn.o_proj.weight"][:, rank * cols: (rank + 1) * cols], tp, rank)
+            mlp.gate_up_proj = Linear(torch.cat([gate, up]), tp, rank)
+            mlp.down_proj = Linear(hf[p + "mlp.down_proj.weight"][:, rank * f: (rank + 1) * f], tp, rank)
+            layer.self_attn, layer.mlp = attn, mlp
+            layer.input_layernorm = Norm(hf[p + "input_layernorm.weight"])
+            layer.post_attention_layernorm = Norm(hf[p + "post_attention_layernorm.weight"])
+            self.model.layers.append(layer)
+        self.model.norm = Norm(hf["model.norm.weight"])
+        self.lm_head = Embedding(vocab(hf["lm_head.weight"]), vl)
+
+    @torch.no_grad()
+    def load_weights(self, named):
+        """SGLang's default loader (TP=1): stack q/k/v and gate/up, copy the rest, keep padding rows."""
+        params = dict(self.named_parameters())
+        for name, t in named:
+            for shard, fused in (("q_proj", "qkv_proj"), ("k_proj", "qkv_proj"), ("v_proj", "qkv_proj"),
+                                 ("gate_proj", "gate_up_proj"), ("up_proj", "gate_up_proj")):
+                if f".{shard}." in name:
+                    p = params[name.replace(shard, fused)]
+                    offset = {"q_proj": 0, "k_proj": H * D, "v_proj": (H + G) * D, "gate_proj": 0, "up_proj": F}[shard]
+                    p.data[offset: offset + t.shape[0]].copy_(t)
+                    break
+            else:
+                params[name].data[: t.shape[0]].copy_(t)
+
+
+class SGLangLlama(SGLangQwen2):
+    """``LlamaForCausalLM``: the same layout, plus its ``get_weights_by_name`` (root parameters by name)."""
+
+    def get_weights_by_name(self, name, truncate_size=100, tp_size=1):
+        param = dict(self.named_parameters())[name]
+        return param.detach().cpu().to(torch.float32).numpy().tolist()[:truncate_size]
+
+
+class SchedulerRuntime:
+    """The scheduler side: ``ModelRunner.update_weights_from_tensor`` and ``get_weights_by_name`` of each TP rank."""
+
+    def __init__(self, models, loaders=(LOADER_PATH,)):
+        self.models = models
+        self.custom_weight_loader = list(loaders)
+        self.dead = None
+
+    def update(self, rank, named_tensors, load_format):
+        if self.dead:
+            raise RuntimeError(f"scheduler is dead: {self.dead}")
+        model = self.models[rank]
+        named_tensors = [(n, t.to("cpu")) for n, t in named_tensors]  # _unwrap_tensor(..., device)
+        try:
+            if load_format in self.custom_weight_loader:
+                module, _, fn = load_format.rpartition(".")  # sglang.srt.utils.dynamic_import
+                getattr(importlib.import_module(module), fn)(model, named_tensors)
+            elif load_format is None:
+                model.load_weights(named_tensors)
+            else:
+                raise NotImplementedError(f"Unknown load_format={load_format}")
+        except Exception as exc:  # no try in SGLang: the scheduler process dies, the server with it
+            self.dead = repr(exc)
+            raise
+
+    def get_weights_by_name(self, name, truncate_size=100):
+        try:  # ModelRunner.get_weights_by_name: delegate to the model class, None on any error
+            return self.models[0].get_weights_by_name(name, truncate_size, tp_size=len(self.models))
+        except Exception:
+            return None
+
+
+class FakeEngine:
+    """``sglang.Engine``'s weight-update surface; tensors go through ForkingPickler (``_serialize_tensors_per_rank``)."""
+
+    def __init__(self, runtime, tp_size=1):
+        self.runtime = runtime
+        self.server_args = SimpleNamespace(custom_weight_loader=runtime.custom_weight_loader, tp_size=tp_size)
+        self.calls = []
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        self.calls.append(("update", load_format, flush_cache, [n for n, _ in named_tensors]))
+        for rank in range(self.server_args.tp_size):
+            buf = io.BytesIO()
+            ForkingPickler(buf).dump(named_tensors)
+            self.runtime.update(rank, ForkingPickler.loads(buf.getvalue()), load_format)
+        return True, "Success"
+
+    def get_weights_by_name(self, name, truncate_size=100):
+        self.calls.append(("get", name))
+        return self.runtime.get_weights_by_name(name, truncate_size)
+
+
+class FakeSGLang:
+    """Answers ``/generate`` payloads like SGLang: bigram logits ``table[last token]`` (+ logit_bias),
+    greedy for T = 0 (log-probs of softmax(z)), else sampled from softmax(z/T) with its log-prob."""
+
+    def __init__(self, seed: int = 0, as_tuples: bool = True) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(PADDED, PADDED, generator=g, dtype=torch.float64) * 2
+        self.gen = torch.Generator().manual_seed(seed + 1)
+        self.as_tuples = as_tuples
+        self.payloads: list[dict] = []
+        self.weight_version = None
+
+    def __call__(self, payload: dict) -> list[dict]:
+        self.payloads.append(payload)
+        sp_all = payload["sampling_params"]
+        outs = []
+        for i, prompt in enumerate(payload["input_ids"]):
+            sp = sp_all[i] if isinstance(sp_all, list) else sp_all
+            bias = torch.zeros(PADDED, dtype=torch.float64)
+            for k, v in sp.get("logit_bias", {}).items():
+                bias[int(k)] += v
+            last, ids, entries, reason = prompt[-1], [], [], None
+            for _ in range(sp["max_new_tokens"]):
+                z = self.table[last] + bias
+                if sp["temperature"] == 0:
+                    tok = int(torch.argmax(z))
+                    logp = torch.log_softmax(z, -1)[tok]
+                else:
+                    lp = torch.log_softmax(z / sp["temperature"], -1)
+                    tok = int(torch.multinomial(lp.exp(), 1, generator=self.gen))
+                    logp = lp[tok]
+                ids.append(tok)
+                entry = (float(logp), tok, None)
+                entries.append(entry if self.as_tuples else list(entry))
+                last = tok
+                if tok in sp["stop_token_ids"]:
+                    reason = {"type": "stop", "matched": tok}
+                    break
+            reason = reason or {"type": "length", "length": len(ids)}
+            meta = {"output_token_logprobs": entries, "finish_reason": reason, "completion_tokens": len(ids),
+                    "prompt_tokens": len(prompt)}
+            if self.weight_version is not None:
+                meta["weight_version"] = self.weight_version
+            outs.append({"output_ids": ids, "meta_info": meta})
+        return outs
+
+
+class FakeTarget:
+    """The ``sglang_client`` target protocol with a version and canned answers."""
+
+    def __init__(self, version: int = 0) -> None:
+        self.weight_version = version
+        self.calls: list[str] = []
+
+    def apply_sketch_delta(self, delta):
+        self.calls.append("delta")
+        if delta == "bad":
+            raise SyncError("gap", "delta 5->6 does not follow version 0")
+        if delta == "boom":
+            raise OSError("connection reset")
+        self.weight_version += 1
+        return self.weight_version
+
+    def update_weights_full(self, hf_state, version):
+        self.calls.append("full")
+        for i, _ in enumerate(hf_state.items() if isinstance(hf_state, dict) else hf_state):
+            if version == 13 and i == 1:
+                raise OSError("refit upload failed")
+        self.weight_version = version
+
+    def fingerprint(self):
+        return {"w": f"hash-{self.weight_version}"}
