@@ -15,7 +15,14 @@ A checkpoint ``RUN/checkpoints/step_XXXXXXXX/`` holds
 
 A save goes to ``step_XXXXXXXX.tmp`` and is renamed when complete; ``RUN/checkpoints/latest``
 names the newest complete checkpoint and is replaced atomically after the rename, so a kill at
-any moment (including mid-save) leaves the previous checkpoint usable. Loading checks, before
+any moment (including mid-save) leaves the previous checkpoint usable. Every file is fsync'ed by
+the rank that wrote it, and meta.json, ``latest`` and the directories by rank 0, before the save
+is published, so a node crash or power loss cannot leave ``latest`` naming a checkpoint whose
+files never reached storage. meta.json carries a CRC-32 of its own content (``meta_crc32``). A
+failure on any rank during a save reaches every rank as the same :class:`CheckpointError`.
+Pruning keeps the ``keep_last`` newest checkpoints up to the step just saved; checkpoints of
+later steps (left by a run whose ``latest`` was rolled back) are kept, and unfinished
+``step_*.tmp`` saves of any step are removed. Loading checks, before
 anything is modified: the format, every recorded file's presence and size (cheap), then every
 recorded CRC-32 (reads each file once: a shard corrupted at the same size is named instead of
 loading as wrong weights), then the presence of every tensor.
@@ -34,10 +41,12 @@ with ``if __name__ == "__main__":`` (the ``megatron-logra`` CLI does).
 
 from __future__ import annotations
 
+import errno
 import heapq
 import json
 import logging
 import os
+import re
 import shutil
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -92,10 +101,90 @@ def _world_group() -> Optional[dist.ProcessGroup]:
     return dist.group.WORLD if dist.is_initialized() else None
 
 
+_STEP_DIR = re.compile(r"step_(\d{8,})")
+_OWN_SHARD = re.compile(r"__(\d+)_\d+\.distcp")
+"""torch_dist shard files are named ``__{writing rank}_{n}.distcp``."""
+
+
+def _fsync(path: Path, *, directory: bool = False) -> None:
+    """Flush ``path`` (a file, or a directory's entries) to storage. File systems that cannot sync a
+    directory (EINVAL / ENOTSUP on some network file systems) are skipped; any other error raises."""
+    try:
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    except OSError as exc:
+        if directory and exc.errno in (errno.EINVAL, errno.ENOTSUP, errno.EACCES):
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if not (directory and exc.errno in (errno.EINVAL, errno.ENOTSUP, errno.EBADF)):
+            raise
+    finally:
+        os.close(fd)
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
+    """Replace ``path`` by a file holding ``text``, durably: write a temp file, sync it, rename, sync
+    the directory."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
+    _fsync(path.parent, directory=True)
+
+
+def _sync_own_files(tmp: Path, rank: int) -> None:
+    """fsync every file of the save in ``tmp`` that this rank wrote (on a network file system a sync
+    flushes the caller's own dirty pages only): its RNG file and torch_dist shards; rank 0 also every
+    file no other rank writes (torch_dist's metadata, megatron's common state) and the directories."""
+    for f in sorted(tmp.rglob("*")):
+        if not f.is_file():
+            continue
+        shard = _OWN_SHARD.fullmatch(f.name)
+        if f.name.startswith("rng_rank"):
+            mine = f.name == f"rng_rank{rank}.safetensors"
+        elif shard is not None:
+            mine = int(shard.group(1)) == rank
+        else:
+            mine = rank == 0
+        if mine:
+            _fsync(f)
+    if rank == 0:
+        for d in [tmp, *sorted(p for p in tmp.rglob("*") if p.is_dir())]:
+            _fsync(d, directory=True)
+
+
+def _meta_crc32(meta: Mapping[str, Any]) -> str:
+    """CRC-32 of meta.json's content without its ``meta_crc32`` field, over a canonical JSON form
+    (what a JSON round trip preserves: string keys, sorted, no whitespace)."""
+    body = json.loads(json.dumps({k: v for k, v in meta.items() if k != "meta_crc32"}))
+    return f"{zlib.crc32(json.dumps(body, sort_keys=True, separators=(',', ':')).encode()):08x}"
+
+
+def _shared_outcome(step: int, root: Path, what: str, error: Optional[BaseException]) -> None:
+    """Collective over the world group: raise the same :class:`CheckpointError` on every rank if
+    ``error`` is set on any (else return), so that no rank waits for one that gave up."""
+    mine = b"" if error is None else f"{type(error).__name__}: {error}".encode()
+    failed = [(r, m.decode()) for r, m in enumerate(all_gather_bytes(mine, _world_group())) if m]
+    if failed:
+        shown = "; ".join(f"rank {r} ({m})" for r, m in failed[:4]) + (" ..." if len(failed) > 4 else "")
+        raise CheckpointError(f"saving checkpoint step {step} failed on {shown} while {what}; "
+                              f"{root / 'latest'} still names the last complete checkpoint") from error
+
+
+def _on_every_rank(step: int, root: Path, what: str, fn) -> Any:
+    """``fn()`` on this rank, then :func:`_shared_outcome` (``fn`` must not run collectives)."""
+    error: Optional[BaseException] = None
+    result = None
+    try:
+        result = fn()
+    except Exception as exc:  # noqa: BLE001 - shared with every rank, then raised
+        error = exc
+    _shared_outcome(step, root, what, error)
+    return result
 
 
 def _tracker_states() -> dict[str, torch.Tensor]:
@@ -245,28 +334,34 @@ def save_checkpoint(
     final = root / f"step_{step:08d}"
     tmp = root / f"step_{step:08d}.tmp"
     rank = _global_rank()
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        (tmp / _DIST).mkdir(parents=True)
-    _barrier()
+
+    def prepare() -> None:
+        if rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            for unfinished in root.glob("step_*.tmp"):  # killed saves: never a checkpoint
+                shutil.rmtree(unfinished)
+            (tmp / _DIST).mkdir(parents=True)
+
+    _on_every_rank(step, root, "preparing its directory", prepare)
     sharded, scalars, _ = _sharded_state(model, optimizer)
     dist_checkpointing.save(sharded, str(tmp / _DIST))
-    save_file(_rng_state(), str(tmp / f"rng_rank{rank}.safetensors"))
-    _barrier()
+    _on_every_rank(step, root, "writing the RNG states",
+                   lambda: save_file(_rng_state(), str(tmp / f"rng_rank{rank}.safetensors")))
+
+    def list_and_sync() -> dict[str, int]:
+        _sync_own_files(tmp, rank)
+        return _file_sizes(tmp)
+
+    sizes = _on_every_rank(step, root, "syncing its files to storage", list_and_sync)
     error: Optional[BaseException] = None
     try:
-        files = _file_records(tmp, _file_sizes(tmp), checksums) if checksums or rank == 0 else {}
+        files = _file_records(tmp, sizes, checksums) if checksums or rank == 0 else {}
         if rank == 0:
             _finish_save(root, tmp, final, step, groups, scalars, extra, config, files, keep_last)
     except Exception as exc:  # noqa: BLE001 - shared below, so no rank waits for a rank 0 that gave up
         error = exc
-    # the other ranks wait for rank 0's outcome here (this is also the closing barrier)
-    outcome = all_gather_bytes(b"" if error is None else f"{type(error).__name__}: {error}".encode(), _world_group())[0]
-    if outcome:
-        raise CheckpointError(f"saving checkpoint step {step} failed on rank 0 ({outcome.decode()}); "
-                              f"{root / 'latest'} still names the last complete checkpoint") from error
+    # also the closing barrier: the other ranks wait here for rank 0 to publish the checkpoint
+    _shared_outcome(step, root, "finishing it", error)
     return final
 
 
@@ -285,15 +380,33 @@ def _finish_save(root: Path, tmp: Path, final: Path, step: int, groups: Parallel
         "config": config or {},
         "files": files,
     }
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    meta["meta_crc32"] = _meta_crc32(meta)
+    with open(tmp / "meta.json", "w") as fh:
+        fh.write(json.dumps(meta, indent=1))
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync(tmp, directory=True)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+    _fsync(root, directory=True)
     _atomic_write_text(root / "latest", final.name)
-    complete = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
-    for old in complete[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    _prune(root, step, keep_last)
     logger.info("saved checkpoint %s", final)
+
+
+def _prune(root: Path, step: int, keep_last: int) -> None:
+    """Delete all but the ``keep_last`` newest checkpoints up to ``step`` (the one just saved, which
+    ``latest`` names). Checkpoints of later steps are someone's earlier timeline (``latest`` was
+    rolled back): kept, and replaced when training reaches their step."""
+    saved = sorted((int(m.group(1)), p) for p in root.iterdir()
+                   if p.is_dir() and (m := _STEP_DIR.fullmatch(p.name)))
+    for _, old in [(s, p) for s, p in saved if s <= step][:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    later = [p.name for s, p in saved if s > step]
+    if later:
+        logger.warning("%s holds checkpoints of later steps than %d (%s): kept, not pruned; they are replaced "
+                       "when training reaches their step", root, step, ", ".join(later[:4]))
 
 
 def latest_checkpoint(run_dir: Union[str, Path]) -> Optional[Path]:
@@ -334,6 +447,9 @@ def _parse_meta(path: Path) -> tuple[dict, dict[str, _Recorded]]:
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
         got = meta.get("format_version") if isinstance(meta, dict) else None
         raise CheckpointError(f"{path} has format version {got}, expected {FORMAT_VERSION}")
+    if "meta_crc32" in meta and meta["meta_crc32"] != _meta_crc32(meta):  # absent in older checkpoints
+        raise CheckpointError(f"{meta_path} is corrupt: its content does not match the CRC-32 it was written with "
+                              f"(meta_crc32 {meta['meta_crc32']!r}, content {_meta_crc32(meta)}): edited or damaged")
     files = meta.get("files", {})
     if not isinstance(files, dict):
         raise CheckpointError(f"{meta_path} is corrupt: 'files' is a {type(files).__name__}, not a mapping")

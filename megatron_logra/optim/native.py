@@ -191,15 +191,19 @@ class NativeAdamW:
         return scalars, slots
 
     def load_sharded_state(self, scalars: dict, slots: list[ParamSlot]) -> None:
-        """Install ``slots`` (from :meth:`sharded_state`, filled from a checkpoint)."""
+        """Install ``slots`` (from :meth:`sharded_state`, filled from a checkpoint). The learning rate
+        stays this optimizer's (the resumed run's configuration), with a warning where it changed."""
         if self.inner is None:
             return
         by_param: dict[int, dict[str, torch.Tensor]] = {}
         for s in slots:
             by_param.setdefault(id(s.param), {})[s.name.rsplit(".", 1)[-1]] = s.tensor
         step = int(scalars.get("step", 0))
-        if scalars.get("lr") is not None:
-            self.set_lr(float(scalars["lr"]))
+        saved_lr = scalars.get("lr")
+        if saved_lr is not None and float(saved_lr) != self.inner.param_groups[0]["lr"]:
+            # the run's configuration wins, as it does for LoGRA's own learning rate
+            logger.warning("resuming AdamW (non-LoGRA parameters) at lr %g from this run's configuration; the "
+                           "checkpoint was saved at lr %g", self.inner.param_groups[0]["lr"], float(saved_lr))
         for p, m in zip(self.params, self.masters):
             got = by_param.get(id(p), {})
             if m is not p and "master" in got and got["master"] is not m:

@@ -6,10 +6,13 @@
 2. ``read_meta`` over the world group on the untouched checkpoint, measuring the bytes this rank
    read (``rchar`` of ``/proc/self/io``, ``null`` where missing): each rank hashes only its share;
 3. global rank 0 flips the middle byte of one file of the *last* rank's share (same size), then
-   every rank calls ``load_checkpoint`` and records the error it raised.
+   every rank calls ``load_checkpoint`` and records the error it raised;
+4. saves step 2 with the last rank's RNG file write failing (a full disk or quota on its node):
+   every rank records the error it raised, and what ``latest`` names afterwards.
 
 Each rank writes ``OUT/rank{r}.json``: ``{"share": [...], "share_bytes": n, "total_bytes": n,
-"read_bytes": n | null, "flipped": rel, "error": [type, message] | null, "changed": bool}``.
+"read_bytes": n | null, "flipped": rel, "error": [type, message] | null, "changed": bool,
+"save_error": [type, message] | null, "latest": name}``.
 """
 
 from __future__ import annotations
@@ -70,9 +73,24 @@ def run(out: Path) -> None:
     except CheckpointError as exc:
         error = [type(exc).__name__, str(exc)]
     changed = any(not torch.equal(v, weights[k]) for k, v in fresh.state_dict().items() if k in weights)
+
+    from megatron_logra.checkpoint import store
+
+    if rank == world - 1:
+        def full_disk(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        store.save_file = full_disk
+    save_error = None
+    try:
+        save_checkpoint(out / "run", 2, model, None, groups)
+    except CheckpointError as exc:
+        save_error = [type(exc).__name__, str(exc)]
+    latest = (out / "run" / "checkpoints" / "latest").read_text().strip()
     record = {"share": shares[rank], "share_bytes": sum(sizes[r] for r in shares[rank]),
               "total_bytes": sum(sizes.values()), "read_bytes": None if before is None else after - before,
-              "flipped": flipped, "error": error, "changed": changed}
+              "flipped": flipped, "error": error, "changed": changed,
+              "save_error": save_error, "latest": latest}
     (out / f"rank{rank}.json").write_text(json.dumps(record))
     dist.barrier()
 

@@ -3,7 +3,9 @@
 One torchrun launch of ``checksums_worker.py``: save, verify (each rank reads only its share of the
 files), flip one byte of a file that only the last rank checks, load. Every rank must raise the same
 ``CheckpointError`` naming that file — rank 0 included, which never read it — and leave its model
-untouched.
+untouched. Then a save whose RNG file cannot be written on the last rank only: every rank must
+raise the same ``CheckpointError`` naming that rank (before, rank 0 waited for it in a barrier) and
+``latest`` must keep naming the first checkpoint.
 """
 
 from __future__ import annotations
@@ -45,3 +47,11 @@ def test_crc32_work_is_split_and_every_rank_refuses(launcher, tmp_path):
         assert not rec["changed"], f"rank {r}: the model was modified by a refused load"
         messages.add(message)
     assert len(messages) == 1, f"ranks raised different errors: {messages}"
+
+    saves = {tuple(rec["save_error"] or ()) for rec in records}
+    assert len(saves) == 1, f"ranks raised different save errors: {saves}"
+    kind, message = saves.pop()
+    assert kind == "CheckpointError" and f"rank {NPROC - 1} (OSError: [Errno 28] No space left" in message, message
+    assert "rank 0 (" not in message and "writing the RNG states" in message, message
+    assert all(rec["latest"] == "step_00000001" for rec in records)
+

@@ -128,6 +128,7 @@ def test_old_meta_with_plain_sizes_loads(ckpt, saved, groups):
     meta_path = ckpt / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta["files"] = {rel: entry["bytes"] for rel, entry in meta["files"].items()}
+    del meta["meta_crc32"]  # older checkpoints carry no CRC-32 of their own
     meta_path.write_text(json.dumps(meta))
     model = _model(groups, seed=9)
     assert load_checkpoint(ckpt, model, None, groups)["step"] == 1
@@ -159,6 +160,10 @@ def test_malformed_file_entry_is_refused(ckpt, entry):
     meta_path = ckpt / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta["files"]["rng_rank0.safetensors"] = json.loads(entry)
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="does not match the CRC-32 it was written with"):
+        read_meta(ckpt)  # the edit breaks meta.json's own CRC-32 first
+    del meta["meta_crc32"]  # as an older checkpoint, the entry itself is refused
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match=r"meta.json is corrupt: files\['rng_rank0.safetensors'\]"):
         read_meta(ckpt)
@@ -237,6 +242,7 @@ def test_rng_saved_with_cuda_resumes_on_a_cpu(ckpt, groups, caplog):
     meta = json.loads((ckpt / "meta.json").read_text())
     size, crc = file_crc32(rng_file)
     meta["files"][rng_file.name] = {"bytes": size, "crc32": crc}
+    del meta["meta_crc32"]  # rewritten by hand: without its own CRC-32, as an older meta.json
     (ckpt / "meta.json").write_text(json.dumps(meta))
     from megatron.core import tensor_parallel
 

@@ -1,0 +1,132 @@
+"""Checkpoints on real clusters: pruning never deletes what ``latest`` names, unfinished saves are
+cleaned up, everything published is synced to storage first, an edited meta.json is refused, and a
+resumed AdamW keeps the learning rate the resumed run configures.
+
+Single-process gloo world, tiny weights-only checkpoints (the layout of every save is the same).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_logra.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
+from megatron_logra.models.gpt import ModelConfig, build_gpt
+from megatron_logra.optim.native import NativeAdamW
+from megatron_logra.parallel import ParallelGroups
+
+MODEL = ModelConfig(num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4, vocab_size=64,
+                    seq_length=16)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(one_thread):
+    """Every test of this module runs single-threaded (conftest.one_thread)."""
+
+
+@pytest.fixture(scope="module")
+def model(groups):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return build_gpt(MODEL, groups, seed=3)
+
+
+def _steps(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_"))
+
+
+def test_pruning_keeps_the_newest_up_to_the_step_saved(model, groups, tmp_path):
+    run = tmp_path / "run"
+    for step in (1, 2, 3):
+        save_checkpoint(run, step, model, None, groups, keep_last=2)
+    assert _steps(run) == ["step_00000002", "step_00000003"]
+    assert latest_checkpoint(run).name == "step_00000003"
+
+
+def test_pruning_never_deletes_the_checkpoint_latest_names(model, groups, tmp_path, caplog):
+    """``latest`` rolled back by hand to step 1 while step 3 stays on disk (or a job killed between
+    the rename and the ``latest`` update): the next save (step 2) must survive its own pruning."""
+    run = tmp_path / "run"
+    save_checkpoint(run, 1, model, None, groups, keep_last=1)
+    save_checkpoint(run, 3, model, None, groups, keep_last=5)
+    (run / "checkpoints" / "latest").write_text("step_00000001")
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.checkpoint.store"):
+        save_checkpoint(run, 2, model, None, groups, keep_last=1)
+    assert latest_checkpoint(run).name == "step_00000002"
+    read_meta(run / "checkpoints" / "step_00000002")
+    assert _steps(run) == ["step_00000002", "step_00000003"]  # step 1 pruned; the later step 3 kept, said so
+    assert "step_00000003" in caplog.text and "kept" in caplog.text
+
+
+def test_unfinished_saves_of_any_step_are_removed(model, groups, tmp_path):
+    run = tmp_path / "run"
+    stale = run / "checkpoints" / "step_00000005.tmp" / "dist"
+    stale.mkdir(parents=True)
+    (stale / "__0_0.distcp").write_bytes(b"\0" * 1000)
+    save_checkpoint(run, 6, model, None, groups)
+    assert not list((run / "checkpoints").glob("*.tmp"))
+    assert _steps(run) == ["step_00000006"]
+
+
+def test_files_are_synced_before_latest_names_them(model, groups, tmp_path, monkeypatch):
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    run = (tmp_path / "run").resolve()
+    save_checkpoint(run, 1, model, None, groups)
+    tmp = str(run / "checkpoints" / "step_00000001.tmp")
+    root = str(run / "checkpoints")
+    for wanted in (f"{tmp}/rng_rank0.safetensors", f"{tmp}/dist/.metadata", f"{tmp}/meta.json", tmp,
+                   f"{root}/latest.tmp"):
+        assert wanted in synced, f"{wanted} was never synced: {synced}"
+    shards = [p for p in synced if p.endswith(".distcp")]
+    assert shards and all(p.startswith(f"{tmp}/dist/") for p in shards)
+    # meta.json before the rename that publishes the folder; the folder's parent after it and after `latest`
+    assert synced.index(f"{tmp}/meta.json") < synced.index(f"{root}/latest.tmp")
+    assert synced[-1] == root
+
+
+def test_an_edited_meta_json_is_refused_and_nothing_is_loaded(model, groups, tmp_path):
+    run = tmp_path / "run"
+    ckpt = save_checkpoint(run, 2, model, None, groups)
+    meta_path = ckpt / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["step"] = 7  # valid JSON, plausible value: only meta.json's own CRC-32 can tell
+    meta_path.write_text(json.dumps(meta, indent=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fresh = build_gpt(MODEL, groups, seed=11)
+    before = {k: v.clone() for k, v in fresh.state_dict().items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(CheckpointError, match=r"meta.json is corrupt: its content does not match the CRC-32"):
+        load_checkpoint(ckpt, fresh, None, groups)
+    assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items() if k in before)
+
+
+def test_resumed_adamw_keeps_the_configured_learning_rate(caplog):
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(4, 3))]
+    first = NativeAdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, groups=ParallelGroups())
+    params[0].grad = torch.randn(4, 3)
+    first.step()
+    scalars, slots = first.sharded_state()
+    assert scalars["lr"] == 1e-3
+    resumed = NativeAdamW(params, lr=5e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, groups=ParallelGroups())
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.optim.native"):
+        resumed.load_sharded_state(scalars, slots)
+    assert resumed.inner.param_groups[0]["lr"] == 5e-4
+    assert "0.0005" in caplog.text and "0.001" in caplog.text
+    same = NativeAdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, groups=ParallelGroups())
+    caplog.clear()
+    same.load_sharded_state(scalars, slots)
+    assert same.inner.param_groups[0]["lr"] == 1e-3 and "resuming AdamW" not in caplog.text
