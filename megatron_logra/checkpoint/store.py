@@ -535,18 +535,23 @@ def read_meta(
     return meta
 
 
-_IDENTITY = ("kind", "rank", "seed", "distribution")
+_IDENTITY = ("kind", "rank", "seed", "distribution", "masters")
+_RECORDED_SINCE = ("masters",)
+"""Identity scalars older checkpoints do not record: compared only where recorded."""
 
 
 def _check_compatible(saved: Any, current: Any, where: str, path: str = "") -> None:
     """The saved optimizer scalars describe the same kind of state as this run's (same optimizer
-    kind, LoGRA rank, seed and distribution) — checked before anything is read into the model."""
+    kind, LoGRA rank, seed, distribution and fp32 masters or none) — checked before anything is
+    read into the model."""
     if not isinstance(current, dict):
         return
     if not isinstance(saved, dict):
         raise CheckpointError(f"{where}: meta.json lacks the state {path or 'scalars'} this run needs")
     for key, here in current.items():
         name = f"{path}.{key}" if path else key
+        if key in _RECORDED_SINCE and key not in saved:
+            continue
         if key in _IDENTITY and here is not None and saved.get(key) != here:
             raise CheckpointError(f"{where}: saved with {name}={saved.get(key)!r}, this run has {here!r} "
                                   "(different optimizer settings; start a new run directory)")

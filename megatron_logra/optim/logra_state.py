@@ -39,7 +39,7 @@ class LograStateMixin:
                 slots.append(ParamSlot("logra.master", t.weight, self.masters[t.key]))
         scalars = {"kind": "logra", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
                    "rank": self.cfg.rank, "seed": self.cfg.seed, "distribution": self.cfg.distribution,
-                   "native": native_scalars}
+                   "masters": "fp32" if self.masters else "none", "native": native_scalars}
         return scalars, slots
 
     def load_sharded_state(self, scalars: dict, slots: list[ParamSlot]) -> None:

@@ -130,3 +130,18 @@ def test_resumed_adamw_keeps_the_configured_learning_rate(caplog):
     caplog.clear()
     same.load_sharded_state(scalars, slots)
     assert same.inner.param_groups[0]["lr"] == 1e-3 and "resuming AdamW" not in caplog.text
+
+
+def test_resuming_with_or_without_fp32_masters_against_the_checkpoint_is_refused_by_name():
+    from megatron_logra.checkpoint.store import _check_compatible
+
+    saved = {"kind": "logra", "rank": 8, "seed": 1, "distribution": "rademacher", "masters": "none",
+             "native": {"step": 3, "lr": 1e-3}}
+    here = dict(saved, masters="fp32")
+    with pytest.raises(CheckpointError, match=r"saved with masters='none', this run has 'fp32'"):
+        _check_compatible(saved, here, "ckpt")
+    _check_compatible(saved, dict(saved), "ckpt")
+    older = {k: v for k, v in saved.items() if k != "masters"}  # recorded only since this check exists
+    _check_compatible(older, here, "ckpt")
+    with pytest.raises(CheckpointError, match=r"saved with rank=8, this run has 16"):
+        _check_compatible(older, dict(here, rank=16), "ckpt")
