@@ -3,12 +3,15 @@
 * GRPO: rewards are grouped per prompt (``group_size`` samples each) and normalised by the
   group mean and standard deviation; ``scale_by_std=False`` is Dr.GRPO (mean only).
 * REINFORCE with an EMA baseline (the paper's recipe): ``A = r − b`` with the baseline taken
-  before this batch, then ``b ← (1 − w)·b + w·mean(r)``.
+  before this batch, then ``b ← (1 − w)·b + w·mean(r)``. Under data parallelism ``mean(r)`` is the
+  mean of the whole global batch: the caller sums the rewards and their count over the DP group and
+  passes them in (``rl.loop.reinforce_advantages``), so every DP rank holds the same ``b``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -59,12 +62,24 @@ class EMABaseline:
         self.value = value
         self.initialised = False
 
-    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        """``r − b`` with the current baseline, then fold this batch's mean into ``b``.
+    def advantages(self, rewards: torch.Tensor, reward_sum: Optional[float] = None,
+                   reward_count: Optional[int] = None) -> torch.Tensor:
+        """``r − b`` with the current baseline, then fold the batch's mean reward into ``b``.
 
+        ``rewards`` may be one shard of the batch (a data-parallel rank's): ``reward_sum`` and
+        ``reward_count`` are then the sum and the number of the whole batch's rewards, the same on
+        every shard, so every shard's baseline moves alike. Without them ``rewards`` is the whole
+        batch (its mean, bitwise as ``reward_sum / reward_count`` of the same rewards in float64).
         The first batch initialises ``b`` to its mean (so the very first advantages are
         centred rather than measured against an arbitrary 0)."""
-        mean = float(rewards.double().mean())
+        if (reward_sum is None) != (reward_count is None):
+            raise ValueError("pass both reward_sum and reward_count (the whole batch's), or neither")
+        if reward_count is None:
+            mean = float(rewards.double().mean())
+        elif reward_count < 1:
+            raise ValueError(f"reward_count={reward_count}: the batch has no rewards")
+        else:
+            mean = float(reward_sum) / int(reward_count)
         if not self.initialised:
             self.value, self.initialised = mean, True
         adv = rewards.double() - self.value

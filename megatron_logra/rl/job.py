@@ -32,6 +32,7 @@ from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
 from megatron_logra.rewards import build_task
+from megatron_logra.rl.config import check_rl_batch_layout
 from megatron_logra.rl.loop import RLComponents, RLState, evaluate_accuracy, rl_prompt_ids, rl_update
 from megatron_logra.rl.sft import load_weights, run_sft, save_weights, warm_start_key
 from megatron_logra.convert.load import load_hf_into_model
@@ -129,6 +130,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
     if cfg.model.hf_path:  # the checkpoint's architecture replaces the recipe's
         cfg.model = model_config_from_hf(cfg.model.hf_path, base=cfg.model)
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
+    check_rl_batch_layout(cfg, groups.dp_size, groups.pp_size)  # every rank, before anything is built
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
     run_dir = Path(cfg.train.run_dir)
     claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)

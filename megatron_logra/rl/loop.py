@@ -21,12 +21,13 @@ from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
 from megatron_logra.rl.batching import pack_sequences, split_microbatches
+from megatron_logra.rl.config import share_per_rank
 from megatron_logra.rl.losses import rl_loss, token_logprobs, token_logprobs_and_entropy
 from megatron_logra.train.step import Batch, forward_backward, model_device
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RLState", "RLComponents", "rl_update", "evaluate_accuracy", "make_rl_loss_fn"]
+__all__ = ["RLState", "RLComponents", "rl_update", "evaluate_accuracy", "make_rl_loss_fn", "reinforce_advantages"]
 
 
 @dataclass
@@ -155,6 +156,17 @@ def _reference_logprobs(c: RLComponents, batch: Batch) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
+def reinforce_advantages(baseline: EMABaseline, rewards: torch.Tensor,
+                         dp_group: Optional[torch.distributed.ProcessGroup]) -> torch.Tensor:
+    """REINFORCE advantages of this data-parallel rank's ``rewards`` against ``baseline``, which then
+    moves by the mean reward of the whole global batch (sum and count all-reduced over ``dp_group``;
+    ``None`` or one rank: these rewards alone). Every DP rank thus keeps the same baseline, and the
+    result equals one process's on all ranks' rewards (up to the order of the float64 sum)."""
+    totals = torch.tensor([rewards.double().sum().item(), float(rewards.numel())], dtype=torch.float64)
+    all_reduce_sum(totals, dp_group)
+    return baseline.advantages(rewards, totals[0].item(), int(totals[1].item()))
+
+
 def rl_update(c: RLComponents, state: RLState) -> dict:
     """One RL update; returns its metrics record."""
     from megatron_logra.rollout.engine import SamplingParams
@@ -166,7 +178,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     t0 = time.perf_counter()
 
     # ---- rollout: this DP rank's prompts, G samples each, from the engine's current policy
-    per_rank = rl.prompts_per_step // groups.dp_size
+    per_rank = share_per_rank("rl.prompts_per_step", rl.prompts_per_step, groups.dp_size, "prompts")
     first = (step - 1) * rl.prompts_per_step + groups.dp_rank * per_rank
     problems = [c.task.train_problem(first + i) for i in range(per_rank)]
     prompt_ids = [_prompt_ids(c, p.prompt) for p in problems for _ in range(rl.group_size)]
@@ -185,7 +197,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     if rl.advantage.estimator == "grpo":
         advantages = grpo_advantages(rewards, rl.group_size, scale_by_std=rl.advantage.scale_by_std, eps=rl.advantage.eps)
     else:
-        advantages = state.baseline.advantages(rewards)
+        advantages = reinforce_advantages(state.baseline, rewards, groups.dp)
     stats = torch.tensor([rewards.sum().item(), correct.sum().item(), float(len(rollouts)),
                           float(sum(len(r.completion_ids) for r in rollouts)), advantages.abs().sum().item()],
                          dtype=torch.float64)

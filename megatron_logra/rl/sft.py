@@ -26,6 +26,7 @@ from megatron_logra.rl.weights import gather_full_model
 from megatron_logra.optim import DenseAdamW, NativeConfig
 from megatron_logra.parallel import ParallelGroups
 from megatron_logra.rl.batching import pack_sequences, split_microbatches
+from megatron_logra.rl.config import share_per_rank
 from megatron_logra.train.step import forward_backward
 
 logger = logging.getLogger(__name__)
@@ -88,12 +89,13 @@ def run_sft(
 ) -> float:
     """Train ``model`` on demonstrations ``demos(index) -> (prompt_ids, answer_ids)``; returns the last loss.
 
-    Each DP rank takes its share of every global batch (indices are global, so any layout
-    trains on the same data). The learning rate follows a cosine from ``lr`` to
+    Each DP rank takes its share of every global batch of ``batch_size`` (``sft.batch_size``), which
+    must divide evenly over the DP ranks (else ``ValueError``); indices are global, so any layout
+    trains on the same data. The learning rate follows a cosine from ``lr`` to
     ``final_lr_ratio·lr`` at the last step.
     """
+    per_rank = share_per_rank("sft.batch_size", batch_size, groups.dp_size, "demonstrations per warm-start step")
     opt = DenseAdamW(model, NativeConfig(lr=lr, weight_decay=0.0), groups, clip_grad=1.0)
-    per_rank = max(1, batch_size // groups.dp_size)
     loss = float("nan")
     for step in range(steps):
         progress = step / max(1, steps - 1)

@@ -1,0 +1,94 @@
+"""The REINFORCE baseline under data parallelism (2 gloo ranks, no model).
+
+Each rank scores its own shard of every global batch. ``rl.loop.reinforce_advantages`` must move
+the EMA baseline by the mean over the whole global batch, so both ranks hold one baseline (the
+checkpoint stores rank 0's) and DP = 2 trains exactly as one process on the concatenated rewards.
+Rewards are multiples of 1/8, so every sum and mean is exact and the comparison is bitwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from support.gloo import spawn_group
+
+pytestmark = pytest.mark.distributed
+
+WEIGHT = 0.25
+# step -> rank -> that rank's rewards; the shard means differ, so per-rank baselines would drift apart
+REWARDS = [
+    [[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.125]],
+    [[0.5, 0.5, 1.0, 0.0], [1.0, 1.0, 0.875, 1.0]],
+    [[0.0, 0.0, 0.0, 0.0], [0.25, 0.75, 1.0, 0.5]],
+    [[1.0, 1.0, 1.0, 0.375], [0.0, 0.625, 0.0, 0.0]],
+]
+
+
+def _worker(rank: int, world: int, result_dir: str) -> None:
+    import torch.distributed as dist
+
+    from megatron_logra.rl.advantages import EMABaseline
+    from megatron_logra.rl.loop import reinforce_advantages
+
+    baseline = EMABaseline(weight=WEIGHT)
+    out = {"advantages": [], "baselines": []}
+    for step in REWARDS:
+        adv = reinforce_advantages(baseline, torch.tensor(step[rank]), dist.group.WORLD)
+        out["advantages"].append(adv.tolist())
+        out["baselines"].append(baseline.value)
+    with open(os.path.join(result_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+
+
+def _one_process_reference() -> tuple[list[list[float]], list[float]]:
+    """Plain-Python EMA on the concatenated rewards: ``A = r − b``, then ``b ← (1 − w)·b + w·mean``
+    (the first batch's mean initialises ``b``)."""
+    b, advantages, baselines = None, [], []
+    for step in REWARDS:
+        rewards = [r for shard in step for r in shard]
+        mean = sum(rewards) / len(rewards)
+        b = mean if b is None else b
+        advantages.append([r - b for r in rewards])
+        b = (1 - WEIGHT) * b + WEIGHT * mean
+        baselines.append(b)
+    return advantages, baselines
+
+
+def test_reinforce_baseline_is_global_over_two_dp_ranks(tmp_path):
+    spawn_group(_worker, 2, tmp_path, str(tmp_path))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    want_adv, want_b = _one_process_reference()
+    assert ranks[0]["baselines"] == ranks[1]["baselines"] == want_b
+    n = len(REWARDS[0][0])
+    for step, want in enumerate(want_adv):
+        assert ranks[0]["advantages"][step] + ranks[1]["advantages"][step] == want, f"step {step + 1}"
+        assert ranks[1]["advantages"][step] == want[n:]
+
+
+def test_one_process_baseline_is_bitwise_unchanged():
+    """Without a DP group (or without totals) the baseline follows the whole batch's own mean, bitwise
+    as before: ``float64 sum / count`` equals ``mean()`` on arbitrary float32 rewards."""
+    from megatron_logra.rl.advantages import EMABaseline
+    from megatron_logra.rl.loop import reinforce_advantages
+
+    gen = torch.Generator().manual_seed(0)
+    old, plain, looped = EMABaseline(weight=0.1), EMABaseline(weight=0.1), EMABaseline(weight=0.1)
+    for n in (1, 7, 64, 1000, 4099):
+        rewards = torch.randn(n, generator=gen) * 3 + 0.3
+        want = old.advantages(rewards)
+        assert torch.equal(plain.advantages(rewards, rewards.double().sum().item(), n), want)
+        assert torch.equal(reinforce_advantages(looped, rewards, None), want)
+        assert plain.value == looped.value == old.value
+
+
+def test_baseline_totals_are_both_or_neither():
+    from megatron_logra.rl.advantages import EMABaseline
+
+    with pytest.raises(ValueError, match="reward_sum and reward_count"):
+        EMABaseline().advantages(torch.ones(2), reward_sum=2.0)
+    with pytest.raises(ValueError, match="reward_count=0"):
+        EMABaseline().advantages(torch.ones(2), reward_sum=0.0, reward_count=0)
