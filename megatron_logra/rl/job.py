@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import yaml
 
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -31,6 +32,7 @@ from megatron_logra.metrics import MetricsWriter, is_rank0
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
+from megatron_logra.rollout.driver import share_from_driver
 from megatron_logra.rewards import build_task
 from megatron_logra.rl.config import check_rl_batch_layout
 from megatron_logra.rl.loop import RLComponents, RLState, evaluate_accuracy, rl_prompt_ids, rl_update
@@ -94,7 +96,10 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
                          **({"chat_template": True} if cfg.rl.chat_template else {}),
                          "vocab": tok.get_vocab() if hasattr(tok, "get_vocab") else None})
     cache = Path(cfg.train.run_dir).parent / ".cache" / f"warm_start_{key}.safetensors"
-    if cfg.sft.cache and cache.exists():
+    # one decision for all ranks: a cache another job has just written may not be visible everywhere yet,
+    # and ranks that disagreed would run different collectives (the warm start's vs none)
+    world = dist.group.WORLD if dist.is_initialized() else None
+    if cfg.sft.cache and share_from_driver(cache.exists, world):
         logger.info("warm start: reusing %s", cache)
         load_weights(model, groups, cache)
         return

@@ -4,6 +4,10 @@ A tiny model from scratch cannot do RL (it never samples a correct answer). The 
 trains it with dense AdamW on ``prompt -> reference answer + EOS`` for a few hundred steps,
 deliberately short of mastery so RL has room to improve. Results are cached by a hash of
 everything that determines them, so repeated runs skip it.
+
+Weight files (:func:`save_weights`) record a CRC-32 of their tensors, verified by
+:func:`load_weights`; they are written under a temp name unique to the writer and renamed, so two
+jobs writing the same cache entry never write into one file.
 """
 
 from __future__ import annotations
@@ -12,11 +16,15 @@ import hashlib
 import json
 import logging
 import math
+import os
+import secrets
+import zlib
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -31,33 +39,55 @@ from megatron_logra.train.step import forward_backward
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_sft", "warm_start_key", "load_weights", "save_weights"]
+__all__ = ["run_sft", "warm_start_key", "load_weights", "save_weights", "tensors_crc32"]
 
 
 def warm_start_key(parts: dict) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def tensors_crc32(tensors: dict[str, torch.Tensor]) -> str:
+    """CRC-32 (8 hex digits) of the tensors' names, dtypes, shapes and bytes, in name order."""
+    crc = 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        crc = zlib.crc32(f"{name}|{t.dtype}|{tuple(t.shape)}".encode(), crc)
+        crc = zlib.crc32(t.view(torch.uint8).reshape(-1).numpy(), crc)
+    return f"{crc:08x}"
+
+
 def save_weights(model: nn.Module, groups: ParallelGroups, path: Path, meta: Optional[dict] = None) -> None:
     """Write the whole model (all TP shards and PP stages joined, global names, fp32) to one
-    safetensors file, from rank 0; every rank must call it."""
+    safetensors file with the CRC-32 of its tensors, from rank 0; every rank must call it."""
     full = gather_full_model(model, groups)
     if groups.is_rank0:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        save_file({k: v.cpu().contiguous() for k, v in full.items()}, str(tmp),
-                  metadata={"megatron_logra": json.dumps(meta or {})})
+        tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        tensors = {k: v.cpu().contiguous() for k, v in full.items()}
+        save_file(tensors, str(tmp), metadata={"megatron_logra": json.dumps(meta or {}),
+                                               "crc32": tensors_crc32(tensors)})
         tmp.replace(path)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
 
 
 def load_weights(model: nn.Module, groups: ParallelGroups, path: Path) -> None:
-    """Load a file written by :func:`save_weights` into this rank's shard, at any TP/PP layout."""
+    """Load a file written by :func:`save_weights` into this rank's shard, at any TP/PP layout. Its
+    recorded CRC-32 is checked first (files without one load unchecked); a mismatch is a
+    ``ValueError`` naming the file, with nothing loaded."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"warm-start weights {path} do not exist")
-    state = load_file(str(path))
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            recorded = (fh.metadata() or {}).get("crc32")
+        state = load_file(str(path))
+    except Exception as exc:  # safetensors raises its own errors for a truncated or garbled file
+        raise ValueError(f"{path} is not a readable safetensors file ({type(exc).__name__}: {exc}); "
+                         f"if it is a warm-start cache, delete it and run again") from exc
+    if recorded is not None and tensors_crc32(state) != recorded:
+        raise ValueError(f"{path} is corrupt: its tensors do not match the CRC-32 {recorded} they were written with; "
+                         f"if it is a warm-start cache, delete it and run again")
     names = global_param_names(model)
     missing = sorted(n for n in names.values() if n not in state)
     if missing:
