@@ -18,7 +18,7 @@ from megatron_logra.kl.fd_probe import fd_step, predicted_kl_fd
 from megatron_logra.kl.probe import ProbeBatch, measure_kl, predicted_kl, probe_logits, probe_method
 from megatron_logra.metrics import MetricsWriter, device_peaks, is_rank0, reset_device_peaks
 from megatron_logra.optim import LograOptimizer
-from megatron_logra.parallel import ParallelGroups, all_reduce_sum
+from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
 from megatron_logra.rl.batching import pack_sequences, split_microbatches
 from megatron_logra.rl.config import share_per_rank
@@ -114,6 +114,22 @@ def _prompt_ids(c: RLComponents, text: str) -> list[int]:
     return ids
 
 
+def _prompt_batch(c: RLComponents, problems: list, repeat: int) -> list[list[int]]:
+    """:func:`_prompt_ids` of every problem, ``repeat`` times each, on every DP rank together: a prompt
+    that does not fit on any rank is the same ``ValueError`` on all of them (a rank raising alone would
+    leave the others waiting in the step's next collective). Every DP rank must call."""
+    ids: list[list[int]] = []
+    error = ""
+    try:
+        ids = [_prompt_ids(c, p.prompt) for p in problems for _ in range(repeat)]
+    except ValueError as exc:
+        error = str(exc)
+    errors = [e.decode() for e in all_gather_bytes(error.encode(), c.groups.dp) if e]
+    if errors:
+        raise ValueError(errors[0])
+    return ids
+
+
 def _decode(c: RLComponents, ids: list[int]) -> str:
     stop = set(c.stop_token_ids())
     return c.tokenizer.decode([i for i in ids if i not in stop], skip_special_tokens=True)
@@ -129,11 +145,12 @@ def evaluate_accuracy(c: RLComponents) -> float:
     problems = c.task.eval_problems()
     mine = problems[c.groups.dp_rank :: c.groups.dp_size]
     correct = 0
+    k = rollout.eval_samples
+    prompt_ids = _prompt_batch(c, mine, k)
     if mine:
         params = SamplingParams(temperature=rollout.eval_temperature, top_p=1.0, max_new_tokens=rollout.max_new_tokens,
                                 stop_token_ids=c.stop_token_ids(), seed=c.cfg.train.seed)
-        k = rollout.eval_samples
-        rollouts = c.engine.generate([_prompt_ids(c, p.prompt) for p in mine for _ in range(k)], params)
+        rollouts = c.engine.generate(prompt_ids, params)
         correct = sum(int(c.task.score(p, _decode(c, r.completion_ids))[1])
                       for p, r in zip((p for p in mine for _ in range(k)), rollouts))
     counts = torch.tensor([float(correct), float(len(mine) * rollout.eval_samples)], dtype=torch.float64)
@@ -181,7 +198,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     per_rank = share_per_rank("rl.prompts_per_step", rl.prompts_per_step, groups.dp_size, "prompts")
     first = (step - 1) * rl.prompts_per_step + groups.dp_rank * per_rank
     problems = [c.task.train_problem(first + i) for i in range(per_rank)]
-    prompt_ids = [_prompt_ids(c, p.prompt) for p in problems for _ in range(rl.group_size)]
+    prompt_ids = _prompt_batch(c, problems, rl.group_size)
     params = SamplingParams(temperature=rl.rollout.temperature, top_p=rl.rollout.top_p,
                             max_new_tokens=rl.rollout.max_new_tokens, stop_token_ids=c.stop_token_ids(),
                             seed=cfg.train.seed * 1_000_003 + step * 1009 + groups.dp_rank)

@@ -92,3 +92,36 @@ def test_baseline_totals_are_both_or_neither():
         EMABaseline().advantages(torch.ones(2), reward_sum=2.0)
     with pytest.raises(ValueError, match="reward_count=0"):
         EMABaseline().advantages(torch.ones(2), reward_sum=0.0, reward_count=0)
+
+
+def _prompt_worker(rank: int, world: int, result_dir: str) -> None:
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from megatron_logra.config import parse_args_to_config
+    from megatron_logra.data.tokenizer import build_tokenizer
+    from megatron_logra.rl.loop import _prompt_batch
+
+    cfg = parse_args_to_config("tiny", [])
+    short, long = "1+2", "1+2" * cfg.model.seq_length  # only rank 1 draws the prompt that cannot fit
+    tok = build_tokenizer(cfg.tokenizer, [cfg.rl.prompt_template, short])
+    c = SimpleNamespace(cfg=cfg, tokenizer=tok, groups=SimpleNamespace(dp=dist.group.WORLD))
+    fits = _prompt_batch(c, [SimpleNamespace(prompt=short)], 2)
+    try:
+        _prompt_batch(c, [SimpleNamespace(prompt=long if rank == 1 else short)], 2)
+        outcome = "no error"
+    except ValueError as exc:
+        outcome = str(exc)
+    with open(os.path.join(result_dir, f"prompt{rank}.json"), "w") as f:
+        json.dump({"fits": fits, "outcome": outcome}, f)
+
+
+def test_a_prompt_too_long_on_one_dp_rank_is_the_same_error_on_every_rank(tmp_path):
+    """Before, the rank with the long prompt raised alone and the other waited in the step's next
+    collective until the process group timed out."""
+    spawn_group(_prompt_worker, 2, tmp_path, str(tmp_path))
+    ranks = [json.loads((tmp_path / f"prompt{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["fits"] == ranks[1]["fits"] and len(ranks[0]["fits"]) == 2 and ranks[0]["fits"][0]
+    assert ranks[0]["outcome"] == ranks[1]["outcome"]
+    assert "does not fit: model.seq_length=" in ranks[0]["outcome"]
