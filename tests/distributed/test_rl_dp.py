@@ -1,4 +1,5 @@
-"""The REINFORCE baseline under data parallelism (2 gloo ranks, no model).
+"""The RL loop's per-rank pieces under data parallelism (2 gloo ranks, no model): the REINFORCE
+baseline, and a prompt too long on one rank only.
 
 Each rank scores its own shard of every global batch. ``rl.loop.reinforce_advantages`` must move
 the EMA baseline by the mean over the whole global batch, so both ranks hold one baseline (the
@@ -58,9 +59,21 @@ def _one_process_reference() -> tuple[list[list[float]], list[float]]:
     return advantages, baselines
 
 
-def test_reinforce_baseline_is_global_over_two_dp_ranks(tmp_path):
-    spawn_group(_worker, 2, tmp_path, str(tmp_path))
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+def _both_workers(rank: int, world: int, result_dir: str) -> None:
+    """One launch for the module's two 2-rank checks (a launch costs seconds of imports)."""
+    _worker(rank, world, result_dir)
+    _prompt_worker(rank, world, result_dir)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rl_dp")
+    spawn_group(_both_workers, 2, out, str(out))
+    return out
+
+
+def test_reinforce_baseline_is_global_over_two_dp_ranks(two_ranks):
+    ranks = [json.loads((two_ranks / f"rank{r}.json").read_text()) for r in range(2)]
     want_adv, want_b = _one_process_reference()
     assert ranks[0]["baselines"] == ranks[1]["baselines"] == want_b
     n = len(REWARDS[0][0])
@@ -117,11 +130,10 @@ def _prompt_worker(rank: int, world: int, result_dir: str) -> None:
         json.dump({"fits": fits, "outcome": outcome}, f)
 
 
-def test_a_prompt_too_long_on_one_dp_rank_is_the_same_error_on_every_rank(tmp_path):
+def test_a_prompt_too_long_on_one_dp_rank_is_the_same_error_on_every_rank(two_ranks):
     """Before, the rank with the long prompt raised alone and the other waited in the step's next
     collective until the process group timed out."""
-    spawn_group(_prompt_worker, 2, tmp_path, str(tmp_path))
-    ranks = [json.loads((tmp_path / f"prompt{r}.json").read_text()) for r in range(2)]
+    ranks = [json.loads((two_ranks / f"prompt{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["fits"] == ranks[1]["fits"] and len(ranks[0]["fits"]) == 2 and ranks[0]["fits"][0]
     assert ranks[0]["outcome"] == ranks[1]["outcome"]
     assert "does not fit: model.seq_length=" in ranks[0]["outcome"]
