@@ -29,10 +29,11 @@ from megatron_logra.sync.sglang_loader import (
     load_sketch_delta,
 )
 from megatron_logra.sync.synthetic import DenseShape, random_delta
+from support.sglang_stand_ins import SGLangQwen2
 
 SHAPE = DenseShape(hidden=32, layers=2, heads=4, kv_heads=2, ffn=48, vocab=40)
 RANK = 8
-H, G, D, F, V = 4, 2, 8, 48, 40
+V = 40
 
 
 @pytest.fixture(autouse=True)
@@ -171,52 +172,6 @@ def test_gap_and_corruption_are_rejected_and_leave_the_engine_untouched(tmp_path
 # --------------------------------------------------------------------------- SGLang loader
 
 
-class _TPLinear(nn.Module):
-    """A parallel linear as SGLang has it: local weight plus ``tp_rank``/``tp_size`` attributes."""
-
-    def __init__(self, weight, tp_size, tp_rank, bias=None):
-        super().__init__()
-        self.tp_size, self.tp_rank = tp_size, tp_rank
-        self.weight = nn.Parameter(weight.clone(), requires_grad=False)
-        if bias is not None:
-            self.bias = nn.Parameter(bias.clone(), requires_grad=False)
-
-
-def _norm(w):
-    m = nn.Module()
-    m.weight = nn.Parameter(w.clone(), requires_grad=False)
-    return m
-
-
-def _sglang_model(hf: dict[str, torch.Tensor], tp: int, rank: int) -> nn.Module:
-    """SGLang Llama names and TP shard shapes, built by hand from an HF state."""
-    hq, kv = H // tp, G // tp
-    f, cols = F // tp, H * D // tp
-    root, model = nn.Module(), nn.Module()
-    root.model = model
-    model.embed_tokens = _norm(hf["model.embed_tokens.weight"][rank * V // tp : (rank + 1) * V // tp])
-    model.norm = _norm(hf["model.norm.weight"])
-    root.lm_head = _norm(hf["lm_head.weight"][rank * V // tp : (rank + 1) * V // tp])
-    model.layers = nn.ModuleList()
-    for i in range(SHAPE.layers):
-        p = f"model.layers.{i}."
-        q = hf[p + "self_attn.q_proj.weight"][rank * hq * D : (rank + 1) * hq * D]
-        k = hf[p + "self_attn.k_proj.weight"][rank * kv * D : (rank + 1) * kv * D]
-        v = hf[p + "self_attn.v_proj.weight"][rank * kv * D : (rank + 1) * kv * D]
-        gate = hf[p + "mlp.gate_proj.weight"][rank * f : (rank + 1) * f]
-        up = hf[p + "mlp.up_proj.weight"][rank * f : (rank + 1) * f]
-        layer, attn, mlp = nn.Module(), nn.Module(), nn.Module()
-        attn.qkv_proj = _TPLinear(torch.cat([q, k, v]), tp, rank)
-        attn.o_proj = _TPLinear(hf[p + "self_attn.o_proj.weight"][:, rank * cols : (rank + 1) * cols], tp, rank)
-        mlp.gate_up_proj = _TPLinear(torch.cat([gate, up]), tp, rank)
-        mlp.down_proj = _TPLinear(hf[p + "mlp.down_proj.weight"][:, rank * f : (rank + 1) * f], tp, rank)
-        layer.self_attn, layer.mlp = attn, mlp
-        layer.input_layernorm = _norm(hf[p + "input_layernorm.weight"])
-        layer.post_attention_layernorm = _norm(hf[p + "post_attention_layernorm.weight"])
-        model.layers.append(layer)
-    return root
-
-
 @pytest.mark.parametrize("tp", [1, 2])
 def test_sglang_loader_matches_the_hf_apply_sharded_by_hand(tp):
     hf = _hf_state()
@@ -226,12 +181,12 @@ def test_sglang_loader_matches_the_hf_apply_sharded_by_hand(tp):
     for d in deltas:
         apply_delta_(reference, d, d.base_version)
     for rank in range(tp):
-        model = _sglang_model(hf, tp, rank)
+        model = SGLangQwen2(hf, tp=tp, rank=rank)
         assert engine_tp(model) == (tp, rank) and engine_version(model) == 0
         for d in deltas:
             load_sketch_delta(model, delta_as_named_tensors(d))
         assert engine_version(model) == 2
-        expect = dict(_sglang_model(reference, tp, rank).named_parameters())
+        expect = dict(SGLangQwen2(reference, tp=tp, rank=rank).named_parameters())
         got = dict(model.named_parameters())
         assert set(got) == set(expect)
         for name in expect:
@@ -239,7 +194,7 @@ def test_sglang_loader_matches_the_hf_apply_sharded_by_hand(tp):
 
 
 def test_sglang_loader_rejects_without_changes():
-    model = _sglang_model(_hf_state(), 2, 1)
+    model = SGLangQwen2(_hf_state(), tp=2, rank=1)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     delta = _deltas(1)[0]
     with pytest.raises(SyncError, match="exactly one tensor named"):
