@@ -10,19 +10,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
 from megatron_logra.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
-from megatron_logra.models.gpt import ModelConfig, build_gpt
 from megatron_logra.optim.native import NativeAdamW
 from megatron_logra.parallel import ParallelGroups
-
-MODEL = ModelConfig(num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4, vocab_size=64,
-                    seq_length=16)
+from test_checkpoint_checksums import _model
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -32,9 +28,7 @@ def _one_thread(one_thread):
 
 @pytest.fixture(scope="module")
 def model(groups):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return build_gpt(MODEL, groups, seed=3)
+    return _model(groups, seed=3)
 
 
 def _steps(run: Path) -> list[str]:
@@ -104,9 +98,7 @@ def test_an_edited_meta_json_is_refused_and_nothing_is_loaded(model, groups, tmp
     meta = json.loads(meta_path.read_text())
     meta["step"] = 7  # valid JSON, plausible value: only meta.json's own CRC-32 can tell
     meta_path.write_text(json.dumps(meta, indent=1))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fresh = build_gpt(MODEL, groups, seed=11)
+    fresh = _model(groups, seed=11)
     before = {k: v.clone() for k, v in fresh.state_dict().items() if isinstance(v, torch.Tensor)}
     with pytest.raises(CheckpointError, match=r"meta.json is corrupt: its content does not match the CRC-32"):
         load_checkpoint(ckpt, fresh, None, groups)

@@ -5,32 +5,17 @@ CRC-32 (older ones) still load, and a writer never writes into another writer's 
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from megatron_logra.models.gpt import ModelConfig, build_gpt
 from megatron_logra.rl.sft import load_weights, save_weights
-
-MODEL = ModelConfig(num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4, vocab_size=64,
-                    seq_length=16)
+from test_checkpoint_checksums import _model, _weights
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread(one_thread):
     """Every test of this module runs single-threaded (conftest.one_thread)."""
-
-
-def _model(groups, seed: int):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return build_gpt(MODEL, groups, seed=seed)
-
-
-def _weights(model) -> dict[str, torch.Tensor]:
-    return {k: p.detach().clone() for k, p in model.named_parameters()}
 
 
 @pytest.fixture
