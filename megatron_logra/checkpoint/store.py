@@ -84,11 +84,6 @@ class CheckpointError(ValueError):
     command line reports it as an error, without a traceback)."""
 
 
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
 def _global_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
@@ -124,36 +119,40 @@ def _fsync(path: Path, *, directory: bool = False) -> None:
         os.close(fd)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` by a file holding ``text``, durably: write a temp file, sync it, rename, sync
-    the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
+def _write_synced(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` and flush it to storage before returning."""
+    with open(path, "w") as fh:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Replace ``path`` by a file holding ``text``, durably: write a synced temp file, rename, sync
+    the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    _write_synced(tmp, text)
     os.replace(tmp, path)
     _fsync(path.parent, directory=True)
 
 
-def _sync_own_files(tmp: Path, rank: int) -> None:
-    """fsync every file of the save in ``tmp`` that this rank wrote (on a network file system a sync
-    flushes the caller's own dirty pages only): its RNG file and torch_dist shards; rank 0 also every
-    file no other rank writes (torch_dist's metadata, megatron's common state) and the directories."""
-    for f in sorted(tmp.rglob("*")):
-        if not f.is_file():
-            continue
-        shard = _OWN_SHARD.fullmatch(f.name)
-        if f.name.startswith("rng_rank"):
-            mine = f.name == f"rng_rank{rank}.safetensors"
+def _sync_own_files(tmp: Path, names: Sequence[str], rank: int) -> None:
+    """fsync every file ``names`` (relative to ``tmp``) that this rank wrote (on a network file system
+    a sync flushes the caller's own dirty pages only): its RNG file and torch_dist shards; rank 0 also
+    every file no other rank writes (torch_dist's metadata, megatron's common state) and the directories."""
+    for rel in names:
+        name = Path(rel).name
+        shard = _OWN_SHARD.fullmatch(name)
+        if name.startswith("rng_rank"):
+            mine = name == f"rng_rank{rank}.safetensors"
         elif shard is not None:
             mine = int(shard.group(1)) == rank
         else:
             mine = rank == 0
         if mine:
-            _fsync(f)
+            _fsync(tmp / rel)
     if rank == 0:
-        for d in [tmp, *sorted(p for p in tmp.rglob("*") if p.is_dir())]:
+        for d in sorted({tmp, *((tmp / rel).parent for rel in names)}):
             _fsync(d, directory=True)
 
 
@@ -349,8 +348,9 @@ def save_checkpoint(
                    lambda: save_file(_rng_state(), str(tmp / f"rng_rank{rank}.safetensors")))
 
     def list_and_sync() -> dict[str, int]:
-        _sync_own_files(tmp, rank)
-        return _file_sizes(tmp)
+        sizes = _file_sizes(tmp)
+        _sync_own_files(tmp, list(sizes), rank)
+        return sizes
 
     sizes = _on_every_rank(step, root, "syncing its files to storage", list_and_sync)
     error: Optional[BaseException] = None
@@ -381,10 +381,7 @@ def _finish_save(root: Path, tmp: Path, final: Path, step: int, groups: Parallel
         "files": files,
     }
     meta["meta_crc32"] = _meta_crc32(meta)
-    with open(tmp / "meta.json", "w") as fh:
-        fh.write(json.dumps(meta, indent=1))
-        fh.flush()
-        os.fsync(fh.fileno())
+    _write_synced(tmp / "meta.json", json.dumps(meta, indent=1))
     _fsync(tmp, directory=True)
     if final.exists():
         shutil.rmtree(final)
