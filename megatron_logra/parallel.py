@@ -19,7 +19,7 @@ from megatron_logra import cpu_shim
 logger = logging.getLogger(__name__)
 
 __all__ = ["ParallelConfig", "ParallelGroups", "init_distributed", "initialize_parallel", "destroy_parallel",
-           "all_reduce_sum", "all_gather_bytes", "group_size", "group_rank"]
+           "all_reduce_sum", "all_gather_bytes", "group_size", "group_rank", "world_group"]
 
 
 @dataclass
@@ -50,6 +50,11 @@ def group_size(group: Optional[dist.ProcessGroup]) -> int:
 
 def group_rank(group: Optional[dist.ProcessGroup]) -> int:
     return dist.get_rank(group) if group is not None and dist.is_initialized() else 0
+
+
+def world_group() -> Optional[dist.ProcessGroup]:
+    """Every rank's group (``dist.group.WORLD``), or None (this process alone) without a process group."""
+    return dist.group.WORLD if dist.is_initialized() else None
 
 
 def collective_device(group: Optional[dist.ProcessGroup]) -> torch.device:

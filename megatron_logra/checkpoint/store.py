@@ -64,7 +64,7 @@ from megatron_logra.checkpoint.sharding import (
     param_shardings,
     slot_name,
 )
-from megatron_logra.parallel import ParallelGroups, all_gather_bytes, group_rank, group_size
+from megatron_logra.parallel import ParallelGroups, all_gather_bytes, group_rank, group_size, world_group
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +90,6 @@ def _global_rank() -> int:
 
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def _world_group() -> Optional[dist.ProcessGroup]:
-    return dist.group.WORLD if dist.is_initialized() else None
 
 
 _STEP_DIR = re.compile(r"step_(\d{8,})")
@@ -167,7 +163,7 @@ def _shared_outcome(step: int, root: Path, what: str, error: Optional[BaseExcept
     """Collective over the world group: raise the same :class:`CheckpointError` on every rank if
     ``error`` is set on any (else return), so that no rank waits for one that gave up."""
     mine = b"" if error is None else f"{type(error).__name__}: {error}".encode()
-    failed = [(r, m.decode()) for r, m in enumerate(all_gather_bytes(mine, _world_group())) if m]
+    failed = [(r, m.decode()) for r, m in enumerate(all_gather_bytes(mine, world_group())) if m]
     if failed:
         shown = "; ".join(f"rank {r} ({m})" for r, m in failed[:4]) + (" ..." if len(failed) > 4 else "")
         raise CheckpointError(f"saving checkpoint step {step} failed on {shown} while {what}; "
@@ -282,7 +278,7 @@ def _file_records(root: Path, sizes: dict[str, int], checksums: bool) -> dict[st
     other files) is hashed by rank 0 itself. ``{}`` on the other ranks."""
     if not checksums:
         return {rel: {"bytes": n} for rel, n in sizes.items()}
-    group = _world_group()
+    group = world_group()
     share = checksum_shares(sizes, group_size(group))[group_rank(group)]
     hashed: dict[str, dict] = {}
     for payload in all_gather_bytes(json.dumps(_hash_files(root, share)).encode(), group):
@@ -583,7 +579,7 @@ def load_checkpoint(
     from megatron.core import dist_checkpointing
 
     path = Path(path)
-    meta = read_meta(path, checksums=checksums, group=_world_group())
+    meta = read_meta(path, checksums=checksums, group=world_group())
     sharded, current, named_slots = _sharded_state(model, optimizer)
     _check_compatible(meta.get("state"), current, str(path))
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception

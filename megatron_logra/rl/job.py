@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import yaml
 
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -31,7 +30,7 @@ from megatron_logra.memory.preflight import memory_preflight
 from megatron_logra.metrics import MetricsWriter, is_rank0
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
-from megatron_logra.parallel import ParallelGroups, initialize_parallel
+from megatron_logra.parallel import ParallelGroups, initialize_parallel, world_group
 from megatron_logra.rollout.driver import share_from_driver
 from megatron_logra.rewards import build_task
 from megatron_logra.rl.config import check_rl_batch_layout
@@ -98,8 +97,7 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
     cache = Path(cfg.train.run_dir).parent / ".cache" / f"warm_start_{key}.safetensors"
     # one decision for all ranks: a cache another job has just written may not be visible everywhere yet,
     # and ranks that disagreed would run different collectives (the warm start's vs none)
-    world = dist.group.WORLD if dist.is_initialized() else None
-    if cfg.sft.cache and share_from_driver(cache.exists, world):
+    if cfg.sft.cache and share_from_driver(cache.exists, world_group()):
         logger.info("warm start: reusing %s", cache)
         load_weights(model, groups, cache)
         return
