@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from megatron_logra.models.layout import global_param_names, shard_full
@@ -81,7 +81,7 @@ def load_weights(model: nn.Module, groups: ParallelGroups, path: Path) -> None:
     try:
         with safe_open(str(path), framework="pt") as fh:
             recorded = (fh.metadata() or {}).get("crc32")
-        state = load_file(str(path))
+            state = {name: fh.get_tensor(name) for name in fh.keys()}
     except Exception as exc:  # safetensors raises its own errors for a truncated or garbled file
         raise ValueError(f"{path} is not a readable safetensors file ({type(exc).__name__}: {exc}); "
                          f"if it is a warm-start cache, delete it and run again") from exc
