@@ -3,20 +3,28 @@
 Extraction rule (:func:`extract_final_answer`), first match wins:
 
 1. the content of the **last** ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced;
-2. else the content of the last ``<answer>...</answer>`` (rule 1 is applied inside it);
+2. else the content of the last ``<answer>...</answer>``: rule 1 inside it, else rule 3 inside it,
+   else, when the content is prose (two or more words of two or more letters that are neither
+   LaTeX commands nor math words such as ``sqrt``, ``pi`` or ``and``), rule 4 inside it, else the
+   content itself (``Evelyn``, ``x = 3``, ``\\frac{1}{2}``);
 3. else the text after the last ``answer:`` / ``answer is`` (case-insensitive) up to the end of
    that line (or the next non-empty line when that line is empty) or the first sentence end (a
-   period followed by whitespace), with a trailing period and enclosing ``$...$`` removed;
+   period followed by whitespace);
 4. else the last number in the text (integers, decimals, ``1,234`` thousands, ``a/b`` fractions,
    an optional leading minus sign unless it follows a letter, digit or ``)``);
 5. else None (scored as wrong).
+
+Answers from rules 2 and 3 lose a trailing period, Markdown emphasis and code marks around them
+(``**42**``, ``*42*``, ``_42_``, `` `42` ``) and enclosing ``$...$``.
 
 An extracted answer longer than :data:`MAX_ANSWER_CHARS` characters is rejected (None): sympy can
 take unbounded time on adversarial input, and no reference answer is that long.
 
 Equivalence (:func:`math_equal`): both strings are wrapped in ``\\boxed{...}`` and parsed with
 ``math_verify.parse`` (bare LaTeX such as ``\\frac{\\sqrt{3}}{2}`` is not found by math-verify
-without an anchor; ``\\boxed`` is the strongest one), then ``math_verify.verify(gold, pred)``.
+without an anchor; ``\\boxed`` is the strongest one); when that yields no sympy expression (only
+strings, e.g. for ``**42**``) the unwrapped string is parsed instead and used if it gives one (or
+when the boxed parse gave nothing at all). Then ``math_verify.verify(gold, pred)``.
 math-verify 0.9.0 signatures: ``parse(pred, extraction_config=..., fallback_mode=...,
 extraction_mode=..., parsing_timeout=5, raise_on_error=False)`` and ``verify(gold, target,
 float_rounding=6, numeric_precision=15, strict=True, allow_set_relation_comp=False,
@@ -52,6 +60,13 @@ _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_MARKER_RE = re.compile(r"answer\s*(?::|is\b)", re.IGNORECASE)
 _SENTENCE_END_RE = re.compile(r"\.\s")
 _NUMBER_RE = re.compile(r"(?:(?<![\w)])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
+_LATEX_COMMAND_RE = re.compile(r"\\[A-Za-z]+")
+_WORD_RE = re.compile(r"(?<![A-Za-z])[A-Za-z]{2,}(?![A-Za-z])")
+_MATH_WORDS = frozenset({
+    "sqrt", "sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh",
+    "log", "ln", "lg", "exp", "pi", "inf", "infty", "infinity", "mod", "gcd", "lcm", "max", "min", "and", "or",
+})
+_EMPHASIS = "*_`"
 
 
 def extract_boxed(text: str) -> str | None:
@@ -69,19 +84,53 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
+def _clean(candidate: str) -> str:
+    """``candidate`` without a trailing period, Markdown emphasis / code marks around it and enclosing ``$...$``."""
+    previous = None
+    while candidate != previous:
+        previous = candidate
+        candidate = candidate.strip().rstrip(".").strip().strip(_EMPHASIS)
+        if len(candidate) >= 2 and candidate.startswith("$") and candidate.endswith("$"):
+            candidate = candidate.strip("$")
+    return candidate.strip()
+
+
 def _after_marker(text: str) -> str | None:
     matches = list(_ANSWER_MARKER_RE.finditer(text))
     if not matches:
         return None
     rest = text[matches[-1].end() :]
     lines = rest.split("\n")
-    candidate = lines[0].strip()
+    candidate = _clean(lines[0])
     if not candidate:
-        candidate = next((line.strip() for line in lines[1:] if line.strip()), "")
-    candidate = _SENTENCE_END_RE.split(candidate, maxsplit=1)[0].rstrip(".").strip()
-    if len(candidate) >= 2 and candidate.startswith("$") and candidate.endswith("$"):
-        candidate = candidate.strip("$").strip()
+        candidate = next((_clean(line) for line in lines[1:] if _clean(line)), "")
+    candidate = _clean(_SENTENCE_END_RE.split(candidate, maxsplit=1)[0])
     return candidate or None
+
+
+def _last_number(text: str) -> str | None:
+    numbers = _NUMBER_RE.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def _is_prose(text: str) -> bool:
+    """Two or more words of two or more letters that are neither LaTeX commands nor math words."""
+    words = _WORD_RE.findall(_LATEX_COMMAND_RE.sub(" ", text))
+    return sum(word.lower() not in _MATH_WORDS for word in words) >= 2
+
+
+def _tagged_answer(content: str) -> str:
+    """The answer inside ``<answer>...</answer>`` content (rule 2 of the module docstring)."""
+    boxed = extract_boxed(content)
+    if boxed is not None:
+        return boxed
+    marked = _after_marker(content)
+    if marked is not None:
+        return marked
+    content = _clean(content)
+    if _is_prose(content):
+        return _last_number(content) or content
+    return content
 
 
 def extract_final_answer(completion: str) -> str | None:
@@ -90,12 +139,11 @@ def extract_final_answer(completion: str) -> str | None:
     if answer is None:
         tagged = extract_tagged_answer(completion)
         if tagged is not None:
-            answer = extract_boxed(tagged) or tagged
+            answer = _tagged_answer(tagged)
     if answer is None:
         answer = _after_marker(completion)
     if answer is None:
-        numbers = _NUMBER_RE.findall(completion)
-        answer = numbers[-1] if numbers else None
+        answer = _last_number(completion)
     if answer is None or not answer.strip():
         return None
     if len(answer) > MAX_ANSWER_CHARS:
@@ -116,9 +164,16 @@ def _parse(text: str, timeout_s: int | None) -> list[Any]:
 
     parsing_timeout, _ = _timeouts(timeout_s)
     parsed = parse("\\boxed{" + text + "}", parsing_timeout=parsing_timeout)
-    if not parsed:
-        parsed = parse(text, parsing_timeout=parsing_timeout)
+    if not any(_is_expression(p) for p in parsed):  # only strings (e.g. "**42**") or nothing
+        unwrapped = parse(text, parsing_timeout=parsing_timeout)
+        if unwrapped and (not parsed or any(_is_expression(p) for p in unwrapped)):
+            parsed = unwrapped
     return parsed
+
+
+def _is_expression(parsed: Any) -> bool:
+    """Whether one item of a math-verify parse is a sympy object (the others are the matched strings)."""
+    return not isinstance(parsed, str)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -181,10 +181,43 @@ def test_math_verify_non_equivalence_and_threads():
         ("no digits here", None),
         ("\\boxed{unclosed", None),
         ("\\boxed{" + "1" * (MAX_ANSWER_CHARS + 1) + "}", None),
+        # Markdown emphasis and code marks around a marked answer are not part of it
+        ("The final answer is **42**.", "42"),
+        ("Answer: **42**", "42"),
+        ("So the answer is *42*.", "42"),
+        ("The answer is `42`.", "42"),
+        ("The answer is __42__.", "42"),
+        ("**Answer:** 42", "42"),
+        # <answer> content: the marker / last-number rules apply to prose, other content is the answer
+        ("<answer> The total is 42 </answer>", "42"),
+        ("<answer>The answer is 42.</answer>", "42"),
+        ("<answer>**42**</answer>", "42"),
+        ("<answer>Evelyn</answer>", "Evelyn"),
+        ("<answer>x = 3</answer>", "x = 3"),
+        ("<answer>\\sqrt{2} + \\pi</answer>", "\\sqrt{2} + \\pi"),
     ],
 )
 def test_answer_extraction_rules(completion, expected):
     assert extract_final_answer(completion) == expected
+
+
+RIGHT_42 = ["The final answer is **42**.", "Answer: **42**", "So the answer is *42*.", "The answer is `42`.",
+            "<answer> The total is 42 </answer>", "<answer>We get 40 + 2 = 42</answer>"]
+
+
+@pytest.mark.parametrize("completion", RIGHT_42 + [c.replace("42", "41") for c in RIGHT_42]
+                         + ["<answer>The total is 42, no wait, 41</answer>", "**41**"])
+def test_math_verify_scores_emphasised_and_prose_answers(completion):
+    problem = Problem("What is 6 * 7?", "42", "jsonl:x", {})
+    expected = 1.0 if completion in RIGHT_42 else 0.0
+    assert MathVerifyScorer().score(problem, completion) == expected
+
+
+def test_math_equal_parses_unwrapped_when_the_boxed_parse_is_only_text():
+    # "\\boxed{**42**}" parses to the string "**42**" alone; the unwrapped text parses to the number
+    assert math_equal("42", "**42**")
+    assert not math_equal("42", "**41**")
+    assert not math_equal("42", "`41`")
 
 
 # --------------------------------------------------------------------------- JSONL
