@@ -1,0 +1,56 @@
+"""Validation of the RL job's settings (megatron_logra.rl.config): values that would silently train
+nothing or fail late are refused when the config is built, naming the field and the fix."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from megatron_logra.config import parse_args_to_config
+from megatron_logra.rl.advantages import AdvantageConfig
+from megatron_logra.rl.config import RLConfig, RolloutConfig, SFTConfig
+from megatron_logra.rl.losses import LossConfig
+
+NAN, INF = float("nan"), float("inf")
+
+
+def test_grpo_with_groups_of_one_is_refused():
+    with pytest.raises(ValueError, match=r"rl\.group_size=1 .*grpo.*rl\.group_size >= 2 or "
+                                         r"rl\.advantage\.estimator=reinforce"):
+        RLConfig(group_size=1)
+    RLConfig(group_size=2)
+    RLConfig(group_size=1, advantage=AdvantageConfig(estimator="reinforce"))  # an EMA baseline needs no group
+
+
+def test_grpo_with_groups_of_one_is_refused_after_overrides():
+    with pytest.raises(ValueError, match=r"rl\.group_size=1 "):
+        parse_args_to_config("tiny", ["rl.group_size=1"])
+    cfg = parse_args_to_config("tiny", ["rl.group_size=1", "rl.advantage.estimator=reinforce"])
+    assert cfg.rl.group_size == 1
+
+
+@pytest.mark.parametrize("value", [NAN, INF, -INF], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("field, build", [
+    ("rl.rollout.temperature", lambda v: RolloutConfig(temperature=v)),
+    ("rl.rollout.eval_temperature", lambda v: RolloutConfig(eval_temperature=v)),
+    ("rl.rollout.top_p", lambda v: RolloutConfig(top_p=v)),
+    ("rl.rollout.sglang_timeout", lambda v: RolloutConfig(sglang_timeout=v)),
+    ("rl.loss.kl_coef", lambda v: RLConfig(loss=LossConfig(kl_coef=v))),
+    ("rl.loss.tis_cap", lambda v: RLConfig(loss=LossConfig(tis_cap=v))),
+    ("rl.loss.clip_high", lambda v: RLConfig(loss=LossConfig(clip_high=v))),
+    ("rl.advantage.eps", lambda v: RLConfig(advantage=AdvantageConfig(eps=v))),
+    ("rl.advantage.baseline_weight", lambda v: RLConfig(advantage=AdvantageConfig(baseline_weight=v))),
+    ("sft.lr", lambda v: SFTConfig(lr=v)),
+])
+def test_non_finite_floats_are_refused(field, build, value):
+    with pytest.raises(ValueError, match=re.escape(field)):  # a range check of the field may answer first
+        build(value)
+
+
+@pytest.mark.parametrize("override", ["rl.loss.kl_coef=nan", "rl.advantage.eps=inf", "rl.rollout.temperature=nan",
+                                      "rl.rollout.eval_temperature=inf", "rl.loss.tis_cap=nan"])
+def test_non_finite_overrides_are_refused(override):
+    field = override.split("=")[0]
+    with pytest.raises(ValueError, match=rf"^{field.replace('.', '[.]')}=.* must be a finite number"):
+        parse_args_to_config("tiny", [override])
