@@ -153,7 +153,8 @@ class RLConfig:
     eval_interval: int = 10
     """Updates between held-out evaluations (and one before the first, one after the last)."""
     prompt_template: str = "{prompt}\n"
-    """How a problem's text becomes the model prompt."""
+    """How a problem's text becomes the model prompt: ``{prompt}`` is replaced by it; other braces are literal
+    (``"{prompt}\\nPut your final answer within \\\\boxed{}."``), not ``str.format`` fields."""
     chat_template: bool = False
     """Wrap the templated prompt as one user message in the tokenizer's chat template (with the
     assistant turn opened), as Instruct checkpoints expect; the tokenizer must have one."""
@@ -170,8 +171,9 @@ class RLConfig:
                 raise ValueError(f"rl.{name}={getattr(self, name)} must be >= 1")
         if self.eval_interval < 0:
             raise ValueError(f"rl.eval_interval={self.eval_interval} must be >= 0")
-        if "{prompt}" not in self.prompt_template:
-            raise ValueError("rl.prompt_template must contain {prompt}")
+        if not isinstance(self.prompt_template, str) or "{prompt}" not in self.prompt_template:
+            raise ValueError(f"rl.prompt_template={self.prompt_template!r} must contain {{prompt}}, which is replaced "
+                             "by the problem's text: add it, e.g. '{prompt}\\n'")
         # the advantage and loss settings are checked here too: their own checks compare, and nan passes them
         _check_finite("rl.advantage", self.advantage)
         _check_finite("rl.loss", self.loss)

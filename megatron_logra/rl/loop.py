@@ -97,9 +97,10 @@ def make_rl_loss_fn(loss_cfg, temperature: float, tp_group, ref_logprobs_fn=None
 
 
 def rl_prompt_ids(tok: Any, rl_cfg: Any, text: str) -> list[int]:
-    """Token ids of a problem's prompt ``text``: ``rl.prompt_template`` around it, then BOS when the
-    tokenizer has one, or the tokenizer's chat template with ``rl.chat_template`` (``prompt_token_ids``)."""
-    return prompt_token_ids(tok, rl_cfg.prompt_template.format(prompt=text), chat=rl_cfg.chat_template)
+    """Token ids of a problem's prompt ``text``: ``rl.prompt_template`` around it (``{prompt}`` replaced by
+    ``text``; every other brace is literal, e.g. ``\\boxed{}``), then BOS when the tokenizer has one, or
+    the tokenizer's chat template with ``rl.chat_template`` (``prompt_token_ids``)."""
+    return prompt_token_ids(tok, rl_cfg.prompt_template.replace("{prompt}", text), chat=rl_cfg.chat_template)
 
 
 def _prompt_ids(c: RLComponents, text: str) -> list[int]:

@@ -54,3 +54,30 @@ def test_non_finite_overrides_are_refused(override):
     field = override.split("=")[0]
     with pytest.raises(ValueError, match=rf"^{field.replace('.', '[.]')}=.* must be a finite number"):
         parse_args_to_config("tiny", [override])
+
+
+MATH_TEMPLATE = "{prompt}\nPut your final answer within \\boxed{}."
+
+
+class _CodePoints:
+    """A tokenizer stand-in: one id per character (its code point), no BOS; decoding is exact."""
+
+    bos_token_id = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(ch) for ch in text]}
+
+
+def test_prompt_template_with_literal_braces_is_applied():
+    from megatron_logra.rl.loop import rl_prompt_ids
+
+    cfg = parse_args_to_config("tiny", [f"rl.prompt_template={MATH_TEMPLATE}"])
+    assert cfg.rl.prompt_template == MATH_TEMPLATE
+    ids = rl_prompt_ids(_CodePoints(), cfg.rl, "What is {x} if x=2?")  # braces in the problem text stay too
+    assert "".join(map(chr, ids)) == "What is {x} if x=2?\nPut your final answer within \\boxed{}."
+
+
+@pytest.mark.parametrize("template", ["Solve: {problem}", "{}", "Answer {0}", ""])
+def test_prompt_template_without_the_prompt_field_is_refused(template):
+    with pytest.raises(ValueError, match=r"rl\.prompt_template=.* must contain \{prompt\}.*add it"):
+        RLConfig(prompt_template=template)
