@@ -219,19 +219,21 @@ class EmbeddedEngine:
         reproducible across devices. Every rank of the group must call.
 
         Raises ``ValueError`` when a prompt is empty, holds ids outside the vocabulary, or is
-        longer than ``max_position_embeddings - max_new_tokens``.
+        longer than ``max_position_embeddings - max_new_tokens + 1``: the last sampled token is never
+        fed back, so a prompt of P tokens runs the model on at most ``P + max_new_tokens - 1`` positions
+        (the trainer's bound too: a rollout of ``model.seq_length + 1`` tokens trains on ``seq_length``).
         """
         return share_from_driver(lambda: self._generate(prompts, params), self.gen_group)
 
     @torch.inference_mode()
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Rollout]:
         self._check_ids(prompts, "prompt")
-        limit = self.max_positions - params.max_new_tokens
+        limit = self.max_positions - params.max_new_tokens + 1  # the last sampled token is never fed back
         for i, p in enumerate(prompts):
             if len(p) > limit:
                 raise ValueError(
                     f"prompt {i} has {len(p)} tokens; at most max_position_embeddings {self.max_positions} - "
-                    f"max_new_tokens {params.max_new_tokens} = {limit} fit"
+                    f"max_new_tokens {params.max_new_tokens} + 1 = {limit} fit"
                 )
         gen = torch.Generator(device=self.device).manual_seed(params.seed)
         stops = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=self.device)
@@ -285,8 +287,10 @@ class EmbeddedEngine:
         """Log-probs of each sequence's completion tokens ``seq[prompt_len:]`` from one full forward (no cache).
 
         Same convention as ``generate``: ``log_softmax(z / T)`` (``T == 0`` means T = 1). The batch is
-        right-padded (causal attention: padding after a sequence cannot affect it). Returns one list of
-        ``len(seq) - prompt_len`` floats per sequence.
+        right-padded (causal attention: padding after a sequence cannot affect it). The last token of the
+        batch is not run through the model (nothing follows it), so a sequence may hold
+        ``max_position_embeddings + 1`` tokens, as a rollout of a prompt at ``generate``'s limit does.
+        Returns one list of ``len(seq) - prompt_len`` floats per sequence.
         """
         self._check_ids(sequences, "sequence")
         if len(prompt_lens) != len(sequences):
@@ -296,16 +300,19 @@ class EmbeddedEngine:
         for i, (s, n) in enumerate(zip(sequences, prompt_lens)):
             if not 1 <= n <= len(s):
                 raise ValueError(f"prompt_lens[{i}]={n} must be in [1, {len(s)}] (sequence {i} length)")
-            if len(s) > self.max_positions:
-                raise ValueError(f"sequence {i} has {len(s)} tokens > max_position_embeddings {self.max_positions}")
+            if len(s) > self.max_positions + 1:
+                raise ValueError(f"sequence {i} has {len(s)} tokens > max_position_embeddings {self.max_positions} + 1")
         width = max(len(s) for s in sequences)
         ids = torch.full((len(sequences), width), _PAD_ID, dtype=torch.long)
         mask = torch.zeros((len(sequences), width), dtype=torch.long)
         for i, s in enumerate(sequences):
             ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
             mask[i, : len(s)] = 1
+        if width == 1:  # one-token sequences: no completion tokens to score
+            return [[] for _ in sequences]
         ids, mask = ids.to(self.device), mask.to(self.device)
-        logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()  # [B, W, V]
-        logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-        token_logp = logp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]  # [B, W-1]: logp of token j+1
+        # the logits of the batch's last position would score nothing: positions 0 .. W-2 only
+        logits = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], use_cache=False).logits.float()
+        logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)  # [B, W-1, V]
+        token_logp = logp.gather(-1, ids[:, 1:, None])[..., 0]  # [B, W-1]: logp of token j+1
         return [token_logp[i, n - 1: len(s) - 1].tolist() for i, (s, n) in enumerate(zip(sequences, prompt_lens))]

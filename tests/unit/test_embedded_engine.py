@@ -293,12 +293,38 @@ def test_streamed_refit_loads_pairs_and_marks_a_broken_stream_unknown(megatron):
 
 
 def test_too_long_prompt_raises(engine):
-    ok = [1] * (CFG.seq_length - 8)
+    # the last sampled token is never fed back: P + 8 - 1 <= 64 positions, so P <= 57 (rl.loop's bound too)
+    ok = [1] * (CFG.seq_length - 8 + 1)
     engine.generate([ok], SamplingParams(temperature=0.0, max_new_tokens=8))
-    with pytest.raises(ValueError, match=r"prompt 1 has 57 tokens.*64.*8.*56"):
-        engine.generate([[1, 2], [1] * 57], SamplingParams(max_new_tokens=8))
+    with pytest.raises(ValueError, match=r"prompt 1 has 58 tokens.*64.*8.*57"):
+        engine.generate([[1, 2], [1] * 58], SamplingParams(max_new_tokens=8))
     with pytest.raises(ValueError, match="prompt 0"):
         engine.generate([[64]], SamplingParams())  # outside the vocabulary
+
+
+def test_generation_at_the_longest_prompt_matches_full_forwards(engine, megatron):
+    """A prompt of seq_length + 1 - N tokens (the most rl.loop accepts) runs the model on seq_length
+    positions; its greedy tokens and log-probs equal megatron's full forwards, and logprobs_of scores
+    the whole seq_length + 1 token rollout."""
+    _, model_a, _ = megatron
+    steps = 8
+    prompt = [(7 * i + 3) % CFG.vocab_size for i in range(CFG.seq_length + 1 - steps)]
+    short = PROMPTS[1]  # batched with a short prompt: left padding at full width
+    out = engine.generate([prompt, short], SamplingParams(temperature=0.0, max_new_tokens=steps))
+    ro = out[0]
+    assert ro.completion_ids == greedy_reference(model_a, prompt, steps)
+    assert out[1].completion_ids == greedy_reference(model_a, short, steps)
+    seq = prompt + ro.completion_ids
+    assert len(seq) == CFG.seq_length + 1
+    logits = mg_logits(model_a, seq[:-1])[len(prompt) - 1:]  # seq_length positions, as the trainer runs them
+    ref = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(ro.completion_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(ro.logprobs), ref, atol=LOGP_ATOL, rtol=0)
+    scored = engine.logprobs_of([seq, short + out[1].completion_ids], [len(prompt), len(short)], temperature=0.0)
+    assert torch.allclose(torch.tensor(scored[0]), ref, atol=LOGP_ATOL, rtol=0)
+    assert max(abs(a - b) for a, b in zip(scored[1], out[1].logprobs)) < LOGP_ATOL
+    with pytest.raises(ValueError, match=r"sequence 0 has 66 tokens"):
+        engine.logprobs_of([seq + [1]], [len(prompt)])
+    assert engine.logprobs_of([[5], [5, 6]], [1, 1], temperature=1.0)[0] == []
 
 
 @pytest.mark.parametrize(
