@@ -176,7 +176,8 @@ class SGLangEngine:
                     raise ValueError(f"prompt {i} is empty or has token ids outside [0, {self.vocab_size})")
             payload = build_generate_payload(prompts, params, vocab_size=self.vocab_size,
                                              padded_vocab_size=self.padded_vocab_size, send_seed=self.send_seed)
-            return parse_generate_response(self.generate_fn(payload), prompts, self._version)
+            return parse_generate_response(self.generate_fn(payload), prompts, self._version,
+                                           stop_token_ids=params.stop_token_ids)
 
         return share_from_driver(run, self.gen_group)
 

@@ -153,6 +153,24 @@ def test_parse_documented_response():
     assert len(parse_generate_response(tagless, [[1], [5]], weight_version=0)) == 2
 
 
+def test_stop_token_as_the_last_allowed_token_is_finished():
+    """SGLang tests the length cap before the stop ids: a stop token drawn as the last allowed token
+    reports "length". The rollout ended on its stop token all the same (as the embedded engine says)."""
+    resp = _documented_response()
+    resp[0]["meta_info"]["finish_reason"] = {"type": "length", "length": 3}  # [17, 4, 2] ends on stop id 2
+    rollouts = parse_generate_response(resp, [[1, 2, 3], [5]], weight_version=7, stop_token_ids=[2])
+    assert [r.finished for r in rollouts] == [True, False]  # [9, 9] was cut by the cap
+    assert parse_generate_response(resp, [[1, 2, 3], [5]], weight_version=7, stop_token_ids=[9])[1].finished
+
+    def capped_at_the_stop(payload):
+        assert payload["sampling_params"]["max_new_tokens"] == 3
+        return resp[:1]
+
+    engine = _engine(capped_at_the_stop, FakeTarget(version=7))  # the engine passes the request's stop ids on
+    out = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3, stop_token_ids=[2]))
+    assert out[0].completion_ids == [17, 4, 2] and out[0].finished
+
+
 @pytest.mark.parametrize("break_it, match", [
     (lambda r: r[0]["meta_info"].pop("output_token_logprobs"), "return_logprob"),
     (lambda r: r[0]["meta_info"]["output_token_logprobs"].pop(), "output_token_logprobs for 3"),
