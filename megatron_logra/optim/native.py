@@ -7,6 +7,9 @@ an fp32 master copy, as Megatron's mixed-precision optimizer does: 2 (weight) + 
 
 Data-parallel gradient reduction is one coalesced all-reduce; word embeddings tied across
 pipeline stages (``shared_embedding``) are summed over the embedding group.
+
+Weight decay, as Megatron's ``get_param_groups``: 1-D parameters (norm weights and biases, which
+are 1-D) are not decayed; with ``weight_decay > 0`` they form a second AdamW parameter group.
 """
 
 from __future__ import annotations
@@ -50,11 +53,17 @@ class NativeAdamW:
             master = p.detach().float().clone()
             self.masters.append(master)
             self._hooks.append(p.register_post_accumulate_grad_hook(self._fold_grad))
-        self.inner = (
-            torch.optim.AdamW(self.masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-            if self.params
-            else None
-        )
+        # positions (in self.params) of the masters in AdamW's flattened parameter-group order
+        self._inner_order = _group_order(self.params, weight_decay)
+        self.inner = None
+        if self.params:
+            param_groups = [{"params": [self.masters[i] for i in self._inner_order]}]
+            if weight_decay != 0:  # 1-D parameters in a group of their own, without decay
+                decayed = [self.masters[i] for i in self._inner_order if decays(self.params[i])]
+                kept = [self.masters[i] for i in self._inner_order if not decays(self.params[i])]
+                param_groups = ([{"params": decayed}] if decayed else []) + (
+                    [{"params": kept, "weight_decay": 0.0}] if kept else [])
+            self.inner = torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     @staticmethod
     def _fold_grad(p: torch.Tensor) -> None:
@@ -160,16 +169,45 @@ class NativeAdamW:
                 m.grad = None
 
     def state_dict(self) -> dict:
-        state = {"inner": self.inner.state_dict() if self.inner is not None else None}
+        """AdamW's own state dict (``inner``; its parameter indices follow ``param_order``, the
+        positions of the parameters in AdamW's group order) and the fp32 masters."""
+        state = {"inner": self.inner.state_dict() if self.inner is not None else None,
+                 "param_order": list(self._inner_order)}
         state["masters"] = [m.detach().clone() if m is not p else None for p, m in zip(self.params, self.masters)]
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        if self.inner is not None and state.get("inner") is not None:
-            self.inner.load_state_dict(state["inner"])
+        """Install :meth:`state_dict` output. A state saved with another parameter-group layout (a
+        single group: saved before the no-decay group existed, or with ``weight_decay = 0``) is
+        mapped parameter by parameter; the groups' hyperparameters then stay this optimizer's,
+        except the learning rate, which is the saved one (as AdamW's own loader does)."""
+        saved = state.get("inner")
+        if self.inner is not None and saved is not None:
+            order = state.get("param_order", list(range(len(self.params))))  # older states: one group
+            same = ([len(g["params"]) for g in saved["param_groups"]] == [len(g["params"]) for g in self.inner.param_groups]
+                    and list(order) == self._inner_order)
+            if same:
+                self.inner.load_state_dict(saved)
+            else:
+                self._load_remapped(saved, order)
         for (p, m), saved in zip(zip(self.params, self.masters), state.get("masters", [])):
             if saved is not None and m is not p:
                 m.copy_(saved)
+
+    def _load_remapped(self, saved: dict, order: list[int]) -> None:
+        flat_ids = [i for g in saved["param_groups"] for i in g["params"]]
+        if len(flat_ids) != len(self.params) or sorted(order) != list(range(len(self.params))):
+            raise ValueError(f"AdamW state of {len(flat_ids)} parameters does not fit this optimizer's "
+                             f"{len(self.params)} parameters")
+        self.inner.state.clear()
+        for index, position in zip(flat_ids, order):
+            st = saved["state"].get(index)
+            if st:
+                m = self.masters[position]
+                self.inner.state[m] = {k: (v.to(device=m.device, dtype=m.dtype).clone()
+                                           if torch.is_tensor(v) and k != "step" else
+                                           (v.clone() if torch.is_tensor(v) else v)) for k, v in st.items()}
+        self.set_lr(float(saved["param_groups"][0]["lr"]))
 
     def sharded_state(self, prefix: str = "native") -> SlotState:
         """Moments and fp32 masters as parameter-shaped slots; step count and lr as scalars
@@ -225,6 +263,21 @@ class NativeAdamW:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+
+
+def decays(p: torch.Tensor) -> bool:
+    """Whether AdamW's decoupled weight decay applies to ``p``: not to 1-D parameters (norm weights,
+    biases), as Megatron's ``get_param_groups`` decides."""
+    return p.dim() > 1
+
+
+def _group_order(params: list[torch.Tensor], weight_decay: float) -> list[int]:
+    """Positions of ``params`` in AdamW's flattened group order: decayed first, then the rest
+    (one group in the original order when nothing is decayed)."""
+    if weight_decay == 0:
+        return list(range(len(params)))
+    return ([i for i, p in enumerate(params) if decays(p)]
+            + [i for i, p in enumerate(params) if not decays(p)])
 
 
 def reduce_flag_any(flag: bool, group: Optional[dist.ProcessGroup], device: torch.device) -> bool:

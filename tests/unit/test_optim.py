@@ -386,8 +386,9 @@ def test_global_clipping_and_native_adamw(clip):
 
     def adamw_reference(scale):
         params = [w0[n].clone().requires_grad_(True) for n in native_names]
+        # every native parameter here is 1-D (biases, norm): not decayed, as in Megatron
         ref_opt = torch.optim.AdamW(params, lr=native_cfg.lr, betas=(native_cfg.beta1, native_cfg.beta2),
-                                    eps=native_cfg.eps, weight_decay=native_cfg.weight_decay)
+                                    eps=native_cfg.eps, weight_decay=0.0)
         for p, n in zip(params, native_names):
             p.grad = (grads[n] * scale).float()
         ref_opt.step()
@@ -797,8 +798,10 @@ def test_dense_adamw_bf16_matches_torch_adamw_on_fp32_masters():
     cfg = NativeConfig(lr=1e-2, weight_decay=0.05, beta1=0.85, beta2=0.97, eps=1e-6)
     opt = DenseAdamW(model, cfg, GROUPS, clip_grad=0.0)
     masters = [p.detach().float().clone().requires_grad_(True) for p in ref_model.parameters()]
-    ref_opt = torch.optim.AdamW(masters, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                weight_decay=cfg.weight_decay)
+    # Megatron's groups: 1-D parameters (biases, norm weights) are not decayed
+    ref_opt = torch.optim.AdamW([{"params": [m for m in masters if m.dim() > 1]},
+                                 {"params": [m for m in masters if m.dim() == 1], "weight_decay": 0.0}],
+                                lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
     for step in range(3):
         x, y = make_batch(30 + step, (5,), dtype=torch.bfloat16)
         opt.zero_grad()
