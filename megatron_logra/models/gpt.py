@@ -22,7 +22,7 @@ from megatron_logra.parallel import ParallelGroups
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ModelConfig", "build_gpt", "init_layout_invariant_"]
+__all__ = ["ModelConfig", "build_gpt", "init_layout_invariant_", "weight_source_name"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -278,6 +278,26 @@ def mask_padded_vocab(module: nn.Module, vocab_size: int, *, first_col: int = 0)
     return module.register_forward_hook(hook)
 
 
+WORD_EMBEDDINGS = "embedding.word_embeddings.weight"
+OUTPUT_WEIGHT = "output_layer.weight"
+
+
+def weight_source_name(model: nn.Module, global_name: str) -> str:
+    """The global name whose values parameter ``global_name`` of ``model`` must hold.
+
+    With tied embeddings (``untie_embeddings_and_output_weights=False``) and PP > 1, megatron keeps a
+    copy of the word embeddings on the last stage as ``output_layer.weight``; that copy must always
+    equal the first stage's ``embedding.word_embeddings.weight`` (megatron-core's
+    ``setup_embeddings_and_output_layer`` copies it at build, the native optimizer sums the two
+    copies' gradients over the embedding group). Every initialisation and every load fills it from
+    :data:`WORD_EMBEDDINGS`; every other parameter (and an untied output layer) is its own source.
+    At PP = 1 a tied model has no ``output_layer.weight`` parameter at all.
+    """
+    if global_name == OUTPUT_WEIGHT and getattr(model, "share_embeddings_and_output_weights", False):
+        return WORD_EMBEDDINGS
+    return global_name
+
+
 def _param_seed(seed: int, global_name: str) -> int:
     digest = hashlib.blake2b(f"logra-init|{seed}|{global_name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
@@ -290,10 +310,15 @@ def init_layout_invariant_(model: nn.Module, cfg: ModelConfig, groups: ParallelG
     Norm weights -> 1, biases -> 0, matrices -> N(0, init_std²) (output projections scaled by
     1/sqrt(2·num_layers) as in Megatron). The padded vocabulary rows are generated at the
     padded size of TP=1 ... so they are also identical across TP, except for extra padding.
+
+    The last stage's copy of tied word embeddings (PP > 1) is drawn as the word embeddings
+    themselves (:func:`weight_source_name`), so it equals the first stage's values bit for bit,
+    as megatron-core's own build leaves it, without a collective: a tied model at PP = 2 starts
+    exactly as the same model at PP = 1.
     """
     names = global_param_names(model)
     for local_name, param in model.named_parameters():
-        gname = names[local_name]
+        gname = weight_source_name(model, names[local_name])
         leaf = gname.split(".")[-1]
         if "norm" in gname.split(".")[-2] or gname.endswith("layer_norm_weight"):
             param.fill_(1.0)

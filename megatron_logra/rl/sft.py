@@ -28,6 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from megatron_logra.models.gpt import weight_source_name
 from megatron_logra.models.layout import global_param_names, shard_full
 from megatron_logra.rl.weights import gather_full_model
 
@@ -74,7 +75,9 @@ def save_weights(model: nn.Module, groups: ParallelGroups, path: Path, meta: Opt
 def load_weights(model: nn.Module, groups: ParallelGroups, path: Path) -> None:
     """Load a file written by :func:`save_weights` into this rank's shard, at any TP/PP layout. Its
     recorded CRC-32 is checked first (files without one load unchecked); a mismatch is a
-    ``ValueError`` naming the file, with nothing loaded."""
+    ``ValueError`` naming the file, with nothing loaded. The last stage's copy of tied word
+    embeddings (PP > 1) takes the file's word embeddings (``models.gpt.weight_source_name``): a
+    file saved at PP = 1 has no other, and the two copies must be equal."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"warm-start weights {path} do not exist")
@@ -88,7 +91,7 @@ def load_weights(model: nn.Module, groups: ParallelGroups, path: Path) -> None:
     if recorded is not None and tensors_crc32(state) != recorded:
         raise ValueError(f"{path} is corrupt: its tensors do not match the CRC-32 {recorded} they were written with; "
                          f"if it is a warm-start cache, delete it and run again")
-    names = global_param_names(model)
+    names = {local: weight_source_name(model, g) for local, g in global_param_names(model).items()}
     missing = sorted(n for n in names.values() if n not in state)
     if missing:
         raise ValueError(f"{path} lacks parameters {missing[:4]} (saved for another model config?)")

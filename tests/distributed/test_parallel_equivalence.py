@@ -78,17 +78,19 @@ class Result:
 
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory, launcher):
-    """1-process runs: LoGRA, LoGRA with full recompute, dense AdamW."""
-    out = launcher.launch_worker(1, tmp_path_factory.mktemp("ref"), ["ref", "ref_rc:recompute=full", "adam:optimizer=adam"])
-    return {n: Result(out, n) for n in ("ref", "ref_rc", "adam")}
+    """1-process runs: LoGRA, LoGRA with full recompute, dense AdamW, one step with tied embeddings."""
+    out = launcher.launch_worker(1, tmp_path_factory.mktemp("ref"), ["ref", "ref_rc:recompute=full", "adam:optimizer=adam",
+                                                                     "ref_tie:tie=1,steps=1"])
+    return {n: Result(out, n) for n in ("ref", "ref_rc", "adam", "ref_tie")}
 
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory, launcher):
-    """2-process runs, one launch: TP2, PP2, DP2 (LoGRA), DP2 (AdamW), TP2 with recompute, dropout."""
+    """2-process runs, one launch: TP2, PP2, DP2 (LoGRA), DP2 (AdamW), TP2 with recompute, dropout,
+    one PP2 step with tied embeddings."""
     drop = f"tp=2,hidden_dropout=0.1,steps={DROPOUT_STEPS}"
     jobs = ["tp2:tp=2", "pp2:pp=2", "dp2", "adam_dp2:optimizer=adam", "tp2_rc:tp=2,recompute=full",
-            f"tp2_drop:{drop}", f"tp2_drop_rc:{drop},recompute=full"]
+            f"tp2_drop:{drop}", f"tp2_drop_rc:{drop},recompute=full", "pp2_tie:pp=2,tie=1,steps=1"]
     out = launcher.launch_worker(2, tmp_path_factory.mktemp("two"), jobs, timeout=400)
     return lambda name: Result(out, name)
 
@@ -195,6 +197,25 @@ def test_pp2_matches_pp1_bitwise(two, ref):
     res = two("pp2")
     assert_layout(res, 1, 2, 1)
     assert_equivalent(res, ref["ref"], exact=True)
+
+
+def test_pp2_tied_embeddings_start_as_pp1(two, ref):
+    # tied word embeddings at PP=2: the last stage's copy (output_layer.weight) is the first stage's
+    # embedding, so the model is the PP=1 model and its first loss is the same, bit for bit
+    res, base = two("pp2_tie"), ref["ref_tie"]
+    assert_layout(res, 1, 2, 1)
+    assert res.losses == base.losses, f"step-1 loss {res.losses} at PP=2 vs {base.losses} at PP=1 (tied embeddings)"
+    emb, out = "embedding.word_embeddings.weight", "output_layer.weight"
+    want = base.group("init/")
+    assert out not in want, "at PP=1 a tied model has no output_layer.weight"
+    got = res.group("init/")
+    assert set(got) == set(want) | {out}
+    assert all(torch.equal(got[k], w) for k, w in want.items()), "PP=2 tied init differs from PP=1"
+    # the copies are equal at the start and stay equal through an update (their grads are summed)
+    for prefix in ("init/", "weight/"):
+        w = res.group(prefix)
+        assert torch.equal(w[out], w[emb]), f"{prefix}: last stage's output weight differs from the first stage's embedding"
+    assert not torch.equal(res.group("weight/")[emb], got[emb]), "the tied embedding did not train"
 
 
 def test_dp2_matches_dp1(two, ref):

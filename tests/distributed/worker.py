@@ -61,6 +61,7 @@ SETTINGS: dict[str, tuple[type, object]] = {
     "lr": (float, 1e-2),
     "clip_grad": (float, 1.0),
     "seed": (int, 1234),
+    "tie": (int, 0),  # 1: tied word embeddings and output layer (untie_embeddings_and_output_weights=False)
 }
 
 
@@ -125,7 +126,7 @@ def run_job(name: str, cfg: dict, out_dir: str) -> None:
     mcfg = ModelConfig(
         num_layers=cfg["layers"], hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, vocab_size=64,
         seq_length=32, swiglu=True, params_dtype=cfg["dtype"], recompute=cfg["recompute"],
-        hidden_dropout=cfg["hidden_dropout"],
+        hidden_dropout=cfg["hidden_dropout"], untie_embeddings_and_output_weights=not cfg["tie"],
     )
     model = build_gpt(mcfg, groups, seed=cfg["seed"])
     ocfg = OptimizerConfig(

@@ -1,7 +1,8 @@
 """Warm-start weight files (``rl.sft.save_weights`` / ``load_weights``): the cache of the supervised
 warm start and ``sft.init_path``. A file round-trips exactly, a byte flipped at the same size or a
 truncated file is a ``ValueError`` naming the file with nothing loaded, files without a recorded
-CRC-32 (older ones) still load, and a writer never writes into another writer's temp file."""
+CRC-32 (older ones) still load, a writer never writes into another writer's temp file, and the last
+stage's copy of tied word embeddings loads from the file's word embeddings."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from megatron_logra.parallel import ParallelGroups
 from megatron_logra.rl.sft import load_weights, save_weights
 from test_checkpoint_checksums import _model, _weights
 
@@ -69,3 +71,29 @@ def test_another_writers_temp_file_is_left_alone(groups, tmp_path):
     save_weights(_model(groups, seed=3), groups, path)
     assert other.read_bytes() == b"another job is writing this"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, other.name])
+
+
+class _TiedLastStage(torch.nn.Module):
+    """The last pipeline stage of a tied-embedding model (PP > 1): megatron keeps its copy of the word
+    embeddings as ``output_layer.weight``."""
+
+    share_embeddings_and_output_weights = True
+
+    def __init__(self):
+        super().__init__()
+        self.output_layer = torch.nn.Linear(4, 8, bias=False)
+
+
+@pytest.mark.parametrize("stale_output", [False, True], ids=["saved_at_pp1", "stale_output_copy"])
+def test_tied_output_copy_takes_the_files_word_embeddings(stale_output, tmp_path):
+    # a tied model saved at PP=1 has no output_layer.weight; one saved at PP=2 before the copies were
+    # kept equal has a stale one: either way the last stage's copy must equal the first stage's embedding
+    emb = torch.randn(8, 4)
+    tensors = {"embedding.word_embeddings.weight": emb}
+    if stale_output:
+        tensors["output_layer.weight"] = torch.randn(8, 4)
+    path = tmp_path / "tied.safetensors"
+    save_file(tensors, str(path))
+    stage = _TiedLastStage()
+    load_weights(stage, ParallelGroups(), path)
+    assert torch.equal(stage.output_layer.weight, emb)
