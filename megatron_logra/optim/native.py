@@ -134,10 +134,15 @@ class NativeAdamW:
             offset += n
 
     def local_norm2(self, device: torch.device) -> torch.Tensor:
-        """This rank's share of the global grad norm² (TP-replicated params counted on TP rank 0 only)."""
+        """This rank's share of the global grad norm²: TP-replicated params counted on TP rank 0 only,
+        and the last pipeline stage's copy of tied word embeddings (megatron marks it ``shared``; after
+        the embedding-group reduction it holds the same gradient as the first stage's) not at all,
+        as megatron's ``param_is_not_shared``."""
         total = torch.zeros((), dtype=torch.float64, device=device)
         tp_rank = self.groups.tp_rank
         for p, g in zip(self.params, self.grads()):
+            if getattr(p, "shared", False):
+                continue
             if getattr(p, "tensor_model_parallel", False) or tp_rank == 0:
                 total += g.double().pow(2).sum()
         return total

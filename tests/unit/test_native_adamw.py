@@ -144,3 +144,20 @@ def test_a_single_group_state_from_before_the_no_decay_group_loads():
     ref.step()
     for got, want in zip(fresh_params, copies):
         torch.testing.assert_close(got.detach(), want.detach(), rtol=0, atol=1e-7)
+
+
+def test_grad_norm_counts_the_last_stages_copy_of_tied_embeddings_not_at_all():
+    """Under PP > 1 with tied embeddings megatron keeps a copy of the word embeddings on the last stage
+    (``shared`` and ``shared_embedding``), whose gradient after the embedding-group sum equals the first
+    stage's: the global norm² counts it on the first stage only, as megatron's ``param_is_not_shared``.
+    (Measured with 2 stages over gloo: grad norm 7.9018 with the copy counted, 7.6556 without, and
+    7.6556 in one process.)"""
+    first_stage_embedding, last_stage_copy, other = _params()[:3]
+    first_stage_embedding.shared_embedding = True
+    last_stage_copy.shared_embedding = True
+    last_stage_copy.shared = True
+    opt = _native([first_stage_embedding, last_stage_copy, other])
+    for p, g in zip(opt.params, _grads(1, opt.params)):
+        p.grad = g
+    want = sum(float(p.grad.double().pow(2).sum()) for p in (first_stage_embedding, other))
+    assert float(opt.local_norm2(torch.device("cpu"))) == pytest.approx(want, rel=1e-12)
