@@ -270,6 +270,24 @@ class LograOptimizer(LograStateMixin):
                 raise ValueError(f"factor of {t.key} is {U.dtype} {tuple(U.shape)}, expected bf16 "
                                  f"{(t.n_out_local, self.cfg.rank)}")
 
+    def _check_finite_step(self, steps: dict[str, torch.Tensor], alpha: float, decay: float) -> None:
+        """Raise ``ValueError`` on every model-parallel rank when on any rank some ``alpha·steps[key]``
+        or the decay factor is not finite (no scaled copy is made: ``|α|·max|D|`` tells NaN, inf and overflow)."""
+        missing = [t.key for t in self.targets if t.key not in steps]
+        if missing:
+            raise ValueError(f"the update has no direction for targets {missing[:4]}")
+        bad = []
+        for t in self.targets:
+            x = steps[t.key]
+            # NaN fails the comparison; so does α·D overflowing D's dtype
+            if x.numel() and not (abs(alpha) * float(x.abs().max()) <= torch.finfo(x.dtype).max):
+                bad.append(t.key)
+        if reduce_flag_any(bool(bad) or not math.isfinite(decay), self.groups.mp, self.device):
+            where = (f"targets {bad[:4]}{'...' if len(bad) > 4 else ''}" if bad else
+                     f"the weight decay factor {decay}" if not math.isfinite(decay) else "another model-parallel rank")
+            raise ValueError(f"step {self.num_steps + 1}: the update is not finite ({where}); refusing to write it "
+                             "into the weights (nothing was modified)")
+
     @torch.no_grad()
     def apply(self, update: PreparedUpdate, alpha: float = 1.0, *,
               factors: Optional[dict[str, torch.Tensor]] = None) -> None:
@@ -287,6 +305,12 @@ class LograOptimizer(LograStateMixin):
         own merge, so it still mirrors the engine bitwise; the two drift apart by rounding
         (:meth:`master_drift`) until :meth:`reanchor` copies the masters back (followed by a full
         engine refit). All factors are checked first.
+
+        Nothing is written unless everything the step writes is finite: α, the weight decay factor
+        and every target's ``α·D`` (or factor) on every model-parallel rank (agreed with one
+        collective, as :meth:`prepare` agrees on skips); otherwise every rank raises ``ValueError``
+        with weights, masters, native state and the projection index untouched. (The native
+        gradients were checked by :meth:`prepare`.)
         """
         if update.skipped:
             return
@@ -300,6 +324,8 @@ class LograOptimizer(LograStateMixin):
             from megatron_logra.sync.apply import low_rank_merge_  # engine-side arithmetic (torch only)
 
             self._check_factors(factors)
+        self._check_finite_step(factors if factors is not None else update.directions,
+                                1.0 if factors is not None else alpha, decay)
         for t in self.targets:
             proj_RI = self.sketches.projection_for(t, update.update_index)
             if factors is not None:
