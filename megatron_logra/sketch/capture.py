@@ -24,6 +24,7 @@ are supported: see :mod:`megatron_logra.sketch.layers`.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence, Union
@@ -32,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from megatron_logra.parallel import all_gather_bytes, group_size
 from megatron_logra.sketch.layers import (
     LinearInfo, classify_linear, gather_sequence, normalized_input, reduce_scatter_sequence,
 )
@@ -115,7 +117,10 @@ class SketchSet:
         refresh: bool,
         tp_group: Optional[dist.ProcessGroup],
         cache_projections: bool,
+        device: Optional[torch.device] = None,
     ) -> None:
+        """``device``: where the buffer lives when ``targets`` is empty (a pipeline stage without
+        targets); otherwise the targets' weights' device."""
         self.targets = targets
         self.rank = rank
         self.seed = seed
@@ -127,7 +132,7 @@ class SketchSet:
         self.capture_enabled = True
         self._cache: dict[tuple[str, int], torch.Tensor] = {}
         self._handles: list = []
-        device = targets[0].weight.device
+        device = targets[0].weight.device if targets else (device or torch.device("cpu"))
         num_rows = sum(t.n_out_local for t in targets)
         self.flat = torch.zeros(num_rows, rank, dtype=torch.float32, device=device)
         offset = 0
@@ -276,6 +281,40 @@ def _matches(leaf: str, requested: str) -> bool:
     return leaf == requested or TARGET_ALIASES.get(leaf) == requested
 
 
+def _check_own_weight(module: nn.Module, module_name: str, matched: list[str]) -> None:
+    """Refuse a target without a weight of its own: megatron's ``output_layer`` with tied word
+    embeddings has none at PP = 1 (``weight`` is None, the embedding's is passed in) and, at PP > 1,
+    the last stage's copy of the embedding (``shared_embedding``), which must stay equal to it."""
+    if not hasattr(module, "weight"):
+        return  # not a linear layer: classify_linear names the type
+    weight = module.weight
+    if weight is None or getattr(weight, "shared_embedding", False):
+        raise ValueError(
+            f"target {matched[0]!r} matches {module_name}, whose weight is the word embeddings (tied embeddings: "
+            f"model.untie_embeddings_and_output_weights=false); a tied output layer cannot be a LoGRA target: set "
+            f"model.untie_embeddings_and_output_weights=true or drop {matched[0]!r} from the targets "
+            f"(optimizer.logra.targets)"
+        )
+
+
+def _agree_over_pipeline(hits: dict[str, int], error: Optional[str],
+                         pp_group: Optional[dist.ProcessGroup]) -> tuple[dict[str, int], Optional[str]]:
+    """Target hits summed over the pipeline stages and the first stage's error (``"pipeline stage k:
+    ..."``), the same on every rank of ``pp_group``; unchanged without a group of more than one rank."""
+    if group_size(pp_group) == 1:
+        return hits, error
+    mine = json.dumps({"hits": hits, "error": error}).encode()
+    total = dict.fromkeys(hits, 0)
+    first_error = None
+    for stage, raw in enumerate(all_gather_bytes(mine, pp_group)):
+        part = json.loads(raw.decode())
+        for r, n in part["hits"].items():
+            total[r] += n
+        if part["error"] is not None and first_error is None:
+            first_error = f"pipeline stage {stage}: {part['error']}"
+    return total, first_error
+
+
 def install_sketches(
     model: Union[nn.Module, Sequence[nn.Module]],
     targets: Iterable[str] = DEFAULT_TARGETS,
@@ -285,6 +324,7 @@ def install_sketches(
     refresh: bool = True,
     *,
     tp_group: Optional[dist.ProcessGroup] = None,
+    pp_group: Optional[dist.ProcessGroup] = None,
     cache_projections: bool = True,
 ) -> SketchSet:
     """Freeze the target linears of ``model`` and capture rank-``rank`` sketches of their gradients.
@@ -298,12 +338,19 @@ def install_sketches(
         distribution: ``rademacher`` or ``gaussian``.
         refresh: redraw ``A`` every optimizer step (update index = step - 1) or keep index 0.
         tp_group: tensor-parallel group of megatron-core layers (None for plain modules).
+        pp_group: pipeline-parallel group: ``model`` is this rank's stage. A target has to match
+            a module on *some* stage (``output_layer`` lives on the last one only, the embedding
+            on the first), and the checks below are agreed over the group (one exchange of hit
+            counts and errors), so every rank raises the same ``ValueError`` or none. Every rank
+            of the group must call. None: ``model`` is the whole model.
         cache_projections: keep each step's projections (fp32) until the step is applied,
             instead of regenerating them for every micro-batch and for the update.
 
     Raises:
         ValueError: unknown distribution, rank out of range, a requested target that
-            matches no module, or a target of an unsupported type.
+            matches no module (of any pipeline stage), a target of an unsupported type, or a
+            target whose weight is the tied word embeddings (``output_layer`` with
+            ``untie_embeddings_and_output_weights=false``). Nothing is frozen or hooked then.
     """
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution={distribution!r} is unknown; choose one of {DISTRIBUTIONS}")
@@ -315,29 +362,38 @@ def install_sketches(
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
     found: list[SketchTarget] = []
     hits = {r: 0 for r in requested}
-    for chunk_idx, chunk in enumerate(chunks):
-        for module_name, module in chunk.named_modules():
-            leaf = module_name.split(".")[-1]
-            matched = [r for r in requested if _matches(leaf, r)]
-            if not matched:
-                continue
-            for r in matched:
-                hits[r] += 1
-            info = classify_linear(module, tp_group, module_name)
-            n_in = info.n_in
-            if rank > n_in:
-                raise ValueError(f"rank={rank} exceeds n_in={n_in} of target {module_name}; choose rank <= {n_in}")
-            layer = _global_layer_index(chunk, module_name)
-            name = canonical_name(module_name, layer_index=layer)
-            prefix = f"{chunk_idx}." if len(chunks) > 1 else ""
-            found.append(SketchTarget(
-                name=name, module_name=prefix + module_name, module=module, weight=module.weight,
-                kind=TARGET_ALIASES.get(leaf, leaf), **vars(info),
-            ))
+    error, local_exc = None, None
+    try:
+        for chunk_idx, chunk in enumerate(chunks):
+            for module_name, module in chunk.named_modules():
+                leaf = module_name.split(".")[-1]
+                matched = [r for r in requested if _matches(leaf, r)]
+                if not matched:
+                    continue
+                for r in matched:
+                    hits[r] += 1
+                _check_own_weight(module, module_name, matched)
+                info = classify_linear(module, tp_group, module_name)
+                n_in = info.n_in
+                if rank > n_in:
+                    raise ValueError(f"rank={rank} exceeds n_in={n_in} of target {module_name}; choose rank <= {n_in}")
+                layer = _global_layer_index(chunk, module_name)
+                name = canonical_name(module_name, layer_index=layer)
+                prefix = f"{chunk_idx}." if len(chunks) > 1 else ""
+                found.append(SketchTarget(
+                    name=name, module_name=prefix + module_name, module=module, weight=module.weight,
+                    kind=TARGET_ALIASES.get(leaf, leaf), **vars(info),
+                ))
+    except ValueError as exc:  # raised below, once every stage has reported
+        error, local_exc = str(exc), exc
+    hits, error = _agree_over_pipeline(hits, error, pp_group)
+    if error is not None:
+        raise ValueError(error) from local_exc
     missing = [r for r, n in hits.items() if n == 0]
     if missing:
+        where = " (on any pipeline stage)" if group_size(pp_group) > 1 else ""
         raise ValueError(
-            f"targets {missing} match no module of the model; known target names are "
+            f"targets {missing} match no module of the model{where}; known target names are "
             f"{sorted(set(TARGET_ALIASES))} or exact leaf module names"
         )
     counts: dict[str, int] = {}
@@ -347,7 +403,9 @@ def install_sketches(
         t.key = t.name if counts[t.name] == 1 else f"{t.name}/{t.module_name.split('.')[-1]}"
         t.weight.requires_grad_(False)
         t.weight.grad = None
-    sketches = SketchSet(found, rank, seed, distribution, refresh, tp_group, cache_projections)
+    params = (p for chunk in chunks for p in chunk.parameters())
+    device = next(params, torch.empty(0)).device
+    sketches = SketchSet(found, rank, seed, distribution, refresh, tp_group, cache_projections, device)
     for t in found:
         sketches._handles.append(t.module.register_forward_hook(sketches._make_hook(t), with_kwargs=True))
     for chunk in chunks:

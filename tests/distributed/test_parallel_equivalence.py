@@ -218,6 +218,19 @@ def test_pp2_tied_embeddings_start_as_pp1(two, ref):
     assert not torch.equal(res.group("weight/")[emb], got[emb]), "the tied embedding did not train"
 
 
+def test_pp2_sketch_targets_are_agreed_over_stages(two):
+    # install_sketches(pp_group=...): a target on one stage only is accepted by every stage, and a
+    # refused target list raises the same ValueError on every rank (none raises alone and hangs the other)
+    checks = two("pp2").meta["target_checks"]
+    assert checks["output_layer"] == [[0, 0], [1, 1]], checks["output_layer"]  # the last stage holds it
+    errors = {outcome for _, outcome in checks["linear_fc1,no_such_layer"]}
+    assert len(errors) == 1 and "['no_such_layer'] match no module of the model (on any pipeline stage)" in errors.pop()
+    tied = {outcome for _, outcome in two("pp2_tie").meta["target_checks"]["output_layer"]}
+    assert len(tied) == 1, f"ranks disagree: {tied}"
+    assert "pipeline stage 1: target 'output_layer'" in (msg := tied.pop()), msg
+    assert "set model.untie_embeddings_and_output_weights=true or drop 'output_layer'" in msg, msg
+
+
 def test_dp2_matches_dp1(two, ref):
     res = two("dp2")
     assert_layout(res, 1, 1, 2)

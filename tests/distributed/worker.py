@@ -13,6 +13,7 @@ for a few steps on the synthetic reverse task with the same *global* batch at ev
   (column-parallel sketches are row shards laid out like the weight and are unsharded with the
   weight as template; row-parallel sketches are already full after prepare's TP reduce);
 * at the end: the full fp32 weights by global name (``gather_full_state``), gathered over PP;
+* under PP: the outcome of installing stage-specific and missing sketch targets on every rank;
 * bitwise agreement checks: max |difference| of every parameter between DP replicas, and of
   TP-replicated (non-sharded) parameters between TP ranks — both must be exactly 0.
 
@@ -43,6 +44,7 @@ from megatron_logra.models.layout import gather_full_state, unshard  # noqa: E40
 from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer  # noqa: E402
 from megatron_logra.optim.logra import LograOptimizer  # noqa: E402
 from megatron_logra.parallel import ParallelConfig, destroy_parallel, initialize_parallel  # noqa: E402
+from megatron_logra.sketch.capture import install_sketches  # noqa: E402
 from megatron_logra.train.step import forward_backward  # noqa: E402
 
 # key -> (type, default); every job setting, overridable per job
@@ -115,6 +117,31 @@ def _full_sketches(opt: LograOptimizer, groups) -> dict[str, torch.Tensor]:
     return out
 
 
+TARGET_CHECKS = ("output_layer", "linear_fc1,no_such_layer")
+"""Target lists of :func:`_target_checks`: one on the last stage only, one that matches nowhere."""
+
+
+def _target_checks(mcfg: ModelConfig, groups, seed: int) -> dict[str, list]:
+    """PP > 1: ``install_sketches`` over the pipeline group on a fresh model for each of
+    :data:`TARGET_CHECKS`; per case, every rank's ``(pp_rank, outcome)``, the outcome being this
+    stage's number of targets or the text of the ``ValueError`` (a rank that raised alone would hang
+    its peers in the next collective, so a disagreement shows up as a timeout of the launch)."""
+    model = build_gpt(mcfg, groups, seed=seed)
+    out = {}
+    for case in TARGET_CHECKS:
+        try:
+            sketches = install_sketches(model, case.split(","), rank=8, seed=seed, tp_group=groups.tp,
+                                        pp_group=groups.pp)
+            outcome = len(sketches.targets)
+            sketches.remove()
+        except ValueError as exc:
+            outcome = str(exc)
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (groups.pp_rank, outcome))
+        out[case] = gathered
+    return out
+
+
 def run_job(name: str, cfg: dict, out_dir: str) -> None:
     t0 = time.perf_counter()
     groups = initialize_parallel(ParallelConfig(tp=cfg["tp"], pp=cfg["pp"]), seed=cfg["seed"])
@@ -128,6 +155,7 @@ def run_job(name: str, cfg: dict, out_dir: str) -> None:
         seq_length=32, swiglu=True, params_dtype=cfg["dtype"], recompute=cfg["recompute"],
         hidden_dropout=cfg["hidden_dropout"], untie_embeddings_and_output_weights=not cfg["tie"],
     )
+    target_checks = _target_checks(mcfg, groups, cfg["seed"]) if groups.pp_size > 1 else None
     model = build_gpt(mcfg, groups, seed=cfg["seed"])
     ocfg = OptimizerConfig(
         name=cfg["optimizer"],
@@ -140,7 +168,8 @@ def run_job(name: str, cfg: dict, out_dir: str) -> None:
 
     record = {"name": name, "config": cfg, "tp": groups.tp_size, "pp": groups.pp_size, "dp": dp,
               "world": dist.get_world_size(), "num_micro": num_micro,
-              "losses": [], "grad_norms": [], "clip_coefs": [], "skipped": [], "tokens": []}
+              "losses": [], "grad_norms": [], "clip_coefs": [], "skipped": [], "tokens": [],
+              "target_checks": target_checks}
     tensors: dict[str, torch.Tensor] = {f"init/{k}": v for k, v in gather_full_state(model, groups.tp).items()}
     model.train()
     for step in range(1, cfg["steps"] + 1):

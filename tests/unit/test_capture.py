@@ -449,6 +449,20 @@ def test_megatron_gpt_sketches_equal_dense(groups, recompute):
         assert_sketch_matches(t.sketch, dw, proj, rec.bound(t.module_name, proj))
 
 
+def test_tied_output_layer_target_is_refused(groups):
+    # tied embeddings: megatron's output_layer has no weight of its own (None at PP=1)
+    from megatron_logra.models.gpt import ModelConfig, build_gpt
+
+    model = build_gpt(ModelConfig(untie_embeddings_and_output_weights=False), groups)
+    hooks = sum(len(m._forward_hooks) for m in model.modules())
+    with pytest.raises(ValueError, match=r"target 'output_layer' matches output_layer, whose weight is the word "
+                                         r"embeddings.*set model.untie_embeddings_and_output_weights=true or drop "
+                                         r"'output_layer' from the targets"):
+        install_sketches(model, targets=("linear_fc1", "output_layer"), rank=4)
+    assert all(p.requires_grad for p in model.parameters())
+    assert sum(len(m._forward_hooks) for m in model.modules()) == hooks
+
+
 @pytest.mark.parametrize(
     "recompute",
     [
