@@ -8,6 +8,13 @@ Overrides take any of these forms::
 
 ``logra.`` and ``native.`` are short for ``optimizer.logra.`` and ``optimizer.native.``.
 Every value is parsed by the field's annotated type and the whole config is re-validated.
+
+A few Megatron-LM flags set the field that the configured job reads (:func:`resolve_alias`, after
+every other override, so ``job=...`` anywhere on the line counts): ``--train-iters``,
+``--micro-batch-size`` and ``--eval-interval`` set ``train.*`` for ``job=lm`` and ``rl.steps``,
+``rl.micro_batch_size``, ``rl.eval_interval`` for ``job=rl``; ``--global-batch-size`` is
+``train.global_batch_size`` (lm) and refused for RL, whose step trains ``rl.prompts_per_step ×
+rl.group_size`` sequences.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from megatron_logra.rl.config import RLConfig, RolloutConfig, SFTConfig
 from megatron_logra.sync.config import SyncConfig
 
 __all__ = ["TrainConfig", "RunConfig", "RECIPES", "load_recipe", "apply_overrides", "parse_args_to_config",
-           "to_dict", "from_dict", "MEGATRON_ALIASES"]
+           "to_dict", "from_dict", "MEGATRON_ALIASES", "JOB_ALIASES", "resolve_alias"]
 
 
 @dataclass
@@ -39,19 +46,20 @@ class TrainConfig:
     """The training loop."""
 
     steps: int = 300
-    """Optimizer steps (Megatron-LM: --train-iters)."""
+    """Optimizer steps of the lm job (Megatron-LM: --train-iters; with job=rl that flag sets rl.steps)."""
     micro_batch_size: int = 8
-    """Sequences per micro-batch per rank (--micro-batch-size)."""
+    """Sequences per micro-batch per rank, lm job (--micro-batch-size; job=rl: rl.micro_batch_size)."""
     global_batch_size: int = 32
-    """Sequences per optimizer step over all DP ranks (--global-batch-size)."""
+    """Sequences per optimizer step over all DP ranks, lm job (--global-batch-size; a multiple of
+    micro_batch_size). RL steps train rl.prompts_per_step × rl.group_size sequences instead."""
     seed: int = 1234
     """Seed of model init and data (--seed)."""
     log_interval: int = 10
     """Steps between log lines (--log-interval)."""
     eval_interval: int = 50
-    """Steps between held-out evaluations; 0 disables (--eval-interval)."""
+    """Steps between held-out evaluations of the lm job; 0 disables (--eval-interval; job=rl: rl.eval_interval)."""
     eval_batches: int = 4
-    """Micro-batches per evaluation."""
+    """Micro-batches per evaluation (lm job)."""
     save_interval: int = 0
     """Steps between checkpoints; 0 = only at the end (--save-interval)."""
     keep_last: int = 2
@@ -78,11 +86,6 @@ class TrainConfig:
         for name in ("steps", "micro_batch_size", "global_batch_size", "log_interval", "eval_batches", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 1")
-        if self.global_batch_size % self.micro_batch_size:
-            raise ValueError(
-                f"train.global_batch_size={self.global_batch_size} must be a multiple of "
-                f"train.micro_batch_size={self.micro_batch_size}"
-            )
         if self.eval_interval < 0 or self.save_interval < 0:
             raise ValueError("train.eval_interval and train.save_interval must be >= 0")
         if not isinstance(self.checkpoint_checksums, bool):
@@ -126,6 +129,12 @@ class RunConfig:
         self._check_sequence_shapes()
         if self.job == "rl":
             return
+        # the lm job's loop (the RL job's batches are rl.prompts_per_step × rl.group_size, rl.micro_batch_size)
+        if self.train.global_batch_size % self.train.micro_batch_size:
+            raise ValueError(
+                f"train.global_batch_size={self.train.global_batch_size} must be a multiple of "
+                f"train.micro_batch_size={self.train.micro_batch_size}"
+            )
         if self.model.seq_length < self.data.seq_length - 1:
             raise ValueError(
                 f"model.seq_length={self.model.seq_length} is shorter than the task's "
@@ -340,9 +349,7 @@ def load_recipe(name_or_path: str, _including: tuple = ()) -> RunConfig:
                          f"({', '.join(sorted(RECIPES))}) or a .yaml file")
     try:
         cfg = load_recipe(base, (*_including, resolved)) if base else RunConfig()
-        for key, value in _flatten(data):
-            set_dotted(cfg, MEGATRON_ALIASES.get(key, key), value)
-        return cfg.validate()
+        return _apply_items(cfg, _flatten(data)).validate()
     except ValueError as exc:
         raise ValueError(f"recipe file {path}: {exc}") from None
 
@@ -418,8 +425,6 @@ def _section_error(key: str, ftype: Any, value: Any) -> ValueError:
 MEGATRON_ALIASES: dict[str, str] = {
     "tensor-model-parallel-size": "parallel.tp",
     "pipeline-model-parallel-size": "parallel.pp",
-    "micro-batch-size": "train.micro_batch_size",
-    "global-batch-size": "train.global_batch_size",
     "seq-length": "model.seq_length",
     "max-position-embeddings": "model.seq_length",
     "num-layers": "model.num_layers",
@@ -439,10 +444,8 @@ MEGATRON_ALIASES: dict[str, str] = {
     "transformer-impl": "model.transformer_impl",
     "fp8-format": "model.fp8",
     "fp8-recipe": "model.fp8_recipe",
-    "train-iters": "train.steps",
     "seed": "train.seed",
     "log-interval": "train.log_interval",
-    "eval-interval": "train.eval_interval",
     "save-interval": "train.save_interval",
     "save": "train.run_dir",
     "lr": "optimizer.logra.lr",
@@ -453,6 +456,20 @@ MEGATRON_ALIASES: dict[str, str] = {
     "adam-eps": "optimizer.native.eps",
     "optimizer": "optimizer.name",
 }
+"""Megatron-LM flags (without ``--``) -> the dotted field they set, whatever the job; the flags of
+:data:`JOB_ALIASES` are resolved against the configured job by :func:`resolve_alias`."""
+
+JOB_ALIASES: dict[str, dict[str, Optional[str]]] = {
+    "train-iters": {"lm": "train.steps", "rl": "rl.steps"},
+    "micro-batch-size": {"lm": "train.micro_batch_size", "rl": "rl.micro_batch_size"},
+    "global-batch-size": {"lm": "train.global_batch_size", "rl": None},
+    "eval-interval": {"lm": "train.eval_interval", "rl": "rl.eval_interval"},
+}
+"""Megatron-LM flags whose field depends on ``job``: the lm job's loop reads ``train.*``, the RL job
+``rl.*`` (None: no RL field; the flag is refused)."""
+
+_CONTEXT_FLAGS = frozenset(JOB_ALIASES)
+"""Flags set by :func:`resolve_alias`, after the other overrides."""
 
 # Megatron-LM boolean flags (no value) -> (dotted key, value)
 MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
@@ -587,33 +604,73 @@ def set_dotted(cfg: Any, key: str, raw: Any) -> None:
             obj = getattr(obj, part)
 
 
+def _canonical(key: str) -> str:
+    """The dotted field ``key`` names, as :func:`set_dotted` spells it (shortcuts expanded, ``-`` -> ``_``)."""
+    return _expand(key).replace("-", "_")
+
+
+def resolve_alias(cfg: RunConfig, flag: str) -> str:
+    """The dotted field that the context-dependent Megatron-LM flag ``flag`` (without ``--``) sets in
+    ``cfg``; a ``ValueError`` naming the field to use instead when the flag would have no effect."""
+    if flag in JOB_ALIASES:
+        target = JOB_ALIASES[flag].get(cfg.job)
+        if target is None:
+            rl = cfg.rl
+            raise ValueError(
+                f"--{flag} has no field in the RL job (job=rl): each RL step trains rl.prompts_per_step × "
+                f"rl.group_size = {rl.prompts_per_step} × {rl.group_size} = {rl.prompts_per_step * rl.group_size} "
+                f"sequences (in micro-batches of rl.micro_batch_size); set rl.prompts_per_step (and rl.group_size) "
+                f"instead")
+        return target
+    raise ValueError(f"--{flag} is not a context-dependent flag")
+
+
+def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> RunConfig:
+    """Set ``(key, value)`` pairs in order (a key may be a Megatron-LM flag name), then the flags whose
+    field depends on the rest of the config (:func:`resolve_alias`) against the config they leave."""
+    deferred: list[tuple[str, Any]] = []
+    given: set[str] = set()
+    for key, raw in items:
+        if key in _CONTEXT_FLAGS:
+            deferred.append((key, raw))
+            continue
+        key = MEGATRON_ALIASES.get(key, key)
+        set_dotted(cfg, key, raw)
+        given.add(_canonical(key))
+    for flag, raw in deferred:
+        target = resolve_alias(cfg, flag)
+        if target in given:
+            raise ValueError(f"--{flag} sets {target} (job={cfg.job}), which is also given: give only one of them")
+        set_dotted(cfg, target, raw)
+    return cfg
+
+
 def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
     """Apply dotted overrides and Megatron-LM flags (see module docstring), then validate."""
-    items = list(overrides)
+    items: list[tuple[str, Any]] = []
+    pending = list(overrides)
     i = 0
-    while i < len(items):
-        item = items[i]
+    while i < len(pending):
+        item = pending[i]
         i += 1
         if item.startswith("--"):
             body = item[2:]
             if "=" in body:
                 key, raw = body.split("=", 1)
             elif body in MEGATRON_FLAGS:
-                key, raw = MEGATRON_FLAGS[body]
-                set_dotted(cfg, key, raw)
+                items.append(MEGATRON_FLAGS[body])
                 continue
             else:
-                if i >= len(items):
+                if i >= len(pending):
                     raise ValueError(f"option {item} needs a value")
-                key, raw = body, items[i]
+                key, raw = body, pending[i]
                 i += 1
         elif "=" in item:
             key, raw = item.split("=", 1)
         else:
             raise ValueError(f"cannot parse override {item!r}: use key=value or --key value")
-        key = MEGATRON_ALIASES.get(key, key)
-        set_dotted(cfg, key, raw)
-    return cfg.validate()
+        items.append((key, raw))
+    return _apply_items(cfg, items).validate()
 
 
 def parse_args_to_config(recipe: Optional[str], overrides: Sequence[str]) -> RunConfig:
