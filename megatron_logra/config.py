@@ -14,7 +14,9 @@ every other override, so ``job=...`` anywhere on the line counts): ``--train-ite
 ``--micro-batch-size`` and ``--eval-interval`` set ``train.*`` for ``job=lm`` and ``rl.steps``,
 ``rl.micro_batch_size``, ``rl.eval_interval`` for ``job=rl``; ``--global-batch-size`` is
 ``train.global_batch_size`` (lm) and refused for RL, whose step trains ``rl.prompts_per_step ×
-rl.group_size`` sequences.
+rl.group_size`` sequences. The optimizer flags (``--lr``, ``--weight-decay``, ``--clip-grad``,
+``--adam-beta1/2``, ``--adam-eps``) follow ``optimizer.name`` and ``logra.recipe``
+(:data:`OPTIMIZER_ALIASES`); one the configured optimizer would not read is refused.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from megatron_logra.rl.config import RLConfig, RolloutConfig, SFTConfig
 from megatron_logra.sync.config import SyncConfig
 
 __all__ = ["TrainConfig", "RunConfig", "RECIPES", "load_recipe", "apply_overrides", "parse_args_to_config",
-           "to_dict", "from_dict", "MEGATRON_ALIASES", "JOB_ALIASES", "resolve_alias"]
+           "to_dict", "from_dict", "MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "resolve_alias"]
 
 
 @dataclass
@@ -53,7 +55,8 @@ class TrainConfig:
     """Sequences per optimizer step over all DP ranks, lm job (--global-batch-size; a multiple of
     micro_batch_size). RL steps train rl.prompts_per_step × rl.group_size sequences instead."""
     seed: int = 1234
-    """Seed of model init and data (--seed)."""
+    """Seed of the model init, the parallel RNGs and (RL) the warm start and rollout sampling (--seed); the
+    data have their own seeds: data.seed (lm job's synthetic task), task.seed / task.eval_seed (RL problems)."""
     log_interval: int = 10
     """Steps between log lines (--log-interval)."""
     eval_interval: int = 50
@@ -448,12 +451,6 @@ MEGATRON_ALIASES: dict[str, str] = {
     "log-interval": "train.log_interval",
     "save-interval": "train.save_interval",
     "save": "train.run_dir",
-    "lr": "optimizer.logra.lr",
-    "weight-decay": "optimizer.logra.weight_decay",
-    "clip-grad": "optimizer.logra.clip_grad",
-    "adam-beta1": "optimizer.native.beta1",
-    "adam-beta2": "optimizer.native.beta2",
-    "adam-eps": "optimizer.native.eps",
     "optimizer": "optimizer.name",
 }
 """Megatron-LM flags (without ``--``) -> the dotted field they set, whatever the job; the flags of
@@ -468,7 +465,19 @@ JOB_ALIASES: dict[str, dict[str, Optional[str]]] = {
 """Megatron-LM flags whose field depends on ``job``: the lm job's loop reads ``train.*``, the RL job
 ``rl.*`` (None: no RL field; the flag is refused)."""
 
-_CONTEXT_FLAGS = frozenset(JOB_ALIASES)
+OPTIMIZER_ALIASES: tuple[str, ...] = ("lr", "weight-decay", "clip-grad", "adam-beta1", "adam-beta2", "adam-eps")
+"""Megatron-LM optimizer flags, resolved against ``optimizer.name`` / ``logra.recipe`` /
+``native.freeze`` (:func:`resolve_alias`):
+
+* ``optimizer.name=adam`` (dense AdamW reads ``optimizer.native.*``): ``--lr``, ``--weight-decay``,
+  ``--adam-beta1/2``, ``--adam-eps`` set ``optimizer.native.*``; ``--clip-grad`` ``optimizer.logra.clip_grad``.
+* LoGRA, ``logra.recipe=optimizer``: ``--lr``, ``--weight-decay``, ``--clip-grad`` set ``optimizer.logra.*``
+  (the target layers; ``native.lr`` etc. stay for the other parameters); ``--adam-*`` set the AdamW of the
+  non-target parameters, ``optimizer.native.*``, refused when ``native.freeze=true`` freezes them.
+* LoGRA, ``logra.recipe=paper``: ``--lr``, ``--weight-decay`` and ``--clip-grad`` are refused (its step is
+  ``logra.update_ratio`` scaled by the KL controller's α, without weight decay on targets or clipping)."""
+
+_CONTEXT_FLAGS = frozenset(JOB_ALIASES) | frozenset(OPTIMIZER_ALIASES)
 """Flags set by :func:`resolve_alias`, after the other overrides."""
 
 # Megatron-LM boolean flags (no value) -> (dotted key, value)
@@ -622,7 +631,43 @@ def resolve_alias(cfg: RunConfig, flag: str) -> str:
                 f"sequences (in micro-batches of rl.micro_batch_size); set rl.prompts_per_step (and rl.group_size) "
                 f"instead")
         return target
+    if flag in OPTIMIZER_ALIASES:
+        return _optimizer_alias(cfg, flag)
     raise ValueError(f"--{flag} is not a context-dependent flag")
+
+
+_NATIVE_FIELDS = {"lr": "lr", "weight-decay": "weight_decay", "adam-beta1": "beta1", "adam-beta2": "beta2",
+                  "adam-eps": "eps"}
+
+
+def _optimizer_alias(cfg: RunConfig, flag: str) -> str:
+    """See :data:`OPTIMIZER_ALIASES`."""
+    opt = cfg.optimizer
+    if opt.name == "adam":  # dense AdamW (optim/dense.py): native.* for every parameter, logra.clip_grad
+        return "optimizer.logra.clip_grad" if flag == "clip-grad" else f"optimizer.native.{_NATIVE_FIELDS[flag]}"
+    if flag in ("lr", "weight-decay", "clip-grad"):
+        field = {"lr": "lr", "weight-decay": "weight_decay", "clip-grad": "clip_grad"}[flag]
+        if opt.logra.recipe == "paper":
+            why, instead = {
+                "lr": ("its step is logra.update_ratio scaled by the KL controller's α",
+                       "set logra.update_ratio (and native.lr for non-target parameters) or use logra.recipe=optimizer"),
+                "weight-decay": ("it applies no weight decay to the target layers",
+                                 "set native.weight_decay for non-target parameters or use logra.recipe=optimizer"),
+                "clip-grad": ("it does not clip: the KL controller's α bounds each step",
+                              "use logra.recipe=optimizer to clip"),
+            }[flag]
+            raise ValueError(f"--{flag} would set optimizer.logra.{field}, which logra.recipe=paper does not use "
+                             f"({why}); {instead}")
+        return f"optimizer.logra.{field}"
+    field = _NATIVE_FIELDS[flag]
+    if opt.native.freeze:
+        instead = {"beta1": "LoGRA's RowAdam has no first moment",
+                   "beta2": "LoGRA's RowAdam decay is optimizer.logra.beta2",
+                   "eps": "LoGRA's RowAdam epsilon is optimizer.logra.eps"}[field]
+        raise ValueError(f"--{flag} would set optimizer.native.{field}, the AdamW of the non-target parameters, "
+                         f"which optimizer.native.freeze=true freezes: it has no effect; {instead} (or set "
+                         f"native.freeze=false)")
+    return f"optimizer.native.{field}"
 
 
 def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> RunConfig:
@@ -640,7 +685,7 @@ def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> RunConfig:
     for flag, raw in deferred:
         target = resolve_alias(cfg, flag)
         if target in given:
-            raise ValueError(f"--{flag} sets {target} (job={cfg.job}), which is also given: give only one of them")
+            raise ValueError(f"--{flag} sets {target} here, which is also given: give only one of them")
         set_dotted(cfg, target, raw)
     return cfg
 

@@ -52,3 +52,56 @@ def test_yaml_recipe_flags_resolve_by_job(tmp_path):
     path.write_text("recipe: tiny\ntrain-iters: 7\nmicro-batch-size: 16\n")
     cfg = load_recipe(str(path))
     assert (cfg.rl.steps, cfg.rl.micro_batch_size) == (7, 16)
+
+
+# ---------------------------------------------------------------- optimizer flags
+def test_optimizer_flags_set_dense_adamw_fields_for_optimizer_adam():
+    cfg = parse_args_to_config("tiny-adam", ["--lr", "0.5", "--weight-decay", "0.1", "--adam-beta1", "0.8",
+                                             "--adam-beta2", "0.99", "--adam-eps", "1e-6", "--clip-grad", "2"])
+    native = cfg.optimizer.native
+    assert (native.lr, native.weight_decay, native.beta1, native.beta2, native.eps) == (0.5, 0.1, 0.8, 0.99, 1e-6)
+    assert cfg.optimizer.logra.clip_grad == 2.0  # dense AdamW clips at logra.clip_grad
+    assert cfg.optimizer.logra.lr == load_recipe("tiny-adam").optimizer.logra.lr
+    # optimizer.name given anywhere on the line decides
+    assert parse_args_to_config("tiny", ["--lr", "0.25", "--optimizer", "adam"]).optimizer.native.lr == 0.25
+
+
+def test_optimizer_flags_set_logra_fields_for_the_optimizer_recipe():
+    cfg = parse_args_to_config("lm-tiny", ["--lr", "0.01", "--weight-decay", "0.1", "--clip-grad", "0.5",
+                                           "--adam-beta2", "0.9"])
+    logra = cfg.optimizer.logra
+    assert (logra.lr, logra.weight_decay, logra.clip_grad) == (0.01, 0.1, 0.5)
+    assert cfg.optimizer.native.beta2 == 0.9  # native AdamW of the (trained) non-target parameters
+
+
+@pytest.mark.parametrize("flag, use", [
+    ("--lr", r"logra\.update_ratio"),
+    ("--weight-decay", r"native\.weight_decay"),
+    ("--clip-grad", r"logra\.recipe=optimizer"),
+])
+def test_flags_the_paper_recipe_does_not_read_are_refused(flag, use):
+    with pytest.raises(ValueError, match=rf"{flag} would set optimizer\.logra\.\w+, which logra\.recipe=paper does not "
+                                         rf"use .*{use}"):
+        parse_args_to_config("tiny", [flag, "0.1", "logra.recipe=paper"])
+
+
+@pytest.mark.parametrize("flag, value, use", [
+    ("--adam-beta1", "0.8", "no first moment"),
+    ("--adam-beta2", "0.99", r"optimizer\.logra\.beta2"),
+    ("--adam-eps", "1e-6", r"optimizer\.logra\.eps"),
+])
+def test_adam_flags_of_frozen_native_parameters_are_refused(flag, value, use):
+    assert load_recipe("tiny").optimizer.native.freeze
+    with pytest.raises(ValueError, match=rf"{flag} would set optimizer\.native\.\w+.*native\.freeze=true.*{use}"):
+        parse_args_to_config("tiny", [flag, value])
+    assert parse_args_to_config("tiny", [flag, value, "native.freeze=false"]).optimizer.native.freeze is False
+
+
+def test_cli_refuses_an_unused_optimizer_flag_with_exit_2(capsys):
+    from megatron_logra.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["config", "tiny", "--lr", "0.5", "logra.recipe=paper"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "logra.update_ratio" in err and "Traceback" not in err
