@@ -80,13 +80,19 @@ class SketchTarget(LinearInfo):
 
 
 class _SketchCapture(torch.autograd.Function):
-    """Identity on the layer output whose backward accumulates ``Hᵀ P`` into the sketch."""
+    """Identity on the layer output whose backward accumulates ``Hᵀ P`` into the sketch.
+
+    The output shares ``out``'s storage and version counter but is not an autograd view of it:
+    a consumer may modify it in place, as megatron's vocab-parallel cross entropy does with the
+    logits of ``output_layer`` (autograd forbids in-place changes to a custom Function's view
+    output). Nothing saves ``out`` for backward, and the shared version counter still catches any
+    later use of a stale value."""
 
     @staticmethod
     def forward(ctx, out: torch.Tensor, proj_in: torch.Tensor, anchor: torch.Tensor, target: SketchTarget):
         ctx.save_for_backward(proj_in)
         ctx.target = target
-        return out.view_as(out)
+        return out.detach()
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
