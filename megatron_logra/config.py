@@ -17,6 +17,7 @@ every other override, so ``job=...`` anywhere on the line counts): ``--train-ite
 rl.group_size`` sequences. The optimizer flags (``--lr``, ``--weight-decay``, ``--clip-grad``,
 ``--adam-beta1/2``, ``--adam-eps``) follow ``optimizer.name`` and ``logra.recipe``
 (:data:`OPTIMIZER_ALIASES`); one the configured optimizer would not read is refused.
+``--max-position-embeddings`` only checks ``model.seq_length`` (:data:`CHECK_FLAGS`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from megatron_logra.rl.config import RLConfig, RolloutConfig, SFTConfig
 from megatron_logra.sync.config import SyncConfig
 
 __all__ = ["TrainConfig", "RunConfig", "RECIPES", "load_recipe", "apply_overrides", "parse_args_to_config",
-           "to_dict", "from_dict", "MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "resolve_alias"]
+           "to_dict", "from_dict", "MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "CHECK_FLAGS",
+           "resolve_alias"]
 
 
 @dataclass
@@ -429,7 +431,6 @@ MEGATRON_ALIASES: dict[str, str] = {
     "tensor-model-parallel-size": "parallel.tp",
     "pipeline-model-parallel-size": "parallel.pp",
     "seq-length": "model.seq_length",
-    "max-position-embeddings": "model.seq_length",
     "num-layers": "model.num_layers",
     "hidden-size": "model.hidden_size",
     "ffn-hidden-size": "model.ffn_hidden_size",
@@ -477,7 +478,13 @@ OPTIMIZER_ALIASES: tuple[str, ...] = ("lr", "weight-decay", "clip-grad", "adam-b
 * LoGRA, ``logra.recipe=paper``: ``--lr``, ``--weight-decay`` and ``--clip-grad`` are refused (its step is
   ``logra.update_ratio`` scaled by the KL controller's α, without weight decay on targets or clipping)."""
 
-_CONTEXT_FLAGS = frozenset(JOB_ALIASES) | frozenset(OPTIMIZER_ALIASES)
+CHECK_FLAGS: tuple[str, ...] = ("max-position-embeddings",)
+"""Megatron-LM flags without a field of their own, accepted as a check (:func:`_check_flag`):
+``--max-position-embeddings N`` needs ``N >= model.seq_length`` (positions run up to ``model.seq_length``;
+RoPE has no position table) and, with learned absolute positions (a table of ``model.seq_length`` rows),
+``N == model.seq_length``. It never changes ``model.seq_length`` (``--seq-length``)."""
+
+_CONTEXT_FLAGS = frozenset(JOB_ALIASES) | frozenset(OPTIMIZER_ALIASES) | frozenset(CHECK_FLAGS)
 """Flags set by :func:`resolve_alias`, after the other overrides."""
 
 # Megatron-LM boolean flags (no value) -> (dotted key, value)
@@ -670,6 +677,19 @@ def _optimizer_alias(cfg: RunConfig, flag: str) -> str:
     return f"optimizer.native.{field}"
 
 
+def _check_flag(cfg: RunConfig, flag: str, raw: Any) -> None:
+    """See :data:`CHECK_FLAGS`."""
+    value = _coerce(raw, int, f"--{flag}")
+    seq, kind = cfg.model.seq_length, cfg.model.position_embedding_type
+    if value < seq:
+        raise ValueError(f"--{flag}={value} is below model.seq_length={seq}: positions run up to model.seq_length "
+                         f"(there is no separate position limit); set --seq-length / model.seq_length to at most "
+                         f"{value} or raise --{flag}")
+    if kind == "learned_absolute" and value != seq:
+        raise ValueError(f"--{flag}={value}: model.position_embedding_type=learned_absolute has a table of "
+                         f"model.seq_length={seq} positions; set --seq-length {value} to size it (or drop --{flag})")
+
+
 def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> RunConfig:
     """Set ``(key, value)`` pairs in order (a key may be a Megatron-LM flag name), then the flags whose
     field depends on the rest of the config (:func:`resolve_alias`) against the config they leave."""
@@ -683,6 +703,9 @@ def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> RunConfig:
         set_dotted(cfg, key, raw)
         given.add(_canonical(key))
     for flag, raw in deferred:
+        if flag in CHECK_FLAGS:
+            _check_flag(cfg, flag, raw)
+            continue
         target = resolve_alias(cfg, flag)
         if target in given:
             raise ValueError(f"--{flag} sets {target} here, which is also given: give only one of them")

@@ -105,3 +105,22 @@ def test_cli_refuses_an_unused_optimizer_flag_with_exit_2(capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "logra.update_ratio" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- --max-position-embeddings
+@pytest.mark.parametrize("args", [
+    ["--seq-length", "4096", "--max-position-embeddings", "32768"],
+    ["--max-position-embeddings", "32768", "--seq-length", "4096"],
+])
+def test_max_position_embeddings_never_overwrites_seq_length(args):
+    assert parse_args_to_config("qwen2.5-7b", args).model.seq_length == 4096
+
+
+def test_max_position_embeddings_below_seq_length_or_sizing_a_learned_table_is_refused():
+    with pytest.raises(ValueError, match=r"--max-position-embeddings=32 is below model\.seq_length=48"):
+        parse_args_to_config("tiny", ["--max-position-embeddings", "32"])
+    with pytest.raises(ValueError, match=r"learned_absolute .*model\.seq_length=48.*--seq-length 64"):
+        parse_args_to_config("tiny", ["--max-position-embeddings", "64", "model.position_embedding_type=learned_absolute"])
+    cfg = parse_args_to_config("tiny", ["--max-position-embeddings", "64", "--seq-length", "64",
+                                        "model.position_embedding_type=learned_absolute"])
+    assert cfg.model.seq_length == 64
