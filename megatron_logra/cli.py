@@ -10,6 +10,7 @@
     megatron-logra convert hf-to-mcore --hf DIR --out DIR [--tp N --pp M]    # HF -> per-rank megatron-core files
     megatron-logra convert mcore-to-hf --mcore DIR --out DIR [--hf-template DIR]   # and back (or a trainer checkpoint)
     megatron-logra bench paper [--quick]                       # small-scale paper figures -> docs/results.md
+    megatron-logra train --help                                # override syntax and Megatron-LM flags (also eval, config)
 
 Launch multi-process runs with torchrun, e.g.
 ``torchrun --nproc-per-node 4 -m megatron_logra.cli train --tensor-model-parallel-size 2``.
@@ -41,6 +42,66 @@ def _setup_logging() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
 
 
+_SYNOPSES = {
+    "train": ("megatron-logra train [RECIPE | FILE.yaml] [OVERRIDE ...]\n"
+              "       megatron-logra train --resume RUN_DIR [OVERRIDE ...]",
+              "Train a recipe (default: tiny, the RL job; `megatron-logra recipes` lists them) or a YAML file (a "
+              "partial config whose `recipe: NAME_OR_FILE` names its base), or continue the run in RUN_DIR from its "
+              "latest checkpoint (its config.yaml, with the overrides on top; any TP/PP/DP layout). Launch "
+              "multi-process runs with `torchrun --nproc-per-node N -m megatron_logra.cli train ...`."),
+    "eval": ("megatron-logra eval RUN_DIR [OVERRIDE ...]",
+             "Evaluate the latest checkpoint of RUN_DIR with its config.yaml (overrides on top): held-out accuracy "
+             "(RL) or loss (lm), printed as JSON."),
+    "config": ("megatron-logra config [RECIPE | FILE.yaml] [OVERRIDE ...]\n"
+               "       megatron-logra config --resume RUN_DIR [OVERRIDE ...]",
+               "Print the resolved config as YAML (default recipe: tiny): every field with its value, after the "
+               "overrides."),
+}
+"""Subcommands that take a recipe and overrides: their synopsis and description (``-h`` / ``--help``)."""
+
+
+def command_help(command: str) -> str:
+    """Usage of ``train`` / ``eval`` / ``config``: synopsis, override syntax, Megatron-LM flags, fields."""
+    import textwrap
+
+    from megatron_logra.config import CHECK_FLAGS, JOB_ALIASES, MEGATRON_ALIASES, MEGATRON_FLAGS, OPTIMIZER_ALIASES
+
+    def flags(names) -> str:
+        return textwrap.fill(", ".join(f"--{n}" for n in names), width=100, initial_indent="    ",
+                             subsequent_indent="    ", break_on_hyphens=False, break_long_words=False)
+
+    synopsis, description = _SYNOPSES[command]
+    return "\n".join([
+        f"usage: {synopsis}",
+        "",
+        textwrap.fill(description, width=100, break_on_hyphens=False),
+        "",
+        "overrides (applied in order, then the whole config is validated; a bad value is an error naming the field):",
+        "  key=value                   a dotted field: rl.steps=120  optimizer.logra.rank=8  task.datasets=chain_sum,gcd",
+        "  --key value | --key=value   the same: --rl.group_size 4  --model.hf_path=/ckpt/Qwen2.5-1.5B",
+        "  logra.* / native.*          short for optimizer.logra.* / optimizer.native.*",
+        "  Megatron-LM flags           --tensor-model-parallel-size 2  --seq-length 128  --bf16 (below)",
+        "",
+        "Megatron-LM flags (each sets one field):",
+        flags(MEGATRON_ALIASES),
+        "  by job (rl.* for job=rl, train.* for job=lm; --global-batch-size: lm only):",
+        flags(JOB_ALIASES),
+        "  by optimizer (optimizer.native.* for optimizer.name=adam, else optimizer.logra.* / the non-target AdamW;",
+        "  refused where the optimizer would not read them):",
+        flags(OPTIMIZER_ALIASES),
+        "  checks only (model.seq_length is --seq-length):",
+        flags(CHECK_FLAGS),
+        "  switches (no value):",
+        flags(MEGATRON_FLAGS),
+        "",
+        "fields:",
+        "  megatron-logra config RECIPE [OVERRIDE ...]   every field of a recipe with its value (the resolved config)",
+        "  megatron-logra recipes                        the recipes",
+        "  Each field is documented in its dataclass (megatron_logra/config.py and the configs it composes).",
+        "",
+    ])
+
+
 def _split_recipe(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
     if args and not args[0].startswith("-") and "=" not in args[0]:
         return args[0], list(args[1:])
@@ -53,6 +114,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("command", choices=["train", "eval", "plot", "config", "recipes", "memory", "convert", "bench"])
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="recipe name or YAML, then overrides")
     ns = parser.parse_args(argv)
+    if ns.command in _SYNOPSES and any(arg in ("-h", "--help") for arg in ns.rest):
+        sys.stdout.write(command_help(ns.command))
+        return 0
     _setup_logging()
     if ns.command == "memory":
         from megatron_logra.memory.cli import main as memory_main
