@@ -71,23 +71,25 @@ class KLConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("predicted", "calibrated", "none"):
             raise ValueError(f"kl.mode={self.mode!r}: choose predicted, calibrated or none")
-        if not (self.budget_start > 0 and self.budget_end > 0):
-            raise ValueError("kl.budget_start and kl.budget_end must be > 0")
+        # NaN and ±inf pass every `<` test: finiteness first (an infinite budget or α cap is an uncontrolled step)
+        for name in ("budget_start", "budget_end", "alpha_max"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"kl.{name}={value} must be a finite number > 0")
         if self.horizon < 1:
             raise ValueError(f"kl.horizon={self.horizon} must be >= 1")
-        if self.alpha_max <= 0:
-            raise ValueError(f"kl.alpha_max={self.alpha_max} must be > 0")
         for name in ("mismatch_decay", "calibration_decay"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"kl.{name}={getattr(self, name)} must lie in [0, 1)")
-        if self.calibration_clip < 1.0:
-            raise ValueError(f"kl.calibration_clip={self.calibration_clip} must be >= 1")
+        if not (math.isfinite(self.calibration_clip) and self.calibration_clip >= 1.0):
+            raise ValueError(f"kl.calibration_clip={self.calibration_clip} must be a finite number >= 1")
         if self.probe_sequences < 1 or self.probe_max_tokens < 1:
             raise ValueError("kl.probe_sequences and kl.probe_max_tokens must be >= 1")
         if self.probe not in PROBE_METHODS:
             raise ValueError(f"kl.probe={self.probe!r}: choose one of {PROBE_METHODS}")
-        if self.fd_step < 0:
-            raise ValueError(f"kl.fd_step={self.fd_step} must be >= 0 (0 chooses it from the target dtype)")
+        if not (math.isfinite(self.fd_step) and self.fd_step >= 0):
+            raise ValueError(f"kl.fd_step={self.fd_step} must be a finite number >= 0 (0 chooses it from the "
+                             "target dtype)")
         if not 0 < self.fd_min_relative < 1:
             raise ValueError(f"kl.fd_min_relative={self.fd_min_relative} must lie in (0, 1); 0.005 suits bf16")
         if self.mode == "calibrated" and not self.measure_actual:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from megatron_logra.sketch.capture import DEFAULT_TARGETS
@@ -9,6 +10,25 @@ from megatron_logra.sketch.naming import TARGET_ALIASES
 from megatron_logra.sketch.random_projection import DISTRIBUTIONS
 
 __all__ = ["LograConfig", "NativeConfig", "OptimizerConfig"]
+
+
+def _check_number(name: str, value: float, *, positive: bool) -> None:
+    """``value`` must be a finite number > 0 (``positive``) or >= 0; a ``ValueError`` naming ``name``
+    otherwise (NaN and ±inf pass every ``<`` comparison, so they are checked first)."""
+    bound = "> 0" if positive else ">= 0"
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name}={value} must be a finite number {bound}")
+
+
+def _check_decay(section: str, lr: float, weight_decay: float) -> None:
+    """Decoupled weight decay multiplies the weights by ``1 − lr·weight_decay`` each step: at or
+    below 0 it zeroes or flips them."""
+    if lr * weight_decay >= 1.0:
+        raise ValueError(
+            f"{section}.lr × {section}.weight_decay = {lr} × {weight_decay} = {lr * weight_decay:g} must be < 1: "
+            f"each step multiplies the weights by 1 − lr·weight_decay, which would zero or flip them; lower "
+            f"{section}.weight_decay (typical: 0.01–0.1) or {section}.lr"
+        )
 
 
 @dataclass
@@ -20,7 +40,7 @@ class NativeConfig:
     lr: float = 1e-3
     """AdamW learning rate."""
     weight_decay: float = 0.0
-    """Decoupled weight decay."""
+    """Decoupled weight decay (>= 0; ``lr · weight_decay < 1``)."""
     beta1: float = 0.9
     """First-moment decay."""
     beta2: float = 0.95
@@ -29,14 +49,14 @@ class NativeConfig:
     """Denominator epsilon."""
 
     def __post_init__(self) -> None:
-        if self.lr < 0:
-            raise ValueError(f"native.lr={self.lr} must be >= 0")
+        _check_number("native.lr", self.lr, positive=False)
+        _check_number("native.weight_decay", self.weight_decay, positive=False)
         if not 0.0 <= self.beta1 < 1.0:
             raise ValueError(f"native.beta1={self.beta1} must lie in [0, 1)")
         if not 0.0 <= self.beta2 < 1.0:
             raise ValueError(f"native.beta2={self.beta2} must lie in [0, 1)")
-        if self.eps <= 0:
-            raise ValueError(f"native.eps={self.eps} must be > 0")
+        _check_number("native.eps", self.eps, positive=True)
+        _check_decay("native", self.lr, self.weight_decay)
 
 
 @dataclass
@@ -61,7 +81,7 @@ class LograConfig:
     lr: float = 1e-3
     """Learning rate (optimizer recipe)."""
     weight_decay: float = 0.0
-    """Decoupled weight decay on targets (optimizer recipe)."""
+    """Decoupled weight decay on targets (optimizer recipe; >= 0, ``lr · weight_decay < 1``)."""
     beta2: float = 0.95
     """RowAdam second-moment decay, in [0, 1)."""
     eps: float = 1e-8
@@ -94,16 +114,14 @@ class LograConfig:
             raise ValueError(f"logra.recipe={self.recipe!r}: choose optimizer or paper")
         if not 0.0 <= self.beta2 < 1.0:
             raise ValueError(f"logra.beta2={self.beta2} must lie in [0, 1)")
-        if self.eps <= 0:
-            raise ValueError(f"logra.eps={self.eps} must be > 0")
-        if self.lr < 0:
-            raise ValueError(f"logra.lr={self.lr} must be >= 0")
-        if self.weight_decay < 0:
-            raise ValueError(f"logra.weight_decay={self.weight_decay} must be >= 0")
-        if self.clip_grad < 0:
-            raise ValueError(f"logra.clip_grad={self.clip_grad} must be >= 0 (0 disables clipping)")
-        if self.update_ratio <= 0:
-            raise ValueError(f"logra.update_ratio={self.update_ratio} must be > 0")
+        _check_number("logra.eps", self.eps, positive=True)
+        _check_number("logra.lr", self.lr, positive=False)
+        _check_number("logra.weight_decay", self.weight_decay, positive=False)
+        if not (math.isfinite(self.clip_grad) and self.clip_grad >= 0):
+            raise ValueError(f"logra.clip_grad={self.clip_grad} must be a finite number >= 0 (0 disables clipping)")
+        _check_number("logra.update_ratio", self.update_ratio, positive=True)
+        if self.recipe == "optimizer":  # the paper recipe applies no lr and no weight decay to targets
+            _check_decay("logra", self.lr, self.weight_decay)
         if self.masters not in ("fp32", "none"):
             raise ValueError(f"logra.masters={self.masters!r}: choose fp32 or none (bf16-only)")
         if self.rounding not in ("stochastic", "nearest"):
