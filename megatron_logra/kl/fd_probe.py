@@ -8,6 +8,10 @@ parallelism: each stage perturbs its own targets inside megatron's forward-only 
 last stage computes the prediction (and the measured KL) and broadcasts it to the other stages.
 The prediction is the same second-order KL as the forward-mode probe's, from the same
 per-position terms; :func:`megatron_logra.kl.probe.probe_method` decides which probe runs.
+
+Trained non-target parameters (the native AdamW's part of the step) are perturbed in place by
+``±h·Δθ`` for the ``±h`` forwards (:func:`shifted_parameters`; each pipeline stage its own) and
+restored bit for bit from a saved copy after each.
 """
 
 from __future__ import annotations
@@ -20,13 +24,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from megatron_logra.kl.probe import ProbeBatch, from_last_stage, mean_predicted, output_hooks, probe_logits
+from megatron_logra.kl.probe import (
+    NativeDeltas,
+    ProbeBatch,
+    from_last_stage,
+    mean_predicted,
+    output_hooks,
+    probe_logits,
+)
 from megatron_logra.parallel import ParallelGroups, group_size
 from megatron_logra.sketch.capture import SketchSet
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["perturbation_hooks", "fd_step", "predicted_kl_fd"]
+__all__ = ["perturbation_hooks", "shifted_parameters", "fd_step", "predicted_kl_fd"]
 
 
 @contextlib.contextmanager
@@ -49,6 +60,23 @@ def perturbation_hooks(
 
     with output_hooks(sketches, perturb):
         yield
+
+
+@contextlib.contextmanager
+def shifted_parameters(native: NativeDeltas, scale: float) -> Iterator[None]:
+    """Within the context each parameter ``θ`` of ``native`` holds ``θ + scale·Δθ`` (computed in fp32,
+    rounded to the parameter's dtype); afterwards the saved original, bit for bit. Nothing to do
+    (and nothing saved) when ``native`` is empty."""
+    saved = [p.detach().clone() for p, _ in native]
+    try:
+        with torch.no_grad():
+            for p, delta in native:
+                p.copy_(p.float().add_(delta.to(device=p.device, dtype=torch.float32), alpha=scale))
+        yield
+    finally:
+        with torch.no_grad():
+            for (p, _), original in zip(native, saved):
+                p.copy_(original)
 
 
 def fd_step(fixed: float, min_relative: float, relative_update: float, weight_dtype: torch.dtype) -> float:
@@ -77,13 +105,16 @@ def predicted_kl_fd(
     temperature: float = 1.0,
     chunk: int = 1024,
     step: float = 1.0,
+    native: NativeDeltas = (),
 ) -> tuple[float, Optional[torch.Tensor]]:
     """:func:`predicted_kl` by a central difference of step ``h = step`` in units of the α = 1 update.
 
     The default ``h = 1`` differences across the very step being planned, so the prediction
     holds where it is used; the error of ``δz`` is third order in ``h``. Returns the prediction
     (on every pipeline stage) and the base logits of the valid positions (last stage; None on
-    the others). Raises :class:`~megatron_logra.kl.controller.KLControlError` (on every stage)
+    the others). ``native``: this rank's trained non-target parameters and their changes in the
+    same step (:data:`~megatron_logra.kl.probe.NativeDeltas`), perturbed by ``±h·Δθ`` alongside the
+    targets and restored exactly. Raises :class:`~megatron_logra.kl.controller.KLControlError` (on every stage)
     when there are no valid positions or the prediction is not finite; logs a warning when the
     perturbation does not change the logits at all.
     """
@@ -91,15 +122,16 @@ def predicted_kl_fd(
         raise ValueError(f"kl.fd_step={step} must be > 0")
     with sketches.paused():
         z_NV = probe_logits(model, batch, groups)
-        with perturbation_hooks(sketches, directions, step, groups.tp):
+        with perturbation_hooks(sketches, directions, step, groups.tp), shifted_parameters(native, step):
             dz_NV = probe_logits(model, batch, groups)
         dz_NV = dz_NV.float() if dz_NV is not None else None  # probe_logits returns a fresh tensor: in place is safe
-        with perturbation_hooks(sketches, directions, -step, groups.tp):
+        with perturbation_hooks(sketches, directions, -step, groups.tp), shifted_parameters(native, -step):
             minus_NV = probe_logits(model, batch, groups)
 
     def predict() -> float:
         dz_NV.sub_(minus_NV).div_(2.0 * step)
-        if any(directions[t.key].any() for t in sketches.targets) and not bool(dz_NV.any()):
+        moved = any(directions[t.key].any() for t in sketches.targets) or any(bool(d.any()) for _, d in native)
+        if moved and not bool(dz_NV.any()):
             logger.warning("the finite-difference KL probe saw no change of the logits (step below their precision?)")
         return mean_predicted(z_NV, dz_NV, temperature, groups, chunk)
 

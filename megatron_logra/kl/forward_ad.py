@@ -4,8 +4,11 @@ The predicted-KL probe pushes a tangent through the policy with ``torch.autograd
 Built-in torch ops have forward-mode rules; megatron-core's own ``autograd.Function``s (the
 frozen-weight linear and the tensor-parallel region mappings) define only ``backward``, so
 forward AD through them fails. ``enable()`` adds a ``jvp`` to each, and makes their
-``forward`` keep what the ``jvp`` needs. The rules are exact: each Function is linear in
-its tensor input (weights are constants of the probe), so its tangent map is the forward map.
+``forward`` keep what the ``jvp`` needs. The rules are exact: the region mappings are linear,
+so their tangent map is the forward map; a linear ``y = x·Wᵀ + b`` has ``ẏ = ẋ·Wᵀ + x·Ẇᵀ + ḃ``,
+where ``Ẇ`` and ``ḃ`` are nonzero only when the probe gives trained non-target weights (the
+output layer) their planned change as tangent. The input ``x`` is kept only while a forward-AD
+level is active, so training forwards keep nothing extra.
 
 This is the only place megatron-core is patched for forward AD; it changes no forward or
 backward result.
@@ -30,6 +33,28 @@ def _as_view(result: torch.Tensor, tangent: torch.Tensor) -> torch.Tensor:
     return result.view_as(result) if result is tangent else result
 
 
+def _keep_for_jvp(ctx, input: torch.Tensor, weight: torch.Tensor) -> None:
+    ctx.jvp_weight = weight
+    # the input only under forward AD (the probe): a training forward of a frozen linear keeps no input
+    ctx.jvp_input = input if torch.autograd.forward_ad._current_level >= 0 else None
+
+
+def _linear_jvp(ctx, input_t, weight_t, bias_t, *unused):
+    """``ẏ = ẋ·Wᵀ + x·Ẇᵀ + ḃ`` (absent tangents are zero)."""
+    weight = ctx.jvp_weight
+    out = torch.matmul(input_t, weight.t()) if input_t is not None else None
+    if weight_t is not None:
+        if ctx.jvp_input is None:
+            raise RuntimeError("forward AD through a megatron linear lost its input")
+        term = torch.matmul(ctx.jvp_input, weight_t.t())
+        out = term if out is None else out + term
+    if bias_t is not None:
+        if out is None:
+            out = torch.zeros(*ctx.jvp_input.shape[:-1], weight.shape[0], dtype=bias_t.dtype, device=bias_t.device)
+        out = out + bias_t
+    return out
+
+
 def _keep_group_forward(forward):
     @functools.wraps(forward)
     def wrapped(ctx, input_, group, *args):
@@ -47,25 +72,19 @@ def enable() -> None:
             return
         from megatron.core.tensor_parallel import layers, mappings
 
-        # ---- frozen-weight linear: y = x Wᵀ + b  ->  ẏ = ẋ Wᵀ (W, b constant)
+        # ---- frozen-weight linear: y = x Wᵀ + b  ->  ẏ = ẋ Wᵀ + x Ẇᵀ + ḃ
         frozen = layers.LinearWithFrozenWeight
         orig_forward = frozen.forward
 
         def frozen_forward(ctx, input, weight, bias, allreduce_dgrad, tp_group):
-            ctx.jvp_weight = weight
+            _keep_for_jvp(ctx, input, weight)
             return orig_forward(ctx, input, weight, bias, allreduce_dgrad, tp_group)
 
-        def frozen_jvp(ctx, input_t, weight_t, bias_t, *unused):
-            out = torch.matmul(input_t, ctx.jvp_weight.t()) if input_t is not None else None
-            if (weight_t is not None and bool(weight_t.any())) or (bias_t is not None and bool(bias_t.any())):
-                raise RuntimeError("forward AD through a frozen megatron linear cannot carry weight tangents")
-            return out
-
         frozen.forward = staticmethod(frozen_forward)
-        frozen.jvp = staticmethod(frozen_jvp)
+        frozen.jvp = staticmethod(_linear_jvp)
 
-        # ---- trainable linear (non-target layers such as the output layer): same rule, the
-        # probe never gives weights a tangent
+        # ---- trainable linear (non-target layers such as the output layer): same rule; its weight
+        # carries a tangent when the probe predicts the native AdamW step as well
         trainable = layers.LinearWithGradAccumulationAndAsyncCommunication
         orig_trainable_forward = trainable.forward
 
@@ -73,12 +92,12 @@ def enable() -> None:
                               sequence_parallel, *rest):
             if sequence_parallel and torch.autograd.forward_ad._current_level >= 0:
                 raise NotImplementedError("the forward-AD probe does not support sequence parallelism: use kl.probe=auto or finite_difference")
-            ctx.jvp_weight = weight
+            _keep_for_jvp(ctx, input, weight)
             return orig_trainable_forward(ctx, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
                                           sequence_parallel, *rest)
 
         trainable.forward = staticmethod(trainable_forward)
-        trainable.jvp = staticmethod(frozen_jvp)
+        trainable.jvp = staticmethod(_linear_jvp)
 
         # ---- tensor-parallel region maps: each is linear, so the tangent takes the same map
         mappings._CopyToModelParallelRegion.jvp = staticmethod(lambda ctx, t, g=None: t.view_as(t))

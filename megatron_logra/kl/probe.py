@@ -2,8 +2,11 @@
 
 For the step ``ΔW_t = −D_t·A_t`` of every target ``t`` (α = 1), each target's forward hook
 adds the tangent ``−(X·A_tᵀ)·D_tᵀ`` to its output, so the logits' tangent is ``δz = J·Δθ``
-for all layers at once while the weights stay untouched. Per position, with
-``p = softmax(z/τ)``::
+for all layers at once while the weights stay untouched. When the step also changes trained
+non-target parameters (the native AdamW: embeddings, norms, biases, output layer; scaled by α
+with the rest), the probe is given those changes ``Δθ_native`` and the forward runs with each
+such parameter replaced by the dual number ``(θ, Δθ_native)`` (``torch.func.functional_call``),
+so ``δz`` covers the whole step. Per position, with ``p = softmax(z/τ)``::
 
     pred = ½ Σ_v p_v (δz_v/τ − Σ_u p_u δz_u/τ)²        (second-order KL(π_old ‖ π_new))
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -37,8 +40,14 @@ from megatron_logra.sketch.capture import SketchSet, SketchTarget
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["flat_valid", "output_hooks", "tangent_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl", "probe_method",
+__all__ = ["NativeDeltas", "flat_valid", "output_hooks", "tangent_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl", "probe_method",
            "probe_logits", "mean_predicted", "from_last_stage", "measure_kl", "ProbeBatch", "PROBE_METHODS"]
+
+
+NativeDeltas = Sequence[tuple[torch.nn.Parameter, torch.Tensor]]
+"""``(parameter, change at α = 1)`` of the trained non-target parameters of this rank (this stage's,
+this TP rank's shard); empty when they are frozen
+(:meth:`megatron_logra.optim.logra.LograOptimizer.native_deltas`)."""
 
 
 class ProbeBatch:
@@ -195,8 +204,13 @@ def predicted_kl(
     *,
     temperature: float = 1.0,
     chunk: int = 1024,
+    native: NativeDeltas = (),
 ) -> tuple[float, torch.Tensor]:
     """(mean predicted KL of the α = 1 step over valid positions, primal logits of valid positions).
+
+    ``native``: the changes of trained non-target parameters in the same step (:data:`NativeDeltas`);
+    they enter as the tangents of those parameters, so the prediction covers the whole step.
+    Empty (frozen non-targets): the plain forward, nothing extra.
 
     Raises :class:`KLControlError` when the tangent is lost (a target was never reached),
     there are no valid positions, or the prediction is not finite.
@@ -204,13 +218,34 @@ def predicted_kl(
     if groups.pp_size > 1:
         raise NotImplementedError("forward-mode tangents cannot cross pipeline stages: use predicted_kl_fd (kl.probe=auto)")
     with fwAD.dual_level(), tangent_hooks(sketches, directions, update_index, groups.tp), eval_mode(model):
-        logits = model(batch.tokens, batch.position_ids, None)
+        args = (batch.tokens, batch.position_ids, None)
+        if native:
+            logits = torch.func.functional_call(model, _dual_parameters(model, native), args)
+        else:
+            logits = model(*args)
         z, dz = fwAD.unpack_dual(logits)
         if dz is None:
             raise KLControlError("the KL probe lost its tangent: no target contributed to the logits")
         z_NV = flat_valid(z, batch.mask)
         dz_NV = flat_valid(dz, batch.mask)
     return mean_predicted(z_NV, dz_NV, temperature, groups, chunk), z_NV.detach()
+
+
+def parameter_names(model: nn.Module, params: Sequence[torch.nn.Parameter]) -> list[str]:
+    """The name of each of ``params`` in ``model`` (a ``ValueError`` for one that is not there)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    missing = [tuple(p.shape) for p in params if id(p) not in names]
+    if missing:
+        raise ValueError(f"{len(missing)} parameters with a planned change (shapes {missing[:3]}) are not "
+                         "parameters of the probed model")
+    return [names[id(p)] for p in params]
+
+
+def _dual_parameters(model: nn.Module, native: NativeDeltas) -> dict[str, torch.Tensor]:
+    """Parameter name -> dual number ``(θ, Δθ)`` (inside a ``fwAD.dual_level``)."""
+    names = parameter_names(model, [p for p, _ in native])
+    return {name: fwAD.make_dual(p.detach(), delta.to(dtype=p.dtype, device=p.device))
+            for name, (p, delta) in zip(names, native)}
 
 
 def probe_logits(model, batch: ProbeBatch, groups: ParallelGroups) -> Optional[torch.Tensor]:

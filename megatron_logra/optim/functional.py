@@ -1,5 +1,8 @@
 """Pure numerical cores of the LoGRA optimizer (no process groups, no module state).
 
+Also :func:`adamw_delta`: the parameter change of one AdamW step, computed without taking it
+(the predicted-KL probe gives the native parameters that change as their tangent).
+
 Shapes: a sketch ``S`` is ``[n_out, r]`` (``sketch_OR``), a projection ``A`` is
 ``[r, n_in]`` (``proj_RI``), a direction ``D`` has the sketch's shape, row moments ``v``
 are ``[n_out]``. The reconstructed gradient is ``S·A``; the weight update is ``ΔW = −c·D·A``.
@@ -19,6 +22,7 @@ __all__ = [
     "apply_low_rank_update_",
     "stochastic_round_bf16",
     "rounding_noise",
+    "adamw_delta",
 ]
 
 
@@ -116,3 +120,45 @@ def apply_low_rank_update_(
             weight[start:stop].copy_(stochastic_round_bf16(block, noise_fn(start, stop - start)))
         else:
             weight[start:stop].copy_(block)
+
+
+@torch.no_grad()
+def adamw_delta(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: Optional[torch.Tensor],
+    exp_avg_sq: Optional[torch.Tensor],
+    step: int,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+) -> torch.Tensor:
+    """``θ' − θ`` of one ``torch.optim.AdamW`` step (no amsgrad, not maximize), nothing modified.
+
+    ``param`` is θ before the step (the fp32 master), ``exp_avg`` / ``exp_avg_sq`` the moments
+    before it and ``step`` the number of steps already taken (0: no moments yet, which may then
+    be None). The step that is *not* taken here would do, for ``t = step + 1``::
+
+        m ← β1·m + (1−β1)·g,  v ← β2·v + (1−β2)·g²
+        θ' = (1 − lr·wd)·θ − lr/(1−β1ᵗ) · m / (sqrt(v/(1−β2ᵗ)) + ε)
+
+    Computed in ``param``'s dtype with AdamW's own order of operations, so it equals the
+    change AdamW makes up to the rounding of ``θ'`` itself. Returns a new tensor.
+    """
+    if step < 0:
+        raise ValueError(f"step={step} must be >= 0 (steps already taken)")
+    g = grad.to(param.dtype)
+    m = torch.zeros_like(param) if exp_avg is None else exp_avg.to(param.dtype)
+    m = m.lerp(g, 1.0 - beta1)
+    v = torch.zeros_like(param) if exp_avg_sq is None else exp_avg_sq.to(param.dtype)
+    v = (v * beta2).addcmul_(g, g, value=1.0 - beta2)
+    t = step + 1
+    step_size = lr / (1.0 - beta1**t)
+    denom = v.sqrt_().div_((1.0 - beta2**t) ** 0.5).add_(eps)
+    delta = m.div_(denom).mul_(-step_size)
+    if weight_decay != 0:
+        delta.sub_(param, alpha=lr * weight_decay)
+    return delta

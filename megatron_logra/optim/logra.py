@@ -210,6 +210,25 @@ class LograOptimizer(LograStateMixin):
             d.mul_(scale)
 
     @torch.no_grad()
+    def native_deltas(self, update: PreparedUpdate) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        """The native AdamW's part of ``update`` at α = 1: ``(parameter, fp32 change)`` for every trained
+        non-target parameter (:meth:`NativeAdamW.planned_deltas`); :meth:`apply` with step size α changes
+        each by α times its change (``logra.scale_native``). Empty when non-target parameters are frozen
+        (no work, no memory) or the update is skipped. A predicted-KL probe needs these beside the
+        target directions to predict the whole step.
+
+        Raises ``ValueError`` with ``logra.scale_native=false``: the native step then does not scale
+        with α, and no prediction quadratic in α covers it.
+        """
+        if update.skipped or not self.native.params:
+            return []
+        if not self.cfg.scale_native:
+            raise ValueError("optimizer.logra.scale_native=false applies the native AdamW step in full whatever the "
+                             "step size α: a KL prediction quadratic in α cannot cover it; set "
+                             "optimizer.logra.scale_native=true or optimizer.native.freeze=true")
+        return self.native.planned_deltas()
+
+    @torch.no_grad()
     def relative_update_norm(self, update: PreparedUpdate, alpha: float = 1.0) -> float:
         """``‖ΔW‖_F / ‖W‖_F`` over all targets for step size ``alpha`` (through the r×r Gram)."""
         if update.skipped:

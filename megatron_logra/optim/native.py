@@ -20,6 +20,7 @@ from typing import Iterable, Optional
 import torch
 import torch.distributed as dist
 
+from megatron_logra.optim.functional import adamw_delta
 from megatron_logra.optim.state import ParamSlot, SlotState
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
 
@@ -172,6 +173,31 @@ class NativeAdamW:
             if m is not p:
                 p.copy_(m)
                 m.grad = None
+
+    @torch.no_grad()
+    def planned_deltas(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """``(parameter, θ' − θ)`` for every parameter: the change :meth:`step` (``scale=1``) would make
+        now to its fp32 master, in fp32, nothing modified (moments advanced, bias-corrected, the
+        decoupled decay of its group; :func:`~megatron_logra.optim.functional.adamw_delta`).
+        ``step(scale)`` changes each master by ``scale·Δ``. Call after the gradients are reduced and
+        clipped (``prepare``); empty without parameters. Costs one fp32 copy of the parameters."""
+        if self.inner is None:
+            return []
+        if not isinstance(self.inner, torch.optim.AdamW):
+            raise TypeError(f"planned_deltas needs torch.optim.AdamW, this optimizer steps with {type(self.inner).__name__}")
+        group_of = {id(m): g for g in self.inner.param_groups for m in g["params"]}
+        out = []
+        for p, m, grad in zip(self.params, self.masters, self.grads()):
+            hp = group_of[id(m)]
+            if hp.get("amsgrad") or hp.get("maximize"):
+                raise ValueError("planned_deltas covers plain AdamW only (no amsgrad, no maximize)")
+            st = self.inner.state.get(m, {})
+            beta1, beta2 = hp["betas"]
+            delta = adamw_delta(m.detach(), grad, st.get("exp_avg"), st.get("exp_avg_sq"),
+                                int(st["step"]) if "step" in st else 0, lr=float(hp["lr"]), beta1=beta1,
+                                beta2=beta2, eps=hp["eps"], weight_decay=hp["weight_decay"])
+            out.append((p, delta))
+        return out
 
     def state_dict(self) -> dict:
         """AdamW's own state dict (``inner``; its parameter indices follow ``param_order``, the

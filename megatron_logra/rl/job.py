@@ -44,7 +44,7 @@ from megatron_logra.rollout import build_engine
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_rl", "build_components"]
+__all__ = ["run_rl", "build_components", "check_native_step_control"]
 
 
 class _OptimizerWithRL:
@@ -125,11 +125,26 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
         save_weights(model, groups, cache, meta={"sft_loss": loss, "key": key})
 
 
+def check_native_step_control(cfg: RunConfig) -> None:
+    """Refuse a KL-controlled LoGRA run whose trained non-target parameters (``optimizer.native.freeze=false``)
+    take their AdamW step in full whatever the step size α (``optimizer.logra.scale_native=false``): the KL
+    of such a step is not quadratic in α, so no prediction can bound it."""
+    opt = cfg.optimizer
+    if opt.name == "logra" and not opt.native.freeze and not opt.logra.scale_native and cfg.kl.mode != "none":
+        raise ValueError(
+            f"optimizer.logra.scale_native=false with trained non-target parameters (optimizer.native.freeze=false) "
+            f"and kl.mode={cfg.kl.mode}: the native AdamW step would not scale with the step size α, so the "
+            "predicted-KL controller cannot bound the update; set optimizer.logra.scale_native=true, "
+            "optimizer.native.freeze=true or kl.mode=none")
+
+
 def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponents, RLState, _OptimizerWithRL]:
     """Everything the loop needs, warm-started (and resumed when asked).
 
     ``optimizer_factory(model, cfg.optimizer, groups)``, when given, replaces ``build_optimizer``
     (benchmarks plug in other optimizers with the ``DenseAdamW`` interface this way)."""
+    if optimizer_factory is None:
+        check_native_step_control(cfg)
     if cfg.model.hf_path:  # the checkpoint's architecture replaces the recipe's
         cfg.model = model_config_from_hf(cfg.model.hf_path, base=cfg.model)
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)

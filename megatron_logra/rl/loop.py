@@ -265,13 +265,15 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     ratio_at_1 = c.optimizer.relative_update_norm(update, 1.0) if logra else None  # ‖ΔW‖/‖W‖ scales with |α|
     if logra and cfg.kl.mode != "none":
         probe = _probe_batch(batch, cfg.kl, device)
+        native = c.optimizer.native_deltas(update)  # the trained non-targets' part of the step (empty when frozen)
         if probe_method(cfg.kl.probe, c.optimizer.sketches, groups.pp_size) == "jvp":
             pred, old_logits = predicted_kl(c.model, c.optimizer.sketches, update.directions, update.update_index,
-                                            probe, groups, temperature=rl.rollout.temperature)
+                                            probe, groups, temperature=rl.rollout.temperature, native=native)
         else:
             h = fd_step(cfg.kl.fd_step, cfg.kl.fd_min_relative, ratio_at_1, c.optimizer.targets[0].weight.dtype)
             pred, old_logits = predicted_kl_fd(c.model, c.optimizer.sketches, update.directions, probe, groups,
-                                               temperature=rl.rollout.temperature, step=h)
+                                               temperature=rl.rollout.temperature, step=h, native=native)
+        del native
         alpha, budget = c.controller.step_size(pred, step)
     elif cfg.kl.measure_actual:
         probe = _probe_batch(batch, cfg.kl, device)
