@@ -55,7 +55,7 @@ _SYNOPSES = {
     "config": ("megatron-logra config [RECIPE | FILE.yaml] [OVERRIDE ...]\n"
                "       megatron-logra config --resume RUN_DIR [OVERRIDE ...]",
                "Print the resolved config as YAML (default recipe: tiny): every field with its value, after the "
-               "overrides."),
+               "overrides (with model.hf_path, the checkpoint's architecture, as the RL job takes it)."),
 }
 """Subcommands that take a recipe and overrides: their synopsis and description (``-h`` / ``--help``)."""
 

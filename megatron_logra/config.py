@@ -42,7 +42,7 @@ from megatron_logra.sync.config import SyncConfig
 
 __all__ = ["TrainConfig", "RunConfig", "RECIPES", "load_recipe", "apply_overrides", "parse_args_to_config",
            "to_dict", "from_dict", "MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "CHECK_FLAGS",
-           "resolve_alias"]
+           "resolve_alias", "resolve_hf_model"]
 
 
 @dataclass
@@ -134,6 +134,10 @@ class RunConfig:
         self._check_sequence_shapes()
         if self.job == "rl":
             return
+        if self.model.hf_path:
+            raise ValueError(f"model.hf_path={self.model.hf_path!r} is not read by job=lm (its synthetic next-token "
+                             f"task trains a model of this config from a random init): drop it (model.hf_path=) or "
+                             f"use job=rl, which starts from the checkpoint")
         # the lm job's loop (the RL job's batches are rl.prompts_per_step × rl.group_size, rl.micro_batch_size)
         if self.train.global_batch_size % self.train.micro_batch_size:
             raise ValueError(
@@ -354,7 +358,7 @@ def load_recipe(name_or_path: str, _including: tuple = ()) -> RunConfig:
                          f"({', '.join(sorted(RECIPES))}) or a .yaml file")
     try:
         cfg = load_recipe(base, (*_including, resolved)) if base else RunConfig()
-        return _apply_items(cfg, _flatten(data)).validate()
+        return _apply_items(cfg, _flatten(data))[0].validate()
     except ValueError as exc:
         raise ValueError(f"recipe file {path}: {exc}") from None
 
@@ -690,9 +694,10 @@ def _check_flag(cfg: RunConfig, flag: str, raw: Any) -> None:
                          f"model.seq_length={seq} positions; set --seq-length {value} to size it (or drop --{flag})")
 
 
-def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> RunConfig:
+def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> tuple[RunConfig, set[str]]:
     """Set ``(key, value)`` pairs in order (a key may be a Megatron-LM flag name), then the flags whose
-    field depends on the rest of the config (:func:`resolve_alias`) against the config they leave."""
+    field depends on the rest of the config (:func:`resolve_alias`) against the config they leave.
+    Returns the config and the dotted fields set."""
     deferred: list[tuple[str, Any]] = []
     given: set[str] = set()
     for key, raw in items:
@@ -710,7 +715,8 @@ def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> RunConfig:
         if target in given:
             raise ValueError(f"--{flag} sets {target} here, which is also given: give only one of them")
         set_dotted(cfg, target, raw)
-    return cfg
+        given.add(target)
+    return cfg, given
 
 
 def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
@@ -738,7 +744,27 @@ def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
         else:
             raise ValueError(f"cannot parse override {item!r}: use key=value or --key value")
         items.append((key, raw))
-    return _apply_items(cfg, items).validate()
+    cfg, given = _apply_items(cfg, items)
+    return resolve_hf_model(cfg.validate(), given)
+
+
+def resolve_hf_model(cfg: RunConfig, given: Sequence[str] = ()) -> RunConfig:
+    """With ``model.hf_path`` (job=rl), the checkpoint's architecture replaces the config's, as the RL job
+    does when it starts (``convert.model_config_from_hf``; the run's own choices, such as ``seq_length`` and
+    the dtype, stay): a missing or unreadable checkpoint is a ``ValueError`` naming ``model.hf_path``, and so is
+    an architecture field among ``given`` (fields set by the overrides) that the checkpoint would replace."""
+    if cfg.job != "rl" or not cfg.model.hf_path:
+        return cfg
+    from megatron_logra.convert.spec import ARCH_FIELDS, model_config_from_hf
+
+    mine = cfg.model
+    cfg.model = model_config_from_hf(mine.hf_path, base=mine)
+    replaced = [f"model.{k}={getattr(mine, k)!r} (the checkpoint has {getattr(cfg.model, k)!r})"
+                for k in ARCH_FIELDS if f"model.{k}" in given and getattr(mine, k) != getattr(cfg.model, k)]
+    if replaced:
+        raise ValueError(f"{'; '.join(replaced)}: the architecture comes from model.hf_path={mine.hf_path!r}; drop "
+                         f"the override or start from another checkpoint")
+    return cfg.validate()
 
 
 def parse_args_to_config(recipe: Optional[str], overrides: Sequence[str]) -> RunConfig:
