@@ -164,6 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if ns.command == "config":
         sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return 0
+    _check_resumed_architecture(parser, cfg)
 
     from megatron_logra.parallel import destroy_parallel
 
@@ -205,6 +206,19 @@ def _resume_dir(rest: Sequence[str]) -> tuple[Optional[str], list[str]]:
         if arg == "--resume" and i + 1 < len(rest) and not rest[i + 1].startswith("-") and "=" not in rest[i + 1]:
             return rest[i + 1], rest[:i] + rest[i + 2:]
     return None, rest
+
+
+def _check_resumed_architecture(parser: argparse.ArgumentParser, cfg) -> None:
+    """A run resumed (or evaluated) from a checkpoint of another architecture is an error naming the field,
+    the checkpoint's value and the new one, before anything is built."""
+    if not cfg.train.resume:
+        return
+    from megatron_logra.checkpoint import latest_checkpoint
+    from megatron_logra.checkpoint.store import check_architecture
+
+    ckpt = latest_checkpoint(cfg.train.run_dir)
+    if ckpt is not None:
+        _reporting_user_errors(parser, lambda: check_architecture(ckpt, cfg.model))
 
 
 def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[str], *, progress: Optional[bool] = None):
@@ -249,6 +263,8 @@ def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
         cfg = _run_dir_config(parser, run_dir, list(rest[1:]), progress=False)
     except ValueError as exc:
         parser.error(str(exc))
+    _check_resumed_architecture(parser, cfg)
+
     def evaluate() -> dict:
         if cfg.job == "rl":
             from megatron_logra.rl.job import build_components

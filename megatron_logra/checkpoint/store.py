@@ -69,7 +69,7 @@ from megatron_logra.parallel import ParallelGroups, all_gather_bytes, group_rank
 logger = logging.getLogger(__name__)
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "read_meta", "CheckpointError", "FORMAT_VERSION",
-           "checksum_shares", "file_crc32"]
+           "checksum_shares", "file_crc32", "check_architecture"]
 
 FORMAT_VERSION = 2
 _DIST = "dist"
@@ -554,6 +554,47 @@ def _check_compatible(saved: Any, current: Any, where: str, path: str = "") -> N
             _check_compatible(saved[key], here, where, name)
 
 
+def _architecture_problems(meta: Mapping[str, Any], model_config: Any) -> list[str]:
+    """``model.<field>`` differences between the architecture (``convert.spec.ARCH_FIELDS``) recorded in
+    ``meta`` (``config.model``, written by the jobs) and ``model_config``; none when nothing is recorded."""
+    from megatron_logra.convert.spec import ARCH_FIELDS
+
+    config = meta.get("config") if isinstance(meta, Mapping) else None
+    saved = config.get("model") if isinstance(config, Mapping) else None
+    if not isinstance(saved, Mapping):
+        return []
+    return [f"model.{k}={saved[k]!r} in the checkpoint, {getattr(model_config, k)!r} in this run"
+            for k in ARCH_FIELDS if k in saved and saved[k] != getattr(model_config, k)]
+
+
+def _architecture_error(path: Union[str, Path], problems: list[str]) -> CheckpointError:
+    return CheckpointError(f"{path} holds another model: {'; '.join(problems)}; a resumed run keeps the checkpoint's "
+                           "architecture: drop the override (or start a new run directory)")
+
+
+def check_architecture(path: Union[str, Path], model_config: Any) -> None:
+    """:class:`CheckpointError` naming every architecture field (``model.<field>``, the checkpoint's value
+    and this run's) where ``model_config`` (a ``ModelConfig``) differs from the model checkpoint ``path``
+    was saved with (``meta.json`` ``config.model``). Reads meta.json only (cheap, before anything is
+    built); a checkpoint whose meta.json cannot be read is left to :func:`load_checkpoint` to report."""
+    try:
+        meta = json.loads((Path(path) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return
+    problems = _architecture_problems(meta, model_config)
+    if problems:
+        raise _architecture_error(path, problems)
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` on one line: torch's CheckpointException carries each rank's traceback
+    in its message; its last line is the error."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return lines[-1]
+
+
 def _load_chunk(chunk: nn.Module, state: dict, where: str) -> None:
     result = chunk.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
@@ -568,6 +609,7 @@ def load_checkpoint(
     groups: ParallelGroups,
     *,
     checksums: bool = True,
+    model_config: Any = None,
 ) -> dict:
     """Restore model, optimizer (``load_sharded_state``) and, for an unchanged layout, RNG
     states from ``path`` — saved under any TP/PP/DP layout. Returns the meta dict. Collective:
@@ -575,11 +617,17 @@ def load_checkpoint(
 
     Everything is read and checked before the model or optimizer is modified: :func:`read_meta`
     over the world group (sizes; with ``checksums``, the recorded CRC-32s, each rank checking a
-    share of the files — every rank raises the same CheckpointError naming a corrupt file)."""
+    share of the files — every rank raises the same CheckpointError naming a corrupt file), then,
+    given the run's ``model_config`` (``ModelConfig``), its architecture against the checkpoint's
+    (:func:`check_architecture`: a CheckpointError naming the field, not a tensor shape mismatch)."""
     from megatron.core import dist_checkpointing
 
     path = Path(path)
     meta = read_meta(path, checksums=checksums, group=world_group())
+    if model_config is not None:
+        problems = _architecture_problems(meta, model_config)
+        if problems:
+            raise _architecture_error(path, problems)
     sharded, current, named_slots = _sharded_state(model, optimizer)
     _check_compatible(meta.get("state"), current, str(path))
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
@@ -587,7 +635,7 @@ def load_checkpoint(
     try:
         loaded = dist_checkpointing.load(sharded, str(path / _DIST))
     except (Exception, CheckpointException) as exc:  # torch.distributed.checkpoint / megatron raise many types
-        raise CheckpointError(f"{path}/{_DIST} could not be loaded into this model: {type(exc).__name__}: {exc}") from exc
+        raise CheckpointError(f"{path}/{_DIST} could not be loaded into this model: {_one_line(exc)}") from exc
     if named_slots and "optimizer" not in loaded:
         raise CheckpointError(f"{path} holds weights only (no optimizer state) and cannot be resumed")
     same_layout = (meta["tp"], meta["pp"], meta["dp"]) == (groups.tp_size, groups.pp_size, groups.dp_size)

@@ -65,7 +65,8 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
     ckpt = latest_checkpoint(cfg.train.run_dir)
     if ckpt is None:
         raise FileNotFoundError(f"{cfg.train.run_dir} has no checkpoint")
-    step = load_checkpoint(ckpt, model, optimizer, groups, checksums=cfg.train.checkpoint_checksums)["step"]
+    step = load_checkpoint(ckpt, model, optimizer, groups, checksums=cfg.train.checkpoint_checksums,
+                           model_config=cfg.model)["step"]
     task = SyntheticTask(cfg.data, cfg.model.vocab_size)
     return {"run_dir": cfg.train.run_dir, "step": step, "eval_loss": evaluate(model, task, cfg, groups, optimizer)}
 
@@ -85,7 +86,8 @@ def run_lm(cfg: RunConfig) -> dict:
     if cfg.train.resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None:
-            start = load_checkpoint(ckpt, model, optimizer, groups, checksums=cfg.train.checkpoint_checksums)["step"]
+            start = load_checkpoint(ckpt, model, optimizer, groups, checksums=cfg.train.checkpoint_checksums,
+                                    model_config=cfg.model)["step"]
             logger.info("resuming from %s at step %d", ckpt, start)
     if is_rank0():
         run_dir.mkdir(parents=True, exist_ok=True)
