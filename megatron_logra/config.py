@@ -317,7 +317,8 @@ def _short(value: Any, limit: int = 60) -> str:
 def load_recipe(name_or_path: str, _including: tuple = ()) -> RunConfig:
     """A named recipe or a YAML file (a partial RunConfig dict, applied over the defaults).
 
-    A file may name its base with ``recipe: NAME_OR_FILE``; its other keys are dotted sections/fields
+    A file may name its base with ``recipe: NAME_OR_FILE`` (a relative file path is relative to the file's
+    own directory); its other keys are dotted sections/fields
     (``train: {steps: 3}``) parsed by the fields' types. Every problem is a ``ValueError`` naming the file.
     """
     if not isinstance(name_or_path, str):
@@ -356,6 +357,8 @@ def load_recipe(name_or_path: str, _including: tuple = ()) -> RunConfig:
     if base is not None and not isinstance(base, str):
         raise ValueError(f"recipe file {path}: recipe={_short(base)} must be a recipe name "
                          f"({', '.join(sorted(RECIPES))}) or a .yaml file")
+    if base and base not in RECIPES and not Path(base).is_absolute():
+        base = str(path.parent / base)  # a file names its base relative to itself, not to the working directory
     try:
         cfg = load_recipe(base, (*_including, resolved)) if base else RunConfig()
         return _apply_items(cfg, _flatten(data))[0].validate()

@@ -135,3 +135,20 @@ def test_from_dict_coerces_like_the_overrides():
 def test_from_dict_of_a_non_mapping_is_refused(data):
     with pytest.raises(ValueError, match="mapping"):
         from_dict(RunConfig, data)
+
+
+def test_recipe_file_includes_resolve_relative_to_the_including_file(tmp_path, monkeypatch):
+    sub = tmp_path / "recipes"
+    sub.mkdir()
+    (sub / "base.yaml").write_text("recipe: lm-tiny\ntrain:\n  steps: 7\n")
+    (sub / "child.yaml").write_text("recipe: base.yaml\noptimizer:\n  logra:\n    rank: 4\n")
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_recipe(str(sub / "child.yaml"))
+    assert cfg.train.steps == 7 and cfg.optimizer.logra.rank == 4 and cfg.job == "lm"
+    (sub / "named.yaml").write_text("recipe: lm-tiny\n")  # recipe names still work
+    assert load_recipe(str(sub / "named.yaml")).job == "lm"
+    (sub / "missing.yaml").write_text("recipe: nope.yaml\n")
+    with pytest.raises(ValueError, match=r"recipe file .*recipes/nope\.yaml does not exist"):
+        load_recipe(str(sub / "missing.yaml"))
