@@ -55,7 +55,7 @@ class LograOptimizer(LograStateMixin):
         self.groups = groups
         self.sketches: SketchSet = install_sketches(
             model, cfg.targets, cfg.rank, cfg.seed, cfg.distribution, cfg.refresh,
-            tp_group=groups.tp, cache_projections=cfg.cache_projections,
+            tp_group=groups.tp, pp_group=groups.pp, cache_projections=cfg.cache_projections,
         )
         self.device = self.sketches.flat.device
         others = [p for p in module_params(model) if p.requires_grad]

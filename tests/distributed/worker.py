@@ -44,7 +44,6 @@ from megatron_logra.models.layout import gather_full_state, unshard  # noqa: E40
 from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer  # noqa: E402
 from megatron_logra.optim.logra import LograOptimizer  # noqa: E402
 from megatron_logra.parallel import ParallelConfig, destroy_parallel, initialize_parallel  # noqa: E402
-from megatron_logra.sketch.capture import install_sketches  # noqa: E402
 from megatron_logra.train.step import forward_backward  # noqa: E402
 
 # key -> (type, default); every job setting, overridable per job
@@ -122,18 +121,19 @@ TARGET_CHECKS = ("output_layer", "linear_fc1,no_such_layer")
 
 
 def _target_checks(mcfg: ModelConfig, groups, seed: int) -> dict[str, list]:
-    """PP > 1: ``install_sketches`` over the pipeline group on a fresh model for each of
-    :data:`TARGET_CHECKS`; per case, every rank's ``(pp_rank, outcome)``, the outcome being this
-    stage's number of targets or the text of the ``ValueError`` (a rank that raised alone would hang
-    its peers in the next collective, so a disagreement shows up as a timeout of the launch)."""
-    model = build_gpt(mcfg, groups, seed=seed)
+    """PP > 1: a LoGRA optimizer (whose ``install_sketches`` agrees over the pipeline group) on a
+    fresh model for each of :data:`TARGET_CHECKS`; per case, every rank's ``(pp_rank, outcome)``, the
+    outcome being this stage's number of targets or the text of the ``ValueError`` (a rank that raised
+    alone would hang its peers in the next collective, so a disagreement shows up as a timeout of the
+    launch)."""
     out = {}
     for case in TARGET_CHECKS:
+        model = build_gpt(mcfg, groups, seed=seed)
         try:
-            sketches = install_sketches(model, case.split(","), rank=8, seed=seed, tp_group=groups.tp,
-                                        pp_group=groups.pp)
-            outcome = len(sketches.targets)
-            sketches.remove()
+            opt = LograOptimizer(model, LograConfig(targets=case.split(","), rank=8, seed=seed),
+                                 NativeConfig(freeze=True), groups)
+            outcome = len(opt.sketches.targets)
+            opt.sketches.remove()
         except ValueError as exc:
             outcome = str(exc)
         gathered = [None] * dist.get_world_size()
