@@ -8,6 +8,10 @@ Which ``config.json`` an export writes (:func:`config_source`), first that appli
    (read from the checkpoint's own config, ``meta.json`` ``config.model``) when that directory exists
    here and its config.json describes the same architecture (``run``): its config.json, verbatim, so
    ``max_position_embeddings``, token ids, ``rope_scaling`` etc. are the original model's.
+
+   "Verbatim" but for the dtype: the ``torch_dtype`` / ``dtype`` fields the copied config.json has are
+   set to the dtype of the exported tensors (:func:`written_dtype`; an export never casts), e.g. a bf16
+   run started from an fp32 checkpoint (a notice names the change).
 4. Otherwise (``generated``) :func:`generated_hf_config`: built from the model config, with the fields
    serving stacks need — ``architectures`` (vLLM refuses a config without it), a top-level ``rope_theta``
    (transformers 4.x reads only that one and would silently use 10000), ``torch_dtype`` next to
@@ -22,6 +26,7 @@ source; ``generation_config.json`` from the config source.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import shutil
 from dataclasses import dataclass
@@ -37,7 +42,7 @@ from megatron_logra.models.presets import read_json_object
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ConfigSource", "config_source", "generated_hf_config", "run_dir_of", "run_tokenizer_dir",
+__all__ = ["ConfigSource", "config_source", "written_dtype", "generated_hf_config", "run_dir_of", "run_tokenizer_dir",
            "tokenizer_special_ids", "copy_files", "copy_export_extras", "GENERATION_CONFIG", "TOKENIZER_FILES"]
 
 GENERATION_CONFIG = "generation_config.json"
@@ -83,11 +88,47 @@ def _checked_config(directory: Path, cfg: ModelConfig) -> str:
     return path.read_text()
 
 
+def written_dtype(src: McoreCheckpoint) -> torch.dtype:
+    """The dtype that holds most of ``src``'s parameters, as stored (read from file headers / checkpoint
+    metadata): the dtype an export writes them in."""
+    from megatron_logra.convert.spec import megatron_plan
+
+    counts: dict[torch.dtype, int] = {}
+    for entry in megatron_plan(src.cfg, src.tp, src.pp):
+        dtype = src.dtype(entry)
+        counts[dtype] = counts.get(dtype, 0) + int(torch.Size(entry.shape).numel())
+    return max(counts, key=counts.get)
+
+
+def _with_dtype(text: str, dtype: torch.dtype, where: Path) -> str:
+    """config.json ``text`` whose ``torch_dtype`` / ``dtype`` fields (those present) name ``dtype``; the text
+    unchanged when they already do (or it has neither)."""
+    data = json.loads(text)
+    name = str(dtype).replace("torch.", "")
+    changed = {k: data[k] for k in ("torch_dtype", "dtype") if k in data and data[k] != name}
+    if not changed:
+        return text
+    data.update({k: name for k in changed})
+    logger.info("%s: %s set to %s in the exported config.json, the dtype of the exported tensors", where,
+                ", ".join(f"{k}={v!r}" for k, v in changed.items()), name)
+    return json.dumps(data, indent=2) + "\n"
+
+
 def config_source(src: McoreCheckpoint, template: Optional[Path]) -> ConfigSource:
-    """The config.json source of exporting ``src`` (module docstring); logs which one is used.
+    """The config.json source of exporting ``src`` (module docstring); logs which one is used. A copied
+    config.json's ``torch_dtype`` / ``dtype`` name the dtype of the exported tensors (:func:`written_dtype`).
 
     An explicit ``template`` without config.json, or whose config.json is of another architecture, is a
     ValueError; the run's ``model.hf_path`` is only used when it exists and matches (else a warning)."""
+    source = _config_source(src, template)
+    if source.config_text is None:
+        return source
+    assert source.dir is not None
+    text = _with_dtype(source.config_text, written_dtype(src), source.dir / "config.json")
+    return dataclasses.replace(source, config_text=text)
+
+
+def _config_source(src: McoreCheckpoint, template: Optional[Path]) -> ConfigSource:
     cfg = src.cfg
     if template is not None:
         if not (template / "config.json").is_file():

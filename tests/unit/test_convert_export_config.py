@@ -230,3 +230,24 @@ def test_run_hf_path_of_another_architecture_is_not_used(groups, tmp_path, caplo
     assert not (tmp_path / "hf" / "generation_config.json").exists()
     warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert "hidden_size" in warned and str(other) in warned and "generated" in warned
+
+
+def test_copied_config_names_the_dtype_of_the_exported_tensors(groups, tmp_path, caplog):
+    """A bf16 run started from an fp32 checkpoint: the template's config.json is kept but for its dtype fields,
+    which name what was written (it said float32 over bf16 tensors)."""
+    base, _ = _hf_template(tmp_path)
+    template = json.loads((base / "config.json").read_text())
+    keys = [k for k in ("torch_dtype", "dtype") if k in template]
+    assert keys and all(template[k] == "float32" for k in keys)
+    cfg = model_config_from_hf(base, base=ModelConfig(seq_length=64, params_dtype="bfloat16"))
+    step, _ = _trainer_checkpoint(tmp_path / "run", groups, cfg, seed=4)
+    for name, kwargs in (("run", {}), ("explicit", {"hf_template": base})):
+        out = tmp_path / f"hf_{name}"
+        with caplog.at_level(logging.INFO, logger="megatron_logra.convert"):
+            convert_mcore_to_hf(step, out, **kwargs)
+        tensors = load_file(str(out / "model.safetensors"))  # bf16 weights (the local layers keep norms in fp32)
+        assert tensors["model.embed_tokens.weight"].dtype == tensors["lm_head.weight"].dtype == torch.bfloat16
+        raw = json.loads((out / "config.json").read_text())
+        assert all(raw[k] == "bfloat16" for k in keys), raw
+        assert {k: v for k, v in raw.items() if k not in keys} == {k: v for k, v in template.items() if k not in keys}
+    assert any("bfloat16" in r.getMessage() and "dtype" in r.getMessage() for r in caplog.records)
