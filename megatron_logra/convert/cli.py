@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Optional, Sequence
+
+from megatron_logra.cli import USER_ERRORS
 
 __all__ = ["main", "build_parser"]
 
@@ -59,7 +62,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "megatron-logra conve
                                         max_shard_size=ns.max_shard_size, force=ns.force, verify=not ns.no_verify)
             out = {"out": ns.out, "files": index["files"], "metadata": index["metadata"],
                    "num_tensors": len(index["weight_map"])}
-    except (ValueError, FileNotFoundError) as exc:
+    except USER_ERRORS as exc:  # bad input (a path, a field, a tensor): one line, as the main CLI reports it
+        if os.environ.get("MEGATRON_LOGRA_TRACEBACK", "") not in ("", "0"):
+            raise
         sys.stderr.write(f"{prog} {ns.direction}: error: {exc}\n")
         return 2
     sys.stdout.write(json.dumps(out, indent=1) + "\n")
