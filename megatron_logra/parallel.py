@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -33,7 +34,7 @@ class ParallelConfig:
     backend: str = "auto"
     """torch.distributed backend: auto (nccl with CUDA, else gloo), nccl or gloo."""
     timeout_minutes: int = 30
-    """Collective timeout."""
+    """Collective timeout in minutes (>= 1)."""
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -42,6 +43,19 @@ class ParallelConfig:
             raise ValueError(f"parallel.pp={self.pp} must be >= 1")
         if self.backend not in ("auto", "nccl", "gloo"):
             raise ValueError(f"parallel.backend={self.backend!r}: choose auto, nccl or gloo")
+        _check_timeout(self.timeout_minutes)
+
+
+_MAX_TIMEOUT_MINUTES = datetime.timedelta.max.days * 24 * 60
+
+
+def _check_timeout(value) -> None:
+    """``parallel.timeout_minutes`` must be a finite number of minutes >= 1 that ``datetime.timedelta`` holds
+    (0 or less times every collective out at once; NaN passes every ``<`` comparison)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (ok and math.isfinite(value) and 1 <= value <= _MAX_TIMEOUT_MINUTES):
+        raise ValueError(f"parallel.timeout_minutes={value!r} must be a finite number of minutes from 1 to "
+                         f"{_MAX_TIMEOUT_MINUTES:.0f} (the collective timeout; default 30)")
 
 
 def group_size(group: Optional[dist.ProcessGroup]) -> int:

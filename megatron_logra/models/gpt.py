@@ -27,6 +27,12 @@ __all__ = ["ModelConfig", "build_gpt", "init_layout_invariant_", "weight_source_
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _check_positive(name: str, value: float, example: str) -> None:
+    """``value`` must be a finite number > 0; a ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a finite number > 0 ({example})")
+
+
 @dataclass
 class ModelConfig:
     """Shape and options of a decoder-only GPT (megatron-core ``GPTModel``)."""
@@ -47,7 +53,7 @@ class ModelConfig:
     vocab_size: int = 64
     """Tokenizer vocabulary; padded to a multiple of ``make_vocab_size_divisible_by × tp``."""
     make_vocab_size_divisible_by: int = 16
-    """Vocabulary padding multiple (--make-vocab-size-divisible-by)."""
+    """Vocabulary padding multiple, >= 1 (--make-vocab-size-divisible-by)."""
     seq_length: int = 64
     """Maximum sequence length (--seq-length / --max-position-embeddings)."""
     swiglu: bool = True
@@ -57,7 +63,7 @@ class ModelConfig:
     position_embedding_type: str = "rope"
     """rope or learned_absolute."""
     rotary_base: int = 10000
-    """RoPE base (--rotary-base)."""
+    """RoPE base theta, > 0 (--rotary-base)."""
     add_bias_linear: bool = False
     """Biases on all linears (--add-bias-linear)."""
     add_qkv_bias: bool = False
@@ -71,13 +77,13 @@ class ModelConfig:
     recompute: str = "none"
     """Activation recompute: none or full (--recompute-granularity full, uniform, 1 layer)."""
     hidden_dropout: float = 0.0
-    """Dropout after attention/MLP (--hidden-dropout)."""
+    """Dropout after attention/MLP, in [0, 1) (--hidden-dropout)."""
     attention_dropout: float = 0.0
-    """Dropout on attention probabilities (--attention-dropout)."""
+    """Dropout on attention probabilities, in [0, 1) (--attention-dropout)."""
     init_std: float = 0.02
-    """Std of the normal init (--init-method-std)."""
+    """Std of the normal init, > 0 (--init-method-std)."""
     layernorm_epsilon: float = 1e-6
-    """Norm epsilon (--norm-epsilon)."""
+    """Norm epsilon, > 0 (--norm-epsilon)."""
     transformer_impl: str = "local"
     """Layer implementation: ``local`` (megatron-core local spec, CPU and GPU), ``transformer_engine``
     (TE spec: fused norm+linear, TE attention, FP8, sequence parallelism; needs CUDA and the ``gpu``
@@ -101,6 +107,22 @@ class ModelConfig:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size", "seq_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be >= 1")
+        if self.make_vocab_size_divisible_by < 1:
+            raise ValueError(f"model.make_vocab_size_divisible_by={self.make_vocab_size_divisible_by} must be >= 1 "
+                             f"(the vocabulary padding multiple; 1 pads nothing)")
+        if self.num_query_groups is not None and (not isinstance(self.num_query_groups, int) or self.num_query_groups < 1):
+            raise ValueError(f"model.num_query_groups={self.num_query_groups!r} must be a positive integer that divides "
+                             f"model.num_attention_heads (or null for multi-head attention)")
+        # NaN and ±inf pass every ``<`` comparison: check finiteness first. Each of these values otherwise
+        # reaches the first forward as a NaN loss (rotary_base <= 0, layernorm_epsilon < 0) or a torch error
+        _check_positive("model.rotary_base", self.rotary_base, "the RoPE base theta, e.g. 10000")
+        _check_positive("model.layernorm_epsilon", self.layernorm_epsilon, "e.g. 1e-6 for RMSNorm, 1e-5 for LayerNorm")
+        # std 0 initialises every weight to zero: every gradient is zero then and the model never trains
+        _check_positive("model.init_std", self.init_std, "e.g. 0.02")
+        for name in ("hidden_dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value < 1.0):
+                raise ValueError(f"model.{name}={value} must be a dropout probability in [0, 1) (0 disables dropout)")
         if self.kv_channels is not None and (not isinstance(self.kv_channels, int) or self.kv_channels < 1):
             raise ValueError(f"model.kv_channels={self.kv_channels!r} must be a positive integer (or null for "
                              "hidden_size / num_attention_heads)")
