@@ -66,7 +66,11 @@ class LograConfig:
     rank: int = 256
     """Sketch rank r (1 <= r <= n_in of every target)."""
     targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
-    """Target layers: Megatron kinds or HF/SGLang aliases (q_proj, gate_up_proj, ...)."""
+    """Target layers: Megatron kinds (linear_qkv, linear_proj, linear_fc1, linear_fc2), HF/SGLang aliases that
+    select a kind (``sketch.naming.TARGET_ALIASES``: q_proj, k_proj, v_proj and qkv_proj select linear_qkv, the
+    whole fused QKV weight; o_proj selects linear_proj; gate_proj, up_proj and gate_up_proj select linear_fc1,
+    the whole fused gate+up weight; down_proj selects linear_fc2), or exact leaf module names (output_layer).
+    A name that matches no module of the model is refused when the sketches are installed."""
     distribution: str = "rademacher"
     """Projection entries: rademacher (±1/√r) or gaussian (N(0, 1/r))."""
     refresh: bool = True

@@ -284,7 +284,15 @@ def _require_grad_hook(module, args, output):
 
 
 def _matches(leaf: str, requested: str) -> bool:
-    return leaf == requested or TARGET_ALIASES.get(leaf) == requested
+    """Whether a module with leaf name ``leaf`` is selected by the target name ``requested``: the same leaf
+    name, or the same Megatron kind once both names go through ``TARGET_ALIASES`` (``q_proj`` selects
+    megatron's fused ``linear_qkv``, ``gate_proj`` its fused ``linear_fc1``, and in a model with separate
+    HF projections ``q_proj`` selects ``k_proj`` and ``v_proj`` too: they read the same input and share
+    one projection)."""
+    if leaf == requested:
+        return True
+    kind = TARGET_ALIASES.get(requested)
+    return kind is not None and TARGET_ALIASES.get(leaf) == kind
 
 
 def _check_own_weight(module: nn.Module, module_name: str, matched: list[str]) -> None:
@@ -337,8 +345,12 @@ def install_sketches(
 
     Args:
         model: a module or a list of modules (pipeline chunks).
-        targets: Megatron kinds (``linear_qkv``, ``linear_proj``, ``linear_fc1``, ``linear_fc2``,
-            each also matching its HF/SGLang aliases) or exact leaf module names.
+        targets: Megatron kinds (``linear_qkv``, ``linear_proj``, ``linear_fc1``, ``linear_fc2``),
+            HF/SGLang aliases of them (``TARGET_ALIASES``: ``q_proj``/``k_proj``/``v_proj``/``qkv_proj``
+            select ``linear_qkv``, the whole fused QKV weight; ``o_proj`` selects ``linear_proj``;
+            ``gate_proj``/``up_proj``/``gate_up_proj`` select ``linear_fc1``, the whole fused gate+up
+            weight; ``down_proj`` selects ``linear_fc2``), or exact leaf module names. A module
+            matches a name when their leaf names are equal or both map to the same kind.
         rank: sketch rank ``r`` (1 <= r <= n_in of every target).
         seed: base seed of the projections.
         distribution: ``rademacher`` or ``gaussian``.
@@ -398,9 +410,12 @@ def install_sketches(
     missing = [r for r, n in hits.items() if n == 0]
     if missing:
         where = " (on any pipeline stage)" if group_size(pp_group) > 1 else ""
+        kinds = [f"{r} selects {TARGET_ALIASES[r]}" for r in missing if TARGET_ALIASES.get(r, r) != r]
         raise ValueError(
-            f"targets {missing} match no module of the model{where}; known target names are "
-            f"{sorted(set(TARGET_ALIASES))} or exact leaf module names"
+            f"targets {missing} match no module of the model{where}"
+            + (f" ({'; '.join(kinds)})" if kinds else "")
+            + f"; known target names are {sorted(set(TARGET_ALIASES))} (each alias selects its Megatron kind) "
+            f"or exact leaf module names"
         )
     counts: dict[str, int] = {}
     for t in found:

@@ -490,3 +490,87 @@ def test_megatron_gpt_all_frozen_fills_sketches(groups, recompute):
     assert float(ss_ref.flat.abs().max()) > 0
     # H and X do not depend on which parameters train: identical sketches
     assert torch.equal(ss.flat, ss_ref.flat)
+
+
+# --------------------------------------------------------------------------- target names and aliases
+
+_ALIAS_KIND = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv", "qkv_proj": "linear_qkv",
+               "o_proj": "linear_proj", "gate_proj": "linear_fc1", "up_proj": "linear_fc1",
+               "gate_up_proj": "linear_fc1", "down_proj": "linear_fc2"}
+
+
+def test_alias_table_is_the_documented_one():
+    from megatron_logra.sketch.naming import TARGET_ALIASES
+
+    assert {a: k for a, k in TARGET_ALIASES.items() if a != k} == _ALIAS_KIND
+
+
+def test_megatron_gpt_hf_alias_targets_select_the_fused_megatron_modules(groups):
+    # the README's example: megatron has no q_proj leaf, q_proj selects the fused linear_qkv (whole weight)
+    from megatron_logra.models.gpt import ModelConfig, build_gpt
+
+    model = build_gpt(ModelConfig(), groups)
+    ss = install_sketches(model, targets=("q_proj", "o_proj", "gate_up_proj", "down_proj"), rank=4)
+    assert {t.module_name: t.name for t in ss.targets} == GPT_TARGETS
+    assert {t.module_name: t.kind for t in ss.targets} == {
+        f"decoder.layers.{i}.{k}": k.split(".")[-1] for i in range(2) for k in GPT_LEAVES}
+    ss.remove()
+    for alias, kind in _ALIAS_KIND.items():
+        ss = install_sketches(model, targets=(alias,), rank=4)
+        assert sorted(t.module_name for t in ss.targets) == [f"decoder.layers.{i}.{k}" for i in range(2)
+                                                             for k in GPT_LEAVES if k.endswith(kind)], alias
+        ss.remove()
+
+
+class MegatronNamedLayer(nn.Module):
+    """Leaf names of a megatron-core layer (plain linears): fast alias checks without megatron."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.self_attention = nn.Module()
+        self.self_attention.linear_qkv = nn.Linear(d, 3 * d, bias=False)
+        self.self_attention.linear_proj = nn.Linear(d, d, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.linear_fc1 = nn.Linear(d, 4 * d, bias=False)
+        self.mlp.linear_fc2 = nn.Linear(2 * d, d, bias=False)
+
+
+def _megatron_named_model() -> nn.Module:
+    model = nn.Module()
+    model.decoder = nn.Module()
+    model.decoder.layers = nn.ModuleList([MegatronNamedLayer(), MegatronNamedLayer()])
+    model.output_layer = nn.Linear(8, 5, bias=False)
+    return model
+
+
+@pytest.mark.parametrize("alias, kind", sorted(_ALIAS_KIND.items()))
+def test_each_alias_selects_its_megatron_kind(alias, kind):
+    ss = install_sketches(_megatron_named_model(), targets=(alias,), rank=2)
+    group = "mlp" if kind in ("linear_fc1", "linear_fc2") else "self_attention"
+    assert sorted(t.module_name for t in ss.targets) == [f"decoder.layers.{i}.{group}.{kind}" for i in range(2)]
+    assert {t.kind for t in ss.targets} == {kind}
+
+
+def test_kinds_aliases_and_exact_leaf_names_mix_and_overlap():
+    # an alias and its kind name the same module once; an exact leaf name (output_layer) still works
+    ss = install_sketches(_megatron_named_model(), targets=("linear_qkv", "q_proj", "down_proj", "output_layer"), rank=2)
+    assert sorted(t.module_name for t in ss.targets) == [
+        "decoder.layers.0.mlp.linear_fc2", "decoder.layers.0.self_attention.linear_qkv",
+        "decoder.layers.1.mlp.linear_fc2", "decoder.layers.1.self_attention.linear_qkv", "output_layer"]
+
+
+def test_hf_alias_selects_every_projection_of_its_kind_in_an_hf_layout():
+    # separate HF q/k/v read the same input and share one projection: q_proj names the kind, all three
+    model = nn.Module()
+    model.model = nn.Module()
+    model.model.layers = nn.ModuleList([HFLayer()])
+    ss = install_sketches(model, targets=("q_proj",), rank=2)
+    assert sorted(t.module_name for t in ss.targets) == [f"model.layers.0.self_attn.{p}" for p in ("k_proj", "q_proj",
+                                                                                                     "v_proj")]
+    assert {t.name for t in ss.targets} == {"model.layers.0.self_attn.qkv_proj"}
+
+
+def test_an_alias_whose_kind_is_absent_is_refused_naming_its_kind():
+    with pytest.raises(ValueError, match=r"targets \['q_proj'\] match no module of the model \(q_proj selects "
+                                         r"linear_qkv\); known target names are"):
+        install_sketches(make_mlp(), targets=("linear_fc1", "q_proj"), rank=4)
