@@ -34,7 +34,14 @@ from megatron_logra.parallel import ParallelGroups, initialize_parallel, world_g
 from megatron_logra.rollout.driver import share_from_driver
 from megatron_logra.rewards import build_task
 from megatron_logra.rl.config import check_rl_batch_layout
-from megatron_logra.rl.loop import RLComponents, RLState, evaluate_accuracy, rl_prompt_ids, rl_update
+from megatron_logra.rl.loop import (
+    RLComponents,
+    RLState,
+    check_prompt_fits,
+    evaluate_accuracy,
+    rl_prompt_ids,
+    rl_update,
+)
 from megatron_logra.rl.sft import load_weights, run_sft, save_weights, warm_start_key
 from megatron_logra.convert.load import load_hf_into_model
 from megatron_logra.convert.spec import model_config_from_hf
@@ -156,6 +163,8 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
     tok = _tokenizer(cfg, task, run_dir)
     if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
         rl_prompt_ids(tok, cfg.rl, "check")
+    for problem in task.eval_problems():  # the same on every rank: a long prompt fails here, not mid-run
+        check_prompt_fits(cfg, len(rl_prompt_ids(tok, cfg.rl, problem.prompt)), problem.prompt)
     if len(tok) > cfg.model.vocab_size:
         raise ValueError(f"the tokenizer has {len(tok)} tokens but model.vocab_size={cfg.model.vocab_size}; raise it")
     resume_from = latest_checkpoint(run_dir) if cfg.train.resume else None
@@ -185,7 +194,8 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
     state.baseline.weight = cfg.rl.advantage.baseline_weight
     bundle = _OptimizerWithRL(optimizer, controller, state)
     if resume_from is not None:
-        load_checkpoint(resume_from, model, bundle, groups, checksums=cfg.train.checkpoint_checksums)
+        load_checkpoint(resume_from, model, bundle, groups, checksums=cfg.train.checkpoint_checksums,
+                        model_config=cfg.model)
         logger.info("resumed from %s at RL step %d", resume_from, state.step)
     engine = build_engine(cfg, model, groups)
 

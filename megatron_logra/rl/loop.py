@@ -27,7 +27,8 @@ from megatron_logra.train.step import Batch, forward_backward, model_device
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RLState", "RLComponents", "rl_update", "evaluate_accuracy", "make_rl_loss_fn", "reinforce_advantages"]
+__all__ = ["RLState", "RLComponents", "rl_update", "evaluate_accuracy", "make_rl_loss_fn", "reinforce_advantages",
+           "check_prompt_fits"]
 
 
 @dataclass
@@ -106,13 +107,19 @@ def rl_prompt_ids(tok: Any, rl_cfg: Any, text: str) -> list[int]:
 def _prompt_ids(c: RLComponents, text: str) -> list[int]:
     """Token ids of a problem's prompt; a prompt that leaves no room for the response is an error."""
     ids = rl_prompt_ids(c.tokenizer, c.cfg.rl, text)
-    room = c.cfg.model.seq_length + 1 - c.cfg.rl.rollout.max_new_tokens
-    if len(ids) > room:
-        raise ValueError(
-            f"a prompt of {len(ids)} tokens does not fit: model.seq_length={c.cfg.model.seq_length} leaves "
-            f"{room} tokens before rl.rollout.max_new_tokens={c.cfg.rl.rollout.max_new_tokens}; raise "
-            f"model.seq_length or shorten the prompts (prompt starts {text[:60]!r})")
+    check_prompt_fits(c.cfg, len(ids), text)
     return ids
+
+
+def check_prompt_fits(cfg, num_ids: int, text: str) -> None:
+    """A prompt of ``num_ids`` tokens must leave room for ``rl.rollout.max_new_tokens`` within
+    ``model.seq_length + 1`` (the last sampled token is never fed back); ``ValueError`` naming both."""
+    room = cfg.model.seq_length + 1 - cfg.rl.rollout.max_new_tokens
+    if num_ids > room:
+        raise ValueError(
+            f"a prompt of {num_ids} tokens does not fit: model.seq_length={cfg.model.seq_length} leaves "
+            f"{room} tokens before rl.rollout.max_new_tokens={cfg.rl.rollout.max_new_tokens}; raise "
+            f"model.seq_length or shorten the prompts (prompt starts {text[:60]!r})")
 
 
 def _prompt_batch(c: RLComponents, problems: list, repeat: int) -> list[list[int]]:

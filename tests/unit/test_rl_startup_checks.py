@@ -1,0 +1,38 @@
+"""What the RL job refuses at start-up, before a model is built."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_logra.config import parse_args_to_config
+
+
+def test_an_eval_prompt_that_cannot_fit_is_refused_before_the_model_is_built(tmp_path, monkeypatch):
+    """The held-out prompts are tokenized at start-up: one that leaves no room for
+    ``rl.rollout.max_new_tokens`` fails there, not at the first evaluation after the warm start."""
+    from megatron_logra.data.tokenizer import build_tokenizer
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.rewards import build_task
+    from megatron_logra.rl import job
+    from megatron_logra.rl.loop import rl_prompt_ids
+
+    cfg = parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "model.seq_length=12",
+                                        "task.num_eval=4"])
+    # the longest held-out prompt, tokenized independently of the job, must exceed the room
+    task = build_task(cfg.task)
+    tok = build_tokenizer(cfg.tokenizer, [])
+    longest = max(len(rl_prompt_ids(tok, cfg.rl, p.prompt)) for p in task.eval_problems())
+    room = cfg.model.seq_length + 1 - cfg.rl.rollout.max_new_tokens
+    assert longest > room
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was built before the prompts were checked")
+
+    monkeypatch.setattr(job, "build_gpt", no_model)
+    destroy_parallel()
+    try:
+        with pytest.raises(ValueError, match=rf"a prompt of {longest} tokens does not fit: model.seq_length=12 "
+                                             rf"leaves {room} tokens"):
+            job.run_rl(cfg)
+    finally:
+        destroy_parallel()
