@@ -15,6 +15,8 @@ from typing import Optional
 
 import torch
 
+from megatron_logra.rl.checks import check_finite_fields
+
 __all__ = ["grpo_advantages", "EMABaseline", "AdvantageConfig"]
 
 
@@ -32,6 +34,7 @@ class AdvantageConfig:
     """REINFORCE: EMA weight w of the batch mean reward."""
 
     def __post_init__(self) -> None:
+        check_finite_fields("rl.advantage", self)  # first: nan passes the comparisons below
         if self.estimator not in ("grpo", "reinforce"):
             raise ValueError(f"rl.advantage.estimator={self.estimator!r}: choose grpo or reinforce")
         if not 0.0 < self.baseline_weight <= 1.0:

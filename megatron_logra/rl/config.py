@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from megatron_logra.rl.advantages import AdvantageConfig
+from megatron_logra.rl.checks import check_finite_fields
 from megatron_logra.rl.losses import LossConfig
 
 if TYPE_CHECKING:
     from megatron_logra.config import RunConfig
 
 __all__ = ["RolloutConfig", "SFTConfig", "RLConfig", "check_rl_batch_layout", "share_per_rank"]
-
-
-def _check_finite(prefix: str, obj: Any) -> None:
-    """Refuse nan / inf in the float fields of the dataclass ``obj`` (``ValueError`` naming ``prefix.field``):
-    no float setting of the RL job means anything at nan or inf, and most comparisons pass nan silently."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if f.type in ("float", float) and isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{prefix}.{f.name}={value} must be a finite number (not nan or inf): set a finite value "
-                             f"(default {f.default})")
 
 
 @dataclass
@@ -74,7 +63,7 @@ class RolloutConfig:
     """Samples per held-out problem; accuracy is their mean (mean@k, "pass@1 over k samples")."""
 
     def __post_init__(self) -> None:
-        _check_finite("rl.rollout", self)
+        check_finite_fields("rl.rollout", self)
         if self.engine not in ("embedded", "sglang"):
             raise ValueError(f"rl.rollout.engine={self.engine!r}: choose embedded or sglang")
         if self.sglang_url and self.engine != "sglang":
@@ -129,7 +118,7 @@ class SFTConfig:
     """Keyword arguments of the teacher factory (e.g. ``{"slip_rate": 0.6}``)."""
 
     def __post_init__(self) -> None:
-        _check_finite("sft", self)
+        check_finite_fields("sft", self)
         if self.steps < 0 or self.batch_size < 1 or self.lr <= 0:
             raise ValueError("sft.steps must be >= 0, sft.batch_size >= 1 and sft.lr > 0")
         if not 0.0 <= self.final_lr_ratio <= 1.0:
@@ -174,9 +163,6 @@ class RLConfig:
         if not isinstance(self.prompt_template, str) or "{prompt}" not in self.prompt_template:
             raise ValueError(f"rl.prompt_template={self.prompt_template!r} must contain {{prompt}}, which is replaced "
                              "by the problem's text: add it, e.g. '{prompt}\\n'")
-        # the advantage and loss settings are checked here too: their own checks compare, and nan passes them
-        _check_finite("rl.advantage", self.advantage)
-        _check_finite("rl.loss", self.loss)
         if self.group_size == 1 and self.advantage.estimator == "grpo":
             raise ValueError("rl.group_size=1 with rl.advantage.estimator=grpo gives every sample an advantage of 0 "
                              "(a group of one is its own mean), so nothing is learned: set rl.group_size >= 2 or "

@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from megatron_logra.rl.checks import check_finite_fields
 from megatron_logra.rl.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs_and_entropy, chunked_token_logprobs
 
 __all__ = ["LossConfig", "tis_pg_loss", "ppo_clip_loss", "kl_penalty", "token_logprobs", "token_logprobs_and_entropy"]
@@ -48,12 +49,15 @@ class LossConfig:
     0 processes the whole micro-batch as one chunk."""
 
     def __post_init__(self) -> None:
+        check_finite_fields("rl.loss", self)  # first: nan passes the comparisons below
         if self.kind not in ("tis", "ppo"):
             raise ValueError(f"rl.loss.kind={self.kind!r}: choose tis or ppo")
         if self.tis_cap <= 0:
             raise ValueError(f"rl.loss.tis_cap={self.tis_cap} must be > 0")
-        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
-            raise ValueError("rl.loss.clip_low must lie in [0, 1) and rl.loss.clip_high must be >= 0")
+        if not 0 <= self.clip_low < 1:
+            raise ValueError(f"rl.loss.clip_low={self.clip_low} must lie in [0, 1)")
+        if self.clip_high < 0:
+            raise ValueError(f"rl.loss.clip_high={self.clip_high} must be >= 0")
         if self.kl_coef < 0:
             raise ValueError(f"rl.loss.kl_coef={self.kl_coef} must be >= 0")
         if self.kl_estimator not in ("k1", "k3"):

@@ -81,3 +81,28 @@ def test_prompt_template_with_literal_braces_is_applied():
 def test_prompt_template_without_the_prompt_field_is_refused(template):
     with pytest.raises(ValueError, match=r"rl\.prompt_template=.* must contain \{prompt\}.*add it"):
         RLConfig(prompt_template=template)
+
+
+@pytest.mark.parametrize("value", [NAN, INF, -INF], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("cls, section, field", [
+    (LossConfig, "rl.loss", "tis_cap"),
+    (LossConfig, "rl.loss", "clip_low"),
+    (LossConfig, "rl.loss", "clip_high"),
+    (LossConfig, "rl.loss", "kl_coef"),
+    (AdvantageConfig, "rl.advantage", "eps"),
+    (AdvantageConfig, "rl.advantage", "baseline_weight"),
+])
+def test_loss_and_advantage_configs_refuse_non_finite_floats_on_their_own(cls, section, field, value):
+    # constructed standalone (not inside an RLConfig): nan passed their range checks (kl_coef=nan, tis_cap=nan,
+    # eps=nan were accepted)
+    with pytest.raises(ValueError, match=rf"^{re.escape(section)}\.{field}=(nan|inf|-inf) must be a finite number"):
+        cls(**{field: value})
+
+
+def test_loss_clip_range_errors_name_the_field():
+    with pytest.raises(ValueError, match=r"^rl\.loss\.clip_low=1\.0 must lie in \[0, 1\)$"):
+        LossConfig(clip_low=1.0)
+    with pytest.raises(ValueError, match=r"^rl\.loss\.clip_high=-0\.1 must be >= 0$"):
+        LossConfig(clip_high=-0.1)
+    LossConfig(clip_low=0.0, clip_high=0.0, kl_coef=0.0)
+    AdvantageConfig(eps=0.0, baseline_weight=1.0)
