@@ -84,13 +84,40 @@ def built(tmp_path_factory):
 
 
 def fixed_sequence(comps) -> tuple[list[int], int]:
-    """BOS + a templated training prompt + its reference answer + EOS, and the prompt length."""
+    """A training prompt as the RL loop builds it (``rl_prompt_ids``: BOS, then ``rl.prompt_template`` with
+    ``{prompt}`` replaced and every other brace literal) + its reference answer + EOS, and the prompt length."""
+    from megatron_logra.rl.loop import rl_prompt_ids
+
     tok, cfg = comps.tokenizer, comps.cfg
     problem = comps.task.train_problem(12345)
-    prompt = [tok.bos_token_id] + tok(cfg.rl.prompt_template.format(prompt=problem.prompt),
-                                      add_special_tokens=False)["input_ids"]
+    prompt = rl_prompt_ids(tok, cfg.rl, problem.prompt)
     answer = tok(problem.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     return prompt + answer, len(prompt)
+
+
+class _CodePoints:
+    """A tokenizer stand-in: one id per character (its code point), BOS 1, EOS 2."""
+
+    bos_token_id, eos_token_id = 1, 2
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(ch) for ch in text]}
+
+
+def test_fixed_sequence_templates_the_prompt_as_the_rl_loop_does():
+    # a template with literal braces (str.format read \boxed{} as a positional field and raised)
+    from types import SimpleNamespace
+
+    from megatron_logra.rl.config import RLConfig
+
+    rl = RLConfig(prompt_template="{prompt}\nPut your final answer within \\boxed{}.")
+    problem = SimpleNamespace(prompt="3+4", answer="7")
+    comps = SimpleNamespace(tokenizer=_CodePoints(), cfg=SimpleNamespace(rl=rl),
+                            task=SimpleNamespace(train_problem=lambda seed: problem))
+    seq, plen = fixed_sequence(comps)
+    text = "3+4\nPut your final answer within \\boxed{}."
+    assert seq == [1] + [ord(ch) for ch in text] + [ord("7"), 2]
+    assert plen == 1 + len(text)
 
 
 def megatron_logprobs(comps, seq: list[int], prompt_len: int) -> torch.Tensor:
