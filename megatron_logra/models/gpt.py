@@ -55,7 +55,7 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = 16
     """Vocabulary padding multiple, >= 1 (--make-vocab-size-divisible-by)."""
     seq_length: int = 64
-    """Maximum sequence length (--seq-length / --max-position-embeddings)."""
+    """Maximum sequence length (--seq-length; --max-position-embeddings is only checked against it)."""
     swiglu: bool = True
     """Gated SiLU MLP (Llama/Qwen); False = GELU MLP."""
     normalization: str = "RMSNorm"
