@@ -64,7 +64,7 @@ def command_help(command: str) -> str:
     """Usage of ``train`` / ``eval`` / ``config``: synopsis, override syntax, Megatron-LM flags, fields."""
     import textwrap
 
-    from megatron_logra.config import CHECK_FLAGS, JOB_ALIASES, MEGATRON_ALIASES, MEGATRON_FLAGS, OPTIMIZER_ALIASES
+    from megatron_logra.overrides import CHECK_FLAGS, JOB_ALIASES, MEGATRON_ALIASES, MEGATRON_FLAGS, OPTIMIZER_ALIASES
 
     def flags(names) -> str:
         return textwrap.fill(", ".join(f"--{n}" for n in names), width=100, initial_indent="    ",
@@ -131,7 +131,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return bench_main(ns.rest)
 
-    from megatron_logra.config import RECIPES, parse_args_to_config, to_dict
+    from megatron_logra.config import RECIPES, to_dict
+    from megatron_logra.overrides import parse_args_to_config
 
     if ns.command == "recipes":
         for name, fn in RECIPES.items():
@@ -227,7 +228,8 @@ def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[st
     from pathlib import Path
 
     from megatron_logra.checkpoint import latest_checkpoint
-    from megatron_logra.config import RunConfig, apply_overrides, from_dict
+    from megatron_logra.config import RunConfig, from_dict
+    from megatron_logra.overrides import apply_overrides
 
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.yaml"

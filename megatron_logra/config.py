@@ -1,23 +1,11 @@
-"""Run configuration: each component's dataclass composed into :class:`RunConfig`, recipes,
-dotted CLI overrides and Megatron-LM flag aliases.
+"""Run configuration: each component's dataclass composed into :class:`RunConfig`, the named recipes
+(:data:`RECIPES`; ``recipes_large`` registers the GPU sizes) and (de)serialisation to and from a plain dict.
 
-Overrides take any of these forms::
-
-    optimizer.logra.rank=64      --optimizer.logra.rank 64      --logra.rank=64
-    --tensor-model-parallel-size 2   --micro-batch-size 4   --bf16
-
-``logra.`` and ``native.`` are short for ``optimizer.logra.`` and ``optimizer.native.``.
-Every value is parsed by the field's annotated type and the whole config is re-validated.
-
-A few Megatron-LM flags set the field that the configured job reads (:func:`resolve_alias`, after
-every other override, so ``job=...`` anywhere on the line counts): ``--train-iters``,
-``--micro-batch-size`` and ``--eval-interval`` set ``train.*`` for ``job=lm`` and ``rl.steps``,
-``rl.micro_batch_size``, ``rl.eval_interval`` for ``job=rl``; ``--global-batch-size`` is
-``train.global_batch_size`` (lm) and refused for RL, whose step trains ``rl.prompts_per_step ×
-rl.group_size`` sequences. The optimizer flags (``--lr``, ``--weight-decay``, ``--clip-grad``,
-``--adam-beta1/2``, ``--adam-eps``) follow ``optimizer.name`` and ``logra.recipe``
-(:data:`OPTIMIZER_ALIASES`); one the configured optimizer would not read is refused.
-``--max-position-embeddings`` only checks ``model.seq_length`` (:data:`CHECK_FLAGS`).
+:func:`from_dict` checks a saved config's values as the command line does, so the parsing of one value by
+its field's annotated type (``_parse_value``, ``_coerce``, the section helpers) lives here too;
+:mod:`megatron_logra.overrides` reuses it. Building a config from a recipe name or YAML file plus dotted
+overrides and Megatron-LM flags is :mod:`megatron_logra.overrides`, which imports this module (never the
+reverse).
 """
 
 from __future__ import annotations
@@ -26,9 +14,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
-
-import yaml
+from typing import Any, Callable, Sequence
 
 from megatron_logra.data.synthetic import SyntheticConfig
 from megatron_logra.data.tokenizer import TokenizerConfig
@@ -40,9 +26,7 @@ from megatron_logra.rewards import TaskConfig
 from megatron_logra.rl.config import RLConfig, RolloutConfig, SFTConfig
 from megatron_logra.sync.config import SyncConfig
 
-__all__ = ["TrainConfig", "RunConfig", "RECIPES", "load_recipe", "apply_overrides", "parse_args_to_config",
-           "to_dict", "from_dict", "MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "CHECK_FLAGS",
-           "resolve_alias", "resolve_hf_model"]
+__all__ = ["TrainConfig", "RunConfig", "RECIPES", "to_dict", "from_dict"]
 
 
 @dataclass
@@ -309,104 +293,10 @@ def from_dict(cls: type, data: dict, _prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+# ---------------------------------------------------------------------------- values by annotated type
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def load_recipe(name_or_path: str, _including: tuple = ()) -> RunConfig:
-    """A named recipe or a YAML file (a partial RunConfig dict, applied over the defaults).
-
-    A file may name its base with ``recipe: NAME_OR_FILE`` (a relative file path is relative to the file's
-    own directory); its other keys are dotted sections/fields
-    (``train: {steps: 3}``) parsed by the fields' types. Every problem is a ``ValueError`` naming the file.
-    """
-    if not isinstance(name_or_path, str):
-        raise ValueError(f"recipe={_short(name_or_path)}: give a recipe name ({', '.join(sorted(RECIPES))}) "
-                         "or a .yaml file")
-    if name_or_path in RECIPES:
-        return RECIPES[name_or_path]()
-    path = Path(name_or_path)
-    if path.suffix.lower() not in (".yaml", ".yml"):
-        raise ValueError(f"unknown recipe {name_or_path!r}: choose one of {sorted(RECIPES)} or a .yaml file")
-    if not path.exists():
-        raise ValueError(f"recipe file {path} does not exist (check the path; named recipes: {sorted(RECIPES)})")
-    if not path.is_file():
-        raise ValueError(f"recipe file {path} is not a file")
-    resolved = path.resolve()
-    if resolved in _including:
-        chain = " -> ".join(str(p) for p in (*_including, resolved))
-        raise ValueError(f"recipe file {path} includes itself through 'recipe:' ({chain}); break the cycle")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read recipe file {path}: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"recipe file {path} is not valid YAML: {_yaml_problem(exc)}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ValueError(
-            f"recipe file {path}: the top level must be a mapping of config sections and fields "
-            f"(e.g. 'recipe: tiny' / 'train:' / 'rl:'), got a {type(data).__name__} {_short(data)}"
-        )
-    data = dict(data)
-    base = data.pop("recipe", None)
-    if base is not None and not isinstance(base, str):
-        raise ValueError(f"recipe file {path}: recipe={_short(base)} must be a recipe name "
-                         f"({', '.join(sorted(RECIPES))}) or a .yaml file")
-    if base and base not in RECIPES and not Path(base).is_absolute():
-        base = str(path.parent / base)  # a file names its base relative to itself, not to the working directory
-    try:
-        cfg = load_recipe(base, (*_including, resolved)) if base else RunConfig()
-        return _apply_items(cfg, _flatten(data))[0].validate()
-    except ValueError as exc:
-        raise ValueError(f"recipe file {path}: {exc}") from None
-
-
-def _yaml_problem(exc: Exception) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None)
-    if mark is None or not problem:
-        return " ".join(str(exc).split())
-    context = getattr(exc, "context", None)
-    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
-
-
-def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
-    """Nested YAML sections -> (dotted key, value); a mapping given to a dict-typed field stays whole."""
-    out = []
-    for k, v in data.items():
-        key = f"{prefix}{k}"
-        ftype = _field_type(key)
-        if isinstance(v, dict) and not _is_mapping_type(ftype) and (v or _is_section(ftype)):
-            out.extend(_flatten(v, f"{key}."))  # an empty section ("rl: {}") changes nothing
-        else:
-            out.append((key, v))
-    return out
-
-
-def _field_type(key: str) -> Any:
-    """The annotated type of dotted ``key`` in :class:`RunConfig` (shortcuts and aliases applied), or None."""
-    key = _expand(MEGATRON_ALIASES.get(key, key))
-    cls: Any = RunConfig
-    ftype: Any = None
-    for part in key.split("."):
-        if not _is_section(cls):
-            return None
-        hints = typing.get_type_hints(_section_type(cls))
-        if part not in hints:
-            return None
-        ftype = cls = hints[part]
-    return ftype
-
-
-def _is_mapping_type(ftype: Any) -> bool:
-    if typing.get_origin(ftype) is typing.Union:
-        return any(_is_mapping_type(a) for a in typing.get_args(ftype))
-    return ftype is dict or typing.get_origin(ftype) is dict
 
 
 def _section_type(ftype: Any) -> Any:
@@ -431,84 +321,6 @@ def _section_error(key: str, ftype: Any, value: Any) -> ValueError:
         f"{key}={_short(value)}: {key} is a section ({cls.__name__}), not a single value; set its fields "
         f"with {key}.<field>=... (in YAML, a mapping under '{key.rsplit('.', 1)[-1]}:'); fields: {fields}"
     )
-
-
-# ---------------------------------------------------------------------------- overrides
-MEGATRON_ALIASES: dict[str, str] = {
-    "tensor-model-parallel-size": "parallel.tp",
-    "pipeline-model-parallel-size": "parallel.pp",
-    "seq-length": "model.seq_length",
-    "num-layers": "model.num_layers",
-    "hidden-size": "model.hidden_size",
-    "ffn-hidden-size": "model.ffn_hidden_size",
-    "num-attention-heads": "model.num_attention_heads",
-    "kv-channels": "model.kv_channels",
-    "num-query-groups": "model.num_query_groups",
-    "init-method-std": "model.init_std",
-    "hidden-dropout": "model.hidden_dropout",
-    "attention-dropout": "model.attention_dropout",
-    "rotary-base": "model.rotary_base",
-    "normalization": "model.normalization",
-    "norm-epsilon": "model.layernorm_epsilon",
-    "recompute-granularity": "model.recompute",
-    "make-vocab-size-divisible-by": "model.make_vocab_size_divisible_by",
-    "transformer-impl": "model.transformer_impl",
-    "fp8-format": "model.fp8",
-    "fp8-recipe": "model.fp8_recipe",
-    "seed": "train.seed",
-    "log-interval": "train.log_interval",
-    "save-interval": "train.save_interval",
-    "save": "train.run_dir",
-    "optimizer": "optimizer.name",
-}
-"""Megatron-LM flags (without ``--``) -> the dotted field they set, whatever the job; the flags of
-:data:`JOB_ALIASES` are resolved against the configured job by :func:`resolve_alias`."""
-
-JOB_ALIASES: dict[str, dict[str, Optional[str]]] = {
-    "train-iters": {"lm": "train.steps", "rl": "rl.steps"},
-    "micro-batch-size": {"lm": "train.micro_batch_size", "rl": "rl.micro_batch_size"},
-    "global-batch-size": {"lm": "train.global_batch_size", "rl": None},
-    "eval-interval": {"lm": "train.eval_interval", "rl": "rl.eval_interval"},
-}
-"""Megatron-LM flags whose field depends on ``job``: the lm job's loop reads ``train.*``, the RL job
-``rl.*`` (None: no RL field; the flag is refused)."""
-
-OPTIMIZER_ALIASES: tuple[str, ...] = ("lr", "weight-decay", "clip-grad", "adam-beta1", "adam-beta2", "adam-eps")
-"""Megatron-LM optimizer flags, resolved against ``optimizer.name`` / ``logra.recipe`` /
-``native.freeze`` (:func:`resolve_alias`):
-
-* ``optimizer.name=adam`` (dense AdamW reads ``optimizer.native.*``): ``--lr``, ``--weight-decay``,
-  ``--adam-beta1/2``, ``--adam-eps`` set ``optimizer.native.*``; ``--clip-grad`` ``optimizer.logra.clip_grad``.
-* LoGRA, ``logra.recipe=optimizer``: ``--lr``, ``--weight-decay``, ``--clip-grad`` set ``optimizer.logra.*``
-  (the target layers; ``native.lr`` etc. stay for the other parameters); ``--adam-*`` set the AdamW of the
-  non-target parameters, ``optimizer.native.*``, refused when ``native.freeze=true`` freezes them.
-* LoGRA, ``logra.recipe=paper``: ``--lr``, ``--weight-decay`` and ``--clip-grad`` are refused (its step is
-  ``logra.update_ratio`` scaled by the KL controller's α, without weight decay on targets or clipping)."""
-
-CHECK_FLAGS: tuple[str, ...] = ("max-position-embeddings",)
-"""Megatron-LM flags without a field of their own, accepted as a check (:func:`_check_flag`):
-``--max-position-embeddings N`` needs ``N >= model.seq_length`` (positions run up to ``model.seq_length``;
-RoPE has no position table) and, with learned absolute positions (a table of ``model.seq_length`` rows),
-``N == model.seq_length``. It never changes ``model.seq_length`` (``--seq-length``)."""
-
-_CONTEXT_FLAGS = frozenset(JOB_ALIASES) | frozenset(OPTIMIZER_ALIASES) | frozenset(CHECK_FLAGS)
-"""Flags set by :func:`resolve_alias`, after the other overrides."""
-
-# Megatron-LM boolean flags (no value) -> (dotted key, value)
-MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
-    "bf16": ("model.params_dtype", "bfloat16"),
-    "fp16": ("model.params_dtype", "float16"),
-    "swiglu": ("model.swiglu", "true"),
-    "untie-embeddings-and-output-weights": ("model.untie_embeddings_and_output_weights", "true"),
-    "add-qkv-bias": ("model.add_qkv_bias", "true"),
-    "add-bias-linear": ("model.add_bias_linear", "true"),
-    "disable-bias-linear": ("model.add_bias_linear", "false"),
-    "qk-layernorm": ("model.qk_layernorm", "true"),
-    "sequence-parallel": ("model.sequence_parallel", "true"),
-    "resume": ("train.resume", "true"),
-}
-
-_SHORTCUTS = {"logra.": "optimizer.logra.", "native.": "optimizer.native."}
 
 
 def _parse_value(raw: str, ftype: Any, key: str) -> Any:
@@ -596,180 +408,3 @@ def _coerce(value: Any, ftype: Any, key: str) -> Any:
             raise ValueError(f"{key}={_short(value)} is not a mapping (give a JSON object / YAML mapping)")
         return value
     return value
-
-
-def _expand(key: str) -> str:
-    for short, full in _SHORTCUTS.items():
-        if key.startswith(short):
-            return full + key[len(short):]
-        if key == short[:-1]:  # the section itself ("logra" -> "optimizer.logra")
-            return full[:-1]
-    return key
-
-
-def set_dotted(cfg: Any, key: str, raw: Any) -> None:
-    """Set ``cfg.<key>`` from ``raw`` (a command-line string, or a YAML value), parsed by the field's type."""
-    key = _expand(key)
-    parts = key.replace("-", "_").split(".")
-    key = ".".join(parts)
-    obj = cfg
-    for i, part in enumerate(parts):
-        if not dataclasses.is_dataclass(obj):
-            raise ValueError(f"unknown config key {key!r}: {'.'.join(parts[:i])} is not a section")
-        names = {f.name for f in dataclasses.fields(obj)}
-        if part not in names:
-            where = ".".join(parts[:i]) or "the run config"
-            raise ValueError(f"unknown config key {key!r}: {where} has no field {part!r}; known: {sorted(names)}")
-        if i == len(parts) - 1:
-            ftype = typing.get_type_hints(type(obj))[part]
-            setattr(obj, part, _coerce(raw, ftype, key))
-        else:
-            obj = getattr(obj, part)
-
-
-def _canonical(key: str) -> str:
-    """The dotted field ``key`` names, as :func:`set_dotted` spells it (shortcuts expanded, ``-`` -> ``_``)."""
-    return _expand(key).replace("-", "_")
-
-
-def resolve_alias(cfg: RunConfig, flag: str) -> str:
-    """The dotted field that the context-dependent Megatron-LM flag ``flag`` (without ``--``) sets in
-    ``cfg``; a ``ValueError`` naming the field to use instead when the flag would have no effect."""
-    if flag in JOB_ALIASES:
-        target = JOB_ALIASES[flag].get(cfg.job)
-        if target is None:
-            rl = cfg.rl
-            raise ValueError(
-                f"--{flag} has no field in the RL job (job=rl): each RL step trains rl.prompts_per_step × "
-                f"rl.group_size = {rl.prompts_per_step} × {rl.group_size} = {rl.prompts_per_step * rl.group_size} "
-                f"sequences (in micro-batches of rl.micro_batch_size); set rl.prompts_per_step (and rl.group_size) "
-                f"instead")
-        return target
-    if flag in OPTIMIZER_ALIASES:
-        return _optimizer_alias(cfg, flag)
-    raise ValueError(f"--{flag} is not a context-dependent flag")
-
-
-_NATIVE_FIELDS = {"lr": "lr", "weight-decay": "weight_decay", "adam-beta1": "beta1", "adam-beta2": "beta2",
-                  "adam-eps": "eps"}
-
-
-def _optimizer_alias(cfg: RunConfig, flag: str) -> str:
-    """See :data:`OPTIMIZER_ALIASES`."""
-    opt = cfg.optimizer
-    if opt.name == "adam":  # dense AdamW (optim/dense.py): native.* for every parameter, logra.clip_grad
-        return "optimizer.logra.clip_grad" if flag == "clip-grad" else f"optimizer.native.{_NATIVE_FIELDS[flag]}"
-    if flag in ("lr", "weight-decay", "clip-grad"):
-        field = {"lr": "lr", "weight-decay": "weight_decay", "clip-grad": "clip_grad"}[flag]
-        if opt.logra.recipe == "paper":
-            why, instead = {
-                "lr": ("its step is logra.update_ratio scaled by the KL controller's α",
-                       "set logra.update_ratio (and native.lr for non-target parameters) or use logra.recipe=optimizer"),
-                "weight-decay": ("it applies no weight decay to the target layers",
-                                 "set native.weight_decay for non-target parameters or use logra.recipe=optimizer"),
-                "clip-grad": ("it does not clip: the KL controller's α bounds each step",
-                              "use logra.recipe=optimizer to clip"),
-            }[flag]
-            raise ValueError(f"--{flag} would set optimizer.logra.{field}, which logra.recipe=paper does not use "
-                             f"({why}); {instead}")
-        return f"optimizer.logra.{field}"
-    field = _NATIVE_FIELDS[flag]
-    if opt.native.freeze:
-        instead = {"beta1": "LoGRA's RowAdam has no first moment",
-                   "beta2": "LoGRA's RowAdam decay is optimizer.logra.beta2",
-                   "eps": "LoGRA's RowAdam epsilon is optimizer.logra.eps"}[field]
-        raise ValueError(f"--{flag} would set optimizer.native.{field}, the AdamW of the non-target parameters, "
-                         f"which optimizer.native.freeze=true freezes: it has no effect; {instead} (or set "
-                         f"native.freeze=false)")
-    return f"optimizer.native.{field}"
-
-
-def _check_flag(cfg: RunConfig, flag: str, raw: Any) -> None:
-    """See :data:`CHECK_FLAGS`."""
-    value = _coerce(raw, int, f"--{flag}")
-    seq, kind = cfg.model.seq_length, cfg.model.position_embedding_type
-    if value < seq:
-        raise ValueError(f"--{flag}={value} is below model.seq_length={seq}: positions run up to model.seq_length "
-                         f"(there is no separate position limit); set --seq-length / model.seq_length to at most "
-                         f"{value} or raise --{flag}")
-    if kind == "learned_absolute" and value != seq:
-        raise ValueError(f"--{flag}={value}: model.position_embedding_type=learned_absolute has a table of "
-                         f"model.seq_length={seq} positions; set --seq-length {value} to size it (or drop --{flag})")
-
-
-def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> tuple[RunConfig, set[str]]:
-    """Set ``(key, value)`` pairs in order (a key may be a Megatron-LM flag name), then the flags whose
-    field depends on the rest of the config (:func:`resolve_alias`) against the config they leave.
-    Returns the config and the dotted fields set."""
-    deferred: list[tuple[str, Any]] = []
-    given: set[str] = set()
-    for key, raw in items:
-        if key in _CONTEXT_FLAGS:
-            deferred.append((key, raw))
-            continue
-        key = MEGATRON_ALIASES.get(key, key)
-        set_dotted(cfg, key, raw)
-        given.add(_canonical(key))
-    for flag, raw in deferred:
-        if flag in CHECK_FLAGS:
-            _check_flag(cfg, flag, raw)
-            continue
-        target = resolve_alias(cfg, flag)
-        if target in given:
-            raise ValueError(f"--{flag} sets {target} here, which is also given: give only one of them")
-        set_dotted(cfg, target, raw)
-        given.add(target)
-    return cfg, given
-
-
-def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
-    """Apply dotted overrides and Megatron-LM flags (see module docstring), then validate."""
-    items: list[tuple[str, Any]] = []
-    pending = list(overrides)
-    i = 0
-    while i < len(pending):
-        item = pending[i]
-        i += 1
-        if item.startswith("--"):
-            body = item[2:]
-            if "=" in body:
-                key, raw = body.split("=", 1)
-            elif body in MEGATRON_FLAGS:
-                items.append(MEGATRON_FLAGS[body])
-                continue
-            else:
-                if i >= len(pending):
-                    raise ValueError(f"option {item} needs a value")
-                key, raw = body, pending[i]
-                i += 1
-        elif "=" in item:
-            key, raw = item.split("=", 1)
-        else:
-            raise ValueError(f"cannot parse override {item!r}: use key=value or --key value")
-        items.append((key, raw))
-    cfg, given = _apply_items(cfg, items)
-    return resolve_hf_model(cfg.validate(), given)
-
-
-def resolve_hf_model(cfg: RunConfig, given: Sequence[str] = ()) -> RunConfig:
-    """With ``model.hf_path`` (job=rl), the checkpoint's architecture replaces the config's, as the RL job
-    does when it starts (``convert.model_config_from_hf``; the run's own choices, such as ``seq_length`` and
-    the dtype, stay): a missing or unreadable checkpoint is a ``ValueError`` naming ``model.hf_path``, and so is
-    an architecture field among ``given`` (fields set by the overrides) that the checkpoint would replace."""
-    if cfg.job != "rl" or not cfg.model.hf_path:
-        return cfg
-    from megatron_logra.convert.spec import ARCH_FIELDS, model_config_from_hf
-
-    mine = cfg.model
-    cfg.model = model_config_from_hf(mine.hf_path, base=mine)
-    replaced = [f"model.{k}={getattr(mine, k)!r} (the checkpoint has {getattr(cfg.model, k)!r})"
-                for k in ARCH_FIELDS if f"model.{k}" in given and getattr(mine, k) != getattr(cfg.model, k)]
-    if replaced:
-        raise ValueError(f"{'; '.join(replaced)}: the architecture comes from model.hf_path={mine.hf_path!r}; drop "
-                         f"the override or start from another checkpoint")
-    return cfg.validate()
-
-
-def parse_args_to_config(recipe: Optional[str], overrides: Sequence[str]) -> RunConfig:
-    """Recipe (default ``tiny``) plus overrides."""
-    return apply_overrides(load_recipe(recipe or "tiny"), overrides)

@@ -60,7 +60,7 @@ def trainer_logprobs(comps: Any, prompt: list[int], completion: list[int], tempe
 def run(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_args: Optional[dict] = None,
         max_logprob_gap: float = 0.05, run_dir: Optional[Path] = None, report: Callable[[str], None] = log) -> dict:
     """Build the job with SGLang rollouts, run ``steps`` updates, check 1-3 of the module docstring."""
-    from megatron_logra.config import load_recipe
+    from megatron_logra.overrides import load_recipe
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rl.job import build_components
     from megatron_logra.rl.loop import _prompt_ids, rl_update

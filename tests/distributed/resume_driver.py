@@ -47,7 +47,7 @@ def _barrier() -> None:
 def main() -> int:
     out_path, ops = sys.argv[1], json.loads(sys.argv[2])
     from megatron_logra import cli
-    from megatron_logra.config import parse_args_to_config
+    from megatron_logra.overrides import parse_args_to_config
     from megatron_logra.train.lm import run_lm
 
     results: dict = {}

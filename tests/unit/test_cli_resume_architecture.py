@@ -13,8 +13,9 @@ import yaml
 from megatron_logra.checkpoint import CheckpointError, save_checkpoint
 from megatron_logra.checkpoint.store import load_checkpoint
 from megatron_logra.cli import main
-from megatron_logra.config import load_recipe, to_dict
+from megatron_logra.config import to_dict
 from megatron_logra.models.gpt import build_gpt
+from megatron_logra.overrides import load_recipe
 from test_checkpoint_checksums import MODEL
 
 

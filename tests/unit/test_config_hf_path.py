@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from megatron_logra.cli import main
-from megatron_logra.config import load_recipe, parse_args_to_config
+from megatron_logra.overrides import load_recipe, parse_args_to_config
 
 HF = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
       "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 160,

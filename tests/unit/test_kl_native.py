@@ -188,7 +188,7 @@ def test_native_deltas_are_empty_for_frozen_non_targets_and_refused_unscaled(gro
 def test_rl_job_refuses_unscaled_native_steps_under_kl_control(monkeypatch):
     """Checked from the configuration, before process groups, model or rollouts exist."""
     import megatron_logra.rl.job as job
-    from megatron_logra.config import load_recipe
+    from megatron_logra.overrides import load_recipe
 
     def too_far(*args, **kwargs):
         raise AssertionError("build_components went past the check")

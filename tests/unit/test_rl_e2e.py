@@ -49,7 +49,7 @@ def _one_thread():
 
 
 def small_cfg(run_dir: Path, *extra: str):
-    from megatron_logra.config import parse_args_to_config
+    from megatron_logra.overrides import parse_args_to_config
 
     return parse_args_to_config("tiny", [
         "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_logra.config import parse_args_to_config
+from megatron_logra.overrides import parse_args_to_config
 
 
 def test_an_eval_prompt_that_cannot_fit_is_refused_before_the_model_is_built(tmp_path, monkeypatch):

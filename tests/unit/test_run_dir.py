@@ -68,7 +68,8 @@ def test_cli_refuses_a_used_run_dir_with_a_message(tmp_path, capsys):
 
 def test_cli_resume_with_another_run_dir_is_refused(tmp_path, capsys):
     from megatron_logra.cli import main
-    from megatron_logra.config import parse_args_to_config, to_dict
+    from megatron_logra.config import to_dict
+    from megatron_logra.overrides import parse_args_to_config
 
     run = tmp_path / "run"
     run.mkdir()
@@ -85,7 +86,8 @@ def test_cli_resume_with_another_run_dir_is_refused(tmp_path, capsys):
 
 def test_a_corrupt_checkpoint_is_an_error_message_not_a_traceback(tmp_path, capsys):
     from megatron_logra.cli import main
-    from megatron_logra.config import parse_args_to_config, to_dict
+    from megatron_logra.config import to_dict
+    from megatron_logra.overrides import parse_args_to_config
 
     run = tmp_path / "run"
     run.mkdir()

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_logra.config import apply_overrides, load_recipe
 from megatron_logra.models.te import sequence_multiple
+from megatron_logra.overrides import apply_overrides, load_recipe
 from megatron_logra.rl.batching import pack_sequences
 
 

@@ -313,7 +313,7 @@ def test_in_process_start_asks_for_deterministic_sampling_and_keeps_the_trainer_
 
     from support.sglang_stand_ins import FakeEngine, SchedulerRuntime, SGLangQwen2, hf_state
 
-    from megatron_logra.config import load_recipe
+    from megatron_logra.overrides import load_recipe
 
     started = []
 
