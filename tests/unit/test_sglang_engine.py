@@ -10,6 +10,7 @@ convention (``log_softmax(z / T)`` with padded columns at ``PADDED_LOGIT``) comp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -34,7 +35,7 @@ from megatron_logra.rollout.sglang_api import (
     require_sglang,
     sglang_mem_fraction,
 )
-from megatron_logra.rollout.sglang_engine import SGLangEngine
+from megatron_logra.rollout.sglang_engine import SGLangEngine, engine_start_environment
 from megatron_logra.sync import SyncError
 from megatron_logra.sync.sglang_client import SGLangServerTarget
 from support.sglang_stand_ins import PADDED, VOCAB, FakeSGLang, FakeTarget
@@ -305,30 +306,81 @@ def test_engine_over_http_generate():
         assert r.logprobs == pytest.approx(_trainer_logprobs(fake.table, p, r.completion_ids, 0.8), abs=1e-9)
 
 
+TORCHRUN_ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0",
+                "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "8", "ROLE_NAME": "default",
+                "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCHELASTIC_RUN_ID": "job-1", "TORCHELASTIC_RESTART_COUNT": "0"}
+"""What torchrun exports to every worker (``LocalElasticAgent._start_workers``)."""
+
+
+def _torchrun_environment(monkeypatch, absent=("TORCHELASTIC_ERROR_FILE", "NCCL_CUMEM_ENABLE", "SGLANG_STARTED")):
+    for key, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    for key in absent:
+        monkeypatch.delenv(key, raising=False)
+
+
+def _sglang_start_writes_its_environment():
+    """What SGLang's start does in the caller's process (``_set_envs_and_config``), plus torchrun-named
+    variables set while they were hidden, which must not outlive the start either."""
+    import os
+
+    os.environ.update(CUDA_DEVICE_MAX_CONNECTIONS="4", NCCL_CUMEM_ENABLE="0", MASTER_PORT="31000",
+                      TORCHELASTIC_ERROR_FILE="/tmp/x", SGLANG_STARTED="1")
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_engine_start_hides_torchrun_and_restores_the_environment_exactly(monkeypatch, fails):
+    """torchrun's ``TORCHELASTIC_USE_AGENT_STORE=True`` makes every rank of the schedulers' own
+    ``init_process_group`` a TCPStore client (nobody serves it: a hang), so the start must not see
+    it; afterwards the trainer's environment is back exactly, also when the start raised."""
+    import os
+
+    _torchrun_environment(monkeypatch)
+    before = dict(os.environ)
+    seen = {}
+    with contextlib.suppress(RuntimeError):
+        with engine_start_environment():
+            seen.update(os.environ)
+            _sglang_start_writes_its_environment()
+            if fails:
+                raise RuntimeError("scheduler died")
+    leaked = sorted(k for k in seen if k in TORCHRUN_ENV or k.startswith("TORCHELASTIC_"))
+    assert not leaked, f"the start saw torchrun's {leaked}"
+    assert seen["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    after = dict(os.environ)
+    assert after.pop("SGLANG_STARTED") == "1"  # anything else SGLang set is left as it set it
+    assert after == before
+
+
 def test_in_process_start_asks_for_deterministic_sampling_and_keeps_the_trainer_environment(monkeypatch, tmp_path):
-    """``sglang.Engine`` cannot start on a CPU: a stand-in does what its start does in the caller's
-    process (``_set_envs_and_config``: CUDA/NCCL variables for its workers) and serves the loader
-    through the scheduler stand-in of ``support.sglang_stand_ins``."""
+    """``sglang.Engine`` cannot start on a CPU: a stand-in records the environment its constructor
+    (which spawns SGLang's schedulers) sees, does what its start does in the caller's process
+    (``_set_envs_and_config``: CUDA/NCCL variables for its workers) and serves the loader through the
+    scheduler stand-in of ``support.sglang_stand_ins``."""
     import os
 
     from support.sglang_stand_ins import FakeEngine, SchedulerRuntime, SGLangQwen2, hf_state
 
     from megatron_logra.overrides import load_recipe
 
-    started = []
+    started, fail = [], []
 
     def engine(**kwargs):
-        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "4"
-        os.environ["NCCL_CUMEM_ENABLE"] = "0"
         started.append((kwargs, dict(os.environ)))
+        _sglang_start_writes_its_environment()
+        if fail:
+            raise RuntimeError("scheduler died")
         fake = FakeEngine(SchedulerRuntime([SGLangQwen2(hf_state())], loaders=kwargs["custom_weight_loader"]))
         fake.shutdown = lambda: None
         return fake
 
     monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(Engine=engine))
-    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    _torchrun_environment(monkeypatch)
+    trainer_env = dict(os.environ)
     cfg = load_recipe("tiny")
+    cfg.model.params_dtype = "bfloat16"
     cfg.train.run_dir = str(tmp_path)
     groups = SimpleNamespace(mp=None, tp_size=1, dp_rank=0)
     for seeded in (True, False):
@@ -336,7 +388,15 @@ def test_in_process_start_asks_for_deterministic_sampling_and_keeps_the_trainer_
         built = build_engine(cfg, None, groups)
         kwargs, env_inside = started[-1]
         assert kwargs.get("enable_deterministic_inference", False) is seeded
-        assert env_inside["CUDA_DEVICE_MAX_CONNECTIONS"] == "4" and env_inside["NCCL_CUMEM_ENABLE"] == "0"
-        assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and "NCCL_CUMEM_ENABLE" not in os.environ
+        assert kwargs["dtype"] == "bfloat16"
+        leaked = sorted(set(TORCHRUN_ENV) & set(env_inside))
+        assert not leaked, f"the schedulers would see torchrun's {leaked}"
+        assert env_inside["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+        assert {k: v for k, v in os.environ.items() if k != "SGLANG_STARTED"} == trainer_env
         assert built.weight_version == 0  # the loader state reads back from a class without get_weights_by_name
         built.close()
+    fail.append(True)  # the stand-in's start fails
+    with pytest.raises(RuntimeError, match="scheduler died"):
+        build_engine(cfg, None, groups)
+    assert not set(TORCHRUN_ENV) & set(started[-1][1]), "a failing start saw torchrun's variables"
+    assert {k: v for k, v in os.environ.items() if k != "SGLANG_STARTED"} == trainer_env
