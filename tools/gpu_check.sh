@@ -8,7 +8,7 @@
 # WHEEL_DIR (from tools/offline_wheels.sh), when it exists, is installed into a private site directory
 # first, for images that hold CUDA PyTorch but not megatron-core / reasoning-gym / math-verify. Logs go to
 # OUT_DIR (env.txt, pytest.txt, smoke.txt, sync_apply.txt, summary.txt); exit status 1 when a test, the smoke
-# check or the sync timing failed.
+# check or the sync timing failed, or when a file one of them runs is missing (named in its log and the summary).
 # Env: PYTHON (default python3), TEST_TIMEOUT (default 420 s), SMOKE_TIMEOUT (default 240 s),
 # SYNC_TIMEOUT (default 180 s).
 set -uo pipefail
@@ -53,20 +53,38 @@ EOF
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-timeout "${TEST_TIMEOUT:-420}" "$PY" -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider > "$OUT/pytest.txt" 2>&1
-tests_rc=$?
-tail -n 25 "$OUT/pytest.txt"
+missing() {  # missing PATH LOG: true (and PATH named in LOG) when PATH is not in this checkout or image
+  [[ -e "$1" ]] && return 1
+  echo "MISSING: $1 is not in $PWD (an image built without it? docker/Dockerfile must copy it)" | tee "$2"
+  return 0
+}
+
+if missing tests/gpu "$OUT/pytest.txt"; then
+  tests_rc=1
+else
+  timeout "${TEST_TIMEOUT:-420}" "$PY" -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider > "$OUT/pytest.txt" 2>&1
+  tests_rc=$?
+  tail -n 25 "$OUT/pytest.txt"
+fi
 
 smoke_rc=0
 sync_rc=0
 if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  timeout "${SMOKE_TIMEOUT:-240}" "$PY" tools/gpu_smoke.py > "$OUT/smoke.txt" 2>&1
-  smoke_rc=$?
-  cat "$OUT/smoke.txt"
-  timeout "${SYNC_TIMEOUT:-180}" "$PY" benchmarks/sync_bytes.py --device cuda --repeats 5 \
-    --out "$OUT/sync_apply.md" > "$OUT/sync_apply.txt" 2>&1
-  sync_rc=$?
-  tail -n 8 "$OUT/sync_apply.txt"
+  if missing tools/gpu_smoke.py "$OUT/smoke.txt"; then
+    smoke_rc=1
+  else
+    timeout "${SMOKE_TIMEOUT:-240}" "$PY" tools/gpu_smoke.py > "$OUT/smoke.txt" 2>&1
+    smoke_rc=$?
+    cat "$OUT/smoke.txt"
+  fi
+  if missing benchmarks/sync_bytes.py "$OUT/sync_apply.txt"; then
+    sync_rc=1
+  else
+    timeout "${SYNC_TIMEOUT:-180}" "$PY" benchmarks/sync_bytes.py --device cuda --repeats 5 \
+      --out "$OUT/sync_apply.md" > "$OUT/sync_apply.txt" 2>&1
+    sync_rc=$?
+    tail -n 8 "$OUT/sync_apply.txt"
+  fi
 else
   echo "no CUDA device: smoke benchmark not run" | tee "$OUT/smoke.txt"
   echo "no CUDA device: sync timing not run" | tee "$OUT/sync_apply.txt"
@@ -74,7 +92,7 @@ fi
 
 {
   echo "gpu-marked tests: exit $tests_rc ($(tail -n 1 "$OUT/pytest.txt"))"
-  echo "smoke benchmark: exit $smoke_rc"
-  echo "sync apply vs copy on the GPU: exit $sync_rc"
+  echo "smoke benchmark: exit $smoke_rc$(grep -h '^MISSING' "$OUT/smoke.txt" | sed 's/^/ /')"
+  echo "sync apply vs copy on the GPU: exit $sync_rc$(grep -h '^MISSING' "$OUT/sync_apply.txt" | sed 's/^/ /')"
 } | tee "$OUT/summary.txt"
 [[ $tests_rc -eq 0 && $smoke_rc -eq 0 && $sync_rc -eq 0 ]]

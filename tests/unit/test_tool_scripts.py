@@ -54,3 +54,44 @@ def test_sync_timing_device_mode_runs_and_reports_the_ratio(tmp_path):
         apply_ms, copy_ms = float(cells[3]), float(cells[4].split()[0])
         ratio = float(cells[5].strip("*x"))
         assert apply_ms > 0 and copy_ms > 0 and abs(ratio - apply_ms / copy_ms) < 0.02 * ratio + 0.01
+
+
+STUB_PYTHON = """#!/usr/bin/env bash
+# records each call's arguments (one per line, then ---); "-c" is gpu_check.sh's CUDA probe: CUDA present
+printf '%s\\n' "$@" --- >> "$(dirname "$0")/calls.txt"
+exit 0
+"""
+
+
+def _stub_checkout(tmp_path, *paths):
+    """A copy of gpu_check.sh in a tree holding only ``paths``, and a PYTHON that records its calls and
+    reports CUDA: the script's control flow in well under a second, without torch."""
+    root = tmp_path / "repo"
+    (root / "tools").mkdir(parents=True)
+    (root / "tools" / "gpu_check.sh").write_text((ROOT / "tools" / "gpu_check.sh").read_text())
+    for rel in paths:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith(".py"):
+            (root / rel).write_text("")
+        else:
+            (root / rel).mkdir()
+    py = tmp_path / "bin" / "python"
+    py.parent.mkdir()
+    py.write_text(STUB_PYTHON)
+    py.chmod(0o755)
+    return root, py
+
+
+def test_gpu_check_names_a_file_missing_from_the_image(tmp_path):
+    """An image built without benchmarks/ used to fail the sync step with a bare exit status."""
+    root, py = _stub_checkout(tmp_path, "tests/gpu", "tools/gpu_smoke.py")
+    out = tmp_path / "report"
+    proc = subprocess.run(["bash", str(root / "tools" / "gpu_check.sh"), str(out), str(tmp_path / "no-wheels")],
+                          env=dict(os.environ, PYTHON=str(py)), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    summary = (out / "summary.txt").read_text()
+    assert "gpu-marked tests: exit 0" in summary and "smoke benchmark: exit 0" in summary
+    assert "sync apply vs copy on the GPU: exit 1 MISSING: benchmarks/sync_bytes.py" in summary
+    assert "MISSING: benchmarks/sync_bytes.py" in (out / "sync_apply.txt").read_text()
+    calls = (py.parent / "calls.txt").read_text()
+    assert "tools/gpu_smoke.py" in calls and "benchmarks/sync_bytes.py" not in calls
