@@ -20,12 +20,13 @@ Persistent state (lives across steps)
 Transient state of a step (formulas in :mod:`megatron_logra.memory.activations`)
   * activations: saved activations of the micro-batches in flight.
   * logits (last stage): 16-bit output + its 16-bit gradient ``(2 + 2)·T·V/t``; chunked
-    log-prob working set ``8·chunk·V/t`` (unchunked: fp32 copy ``(2 + 4)·T·V/t``, ``8·T·V/t``).
+    log-prob working set ``8·chunk·V/t`` (unchunked: fp32 copy ``(2 + 4)·T·V/t``, ``8·T·V/t``);
+    LM job (``loss="lm"``, megatron's vocab-parallel cross entropy): ``(B + 4)·T·V/t``.
   * LoGRA step: cached projections ``4·r·Σn_in`` (from forward to apply, when
     ``cache_projections``), directions ``4·r·Σn_out`` and the largest target's fp32 update.
     Dense AdamW steps in place (fused Adam: no temporaries).
 
-Policy sync (after each step)
+Policy sync (after each step; RL only, ``policy_sync``)
   * the dense refit streams one full parameter at a time (``rl.weights``): the TP all-gather
     holds the shards and their concatenation, ``2·`` the largest full parameter, plus one
     refit chunk (``sync.sglang_payloads.DEFAULT_CHUNK_BYTES``) queued for the engine. Drift
@@ -90,6 +91,10 @@ class PlanConfig:
     """LoGRA keeps a step's fp32 projections from forward to apply (LograConfig.cache_projections)."""
     logprob_chunk_tokens: int = 1024
     """Tokens per chunk of the log-prob computation (rl.loss.logprob_chunk_tokens); 0 = whole batch at once."""
+    loss: str = "logprob"
+    """logprob (the RL job's chunked log-probs) or lm (the LM job: megatron's vocab-parallel cross entropy)."""
+    policy_sync: bool = True
+    """The run syncs its policy to a rollout engine after each step (RL); False = no policy-sync temporaries (LM)."""
     overhead_bytes: int = 2 * GiB
     """CUDA context, NCCL buffers and allocator fragmentation per GPU."""
 
@@ -110,6 +115,8 @@ class PlanConfig:
             raise ValueError(f"gpu_memory_bytes={self.gpu_memory_bytes!r} must be a positive number of bytes (e.g. 80GiB)")
         if not 0.0 <= float(self.engine_fraction) < 1.0:
             raise ValueError(f"engine_fraction={self.engine_fraction!r} must lie in [0, 1) (0 = no colocated engine)")
+        if self.loss not in ("logprob", "lm"):
+            raise ValueError(f"loss={self.loss!r}: choose logprob or lm")
         if not isinstance(self.logprob_chunk_tokens, int) or self.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens={self.logprob_chunk_tokens!r} must be an integer >= 0 (0 = unchunked)")
         if self.overhead_bytes < 0:
@@ -279,9 +286,10 @@ def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
                                      rank=cfg.rank if cfg.optimizer == "logra" else 0)
     if last:
         r.logits, r.logprob_working = logit_bytes(model, c, tp=cfg.tp, micro_batch=cfg.micro_batch, seq_len=cfg.seq_len,
-                                                     chunk_tokens=cfg.logprob_chunk_tokens)
-    largest = max(count_params(model, tp=cfg.tp, pp=cfg.pp, stage=s).largest_full_bytes for s in {0, cfg.pp - 1})
-    r.sync_working = 2 * largest + DEFAULT_CHUNK_BYTES  # every rank streams every stage's parameters
+                                                     chunk_tokens=cfg.logprob_chunk_tokens, loss=cfg.loss)
+    if cfg.policy_sync:
+        largest = max(count_params(model, tp=cfg.tp, pp=cfg.pp, stage=s).largest_full_bytes for s in {0, cfg.pp - 1})
+        r.sync_working = 2 * largest + DEFAULT_CHUNK_BYTES  # every rank streams every stage's parameters
     r.engine = int(cfg.engine_fraction * cfg.gpu_memory_bytes)
     r.overhead = cfg.overhead_bytes
     return r
@@ -290,7 +298,8 @@ def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
 def plan(model: ModelConfig, config: Optional[PlanConfig] = None, **kwargs) -> MemoryPlan:
     """Plan ``model`` under ``config`` (or a ``PlanConfig`` built from ``kwargs``: tp, pp, dp,
     optimizer, rank, masters, micro_batch, seq_len, recompute, gpu_memory_bytes,
-    engine_fraction, distributed_optimizer, attention, cache_projections, overhead_bytes)."""
+    engine_fraction, distributed_optimizer, attention, cache_projections, logprob_chunk_tokens, loss,
+    policy_sync, overhead_bytes)."""
     if config is None:
         config = PlanConfig(**kwargs)
     elif kwargs:

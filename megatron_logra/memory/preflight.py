@@ -9,14 +9,16 @@ before minutes of model building and checkpoint loading end in an out-of-memory 
 
 What the run's config maps to (see :class:`~megatron_logra.memory.planner.PlanConfig`):
 
-* micro-batch: ``rl.micro_batch_size`` (RL) or ``train.micro_batch_size`` (LM), ``model.seq_length``;
+* micro-batch: ``rl.micro_batch_size`` x ``model.seq_length`` (RL) or ``train.micro_batch_size`` x
+  ``data.seq_length - 1`` (LM: the task's input tokens);
 * attention ``flash`` with TransformerEngine layers, else megatron's unfused attention;
 * the colocated engine: an in-process SGLang engine reserves ``rl.rollout.mem_fraction_static``; the
   embedded engine keeps a whole (un-sharded) copy of the model in ``model.params_dtype`` on the
   trainer's GPU; a separate SGLang server (``rl.rollout.sglang_url``) takes nothing here;
 * dense AdamW keeps its full states on every DP rank (``distributed_optimizer=False``: this trainer
-  does not shard them), log-probs in ``rl.loss.logprob_chunk_tokens`` chunks (LM: megatron's loss
-  over the whole logits).
+  does not shard them), log-probs in ``rl.loss.logprob_chunk_tokens`` chunks (LM: megatron's
+  cross entropy over the whole logits, ``loss="lm"``);
+* policy-sync temporaries only for RL (the LM job has no rollout engine to sync: ``policy_sync=False``).
 """
 
 from __future__ import annotations
@@ -61,11 +63,13 @@ def run_plan_config(cfg: Any, *, tp: int, pp: int, dp: int, gpu_memory_bytes: in
     rl = cfg.job == "rl"
     return PlanConfig(
         tp=tp, pp=pp, dp=dp, optimizer=name, rank=cfg.optimizer.logra.rank, masters=cfg.optimizer.logra.masters,
-        micro_batch=cfg.rl.micro_batch_size if rl else cfg.train.micro_batch_size, seq_len=cfg.model.seq_length,
+        micro_batch=cfg.rl.micro_batch_size if rl else cfg.train.micro_batch_size,
+        seq_len=cfg.model.seq_length if rl else cfg.data.seq_length - 1,  # LM micro-batches: [mbs, data.seq_length - 1]
         recompute=cfg.model.recompute, gpu_memory_bytes=int(gpu_memory_bytes),
         engine_fraction=_engine_fraction(cfg, gpu_memory_bytes), distributed_optimizer=False,
         attention="flash" if flash else "unfused", cache_projections=cfg.optimizer.logra.cache_projections,
         logprob_chunk_tokens=cfg.rl.loss.logprob_chunk_tokens if rl else 0,
+        loss="logprob" if rl else "lm", policy_sync=rl,
     )
 
 

@@ -99,3 +99,46 @@ def test_what_the_planner_leaves_out_is_named(caplog):
     with caplog.at_level(logging.INFO, logger="megatron_logra.memory.preflight"):
         memory_preflight(cfg, tp=8, pp=1, dp=1, gpu_memory_bytes=H100)
     assert "not modelled: the KL penalty's reference model" in caplog.text
+
+
+def test_the_lm_job_plans_its_own_micro_batches_and_no_policy_sync():
+    cfg = parse_args_to_config("lm-tiny", ["model.seq_length=4096"])  # the model can take longer than the task
+    pcfg = run_plan_config(cfg, tp=1, pp=1, dp=1, gpu_memory_bytes=8 * GiB)
+    assert pcfg is not None
+    # the lm job's micro-batches are [train.micro_batch_size, data.seq_length - 1] (the task's input tokens)
+    assert (pcfg.micro_batch, pcfg.seq_len) == (cfg.train.micro_batch_size, cfg.data.seq_length - 1)
+    assert (pcfg.loss, pcfg.policy_sync) == ("lm", False)
+    w = plan(cfg.model, pcfg).worst
+    assert w.sync_working == 0 and w.sync_peak == w.persistent  # nothing is streamed to an engine
+    rl = run_plan_config(parse_args_to_config("tiny", []), tp=1, pp=1, dp=1, gpu_memory_bytes=8 * GiB)
+    assert (rl.loss, rl.policy_sync) == ("logprob", True)
+
+
+def test_the_lm_loss_term_matches_megatrons_measured_cross_entropy(groups, one_thread):
+    """The LM job's loss (megatron's vocab-parallel cross entropy over bf16 logits): the planner's
+    logits + working set against the live-tensor peak of a real forward and backward."""
+    import torch
+    from megatron.core import tensor_parallel
+
+    from megatron_logra.memory.activations import logit_bytes
+    from megatron_logra.memory.count import count_params
+    from megatron_logra.memory.measure import LiveTensorTracker
+    from megatron_logra.models.gpt import ModelConfig
+
+    s, b, hidden, vocab = 128, 2, 16, 4096
+    model = ModelConfig(num_layers=1, hidden_size=hidden, num_attention_heads=2, ffn_hidden_size=32, vocab_size=vocab,
+                        seq_length=s, params_dtype="bfloat16", make_vocab_size_divisible_by=128)
+    h = torch.randn(s, b, hidden, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(vocab, hidden, dtype=torch.bfloat16) * 0.02
+    labels = torch.randint(0, vocab, (b, s))
+    with LiveTensorTracker() as tracker:
+        base = tracker.current
+        logits = h @ weight.t()  # [s, b, V], the output layer's bf16 logits
+        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels.t().contiguous())
+        del logits
+        loss.sum().backward()
+    # the only other live tensors at the peak: the [s, b] loss and h's gradient (tiny next to s*b*V)
+    measured = tracker.peak - base - 4 * s * b - 2 * s * b * hidden
+    got = sum(logit_bytes(model, count_params(model), tp=1, micro_batch=b, seq_len=s, chunk_tokens=0, loss="lm"))
+    assert count_params(model).padded_vocab == vocab
+    assert abs(got - measured) <= 0.02 * measured, (got, measured)
