@@ -14,6 +14,9 @@ loaded by one full refit), then runs ``--steps`` RL updates and checks:
    absolute, per token) of the trainer's own ``log_softmax(z / T)`` recomputed with a fresh forward,
    i.e. SGLang's log-prob convention and the padded-vocabulary bias match the trainer's.
 
+The trainer runs in bfloat16 (``model.params_dtype=bfloat16``, whatever the recipe says): the
+in-process engine runs in the trainer's dtype, and SGLang's kernels are float16 / bfloat16 only.
+
 Prints the per-update metrics, the numbers and PASS/FAIL (exit status 0/1). The tiny recipe with its
 shipped warm start needs about 1-3 minutes, most of it SGLang start-up. SGLang's default attention
 kernels want head dims of 64/128/256: the tiny model's are smaller, so ``attention_backend`` defaults
@@ -57,23 +60,37 @@ def trainer_logprobs(comps: Any, prompt: list[int], completion: list[int], tempe
     return [float(logp[t - 1, seq[t]]) for t in range(len(prompt), len(seq))]
 
 
+def smoke_config(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_args: Optional[dict] = None,
+                 run_dir: Optional[Path] = None) -> Any:
+    """The recipe with SGLang rollouts, ``steps`` updates, delta sync checked after every update.
+
+    The trainer runs in bfloat16 (``model.params_dtype``; the tiny recipe is float32): an in-process
+    engine runs in the trainer's dtype and SGLang's kernels are fp16/bf16 only
+    (``sglang_engine.check_engine_dtype``). fp32 masters keep the exact trajectory; the engine's
+    fingerprint is compared in bf16, as ``tests/unit/test_rl_bf16_sync.py`` checks on the CPU."""
+    from megatron_logra.overrides import load_recipe
+
+    cfg = load_recipe(recipe)
+    cfg.model = dataclasses.replace(cfg.model, params_dtype="bfloat16")
+    rollout = {"engine": "sglang", "sglang_url": url, "mem_fraction_static": 0.3,
+               "sglang_engine_args": {**DEFAULT_ENGINE_ARGS, **(engine_args or {})}}
+    cfg.rl = dataclasses.replace(cfg.rl, steps=steps, eval_interval=0,
+                                 rollout=dataclasses.replace(cfg.rl.rollout, **rollout))
+    cfg.sync = dataclasses.replace(cfg.sync, mode="delta", check_interval=1, anchor_interval=0)
+    cfg.train = dataclasses.replace(cfg.train, run_dir=str(run_dir or tempfile.mkdtemp(prefix="logra-sglang-rl-")),
+                                    progress=False)
+    return cfg.validate()
+
+
 def run(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_args: Optional[dict] = None,
         max_logprob_gap: float = 0.05, run_dir: Optional[Path] = None, report: Callable[[str], None] = log) -> dict:
     """Build the job with SGLang rollouts, run ``steps`` updates, check 1-3 of the module docstring."""
-    from megatron_logra.overrides import load_recipe
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rl.job import build_components
     from megatron_logra.rl.loop import _prompt_ids, rl_update
     from megatron_logra.rollout.engine import SamplingParams
 
-    cfg = load_recipe(recipe)
-    rollout = {"engine": "sglang", "sglang_url": url, "mem_fraction_static": 0.3,
-               "sglang_engine_args": {**DEFAULT_ENGINE_ARGS, **(engine_args or {})}}
-    cfg.rl = dataclasses.replace(cfg.rl, steps=steps, eval_interval=0,
-                                 rollout=dataclasses.replace(cfg.rl.rollout, **rollout))
-    cfg.sync = dataclasses.replace(cfg.sync, mode="delta", check_interval=1)
-    cfg.train = dataclasses.replace(cfg.train, run_dir=str(run_dir or tempfile.mkdtemp(prefix="logra-sglang-rl-")),
-                                    progress=False)
+    cfg = smoke_config(steps, recipe=recipe, url=url, engine_args=engine_args, run_dir=run_dir)
     failures: list[str] = []
     t0 = time.perf_counter()
     comps, state, _ = build_components(cfg)

@@ -79,7 +79,7 @@ from megatron_logra.sync.errors import SyncError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SGLangEngine", "share_from_driver"]
+__all__ = ["ENGINE_DTYPES", "SGLangEngine", "check_engine_dtype", "share_from_driver"]
 
 
 # --------------------------------------------------------------------------- one driver per group
@@ -195,7 +195,8 @@ class SGLangEngine:
     @classmethod
     def from_config(cls, cfg: Any, groups: Any) -> "SGLangEngine":
         """The engine ``cfg.rl.rollout`` asks for (``sglang_url`` set: that server; else an in-process
-        ``sglang.Engine`` per DP replica loading ``RUN/sglang_model/config.json`` with dummy weights)."""
+        ``sglang.Engine`` per DP replica loading ``RUN/sglang_model/config.json`` with dummy weights, in
+        ``model.params_dtype``, which must be bfloat16 or float16: :func:`check_engine_dtype`)."""
         from megatron_logra.sync.sglang_client import SGLangEngineTarget, SGLangServerTarget
         from megatron_logra.sync.sglang_loader import LOADER_PATH
 
@@ -227,6 +228,7 @@ class SGLangEngine:
                         ro.sglang_url, serialization)
             return cls(generate_fn=gen_fn, target=sync_target, gen_group=mp, sync_group=world, **common)
 
+        check_engine_dtype(cfg.model.params_dtype)  # every rank: all of them refuse together
         engine = None
         if is_driver(mp):
             sglang = require_sglang()
@@ -254,6 +256,25 @@ class SGLangEngine:
         gen_fn = (lambda payload: engine.generate(**payload)) if engine is not None else None
         return cls(generate_fn=gen_fn, target=target, gen_group=mp, sync_group=mp,
                    close_fn=engine.shutdown if engine is not None else None, **common)
+
+
+ENGINE_DTYPES = ("bfloat16", "float16")
+"""``model.params_dtype`` values an in-process engine runs in."""
+
+
+def check_engine_dtype(params_dtype: str) -> None:
+    """Refuse a ``model.params_dtype`` an in-process ``sglang.Engine`` cannot run in (``ValueError``).
+
+    The engine is started in the trainer's dtype (sketch deltas merge bit for bit on both sides), and
+    SGLang's CUDA kernels (``sgl_kernel`` RMSNorm, fused RoPE) are dispatched for float16 / bfloat16
+    only: a float32 engine fails in its first forward, after start-up. A server (``rl.rollout.
+    sglang_url``) runs in the dtype it was started with and is not checked here.
+    """
+    if str(params_dtype) not in ENGINE_DTYPES:
+        raise ValueError(
+            f"model.params_dtype={params_dtype!r}: an in-process SGLang engine (rl.rollout.engine=sglang without "
+            f"rl.rollout.sglang_url) runs in the trainer's dtype, and SGLang's CUDA kernels are built for float16 "
+            f"and bfloat16 only; set model.params_dtype=bfloat16 (--bf16), or use rl.rollout.engine=embedded")
 
 
 _TRAINER_ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_NCCL_")

@@ -10,7 +10,8 @@ with the sketch-delta loader (``tools/sglang_sync_smoke.py`` makes both). Throug
   and the log-probs of the next rollouts match the *new* weights (and not the old ones).
 
 Under ``slow``: ``tools/sglang_rollout_smoke.py`` runs two RL updates of the tiny recipe with
-``rl.rollout.engine=sglang`` end to end.
+``rl.rollout.engine=sglang`` end to end, with a bfloat16 trainer (``smoke_config``: the in-process
+engine runs in ``model.params_dtype`` and SGLang's kernels are fp16/bf16 only).
 """
 
 from __future__ import annotations

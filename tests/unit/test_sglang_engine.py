@@ -35,7 +35,7 @@ from megatron_logra.rollout.sglang_api import (
     require_sglang,
     sglang_mem_fraction,
 )
-from megatron_logra.rollout.sglang_engine import SGLangEngine, engine_start_environment
+from megatron_logra.rollout.sglang_engine import SGLangEngine, check_engine_dtype, engine_start_environment
 from megatron_logra.sync import SyncError
 from megatron_logra.sync.sglang_client import SGLangServerTarget
 from support.sglang_stand_ins import PADDED, VOCAB, FakeSGLang, FakeTarget
@@ -229,11 +229,48 @@ def test_missing_sglang_is_a_clear_error(monkeypatch):
         require_sglang()
     cfg = SimpleNamespace(
         rl=SimpleNamespace(rollout=RolloutConfig(engine="sglang")),
-        model=SimpleNamespace(vocab_size=VOCAB, padded_vocab_size=lambda tp: PADDED, seq_length=64),
+        model=SimpleNamespace(vocab_size=VOCAB, padded_vocab_size=lambda tp: PADDED, seq_length=64,
+                              params_dtype="bfloat16"),
         train=SimpleNamespace(run_dir="/nonexistent/run", seed=0))
     groups = SimpleNamespace(mp=None, tp_size=1, dp_rank=0)
     with pytest.raises(ImportError, match="rl.rollout.engine='sglang'"):
         build_engine(cfg, None, groups)
+
+
+def test_in_process_engine_refuses_a_dtype_sglang_kernels_lack(monkeypatch, tmp_path):
+    """SGLang's CUDA kernels (RMSNorm, fused RoPE) are fp16/bf16 only and the in-process engine runs in
+    ``model.params_dtype``: a float32 trainer (the tiny recipe) is refused on every rank at build time,
+    before SGLang is imported, naming the field and the fix."""
+    from megatron_logra.overrides import load_recipe
+
+    monkeypatch.setitem(sys.modules, "sglang", None)  # the dtype is refused first
+    cfg = load_recipe("tiny")
+    assert cfg.model.params_dtype == "float32"
+    cfg.train.run_dir = str(tmp_path)
+    cfg.rl.rollout = RolloutConfig(engine="sglang")
+    groups = SimpleNamespace(mp=None, tp_size=1, dp_rank=0)
+    with pytest.raises(ValueError, match=r"model\.params_dtype='float32'.*set model\.params_dtype=bfloat16"):
+        build_engine(cfg, None, groups)
+    assert not (tmp_path / "sglang_model").exists()
+    for bad in ("float32", "float64"):
+        with pytest.raises(ValueError, match="model.params_dtype"):
+            check_engine_dtype(bad)
+    for good in ("bfloat16", "float16"):
+        check_engine_dtype(good)
+        cfg.model.params_dtype = good
+        with pytest.raises(ImportError, match="rl.rollout.engine='sglang'"):  # past the check: SGLang's import
+            build_engine(cfg, None, groups)
+
+
+def test_sglang_rollout_smoke_runs_a_bf16_trainer(tmp_path):
+    """``tools/sglang_rollout_smoke.py`` (and the GPU test running it) starts an in-process engine
+    from the float32 tiny recipe: its config must be one the engine accepts."""
+    from tool_modules import load_tool
+
+    cfg = load_tool("sglang_rollout_smoke").smoke_config(2, run_dir=tmp_path / "run")
+    assert cfg.model.params_dtype == "bfloat16" and cfg.rl.rollout.engine == "sglang" and not cfg.rl.rollout.sglang_url
+    assert (cfg.sync.mode, cfg.sync.check_interval, cfg.rl.steps) == ("delta", 1, 2)
+    check_engine_dtype(cfg.model.params_dtype)
 
 
 # --------------------------------------------------------------------------- the engine, one process
