@@ -10,8 +10,9 @@ import logging
 import math
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import yaml
@@ -29,7 +30,7 @@ from megatron_logra.train.step import forward_backward, model_device
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_lm", "evaluate", "evaluate_checkpoint"]
+__all__ = ["run_lm", "evaluate", "evaluate_checkpoint", "eval_assignment"]
 
 
 def _num_microbatches(cfg: RunConfig, groups: ParallelGroups) -> int:
@@ -42,16 +43,33 @@ def _num_microbatches(cfg: RunConfig, groups: ParallelGroups) -> int:
     return cfg.train.global_batch_size // per_step
 
 
+def eval_assignment(num_batches: int, dp_size: int, dp_rank: int) -> list[Optional[int]]:
+    """Held-out micro-batches of DP rank ``dp_rank``: batch ``i`` goes to rank ``i % dp_size``, and a
+    rank with fewer than ``ceil(num_batches / dp_size)`` (at least one) is padded with ``None``
+    (an all-masked micro-batch), so every rank runs the same number and the DP ranks together
+    evaluate exactly batches ``0 .. num_batches - 1``."""
+    if num_batches < 1 or dp_size < 1 or not 0 <= dp_rank < dp_size:
+        raise ValueError(f"eval_assignment(num_batches={num_batches}, dp_size={dp_size}, dp_rank={dp_rank})")
+    per_rank = -(-num_batches // dp_size)
+    mine: list[Optional[int]] = list(range(dp_rank, num_batches, dp_size))
+    return mine + [None] * (per_rank - len(mine))
+
+
 @torch.no_grad()
 def evaluate(model, task: SyntheticTask, cfg: RunConfig, groups: ParallelGroups, optimizer: Any) -> float:
-    """Mean held-out loss per answer token (same batches for every layout)."""
+    """Mean held-out loss per answer token over eval batches ``0 .. train.eval_batches - 1``, whatever
+    the DP layout (see :func:`eval_assignment`; padding micro-batches count no tokens)."""
     model.eval()
     paused = optimizer.sketches.paused() if isinstance(optimizer, LograOptimizer) else nullcontext()
-    n = cfg.train.eval_batches
-    per_rank = max(1, n // groups.dp_size)
+    size = cfg.train.micro_batch_size
     with paused:
-        mbs = [task.microbatch(0, groups.dp_rank * per_rank + i, cfg.train.micro_batch_size, split="eval")
-               for i in range(per_rank)]
+        mbs = []
+        for index in eval_assignment(cfg.train.eval_batches, groups.dp_size, groups.dp_rank):
+            if index is None:  # padding: same shape, no token counts
+                pad = task.microbatch(0, 0, size, split="eval")
+                mbs.append(replace(pad, loss_mask=torch.zeros_like(pad.loss_mask)))
+            else:
+                mbs.append(task.microbatch(0, index, size, split="eval"))
         result = forward_backward(model, mbs, groups, forward_only=True)
     model.train()
     return result.loss
