@@ -82,7 +82,9 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(log_dir=str(self.path.parent / "tensorboard"))
+                # resuming: TensorBoard drops the points after the checkpoint (purge_step) as metrics.jsonl does
+                purge = truncate_after + 1 if truncate_after is not None else None
+                self._tb = SummaryWriter(log_dir=str(self.path.parent / "tensorboard"), purge_step=purge)
             except ImportError:
                 logger.info("tensorboard is not installed; writing metrics.jsonl only")
 
