@@ -15,7 +15,9 @@ tokens per micro-batch, ``B`` bytes per activation element (2 for 16-bit paramet
 * attention, flash: ``B·T·(2q + 3kv)/t + 4·a·T/t`` — q, k after RoPE, the fused QKV output (v is a view
   of it), the fp32 log-sum-exp;
 * attention-output projection input: ``B·T·q/t``;
-* MLP: ``4·B·T·f/t`` (SwiGLU: fc1 output, silu output, product) or ``2·B·T·f/t`` (GELU);
+* MLP: ``5·B·T·f/t`` (SwiGLU, megatron-core >= 0.16.1: ``silu(x_glu) * (x_linear + glu_linear_offset)``
+  saves the ``2f``-wide fc1 output, the silu output, the offset sum ``x_linear + offset`` and the
+  product; measured with ``saved_tensors_hooks`` on megatron's MLP) or ``2·B·T·f/t`` (GELU);
 * LoGRA capture: ``4·B·T·r`` — ``P = X·Aᵀ`` (``[T, r]``) of the four targets, also on row-parallel ranks;
 * dropout masks, only when the probability is > 0: ``2·T·h`` (+ ``a·T·s/t`` for attention dropout).
 
@@ -67,7 +69,7 @@ class LayerActivations:
     proj_input: int
     """Input of the attention output projection."""
     mlp: int
-    """fc1 output, activation and gated product (SwiGLU) or activation input/output (GELU)."""
+    """fc1 output, activation, offset sum and gated product (SwiGLU) or activation input/output (GELU)."""
     capture: int
     """LoGRA's ``P = X·Aᵀ`` of the four targets (0 for dense AdamW)."""
     dropout_masks: int
@@ -104,7 +106,7 @@ def layer_activations(model: ModelConfig, *, tp: int, micro_batch: int, seq_len:
         norms=4 * B * T * h,
         attention=attn,
         proj_input=B * T * q // t,
-        mlp=(4 if model.swiglu else 2) * B * T * f // t,
+        mlp=(5 if model.swiglu else 2) * B * T * f // t,
         capture=num_targets * B * T * rank,
         dropout_masks=masks,
     )

@@ -281,3 +281,30 @@ def test_cli_compare_subprocess(tmp_path):
     assert "dense AdamW" in out and "LoGRA r=16" in out
     assert "fit" in out or "OOM" in out
     assert "verdict" in out and "activations" in out
+
+
+@pytest.mark.parametrize("swiglu", [True, False])
+def test_mlp_activation_term_matches_megatrons_saved_tensors(groups, one_thread, swiglu):
+    """The MLP term against the tensors autograd saves inside a real megatron MLP (its input excluded)."""
+    import torch
+
+    from megatron_logra.models.gpt import build_gpt
+
+    b, s, h, f = 2, 32, 64, 96
+    model = ModelConfig(num_layers=1, hidden_size=h, num_attention_heads=4, ffn_hidden_size=f, vocab_size=64,
+                        seq_length=s, params_dtype="bfloat16", swiglu=swiglu)
+    mlp = build_gpt(model, groups, seed=1).decoder.layers[0].mlp
+    skip = {p.untyped_storage().data_ptr() for p in mlp.parameters()}
+    x = torch.randn(s, b, h, dtype=torch.bfloat16, requires_grad=True)
+    skip.add(x.untyped_storage().data_ptr())
+    saved = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        mlp(x)
+    assert layer_activations(model, tp=1, micro_batch=b, seq_len=s).mlp == sum(saved.values())
