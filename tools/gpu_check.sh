@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# One-shot verification of the GPU paths on a CUDA node, within a few minutes: environment report,
-# the gpu-marked tests, the smoke benchmark (LoGRA vs dense AdamW steps: memory and step time) and the
-# engine-side sync timing (apply a sketch delta vs copy every weight, on the GPU).
+# One-shot verification of the GPU paths on a CUDA node, within 10 minutes: environment report, the
+# gpu-marked tests (the slow ones only when asked for), the smoke benchmark (LoGRA vs dense AdamW steps:
+# memory and step time) and the engine-side sync timing (apply a sketch delta vs copy every weight, on the GPU).
 #
 #   bash tools/gpu_check.sh [OUT_DIR=runs/gpu-check] [WHEEL_DIR=wheelhouse]
+#   GPU_CHECK_SLOW=1 bash tools/gpu_check.sh          # also the slow-marked GPU tests (up to 35 minutes)
 #
 # WHEEL_DIR (from tools/offline_wheels.sh), when it exists, is installed into a private site directory
 # first, for images that hold CUDA PyTorch but not megatron-core / reasoning-gym / math-verify. Logs go to
 # OUT_DIR (env.txt, pytest.txt, smoke.txt, sync_apply.txt, summary.txt); exit status 1 when a test, the smoke
-# check or the sync timing failed, or when a file one of them runs is missing (named in its log and the summary).
-# Env: PYTHON (default python3), TEST_TIMEOUT (default 420 s), SMOKE_TIMEOUT (default 240 s),
-# SYNC_TIMEOUT (default 180 s).
+# check or the sync timing failed, ran out of time, or could not run because a file it needs is missing
+# (named in its log and the summary).
+#
+# Env:
+#   PYTHON          interpreter (default python3)
+#   GPU_CHECK_SLOW  1: every gpu-marked test (pytest -m gpu), the slow ones included (SGLang HTTP servers, RL
+#                   runs with SGLang rollouts: several engine starts, subprocesses with 600 s limits); default:
+#                   pytest -m "gpu and not slow"
+#   CHECK_BUDGET    seconds for the whole script (default 540; 2100 with GPU_CHECK_SLOW=1): a stage gets at
+#                   most what is left of it, and one that finds it spent is reported as not run
+#   TEST_TIMEOUT    the tests' own limit (default 360 s; 1800 s with GPU_CHECK_SLOW=1)
+#   SMOKE_TIMEOUT   the smoke benchmark's (default 240 s)
+#   SYNC_TIMEOUT    the sync timing's (default 180 s)
+# A stage past its limit gets SIGTERM, its whole process group (SGLang's schedulers too) SIGKILL 15 s later.
 set -uo pipefail
 
 OUT=${1:-runs/gpu-check}
@@ -18,6 +30,17 @@ WHEELS=${2:-wheelhouse}
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
+SECONDS=0
+
+if [[ "${GPU_CHECK_SLOW:-0}" == 1 ]]; then
+  MARKERS="gpu"
+  BUDGET=${CHECK_BUDGET:-2100}
+  TEST_LIMIT=${TEST_TIMEOUT:-1800}
+else
+  MARKERS="gpu and not slow"
+  BUDGET=${CHECK_BUDGET:-540}
+  TEST_LIMIT=${TEST_TIMEOUT:-360}
+fi
 
 if [[ -d "$WHEELS" ]]; then
   site=$(mktemp -d /tmp/megatron-logra-site.XXXX)
@@ -33,7 +56,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
   else
     echo "nvidia-smi: not available"
   fi
-  "$PY" -W ignore - <<'EOF'
+  timeout -k 5 120 "$PY" -W ignore - <<'EOF'
 import importlib, sys
 import torch
 print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda,
@@ -53,46 +76,51 @@ EOF
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-missing() {  # missing PATH LOG: true (and PATH named in LOG) when PATH is not in this checkout or image
-  [[ -e "$1" ]] && return 1
-  echo "MISSING: $1 is not in $PWD (an image built without it? docker/Dockerfile must copy it)" | tee "$2"
-  return 0
+# stage LIMIT LOG NEEDED CMD...: CMD (which runs the repository path NEEDED) under LIMIT seconds, or under
+# what is left of CHECK_BUDGET when that is less, output in LOG; sets rc (124: out of time) and note
+stage() {
+  local limit=$1 log=$2 needed=$3 left=$((BUDGET - SECONDS))
+  shift 3
+  (( left < limit )) && limit=$left
+  if [[ ! -e "$needed" ]]; then
+    echo "MISSING: $needed is not in $PWD (an image built without it? docker/Dockerfile must copy it)" | tee "$log"
+    rc=1 note="MISSING: $needed"
+  elif (( limit < 10 )); then
+    echo "NOT RUN: CHECK_BUDGET=${BUDGET}s is spent (${SECONDS}s so far)" | tee "$log"
+    rc=124 note="not run: CHECK_BUDGET=${BUDGET}s spent"
+  else
+    timeout -k 15 "$limit" "$@" > "$log" 2>&1
+    rc=$? note="limit ${limit}s"
+    if (( rc == 124 || rc == 137 )); then
+      echo "TIMED OUT after ${limit}s" | tee -a "$log"
+      note="TIMED OUT after ${limit}s"
+    fi
+  fi
 }
 
-if missing tests/gpu "$OUT/pytest.txt"; then
-  tests_rc=1
-else
-  timeout "${TEST_TIMEOUT:-420}" "$PY" -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider > "$OUT/pytest.txt" 2>&1
-  tests_rc=$?
-  tail -n 25 "$OUT/pytest.txt"
-fi
+stage "$TEST_LIMIT" "$OUT/pytest.txt" tests/gpu "$PY" -m pytest -m "$MARKERS" tests/gpu -q -rs -p no:cacheprovider
+tests_rc=$rc tests_note="-m '$MARKERS', $note"
+tail -n 25 "$OUT/pytest.txt"
 
-smoke_rc=0
-sync_rc=0
+smoke_rc=0 smoke_note="no CUDA device: not run"
+sync_rc=0 sync_note="no CUDA device: not run"
 if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  if missing tools/gpu_smoke.py "$OUT/smoke.txt"; then
-    smoke_rc=1
-  else
-    timeout "${SMOKE_TIMEOUT:-240}" "$PY" tools/gpu_smoke.py > "$OUT/smoke.txt" 2>&1
-    smoke_rc=$?
-    cat "$OUT/smoke.txt"
-  fi
-  if missing benchmarks/sync_bytes.py "$OUT/sync_apply.txt"; then
-    sync_rc=1
-  else
-    timeout "${SYNC_TIMEOUT:-180}" "$PY" benchmarks/sync_bytes.py --device cuda --repeats 5 \
-      --out "$OUT/sync_apply.md" > "$OUT/sync_apply.txt" 2>&1
-    sync_rc=$?
-    tail -n 8 "$OUT/sync_apply.txt"
-  fi
+  stage "${SMOKE_TIMEOUT:-240}" "$OUT/smoke.txt" tools/gpu_smoke.py "$PY" tools/gpu_smoke.py
+  smoke_rc=$rc smoke_note=$note
+  cat "$OUT/smoke.txt"
+  stage "${SYNC_TIMEOUT:-180}" "$OUT/sync_apply.txt" benchmarks/sync_bytes.py \
+    "$PY" benchmarks/sync_bytes.py --device cuda --repeats 5 --out "$OUT/sync_apply.md"
+  sync_rc=$rc sync_note=$note
+  tail -n 8 "$OUT/sync_apply.txt"
 else
   echo "no CUDA device: smoke benchmark not run" | tee "$OUT/smoke.txt"
   echo "no CUDA device: sync timing not run" | tee "$OUT/sync_apply.txt"
 fi
 
 {
-  echo "gpu-marked tests: exit $tests_rc ($(tail -n 1 "$OUT/pytest.txt"))"
-  echo "smoke benchmark: exit $smoke_rc$(grep -h '^MISSING' "$OUT/smoke.txt" | sed 's/^/ /')"
-  echo "sync apply vs copy on the GPU: exit $sync_rc$(grep -h '^MISSING' "$OUT/sync_apply.txt" | sed 's/^/ /')"
+  echo "gpu-marked tests: exit $tests_rc ($tests_note) -- $(tail -n 1 "$OUT/pytest.txt")"
+  echo "smoke benchmark: exit $smoke_rc ($smoke_note)"
+  echo "sync apply vs copy on the GPU: exit $sync_rc ($sync_note)"
+  echo "total: ${SECONDS}s of CHECK_BUDGET=${BUDGET}s"
 } | tee "$OUT/summary.txt"
 [[ $tests_rc -eq 0 && $smoke_rc -eq 0 && $sync_rc -eq 0 ]]

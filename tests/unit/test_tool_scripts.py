@@ -4,6 +4,7 @@ without CUDA (the gpu-marked tests skip, the smoke benchmark is not started) and
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,8 @@ def test_gpu_check_reports_without_cuda(tmp_path):
     assert "torch" in report and "megatron.core" in report and "transformer_engine   missing" in report
     assert "mcore TE layer spec  NOT usable" in report  # without TE, megatron-core's TE spec is off
     summary = (out / "summary.txt").read_text()
-    assert "gpu-marked tests: exit 0" in summary and "skipped" in summary and "passed" not in summary
+    assert "gpu-marked tests: exit 0 (-m 'gpu and not slow'" in summary and "skipped" in summary
+    assert "deselected" in summary and "passed" not in summary  # the slow SGLang tests are left out
     assert "no CUDA device" in (out / "smoke.txt").read_text()
     assert "no CUDA device" in (out / "sync_apply.txt").read_text()
     assert "sync apply vs copy on the GPU: exit 0" in summary
@@ -91,7 +93,50 @@ def test_gpu_check_names_a_file_missing_from_the_image(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = (out / "summary.txt").read_text()
     assert "gpu-marked tests: exit 0" in summary and "smoke benchmark: exit 0" in summary
-    assert "sync apply vs copy on the GPU: exit 1 MISSING: benchmarks/sync_bytes.py" in summary
+    assert "sync apply vs copy on the GPU: exit 1 (MISSING: benchmarks/sync_bytes.py)" in summary
     assert "MISSING: benchmarks/sync_bytes.py" in (out / "sync_apply.txt").read_text()
     calls = (py.parent / "calls.txt").read_text()
     assert "tools/gpu_smoke.py" in calls and "benchmarks/sync_bytes.py" not in calls
+
+
+def _stub_run(tmp_path, **env):
+    """gpu_check.sh over a complete stub tree: (exit status, summary, the stub's calls as argument lists)."""
+    root, py = _stub_checkout(tmp_path, "tests/gpu", "tools/gpu_smoke.py", "benchmarks/sync_bytes.py")
+    out = tmp_path / "report"
+    ours = ("GPU_CHECK_SLOW", "CHECK_BUDGET", "TEST_TIMEOUT", "SMOKE_TIMEOUT", "SYNC_TIMEOUT")
+    base = {k: v for k, v in os.environ.items() if k not in ours}
+    proc = subprocess.run(["bash", str(root / "tools" / "gpu_check.sh"), str(out), str(tmp_path / "no-wheels")],
+                          env=dict(base, PYTHON=str(py), **env), capture_output=True, text=True, timeout=60)
+    calls = [c.strip("\n").split("\n") for c in (py.parent / "calls.txt").read_text().split("---\n") if c.strip()]
+    return proc.returncode, (out / "summary.txt").read_text(), calls
+
+
+def _pytest_markers(calls):
+    (call,) = [c for c in calls if c[:2] == ["-m", "pytest"]]
+    return call[call.index("-m", 2) + 1]
+
+
+def test_gpu_check_leaves_the_slow_gpu_tests_out_unless_asked(tmp_path):
+    """The slow SGLang tests (HTTP servers, RL runs: several engine starts) do not fit the default run's
+    10 minutes; GPU_CHECK_SLOW=1 adds them with a longer budget."""
+    rc, summary, calls = _stub_run(tmp_path / "default")
+    assert rc == 0, summary
+    assert _pytest_markers(calls) == "gpu and not slow"
+    assert "gpu-marked tests: exit 0 (-m 'gpu and not slow', limit 360s)" in summary
+    assert "smoke benchmark: exit 0 (limit 240s)" in summary and "CHECK_BUDGET=540s" in summary
+    rc, summary, calls = _stub_run(tmp_path / "slow", GPU_CHECK_SLOW="1")
+    assert rc == 0 and _pytest_markers(calls) == "gpu"
+    assert "(-m 'gpu', limit 1800s)" in summary and "CHECK_BUDGET=2100s" in summary
+
+
+def test_gpu_check_stages_share_one_budget(tmp_path):
+    """Each stage runs under its own limit or what is left of CHECK_BUDGET, whichever is less; a stage
+    that finds the budget spent is reported as not run and the check fails."""
+    rc, summary, _ = _stub_run(tmp_path / "short", CHECK_BUDGET="100")
+    assert rc == 0
+    limits = [int(x) for x in re.findall(r"limit (\d+)s", summary)]
+    assert len(limits) == 3 and all(95 <= x <= 100 for x in limits), summary
+    rc, summary, calls = _stub_run(tmp_path / "spent", CHECK_BUDGET="5")
+    assert rc == 1
+    assert summary.count("not run: CHECK_BUDGET=5s spent") == 3, summary
+    assert not [c for c in calls if c[:2] == ["-m", "pytest"] or "tools/gpu_smoke.py" in c]
