@@ -32,6 +32,7 @@ from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel, world_group
 from megatron_logra.rollout.driver import share_from_driver
+from megatron_logra.rollout.sglang_engine import check_engine_dtype
 from megatron_logra.rewards import build_task
 from megatron_logra.rl.config import check_rl_batch_layout
 from megatron_logra.rl.loop import (
@@ -154,6 +155,8 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
         check_native_step_control(cfg)
     if cfg.model.hf_path:  # the checkpoint's architecture replaces the recipe's
         cfg.model = model_config_from_hf(cfg.model.hf_path, base=cfg.model)
+    if cfg.rl.rollout.engine == "sglang" and not cfg.rl.rollout.sglang_url:
+        check_engine_dtype(cfg.model.params_dtype)  # an in-process engine: refused before anything is loaded
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
     check_rl_batch_layout(cfg, groups.dp_size, groups.pp_size)  # every rank, before anything is built
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)

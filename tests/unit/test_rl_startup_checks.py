@@ -36,3 +36,20 @@ def test_an_eval_prompt_that_cannot_fit_is_refused_before_the_model_is_built(tmp
             job.run_rl(cfg)
     finally:
         destroy_parallel()
+
+
+def test_a_float32_in_process_sglang_engine_is_refused_before_anything_is_built(tmp_path, monkeypatch):
+    """SGLang's kernels run float16 / bfloat16 only: the run stops before the process group, the
+    model or the run directory exist (it failed when the engine started, after the warm start)."""
+    from megatron_logra.rl import job
+
+    cfg = parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "rl.rollout.engine=sglang"])
+    assert cfg.model.params_dtype == "float32"
+
+    def no_group(*args, **kwargs):
+        raise AssertionError("the process group was started before the engine dtype was checked")
+
+    monkeypatch.setattr(job, "initialize_parallel", no_group)
+    with pytest.raises(ValueError, match="model.params_dtype='float32'.*set model.params_dtype=bfloat16"):
+        job.run_rl(cfg)
+    assert not (tmp_path / "run").exists()
