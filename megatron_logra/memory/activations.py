@@ -28,8 +28,11 @@ Stage totals: without recompute every layer of the stage stores its set; with fu
 (megatron ``uniform``, one layer per checkpoint) each layer stores only its input ``B·T·h``
 and one layer's set is alive while it is recomputed. 1F1B pipeline stage ``k`` of ``pp``
 holds ``pp − k`` micro-batches in flight (assuming at least ``pp`` micro-batches per step).
-Unfused attention adds megatron's global score buffer ``B·a·T·s/t`` once; the last stage
-adds the final norm's input and output ``2·B·T·h``.
+Unfused attention adds megatron's global score buffer ``B·a·T·s/t`` once, and once the
+working set of the layer computing its scores: the ``baddbmm`` output (``B``) and its fp32 upcast
+for the softmax (4), ``(B + 4)·a·T·s/t`` (``LiveTensorTracker`` peak breakdown of a bf16 GPT's
+forward: ``empty`` + ``baddbmm`` + ``_to_copy`` to fp32 of ``[b, a, s, s]`` alive with the saved
+sets). The last stage adds the final norm's input and output ``2·B·T·h``.
 
 Logits (last stage), with the trainer's chunked log-probs (:mod:`megatron_logra.rl.logprobs`,
 ``chunk`` tokens at a time): the 16-bit output ``[T, V/t]`` saved for backward and its 16-bit
@@ -126,7 +129,8 @@ def activation_bytes(model: ModelConfig, counts: ParamCounts, *, tp: int, pp: in
     else:
         stored = in_flight * counts.num_layers * layer.total
     if attention == "unfused":
-        stored += B * model.num_attention_heads * T * seq_len // tp
+        # megatron's global score buffer, plus the scoring layer's baddbmm output and fp32 softmax input
+        stored += (B + (B + 4)) * model.num_attention_heads * T * seq_len // tp
     if counts.stage == pp - 1:
         stored += 2 * B * T * h
     return stored

@@ -151,14 +151,17 @@ def test_planner_matches_the_measured_optimizer_memory_benchmark():
                             params_dtype="bfloat16")
         opt = "adam" if r["optimizer"] == "adam" else "logra"
         masters = "none" if r["optimizer"] == "logra_bf16" else "fp32"
+        # the benchmark steps megatron's LM loss (forward_backward without a loss_fn): loss="lm"
         w = plan(model, optimizer=opt, rank=r["rank"], masters=masters, micro_batch=meta["micro_batch"],
-                 seq_len=meta["seq"]).worst
+                 seq_len=meta["seq"], loss="lm", policy_sync=False).worst
         assert w.counts.total == r["model_params"] and w.counts.target_params == r["target_params"]
         per_target = w.target_persistent / w.counts.target_params
         assert per_target == pytest.approx(r["persistent_B_per_target_param"], rel=0.10), r["optimizer"]
         assert w.persistent == pytest.approx(r["persistent_model_bytes"], rel=0.10), r["optimizer"]
-        # the whole-step peak of live tensors (CPU, unfused attention) is predicted too
-        assert w.trainer_peak == pytest.approx(r["peak_live_bytes"], rel=0.15), r["optimizer"]
+        # the whole-step peak of live tensors (CPU, unfused attention) is predicted too: at most 10% low, and
+        # at most 20% high (one-layer models: the planner adds the scoring layer's s x s temporaries to that
+        # layer's whole saved set and the logits, which are not all alive at once)
+        assert 0.90 * r["peak_live_bytes"] <= w.trainer_peak <= 1.20 * r["peak_live_bytes"], r["optimizer"]
 
 
 def test_activation_formula_reduces_to_korthikanti():
@@ -174,7 +177,9 @@ def test_activation_formula_reduces_to_korthikanti():
     full = plan(model, micro_batch=b, seq_len=s, recompute="full", optimizer="adam").worst.activations
     none = plan(model, micro_batch=b, seq_len=s, recompute="none", optimizer="adam").worst.activations
     layer = layer_activations(model, tp=1, micro_batch=b, seq_len=s).total
-    extras = 2 * a * T * s + 2 * 2 * T * h  # global score buffer, final norm
+    # global score buffer (B = 2 per score), the scoring layer's baddbmm output + fp32 softmax input (2 + 4 per
+    # score: the peak breakdown of test_unfused_attention_peak_is_planned), final norm
+    extras = 2 * a * T * s + (2 + 4) * a * T * s + 2 * 2 * T * h
     assert full == 4 * 2 * T * h + layer + extras
     assert none == 4 * layer + extras
 
@@ -308,3 +313,27 @@ def test_mlp_activation_term_matches_megatrons_saved_tensors(groups, one_thread,
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         mlp(x)
     assert layer_activations(model, tp=1, micro_batch=b, seq_len=s).mlp == sum(saved.values())
+
+
+def test_unfused_attention_peak_is_planned(groups, one_thread):
+    """A bf16 GPT's forward and backward (unfused attention, megatron's cross entropy): the live-tensor
+    peak against the planned activations + logits; the s x s score temporaries dominate."""
+    import torch
+
+    from megatron_logra.memory.activations import activation_bytes, logit_bytes
+    from megatron_logra.memory.measure import LiveTensorTracker
+    from megatron_logra.models.gpt import build_gpt
+
+    b, s = 1, 512
+    model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=192, vocab_size=64,
+                        seq_length=s, params_dtype="bfloat16")
+    gpt = build_gpt(model, groups, seed=1)
+    tokens, labels = torch.randint(0, 64, (b, s)), torch.randint(0, 64, (b, s))
+    with LiveTensorTracker() as tracker:
+        base = tracker.current
+        gpt(tokens, torch.arange(s)[None], None, labels=labels).float().sum().backward()
+    measured = tracker.peak - base
+    counts = count_params(model)
+    planned = activation_bytes(model, counts, tp=1, pp=1, micro_batch=b, seq_len=s) + \
+        sum(logit_bytes(model, counts, tp=1, micro_batch=b, seq_len=s, loss="lm"))
+    assert 0.95 * measured <= planned <= 1.1 * measured, (planned, measured)
