@@ -189,6 +189,11 @@ def _build_meta_stage(cfg: ModelConfig, tp: int, pp: int, stage: int) -> torch.n
                 rotary_base=cfg.rotary_base,
                 pg_collection=_pg_collection(),
             )
+    if cfg.torch_dtype != torch.float32:
+        # as build_gpt does for the local spec: its torch.nn.LayerNorm (built fp32) is cast to the compute dtype
+        for module in model.modules():
+            if type(module) is torch.nn.LayerNorm:
+                module.to(cfg.torch_dtype)
     off_meta = [n for n, p in model.named_parameters() if p.device.type != "meta"]
     if off_meta:
         raise RuntimeError(f"parameters not on the meta device: {off_meta[:3]}")

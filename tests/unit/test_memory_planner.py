@@ -337,3 +337,21 @@ def test_unfused_attention_peak_is_planned(groups, one_thread):
     planned = activation_bytes(model, counts, tp=1, pp=1, micro_batch=b, seq_len=s) + \
         sum(logit_bytes(model, counts, tp=1, micro_batch=b, seq_len=s, loss="lm"))
     assert 0.95 * measured <= planned <= 1.1 * measured, (planned, measured)
+
+
+@pytest.mark.parametrize("norm", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_meta_counts_match_the_built_model_dtypes(groups, one_thread, norm, dtype):
+    """Weight bytes and fp32 parameters of the meta count against the model build_gpt really builds."""
+    import torch
+
+    from megatron_logra.models.gpt import build_gpt
+
+    model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=192, vocab_size=100,
+                        seq_length=32, params_dtype=dtype, normalization=norm, untie_embeddings_and_output_weights=True)
+    built = list(build_gpt(model, groups, seed=1).parameters())
+    c = count_params(model)
+    assert c.total == sum(p.numel() for p in built)
+    assert c.weight_bytes == sum(p.numel() * p.element_size() for p in built)
+    if dtype != "float32":
+        assert c.native_fp32 == sum(p.numel() for p in built if p.dtype == torch.float32)
