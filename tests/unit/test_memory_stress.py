@@ -86,3 +86,18 @@ def test_nvml_sampler_without_library_is_a_note(monkeypatch, caplog):
 def test_bad_arguments(bad):
     with pytest.raises(SystemExit):
         _tool().main(["--dry-run", *TINY, *bad])
+
+
+@pytest.mark.parametrize("extra, chunk, loss", [([], 48, "logprob"), (["--chunk-tokens", "0"], 0, "logprob"),
+                                                (["--loss", "lm"], 48, "lm")])
+def test_dry_run_plans_the_chunking_and_loss_asked_for(tmp_path, extra, chunk, loss):
+    from megatron_logra.memory.planner import PlanConfig, plan
+    from megatron_logra.models.gpt import ModelConfig
+
+    tool = _tool()
+    assert tool.main(["--dry-run", *TINY, *extra, "--optimizers", "logra", "--out", str(tmp_path)]) == 0
+    model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=tool.ffn_size(64),
+                        vocab_size=512, seq_length=64, params_dtype="bfloat16")
+    want = plan(model, PlanConfig(rank=8, micro_batch=2, seq_len=64, distributed_optimizer=False, overhead_bytes=0,
+                                  logprob_chunk_tokens=chunk, loss=loss)).worst.trainer_peak
+    assert int(_read(tmp_path)[0]["predicted_peak_bytes"]) == want
