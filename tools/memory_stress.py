@@ -4,7 +4,7 @@
     python tools/memory_stress.py --hidden 2048 --layers 8 --micro-batch 2 --seq-len 2048 --steps 5
     torchrun --nproc-per-node 8 tools/memory_stress.py --model 27b --tp 8 --rank 128 --recompute full --steps 3
     python tools/memory_stress.py --model 27b --tp 8 --dry-run          # planner prediction only (meta device)
-    python tools/memory_stress.py --device cpu --hidden 64 --layers 2 --steps 2 --out /tmp/stress
+    python tools/memory_stress.py --device cpu --hidden 64 --layers 2 --rank 8 --steps 2 --out /tmp/stress
 
 Per optimizer (``--optimizers logra,adam``, one after another in this process): build the GPT,
 run ``--steps`` full steps (forward/backward of the RL loss on chunked vocabulary-parallel
@@ -331,7 +331,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     kinds = [k.strip() for k in args.optimizers.split(",") if k.strip()]
     if not kinds or any(k not in ("logra", "adam") for k in kinds) or args.steps < 1:
         raise SystemExit(f"--optimizers={args.optimizers!r} (logra and/or adam), --steps={args.steps} (>= 1)")
-    mcfg = replace(model_config(args), recompute=args.recompute)
+    for flag in ("micro_batch", "micro_batches", "seq_len", "tp", "rank", "layers", "hidden", "vocab"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
+    if args.chunk_tokens < 0:
+        raise SystemExit(f"--chunk-tokens={args.chunk_tokens} must be >= 0 (0 = unchunked)")
+    try:
+        mcfg = replace(model_config(args), recompute=args.recompute)
+        for k in kinds:  # the planner's layout checks (TP divides the model, LoGRA rank <= every target's n_in)
+            predicted(mcfg, k, args, args.tp)
+    except ValueError as exc:
+        raise SystemExit(f"memory_stress: {exc}") from None
     title = (f"{args.model or f'hidden {args.hidden} x {args.layers} layers, vocab {args.vocab}'}; micro-batch "
              f"{args.micro_batch} x seq {args.seq_len} x {args.micro_batches}, TP {args.tp}, LoGRA rank {args.rank} "
              f"({args.masters} masters), recompute {args.recompute}, loss {args.loss}")

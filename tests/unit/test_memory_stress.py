@@ -82,10 +82,24 @@ def test_nvml_sampler_without_library_is_a_note(monkeypatch, caplog):
     assert sampler.peak is None
 
 
-@pytest.mark.parametrize("bad", [["--optimizers", "sgd"], ["--steps", "0"]])
-def test_bad_arguments(bad):
-    with pytest.raises(SystemExit):
-        _tool().main(["--dry-run", *TINY, *bad])
+@pytest.mark.parametrize("bad, says", [(["--optimizers", "sgd"], "--optimizers"), (["--steps", "0"], "--steps"),
+                                       (["--micro-batches", "0"], "--micro-batches=0"),
+                                       (["--micro-batch", "0"], "--micro-batch=0"),
+                                       (["--chunk-tokens", "-1"], "--chunk-tokens=-1"),
+                                       (["--rank", "128"], "rank=128")])
+def test_bad_arguments(bad, says):
+    # refused before any model is built (without --dry-run too), with a message naming the argument
+    with pytest.raises(SystemExit, match=says):
+        _tool().main([*TINY, *bad, "--device", "cpu"])
+
+
+def test_the_docstring_cpu_example_is_accepted(monkeypatch, tmp_path):
+    tool = _tool()
+    line = next(x for x in tool.__doc__.splitlines() if "--device cpu" in x)
+    argv = line.split("memory_stress.py", 1)[1].split()
+    out = argv.index("--out")
+    argv[out + 1] = str(tmp_path)
+    assert tool.main([*argv, "--dry-run"]) == 0
 
 
 @pytest.mark.parametrize("extra, chunk, loss", [([], 48, "logprob"), (["--chunk-tokens", "0"], 0, "logprob"),
