@@ -61,10 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def auto_tp(model, limit: int) -> int:
-    """Largest TP size <= ``limit`` dividing heads, query groups and the MLP width."""
+def auto_tp(model, limit: int, gpus_per_stage: Optional[int] = None) -> int:
+    """Largest TP size <= ``limit`` dividing heads, query groups and the MLP width (and, when given,
+    ``gpus_per_stage``, so that the GPUs split into whole TP groups)."""
     heads = model.num_attention_heads
     g = math.gcd(heads, model.num_query_groups or heads, model.ffn_hidden_size)
+    if gpus_per_stage is not None:
+        g = math.gcd(g, gpus_per_stage)
     return max(d for d in range(1, max(1, limit) + 1) if g % d == 0)
 
 
@@ -89,7 +92,8 @@ def _plans(args: argparse.Namespace):
     for name in models:
         model = resolve_model(name, seq_length=args.seq_len)
         if args.tp == "auto":
-            tp = auto_tp(model, (args.gpus or 8) // args.pp)
+            per_stage = (args.gpus or 8) // args.pp
+            tp = auto_tp(model, per_stage, per_stage if args.gpus is not None else None)
         else:
             try:
                 tp = int(args.tp)

@@ -355,3 +355,18 @@ def test_meta_counts_match_the_built_model_dtypes(groups, one_thread, norm, dtyp
     assert c.weight_bytes == sum(p.numel() * p.element_size() for p in built)
     if dtype != "float32":
         assert c.native_fp32 == sum(p.numel() for p in built if p.dtype == torch.float32)
+
+
+@pytest.mark.parametrize("name, gpus, pp", [("qwen2.5-7b", 6, 1), ("qwen2.5-7b", 12, 2), ("27b", 6, 1), ("27b", 8, 1)])
+def test_cli_auto_tp_splits_the_gpus_into_whole_groups(capsys, name, gpus, pp):
+    from megatron_logra.memory.cli import main
+
+    model = get_preset(name)
+    heads, groups = model.num_attention_heads, model.num_query_groups or model.num_attention_heads
+    per_stage = gpus // pp
+    # independently: the largest TP that shards the model and splits this stage's GPUs evenly
+    want = max(t for t in range(1, per_stage + 1)
+               if heads % t == 0 and groups % t == 0 and model.ffn_hidden_size % t == 0 and per_stage % t == 0)
+    assert main(["--model", name, "--tp", "auto", "--gpus", str(gpus), "--pp", str(pp), "--gpu-memory", "141GB",
+                 "--markdown"]) in (0, 2)
+    assert f"TP{want} PP{pp} DP{gpus // (want * pp)}" in capsys.readouterr().out
