@@ -254,9 +254,14 @@ def check_layout(model: ModelConfig, cfg: PlanConfig) -> None:
         ok_pp = [d for d in range(1, model.num_layers + 1) if model.num_layers % d == 0]
         raise ValueError(f"pp={cfg.pp} must divide model.num_layers={model.num_layers}: choose pp in {ok_pp}")
     if cfg.optimizer == "logra":
-        min_in = min(model.hidden_size, model.ffn_hidden_size)
+        # full input widths of the targets (as the trainer checks them): linear_qkv and linear_fc1 read h,
+        # linear_proj the attention output a x head_dim (head_dim = kv_channels when set), linear_fc2 the MLP width
+        head_dim = model.kv_channels or model.hidden_size // heads
+        widths = {"linear_qkv": model.hidden_size, "linear_proj": heads * head_dim,
+                  "linear_fc1": model.hidden_size, "linear_fc2": model.ffn_hidden_size}
+        name, min_in = min(widths.items(), key=lambda kv: kv[1])
         if cfg.rank > min_in:
-            raise ValueError(f"rank={cfg.rank} must be <= the smallest target input width {min_in}")
+            raise ValueError(f"rank={cfg.rank} must be <= the smallest target input width {min_in} ({name})")
 
 
 def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:

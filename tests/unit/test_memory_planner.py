@@ -370,3 +370,25 @@ def test_cli_auto_tp_splits_the_gpus_into_whole_groups(capsys, name, gpus, pp):
     assert main(["--model", name, "--tp", "auto", "--gpus", str(gpus), "--pp", str(pp), "--gpu-memory", "141GB",
                  "--markdown"]) in (0, 2)
     assert f"TP{want} PP{pp} DP{gpus // (want * pp)}" in capsys.readouterr().out
+
+
+def test_rank_is_bounded_by_the_attention_output_width_as_the_trainer_does(groups, one_thread):
+    """kv_channels x heads < hidden: linear_proj's input is the narrowest; the planner refuses what the trainer refuses."""
+    from megatron_logra.models.gpt import build_gpt
+    from megatron_logra.optim import LograConfig, OptimizerConfig, build_optimizer
+
+    model = ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, kv_channels=8, ffn_hidden_size=192,
+                        vocab_size=64, seq_length=64, params_dtype="bfloat16")
+    for rank in (32, 48):
+        try:
+            build_optimizer(build_gpt(model, groups, seed=1), OptimizerConfig(logra=LograConfig(rank=rank)), groups)
+            trainer_ok = True
+        except ValueError:
+            trainer_ok = False
+        try:
+            plan(model, rank=rank, seq_len=64)
+            planner_ok = True
+        except ValueError as exc:
+            planner_ok = False
+            assert "linear_proj" in str(exc) and "32" in str(exc)
+        assert planner_ok == trainer_ok == (rank <= 4 * 8)
