@@ -370,7 +370,7 @@ def _sglang_start_writes_its_environment():
 @pytest.mark.parametrize("fails", [False, True])
 def test_engine_start_hides_torchrun_and_restores_the_environment_exactly(monkeypatch, fails):
     """torchrun's ``TORCHELASTIC_USE_AGENT_STORE=True`` makes every rank of the schedulers' own
-    ``init_process_group`` a TCPStore client (nobody serves it: a hang), so the start must not see
+    process-group init a TCPStore client (nobody serves it: a hang), so the start must not see
     it; afterwards the trainer's environment is back exactly, also when the start raised."""
     import os
 
