@@ -50,9 +50,10 @@ def _summary(stdout: str) -> dict:
 
 
 def _cli(launcher, nproc: int, run_dir: Path, steps: int, *extra: str) -> dict:
-    """A fresh ``python -m megatron_logra.cli train ...`` (torchrun for nproc > 1); rank 0's summary."""
+    """A fresh ``python -m megatron_logra.cli train ...`` (for nproc > 1 real torchrun, started cold:
+    the command a user types); rank 0's summary."""
     proc = launcher.launch(nproc, ["-m", "megatron_logra.cli", *_train_args(run_dir, steps, *extra)],
-                           timeout=300, log=run_dir.with_name(run_dir.name + f".steps{steps}.log"))
+                           timeout=300, cold=nproc > 1, log=run_dir.with_name(run_dir.name + f".steps{steps}.log"))
     return _summary(proc.stdout)
 
 

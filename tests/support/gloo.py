@@ -4,20 +4,24 @@
 rendezvous: a probed TCP port can be taken by another process before gloo binds it). A rank that
 returns waits at a barrier before teardown, so no rank shuts gloo down while a peer's last send is
 still in flight — that aborted the peer in C++ ("terminate called without an active exception").
-A rank that raises skips the barrier; ``torch.multiprocessing.spawn`` then stops the others and
-re-raises its error in the test.
+A rank that raises skips the barrier; ``torch.multiprocessing`` then stops the others and
+re-raises its error in the test. The ranks are forked from the warm fork server of
+:mod:`support.forked` (imports done once per session) and start from the test's environment and
+working directory, as spawned ones would.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from support import forked
 
 __all__ = ["spawn_group"]
 
@@ -28,12 +32,14 @@ def spawn_group(fn: Callable[..., None], world: int, tmp_dir: str | Path, *args:
     module-level function. ``tensor_parallel``: also initialise megatron-core with TP = ``world`` on
     CPU (``cpu_shim``) and tear it down after. Results go through files under ``tmp_dir``."""
     rendezvous = Path(tempfile.mkdtemp(prefix="gloo-", dir=tmp_dir)) / "rendezvous"
-    mp.spawn(_entry, args=(fn, world, str(rendezvous), args, tensor_parallel, timeout_s), nprocs=world, join=True)
+    forked.context()
+    mp.start_processes(_entry, args=(fn, world, str(rendezvous), args, tensor_parallel, timeout_s, dict(os.environ),
+                                     os.getcwd()), nprocs=world, join=True, start_method="forkserver")
 
 
 def _entry(rank: int, fn: Callable[..., None], world: int, rendezvous: str, args: tuple, tensor_parallel: bool,
-           timeout_s: float) -> None:
-    torch.set_num_threads(1)
+           timeout_s: float, env: dict[str, str], cwd: str) -> None:
+    forked.apply_fresh_state({**env, "OMP_NUM_THREADS": "1"}, cwd)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     returned = False
