@@ -35,7 +35,7 @@ from megatron_logra.models.te import te_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_plan_config", "memory_preflight", "unmodelled", "MemoryCheckError"]
+__all__ = ["attention_kernel", "run_plan_config", "memory_preflight", "unmodelled", "MemoryCheckError"]
 
 class MemoryCheckError(ValueError):
     """The planner says this run does not fit its GPU and ``train.memory_check=error`` (bad input:
@@ -52,14 +52,19 @@ def _engine_fraction(cfg: Any, gpu_memory_bytes: int) -> float:
     return min(copy / gpu_memory_bytes, 0.99)
 
 
+def attention_kernel(model: Any) -> str:
+    """The attention the planner should model for ``model`` (a ``ModelConfig``) built on this machine:
+    ``flash`` where its layers are TransformerEngine's (fused attention), else ``unfused``."""
+    impl = model.transformer_impl
+    return "flash" if impl == "transformer_engine" or (impl == "auto" and te_unavailable_reason() is None) else "unfused"
+
+
 def run_plan_config(cfg: Any, *, tp: int, pp: int, dp: int, gpu_memory_bytes: int) -> Optional[PlanConfig]:
     """The planner's configuration of run config ``cfg`` at this layout and GPU size (None for an
     optimizer the planner does not model)."""
     name = cfg.optimizer.name
     if name not in OPTIMIZERS:
         return None
-    impl = cfg.model.transformer_impl
-    flash = impl == "transformer_engine" or (impl == "auto" and te_unavailable_reason() is None)
     rl = cfg.job == "rl"
     return PlanConfig(
         tp=tp, pp=pp, dp=dp, optimizer=name, rank=cfg.optimizer.logra.rank, masters=cfg.optimizer.logra.masters,
@@ -67,7 +72,7 @@ def run_plan_config(cfg: Any, *, tp: int, pp: int, dp: int, gpu_memory_bytes: in
         seq_len=cfg.model.seq_length if rl else cfg.data.seq_length - 1,  # LM micro-batches: [mbs, data.seq_length - 1]
         recompute=cfg.model.recompute, gpu_memory_bytes=int(gpu_memory_bytes),
         engine_fraction=_engine_fraction(cfg, gpu_memory_bytes), distributed_optimizer=False,
-        attention="flash" if flash else "unfused", cache_projections=cfg.optimizer.logra.cache_projections,
+        attention=attention_kernel(cfg.model), cache_projections=cfg.optimizer.logra.cache_projections,
         logprob_chunk_tokens=cfg.rl.loss.logprob_chunk_tokens if rl else 0,
         loss="logprob" if rl else "lm", policy_sync=rl,
     )

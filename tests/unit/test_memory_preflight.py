@@ -142,3 +142,20 @@ def test_the_lm_loss_term_matches_megatrons_measured_cross_entropy(groups, one_t
     got = sum(logit_bytes(model, count_params(model), tp=1, micro_batch=b, seq_len=s, chunk_tokens=0, loss="lm"))
     assert count_params(model).padded_vocab == vocab
     assert abs(got - measured) <= 0.02 * measured, (got, measured)
+
+
+def test_attention_is_planned_as_the_model_would_be_built_here():
+    """TransformerEngine layers run fused attention (no s x s scores), megatron's local spec the
+    unfused one; ``auto`` is TE exactly where TE can be used. The preflight and the stress tool
+    both plan through ``attention_kernel``."""
+    from types import SimpleNamespace
+
+    from megatron_logra.memory.preflight import attention_kernel
+    from megatron_logra.models.te import te_unavailable_reason
+
+    assert attention_kernel(SimpleNamespace(transformer_impl="transformer_engine")) == "flash"
+    assert attention_kernel(SimpleNamespace(transformer_impl="local")) == "unfused"
+    here = "unfused" if te_unavailable_reason() is not None else "flash"
+    assert attention_kernel(SimpleNamespace(transformer_impl="auto")) == here
+    cfg = parse_args_to_config("tiny", [])
+    assert run_plan_config(cfg, tp=1, pp=1, dp=1, gpu_memory_bytes=H100).attention == here
