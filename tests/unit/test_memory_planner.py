@@ -392,3 +392,20 @@ def test_rank_is_bounded_by_the_attention_output_width_as_the_trainer_does(group
             planner_ok = False
             assert "linear_proj" in str(exc) and "32" in str(exc)
         assert planner_ok == trainer_ok == (rank <= 4 * 8)
+
+
+def test_the_documented_layout_table_is_the_tools_output(capsys):
+    """README.md and docs/memory.md show the summary table of the command they print next to it; a
+    planner change that moves a figure must move the documented one too."""
+    from megatron_logra.memory.cli import main
+
+    assert main(["--model", "qwen2.5-1.5b,qwen2.5-7b,27b", "--tp", "auto", "--gpus", "8", "--gpu-memory",
+                 "81559MiB,143771MiB", "--rank", "128", "--recompute", "full", "--engine-fraction", "0.3", "--compare",
+                 "--markdown"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[:lines.index("")]
+    assert len(table) == 8 and table[0].startswith("| model |")
+    for doc in (REPO / "README.md", REPO / "docs" / "memory.md"):
+        text = doc.read_text()
+        assert "\n".join(table) in text, f"{doc.name}: the layout table differs from the tool's output"
+        assert "--gpu-memory 81559MiB,143771MiB" in text.replace("\\\n    ", "").replace("\n", " ")
