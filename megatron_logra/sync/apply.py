@@ -195,8 +195,10 @@ def validate(
     """Check ``delta`` against ``weights`` (engine names, this rank's shards) without touching anything.
 
     Checks the message structure, the version chain, that every engine parameter it maps to
-    exists with the right shape and a supported dtype, that dense shapes match, and that every
-    U and dense tensor is finite. Returns the engine plan; raises :class:`SyncError` naming
+    exists with the right shape and a supported dtype, that dense shapes match (the whole tensor,
+    0-d included; a vocab-parallel entry: this rank's row block), and that every U and dense
+    tensor is finite: everything the commit relies on, so a delta it could not finish is
+    rejected before the first write. Returns the engine plan; raises :class:`SyncError` naming
     the first problem.
     """
     delta.check_structure()
@@ -222,10 +224,12 @@ def validate(
             raise SyncError("dtype", f"{f.param}: engine weight dtype {w.dtype} is not one of {MERGE_DTYPES}")
     for d in plan.dense:
         w = weights[d.param]
-        if d.split == "vocab":
-            rows = w.shape[0] * tp_size
-            ok = tuple(w.shape[1:]) == tuple(d.tensor.shape[1:]) and rows >= d.tensor.shape[0] > rows - w.shape[0]
-        else:
+        if d.split == "vocab":  # row blocks: both sides need a row dimension
+            ok = w.dim() >= 1 and d.tensor.dim() == w.dim()
+            if ok:
+                rows = w.shape[0] * tp_size
+                ok = tuple(w.shape[1:]) == tuple(d.tensor.shape[1:]) and rows >= d.tensor.shape[0] > rows - w.shape[0]
+        else:  # the whole tensor (any rank, 0-d included)
             ok = tuple(w.shape) == tuple(d.tensor.shape)
         if not ok:
             raise SyncError("shape", f"dense {d.param}: engine {tuple(w.shape)} vs delta {tuple(d.tensor.shape)} (split={d.split})")
@@ -287,11 +291,15 @@ def apply_delta_(
         dense = []
         for d in plan.dense:
             w = weights[d.param]
-            src = d.tensor
-            if d.split == "vocab":
+            src, dst = d.tensor, w
+            if d.split == "vocab":  # this rank's row block; padding rows past the vocabulary stay untouched
                 lo = tp_rank * w.shape[0]
                 src = src[lo : min(lo + w.shape[0], src.shape[0])]
-            dense.append((w, src.to(device=w.device, dtype=w.dtype).contiguous()))
+                dst = w[: src.shape[0]]
+            if dst.shape != src.shape:  # the commit copies exactly src into dst: nothing else may be left to it
+                raise SyncError("shape", f"dense {d.param}: engine slice {tuple(dst.shape)} vs delta slice "
+                                         f"{tuple(src.shape)} (split={d.split})")
+            dense.append((dst, src.to(device=w.device, dtype=w.dtype).contiguous()))
     except SyncError:
         raise
     except Exception as exc:  # nothing written yet
@@ -302,8 +310,8 @@ def apply_delta_(
             _merge_prepared_(w, U32, M_RI, scale, delta.decay, *workspaces[w.device],
                              chunk_elems(w.device, max_chunk_elems))
             done += 1
-        for w, src in dense:
-            w[: src.shape[0]].copy_(src)
+        for dst, src in dense:
+            dst.copy_(src)
             done += 1
     except Exception as exc:  # pragma: no cover - needs a failing in-place kernel
         logger.critical("delta %d->%d partially applied (%d of %d tensors): reload a full anchor",

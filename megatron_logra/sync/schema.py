@@ -121,6 +121,7 @@ def check_header(h: dict) -> None:
         _check_keys(d, DENSE_KEYS, f"dense entry {i}")
         if not isinstance(d["name"], str) or not d["name"]:
             raise SyncError("name", f"dense entry {i} has name {d['name']!r}; expected a non-empty string")
+        # any rank, [] (a 0-d scalar parameter) and zero-size dimensions included: the apply copies the whole tensor
         shape_ok = isinstance(d["shape"], list) and all(_is_int(n) and n >= 0 for n in d["shape"])
         if not isinstance(d["dtype"], str) or d["dtype"] not in DENSE_DTYPES or not shape_ok:
             raise SyncError("dtype", f"dense entry {d!r} has an unsupported dtype or shape")

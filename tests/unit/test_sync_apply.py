@@ -22,8 +22,10 @@ from megatron_logra.sync.apply import (
     rademacher_scale,
     validate,
 )
+from megatron_logra.sync.codec import decode, encode
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.synthetic import DenseShape, random_delta
+from support.sglang_stand_ins import SGLangQwen2
 
 
 @pytest.fixture(autouse=True)
@@ -265,6 +267,36 @@ def test_failure_while_preparing_leaves_weights_untouched(monkeypatch):
     monkeypatch.setattr(apply_mod, "projection", flaky)
     _rejected(weights, random_delta(SHAPE, RANK), 0, "apply", "failed before any write")
     assert calls["n"] == 9
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_scalar_dense_parameter_is_applied_whole_and_bitwise(dtype):
+    """A 0-d trained parameter (e.g. a logit scale) travels dense and is copied whole, after the merges."""
+    weights = _hf_weights(dtype)
+    weights["logit_scale"] = torch.tensor(1.0, dtype=dtype)
+    reference = _snapshot(weights)
+    delta = random_delta(SHAPE, RANK, scale=0.05, dense={"logit_scale": torch.tensor(2.5),
+                                                         "model.norm.weight": torch.randn(32)})
+    assert apply_delta_(weights, decode(encode(delta)), 0) == 1
+    without = random_delta(SHAPE, RANK, scale=0.05, dense={"model.norm.weight": delta.dense["model.norm.weight"]})
+    apply_delta_(reference, without, 0)
+    reference["logit_scale"] = torch.tensor(2.5, dtype=dtype)
+    assert _same(weights, reference)
+
+
+@pytest.mark.parametrize("engine,sent", [(torch.tensor(0.5), torch.tensor(1.0)), (torch.tensor(0.5), torch.ones(40, 32)),
+                                         (torch.ones(20), torch.ones(40, 32))])
+def test_dense_the_commit_cannot_copy_is_rejected_before_any_write(engine, sent):
+    """A vocab-parallel dense entry is copied as a row block: without matching rows there is nothing the commit
+    could copy, so validation rejects it (a SyncError, never an IndexError) before the factors are merged."""
+    weights = {n: p.detach().clone() for n, p in SGLangQwen2(_hf_weights(), tp=2, rank=1).named_parameters()}
+    weights["model.embed_tokens.weight"] = engine.clone()
+    before = _snapshot(weights)
+    delta = random_delta(SHAPE, RANK, dense={"model.embed_tokens.weight": sent})
+    with pytest.raises(SyncError, match="dense model.embed_tokens.weight") as exc:
+        apply_delta_(weights, delta, 0, layout="sglang", tp_size=2, tp_rank=1)
+    assert exc.value.kind == "shape"
+    assert _same(weights, before), "a rejected delta modified the weights"
 
 
 def test_validate_touches_nothing_and_returns_the_plan():
