@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["canonical_param_name", "global_param_names", "shard_full", "unshard", "gather_tp", "full_rows",
+__all__ = ["canonical_param_name", "global_param_names", "is_tied_output_copy", "shard_full", "unshard", "gather_tp", "full_rows",
            "gather_full_state"]
 
 _LOCAL_LAYER_RE = re.compile(r"^(.*?\bdecoder\.layers\.)(\d+)(\..*)$")
@@ -37,6 +37,16 @@ def canonical_param_name(name: str) -> str:
         if name.endswith(te_suffix):
             return name[: -len(te_suffix)] + local_suffix
     return name
+
+
+def is_tied_output_copy(param: torch.Tensor) -> bool:
+    """Whether ``param`` is the last pipeline stage's copy of tied word embeddings.
+
+    Under pipeline parallelism with tied embeddings megatron gives the last stage its own
+    ``output_layer.weight``, marked ``shared``, kept equal to the first stage's
+    ``embedding.word_embeddings.weight`` (same init, gradients summed over the embedding group).
+    The first stage's tensor is the one that is exported, synced and counted."""
+    return bool(getattr(param, "shared", False))
 
 
 def global_param_names(model: nn.Module) -> dict[str, str]:

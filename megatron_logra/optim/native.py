@@ -20,6 +20,7 @@ from typing import Iterable, Optional
 import torch
 import torch.distributed as dist
 
+from megatron_logra.models.layout import is_tied_output_copy
 from megatron_logra.optim.functional import adamw_delta
 from megatron_logra.optim.state import ParamSlot, SlotState
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
@@ -142,7 +143,7 @@ class NativeAdamW:
         total = torch.zeros((), dtype=torch.float64, device=device)
         tp_rank = self.groups.tp_rank
         for p, g in zip(self.params, self.grads()):
-            if getattr(p, "shared", False):
+            if is_tied_output_copy(p):
                 continue
             if getattr(p, "tensor_model_parallel", False) or tp_rank == 0:
                 total += g.double().pow(2).sum()

@@ -28,26 +28,23 @@ from torch import nn
 
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.hf import attention_dims, hf_rows, megatron_param_to_hf
-from megatron_logra.models.layout import full_rows, gather_tp, global_param_names
+from megatron_logra.models.layout import full_rows, gather_tp, global_param_names, is_tied_output_copy
 from megatron_logra.parallel import ParallelGroups, all_gather_bytes, collective_device
 from megatron_logra.sync.fingerprint import digest, sampled_rows_of
 
 __all__ = ["iter_full_params", "iter_hf_params", "gather_full_model", "trainer_fingerprint"]
 
-_WORD_EMBEDDINGS = "embedding.word_embeddings.weight"
 
 
 def _exchange_json(obj: dict, group) -> list[dict]:
     return [json.loads(b.decode()) for b in all_gather_bytes(json.dumps(obj).encode(), group)]
 
 
-def _owned_params(model: nn.Module, groups: ParallelGroups) -> dict[str, torch.Tensor]:
-    """This stage's parameters under global names, without a tied embedding copy off the first stage."""
+def _owned_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """This stage's parameters under global names, without the last stage's copy of tied word
+    embeddings (the first stage's embedding stands for both, as in a tied HF model)."""
     names = global_param_names(model)
-    owned = {names[n]: p for n, p in model.named_parameters()}
-    if groups.pp_size > 1 and not groups.pp_first:
-        owned.pop(_WORD_EMBEDDINGS, None)
-    return owned
+    return {names[n]: p for n, p in model.named_parameters() if not is_tied_output_copy(p)}
 
 
 def _full_shape(param: torch.Tensor, tp_size: int) -> list[int]:
@@ -80,7 +77,7 @@ def iter_full_params(model: nn.Module, groups: ParallelGroups) -> Iterator[tuple
     and are fresh copies only where a gather or broadcast made them (a replicated parameter at
     PP = 1 is its own ``.detach()``): callers must not write to them.
     """
-    owned = _owned_params(model, groups)
+    owned = _owned_params(model)
     if groups.pp_size == 1:
         for name in sorted(owned):
             param = owned[name]
@@ -143,7 +140,7 @@ def trainer_fingerprint(model: nn.Module, groups: ParallelGroups, cfg: ModelConf
         return t if dtype is None else t.to(dtype)
 
     local: dict[str, str] = {}
-    for name, param in sorted(_owned_params(model, groups).items()):
+    for name, param in sorted(_owned_params(model).items()):
         full_shape = _full_shape(param, groups.tp_size)
         if param.dim() <= 1:  # biases and norms: whole (and small)
             for hf_name, t in megatron_param_to_hf(name, gather_tp(param.detach(), param, groups.tp), dims):

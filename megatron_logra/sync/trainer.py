@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from megatron_logra.models.hf import megatron_param_to_hf
-from megatron_logra.models.layout import gather_tp, global_param_names
+from megatron_logra.models.layout import gather_tp, global_param_names, is_tied_output_copy
 from megatron_logra.optim.logra import LograOptimizer
 from megatron_logra.optim.update import PreparedUpdate
 from megatron_logra.parallel import ParallelGroups
@@ -128,6 +128,8 @@ def build_delta(
             names = global_param_names(chunk)
             by_id.update({id(p): (names[n], p) for n, p in chunk.named_parameters()})
         for p in natives:
+            if is_tied_output_copy(p):  # the first stage's embedding carries it
+                continue
             name, param = by_id[id(p)]
             full = gather_tp(param.detach(), param, groups.tp)
             for hf_name, tensor in megatron_param_to_hf(name, full, dims):

@@ -1,7 +1,12 @@
 """Sketch-delta sync under pipeline parallelism (2 stages): the per-stage parts are gathered and
 merged, every rank's engine takes the whole delta, and the engine's fingerprint equals the
 trainer's after every update (``sync.check_interval=1``: a mismatch would force a full refit and
-show as ``sync_drift=1`` / ``sync_mode="delta+anchor"``)."""
+show as ``sync_drift=1`` / ``sync_mode="delta+anchor"``).
+
+With tied word embeddings the last stage holds its own copy of the embedding as
+``output_layer.weight``; a tied engine has no ``lm_head``, so that copy must neither be refit
+nor travel in a delta (the first stage's embedding stands for both). The tied run also trains
+the non-target parameters, so the embedding travels dense in every delta."""
 
 from __future__ import annotations
 
@@ -12,18 +17,22 @@ import pytest
 pytestmark = pytest.mark.distributed
 
 
-def test_rl_delta_sync_with_two_pipeline_stages(launcher, tmp_path):
+@pytest.mark.parametrize("extra", [[], ["model.untie_embeddings_and_output_weights=false", "native.freeze=false"]],
+                         ids=["untied", "tied-trained-embeddings"])
+def test_rl_delta_sync_with_two_pipeline_stages(launcher, tmp_path, extra):
     run = tmp_path / "pp2"
     args = ["-m", "megatron_logra.cli", "train", "tiny", "--pipeline-model-parallel-size", "2", "rl.steps=3",
             "kl.mode=none", f"train.run_dir={run}", "train.progress=false", "rl.prompts_per_step=4", "rl.group_size=4",
-            "rl.eval_interval=0", "task.num_eval=8", "sync.check_interval=1", "sync.anchor_interval=0"]
+            "rl.eval_interval=0", "task.num_eval=8", "sync.check_interval=1", "sync.anchor_interval=0", *extra]
     launcher.launch(2, args, timeout=400, log=tmp_path / "pp2.log")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
-    for r in records:
+    applied = [r for r in records if not r["skipped"]]  # a step whose advantages are all 0 is skipped
+    assert len(applied) >= 2, records
+    for r in applied:
         assert (r["sync_mode"], r["sync_drift"]) == ("delta", 0), r
     # a delta carries U (rows x rank) per target, far less than the model's bf16 bytes
     from megatron_logra.overrides import parse_args_to_config
 
     model = parse_args_to_config("tiny", []).model
-    assert all(0 < r["sync_bytes"] < 2 * model.num_params() for r in records)
+    assert all(0 < r["sync_bytes"] < 2 * model.num_params() for r in applied)
