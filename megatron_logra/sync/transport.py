@@ -8,7 +8,8 @@
   polls for the deltas after its current version and applies them in order. The only
   consumer state is the engine's ``weight_version``, so both sides survive restarts;
   re-publishing identical bytes is a no-op, different bytes for a published version are
-  refused. A missing link in the chain raises ``SyncError("gap")``.
+  refused. The consumer reads and applies one file at a time; a missing link in the chain
+  raises ``SyncError("gap")``, a file forking from it ``SyncError("version")``.
 
 Imports only torch, safetensors (via the codec) and the standard library.
 """
@@ -20,7 +21,7 @@ import os
 import re
 import uuid
 from pathlib import Path
-from typing import Union
+from typing import Iterator, Union
 
 from megatron_logra.sync.codec import SketchDelta, decode, encode
 from megatron_logra.sync.engine import DeltaConsumer
@@ -102,11 +103,11 @@ class DirectoryTransport:
             version = decode(data).new_version  # refuse to publish what a consumer would reject
         final = self.dir / delta_filename(version)
         tmp = self.dir / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
         try:
+            with open(tmp, "wb") as fh:  # a failed write (e.g. a full disk) leaves no partial file behind
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
             try:
                 os.link(tmp, final)  # atomic and never clobbers
             except FileExistsError:
@@ -155,40 +156,62 @@ class DirectoryTransport:
         except SyncError as exc:
             raise SyncError(exc.kind, f"{path.name}: {str(exc).removeprefix(f'[{exc.kind}] ')}") from None
 
-    def poll(self, current_version: int) -> list[SketchDelta]:
-        """The chain of deltas after ``current_version``, in order.
+    def _chain(self, current_version: int) -> Iterator[SketchDelta]:
+        """Yield the deltas after ``current_version`` in order, reading each file only when the
+        previous one has been taken (one decoded delta in memory at a time).
 
-        Each delta's ``base_version`` must be the previous one's ``new_version`` (the first:
-        ``current_version``). At a break the contiguous prefix is returned; with no prefix,
-        ``SyncError("gap")`` names the missing versions. Deltas at or below
-        ``current_version`` are skipped (already applied).
+        Raises at the first file that cannot extend the chain: unreadable or corrupt (the
+        decode's kind, naming the file), holding another version (``version``), or starting
+        below the chain (``version``: it forks from or overlaps the chain). At a missing
+        version (a file starting above the chain) it stops after a non-empty prefix (the
+        missing delta may still be published) and raises ``SyncError("gap")`` otherwise.
         """
-        chain: list[SketchDelta] = []
         expected = current_version
+        yielded = 0
         for v in self.versions():
             if v <= current_version:
                 continue
             delta = self.read(v)
             if delta.new_version != v:
                 raise SyncError("version", f"{delta_filename(v)} holds version {delta.new_version}")
-            if delta.base_version != expected:
+            if delta.base_version < expected:
+                raise SyncError("version", f"{delta_filename(v)} is the delta {delta.base_version}->{v} but the chain is "
+                                           f"already at {expected}: it forks from or overlaps the chain")
+            if delta.base_version > expected:
                 msg = (f"{delta_filename(v)} starts at version {delta.base_version} but the chain is at {expected}: "
                        f"the delta(s) for versions ({expected}, {delta.base_version}] are missing")
-                if chain:  # hand out the contiguous prefix; the next poll raises
-                    logger.warning("%s; returning the %d deltas before the gap", msg, len(chain))
-                    return chain
+                if yielded:  # the contiguous prefix was handed out; the next call raises
+                    logger.warning("%s; stopping after the %d deltas before the gap", msg, yielded)
+                    return
                 raise SyncError("gap", msg)
-            chain.append(delta)
+            yield delta
+            del delta  # not held while the next file is read
+            yielded += 1
             expected = v
-        return chain
+
+    def poll(self, current_version: int) -> list[SketchDelta]:
+        """The chain of deltas after ``current_version``, in order (all decoded; :meth:`consume`
+        applies them one file at a time instead).
+
+        Each delta's ``base_version`` must be the previous one's ``new_version`` (the first:
+        ``current_version``). At a missing version the contiguous prefix is returned; with no
+        prefix, ``SyncError("gap")`` names the missing versions. A corrupt or unreadable file,
+        or one starting below the chain (``SyncError("version")``: it forks from or overlaps
+        it), raises. Deltas at or below ``current_version`` are skipped (already applied).
+        """
+        return list(self._chain(current_version))
 
     def consume(self, engine: DeltaConsumer) -> list[int]:
-        """Apply every new delta to ``engine`` in order; returns the versions applied.
+        """Apply the new deltas to ``engine`` in order, one file at a time (read, check its link
+        to the chain, apply, next); returns the versions applied.
 
-        Stops at the first rejection (raised); deltas applied before it stay applied and the
-        engine's ``weight_version`` says where to resume.
+        Raises at the first file that cannot be applied (corrupt, unreadable, forking from the
+        chain, rejected by the engine; a missing version when nothing before it was applied):
+        deltas applied before it stay applied and the engine's ``weight_version`` says where to
+        resume. A missing version after applied deltas ends the call (see :meth:`poll`).
         """
         applied = []
-        for delta in self.poll(engine.weight_version):
+        for delta in self._chain(engine.weight_version):
             applied.append(engine.apply_sketch_delta(delta))
+            del delta  # not held while the next file is read
         return applied

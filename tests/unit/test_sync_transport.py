@@ -8,6 +8,7 @@ with the HF-layout apply of the same delta, fused and sharded by hand.
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -146,7 +147,7 @@ def test_concurrent_producers_of_one_version_have_one_winner(tmp_path):
     assert DirectoryTransport(tmp_path).read(1).checksum in {d.checksum for d in candidates}  # set by publish
 
 
-def test_gap_and_corruption_are_rejected_and_leave_the_engine_untouched(tmp_path):
+def test_a_gap_is_rejected_and_leaves_the_engine_untouched(tmp_path):
     deltas = _deltas(4)
     transport = DirectoryTransport(tmp_path)
     engine = ModuleEngine(_HFModule(_hf_state()))
@@ -158,15 +159,93 @@ def test_gap_and_corruption_are_rejected_and_leave_the_engine_untouched(tmp_path
     with pytest.raises(SyncError, match=r"versions \(1, 2\] are missing") as exc:
         transport.consume(engine)
     assert exc.value.kind == "gap" and engine.weight_version == 1
-    transport.publish(deltas[1])
+    assert all(torch.equal(v, before[k]) for k, v in engine.weights().items())
+    transport.publish(deltas[1])  # the missing version arrives: the chain goes on
+    assert transport.consume(engine) == [2, 3, 4]
+
+
+class _LoggingTransport(DirectoryTransport):
+    def __init__(self, directory, log):
+        super().__init__(directory)
+        self.log = log
+
+    def read(self, version):
+        self.log.append(f"read {version}")
+        return super().read(version)
+
+
+class _LoggingEngine(ModuleEngine):
+    def __init__(self, model, log):
+        super().__init__(model)
+        self.log = log
+
+    def apply_sketch_delta(self, delta):
+        version = super().apply_sketch_delta(delta)
+        self.log.append(f"apply {version}")
+        return version
+
+
+def test_consume_applies_file_by_file_and_keeps_the_deltas_before_a_corrupt_one(tmp_path):
+    deltas = _deltas(3)
+    log = []
+    transport = _LoggingTransport(tmp_path, log)
+    for d in deltas:
+        transport.publish(d)
     path = Path(tmp_path) / "delta_00000003.safetensors"
     data = bytearray(path.read_bytes())
     data[-3] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(SyncError, match="delta_00000003.safetensors: .*sha256 mismatch"):
+    engine = _LoggingEngine(_HFModule(_hf_state()), log)
+    with pytest.raises(SyncError, match="delta_00000003.safetensors: .*sha256 mismatch") as exc:
         transport.consume(engine)
-    assert engine.weight_version == 1  # poll verifies the whole chain before anything is applied
-    assert all(torch.equal(v, before[k]) for k, v in engine.weights().items())
+    assert exc.value.kind == "checksum"
+    assert log == ["read 1", "apply 1", "read 2", "apply 2", "read 3"]  # one file at a time
+    assert engine.weight_version == 2
+    reference = _hf_state()
+    for d in deltas[:2]:
+        apply_delta_(reference, d, d.base_version)
+    for name, t in engine.weights().items():
+        assert torch.equal(t, reference[name]), name
+
+
+def test_a_file_below_the_chain_is_a_version_error_and_one_above_it_a_gap(tmp_path):
+    transport = DirectoryTransport(tmp_path)
+    transport.publish(random_delta(SHAPE, RANK, base_version=0, new_version=1))
+    transport.publish(random_delta(SHAPE, RANK, base_version=1, new_version=2))
+    transport.publish(random_delta(SHAPE, RANK, base_version=1, new_version=3))  # forks from version 1
+    with pytest.raises(SyncError, match=r"delta_00000003.safetensors is the delta 1->3 but the chain is already at 2: "
+                                         r"it forks from or overlaps the chain") as exc:
+        transport.poll(2)
+    assert exc.value.kind == "version"
+    engine = ModuleEngine(_HFModule(_hf_state()))
+    with pytest.raises(SyncError, match="forks from or overlaps") as exc:
+        transport.consume(engine)
+    assert exc.value.kind == "version" and engine.weight_version == 2
+
+    ahead = DirectoryTransport(tmp_path / "ahead")
+    ahead.publish(random_delta(SHAPE, RANK, base_version=0, new_version=1))
+    ahead.publish(random_delta(SHAPE, RANK, base_version=2, new_version=3))
+    with pytest.raises(SyncError, match=r"delta_00000003.safetensors starts at version 2 but the chain is at 1: "
+                                         r"the delta\(s\) for versions \(1, 2\] are missing") as exc:
+        ahead.poll(1)
+    assert exc.value.kind == "gap"
+
+
+def test_a_failed_publish_leaves_no_temporary_file(tmp_path, monkeypatch):
+    transport = DirectoryTransport(tmp_path)
+    delta = _deltas(1)[0]
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError) as exc:
+        transport.publish(delta)
+    assert exc.value.errno == errno.ENOSPC
+    assert os.listdir(tmp_path) == []
+    monkeypatch.undo()
+    transport.publish(delta)
+    assert os.listdir(tmp_path) == ["delta_00000001.safetensors"]
 
 
 # --------------------------------------------------------------------------- SGLang loader
