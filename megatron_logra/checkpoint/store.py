@@ -619,7 +619,8 @@ def load_checkpoint(
     over the world group (sizes; with ``checksums``, the recorded CRC-32s, each rank checking a
     share of the files — every rank raises the same CheckpointError naming a corrupt file), then,
     given the run's ``model_config`` (``ModelConfig``), its architecture against the checkpoint's
-    (:func:`check_architecture`: a CheckpointError naming the field, not a tensor shape mismatch)."""
+    (:func:`check_architecture`: a CheckpointError naming the field, not a tensor shape mismatch).
+    Given an ``optimizer``, a weights-only checkpoint is a CheckpointError saying so."""
     from megatron.core import dist_checkpointing
 
     path = Path(path)
@@ -629,7 +630,10 @@ def load_checkpoint(
         if problems:
             raise _architecture_error(path, problems)
     sharded, current, named_slots = _sharded_state(model, optimizer)
-    _check_compatible(meta.get("state"), current, str(path))
+    saved_state = meta.get("state")
+    if (named_slots or current) and isinstance(saved_state, dict) and not saved_state:  # before comparing settings
+        raise CheckpointError(f"{path} holds weights only (no optimizer state) and cannot be resumed")
+    _check_compatible(saved_state, current, str(path))
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
     try:

@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from megatron_logra.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
+from megatron_logra.optim import build_optimizer
+from megatron_logra.optim.config import LograConfig, OptimizerConfig
 from megatron_logra.optim.native import NativeAdamW
 from megatron_logra.parallel import ParallelGroups
 from test_checkpoint_checksums import _model
@@ -137,3 +139,17 @@ def test_resuming_with_or_without_fp32_masters_against_the_checkpoint_is_refused
     _check_compatible(older, here, "ckpt")
     with pytest.raises(CheckpointError, match=r"saved with rank=8, this run has 16"):
         _check_compatible(older, dict(here, rank=16), "ckpt")
+
+
+@pytest.mark.parametrize("name", ["logra", "adam"])
+def test_resuming_from_a_weights_only_checkpoint_says_so_and_changes_nothing(model, groups, tmp_path, name):
+    run = tmp_path / "run"
+    ckpt = save_checkpoint(run, 1, model, None, groups)
+    files = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    fresh = _model(groups, seed=11)
+    optimizer = build_optimizer(fresh, OptimizerConfig(name=name, logra=LograConfig(rank=4)), groups)
+    before = {k: v.clone() for k, v in fresh.state_dict().items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(CheckpointError, match=r"holds weights only \(no optimizer state\) and cannot be resumed"):
+        load_checkpoint(ckpt, fresh, optimizer, groups)
+    assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items() if k in before)
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == files
