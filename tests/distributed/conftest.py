@@ -96,7 +96,7 @@ def launch(
     ``cold``: start ``torchrun`` / ``python`` themselves instead of forking warm ranks.
     """
     for attempt in range(3):
-        if cold:
+        if cold or not forked.usable():
             proc, timed_out = _launch_cold(nproc, target, timeout)
         else:
             proc, timed_out = forked.run_ranks(nproc, target, env=_env(), cwd=ROOT, timeout=timeout, port=free_port())
@@ -113,9 +113,12 @@ def launch(
     return proc
 
 
-def start(target: Sequence[str], *, log: Path) -> forked.Started:
+def start(target: Sequence[str], *, log: Path) -> "forked.Started | subprocess.Popen":
     """Start ``python target...`` (1 process, forked warm) without waiting; output to ``log``.
     Stop it with :func:`_kill_tree` (SIGKILL to it and every child)."""
+    if not forked.usable():
+        return subprocess.Popen([sys.executable, *target], cwd=ROOT, env=_env(), stdout=open(log, "w"),
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return forked.start(target, env=_env(), cwd=ROOT, log=log)
 
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["context", "run_ranks", "rank_env", "apply_fresh_state", "Started", "start"]
+__all__ = ["usable", "context", "run_ranks", "rank_env", "apply_fresh_state", "Started", "start"]
 
 # what a cold start of a test process spends its time importing; none reads the environment a
 # rank sets (RANK, MASTER_PORT, ...) at import time
@@ -39,6 +39,15 @@ PRELOAD = [
     "megatron.core.dist_checkpointing",
 ]
 _GRACE_S = 1.0  # after a rank fails, how long the others may still finish before they are stopped
+
+
+def usable() -> bool:
+    """Whether ranks may be forked here: not where CUDA is visible, since the fork server's imports
+    may touch the CUDA driver and CUDA cannot be used in a child forked after that (the CPU tiers
+    hide CUDA, so there they always are)."""
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def context() -> mp.context.BaseContext:

@@ -6,8 +6,8 @@ returns waits at a barrier before teardown, so no rank shuts gloo down while a p
 still in flight — that aborted the peer in C++ ("terminate called without an active exception").
 A rank that raises skips the barrier; ``torch.multiprocessing`` then stops the others and
 re-raises its error in the test. The ranks are forked from the warm fork server of
-:mod:`support.forked` (imports done once per session) and start from the test's environment and
-working directory, as spawned ones would.
+:mod:`support.forked` (imports done once per session; spawned cold where CUDA is visible) and
+start from the test's environment and working directory, as spawned ones would.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ def spawn_group(fn: Callable[..., None], world: int, tmp_dir: str | Path, *args:
     module-level function. ``tensor_parallel``: also initialise megatron-core with TP = ``world`` on
     CPU (``cpu_shim``) and tear it down after. Results go through files under ``tmp_dir``."""
     rendezvous = Path(tempfile.mkdtemp(prefix="gloo-", dir=tmp_dir)) / "rendezvous"
-    forked.context()
+    if forked.usable():
+        forked.context()
     mp.start_processes(_entry, args=(fn, world, str(rendezvous), args, tensor_parallel, timeout_s, dict(os.environ),
-                                     os.getcwd()), nprocs=world, join=True, start_method="forkserver")
+                                     os.getcwd()), nprocs=world, join=True,
+                       start_method="forkserver" if forked.usable() else "spawn")
 
 
 def _entry(rank: int, fn: Callable[..., None], world: int, rendezvous: str, args: tuple, tensor_parallel: bool,
