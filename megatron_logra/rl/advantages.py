@@ -46,7 +46,9 @@ class AdvantageConfig:
 def grpo_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """``[n]`` rewards laid out as consecutive groups of ``group_size`` -> ``[n]`` advantages.
 
-    The std is the population std of the group (a group of identical rewards gets 0).
+    The std is the population std of the group. A group of identical rewards gets exactly 0
+    whatever ``eps`` (its mean can differ from the rewards by a rounding error, which divided by
+    a rounding-sized std would be ±1), so a step of uniform groups is recognised as one.
     """
     if group_size < 1 or rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
@@ -54,6 +56,8 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: boo
     centred = r - r.mean(dim=1, keepdim=True)
     if scale_by_std:
         centred = centred / (r.std(dim=1, unbiased=False, keepdim=True) + eps)
+    uniform = r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True)
+    centred = torch.where(uniform, torch.zeros_like(centred), centred)
     return centred.reshape(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 

@@ -6,6 +6,7 @@ rollout → reward → advantage → forward/backward → prepare update → KL 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -85,7 +86,8 @@ def make_rl_loss_fn(loss_cfg, temperature: float, tp_group, ref_logprobs_fn=None
         ref = batch.extras.get("ref_logprobs")
         loss = rl_loss(loss_cfg, logp, batch.extras["rollout_logprobs"], batch.extras["advantages"], mask, ref)
         finished = batch.extras["finished"] * mask
-        gap = ((batch.extras["rollout_logprobs"] - logp.detach()) * finished).sum()
+        # selected, not multiplied: a non-finite log-prob off the completed tokens must not reach the sum
+        gap = torch.where(finished > 0, batch.extras["rollout_logprobs"] - logp.detach(), 0.0).sum()
         report = {
             "lm": torch.stack([loss.detach().float(), mask.sum()]),
             "mismatch": torch.stack([gap.float(), finished.sum()]),
@@ -237,7 +239,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         "train_tokens_per_second": None,
     }
     state.step = step
-    if stats[4].item() == 0.0:
+    if stats[4].item() == 0.0 and rl.loss.kl_coef == 0:  # with a KL penalty the step still pulls towards the reference
         logger.info("step %d: every advantage is zero (all groups uniform); no update", step)
         record.update(skipped=True, step_seconds=time.perf_counter() - t0, **device_peaks(device))
         return record
@@ -257,17 +259,23 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     gap_sum, gap_tokens = result.reports["mismatch"].tolist()
     entropy_sum, entropy_tokens = result.reports["entropy"].tolist()
     record["entropy"] = entropy_sum / entropy_tokens if entropy_tokens > 0 else None
-    mismatch = c.controller.observe_mismatch(gap_sum / gap_tokens) if gap_tokens > 0 else c.controller.mismatch
 
-    # ---- prepare update
+    # ---- prepare update (a non-finite sketch or gradient skips the step, before anything reads the forward)
     record["train_tokens"] = result.global_tokens
     update = c.optimizer.prepare(num_tokens=result.num_tokens)
     if update.skipped:
-        record.update(skipped=True, mismatch=mismatch, step_seconds=time.perf_counter() - t0, **device_peaks(device))
+        record.update(skipped=True, step_seconds=time.perf_counter() - t0, **device_peaks(device))
         return record
+    mismatch = c.controller.mismatch
+    if gap_tokens > 0 and math.isfinite(gap_sum):
+        mismatch = c.controller.observe_mismatch(gap_sum / gap_tokens)
+    elif gap_tokens > 0:
+        logger.warning("step %d: the rollout/trainer log-prob gap is not finite (%s); the mismatch estimate keeps "
+                       "its last value", step, gap_sum)
 
-    # ---- KL control
-    alpha, budget, pred, old_logits, probe = 1.0, c.controller.effective_budget(step), None, None, None
+    # ---- KL control (the budget schedule counts applied updates, not RL steps: skipped steps do not age it)
+    update_number = c.controller.num_updates + 1
+    alpha, budget, pred, old_logits, probe = 1.0, c.controller.effective_budget(update_number), None, None, None
     logra = isinstance(c.optimizer, LograOptimizer)
     ratio_at_1 = c.optimizer.relative_update_norm(update, 1.0) if logra else None  # ‖ΔW‖/‖W‖ scales with |α|
     if logra and cfg.kl.mode != "none":
@@ -281,7 +289,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
             pred, old_logits = predicted_kl_fd(c.model, c.optimizer.sketches, update.directions, probe, groups,
                                                temperature=rl.rollout.temperature, step=h, native=native)
         del native
-        alpha, budget = c.controller.step_size(pred, step)
+        alpha, budget = c.controller.step_size(pred, update_number)
     elif cfg.kl.measure_actual:
         probe = _probe_batch(batch, cfg.kl, device)
         with torch.no_grad():

@@ -304,6 +304,79 @@ def test_zero_advantages_skip_the_step(built, stepped):
     assert RECORD_KEYS <= set(rec), RECORD_KEYS - set(rec)
 
 
+def test_a_skipped_step_does_not_age_the_kl_budget(built, stepped):
+    """The budget is a cosine over *updates* (DESIGN: b0 at the first update, bf after kl.horizon
+    updates): an RL step skipped for all-zero advantages must not move the next update along it."""
+    from megatron_logra.rl.loop import rl_update
+
+    comps, state = built
+    kl = comps.cfg.kl
+    applied_before = comps.controller.num_updates
+    real_score = comps.task.score
+    try:
+        comps.task.score = lambda problem, completion: (1.0, True)
+        assert rl_update(comps, state)["skipped"] is True
+        comps.task.score = alternating_score()
+        rec = rl_update(comps, state)
+    finally:
+        comps.task.score = real_score
+    assert rec["skipped"] is False and rec["step"] > applied_before + 1  # the RL step count ran ahead
+    n = applied_before + 1  # this is the n-th applied update
+    progress = min(n - 1, kl.horizon) / kl.horizon
+    b = kl.budget_end + 0.5 * (kl.budget_start - kl.budget_end) * (1 + math.cos(math.pi * progress))
+    assert rec["budget"] == pytest.approx(max(b - rec["mismatch"], 0.5 * b), rel=1e-12, abs=0)
+    assert comps.controller.num_updates == n
+
+
+def test_zero_advantages_with_a_kl_penalty_still_update(built, stepped):
+    """With ``rl.loss.kl_coef > 0`` the loss is not zero when every advantage is: the penalty still
+    pulls the policy towards the reference, so the step is taken."""
+    from megatron_logra.rl.loop import rl_update
+
+    comps, state = built
+    saved_loss, saved_ref, real_score = comps.cfg.rl.loss, comps.ref_model, comps.task.score
+    comps.cfg.rl.loss = dataclasses.replace(saved_loss, kl_coef=0.05)
+    comps.ref_model = comps.model  # log-probs taken before the step: the k-estimators' gradients still apply
+    comps.task.score = lambda problem, completion: (1.0, True)
+    try:
+        rec = rl_update(comps, state)
+    finally:
+        comps.cfg.rl.loss, comps.ref_model, comps.task.score = saved_loss, saved_ref, real_score
+    assert rec["reward_mean"] == 1.0 and rec["skipped"] is False
+    assert comps.engine.weight_version == state.weight_version
+
+
+def test_a_non_finite_forward_skips_the_step_instead_of_stopping_the_run(built, stepped):
+    """An overflow in the trainer's logits (here +inf at one position of the first sequence) makes the
+    sketch non-finite: the optimizer skips the step, nothing is written, and the mismatch estimate
+    is not fed a non-finite gap (which would raise)."""
+    from megatron_logra.rl.loop import rl_update
+
+    comps, state = built
+    params = {n: p.detach().clone() for n, p in comps.model.named_parameters()}
+    version, mismatch, applied = comps.engine.weight_version, comps.controller.mismatch, comps.controller.num_updates
+
+    def overflow(module, args, out):
+        if module.training:
+            out = out.clone()
+            out.view(-1, out.shape[-1])[0, 0] = float("inf")
+        return out
+
+    hook = comps.model.register_forward_hook(overflow)
+    real_score = comps.task.score
+    comps.task.score = alternating_score()
+    try:
+        rec = rl_update(comps, state)
+    finally:
+        hook.remove()
+        comps.task.score = real_score
+    assert rec["skipped"] is True
+    for n, p in comps.model.named_parameters():
+        assert torch.equal(p.detach(), params[n]), n
+    assert comps.engine.weight_version == version and state.weight_version == version
+    assert comps.controller.mismatch == mismatch and comps.controller.num_updates == applied
+
+
 def _assert_engine_equals_trainer(comps):
     from megatron_logra.models.hf import megatron_to_hf
     from megatron_logra.rl.weights import gather_full_model

@@ -63,6 +63,19 @@ def test_grpo_uniform_groups_give_zeros():
     assert grpo_advantages(torch.tensor([1, 1, 0, 2]), 2).dtype == F32
 
 
+def test_grpo_uniform_groups_give_exact_zeros_at_eps_0_and_with_an_inexact_mean():
+    # eps = 0 (allowed): a uniform group is 0/0 unless it is recognised as uniform
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    adv = grpo_advantages(rewards, 4, scale_by_std=True, eps=0.0)
+    assert torch.equal(adv, torch.tensor([1.0, -1.0, 1.0, -1.0, 0.0, 0.0, 0.0, 0.0]))  # std 0.5, centred ±0.5
+    # 0.1 (float64) three times: 0.1 + 0.1 + 0.1 rounds, so the mean is not 0.1 and the centred rewards are
+    # rounding-sized; divided by a rounding-sized std they would be ±1 instead of 0
+    x = torch.tensor([0.1, 0.1, 0.1], dtype=F64)
+    assert float(x.mean()) != 0.1  # the premise
+    for scale, eps in ((True, 0.0), (True, 1e-6), (False, 1e-6)):
+        assert torch.equal(grpo_advantages(x, 3, scale_by_std=scale, eps=eps), torch.zeros(3, dtype=F64)), (scale, eps)
+
+
 @pytest.mark.parametrize("n, g", [(5, 2), (4, 0), (4, -1), (6, 4)])
 def test_grpo_bad_group_size_raises(n, g):
     with pytest.raises(ValueError, match="groups of"):
