@@ -22,7 +22,7 @@ from megatron_logra.parallel import ParallelGroups
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ModelConfig", "build_gpt", "init_layout_invariant_", "weight_source_name"]
+__all__ = ["ModelConfig", "build_gpt", "init_layout_invariant_", "set_skipped_tp_attributes", "weight_source_name"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -261,6 +261,7 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234, ini
     if initialize:
         init_layout_invariant_(model, cfg, groups, seed=seed)
     else:
+        set_skipped_tp_attributes(model)
         with torch.no_grad():
             for p in model.parameters():
                 p.zero_()
@@ -270,6 +271,42 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234, ini
     if groups.pp_last and padded > cfg.vocab_size:
         mask_padded_vocab(model.output_layer, cfg.vocab_size, first_col=groups.tp_rank * (padded // groups.tp_size))
     return model
+
+
+def set_skipped_tp_attributes(model: nn.Module) -> None:
+    """Mark the TP-split weights of megatron-core's own layers as its initialisers would have.
+
+    megatron-core sets ``tensor_model_parallel`` / ``partition_dim`` / ``partition_stride`` on a
+    ``ColumnParallelLinear``, ``RowParallelLinear`` or ``VocabParallelEmbedding`` weight only inside
+    its initialisers, which ``perform_initialization=False`` skips; without them every gather,
+    checkpoint load and refit would take the TP shards for replicated tensors. Column-parallel
+    weights split rows (``linear_fc1`` of a gated MLP with stride 2: each rank holds its
+    [gate; up] slice, as megatron's MLP builds it), row-parallel weights split columns, the
+    vocabulary embedding splits rows. TransformerEngine layers set theirs in any case and are
+    left alone, as is any weight that already carries them.
+    """
+    from megatron.core.tensor_parallel.layers import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+        set_tensor_model_parallel_attributes,
+    )
+
+    config = getattr(model, "config", None)
+    gated = bool(getattr(config, "gated_linear_unit", False)) and not getattr(config, "use_kitchen", False)
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, nn.Parameter) or hasattr(weight, "tensor_model_parallel"):
+            continue
+        if isinstance(module, VocabParallelEmbedding):
+            dim, stride = 0, 1
+        elif isinstance(module, ColumnParallelLinear):
+            dim, stride = 0, (2 if gated and name.rsplit(".", 1)[-1] == "linear_fc1" else 1)
+        elif isinstance(module, RowParallelLinear):
+            dim, stride = 1, 1
+        else:
+            continue
+        set_tensor_model_parallel_attributes(weight, True, dim, stride)
 
 
 PADDED_LOGIT = -1.0e4

@@ -27,24 +27,27 @@ COMPARED = ("reward_mean", "accuracy", "response_length", "kl_predicted", "kl_ac
             "update_ratio", "sync_bytes")
 
 
-def _train(launcher, log: Path, *args: str) -> dict:
-    proc = launcher.launch(1, ["-m", "megatron_logra.cli", "train", *args], timeout=400, log=log)
+def _train(launcher, log: Path, nproc: int, *args: str) -> dict:
+    proc = launcher.launch(nproc, ["-m", "megatron_logra.cli", "train", *args], timeout=400, log=log)
     return json.loads(proc.stdout[proc.stdout.index("{"): proc.stdout.rindex("}") + 1])
 
 
-@pytest.mark.parametrize("extra", [["rl.loss.kl_coef=0.05"]], ids=["reference-kl"])
-def test_rl_resume_is_bitwise(launcher, tmp_path, extra):
-    """The main recipe with a KL penalty, whose reference model adds the one piece of state a plain
-    run lacks: after a resume it must be the initial policy again (warm-started, not a copy of the
-    resumed weights). Everything else resumes exactly as without the penalty."""
+@pytest.mark.parametrize("nproc, extra", [(1, ["rl.loss.kl_coef=0.05"]), (2, ["--tensor-model-parallel-size", "2"])],
+                         ids=["reference-kl", "tp2"])
+def test_rl_resume_is_bitwise(launcher, tmp_path, nproc, extra):
+    """reference-kl: the main recipe with a KL penalty, whose reference model adds the one piece of
+    state a plain run lacks: after a resume it must be the initial policy again (warm-started, not
+    a copy of the resumed weights). tp2: the resumed model is built without initialisation and
+    loaded, its TP shards included (the first refit gathers them). Everything else resumes
+    exactly as without either."""
     full, part = tmp_path / "full", tmp_path / "part"
     with ThreadPoolExecutor(2) as pool:  # independent single-process runs: side by side
-        f_full = pool.submit(_train, launcher, tmp_path / "full.log", "tiny", f"train.run_dir={full}", "rl.steps=4",
+        f_full = pool.submit(_train, launcher, tmp_path / "full.log", nproc, "tiny", f"train.run_dir={full}", "rl.steps=4",
                              *SMALL, *extra)
-        f_part = pool.submit(_train, launcher, tmp_path / "part.log", "tiny", f"train.run_dir={part}", "rl.steps=2",
+        f_part = pool.submit(_train, launcher, tmp_path / "part.log", nproc, "tiny", f"train.run_dir={part}", "rl.steps=2",
                              *SMALL, *extra)
         s_full, s_part = f_full.result(), f_part.result()
-    s_res = _train(launcher, tmp_path / "resume.log", "--resume", str(part), "rl.steps=4")
+    s_res = _train(launcher, tmp_path / "resume.log", nproc, "--resume", str(part), "rl.steps=4")
     assert (s_full["steps"], s_part["steps"], s_res["steps"]) == (4, 2, 4)
 
     m_full, m_res = _metrics(full), _metrics(part)
