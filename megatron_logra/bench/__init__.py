@@ -21,8 +21,8 @@ reported. :mod:`~megatron_logra.bench.config` holds the typed budget (``--quick`
 :mod:`~megatron_logra.bench.report` writes ``docs/results.md`` with a verdict computed from
 the numbers, and :mod:`~megatron_logra.bench.cli` is the command line::
 
-    megatron-logra bench paper --quick     # about 5 minutes on 2 cores
-    megatron-logra bench paper             # about 30 minutes
+    megatron-logra bench paper --quick     # about 3 minutes on 2 cores
+    megatron-logra bench paper             # about 20 minutes
 
     from megatron_logra.bench.config import PaperBenchConfig
     from megatron_logra.bench.cli import run_paper

@@ -1,7 +1,7 @@
 """``megatron-logra bench paper [--quick]``: regenerate the paper's evidence at small scale.
 
-    megatron-logra bench paper --quick     # ≈5 min on 2 cores: 1 seed, 20 updates, small sizes
-    megatron-logra bench paper             # ≈30 min: 3 seeds, 50 updates, hidden up to 768
+    megatron-logra bench paper --quick     # ≈3 min on 2 cores: 1 seed, 20 updates, small sizes
+    megatron-logra bench paper             # ≈20 min: 3 seeds, 50 updates, hidden up to 768
 
 Runs Fig 1 (memory), Fig 2 + 5a (accuracy per optimizer and per rank), Fig 5b/5c
 (reconstruction cosines) and Fig 6 (KL handling) one after the other in this process and
@@ -32,7 +32,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``paper`` sub-command to ``subparsers`` (of ``megatron-logra bench``)."""
     p = subparsers.add_parser("paper", help="small-scale paper figures vs GaLore and APOLLO",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="≈5 min budget: fewer steps, one seed, small sizes")
+    p.add_argument("--quick", action="store_true", help="≈3 min budget: fewer steps, one seed, small sizes")
     p.add_argument("--out-dir", default="docs", help="results.md goes here, PNGs under OUT_DIR/results/")
     p.add_argument("--run-root", default="runs/bench-paper", help="parent of the RL run directories")
     p.add_argument("--figures", nargs="+", choices=["memory", "accuracy", "cosine", "kl"],

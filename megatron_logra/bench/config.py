@@ -2,7 +2,7 @@
 
 One dataclass holds every knob of the paper-figure benchmark so that the quick and the full
 run differ only in numbers, never in code paths. ``PaperBenchConfig.preset(quick)`` gives the
-two budgets (``--quick``: about 5 minutes on 2 cores, full: about 30); every field is checked
+two budgets (``--quick``: about 3 minutes on 2 cores, full: about 20); every field is checked
 in ``__post_init__`` and a bad value raises ``ValueError`` naming the field.
 """
 
@@ -140,7 +140,7 @@ class PaperBenchConfig:
 
     @classmethod
     def preset(cls, quick: bool, **overrides) -> "PaperBenchConfig":
-        """The quick (≈5 min on 2 cores) or full (≈30 min) budget, with ``overrides`` on top."""
+        """The quick (≈3 min on 2 cores) or full (≈20 min) budget, with ``overrides`` on top."""
         if quick:
             base = dict(quick=True, seeds=[1], rl_steps=20, eval_interval=5, ranks=[8, 32], rank_seeds=[1],
                         kl_seeds=[1], memory_sizes=[(64, 1), (128, 1), (256, 1)], memory_seq=128, memory_steps=1,
