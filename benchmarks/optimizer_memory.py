@@ -707,17 +707,25 @@ def print_table(rows: list[dict]) -> None:
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """``--sizes``: comma list of ``HIDDENxLAYERS`` (``HIDDEN`` alone means one layer), positive integers."""
     out = []
     for part in text.split(","):
         h, _, L = part.strip().partition("x")
-        out.append((int(h), int(L or 1)))
+        try:
+            hidden, layers = int(h), int(L or 1)
+        except ValueError:
+            hidden = layers = 0
+        if hidden < 1 or layers < 1:
+            raise argparse.ArgumentTypeError(
+                f"{part.strip()!r} is not HIDDENxLAYERS: expected a comma list of positive integers such as 256x2,512x2,1024")
+        out.append((hidden, layers))
     return out
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"smaller sizes {QUICK_SIZES}, 2 timed steps, children reused across sizes (~1.5 min)")
-    p.add_argument("--sizes", type=str, default=None, help="comma list of HIDDENxLAYERS, e.g. 256x2,512x2,1024x1")
+    p.add_argument("--sizes", type=parse_sizes, default=None, help="comma list of HIDDENxLAYERS, e.g. 256x2,512x2,1024x1")
     p.add_argument("--steps", type=int, default=None, help="timed steps per configuration (default 3, quick 2)")
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--micro-batch", type=int, default=2)
@@ -736,17 +744,28 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.child:
         child_main(args)
         return
+    for flag in ("steps", "seq", "micro_batch", "vocab", "threads"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            p.error(f"argument --{flag.replace('_', '-')}: must be a positive integer, got {getattr(args, flag)}")
     if args.render:
         path = Path(args.render)
-        saved = json.loads(path.read_text())
-        rows, meta = saved["rows"], saved["meta"]
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            p.error(f"argument --render: cannot read {path}: {exc.strerror or exc}")
+        try:
+            saved = json.loads(text)
+            rows, meta = saved["rows"], saved["meta"]
+        except (ValueError, KeyError, TypeError) as exc:
+            p.error(f"argument --render: {path} is not a results JSON of this benchmark "
+                    f"(an object with 'rows' and 'meta'): {type(exc).__name__}: {exc}")
         for r in rows:
             r["verdicts"] = verdicts(r)
         meta["notes"] = NOTES
         emit(rows, meta, path.with_suffix(""))
         return
 
-    sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else FULL_SIZES)
+    sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     if args.steps is None:
         args.steps = 2 if args.quick else 3
     if args.reuse_processes is None:
