@@ -155,19 +155,57 @@ def table(rows: list[dict]) -> list[str]:
     return out
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``--shapes``: comma list of ``TOKENSxVOCAB``, TOKENS even (two sequences) and VOCAB positive."""
+    out = []
+    for part in text.split(","):
+        try:
+            tokens, vocab = (int(x) for x in part.strip().split("x"))
+        except ValueError:
+            tokens = vocab = 0
+        if tokens < 2 or tokens % 2 or vocab < 1:
+            raise argparse.ArgumentTypeError(
+                f"{part.strip()!r} is not TOKENSxVOCAB: expected a comma list such as 4096x32768,4096x151936 "
+                "(TOKENS a positive even integer, VOCAB a positive integer)")
+        out.append((tokens, vocab))
+    return out
+
+
+def parse_chunks(text: str) -> list[int]:
+    """``--chunks``: comma list of tokens per chunk, integers >= 0 (0 = one chunk)."""
+    try:
+        chunks = [int(c) for c in text.split(",")]
+    except ValueError:
+        chunks = [-1]
+    if any(c < 0 for c in chunks):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of integers >= 0, such as 256,1024,0")
+    return chunks
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="4096x32768,4096x151936", help="comma list of TOKENSxVOCAB")
-    p.add_argument("--chunks", default="256,1024,0", help="tokens per chunk of the chunked runs (0 = one chunk)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--shapes", type=parse_shapes, default="4096x32768,4096x151936", help="comma list of TOKENSxVOCAB")
+    p.add_argument("--chunks", type=parse_chunks, default="256,1024,0",
+                   help="tokens per chunk of the chunked runs (0 = one chunk)")
+    p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--out", default=str(HERE / "results" / "logprob_memory.md"))
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    shapes = args.shapes
     if args.child:
         print(json.dumps(_child(args.child, *shapes[0])))
         return
-    impls = ["dense", "megatron"] + [f"chunked:{int(c)}" for c in args.chunks.split(",")]
+    impls = ["dense", "megatron"] + [f"chunked:{c}" for c in args.chunks]
     t0 = time.time()
     rows = []
     for tokens, vocab in shapes:

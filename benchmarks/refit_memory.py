@@ -95,10 +95,41 @@ def run_size(hidden: int, layers: int, repeats: int) -> dict:
     }
 
 
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """``--sizes``: comma list of ``HIDDENxLAYERS``, positive integers; HIDDEN splits into ``HIDDEN // 64``
+    heads in ``HIDDEN // 256`` query groups (as ``run_size`` builds the model)."""
+    out = []
+    for part in text.split(","):
+        try:
+            hidden, layers = (int(x) for x in part.strip().split("x"))
+        except ValueError:
+            hidden = layers = 0
+        if hidden < 1 or layers < 1:
+            raise argparse.ArgumentTypeError(
+                f"{part.strip()!r} is not HIDDENxLAYERS: expected a comma list of positive integers such as 512x4,1024x8")
+        heads, groups = max(1, hidden // 64), max(1, hidden // 256)
+        if hidden % heads or heads % groups:
+            raise argparse.ArgumentTypeError(
+                f"{part.strip()!r}: hidden {hidden} gives {heads} heads in {groups} query groups, which do not divide "
+                "(use a multiple of 256, or of 64 below 512)")
+        out.append((hidden, layers))
+    return out
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="512x4,1024x8", help="hidden x layers, comma separated")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sizes", type=parse_sizes, default="512x4,1024x8", help="hidden x layers, comma separated")
+    p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--out", default="benchmarks/results/refit_memory.md")
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
@@ -110,8 +141,7 @@ def main() -> int:
              "same engine weights |",
              "|---|---:|---:|---:|---:|---:|:---:|---:|:---:|"]
     ok = True
-    for size in args.sizes.split(","):
-        hidden, layers = (int(x) for x in size.split("x"))
+    for hidden, layers in args.sizes:
         r = run_size(hidden, layers, args.repeats)
         within = r["streamed"] <= r["bound"]
         ok &= within and r["equal"]
