@@ -298,38 +298,83 @@ def _explain(stats: dict, rank: int) -> str:
     return text
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
+
+
+def positive_ints(text: str) -> list[int]:
+    """A comma list of positive integers (``--ranks``, ``--threads``)."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = [0]
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of positive integers")
+    return values
+
+
+def float_dtypes(text: str) -> list[torch.dtype]:
+    """``--big-dtypes``: a comma list of torch floating-point dtype names."""
+    out = []
+    for name in text.split(","):
+        dtype = getattr(torch, name.strip(), None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise argparse.ArgumentTypeError(
+                f"{name.strip()!r} is not a torch floating-point dtype: expected a comma list such as float32,bfloat16")
+        out.append(dtype)
+    return out
+
+
+def device_models(text: str) -> list[str]:
+    """``--device-models``: a comma list of :data:`DEVICE_MODELS` keys."""
+    models = [m.strip() for m in text.split(",")]
+    unknown = sorted(set(models) - set(DEVICE_MODELS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {unknown}; expected a comma list of {sorted(DEVICE_MODELS)}")
+    return models
+
+
+def torch_device(text: str) -> torch.device:
+    try:
+        return torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (such as cpu, cuda or cuda:1)") from None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", default="32,64")
-    p.add_argument("--timing-rank", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--big-dtypes", default="float32,bfloat16", help="weight dtypes of the >=100M model")
-    p.add_argument("--threads", default="1,2", help="thread counts (comma separated); both sides use the same")
+    p.add_argument("--ranks", type=positive_ints, default="32,64", help="sketch ranks of the bytes table (comma separated)")
+    p.add_argument("--timing-rank", type=positive_int, default=32)
+    p.add_argument("--repeats", type=positive_int, default=7)
+    p.add_argument("--big-dtypes", type=float_dtypes, default="float32,bfloat16", help="weight dtypes of the >=100M model")
+    p.add_argument("--threads", type=positive_ints, default="1,2",
+                   help="thread counts (comma separated); both sides use the same")
     p.add_argument("--baseline-rev", default=None,
                    help="also time apply_delta_ as of this git revision, side by side (and check equal weights)")
-    p.add_argument("--device", default=None,
+    p.add_argument("--device", type=torch_device, default=None,
                    help="time apply vs copy on this device (e.g. cuda) instead of the CPU tables")
-    p.add_argument("--device-models", default="big,1.5b", help=f"models of --device: any of {sorted(DEVICE_MODELS)}")
+    p.add_argument("--device-models", type=device_models, default="big,1.5b",
+                   help=f"models of --device: any of {sorted(DEVICE_MODELS)}")
     p.add_argument("--out", default="benchmarks/results/sync_bytes.md")
     args = p.parse_args()
     if args.device:
-        device = torch.device(args.device)
+        device = args.device
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise SystemExit("--device cuda: no CUDA device is visible")
-        models = args.device_models.split(",")
-        unknown = sorted(set(models) - set(DEVICE_MODELS))
-        if unknown:
-            raise SystemExit(f"--device-models: unknown {unknown}; choose from {sorted(DEVICE_MODELS)}")
-        lines = device_table(device, args.timing_rank, [getattr(torch, d) for d in args.big_dtypes.split(",")],
-                             args.repeats, models)
+            p.error("argument --device: no CUDA device is visible")
+        lines = device_table(device, args.timing_rank, args.big_dtypes, args.repeats, args.device_models)
         text = "\n".join([f"Command: `python benchmarks/sync_bytes.py {' '.join(sys.argv[1:])}`", ""] + lines) + "\n"
         print(text)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
         return 0
     baseline = _load_baseline(args.baseline_rev) if args.baseline_rev else None
-    ranks = [int(r) for r in args.ranks.split(",")]
-    threads = [int(t) for t in args.threads.split(",")]
+    ranks, threads = args.ranks, args.threads
     torch.set_num_threads(threads[0])
     r = args.timing_rank
     out: list[str] = ["## Bytes per sync", ""]
@@ -339,7 +384,7 @@ def main() -> int:
             "apply / copy | validate ms | sign(A) ms | GEMM ms | merge ms | GEMM / copy | merge / copy |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     runs = [("tiny (recipe)", MODELS["tiny (recipe)"][0], torch.float32)]
-    runs += [("hidden 1024 x 8, ffn 4096, vocab 32000", BIG, getattr(torch, d)) for d in args.big_dtypes.split(",")]
+    runs += [("hidden 1024 x 8, ffn 4096, vocab 32000", BIG, d) for d in args.big_dtypes]
     notes: list[str] = []
     versus: list[str] = []
     for label, shape, dtype in runs:
