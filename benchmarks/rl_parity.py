@@ -19,10 +19,19 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class RunFailed(Exception):
+    """A training subprocess exited non-zero; ``stderr_tail`` holds the last lines it wrote to stderr."""
+
+    def __init__(self, recipe: str, seed: int, returncode: int, stderr_tail: list[str]):
+        self.recipe, self.seed, self.returncode, self.stderr_tail = recipe, seed, returncode, stderr_tail
+        super().__init__(f"megatron-logra train {recipe} (seed {seed}) failed with exit code {returncode}")
 
 
 def _run(recipe: str, seed: int, steps: int, run_root: Path, overrides: list[str]) -> dict:
@@ -31,12 +40,16 @@ def _run(recipe: str, seed: int, steps: int, run_root: Path, overrides: list[str
     cmd = [sys.executable, "-m", "megatron_logra.cli", "train", recipe, f"train.seed={seed}",
            f"rl.steps={steps}", f"train.run_dir={run_dir}", "train.overwrite=true", "train.progress=false", *overrides]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
+    # stderr (the run's log) goes to a file, not a pipe: nothing reads it while stdout is read, so a pipe could fill
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            tail = [line for line in err.read().splitlines() if line.strip()][-20:]
+            raise RunFailed(recipe, seed, proc.returncode, tail)
     summary = json.loads(out[out.index("{"): out.rindex("}") + 1])
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     errors = [abs(r["kl_actual"] / r["kl_predicted"] - 1.0) for r in records
@@ -75,8 +88,15 @@ def main() -> int:
     parser.add_argument("--run-root", default="runs/bench-rl-parity")
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to both recipes")
     args = parser.parse_args()
-    rows = [_run(recipe, seed, args.steps, Path(args.run_root), args.overrides)
-            for seed in args.seeds for recipe in ("tiny", "tiny-adam")]
+    try:
+        rows = [_run(recipe, seed, args.steps, Path(args.run_root), args.overrides)
+                for seed in args.seeds for recipe in ("tiny", "tiny-adam")]
+    except RunFailed as exc:
+        if exc.returncode == 2:  # the CLI's usage error (a bad override or value): one line, exit 2 like it
+            last = exc.stderr_tail[-1] if exc.stderr_tail else "(no error message)"
+            parser.error(f"megatron-logra train {exc.recipe}: {last.removeprefix('megatron-logra: error: ')}")
+        sys.stderr.write("\n".join([*exc.stderr_tail, f"{parser.prog}: {exc}"]) + "\n")
+        return 1
     by = {r: [x for x in rows if x["recipe"] == r] for r in ("tiny", "tiny-adam")}
     dense_wall = statistics.mean(x["wall_seconds"] for x in by["tiny-adam"])
     dense_rss = statistics.mean(x["peak_rss_mib"] for x in by["tiny-adam"])
