@@ -23,9 +23,19 @@ VARIANTS = {
 }
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=250)
+    p.add_argument("--steps", type=positive_int, default=250)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--run-root", default="runs/bench-bf16")
     args = p.parse_args()
@@ -35,7 +45,16 @@ def main() -> int:
         cmd = [sys.executable, "-m", "megatron_logra.cli", "train", "lm-tiny", f"train.steps={args.steps}",
                f"logra.lr={args.lr}", f"native.lr={args.lr}", "train.progress=false", "train.eval_interval=0",
                f"train.run_dir={run_dir}", "train.overwrite=true", *overrides]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = [line for line in proc.stderr.splitlines() if line.strip()][-20:]
+            if proc.returncode == 2:  # the CLI's usage error (a bad value): one line, exit 2 like it
+                last = (tail[-1] if tail else "(no error message)").removeprefix("megatron-logra: error: ")
+                p.error(f"megatron-logra train lm-tiny ({name}): {last}")
+            sys.stderr.write("\n".join([*tail, f"{p.prog}: megatron-logra train lm-tiny ({name}) failed with exit "
+                                                f"code {proc.returncode}"]) + "\n")
+            return 1
+        out = proc.stdout
         rows[name] = json.loads(out[out.index("{"):])
     ref = rows["bf16 + fp32 masters"]
     ref_gain = ref["eval_loss_before"] - ref["eval_loss_after"]
