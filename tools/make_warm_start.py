@@ -23,9 +23,19 @@ from pathlib import Path
 ASSET_DIR = Path(__file__).resolve().parents[1] / "megatron_logra" / "assets" / "warm_start_tiny"
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=positive_int, default=1500)
     parser.add_argument("--out", default=str(ASSET_DIR))
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
@@ -40,9 +50,12 @@ def main() -> int:
 
     out = Path(args.out)
     tmp_run = Path("runs/.make_warm_start")
+    try:
+        cfg = parse_args_to_config("tiny", [f"sft.steps={args.steps}", "sft.init_path=", "tokenizer.path=",
+                                             "sft.cache=false", f"train.run_dir={tmp_run}", *args.overrides])
+    except ValueError as exc:
+        parser.error(f"overrides: {exc}")
     shutil.rmtree(tmp_run, ignore_errors=True)
-    cfg = parse_args_to_config("tiny", [f"sft.steps={args.steps}", "sft.init_path=", "tokenizer.path=",
-                                         "sft.cache=false", f"train.run_dir={tmp_run}", *args.overrides])
     t0 = time.perf_counter()
     comps, _, _ = build_components(cfg)
     accuracy = evaluate_accuracy(comps)
