@@ -140,20 +140,30 @@ def fp8_training_table(args) -> None:
     _table(results, "logra-fp32 bf16 (TE)")
 
 
-def main() -> int:
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=positive_int, default=2048)
+    p.add_argument("--layers", type=positive_int, default=8)
+    p.add_argument("--rank", type=positive_int, default=128)
+    p.add_argument("--seq", type=positive_int, default=1024)
+    p.add_argument("--mbs", type=positive_int, default=2)
+    p.add_argument("--steps", type=positive_int, default=5)
+    p.add_argument("--impl", choices=["auto", "local", "transformer_engine"], default="auto")
+    p.add_argument("--fp8", choices=["hybrid", "e4m3"], default=None, help="FP8 format of the FP8 section")
+    args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to do", file=sys.stderr)
         return 0
-    p = argparse.ArgumentParser()
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--rank", type=int, default=128)
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--mbs", type=int, default=2)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--impl", choices=["auto", "local", "transformer_engine"], default="auto")
-    p.add_argument("--fp8", choices=["hybrid", "e4m3"], default=None, help="FP8 format of the FP8 section")
-    args = p.parse_args()
     from megatron_logra.models.te import resolve_transformer_impl, te_unavailable_reason
 
     t_start = time.perf_counter()
