@@ -305,7 +305,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="memory_stress.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--model", default=None, help="preset (qwen2.5-1.5b, qwen2.5-7b, 27b) or config.json; else the sizes below")
     for flag, default in (("--hidden", 256), ("--layers", 2), ("--heads", None), ("--query-groups", None),
@@ -325,24 +325,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     logging.getLogger("megatron").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
     kinds = [k.strip() for k in args.optimizers.split(",") if k.strip()]
     if not kinds or any(k not in ("logra", "adam") for k in kinds) or args.steps < 1:
-        raise SystemExit(f"--optimizers={args.optimizers!r} (logra and/or adam), --steps={args.steps} (>= 1)")
+        parser.error(f"--optimizers={args.optimizers!r} (logra and/or adam), --steps={args.steps} (>= 1)")
     for flag in ("micro_batch", "micro_batches", "seq_len", "tp", "rank", "layers", "hidden", "vocab"):
         if getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
+            parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
     if args.chunk_tokens < 0:
-        raise SystemExit(f"--chunk-tokens={args.chunk_tokens} must be >= 0 (0 = unchunked)")
+        parser.error(f"--chunk-tokens={args.chunk_tokens} must be >= 0 (0 = unchunked)")
     try:
         mcfg = replace(model_config(args), recompute=args.recompute)
         for k in kinds:  # the planner's layout checks (TP divides the model, LoGRA rank <= every target's n_in)
             predicted(mcfg, k, args, args.tp)
     except ValueError as exc:
-        raise SystemExit(f"memory_stress: {exc}") from None
+        parser.error(str(exc))
     title = (f"{args.model or f'hidden {args.hidden} x {args.layers} layers, vocab {args.vocab}'}; micro-batch "
              f"{args.micro_batch} x seq {args.seq_len} x {args.micro_batches}, TP {args.tp}, LoGRA rank {args.rank} "
              f"({args.masters} masters), recompute {args.recompute}, loss {args.loss}")
@@ -355,7 +356,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     use_cuda = torch.cuda.is_available()
     if args.device != "auto" and use_cuda != (args.device == "cuda"):  # the CPU shim is active only without CUDA
-        raise SystemExit(f"--device {args.device}: CUDA is {'' if use_cuda else 'not '}available")
+        parser.error(f"--device {args.device}: CUDA is {'' if use_cuda else 'not '}available")
     from megatron_logra.parallel import destroy_parallel, init_distributed
 
     init_distributed("nccl" if use_cuda else "gloo")
