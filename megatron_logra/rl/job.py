@@ -92,7 +92,12 @@ def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> Non
                     stats["tensors"], stats["seconds"])
         return
     if cfg.sft.init_path:
-        load_weights(model, groups, Path(cfg.sft.init_path))
+        try:
+            load_weights(model, groups, Path(cfg.sft.init_path))
+        except ValueError as exc:
+            raise ValueError(f"sft.init_path={cfg.sft.init_path!r} does not load into this model: {exc}. A warm start "
+                             f"fits only the model config it was made for; set sft.init_path= (empty) to train one "
+                             f"for this model, or make one with tools/make_warm_start.py") from exc
         return
     if cfg.sft.steps == 0:
         logger.warning("no model.hf_path, sft.init_path or supervised warm start (sft.steps=0): "
@@ -178,8 +183,6 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
         _warm_start(cfg, model, groups, task, tok)
     ref_model = None
     if cfg.rl.loss.kl_coef > 0:
-        if groups.pp_size > 1:
-            raise ValueError("rl.loss.kl_coef > 0 (reference model) is not supported with pipeline parallelism yet")
         if resume_from is None:
             ref_model = build_gpt(cfg.model, groups, seed=cfg.train.seed, initialize=False)
             ref_model.load_state_dict(model.state_dict())

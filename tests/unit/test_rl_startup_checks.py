@@ -53,3 +53,23 @@ def test_a_float32_in_process_sglang_engine_is_refused_before_anything_is_built(
     with pytest.raises(ValueError, match="model.params_dtype='float32'.*set model.params_dtype=bfloat16"):
         job.run_rl(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_warm_start_made_for_another_model_names_sft_init_path_and_the_fix(tmp_path):
+    """The shipped warm start fits the tiny recipe's model (4 key/value heads); with GQA its QKV
+    weight cannot load, and the error says which setting points at it and what to do."""
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.rl.job import build_components
+
+    cfg = parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "model.num_query_groups=2",
+                                        "task.num_eval=4"])
+    assert cfg.sft.init_path
+    destroy_parallel()
+    try:
+        with pytest.raises(ValueError) as err:
+            build_components(cfg)
+    finally:
+        destroy_parallel()
+    msg = str(err.value)
+    assert msg.startswith(f"sft.init_path={cfg.sft.init_path!r} does not load into this model")
+    assert "linear_qkv.weight" in msg and "set sft.init_path= (empty)" in msg
