@@ -15,22 +15,14 @@ import logging
 import subprocess
 import sys
 
+from megatron_logra.argtypes import positive_int
+
 VARIANTS = {
     "fp32 weights": ["model.params_dtype=float32"],
     "bf16 + fp32 masters": ["model.params_dtype=bfloat16", "logra.masters=fp32"],
     "bf16-only, stochastic": ["model.params_dtype=bfloat16", "logra.masters=none", "logra.rounding=stochastic"],
     "bf16-only, nearest": ["model.params_dtype=bfloat16", "logra.masters=none", "logra.rounding=nearest"],
 }
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return value
 
 
 def main() -> int:

@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from megatron_logra.argtypes import positive_int
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MiB = 1024 * 1024
@@ -180,16 +182,6 @@ def parse_chunks(text: str) -> list[int]:
     if any(c < 0 for c in chunks):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of integers >= 0, such as 256,1024,0")
     return chunks
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return value
 
 
 def main(argv: Optional[list[str]] = None) -> None:

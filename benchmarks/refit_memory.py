@@ -35,6 +35,7 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 
+from megatron_logra.argtypes import positive_int  # noqa: E402
 from megatron_logra.memory.measure import LiveTensorTracker  # noqa: E402
 
 MiB = 1 << 20
@@ -114,16 +115,6 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
                 "(use a multiple of 256, or of 64 below 512)")
         out.append((hidden, layers))
     return out
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return value
 
 
 def main() -> int:

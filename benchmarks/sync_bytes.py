@@ -40,6 +40,7 @@ from typing import Callable, Optional
 
 import torch
 
+from megatron_logra.argtypes import positive_int
 from megatron_logra.sketch.random_projection import projection, shared_projections
 from megatron_logra.sync import apply_delta_, decode, encode, validate
 from megatron_logra.sync.apply import _merge_prepared_, chunk_elems, merge_row_chunks
@@ -296,16 +297,6 @@ def _explain(stats: dict, rank: int) -> str:
     if stats["params"] < 1e7:
         text += " With ~1M parameters the fixed per-tensor work (a few dozen small ops per tensor) dominates."
     return text
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return value
 
 
 def positive_ints(text: str) -> list[int]:

@@ -27,6 +27,8 @@ import time
 
 import torch
 
+from megatron_logra.argtypes import positive_int
+
 RANK_SEED = 5
 
 
@@ -138,16 +140,6 @@ def fp8_training_table(args) -> None:
                    "logra-fp32", args, transformer_impl="transformer_engine", fp8=args.fp8 or "hybrid")}
     print("\nFP8 training GEMMs (TE spec, LoGRA fp32 masters):")
     _table(results, "logra-fp32 bf16 (TE)")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,17 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from megatron_logra.argtypes import positive_int
+
 ASSET_DIR = Path(__file__).resolve().parents[1] / "megatron_logra" / "assets" / "warm_start_tiny"
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return value
 
 
 def main() -> int:

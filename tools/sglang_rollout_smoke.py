@@ -39,6 +39,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from megatron_logra.argtypes import key_json
+
 DEFAULT_ENGINE_ARGS = {"attention_backend": "torch_native", "disable_cuda_graph": True, "disable_radix_cache": True}
 
 
@@ -129,23 +131,12 @@ def run(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_args: Opt
             "logprob_gap_max": max(gaps) if gaps else None, "records": records}
 
 
-def engine_arg(text: str) -> tuple[str, object]:
-    """``--engine-arg KEY=JSON``: one extra engine argument, the value parsed as JSON."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=JSON, e.g. attention_backend='\"triton\"'")
-    try:
-        return key.strip(), json.loads(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: the value after = is not JSON ({exc})") from None
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", default="tiny")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--url", default="", help="a running SGLang server (with the sketch-delta loader)")
-    p.add_argument("--engine-arg", type=engine_arg, action="append", default=[], metavar="KEY=JSON",
+    p.add_argument("--engine-arg", type=key_json, action="append", default=[], metavar="KEY=JSON",
                    help="extra sglang.Engine args")
     p.add_argument("--max-logprob-gap", type=float, default=0.05)
     p.add_argument("--json", type=Path, help="write the results here")

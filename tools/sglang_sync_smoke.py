@@ -41,6 +41,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from megatron_logra.argtypes import key_json
 from megatron_logra.sync import SyncError, encode
 from megatron_logra.sync.apply import apply_delta_
 from megatron_logra.sync.fingerprint import drift, fingerprint
@@ -270,17 +271,6 @@ def check(driver: Any, state: dict[str, torch.Tensor], deltas: list, *, readback
     return res
 
 
-def engine_arg(text: str) -> tuple[str, object]:
-    """``--engine-arg KEY=JSON``: one extra engine argument, the value parsed as JSON."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=JSON, e.g. attention_backend='\"triton\"'")
-    try:
-        return key.strip(), json.loads(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: the value after = is not JSON ({exc})") from None
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=("engine", "http", "both"), default="both")
@@ -294,7 +284,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--deltas", type=int, default=3)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--serialization", choices=("pickle", "cuda_ipc"), default="pickle", help="HTTP mode payloads")
-    p.add_argument("--engine-arg", type=engine_arg, action="append", default=[], metavar="KEY=JSON",
+    p.add_argument("--engine-arg", type=key_json, action="append", default=[], metavar="KEY=JSON",
                    help="extra sglang ServerArgs, e.g. attention_backend='\"triton\"'")
     p.add_argument("--tp", type=int, default=1, help="SGLang tensor-parallel size (GPUs); > 1 compares the "
                    "sharded weights through fingerprints and generation, reading back only replicated vectors")
