@@ -15,7 +15,7 @@ import logging
 import subprocess
 import sys
 
-from megatron_logra.argtypes import positive_int
+from megatron_logra.argtypes import positive_int, report_failed_run
 
 VARIANTS = {
     "fp32 weights": ["model.params_dtype=float32"],
@@ -39,13 +39,7 @@ def main() -> int:
                f"train.run_dir={run_dir}", "train.overwrite=true", *overrides]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            tail = [line for line in proc.stderr.splitlines() if line.strip()][-20:]
-            if proc.returncode == 2:  # the CLI's usage error (a bad value): one line, exit 2 like it
-                last = (tail[-1] if tail else "(no error message)").removeprefix("megatron-logra: error: ")
-                p.error(f"megatron-logra train lm-tiny ({name}): {last}")
-            sys.stderr.write("\n".join([*tail, f"{p.prog}: megatron-logra train lm-tiny ({name}) failed with exit "
-                                                f"code {proc.returncode}"]) + "\n")
-            return 1
+            return report_failed_run(p, f"megatron-logra train lm-tiny ({name})", proc.returncode, proc.stderr)
         out = proc.stdout
         rows[name] = json.loads(out[out.index("{"):])
     ref = rows["bf16 + fp32 masters"]

@@ -23,15 +23,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from megatron_logra.argtypes import report_failed_run
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class RunFailed(Exception):
-    """A training subprocess exited non-zero; ``stderr_tail`` holds the last lines it wrote to stderr."""
+    """A training subprocess (``what``) exited ``returncode``; ``stderr`` is what it wrote there."""
 
-    def __init__(self, recipe: str, seed: int, returncode: int, stderr_tail: list[str]):
-        self.recipe, self.seed, self.returncode, self.stderr_tail = recipe, seed, returncode, stderr_tail
-        super().__init__(f"megatron-logra train {recipe} (seed {seed}) failed with exit code {returncode}")
+    def __init__(self, what: str, returncode: int, stderr: str):
+        self.what, self.returncode, self.stderr = what, returncode, stderr
+        super().__init__(f"{what} failed with exit code {returncode}")
 
 
 def _run(recipe: str, seed: int, steps: int, run_root: Path, overrides: list[str]) -> dict:
@@ -48,8 +50,7 @@ def _run(recipe: str, seed: int, steps: int, run_root: Path, overrides: list[str
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
             err.seek(0)
-            tail = [line for line in err.read().splitlines() if line.strip()][-20:]
-            raise RunFailed(recipe, seed, proc.returncode, tail)
+            raise RunFailed(f"megatron-logra train {recipe} (seed {seed})", proc.returncode, err.read())
     summary = json.loads(out[out.index("{"): out.rindex("}") + 1])
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     errors = [abs(r["kl_actual"] / r["kl_predicted"] - 1.0) for r in records
@@ -92,11 +93,7 @@ def main() -> int:
         rows = [_run(recipe, seed, args.steps, Path(args.run_root), args.overrides)
                 for seed in args.seeds for recipe in ("tiny", "tiny-adam")]
     except RunFailed as exc:
-        if exc.returncode == 2:  # the CLI's usage error (a bad override or value): one line, exit 2 like it
-            last = exc.stderr_tail[-1] if exc.stderr_tail else "(no error message)"
-            parser.error(f"megatron-logra train {exc.recipe}: {last.removeprefix('megatron-logra: error: ')}")
-        sys.stderr.write("\n".join([*exc.stderr_tail, f"{parser.prog}: {exc}"]) + "\n")
-        return 1
+        return report_failed_run(parser, exc.what, exc.returncode, exc.stderr)
     by = {r: [x for x in rows if x["recipe"] == r] for r in ("tiny", "tiny-adam")}
     dense_wall = statistics.mean(x["wall_seconds"] for x in by["tiny-adam"])
     dense_rss = statistics.mean(x["peak_rss_mib"] for x in by["tiny-adam"])
