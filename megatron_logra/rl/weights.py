@@ -35,7 +35,6 @@ from megatron_logra.sync.fingerprint import digest, sampled_rows_of
 __all__ = ["iter_full_params", "iter_hf_params", "gather_full_model", "trainer_fingerprint"]
 
 
-
 def _exchange_json(obj: dict, group) -> list[dict]:
     return [json.loads(b.decode()) for b in all_gather_bytes(json.dumps(obj).encode(), group)]
 
