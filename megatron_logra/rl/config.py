@@ -202,7 +202,6 @@ def check_rl_batch_layout(cfg: "RunConfig", dp_size: int, pp_size: int) -> None:
     * With ``pp_size > 1`` each rank's ``rl.prompts_per_step / dp × rl.group_size`` sequences must be one
       micro-batch or whole micro-batches of ``rl.micro_batch_size`` (at ``pp_size == 1`` a smaller last
       micro-batch is fine).
-    * ``rl.loss.kl_coef > 0`` (a reference model) needs ``pp_size == 1``.
     * When the supervised warm start trains (``sft.steps > 0`` without ``model.hf_path`` or
       ``sft.init_path``), the same for its ``sft.batch_size`` demonstrations per step (in micro-batches
       of ``rl.micro_batch_size``).
@@ -210,10 +209,6 @@ def check_rl_batch_layout(cfg: "RunConfig", dp_size: int, pp_size: int) -> None:
     if dp_size < 1 or pp_size < 1:
         raise ValueError(f"data-parallel size {dp_size} and pipeline-parallel size {pp_size} must be >= 1")
     rl, sft = cfg.rl, cfg.sft
-    if rl.loss.kl_coef > 0 and pp_size > 1:
-        raise ValueError(f"rl.loss.kl_coef={rl.loss.kl_coef} needs a reference model, which is not supported with "
-                         f"pipeline parallelism (pipeline-parallel size {pp_size}) yet: set rl.loss.kl_coef=0 or "
-                         f"run with --pipeline-model-parallel-size 1")
     prompts = share_per_rank("rl.prompts_per_step", rl.prompts_per_step, dp_size, "prompts")
     _check_pipeline_microbatches(
         prompts * rl.group_size,

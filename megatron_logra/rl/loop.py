@@ -23,7 +23,7 @@ from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
 from megatron_logra.rl.batching import pack_sequences, split_microbatches
 from megatron_logra.rl.config import share_per_rank
-from megatron_logra.rl.losses import rl_loss, token_logprobs, token_logprobs_and_entropy
+from megatron_logra.rl.losses import kl_penalty, rl_loss, token_logprobs, token_logprobs_and_entropy
 from megatron_logra.train.step import Batch, forward_backward, model_device
 
 logger = logging.getLogger(__name__)
@@ -74,10 +74,11 @@ class RLComponents:
         return self.stop_ids or [self.tokenizer.eos_token_id]
 
 
-def make_rl_loss_fn(loss_cfg, temperature: float, tp_group, ref_logprobs_fn=None):
+def make_rl_loss_fn(loss_cfg, temperature: float, tp_group):
     """The per-micro-batch RL objective for ``forward_backward``; also reports the mismatch
     ``Σ (rollout_logprob − trainer_logprob)`` over tokens of completed sequences and the summed
-    policy entropy at the sampling temperature over the loss tokens."""
+    policy entropy at the sampling temperature over the loss tokens and, with ``ref_logprobs`` in the
+    batch, the summed KL to the reference by the penalty's estimator (``[0, 0]`` without)."""
 
     def loss_fn(batch: Batch, logits: torch.Tensor):
         logp, entropy = token_logprobs_and_entropy(logits, batch.labels, temperature, tp_group,
@@ -88,14 +89,20 @@ def make_rl_loss_fn(loss_cfg, temperature: float, tp_group, ref_logprobs_fn=None
         finished = batch.extras["finished"] * mask
         # selected, not multiplied: a non-finite log-prob off the completed tokens must not reach the sum
         gap = torch.where(finished > 0, batch.extras["rollout_logprobs"] - logp.detach(), 0.0).sum()
+        # the penalty's own estimator of KL(π_θ ‖ π_ref) over the loss tokens (0 tokens: no reference)
+        if ref is None:
+            ref_kl = logp.new_zeros(2, dtype=torch.float32)
+        else:
+            ref_kl = torch.stack([kl_penalty(logp.detach(), ref, mask, loss_cfg.kl_estimator).float(), mask.sum().float()])
         report = {
             "lm": torch.stack([loss.detach().float(), mask.sum()]),
             "mismatch": torch.stack([gap.float(), finished.sum()]),
             "entropy": torch.stack([(entropy.detach() * mask).sum().float(), mask.sum().float()]),
+            "ref_kl": ref_kl,
         }
         return loss, mask.sum().to(torch.int), report
 
-    loss_fn.report_names = ["mismatch", "entropy"]
+    loss_fn.report_names = ["mismatch", "entropy", "ref_kl"]
     return loss_fn
 
 
@@ -168,19 +175,24 @@ def evaluate_accuracy(c: RLComponents) -> float:
     return (counts[0] / counts[1]).item() if counts[1] > 0 else float("nan")
 
 
-def _reference_logprobs(c: RLComponents, batch: Batch) -> torch.Tensor:
-    """Per-token log-probs ``[b, s]`` of the reference model, one training micro-batch at a time
-    (the logits of the whole step's batch at once would be ``[b, s, V/tp]``: tens of GB at scale)."""
-    device = model_device(c.ref_model)
-    parts = []
+def _reference_logprobs(c: RLComponents, batch: Batch) -> Optional[torch.Tensor]:
+    """Per-token log-probs ``[b, s]`` of the reference model on the last pipeline stage (``None`` on the
+    others, whose micro-batches never reach the loss), one training micro-batch at a time through the
+    same pipeline schedule as the policy (the logits of the whole step's batch at once would be
+    ``[b, s, V/tp]``: tens of GB at scale)."""
+    parts: list[torch.Tensor] = []
+    temperature, chunk = c.cfg.rl.rollout.temperature, c.cfg.rl.loss.logprob_chunk_tokens
+
+    def capture(mb: Batch, logits: torch.Tensor):
+        parts.append(token_logprobs(logits, mb.labels, temperature, c.groups.tp, chunk))
+        tokens = mb.loss_mask.sum()
+        return logits.new_zeros((), dtype=torch.float32), tokens.to(torch.int), \
+            {"lm": torch.stack([tokens.new_zeros((), dtype=torch.float32), tokens.float()])}
+
     with torch.no_grad():
-        for mb in split_microbatches(batch, c.cfg.rl.micro_batch_size):
-            mb = mb.to(device)
-            logits = c.ref_model(mb.tokens, mb.position_ids, None)
-            parts.append(token_logprobs(logits, mb.labels, c.cfg.rl.rollout.temperature, c.groups.tp,
-                                        c.cfg.rl.loss.logprob_chunk_tokens))
-            del logits
-    return torch.cat(parts, dim=0)
+        forward_backward(c.ref_model, split_microbatches(batch, c.cfg.rl.micro_batch_size), c.groups,
+                         forward_only=True, loss_fn=capture)
+    return torch.cat(parts, dim=0).cpu() if parts else None
 
 
 def reinforce_advantages(baseline: EMABaseline, rewards: torch.Tensor,
@@ -233,8 +245,8 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         "step": step, "reward_mean": stats[0].item() / stats[2].item(), "accuracy": stats[1].item() / stats[2].item(),
         "eval_accuracy": None, "response_length": stats[3].item() / stats[2].item(),
         "kl_predicted": None, "kl_actual": None, "alpha": None, "budget": None, "mismatch": c.controller.mismatch,
-        "update_ratio": None, "entropy": None, "skipped": False, "rollout_seconds": rollout_seconds, "sync_bytes": 0,
-        "sync_mode": None, "sync_drift": 0, "sync_master_drift": 0.0,
+        "update_ratio": None, "entropy": None, "ref_kl": None, "skipped": False, "rollout_seconds": rollout_seconds,
+        "sync_bytes": 0, "sync_mode": None, "sync_drift": 0, "sync_master_drift": 0.0,
         "rollout_tokens_per_second": stats[3].item() / max(rollout_seconds, 1e-9), "train_tokens": 0,
         "train_tokens_per_second": None,
     }
@@ -252,13 +264,17 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         multiple=cfg.sequence_multiple(),
     )
     if c.ref_model is not None:
-        batch.extras["ref_logprobs"] = _reference_logprobs(c, batch)
+        ref_logprobs = _reference_logprobs(c, batch)
+        if ref_logprobs is not None:  # only the last pipeline stage computes the loss
+            batch.extras["ref_logprobs"] = ref_logprobs
     loss_fn = make_rl_loss_fn(rl.loss, rl.rollout.temperature, groups.tp)
     c.optimizer.zero_grad()
     result = forward_backward(c.model, split_microbatches(batch, rl.micro_batch_size), groups, loss_fn=loss_fn)
     gap_sum, gap_tokens = result.reports["mismatch"].tolist()
     entropy_sum, entropy_tokens = result.reports["entropy"].tolist()
     record["entropy"] = entropy_sum / entropy_tokens if entropy_tokens > 0 else None
+    ref_kl_sum, ref_kl_tokens = result.reports["ref_kl"].tolist()
+    record["ref_kl"] = ref_kl_sum / ref_kl_tokens if ref_kl_tokens > 0 else None
 
     # ---- prepare update (a non-finite sketch or gradient skips the step, before anything reads the forward)
     record["train_tokens"] = result.global_tokens

@@ -6,6 +6,11 @@ stage computes the prediction and the measured KL. Reference: the same RL job in
 ``kl.probe=finite_difference`` (same seeds, DP = 1 in both), whose first update sees the same
 weights and rollouts: α (a function of the prediction) and the measured KL must agree to float
 rounding of a different stage split. ``kl.alpha_max`` is raised so α is not capped.
+
+Both runs also carry a KL penalty to the reference policy (``rl.loss.kl_coef``): under PP the
+reference model runs its own forward-only pipeline schedule and only the last stage holds its
+log-probs. Its measured KL to the policy (``ref_kl``) is exactly 0 on the first update (the policy
+is the reference) and must agree with the one-process run's on the second.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import pytest
 pytestmark = pytest.mark.distributed
 
 COMMON = ["rl.steps=2", "kl.mode=calibrated", "kl.alpha_max=1000", "train.progress=false", "rl.prompts_per_step=4",
-          "rl.group_size=4", "rl.eval_interval=0", "task.num_eval=8", "sync.check_interval=1"]
+          "rl.group_size=4", "rl.eval_interval=0", "task.num_eval=8", "sync.check_interval=1",
+          "rl.loss.kl_coef=0.05"]
 
 
 def _records(run) -> list[dict]:
@@ -43,4 +49,6 @@ def test_kl_control_with_two_pipeline_stages_matches_one_process(launcher, tmp_p
         assert got["kl_predicted"] == pytest.approx(want["kl_predicted"], rel=1e-4)
         assert got["kl_actual"] > 0 and got["kl_actual"] == pytest.approx(want["kl_actual"], rel=1e-3)
         assert (got["sync_mode"], got["sync_drift"]) == ("delta", 0)
+    assert pp[0]["ref_kl"] == ref[0]["ref_kl"] == 0.0
+    assert pp[1]["ref_kl"] > 0 and pp[1]["ref_kl"] == pytest.approx(ref[1]["ref_kl"], rel=1e-3)
     # measured here: both updates came out bitwise equal (α 1.166 and 32.03)

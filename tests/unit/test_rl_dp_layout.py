@@ -144,12 +144,3 @@ def test_build_components_refuses_before_building_anything(monkeypatch, tmp_path
     with pytest.raises(ValueError, match=r"^rl\.prompts_per_step=3 is not divisible by the data-parallel size 2"):
         job.build_components(cfg)
     assert not (tmp_path / "run").exists()
-
-
-def test_a_kl_penalty_under_pipeline_parallelism_is_refused_before_anything_is_built():
-    cfg = _cfg()
-    cfg.rl.loss.kl_coef = 0.05
-    check_rl_batch_layout(cfg, 2, 1)
-    with pytest.raises(ValueError, match=r"^rl\.loss\.kl_coef=0\.05 needs a reference model.*pipeline-parallel size 2.*"
-                                         r"set rl\.loss\.kl_coef=0 or run with --pipeline-model-parallel-size 1"):
-        check_rl_batch_layout(cfg, 1, 2)

@@ -248,6 +248,42 @@ def test_make_rl_loss_fn_loss_and_mismatch_report(groups):
     assert report["mismatch"][1].item() == 2.0
 
 
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_make_rl_loss_fn_reports_the_kl_to_the_reference(groups, estimator):
+    """``ref_kl`` = Σ over loss tokens of the penalty's per-token estimator of KL(π_θ ‖ π_ref), written
+    out here from its definition (k1 = log π_θ − log π_ref, k3 = r − log r − 1 with r = π_ref / π_θ);
+    the loss carries ``kl_coef`` times the same sum. Without reference log-probs the report is [0, 0]."""
+    from megatron_logra.rl.loop import make_rl_loss_fn
+
+    gen = torch.Generator().manual_seed(2)
+    v = 6
+    logits = torch.randn(2, 4, v, generator=gen)
+    labels = torch.randint(0, v, (2, 4), generator=gen)
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+    ref = torch.log_softmax(torch.randn(2, 4, v, generator=gen).double(), -1).gather(-1, labels[..., None])[..., 0]
+    extras = {"advantages": torch.zeros(2, 4), "rollout_logprobs": torch.zeros(2, 4), "finished": torch.zeros(2, 4)}
+    batch = Batch(tokens=torch.zeros(2, 4, dtype=torch.long), labels=labels, loss_mask=mask,
+                  position_ids=torch.arange(4)[None].expand(2, 4), extras=dict(extras, ref_logprobs=ref.float()))
+    coef = 0.25
+    loss, _, report = make_rl_loss_fn(LossConfig(kl_coef=coef, kl_estimator=estimator), 1.0, groups.tp)(batch, logits)
+
+    logp = torch.log_softmax(logits.double(), -1).gather(-1, labels[..., None])[..., 0]
+    if estimator == "k1":
+        per_token = logp - ref
+    else:
+        r = torch.exp(ref - logp)
+        per_token = r - torch.log(r) - 1
+    want = (per_token * mask.double()).sum().item()
+    assert abs(want) > 0.1
+    assert report["ref_kl"][0].item() == pytest.approx(want, rel=1e-5)
+    assert report["ref_kl"][1].item() == mask.sum().item() == 5
+    assert loss.item() == pytest.approx(coef * want, rel=1e-5, abs=1e-6)  # zero advantages: the penalty alone
+
+    plain = Batch(tokens=batch.tokens, labels=labels, loss_mask=mask, position_ids=batch.position_ids, extras=extras)
+    _, _, report = make_rl_loss_fn(LossConfig(), 1.0, groups.tp)(plain, logits)
+    assert report["ref_kl"].tolist() == [0.0, 0.0]
+
+
 # --------------------------------------------------------------------------- batching
 
 
