@@ -33,7 +33,7 @@ import torch.distributed as dist
 from megatron_logra.optim.logra import LograOptimizer
 from megatron_logra.optim.native import reduce_flag_any
 from megatron_logra.optim.update import PreparedUpdate
-from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum
+from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum, world_group
 from megatron_logra.rl.weights import iter_hf_params, trainer_fingerprint
 from megatron_logra.sync import DirectoryTransport, InProcessTransport, SyncError, decode, drift, encode
 from megatron_logra.sync.config import SyncConfig
@@ -150,10 +150,13 @@ class PolicySync:
         return {"sync_bytes": sent[0], "sync_mode": mode, "sync_drift": drifted, "sync_master_drift": master_drift}
 
     def _any_rank(self, flag: bool) -> bool:
-        """``flag`` on any rank of the model-parallel group, which refits together (``full`` gathers
-        over TP and PP). A driven engine already shares one outcome with every rank; engines that
-        each rank owns (embedded, directory transport) can differ, e.g. one rank out of memory."""
-        return flag if self.driven else reduce_flag_any(flag, self.groups.mp, torch.device("cpu"))
+        """``flag`` on any rank of the job. A model-parallel group must refit together (``full``
+        gathers over TP and PP): engines that each rank owns (embedded, directory transport) can
+        differ, e.g. one rank out of memory, and a driven engine shares one outcome within its group
+        only. Agreeing over the data-parallel replicas too keeps every replica's engine at the same
+        weights and every rank's record of the sync (``sync_mode``, ``sync_drift``) the same: a drift
+        in any replica shows in the metrics rank 0 writes."""
+        return reduce_flag_any(flag, world_group(), torch.device("cpu"))
 
     def _stage_parts(self, delta: Any) -> Optional[list[bytes]]:
         """Under pipeline parallelism, every stage's encoded part of the step's delta (collective over

@@ -38,11 +38,14 @@ def test_only_the_driving_rank_builds_payloads_and_its_engine_equals_the_trainer
     assert driver["differ"] == []
 
 
-def test_engines_each_rank_owns_fall_back_together_when_one_rejects_or_drifts(launcher, tmp_path):
-    """TP 2, an embedded engine per rank: rank 1's engine drifts (update 3) and then rejects a delta
-    (update 4); both ranks must refit together (one rank's refit alone would leave the other's
-    collectives waiting), and every engine ends equal to the trainer."""
-    launcher.launch(2, [str(WORKER), str(tmp_path), "2", "1", "owned"], timeout=300, log=tmp_path / "launch.log")
+@pytest.mark.parametrize("tp", [2, 1], ids=["tp2", "dp2"])
+def test_engines_each_rank_owns_fall_back_together_when_one_rejects_or_drifts(launcher, tmp_path, tp):
+    """An embedded engine per rank: rank 1's engine drifts (update 3) and then rejects a delta
+    (update 4); both ranks must refit together and record it. At TP 2 one rank's refit alone would
+    leave the other's collectives waiting; at DP 2 (two replicas) rank 0's engine is fine, but the
+    metrics rank 0 writes must still show the other replica's drift. Every engine ends equal to
+    the trainer."""
+    launcher.launch(2, [str(WORKER), str(tmp_path), str(tp), "1", "owned"], timeout=300, log=tmp_path / "launch.log")
     results = sorted((json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")), key=lambda r: r["rank"])
     assert [r["rank"] for r in results] == [0, 1]
     for r in results:
