@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-distributed-optimizer", action="store_true",
                    help="do not shard AdamW masters and moments over DP")
     p.add_argument("--no-cache-projections", action="store_true", help="LoGRA regenerates projections (no cache)")
+    p.add_argument("--reference-model", action="store_true",
+                   help="a frozen reference model for a KL penalty (rl.loss.kl_coef > 0): its weights once more")
     p.add_argument("--logprob-chunk-tokens", type=int, default=1024,
                    help="tokens per chunk of the log-prob computation (default 1024; 0 = unchunked)")
     p.add_argument("--markdown", action="store_true", help="print markdown tables instead of rich tables")
@@ -114,7 +116,7 @@ def _plans(args: argparse.Namespace):
                 gpu_memory_bytes=gpu_bytes[gtext], engine_fraction=args.engine_fraction,
                 distributed_optimizer=not args.no_distributed_optimizer, attention=args.attention,
                 cache_projections=not args.no_cache_projections, logprob_chunk_tokens=args.logprob_chunk_tokens,
-                overhead_bytes=overhead_bytes,
+                reference_model=args.reference_model, overhead_bytes=overhead_bytes,
             )
             configs = [replace(base, optimizer="adam"), replace(base, optimizer="logra")] if args.compare else [base]
             scenarios.append(Scenario(model_name=name, gpu_text=gtext, plans=tuple(plan(model, c) for c in configs)))

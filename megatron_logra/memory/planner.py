@@ -95,6 +95,9 @@ class PlanConfig:
     """logprob (the RL job's chunked log-probs) or lm (the LM job: megatron's vocab-parallel cross entropy)."""
     policy_sync: bool = True
     """The run syncs its policy to a rollout engine after each step (RL); False = no policy-sync temporaries (LM)."""
+    reference_model: bool = False
+    """The run keeps a frozen reference model for a KL penalty (``rl.loss.kl_coef > 0``): a second copy of
+    every rank's weights in their own dtypes (no gradients, no optimizer state)."""
     overhead_bytes: int = 2 * GiB
     """CUDA context, NCCL buffers and allocator fragmentation per GPU."""
 
@@ -143,6 +146,8 @@ class RankMemory:
     """LoGRA sketch buffer: fp32 [Σ n_out held by this rank, r]."""
     row_moments: int = 0
     """LoGRA RowAdam second moments: one fp32 per sketch row."""
+    reference: int = 0
+    """Frozen reference model of a KL penalty: this rank's weights once more."""
     target_persistent: int = 0
     """The part of the persistent state that belongs to target linears (weight, grad, master, moments or sketch state)."""
     projection_cache: int = 0
@@ -164,7 +169,7 @@ class RankMemory:
 
     @property
     def persistent(self) -> int:
-        return self.weights + self.grads + self.masters + self.moments + self.sketches + self.row_moments
+        return self.weights + self.grads + self.masters + self.moments + self.sketches + self.row_moments + self.reference
 
     @property
     def forward_backward(self) -> int:
@@ -189,6 +194,7 @@ class RankMemory:
         return [
             ("weights", self.weights), ("grads (fp32)", self.grads), ("fp32 masters", self.masters),
             ("Adam moments", self.moments), ("sketches", self.sketches), ("row moments", self.row_moments),
+            ("reference model", self.reference),
             ("projection cache", self.projection_cache), ("activations", self.activations),
             ("logits", self.logits), ("log-prob working set", self.logprob_working),
             ("optimizer-step temporaries", self.step_working), ("policy-sync temporaries", self.sync_working),
@@ -267,7 +273,7 @@ def check_layout(model: ModelConfig, cfg: PlanConfig) -> None:
 def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
     c = count_params(model, tp=cfg.tp, pp=cfg.pp, stage=stage)
     shard = cfg.dp if cfg.distributed_optimizer else 1
-    r = RankMemory(stage=stage, counts=c, weights=c.weight_bytes)
+    r = RankMemory(stage=stage, counts=c, weights=c.weight_bytes, reference=c.weight_bytes if cfg.reference_model else 0)
     target_weight_bytes = sum(t.numel * (2 if t.low_precision else 4) for t in c.targets)
     if cfg.optimizer == "adam":
         low = c.native_low_precision + c.target_low_precision
@@ -304,7 +310,7 @@ def plan(model: ModelConfig, config: Optional[PlanConfig] = None, **kwargs) -> M
     """Plan ``model`` under ``config`` (or a ``PlanConfig`` built from ``kwargs``: tp, pp, dp,
     optimizer, rank, masters, micro_batch, seq_len, recompute, gpu_memory_bytes,
     engine_fraction, distributed_optimizer, attention, cache_projections, logprob_chunk_tokens, loss,
-    policy_sync, overhead_bytes)."""
+    policy_sync, reference_model, overhead_bytes)."""
     if config is None:
         config = PlanConfig(**kwargs)
     elif kwargs:

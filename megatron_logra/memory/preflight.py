@@ -18,7 +18,8 @@ What the run's config maps to (see :class:`~megatron_logra.memory.planner.PlanCo
 * dense AdamW keeps its full states on every DP rank (``distributed_optimizer=False``: this trainer
   does not shard them), log-probs in ``rl.loss.logprob_chunk_tokens`` chunks (LM: megatron's
   cross entropy over the whole logits, ``loss="lm"``);
-* policy-sync temporaries only for RL (the LM job has no rollout engine to sync: ``policy_sync=False``).
+* policy-sync temporaries only for RL (the LM job has no rollout engine to sync: ``policy_sync=False``);
+* a KL penalty (``rl.loss.kl_coef > 0``) keeps a frozen reference model: its weights once more.
 """
 
 from __future__ import annotations
@@ -74,15 +75,13 @@ def run_plan_config(cfg: Any, *, tp: int, pp: int, dp: int, gpu_memory_bytes: in
         engine_fraction=_engine_fraction(cfg, gpu_memory_bytes), distributed_optimizer=False,
         attention=attention_kernel(cfg.model), cache_projections=cfg.optimizer.logra.cache_projections,
         logprob_chunk_tokens=cfg.rl.loss.logprob_chunk_tokens if rl else 0,
-        loss="logprob" if rl else "lm", policy_sync=rl,
+        loss="logprob" if rl else "lm", policy_sync=rl, reference_model=rl and cfg.rl.loss.kl_coef > 0,
     )
 
 
 def unmodelled(cfg: Any) -> list[str]:
     """Parts of run ``cfg`` the planner leaves out (named in the preflight's log line)."""
     out = []
-    if cfg.job == "rl" and cfg.rl.loss.kl_coef > 0:
-        out.append("the KL penalty's reference model (its weights: params x dtype bytes / TP)")
     if cfg.model.fp8:
         out.append("fp8 (TE's scaling state and fp8 weight copies)")
     if cfg.model.sequence_parallel:

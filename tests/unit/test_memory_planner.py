@@ -357,6 +357,20 @@ def test_meta_counts_match_the_built_model_dtypes(groups, one_thread, norm, dtyp
         assert c.native_fp32 == sum(p.numel() for p in built if p.dtype == torch.float32)
 
 
+def test_the_reference_model_is_the_built_models_weights_once_more(groups, one_thread):
+    """``reference_model`` adds this rank's parameter bytes of the model ``build_gpt`` really builds
+    (a bf16 model with fp32 norms) to the persistent state and the total, nothing else."""
+    from megatron_logra.models.gpt import build_gpt
+
+    model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=192, vocab_size=100,
+                        seq_length=32, params_dtype="bfloat16")
+    built = sum(p.numel() * p.element_size() for p in build_gpt(model, groups, seed=1).parameters())
+    base, ref = (plan(model, rank=8, micro_batch=2, seq_len=32, reference_model=flag).worst for flag in (False, True))
+    assert (base.reference, ref.reference) == (0, built)
+    assert ref.persistent - base.persistent == ref.total - base.total == built
+    assert dict(ref.items())["reference model"] == built
+
+
 @pytest.mark.parametrize("name, gpus, pp", [("qwen2.5-7b", 6, 1), ("qwen2.5-7b", 12, 2), ("27b", 6, 1), ("27b", 8, 1)])
 def test_cli_auto_tp_splits_the_gpus_into_whole_groups(capsys, name, gpus, pp):
     from megatron_logra.memory.cli import main

@@ -92,13 +92,20 @@ def test_the_rl_job_checks_before_building_the_model(tmp_path, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
-def test_what_the_planner_leaves_out_is_named(caplog):
+def test_a_kl_penalty_plans_its_reference_model_and_what_is_left_out_is_named():
+    """The reference model of a KL penalty is this rank's weights once more, in the persistent state
+    and so in every peak; what the planner does not model (fp8) is named for the log line."""
     cfg = parse_args_to_config("27b", ["rl.loss.kl_coef=0.05"])
-    assert [m.split(" (")[0] for m in unmodelled(cfg)] == ["the KL penalty's reference model"]
-    assert unmodelled(parse_args_to_config("27b", [])) == []
-    with caplog.at_level(logging.INFO, logger="megatron_logra.memory.preflight"):
-        memory_preflight(cfg, tp=8, pp=1, dp=1, gpu_memory_bytes=H100)
-    assert "not modelled: the KL penalty's reference model" in caplog.text
+    plain = parse_args_to_config("27b", [])
+    assert run_plan_config(cfg, tp=8, pp=1, dp=1, gpu_memory_bytes=H100).reference_model
+    assert not run_plan_config(plain, tp=8, pp=1, dp=1, gpu_memory_bytes=H100).reference_model
+    got, base = (memory_preflight(c, tp=8, pp=1, dp=1, gpu_memory_bytes=H100).worst for c in (cfg, plain))
+    assert base.reference == 0 and got.reference == base.weights > 0
+    assert got.persistent - base.persistent == got.total - base.total == base.weights
+    assert unmodelled(cfg) == unmodelled(plain) == []
+    fp8 = parse_args_to_config("27b", [])
+    fp8.model.fp8 = "hybrid"  # set after parsing: the TE spec it needs cannot be configured without TE
+    assert [m.split(" (")[0] for m in unmodelled(fp8)] == ["fp8"]
 
 
 def test_the_lm_job_plans_its_own_micro_batches_and_no_policy_sync():
