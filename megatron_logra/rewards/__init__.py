@@ -71,7 +71,9 @@ class TaskConfig:
     score < 1 earn wrong_reward (binary rewards: reasoning-gym grants partial credit, e.g. chain_sum
     scores an answer that merely contains the oracle by the length ratio)."""
     num_eval: int = 200
-    """Held-out eval problems (split over datasets by weight); 0 disables the eval set."""
+    """Held-out eval problems (split over datasets by weight); 0 disables the eval set (the eval-only
+    prompts of ``eval_modulus`` are still never trained on, so that the split is the same for every
+    ``num_eval``)."""
     seed: int = 1234
     """Seed of the train stream (and of the datasets that produce it)."""
     eval_seed: int = 4321
@@ -170,11 +172,24 @@ def _seed_for(seed: int, name: str, split: str) -> int:
     return stable_hash(seed, split, name) % (2**31 - 1)
 
 
+def _check_trainable(source: JsonlSource, cfg: TaskConfig) -> None:
+    """ValueError naming the file when every prompt of ``source`` is eval-only (the train stream would have none)."""
+    rows = len(source.problems)
+    if any(prompt_bucket(p.prompt, cfg.eval_modulus) != 0 for p in source.problems):
+        return
+    raise ValueError(
+        f"{source.path}: all {rows} prompt(s) of task.datasets entry {source.name!r} are eval-only (prompt hash % "
+        f"task.eval_modulus={cfg.eval_modulus} == 0, about 1 in {cfg.eval_modulus} prompts, whatever task.num_eval), "
+        f"which leaves no training rows; add rows to the file or choose another task.eval_modulus"
+    )
+
+
 def build_task(cfg: TaskConfig) -> Task:
     """Build the sources, eval sources and scorers of ``cfg``.
 
     Raises ValueError for unknown reasoning-gym names (listing valid ones), bad dataset kwargs, an
-    unloadable reward plugin, and FileNotFoundError / ValueError for missing or malformed JSONL files.
+    unloadable reward plugin, a JSONL file whose every prompt is eval-only (no training rows), and
+    FileNotFoundError / ValueError for missing or malformed JSONL files.
     """
     cfg.__post_init__()
     timeout = cfg.math_timeout_s or None
@@ -186,6 +201,7 @@ def build_task(cfg: TaskConfig) -> Task:
     for spec in cfg.datasets:
         if spec.startswith(JSONL_PREFIX):
             source = JsonlSource(spec[len(JSONL_PREFIX) :], source=spec)
+            _check_trainable(source, cfg)
             sources.append(source)
             eval_sources.append(source)
             own: Scorer = math_scorer

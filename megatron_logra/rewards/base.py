@@ -45,11 +45,15 @@ class Problem:
     prompt: str
     """The question text exactly as the source produced it (no chat template applied)."""
     answer: str
-    """Reference answer (for reasoning-gym: the dataset's oracle answer string)."""
+    """Reference answer (for reasoning-gym: the dataset's oracle answer string, which may be ``""``)."""
     source: str
     """Name of the source that produced it: a reasoning-gym name or ``jsonl:PATH``; selects the scorer."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Source-specific data the scorer may need (reasoning-gym's entry metadata, JSONL ids, ...)."""
+    has_answer: bool = True
+    """False when the source has no single reference answer (reasoning-gym items whose oracle is None:
+    graph_color, boxnet, ...); ``answer`` is then ``""``. An empty ``answer`` with ``has_answer=True``
+    is a real answer: the empty string."""
 
 
 @runtime_checkable

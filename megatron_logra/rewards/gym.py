@@ -112,7 +112,9 @@ class GymSource:
 
     ``Problem.metadata`` is the entry's own metadata dict, which the dataset's scorer reads back.
     Datasets without a single oracle answer (graph_color, boxnet, propositional_logic, ...) give
-    ``answer=None``; it becomes ``Problem.answer == ""`` and is passed back to the scorer as None.
+    ``answer=None``; it becomes ``Problem.answer == ""`` with ``has_answer=False`` and is passed back
+    to the scorer as None. A real oracle of ``""`` (``ab`` items that reduce to the empty program)
+    keeps ``has_answer=True`` and is passed back as ``""``.
     """
 
     def __init__(self, name: str, seed: int, kwargs: dict[str, Any] | None = None) -> None:
@@ -130,6 +132,7 @@ class GymSource:
             answer="" if entry["answer"] is None else str(entry["answer"]),
             source=self.name,
             metadata=dict(entry.get("metadata") or {}),
+            has_answer=entry["answer"] is not None,
         )
 
 
@@ -146,8 +149,8 @@ class GymScorer:
         self.name = name
 
     def score(self, problem: Problem, completion: str) -> float:
-        """Score in ``[0, 1]``; 1.0 for the oracle answer."""
-        oracle = problem.answer if problem.answer != "" else None
+        """Score in ``[0, 1]``; 1.0 for the oracle answer (the entry's answer is None iff ``not problem.has_answer``)."""
+        oracle = problem.answer if problem.has_answer else None
         entry = {"question": problem.prompt, "answer": oracle, "metadata": problem.metadata}
         answer = extract_gym_answer(completion)
         try:

@@ -3,19 +3,33 @@
 Format: one JSON object per line (blank lines are skipped).
 
 * prompt: the first present of ``"prompt"``, ``"problem"``, ``"question"`` (a non-empty string);
-* answer: ``"answer"`` (a string or a number), else the last ``\\boxed{...}`` of ``"solution"``;
-* optional ``"id"`` (or ``"unique_id"``, as in MATH-500) and ``"metadata"`` (an object);
+* answer: ``"answer"`` (a string or a finite number), else the last ``\\boxed{...}`` of
+  ``"solution"``. A number becomes its plain decimal text (``1e-7`` -> ``"0.0000001"``, ``1e20`` ->
+  ``"100000000000000000000"``): math-verify reads ``1e-07`` as Euler's number minus 7;
+* optional ``"id"`` (or ``"unique_id"``, as in MATH-500; a non-empty string or an integer) and
+  ``"metadata"`` (an object);
 * every other key (``subject``, ``level``, ...) is kept in ``Problem.metadata`` as well, together
-  with ``"line"`` (1-based line number) and ``"id"``.
+  with ``"line"`` (1-based line number) and ``"id"`` (``"jsonl:PATH:LINE"`` when the row has none).
 
-Malformed input raises ValueError naming ``PATH:LINE`` and what is wrong; a missing file raises
-FileNotFoundError naming the path.
+The file must be UTF-8 (a leading byte-order mark is accepted). Ids must be unique and each prompt
+text may appear on one line only — also when both lines give the same answer: the prompt is the
+unit of the train/eval split, a repeated one would be sampled twice as often, and two answers for
+it would reward and penalise the same completion.
+
+Malformed input (not UTF-8, invalid JSON, a missing or mistyped field, a non-finite number answer,
+a null, repeated or mistyped id, a repeated prompt) raises ValueError naming ``PATH:LINE`` (and,
+for repeats, the earlier line) and what is wrong; a missing file raises FileNotFoundError naming
+the path.
 """
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
 import logging
+import math
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +48,22 @@ _ID_KEYS = ("id", "unique_id")
 _CONSUMED = set(_PROMPT_KEYS) | set(_ID_KEYS) | {"answer", "metadata"}
 
 
+def _number_text(value: int | float, where: str) -> str:
+    """Plain decimal text of a JSON number (never exponent notation); non-finite numbers are refused."""
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: 'answer' must be a finite number, got {value!r}; give the answer as a string "
+                         f"(e.g. \"\\\\infty\") if that is what is meant")
+    return format(Decimal(repr(value)), "f")
+
+
 def _answer_of(obj: dict[str, Any], where: str) -> str:
     answer = obj.get("answer")
     if answer is not None:
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
             raise ValueError(f"{where}: 'answer' must be a string or a number, got {type(answer).__name__}")
-        text = str(answer).strip()
+        text = _number_text(answer, where) if isinstance(answer, (int, float)) else answer.strip()
         if not text:
             raise ValueError(f"{where}: 'answer' is empty")
         return text
@@ -68,6 +92,11 @@ def _problem_of(obj: Any, source: str, where: str, line: int) -> Problem:
     metadata: dict[str, Any] = {k: v for k, v in obj.items() if k not in _CONSUMED}
     metadata.update(meta)
     id_key = next((k for k in _ID_KEYS if k in obj), None)
+    if id_key is not None:
+        raw_id = obj[id_key]
+        if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or not str(raw_id).strip():
+            raise ValueError(f"{where}: {id_key!r} must be a non-empty string or an integer, got {raw_id!r}; "
+                             f"fix it or drop the key (the id then defaults to {source}:{line})")
     metadata["id"] = str(obj[id_key]) if id_key is not None else f"{source}:{line}"
     metadata["line"] = line
     return Problem(prompt=prompt, answer=answer, source=source, metadata=metadata)
@@ -76,28 +105,58 @@ def _problem_of(obj: Any, source: str, where: str, line: int) -> Problem:
 def load_jsonl_problems(path: str | Path, source: str | None = None) -> list[Problem]:
     """All problems of a JSONL file, in file order; ``source`` defaults to ``"jsonl:" + path``.
 
-    Raises FileNotFoundError for a missing path and ValueError (``PATH:LINE: ...``) for a malformed
-    line or a file without problems.
+    Raises FileNotFoundError for a missing path and ValueError (``PATH:LINE: ...``) for bytes that
+    are not UTF-8, a malformed line, a repeated id or prompt (naming both lines) or a file without
+    problems.
     """
     path = Path(path)
     source = source if source is not None else f"{JSONL_PREFIX}{path}"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: JSONL problem file not found (dataset spec {source!r})")
     problems: list[Problem] = []
-    with path.open("r", encoding="utf-8") as fh:
-        for line_no, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
-            problems.append(_problem_of(obj, source, where, line_no))
+    id_lines: dict[str, int] = {}
+    prompt_lines: dict[str, tuple[int, str]] = {}
+    for line_no, raw in enumerate(io.StringIO(_read_utf8(path), newline=None), start=1):
+        if not raw.strip():
+            continue
+        where = f"{path}:{line_no}"
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
+        problem = _problem_of(obj, source, where, line_no)
+        pid = problem.metadata["id"]
+        if pid in id_lines:
+            raise ValueError(f"{where}: id {pid!r} repeats line {id_lines[pid]}; ids must be unique (give one "
+                             f"of the two rows another id)")
+        if problem.prompt in prompt_lines:
+            first, answer = prompt_lines[problem.prompt]
+            what = ("with the same answer" if answer == problem.answer
+                    else f"with another answer ({answer!r} there, {problem.answer!r} here)")
+            raise ValueError(f"{where}: the prompt repeats line {first} {what}; each prompt may appear once "
+                             f"(remove one of the two lines)")
+        id_lines[pid] = line_no
+        prompt_lines[problem.prompt] = (line_no, problem.answer)
+        problems.append(problem)
     if not problems:
         raise ValueError(f"{path}: no problems (the file is empty)")
     logger.info("loaded %d problems from %s", len(problems), path)
     return problems
+
+
+def _read_utf8(path: Path) -> str:
+    """The file's text (a leading UTF-8 byte-order mark dropped); bytes that are not UTF-8 raise
+    ValueError naming ``PATH:LINE`` and the byte's column."""
+    data = path.read_bytes()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_no = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ValueError(f"{path}:{line_no}: not UTF-8 ({exc.reason}, byte 0x{data[exc.start]:02x} at byte column "
+                         f"{column}); re-save the file as UTF-8") from None
 
 
 class JsonlSource:
@@ -112,4 +171,5 @@ class JsonlSource:
     def problem(self, raw_index: int) -> Problem:
         """The problem at ``raw_index % size`` (a shallow copy, so callers may edit it)."""
         p = self.problems[raw_index % len(self.problems)]
-        return Problem(prompt=p.prompt, answer=p.answer, source=p.source, metadata=dict(p.metadata))
+        return Problem(prompt=p.prompt, answer=p.answer, source=p.source, metadata=dict(p.metadata),
+                       has_answer=p.has_answer)

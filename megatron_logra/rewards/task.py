@@ -145,9 +145,11 @@ class Task:
             problem = source.problem(raw % size if size else raw)
             if not self.is_eval_prompt(problem.prompt):
                 return problem
+        fix = ("add rows to the file or choose another task.eval_modulus" if size is not None and source.name.startswith("jsonl:")
+               else "enlarge it via task.dataset_kwargs or choose another task.eval_modulus")
         raise RuntimeError(
             f"task.datasets: {source.name!r} produced only eval-only prompts in {MAX_TRAIN_ATTEMPTS} draws "
-            f"(train index {index}); its prompt space is too small to split — enlarge it via task.dataset_kwargs"
+            f"(train index {index}); its prompt space is too small to split — {fix}"
         )
 
     # ------------------------------------------------------------------ eval set
