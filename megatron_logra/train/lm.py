@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 import yaml
 
-from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from megatron_logra.checkpoint.run_dir import claim_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
@@ -58,7 +58,8 @@ def eval_assignment(num_batches: int, dp_size: int, dp_rank: int) -> list[Option
 @torch.no_grad()
 def evaluate(model, task: SyntheticTask, cfg: RunConfig, groups: ParallelGroups, optimizer: Any) -> float:
     """Mean held-out loss per answer token over eval batches ``0 .. train.eval_batches - 1``, whatever
-    the DP layout (see :func:`eval_assignment`; padding micro-batches count no tokens)."""
+    the DP layout (see :func:`eval_assignment`; padding micro-batches count no tokens). The eval
+    sequences are never trained on (the synthetic task's eval-only contents, see ``data/synthetic.py``)."""
     model.eval()
     paused = optimizer.sketches.paused() if isinstance(optimizer, LograOptimizer) else nullcontext()
     size = cfg.train.micro_batch_size
@@ -89,11 +90,27 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
     return {"run_dir": cfg.train.run_dir, "step": step, "eval_loss": evaluate(model, task, cfg, groups, optimizer)}
 
 
+def _check_resume_steps(cfg: RunConfig) -> None:
+    """ValueError naming ``train.steps`` when a resumed run's latest checkpoint is past it (nothing is written)."""
+    ckpt = latest_checkpoint(cfg.train.run_dir) if cfg.train.resume else None
+    if ckpt is None:
+        return
+    saved = read_meta(ckpt, checksums=False)["step"]
+    if cfg.train.steps < saved:
+        raise ValueError(f"train.steps={cfg.train.steps} is below the step of the checkpoint to resume, {ckpt} "
+                         f"(step {saved}); set train.steps >= {saved} to continue the run (nothing was changed)")
+
+
 def run_lm(cfg: RunConfig) -> dict:
-    """Train ``cfg`` and return a summary (first/last loss, eval before/after, timing)."""
+    """Train ``cfg`` and return a summary (first/last loss, eval before/after, timing).
+
+    Resuming (``train.resume``) with ``train.steps`` below the latest checkpoint's step raises
+    ValueError naming ``train.steps`` before anything is written; with ``train.steps`` equal to it no
+    step runs and the summary's ``first_loss`` / ``last_loss`` are None."""
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
     claim_run_dir(cfg.train.run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
+    _check_resume_steps(cfg)
     num_micro = _num_microbatches(cfg, groups)
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
     optimizer = build_optimizer(model, cfg.optimizer, groups)
@@ -113,7 +130,8 @@ def run_lm(cfg: RunConfig) -> dict:
     metrics = MetricsWriter(run_dir, truncate_after=start if cfg.train.resume else None)
 
     eval_before = evaluate(model, task, cfg, groups, optimizer)
-    first_loss = last_loss = math.nan
+    first_loss: Optional[float] = None
+    last_loss: Optional[float] = None
     progress = _progress(cfg, start) if cfg.train.progress and is_rank0() else None
     t_start = time.perf_counter()
     device = model_device(model)
