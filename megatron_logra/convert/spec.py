@@ -5,7 +5,9 @@ causal LM whose forward pass megatron-core's GPT reproduces, and rejects everyth
 a ``ValueError`` naming the field: other architectures, rope scaling (``rope_scaling`` or a
 non-default ``rope_parameters.rope_type``), partial rotary, sliding-window attention
 (``use_sliding_window``, ``sliding_window``, ``layer_types``), mixture-of-experts fields,
-quantized checkpoints, a head dimension other than hidden/heads, non-SiLU MLPs.
+quantized checkpoints, non-SiLU MLPs, and values of the wrong type (null, a string for a number or
+boolean). A ``head_dim`` other than hidden/heads is supported (``model.kv_channels``); the RoPE base is
+the one transformers uses (``rope_parameters.rope_theta`` before a top-level ``rope_theta``).
 
 :func:`megatron_plan` lists every tensor of the megatron model at a ``(tp, pp)`` layout: its
 global name (TP=1 layout, global layer index), the HF tensors it is made of and how
@@ -29,7 +31,7 @@ import torch
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.hf import _check_supported, hf_shapes, hf_sources, megatron_shapes
 from megatron_logra.models.layout import shard_full
-from megatron_logra.models.presets import _family, model_config_from_hf_dict, read_json_object
+from megatron_logra.models.presets import _family, hf_bool, hf_rope_theta, model_config_from_hf_dict, read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +73,11 @@ def check_hf_config(raw: dict, source: str = "config.json") -> None:
             raise ValueError(f"{source}: {key}.partial_rotary_factor={factor} is not supported (rotary on all dims only)")
     if raw.get("partial_rotary_factor") not in (None, 1, 1.0):
         raise ValueError(f"{source}: partial_rotary_factor={raw['partial_rotary_factor']} is not supported")
-    theta = raw.get("rope_theta")
-    if theta is None and isinstance(raw.get("rope_parameters"), dict):
-        theta = raw["rope_parameters"].get("rope_theta")
-    if theta is not None and (not isinstance(theta, (int, float)) or float(theta) != int(theta) or theta <= 0):
-        raise ValueError(f"{source}: rope_theta={theta!r} is not supported (model.rotary_base is a positive integer)")
+    theta = hf_rope_theta(raw, source, warn=False)  # transformers' choice between rope_parameters and rope_theta
+    if theta != int(theta):
+        raise ValueError(f"{source}: RoPE theta {theta!r} is not supported (model.rotary_base is a positive integer)")
     if "use_sliding_window" in raw:
-        if raw["use_sliding_window"]:
+        if hf_bool(raw, "use_sliding_window", False, source):
             raise ValueError(f"{source}: use_sliding_window=True is not supported (full attention only)")
     elif raw.get("sliding_window") is not None:
         raise ValueError(f"{source}: sliding_window={raw['sliding_window']} is not supported (full attention only)")
@@ -106,7 +106,9 @@ def model_config_from_hf_dict_strict(raw: dict, *, source: str = "config.json", 
     check_hf_config(raw, source)
     if seq_length is None and base is None:
         mpe = raw.get("max_position_embeddings")
-        seq_length = mpe if isinstance(mpe, int) and mpe > 0 else None
+        if "max_position_embeddings" in raw and (not isinstance(mpe, int) or isinstance(mpe, bool) or mpe < 1):
+            raise ValueError(f"{source}: max_position_embeddings={mpe!r} must be a positive integer")
+        seq_length = mpe
     cfg = model_config_from_hf_dict(raw, seq_length=seq_length, source=source)
     if base is not None:
         cfg = replace(cfg, **{k: getattr(base, k) for k in TRAINING_FIELDS})

@@ -12,15 +12,17 @@ embeddings). The wider heads give 28.3 B parameters instead of Gemma's 27.0 B te
 so memory figures for it are slightly conservative. 32 heads and 16 groups allow TP 1-16.
 
 :func:`load_hf_config` reads a ``config.json`` of a Llama, Mistral, Qwen2 or Qwen3 causal LM
-(``architectures`` / ``model_type``) and rejects anything else, or any field ``ModelConfig``
-cannot express (a head dimension other than hidden/heads, a non-SiLU MLP, ...), with a
-``ValueError`` naming the field.
+(``architectures`` / ``model_type``) as transformers reads it (its ``head_dim`` default, its RoPE-base
+precedence) and rejects anything else, a field ``ModelConfig`` cannot express (a non-SiLU MLP, ...) or
+a value of the wrong type (null, a string for a number or boolean), with a ``ValueError`` naming the
+field.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Union
@@ -122,18 +124,88 @@ def _require(raw: dict, key: str, source: str) -> int:
     return value
 
 
+def _optional_int(raw: dict, key: str, source: str) -> Optional[int]:
+    """``raw[key]`` as a positive integer, ``None`` when absent or null; ``ValueError`` naming the field otherwise."""
+    value = raw.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"{source}: {key}={value!r} must be a positive integer (or be left out)")
+    return value
+
+
+def hf_bool(raw: dict, key: str, default: bool, source: str) -> bool:
+    """``raw[key]`` as a JSON boolean, ``default`` when absent. A string (``"false"``), number or null is a
+    ``ValueError`` naming the field and ``source``, never read by truthiness (transformers refuses them too)."""
+    if key not in raw:
+        return default
+    value = raw[key]
+    if not isinstance(value, bool):
+        raise ValueError(f"{source}: {key}={value!r} must be true or false (a JSON boolean, not a string or null)")
+    return value
+
+
+def _positive_number(raw: dict, key: str, default: float, source: str, label: str = "") -> float:
+    """``raw[key]`` as a positive finite number, ``default`` when absent; ``ValueError`` naming the field
+    (``label`` + ``key``) otherwise."""
+    if key not in raw:
+        return default
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{source}: {label}{key}={value!r} must be a positive number (a JSON number such as 1e-06, "
+                         "not a string or null)")
+    return float(value)
+
+
+_DEFAULT_ROPE_THETA = 10000.0
+_HEAD_DIM_DEFAULTS = {"qwen3": 128}
+"""transformers' ``head_dim`` of a config without the field, where its config class has a default
+(``Qwen3Config.head_dim = 128``); other families derive hidden / heads."""
+
+
+def hf_rope_theta(raw: dict, source: str, *, warn: bool = True) -> float:
+    """The RoPE base transformers (>= 5) uses for ``raw``, validated as a positive number.
+
+    transformers' precedence (``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict``): the RoPE dict is
+    ``rope_scaling`` if set, else ``rope_parameters``; its ``rope_theta`` wins over the top-level
+    ``rope_theta``, which is used only when the dict has none; 10000 when neither is given. When both are
+    given and differ, the dict's value is used and (``warn``) a warning names both fields. A RoPE dict nested per
+    layer type is a ``ValueError`` (not supported)."""
+    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    rope = raw.get(key)
+    if rope is not None and not isinstance(rope, dict):
+        raise ValueError(f"{source}: {key}={rope!r} is not supported (expected an object)")
+    if isinstance(rope, dict) and any(isinstance(v, dict) for v in rope.values()):
+        raise ValueError(f"{source}: {key} is nested per layer type ({sorted(rope)}): not supported, give one "
+                         "RoPE object for all layers")
+    top = _positive_number(raw, "rope_theta", _DEFAULT_ROPE_THETA, source)
+    if not isinstance(rope, dict) or "rope_theta" not in rope:
+        return top
+    theta = _positive_number(rope, "rope_theta", top, source, label=f"{key}.")
+    if warn and "rope_theta" in raw and theta != top:
+        logger.warning("%s: rope_theta=%s and %s.rope_theta=%s differ: using %s.rope_theta, as transformers does",
+                       source, raw["rope_theta"], key, rope["rope_theta"], key)
+    return theta
+
+
 def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, source: str = "config.json") -> ModelConfig:
-    """``ModelConfig`` of a Hugging Face config dict (Llama / Mistral / Qwen2 / Qwen3)."""
+    """``ModelConfig`` of a Hugging Face config dict (Llama / Mistral / Qwen2 / Qwen3), read as transformers reads it.
+
+    Every field used is type-checked: a null, string or wrong-type value (``rms_norm_eps: null``,
+    ``tie_word_embeddings: "false"``) is a ``ValueError`` naming the field and ``source``. A missing
+    ``head_dim`` is transformers' default for the family (Qwen3: 128, else hidden / heads); the RoPE base
+    follows :func:`hf_rope_theta`."""
     family = _family(raw, source)
     hidden = _require(raw, "hidden_size", source)
     layers = _require(raw, "num_hidden_layers", source)
     heads = _require(raw, "num_attention_heads", source)
     ffn = _require(raw, "intermediate_size", source)
     vocab = _require(raw, "vocab_size", source)
-    kv = raw.get("num_key_value_heads") or heads
-    head_dim = raw.get("head_dim")
-    if head_dim is not None and (not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1):
-        raise ValueError(f"{source}: head_dim={head_dim!r} must be a positive integer")
+    kv = _optional_int(raw, "num_key_value_heads", source) or heads  # null: as many groups as heads (transformers)
+    if "head_dim" in raw and raw["head_dim"] is None and family in ("qwen2", "qwen3"):
+        raise ValueError(f"{source}: head_dim=None: give the head dimension as an integer or leave the field out "
+                         f"({family} models cannot be built with a null head_dim)")
+    head_dim = _optional_int(raw, "head_dim", source)
+    if head_dim is None and "head_dim" not in raw:
+        head_dim = _HEAD_DIM_DEFAULTS.get(family)
     if head_dim is None and hidden % heads:
         raise ValueError(f"{source}: hidden_size={hidden} is not divisible by num_attention_heads={heads} "
                          "and there is no head_dim")
@@ -141,8 +213,8 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
     act = raw.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ValueError(f"{source}: hidden_act={act!r} is not supported: the loader needs a gated SiLU (SwiGLU) MLP")
-    mlp_bias = bool(raw.get("mlp_bias", False))
-    attn_bias = bool(raw.get("attention_bias", False))
+    mlp_bias = hf_bool(raw, "mlp_bias", False, source)
+    attn_bias = hf_bool(raw, "attention_bias", False, source)
     if family == "qwen2":
         qkv_bias, bias_linear = True, False
     elif mlp_bias or attn_bias:
@@ -160,10 +232,6 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
         raise ValueError(f"{source}: torch_dtype={dtype_name!r}: choose bfloat16, float16 or float32")
     if raw.get("rope_scaling"):
         logger.warning("%s: rope_scaling=%s is ignored (it does not change shapes or memory)", source, raw["rope_scaling"])
-    rope_theta = raw.get("rope_theta")
-    rope_parameters = raw.get("rope_parameters")
-    if rope_theta is None and isinstance(rope_parameters, dict):  # transformers >= 5 writes rope_parameters
-        rope_theta = rope_parameters.get("rope_theta")
     return ModelConfig(
         num_layers=layers,
         hidden_size=hidden,
@@ -176,13 +244,13 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
         swiglu=True,
         normalization="RMSNorm",
         position_embedding_type="rope",
-        rotary_base=int(rope_theta if rope_theta is not None else 10000),
+        rotary_base=int(hf_rope_theta(raw, source)),
         add_bias_linear=bias_linear,
         add_qkv_bias=qkv_bias,
         qk_layernorm=family == "qwen3",
-        untie_embeddings_and_output_weights=not bool(raw.get("tie_word_embeddings", False)),
+        untie_embeddings_and_output_weights=not hf_bool(raw, "tie_word_embeddings", False, source),
         params_dtype=_TORCH_DTYPES[dtype_name],
-        layernorm_epsilon=float(raw.get("rms_norm_eps", 1e-6)),
+        layernorm_epsilon=_positive_number(raw, "rms_norm_eps", 1e-6, source),
     )
 
 
