@@ -9,7 +9,8 @@ time. ``pytorch_model.bin`` is never read (no pickle).
 rank and a ``meta.json``: either written by :func:`megatron_logra.convert.convert_hf_to_mcore`
 (``format = "megatron_logra.mcore"``, sha256 per file) or a trainer checkpoint of
 :mod:`megatron_logra.checkpoint` (``RUN/checkpoints/step_XXXXXXXX``: megatron-core sharded checkpoint under ``dist/``; model config
-under ``config.model``; file sizes checked). A trainer checkpoint stores each per-layer tensor kind as
+under ``config.model``; ``meta.json``'s CRC-32 and file sizes checked, and the CRC-32 of every file
+unless ``verify=False``). A trainer checkpoint stores each per-layer tensor kind as
 one global ``[num_layers, ...]`` key made of one chunk per layer (and TP rank); it is read one layer
 slice at a time (:class:`DistTensors`), so an export reads every stored chunk once and holds one
 layer's slice of one key, whatever the number of layers; dtypes come from the checkpoint metadata.
@@ -40,7 +41,7 @@ from megatron_logra.models.presets import read_json_object
 logger = logging.getLogger(__name__)
 
 __all__ = ["HFCheckpoint", "McoreCheckpoint", "MCORE_FORMAT", "MCORE_FORMAT_VERSION", "rank_file_name",
-           "HF_EXTRA_FILES"]
+           "HF_EXTRA_FILES", "check_shard_name"]
 
 MCORE_FORMAT = "megatron_logra.mcore"
 MCORE_FORMAT_VERSION = 1
@@ -62,6 +63,14 @@ _FUSED_NORM_KEYS = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
 
 def rank_file_name(tp_rank: int, pp_rank: int) -> str:
     return f"model_tp{tp_rank}_pp{pp_rank}.safetensors"
+
+
+def check_shard_name(fname: str, index_path: Path) -> None:
+    """``ValueError`` unless ``fname`` (a shard of ``index_path``'s ``weight_map``) is a plain file name of the
+    index's own directory: no ``/`` or ``\\``, not hidden, not ``..`` (no absolute or escaping path)."""
+    if not fname or "/" in fname or "\\" in fname or fname.startswith("."):
+        raise ValueError(f"{index_path}: shard file name {fname!r} is not a plain file name (a shard must lie in the "
+                         "index's own directory)")
 
 
 def _ignored(name: str) -> bool:
@@ -86,8 +95,7 @@ class HFCheckpoint:
                 raise ValueError(f"{index_path}: no weight_map object of tensor name -> shard file")
             files = sorted(set(weight_map.values()))
             for fname in files:
-                if "/" in fname or "\\" in fname or fname.startswith("."):
-                    raise ValueError(f"{index_path}: shard file name {fname!r} is not a plain file name")
+                check_shard_name(fname, index_path)
                 if not (self.dir / fname).is_file():
                     example = next(k for k, v in weight_map.items() if v == fname)
                     raise ValueError(f"{index_path}: shard {fname} (holding {example!r}) does not exist in {self.dir}")
@@ -171,7 +179,11 @@ class HFCheckpoint:
 class McoreCheckpoint:
     """Per-rank megatron safetensors files plus ``meta.json`` (converter output or a trainer checkpoint)."""
 
-    def __init__(self, mcore_dir: Union[str, Path]):
+    def __init__(self, mcore_dir: Union[str, Path], *, verify: bool = True):
+        """Open ``mcore_dir``. A trainer checkpoint's ``meta.json`` is checked on open: its own CRC-32 and every
+        recorded file's size, and, with ``verify``, every file's CRC-32 (a full read of the checkpoint,
+        optimizer state included). A converted directory's sha256s are checked per rank file when it is
+        opened (:meth:`file`, ``verify``)."""
         self.dir = Path(mcore_dir)
         meta_path = self.dir / "meta.json"
         if not meta_path.is_file():
@@ -185,19 +197,15 @@ class McoreCheckpoint:
                                  f"{MCORE_FORMAT_VERSION}")
             self.cfg = model_config_from_json(meta.get("model_config") or {}, str(meta_path))
             self.prefix = ""
-            self.plain = None
             self._dist = None
             self.checksums = {k: v.get("sha256") for k, v in (meta.get("files") or {}).items()}
             self.kind = "converted"
         elif "step" in meta and isinstance(meta.get("config"), dict) and isinstance(meta["config"].get("model"), dict):
-            from megatron_logra.checkpoint.plain import PlainCheckpoint
-            from megatron_logra.checkpoint.store import CheckpointError
+            from megatron_logra.checkpoint.store import read_meta
 
             self.cfg = model_config_from_json(meta["config"]["model"], f"{meta_path} (config.model)")
-            try:  # sharded (dist_checkpointing): global tensors, layers stacked along a leading axis
-                self.plain: Optional[PlainCheckpoint] = PlainCheckpoint(self.dir)
-            except CheckpointError as exc:
-                raise ValueError(str(exc)) from None
+            read_meta(self.dir, checksums=verify)  # CheckpointError (a ValueError) naming a bad file
+            # sharded (dist_checkpointing): global tensors, layers stacked along a leading axis
             self._dist: Optional[DistTensors] = DistTensors(self.dir / "dist")
             self.prefix = ""
             self.checksums = {}
@@ -242,24 +250,24 @@ class McoreCheckpoint:
         """Global checkpoint key of ``entry`` and its index along the stacked-layer axis."""
         m = _LAYER.match(entry.name)
         if m is None:
-            if entry.name == "output_layer.weight" and self.plain is not None and entry.name not in self.plain:
+            if entry.name == "output_layer.weight" and self._dist is not None and entry.name not in self._dist:
                 return "embedding.word_embeddings.weight", None  # tied: stored once, as the embedding
             return entry.name, None
         key = m.group(1) + m.group(3)
-        if self.plain is not None and key not in self.plain:
+        if self._dist is not None and key not in self._dist:
             for local, stored in _FUSED_NORM_KEYS.items():  # megatron stores local-spec norms under TE names
                 if m.group(3).startswith(local):
                     key = m.group(1) + stored + m.group(3)[len(local):]
         return key, int(m.group(2))
 
     def _trainer_validate(self, plan: list[TensorPlan]) -> None:
-        assert self.plain is not None
+        assert self._dist is not None
         for e in plan:
             key, layer = self._trainer_key(e)
-            if key not in self.plain:
+            if key not in self._dist:
                 raise ValueError(f"{self.dir}: the checkpoint has no tensor {key!r} for {e.name} "
                                  "(does config.model match the weights?)")
-            shape = self.plain.shape(key)
+            shape = self._dist.shape(key)
             want = e.shape if layer is None else (self.cfg.num_layers, *e.shape)
             if tuple(shape) != tuple(want):
                 raise ValueError(f"{self.dir}: tensor {key!r} has shape {list(shape)}, expected {list(want)}")

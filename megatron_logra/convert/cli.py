@@ -1,7 +1,8 @@
 """``megatron-logra convert`` (also ``python tools/convert_checkpoint.py``)::
 
     megatron-logra convert hf-to-mcore --hf DIR --out DIR [--tp N] [--pp M] [--make-vocab-size-divisible-by K] [--force]
-    megatron-logra convert mcore-to-hf --mcore DIR --out DIR [--hf-template DIR] [--max-shard-size 5GB] [--force]
+    megatron-logra convert mcore-to-hf --mcore DIR --out DIR [--hf-template DIR] [--max-shard-size 5GB]
+                                       [--no-verify] [--force]
 
 ``mcore-to-hf`` also reads a trainer checkpoint step directory (``RUN/checkpoints/step_XXXXXXXX``).
 Prints the written ``meta.json`` (hf-to-mcore) or a summary (mcore-to-hf) as JSON; a rejected
@@ -40,7 +41,9 @@ def build_parser(prog: str = "megatron-logra convert") -> argparse.ArgumentParse
                    help="HF directory whose config.json, tokenizer files and shard layout are reused (default for a "
                         "trainer checkpoint: the run's model.hf_path when present; the run's own tokenizer wins)")
     b.add_argument("--max-shard-size", default="5GB", help="shard size without a sharded template (default 5GB)")
-    b.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the rank files")
+    b.add_argument("--no-verify", action="store_true",
+                   help="skip the checksum pass over --mcore: the sha256 of a converted directory's rank files, the "
+                        "CRC-32 of every file of a trainer checkpoint (file sizes and meta.json are still checked)")
     b.add_argument("--force", action="store_true", help="replace a previous conversion in --out")
     return parser
 

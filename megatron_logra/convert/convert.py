@@ -29,7 +29,8 @@ offset), so disks read sequentially.
 
 Outputs are built in a sibling ``.NAME.partial`` directory and renamed onto ``out_dir`` at the
 end; an existing non-empty ``out_dir`` is replaced only with ``force=True`` and only when it
-looks like a checkpoint (has ``meta.json`` or ``config.json``).
+looks like a checkpoint (has ``meta.json`` or ``config.json``). ``out_dir`` must be apart from every
+input (not one, not inside one, not holding one), with or without ``force``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 import time
@@ -65,6 +65,7 @@ from megatron_logra.convert.export_config import (
     run_tokenizer_dir,
     tokenizer_special_ids,
 )
+from megatron_logra.convert.outdir import _finalize, _prepare_out, template_weight_map
 from megatron_logra.convert.spec import (
     build_full,
     hf_expected_shapes,
@@ -96,49 +97,6 @@ def parse_size(text: Union[str, int]) -> int:
     if value < 1:
         raise ValueError(f"max_shard_size={text!r} must be positive")
     return value
-
-
-# ------------------------------------------------------------------------------ output directories
-def _conversion_output(path: Path) -> bool:
-    """Whether ``path`` is something a conversion writes (weights, index, configs, tokenizer files, and the
-    ``hf/`` folder of config and tokenizer files an HF -> megatron-core conversion keeps)."""
-    name = path.name
-    if path.is_dir():
-        return name == "hf" and all(_conversion_output(p) for p in path.iterdir())
-    return path.is_file() and (name.endswith((".safetensors", ".safetensors.index.json"))
-                               or name in ("config.json", "generation_config.json", "meta.json", *HF_EXTRA_FILES))
-
-
-def _prepare_out(out: Path, force: bool, inputs: tuple[Path, ...]) -> Path:
-    out = out.resolve()
-    for src in inputs:
-        if src is not None and src.resolve() == out:
-            raise ValueError(f"--out {out} is also an input directory")
-    if out.exists():
-        if not out.is_dir():
-            raise ValueError(f"--out {out} exists and is not a directory")
-        if any(out.iterdir()):
-            if not force:
-                raise ValueError(f"--out {out} exists and is not empty (pass --force to replace a previous conversion)")
-            if not ((out / "meta.json").is_file() or (out / "config.json").is_file()):
-                raise ValueError(f"--out {out} is not empty and holds no meta.json or config.json: refusing to "
-                                 "replace a directory that does not look like a checkpoint")
-            foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if not _conversion_output(p))
-            if foreign:
-                raise ValueError(f"--out {out} also holds {foreign[:5]}, which a conversion does not write: "
-                                 "--force would delete them; move them or choose another --out")
-    tmp = out.parent / f".{out.name}.partial"
-    if tmp.exists():
-        shutil.rmtree(tmp)  # a previous interrupted conversion to the same destination
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-def _finalize(tmp: Path, out: Path) -> None:
-    out = out.resolve()
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -260,14 +218,16 @@ def convert_mcore_to_hf(
     ``mcore_dir/hf``, a trainer run's ``model.hf_path`` or a generated config.json
     (:func:`megatron_logra.convert.export_config.config_source`). A trainer checkpoint's tokenizer files
     come from ``RUN/tokenizer`` (the tokenizer it was trained with) when the run saved one, even with a
-    template. Returns the written index dict
+    template. ``verify=False`` skips the checksum pass over the input: the sha256 of a converted directory's
+    rank files, the CRC-32 of every file of a trainer checkpoint (its ``meta.json`` and the file sizes are
+    still checked). Returns the written index dict
     (``weight_map`` and ``metadata``; one file -> ``{"weight_map": ..., "metadata": ...}`` as well).
     """
     t0 = time.perf_counter()
     mcore_dir, out_dir = Path(mcore_dir), Path(out_dir)
     template = Path(hf_template) if hf_template else None
     max_bytes = parse_size(max_shard_size)
-    src = McoreCheckpoint(mcore_dir)
+    src = McoreCheckpoint(mcore_dir, verify=verify)
     try:
         cfg, tp, pp = src.cfg, src.tp, src.pp
         plan = megatron_plan(cfg, tp, pp)
@@ -294,7 +254,7 @@ def convert_mcore_to_hf(
         # shard assignment
         template_index = template / INDEX_NAME if template is not None else None
         if template_index is not None and template_index.is_file():
-            weight_map = json.loads(template_index.read_text()).get("weight_map") or {}
+            weight_map = template_weight_map(template_index)
             mine = {n for n, _, _ in hf_entries}
             if set(weight_map) != mine:
                 extra, missing = sorted(set(weight_map) - mine), sorted(mine - set(weight_map))
@@ -312,7 +272,7 @@ def convert_mcore_to_hf(
                 file_names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
             assignment = {n: file_names[i] for i, g in enumerate(groups) for n in g}
 
-        tmp = _prepare_out(out_dir, force, (mcore_dir,) + ((source.dir,) if source.dir else ()))
+        tmp = _prepare_out(out_dir, force, (mcore_dir, source.dir, template, tokenizer_dir))
         writers: dict[str, SafetensorsWriter] = {}
         try:
             for fname in file_names:

@@ -40,6 +40,14 @@ class DistTensors:
             raise ValueError(f"{path}: unreadable torch.distributed.checkpoint metadata: {exc}") from None
         self.path, self.metadata, self._reader = path, metadata, _Reader(str(path))
 
+    def __contains__(self, key: str) -> bool:
+        """Whether ``key`` is a stored tensor (not a byte object)."""
+        return hasattr(self.metadata.state_dict_metadata.get(key), "chunks")
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """The global shape of the stored tensor ``key`` (from the metadata: nothing is read)."""
+        return tuple(self._md(key).size)
+
     def _md(self, key: str):
         md = self.metadata.state_dict_metadata.get(key)
         if md is None or not hasattr(md, "chunks"):

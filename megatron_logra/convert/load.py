@@ -128,7 +128,7 @@ def load_mcore_into_model(model: nn.Module, groups: ParallelGroups, mcore_dir: U
     Checks the file's sha256 against ``meta.json`` (``verify``), the layout, the architecture
     (when ``model_cfg`` is given) and every name and shape. Returns ``{"tensors", "file"}``.
     """
-    src = McoreCheckpoint(mcore_dir)
+    src = McoreCheckpoint(mcore_dir, verify=verify)
     try:
         if (src.tp, src.pp) != (groups.tp_size, groups.pp_size):
             raise ValueError(f"{mcore_dir} was converted for tp={src.tp} pp={src.pp}; this run has "

@@ -1,0 +1,94 @@
+"""Output directories of the converters: checked apart from the inputs, built aside, renamed into place.
+
+:func:`_prepare_out` refuses an ``--out`` that is an input, lies inside one or holds one (with or
+without ``force``: ``force`` deletes ``--out``), a non-empty ``--out`` without ``force`` and one holding
+files a conversion does not write; only then is the sibling ``.NAME.partial`` build directory
+(re)created. :func:`_finalize` renames it onto ``--out``. :func:`template_weight_map` reads a
+template's shard assignment, whose file names must be plain ``*.safetensors`` names, so that the
+export writes inside its own directory only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from megatron_logra.convert.checkpoints import HF_EXTRA_FILES, check_shard_name
+from megatron_logra.models.presets import read_json_object
+
+__all__ = ["template_weight_map"]
+
+
+def _conversion_output(path: Path) -> bool:
+    """Whether ``path`` is something a conversion writes (weights, index, configs, tokenizer files, and the
+    ``hf/`` folder of config and tokenizer files an HF -> megatron-core conversion keeps)."""
+    name = path.name
+    if path.is_dir():
+        return name == "hf" and all(_conversion_output(p) for p in path.iterdir())
+    return path.is_file() and (name.endswith((".safetensors", ".safetensors.index.json"))
+                               or name in ("config.json", "generation_config.json", "meta.json", *HF_EXTRA_FILES))
+
+
+def _check_out_apart(out: Path, tmp: Path, inputs: tuple[Optional[Path], ...]) -> None:
+    """``ValueError`` naming the input when ``out`` (resolved) or its ``tmp`` build directory is an input, lies
+    inside one, or contains one: ``--force`` deletes ``out`` and the build directory is removed, so they must
+    be disjoint from every input whatever the flags."""
+    for src in inputs:
+        if src is None:
+            continue
+        src = src.resolve()
+        for what, path in (("--out", out), (f"the build directory of --out ({tmp.name})", tmp)):
+            if src == path:
+                raise ValueError(f"{what} {path} is also an input directory: choose an --out apart from the inputs")
+            if path in src.parents:
+                raise ValueError(f"{what} {path} contains the input {src}: choose an --out that holds no input")
+            if src in path.parents:
+                raise ValueError(f"{what} {path} is inside the input {src}: choose an --out outside the inputs")
+
+
+def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...]) -> Path:
+    """The empty build directory (sibling ``.NAME.partial``) of ``out``, after every check: ``out`` apart from
+    the ``inputs`` (:func:`_check_out_apart`), and, when not empty, replaceable (``force``, only conversion
+    files in it). Nothing is deleted or written before the checks pass."""
+    out = out.resolve()
+    tmp = out.parent / f".{out.name}.partial"
+    _check_out_apart(out, tmp, inputs)
+    if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"--out {out} exists and is not a directory")
+        if any(out.iterdir()):
+            if not force:
+                raise ValueError(f"--out {out} exists and is not empty (pass --force to replace a previous conversion)")
+            if not ((out / "meta.json").is_file() or (out / "config.json").is_file()):
+                raise ValueError(f"--out {out} is not empty and holds no meta.json or config.json: refusing to "
+                                 "replace a directory that does not look like a checkpoint")
+            foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if not _conversion_output(p))
+            if foreign:
+                raise ValueError(f"--out {out} also holds {foreign[:5]}, which a conversion does not write: "
+                                 "--force would delete them; move them or choose another --out")
+    if tmp.exists():
+        shutil.rmtree(tmp)  # a previous interrupted conversion to the same destination
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _finalize(tmp: Path, out: Path) -> None:
+    out = out.resolve()
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
+def template_weight_map(index_path: Path) -> dict[str, str]:
+    """The ``weight_map`` of a template's index, every shard a plain ``*.safetensors`` file name
+    (:func:`check_shard_name`): the export writes these names inside its own directory only."""
+    weight_map = read_json_object(index_path).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index_path}: no weight_map object of tensor name -> shard file")
+    for fname in sorted(set(weight_map.values())):
+        check_shard_name(fname, index_path)
+        if not fname.endswith(".safetensors"):
+            raise ValueError(f"{index_path}: shard file name {fname!r} does not end in .safetensors")
+    return weight_map
