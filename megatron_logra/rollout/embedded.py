@@ -64,6 +64,15 @@ def sample_next(
     return tokens, logp.gather(-1, tokens[:, None])[:, 0]
 
 
+def _mismatch(value: Any, param: torch.Tensor) -> str:
+    """Why ``value`` cannot replace ``param`` (not a tensor, another shape), or "" when it can."""
+    if not isinstance(value, torch.Tensor):
+        return f"not a tensor ({type(value).__name__})"
+    if tuple(value.shape) != tuple(param.shape):
+        return f"shape {tuple(value.shape)} != {tuple(param.shape)}"
+    return ""
+
+
 class EmbeddedEngine:
     """A real generator running a ``transformers`` copy of the policy in this process.
 
@@ -127,11 +136,14 @@ class EmbeddedEngine:
 
         ``hf_state`` is a mapping or a stream of ``(name, tensor)`` pairs (``rl.weights.iter_hf_params``,
         which never holds the whole model). ``version`` must be an int >= the current version.
-        Values are cast to the engine's dtype and device. Unknown, repeated or missing names and
-        shape mismatches raise ``ValueError`` listing them. A mapping is checked whole before
-        anything is copied (a failed update leaves the engine untouched); a stream is checked
-        tensor by tensor and always consumed to its end (its producer may be running collectives),
-        and a failure part-way leaves ``weight_version = -1`` (unknown) until a full refit succeeds.
+        Values are cast to the engine's dtype and device. Unknown, repeated or missing names,
+        values that are not tensors and shape mismatches raise ``ValueError`` listing them. A mapping
+        is checked whole before anything is copied (such a failure leaves the engine untouched); a
+        stream is checked tensor by tensor and always consumed to its end (its producer may be running
+        collectives). A copy that fails (out of memory on the engine's device, a meta tensor, ...)
+        stops the copying; the rest of the stream is still consumed and a ``ValueError`` names that
+        tensor. Any failure after some tensor was copied leaves ``weight_version = -1`` (unknown) until a
+        full refit succeeds; a failure before the first copy keeps the weights and the version.
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < self._version:
             raise ValueError(f"version={version!r} must be an int >= the current weight_version {self._version}")
@@ -141,26 +153,28 @@ class EmbeddedEngine:
             missing = sorted(set(params) - set(hf_state))
             if unknown or missing:
                 raise ValueError(f"update_weights_full: unknown names {unknown}, missing names {missing}")
-            bad = [
-                f"{n}: {tuple(t.shape)} != {tuple(params[n].shape)}"
-                for n, t in hf_state.items() if tuple(t.shape) != tuple(params[n].shape)
-            ]
+            bad = [f"{n}: {_mismatch(t, params[n])}" for n, t in hf_state.items() if _mismatch(t, params[n])]
             if bad:
-                raise ValueError(f"update_weights_full: wrong shapes {bad}")
+                raise ValueError(f"update_weights_full: wrong values {bad}")
         errors: list[str] = []
         seen: set[str] = set()
         copied = 0
         with torch.no_grad():
             for name, tensor in (hf_state.items() if isinstance(hf_state, Mapping) else hf_state):
-                if name not in params or name in seen or tuple(tensor.shape) != tuple(params[name].shape):
-                    what = "unknown" if name not in params else "repeated" if name in seen else \
-                        f"shape {tuple(tensor.shape)} != {tuple(params[name].shape)}"
+                what = "unknown" if name not in params else "repeated" if name in seen else \
+                    _mismatch(tensor, params[name])
+                if what:
                     errors.append(f"{name}: {what}")
                     continue
-                if not errors:
-                    params[name].copy_(tensor.to(device=self.device, dtype=self.dtype))
-                    copied += 1
                 seen.add(name)
+                if errors:
+                    continue  # consume the rest of the stream, copy nothing more
+                try:
+                    params[name].copy_(tensor.to(device=self.device, dtype=self.dtype))
+                except Exception as exc:  # noqa: BLE001 - reported below, after the stream is consumed
+                    errors.append(f"{name}: copy failed ({type(exc).__name__}: {str(exc)[:200]})")
+                    continue
+                copied += 1
         missing = sorted(set(params) - seen)
         if errors or missing:
             if copied:
@@ -196,8 +210,8 @@ class EmbeddedEngine:
         for i, s in enumerate(seqs):
             if len(s) == 0:
                 raise ValueError(f"{what} {i} is empty")
-            if min(s) < 0 or max(s) >= self.vocab_size:
-                raise ValueError(f"{what} {i} has token ids outside [0, {self.vocab_size})")
+            if min(s) < 0 or max(s) >= self.cfg.vocab_size:  # the padded ids [vocab_size, padded) are no tokens
+                raise ValueError(f"{what} {i} has token ids outside [0, model.vocab_size={self.cfg.vocab_size})")
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(input_ids [B, L], attention_mask [B, L], position_ids [B, L])`` of the left-padded batch."""

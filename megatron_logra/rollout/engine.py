@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Protocol, Union, runtime_checkable
 
@@ -23,9 +24,23 @@ logger = logging.getLogger(__name__)
 __all__ = ["SamplingParams", "Rollout", "RolloutEngine"]
 
 
+def _is_int(value: object) -> bool:
+    """An integer of any integral type (``int``, ``numpy.int64``, ...), but not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    """A real number of any type (``float``, ``int``, ``numpy.float32``, ...), but not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 @dataclass
 class SamplingParams:
-    """How to sample completions for one ``generate`` call."""
+    """How to sample completions for one ``generate`` call.
+
+    Numbers may be of any integral / real type (``numpy.int64`` included, bools excluded) and are stored as
+    Python ``int`` / ``float``; a value of the wrong kind is a ``ValueError`` naming ``sampling.<field>``.
+    """
 
     temperature: float = 1.0
     """Softmax temperature T >= 0; 0 means greedy (argmax, ties to the lowest token id)."""
@@ -39,20 +54,27 @@ class SamplingParams:
     """Seed of the sampling generator: the same prompts and params give the same rollouts."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not (
-            math.isfinite(self.temperature) and self.temperature >= 0
-        ):
+        if not _is_real(self.temperature) or not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"sampling.temperature={self.temperature!r} must be a finite number >= 0")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        self.temperature = float(self.temperature)
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"sampling.top_p={self.top_p!r} must be in (0, 1]")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        self.top_p = float(self.top_p)
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(f"sampling.max_new_tokens={self.max_new_tokens!r} must be an int >= 1")
-        stops = list(self.stop_token_ids)
-        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in stops):
-            raise ValueError(f"sampling.stop_token_ids={self.stop_token_ids!r} must be non-negative ints")
-        self.stop_token_ids = stops
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+        self.max_new_tokens = int(self.max_new_tokens)
+        try:
+            stops = list(self.stop_token_ids)
+        except TypeError:
+            stops = None
+        if stops is None or isinstance(self.stop_token_ids, (str, bytes)) or \
+                any(not _is_int(t) or t < 0 for t in stops):
+            raise ValueError(f"sampling.stop_token_ids={self.stop_token_ids!r} must be a list of non-negative ints "
+                             "(an empty list: no stop tokens)")
+        self.stop_token_ids = [int(t) for t in stops]
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**63:
             raise ValueError(f"sampling.seed={self.seed!r} must be an int in [0, 2**63)")
+        self.seed = int(self.seed)
 
 
 @dataclass
