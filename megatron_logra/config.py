@@ -41,8 +41,9 @@ class TrainConfig:
     """Sequences per optimizer step over all DP ranks, lm job (--global-batch-size; a multiple of
     micro_batch_size). RL steps train rl.prompts_per_step × rl.group_size sequences instead."""
     seed: int = 1234
-    """Seed of the model init, the parallel RNGs and (RL) the warm start and rollout sampling (--seed); the
-    data have their own seeds: data.seed (lm job's synthetic task), task.seed / task.eval_seed (RL problems)."""
+    """Seed of the model init, the parallel RNGs and (RL) the warm start and rollout sampling (--seed), an int in
+    [0, 2**31); the data have their own seeds: data.seed (lm job's synthetic task), task.seed / task.eval_seed
+    (RL problems)."""
     log_interval: int = 10
     """Steps between log lines (--log-interval)."""
     eval_interval: int = 50
@@ -81,6 +82,9 @@ class TrainConfig:
             raise ValueError(f"train.checkpoint_checksums={self.checkpoint_checksums!r} must be true or false")
         if self.memory_check not in ("off", "warn", "error"):
             raise ValueError(f"train.memory_check={self.memory_check!r}: choose off, warn or error")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
+            raise ValueError(f"train.seed={self.seed!r} must be an int in [0, 2**31) (the seeds derived from it, "
+                             "SGLang's among them, are 32-bit); choose e.g. train.seed=1234")
 
 
 @dataclass

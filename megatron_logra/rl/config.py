@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from megatron_logra.rl.advantages import AdvantageConfig
 from megatron_logra.rl.checks import check_finite_fields
 from megatron_logra.rl.losses import LossConfig
+from megatron_logra.rollout.sglang_setup import REDACTED_API_KEY
 
 if TYPE_CHECKING:
     from megatron_logra.config import RunConfig
@@ -27,7 +28,10 @@ class RolloutConfig:
     """Base URL of a running SGLang server (started with ``--custom-weight-loader
     megatron_logra.sync.sglang_loader.sync_loader``); empty: start an in-process ``sglang.Engine``."""
     sglang_api_key: str = ""
-    """The server's ``--api-key`` (sent as a bearer token); empty: none."""
+    """The server's ``--api-key`` (sent as a bearer token); empty: the environment variable ``SGLANG_API_KEY``,
+    or none when that is unset too. Never written to disk: saved configs (``RUN/config.yaml``, checkpoints)
+    hold ``"***"`` instead, and ``"***"`` read back (``train --resume RUN``) counts as empty, so a resumed
+    run takes the key from ``SGLANG_API_KEY`` or from ``rl.rollout.sglang_api_key=...`` given again."""
     sglang_timeout: float = 600.0
     """Seconds each HTTP request to the server may take (generation and weight updates)."""
     sglang_serialization: str = "auto"
@@ -41,9 +45,14 @@ class RolloutConfig:
     trainer already holds when the engine starts is added before it becomes SGLang's own
     ``mem_fraction_static`` (which counts everything in use on the GPU)."""
     sglang_tp: int = 0
-    """Tensor-parallel size of the in-process engine; 0 = the trainer's ``parallel.tp`` (its GPUs)."""
+    """Tensor-parallel size of the in-process engine; 0 = the trainer's ``parallel.tp`` (its GPUs). Its GPUs
+    ``[current device, + sglang_tp)`` must exist and be this DP replica's own (checked when the engine is built:
+    ``rollout.sglang_setup.check_engine_gpus``)."""
     sglang_sampling_seed: bool = False
     """Send a per-request ``sampling_seed`` (reproducible rollouts on SGLang versions that support it).
+    Request ``i`` of a call takes the ``i``-th output of a splitmix64 stream seeded with the call's sampling
+    seed, cut to 31 bits (``rollout.sglang_api.request_seeds``): seeds fit SGLang's int32, are distinct within
+    a call, and those of different DP ranks and steps coincide only by chance, never systematically.
     SGLang honours it only in deterministic mode: the in-process engine is started with
     ``enable_deterministic_inference=True`` (it needs a deterministic attention backend such as
     ``flashinfer``, ``fa3`` or ``triton``); a server must be started with
@@ -64,6 +73,10 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         check_finite_fields("rl.rollout", self)
+        if not isinstance(self.sglang_api_key, str):
+            raise ValueError("rl.rollout.sglang_api_key must be a string (or empty: the SGLANG_API_KEY variable)")
+        if self.sglang_api_key == REDACTED_API_KEY:  # a saved config's placeholder, not a key
+            self.sglang_api_key = ""
         if self.engine not in ("embedded", "sglang"):
             raise ValueError(f"rl.rollout.engine={self.engine!r}: choose embedded or sglang")
         if self.sglang_url and self.engine != "sglang":

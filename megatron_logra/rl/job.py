@@ -33,6 +33,7 @@ from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel, world_group
 from megatron_logra.rollout.driver import share_from_driver
 from megatron_logra.rollout.sglang_engine import check_engine_dtype
+from megatron_logra.rollout.sglang_setup import redact_config
 from megatron_logra.rewards import build_task
 from megatron_logra.rl.config import check_rl_batch_layout
 from megatron_logra.rl.loop import (
@@ -221,13 +222,14 @@ _LOGGED = ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual", "ste
 
 def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     """Warm start + RL; returns the summary (also written to RUN/summary.json).
-    ``optimizer_factory``: see ``build_components``."""
+    ``optimizer_factory``: see ``build_components``. The configs it saves (``RUN/config.yaml``, each
+    checkpoint's) never hold ``rl.rollout.sglang_api_key`` (``rollout.sglang_setup.redact_config``)."""
     t_start = time.perf_counter()
     comps, state, bundle = build_components(cfg, optimizer_factory)
     run_dir = Path(cfg.train.run_dir)
     if is_rank0():
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(redact_config(to_dict(cfg)), sort_keys=False))
     metrics = MetricsWriter(run_dir, truncate_after=state.step if cfg.train.resume else None)
     setup_seconds = time.perf_counter() - t_start
     eval_before = evaluate_accuracy(comps)
@@ -250,13 +252,13 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         elif is_rank0() and state.step % cfg.train.log_interval == 0:
             logger.info("rl step %d %s", state.step, {k: record.get(k) for k in _LOGGED if record.get(k) is not None})
         if cfg.train.save_interval and state.step % cfg.train.save_interval == 0 and state.step != cfg.rl.steps:
-            save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=to_dict(cfg),
+            save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=redact_config(to_dict(cfg)),
                             keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
     if progress is not None:
         progress[0].stop()
     eval_after = record.get("eval_accuracy") if record.get("eval_accuracy") is not None else evaluate_accuracy(comps)
     if state.step > start_step or latest_checkpoint(run_dir) is None:  # a finished run is not saved again
-        save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=to_dict(cfg),
+        save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=redact_config(to_dict(cfg)),
                         keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
     metrics.close()
     summary = {

@@ -29,12 +29,17 @@ from megatron_logra.rollout.engine import Rollout, SamplingParams
 logger = logging.getLogger(__name__)
 
 __all__ = ["build_generate_payload", "parse_generate_response", "check_logprob_convention", "engine_hf_config",
-           "engine_context_length", "sglang_mem_fraction", "require_sglang", "ORIGINAL_LOGPROB_ENV", "PADDED_LOGIT_BIAS"]
+           "engine_context_length", "sglang_mem_fraction", "require_sglang", "request_seeds", "ORIGINAL_LOGPROB_ENV",
+           "PADDED_LOGIT_BIAS", "SEED_LIMIT"]
 
 PADDED_LOGIT_BIAS = -1.0e4  # models.gpt.PADDED_LOGIT, kept literal: this module must not import megatron
 ORIGINAL_LOGPROB_ENV = ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RETURN_ORIGINAL_LOGPROB")
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _warned_top_p = False
+SEED_LIMIT = 2**31
+"""Per-request ``sampling_seed``s lie in ``[0, SEED_LIMIT)``: SGLang's deterministic sampler holds them as int32."""
+_MASK64 = 2**64 - 1
+_GOLDEN64 = 0x9E3779B97F4A7C15
 
 
 def require_sglang() -> Any:
@@ -72,8 +77,9 @@ def build_generate_payload(prompts: Sequence[Sequence[int]], params: SamplingPar
 
     ``temperature == 0`` is sent as 0 (SGLang maps it to greedy, ``top_k = 1``, log-probs of
     ``softmax(z)``). ``logit_bias`` holds the padded ids ``[vocab_size, padded_vocab_size)``.
-    ``send_seed`` adds ``sampling_seed = params.seed + i`` per prompt (SGLang's per-request seed),
-    making ``sampling_params`` a list; otherwise SGLang samples from its own generator.
+    ``send_seed`` adds ``sampling_seed = request_seeds(params.seed, len(prompts))[i]`` per prompt
+    (SGLang's per-request seed), making ``sampling_params`` a list; otherwise SGLang samples from its
+    own generator.
     """
     if not prompts:
         raise ValueError("generate: empty batch")
@@ -84,8 +90,40 @@ def build_generate_payload(prompts: Sequence[Sequence[int]], params: SamplingPar
         sp["logit_bias"] = {str(i): PADDED_LOGIT_BIAS for i in range(vocab_size, padded_vocab_size)}
     sampling: Any = sp
     if send_seed:
-        sampling = [{**sp, "sampling_seed": (params.seed + i) % 2**63} for i in range(len(prompts))]
+        sampling = [{**sp, "sampling_seed": seed} for seed in request_seeds(params.seed, len(prompts))]
     return {"input_ids": [list(map(int, p)) for p in prompts], "sampling_params": sampling, "return_logprob": True}
+
+
+def _splitmix64(x: int) -> int:
+    """The splitmix64 finaliser: a bijection of 64-bit ints whose every output bit depends on every input bit."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+def request_seeds(seed: int, n: int) -> list[int]:
+    """The ``sampling_seed`` of each of ``n`` requests of one call whose ``SamplingParams.seed`` is ``seed``.
+
+    Request ``i`` takes the ``i``-th output of a splitmix64 stream started at ``splitmix64(seed)``, cut to
+    its top 31 bits: every seed lies in ``[0, SEED_LIMIT)`` (SGLang stores them as int32) whatever
+    ``seed`` is, and the same ``(seed, n)`` always gives the same list. Calls whose ``seed`` differs (the
+    RL loop's DP ranks and steps, which differ by small offsets) get unrelated streams, so their
+    requests share a seed -- and SGLang's seeded Gumbel noise -- only by chance, as independent 31-bit
+    draws would (about ``n_total**2 / 2**32`` pairs among ``n_total`` requests), never systematically.
+    Within one call the seeds are distinct: a rare 31-bit repeat is replaced by the stream's next output.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"sampling.seed={seed!r} must be an int >= 0")
+    state = _splitmix64(seed & _MASK64)
+    seeds: list[int] = []
+    used: set[int] = set()
+    while len(seeds) < n:
+        state = (state + _GOLDEN64) & _MASK64
+        value = _splitmix64(state) >> 33
+        if value not in used:
+            used.add(value)
+            seeds.append(value)
+    return seeds
 
 
 def parse_generate_response(response: Any, prompts: Sequence[Sequence[int]], weight_version: int,

@@ -36,7 +36,8 @@ Ranks: SGLang runs its own tensor parallelism, so one process per engine talks t
   replica, which all roll out the same prompts) generates and broadcasts the rollouts (token ids,
   log-probs, flags) to the group;
 * weight sync: for an in-process engine (one per DP replica, started by that replica's ``mp`` rank 0
-  with ``tp_size = parallel.tp`` on GPUs ``[cuda.current_device(), +tp)``), the same rank applies
+  with ``tp_size = rl.rollout.sglang_tp or parallel.tp`` on GPUs ``[cuda.current_device(), +tp_size)``,
+  which must be the replica's own: ``sglang_setup.check_engine_gpus``), the same rank applies
   and broadcasts the outcome over ``groups.mp``; for a server URL (one engine shared by every DP
   replica), global rank 0 syncs it and broadcasts over the world, which also keeps other replicas
   from generating before the update landed.
@@ -75,6 +76,7 @@ from megatron_logra.rollout.sglang_api import (
     resolve_serialization,
     sglang_mem_fraction,
 )
+from megatron_logra.rollout.sglang_setup import check_engine_gpus, contiguous_run, resolve_api_key
 from megatron_logra.sync.errors import SyncError
 
 logger = logging.getLogger(__name__)
@@ -209,8 +211,8 @@ class SGLangEngine:
             world = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
 
             def server() -> SGLangServerTarget:
-                return SGLangServerTarget(ro.sglang_url, api_key=ro.sglang_api_key or None, timeout=ro.sglang_timeout,
-                                          serialization=serialization)
+                return SGLangServerTarget(ro.sglang_url, api_key=resolve_api_key(ro.sglang_api_key),
+                                          timeout=ro.sglang_timeout, serialization=serialization)
 
             gen_target = server() if is_driver(mp) else None
             if gen_target is not None and ro.sglang_sampling_seed:
@@ -229,6 +231,13 @@ class SGLangEngine:
             return cls(generate_fn=gen_fn, target=sync_target, gen_group=mp, sync_group=world, **common)
 
         check_engine_dtype(cfg.model.params_dtype)  # every rank: all of them refuse together
+        gpus = {"tp_size": ro.sglang_tp or groups.tp_size, "base_gpu_id": 0}
+        if torch.cuda.is_available():  # the driver checks its replica's GPUs; every rank of the replica refuses
+            gpus["base_gpu_id"] = torch.cuda.current_device()
+            gpus.update((k, int(v)) for k, v in ro.sglang_engine_args.items() if k in gpus)
+            share_from_driver(lambda: check_engine_gpus(gpus["tp_size"], base_gpu_id=gpus["base_gpu_id"],
+                                                        device_count=torch.cuda.device_count(),
+                                                        replica_gpus=_replica_gpus(mp)), mp)
         engine = None
         if is_driver(mp):
             sglang = require_sglang()
@@ -239,9 +248,7 @@ class SGLangEngine:
             if torch.cuda.is_available():  # the trainer's memory already in use counts against SGLang's fraction
                 fraction = sglang_mem_fraction(fraction, *torch.cuda.mem_get_info())
             kwargs = dict(model_path=str(model_dir), load_format="dummy", dtype=str(cfg.model.params_dtype),
-                          tp_size=ro.sglang_tp or groups.tp_size,
-                          base_gpu_id=torch.cuda.current_device() if torch.cuda.is_available() else 0,
-                          mem_fraction_static=fraction, skip_tokenizer_init=True,
+                          **gpus, mem_fraction_static=fraction, skip_tokenizer_init=True,
                           random_seed=cfg.train.seed, context_length=engine_context_length(cfg.model),
                           custom_weight_loader=[LOADER_PATH], log_level="error")
             if ro.sglang_sampling_seed:  # SGLang honours per-request seeds only in deterministic mode
@@ -256,6 +263,13 @@ class SGLangEngine:
         gen_fn = (lambda payload: engine.generate(**payload)) if engine is not None else None
         return cls(generate_fn=gen_fn, target=target, gen_group=mp, sync_group=mp,
                    close_fn=engine.shutdown if engine is not None else None, **common)
+
+
+def _replica_gpus(mp: Any) -> int:
+    """GPUs from this rank's device up that its model replica (``mp``; None: this rank alone) uses."""
+    if mp is None:
+        return 1
+    return contiguous_run(dist.get_process_group_ranks(mp), dist.get_rank())
 
 
 ENGINE_DTYPES = ("bfloat16", "float16")

@@ -32,6 +32,7 @@ from megatron_logra.rollout.sglang_api import (
     engine_context_length,
     engine_hf_config,
     parse_generate_response,
+    request_seeds,
     require_sglang,
     sglang_mem_fraction,
 )
@@ -117,7 +118,7 @@ def test_payload_carries_sampling_params_logprobs_and_padded_bias():
     assert PADDED_LOGIT_BIAS == PADDED_LOGIT
     json.dumps(p)  # travels as JSON
     seeded = build_generate_payload([[1], [2]], params, vocab_size=VOCAB, padded_vocab_size=VOCAB, send_seed=True)
-    assert [s["sampling_seed"] for s in seeded["sampling_params"]] == [11, 12]
+    assert [s["sampling_seed"] for s in seeded["sampling_params"]] == request_seeds(11, 2)
     assert "logit_bias" not in seeded["sampling_params"][0]
     greedy = build_generate_payload([[1]], SamplingParams(temperature=0), vocab_size=VOCAB, padded_vocab_size=PADDED)
     assert greedy["sampling_params"]["temperature"] == 0.0

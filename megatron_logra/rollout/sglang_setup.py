@@ -1,0 +1,84 @@
+"""Start-up rules of the SGLang engine that need neither SGLang nor a GPU: where an in-process engine
+may run (:func:`check_engine_gpus`) and how the server's API key is kept off disk
+(:func:`redact_config`, :func:`resolve_api_key`).
+
+The API key (``rl.rollout.sglang_api_key``) is a credential: a config written to disk (``RUN/config.yaml``,
+every checkpoint's config) holds :data:`REDACTED_API_KEY` in its place, and a config read back (``train
+--resume RUN``) turns that placeholder into an empty key, which :func:`resolve_api_key` fills from the
+environment variable :data:`API_KEY_ENV` (``SGLANG_API_KEY``). Imports no SGLang and no torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+__all__ = ["API_KEY_ENV", "REDACTED_API_KEY", "check_engine_gpus", "contiguous_run", "redact_config",
+           "resolve_api_key"]
+
+API_KEY_ENV = "SGLANG_API_KEY"
+"""Environment variable holding the server's API key when ``rl.rollout.sglang_api_key`` is empty."""
+REDACTED_API_KEY = "***"
+"""What saved configs hold instead of a non-empty ``rl.rollout.sglang_api_key``; read back, it means "no key
+in the config" (``RolloutConfig`` turns it into ``""``), never a key to send."""
+
+
+def redact_config(data: Mapping[str, Any]) -> dict:
+    """A deep copy of ``data`` (a run config as :func:`megatron_logra.config.to_dict` gives it) that is safe to
+    write to disk: a non-empty ``rl.rollout.sglang_api_key`` becomes :data:`REDACTED_API_KEY`; everything else,
+    and ``data`` itself, is unchanged."""
+    out = copy.deepcopy(dict(data))
+    rollout = out.get("rl", {}).get("rollout") if isinstance(out.get("rl"), dict) else None
+    if isinstance(rollout, dict) and rollout.get("sglang_api_key"):
+        rollout["sglang_api_key"] = REDACTED_API_KEY
+    return out
+
+
+def resolve_api_key(config_key: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The bearer token to send to the SGLang server: ``config_key`` (``rl.rollout.sglang_api_key``) when it is
+    set, else ``env[SGLANG_API_KEY]`` (``os.environ`` by default) when that is set, else None (no
+    ``Authorization`` header). :data:`REDACTED_API_KEY` is never returned as a key: it counts as unset."""
+    env = os.environ if env is None else env
+    for key in (config_key, env.get(API_KEY_ENV, "")):
+        if key and key != REDACTED_API_KEY:
+            return key
+    return None
+
+
+def contiguous_run(ranks: Sequence[int], start: int) -> int:
+    """How many of ``start, start + 1, ...`` are in ``ranks`` (global ranks of one model replica) before the
+    first gap: the GPUs from ``start``'s device up that belong to that replica (torchrun gives the ranks of a
+    node consecutive ``LOCAL_RANK``\\ s, and each rank uses device ``LOCAL_RANK``). 0 when ``start`` is not in
+    ``ranks``."""
+    members = set(int(r) for r in ranks)
+    n = 0
+    while start + n in members:
+        n += 1
+    return n
+
+
+def check_engine_gpus(sglang_tp: int, *, base_gpu_id: int, device_count: int, replica_gpus: int) -> None:
+    """Refuse an in-process engine of ``sglang_tp`` GPUs starting at device ``base_gpu_id`` that does not fit
+    this DP replica's GPUs (``ValueError`` naming ``rl.rollout.sglang_tp`` and the fix).
+
+    SGLang runs its TP ranks on devices ``[base_gpu_id, base_gpu_id + sglang_tp)``. They must exist
+    (``base_gpu_id + sglang_tp <= device_count``) and be this replica's own (``sglang_tp <= replica_gpus``,
+    the devices from ``base_gpu_id`` up that the replica's ranks use, :func:`contiguous_run`): otherwise two
+    replicas' engines would reserve ``mem_fraction_static`` on the same GPUs, or SGLang would fail on a
+    device that does not exist. A pure function of the counts.
+    """
+    if sglang_tp < 1 or base_gpu_id < 0:
+        raise ValueError(f"rl.rollout.sglang_tp={sglang_tp} must be >= 1 and base_gpu_id={base_gpu_id} >= 0")
+    last = base_gpu_id + sglang_tp
+    if last > device_count:
+        raise ValueError(
+            f"rl.rollout.sglang_tp={sglang_tp}: this replica's engine would run on GPUs {base_gpu_id}..{last - 1}, "
+            f"but this node has {device_count} visible GPUs; set rl.rollout.sglang_tp to at most "
+            f"{max(min(replica_gpus, device_count - base_gpu_id), 1)} (0 = parallel.tp)")
+    if sglang_tp > replica_gpus:
+        raise ValueError(
+            f"rl.rollout.sglang_tp={sglang_tp}: this DP replica's ranks use {replica_gpus} GPU(s) from GPU "
+            f"{base_gpu_id} up, so its engine would also take GPUs {base_gpu_id + replica_gpus}..{last - 1} of "
+            f"another replica (two engines reserving memory on one GPU); set rl.rollout.sglang_tp to at most "
+            f"{max(replica_gpus, 1)} (0 = parallel.tp), or launch fewer DP replicas per node")
