@@ -16,7 +16,7 @@ from typing import Iterator, Union
 import torch
 import torch.distributed as dist
 
-from megatron_logra.checkpoint.store import CheckpointError, read_meta
+from megatron_logra.checkpoint.integrity import CheckpointError, read_meta
 
 logger = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ anything is modified: the format, every recorded file's presence and size (cheap
 recorded CRC-32 (reads each file once: a shard corrupted at the same size is named instead of
 loading as wrong weights), then the presence of every tensor.
 
-The CRC-32s (``zlib.crc32``, 16 MiB chunks, so memory stays flat) are computed by all ranks
-together, at save and at load: the files are split into disjoint shares balanced by size
-(:func:`checksum_shares`), each rank hashes its share on a few threads (zlib releases the GIL)
+The CRC-32s (``zlib.crc32``, 16 MiB chunks, so memory stays flat; :mod:`.integrity`) are computed
+by all ranks together, at save and at load: the files are split into disjoint shares balanced by
+size (``checksum_shares``), each rank hashes its share on a few threads (zlib releases the GIL)
 and the results are gathered over the world group, so every rank raises the same error. CRC-32
 detects accidental corruption (bit flips, torn or overwritten blocks), not tampering; it runs at
 ~3.4 GB/s per core where sha256 manages ~1.5 GB/s, i.e. ~0.3 s per GB per rank at save and load.
@@ -41,47 +41,45 @@ with ``if __name__ == "__main__":`` (the ``megatron-logra`` CLI does).
 
 from __future__ import annotations
 
-import errno
-import heapq
 import json
 import logging
 import os
 import re
 import shutil
-import zlib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from megatron_logra.checkpoint.integrity import (
+    FORMAT_VERSION,
+    CheckpointError,
+    atomic_write_text,
+    file_records,
+    fsync_path,
+    meta_crc32,
+    read_meta,
+    sync_own_files,
+    write_synced,
+)
+from megatron_logra.checkpoint.rng import restore_rng, rng_state
 from megatron_logra.checkpoint.sharding import (
     model_sharded_state,
     optimizer_sharded_state,
     param_shardings,
     slot_name,
 )
-from megatron_logra.parallel import ParallelGroups, all_gather_bytes, group_rank, group_size, world_group
+from megatron_logra.parallel import ParallelGroups, all_gather_bytes, world_group
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "read_meta", "CheckpointError", "FORMAT_VERSION",
-           "checksum_shares", "file_crc32", "check_architecture"]
+__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "check_architecture",
+           "read_meta", "CheckpointError", "FORMAT_VERSION"]  # the last three: from .integrity
 
-FORMAT_VERSION = 2
 _DIST = "dist"
-_CRC_CHUNK = 16 << 20
-"""Bytes read per ``zlib.crc32`` call: one buffer of this size per hashing thread."""
-_CRC_THREADS = 4
-"""Hashing threads per rank."""
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, incomplete, corrupt or incompatible with this run (bad input: the
-    command line reports it as an error, without a traceback)."""
 
 
 def _global_rank() -> int:
@@ -93,70 +91,6 @@ def _world_size() -> int:
 
 
 _STEP_DIR = re.compile(r"step_(\d{8,})")
-_OWN_SHARD = re.compile(r"__(\d+)_\d+\.distcp")
-"""torch_dist shard files are named ``__{writing rank}_{n}.distcp``."""
-
-
-def _fsync(path: Path, *, directory: bool = False) -> None:
-    """Flush ``path`` (a file, or a directory's entries) to storage. File systems that cannot sync a
-    directory (EINVAL / ENOTSUP on some network file systems) are skipped; any other error raises."""
-    try:
-        fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    except OSError as exc:
-        if directory and exc.errno in (errno.EINVAL, errno.ENOTSUP, errno.EACCES):
-            return
-        raise
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if not (directory and exc.errno in (errno.EINVAL, errno.ENOTSUP, errno.EBADF)):
-            raise
-    finally:
-        os.close(fd)
-
-
-def _write_synced(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` and flush it to storage before returning."""
-    with open(path, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` by a file holding ``text``, durably: write a synced temp file, rename, sync
-    the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    _write_synced(tmp, text)
-    os.replace(tmp, path)
-    _fsync(path.parent, directory=True)
-
-
-def _sync_own_files(tmp: Path, names: Sequence[str], rank: int) -> None:
-    """fsync every file ``names`` (relative to ``tmp``) that this rank wrote (on a network file system
-    a sync flushes the caller's own dirty pages only): its RNG file and torch_dist shards; rank 0 also
-    every file no other rank writes (torch_dist's metadata, megatron's common state) and the directories."""
-    for rel in names:
-        name = Path(rel).name
-        shard = _OWN_SHARD.fullmatch(name)
-        if name.startswith("rng_rank"):
-            mine = name == f"rng_rank{rank}.safetensors"
-        elif shard is not None:
-            mine = int(shard.group(1)) == rank
-        else:
-            mine = rank == 0
-        if mine:
-            _fsync(tmp / rel)
-    if rank == 0:
-        for d in sorted({tmp, *((tmp / rel).parent for rel in names)}):
-            _fsync(d, directory=True)
-
-
-def _meta_crc32(meta: Mapping[str, Any]) -> str:
-    """CRC-32 of meta.json's content without its ``meta_crc32`` field, over a canonical JSON form
-    (what a JSON round trip preserves: string keys, sorted, no whitespace)."""
-    body = json.loads(json.dumps({k: v for k, v in meta.items() if k != "meta_crc32"}))
-    return f"{zlib.crc32(json.dumps(body, sort_keys=True, separators=(',', ':')).encode()):08x}"
 
 
 def _shared_outcome(step: int, root: Path, what: str, error: Optional[BaseException]) -> None:
@@ -182,117 +116,8 @@ def _on_every_rank(step: int, root: Path, what: str, fn) -> Any:
     return result
 
 
-def _tracker_states() -> dict[str, torch.Tensor]:
-    """megatron-core's tensor-parallel RNG tracker states (dropout inside TP regions)."""
-    try:
-        from megatron.core import tensor_parallel
-
-        return {k: v.clone() for k, v in tensor_parallel.get_cuda_rng_tracker().get_states().items()}
-    except (ImportError, AttributeError):
-        return {}
-
-
-def _rng_state() -> dict[str, torch.Tensor]:
-    rng = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state()
-    for name, state in _tracker_states().items():
-        rng[f"tracker.{name}"] = state
-    return rng
-
-
-def _restore_rng(rng: dict[str, torch.Tensor], where: str = "") -> None:
-    """Restore the saved generators. A checkpoint saved with CUDA (it holds a ``cuda`` state) and
-    resumed without it, or the reverse, restores only the host generator: megatron's tracker
-    states are CUDA generator states on a GPU and host ones on a CPU, and do not load into each other."""
-    torch.set_rng_state(rng["torch"])
-    if ("cuda" in rng) != torch.cuda.is_available():
-        logger.warning("%s was saved %s CUDA and is resumed %s it: the host RNG is restored, the device and "
-                       "tensor-parallel RNG states start fresh", where or "the checkpoint",
-                       "with" if "cuda" in rng else "without", "without" if "cuda" in rng else "with")
-        return
-    if "cuda" in rng:
-        torch.cuda.set_rng_state(rng["cuda"])
-    tracker = {k[len("tracker."):]: v for k, v in rng.items() if k.startswith("tracker.")}
-    if tracker:
-        from megatron.core import tensor_parallel
-
-        tensor_parallel.get_cuda_rng_tracker().set_states(tracker)
-
-
 def _file_sizes(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def checksum_shares(sizes: Mapping[str, int], world_size: int) -> list[list[str]]:
-    """Split the files ``{name: bytes}`` into ``world_size`` disjoint shares (index = rank) of
-    similar total size: largest first, each to the least loaded rank (ties: lower rank; equal
-    sizes: by name). Deterministic, so every rank computes the same split from the same sizes;
-    every name is in exactly one share, and each share is sorted by name."""
-    if world_size < 1:
-        raise ValueError(f"world_size={world_size} must be >= 1")
-    shares: list[list[str]] = [[] for _ in range(world_size)]
-    load = [(0, r) for r in range(world_size)]
-    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
-        total, r = heapq.heappop(load)
-        shares[r].append(name)
-        heapq.heappush(load, (total + sizes[name], r))
-    return [sorted(share) for share in shares]
-
-
-def file_crc32(path: Union[str, Path]) -> tuple[int, str]:
-    """``(bytes read, CRC-32 as 8 lowercase hex digits)`` of a file, read in 16 MiB chunks into one
-    reused buffer (memory stays flat; ``zlib.crc32`` releases the GIL, so threads overlap)."""
-    crc, total = 0, 0
-    view = memoryview(bytearray(_CRC_CHUNK))
-    with open(path, "rb", buffering=0) as fh:
-        while True:
-            got = fh.readinto(view)
-            if not got:
-                break
-            crc = zlib.crc32(view[:got], crc)
-            total += got
-    return total, f"{crc:08x}"
-
-
-def _hash_files(root: Path, names: Sequence[str]) -> dict[str, dict]:
-    """``{name: {"bytes": n, "crc32": hex}}`` of files under ``root`` (``{"error": message}`` for
-    one that cannot be read), hashed on up to ``_CRC_THREADS`` threads."""
-    def one(name: str) -> dict:
-        try:
-            n, crc = file_crc32(root / name)
-        except OSError as exc:
-            return {"error": f"{type(exc).__name__}: {exc}"}
-        return {"bytes": n, "crc32": crc}
-
-    if not names:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(_CRC_THREADS, len(names)), thread_name_prefix="ckpt-crc32") as pool:
-        return dict(zip(names, pool.map(one, names)))
-
-
-def _file_records(root: Path, sizes: dict[str, int], checksums: bool) -> dict[str, dict]:
-    """meta.json's ``files`` (collective over the world group when ``checksums``): each rank
-    hashes its :func:`checksum_shares` share of the files it sees, the results are gathered; a
-    file that no rank hashed at the size rank 0 sees (a rank that could not read it, or listed
-    other files) is hashed by rank 0 itself. ``{}`` on the other ranks."""
-    if not checksums:
-        return {rel: {"bytes": n} for rel, n in sizes.items()}
-    group = world_group()
-    share = checksum_shares(sizes, group_size(group))[group_rank(group)]
-    hashed: dict[str, dict] = {}
-    for payload in all_gather_bytes(json.dumps(_hash_files(root, share)).encode(), group):
-        hashed.update(json.loads(payload))
-    if group_rank(group) != 0:
-        return {}
-    records = {}
-    for rel, n in sizes.items():
-        got = hashed.get(rel, {})
-        if got.get("bytes") != n or "crc32" not in got:
-            n, crc = file_crc32(root / rel)
-            got = {"bytes": n, "crc32": crc}
-        records[rel] = {"bytes": got["bytes"], "crc32": got["crc32"]}
-    return records
 
 
 def _sharded_state(model, optimizer) -> tuple[dict, dict, list]:
@@ -341,17 +166,17 @@ def save_checkpoint(
     sharded, scalars, _ = _sharded_state(model, optimizer)
     dist_checkpointing.save(sharded, str(tmp / _DIST))
     _on_every_rank(step, root, "writing the RNG states",
-                   lambda: save_file(_rng_state(), str(tmp / f"rng_rank{rank}.safetensors")))
+                   lambda: save_file(rng_state(), str(tmp / f"rng_rank{rank}.safetensors")))
 
     def list_and_sync() -> dict[str, int]:
         sizes = _file_sizes(tmp)
-        _sync_own_files(tmp, list(sizes), rank)
+        sync_own_files(tmp, list(sizes), rank)
         return sizes
 
     sizes = _on_every_rank(step, root, "syncing its files to storage", list_and_sync)
     error: Optional[BaseException] = None
     try:
-        files = _file_records(tmp, sizes, checksums) if checksums or rank == 0 else {}
+        files = file_records(tmp, sizes, checksums) if checksums or rank == 0 else {}
         if rank == 0:
             _finish_save(root, tmp, final, step, groups, scalars, extra, config, files, keep_last)
     except Exception as exc:  # noqa: BLE001 - shared below, so no rank waits for a rank 0 that gave up
@@ -376,14 +201,14 @@ def _finish_save(root: Path, tmp: Path, final: Path, step: int, groups: Parallel
         "config": config or {},
         "files": files,
     }
-    meta["meta_crc32"] = _meta_crc32(meta)
-    _write_synced(tmp / "meta.json", json.dumps(meta, indent=1))
-    _fsync(tmp, directory=True)
+    meta["meta_crc32"] = meta_crc32(meta)
+    write_synced(tmp / "meta.json", json.dumps(meta, indent=1))
+    fsync_path(tmp, directory=True)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync(root, directory=True)
-    _atomic_write_text(root / "latest", final.name)
+    fsync_path(root, directory=True)
+    atomic_write_text(root / "latest", final.name)
     _prune(root, step, keep_last)
     logger.info("saved checkpoint %s", final)
 
@@ -412,120 +237,6 @@ def latest_checkpoint(run_dir: Union[str, Path]) -> Optional[Path]:
     if not (path / "meta.json").exists():
         raise CheckpointError(f"{marker} names {path.name}, which has no meta.json (incomplete or deleted)")
     return path
-
-
-class _Recorded(NamedTuple):
-    bytes: int
-    crc32: Optional[str]
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _is_crc(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 8 and all(c in "0123456789abcdef" for c in value)
-
-
-def _parse_meta(path: Path) -> tuple[dict, dict[str, _Recorded]]:
-    """meta.json of ``path`` (format version checked) and its ``files``: sizes and CRC-32s (None
-    where not recorded: plain-int sizes of older checkpoints, or saved without checksums)."""
-    meta_path = path / "meta.json"
-    if not meta_path.exists():
-        raise CheckpointError(f"{path} is not a megatron_logra checkpoint (no meta.json)")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8
-        raise CheckpointError(f"{meta_path} is corrupt: {exc}") from exc
-    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
-        got = meta.get("format_version") if isinstance(meta, dict) else None
-        raise CheckpointError(f"{path} has format version {got}, expected {FORMAT_VERSION}")
-    if "meta_crc32" in meta and meta["meta_crc32"] != _meta_crc32(meta):  # absent in older checkpoints
-        raise CheckpointError(f"{meta_path} is corrupt: its content does not match the CRC-32 it was written with "
-                              f"(meta_crc32 {meta['meta_crc32']!r}, content {_meta_crc32(meta)}): edited or damaged")
-    files = meta.get("files", {})
-    if not isinstance(files, dict):
-        raise CheckpointError(f"{meta_path} is corrupt: 'files' is a {type(files).__name__}, not a mapping")
-    recorded = {}
-    for rel, entry in files.items():
-        if _is_count(entry):  # sizes only (older checkpoints)
-            recorded[rel] = _Recorded(entry, None)
-        elif isinstance(entry, dict) and _is_count(entry.get("bytes")) and (
-                "crc32" not in entry or _is_crc(entry["crc32"])):
-            recorded[rel] = _Recorded(entry["bytes"], entry.get("crc32"))
-        else:
-            raise CheckpointError(f"{meta_path} is corrupt: files[{rel!r}] = {json.dumps(entry)[:80]} is neither a "
-                                  'size nor {"bytes": size, "crc32": 8 hex digits}')
-    return meta, recorded
-
-
-def _size_problems(path: Path, recorded: Mapping[str, _Recorded]) -> list[str]:
-    problems = []
-    for rel, want in recorded.items():
-        f = path / rel
-        if not f.exists():
-            problems.append(f"{rel} is missing")
-        elif f.stat().st_size != want.bytes:
-            problems.append(f"{rel} has {f.stat().st_size} bytes, {want.bytes} were written (truncated or corrupt)")
-    return problems
-
-
-def _crc_problems(path: Path, recorded: Mapping[str, _Recorded]) -> list[str]:
-    problems = []
-    for rel, got in _hash_files(path, sorted(recorded)).items():
-        want = recorded[rel]
-        if "error" in got:
-            problems.append(f"{rel} is unreadable: {got['error']}")
-        elif got["bytes"] != want.bytes:
-            problems.append(f"{rel} has {got['bytes']} bytes, {want.bytes} were written (truncated or corrupt)")
-        elif got["crc32"] != want.crc32:
-            problems.append(f"{rel} has CRC-32 {got['crc32']}, {want.crc32} was written (corrupt at the same size)")
-    return problems
-
-
-def read_meta(
-    path: Union[str, Path],
-    *,
-    checksums: bool = True,
-    group: Optional[dist.ProcessGroup] = None,
-) -> dict:
-    """``meta.json`` of checkpoint ``path``, checked: format version, every recorded file present
-    with its recorded size, then (``checksums``) every recorded CRC-32. A missing, truncated or
-    corrupt file is named in the :class:`CheckpointError`. Checkpoints without CRC-32s (older
-    ones, or saved with ``checksums=False``) and ``checksums=False`` get the size check only.
-
-    ``group=None``: this process checks every file (tools: convert, eval). With a process group,
-    every member must call it (collective): the CRC-32 work is split among the members
-    (:func:`checksum_shares`) and the problems found by each are gathered, so that every member
-    raises the same CheckpointError, or none does."""
-    path = Path(path)
-    world, rank = group_size(group), group_rank(group)
-    meta: dict = {}
-    error: Optional[str] = None
-    problems: list[str] = []
-    try:
-        meta, recorded = _parse_meta(path)
-        problems = _size_problems(path, recorded)
-        with_crc = {rel: r for rel, r in recorded.items() if r.crc32 is not None}
-        if checksums and not problems and with_crc:
-            share = checksum_shares({rel: r.bytes for rel, r in with_crc.items()}, world)[rank]
-            problems = _crc_problems(path, {rel: with_crc[rel] for rel in share})
-        elif checksums and not with_crc and recorded and rank == 0:
-            logger.info("%s records no CRC-32s (older checkpoint or saved without checksums): sizes checked only", path)
-    except CheckpointError as exc:
-        error = str(exc)
-    except OSError as exc:  # e.g. an unreadable directory: reported like the other problems, on every rank
-        error = f"{path}: {type(exc).__name__}: {exc}"
-    if world > 1:
-        reports = [json.loads(p) for p in all_gather_bytes(json.dumps([error, problems]).encode(), group)]
-        error = next((e for e, _ in reports if e), None)
-        problems = [p for _, ps in reports for p in ps]
-    if error is not None:
-        raise CheckpointError(error)
-    if problems:
-        problems = sorted(set(problems))
-        raise CheckpointError(f"{path}: " + "; ".join(problems[:4]) + (" ..." if len(problems) > 4 else ""))
-    return meta
 
 
 _IDENTITY = ("kind", "rank", "seed", "distribution", "masters")
@@ -668,7 +379,7 @@ def load_checkpoint(
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"{path}: optimizer state does not fit this run: {exc}") from exc
     if rng is not None:
-        _restore_rng(rng, str(path))
+        restore_rng(rng, str(path))
     elif not same_layout:
         logger.warning("%s was saved at tp=%d pp=%d dp=%d; this run has tp=%d pp=%d dp=%d: weights and optimizer "
                        "state are resharded, RNG states start fresh", path, meta["tp"], meta["pp"], meta["dp"],

@@ -17,7 +17,7 @@ from megatron_logra.data.tokenizer import prompt_token_ids
 from megatron_logra.kl.controller import KLController
 from megatron_logra.kl.fd_probe import fd_step, predicted_kl_fd
 from megatron_logra.kl.probe import ProbeBatch, measure_kl, predicted_kl, probe_logits, probe_method
-from megatron_logra.metrics import MetricsWriter, device_peaks, is_rank0, reset_device_peaks
+from megatron_logra.metrics import device_peaks, reset_device_peaks
 from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages

@@ -40,7 +40,7 @@ def run(out: Path) -> None:
     import torch.distributed as dist
 
     from megatron_logra.checkpoint import CheckpointError, load_checkpoint, read_meta, save_checkpoint
-    from megatron_logra.checkpoint.store import checksum_shares
+    from megatron_logra.checkpoint.integrity import checksum_shares
     from megatron_logra.models.gpt import ModelConfig, build_gpt
     from megatron_logra.parallel import ParallelConfig, initialize_parallel
 

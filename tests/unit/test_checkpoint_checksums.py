@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from megatron_logra.checkpoint import CheckpointError, load_checkpoint, read_meta, save_checkpoint
-from megatron_logra.checkpoint.store import checksum_shares, file_crc32
+from megatron_logra.checkpoint.integrity import checksum_shares, file_crc32
 from megatron_logra.config import TrainConfig
 from megatron_logra.models.gpt import ModelConfig, build_gpt
 from megatron_logra.overrides import parse_args_to_config
