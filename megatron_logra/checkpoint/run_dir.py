@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["claim_run_dir", "check_shared_storage", "RUN_OUTPUTS"]
+__all__ = ["claim_run_dir", "check_resume_steps", "check_shared_storage", "RUN_OUTPUTS"]
 
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "tensorboard", "config.yaml")
 """What a run writes into its directory and an overwrite removes (the tokenizer is rewritten)."""
@@ -111,3 +111,19 @@ def check_shared_storage(run_dir: Path, *, wait_s: float = 5.0) -> None:
                          f"wrote there; checkpoints need a directory every node reads and writes (a shared file "
                          f"system), so give train.run_dir such a path")
 
+
+def check_resume_steps(run_dir: Union[str, Path], steps: int, field: str) -> None:
+    """Refuse to resume ``run_dir`` when its latest checkpoint is past ``steps``, the run's length
+    (``ValueError`` naming ``field``, e.g. ``train.steps`` or ``rl.steps``). Reads meta.json only, so
+    a job calls it right after claiming the directory, before it writes anything: continuing would
+    rewrite ``config.yaml`` and ``summary.json`` of a run whose checkpoints and metrics stay at the
+    later step. Equal is fine (nothing left to train). No checkpoint: nothing to check."""
+    from megatron_logra.checkpoint.store import latest_checkpoint, read_meta
+
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return
+    saved = read_meta(ckpt, checksums=False)["step"]
+    if steps < saved:
+        raise ValueError(f"{field}={steps} is below the step of the checkpoint to resume, {ckpt} "
+                         f"(step {saved}); set {field} >= {saved} to continue the run (nothing was changed)")

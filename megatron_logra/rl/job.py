@@ -12,11 +12,10 @@ import math
 import time
 from pathlib import Path
 
-import torch
 import yaml
 
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from megatron_logra.checkpoint.run_dir import claim_run_dir
+from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.tokenizer import (
     build_tokenizer,
@@ -168,6 +167,8 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
     run_dir = Path(cfg.train.run_dir)
     claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
+    if cfg.train.resume:
+        check_resume_steps(run_dir, cfg.rl.steps, "rl.steps")
     task = build_task(cfg.task)
     tok = _tokenizer(cfg, task, run_dir)
     if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
@@ -227,9 +228,10 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     t_start = time.perf_counter()
     comps, state, bundle = build_components(cfg, optimizer_factory)
     run_dir = Path(cfg.train.run_dir)
+    saved_config = redact_config(to_dict(cfg))  # what config.yaml and the checkpoints hold: no credentials
     if is_rank0():
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(redact_config(to_dict(cfg)), sort_keys=False))
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(saved_config, sort_keys=False))
     metrics = MetricsWriter(run_dir, truncate_after=state.step if cfg.train.resume else None)
     setup_seconds = time.perf_counter() - t_start
     eval_before = evaluate_accuracy(comps)
@@ -252,13 +254,13 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         elif is_rank0() and state.step % cfg.train.log_interval == 0:
             logger.info("rl step %d %s", state.step, {k: record.get(k) for k in _LOGGED if record.get(k) is not None})
         if cfg.train.save_interval and state.step % cfg.train.save_interval == 0 and state.step != cfg.rl.steps:
-            save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=redact_config(to_dict(cfg)),
+            save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=saved_config,
                             keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
     if progress is not None:
         progress[0].stop()
     eval_after = record.get("eval_accuracy") if record.get("eval_accuracy") is not None else evaluate_accuracy(comps)
     if state.step > start_step or latest_checkpoint(run_dir) is None:  # a finished run is not saved again
-        save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=redact_config(to_dict(cfg)),
+        save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=saved_config,
                         keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
     metrics.close()
     summary = {

@@ -17,8 +17,8 @@ from typing import Any, Optional
 import torch
 import yaml
 
-from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
-from megatron_logra.checkpoint.run_dir import claim_run_dir
+from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
 from megatron_logra.memory.preflight import memory_preflight
@@ -26,6 +26,7 @@ from megatron_logra.metrics import MetricsWriter, device_peaks, is_rank0, reset_
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
+from megatron_logra.rollout.sglang_setup import redact_config
 from megatron_logra.train.step import forward_backward, model_device
 
 logger = logging.getLogger(__name__)
@@ -90,17 +91,6 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
     return {"run_dir": cfg.train.run_dir, "step": step, "eval_loss": evaluate(model, task, cfg, groups, optimizer)}
 
 
-def _check_resume_steps(cfg: RunConfig) -> None:
-    """ValueError naming ``train.steps`` when a resumed run's latest checkpoint is past it (nothing is written)."""
-    ckpt = latest_checkpoint(cfg.train.run_dir) if cfg.train.resume else None
-    if ckpt is None:
-        return
-    saved = read_meta(ckpt, checksums=False)["step"]
-    if cfg.train.steps < saved:
-        raise ValueError(f"train.steps={cfg.train.steps} is below the step of the checkpoint to resume, {ckpt} "
-                         f"(step {saved}); set train.steps >= {saved} to continue the run (nothing was changed)")
-
-
 def run_lm(cfg: RunConfig) -> dict:
     """Train ``cfg`` and return a summary (first/last loss, eval before/after, timing).
 
@@ -110,7 +100,8 @@ def run_lm(cfg: RunConfig) -> dict:
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
     claim_run_dir(cfg.train.run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
-    _check_resume_steps(cfg)
+    if cfg.train.resume:
+        check_resume_steps(cfg.train.run_dir, cfg.train.steps, "train.steps")
     num_micro = _num_microbatches(cfg, groups)
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
     optimizer = build_optimizer(model, cfg.optimizer, groups)
@@ -124,9 +115,10 @@ def run_lm(cfg: RunConfig) -> dict:
             start = load_checkpoint(ckpt, model, optimizer, groups, checksums=cfg.train.checkpoint_checksums,
                                     model_config=cfg.model)["step"]
             logger.info("resuming from %s at step %d", ckpt, start)
+    saved_config = redact_config(to_dict(cfg))  # what config.yaml and the checkpoints hold: no credentials
     if is_rank0():
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(saved_config, sort_keys=False))
     metrics = MetricsWriter(run_dir, truncate_after=start if cfg.train.resume else None)
 
     eval_before = evaluate(model, task, cfg, groups, optimizer)
@@ -173,14 +165,14 @@ def run_lm(cfg: RunConfig) -> dict:
                         step_seconds, record["tokens_per_second"],
                         "" if memory is None else f" peak {memory / 2**30:.2f} GiB")
         if cfg.train.save_interval and step % cfg.train.save_interval == 0 and step != cfg.train.steps:
-            save_checkpoint(run_dir, step, model, optimizer, groups, config=to_dict(cfg), keep_last=cfg.train.keep_last,
+            save_checkpoint(run_dir, step, model, optimizer, groups, config=saved_config, keep_last=cfg.train.keep_last,
                             checksums=cfg.train.checkpoint_checksums)
     if progress is not None:
         progress[0].stop()
     train_seconds = time.perf_counter() - t_start
     eval_after = evaluate(model, task, cfg, groups, optimizer)
     if cfg.train.steps > start:
-        save_checkpoint(run_dir, cfg.train.steps, model, optimizer, groups, config=to_dict(cfg),
+        save_checkpoint(run_dir, cfg.train.steps, model, optimizer, groups, config=saved_config,
                         keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
     metrics.close()
     summary = {

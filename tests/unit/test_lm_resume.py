@@ -35,3 +35,15 @@ def test_resume_below_the_checkpoint_step_is_refused_and_nothing_changes(tmp_pat
     assert main(["train", "--resume", str(run), "train.steps=3"]) == 0  # at the checkpoint: nothing to train
     summary = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"summary holds {c}"))
     assert summary["steps"] == 0 and summary["first_loss"] is None and summary["last_loss"] is None
+
+
+def test_the_lm_job_writes_no_api_key_to_disk(tmp_path, capsys, one_thread):
+    """A credential given on the command line (``rl.rollout.sglang_api_key``) reaches neither config.yaml
+    nor any checkpoint file of an LM run (both hold the redacted placeholder)."""
+    run, secret = tmp_path / "run", "sk-lm-secret-4711"
+    assert main(["train", "lm-tiny", f"train.run_dir={run}", "train.steps=2", f"rl.rollout.sglang_api_key={secret}",
+                 *SMALL]) == 0
+    files = _files(run)
+    assert "config.yaml" in files and any(name.endswith("meta.json") for name in files)
+    assert [name for name, data in files.items() if secret.encode() in data] == []
+

@@ -584,6 +584,24 @@ def test_cli_eval_and_plot(run_dir):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_resume_below_the_checkpoint_step_is_refused_and_nothing_changes(run_dir, capsys):
+    """``--resume RUN rl.steps=1`` on a run checkpointed at step 2: refused naming rl.steps (exit 2,
+    no traceback) before config.yaml, the tokenizer, metrics or checkpoints change."""
+    from megatron_logra.cli import main
+    from megatron_logra.parallel import destroy_parallel
+
+    before = {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main(["train", "--resume", str(run_dir), "rl.steps=1"])
+    finally:
+        destroy_parallel()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "rl.steps=1" in err and "(step 2)" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()} == before
+
+
 def test_cli_eval_without_checkpoint_fails(run_dir, tmp_path):
     empty = tmp_path / "no_ckpt"
     empty.mkdir()
