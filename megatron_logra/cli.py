@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import sys
+import typing
 import warnings
 from typing import Optional, Sequence
 
@@ -149,7 +150,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             sys.stdout.write(f"{plot_run(plot_args.run_dir, plot_args.out)}\n")
         except (OSError, ValueError) as exc:
-            parser.error(str(exc))
+            _user_error(parser, exc)
         return 0
     if ns.command == "eval":
         return _eval(parser, ns.rest)
@@ -161,7 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             recipe, overrides = _split_recipe(rest)
             cfg = parse_args_to_config(recipe, overrides)
     except ValueError as exc:
-        parser.error(str(exc))
+        _user_error(parser, exc)
     if ns.command == "config":
         sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return 0
@@ -190,22 +191,46 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryEr
 ``MEGATRON_LOGRA_TRACEBACK=1`` re-raises them (for debugging)."""
 
 
+def _tracebacks_wanted() -> bool:
+    """``MEGATRON_LOGRA_TRACEBACK`` is set to something other than ``""`` / ``0``."""
+    return os.environ.get("MEGATRON_LOGRA_TRACEBACK", "") not in ("", "0")
+
+
+def _user_error(parser: argparse.ArgumentParser, exc: BaseException) -> typing.NoReturn:
+    """Bad input ``exc`` -> ``megatron-logra: error: ...``, exit status 2; with ``MEGATRON_LOGRA_TRACEBACK=1``
+    re-raised instead (call it in the ``except`` block that caught ``exc``)."""
+    if _tracebacks_wanted():
+        raise exc
+    parser.error(str(exc))
+
+
 def _reporting_user_errors(parser: argparse.ArgumentParser, fn):
     try:
         return fn()
     except USER_ERRORS as exc:
-        if os.environ.get("MEGATRON_LOGRA_TRACEBACK", "") not in ("", "0"):
+        if _tracebacks_wanted():
             raise
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 
+_BOOLEAN_WORDS = frozenset({"1", "0", "true", "false", "yes", "no", "on", "off"})
+"""What a boolean field parses: ``--resume=true`` is ``train.resume=true``."""
+
+
 def _resume_dir(rest: Sequence[str]) -> tuple[Optional[str], list[str]]:
-    """``--resume RUN_DIR`` (a directory) -> (RUN_DIR, the other arguments); a bare ``--resume``
-    (or ``--resume`` before another flag) stays the Megatron-LM style flag ``train.resume=true``."""
+    """``--resume RUN_DIR`` or ``--resume=RUN_DIR`` (a directory) -> (RUN_DIR, the other arguments); a bare
+    ``--resume`` (or ``--resume`` before another flag) stays the Megatron-LM style flag ``train.resume=true``,
+    and ``--resume=WORD`` with a boolean word (``true``, ``false``, ``1``, ``0``, ...) is ``train.resume=WORD``."""
     rest = list(rest)
     for i, arg in enumerate(rest):
         if arg == "--resume" and i + 1 < len(rest) and not rest[i + 1].startswith("-") and "=" not in rest[i + 1]:
             return rest[i + 1], rest[:i] + rest[i + 2:]
+        if arg.startswith("--resume="):
+            value = arg[len("--resume="):]
+            if value.lower() in _BOOLEAN_WORDS:
+                rest[i] = f"train.resume={value}"
+            elif value:
+                return value, rest[:i] + rest[i + 1:]
     return None, rest
 
 
@@ -222,9 +247,11 @@ def _check_resumed_architecture(parser: argparse.ArgumentParser, cfg) -> None:
         _reporting_user_errors(parser, lambda: check_architecture(ckpt, cfg.model))
 
 
-def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[str], *, progress: Optional[bool] = None):
+def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[str], *,
+                    progress: Optional[bool] = None):
     """The config saved in ``RUN_DIR/config.yaml``, set to resume from its latest checkpoint, with
-    ``overrides`` (e.g. more steps, another parallel layout) applied on top."""
+    ``overrides`` (e.g. more steps, another parallel layout) applied on top. Bad input is a ``ValueError``
+    naming it (the caller reports it with :func:`_user_error`)."""
     from pathlib import Path
 
     from megatron_logra.checkpoint import latest_checkpoint
@@ -234,22 +261,25 @@ def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[st
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.exists():
-        parser.error(f"{cfg_path} does not exist: is {run_dir} a run directory?")
+        raise ValueError(f"{cfg_path} does not exist: is {run_dir} a run directory?")
     if latest_checkpoint(run_dir) is None:
-        parser.error(f"{run_dir} has no checkpoint (no complete checkpoints/latest) to continue from or evaluate")
+        raise ValueError(f"{run_dir} has no checkpoint (no complete checkpoints/latest) to continue from or evaluate")
     if overrides and not overrides[0].startswith("-") and "=" not in overrides[0]:
-        parser.error(f"--resume {run_dir} takes its recipe from {cfg_path}; drop {overrides[0]!r} or start a new run")
+        raise ValueError(f"--resume {run_dir} takes its recipe from {cfg_path}; drop {overrides[0]!r} or start a "
+                         f"new run")
+    from megatron_logra.yaml_unique import safe_load_unique
+
     try:
-        cfg = from_dict(RunConfig, yaml.safe_load(cfg_path.read_text()))
+        cfg = from_dict(RunConfig, safe_load_unique(cfg_path.read_text()))
     except (ValueError, yaml.YAMLError) as exc:
-        parser.error(f"{cfg_path}: {exc}")
+        raise ValueError(f"{cfg_path}: {exc}") from exc
     cfg.train.run_dir, cfg.train.resume = str(run_dir), True
     if progress is not None:
         cfg.train.progress = progress
     cfg = apply_overrides(cfg, overrides)
     if Path(cfg.train.run_dir) != run_dir:
-        parser.error(f"--resume {run_dir} continues the run in {run_dir}, but train.run_dir={cfg.train.run_dir!r} was "
-                     f"also given; drop train.run_dir (or start a new run there without --resume)")
+        raise ValueError(f"--resume {run_dir} continues the run in {run_dir}, but train.run_dir={cfg.train.run_dir!r} "
+                         f"was also given; drop train.run_dir (or start a new run there without --resume)")
     return cfg
 
 
@@ -264,7 +294,7 @@ def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
     try:
         cfg = _run_dir_config(parser, run_dir, list(rest[1:]), progress=False)
     except ValueError as exc:
-        parser.error(str(exc))
+        _user_error(parser, exc)
     _check_resumed_architecture(parser, cfg)
 
     def evaluate() -> dict:
