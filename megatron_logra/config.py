@@ -63,7 +63,7 @@ class TrainConfig:
     device's before the model is built: ``warn`` logs the plan and warns when it does not fit,
     ``error`` refuses to start, ``off`` skips it."""
     run_dir: str = "runs/tiny"
-    """Output directory: config, metrics.jsonl, checkpoints (--save)."""
+    """Output directory: config, metrics.jsonl, checkpoints (--save); must not be empty."""
     resume: bool = False
     """Continue from the latest checkpoint in run_dir."""
     overwrite: bool = False
@@ -82,6 +82,10 @@ class TrainConfig:
             raise ValueError(f"train.checkpoint_checksums={self.checkpoint_checksums!r} must be true or false")
         if self.memory_check not in ("off", "warn", "error"):
             raise ValueError(f"train.memory_check={self.memory_check!r}: choose off, warn or error")
+        if not isinstance(self.run_dir, str) or not self.run_dir.strip():
+            raise ValueError(f"train.run_dir={self.run_dir!r} is empty: the run would write its checkpoints, metrics "
+                             f"and config.yaml into the working directory (and train.overwrite=true would delete "
+                             f"them there); name a directory, e.g. train.run_dir=runs/my-run")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
             raise ValueError(f"train.seed={self.seed!r} must be an int in [0, 2**31) (the seeds derived from it, "
                              "SGLang's among them, are 32-bit); choose e.g. train.seed=1234")
@@ -120,6 +124,7 @@ class RunConfig:
         if self.job not in ("rl", "lm"):
             raise ValueError(f"job={self.job!r}: choose rl or lm")
         self._check_sequence_shapes()
+        self._check_dense_adamw()
         if self.job == "rl":
             return
         if self.model.hf_path:
@@ -141,6 +146,22 @@ class RunConfig:
             raise ValueError(
                 f"data.num_symbols={self.data.num_symbols} needs model.vocab_size >= {self.data.num_symbols + 2}"
             )
+
+    def _check_dense_adamw(self) -> None:
+        """``optimizer.name=adam`` (dense AdamW on every parameter, ``optim/dense.py``) reads neither
+        ``optimizer.native.freeze`` nor (RL) ``kl.mode``: the KL controller sizes LoGRA's steps only. Either set
+        to a LoGRA-only value would be silently ignored, so it is refused, naming the fields and the fix."""
+        if self.optimizer.name != "adam":
+            return
+        ignored: list[str] = []
+        if self.optimizer.native.freeze:
+            ignored.append("optimizer.native.freeze=true (dense AdamW trains every parameter; set native.freeze=false)")
+        if self.job == "rl" and self.kl.mode != "none":
+            ignored.append(f"kl.mode={self.kl.mode} (KL step control sizes LoGRA's steps only; dense AdamW would take "
+                           f"every step in full; set kl.mode=none)")
+        if ignored:
+            raise ValueError(f"optimizer.name=adam does not read {' or '.join(ignored)}; or keep optimizer.name=logra. "
+                             f"The tiny-adam / lm-tiny-adam recipes are the dense AdamW runs of tiny / lm-tiny")
 
     def _check_sequence_shapes(self) -> None:
         """FP8 GEMMs and sequence parallelism constrain sequence lengths (``models.te.sequence_multiple``).

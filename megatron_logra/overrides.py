@@ -29,29 +29,39 @@ from __future__ import annotations
 import dataclasses
 import typing
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import yaml
 
 from megatron_logra.config import RECIPES, RunConfig, _coerce, _is_section, _section_type, _short
+from megatron_logra.yaml_unique import safe_load_unique
 
 __all__ = ["load_recipe", "apply_overrides", "parse_args_to_config", "MEGATRON_ALIASES", "JOB_ALIASES",
            "OPTIMIZER_ALIASES", "CHECK_FLAGS", "resolve_alias", "resolve_hf_model"]
 
 
 # ---------------------------------------------------------------------------- recipe files
-def load_recipe(name_or_path: str, _including: tuple = ()) -> RunConfig:
+def load_recipe(name_or_path: str) -> RunConfig:
     """A named recipe or a YAML file (a partial RunConfig dict, applied over the defaults).
 
     A file may name its base with ``recipe: NAME_OR_FILE`` (a relative file path is relative to the file's
     own directory); its other keys are dotted sections/fields
-    (``train: {steps: 3}``) parsed by the fields' types. Every problem is a ``ValueError`` naming the file.
+    (``train: {steps: 3}``) parsed by the fields' types. A key given twice in one mapping is refused, and so
+    is, with ``model.hf_path``, an architecture field set by a file that the checkpoint would replace
+    (:func:`resolve_hf_model`). Every problem is a ``ValueError`` naming the file.
     """
+    cfg, given = _load_recipe(name_or_path)
+    return resolve_hf_model(cfg, given)
+
+
+def _load_recipe(name_or_path: str, _including: tuple = ()) -> tuple[RunConfig, dict[str, str]]:
+    """:func:`load_recipe` without ``model.hf_path``'s resolution: the config and the dotted fields the
+    recipe files of the chain set, each mapped to ``"recipe file PATH"`` (empty for a named recipe)."""
     if not isinstance(name_or_path, str):
         raise ValueError(f"recipe={_short(name_or_path)}: give a recipe name ({', '.join(sorted(RECIPES))}) "
                          "or a .yaml file")
     if name_or_path in RECIPES:
-        return RECIPES[name_or_path]()
+        return RECIPES[name_or_path](), {}
     path = Path(name_or_path)
     if path.suffix.lower() not in (".yaml", ".yml"):
         raise ValueError(f"unknown recipe {name_or_path!r}: choose one of {sorted(RECIPES)} or a .yaml file")
@@ -68,7 +78,9 @@ def load_recipe(name_or_path: str, _including: tuple = ()) -> RunConfig:
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read recipe file {path}: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_load_unique(text)
+    except ValueError as exc:  # a repeated key (DuplicateKeyError)
+        raise ValueError(f"recipe file {path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"recipe file {path} is not valid YAML: {_yaml_problem(exc)}") from None
     if data is None:
@@ -86,8 +98,9 @@ def load_recipe(name_or_path: str, _including: tuple = ()) -> RunConfig:
     if base and base not in RECIPES and not Path(base).is_absolute():
         base = str(path.parent / base)  # a file names its base relative to itself, not to the working directory
     try:
-        cfg = load_recipe(base, (*_including, resolved)) if base else RunConfig()
-        return _apply_items(cfg, _flatten(data))[0].validate()
+        cfg, given = _load_recipe(base, (*_including, resolved)) if base else (RunConfig(), {})
+        cfg, mine = _apply_items(cfg, _flatten(data))
+        return cfg.validate(), {**given, **{key: f"recipe file {path}" for key in mine}}
     except ValueError as exc:
         raise ValueError(f"recipe file {path}: {exc}") from None
 
@@ -339,6 +352,12 @@ def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> tuple[RunC
 
 def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
     """Apply dotted overrides and Megatron-LM flags (see module docstring), then validate."""
+    return _apply_overrides(cfg, overrides, {})
+
+
+def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[str, str]) -> RunConfig:
+    """:func:`apply_overrides`, where ``given`` (dotted field -> where it was set) names the fields a recipe
+    file set, which :func:`resolve_hf_model` checks with those of the overrides."""
     items: list[tuple[str, Any]] = []
     pending = list(overrides)
     i = 0
@@ -362,29 +381,37 @@ def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
         else:
             raise ValueError(f"cannot parse override {item!r}: use key=value or --key value")
         items.append((key, raw))
-    cfg, given = _apply_items(cfg, items)
-    return resolve_hf_model(cfg.validate(), given)
+    cfg, mine = _apply_items(cfg, items)
+    return resolve_hf_model(cfg.validate(), {**given, **{key: "" for key in mine}})
 
 
-def resolve_hf_model(cfg: RunConfig, given: Sequence[str] = ()) -> RunConfig:
+def resolve_hf_model(cfg: RunConfig, given: Union[Sequence[str], Mapping[str, str]] = ()) -> RunConfig:
     """With ``model.hf_path`` (job=rl), the checkpoint's architecture replaces the config's, as the RL job
     does when it starts (``convert.model_config_from_hf``; the run's own choices, such as ``seq_length`` and
     the dtype, stay): a missing or unreadable checkpoint is a ``ValueError`` naming ``model.hf_path``, and so is
-    an architecture field among ``given`` (fields set by the overrides) that the checkpoint would replace."""
+    an architecture field among ``given`` (fields set by the overrides or a recipe file; a mapping names where
+    each was set, e.g. ``"recipe file x.yaml"``, ``""`` for the command line) that the checkpoint would replace."""
     if cfg.job != "rl" or not cfg.model.hf_path:
         return cfg
     from megatron_logra.convert.spec import ARCH_FIELDS, model_config_from_hf
 
+    where = given if isinstance(given, Mapping) else dict.fromkeys(given, "")
     mine = cfg.model
     cfg.model = model_config_from_hf(mine.hf_path, base=mine)
-    replaced = [f"model.{k}={getattr(mine, k)!r} (the checkpoint has {getattr(cfg.model, k)!r})"
-                for k in ARCH_FIELDS if f"model.{k}" in given and getattr(mine, k) != getattr(cfg.model, k)]
+    replaced = []
+    for k in ARCH_FIELDS:
+        source = where.get(f"model.{k}")
+        if source is not None and getattr(mine, k) != getattr(cfg.model, k):
+            replaced.append(f"model.{k}={getattr(mine, k)!r} ({f'set in {source}; ' if source else ''}the checkpoint "
+                            f"has {getattr(cfg.model, k)!r})")
     if replaced:
         raise ValueError(f"{'; '.join(replaced)}: the architecture comes from model.hf_path={mine.hf_path!r}; drop "
-                         f"the override or start from another checkpoint")
+                         f"the override (or the recipe file's field) or start from another checkpoint")
     return cfg.validate()
 
 
 def parse_args_to_config(recipe: Optional[str], overrides: Sequence[str]) -> RunConfig:
-    """Recipe (default ``tiny``) plus overrides."""
-    return apply_overrides(load_recipe(recipe or "tiny"), overrides)
+    """Recipe (default ``tiny``) plus overrides; with ``model.hf_path``, an architecture field set by a recipe
+    file or an override that the checkpoint would replace is refused (:func:`resolve_hf_model`)."""
+    cfg, given = _load_recipe(recipe or "tiny")
+    return _apply_overrides(cfg, overrides, given)

@@ -330,7 +330,8 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
 
     record.update(
         kl_predicted=(alpha * alpha * pred) if pred is not None else None, kl_actual=actual, alpha=alpha,
-        budget=budget, mismatch=mismatch, update_ratio=ratio, loss=result.loss, grad_norm=update.grad_norm,
+        budget=budget if logra else None,  # dense AdamW is never KL-controlled (RunConfig refuses kl.mode for it)
+        mismatch=mismatch, update_ratio=ratio, loss=result.loss, grad_norm=update.grad_norm,
         **sync, step_seconds=time.perf_counter() - t0, **device_peaks(device),
     )
     record["train_tokens_per_second"] = record["train_tokens"] / max(record["step_seconds"] - rollout_seconds, 1e-9)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["SyncConfig", "SYNC_MODES", "TRANSPORTS"]
@@ -25,7 +26,8 @@ class SyncConfig:
     triggers a full refit and is counted in the metrics (``sync_drift``)."""
     max_master_drift: float = 1e-2
     """With fp32 masters: re-anchor (copy the masters into the compute weights, full refit) once
-    ``‖W − round(master)‖/‖W‖`` over the targets exceeds this (0 = only at ``anchor_interval``)."""
+    ``‖W − round(master)‖/‖W‖`` over the targets exceeds this (a finite number >= 0; 0 = only at
+    ``anchor_interval``)."""
     transport: str = "inprocess"
     """``inprocess`` (the embedded engine) or ``directory`` (delta files written atomically to
     ``directory``, applied by the consumer in version order; the embedded engine consumes them)."""
@@ -41,7 +43,9 @@ class SyncConfig:
             raise ValueError(f"sync.transport={self.transport!r} is unknown; choose one of {TRANSPORTS}")
         if self.anchor_interval < 0 or self.check_interval < 0:
             raise ValueError("sync.anchor_interval and sync.check_interval must be >= 0 (0 disables)")
-        if self.max_master_drift < 0:
-            raise ValueError(f"sync.max_master_drift={self.max_master_drift} must be >= 0 (0 disables)")
+        # NaN and inf pass a "< 0" test, and no drift ever exceeds them: the re-anchor would be off unannounced
+        if not math.isfinite(self.max_master_drift) or self.max_master_drift < 0:
+            raise ValueError(f"sync.max_master_drift={self.max_master_drift} must be a finite number >= 0 (0 disables "
+                             f"the drift re-anchor; default 1e-2)")
         if self.keep_deltas < 0:
             raise ValueError(f"sync.keep_deltas={self.keep_deltas} must be >= 0")

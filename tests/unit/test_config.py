@@ -96,10 +96,11 @@ def test_yaml_recipe_round_trip(tmp_path):
 def test_rl_sections_parse_lists_and_json():
     cfg = parse_args_to_config("tiny", [
         "task.datasets=chain_sum,gcd", "task.weights=0.25,0.75", "--rl.group_size", "4",
-        'task.dataset_kwargs={"gcd": {"min_value": 1, "max_value": 20}}', "kl.mode=predicted", "--optimizer", "adam",
+        'task.dataset_kwargs={"gcd": {"min_value": 1, "max_value": 20}}', "kl.mode=none", "native.freeze=false",
+        "--optimizer", "adam",  # dense AdamW reads neither kl.mode nor native.freeze: both must be off
     ])
     assert cfg.task.datasets == ["chain_sum", "gcd"] and cfg.task.weights == [0.25, 0.75]
-    assert cfg.rl.group_size == 4 and cfg.kl.mode == "predicted" and cfg.optimizer.name == "adam"
+    assert cfg.rl.group_size == 4 and cfg.kl.mode == "none" and cfg.optimizer.name == "adam"
     assert cfg.task.dataset_kwargs == {"gcd": {"min_value": 1, "max_value": 20}}
     flow = parse_args_to_config("tiny", ["task.datasets=[chain_sum, 'gcd']", "task.weights=[0.5,0.5]"])
     assert flow.task.datasets == ["chain_sum", "gcd"] and flow.task.weights == [0.5, 0.5]

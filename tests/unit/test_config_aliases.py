@@ -63,7 +63,8 @@ def test_optimizer_flags_set_dense_adamw_fields_for_optimizer_adam():
     assert cfg.optimizer.logra.clip_grad == 2.0  # dense AdamW clips at logra.clip_grad
     assert cfg.optimizer.logra.lr == load_recipe("tiny-adam").optimizer.logra.lr
     # optimizer.name given anywhere on the line decides
-    assert parse_args_to_config("tiny", ["--lr", "0.25", "--optimizer", "adam"]).optimizer.native.lr == 0.25
+    dense = ["kl.mode=none", "native.freeze=false"]  # dense AdamW reads neither (RunConfig refuses them)
+    assert parse_args_to_config("tiny", ["--lr", "0.25", "--optimizer", "adam", *dense]).optimizer.native.lr == 0.25
 
 
 def test_optimizer_flags_set_logra_fields_for_the_optimizer_recipe():
