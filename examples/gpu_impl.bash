@@ -2,10 +2,19 @@
 #   EXTRA  overrides for the layer implementation chosen by IMPL (and FP8), and
 #   CUDA_DEVICE_MAX_CONNECTIONS / OMP_NUM_THREADS for torchrun.
 # Env: IMPL=local (default) | transformer_engine (the KL probe runs by finite differences there);
-#      FP8=hybrid | e4m3 (TE only). Call `gpu_impl_args 1` where TP > 1 allows sequence parallelism.
+#      FP8=hybrid | e4m3: FP8 training GEMMs, which are TransformerEngine's: FP8 alone selects
+#      IMPL=transformer_engine, and FP8 with IMPL=local is refused (exit 2).
+# Call `gpu_impl_args 1` where TP > 1 allows sequence parallelism.
 gpu_impl_args() {
   local sequence_parallel="${1:-0}"
   EXTRA=()
+  if [[ -n "${FP8:-}" ]]; then
+    case "${IMPL:-transformer_engine}" in
+      transformer_engine) IMPL=transformer_engine ;;
+      *) echo "FP8=$FP8 needs IMPL=transformer_engine (FP8 GEMMs are TransformerEngine's; IMPL=$IMPL would" \
+              "train in bf16): drop IMPL or FP8" >&2; exit 2 ;;
+    esac
+  fi
   case "${IMPL:=local}" in
     local) ;;
     transformer_engine)

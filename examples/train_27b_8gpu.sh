@@ -15,7 +15,8 @@
 #   RUN_DIR   run directory (default runs/27b)
 #   IMPL      local (default: forward-mode KL probe) or transformer_engine (TE spec with
 #             sequence parallelism; the KL probe runs by finite differences, kl.probe=auto)
-#   FP8       with IMPL=transformer_engine: hybrid or e4m3 FP8 training GEMMs (H100 / H200)
+#   FP8       hybrid or e4m3 FP8 training GEMMs (H100 / H200); TE only: FP8 alone selects
+#             IMPL=transformer_engine, FP8 with IMPL=local is refused
 # Check the plan first:
 #   megatron-logra memory --model "$HF_PATH/config.json" --tp 8 --rank 128 --recompute full --compare
 set -euo pipefail

@@ -14,7 +14,7 @@
 #   GPUS_PER_NODE  processes per node (default 8); world = NNODES x GPUS_PER_NODE, DP = world / TP
 #   HF_PATH        local Hugging Face checkpoint on every node (same path); required
 #   RUN_DIR        run directory, on storage every node can write (default runs/qwen2_5-7b)
-#   IMPL / FP8     as in examples/train_27b_8gpu.sh
+#   IMPL / FP8     as in examples/train_27b_8gpu.sh (FP8 alone selects IMPL=transformer_engine)
 set -euo pipefail
 : "${NNODES:?set NNODES}" "${NODE_RANK:?set NODE_RANK}" "${MASTER_ADDR:?set MASTER_ADDR}"
 : "${HF_PATH:?set HF_PATH to a local Hugging Face checkpoint directory}"

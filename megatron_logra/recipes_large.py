@@ -3,9 +3,15 @@
 Shapes come from :mod:`megatron_logra.models.presets` (the ones the memory planner uses); weights and
 tokenizer from a local Hugging Face checkpoint given with ``--model.hf_path`` (its architecture
 fields replace the preset's; without one the run starts from random weights and says so: no supervised
-warm start at these sizes). Layouts follow docs/memory.md for one 8-GPU node: 1.5B at TP 1
-(DP = GPUs), 7B at TP 4, 27B at TP 8; full activation recompute, LoGRA rank 128 with fp32 masters,
-sequence length 4096. Rollouts come from SGLang (``rl.rollout.engine=sglang``: an in-process
+warm start at these sizes). Layouts: 1.5B at TP 1 with micro-batch 4 (one GPU, or DP = GPUs), 7B at
+TP 4 with micro-batch 4 (docs/memory.md's TP), 27B at TP 8 with micro-batch 2 (docs/memory.md's
+layout); full activation recompute, LoGRA rank 128 with fp32 masters, sequence length 4096. Each fits
+its own memory preflight (``train.memory_check``, which plans micro-batch × ``model.seq_length``) on
+80 GB GPUs with the engine's 30%: 1.5B +22.5% headroom (61.72 GiB of 79.65 GiB; at micro-batch 8 it
+would be OOM by 6.3%), 7B (TP4 × DP2) +33.1%, 27B +27.9% -- what ``megatron-logra memory --model
+qwen2.5-1.5b --tp 1 --gpus 1 --micro-batch 4 --seq-len 4096 --rank 128 --recompute full
+--engine-fraction 0.3 --gpu-memory 81559MiB --optimizer logra`` (and the same for the others) prints.
+Rollouts come from SGLang (``rl.rollout.engine=sglang``: an in-process
 ``sglang.Engine`` per DP replica on the replica's GPUs with 30% of their memory, or
 ``--rl.rollout.sglang_url`` for a running server), kept in sync by sketch deltas.
 
@@ -31,8 +37,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["LARGE_RECIPES", "large_recipe"]
 
 _LAYOUTS = {
-    # preset: (tensor-parallel size, RL micro-batch in sequences)
-    "qwen2.5-1.5b": (1, 8),
+    # preset: (tensor-parallel size, RL micro-batch in sequences), chosen so that each run fits its own memory
+    # preflight on 80 GB GPUs (tests/unit/test_recipes_large.py checks it)
+    "qwen2.5-1.5b": (1, 4),
     "qwen2.5-7b": (4, 4),
     "27b": (8, 2),
 }
@@ -83,8 +90,9 @@ def _factory(preset: str) -> Callable:
         return large_recipe(preset)
 
     recipe.__name__ = preset.replace(".", "_").replace("-", "_")
-    recipe.__doc__ = (f"{preset}: LoGRA RL on GPUs (TP {_LAYOUTS[preset][0]}, full recompute, rank 128, paper recipe, "
-                      "predicted-KL control); pass --model.hf_path")
+    tp, micro_batch = _LAYOUTS[preset]
+    recipe.__doc__ = (f"{preset}: LoGRA RL on GPUs (TP {tp}, micro-batch {micro_batch}, full recompute, rank 128, "
+                      "paper recipe, predicted-KL control); pass --model.hf_path")
     return recipe
 
 

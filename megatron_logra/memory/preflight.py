@@ -36,7 +36,7 @@ from megatron_logra.models.te import te_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["attention_kernel", "run_plan_config", "memory_preflight", "unmodelled", "MemoryCheckError"]
+__all__ = ["attention_kernel", "run_plan_config", "memory_preflight", "unmodelled", "fit_hint", "MemoryCheckError"]
 
 class MemoryCheckError(ValueError):
     """The planner says this run does not fit its GPU and ``train.memory_check=error`` (bad input:
@@ -89,6 +89,29 @@ def unmodelled(cfg: Any) -> list[str]:
     return out
 
 
+def fit_hint(cfg: Any, pcfg: PlanConfig) -> str:
+    """What could make run ``cfg`` (planned as ``pcfg``) fit: only changes it has not made already (a
+    micro-batch above 1, recompute not yet full, a rank above 1, an engine share above 0, ...), then where
+    to plan alternatives and how to skip the check."""
+    rl = cfg.job == "rl"
+    options: list[str] = []
+    if pcfg.micro_batch > 1:
+        options.append(f"lower the micro-batch ({'rl' if rl else 'train'}.micro_batch_size={pcfg.micro_batch})")
+    if pcfg.recompute != "full":
+        options.append(f"set model.recompute=full (now {pcfg.recompute})")
+    options.append(f"raise the tensor/pipeline-parallel size (now TP {pcfg.tp}, PP {pcfg.pp})")
+    if pcfg.optimizer == "logra" and pcfg.rank > 1:
+        options.append(f"lower optimizer.logra.rank (now {pcfg.rank})")
+    if pcfg.engine_fraction > 0 and cfg.rl.rollout.engine == "sglang":
+        options.append(f"lower rl.rollout.mem_fraction_static (now {pcfg.engine_fraction:.2f})")
+    elif pcfg.engine_fraction > 0:
+        options.append(f"serve rollouts from a separate SGLang server (rl.rollout.engine=sglang, "
+                       f"rl.rollout.sglang_url): the embedded engine's whole model copy takes "
+                       f"{pcfg.engine_fraction:.2f} of this GPU")
+    return (f"To fit: {'; '.join(options)}. `megatron-logra memory` plans alternatives; train.memory_check=off "
+            f"skips this check")
+
+
 def _device_memory() -> Optional[int]:
     if not torch.cuda.is_available():
         return None
@@ -121,10 +144,8 @@ def memory_preflight(cfg: Any, *, tp: int, pp: int, dp: int,
                 verdict_line(result), format_bytes(w.persistent), format_bytes(w.trainer_peak), format_bytes(w.engine),
                 f"; not modelled: {', '.join(missing)}" if missing else "")
     if not result.fits:
-        hint = ("lower the micro-batch (rl.micro_batch_size / train.micro_batch_size), set model.recompute=full, "
-                "raise the tensor/pipeline-parallel size, lower optimizer.logra.rank or the engine's share; "
-                "`megatron-logra memory` plans alternatives; train.memory_check=off skips this check")
-        message = (f"the memory planner says this run does not fit its GPU: {verdict_line(result)}. {hint}")
+        message = (f"the memory planner says this run does not fit its GPU: {verdict_line(result)}. "
+                   f"{fit_hint(cfg, pcfg)}")
         if mode == "error":
             raise MemoryCheckError(message)
         logger.warning(message)

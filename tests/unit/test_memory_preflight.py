@@ -29,8 +29,8 @@ def test_the_27b_recipe_plans_like_the_documented_command():
     assert got is not None and got.fits
     assert got.worst.total == want.worst.total and got.headroom == pytest.approx(want.headroom)
     assert got.headroom >= 0.15  # the headline: LoGRA at 27B on one 8 x 80 GB node, with room to spare
-    dense = memory_preflight(parse_args_to_config("27b", ["optimizer.name=adam"]), tp=8, pp=1, dp=1,
-                             gpu_memory_bytes=H100)
+    dense_cfg = parse_args_to_config("27b", ["optimizer.name=adam", "native.freeze=false", "kl.mode=none"])
+    dense = memory_preflight(dense_cfg, tp=8, pp=1, dp=1, gpu_memory_bytes=H100)
     assert dense is not None and not dense.fits
 
 
@@ -166,3 +166,18 @@ def test_attention_is_planned_as_the_model_would_be_built_here():
     assert attention_kernel(SimpleNamespace(transformer_impl="auto")) == here
     cfg = parse_args_to_config("tiny", [])
     assert run_plan_config(cfg, tp=1, pp=1, dp=1, gpu_memory_bytes=H100).attention == here
+
+
+def test_the_hint_names_only_changes_the_run_has_not_made(caplog):
+    """27B already recomputes in full: "set model.recompute=full" was suggested anyway."""
+    small = parse_bytes("24GiB")
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.memory.preflight"):
+        memory_preflight(parse_args_to_config("27b", []), tp=8, pp=1, dp=1, gpu_memory_bytes=small)
+    assert "does not fit its GPU" in caplog.text and "recompute" not in caplog.text
+    assert "rl.micro_batch_size=2" in caplog.text and "rl.rollout.mem_fraction_static (now 0.30)" in caplog.text
+    assert "optimizer.logra.rank (now 128)" in caplog.text
+    caplog.clear()
+    lean = parse_args_to_config("27b", ["model.recompute=none", "rl.micro_batch_size=1"])
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.memory.preflight"):
+        memory_preflight(lean, tp=8, pp=1, dp=1, gpu_memory_bytes=small)
+    assert "set model.recompute=full (now none)" in caplog.text and "micro_batch_size" not in caplog.text
