@@ -164,7 +164,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as exc:
         _user_error(parser, exc)
     if ns.command == "config":
-        sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        from megatron_logra.rollout.sglang_setup import redact_config
+
+        sys.stdout.write(yaml.safe_dump(redact_config(to_dict(cfg)), sort_keys=False))  # output often goes to a file
         return 0
     _check_resumed_architecture(parser, cfg)
 

@@ -187,3 +187,15 @@ def test_a_run_never_writes_the_key_and_its_resume_sends_the_environments(tmp_pa
         server.close()
     assert server.seen and server.seen[0] == "Bearer from-env"
     assert f"Bearer {REDACTED_API_KEY}" not in server.seen and None in server.seen
+
+
+def test_the_config_command_prints_the_key_redacted(capsys):
+    """``megatron-logra config`` output is often saved as a recipe file: it holds the placeholder, which
+    read back means "take the key from SGLANG_API_KEY"."""
+    from megatron_logra.cli import main
+
+    assert main(["config", "tiny", "rl.rollout.sglang_api_key=sk-printed-0815"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "sk-printed-0815" not in out
+    assert yaml.safe_load(out)["rl"]["rollout"]["sglang_api_key"] == REDACTED_API_KEY
+
