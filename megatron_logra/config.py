@@ -11,6 +11,7 @@ reverse).
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,14 @@ class TrainConfig:
     summary. Without it such a run_dir is refused (continue it with ``--resume RUN_DIR`` instead)."""
     progress: bool = True
     """Show a progress bar on rank 0."""
+    exit_signal_handler: bool = False
+    """On SIGTERM (a cluster's preemption or time-limit notice; Slurm: ``#SBATCH --signal=TERM@120``),
+    finish the step in flight, save its checkpoint on every rank and end normally (exit status 0,
+    ``summary.json`` ``stopped``); a second SIGTERM ends the process at once (--exit-signal-handler).
+    Off, SIGTERM ends the process at once, as torchrun expects when it stops the survivors of a failed rank."""
+    exit_duration_minutes: float = 0.0
+    """Stop the same way after the first step that ends this many minutes after the job started (set it
+    below the scheduler's time limit minus the time a save takes); 0 = no budget (--exit-duration-in-mins)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "micro_batch_size", "global_batch_size", "log_interval", "eval_batches", "keep_last"):
@@ -86,6 +95,12 @@ class TrainConfig:
             raise ValueError(f"train.run_dir={self.run_dir!r} is empty: the run would write its checkpoints, metrics "
                              f"and config.yaml into the working directory (and train.overwrite=true would delete "
                              f"them there); name a directory, e.g. train.run_dir=runs/my-run")
+        if not isinstance(self.exit_signal_handler, bool):
+            raise ValueError(f"train.exit_signal_handler={self.exit_signal_handler!r} must be true or false")
+        if isinstance(self.exit_duration_minutes, bool) or not isinstance(self.exit_duration_minutes, (int, float)) \
+                or not math.isfinite(self.exit_duration_minutes) or self.exit_duration_minutes < 0:
+            raise ValueError(f"train.exit_duration_minutes={self.exit_duration_minutes!r} must be a finite number of "
+                             "minutes >= 0 (0 = no budget)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
             raise ValueError(f"train.seed={self.seed!r} must be an int in [0, 2**31) (the seeds derived from it, "
                              "SGLang's among them, are 32-bit); choose e.g. train.seed=1234")

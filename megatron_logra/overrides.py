@@ -173,6 +173,7 @@ MEGATRON_ALIASES: dict[str, str] = {
     "seed": "train.seed",
     "log-interval": "train.log_interval",
     "save-interval": "train.save_interval",
+    "exit-duration-in-mins": "train.exit_duration_minutes",
     "save": "train.run_dir",
     "optimizer": "optimizer.name",
 }
@@ -211,6 +212,7 @@ _CONTEXT_FLAGS = frozenset(JOB_ALIASES) | frozenset(OPTIMIZER_ALIASES) | frozens
 
 # Megatron-LM boolean flags (no value) -> (dotted key, value)
 MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
+    "exit-signal-handler": ("train.exit_signal_handler", "true"),
     "bf16": ("model.params_dtype", "bfloat16"),
     "fp16": ("model.params_dtype", "float16"),
     "swiglu": ("model.swiglu", "true"),

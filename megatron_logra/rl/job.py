@@ -11,6 +11,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import Optional
 
 import yaml
 
@@ -49,6 +50,7 @@ from megatron_logra.convert.spec import model_config_from_hf
 from megatron_logra.rl.policy_sync import PolicySync
 from megatron_logra.rl.teachers import build_teacher
 from megatron_logra.rollout import build_engine
+from megatron_logra.train.stopping import EarlyStop
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +227,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     """Warm start + RL; returns the summary (also written to RUN/summary.json).
     ``optimizer_factory``: see ``build_components``. The configs it saves (``RUN/config.yaml``, each
     checkpoint's) never hold ``rl.rollout.sglang_api_key`` (``rollout.sglang_setup.redact_config``)."""
-    t_start = time.perf_counter()
+    t_start, job_start = time.perf_counter(), time.monotonic()
     comps, state, bundle = build_components(cfg, optimizer_factory)
     run_dir = Path(cfg.train.run_dir)
     saved_config = redact_config(to_dict(cfg))  # what config.yaml and the checkpoints hold: no credentials
@@ -243,23 +245,39 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         logger.info("the run is at RL step %d >= rl.steps=%d: nothing to train (raise rl.steps to continue)",
                     start_step, cfg.rl.steps)
     rl_start = time.perf_counter()
-    while state.step < cfg.rl.steps:
-        record = rl_update(comps, state)
-        if cfg.rl.eval_interval and (state.step % cfg.rl.eval_interval == 0 or state.step == cfg.rl.steps):
-            record["eval_accuracy"] = evaluate_accuracy(comps)
-        record["memory_bytes"] = _rss_bytes()
-        metrics.write(record)
-        if progress is not None:
-            progress[0].update(progress[1], advance=1, **_bar_fields(record))
-        elif is_rank0() and state.step % cfg.train.log_interval == 0:
-            logger.info("rl step %d %s", state.step, {k: record.get(k) for k in _LOGGED if record.get(k) is not None})
-        if cfg.train.save_interval and state.step % cfg.train.save_interval == 0 and state.step != cfg.rl.steps:
-            save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=saved_config,
-                            keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
+    stopped: Optional[str] = None
+    saved = start_step if latest_checkpoint(run_dir) is not None else -1
+    with EarlyStop(signal_handler=cfg.train.exit_signal_handler, duration_minutes=cfg.train.exit_duration_minutes,
+                   start=job_start) as stop:
+        while state.step < cfg.rl.steps:
+            record = rl_update(comps, state)
+            if cfg.rl.eval_interval and (state.step % cfg.rl.eval_interval == 0 or state.step == cfg.rl.steps):
+                record["eval_accuracy"] = evaluate_accuracy(comps)
+            record["memory_bytes"] = _rss_bytes()
+            metrics.write(record)
+            if progress is not None:
+                progress[0].update(progress[1], advance=1, **_bar_fields(record))
+            elif is_rank0() and state.step % cfg.train.log_interval == 0:
+                logger.info("rl step %d %s", state.step,
+                            {k: record.get(k) for k in _LOGGED if record.get(k) is not None})
+            if cfg.train.save_interval and state.step % cfg.train.save_interval == 0 and state.step != cfg.rl.steps:
+                save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=saved_config,
+                                keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
+                saved = state.step
+            stopped = stop.check()
+            if stopped is not None:
+                logger.warning("stopping after RL step %d (%s); continue with --resume %s", state.step, stopped,
+                               run_dir)
+                break
     if progress is not None:
         progress[0].stop()
-    eval_after = record.get("eval_accuracy") if record.get("eval_accuracy") is not None else evaluate_accuracy(comps)
-    if state.step > start_step or latest_checkpoint(run_dir) is None:  # a finished run is not saved again
+    if stopped is not None:  # stopping: save first, no final evaluation
+        eval_after = None
+    elif record.get("eval_accuracy") is not None:
+        eval_after = record["eval_accuracy"]
+    else:
+        eval_after = evaluate_accuracy(comps)
+    if state.step > saved:  # a finished run is not saved again
         save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=saved_config,
                         keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
     metrics.close()
@@ -267,11 +285,12 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         "optimizer": cfg.optimizer.name, "task": cfg.task.datasets, "steps": state.step,
         "eval_accuracy_before": eval_before, "eval_accuracy_after": eval_after,
         "setup_seconds": setup_seconds, "rl_seconds": time.perf_counter() - rl_start,
-        "total_seconds": time.perf_counter() - t_start, "run_dir": str(run_dir),
+        "total_seconds": time.perf_counter() - t_start, "run_dir": str(run_dir), "stopped": stopped,
     }
     if is_rank0():
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        logger.info("done: held-out accuracy %.3f -> %.3f", eval_before, eval_after)
+        if stopped is None:
+            logger.info("done: held-out accuracy %.3f -> %.3f", eval_before, eval_after)
     return summary
 
 

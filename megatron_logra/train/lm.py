@@ -28,6 +28,7 @@ from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
 from megatron_logra.rollout.sglang_setup import redact_config
 from megatron_logra.train.step import forward_backward, model_device
+from megatron_logra.train.stopping import EarlyStop
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,10 @@ def run_lm(cfg: RunConfig) -> dict:
 
     Resuming (``train.resume``) with ``train.steps`` below the latest checkpoint's step raises
     ValueError naming ``train.steps`` before anything is written; with ``train.steps`` equal to it no
-    step runs and the summary's ``first_loss`` / ``last_loss`` are None."""
+    step runs and the summary's ``first_loss`` / ``last_loss`` are None. A run stopped early
+    (``train.exit_signal_handler``, ``train.exit_duration_minutes``) saves the checkpoint of its last
+    step, skips the final evaluation and names the reason in ``summary["stopped"]``."""
+    job_start = time.monotonic()
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
     claim_run_dir(cfg.train.run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
@@ -127,52 +131,62 @@ def run_lm(cfg: RunConfig) -> dict:
     progress = _progress(cfg, start) if cfg.train.progress and is_rank0() else None
     t_start = time.perf_counter()
     device = model_device(model)
-    for step in range(start + 1, cfg.train.steps + 1):
-        reset_device_peaks(device)
-        t0 = time.perf_counter()
-        microbatches = [
-            task.microbatch(step, groups.dp_rank * num_micro + i, cfg.train.micro_batch_size) for i in range(num_micro)
-        ]
-        optimizer.zero_grad()
-        result = forward_backward(model, microbatches, groups)
-        update = optimizer.prepare(num_tokens=result.num_tokens)
-        optimizer.apply(update)
-        step_seconds = time.perf_counter() - t0
+    stop = EarlyStop(signal_handler=cfg.train.exit_signal_handler, duration_minutes=cfg.train.exit_duration_minutes,
+                     start=job_start)
+    stopped: Optional[str] = None
+    last, saved = start, start
+    with stop:
+        for step in range(start + 1, cfg.train.steps + 1):
+            reset_device_peaks(device)
+            t0 = time.perf_counter()
+            microbatches = [task.microbatch(step, groups.dp_rank * num_micro + i, cfg.train.micro_batch_size)
+                            for i in range(num_micro)]
+            optimizer.zero_grad()
+            result = forward_backward(model, microbatches, groups)
+            update = optimizer.prepare(num_tokens=result.num_tokens)
+            optimizer.apply(update)
+            step_seconds = time.perf_counter() - t0
 
-        last_loss = result.loss
-        if step == start + 1:
-            first_loss = result.loss
-        record = {
-            "step": step,
-            "loss": result.loss,
-            "grad_norm": update.grad_norm,
-            "clip_coef": update.clip_coef,
-            "skipped": update.skipped,
-            "tokens": result.global_tokens,
-            "tokens_per_second": result.global_tokens / max(step_seconds, 1e-9),
-            "step_seconds": step_seconds,
-            **device_peaks(device),
-            "eval_loss": None,
-        }
-        if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
-            record["eval_loss"] = evaluate(model, task, cfg, groups, optimizer)
-        metrics.write(record)
-        if progress is not None:
-            progress[0].update(progress[1], advance=1, loss=result.loss, gnorm=update.grad_norm)
-        if is_rank0() and (step % cfg.train.log_interval == 0 or step == cfg.train.steps):
-            memory = record["gpu_memory_peak_bytes"]
-            logger.info("step %d loss %.4f grad_norm %.3f %.3fs/step %.0f tokens/s%s", step, result.loss, update.grad_norm,
-                        step_seconds, record["tokens_per_second"],
-                        "" if memory is None else f" peak {memory / 2**30:.2f} GiB")
-        if cfg.train.save_interval and step % cfg.train.save_interval == 0 and step != cfg.train.steps:
-            save_checkpoint(run_dir, step, model, optimizer, groups, config=saved_config, keep_last=cfg.train.keep_last,
-                            checksums=cfg.train.checkpoint_checksums)
+            last_loss = result.loss
+            if step == start + 1:
+                first_loss = result.loss
+            record = {
+                "step": step,
+                "loss": result.loss,
+                "grad_norm": update.grad_norm,
+                "clip_coef": update.clip_coef,
+                "skipped": update.skipped,
+                "tokens": result.global_tokens,
+                "tokens_per_second": result.global_tokens / max(step_seconds, 1e-9),
+                "step_seconds": step_seconds,
+                **device_peaks(device),
+                "eval_loss": None,
+            }
+            if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
+                record["eval_loss"] = evaluate(model, task, cfg, groups, optimizer)
+            metrics.write(record)
+            if progress is not None:
+                progress[0].update(progress[1], advance=1, loss=result.loss, gnorm=update.grad_norm)
+            if is_rank0() and (step % cfg.train.log_interval == 0 or step == cfg.train.steps):
+                memory = record["gpu_memory_peak_bytes"]
+                logger.info("step %d loss %.4f grad_norm %.3f %.3fs/step %.0f tokens/s%s", step, result.loss,
+                            update.grad_norm, step_seconds, record["tokens_per_second"],
+                            "" if memory is None else f" peak {memory / 2**30:.2f} GiB")
+            last = step
+            if cfg.train.save_interval and step % cfg.train.save_interval == 0 and step != cfg.train.steps:
+                save_checkpoint(run_dir, step, model, optimizer, groups, config=saved_config,
+                                keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
+                saved = step
+            stopped = stop.check()
+            if stopped is not None:
+                logger.warning("stopping after step %d (%s); continue with --resume %s", step, stopped, run_dir)
+                break
     if progress is not None:
         progress[0].stop()
     train_seconds = time.perf_counter() - t_start
-    eval_after = evaluate(model, task, cfg, groups, optimizer)
-    if cfg.train.steps > start:
-        save_checkpoint(run_dir, cfg.train.steps, model, optimizer, groups, config=saved_config,
+    eval_after = evaluate(model, task, cfg, groups, optimizer) if stopped is None else None  # stopping: save first
+    if last > saved:
+        save_checkpoint(run_dir, last, model, optimizer, groups, config=saved_config,
                         keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
     metrics.close()
     summary = {
@@ -182,8 +196,9 @@ def run_lm(cfg: RunConfig) -> dict:
         "eval_loss_before": eval_before,
         "eval_loss_after": eval_after,
         "chance_loss": math.log(cfg.data.num_symbols),
-        "steps": cfg.train.steps - start,
+        "steps": last - start,
         "train_seconds": train_seconds,
+        "stopped": stopped,
     }
     if is_rank0():
         logger.info("done: %s", summary)

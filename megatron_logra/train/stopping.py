@@ -1,0 +1,90 @@
+"""Stopping a run early and cleanly: on a signal (a cluster's preemption or time-limit notice) or
+after a wall-time budget (Megatron-LM's ``--exit-signal-handler`` and ``--exit-duration-in-mins``).
+
+The jobs check :meth:`EarlyStop.check` once after every step. A signal may reach some ranks only
+(``scancel --signal`` to one task, one node's preemption) and clocks differ between hosts, so the
+check is agreed over every rank (one all-reduce of a small tensor, only when a condition is
+configured): every rank leaves the loop after the same step, they save that step's checkpoint
+together and the job ends normally (exit status 0, ``summary["stopped"]`` naming why), ready for
+``megatron-logra train --resume RUN_DIR``. The step in flight is finished first; a second signal
+of the same kind is not caught (the default action ends the process at once).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from types import FrameType
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron_logra.parallel import collective_device, group_size
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EarlyStop", "STOP_SIGNAL"]
+
+STOP_SIGNAL = signal.SIGTERM
+"""What ``train.exit_signal_handler`` catches: Slurm sends it at a job's time limit and on preemption
+(``#SBATCH --signal=TERM@120`` asks for it 120 s ahead), Kubernetes when a pod is evicted."""
+
+
+class EarlyStop:
+    """The stop conditions of one run, used as a context manager around its training loop (the
+    signal handler is installed on entry and the previous one restored on exit).
+
+    ``signal_handler``: catch :data:`STOP_SIGNAL` and stop after the step in flight.
+    ``duration_minutes``: stop after the first step that ends this many minutes after ``start``
+    (a ``time.monotonic()`` value; default: construction); 0 = no budget.
+    ``group``: the ranks that agree (default: every rank; None without a process group)."""
+
+    def __init__(self, *, signal_handler: bool, duration_minutes: float, start: Optional[float] = None,
+                 group: Optional[dist.ProcessGroup] = None) -> None:
+        if duration_minutes < 0:
+            raise ValueError(f"duration_minutes={duration_minutes} must be >= 0 (0 = no budget)")
+        self.signal_handler = signal_handler
+        self.duration_minutes = float(duration_minutes)
+        self.start = time.monotonic() if start is None else start
+        self.group = group if group is not None else (dist.group.WORLD if dist.is_initialized() else None)
+        self.received = False
+        self._previous = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.signal_handler or self.duration_minutes > 0
+
+    def __enter__(self) -> "EarlyStop":
+        if self.signal_handler:
+            self._previous = signal.signal(STOP_SIGNAL, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.signal_handler and self._previous is not None:
+            signal.signal(STOP_SIGNAL, self._previous)
+            self._previous = None
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        self.received = True
+        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+        logger.warning("received %s: stopping after the step in flight (its checkpoint is saved); send it "
+                       "again to stop at once", signal.Signals(signum).name)
+
+    def check(self) -> Optional[str]:
+        """Why every rank stops now (``"SIGTERM"`` or ``"exit_duration_minutes=M"``), or None to go on.
+        Collective over ``group`` whenever a condition is configured: every rank calls it after every step."""
+        if not self.enabled:
+            return None
+        over = self.duration_minutes > 0 and (time.monotonic() - self.start) / 60 >= self.duration_minutes
+        flags = torch.tensor([float(self.received), float(over)])
+        if group_size(self.group) > 1:
+            on = flags.to(collective_device(self.group))
+            dist.all_reduce(on, op=dist.ReduceOp.MAX, group=self.group)
+            flags = on.cpu()
+        if flags[0] > 0:
+            return STOP_SIGNAL.name
+        if flags[1] > 0:
+            return f"exit_duration_minutes={self.duration_minutes:g}"
+        return None
