@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from megatron_logra.models.layout import global_param_names, shard_full
-from megatron_logra.models.te import check_model_fields, fp8_config_kwargs, layer_spec, resolve_transformer_impl
+from megatron_logra.models.te import check_model_fields, decoder_spec, fp8_config_kwargs, resolve_transformer_impl
 from megatron_logra.parallel import ParallelGroups
 
 logger = logging.getLogger(__name__)
@@ -239,7 +239,7 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234, ini
 
     impl = resolve_transformer_impl(cfg.transformer_impl)
     tcfg = _transformer_config(cfg, groups, impl, initialize=initialize)
-    spec = layer_spec(impl, normalization=cfg.normalization, qk_layernorm=cfg.qk_layernorm)
+    spec = decoder_spec(impl, tcfg, normalization=cfg.normalization, qk_layernorm=cfg.qk_layernorm)
     model = GPTModel(
         config=tcfg,
         transformer_layer_spec=spec,

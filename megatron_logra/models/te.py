@@ -7,8 +7,11 @@ install breaks ``import megatron.core``, so CPU environments must never load it.
 
 ``model.transformer_impl``:
 
-* ``local``: megatron-core's local spec (torch norms, megatron tensor-parallel linears); runs on
-  CPU and GPU; no sequence parallelism, no FP8.
+* ``local``: megatron-core's local spec (megatron tensor-parallel linears) with torch norms in every
+  norm slot, the final one included; runs on CPU and GPU; no sequence parallelism, no FP8. megatron
+  would otherwise pick apex's ``FusedLayerNorm`` for LayerNorm layers and TE's or apex's norm for the
+  final one whenever those import (as on NVIDIA's images), which have no forward-mode derivative (the
+  KL probe) and, for apex, no RMSNorm.
 * ``transformer_engine``: ``get_gpt_layer_with_transformer_engine_spec`` (TE norms fused into
   ``linear_qkv`` / ``linear_fc1`` as ``TELayerNormColumnParallelLinear``, TE attention); needs
   CUDA and TE; enables ``model.fp8`` and ``model.sequence_parallel``.
@@ -119,7 +122,9 @@ def resolve_transformer_impl(impl: str) -> str:
 
 
 def layer_spec(impl: str, *, normalization: str, qk_layernorm: bool):
-    """megatron-core ``ModuleSpec`` of one transformer layer for a resolved ``impl``."""
+    """megatron-core ``ModuleSpec`` of one transformer layer for a resolved ``impl`` (``local``: every
+    norm slot is megatron's ``WrappedTorchNorm``, which builds ``torch.nn.LayerNorm`` or
+    ``torch.nn.RMSNorm`` from the ``TransformerConfig``'s ``normalization``)."""
     from megatron.core.models.gpt import gpt_layer_specs
 
     if impl == "transformer_engine":
@@ -128,8 +133,30 @@ def layer_spec(impl: str, *, normalization: str, qk_layernorm: bool):
                                "TransformerEngine (check that transformer_engine imports on this machine)")
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
     if impl == "local":
-        return gpt_layer_specs.get_gpt_layer_local_spec(normalization=normalization, qk_layernorm=qk_layernorm)
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+        spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization=normalization, qk_layernorm=qk_layernorm)
+        layer = spec.submodules
+        layer.input_layernorm = layer.pre_mlp_layernorm = WrappedTorchNorm
+        if qk_layernorm:
+            attention = layer.self_attention.submodules
+            attention.q_layernorm = attention.k_layernorm = WrappedTorchNorm
+        return spec
     raise ValueError(f"layer_spec needs a resolved impl (local or transformer_engine), got {impl!r}")
+
+
+def decoder_spec(impl: str, config: Any, *, normalization: str, qk_layernorm: bool):
+    """What ``GPTModel(transformer_layer_spec=...)`` takes for this rank's pipeline stage: the TE layer
+    spec, or for ``local`` a ``TransformerBlockSubmodules`` of :func:`layer_spec` layers whose final norm
+    is ``WrappedTorchNorm`` too (from a layer spec alone megatron picks TE's, else apex's, norm)."""
+    spec = layer_spec(impl, normalization=normalization, qk_layernorm=qk_layernorm)
+    if impl != "local":
+        return spec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config),
+                                      layer_norm=WrappedTorchNorm)
 
 
 def fp8_config_kwargs(fp8: Optional[str], recipe: str, impl: str) -> dict[str, Any]:
