@@ -7,8 +7,12 @@ and return the *sum* over masked tokens; the optimizer divides by the global tok
 * TIS: ``−w·A·log π_θ`` with ``w = min(exp(log π_θ − log μ), cap)`` detached, where ``μ`` is
   the rollout engine's policy (truncated importance sampling against rollout log-probs).
 * PPO-clip with clip-higher: ``−min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)``, ``ρ = π_θ / π_old``.
-* KL penalty to a frozen reference: k1 ``log π_θ − log π_ref`` or k3
-  ``exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1`` (Schulman's unbiased, positive estimator).
+* KL penalty to a frozen reference, one of Schulman's per-token estimators on the policy's own samples,
+  with ``x = log π_ref − log π_θ``: k2 ``x²/2`` or k3 ``exp(x) − x − 1``. As loss terms (the samples
+  held fixed, the gradient through ``log π_θ`` only) their expected gradients differ: k2's is that of
+  KL(π_θ ‖ π_ref), k3's that of the reverse KL(π_ref ‖ π_θ) (the GRPO / DeepSeek choice). k1 ``−x`` is
+  unbiased for KL(π_θ ‖ π_ref) as a *value* but its expected gradient is zero on-policy, so it regularises
+  nothing as a loss: :func:`kl_penalty` computes it (a metric), the loss refuses it.
 
 Per-token log-probs come from vocabulary-parallel logits through :mod:`megatron_logra.rl.logprobs`
 (chunks of ``LossConfig.logprob_chunk_tokens`` tokens, no fp32 ``[tokens, vocab]`` tensor for the batch).
@@ -42,7 +46,9 @@ class LossConfig:
     kl_coef: float = 0.0
     """Weight of the KL penalty to the initial (reference) policy; 0 disables it."""
     kl_estimator: str = "k3"
-    """k1 or k3."""
+    """k3 (``exp(x) − x − 1``, x = log π_ref − log π_θ: pulls along the gradient of KL(π_ref ‖ π_θ)) or k2
+    (``x²/2``: the gradient of KL(π_θ ‖ π_ref)); see the module docstring (k1 is refused: zero expected
+    gradient). The metrics' ``ref_kl`` uses the same estimator."""
     logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     """Tokens per chunk when turning logits into log-probs and entropy: the fp32 working set is two
     ``[chunk, V/tp]`` buffers in forward and in backward instead of several ``[tokens, V/tp]`` ones;
@@ -60,8 +66,12 @@ class LossConfig:
             raise ValueError(f"rl.loss.clip_high={self.clip_high} must be >= 0")
         if self.kl_coef < 0:
             raise ValueError(f"rl.loss.kl_coef={self.kl_coef} must be >= 0")
-        if self.kl_estimator not in ("k1", "k3"):
-            raise ValueError(f"rl.loss.kl_estimator={self.kl_estimator!r}: choose k1 or k3")
+        if self.kl_estimator == "k1":
+            raise ValueError("rl.loss.kl_estimator=k1 has an expected gradient of zero on the policy's own samples: as "
+                             "a loss term it adds noise and pulls nowhere; choose k2 (the gradient of KL(π_θ ‖ π_ref)) "
+                             "or k3 (the default: the gradient of KL(π_ref ‖ π_θ))")
+        if self.kl_estimator not in ("k2", "k3"):
+            raise ValueError(f"rl.loss.kl_estimator={self.kl_estimator!r}: choose k2 or k3")
         if isinstance(self.logprob_chunk_tokens, bool) or not isinstance(self.logprob_chunk_tokens, int) \
                 or self.logprob_chunk_tokens < 0:
             raise ValueError(f"rl.loss.logprob_chunk_tokens={self.logprob_chunk_tokens!r} must be an integer >= 0 "
@@ -96,11 +106,17 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Σ over masked tokens of Schulman's per-token KL estimator ``k1`` (−x), ``k2`` (x²/2) or ``k3``
+    (exp(x) − x − 1), x = ``ref_logp − logp`` (see the module docstring for their gradients)."""
     log_ratio = ref_logp - logp
     if estimator == "k1":
         per_token = -log_ratio
-    else:
+    elif estimator == "k2":
+        per_token = 0.5 * log_ratio * log_ratio
+    elif estimator == "k3":
         per_token = torch.exp(log_ratio) - log_ratio - 1.0
+    else:
+        raise ValueError(f"estimator={estimator!r}: choose k1, k2 or k3")
     return (per_token * mask).sum()
 
 

@@ -158,7 +158,7 @@ def test_ppo_clip_loss_clip_higher():
     assert ppo_clip_loss(logp, old, a, mask, eps_low, eps_high).item() == pytest.approx(0.22, abs=1e-12)
 
 
-def test_kl_penalty_k1_k3():
+def test_kl_penalty_k1_k2_k3():
     logp = torch.tensor([[-1.0, -2.0]], dtype=F64)
     ref = torch.tensor([[-1.5, -1.0]], dtype=F64)
     ones, first = torch.ones(1, 2, dtype=F64), torch.tensor([[1.0, 0.0]], dtype=F64)
@@ -170,9 +170,39 @@ def test_kl_penalty_k1_k3():
     assert kl_penalty(logp, ref, ones, "k3").item() == pytest.approx(sum(k3), abs=1e-12)
     assert kl_penalty(logp, ref, first, "k3").item() == pytest.approx(k3[0], abs=1e-12)
     assert kl_penalty(logp, ref, ones).item() == pytest.approx(sum(k3), abs=1e-12)  # default k3
-    # identical policies: both estimators are 0
-    assert kl_penalty(logp, logp.clone(), ones, "k3").item() == 0.0
-    assert kl_penalty(logp, logp.clone(), ones, "k1").item() == 0.0
+    # k2 = x² / 2 = [0.125, 0.5]
+    assert kl_penalty(logp, ref, ones, "k2").item() == pytest.approx(0.625, abs=1e-12)
+    # identical policies: every estimator is 0
+    for estimator in ("k1", "k2", "k3"):
+        assert kl_penalty(logp, logp.clone(), ones, estimator).item() == 0.0
+    with pytest.raises(ValueError, match="estimator='k4'"):
+        kl_penalty(logp, ref, ones, "k4")
+
+
+@pytest.mark.parametrize("estimator, direction", [("k1", None), ("k2", "forward"), ("k3", "reverse")])
+def test_the_penalty_pulls_along_the_gradient_its_docstring_names(estimator, direction):
+    """Exact expectation over a categorical policy (every token y weighted by π_θ(y), the samples held
+    fixed as on-policy sampling does): E[∇ k(y)] against autograd's gradient of the exact KL.
+    k2 gives ∇KL(π_θ‖π_ref), k3 ∇KL(π_ref‖π_θ), k1 zero (why the loss refuses it)."""
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(7, generator=gen, dtype=F64, requires_grad=True)
+    ref = torch.log_softmax(torch.randn(7, generator=gen, dtype=F64), -1)
+    logp = torch.log_softmax(z, -1)
+    p = logp.exp().detach()  # the sampling distribution: no gradient through the samples
+    expected_penalty = sum(p[y] * kl_penalty(logp[y].reshape(1, 1), ref[y].reshape(1, 1), torch.ones(1, 1, dtype=F64),
+                                             estimator) for y in range(7))
+    (got,) = torch.autograd.grad(expected_penalty, z, retain_graph=True)
+    q = ref.exp()
+    forward_kl = (logp.exp() * (logp - ref)).sum()
+    reverse_kl = (q * (ref - logp)).sum()
+    if direction is None:
+        torch.testing.assert_close(got, torch.zeros_like(got), atol=1e-12, rtol=0)
+        with pytest.raises(ValueError, match="kl_estimator=k1 has an expected gradient of zero"):
+            LossConfig(kl_estimator="k1")
+        return
+    (want,) = torch.autograd.grad(forward_kl if direction == "forward" else reverse_kl, z)
+    assert want.abs().max() > 1e-3
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
 
 
 def test_rl_loss_dispatch_and_kl_needs_reference():
@@ -190,9 +220,9 @@ def test_rl_loss_dispatch_and_kl_needs_reference():
     k3 = math.exp(-0.5) - 0.5 + math.e - 2.0
     got = rl_loss(LossConfig(kl_coef=0.1), logp, rollout, adv, mask, ref).item()
     assert got == pytest.approx(tis + 0.1 * k3, abs=1e-12)
-    # + 0.1 · k1 (−0.5)
-    got = rl_loss(LossConfig(kl_coef=0.1, kl_estimator="k1"), logp, rollout, adv, mask, ref).item()
-    assert got == pytest.approx(tis - 0.05, abs=1e-12)
+    # + 0.1 · k2: x = [−0.5, 1.0] -> (0.25 + 1) / 2 = 0.625
+    got = rl_loss(LossConfig(kl_coef=0.1, kl_estimator="k2"), logp, rollout, adv, mask, ref).item()
+    assert got == pytest.approx(tis + 0.0625, abs=1e-12)
     # PPO: ρ = [1, e⁻¹ = 0.368] with A = +1: min(1, 1) = 1 and min(0.368, 0.8) = 0.368 -> −1.3678794
     got = rl_loss(LossConfig(kind="ppo"), logp, rollout, adv, mask).item()
     assert got == pytest.approx(-(1.0 + math.exp(-1.0)), abs=1e-12)
@@ -248,10 +278,10 @@ def test_make_rl_loss_fn_loss_and_mismatch_report(groups):
     assert report["mismatch"][1].item() == 2.0
 
 
-@pytest.mark.parametrize("estimator", ["k1", "k3"])
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
 def test_make_rl_loss_fn_reports_the_kl_to_the_reference(groups, estimator):
     """``ref_kl`` = Σ over loss tokens of the penalty's per-token estimator of KL(π_θ ‖ π_ref), written
-    out here from its definition (k1 = log π_θ − log π_ref, k3 = r − log r − 1 with r = π_ref / π_θ);
+    out here from its definition (k2 = (log π_θ − log π_ref)² / 2, k3 = r − log r − 1 with r = π_ref / π_θ);
     the loss carries ``kl_coef`` times the same sum. Without reference log-probs the report is [0, 0]."""
     from megatron_logra.rl.loop import make_rl_loss_fn
 
@@ -268,8 +298,8 @@ def test_make_rl_loss_fn_reports_the_kl_to_the_reference(groups, estimator):
     loss, _, report = make_rl_loss_fn(LossConfig(kl_coef=coef, kl_estimator=estimator), 1.0, groups.tp)(batch, logits)
 
     logp = torch.log_softmax(logits.double(), -1).gather(-1, labels[..., None])[..., 0]
-    if estimator == "k1":
-        per_token = logp - ref
+    if estimator == "k2":
+        per_token = 0.5 * (logp - ref) ** 2
     else:
         r = torch.exp(ref - logp)
         per_token = r - torch.log(r) - 1
