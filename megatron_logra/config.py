@@ -141,6 +141,7 @@ class RunConfig:
         self._check_sequence_shapes()
         self._check_dense_adamw()
         if self.job == "rl":
+            self._check_low_precision_delta_sync()
             return
         if self.model.hf_path:
             raise ValueError(f"model.hf_path={self.model.hf_path!r} is not read by job=lm (its synthetic next-token "
@@ -161,6 +162,20 @@ class RunConfig:
             raise ValueError(
                 f"data.num_symbols={self.data.num_symbols} needs model.vocab_size >= {self.data.num_symbols + 2}"
             )
+
+    def _check_low_precision_delta_sync(self) -> None:
+        """LoGRA with 16-bit weights and no fp32 masters under sketch-delta sync is refused: the delta merge
+        (shared with the engine, so both stay bitwise equal) rounds to nearest, which drops most of each
+        KL-controlled step for good (its entries lie far below bf16's spacing; measured: ~8% of the
+        intended update reached the weights), whatever ``optimizer.logra.rounding`` says."""
+        opt = self.optimizer
+        if (opt.name == "logra" and opt.logra.masters == "none" and self.model.params_dtype != "float32"
+                and self.sync.mode == "delta"):
+            raise ValueError(
+                f"optimizer.logra.masters=none with model.params_dtype={self.model.params_dtype} and sync.mode=delta: "
+                "the sketch-delta merge rounds every step to nearest (optimizer.logra.rounding is not applied to "
+                "it), which loses most of each update; set optimizer.logra.masters=fp32 (the masters keep the exact "
+                "step, re-anchored at sync.max_master_drift) or sync.mode=full")
 
     def _check_dense_adamw(self) -> None:
         """``optimizer.name=adam`` (dense AdamW on every parameter, ``optim/dense.py``) reads neither

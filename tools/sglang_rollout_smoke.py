@@ -78,7 +78,8 @@ def smoke_config(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_
                "sglang_engine_args": {**DEFAULT_ENGINE_ARGS, **(engine_args or {})}}
     cfg.rl = dataclasses.replace(cfg.rl, steps=steps, eval_interval=0,
                                  rollout=dataclasses.replace(cfg.rl.rollout, **rollout))
-    cfg.sync = dataclasses.replace(cfg.sync, mode="delta", check_interval=1, anchor_interval=0)
+    # no master re-anchor (sync.max_master_drift=0): every update must travel as a delta alone
+    cfg.sync = dataclasses.replace(cfg.sync, mode="delta", check_interval=1, anchor_interval=0, max_master_drift=0.0)
     cfg.train = dataclasses.replace(cfg.train, run_dir=str(run_dir or tempfile.mkdtemp(prefix="logra-sglang-rl-")),
                                     progress=False)
     return cfg.validate()

@@ -1,0 +1,79 @@
+"""bf16 weights with fp32 masters under sketch-delta sync: the re-anchor stays within a step's KL budget.
+
+The delta merge (shared with the engine) rounds bf16 weights to nearest, so most of each KL-controlled
+step is lost from the compute weights while the fp32 masters keep it; at ``sync.max_master_drift`` the
+masters are copied back in one go, a step the KL controller never sized. The default threshold must keep
+that jump below one step's budget: the exact KL between the policy before and after the re-anchor is
+measured here, on the updates the RL loop makes (paper recipe, default controller, forward-mode
+prediction, ``local_factors`` merged as ``rl_update`` does). Without masters the combination is refused.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def test_the_default_reanchor_jump_stays_within_one_steps_budget(groups, one_thread):
+    from megatron_logra.kl.controller import KLConfig, KLController
+    from megatron_logra.kl.probe import ProbeBatch, predicted_kl
+    from megatron_logra.models.gpt import ModelConfig, build_gpt
+    from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
+    from megatron_logra.sync.config import SyncConfig
+    from megatron_logra.sync.trainer import local_factors
+    from megatron_logra.train.step import Batch, forward_backward
+
+    V, B, S = 64, 4, 32
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_gpt(ModelConfig(vocab_size=V, params_dtype="bfloat16", init_std=0.05), groups, seed=3)
+    opt = build_optimizer(model, OptimizerConfig(logra=LograConfig(rank=16, recipe="paper"),
+                                                 native=NativeConfig(freeze=True)), groups)
+    assert opt.masters and opt.targets[0].weight.dtype == torch.bfloat16
+    controller = KLController(KLConfig())
+    gen = torch.Generator().manual_seed(0)
+    tokens, labels = torch.randint(0, V, (B, S), generator=gen), torch.randint(0, V, (B, S), generator=gen)
+    pos, mask = torch.arange(S)[None].expand(B, S).contiguous(), torch.ones(B, S)
+    mask[:, :8] = 0
+    probe = ProbeBatch(tokens, pos, mask)
+
+    @torch.no_grad()
+    def logprobs() -> torch.Tensor:
+        model.eval()
+        z = model(tokens, pos, None)[mask.bool()].double()
+        model.train()
+        return F.log_softmax(z, -1)
+
+    threshold = SyncConfig().max_master_drift
+    budget = None
+    for _ in range(200):
+        opt.zero_grad()
+        result = forward_backward(model, [Batch(tokens, labels, mask, pos)], groups)
+        update = opt.prepare(num_tokens=result.num_tokens)
+        pred, _ = predicted_kl(model, opt.sketches, update.directions, update.update_index, probe, groups)
+        alpha, budget = controller.step_size(pred, controller.num_updates + 1)
+        opt.apply(update, alpha, factors=local_factors(opt, update, alpha))
+        controller.finish_update()
+        if opt.master_drift() > threshold:
+            break
+    else:
+        pytest.fail(f"master drift never passed {threshold} in 200 updates")
+    before = logprobs()
+    opt.reanchor()
+    after = logprobs()
+    jump = (before.exp() * (before - after)).sum(-1).mean().item()  # exact KL(π_before ‖ π_after)
+    assert 0 < jump < budget, (jump, budget)
+
+
+def test_16_bit_weights_without_masters_under_delta_sync_are_refused():
+    from megatron_logra.overrides import parse_args_to_config
+
+    bf16_only = ["model.params_dtype=bfloat16", "logra.masters=none"]
+    with pytest.raises(ValueError, match=r"optimizer\.logra\.masters=none with model\.params_dtype=bfloat16 and "
+                                         r"sync\.mode=delta.*set optimizer\.logra\.masters=fp32.*or sync\.mode=full"):
+        parse_args_to_config("tiny", bf16_only)
+    assert parse_args_to_config("tiny", [*bf16_only, "sync.mode=full"]).sync.mode == "full"
+    assert parse_args_to_config("lm-tiny", bf16_only).optimizer.logra.masters == "none"  # no engine to sync
