@@ -164,11 +164,16 @@ class RunConfig:
             )
 
     def _check_low_precision_delta_sync(self) -> None:
-        """LoGRA with 16-bit weights and no fp32 masters under sketch-delta sync is refused: the delta merge
+        """What sketch-delta sync cannot carry is refused before anything is built: an ``output_layer`` target
+        (no engine name maps to it yet), and LoGRA with 16-bit weights and no fp32 masters: the delta merge
         (shared with the engine, so both stay bitwise equal) rounds to nearest, which drops most of each
         KL-controlled step for good (its entries lie far below bf16's spacing; measured: ~8% of the
         intended update reached the weights), whatever ``optimizer.logra.rounding`` says."""
         opt = self.optimizer
+        if opt.name == "logra" and self.sync.mode == "delta" and "output_layer" in opt.logra.targets:
+            raise ValueError("optimizer.logra.targets includes output_layer, which sketch-delta sync cannot send (the "
+                             "engines hold it as lm_head.weight): every update would fall back to a full refit with a "
+                             "warning; set sync.mode=full, or drop output_layer from optimizer.logra.targets")
         if (opt.name == "logra" and opt.logra.masters == "none" and self.model.params_dtype != "float32"
                 and self.sync.mode == "delta"):
             raise ValueError(

@@ -1,4 +1,5 @@
-"""bf16 weights with fp32 masters under sketch-delta sync: the re-anchor stays within a step's KL budget.
+"""What sketch-delta sync can carry. bf16 weights with fp32 masters: the re-anchor stays within a step's
+KL budget; 16-bit weights without masters, and an ``output_layer`` target, are refused.
 
 The delta merge (shared with the engine) rounds bf16 weights to nearest, so most of each KL-controlled
 step is lost from the compute weights while the fp32 masters keep it; at ``sync.max_master_drift`` the
@@ -77,3 +78,15 @@ def test_16_bit_weights_without_masters_under_delta_sync_are_refused():
         parse_args_to_config("tiny", bf16_only)
     assert parse_args_to_config("tiny", [*bf16_only, "sync.mode=full"]).sync.mode == "full"
     assert parse_args_to_config("lm-tiny", bf16_only).optimizer.logra.masters == "none"  # no engine to sync
+
+
+def test_an_output_layer_target_under_delta_sync_is_refused():
+    """The engines hold the output layer as ``lm_head.weight``; a delta naming ``output_layer.weight`` was
+    rejected by every engine and each update fell back to a full refit."""
+    from megatron_logra.overrides import parse_args_to_config
+
+    targets = "logra.targets=linear_qkv,output_layer"
+    with pytest.raises(ValueError, match=r"optimizer\.logra\.targets includes output_layer.*set sync\.mode=full"):
+        parse_args_to_config("tiny", [targets, "model.untie_embeddings_and_output_weights=true"])
+    cfg = parse_args_to_config("tiny", [targets, "model.untie_embeddings_and_output_weights=true", "sync.mode=full"])
+    assert "output_layer" in cfg.optimizer.logra.targets
