@@ -72,11 +72,15 @@ def check_logprob_convention(params: SamplingParams, env: Optional[Mapping[str, 
 
 
 def build_generate_payload(prompts: Sequence[Sequence[int]], params: SamplingParams, *, vocab_size: int,
-                           padded_vocab_size: int, send_seed: bool = False) -> dict:
+                           padded_vocab_size: int, send_seed: bool = False,
+                           engine_vocab_size: Optional[int] = None) -> dict:
     """The ``/generate`` body (also ``Engine.generate``'s keyword arguments) for one batch.
 
     ``temperature == 0`` is sent as 0 (SGLang maps it to greedy, ``top_k = 1``, log-probs of
-    ``softmax(z)``). ``logit_bias`` holds the padded ids ``[vocab_size, padded_vocab_size)``.
+    ``softmax(z)``). ``logit_bias`` holds the padded ids the engine's model has, ``[vocab_size,
+    engine_vocab_size)`` (``engine_vocab_size``: the served model's ``vocab_size``, default
+    ``padded_vocab_size``): SGLang's ``SamplingParams.verify`` refuses the whole request for a key
+    outside ``[0, engine_vocab_size)``, and ids the engine does not have cannot be drawn anyway.
     ``send_seed`` adds ``sampling_seed = request_seeds(params.seed, len(prompts))[i]`` per prompt
     (SGLang's per-request seed), making ``sampling_params`` a list; otherwise SGLang samples from its
     own generator.
@@ -86,8 +90,9 @@ def build_generate_payload(prompts: Sequence[Sequence[int]], params: SamplingPar
     sp: dict[str, Any] = {"temperature": float(params.temperature), "top_p": float(params.top_p),
                           "max_new_tokens": int(params.max_new_tokens),
                           "stop_token_ids": sorted(set(params.stop_token_ids)), "skip_special_tokens": False}
-    if padded_vocab_size > vocab_size:
-        sp["logit_bias"] = {str(i): PADDED_LOGIT_BIAS for i in range(vocab_size, padded_vocab_size)}
+    engine_vocab = padded_vocab_size if engine_vocab_size is None else min(engine_vocab_size, padded_vocab_size)
+    if engine_vocab > vocab_size:
+        sp["logit_bias"] = {str(i): PADDED_LOGIT_BIAS for i in range(vocab_size, engine_vocab)}
     sampling: Any = sp
     if send_seed:
         sampling = [{**sp, "sampling_seed": seed} for seed in request_seeds(params.seed, len(prompts))]

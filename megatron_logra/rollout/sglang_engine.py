@@ -24,8 +24,18 @@ probabilities *renormalised over the top-p nucleus*; for greedy requests ``log_s
   environment cannot be seen: do not set it there).
 
 Padded vocabulary: the trainer gives columns ``>= ModelConfig.vocab_size`` the logit
-``PADDED_LOGIT``; SGLang has no such hook, so every request carries a ``logit_bias`` of
-``PADDED_LOGIT`` on those ids (probability ~0 on both sides).
+``PADDED_LOGIT``; SGLang has no such hook. The engine's model has ``E`` ids (its ``config.
+vocab_size``, reported by the sync loader): ``E = padded_vocab_size`` for the in-process engine
+(its ``config.json`` is written padded) or for a server started from such a config, ``E =
+vocab_size`` for a server started from the Hugging Face checkpoint or the exported config. Every
+request carries a ``logit_bias`` of ``PADDED_LOGIT`` on the padded ids the engine has, ``[vocab_size,
+E)`` (SGLang's ``SamplingParams.verify`` refuses keys ``>= E``; probability ~0 on both sides), and
+:mod:`~megatron_logra.sync.sglang_protocol` cuts refits and dense delta entries of
+``embed_tokens``/``lm_head`` to ``E`` rows (SGLang's ``VocabParallelEmbedding.weight_loader``
+asserts exactly ``E``). ``E`` outside ``[vocab_size, padded_vocab_size]`` is refused when the
+engine is built. With ``E < padded_vocab_size`` the drift check is off (:meth:`SGLangEngine.
+fingerprint` returns None: the trainer fingerprints its padded rows, which the engine lacks); the
+periodic anchor refit still runs.
 
 Weights: synchronised only through :mod:`megatron_logra.sync.sglang_client` (sketch deltas via the
 custom loader, dense refits, fingerprints, versions); this module just decides who talks to it.
@@ -81,7 +91,7 @@ from megatron_logra.sync.errors import SyncError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ENGINE_DTYPES", "SGLangEngine", "check_engine_dtype", "share_from_driver"]
+__all__ = ["ENGINE_DTYPES", "SGLangEngine", "check_engine_dtype", "check_engine_vocab", "share_from_driver"]
 
 
 # --------------------------------------------------------------------------- one driver per group
@@ -115,7 +125,17 @@ class SGLangEngine:
         self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
         self.gen_group, self.sync_group, self.send_seed = gen_group, sync_group, send_seed
         self._close_fn = close_fn
-        self._version = int(share_from_driver(lambda: self.target.weight_version, sync_group))
+        version, engine_vocab = share_from_driver(
+            lambda: (int(self.target.weight_version), getattr(self.target, "vocab_size", None)), sync_group)
+        self._version = int(version)
+        self.engine_vocab_size = check_engine_vocab(engine_vocab, vocab_size, padded_vocab_size)
+        self._fingerprints = self.engine_vocab_size == padded_vocab_size
+        if not self._fingerprints and is_driver(sync_group):
+            logger.warning("sglang engine: its model has vocab_size=%d, the trainer pads to %d: drift checks are "
+                           "off (the trainer fingerprints padded rows the engine lacks; anchor refits still run); "
+                           "serve a config with vocab_size=%d (model.padded_vocab_size), or choose "
+                           "model.make_vocab_size_divisible_by so that the vocabulary is not padded, to have them",
+                           self.engine_vocab_size, padded_vocab_size, padded_vocab_size)
 
     # ------------------------------------------------------------------ weights (sync_client, driver only)
 
@@ -166,7 +186,10 @@ class SGLangEngine:
         self._synced(drive)
 
     def fingerprint(self) -> Optional[dict[str, str]]:
-        """The engine's per-tensor hashes (``sglang_client``), or None when it cannot (a fingerprint error)."""
+        """The engine's per-tensor hashes (``sglang_client``), or None when it cannot (a fingerprint error,
+        or an engine vocabulary smaller than the trainer's padded one: module docstring)."""
+        if not self._fingerprints:
+            return None
         return share_from_driver(lambda: self.target.fingerprint(), self.sync_group)
 
     # ------------------------------------------------------------------ generation
@@ -180,7 +203,8 @@ class SGLangEngine:
                 if not p or min(p) < 0 or max(p) >= self.vocab_size:
                     raise ValueError(f"prompt {i} is empty or has token ids outside [0, {self.vocab_size})")
             payload = build_generate_payload(prompts, params, vocab_size=self.vocab_size,
-                                             padded_vocab_size=self.padded_vocab_size, send_seed=self.send_seed)
+                                             padded_vocab_size=self.padded_vocab_size, send_seed=self.send_seed,
+                                             engine_vocab_size=self.engine_vocab_size)
             return parse_generate_response(self.generate_fn(payload), prompts, self._version,
                                            stop_token_ids=params.stop_token_ids)
 
@@ -270,6 +294,23 @@ def _replica_gpus(mp: Any) -> int:
     if mp is None:
         return 1
     return contiguous_run(dist.get_process_group_ranks(mp), dist.get_rank())
+
+
+def check_engine_vocab(engine_vocab: Optional[int], vocab_size: int, padded_vocab_size: int) -> int:
+    """The engine's vocabulary ``E`` (``padded_vocab_size`` when its loader does not say), refused
+    (``ValueError``) outside ``[vocab_size, padded_vocab_size]``: a smaller model lacks tokens the
+    trainer samples; a larger one has ids the trainer cannot score, and SGLang's embedding loader
+    takes exactly ``E`` rows, which the trainer's refits do not have."""
+    if engine_vocab is None:
+        return padded_vocab_size
+    if not vocab_size <= engine_vocab <= padded_vocab_size:
+        raise ValueError(
+            f"the SGLang engine's model has vocab_size={engine_vocab}, the trainer model.vocab_size={vocab_size} "
+            f"padded to {padded_vocab_size} (model.make_vocab_size_divisible_by x TP): the engine's vocabulary must "
+            f"lie in [{vocab_size}, {padded_vocab_size}]; serve a model whose config has vocab_size={vocab_size} "
+            f"(the Hugging Face checkpoint, or what `convert mcore-to-hf` writes) or {padded_vocab_size}, or set model.vocab_size "
+            "to the served model's")
+    return int(engine_vocab)
 
 
 ENGINE_DTYPES = ("bfloat16", "float16")

@@ -55,6 +55,7 @@ from megatron_logra.sync.sglang_weights import (
     engine_hf_view,
     engine_tp,
     engine_version,
+    engine_vocab_size,
 )
 from megatron_logra.sync.sglang_wire import (
     COMMAND_NAME,
@@ -180,8 +181,10 @@ def sync_loader(model: nn.Module, named_tensors: list[tuple[str, torch.Tensor]])
 
     Applies a delta (:data:`TENSOR_NAME`) and/or runs a command (:data:`COMMAND_NAME`), then
     writes the outcome to :data:`STATE_PARAM`: ``{"format", "seq", "nonce", "op", "ok",
-    "error", "error_kind", "version", "tp_size", "tp_rank", "fingerprint_version",
-    "fingerprint_error"}``. Rejections leave the weights and the version untouched. A fingerprint
+    "error", "error_kind", "version", "tp_size", "tp_rank", "vocab_size", "fingerprint_version",
+    "fingerprint_error"}`` (``vocab_size``: the served model's vocabulary,
+    :func:`~megatron_logra.sync.sglang_weights.engine_vocab_size`, which clients trim the trainer's
+    padded vocabulary rows to). Rejections leave the weights and the version untouched. A fingerprint
     (``op="fingerprint"`` or ``"fingerprint": true``) runs on every rank or on none (``error``
     is the same on every rank: each gets the same request and ``apply`` agrees over the group),
     since at TP > 1 it is collective; its failure is recorded in
@@ -198,7 +201,7 @@ def sync_loader(model: nn.Module, named_tensors: list[tuple[str, torch.Tensor]])
                              "fingerprint_version": None, "fingerprint_error": None}
     try:
         size, rank = engine_tp(model)
-        state.update(tp_size=size, tp_rank=rank)
+        state.update(tp_size=size, tp_rank=rank, vocab_size=engine_vocab_size(model))
         error: Optional[SyncError] = None
         try:
             delta_tensors, command = _split_request(named_tensors)

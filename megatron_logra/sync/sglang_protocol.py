@@ -30,6 +30,14 @@ TP=1 fingerprint); it returns ``None`` when the engine cannot (the loader report
 are then skipped for that engine, and only the periodic anchor refit protects against silent
 drift. Imports only torch and the standard library
 besides the sync package.
+
+Vocabulary: the trainer pads its vocabulary (``ModelConfig.padded_vocab_size``); the served model
+may not (a server started from the Hugging Face checkpoint or the exported config has the
+tokenizer's ``vocab_size``). SGLang's ``VocabParallelEmbedding.weight_loader`` asserts that a
+loaded ``embed_tokens``/``lm_head`` has exactly ``org_vocab_size`` rows, so refits and the dense
+vocabulary entries of deltas are cut to the engine's vocabulary (:attr:`_SGLangTarget.vocab_size`,
+which the loader reports): the rows past it are padding the trainer masks, which the engine does
+not have. A tensor with *fewer* rows than the engine's vocabulary is refused before it is sent.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 import torch
 
 from megatron_logra.sync.codec import SketchDelta, decode, encode
+from megatron_logra.sync.sglang_weights import VOCAB_PARALLEL
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.sglang_payloads import (
     DEFAULT_CHUNK_BYTES,
@@ -75,6 +84,8 @@ class _SGLangTarget:
         self.rows_per_tensor = rows_per_tensor
         self.chunk_bytes = chunk_bytes
         self._version: Optional[int] = None
+        self._vocab: Optional[int] = None
+        self._vocab_read = False
         self._checked = False
         self._fp_disabled: Optional[str] = None
         self.bytes_sent = 0
@@ -149,6 +160,7 @@ class _SGLangTarget:
                                         "after the loader ran: check the engine's log for the read error (the "
                                         "loader serves the record itself on model classes without the method)")
         state = _decode_json_param(values, f"loader state {STATE_PARAM!r}")
+        self._note_vocab(state)
         if nonce is not None and state.get("nonce") != nonce:
             raise SGLangError("engine", f"the loader did not record this request (state nonce {state.get('nonce')!r}, "
                                         f"sent {nonce!r}): was {LOADER_PATH} really called?")
@@ -159,8 +171,47 @@ class _SGLangTarget:
         self._check_server()
         values = self._read_param(STATE_PARAM)
         state = self._command("status") if values is None else _decode_json_param(values, "loader state")
+        self._note_vocab(state)
         self._version = int(state["version"])
         return self._version
+
+    def _note_vocab(self, state: dict) -> None:
+        size = state.get("vocab_size")
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            self._vocab, self._vocab_read = size, True
+
+    @property
+    def vocab_size(self) -> Optional[int]:
+        """The served model's vocabulary (``config.vocab_size``, as the loader reports it; one status
+        command the first time), None when the engine's loader does not say. Refits and deltas send
+        ``embed_tokens``/``lm_head`` cut to this many rows."""
+        if not self._vocab_read:
+            self._check_server()
+            self._vocab_read = True
+            self._command("status")
+        return self._vocab
+
+    def _vocab_rows(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` as the engine loads it: a vocab-parallel tensor cut to the engine's vocabulary."""
+        vocab = self._vocab
+        if name not in VOCAB_PARALLEL or vocab is None or tensor.dim() < 1 or tensor.shape[0] == vocab:
+            return tensor
+        if tensor.shape[0] < vocab:
+            raise SGLangError("config", f"{name} has {tensor.shape[0]} rows but the SGLang engine's model has "
+                                        f"vocab_size={vocab}: the trainer's vocabulary (model.vocab_size, padded "
+                                        "by model.make_vocab_size_divisible_by) must cover the served model's")
+        return tensor[:vocab]  # the trainer's padding rows: masked there, absent from the engine's model
+
+    def _delta_for_engine(self, delta: SketchDelta, data: bytes) -> tuple[SketchDelta, bytes]:
+        """``delta`` with its dense vocabulary entries cut to the engine's vocabulary (re-encoded if cut)."""
+        if not any(name in VOCAB_PARALLEL for name in delta.dense):
+            return delta, data
+        self.vocab_size  # noqa: B018 - reads the engine's vocabulary once
+        dense = {name: self._vocab_rows(name, t) for name, t in delta.dense.items()}
+        if all(dense[name] is t for name, t in delta.dense.items()):
+            return delta, data
+        delta.dense = {name: t.clone() for name, t in dense.items()}
+        return delta, encode(delta)
 
     # ---- the protocol ----------------------------------------------------------------------
     @property
@@ -174,7 +225,8 @@ class _SGLangTarget:
         """Send one delta; returns the new version. Raises :class:`SyncError` (version kept) on rejection."""
         data = encode(payload) if isinstance(payload, SketchDelta) else bytes(payload)
         delta = decode(data)  # checksum and structure, before anything is sent
-        current = self.refresh()  # the engine's own version: someone may have refit or restarted it
+        current = self.refresh()
+        delta, data = self._delta_for_engine(delta, data)  # the engine's own version: someone may have refit or restarted it
         try:
             _precheck(delta, current)
         except SyncError as exc:
@@ -213,14 +265,19 @@ class _SGLangTarget:
         ``chunk_bytes`` chunks; then version := ``version``.
 
         Goes through SGLang's default loader (``load_format=None`` -> ``model.load_weights``, which
-        fuses q/k/v and gate/up and shards for TP). The engine's version is -1 (unknown) from the
+        fuses q/k/v and gate/up and shards for TP); ``embed_tokens``/``lm_head`` go cut to the engine's
+        vocabulary (:attr:`vocab_size`). The engine's version is -1 (unknown) from the
         first chunk until the last one has loaded, so a failure part-way leaves it refusing deltas
         until the next full refit succeeds. An unknown name makes SGLang's ``load_weights``
         raise inside the scheduler, so names must be the checkpoint's.
         """
         self._check_server()
+        self.vocab_size  # noqa: B018 - known before the first chunk: vocabulary tensors are cut to it
         t0 = time.perf_counter()
         sent = 0
+        named = ((name, self._vocab_rows(name, t))
+                 for name, t in (((k, hf_state[k]) for k in sorted(hf_state)) if isinstance(hf_state, Mapping)
+                                 else hf_state))
         with self._paused():
             # the engine's weights are a mix of two versions until the last chunk: say so first, so a
             # refit that stops part-way leaves version -1 (unknown) and every delta is refused
@@ -229,7 +286,7 @@ class _SGLangTarget:
             if not state.get("ok") or self._version != -1:
                 raise SGLangError("engine", f"marking the engine version unknown before the refit failed: "
                                             f"{state.get('error')}")
-            for chunk in chunk_named_tensors(hf_state, self.chunk_bytes):
+            for chunk in chunk_named_tensors(named, self.chunk_bytes):
                 ok, message = self._update(chunk, None, False)
                 if not ok:
                     raise SGLangError("engine", f"full refit to version {version} failed at {chunk[0][0]}: {message}")

@@ -30,11 +30,14 @@ from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.layout import sglang_gate_up_rows, sglang_qkv_rows
 from megatron_logra.sync.sglang_wire import FINGERPRINT_PARAM, STATE_PARAM
 
-__all__ = ["VERSION_ATTR", "Piece", "engine_tp", "engine_version", "engine_hf_view", "engine_pieces"]
+__all__ = ["VERSION_ATTR", "VOCAB_PARALLEL", "Piece", "engine_tp", "engine_version", "engine_vocab_size",
+           "engine_hf_view", "engine_pieces"]
 
 VERSION_ATTR = "_logra_weight_version"
 _ATTENTION_ATTR = "_logra_attention"
 _OWN_PARAMS = (STATE_PARAM, FINGERPRINT_PARAM)
+VOCAB_PARALLEL = ("model.embed_tokens.weight", "lm_head.weight")
+"""HF names of the vocab-parallel tensors (one row per vocabulary id)."""
 
 
 def engine_tp(model: nn.Module) -> tuple[int, int]:
@@ -54,6 +57,25 @@ def engine_tp(model: nn.Module) -> tuple[int, int]:
 def engine_version(model: nn.Module) -> int:
     """Weight version recorded on ``model`` by this loader (0 before the first delta)."""
     return int(getattr(model, VERSION_ATTR, 0))
+
+
+def engine_vocab_size(model: nn.Module) -> Optional[int]:
+    """The vocabulary of the served model: ``model.config.vocab_size``, None when it cannot be told.
+
+    It is SGLang's ``ModelConfig.vocab_size`` (``SamplingParams.verify`` refuses ``logit_bias`` keys
+    outside ``[0, vocab_size)``) and the ``org_vocab_size`` of its ``VocabParallelEmbedding`` /
+    ``ParallelLMHead`` (whose ``weight_loader`` asserts that a loaded tensor has exactly that many
+    rows): rows past it are SGLang's own padding. Without a config, an unsharded model's
+    ``embed_tokens.org_vocab_size`` says the same.
+    """
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    org = getattr(embed, "org_vocab_size", None)
+    if isinstance(org, int) and org > 0 and engine_tp(model)[0] == 1:
+        return org
+    return None
 
 
 def _own_weights(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -203,7 +225,7 @@ def engine_pieces(model: nn.Module) -> dict[str, Piece]:
             c = w.shape[1]
             rows = _arange(0, w.shape[0])
             out[name] = Piece((w.shape[0], size * c), rows, rows, (rank * c, (rank + 1) * c), w)
-        elif name in ("model.embed_tokens.weight", "lm_head.weight") and w.dim() >= 1:
+        elif name in VOCAB_PARALLEL and w.dim() >= 1:
             start, n = _vocab_rows(model.get_submodule(head), w.shape[0], size, rank)
             out[name] = Piece((start + n, *w.shape[1:]), _arange(start, start + n), _arange(0, n),
                               (0, prod(w.shape[1:])), w.reshape(w.shape[0], -1), open_rows=True)

@@ -99,9 +99,17 @@ class SGLangQwen2(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, named):
-        """SGLang's default loader (TP=1): stack q/k/v and gate/up, copy the rest, keep padding rows."""
+        """SGLang's default loader (TP=1): stack q/k/v and gate/up, copy the rest; ``embed_tokens`` /
+        ``lm_head`` through ``VocabParallelEmbedding.weight_loader``, which asserts exactly
+        ``org_vocab_size`` (= ``config.vocab_size``) rows and zeroes its padding rows."""
         params = dict(self.named_parameters())
         for name, t in named:
+            if name in ("model.embed_tokens.weight", "lm_head.weight"):
+                assert t.shape[0] == self.config.vocab_size, \
+                    f"self.org_vocab_size={self.config.vocab_size} loaded_weight.shape[output_dim]={t.shape[0]}"
+                params[name].data[: t.shape[0]].copy_(t)
+                params[name].data[t.shape[0]:].fill_(0)
+                continue
             for shard, fused in (("q_proj", "qkv_proj"), ("k_proj", "qkv_proj"), ("v_proj", "qkv_proj"),
                                  ("gate_proj", "gate_up_proj"), ("up_proj", "gate_up_proj")):
                 if f".{shard}." in name:
@@ -176,11 +184,17 @@ class FakeEngine:
 
 class FakeSGLang:
     """Answers ``/generate`` payloads like SGLang: bigram logits ``table[last token]`` (+ logit_bias),
-    greedy for T = 0 (log-probs of softmax(z)), else sampled from softmax(z/T) with its log-prob."""
+    greedy for T = 0 (log-probs of softmax(z)), else sampled from softmax(z/T) with its log-prob.
 
-    def __init__(self, seed: int = 0, as_tuples: bool = True) -> None:
+    ``vocab_size`` is the served model's (``PADDED``: like the in-process engine; ``VOCAB``: a server
+    started from the unpadded checkpoint); its logits are the first ``vocab_size`` columns of
+    ``table``, and a ``logit_bias`` key outside ``[0, vocab_size)`` fails the request as SGLang's
+    ``SamplingParams.verify`` does."""
+
+    def __init__(self, seed: int = 0, as_tuples: bool = True, vocab_size: int = PADDED) -> None:
         g = torch.Generator().manual_seed(seed)
         self.table = torch.randn(PADDED, PADDED, generator=g, dtype=torch.float64) * 2
+        self.vocab_size = vocab_size
         self.gen = torch.Generator().manual_seed(seed + 1)
         self.as_tuples = as_tuples
         self.payloads: list[dict] = []
@@ -192,12 +206,14 @@ class FakeSGLang:
         outs = []
         for i, prompt in enumerate(payload["input_ids"]):
             sp = sp_all[i] if isinstance(sp_all, list) else sp_all
-            bias = torch.zeros(PADDED, dtype=torch.float64)
+            bias = torch.zeros(self.vocab_size, dtype=torch.float64)
             for k, v in sp.get("logit_bias", {}).items():
+                if not 0 <= int(k) < self.vocab_size:  # SamplingParams.verify(model_config.vocab_size)
+                    raise ValueError(f"logit_bias must has keys in [0, {self.vocab_size - 1}], got {k}.")
                 bias[int(k)] += v
             last, ids, entries, reason = prompt[-1], [], [], None
             for _ in range(sp["max_new_tokens"]):
-                z = self.table[last] + bias
+                z = self.table[last, : self.vocab_size] + bias
                 if sp["temperature"] == 0:
                     tok = int(torch.argmax(z))
                     logp = torch.log_softmax(z, -1)[tok]
@@ -224,8 +240,9 @@ class FakeSGLang:
 class FakeTarget:
     """The ``sglang_client`` target protocol with a version and canned answers."""
 
-    def __init__(self, version: int = 0) -> None:
+    def __init__(self, version: int = 0, vocab_size=None) -> None:
         self.weight_version = version
+        self.vocab_size = vocab_size  # the served model's, as the sync loader reports it (None: not said)
         self.calls: list[str] = []
 
     def apply_sketch_delta(self, delta):

@@ -581,3 +581,49 @@ def test_client_imports_neither_sglang_megatron_transformers_nor_requests():
                          env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"CLIENT-OK {LOADER_PATH}" in out.stdout
+
+
+# --------------------------------------------------------------------------- a served vocabulary the trainer pads
+
+
+def _padded(t, rows, seed=3):
+    """``t`` with the trainer's padding rows appended (not zero: a trainer's padding rows need not be)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.cat([t, (torch.randn(rows - t.shape[0], *t.shape[1:], generator=gen) * 0.02).to(t.dtype)])
+
+
+@pytest.mark.parametrize("transport", ["engine", "http"])
+def test_refits_and_deltas_cut_the_trainers_padded_vocabulary_to_the_served_models(transport, servers):
+    """The trainer pads V=40 to 128 (model.make_vocab_size_divisible_by=128); the server was started from
+    the unpadded checkpoint (config vocab_size 40; SGLang pads its own rows to 64). SGLang's embedding
+    loader takes exactly 40 rows (the stand-in asserts as ``VocabParallelEmbedding.weight_loader``
+    does), so the refit and the delta's dense embedding arrive cut to the rows the engine has."""
+    hf, new = hf_state(), hf_state(seed=5)
+    runtime = SchedulerRuntime([SGLangLlama(hf, vocab_pad=24)])
+    if transport == "engine":
+        target = SGLangEngineTarget(FakeEngine(runtime))
+    else:
+        server = _FakeServer(runtime)
+        servers.append(server)
+        target = SGLangServerTarget(server.url, timeout=10)
+    trainer = {k: _padded(v, 128) if k in ("model.embed_tokens.weight", "lm_head.weight") else v
+               for k, v in new.items()}
+    target.update_weights_full(trainer, 4)
+    assert runtime.dead is None and target.weight_version == 4
+    assert target.vocab_size == V  # the loader reports the served model's vocabulary
+    _assert_same(runtime.models[0], SGLangLlama(new, vocab_pad=24))
+    assert drift(target.fingerprint(), fingerprint(new)) == []
+
+    emb = _padded(torch.full((V, HID), 0.5, dtype=torch.bfloat16), 128)
+    sent = random_delta(SHAPE, RANK, base_version=4, new_version=5, update_index=4, seed=11, generator_seed=4,
+                        scale=2e-3, dense={"model.embed_tokens.weight": emb})
+    assert target.apply_sketch_delta(encode(sent)) == 5
+    expect = random_delta(SHAPE, RANK, base_version=4, new_version=5, update_index=4, seed=11, generator_seed=4,
+                          scale=2e-3, dense={"model.embed_tokens.weight": emb[:V]})
+    _assert_same(runtime.models[0], SGLangLlama(_reference(new, [expect]), vocab_pad=24))
+    assert runtime.dead is None
+
+    short = dict(trainer, **{"model.embed_tokens.weight": new["model.embed_tokens.weight"][: V - 1]})
+    with pytest.raises(SGLangError, match="vocab_size=40"):  # fewer rows than the engine's vocabulary: refused
+        target.update_weights_full(short, 6)
+    assert runtime.dead is None

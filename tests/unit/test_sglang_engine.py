@@ -16,6 +16,7 @@ import logging
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -410,7 +411,9 @@ def test_in_process_start_asks_for_deterministic_sampling_and_keeps_the_trainer_
         _sglang_start_writes_its_environment()
         if fail:
             raise RuntimeError("scheduler died")
-        fake = FakeEngine(SchedulerRuntime([SGLangQwen2(hf_state())], loaders=kwargs["custom_weight_loader"]))
+        model = SGLangQwen2(hf_state())  # SGLang builds the model from the config the engine was given
+        model.config.vocab_size = json.loads((Path(kwargs["model_path"]) / "config.json").read_text())["vocab_size"]
+        fake = FakeEngine(SchedulerRuntime([model], loaders=kwargs["custom_weight_loader"]))
         fake.shutdown = lambda: None
         return fake
 
@@ -432,9 +435,39 @@ def test_in_process_start_asks_for_deterministic_sampling_and_keeps_the_trainer_
         assert env_inside["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
         assert {k: v for k, v in os.environ.items() if k != "SGLANG_STARTED"} == trainer_env
         assert built.weight_version == 0  # the loader state reads back from a class without get_weights_by_name
+        assert built.engine_vocab_size == cfg.model.padded_vocab_size(1)  # the in-process engine is padded
         built.close()
     fail.append(True)  # the stand-in's start fails
     with pytest.raises(RuntimeError, match="scheduler died"):
         build_engine(cfg, None, groups)
     assert not set(TORCHRUN_ENV) & set(started[-1][1]), "a failing start saw torchrun's variables"
     assert {k: v for k, v in os.environ.items() if k != "SGLANG_STARTED"} == trainer_env
+
+
+# --------------------------------------------------------------------------- a served vocabulary the trainer pads
+
+
+def test_requests_bias_only_the_padded_ids_the_served_model_has():
+    """SGLang refuses a request whose ``logit_bias`` names an id past its model's vocab_size
+    (``SamplingParams.verify``; ``FakeSGLang`` does the same): a server started from the unpadded
+    checkpoint gets no bias (it lacks the padded ids), one with 44 ids gets 40..43, the padded
+    in-process engine all of 40..47. Log-probs match the trainer's in every case."""
+    prompts, params = [[1, 2, 3], [7]], SamplingParams(temperature=0.8, max_new_tokens=6, seed=3)
+    for served, biased in ((VOCAB, None), (44, range(VOCAB, 44)), (PADDED, range(VOCAB, PADDED))):
+        fake = FakeSGLang(vocab_size=served)
+        engine = _engine(fake, FakeTarget(vocab_size=served))
+        rollouts = engine.generate(prompts, params)
+        assert engine.engine_vocab_size == served
+        bias = fake.payloads[-1]["sampling_params"].get("logit_bias")
+        assert (None if bias is None else sorted(map(int, bias))) == (None if biased is None else list(biased))
+        for p, r in zip(prompts, rollouts):
+            assert max(r.completion_ids) < VOCAB
+            assert r.logprobs == pytest.approx(_trainer_logprobs(fake.table, p, r.completion_ids, 0.8), abs=1e-9)
+        # the trainer fingerprints its padded rows: only an engine that has them all can be compared
+        assert (engine.fingerprint() is None) == (served < PADDED)
+
+
+@pytest.mark.parametrize("served", [VOCAB - 1, PADDED + 1])
+def test_a_served_vocabulary_outside_the_trainers_is_refused_at_start(served):
+    with pytest.raises(ValueError, match=rf"vocab_size={served}.*make_vocab_size_divisible_by"):
+        _engine(target=FakeTarget(vocab_size=served))
