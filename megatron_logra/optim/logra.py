@@ -41,6 +41,22 @@ logger = logging.getLogger(__name__)
 __all__ = ["LograOptimizer"]
 
 
+def _check_rounding(cfg: LograConfig, targets: Sequence[SketchTarget]) -> None:
+    """Stochastic rounding of master-less updates exists for bf16 weights only: fp16 targets with
+    ``masters=none`` and ``rounding=stochastic`` would silently round to nearest and lose every update
+    below half an fp16 ulp, so they are refused (``ValueError`` naming the fields and the fix)."""
+    if cfg.masters != "none" or cfg.rounding != "stochastic":
+        return
+    fp16 = [t.module_name for t in targets if t.weight.dtype == torch.float16]
+    if fp16:
+        raise ValueError(
+            f"optimizer.logra.masters=none with optimizer.logra.rounding=stochastic needs bf16 target weights, "
+            f"but {len(fp16)} target(s) are float16 (e.g. {fp16[0]}): stochastic rounding exists for bf16 only, "
+            f"and rounding fp16 updates to nearest loses every one below half an fp16 ulp; set "
+            f"optimizer.logra.masters=fp32 (fp32 master copies), train in bf16 (model.params_dtype=bfloat16), "
+            f"or accept the loss with optimizer.logra.rounding=nearest")
+
+
 class LograOptimizer(LograStateMixin):
     """LoGRA on the targets of ``model``; AdamW (or frozen) for the rest."""
 
@@ -57,6 +73,11 @@ class LograOptimizer(LograStateMixin):
             model, cfg.targets, cfg.rank, cfg.seed, cfg.distribution, cfg.refresh,
             tp_group=groups.tp, pp_group=groups.pp, cache_projections=cfg.cache_projections,
         )
+        try:
+            _check_rounding(cfg, self.sketches.targets)
+        except ValueError:
+            self.sketches.remove()
+            raise
         self.device = self.sketches.flat.device
         others = [p for p in module_params(model) if p.requires_grad]
         if native.freeze:

@@ -19,9 +19,12 @@ class LograStateMixin:
     ``native``, ``row_moments``, ``masters``, ``num_steps`` and ``num_skipped`` on the optimizer."""
 
     def state_dict(self) -> dict:
-        """Everything needed to resume; projections are regenerated, never stored."""
+        """Everything needed to resume; projections are regenerated, never stored. ``settings`` records
+        the rank, seed, distribution and masters setting (:meth:`_projection_fields`) the row moments
+        and masters belong to, which :meth:`load_state_dict` checks."""
         return {
             "kind": "logra",
+            "settings": self._projection_fields(),
             "num_steps": self.num_steps,
             "num_skipped": self.num_skipped,
             "row_moments": {k: v.clone() for k, v in self.row_moments.items()},
@@ -38,22 +41,45 @@ class LograStateMixin:
             if t.key in self.masters:
                 slots.append(ParamSlot("logra.master", t.weight, self.masters[t.key]))
         scalars = {"kind": "logra", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
-                   "rank": self.cfg.rank, "seed": self.cfg.seed, "distribution": self.cfg.distribution,
-                   "masters": "fp32" if self.masters else "none", "native": native_scalars}
+                   **self._projection_fields(), "native": native_scalars}
         return scalars, slots
 
+    def _projection_fields(self) -> dict:
+        """The settings saved state belongs to: ``rank``, ``seed``, ``distribution`` (the projections
+        the row moments were accumulated under) and ``masters`` (``fp32`` when this optimizer holds
+        fp32 masters, else ``none``)."""
+        return {"rank": self.cfg.rank, "seed": self.cfg.seed, "distribution": self.cfg.distribution,
+                "masters": "fp32" if self.masters else "none"}
+
+    def _check_projection(self, saved: dict, fields: tuple[str, ...], what: str) -> None:
+        """``ValueError`` naming ``optimizer.logra.<field>`` when ``saved`` records another value of one of
+        ``fields`` than this optimizer has; states that lack a field (older ones) pass."""
+        here = self._projection_fields()
+        for field_name in fields:
+            value = saved.get(field_name)
+            if value is not None and value != here[field_name]:
+                why = ("its fp32 masters are not interchangeable with this run's weights" if field_name == "masters"
+                       else "the row moments belong to that projection")
+                raise ValueError(f"{what} was trained with optimizer.logra.{field_name}={value!r}, this run has "
+                                 f"{here[field_name]!r}; {why}: set optimizer.logra.{field_name}={value!r} "
+                                 f"to resume it")
+
     def load_sharded_state(self, scalars: dict, slots: list[ParamSlot]) -> None:
+        """Restore from :meth:`sharded_state`; refuses another rank, seed or distribution (``ValueError``).
+        (The masters setting is checked with the checkpoint's other settings before this is called.)"""
         _check_kind(scalars)
-        for field_name in ("rank", "seed", "distribution"):
-            saved, here = scalars.get(field_name), getattr(self.cfg, field_name)
-            if saved is not None and saved != here:
-                raise ValueError(f"the checkpoint was trained with optimizer.logra.{field_name}={saved!r}, "
-                                 f"this run has {here!r}; the row moments belong to that projection")
+        self._check_projection(scalars, ("rank", "seed", "distribution"), "the checkpoint")
         self.native.load_sharded_state(scalars["native"], [s for s in slots if s.name.startswith("native.")])
         self._restore_counters(scalars)
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore from :meth:`state_dict`. Refuses (``ValueError`` naming the field) a state saved with
+        another ``optimizer.logra`` rank, seed, distribution or masters setting; a state that does not
+        record them (saved before they were) is accepted. Row moments and masters must match in keys
+        and shapes."""
         _check_kind(state)
+        self._check_projection(state.get("settings", {}), ("rank", "seed", "distribution", "masters"),
+                               "the optimizer state")
         missing = sorted(set(self.row_moments) - set(state["row_moments"]))
         if missing:
             raise ValueError(f"optimizer state lacks row moments for targets {missing[:4]}{'...' if len(missing) > 4 else ''}")

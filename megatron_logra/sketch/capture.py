@@ -329,6 +329,28 @@ def _agree_over_pipeline(hits: dict[str, int], error: Optional[str],
     return total, first_error
 
 
+def _assign_keys(found: list[SketchTarget]) -> None:
+    """Set each target's state key: its canonical name, plus the leaf name where several targets share
+    one canonical name (HF ``q_proj``/``k_proj``/``v_proj``). Two *different* layers with the same key
+    (``encoder.layers.0.mlp.down_proj`` and ``decoder.layers.0.mlp.down_proj``, or plain-module chunks
+    each with a local ``layers.0``) would share one row moment, update direction and projection:
+    ``ValueError`` naming both module paths."""
+    counts: dict[str, int] = {}
+    for t in found:
+        counts[t.name] = counts.get(t.name, 0) + 1
+    owner: dict[str, SketchTarget] = {}
+    for t in found:
+        t.key = t.name if counts[t.name] == 1 else f"{t.name}/{t.module_name.split('.')[-1]}"
+        first = owner.setdefault(t.key, t)
+        if first is not t:
+            raise ValueError(
+                f"target layers {first.module_name} and {t.module_name} both map to canonical name {t.name} "
+                f"(state key {t.key!r}), so they would share one row moment, update direction and projection; "
+                f"give the layers distinct global indices (a layer_number attribute on each layer, numbered "
+                f"from 1 across the whole model, as megatron-core's TransformerLayer has) or target only one "
+                f"of them (optimizer.logra.targets)")
+
+
 def install_sketches(
     model: Union[nn.Module, Sequence[nn.Module]],
     targets: Iterable[str] = DEFAULT_TARGETS,
@@ -402,6 +424,7 @@ def install_sketches(
                     name=name, module_name=prefix + module_name, module=module, weight=module.weight,
                     kind=TARGET_ALIASES.get(leaf, leaf), **vars(info),
                 ))
+        _assign_keys(found)
     except ValueError as exc:  # raised below, once every stage has reported
         error, local_exc = str(exc), exc
     hits, error = _agree_over_pipeline(hits, error, pp_group)
@@ -417,11 +440,7 @@ def install_sketches(
             + f"; known target names are {sorted(set(TARGET_ALIASES))} (each alias selects its Megatron kind) "
             f"or exact leaf module names"
         )
-    counts: dict[str, int] = {}
     for t in found:
-        counts[t.name] = counts.get(t.name, 0) + 1
-    for t in found:
-        t.key = t.name if counts[t.name] == 1 else f"{t.name}/{t.module_name.split('.')[-1]}"
         t.weight.requires_grad_(False)
         t.weight.grad = None
     params = (p for chunk in chunks for p in chunk.parameters())

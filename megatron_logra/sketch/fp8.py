@@ -22,9 +22,28 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["E4M3_MAX", "rademacher_signs", "fp8_projection", "fp8_projection_error"]
+__all__ = ["E4M3_MAX", "FP8_MULTIPLE", "check_fp8_shapes", "rademacher_signs", "fp8_projection", "fp8_projection_error"]
 
 E4M3_MAX = 448.0
+FP8_MULTIPLE = 16
+"""``torch._scaled_mm`` needs both dimensions of its second operand (here ``[n_in, r]``) divisible by 16."""
+
+
+def check_fp8_shapes(n_in: int, rank: int) -> None:
+    """Refuse shapes ``torch._scaled_mm`` cannot take, before it is called: ``n_in`` (the target's input
+    width, e.g. ``model.hidden_size``) and the sketch rank ``r`` (``optimizer.logra.rank``, ``--rank`` of
+    ``tools/gpu_smoke.py``) must both be multiples of 16. ``ValueError`` naming the offending value(s)
+    and the nearest valid ones; returns ``None`` otherwise (pure, no device needed)."""
+    bad = []
+    for what, value in (("the input width n_in (model.hidden_size / ffn_hidden_size, --hidden)", n_in),
+                        ("the sketch rank r (optimizer.logra.rank, --rank)", rank)):
+        if value < 1 or value % FP8_MULTIPLE:
+            down = value - value % FP8_MULTIPLE
+            choices = f"{down} or {down + FP8_MULTIPLE}" if down > 0 else f"{FP8_MULTIPLE}"
+            bad.append(f"{what}={value} (choose e.g. {choices})")
+    if bad:
+        raise ValueError(f"the FP8 projection (torch._scaled_mm) needs n_in and r to be multiples of "
+                         f"{FP8_MULTIPLE}: {'; '.join(bad)}")
 
 
 def rademacher_signs(proj_RI: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -45,9 +64,14 @@ def _pad_rows(x: torch.Tensor, multiple: int = 16) -> torch.Tensor:
 def fp8_projection(x: torch.Tensor, proj_RI: torch.Tensor, *, return_dequantized: bool = False):
     """``X·Aᵀ`` (fp32, ``[T, r]``) by one E4M3 GEMM with per-tensor scaling of ``X``.
 
-    ``x``: ``[..., n_in]`` on a CUDA device with FP8 support; ``n_in`` and ``r`` multiples of 16.
-    With ``return_dequantized`` also returns the fp32 ``X`` the GEMM actually saw.
+    ``x``: ``[..., n_in]`` on a CUDA device with FP8 support; ``proj_RI``: ``[r, n_in]``. ``n_in`` and
+    ``r`` must be multiples of 16 (:func:`check_fp8_shapes`; ``ValueError`` before any GEMM). With
+    ``return_dequantized`` also returns the fp32 ``X`` the GEMM actually saw.
     """
+    if proj_RI.dim() != 2 or proj_RI.shape[1] != x.shape[-1]:
+        raise ValueError(f"fp8_projection: the projection has shape {tuple(proj_RI.shape)}, expected "
+                         f"[r, n_in] with n_in = x.shape[-1] = {x.shape[-1]}")
+    check_fp8_shapes(int(x.shape[-1]), int(proj_RI.shape[0]))
     if not x.is_cuda:
         raise RuntimeError("fp8_projection needs a CUDA tensor (torch._scaled_mm)")
     sign, c = rademacher_signs(proj_RI.float())

@@ -1,0 +1,136 @@
+"""Refusals of the LoGRA optimizer's config and state (CPU, one rank):
+
+* fp16 targets with ``logra.masters=none`` and ``logra.rounding=stochastic`` (stochastic rounding exists
+  for bf16 only; fp16 would silently round to nearest);
+* :meth:`LograOptimizer.load_state_dict` of a state saved with another rank / seed / distribution /
+  masters setting (as the sharded checkpoint path refuses);
+* ``logra.recipe=paper`` with an explicitly set ``optimizer.logra.lr`` / ``weight_decay`` / ``clip_grad``,
+  which that recipe does not read.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from megatron_logra.optim import LograConfig, LograOptimizer, NativeConfig, OptimizerConfig
+from megatron_logra.parallel import ParallelGroups
+
+GROUPS = ParallelGroups()
+
+
+def _model(dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential()
+    m.add_module("linear_fc1", nn.Linear(16, 16, bias=False))
+    return m.to(dtype)
+
+
+def _opt(model: nn.Module, **kw) -> LograOptimizer:
+    kw.setdefault("rank", 4)
+    return LograOptimizer(model, LograConfig(targets=["linear_fc1"], **kw), NativeConfig(freeze=True), GROUPS)
+
+
+# ------------------------------------------------------------------------------ fp16 rounding
+def test_fp16_targets_without_masters_and_stochastic_rounding_are_refused():
+    model = _model(torch.float16)
+    with pytest.raises(ValueError, match=r"optimizer\.logra\.masters=none with optimizer\.logra\.rounding=stochastic "
+                                         r"needs bf16 .*float16 \(e\.g\. linear_fc1\).*bf16 only.*"
+                                         r"set optimizer\.logra\.masters=fp32"):
+        _opt(model, masters="none", rounding="stochastic")
+    assert not model.linear_fc1._forward_hooks  # the refused optimizer left no sketch hook behind
+
+
+@pytest.mark.parametrize("dtype, masters, rounding", [
+    (torch.float16, "fp32", "stochastic"), (torch.float16, "none", "nearest"),
+    (torch.bfloat16, "none", "stochastic"), (torch.float32, "none", "stochastic"),
+])
+def test_other_precision_settings_are_accepted(dtype, masters, rounding):
+    _opt(_model(dtype), masters=masters, rounding=rounding)
+
+
+# ------------------------------------------------------------------------------ load_state_dict
+def _trained_state(**kw) -> dict:
+    model = _model(kw.pop("dtype", torch.float32))
+    opt = _opt(model, **kw)
+    opt.zero_grad()
+    model(torch.randn(3, 16, dtype=model.linear_fc1.weight.dtype)).float().sum().backward()
+    opt.step()
+    return opt.state_dict()
+
+
+def test_state_dict_records_the_projection_settings():
+    state = _trained_state(rank=4, seed=1)  # fp32 weights: no masters to keep, whatever logra.masters says
+    assert state["settings"] == {"rank": 4, "seed": 1, "distribution": "rademacher", "masters": "none"}
+
+
+@pytest.mark.parametrize("field, here, saved", [
+    ("rank", dict(rank=8, seed=1), "4"), ("seed", dict(rank=4, seed=99), "1"),
+    ("distribution", dict(rank=4, seed=1, distribution="gaussian"), "'rademacher'"),
+])
+def test_load_state_dict_refuses_another_projection(field, here, saved):
+    state = _trained_state(rank=4, seed=1)
+    opt = _opt(_model(), **here)
+    with pytest.raises(ValueError, match=rf"the optimizer state was trained with optimizer\.logra\.{field}={saved}, "
+                                         rf"this run has .*set optimizer\.logra\.{field}={saved} to resume it"):
+        opt.load_state_dict(state)
+    assert opt.num_steps == 0
+
+
+def test_load_state_dict_refuses_another_masters_setting():
+    state = _trained_state(dtype=torch.bfloat16, masters="fp32", seed=1)
+    assert state["settings"]["masters"] == "fp32"
+    opt = _opt(_model(torch.bfloat16), masters="none", seed=1)
+    with pytest.raises(ValueError, match=r"optimizer\.logra\.masters='fp32', this run has 'none'"):
+        opt.load_state_dict(state)
+
+
+def test_load_state_dict_accepts_the_same_settings_and_older_states():
+    state = _trained_state(rank=4, seed=1)
+    opt = _opt(_model(), rank=4, seed=1)
+    opt.load_state_dict(state)
+    assert opt.num_steps == 1
+    older = {k: v for k, v in state.items() if k != "settings"}
+    opt = _opt(_model(), rank=4, seed=1)
+    opt.load_state_dict(older)
+    assert opt.num_steps == 1
+
+
+# ------------------------------------------------------------------------------ paper recipe fields
+@pytest.mark.parametrize("field, value", [("weight_decay", "0.1"), ("clip_grad", "0.5"), ("lr", "5")])
+def test_paper_recipe_refuses_explicit_unused_fields(field, value):
+    from megatron_logra.overrides import parse_args_to_config
+
+    for order in ([f"optimizer.logra.{field}={value}", "optimizer.logra.recipe=paper"],
+                  ["optimizer.logra.recipe=paper", f"optimizer.logra.{field}={value}"]):
+        with pytest.raises(ValueError, match=rf"optimizer\.logra\.{field}={float(value)} is set, but "
+                                             rf"optimizer\.logra\.recipe=paper does not use it .*remove "
+                                             rf"optimizer\.logra\.{field}"):
+            parse_args_to_config("tiny", order)
+
+
+def test_paper_recipe_still_accepts_recipe_values_defaults_and_the_dense_optimizer():
+    from megatron_logra.overrides import parse_args_to_config
+
+    # the tiny recipe sets logra.lr=1e-4 for its optimizer recipe: switching it to paper is fine
+    cfg = parse_args_to_config("tiny", ["optimizer.logra.recipe=paper", "optimizer.logra.update_ratio=2e-3"])
+    assert cfg.optimizer.logra.recipe == "paper"
+    # assigning a field its default implies nothing the recipe would ignore
+    parse_args_to_config("tiny", ["optimizer.logra.recipe=paper", "optimizer.logra.weight_decay=0",
+                                  "optimizer.logra.clip_grad=1.0", "optimizer.logra.lr=1e-3"])
+    # the dense AdamW (optimizer.name=adam) does clip at logra.clip_grad
+    parse_args_to_config("tiny-adam", ["optimizer.logra.recipe=paper", "optimizer.logra.clip_grad=0.5"])
+    # values given at construction (named recipes, saved configs on resume) are not assignments
+    OptimizerConfig(logra=LograConfig(recipe="paper", lr=1e-4, clip_grad=0.0)).__post_init__()
+
+
+def test_paper_recipe_refuses_an_assignment_in_the_python_api_too():
+    cfg = OptimizerConfig(logra=LograConfig(recipe="paper"))
+    copied = copy.deepcopy(cfg)
+    cfg.logra.weight_decay = 0.05
+    with pytest.raises(ValueError, match=r"optimizer\.logra\.weight_decay=0\.05 is set"):
+        cfg.__post_init__()
+    copied.__post_init__()  # a copy taken before the assignment is unaffected
