@@ -34,6 +34,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import yaml
 
 from megatron_logra.config import RECIPES, RunConfig, _coerce, _is_section, _section_type, _short
+from megatron_logra.optim.config import LograConfig
 from megatron_logra.yaml_unique import safe_load_unique
 
 __all__ = ["load_recipe", "apply_overrides", "parse_args_to_config", "MEGATRON_ALIASES", "JOB_ALIASES",
@@ -384,7 +385,37 @@ def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[st
             raise ValueError(f"cannot parse override {item!r}: use key=value or --key value")
         items.append((key, raw))
     cfg, mine = _apply_items(cfg, items)
-    return resolve_hf_model(cfg.validate(), {**given, **{key: "" for key in mine}})
+    given = {**given, **{key: "" for key in mine}}
+    _check_paper_unused(cfg, given)
+    return resolve_hf_model(cfg.validate(), given)
+
+
+_PAPER_UNUSED: dict[str, tuple[str, str]] = {
+    "lr": ("its step is optimizer.logra.update_ratio scaled by the KL controller's α",
+           " (optimizer.logra.update_ratio sizes the targets' step, optimizer.native.lr the other parameters')"),
+    "weight_decay": ("it applies no weight decay to the target layers",
+                     " (optimizer.native.weight_decay decays the non-target parameters)"),
+    "clip_grad": ("it does not clip: the KL controller's α bounds each step", ""),
+}
+"""Fields of ``optimizer.logra`` that ``recipe=paper`` does not read: (why, what to do instead)."""
+
+
+def _check_paper_unused(cfg: RunConfig, given: Mapping[str, str]) -> None:
+    """With ``optimizer.logra.recipe=paper`` (LoGRA), an ``optimizer.logra.lr`` / ``weight_decay`` /
+    ``clip_grad`` the user gave (``given``: an override or a recipe file's field) at a value other than the
+    field's default would be silently ignored: refused, naming it, as the ``--lr`` / ``--weight-decay`` /
+    ``--clip-grad`` flags are. Values of a named recipe or a resumed run's saved config are not "given"."""
+    opt = cfg.optimizer
+    if opt.name != "logra" or opt.logra.recipe != "paper":
+        return
+    defaults = LograConfig()
+    for name, (why, hint) in _PAPER_UNUSED.items():
+        key = f"optimizer.logra.{name}"
+        value = getattr(opt.logra, name)
+        if key in given and value != getattr(defaults, name):
+            where = f" in {given[key]}" if given[key] else ""
+            raise ValueError(f"{key}={value} is set{where}, but optimizer.logra.recipe=paper does not use it ({why}); "
+                             f"remove {key}{hint}, or use optimizer.logra.recipe=optimizer")
 
 
 def resolve_hf_model(cfg: RunConfig, given: Union[Sequence[str], Mapping[str, str]] = ()) -> RunConfig:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from megatron_logra.sketch.capture import DEFAULT_TARGETS
 from megatron_logra.sketch.naming import TARGET_ALIASES
@@ -59,26 +59,9 @@ class NativeConfig:
         _check_decay("native", self.lr, self.weight_decay)
 
 
-_PAPER_UNUSED: dict[str, tuple[str, str]] = {
-    "lr": ("its step is optimizer.logra.update_ratio scaled by the KL controller's α",
-           " (optimizer.logra.update_ratio sizes the targets' step, optimizer.native.lr the other parameters')"),
-    "weight_decay": ("it applies no weight decay to the target layers",
-                     " (optimizer.native.weight_decay decays the non-target parameters)"),
-    "clip_grad": ("it does not clip: the KL controller's α bounds each step", ""),
-}
-"""Fields of :class:`LograConfig` that ``recipe=paper`` does not read: (why, what to do instead)."""
-
-
 @dataclass
 class LograConfig:
-    """LoGRA sketch optimizer (DESIGN §1).
-
-    Assignments to ``lr``, ``weight_decay`` and ``clip_grad`` after construction (dotted overrides
-    ``optimizer.logra.*``, recipe-file fields) are remembered: with ``recipe=paper``, which does not
-    read them, such an assignment of a value other than the field's default is refused (by
-    :class:`OptimizerConfig` with ``name=logra``; ``name=adam`` reads ``clip_grad``) -- a value a
-    named recipe set at construction is not, so switching a recipe to ``paper`` stays possible.
-    """
+    """LoGRA sketch optimizer (DESIGN §1)."""
 
     rank: int = 256
     """Sketch rank r (1 <= r <= n_in of every target)."""
@@ -122,22 +105,7 @@ class LograConfig:
     """Keep a step's projections (fp32, Σ r·n_in·4 bytes) until the step is applied instead of
     regenerating them per micro-batch and for the update."""
 
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _PAPER_UNUSED and "_constructed" in self.__dict__:
-            self.__dict__.setdefault("_assigned", set()).add(name)
-        object.__setattr__(self, name, value)
-
-    def unused_by_paper(self) -> list[str]:
-        """The fields among ``lr``, ``weight_decay``, ``clip_grad`` assigned after construction to a
-        value other than their default while ``recipe=paper`` (which does not read them); [] otherwise."""
-        if self.recipe != "paper":
-            return []
-        assigned = self.__dict__.get("_assigned", set())
-        defaults = {f.name: f.default for f in fields(self) if f.name in _PAPER_UNUSED}
-        return [n for n in _PAPER_UNUSED if n in assigned and getattr(self, n) != defaults[n]]
-
     def __post_init__(self) -> None:
-        self.__dict__["_constructed"] = True
         if self.rank < 1:
             raise ValueError(f"logra.rank={self.rank} must be >= 1")
         if not self.targets:
@@ -181,10 +149,3 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         if self.name not in ("logra", "adam"):
             raise ValueError(f"optimizer.name={self.name!r}: choose logra or adam")
-        unused = self.logra.unused_by_paper() if self.name == "logra" else []
-        if unused:
-            name = unused[0]
-            why, hint = _PAPER_UNUSED[name]
-            raise ValueError(
-                f"optimizer.logra.{name}={getattr(self.logra, name)} is set, but optimizer.logra.recipe=paper does "
-                f"not use it ({why}); remove optimizer.logra.{name}{hint}, or use optimizer.logra.recipe=optimizer")

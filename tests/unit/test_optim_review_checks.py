@@ -10,13 +10,12 @@
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 from torch import nn
 
-from megatron_logra.optim import LograConfig, LograOptimizer, NativeConfig, OptimizerConfig
+from megatron_logra.optim import LograConfig, LograOptimizer, NativeConfig
 from megatron_logra.parallel import ParallelGroups
 
 GROUPS = ParallelGroups()
@@ -123,14 +122,15 @@ def test_paper_recipe_still_accepts_recipe_values_defaults_and_the_dense_optimiz
                                   "optimizer.logra.clip_grad=1.0", "optimizer.logra.lr=1e-3"])
     # the dense AdamW (optimizer.name=adam) does clip at logra.clip_grad
     parse_args_to_config("tiny-adam", ["optimizer.logra.recipe=paper", "optimizer.logra.clip_grad=0.5"])
-    # values given at construction (named recipes, saved configs on resume) are not assignments
-    OptimizerConfig(logra=LograConfig(recipe="paper", lr=1e-4, clip_grad=0.0)).__post_init__()
+    # a named recipe's own values are not given by the user
+    assert parse_args_to_config("tiny", ["optimizer.logra.recipe=paper"]).optimizer.logra.lr == 1e-4
 
 
-def test_paper_recipe_refuses_an_assignment_in_the_python_api_too():
-    cfg = OptimizerConfig(logra=LograConfig(recipe="paper"))
-    copied = copy.deepcopy(cfg)
-    cfg.logra.weight_decay = 0.05
-    with pytest.raises(ValueError, match=r"optimizer\.logra\.weight_decay=0\.05 is set"):
-        cfg.__post_init__()
-    copied.__post_init__()  # a copy taken before the assignment is unaffected
+def test_paper_recipe_refuses_a_recipe_files_unused_field(tmp_path):
+    from megatron_logra.overrides import parse_args_to_config
+
+    recipe = tmp_path / "paper.yaml"
+    recipe.write_text("recipe: tiny\noptimizer:\n  logra:\n    recipe: paper\n    weight_decay: 0.1\n")
+    with pytest.raises(ValueError, match=r"optimizer\.logra\.weight_decay=0\.1 is set in recipe file .*paper\.yaml, "
+                                         r"but optimizer\.logra\.recipe=paper does not use it"):
+        parse_args_to_config(str(recipe), [])
