@@ -165,22 +165,25 @@ class RunConfig:
 
     def _check_low_precision_delta_sync(self) -> None:
         """What sketch-delta sync cannot carry is refused before anything is built: an ``output_layer`` target
-        (no engine name maps to it yet), and LoGRA with 16-bit weights and no fp32 masters: the delta merge
-        (shared with the engine, so both stay bitwise equal) rounds to nearest, which drops most of each
-        KL-controlled step for good (its entries lie far below bf16's spacing; measured: ~8% of the
-        intended update reached the weights), whatever ``optimizer.logra.rounding`` says."""
+        (no engine name maps to it yet), and LoGRA with 16-bit weights, no fp32 masters and merges rounded to
+        nearest (fp16, or ``logra.rounding=nearest``): a KL-controlled step lies far below the 16-bit spacing,
+        so rounding each merge to nearest loses most of it for good (measured: ~8% of the intended update
+        reached the weights). bf16 with ``logra.rounding=stochastic`` (the default) merges unbiasedly."""
         opt = self.optimizer
-        if opt.name == "logra" and self.sync.mode == "delta" and "output_layer" in opt.logra.targets:
+        if opt.name != "logra" or self.sync.mode != "delta":
+            return
+        if "output_layer" in opt.logra.targets:
             raise ValueError("optimizer.logra.targets includes output_layer, which sketch-delta sync cannot send (the "
                              "engines hold it as lm_head.weight): every update would fall back to a full refit with a "
                              "warning; set sync.mode=full, or drop output_layer from optimizer.logra.targets")
-        if (opt.name == "logra" and opt.logra.masters == "none" and self.model.params_dtype != "float32"
-                and self.sync.mode == "delta"):
+        dtype = self.model.params_dtype
+        stochastic = dtype == "bfloat16" and opt.logra.rounding == "stochastic"
+        if opt.logra.masters == "none" and dtype != "float32" and not stochastic:
             raise ValueError(
-                f"optimizer.logra.masters=none with model.params_dtype={self.model.params_dtype} and sync.mode=delta: "
-                "the sketch-delta merge rounds every step to nearest (optimizer.logra.rounding is not applied to "
-                "it), which loses most of each update; set optimizer.logra.masters=fp32 (the masters keep the exact "
-                "step, re-anchored at sync.max_master_drift) or sync.mode=full")
+                f"optimizer.logra.masters=none with model.params_dtype={dtype}, optimizer.logra.rounding="
+                f"{opt.logra.rounding} and sync.mode=delta: each merge would round to nearest, which loses most of "
+                "each update; use bfloat16 with optimizer.logra.rounding=stochastic, set optimizer.logra.masters=fp32 "
+                "(the masters keep the exact step, re-anchored at sync.max_master_drift), or sync.mode=full")
 
     def _check_dense_adamw(self) -> None:
         """``optimizer.name=adam`` (dense AdamW on every parameter, ``optim/dense.py``) reads neither

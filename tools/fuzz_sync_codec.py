@@ -140,7 +140,7 @@ def random_delta(rng: random.Random) -> SketchDelta:
         base_version=base, new_version=base + rng.choice((1, rng.randint(1, 2**40))), seed=rng.getrandbits(64),
         update_index=rng.choice((0, rng.randint(0, 2**31))), rank=rank, distribution=rng.choice(DISTRIBUTIONS),
         targets=targets, dense=dense, decay=rng.choice((1.0, 1.0 - 2.0**-24, rng.random() or 1.0, 5e-324)),
-        attention=attention,
+        rounding=rng.choice(("nearest", "stochastic")), attention=attention,
     )
 
 
@@ -413,7 +413,7 @@ def holds(delta: SketchDelta, header: Any, tensors: dict[str, torch.Tensor]) -> 
 def round_trip_problem(delta: SketchDelta, data: bytes, decode_fn: Callable[[bytes], SketchDelta]) -> Optional[str]:
     """None if the valid ``data`` (``encode(delta)``) decodes to ``delta`` exactly and re-encodes to itself."""
     got = decode_fn(data)
-    for f in ("base_version", "new_version", "seed", "update_index", "rank", "distribution", "decay",
+    for f in ("base_version", "new_version", "seed", "update_index", "rank", "distribution", "decay", "rounding",
               "attention", "format_version"):
         a, b = getattr(got, f), getattr(delta, f)
         if type(a) is not type(b) or a != b:

@@ -97,7 +97,8 @@ class LograConfig:
     masters: str = "fp32"
     """fp32: fp32 master copy of low-precision targets (≈6 B/param); none: bf16-only (≈2 B/param)."""
     rounding: str = "stochastic"
-    """Rounding of bf16-only updates: stochastic (counter-based noise, unbiased) or nearest."""
+    """Rounding of bf16 weights in bf16-only updates and in every sketch-delta merge (trainer and engines alike,
+    ``sync.apply``): stochastic (counter-based noise, unbiased) or nearest."""
     scale_native: bool = True
     """Scale the native AdamW part of a step (non-target parameters, when trained) by the step size
     α as well, so a KL controller limits the whole update; False applies native steps in full."""

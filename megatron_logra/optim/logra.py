@@ -328,6 +328,25 @@ class LograOptimizer(LograStateMixin):
             raise ValueError(f"step {self.num_steps + 1}: the update is not finite ({where}); refusing to write it "
                              "into the weights (nothing was modified)")
 
+    def merge_rounding(self) -> str:
+        """How the sketch-delta merge rounds bf16 weights, on this trainer and (through the delta's header)
+        on the engines: ``logra.rounding``, except ``nearest`` where a target is one HF-split piece of a
+        fused layer (``q_proj`` ...: its canonical rows need the attention layout, which is not kept here)."""
+        if self.cfg.rounding != "stochastic" or any(t.key != t.name for t in self.targets):
+            return "nearest"
+        return "stochastic"
+
+    def _merge_noise(self, t, update_index: int):
+        """Where target ``t``'s merge noise comes from: its canonical rows and first input column on this rank."""
+        from megatron_logra.sync.apply import StochasticRounding, shard_rows
+
+        rows = None
+        if t.parallel == "column":
+            rows = shard_rows(t.n_out_local, self.groups.tp_rank, self.groups.tp_size,
+                              int(getattr(t.weight, "partition_stride", 1)))
+        col_start = t.cols.start if t.cols is not None else 0
+        return StochasticRounding(self.cfg.seed, t.name, update_index, rows, col_start)
+
     @torch.no_grad()
     def apply(self, update: PreparedUpdate, alpha: float = 1.0, *,
               factors: Optional[dict[str, torch.Tensor]] = None) -> None:
@@ -340,11 +359,12 @@ class LograOptimizer(LograStateMixin):
         ``U = quantize_factor(α·D)`` ``[n_out_local, r]`` (:func:`megatron_logra.sync.trainer.local_factors`).
         The low-rank step is then :func:`megatron_logra.sync.apply.low_rank_merge_` with exactly
         those factors -- the arithmetic the inference engine runs -- so trainer and engine weights
-        stay bitwise equal (rounding is to nearest, ``logra.rounding=stochastic`` does not apply).
-        With fp32 masters the master takes the fp32 step and the compute weight runs the engine's
-        own merge, so it still mirrors the engine bitwise; the two drift apart by rounding
-        (:meth:`master_drift`) until :meth:`reanchor` copies the masters back (followed by a full
-        engine refit). All factors are checked first.
+        stay bitwise equal. A bf16 weight is rounded as :meth:`merge_rounding` says (stochastically by
+        default, with the noise the engine draws for the same canonical entry; see
+        :mod:`megatron_logra.sync.apply`). With fp32 masters the master takes the fp32 step and the
+        compute weight runs the engine's own merge, so it still mirrors the engine bitwise; the two
+        drift apart by rounding (:meth:`master_drift`) until :meth:`reanchor` copies the masters back
+        (followed by a full engine refit). All factors are checked first.
 
         Nothing is written unless everything the step writes is finite: α, the weight decay factor
         and every target's ``α·D`` (or factor) on every model-parallel rank (agreed with one
@@ -364,6 +384,7 @@ class LograOptimizer(LograStateMixin):
             from megatron_logra.sync.apply import low_rank_merge_  # engine-side arithmetic (torch only)
 
             self._check_factors(factors)
+            stochastic = self.merge_rounding() == "stochastic"
         self._check_finite_step(factors if factors is not None else update.directions,
                                 1.0 if factors is not None else alpha, decay)
         for t in self.targets:
@@ -372,7 +393,8 @@ class LograOptimizer(LograStateMixin):
                 master = self.masters.get(t.key)
                 if master is not None:  # the exact fp32 trajectory, kept beside the engine mirror
                     low_rank_merge_(master, factors[t.key], proj_RI, decay=decay, distribution=cfg.distribution)
-                low_rank_merge_(t.weight, factors[t.key], proj_RI, decay=decay, distribution=cfg.distribution)
+                low_rank_merge_(t.weight, factors[t.key], proj_RI, decay=decay, distribution=cfg.distribution,
+                                rounding=self._merge_noise(t, update.update_index) if stochastic else None)
                 continue
             factor = update.directions[t.key] if alpha == 1.0 else update.directions[t.key] * alpha
             noise_fn = None

@@ -112,10 +112,11 @@ def _entry_hash(
     return hash_u32(mixed ^ row_h[:, None])
 
 
-def _entry_hash_i32(
-    key: tuple[int, int, int, int], rows: torch.Tensor, cols: torch.Tensor, lane: int, *, sign_only: bool = False
-) -> torch.Tensor:
-    """:func:`_entry_hash` as int32 bit patterns ``[len(rows), len(cols)]`` (bit 31 only with ``sign_only``).
+def entry_hash_parts(
+    key: tuple[int, int, int, int], rows: torch.Tensor, cols: torch.Tensor, lane: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The per-row and per-column pre-hashes of :func:`_entry_hash_i32` (int32 ``[R]``, ``[C]``) and its
+    lane salt: what :func:`entry_hash_block_` combines into any block of entries. Indices must be < 2**31.
 
     The row and column pre-hashes run as one vector (few ops: the per-call overhead matters
     for engines that regenerate hundreds of small projections per update).
@@ -123,7 +124,7 @@ def _entry_hash_i32(
     k0, k1, k2, k3 = key
     lane_salt = (lane * _GOLDEN) & _MASK32
     R = rows.numel()
-    rc = torch.cat([rows, cols]).to(torch.int32)  # [R + C]; indices < 2**31 (checked by the caller)
+    rc = torch.cat([rows, cols]).to(torch.int32)  # [R + C]
     rc[:R] ^= _i32(k0)
     rc[R:] ^= _i32(k2)
     tmp = torch.empty_like(rc)
@@ -133,13 +134,29 @@ def _entry_hash_i32(
     _hash_i32_(rc, tmp)
     row_h, col_g = rc[:R], rc[R:]
     col_g.mul_(_i32(_GOLDEN))
-    x = row_h[:, None] + col_g[None, :]  # wraps mod 2**32
+    return row_h, col_g, lane_salt
+
+
+def entry_hash_block_(out: torch.Tensor, row_h: torch.Tensor, col_g: torch.Tensor, lane_salt: int,
+                      tmp: torch.Tensor, *, sign_only: bool = False) -> torch.Tensor:
+    """``out[i, j]`` = the int32 entry hash of row ``i`` and column ``j`` from :func:`entry_hash_parts`
+    (``row_h`` ``[R]``, ``col_g`` ``[C]``), written in place into the int32 buffer ``out`` ``[R, C]`` with
+    the scratch ``tmp`` of the same shape: no allocation (the sketch-delta commit relies on it)."""
+    torch.add(row_h[:, None], col_g[None, :], out=out)  # wraps mod 2**32
     if lane_salt:
-        x ^= _i32(lane_salt)
-    tmp = torch.empty_like(x)
-    _hash_i32_(x, tmp)
-    x ^= row_h[:, None]
-    return _hash_i32_(x, tmp, sign_only=sign_only)
+        out ^= _i32(lane_salt)
+    _hash_i32_(out, tmp)
+    out ^= row_h[:, None]
+    return _hash_i32_(out, tmp, sign_only=sign_only)
+
+
+def _entry_hash_i32(
+    key: tuple[int, int, int, int], rows: torch.Tensor, cols: torch.Tensor, lane: int, *, sign_only: bool = False
+) -> torch.Tensor:
+    """:func:`_entry_hash` as int32 bit patterns ``[len(rows), len(cols)]`` (bit 31 only with ``sign_only``)."""
+    row_h, col_g, lane_salt = entry_hash_parts(key, rows, cols, lane)
+    out = torch.empty(row_h.numel(), col_g.numel(), dtype=torch.int32, device=row_h.device)
+    return entry_hash_block_(out, row_h, col_g, lane_salt, torch.empty_like(out), sign_only=sign_only)
 
 
 def _f32_bits(x: float) -> int:

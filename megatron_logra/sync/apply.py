@@ -15,6 +15,16 @@ integer multiple of ``q_i`` below ``2^24·q_i``: exactly representable in fp32.
         P = mm_fp32(U, A)           # ordinary fp32 GEMM (bits depend on the kernel)
     fp32 W:       W = (decay ⊙ W) ⊖ P                         (in place)
     bf16/fp16 W:  W = round_nearest_even((decay ⊙ fp32(W)) ⊖ P)
+    bf16 W, ``rounding="stochastic"``:  W = round_stochastic((decay ⊙ fp32(W)) ⊖ P, noise)
+
+**Stochastic rounding.** A KL-controlled step is far below bf16's spacing: rounded to nearest, most
+of it vanishes from a bf16 weight (and from the engine that mirrors it). With ``stochastic`` the
+16 bits bf16 drops are rounded up with probability equal to their value (unbiased), by adding
+16-bit noise to the fp32 bit pattern and truncating. The noise of entry ``(i, j)`` is the counter
+hash of ``(seed, target#merge-rounding, update index, canonical row i, column j)``, where the canonical
+rows are those of the target's TP=1 Megatron ``U`` (:class:`StochasticRounding`): the trainer at any
+TP degree and every engine layout draw the same noise for the same entry, so they stay bitwise equal.
+fp16 weights are rounded to nearest either way.
 
 ``⊙``/``⊖`` are single correctly-rounded fp32 operations; ``decay ⊙`` is skipped when
 ``decay == 1``. With Rademacher projections (the default) the result is therefore the same
@@ -36,11 +46,18 @@ itself: per target weight a rank-r GEMM (``2r`` flops) and one read-modify-write
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from megatron_logra.sketch.random_projection import projection, shared_projections
+from megatron_logra.sketch.random_projection import (
+    entry_hash_block_,
+    entry_hash_parts,
+    projection,
+    projection_key,
+    shared_projections,
+)
 from megatron_logra.sync.codec import SketchDelta
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.factors import (
@@ -57,7 +74,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "low_rank_merge_", "merge_row_chunks", "quantize_factor", "off_grid_rows", "rademacher_scale",
-    "validate", "apply_delta_", "check_version", "chunk_elems", "MERGE_DTYPES",
+    "validate", "apply_delta_", "check_version", "chunk_elems", "MERGE_DTYPES", "StochasticRounding",
+    "shard_rows",
 ]
 
 MERGE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -85,8 +103,52 @@ def merge_row_chunks(n_out: int, n_in: int, max_chunk_elems: int = DEFAULT_CHUNK
     return chunks
 
 
+_ROUNDING_LANE = 3
+"""Hash lane of the merge-rounding noise (the projections use lanes 0-2)."""
+
+
+@dataclass(frozen=True)
+class StochasticRounding:
+    """Where the merge-rounding noise of one bf16 weight comes from (see the module docstring)."""
+
+    seed: int
+    """The projection seed of the update."""
+    target: str
+    """Canonical target name."""
+    update_index: int
+    """The projection's update index."""
+    rows: Optional[torch.Tensor] = None
+    """Canonical rows (of the target's TP=1 Megatron ``U``) of this weight's rows, in order; None: all."""
+    col_start: int = 0
+    """The first column of the layer's input this weight holds (row-parallel shards)."""
+
+    def parts(self, n_out: int, n_in: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Row and column pre-hashes of the noise of an ``[n_out, n_in]`` weight (small; before any write)."""
+        rows = torch.arange(n_out) if self.rows is None else self.rows
+        if rows.numel() != n_out:
+            raise ValueError(f"{self.target}: {rows.numel()} canonical rows for a weight of {n_out} rows")
+        key = projection_key(self.seed, f"{self.target}#merge-rounding", self.update_index)
+        cols = torch.arange(self.col_start, self.col_start + n_in)
+        return entry_hash_parts(key, rows.to(device=device, dtype=torch.int64), cols.to(device), _ROUNDING_LANE)
+
+
+def shard_rows(n_out_local: int, tp_rank: int, tp_size: int, stride: int = 1) -> torch.Tensor:
+    """Canonical rows (TP=1 Megatron order) of the column-parallel shard of ``n_out_local`` rows that TP rank
+    ``tp_rank`` of ``tp_size`` holds, when the weight interleaves ``stride`` row blocks (megatron's
+    ``partition_stride``: 2 for ``linear_fc1`` = ``[gate; up]``, of which each rank holds ``[gate_k; up_k]``)."""
+    if stride < 1 or n_out_local % stride:
+        raise ValueError(f"a shard of {n_out_local} rows cannot hold {stride} row blocks")
+    per = n_out_local // stride
+    block = per * tp_size  # rows of each of the ``stride`` blocks of the canonical U
+    return torch.cat([torch.arange(b * block + tp_rank * per, b * block + (tp_rank + 1) * per) for b in range(stride)])
+
+
 def _workspace_elems(n_out: int, n_in: int, max_chunk_elems: int) -> int:
     return max(b - a for a, b in merge_row_chunks(n_out, n_in, max_chunk_elems)) * n_in if n_out else 0
+
+
+_Noise = tuple[torch.Tensor, torch.Tensor, int]
+"""Row pre-hashes ``[n_out]``, column pre-hashes ``[n_in]`` and lane salt of a weight's rounding noise."""
 
 
 def _merge_prepared_(
@@ -98,12 +160,16 @@ def _merge_prepared_(
     prod_buf: torch.Tensor,
     tmp_buf: torch.Tensor,
     max_chunk_elems: int,
+    noise: Optional[_Noise] = None,
+    noise_buf: Optional[torch.Tensor] = None,
 ) -> None:
     """The commit kernel: in-place ops into preallocated buffers only.
 
     Per row chunk: ``P = U·M`` (GEMM into ``prod_buf``), ``P ← s ⊙ P``, then the weight update;
     a bf16/fp16 weight goes through the fp32 scratch ``tmp_buf`` (three vectorised passes in
     cache are faster than one mixed-dtype op, which torch runs through a per-element cast).
+    With ``noise`` (bf16 only) the chunk's noise is hashed into the int32 ``noise_buf`` (two chunks:
+    the hash and its scratch), added to the fp32 bit pattern, and the 16 bits bf16 drops are cut.
     """
     n_in = weight.shape[1]
     fp32 = weight.dtype == torch.float32
@@ -124,6 +190,16 @@ def _merge_prepared_(
             if decay != 1.0:
                 tmp.mul_(decay)
             tmp.sub_(prod)
+            if noise is not None:
+                row_h, col_g, salt = noise
+                half = noise_buf.numel() // 2
+                bits = noise_buf[: rows * n_in].view(rows, n_in)
+                scratch = noise_buf[half : half + rows * n_in].view(rows, n_in)
+                entry_hash_block_(bits, row_h[start:stop], col_g, salt, scratch)
+                bits &= 0xFFFF
+                pattern = tmp.view(torch.int32)
+                pattern += bits  # sign-magnitude: the magnitude's dropped bits round up with their probability
+                pattern &= -65536  # what bf16 keeps: the conversion below is exact
             block.copy_(tmp)
 
 
@@ -136,6 +212,7 @@ def low_rank_merge_(
     decay: float = 1.0,
     distribution: str = "rademacher",
     max_chunk_elems: Optional[int] = None,
+    rounding: Optional[StochasticRounding] = None,
 ) -> None:
     """``W ← decay·W − U·A`` in place, exactly as the module docstring defines it.
 
@@ -147,6 +224,7 @@ def low_rank_merge_(
         distribution: ``rademacher`` (A must be ±fp32(1/sqrt(r)); ValueError otherwise) or ``gaussian``.
         max_chunk_elems: elements per row chunk (default: 2^18 on CPU so the chunk's product stays
             in cache, 2^22 on accelerators). Results do not depend on it (Rademacher).
+        rounding: round a bf16 ``weight`` stochastically with this noise (None, or another dtype: to nearest).
     """
     if weight.dim() != 2 or U_OR.dim() != 2 or A_RI.dim() != 2:
         raise ValueError(f"expected 2-D tensors, got W {tuple(weight.shape)}, U {tuple(U_OR.shape)}, A {tuple(A_RI.shape)}")
@@ -161,7 +239,11 @@ def low_rank_merge_(
     need = _workspace_elems(n_out, n_in, max_chunk_elems)
     prod_buf = torch.empty(need, dtype=torch.float32, device=weight.device)
     tmp_buf = torch.empty(need if weight.dtype != torch.float32 else 0, dtype=torch.float32, device=weight.device)
-    _merge_prepared_(weight, U32, M_RI, scale, decay, prod_buf, tmp_buf, max_chunk_elems)
+    noise = noise_buf = None
+    if rounding is not None and weight.dtype == torch.bfloat16:
+        noise = rounding.parts(n_out, n_in, weight.device)
+        noise_buf = torch.empty(2 * need, dtype=torch.int32, device=weight.device)
+    _merge_prepared_(weight, U32, M_RI, scale, decay, prod_buf, tmp_buf, max_chunk_elems, noise, noise_buf)
 
 
 def check_version(delta: SketchDelta, current_version: int) -> None:
@@ -280,14 +362,21 @@ def apply_delta_(
                     M_RI, scale = split_projection(A_RI, delta.distribution)
                 split[id(A_RI)] = (A_RI, M_RI, scale)
                 U32 = f.U_OR.to(device=w.device, dtype=torch.float32)
-                staged.append((w, U32, M_RI, scale))
+                noise = None
+                if delta.rounding == "stochastic" and w.dtype == torch.bfloat16:
+                    noise = StochasticRounding(delta.seed, f.target, delta.update_index, f.rows,
+                                               f.cols.start if f.cols is not None else 0).parts(*w.shape, w.device)
+                staged.append((w, U32, M_RI, scale, noise))
                 elems = _workspace_elems(w.shape[0], w.shape[1], chunk_elems(w.device, max_chunk_elems))
-                cur = need.setdefault(w.device, [0, 0])
+                cur = need.setdefault(w.device, [0, 0, 0])
                 cur[0] = max(cur[0], elems)
                 if w.dtype != torch.float32:
                     cur[1] = max(cur[1], elems)
-        workspaces = {dev: (torch.empty(a, dtype=torch.float32, device=dev), torch.empty(b, dtype=torch.float32, device=dev))
-                      for dev, (a, b) in need.items()}
+                if noise is not None:
+                    cur[2] = max(cur[2], 2 * elems)
+        workspaces = {dev: (torch.empty(a, dtype=torch.float32, device=dev),
+                            torch.empty(b, dtype=torch.float32, device=dev), torch.empty(c, dtype=torch.int32, device=dev))
+                      for dev, (a, b, c) in need.items()}
         dense = []
         for d in plan.dense:
             w = weights[d.param]
@@ -306,9 +395,10 @@ def apply_delta_(
         raise SyncError("apply", f"preparing delta {delta.base_version}->{delta.new_version} failed before any write: {exc!r}") from exc
     done = 0
     try:
-        for w, U32, M_RI, scale in staged:
-            _merge_prepared_(w, U32, M_RI, scale, delta.decay, *workspaces[w.device],
-                             chunk_elems(w.device, max_chunk_elems))
+        for w, U32, M_RI, scale, noise in staged:
+            prod_buf, tmp_buf, noise_buf = workspaces[w.device]
+            _merge_prepared_(w, U32, M_RI, scale, delta.decay, prod_buf, tmp_buf,
+                             chunk_elems(w.device, max_chunk_elems), noise, noise_buf)
             done += 1
         for dst, src in dense:
             dst.copy_(src)

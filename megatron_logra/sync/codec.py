@@ -89,6 +89,10 @@ class SketchDelta:
     """Trained non-target parameters, full (TP-gathered) tensors under HF names."""
     decay: float = 1.0
     """Decoupled weight decay factor applied to target weights before the low-rank step."""
+    rounding: str = "nearest"
+    """How the merge rounds bf16 weights: ``nearest`` or ``stochastic`` (unbiased, with noise that is a
+    pure function of the seed, target, update index and the entry's canonical row and column: the
+    trainer and every engine layout draw the same)."""
     attention: Optional[AttentionDims] = None
     """Required when a ``qkv_interleaved`` target is present."""
     format_version: int = FORMAT_VERSION
@@ -112,6 +116,7 @@ class SketchDelta:
             "rank": self.rank,
             "distribution": self.distribution,
             "decay": float(self.decay),
+            "rounding": self.rounding,
             "attention": None if self.attention is None else {
                 "num_heads": self.attention.num_heads,
                 "num_kv_heads": self.attention.num_kv_heads,
@@ -253,7 +258,7 @@ def decode(data: bytes) -> SketchDelta:
     return SketchDelta(
         base_version=header["base_version"], new_version=header["new_version"], seed=header["seed"],
         update_index=header["update_index"], rank=header["rank"], distribution=header["distribution"],
-        targets=targets, dense=dense, decay=header["decay"],
+        targets=targets, dense=dense, decay=header["decay"], rounding=header["rounding"],
         attention=None if att is None else AttentionDims(att["num_heads"], att["num_kv_heads"], att["head_dim"]),
         format_version=header["format_version"], checksum=digest,
     )

@@ -24,14 +24,15 @@ class SyncConfig:
     check_interval: int = 1
     """Compare trainer and engine fingerprints every this many syncs (0 = never); a mismatch
     triggers a full refit and is counted in the metrics (``sync_drift``)."""
-    max_master_drift: float = 1e-3
+    max_master_drift: float = 5e-3
     """With fp32 masters: re-anchor (copy the masters into the compute weights, full refit) once
     ``‖W − round(master)‖/‖W‖`` over the targets exceeds this (a finite number >= 0; 0 = only at
-    ``anchor_interval``). With bf16 weights a delta merge rounds to nearest, which drops most of a
-    KL-controlled step (far below bf16's spacing): the compute weights and the engine lag the masters, and
-    the re-anchor applies the backlog at once, outside the KL controller. Measured on a bf16 GPT with the
-    paper recipe: at 1e-3 that jump is about a quarter of one step's KL budget (a re-anchor every ~16
-    updates); at 1e-2, 86 times it."""
+    ``anchor_interval``). The compute weights take the engine's merges (stochastically rounded in bf16 by
+    default, so they follow the masters on average) and drift from them by rounding noise; the re-anchor
+    applies the difference at once, outside the KL controller. Measured on a bf16 GPT with the paper recipe:
+    at 5e-3 a re-anchor every ~56 updates, each under a tenth of one step's KL budget (1e-2: every ~240,
+    1.4 budgets; 3e-3: every ~21). With round-to-nearest merges (``logra.rounding=nearest``) most of each
+    step is lost from the compute weights and the drift is lag: at 1e-2 that jump was 86 budgets."""
     transport: str = "inprocess"
     """``inprocess`` (the embedded engine) or ``directory`` (delta files written atomically to
     ``directory``, applied by the consumer in version order; the embedded engine consumes them)."""
@@ -50,6 +51,6 @@ class SyncConfig:
         # NaN and inf pass a "< 0" test, and no drift ever exceeds them: the re-anchor would be off unannounced
         if not math.isfinite(self.max_master_drift) or self.max_master_drift < 0:
             raise ValueError(f"sync.max_master_drift={self.max_master_drift} must be a finite number >= 0 (0 disables "
-                             f"the drift re-anchor; default 1e-3)")
+                             f"the drift re-anchor; default 5e-3)")
         if self.keep_deltas < 0:
             raise ValueError(f"sync.keep_deltas={self.keep_deltas} must be >= 0")

@@ -59,6 +59,9 @@ class EngineFactor:
     """Full input width of the layer."""
     cols: Optional[range]
     """Columns of ``A`` this parameter multiplies (row-parallel shard), None for all."""
+    rows: Optional[torch.Tensor] = None
+    """The rows of the target's canonical ``U`` (TP=1 Megatron order) this parameter's rows are, in
+    order; None: all of them. They key the stochastic rounding of a bf16 merge."""
 
 
 @dataclass
@@ -159,12 +162,15 @@ def _hf_factors(delta: SketchDelta) -> list[EngineFactor]:
         if t.layout == "qkv_interleaved":
             pre = _prefix(t.name, "qkv_proj")
             for part, rows in qkv_rows_hf(delta.attention).items():  # type: ignore[arg-type]
-                out.append(EngineFactor(f"{pre}{part}_proj.weight", t.name, t.U_OR.index_select(0, rows), t.n_in, None))
+                out.append(EngineFactor(f"{pre}{part}_proj.weight", t.name, t.U_OR.index_select(0, rows), t.n_in, None,
+                                        rows))
         elif t.layout == "gate_up":
             pre = _prefix(t.name, "gate_up_proj")
             gate, up = t.U_OR.chunk(2, dim=0)
-            out.append(EngineFactor(f"{pre}gate_proj.weight", t.name, gate, t.n_in, None))
-            out.append(EngineFactor(f"{pre}up_proj.weight", t.name, up, t.n_in, None))
+            half = gate.shape[0]
+            out.append(EngineFactor(f"{pre}gate_proj.weight", t.name, gate, t.n_in, None, torch.arange(half)))
+            out.append(EngineFactor(f"{pre}up_proj.weight", t.name, up, t.n_in, None,
+                                    torch.arange(half, half + up.shape[0])))
         else:
             out.append(EngineFactor(f"{t.name}.weight", t.name, t.U_OR, t.n_in, None))
     return out
@@ -176,10 +182,10 @@ def _sglang_factors(delta: SketchDelta, tp_size: int, tp_rank: int) -> list[Engi
         param = f"{t.name}.weight"
         if t.layout == "qkv_interleaved":
             meg_rows, _ = sglang_qkv_rows(delta.attention, tp_size, tp_rank)  # type: ignore[arg-type]
-            out.append(EngineFactor(param, t.name, t.U_OR.index_select(0, meg_rows), t.n_in, None))
+            out.append(EngineFactor(param, t.name, t.U_OR.index_select(0, meg_rows), t.n_in, None, meg_rows))
         elif t.layout == "gate_up":
             rows = sglang_gate_up_rows(t.U_OR.shape[0], tp_size, tp_rank)
-            out.append(EngineFactor(param, t.name, t.U_OR.index_select(0, rows), t.n_in, None))
+            out.append(EngineFactor(param, t.name, t.U_OR.index_select(0, rows), t.n_in, None, rows))
         elif t.layout == "row_parallel" and tp_size > 1:
             if t.n_in % tp_size:
                 raise SyncError("layout", f"{t.name}: n_in={t.n_in} is not divisible by the engine TP size {tp_size}")

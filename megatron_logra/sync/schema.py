@@ -16,9 +16,11 @@ from megatron_logra.sync.errors import SyncError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "LAYOUTS", "DENSE_DTYPES", "HEADER_KEYS", "expected_layout", "check_header"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "LAYOUTS", "DENSE_DTYPES", "HEADER_KEYS", "ROUNDINGS", "expected_layout",
+           "check_header"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the header names the merge's ``rounding`` of bf16 weights (1 had none: always to nearest)."""
 MAGIC = "logra-sketch-delta"
 LAYOUTS = ("qkv_interleaved", "gate_up", "row_parallel", "plain")
 DENSE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -45,7 +47,9 @@ def _is_int(x) -> bool:
 
 
 HEADER_KEYS = frozenset({"format", "format_version", "base_version", "new_version", "seed", "update_index", "rank",
-                         "distribution", "decay", "attention", "targets", "dense"})
+                         "distribution", "decay", "rounding", "attention", "targets", "dense"})
+ROUNDINGS = ("nearest", "stochastic")
+"""How the merge rounds a bf16 weight (fp16 weights: always to nearest; fp32: no rounding)."""
 ATTENTION_KEYS = frozenset({"num_heads", "num_kv_heads", "head_dim"})
 TARGET_KEYS = frozenset({"name", "n_out", "n_in", "layout"})
 DENSE_KEYS = frozenset({"name", "dtype", "shape"})
@@ -80,6 +84,8 @@ def check_header(h: dict) -> None:
         raise SyncError("keys", f"unknown distribution {h.get('distribution')!r}; expected one of {DISTRIBUTIONS}")
     if not isinstance(h.get("decay"), float) or not (0.0 < h["decay"] <= 1.0):
         raise SyncError("keys", f"decay={h.get('decay')!r} must be a float in (0, 1]")
+    if not isinstance(h.get("rounding"), str) or h["rounding"] not in ROUNDINGS:
+        raise SyncError("keys", f"unknown rounding {h.get('rounding')!r}; expected one of {ROUNDINGS}")
     att = h["attention"]
     if att is not None:
         _check_keys(att, ATTENTION_KEYS, "attention")

@@ -137,7 +137,7 @@ def build_delta(
     delta = SketchDelta(
         base_version=base_version, new_version=new_version, seed=cfg.seed, update_index=update.update_index,
         rank=cfg.rank, distribution=cfg.distribution, targets=targets, dense=dense,
-        decay=optimizer.weight_decay_factor(), attention=dims,
+        decay=optimizer.weight_decay_factor(), rounding=optimizer.merge_rounding(), attention=dims,
     )
     delta.check_structure()
     logger.debug("built delta %d->%d: %d targets, %d dense", base_version, new_version, len(targets), len(dense))
@@ -149,7 +149,8 @@ def merge_deltas(parts: Sequence[SketchDelta]) -> SketchDelta:
     if not parts:
         raise ValueError("no parts to merge")
     first = parts[0]
-    key = lambda d: (d.base_version, d.new_version, d.seed, d.update_index, d.rank, d.distribution, d.decay)  # noqa: E731
+    key = lambda d: (d.base_version, d.new_version, d.seed, d.update_index, d.rank, d.distribution, d.decay,  # noqa: E731
+                     d.rounding)
     targets: list[TargetFactor] = []
     dense: dict[str, torch.Tensor] = {}
     attention = None
@@ -166,6 +167,7 @@ def merge_deltas(parts: Sequence[SketchDelta]) -> SketchDelta:
     if len(set(names)) != len(names):
         raise ValueError("a target appears in two parts")
     merged = SketchDelta(first.base_version, first.new_version, first.seed, first.update_index, first.rank,
-                         first.distribution, targets, dense, first.decay, attention)
+                         first.distribution, targets, dense, decay=first.decay, rounding=first.rounding,
+                         attention=attention)
     merged.check_structure()
     return merged

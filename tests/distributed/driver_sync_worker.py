@@ -11,7 +11,9 @@ to one full refit together (no hang). Mode ``owned``: every rank syncs its own e
 last rank's engine is corrupted before update 3 and left at an unknown version before update 4, and
 every rank must take the same refits (a rank refitting alone would hang the others' collectives).
 
-Launch: ``torchrun --nproc-per-node N driver_sync_worker.py OUT TP PP [driven|owned]``. Every rank writes
+Launch: ``torchrun --nproc-per-node N driver_sync_worker.py OUT TP PP [driven|owned] [float32|bfloat16]``
+(bfloat16: the merges round stochastically, with noise keyed by canonical rows and columns, which a TP- or
+PP-sharded trainer and the TP=1 engine must draw alike). Every rank writes
 ``OUT/rank{r}.json``; the test asserts on them. Reference for the engine's weights: the
 trainer's full weights streamed by ``rl.weights.iter_hf_params`` (compared bit for bit).
 """
@@ -40,7 +42,7 @@ def _lm_batch(step: int, cfg, rows: int = 4):
     return Batch(seq[:, :-1].contiguous(), seq[:, 1:].contiguous(), torch.ones(rows, cfg.seq_length), pos)
 
 
-def main(out: str, tp: int, pp: int, mode: str = "driven") -> None:
+def main(out: str, tp: int, pp: int, mode: str = "driven", dtype: str = "float32") -> None:
     torch.set_num_threads(1)
     from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
     from megatron_logra.models.gpt import ModelConfig, build_gpt
@@ -54,13 +56,13 @@ def main(out: str, tp: int, pp: int, mode: str = "driven") -> None:
 
     groups = initialize_parallel(ParallelConfig(tp=tp, pp=pp), seed=7)
     cfg = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
-                      vocab_size=80, seq_length=16)
+                      vocab_size=80, seq_length=16, params_dtype=dtype)
     model = build_gpt(cfg, groups, seed=7)
     opt = build_optimizer(model, OptimizerConfig(logra=LograConfig(rank=8, lr=1e-2, seed=3),
                                                  native=NativeConfig(freeze=True)), groups)
     owned = mode == "owned"  # every rank syncs its own embedded engine (the default engine's arrangement)
     driver = owned or dist.get_rank() == 0
-    target = EmbeddedEngine(cfg, tp=tp, init_seed=1) if driver else None
+    target = EmbeddedEngine(cfg, tp=tp, init_seed=1, dtype=cfg.torch_dtype) if driver else None
 
     def no_generation(payload: dict):
         raise AssertionError("this test does not generate")
@@ -69,7 +71,7 @@ def main(out: str, tp: int, pp: int, mode: str = "driven") -> None:
         generate_fn=no_generation if driver else None, target=target, vocab_size=cfg.vocab_size,
         padded_vocab_size=cfg.padded_vocab_size(tp), gen_group=groups.mp, sync_group=groups.mp)
     last = dist.get_world_size() - 1  # in "owned" mode the faults hit this rank's engine only
-    sync = PolicySync(SyncConfig(check_interval=1), model=model, model_cfg=cfg, optimizer=opt, engine=engine,
+    sync = PolicySync(SyncConfig(check_interval=1, max_master_drift=0.0), model=model, model_cfg=cfg, optimizer=opt, engine=engine,
                       groups=groups, run_dir=Path(out))
     sync.full(0)
     records = []
@@ -110,4 +112,4 @@ def main(out: str, tp: int, pp: int, mode: str = "driven") -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:5])
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6])

@@ -1,12 +1,13 @@
 """What sketch-delta sync can carry. bf16 weights with fp32 masters: the re-anchor stays within a step's
-KL budget; 16-bit weights without masters, and an ``output_layer`` target, are refused.
+KL budget; 16-bit weights without masters and with merges rounded to nearest, and an ``output_layer``
+target, are refused.
 
-The delta merge (shared with the engine) rounds bf16 weights to nearest, so most of each KL-controlled
-step is lost from the compute weights while the fp32 masters keep it; at ``sync.max_master_drift`` the
-masters are copied back in one go, a step the KL controller never sized. The default threshold must keep
-that jump below one step's budget: the exact KL between the policy before and after the re-anchor is
-measured here, on the updates the RL loop makes (paper recipe, default controller, forward-mode
-prediction, ``local_factors`` merged as ``rl_update`` does). Without masters the combination is refused.
+The compute weights take the engine's merges (shared arithmetic, stochastically rounded in bf16) while the
+fp32 masters keep the exact step; at ``sync.max_master_drift`` the masters are copied back in one go, a
+step the KL controller never sized. The default threshold must keep that jump below one step's budget:
+the exact KL between the policy before and after the re-anchor is measured here, on the updates the RL
+loop makes (paper recipe, default controller, forward-mode prediction, ``local_factors`` merged as
+``rl_update`` does).
 """
 
 from __future__ import annotations
@@ -69,15 +70,17 @@ def test_the_default_reanchor_jump_stays_within_one_steps_budget(groups, one_thr
     assert 0 < jump < budget, (jump, budget)
 
 
-def test_16_bit_weights_without_masters_under_delta_sync_are_refused():
+def test_16_bit_weights_without_masters_need_stochastic_merges_under_delta_sync():
     from megatron_logra.overrides import parse_args_to_config
 
     bf16_only = ["model.params_dtype=bfloat16", "logra.masters=none"]
-    with pytest.raises(ValueError, match=r"optimizer\.logra\.masters=none with model\.params_dtype=bfloat16 and "
-                                         r"sync\.mode=delta.*set optimizer\.logra\.masters=fp32.*or sync\.mode=full"):
-        parse_args_to_config("tiny", bf16_only)
-    assert parse_args_to_config("tiny", [*bf16_only, "sync.mode=full"]).sync.mode == "full"
-    assert parse_args_to_config("lm-tiny", bf16_only).optimizer.logra.masters == "none"  # no engine to sync
+    assert parse_args_to_config("tiny", bf16_only).optimizer.logra.rounding == "stochastic"  # unbiased merges
+    for extra in (["logra.rounding=nearest"], ["model.params_dtype=float16"]):
+        with pytest.raises(ValueError, match=r"optimizer\.logra\.masters=none with model\.params_dtype=.*sync\.mode=delta: "
+                                             r"each merge would round to nearest.*or sync\.mode=full"):
+            parse_args_to_config("tiny", [*bf16_only, *extra])
+    assert parse_args_to_config("tiny", [*bf16_only, "logra.rounding=nearest", "sync.mode=full"]).sync.mode == "full"
+    assert parse_args_to_config("lm-tiny", [*bf16_only, "logra.rounding=nearest"]).optimizer.logra.masters == "none"
 
 
 def test_an_output_layer_target_under_delta_sync_is_refused():

@@ -52,7 +52,7 @@ def test_round_trip_is_bitwise_and_carries_every_field():
     data = encode(delta)
     out = decode(data)
     assert out.checksum == delta.checksum and len(out.checksum) == 64
-    for field in ("base_version", "new_version", "seed", "update_index", "rank", "distribution", "decay",
+    for field in ("base_version", "new_version", "seed", "update_index", "rank", "distribution", "decay", "rounding",
                   "attention", "format_version"):
         assert getattr(out, field) == getattr(delta, field), field
     assert [t.name for t in out.targets] == [t.name for t in delta.targets]
@@ -171,8 +171,8 @@ def test_a_non_bytes_message_is_malformed():
 
 
 def test_unknown_format_version_is_named():
-    data = _repack(encode(_delta()), edit_header=lambda h: h.update(format_version=2), rehash=False)
-    with pytest.raises(SyncError, match="unknown format version 2") as exc:
+    data = _repack(encode(_delta()), edit_header=lambda h: h.update(format_version=3), rehash=False)
+    with pytest.raises(SyncError, match="unknown format version 3") as exc:
         decode(data)
     assert exc.value.kind == "format_version"
 

@@ -158,6 +158,7 @@ def sketch_deltas(draw: st.DrawFn) -> SketchDelta:
         targets=[draw(target_factors(n, rank, attention)) for n in names],
         dense=draw(st.dictionaries(_dense_names, dense_tensors(), max_size=3)),
         decay=draw(st.one_of(st.just(1.0), st.floats(0.0, 1.0, exclude_min=True))),
+        rounding=draw(st.sampled_from(("nearest", "stochastic"))),
         attention=attention,
     )
     delta.check_structure()
@@ -169,7 +170,7 @@ def sketch_deltas(draw: st.DrawFn) -> SketchDelta:
 
 def assert_same_delta(got: SketchDelta, want: SketchDelta) -> None:
     """``got`` equals ``want`` in every header field, type included, and bit for bit in every tensor."""
-    for f in ("base_version", "new_version", "seed", "update_index", "rank", "distribution", "decay",
+    for f in ("base_version", "new_version", "seed", "update_index", "rank", "distribution", "decay", "rounding",
               "attention", "format_version"):
         a, b = getattr(got, f), getattr(want, f)
         assert type(a) is type(b) and a == b, f

@@ -1,0 +1,97 @@
+"""Stochastic rounding inside the sketch-delta merge (``sync.apply``): unbiased, reproducible, keyed by
+canonical coordinates, and named in the delta's header.
+
+A KL-controlled step is far below bf16's spacing; rounded to nearest it vanishes from a bf16 weight.
+The reference is the exact fp64 change ``−U·A``: with stochastic rounding the realised change must
+equal it on average (regression slope ≈ 1), to nearest it is lost (slope ≈ 0).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megatron_logra.sketch.random_projection import projection
+from megatron_logra.sync.apply import StochasticRounding, low_rank_merge_, shard_rows
+from megatron_logra.sync.codec import SketchDelta, TargetFactor, decode, encode, expected_layout
+from megatron_logra.sync.errors import SyncError
+from megatron_logra.sync.factors import quantize_factor
+
+N_OUT, N_IN, R = 96, 128, 16
+
+
+def _step(update: int, scale: float, n_out: int = N_OUT, n_in: int = N_IN):
+    gen = torch.Generator().manual_seed(update)
+    A = projection(7, "model.layers.0.mlp.down_proj", update, R, n_in)
+    U = quantize_factor(scale * torch.randn(n_out, R, generator=gen))
+    return U, A, -(U.double() @ A.double())
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
+def test_a_step_far_below_bf16_spacing_survives_only_stochastic_rounding(rounding):
+    n = 512  # 4 x 262144 entries: the slope's standard error is below 0.01
+    W0 = torch.full((n, n), 1.0).to(torch.bfloat16)  # spacing 2**-7 above 1.0, 2**-8 below
+    num, den = 0.0, 0.0
+    for update in range(4):
+        U, A, intended = _step(update, 2e-4, n, n)  # entries ~2e-4: a fortieth of bf16's spacing
+        assert intended.abs().max() < 2.0**-8  # every entry would round back to 1.0 to nearest
+        W = W0.clone()
+        noise = StochasticRounding(7, "model.layers.0.mlp.down_proj", update) if rounding == "stochastic" else None
+        low_rank_merge_(W, U, A, rounding=noise)
+        realised = W.double() - W0.double()
+        num += (realised * intended).sum().item()
+        den += (intended * intended).sum().item()
+    slope = num / den
+    if rounding == "stochastic":
+        assert slope == pytest.approx(1.0, abs=0.05)
+    else:
+        assert slope == 0.0
+
+
+def test_the_noise_is_a_function_of_the_canonical_entry_only():
+    """Same (seed, target, update, canonical row, column): the same bits, whichever rows a weight holds and
+    in which order; another update index: other noise. fp32 and fp16 weights are never rounded stochastically."""
+    U, A, _ = _step(3, 5e-3)
+    full = torch.randn(N_OUT, N_IN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    merged = full.clone()
+    low_rank_merge_(merged, U, A, rounding=StochasticRounding(7, "t", 3))
+    rows = torch.randperm(N_OUT, generator=torch.Generator().manual_seed(2))[:40]
+    part = full[rows].clone()
+    low_rank_merge_(part, U[rows], A, rounding=StochasticRounding(7, "t", 3, rows=rows))
+    assert torch.equal(part, merged[rows])
+    cols = slice(32, 96)  # a row-parallel shard: its columns of A, its first column
+    shard = full[:, cols].clone()
+    low_rank_merge_(shard, U, A[:, cols], rounding=StochasticRounding(7, "t", 3, col_start=32))
+    assert torch.equal(shard, merged[:, cols])
+    other = full.clone()
+    low_rank_merge_(other, U, A, rounding=StochasticRounding(7, "t", 4))
+    assert not torch.equal(other, merged)
+    for dtype in (torch.float32, torch.float16):
+        a, b = full.to(dtype), full.to(dtype)
+        low_rank_merge_(a, U, A, rounding=StochasticRounding(7, "t", 3))
+        low_rank_merge_(b, U, A)
+        assert torch.equal(a, b)
+
+
+def test_shard_rows_are_the_rows_megatron_gathers():
+    """Column-parallel shards: ``linear_qkv`` (stride 1) holds a block; ``linear_fc1`` (stride 2) holds its
+    ``[gate_k; up_k]`` of the canonical ``[gate; up]``."""
+    assert shard_rows(4, 1, 3).tolist() == [4, 5, 6, 7]
+    gate_up = torch.arange(24)  # canonical [gate (12); up (12)] at TP 3
+    for k in range(3):
+        local = torch.cat([gate_up[4 * k : 4 * k + 4], gate_up[12 + 4 * k : 12 + 4 * k + 4]])
+        assert torch.equal(shard_rows(8, k, 3, stride=2), local)
+    with pytest.raises(ValueError, match="cannot hold 2 row blocks"):
+        shard_rows(7, 0, 2, stride=2)
+
+
+def test_the_header_names_the_rounding_and_refuses_an_unknown_one():
+    name = "model.layers.0.mlp.down_proj"
+    U, _, _ = _step(0, 1e-3)
+    delta = SketchDelta(0, 1, 7, 0, R, "rademacher", [TargetFactor(name, U, N_IN, expected_layout(name))],
+                        rounding="stochastic")
+    assert decode(encode(delta)).rounding == "stochastic"
+    delta.rounding = "up"
+    with pytest.raises(SyncError, match="unknown rounding 'up'") as exc:
+        encode(delta)
+    assert exc.value.kind == "keys"
