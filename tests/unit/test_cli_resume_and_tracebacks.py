@@ -4,31 +4,17 @@ errors raised inside a run honoured it)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import yaml
 
 from megatron_logra.cli import main
-from megatron_logra.config import to_dict
-from megatron_logra.overrides import load_recipe
-
-
-def _fake_run(run):
-    """A run directory of lm-tiny with a complete (empty) latest checkpoint: enough for ``config --resume``."""
-    cfg = load_recipe("lm-tiny")
-    cfg.train.run_dir = str(run)
-    step = run / "checkpoints" / "step_00000002"
-    step.mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    (step / "meta.json").write_text(json.dumps({"step": 2, "config": to_dict(cfg)}))
-    (run / "checkpoints" / "latest").write_text(step.name)
+from support.run_fixtures import fake_run_dir
 
 
 @pytest.mark.parametrize("form", ["separate", "equals"])
 def test_resume_equals_run_dir_is_resume_run_dir(tmp_path, capsys, form):
     run = tmp_path / "run"
-    _fake_run(run)
+    fake_run_dir(run)
     args = ["--resume", str(run)] if form == "separate" else [f"--resume={run}"]
     assert main(["config", *args, "train.steps=9"]) == 0
     train = yaml.safe_load(capsys.readouterr().out)["train"]
@@ -68,7 +54,7 @@ def test_config_errors_show_a_traceback_with_megatron_logra_traceback(monkeypatc
 
 def test_a_duplicate_key_in_a_runs_config_yaml_is_refused(tmp_path, capsys):
     run = tmp_path / "run"
-    _fake_run(run)
+    fake_run_dir(run)
     text = (run / "config.yaml").read_text()
     (run / "config.yaml").write_text(text + "job: lm\n")
     with pytest.raises(SystemExit) as info:

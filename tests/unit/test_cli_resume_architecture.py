@@ -4,18 +4,15 @@ value and the new one (it was a 17-line torch CheckpointException about a tensor
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 
 import pytest
-import yaml
 
 from megatron_logra.checkpoint import CheckpointError, save_checkpoint
 from megatron_logra.checkpoint.store import load_checkpoint
 from megatron_logra.cli import main
-from megatron_logra.config import to_dict
 from megatron_logra.models.gpt import build_gpt
-from megatron_logra.overrides import load_recipe
+from support.run_fixtures import fake_run_dir
 from test_checkpoint_checksums import MODEL
 
 
@@ -44,17 +41,6 @@ def test_load_checkpoint_names_the_changed_field(groups, tmp_path):
     assert "shape mismatch" in str(info.value)
 
 
-def _fake_run(run):
-    """A run directory whose latest checkpoint's meta.json records lm-tiny's config (nothing else is read
-    before the architecture check)."""
-    cfg = load_recipe("lm-tiny")
-    cfg.train.run_dir = str(run)
-    step = run / "checkpoints" / "step_00000002"
-    step.mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    (step / "meta.json").write_text(json.dumps({"step": 2, "config": to_dict(cfg)}))
-    (run / "checkpoints" / "latest").write_text(step.name)
-    return cfg
 
 
 @pytest.mark.parametrize("argv", [
@@ -64,7 +50,7 @@ def _fake_run(run):
 ])
 def test_cli_resume_with_another_architecture_exits_2_naming_the_field(argv, tmp_path, capsys):
     run = tmp_path / "run"
-    cfg = _fake_run(run)
+    cfg = fake_run_dir(run)
     with pytest.raises(SystemExit) as info:
         main([a.format(run=run) for a in argv])
     assert info.value.code == 2

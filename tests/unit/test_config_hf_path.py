@@ -4,26 +4,17 @@ architecture override the checkpoint would replace and ``job=lm`` (which never r
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import yaml
 
 from megatron_logra.cli import main
 from megatron_logra.overrides import load_recipe, parse_args_to_config
-
-HF = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-      "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 160,
-      "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
-      "torch_dtype": "float32"}
-
+from support.run_fixtures import tiny_llama_dir
 
 @pytest.fixture
 def hf_dir(tmp_path):
-    d = tmp_path / "hf"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(HF))
-    return d
+    return tiny_llama_dir(tmp_path)
 
 
 def test_config_prints_the_checkpoint_architecture(hf_dir, capsys):

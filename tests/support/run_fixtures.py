@@ -1,0 +1,39 @@
+"""Small on-disk inputs several test files need: a tiny Llama ``config.json`` and a run directory with an
+(empty) latest checkpoint whose ``config.yaml`` and ``meta.json`` record lm-tiny's config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 160,
+              "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+              "tie_word_embeddings": False, "torch_dtype": "float32"}
+"""A Hugging Face ``config.json`` of a two-layer Llama (no weights)."""
+
+
+def tiny_llama_dir(root: Path) -> Path:
+    """``root/hf`` holding :data:`TINY_LLAMA` as ``config.json``."""
+    d = root / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return d
+
+
+def fake_run_dir(run: Path):
+    """A run directory of lm-tiny whose latest checkpoint (step 2) holds only ``meta.json``: enough for what
+    is read before a checkpoint's tensors (``config --resume``, the architecture check). Returns the config."""
+    from megatron_logra.config import to_dict
+    from megatron_logra.overrides import load_recipe
+
+    cfg = load_recipe("lm-tiny")
+    cfg.train.run_dir = str(run)
+    step = run / "checkpoints" / "step_00000002"
+    step.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    (step / "meta.json").write_text(json.dumps({"step": 2, "config": to_dict(cfg)}))
+    (run / "checkpoints" / "latest").write_text(step.name)
+    return cfg
