@@ -30,7 +30,8 @@ import torch
 
 from megatron_logra.sketch.naming import canonical_name
 
-__all__ = ["DISTRIBUTIONS", "projection", "projection_key", "hash_u32", "shared_projections"]
+__all__ = ["DISTRIBUTIONS", "projection", "projection_key", "hash_u32", "shared_projections", "entry_hash_parts",
+           "entry_hash_block_"]
 
 DISTRIBUTIONS = ("rademacher", "gaussian")
 
