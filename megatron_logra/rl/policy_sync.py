@@ -133,7 +133,8 @@ class PolicySync:
         if self.cfg.check_interval and self.num_syncs % self.cfg.check_interval == 0:
             engine_fp = self.engine.fingerprint()  # None: the engine cannot fingerprint (anchor refits only)
             mismatched = [] if engine_fp is None else \
-                drift(trainer_fingerprint(self.model, self.groups, self.model_cfg, dtype=self.model_cfg.torch_dtype),
+                drift(trainer_fingerprint(self.model, self.groups, self.model_cfg, dtype=self.model_cfg.torch_dtype,
+                                          vocab_rows=getattr(self.engine, "fingerprint_vocab_rows", None)),
                       engine_fp)
             if self._any_rank(bool(mismatched)):
                 drifted = 1

@@ -31,6 +31,7 @@ from megatron_logra.models.hf import attention_dims, hf_rows, megatron_param_to_
 from megatron_logra.models.layout import full_rows, gather_tp, global_param_names, is_tied_output_copy
 from megatron_logra.parallel import ParallelGroups, all_gather_bytes, collective_device
 from megatron_logra.sync.fingerprint import digest, sampled_rows_of
+from megatron_logra.sync.layout import VOCAB_PARALLEL
 
 __all__ = ["iter_full_params", "iter_hf_params", "gather_full_model", "trainer_fingerprint"]
 
@@ -123,7 +124,8 @@ def gather_full_model(model: nn.Module, groups: ParallelGroups) -> dict[str, tor
 
 @torch.no_grad()
 def trainer_fingerprint(model: nn.Module, groups: ParallelGroups, cfg: ModelConfig,
-                        rows_per_tensor: int = 4, dtype: Optional[torch.dtype] = None) -> dict[str, str]:
+                        rows_per_tensor: int = 4, dtype: Optional[torch.dtype] = None,
+                        vocab_rows: Optional[int] = None) -> dict[str, str]:
     """``{HF name: digest}`` of the whole model, equal to ``sync.fingerprint.fingerprint`` of its
     full HF tensors cast to ``dtype`` (the engine's; None keeps each parameter's), from row
     samples only (see the module docstring). Every rank of the model-parallel group must call;
@@ -132,6 +134,11 @@ def trainer_fingerprint(model: nn.Module, groups: ParallelGroups, cfg: ModelConf
     The cast matters where the trainer keeps some parameters wider than its compute dtype
     (megatron's fp32 norms in a bf16 model): the engine holds them rounded, as every refit and
     delta casts to the engine's dtype, and the fingerprint compares exactly that.
+
+    ``vocab_rows``: the engine's vocabulary when it serves fewer ids than the trainer's padded
+    vocabulary (SGLang started from the unpadded checkpoint). The vocab-parallel tensors
+    (``embed_tokens``, ``lm_head``) are then fingerprinted as their first ``vocab_rows`` rows,
+    the tensors that engine holds; None (or the padded size) fingerprints every row.
     """
     dims = attention_dims(cfg)
 
@@ -149,6 +156,11 @@ def trainer_fingerprint(model: nn.Module, groups: ParallelGroups, cfg: ModelConf
             continue
         for hf_name, meg_rows in hf_rows(name, full_shape[0], dims):
             hf_shape = [full_shape[0] if meg_rows is None else len(meg_rows), *full_shape[1:]]
+            if vocab_rows is not None and hf_name in VOCAB_PARALLEL:
+                if not 0 < vocab_rows <= hf_shape[0]:
+                    raise ValueError(f"{hf_name}: the engine serves {vocab_rows} vocabulary rows, "
+                                     f"the trainer holds {hf_shape[0]}")
+                hf_shape[0] = vocab_rows
             rows = sampled_rows_of(hf_name, hf_shape, rows_per_tensor)
             wanted = rows if meg_rows is None else meg_rows[rows].tolist()
             sample = cast(full_rows(param, wanted, groups.tp).reshape(len(rows), -1))

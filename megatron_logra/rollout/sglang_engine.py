@@ -33,9 +33,9 @@ E)`` (SGLang's ``SamplingParams.verify`` refuses keys ``>= E``; probability ~0 o
 :mod:`~megatron_logra.sync.sglang_protocol` cuts refits and dense delta entries of
 ``embed_tokens``/``lm_head`` to ``E`` rows (SGLang's ``VocabParallelEmbedding.weight_loader``
 asserts exactly ``E``). ``E`` outside ``[vocab_size, padded_vocab_size]`` is refused when the
-engine is built. With ``E < padded_vocab_size`` the drift check is off (:meth:`SGLangEngine.
-fingerprint` returns None: the trainer fingerprints its padded rows, which the engine lacks); the
-periodic anchor refit still runs.
+engine is built. With ``E < padded_vocab_size`` the drift check compares the first ``E`` rows of
+``embed_tokens``/``lm_head`` (:attr:`SGLangEngine.fingerprint_vocab_rows`, passed to
+``rl.weights.trainer_fingerprint``): the padded rows the engine lacks are not compared.
 
 Weights: synchronised only through :mod:`megatron_logra.sync.sglang_client` (sketch deltas via the
 custom loader, dense refits, fingerprints, versions); this module just decides who talks to it.
@@ -129,13 +129,6 @@ class SGLangEngine:
             lambda: (int(self.target.weight_version), getattr(self.target, "vocab_size", None)), sync_group)
         self._version = int(version)
         self.engine_vocab_size = check_engine_vocab(engine_vocab, vocab_size, padded_vocab_size)
-        self._fingerprints = self.engine_vocab_size == padded_vocab_size
-        if not self._fingerprints and is_driver(sync_group):
-            logger.warning("sglang engine: its model has vocab_size=%d, the trainer pads to %d: drift checks are "
-                           "off (the trainer fingerprints padded rows the engine lacks; anchor refits still run); "
-                           "serve a config with vocab_size=%d (model.padded_vocab_size), or choose "
-                           "model.make_vocab_size_divisible_by so that the vocabulary is not padded, to have them",
-                           self.engine_vocab_size, padded_vocab_size, padded_vocab_size)
 
     # ------------------------------------------------------------------ weights (sync_client, driver only)
 
@@ -185,11 +178,15 @@ class SGLangEngine:
             _drain(stream)
         self._synced(drive)
 
+    @property
+    def fingerprint_vocab_rows(self) -> Optional[int]:
+        """The rows of ``embed_tokens``/``lm_head`` the engine holds when fewer than the trainer's
+        padded vocabulary (its fingerprint covers those; module docstring), else None."""
+        return self.engine_vocab_size if self.engine_vocab_size < self.padded_vocab_size else None
+
     def fingerprint(self) -> Optional[dict[str, str]]:
-        """The engine's per-tensor hashes (``sglang_client``), or None when it cannot (a fingerprint error,
-        or an engine vocabulary smaller than the trainer's padded one: module docstring)."""
-        if not self._fingerprints:
-            return None
+        """The engine's per-tensor hashes in HF layout (``sglang_client``), or None when it cannot
+        (a fingerprint error). ``embed_tokens``/``lm_head`` cover :attr:`fingerprint_vocab_rows` rows."""
         return share_from_driver(lambda: self.target.fingerprint(), self.sync_group)
 
     # ------------------------------------------------------------------ generation

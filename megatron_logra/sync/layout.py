@@ -37,12 +37,14 @@ from megatron_logra.sync.errors import SyncError
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "VOCAB_PARALLEL",
     "EngineFactor", "DenseEntry", "EnginePlan", "LAYOUT_NAMES",
     "qkv_rows_hf", "megatron_rows_from_hf", "sglang_qkv_rows", "sglang_gate_up_rows", "plan_for",
 ]
 
 LAYOUT_NAMES = ("hf", "sglang")
-_VOCAB_PARALLEL = ("model.embed_tokens.weight", "lm_head.weight")
+VOCAB_PARALLEL = ("model.embed_tokens.weight", "lm_head.weight")
+"""HF names of the vocab-parallel tensors (one row per vocabulary id)."""
 
 
 @dataclass
@@ -226,7 +228,7 @@ def _sglang_dense(delta: SketchDelta, tp_size: int, tp_rank: int) -> list[DenseE
         elif name.endswith(".up_proj.bias"):
             if f"{_prefix(name, 'up_proj.bias')}gate_proj.bias" not in dense:
                 raise SyncError("keys", f"dense {name} present without its gate_proj.bias")
-        elif name in _VOCAB_PARALLEL:
+        elif name in VOCAB_PARALLEL:
             out.append(DenseEntry(name, dense[name], split="vocab"))  # SGLang pads the vocabulary even at TP 1
         else:
             out.append(DenseEntry(name, dense[name]))

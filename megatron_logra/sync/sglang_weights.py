@@ -27,7 +27,7 @@ from torch import nn
 
 from megatron_logra.sync.codec import AttentionDims
 from megatron_logra.sync.errors import SyncError
-from megatron_logra.sync.layout import sglang_gate_up_rows, sglang_qkv_rows
+from megatron_logra.sync.layout import VOCAB_PARALLEL, sglang_gate_up_rows, sglang_qkv_rows
 from megatron_logra.sync.sglang_wire import FINGERPRINT_PARAM, STATE_PARAM
 
 __all__ = ["VERSION_ATTR", "VOCAB_PARALLEL", "Piece", "engine_tp", "engine_version", "engine_vocab_size",
@@ -36,8 +36,6 @@ __all__ = ["VERSION_ATTR", "VOCAB_PARALLEL", "Piece", "engine_tp", "engine_versi
 VERSION_ATTR = "_logra_weight_version"
 _ATTENTION_ATTR = "_logra_attention"
 _OWN_PARAMS = (STATE_PARAM, FINGERPRINT_PARAM)
-VOCAB_PARALLEL = ("model.embed_tokens.weight", "lm_head.weight")
-"""HF names of the vocab-parallel tensors (one row per vocabulary id)."""
 
 
 def engine_tp(model: nn.Module) -> tuple[int, int]:

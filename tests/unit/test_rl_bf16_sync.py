@@ -25,7 +25,8 @@ def bf16_run(tmp_path_factory):
     torch.set_num_threads(1)
     cfg = small_cfg(tmp_path_factory.mktemp("rl_bf16") / "run", "model.params_dtype=bfloat16", "sft.steps=4",
                     "sync.check_interval=1", "sync.anchor_interval=0",
-                    "sync.max_master_drift=0")  # no master re-anchor: any full refit here would be a false alarm
+                    "sync.max_master_drift=0",  # no master re-anchor: any full refit here would be a false alarm
+                    "model.make_vocab_size_divisible_by=64")  # 160 ids padded to 192
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         comps, state, _ = build_components(cfg)
@@ -73,3 +74,30 @@ def test_bf16_drift_check_catches_one_changed_engine_row(bf16_run):
     finally:
         with torch.no_grad():
             w.copy_(saved)
+
+
+def test_drift_check_of_an_engine_that_serves_only_the_unpadded_vocabulary(bf16_run):
+    """SGLang started from the Hugging Face checkpoint holds ``vocab_size`` rows of ``embed_tokens``
+    and ``lm_head``, the trainer its padded vocabulary: ``vocab_rows`` fingerprints the rows both
+    hold, so a clean engine matches and a changed served row is still caught."""
+    from megatron_logra.rl.weights import trainer_fingerprint
+    from megatron_logra.sync import drift, fingerprint
+    from megatron_logra.sync.layout import VOCAB_PARALLEL
+
+    comps, _ = bf16_run
+    vocab, padded = comps.cfg.model.vocab_size, comps.cfg.model.padded_vocab_size(1)
+    assert vocab < padded
+    engine = {n: p.detach().clone() for n, p in comps.engine.model.named_parameters()}
+    vocab_names = sorted(n for n in engine if n in VOCAB_PARALLEL)
+    assert vocab_names and all(engine[n].shape[0] == padded for n in vocab_names)
+    served = {n: (w[:vocab].clone() if n in VOCAB_PARALLEL else w) for n, w in engine.items()}
+
+    trainer_fp = trainer_fingerprint(comps.model, comps.groups, comps.cfg.model, dtype=torch.bfloat16,
+                                     vocab_rows=vocab)
+    assert drift(fingerprint(served), trainer_fp) == []
+    padded_fp = trainer_fingerprint(comps.model, comps.groups, comps.cfg.model, dtype=torch.bfloat16)
+    assert drift(fingerprint(served), padded_fp) == vocab_names  # what the check compared before
+    served["model.embed_tokens.weight"][vocab - 1, 3] += 1  # the last served row is always sampled
+    assert drift(fingerprint(served), trainer_fp) == ["model.embed_tokens.weight"]
+    with pytest.raises(ValueError, match="engine serves"):
+        trainer_fingerprint(comps.model, comps.groups, comps.cfg.model, vocab_rows=padded + 1)
