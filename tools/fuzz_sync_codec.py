@@ -138,7 +138,7 @@ def random_delta(rng: random.Random) -> SketchDelta:
     base = rng.choice((0, 1, rng.randint(0, 2**40), 2**62))
     return SketchDelta(
         base_version=base, new_version=base + rng.choice((1, rng.randint(1, 2**40))), seed=rng.getrandbits(64),
-        update_index=rng.choice((0, rng.randint(0, 2**31))), rank=rank, distribution=rng.choice(DISTRIBUTIONS),
+        update_index=rng.choice((0, rng.randint(0, 2**31))), step=rng.choice((0, rng.randint(1, 2**40))), rank=rank, distribution=rng.choice(DISTRIBUTIONS),
         targets=targets, dense=dense, decay=rng.choice((1.0, 1.0 - 2.0**-24, rng.random() or 1.0, 5e-324)),
         rounding=rng.choice(("nearest", "stochastic")), attention=attention,
     )

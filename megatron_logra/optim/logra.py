@@ -336,7 +336,7 @@ class LograOptimizer(LograStateMixin):
             return "nearest"
         return "stochastic"
 
-    def _merge_noise(self, t, update_index: int):
+    def _merge_noise(self, t, step: int):
         """Where target ``t``'s merge noise comes from: its canonical rows and first input column on this rank."""
         from megatron_logra.sync.apply import StochasticRounding, shard_rows
 
@@ -345,7 +345,7 @@ class LograOptimizer(LograStateMixin):
             rows = shard_rows(t.n_out_local, self.groups.tp_rank, self.groups.tp_size,
                               int(getattr(t.weight, "partition_stride", 1)))
         col_start = t.cols.start if t.cols is not None else 0
-        return StochasticRounding(self.cfg.seed, t.name, update_index, rows, col_start)
+        return StochasticRounding(self.cfg.seed, t.name, step, rows, col_start)
 
     @torch.no_grad()
     def apply(self, update: PreparedUpdate, alpha: float = 1.0, *,
@@ -394,7 +394,7 @@ class LograOptimizer(LograStateMixin):
                 if master is not None:  # the exact fp32 trajectory, kept beside the engine mirror
                     low_rank_merge_(master, factors[t.key], proj_RI, decay=decay, distribution=cfg.distribution)
                 low_rank_merge_(t.weight, factors[t.key], proj_RI, decay=decay, distribution=cfg.distribution,
-                                rounding=self._merge_noise(t, update.update_index) if stochastic else None)
+                                rounding=self._merge_noise(t, update.step) if stochastic else None)
                 continue
             factor = update.directions[t.key] if alpha == 1.0 else update.directions[t.key] * alpha
             noise_fn = None

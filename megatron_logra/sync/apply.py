@@ -21,7 +21,7 @@ integer multiple of ``q_i`` below ``2^24·q_i``: exactly representable in fp32.
 of it vanishes from a bf16 weight (and from the engine that mirrors it). With ``stochastic`` the
 16 bits bf16 drops are rounded up with probability equal to their value (unbiased), by adding
 16-bit noise to the fp32 bit pattern and truncating. The noise of entry ``(i, j)`` is the counter
-hash of ``(seed, target#merge-rounding, update index, canonical row i, column j)``, where the canonical
+hash of ``(seed, target#merge-rounding, optimizer step, canonical row i, column j)``, where the canonical
 rows are those of the target's TP=1 Megatron ``U`` (:class:`StochasticRounding`): the trainer at any
 TP degree and every engine layout draw the same noise for the same entry, so they stay bitwise equal.
 fp16 weights are rounded to nearest either way.
@@ -115,8 +115,11 @@ class StochasticRounding:
     """The projection seed of the update."""
     target: str
     """Canonical target name."""
-    update_index: int
-    """The projection's update index."""
+    step: int
+    """The optimizer step of the update (the delta's ``step``): unique per update, so each update
+    draws fresh noise. (The projection's update index is not: it stays 0 without
+    ``logra.refresh``, and noise repeated every update rounds the same entries the same way each
+    time, a bias that grows with the run.)"""
     rows: Optional[torch.Tensor] = None
     """Canonical rows (of the target's TP=1 Megatron ``U``) of this weight's rows, in order; None: all."""
     col_start: int = 0
@@ -127,7 +130,7 @@ class StochasticRounding:
         rows = torch.arange(n_out) if self.rows is None else self.rows
         if rows.numel() != n_out:
             raise ValueError(f"{self.target}: {rows.numel()} canonical rows for a weight of {n_out} rows")
-        key = projection_key(self.seed, f"{self.target}#merge-rounding", self.update_index)
+        key = projection_key(self.seed, f"{self.target}#merge-rounding", self.step)
         cols = torch.arange(self.col_start, self.col_start + n_in)
         return entry_hash_parts(key, rows.to(device=device, dtype=torch.int64), cols.to(device), _ROUNDING_LANE)
 
@@ -364,7 +367,7 @@ def apply_delta_(
                 U32 = f.U_OR.to(device=w.device, dtype=torch.float32)
                 noise = None
                 if delta.rounding == "stochastic" and w.dtype == torch.bfloat16:
-                    noise = StochasticRounding(delta.seed, f.target, delta.update_index, f.rows,
+                    noise = StochasticRounding(delta.seed, f.target, delta.step, f.rows,
                                                f.cols.start if f.cols is not None else 0).parts(*w.shape, w.device)
                 staged.append((w, U32, M_RI, scale, noise))
                 elems = _workspace_elems(w.shape[0], w.shape[1], chunk_elems(w.device, max_chunk_elems))

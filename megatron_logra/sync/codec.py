@@ -89,9 +89,11 @@ class SketchDelta:
     """Trained non-target parameters, full (TP-gathered) tensors under HF names."""
     decay: float = 1.0
     """Decoupled weight decay factor applied to target weights before the low-rank step."""
+    step: int = 0
+    """The optimizer step this update is (keys the stochastic-rounding noise: fresh every update)."""
     rounding: str = "nearest"
     """How the merge rounds bf16 weights: ``nearest`` or ``stochastic`` (unbiased, with noise that is a
-    pure function of the seed, target, update index and the entry's canonical row and column: the
+    pure function of the seed, target, ``step`` and the entry's canonical row and column: the
     trainer and every engine layout draw the same)."""
     attention: Optional[AttentionDims] = None
     """Required when a ``qkv_interleaved`` target is present."""
@@ -113,6 +115,7 @@ class SketchDelta:
             "new_version": self.new_version,
             "seed": self.seed,
             "update_index": self.update_index,
+            "step": self.step,
             "rank": self.rank,
             "distribution": self.distribution,
             "decay": float(self.decay),
@@ -186,12 +189,13 @@ def _read_safetensors_header(data: bytes) -> dict:
     if not isinstance(st_header, dict):
         raise SyncError("malformed", "safetensors header is not a JSON object")
     # the sha256 covers the header's content, not its spelling: require the one spelling encode
-    # writes (compact JSON, space padding), so that no byte of a message can change unnoticed
+    # writes (compact JSON, space padding to the next multiple of 8), so that no byte of a message
+    # can change unnoticed
     try:
         canonical = json.dumps(st_header, separators=(",", ":"), ensure_ascii=False).encode()
     except UnicodeEncodeError:  # an escape that decodes to a lone surrogate
         canonical = b""
-    if data[8 : 8 + n].rstrip(b" ") != canonical:
+    if data[8 : 8 + n].rstrip(b" ") != canonical or n - len(canonical) >= 8:
         raise SyncError("malformed", "safetensors header is not in canonical form (changed whitespace, escapes "
                                      "or padding)")
     end = 0
@@ -258,7 +262,7 @@ def decode(data: bytes) -> SketchDelta:
     return SketchDelta(
         base_version=header["base_version"], new_version=header["new_version"], seed=header["seed"],
         update_index=header["update_index"], rank=header["rank"], distribution=header["distribution"],
-        targets=targets, dense=dense, decay=header["decay"], rounding=header["rounding"],
+        targets=targets, dense=dense, decay=header["decay"], step=header["step"], rounding=header["rounding"],
         attention=None if att is None else AttentionDims(att["num_heads"], att["num_kv_heads"], att["head_dim"]),
         format_version=header["format_version"], checksum=digest,
     )

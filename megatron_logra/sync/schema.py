@@ -19,8 +19,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["FORMAT_VERSION", "MAGIC", "LAYOUTS", "DENSE_DTYPES", "HEADER_KEYS", "ROUNDINGS", "expected_layout",
            "check_header"]
 
-FORMAT_VERSION = 2
-"""2: the header names the merge's ``rounding`` of bf16 weights (1 had none: always to nearest)."""
+FORMAT_VERSION = 3
+"""3: the header carries the optimizer ``step``, which keys the stochastic-rounding noise (2 keyed it by
+the projection's update index, which repeats without ``logra.refresh``); 2: the header names the merge's ``rounding`` of bf16 weights (1 had
+none: always to nearest)."""
 MAGIC = "logra-sketch-delta"
 LAYOUTS = ("qkv_interleaved", "gate_up", "row_parallel", "plain")
 DENSE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,8 +48,8 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-HEADER_KEYS = frozenset({"format", "format_version", "base_version", "new_version", "seed", "update_index", "rank",
-                         "distribution", "decay", "rounding", "attention", "targets", "dense"})
+HEADER_KEYS = frozenset({"format", "format_version", "base_version", "new_version", "seed", "update_index", "step",
+                         "rank", "distribution", "decay", "rounding", "attention", "targets", "dense"})
 ROUNDINGS = ("nearest", "stochastic")
 """How the merge rounds a bf16 weight (fp16 weights: always to nearest; fp32: no rounding)."""
 ATTENTION_KEYS = frozenset({"num_heads", "num_kv_heads", "head_dim"})
@@ -73,13 +75,14 @@ def check_header(h: dict) -> None:
     if not _is_int(h.get("format_version")) or h["format_version"] != FORMAT_VERSION:
         raise SyncError("format_version", f"unknown format version {h.get('format_version')!r}; this reader knows {FORMAT_VERSION}")
     _check_keys(h, HEADER_KEYS, "the header")
-    for key in ("base_version", "new_version", "seed", "update_index", "rank"):
+    for key in ("base_version", "new_version", "seed", "update_index", "step", "rank"):
         if not _is_int(h.get(key)):
             raise SyncError("keys", f"header field {key}={h.get(key)!r} must be an int")
     if h["base_version"] < 0 or h["new_version"] <= h["base_version"]:
         raise SyncError("version", f"new_version={h['new_version']} must be > base_version={h['base_version']} >= 0")
-    if h["rank"] < 1 or h["update_index"] < 0:
-        raise SyncError("keys", f"rank={h['rank']} must be >= 1 and update_index={h['update_index']} >= 0")
+    if h["rank"] < 1 or h["update_index"] < 0 or h["step"] < 0:
+        raise SyncError("keys", f"rank={h['rank']} must be >= 1, update_index={h['update_index']} and "
+                                f"step={h['step']} >= 0")
     if not isinstance(h["distribution"], str) or h["distribution"] not in DISTRIBUTIONS:
         raise SyncError("keys", f"unknown distribution {h.get('distribution')!r}; expected one of {DISTRIBUTIONS}")
     if not isinstance(h.get("decay"), float) or not (0.0 < h["decay"] <= 1.0):

@@ -99,13 +99,15 @@ def random_delta(
     new_version: int = 1,
     seed: int = 0,
     update_index: int = 0,
+    step: Optional[int] = None,
     distribution: str = "rademacher",
     scale: float = 1e-3,
     dense: Optional[dict[str, torch.Tensor]] = None,
     generator_seed: int = 0,
     layers: Optional[list[int]] = None,
 ) -> SketchDelta:
-    """A well-formed delta with N(0, scale²) factors (``quantize_factor``) for every target (of ``layers``, default all)."""
+    """A well-formed delta with N(0, scale²) factors (``quantize_factor``) for every target (of ``layers``, default all);
+    ``step`` defaults to ``new_version``."""
     gen = torch.Generator().manual_seed(generator_seed)
     targets = []
     for name, n_out, n_in in shape.targets():
@@ -114,6 +116,7 @@ def random_delta(
         U_OR = quantize_factor(torch.randn(n_out, rank, generator=gen) * scale)
         targets.append(TargetFactor(name=name, U_OR=U_OR, n_in=n_in, layout=expected_layout(name)))
     return SketchDelta(
-        base_version=base_version, new_version=new_version, seed=seed, update_index=update_index, rank=rank,
-        distribution=distribution, targets=targets, dense=dict(dense or {}), attention=shape.attention,
+        base_version=base_version, new_version=new_version, seed=seed, update_index=update_index,
+        step=new_version if step is None else step, rank=rank, distribution=distribution, targets=targets,
+        dense=dict(dense or {}), attention=shape.attention,
     )

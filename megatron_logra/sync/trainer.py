@@ -136,7 +136,7 @@ def build_delta(
                 dense[hf_name] = tensor.detach().cpu().contiguous().clone()
     delta = SketchDelta(
         base_version=base_version, new_version=new_version, seed=cfg.seed, update_index=update.update_index,
-        rank=cfg.rank, distribution=cfg.distribution, targets=targets, dense=dense,
+        step=update.step, rank=cfg.rank, distribution=cfg.distribution, targets=targets, dense=dense,
         decay=optimizer.weight_decay_factor(), rounding=optimizer.merge_rounding(), attention=dims,
     )
     delta.check_structure()

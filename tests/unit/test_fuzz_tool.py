@@ -62,7 +62,7 @@ def lax_decode(data: bytes) -> SketchDelta:
     att = h["attention"]
     return SketchDelta(
         base_version=h["base_version"], new_version=h["new_version"], seed=h["seed"], update_index=h["update_index"],
-        rank=h["rank"], distribution=h["distribution"],
+        step=h["step"], rank=h["rank"], distribution=h["distribution"],
         targets=[TargetFactor(t["name"], tensors[f"U/{t['name']}"], t["n_in"], t["layout"]) for t in h["targets"]],
         dense={d["name"]: tensors[f"dense/{d['name']}"] for d in h["dense"]}, decay=h["decay"],
         rounding=h["rounding"], attention=None if att is None else AttentionDims(**att), format_version=h["format_version"],

@@ -152,7 +152,7 @@ def sketch_deltas(draw: st.DrawFn) -> SketchDelta:
         base_version=base,
         new_version=base + draw(st.integers(1, 2**40)),
         seed=draw(st.integers(0, 2**64 - 1)),
-        update_index=draw(st.integers(0, 2**31)),
+        update_index=draw(st.integers(0, 2**31)), step=draw(st.integers(0, 2**40)),
         rank=rank,
         distribution=draw(st.sampled_from(DISTRIBUTIONS)),
         targets=[draw(target_factors(n, rank, attention)) for n in names],
@@ -170,7 +170,7 @@ def sketch_deltas(draw: st.DrawFn) -> SketchDelta:
 
 def assert_same_delta(got: SketchDelta, want: SketchDelta) -> None:
     """``got`` equals ``want`` in every header field, type included, and bit for bit in every tensor."""
-    for f in ("base_version", "new_version", "seed", "update_index", "rank", "distribution", "decay", "rounding",
+    for f in ("base_version", "new_version", "seed", "update_index", "step", "rank", "distribution", "decay", "rounding",
               "attention", "format_version"):
         a, b = getattr(got, f), getattr(want, f)
         assert type(a) is type(b) and a == b, f
