@@ -1,4 +1,10 @@
-"""Fixtures shared by the unit tests."""
+"""Fixtures shared by the unit tests.
+
+The unit tier is one process: megatron-core's parallel state may be built on a gloo world of one
+rank over an in-memory ``HashStore`` (what ``megatron_logra.parallel.init_distributed`` does outside
+torchrun), nothing else. :func:`_one_process_worlds_only` enforces it for every unit test; groups
+of several ranks belong in ``tests/distributed``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,22 @@ import warnings
 
 import pytest
 import torch
+import torch.distributed as dist
+from support.unit_world import check_unit_world
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_process_worlds_only():
+    """Session-wide, so it is in place before any module-scoped fixture (``groups``) builds a world."""
+    real = dist.init_process_group
+
+    def guarded(*args, **kwargs):
+        check_unit_world(kwargs)
+        return real(*args, **kwargs)
+
+    dist.init_process_group = guarded
+    yield
+    dist.init_process_group = real
 
 
 @pytest.fixture(scope="module")

@@ -38,10 +38,24 @@ def test_this_cpu_tier_run_hides_cuda():
     assert os.environ.get("CUDA_VISIBLE_DEVICES") == ""
 
 
-def test_unit_tier_starts_no_process_group():
-    """``tests/unit`` runs without a process group; spawned gloo groups belong in ``tests/distributed``
-    (``support.gloo.spawn_group`` tears them down safely)."""
-    starters = ("init_process_group", "mp.spawn", "multiprocessing.spawn", "torch.distributed.run")
+def test_unit_tier_starts_no_multi_process_group():
+    """``tests/unit`` is one process: megatron's parallel state on a one-rank world over an in-memory
+    store at most (``conftest._one_process_worlds_only`` refuses anything else at run time); spawned
+    gloo groups belong in ``tests/distributed`` (``support.gloo.spawn_group`` tears them down safely)."""
+    starters = ("mp.spawn", "multiprocessing.spawn", "torch.distributed.run", "init_method=")
     offenders = [f"{path.name}: {word}" for path in sorted((TESTS / "unit").glob("*.py"))
                  for word in starters if word in path.read_text() and path.name != Path(__file__).name]
     assert offenders == []
+
+
+def test_the_unit_tier_guard_refuses_a_real_multi_rank_world():
+    import torch.distributed as dist
+    from support.unit_world import check_unit_world
+
+    check_unit_world({"store": dist.HashStore(), "world_size": 1})
+    for kwargs in ({"store": dist.HashStore(), "world_size": 2}, {"world_size": 1}, {}):
+        with pytest.raises(RuntimeError, match="tests/distributed"):
+            check_unit_world(kwargs)
+    with pytest.raises(RuntimeError, match="one-rank world"):  # the installed guard, not just the check
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", rank=0, world_size=2)
+    assert not dist.is_initialized()
