@@ -3,8 +3,8 @@
 :func:`check_hf_config` accepts a ``config.json`` of a dense Llama / Mistral / Qwen2 / Qwen3
 causal LM whose forward pass megatron-core's GPT reproduces, and rejects everything else with
 a ``ValueError`` naming the field: other architectures, rope scaling (``rope_scaling`` or a
-non-default ``rope_parameters.rope_type``), partial rotary, sliding-window attention
-(``use_sliding_window``, ``sliding_window``, ``layer_types``), mixture-of-experts fields,
+non-default ``rope_parameters.rope_type``), partial rotary, sliding-window attention (decided per family
+as transformers decides it, see :func:`check_hf_config`), mixture-of-experts fields,
 quantized checkpoints, non-SiLU MLPs, and values of the wrong type (null, a string for a number or
 boolean). A ``head_dim`` other than hidden/heads is supported (``model.kv_channels``); the RoPE base is
 the one transformers uses (``rope_parameters.rope_theta`` before a top-level ``rope_theta``).
@@ -31,7 +31,8 @@ import torch
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.hf import _check_supported, hf_shapes, hf_sources, megatron_shapes
 from megatron_logra.models.layout import shard_full
-from megatron_logra.models.presets import _family, hf_bool, hf_rope_theta, model_config_from_hf_dict, read_json_object
+from megatron_logra.models.presets import (_family, _require, hf_bool, hf_rope_theta, model_config_from_hf_dict,
+                                          read_json_object)
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,9 @@ def check_hf_config(raw: dict, source: str = "config.json") -> None:
     """Reject HF config fields whose model the megatron GPT would not reproduce (``ValueError`` naming the field).
 
     The architecture is checked first, so an unsupported family (Gemma, say) is named as such rather
-    than by one of its fields."""
-    _family(raw, source)
+    than by one of its fields. Sliding-window attention is refused exactly when transformers would run
+    some layer with a window (:func:`_check_full_attention`)."""
+    family = _family(raw, source)
     for key in ("rope_scaling", "rope_parameters"):
         rope = raw.get(key)
         if rope is None:
@@ -76,16 +78,7 @@ def check_hf_config(raw: dict, source: str = "config.json") -> None:
     theta = hf_rope_theta(raw, source, warn=False)  # transformers' choice between rope_parameters and rope_theta
     if theta != int(theta):
         raise ValueError(f"{source}: RoPE theta {theta!r} is not supported (model.rotary_base is a positive integer)")
-    if "use_sliding_window" in raw:
-        if hf_bool(raw, "use_sliding_window", False, source):
-            raise ValueError(f"{source}: use_sliding_window=True is not supported (full attention only)")
-    elif raw.get("sliding_window") is not None:
-        raise ValueError(f"{source}: sliding_window={raw['sliding_window']} is not supported (full attention only)")
-    layer_types = raw.get("layer_types")
-    if layer_types is not None:
-        other = sorted({t for t in layer_types if t != "full_attention"})
-        if other:
-            raise ValueError(f"{source}: layer_types contains {other}; only full_attention layers are supported")
+    _check_full_attention(raw, family, source)
     for key in _MOE_FIELDS:
         if raw.get(key):
             raise ValueError(f"{source}: {key}={raw[key]} (mixture of experts) is not supported: dense models only")
@@ -94,6 +87,71 @@ def check_hf_config(raw: dict, source: str = "config.json") -> None:
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if raw.get(key):
             raise ValueError(f"{source}: {key}={raw[key]} is not supported")
+
+
+_HF_SLIDING_WINDOW_DEFAULT = 4096
+"""``sliding_window`` of ``MistralConfig`` / ``Qwen2Config`` / ``Qwen3Config`` when the key is missing."""
+_HF_MAX_WINDOW_LAYERS_DEFAULT = 28
+"""``max_window_layers`` of ``Qwen2Config`` / ``Qwen3Config`` when the key is missing."""
+
+
+def _check_full_attention(raw: dict, family: str, source: str) -> None:
+    """``ValueError`` unless transformers runs every layer of this config with full (unwindowed) attention.
+
+    Decided per family as transformers 5 does (``configuration_*.py`` / ``modeling_*.py``):
+
+    - ``mistral``: ``MistralConfig`` has no ``use_sliding_window`` switch and its ``sliding_window``
+      defaults to 4096 when the key is missing; ``MistralForCausalLM`` applies it to every layer. Only
+      an explicit ``"sliding_window": null`` is full attention.
+    - ``qwen2`` / ``qwen3``: ``sliding_window`` counts only with ``use_sliding_window: true`` (default
+      false), and then only for the layers ``i >= max_window_layers`` (default 28) unless ``layer_types``
+      lists the layers explicitly; ``max_window_layers >= num_hidden_layers`` is full attention.
+    - ``llama``: the model has no sliding-window attention; stray ``sliding_window`` /
+      ``use_sliding_window`` / ``max_window_layers`` keys are ignored, as transformers ignores them
+      (logged as a warning).
+
+    For every family ``use_sliding_window`` must be a JSON boolean when present, and an explicit
+    ``layer_types`` naming anything but ``full_attention`` is refused.
+    """
+    use = hf_bool(raw, "use_sliding_window", False, source)
+    layer_types = raw.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list):
+            raise ValueError(f"{source}: layer_types={layer_types!r} must be a list of layer types")
+        other = sorted({str(t) for t in layer_types if t != "full_attention"})
+        if other:
+            raise ValueError(f"{source}: layer_types contains {other}; only full_attention layers are supported")
+    if family == "llama":
+        stray = [f"{k}={raw[k]!r}" for k in ("sliding_window", "use_sliding_window", "max_window_layers")
+                 if raw.get(k) not in (None, False)]
+        if stray:
+            logger.warning("%s: %s ignored: a Llama model has no sliding-window attention (transformers' "
+                           "LlamaForCausalLM ignores these keys too); every layer uses full attention",
+                           source, ", ".join(stray))
+        return
+    if family == "mistral":
+        window = raw.get("sliding_window", _HF_SLIDING_WINDOW_DEFAULT)
+        if window is not None:
+            missing = " (the key is missing: MistralConfig's default)" if "sliding_window" not in raw else ""
+            ignored = (", whatever use_sliding_window says (MistralConfig has no such switch)"
+                       if "use_sliding_window" in raw else "")
+            raise ValueError(f"{source}: sliding_window={window}{missing} is not supported (full attention only): "
+                             f"transformers' MistralForCausalLM applies it to every layer{ignored}; only a Mistral "
+                             'config with "sliding_window": null (full attention) is loaded')
+        return
+    # qwen2 / qwen3
+    window = raw.get("sliding_window", _HF_SLIDING_WINDOW_DEFAULT)
+    if not use or window is None or layer_types is not None:
+        return
+    first = raw.get("max_window_layers", _HF_MAX_WINDOW_LAYERS_DEFAULT)
+    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+        raise ValueError(f"{source}: max_window_layers={first!r} must be a non-negative integer")
+    layers = _require(raw, "num_hidden_layers", source)
+    if first < layers:
+        raise ValueError(f"{source}: use_sliding_window=True with sliding_window={window} and max_window_layers={first} "
+                         f"gives layers {first}..{layers - 1} a sliding window, which is not supported (full "
+                         f"attention only; max_window_layers >= num_hidden_layers={layers} or "
+                         "use_sliding_window=false would be full attention)")
 
 
 def model_config_from_hf_dict_strict(raw: dict, *, source: str = "config.json", base: Optional[ModelConfig] = None,

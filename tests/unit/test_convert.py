@@ -363,18 +363,31 @@ def _rewrite_tensor(d: Path, name: str, tensor) -> None:
      r"architectures=\['Gemma3ForCausalLM'\] is not supported"),
     (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}), r"rope_parameters.rope_type='llama3'"),
     (dict(rope_scaling={"type": "yarn", "factor": 4.0}), r"rope_scaling.rope_type='yarn'"),
-    (dict(use_sliding_window=True, sliding_window=16), r"use_sliding_window=True"),
+    # Qwen2: only layers >= max_window_layers slide (the saved default 28 would leave both layers full), and
+    # only when layer_types is absent (the saved list names both layers full_attention, which transformers keeps)
+    (dict(use_sliding_window=True, sliding_window=16, max_window_layers=1, drop=("layer_types",)),
+     r"use_sliding_window=True"),
     (dict(layer_types=["sliding_attention", "full_attention"]), r"layer_types contains \['sliding_attention'\]"),
     (dict(num_experts=8), r"num_experts=8 \(mixture of experts\)"),
     (dict(head_dim=0), r"head_dim=0"),
     (dict(hidden_act="gelu"), r"hidden_act='gelu'"),
     (dict(quantization_config={"quant_method": "gptq"}), r"quantization_config is set"),
     (dict(sliding_window=4096, source="mistral_untied"), r"sliding_window=4096 is not supported"),
+    # Mistral: a missing sliding_window is MistralConfig's 4096, and use_sliding_window is no switch there
+    (dict(drop=("sliding_window",), source="mistral_untied"), r"sliding_window=4096 \(the key is missing"),
+    (dict(use_sliding_window=False, sliding_window=4096, source="mistral_untied"),
+     r"sliding_window=4096 is not supported .* whatever use_sliding_window says"),
 ])
 def test_rejects_unsupported_config(change, match, hf_models, tmp_path):
     change = dict(change)
     d = _copy(hf_models[change.pop("source", "qwen2_bias_tied")][0], tmp_path / "hf")
+    drop = change.pop("drop", ())
     _edit_config(d, **change)
+    if drop:
+        raw = json.loads((d / "config.json").read_text())
+        for key in drop:
+            del raw[key]
+        (d / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ValueError, match=match):
         convert_hf_to_mcore(d, tmp_path / "out")
     with pytest.raises(ValueError, match=match):
