@@ -18,9 +18,11 @@ Layouts:
   rank k (k); (v)]`` (a kv head is replicated when ``G < T``), ``gate_up_proj`` holds
   ``[gate rows of k; up rows of k]`` (column parallel: a subset of U's rows, all of A);
   ``o_proj``/``down_proj`` are row parallel: all of U, columns ``[k·n/T, (k+1)·n/T)`` of A.
-  Dense q/k/v (gate/up) biases are fused and sharded the same way; ``embed_tokens`` and
-  ``lm_head`` are vocab parallel (rows of rank k, padding rows untouched); other dense
-  tensors (norms, o/down biases) are replicated.
+  Dense q/k/v (gate/up) weights and biases -- trained non-targets, e.g. attention with
+  ``logra.targets=linear_fc1,linear_fc2`` -- are fused and sharded the same way (all three,
+  both, must be present); dense ``o_proj``/``down_proj`` weights are cut to columns
+  ``[k·n/T, (k+1)·n/T)``; ``embed_tokens`` and ``lm_head`` are vocab parallel (rows of rank k,
+  padding rows untouched); other dense tensors (norms, o/down biases) are replicated.
 """
 
 from __future__ import annotations
@@ -198,36 +200,59 @@ def _sglang_factors(delta: SketchDelta, tp_size: int, tp_rank: int) -> list[Engi
     return out
 
 
+_ROW_PARALLEL_WEIGHTS = (".o_proj.weight", ".down_proj.weight")
+
+
 def _sglang_dense(delta: SketchDelta, tp_size: int, tp_rank: int) -> list[DenseEntry]:
+    """This rank's dense entries: q/k/v and gate/up (weights and biases) fused into ``qkv_proj`` /
+    ``gate_up_proj`` rows of this rank, ``o_proj``/``down_proj`` weights cut to this rank's
+    columns, ``embed_tokens``/``lm_head`` vocab parallel, everything else whole (replicated)."""
     dense = dict(delta.dense)
     out: list[DenseEntry] = []
     for name in sorted(dense):
-        if name.endswith((".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".gate_proj.weight", ".up_proj.weight")):
-            raise SyncError("layout", f"dense {name}: dense q/k/v/gate/up weights are not supported by the sglang layout")
-        if name.endswith(".q_proj.bias"):
-            pre = _prefix(name, "q_proj.bias")
-            parts = [f"{pre}{p}_proj.bias" for p in "qkv"]
+        leaf = name.rpartition(".")[2]  # weight / bias
+        if name.endswith(".q_proj." + leaf):
+            pre = _prefix(name, f"q_proj.{leaf}")
+            fused_name = f"{pre}qkv_proj.{leaf}"
+            parts = [f"{pre}{p}_proj.{leaf}" for p in "qkv"]
             missing = [p for p in parts if p not in dense]
             if missing:
-                raise SyncError("keys", f"fusing {pre}qkv_proj.bias needs {missing}")
+                raise SyncError("keys", f"fusing {fused_name} needs {missing}")
             if delta.attention is None:
-                raise SyncError("layout", f"fusing {pre}qkv_proj.bias needs attention dims in the header")
+                raise SyncError("layout", f"fusing {fused_name} needs attention dims in the header")
             _, hf_rows = sglang_qkv_rows(delta.attention, tp_size, tp_rank)
-            fused = torch.cat([dense[p] for p in parts]).index_select(0, hf_rows)
-            out.append(DenseEntry(f"{pre}qkv_proj.bias", fused))
-        elif name.endswith((".k_proj.bias", ".v_proj.bias")):
-            if name.rsplit(".", 2)[0] + ".q_proj.bias" not in dense:
-                raise SyncError("keys", f"dense {name} present without its q_proj.bias")
-        elif name.endswith(".gate_proj.bias"):
-            pre = _prefix(name, "gate_proj.bias")
-            if f"{pre}up_proj.bias" not in dense:
-                raise SyncError("keys", f"fusing {pre}gate_up_proj.bias needs {pre}up_proj.bias")
-            both = torch.cat([dense[name], dense[f"{pre}up_proj.bias"]])
+            both = torch.cat([dense[p] for p in parts])
+            dims = delta.attention
+            want = (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim
+            if both.shape[0] != want:
+                raise SyncError("shape", f"fusing {fused_name}: q/k/v hold {both.shape[0]} rows, the attention dims "
+                                         f"{dims} imply {want}")
+            out.append(DenseEntry(fused_name, both.index_select(0, hf_rows)))
+        elif name.endswith((".k_proj." + leaf, ".v_proj." + leaf)):
+            q_name = name.rsplit(".", 2)[0] + f".q_proj.{leaf}"
+            if q_name not in dense:
+                raise SyncError("keys", f"dense {name} present without its {q_name.rsplit('.', 2)[-2]}.{leaf}")
+        elif name.endswith(".gate_proj." + leaf):
+            pre = _prefix(name, f"gate_proj.{leaf}")
+            fused_name = f"{pre}gate_up_proj.{leaf}"
+            if f"{pre}up_proj.{leaf}" not in dense:
+                raise SyncError("keys", f"fusing {fused_name} needs {pre}up_proj.{leaf}")
+            gate, up = dense[name], dense[f"{pre}up_proj.{leaf}"]
+            if gate.shape != up.shape:
+                raise SyncError("shape", f"fusing {fused_name}: gate {tuple(gate.shape)} vs up {tuple(up.shape)}")
+            both = torch.cat([gate, up])
             rows = sglang_gate_up_rows(both.shape[0], tp_size, tp_rank)
-            out.append(DenseEntry(f"{pre}gate_up_proj.bias", both.index_select(0, rows)))
-        elif name.endswith(".up_proj.bias"):
-            if f"{_prefix(name, 'up_proj.bias')}gate_proj.bias" not in dense:
-                raise SyncError("keys", f"dense {name} present without its gate_proj.bias")
+            out.append(DenseEntry(fused_name, both.index_select(0, rows)))
+        elif name.endswith(".up_proj." + leaf):
+            if f"{_prefix(name, f'up_proj.{leaf}')}gate_proj.{leaf}" not in dense:
+                raise SyncError("keys", f"dense {name} present without its gate_proj.{leaf}")
+        elif name.endswith(_ROW_PARALLEL_WEIGHTS) and tp_size > 1:  # row parallel: this rank's input columns
+            w = dense[name]
+            if w.dim() != 2 or w.shape[1] % tp_size:
+                raise SyncError("layout", f"dense {name} {tuple(w.shape)}: its columns do not split over the engine "
+                                          f"TP size {tp_size}")
+            per = w.shape[1] // tp_size
+            out.append(DenseEntry(name, w[:, tp_rank * per: (tp_rank + 1) * per]))
         elif name in VOCAB_PARALLEL:
             out.append(DenseEntry(name, dense[name], split="vocab"))  # SGLang pads the vocabulary even at TP 1
         else:
