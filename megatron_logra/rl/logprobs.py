@@ -25,8 +25,10 @@ per buffer. Here a custom autograd function works through ``chunk_tokens`` rows 
   gradient (model dtype, the only full-size tensor backward creates; it is what megatron's output
   layer consumes). No collective in backward: every TP rank owns the gradient of its columns.
 
-Labels are global vocabulary ids in ``[0, V)``; the rank whose shard ``[rank·V/tp,
-(rank+1)·V/tp)`` holds a label contributes its logit, the others 0 (as megatron does). Padded
+Labels are global vocabulary ids in ``[0, V)`` (``V`` = ``V/tp · tp``, the padded vocabulary); any other
+label (an ignore index such as ``-100``, a token id of a larger tokenizer) is a ``ValueError`` naming it,
+checked by one min/max of the labels per call (one device-to-host copy, no collective). The rank whose
+shard ``[rank·V/tp, (rank+1)·V/tp)`` holds a label contributes its logit, the others 0 (as megatron does). Padded
 vocabulary columns arrive masked to a large negative logit (``models.gpt.mask_padded_vocab``);
 ``-inf`` logits are allowed too (their probability is 0 and they add nothing to the entropy).
 """
@@ -71,6 +73,19 @@ def _local_labels(labels_t: torch.Tensor, vocab_start: int, local_vocab: int) ->
     return local.clamp(0, local_vocab - 1), owned
 
 
+def _check_label_range(labels_t: torch.Tensor, vocab: int) -> None:
+    """``ValueError`` naming a label outside ``[0, vocab)`` (the smallest when one is negative, else the
+    largest); one device-to-host copy of (min, max)."""
+    if labels_t.numel() == 0:
+        return
+    lo, hi = torch.stack(torch.aminmax(labels_t)).tolist()
+    if lo < 0 or hi >= vocab:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"labels: label {bad} is outside [0, {vocab}), the (padded) vocabulary of the logits "
+                         f"({vocab} ids); labels must be token ids of the model's vocabulary: replace ignored "
+                         "positions (e.g. -100) by any valid id and give them zero weight in the loss")
+
+
 class _ChunkedLogprobEntropy(torch.autograd.Function):
     """(logp ``[T]``, entropy ``[T]``) of ``logits_tV`` ``[T, V/tp]``; see the module docstring."""
 
@@ -80,6 +95,8 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         local_vocab = logits_tV.shape[-1]
         vocab_start = group_rank(tp_group) * local_vocab
         n = logits_tV.shape[0]
+        if want_logp:
+            _check_label_range(labels_t, local_vocab * size)
         # the row max on the model-dtype logits (exact in any dtype; max(z)/τ = max(z/τ) for τ > 0)
         max_t = logits_tV.amax(dim=-1).float()
         _all_reduce(max_t, dist.ReduceOp.MAX, tp_group, size)
