@@ -148,8 +148,8 @@ def _check_full_attention(raw: dict, family: str, source: str) -> None:
         raise ValueError(f"{source}: max_window_layers={first!r} must be a non-negative integer")
     layers = _require(raw, "num_hidden_layers", source)
     if first < layers:
-        raise ValueError(f"{source}: use_sliding_window=True with sliding_window={window} and max_window_layers={first} "
-                         f"gives layers {first}..{layers - 1} a sliding window, which is not supported (full "
+        raise ValueError(f"{source}: use_sliding_window=True with sliding_window={window} and "
+                         f"max_window_layers={first} gives layers {first}..{layers - 1} a sliding window, which is not supported (full "
                          f"attention only; max_window_layers >= num_hidden_layers={layers} or "
                          "use_sliding_window=false would be full attention)")
 
