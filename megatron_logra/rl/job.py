@@ -16,6 +16,7 @@ from typing import Optional
 import yaml
 
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from megatron_logra.checkpoint.integrity import atomic_write_text
 from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.tokenizer import (
@@ -226,14 +227,20 @@ _LOGGED = ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual", "ste
 def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     """Warm start + RL; returns the summary (also written to RUN/summary.json).
     ``optimizer_factory``: see ``build_components``. The configs it saves (``RUN/config.yaml``, each
-    checkpoint's) never hold ``rl.rollout.sglang_api_key`` (``rollout.sglang_setup.redact_config``)."""
+    checkpoint's) never hold ``rl.rollout.sglang_api_key`` (``rollout.sglang_setup.redact_config``);
+    ``config.yaml`` and ``summary.json`` are replaced atomically (a crash leaves the old file or the new one).
+
+    The last step's checkpoint is saved before the final held-out evaluation, with the early-stop
+    conditions (``train.exit_signal_handler``, ``train.exit_duration_minutes``) still in force: a stop
+    asked for during that save skips the evaluation, one during the evaluation lets it finish; either
+    way the job ends normally with ``summary["stopped"]`` naming why."""
     t_start, job_start = time.perf_counter(), time.monotonic()
     comps, state, bundle = build_components(cfg, optimizer_factory)
     run_dir = Path(cfg.train.run_dir)
     saved_config = redact_config(to_dict(cfg))  # what config.yaml and the checkpoints hold: no credentials
     if is_rank0():
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(saved_config, sort_keys=False))
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(saved_config, sort_keys=False))
     metrics = MetricsWriter(run_dir, truncate_after=state.step if cfg.train.resume else None)
     setup_seconds = time.perf_counter() - t_start
     eval_before = evaluate_accuracy(comps)
@@ -247,6 +254,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     rl_start = time.perf_counter()
     stopped: Optional[str] = None
     saved = start_step if latest_checkpoint(run_dir) is not None else -1
+    # the handler stays installed until the summary is written: a SIGTERM during the final save or
+    # evaluation is caught too, and the last step's checkpoint is saved before that evaluation
     with EarlyStop(signal_handler=cfg.train.exit_signal_handler, duration_minutes=cfg.train.exit_duration_minutes,
                    start=job_start) as stop:
         while state.step < cfg.rl.steps:
@@ -269,28 +278,31 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
                 logger.warning("stopping after RL step %d (%s); continue with --resume %s", state.step, stopped,
                                run_dir)
                 break
-    if progress is not None:
-        progress[0].stop()
-    if stopped is not None:  # stopping: save first, no final evaluation
-        eval_after = None
-    elif record.get("eval_accuracy") is not None:
-        eval_after = record["eval_accuracy"]
-    else:
-        eval_after = evaluate_accuracy(comps)
-    if state.step > saved:  # a finished run is not saved again
-        save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=saved_config,
-                        keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
-    metrics.close()
-    summary = {
-        "optimizer": cfg.optimizer.name, "task": cfg.task.datasets, "steps": state.step,
-        "eval_accuracy_before": eval_before, "eval_accuracy_after": eval_after,
-        "setup_seconds": setup_seconds, "rl_seconds": time.perf_counter() - rl_start,
-        "total_seconds": time.perf_counter() - t_start, "run_dir": str(run_dir), "stopped": stopped,
-    }
-    if is_rank0():
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        if stopped is None:
-            logger.info("done: held-out accuracy %.3f -> %.3f", eval_before, eval_after)
+        if progress is not None:
+            progress[0].stop()
+        if state.step > saved:  # the last step's checkpoint, before the final evaluation (not again if already saved)
+            save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=saved_config,
+                            keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
+        if stopped is None:  # a stop asked for during that save: no final evaluation
+            stopped = stop.check_after_training("the final save")
+        if stopped is not None:
+            eval_after = None
+        elif record.get("eval_accuracy") is not None:
+            eval_after = record["eval_accuracy"]
+        else:
+            eval_after = evaluate_accuracy(comps)
+            stopped = stop.check_after_training("the final evaluation")
+        metrics.close()
+        summary = {
+            "optimizer": cfg.optimizer.name, "task": cfg.task.datasets, "steps": state.step,
+            "eval_accuracy_before": eval_before, "eval_accuracy_after": eval_after,
+            "setup_seconds": setup_seconds, "rl_seconds": time.perf_counter() - rl_start,
+            "total_seconds": time.perf_counter() - t_start, "run_dir": str(run_dir), "stopped": stopped,
+        }
+        if is_rank0():
+            atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
+            if stopped is None:
+                logger.info("done: held-out accuracy %.3f -> %.3f", eval_before, eval_after)
     return summary
 
 

@@ -6,6 +6,7 @@ batch → forward/backward (sketches accumulate) → prepare update (reduce, cli
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -18,6 +19,7 @@ import torch
 import yaml
 
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from megatron_logra.checkpoint.integrity import atomic_write_text
 from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
@@ -93,13 +95,18 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
 
 
 def run_lm(cfg: RunConfig) -> dict:
-    """Train ``cfg`` and return a summary (first/last loss, eval before/after, timing).
+    """Train ``cfg`` and return a summary (first/last loss, eval before/after, timing), also written to
+    ``RUN/summary.json``; ``RUN/config.yaml`` and ``summary.json`` are replaced atomically (a crash leaves the
+    old file or the new one).
 
     Resuming (``train.resume``) with ``train.steps`` below the latest checkpoint's step raises
     ValueError naming ``train.steps`` before anything is written; with ``train.steps`` equal to it no
-    step runs and the summary's ``first_loss`` / ``last_loss`` are None. A run stopped early
-    (``train.exit_signal_handler``, ``train.exit_duration_minutes``) saves the checkpoint of its last
-    step, skips the final evaluation and names the reason in ``summary["stopped"]``."""
+    step runs and the summary's ``first_loss`` / ``last_loss`` are None. The last step's checkpoint is
+    saved before the final evaluation. A run stopped early (``train.exit_signal_handler``,
+    ``train.exit_duration_minutes``) saves the checkpoint of its last step, skips the final evaluation
+    and names the reason in ``summary["stopped"]``; the conditions stay in force through the final save
+    and evaluation (a stop asked for during the save skips the evaluation, one during the evaluation
+    lets it finish), so the job still ends normally."""
     job_start = time.monotonic()
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
@@ -122,7 +129,7 @@ def run_lm(cfg: RunConfig) -> dict:
     saved_config = redact_config(to_dict(cfg))  # what config.yaml and the checkpoints hold: no credentials
     if is_rank0():
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(saved_config, sort_keys=False))
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(saved_config, sort_keys=False))
     metrics = MetricsWriter(run_dir, truncate_after=start if cfg.train.resume else None)
 
     eval_before = evaluate(model, task, cfg, groups, optimizer)
@@ -135,6 +142,8 @@ def run_lm(cfg: RunConfig) -> dict:
                      start=job_start)
     stopped: Optional[str] = None
     last, saved = start, start
+    # the handler stays installed until the summary is written: a SIGTERM during the final save or
+    # evaluation is caught too, and the last step's checkpoint is saved before that evaluation
     with stop:
         for step in range(start + 1, cfg.train.steps + 1):
             reset_device_peaks(device)
@@ -181,27 +190,33 @@ def run_lm(cfg: RunConfig) -> dict:
             if stopped is not None:
                 logger.warning("stopping after step %d (%s); continue with --resume %s", step, stopped, run_dir)
                 break
-    if progress is not None:
-        progress[0].stop()
-    train_seconds = time.perf_counter() - t_start
-    eval_after = evaluate(model, task, cfg, groups, optimizer) if stopped is None else None  # stopping: save first
-    if last > saved:
-        save_checkpoint(run_dir, last, model, optimizer, groups, config=saved_config,
-                        keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
-    metrics.close()
-    summary = {
-        "optimizer": cfg.optimizer.name,
-        "first_loss": first_loss,
-        "last_loss": last_loss,
-        "eval_loss_before": eval_before,
-        "eval_loss_after": eval_after,
-        "chance_loss": math.log(cfg.data.num_symbols),
-        "steps": last - start,
-        "train_seconds": train_seconds,
-        "stopped": stopped,
-    }
-    if is_rank0():
-        logger.info("done: %s", summary)
+        if progress is not None:
+            progress[0].stop()
+        train_seconds = time.perf_counter() - t_start
+        if last > saved:  # the last step's checkpoint, before the final evaluation (not again if already saved)
+            save_checkpoint(run_dir, last, model, optimizer, groups, config=saved_config,
+                            keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
+        if stopped is None:  # a stop asked for during that save: no final evaluation
+            stopped = stop.check_after_training("the final save")
+        eval_after = None
+        if stopped is None:
+            eval_after = evaluate(model, task, cfg, groups, optimizer)
+            stopped = stop.check_after_training("the final evaluation")
+        metrics.close()
+        summary = {
+            "optimizer": cfg.optimizer.name,
+            "first_loss": first_loss,
+            "last_loss": last_loss,
+            "eval_loss_before": eval_before,
+            "eval_loss_after": eval_after,
+            "chance_loss": math.log(cfg.data.num_symbols),
+            "steps": last - start,
+            "train_seconds": train_seconds,
+            "stopped": stopped,
+        }
+        if is_rank0():
+            atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
+            logger.info("done: %s", summary)
     return summary
 
 

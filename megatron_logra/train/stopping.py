@@ -8,6 +8,11 @@ configured): every rank leaves the loop after the same step, they save that step
 together and the job ends normally (exit status 0, ``summary["stopped"]`` naming why), ready for
 ``megatron-logra train --resume RUN_DIR``. The step in flight is finished first; a second signal
 of the same kind is not caught (the default action ends the process at once).
+
+The conditions stay in force after the last step: the jobs save its checkpoint first, then check
+again (:meth:`EarlyStop.check_after_training`) before the final held-out evaluation, which a stop
+skips, and once more after it. A signal that arrives during the final save or evaluation therefore
+ends the job normally with its checkpoint written, instead of killing it.
 """
 
 from __future__ import annotations
@@ -88,3 +93,12 @@ class EarlyStop:
         if flags[1] > 0:
             return f"exit_duration_minutes={self.duration_minutes:g}"
         return None
+
+    def check_after_training(self, during: str) -> Optional[str]:
+        """:meth:`check` once the loop is over and the last step's checkpoint is saved (collective like
+        :meth:`check`: every rank calls it at the same point), logging a stop asked for ``during`` the
+        final save or evaluation (nothing is lost: the job skips what is left and ends normally)."""
+        stopped = self.check()
+        if stopped is not None:
+            logger.warning("%s during %s: the checkpoint of the last step is saved; ending now", stopped, during)
+        return stopped
