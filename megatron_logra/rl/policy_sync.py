@@ -3,9 +3,11 @@
 ``delta`` mode (LoGRA): the step's factors ``U = quantize_factor(α·D)`` are merged into the
 trainer's weights *and* shipped to the engine, which regenerates ``A`` from the seed and runs
 the same merge (:mod:`megatron_logra.sync`), so both sides hold bitwise-equal weights. A
-fingerprint of sampled rows is compared every ``check_interval`` syncs; a mismatch (or every
-``anchor_interval`` updates) triggers a full refit, the safety net. With fp32 masters the
-compute weights replay the engine's merges while the masters keep the exact trajectory; once
+fingerprint of sampled rows is compared at every weight version that is a multiple of
+``check_interval``; a mismatch (or a version that is a multiple of ``anchor_interval``) triggers a
+full refit, the safety net. Both are keyed by the weight version, which the RL state checkpoints,
+so a resumed run checks and re-anchors at the same updates as an uninterrupted one. With fp32
+masters the compute weights replay the engine's merges while the masters keep the exact trajectory; once
 they separate by more than ``max_master_drift`` the masters are copied back and the engine refit.
 ``full`` mode and other optimizers refit densely. Under pipeline parallelism each stage builds the
 part of its own layers; the parts are gathered over the pipeline group and merged.
@@ -96,7 +98,9 @@ class PolicySync:
              base_version: int, new_version: int) -> dict:
         """Send the applied update to the engine; returns ``sync_bytes``, ``sync_mode`` and ``sync_drift``."""
         self.num_syncs += 1
-        anchor = self.cfg.anchor_interval and self.num_syncs % self.cfg.anchor_interval == 0
+        # keyed by the weight version (restored on resume), not by syncs since this process started: a
+        # resumed run re-anchors and checks at the very updates an uninterrupted one does
+        anchor = bool(self.cfg.anchor_interval) and new_version % self.cfg.anchor_interval == 0
         if factors is None:
             return {"sync_bytes": self.full(new_version), "sync_mode": "full", "sync_drift": 0, "sync_master_drift": 0.0}
         delta = build_delta(self.optimizer, update, alpha, base_version, new_version, self.groups,
@@ -130,7 +134,7 @@ class PolicySync:
             return {"sync_bytes": sent[0] + self.full(new_version), "sync_mode": "full", "sync_drift": 1,
                     "sync_master_drift": 0.0}
         mode, drifted = "delta", 0
-        if self.cfg.check_interval and self.num_syncs % self.cfg.check_interval == 0:
+        if self.cfg.check_interval and new_version % self.cfg.check_interval == 0:
             engine_fp = self.engine.fingerprint()  # None: the engine cannot fingerprint (anchor refits only)
             mismatched = [] if engine_fp is None else \
                 drift(trainer_fingerprint(self.model, self.groups, self.model_cfg, dtype=self.model_cfg.torch_dtype,

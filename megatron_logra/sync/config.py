@@ -20,10 +20,11 @@ class SyncConfig:
     engine regenerate ``A`` (LoGRA only; other optimizers fall back to ``full``). ``full``: a
     dense refit of every weight after each update."""
     anchor_interval: int = 0
-    """Full refit every this many updates even when deltas apply cleanly (0 = only on drift)."""
+    """Full refit at every weight version that is a multiple of this, even when deltas apply cleanly
+    (0 = only on drift). Keyed by the weight version, so a resumed run anchors at the same updates."""
     check_interval: int = 1
-    """Compare trainer and engine fingerprints every this many syncs (0 = never); a mismatch
-    triggers a full refit and is counted in the metrics (``sync_drift``)."""
+    """Compare trainer and engine fingerprints at every weight version that is a multiple of this
+    (0 = never); a mismatch triggers a full refit and is counted in the metrics (``sync_drift``)."""
     max_master_drift: float = 5e-3
     """With fp32 masters: re-anchor (copy the masters into the compute weights, full refit) once
     ``‖W − round(master)‖/‖W‖`` over the targets exceeds this (a finite number >= 0; 0 = only at

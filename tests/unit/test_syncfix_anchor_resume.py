@@ -1,0 +1,92 @@
+"""``sync.anchor_interval`` and ``sync.check_interval`` are keyed by the weight version, so a resumed run
+(a fresh ``PolicySync`` at a restored version, as ``rl.job.build_components`` makes on ``--resume``)
+anchors and checks at the same updates as an uninterrupted one."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from test_rl_e2e import _assert_engine_equals_trainer, alternating_score, small_cfg
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.rl.job import build_components
+
+    cfg = small_cfg(tmp_path_factory.mktemp("anchor_resume") / "run", "sft.steps=2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        comps, state, _ = build_components(cfg)
+    yield comps, state
+    destroy_parallel()
+
+
+def _resumed_update(comps, state, **sync):
+    """One RL update right after a resume at the state's weight version (a new ``PolicySync``, as on resume)."""
+    from megatron_logra.rl.loop import rl_update
+    from megatron_logra.rl.policy_sync import PolicySync
+    from megatron_logra.sync.config import SyncConfig
+
+    comps.sync = PolicySync(SyncConfig(**sync), model=comps.model, model_cfg=comps.cfg.model,
+                            optimizer=comps.optimizer, engine=comps.engine, groups=comps.groups, run_dir=None)
+    comps.sync.full(state.weight_version)  # what build_components does after loading the checkpoint
+    real_score = comps.task.score
+    comps.task.score = alternating_score()
+    try:
+        return rl_update(comps, state)
+    finally:
+        comps.task.score = real_score
+
+
+def test_a_resumed_run_anchors_at_the_versions_an_uninterrupted_one_does(built):
+    comps, state = built
+    state.weight_version = 1  # resumed after update 1: update 2 is an anchor of anchor_interval=2
+    rec = _resumed_update(comps, state, anchor_interval=2, check_interval=0)
+    assert not rec["skipped"] and state.weight_version == 2
+    assert rec["sync_mode"] == "delta+anchor"
+    rec = _resumed_update(comps, state, anchor_interval=2, check_interval=0)  # update 3, resumed again
+    assert rec["sync_mode"] == "delta"
+    _assert_engine_equals_trainer(comps)
+    assert comps.engine.weight_version == state.weight_version == 3
+
+
+def test_a_resumed_run_checks_for_drift_at_the_versions_an_uninterrupted_one_does(built):
+    comps, state = built
+    state.weight_version = 5  # the next update is version 6, a multiple of check_interval=3
+
+    def corrupted_update():
+        from megatron_logra.rl.policy_sync import PolicySync
+        from megatron_logra.sync.config import SyncConfig
+        from megatron_logra.rl.loop import rl_update
+
+        comps.sync = PolicySync(SyncConfig(anchor_interval=0, check_interval=3), model=comps.model,
+                                model_cfg=comps.cfg.model, optimizer=comps.optimizer, engine=comps.engine,
+                                groups=comps.groups, run_dir=None)
+        comps.sync.full(state.weight_version)
+        with torch.no_grad():  # silent engine-side corruption of one weight after the resume refit
+            comps.engine.model.model.layers[0].mlp.down_proj.weight[0, 0] += 1e-3
+        real_score = comps.task.score
+        comps.task.score = alternating_score()
+        try:
+            return rl_update(comps, state)
+        finally:
+            comps.task.score = real_score
+
+    rec = corrupted_update()
+    assert state.weight_version == 6
+    assert rec["sync_drift"] == 1 and rec["sync_mode"] == "delta+anchor"
+    _assert_engine_equals_trainer(comps)
+    rec = corrupted_update()  # version 7: no check, so the corruption stays (the check interval's contract)
+    assert rec["sync_drift"] == 0 and rec["sync_mode"] == "delta"
