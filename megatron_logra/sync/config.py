@@ -40,7 +40,9 @@ class SyncConfig:
     directory: str = ""
     """Delta directory for ``transport=directory`` (default: ``RUN_DIR/deltas``)."""
     keep_deltas: int = 8
-    """Delta files kept in ``directory`` after they were applied (older ones are pruned)."""
+    """With ``transport=directory``: after each update, delta files older than the newest
+    ``keep_deltas`` are deleted (a consumer further behind must reload full weights). 0 keeps every
+    delta file (no pruning; the directory grows by one delta per update)."""
 
     def __post_init__(self) -> None:
         if self.mode not in SYNC_MODES:
@@ -54,4 +56,4 @@ class SyncConfig:
             raise ValueError(f"sync.max_master_drift={self.max_master_drift} must be a finite number >= 0 (0 disables "
                              f"the drift re-anchor; default 5e-3)")
         if self.keep_deltas < 0:
-            raise ValueError(f"sync.keep_deltas={self.keep_deltas} must be >= 0")
+            raise ValueError(f"sync.keep_deltas={self.keep_deltas} must be >= 0 (0 keeps every delta file)")
