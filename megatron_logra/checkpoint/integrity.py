@@ -249,8 +249,11 @@ def read_meta(
     group: Optional[dist.ProcessGroup] = None,
 ) -> dict:
     """``meta.json`` of checkpoint ``path``, checked: format version, every recorded file present
-    with its recorded size, then (``checksums``) every recorded CRC-32. A missing, truncated or
-    corrupt file is named in the :class:`CheckpointError`. Checkpoints without CRC-32s (older
+    with its recorded size, then (``checksums``) every recorded CRC-32, then that the pickles of its
+    ``dist/`` directory (DCP's ``.metadata`` index and the stored byte objects) hold plain data only
+    (:func:`megatron_logra.checkpoint.dcp_metadata.check_dcp_dir`: loading the checkpoint runs no
+    code from it, whatever its CRC-32s say). A missing, truncated, corrupt or crafted file is named
+    in the :class:`CheckpointError`. Checkpoints without CRC-32s (older
     ones, or saved with ``checksums=False``) and ``checksums=False`` get the size check only.
 
     ``group=None``: this process checks every file (tools: convert, eval). With a process group,
@@ -271,6 +274,10 @@ def read_meta(
             problems = _crc_problems(path, {rel: with_crc[rel] for rel in share})
         elif checksums and not with_crc and recorded and rank == 0:
             logger.info("%s records no CRC-32s (older checkpoint or saved without checksums): sizes checked only", path)
+        if not problems and (path / "dist").is_dir():
+            from megatron_logra.checkpoint.dcp_metadata import check_dcp_dir
+
+            check_dcp_dir(path / "dist")  # its pickles hold plain data only: loading it runs no code
     except CheckpointError as exc:
         error = str(exc)
     except OSError as exc:  # e.g. an unreadable directory: reported like the other problems, on every rank

@@ -38,7 +38,9 @@ def _process_group() -> Iterator[None]:
 
 
 class PlainCheckpoint:
-    """A trainer checkpoint (``RUN/checkpoints/step_XXXXXXXX``) opened for plain reads."""
+    """A trainer checkpoint (``RUN/checkpoints/step_XXXXXXXX``) opened for plain reads. Opening it checks
+    meta.json, every file's size and CRC-32, and that ``dist/``'s pickles hold plain data only
+    (:func:`~megatron_logra.checkpoint.integrity.read_meta`), before megatron-core reads the index."""
 
     def __init__(self, path: Union[str, Path]) -> None:
         from megatron.core import dist_checkpointing

@@ -25,7 +25,9 @@ later steps (left by a run whose ``latest`` was rolled back) are kept, and unfin
 ``step_*.tmp`` saves of any step are removed. Loading checks, before
 anything is modified: the format, every recorded file's presence and size (cheap), then every
 recorded CRC-32 (reads each file once: a shard corrupted at the same size is named instead of
-loading as wrong weights), then the presence of every tensor.
+loading as wrong weights), then that ``dist/``'s pickles (DCP's ``.metadata`` index, the stored byte
+objects) hold plain data only (:mod:`.dcp_metadata`: a crafted checkpoint is refused instead of
+running code, whatever its CRC-32s), then the presence of every tensor.
 
 The CRC-32s (``zlib.crc32``, 16 MiB chunks, so memory stays flat; :mod:`.integrity`) are computed
 by all ranks together, at save and at load: the files are split into disjoint shares balanced by

@@ -1,0 +1,148 @@
+"""A checkpoint whose pickles would run code is refused before anything unpickles them.
+
+torch.distributed.checkpoint stores its index (``dist/.metadata``) as a pickle and the byte objects
+(megatron-core's ``_extra_state``) as ``torch.save`` payloads it reloads with ``weights_only=False``.
+Each test crafts a copy of a real tiny checkpoint the way anyone handing out a checkpoint could (a
+payload whose unpickling writes a marker file, with meta.json's sizes, CRC-32s and ``meta_crc32``
+recomputed) and checks that resuming (``load_checkpoint``), the plain reader (``PlainCheckpoint``)
+and the Hugging Face export reader (``McoreCheckpoint``) refuse it with a ``CheckpointError`` naming
+the file, and that the marker was never written. The untouched checkpoint still loads exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_logra.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from megatron_logra.checkpoint.dcp_metadata import read_dcp_metadata
+from megatron_logra.checkpoint.integrity import file_crc32, meta_crc32
+from megatron_logra.checkpoint.plain import PlainCheckpoint
+from test_checkpoint_checksums import MODEL, _model, _weights
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(one_thread):
+    """Every test of this module runs single-threaded (conftest.one_thread)."""
+
+
+@pytest.fixture(scope="module")
+def saved(groups, tmp_path_factory):
+    model = _model(groups, seed=3)
+    path = save_checkpoint(tmp_path_factory.mktemp("ckpt") / "run", 1, model, None, groups,
+                           config={"model": dataclasses.asdict(MODEL)})
+    return path, _weights(model)
+
+
+class _Payload:
+    """Unpickles by running ``code`` (through ``exec``), as a crafted checkpoint would."""
+
+    def __init__(self, code: str):
+        self.code = code
+
+    def __reduce__(self):
+        return exec, (self.code,)
+
+
+class _MetadataPayload:
+    """Unpickles by running ``code``, then evaluates to the genuine metadata (so a load carries on)."""
+
+    def __init__(self, code: str, real: bytes):
+        self.code, self.real = code, real
+
+    def __reduce__(self):
+        return eval, (f"(exec({self.code!r}), __import__('pickle').loads({self.real!r}))[1]",)
+
+
+def _marker_code(marker: Path) -> str:
+    return f"open({str(marker)!r}, 'w').write('code ran during checkpoint load')"
+
+
+def _reseal(ckpt: Path) -> None:
+    """Recompute meta.json's sizes, CRC-32s and own CRC-32 after files were changed."""
+    meta = json.loads((ckpt / "meta.json").read_text())
+    for rel in meta["files"]:
+        n, crc = file_crc32(ckpt / rel)
+        meta["files"][rel] = {"bytes": n, "crc32": crc}
+    meta["meta_crc32"] = meta_crc32(meta)
+    (ckpt / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def _copy(saved, tmp_path: Path) -> Path:
+    dst = tmp_path / "evil" / "checkpoints" / saved[0].name
+    shutil.copytree(saved[0], dst)
+    return dst
+
+
+def _refused_everywhere(ckpt: Path, marker: Path, groups, needle: str) -> None:
+    from megatron_logra.convert.checkpoints import McoreCheckpoint
+
+    fresh = _model(groups, seed=11)
+    before = _weights(fresh)
+    for what, open_it in (("load_checkpoint", lambda: load_checkpoint(ckpt, fresh, None, groups)),
+                          ("PlainCheckpoint", lambda: PlainCheckpoint(ckpt)),
+                          ("McoreCheckpoint", lambda: McoreCheckpoint(ckpt))):
+        with pytest.raises(CheckpointError) as info:
+            try:
+                open_it()
+            finally:
+                assert not marker.exists(), f"{what}: the checkpoint's payload ran"
+        assert needle in str(info.value) and "could run code" in str(info.value), (what, str(info.value))
+    assert all(torch.equal(v, before[k]) for k, v in _weights(fresh).items())
+
+
+def test_real_checkpoint_loads_and_its_index_reads_with_the_restricted_unpickler(saved, groups):
+    path, weights = saved
+    md = read_dcp_metadata(path / "dist")
+    assert md.state_dict_metadata.keys() == pickle.loads((path / "dist" / ".metadata").read_bytes()).state_dict_metadata.keys()
+    fresh = _model(groups, seed=11)
+    load_checkpoint(path, fresh, None, groups)
+    assert all(torch.equal(v, weights[k]) for k, v in _weights(fresh).items())
+    plain = PlainCheckpoint(path)
+    assert torch.equal(plain.read("embedding.word_embeddings.weight"), weights["embedding.word_embeddings.weight"])
+
+
+def test_index_that_runs_code_is_refused(saved, groups, tmp_path):
+    ckpt = _copy(saved, tmp_path)
+    marker = tmp_path / "PWNED"
+    index = ckpt / "dist" / ".metadata"
+    index.write_bytes(pickle.dumps(_MetadataPayload(_marker_code(marker), index.read_bytes())))
+    _reseal(ckpt)
+    _refused_everywhere(ckpt, marker, groups, f"{index} references the Python global builtins.eval")
+
+
+def test_byte_object_that_runs_code_is_refused(saved, groups, tmp_path):
+    """The index is genuine, but one ``_extra_state`` byte object now points at a payload appended to a shard."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    ckpt = _copy(saved, tmp_path)
+    marker = tmp_path / "PWNED"
+    index = ckpt / "dist" / ".metadata"
+    md = pickle.loads(index.read_bytes())
+    where, info = next((i, s) for i, s in md.storage_data.items()
+                       if isinstance(md.state_dict_metadata[i.fqn], BytesStorageMetadata))
+    buf = io.BytesIO()
+    torch.save(_Payload(_marker_code(marker)), buf)
+    shard = ckpt / "dist" / info.relative_path
+    offset = shard.stat().st_size
+    with open(shard, "ab") as fh:
+        fh.write(buf.getvalue())
+    md.storage_data[where] = dataclasses.replace(info, offset=offset, length=len(buf.getvalue()))
+    index.write_bytes(pickle.dumps(md))
+    _reseal(ckpt)
+    _refused_everywhere(ckpt, marker, groups, f"byte object {where.fqn!r} does not load as plain data")
+
+
+def test_truncated_index_is_named(saved, tmp_path):
+    dist = _copy(saved, tmp_path) / "dist"
+    data = (dist / ".metadata").read_bytes()
+    (dist / ".metadata").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"\.metadata is not a readable torch\.distributed\.checkpoint index"):
+        read_dcp_metadata(dist)
