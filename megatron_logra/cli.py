@@ -238,15 +238,20 @@ def _resume_dir(rest: Sequence[str]) -> tuple[Optional[str], list[str]]:
 
 def _check_resumed_architecture(parser: argparse.ArgumentParser, cfg) -> None:
     """A run resumed (or evaluated) from a checkpoint of another architecture is an error naming the field,
-    the checkpoint's value and the new one, before anything is built."""
+    the checkpoint's value and the new one, before anything is built; so is a broken ``checkpoints/latest``
+    (reported as ``megatron-logra: error: ...`` for ``--resume RUN_DIR``, a bare ``--resume`` and
+    ``train.resume=true`` alike)."""
     if not cfg.train.resume:
         return
     from megatron_logra.checkpoint import latest_checkpoint
     from megatron_logra.checkpoint.store import check_architecture
 
-    ckpt = latest_checkpoint(cfg.train.run_dir)
-    if ckpt is not None:
-        _reporting_user_errors(parser, lambda: check_architecture(ckpt, cfg.model))
+    def check() -> None:
+        ckpt = latest_checkpoint(cfg.train.run_dir)
+        if ckpt is not None:
+            check_architecture(ckpt, cfg.model)
+
+    _reporting_user_errors(parser, check)
 
 
 def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[str], *,
