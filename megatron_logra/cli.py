@@ -82,6 +82,10 @@ def command_help(command: str) -> str:
         "  --key value | --key=value   the same: --rl.group_size 4  --model.hf_path=/ckpt/Qwen2.5-1.5B",
         "  logra.* / native.*          short for optimizer.logra.* / optimizer.native.*",
         "  Megatron-LM flags           --tensor-model-parallel-size 2  --seq-length 128  --bf16 (below)",
+        *(["  --resume [RUN_DIR]          with RUN_DIR (or --resume=RUN_DIR): continue that run from its latest",
+           "                              checkpoint, with its config.yaml and the overrides on top (no RECIPE);",
+           "                              bare (a switch, below): train.resume=true for the run in train.run_dir"]
+          if command in ("train", "config") else []),
         "",
         "Megatron-LM flags (each sets one field):",
         flags(MEGATRON_ALIASES),

@@ -20,3 +20,10 @@ def test_help_prints_the_usage_and_exits_0(argv, capsys):
     assert "key=value" in out and "--key value" in out  # override syntax
     assert "--train-iters" in out and "--tensor-model-parallel-size" in out and "--bf16" in out  # flags
     assert "megatron-logra config RECIPE" in out  # how to list the fields
+
+
+@pytest.mark.parametrize("command", ["train", "config"])
+def test_help_says_resume_takes_an_optional_run_dir(command, capsys):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--resume [RUN_DIR]" in out and "train.resume=true" in out  # both forms, next to each other
