@@ -127,7 +127,9 @@ class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     """RL problems and rewards (job=rl)."""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    """Tokenizer (job=rl)."""
+    """Tokenizer (job=rl). With ``model.hf_path`` and ``tokenizer.path`` empty, the checkpoint's; a recipe's own
+    ``tokenizer.path`` (``tiny``'s) is cleared for ``model.hf_path`` unless the user sets it
+    (``overrides.resolve_hf_model``). The job refuses a tokenizer with more tokens than ``model.vocab_size``."""
     rl: RLConfig = field(default_factory=RLConfig)
     """The RL loop (job=rl)."""
     sft: SFTConfig = field(default_factory=SFTConfig)

@@ -49,10 +49,11 @@ def load_recipe(name_or_path: str) -> RunConfig:
     own directory); its other keys are dotted sections/fields
     (``train: {steps: 3}``) parsed by the fields' types. A key given twice in one mapping is refused, and so
     is, with ``model.hf_path``, an architecture field set by a file that the checkpoint would replace
-    (:func:`resolve_hf_model`). Every problem is a ``ValueError`` naming the file.
+    (:func:`resolve_hf_model`). Every problem is a ``ValueError`` naming the file. With ``model.hf_path``, a
+    ``tokenizer.path`` that no file of the chain sets (a named recipe's) yields to the checkpoint's tokenizer.
     """
     cfg, given = _load_recipe(name_or_path)
-    return resolve_hf_model(cfg, given)
+    return resolve_hf_model(cfg, given, from_recipe=True)
 
 
 def _load_recipe(name_or_path: str, _including: tuple = ()) -> tuple[RunConfig, dict[str, str]]:
@@ -354,13 +355,16 @@ def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> tuple[RunC
 
 
 def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
-    """Apply dotted overrides and Megatron-LM flags (see module docstring), then validate."""
+    """Apply dotted overrides and Megatron-LM flags (see module docstring), then validate. ``cfg`` is taken
+    as the user's own (a run's saved config): its ``tokenizer.path`` stays, with ``model.hf_path`` too."""
     return _apply_overrides(cfg, overrides, {})
 
 
-def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[str, str]) -> RunConfig:
+def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[str, str], *,
+                     from_recipe: bool = False) -> RunConfig:
     """:func:`apply_overrides`, where ``given`` (dotted field -> where it was set) names the fields a recipe
-    file set, which :func:`resolve_hf_model` checks with those of the overrides."""
+    file set, which :func:`resolve_hf_model` checks with those of the overrides; ``from_recipe``: the other
+    fields are a named recipe's (see :func:`resolve_hf_model`)."""
     items: list[tuple[str, Any]] = []
     pending = list(overrides)
     i = 0
@@ -387,7 +391,7 @@ def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[st
     cfg, mine = _apply_items(cfg, items)
     given = {**given, **{key: "" for key in mine}}
     _check_paper_unused(cfg, given)
-    return resolve_hf_model(cfg.validate(), given)
+    return resolve_hf_model(cfg.validate(), given, from_recipe=from_recipe)
 
 
 _PAPER_UNUSED: dict[str, tuple[str, str]] = {
@@ -418,14 +422,23 @@ def _check_paper_unused(cfg: RunConfig, given: Mapping[str, str]) -> None:
                              f"remove {key}{hint}, or use optimizer.logra.recipe=optimizer")
 
 
-def resolve_hf_model(cfg: RunConfig, given: Union[Sequence[str], Mapping[str, str]] = ()) -> RunConfig:
+def resolve_hf_model(cfg: RunConfig, given: Union[Sequence[str], Mapping[str, str]] = (), *,
+                     from_recipe: bool = False) -> RunConfig:
     """With ``model.hf_path`` (job=rl), the checkpoint's architecture replaces the config's, as the RL job
     does when it starts (``convert.model_config_from_hf``; the run's own choices, such as ``seq_length`` and
     the dtype, stay): a missing or unreadable checkpoint is a ``ValueError`` naming ``model.hf_path``, and so is
     an architecture field among ``given`` (fields set by the overrides or a recipe file; a mapping names where
-    each was set, e.g. ``"recipe file x.yaml"``, ``""`` for the command line) that the checkpoint would replace."""
+    each was set, e.g. ``"recipe file x.yaml"``, ``""`` for the command line) that the checkpoint would replace.
+
+    The checkpoint brings its tokenizer too: with ``from_recipe`` (the fields not in ``given`` are a named
+    recipe's, as for ``megatron-logra train RECIPE``), a ``tokenizer.path`` not in ``given`` (the ``tiny``
+    recipe's own word tokenizer) is cleared, so the RL job loads the tokenizer of ``model.hf_path``; one the
+    user gave (an override or a recipe file's field) stays. Without ``from_recipe`` (a resumed run's saved
+    config) ``tokenizer.path`` is left as it is."""
     if cfg.job != "rl" or not cfg.model.hf_path:
         return cfg
+    if from_recipe and cfg.tokenizer.path and "tokenizer.path" not in given:
+        cfg.tokenizer.path = ""
     from megatron_logra.convert.spec import ARCH_FIELDS, model_config_from_hf
 
     where = given if isinstance(given, Mapping) else dict.fromkeys(given, "")
@@ -445,6 +458,7 @@ def resolve_hf_model(cfg: RunConfig, given: Union[Sequence[str], Mapping[str, st
 
 def parse_args_to_config(recipe: Optional[str], overrides: Sequence[str]) -> RunConfig:
     """Recipe (default ``tiny``) plus overrides; with ``model.hf_path``, an architecture field set by a recipe
-    file or an override that the checkpoint would replace is refused (:func:`resolve_hf_model`)."""
+    file or an override that the checkpoint would replace is refused, and the checkpoint's tokenizer replaces
+    a named recipe's ``tokenizer.path`` unless the user gave one (:func:`resolve_hf_model`)."""
     cfg, given = _load_recipe(recipe or "tiny")
-    return _apply_overrides(cfg, overrides, given)
+    return _apply_overrides(cfg, overrides, given, from_recipe=True)

@@ -75,15 +75,25 @@ class _OptimizerWithRL:
 
 
 def _tokenizer(cfg: RunConfig, task, run_dir: Path):
+    """The run's tokenizer: a resumed run's ``RUN/tokenizer``; else ``tokenizer.path``'s, else (with
+    ``model.hf_path``) the checkpoint's, else one built for the task; saved to ``RUN/tokenizer`` (rank 0).
+    A tokenizer with more tokens than ``model.vocab_size`` rows is a ValueError naming both, before it is saved."""
     saved = run_dir / "tokenizer"
     if cfg.train.resume and saved.exists():
-        return load_tokenizer(saved)
-    if cfg.model.hf_path and not cfg.tokenizer.path:  # a real checkpoint brings its tokenizer
-        tok = load_tokenizer(cfg.model.hf_path)
+        tok, source = load_tokenizer(saved), f"the run's saved tokenizer {saved}"
+    elif cfg.model.hf_path and not cfg.tokenizer.path:  # a real checkpoint brings its tokenizer
+        tok, source = load_tokenizer(cfg.model.hf_path), f"the tokenizer of model.hf_path={cfg.model.hf_path!r}"
     else:
         texts = [task.train_problem(i).prompt + " " + task.train_problem(i).answer for i in range(64)]
         tok = build_tokenizer(cfg.tokenizer, texts)
-    if is_rank0():
+        source = (f"tokenizer.path={cfg.tokenizer.path!r}" if cfg.tokenizer.path
+                  else f"the {cfg.tokenizer.kind} tokenizer built for the task (tokenizer.path empty)")
+    if len(tok) > cfg.model.vocab_size:
+        fix = (f"give a tokenizer made for this checkpoint (tokenizer.path=, empty, takes model.hf_path's own)"
+               if cfg.model.hf_path else "raise model.vocab_size or give a smaller tokenizer")
+        raise ValueError(f"{source} has {len(tok)} tokens but model.vocab_size={cfg.model.vocab_size} (the model's "
+                         f"embedding rows): token ids past it have no embedding; {fix}")
+    if is_rank0() and not (cfg.train.resume and saved.exists()):
         save_tokenizer(tok, saved)
     return tok
 
@@ -178,8 +188,6 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
         rl_prompt_ids(tok, cfg.rl, "check")
     for problem in task.eval_problems():  # the same on every rank: a long prompt fails here, not mid-run
         check_prompt_fits(cfg, len(rl_prompt_ids(tok, cfg.rl, problem.prompt)), problem.prompt)
-    if len(tok) > cfg.model.vocab_size:
-        raise ValueError(f"the tokenizer has {len(tok)} tokens but model.vocab_size={cfg.model.vocab_size}; raise it")
     resume_from = latest_checkpoint(run_dir) if cfg.train.resume else None
     # every weight is loaded next (HF checkpoint or resumed state): skip the random initialisation
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed,
