@@ -21,6 +21,11 @@ driving rank exchanges nothing -- and it builds it *inside* the engine's agreeme
 ``SyncError`` and all of them fall back to a full refit together. Such engines take deltas in
 process (``sync.transport=directory`` is for engines that read the files themselves). Embedded
 engines receive on every rank.
+
+With ``sync.transport=directory`` the deltas also go to files for engines that read them
+(:class:`~megatron_logra.sync.transport.DirectoryTransport`); the start of the chain and every
+full refit write an anchor marker there, so such an engine refuses to apply deltas past a refit
+or a trainer resume it has not verified instead of silently following another trajectory.
 """
 
 from __future__ import annotations
@@ -68,6 +73,9 @@ class PolicySync:
                 directory = Path(cfg.directory or run_dir / "deltas") / f"rank{torch.distributed.get_rank()}"
                 self.transport = DirectoryTransport(directory)
                 self.transport.clear()  # a fresh chain starts at the engine's current version; other files stay
+                # its first anchor: a consumer past this version (an earlier run's chain) must reload; the
+                # start-of-run refit (``full``) replaces it with one that carries the trainer's fingerprint
+                self.transport.write_anchor(int(engine.weight_version), None, own_engine=True)
             else:
                 self.transport = InProcessTransport(engine)
         self.num_syncs = 0
@@ -76,7 +84,9 @@ class PolicySync:
     # ------------------------------------------------------------------ full refit
     def full(self, version: int) -> int:
         """Dense refit of every engine weight, streamed one full tensor at a time (``rl.weights``);
-        returns the bytes a bf16 copy sends."""
+        returns the bytes a bf16 copy sends. With ``sync.transport=directory`` it then writes an
+        anchor marker at ``version`` carrying the trainer's fingerprint (collective over the model-
+        parallel group, like the refit), so an engine that reads the files itself learns of the refit."""
         sent = [0]
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
@@ -85,6 +95,10 @@ class PolicySync:
                 yield name, tensor
 
         self.engine.update_weights_full(counted(), version)
+        if isinstance(self.transport, DirectoryTransport):
+            fp = trainer_fingerprint(self.model, self.groups, self.model_cfg, dtype=self.model_cfg.torch_dtype,
+                                     vocab_rows=getattr(self.engine, "fingerprint_vocab_rows", None))
+            self.transport.write_anchor(version, fp, own_engine=True)  # this rank's engine was just refit
         return sent[0]
 
     # ------------------------------------------------------------------ per update
@@ -120,7 +134,7 @@ class PolicySync:
             elif isinstance(self.transport, DirectoryTransport):
                 self.transport.publish(payload())
                 self.transport.consume(self.engine)
-                if self.cfg.keep_deltas:
+                if self.cfg.keep_deltas:  # 0 keeps every file
                     self.transport.prune(new_version - self.cfg.keep_deltas + 1)
             else:
                 self.transport.send(payload())

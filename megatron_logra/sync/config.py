@@ -36,7 +36,11 @@ class SyncConfig:
     step is lost from the compute weights and the drift is lag: at 1e-2 that jump was 86 budgets."""
     transport: str = "inprocess"
     """``inprocess`` (the embedded engine) or ``directory`` (delta files written atomically to
-    ``directory``, applied by the consumer in version order; the embedded engine consumes them)."""
+    ``directory``, applied by the consumer in version order; the embedded engine consumes them). The
+    start of the chain and every full refit also write an anchor marker there: an engine that reads
+    the files itself refuses (``SyncError("anchor")``) to apply deltas past a refit or trainer resume
+    whose weights it has not verified, and must then reload full weights at that version
+    (:mod:`megatron_logra.sync.transport`)."""
     directory: str = ""
     """Delta directory for ``transport=directory`` (default: ``RUN_DIR/deltas``)."""
     keep_deltas: int = 8

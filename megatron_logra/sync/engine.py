@@ -8,7 +8,8 @@ of one TP rank) and exposes the protocol the transports use::
     engine.apply_sketch_delta(x)     # x: SketchDelta or encoded bytes -> new version
 
 Its only state besides the weights is the version, so a consumer that restarts resumes
-from ``weight_version``. Imports only torch and the sync package.
+from ``weight_version`` (a directory consumer also verifies the producer's anchors again, by
+``fingerprint``: see :mod:`megatron_logra.sync.transport`). Imports only torch and the sync package.
 """
 
 from __future__ import annotations

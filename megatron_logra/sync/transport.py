@@ -5,38 +5,67 @@
 * :class:`DirectoryTransport`: files on a shared disk. The producer writes
   ``delta_{new_version:08d}.safetensors`` atomically (temporary file, fsync, hard link to the
   final name so an existing version is never overwritten, fsync of the directory); a consumer
-  polls for the deltas after its current version and applies them in order. The only
-  consumer state is the engine's ``weight_version``, so both sides survive restarts;
-  re-publishing identical bytes is a no-op, different bytes for a published version are
-  refused. The consumer reads and applies one file at a time; a missing link in the chain
-  raises ``SyncError("gap")``, a file forking from it ``SyncError("version")``.
+  polls for the deltas after its current version and applies them in order, reading and
+  applying one file at a time. Re-publishing identical bytes is a no-op, different bytes for a
+  published version are refused; a missing link in the chain raises ``SyncError("gap")``, a
+  file forking from it ``SyncError("version")``.
+
+  Version numbers alone do not name a trajectory: a trainer that resumes from an earlier
+  checkpoint starts a new chain at a version a consumer may already have passed, and a
+  trainer's full refit (anchor, re-anchor, drift repair) changes its weights without a delta.
+  So the producer also writes an **anchor marker** ``anchor_{version:08d}.json`` (atomically;
+  JSON: ``version``, a fresh random ``epoch`` id, and the trainer's ``fingerprint`` of its full
+  weights at that version in HF names and the engine's dtype, or null) at every full refit and
+  when its chain starts (:class:`~megatron_logra.rl.policy_sync.PolicySync` does both). A
+  consumer applies a delta only after it has *verified* the newest anchor at or below its
+  version: an anchor at exactly its version is verified by comparing the engine's
+  ``fingerprint()`` (when it has one) with the marker's, or by :meth:`DirectoryTransport.
+  accept_anchor` after the engine reloaded those full weights; a consumer past an anchor it
+  has not verified (its weights may come from another trajectory) is refused with
+  ``SyncError("anchor")`` naming the version to reload full weights at. The delta files do not
+  carry full weights: such a reload comes from the trainer by other means (a checkpoint or HF
+  export at that version). A consumer remembers the anchors it verified for its lifetime (the
+  :class:`DirectoryTransport` object), so a restarted consumer verifies again (by fingerprint at
+  an anchor's version, else by reloading); the producer's own transport object counts the
+  anchors it writes for its own, freshly refit engine as verified, so the in-process use
+  (publish, then the same process's engine consumes) never refuses. A directory without anchor
+  markers gets the version-chain checks only.
 
 Imports only torch, safetensors (via the codec) and the standard library.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import uuid
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Any, Iterator, Optional, Union
 
 from megatron_logra.sync.codec import SketchDelta, decode, encode
 from megatron_logra.sync.engine import DeltaConsumer
 from megatron_logra.sync.errors import SyncError
+from megatron_logra.sync.fingerprint import drift
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["InProcessTransport", "DirectoryTransport", "delta_filename"]
+__all__ = ["InProcessTransport", "DirectoryTransport", "delta_filename", "anchor_filename"]
 
 _FILE_RE = re.compile(r"^delta_(\d{8,})\.safetensors$")
 _TMP_RE = re.compile(r"^\.delta_\d{8,}\.safetensors\..+\.tmp$")
+_ANCHOR_RE = re.compile(r"^anchor_(\d{8,})\.json$")
+_ANCHOR_TMP_RE = re.compile(r"^\.anchor_\d{8,}\.json\..+\.tmp$")
+_ANCHOR_KEYS = {"version", "epoch", "fingerprint"}
 
 
 def delta_filename(new_version: int) -> str:
     return f"delta_{new_version:08d}.safetensors"
+
+
+def anchor_filename(version: int) -> str:
+    return f"anchor_{version:08d}.json"
 
 
 class InProcessTransport:
@@ -73,24 +102,145 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _valid_marker(marker: Any) -> bool:
+    if not isinstance(marker, dict) or set(marker) != _ANCHOR_KEYS:
+        return False
+    version, epoch, fp = marker["version"], marker["epoch"], marker["fingerprint"]
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        return False
+    if not isinstance(epoch, str) or not epoch:
+        return False
+    return fp is None or (isinstance(fp, dict)
+                          and all(isinstance(k, str) and isinstance(v, str) for k, v in fp.items()))
+
+
 class DirectoryTransport:
-    """Deltas as files in ``directory`` (producer: ``publish``; consumer: ``poll`` / ``consume``)."""
+    """Deltas and anchor markers as files in ``directory`` (producer: ``publish``, ``write_anchor``;
+    consumer: ``poll`` / ``consume``, ``accept_anchor``). See the module docstring for the anchors."""
 
     def __init__(self, directory: Union[str, os.PathLike]) -> None:
         self.dir = Path(directory)
         if self.dir.exists() and not self.dir.is_dir():
             raise SyncError("config", f"delta directory {self.dir} exists and is not a directory")
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._verified: set[str] = set()  # epochs of the anchors this object's consumer verified (or wrote)
 
     def clear(self) -> list[str]:
-        """Delete every published delta and leftover temporary file of this transport (a fresh chain);
-        nothing else in the directory is touched. Returns the names removed."""
+        """Delete every published delta, anchor marker and leftover temporary file of this transport (a
+        fresh chain, whose first anchor the producer writes next); nothing else in the directory is
+        touched. Returns the names removed."""
         removed = []
         for entry in sorted(os.listdir(self.dir)):
-            if _FILE_RE.match(entry) or _TMP_RE.match(entry):
+            if _FILE_RE.match(entry) or _TMP_RE.match(entry) or _ANCHOR_RE.match(entry) or _ANCHOR_TMP_RE.match(entry):
                 (self.dir / entry).unlink(missing_ok=True)
                 removed.append(entry)
         return removed
+
+    # ------------------------------------------------------------------ anchors
+    def write_anchor(self, version: int, fingerprint: Optional[dict[str, str]] = None, *,
+                     own_engine: bool = False) -> dict:
+        """Producer: write the anchor marker of ``version`` atomically (replacing an earlier marker of
+        that version) and return it. Call it whenever the trainer's weights at ``version`` do not follow
+        from the published chain: at every full refit and when a chain starts (after :meth:`clear`).
+
+        ``fingerprint``: the trainer's ``{HF name: digest}`` of its full weights at ``version`` in the
+        engine's dtype (``rl.weights.trainer_fingerprint``); None: a consumer can only verify the anchor
+        with :meth:`accept_anchor`. ``own_engine=True``: this object's own consumer engine was just
+        loaded with exactly those weights (the in-process use), so the anchor counts as verified here.
+        """
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise SyncError("config", f"anchor version must be an int >= 0, got {version!r}")
+        marker = {"version": version, "epoch": uuid.uuid4().hex,
+                  "fingerprint": None if fingerprint is None else dict(sorted(fingerprint.items()))}
+        if not _valid_marker(marker):
+            raise SyncError("config", "an anchor fingerprint must map tensor names to digest strings")
+        final = self.dir / anchor_filename(version)
+        tmp = self.dir / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(json.dumps(marker, sort_keys=True).encode())
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        _fsync_dir(self.dir)
+        if own_engine:
+            self._verified.add(marker["epoch"])
+        logger.info("anchor at version %d written (epoch %s)", version, marker["epoch"])
+        return marker
+
+    def anchors(self) -> list[dict]:
+        """The anchor markers in the directory (``version``, ``epoch``, ``fingerprint``), ascending by
+        version. An unreadable or malformed marker raises ``SyncError("anchor")`` naming it: a consumer
+        does not guess past an anchor."""
+        out = []
+        for entry in sorted(os.listdir(self.dir)):
+            m = _ANCHOR_RE.match(entry)
+            if not m:
+                continue
+            try:
+                marker = json.loads((self.dir / entry).read_bytes())
+            except FileNotFoundError:  # removed by a producer's clear/prune meanwhile
+                continue
+            except (OSError, ValueError) as exc:
+                raise SyncError("anchor", f"{entry}: cannot be read as an anchor marker "
+                                          f"({type(exc).__name__})") from None
+            if not _valid_marker(marker) or marker["version"] != int(m.group(1)):
+                raise SyncError("anchor", f"{entry} is not an anchor marker of version {int(m.group(1))} "
+                                          f"(a JSON object with exactly {sorted(_ANCHOR_KEYS)})")
+            out.append(marker)
+        return sorted(out, key=lambda a: a["version"])
+
+    def accept_anchor(self, version: int) -> dict:
+        """Consumer: the engine now holds the trainer's full weights of the anchor at ``version``
+        (reloaded by other means, its ``weight_version`` set to ``version``): count that anchor as
+        verified and return it. Raises ``SyncError("anchor")`` when there is no anchor at ``version``."""
+        anchors = self.anchors()
+        for a in anchors:
+            if a["version"] == version:
+                self._verified.add(a["epoch"])
+                return a
+        raise SyncError("anchor", f"no anchor marker for version {version} in {self.dir} "
+                                  f"(anchors at {[a['version'] for a in anchors]})")
+
+    def verify_anchor(self, engine: DeltaConsumer) -> None:
+        """Check that ``engine`` may extend the chain from its ``weight_version`` (what :meth:`consume`
+        does before every delta; call it before :meth:`poll` to verify by fingerprint). Raises
+        ``SyncError("anchor")`` as described in the module docstring."""
+        self._check_anchor(engine.weight_version, engine, self.anchors())
+
+    def _check_anchor(self, version: int, engine: Optional[DeltaConsumer], anchors: list[dict]) -> None:
+        """Pass if the newest anchor at or below ``version`` is verified, or is at ``version`` and the
+        engine's fingerprint equals the marker's (then it counts as verified); ``engine=None`` verifies
+        nothing new. No anchor at or below ``version``: nothing to verify."""
+        below = [a for a in anchors if a["version"] <= version]
+        if not below or below[-1]["epoch"] in self._verified:
+            return
+        anchor, reload_at = below[-1], anchors[-1]["version"]
+        how = (f"reload the trainer's full weights at version {reload_at} into the engine and call "
+               f"accept_anchor({reload_at})")
+        if anchor["version"] < version:
+            raise SyncError("anchor", f"the trainer's weights were anchored at version {anchor['version']} (epoch "
+                                      f"{anchor['epoch'][:12]}), which this engine (at version {version}) passed "
+                                      f"without verifying: its weights may come from another trajectory (a trainer "
+                                      f"resume or full refit); {how}")
+        fp = None
+        if engine is not None and callable(getattr(engine, "fingerprint", None)):
+            fp = engine.fingerprint()
+        if fp is None or anchor["fingerprint"] is None:
+            why = ("the marker holds no fingerprint" if anchor["fingerprint"] is None else
+                   "no engine to fingerprint (poll)" if engine is None else "the engine cannot fingerprint its weights")
+            raise SyncError("anchor", f"the anchor at version {version} (epoch {anchor['epoch'][:12]}) cannot be "
+                                      f"verified ({why}); {how}")
+        mismatched = drift(anchor["fingerprint"], fp)
+        if mismatched:
+            raise SyncError("anchor", f"the engine's weights at version {version} differ from the trainer's anchor at "
+                                      f"that version (epoch {anchor['epoch'][:12]}) in {len(mismatched)} tensors (e.g. "
+                                      f"{mismatched[0]}): the trainer refit or restarted there; {how}")
+        self._verified.add(anchor["epoch"])
+        logger.info("anchor at version %d verified by fingerprint", version)
 
     # ------------------------------------------------------------------ producer
     def publish(self, delta: Union[SketchDelta, bytes]) -> Path:
@@ -128,10 +278,17 @@ class DirectoryTransport:
         return final
 
     def prune(self, below_version: int) -> list[int]:
-        """Delete published deltas with ``new_version < below_version``; returns the versions removed."""
+        """Delete published deltas with ``new_version < below_version``, and the anchor markers no
+        consumer that can still extend the chain (at version ``>= below_version - 1``) needs: those
+        older than the newest anchor at or below ``below_version - 1``. Returns the delta versions removed."""
         removed = [v for v in self.versions() if v < below_version]
         for v in removed:
             (self.dir / delta_filename(v)).unlink(missing_ok=True)
+        anchored = sorted(int(m.group(1)) for m in map(_ANCHOR_RE.match, os.listdir(self.dir)) if m)
+        keep_from = max((a for a in anchored if a <= below_version - 1), default=None)
+        for a in anchored:
+            if keep_from is not None and a < keep_from:
+                (self.dir / anchor_filename(a)).unlink(missing_ok=True)
         return removed
 
     # ------------------------------------------------------------------ consumer
@@ -156,7 +313,7 @@ class DirectoryTransport:
         except SyncError as exc:
             raise SyncError(exc.kind, f"{path.name}: {str(exc).removeprefix(f'[{exc.kind}] ')}") from None
 
-    def _chain(self, current_version: int) -> Iterator[SketchDelta]:
+    def _chain(self, current_version: int, engine: Optional[DeltaConsumer] = None) -> Iterator[SketchDelta]:
         """Yield the deltas after ``current_version`` in order, reading each file only when the
         previous one has been taken (one decoded delta in memory at a time).
 
@@ -165,10 +322,17 @@ class DirectoryTransport:
         below the chain (``version``: it forks from or overlaps the chain). At a missing
         version (a file starting above the chain) it stops after a non-empty prefix (the
         missing delta may still be published) and raises ``SyncError("gap")`` otherwise.
+
+        Before each delta the anchors are checked at its base version (:meth:`_check_anchor`):
+        ``engine`` is the consumer that applied every delta yielded so far (:meth:`consume`), so
+        it is fingerprinted at that version; without one (:meth:`poll`) an unverified anchor
+        raises at ``current_version`` and ends a non-empty prefix further on.
         """
         expected = current_version
         yielded = 0
-        for v in self.versions():
+        versions = self.versions()
+        anchors = self.anchors()  # after the listing: an anchor written before a listed delta is seen
+        for v in versions:
             if v <= current_version:
                 continue
             delta = self.read(v)
@@ -184,6 +348,13 @@ class DirectoryTransport:
                     logger.warning("%s; stopping after the %d deltas before the gap", msg, yielded)
                     return
                 raise SyncError("gap", msg)
+            try:
+                self._check_anchor(expected, engine, anchors)
+            except SyncError as exc:
+                if yielded and engine is None:  # poll: the caller verifies the anchor at `expected` first
+                    logger.warning("%s; stopping after the %d deltas before it", exc, yielded)
+                    return
+                raise
             yield delta
             del delta  # not held while the next file is read
             yielded += 1
@@ -197,7 +368,10 @@ class DirectoryTransport:
         ``current_version``). At a missing version the contiguous prefix is returned; with no
         prefix, ``SyncError("gap")`` names the missing versions. A corrupt or unreadable file,
         or one starting below the chain (``SyncError("version")``: it forks from or overlaps
-        it), raises. Deltas at or below ``current_version`` are skipped (already applied).
+        it), raises. Deltas at or below ``current_version`` are skipped (already applied). An
+        anchor not yet verified at or below ``current_version`` raises ``SyncError("anchor")``
+        (verify it with :meth:`verify_anchor` or :meth:`accept_anchor`); one further along ends
+        the returned prefix at its version.
         """
         return list(self._chain(current_version))
 
@@ -206,12 +380,13 @@ class DirectoryTransport:
         to the chain, apply, next); returns the versions applied.
 
         Raises at the first file that cannot be applied (corrupt, unreadable, forking from the
-        chain, rejected by the engine; a missing version when nothing before it was applied):
+        chain, rejected by the engine; a missing version when nothing before it was applied; an
+        anchor the engine cannot verify, ``SyncError("anchor")``, see the module docstring):
         deltas applied before it stay applied and the engine's ``weight_version`` says where to
         resume. A missing version after applied deltas ends the call (see :meth:`poll`).
         """
         applied = []
-        for delta in self._chain(engine.weight_version):
+        for delta in self._chain(engine.weight_version, engine):
             applied.append(engine.apply_sketch_delta(delta))
             del delta  # not held while the next file is read
         return applied

@@ -90,3 +90,56 @@ def test_a_resumed_run_checks_for_drift_at_the_versions_an_uninterrupted_one_doe
     _assert_engine_equals_trainer(comps)
     rec = corrupted_update()  # version 7: no check, so the corruption stays (the check interval's contract)
     assert rec["sync_drift"] == 0 and rec["sync_mode"] == "delta"
+
+
+def test_directory_anchors_let_a_separate_engine_follow_and_refuse_a_resumed_chain(built, tmp_path):
+    """``sync.transport=directory``: a separate engine holding the trainer's weights follows the files
+    through an ``anchor_interval`` refit (real trainer and engine fingerprints agree), and refuses the
+    chain of a trainer resumed at an earlier version instead of applying it."""
+    import copy
+
+    from megatron_logra.models.hf import megatron_to_hf
+    from megatron_logra.rl.loop import rl_update
+    from megatron_logra.rl.policy_sync import PolicySync
+    from megatron_logra.rl.weights import gather_full_model
+    from megatron_logra.rollout import build_engine
+    from megatron_logra.sync import DirectoryTransport, ModuleEngine, SyncError
+    from megatron_logra.sync.config import SyncConfig
+
+    comps, state = built
+    cfg = SyncConfig(transport="directory", directory=str(tmp_path / "deltas"), anchor_interval=2, check_interval=0)
+
+    def start():
+        comps.sync = PolicySync(cfg, model=comps.model, model_cfg=comps.cfg.model, optimizer=comps.optimizer,
+                                engine=comps.engine, groups=comps.groups, run_dir=tmp_path)
+        comps.sync.full(state.weight_version)
+
+    def update():
+        real_score = comps.task.score
+        comps.task.score = alternating_score()
+        try:
+            return rl_update(comps, state)
+        finally:
+            comps.task.score = real_score
+
+    state.weight_version = 10
+    start()
+    separate = ModuleEngine(copy.deepcopy(comps.engine.model), version=10)
+    consumer = DirectoryTransport(tmp_path / "deltas" / "rank0")
+    modes = [update()["sync_mode"] for _ in range(3)]
+    assert modes == ["delta", "delta+anchor", "delta"]  # the in-process engine was never refused
+    assert consumer.consume(separate) == [11, 12, 13]  # anchors at 10 and 12 verified by fingerprint
+    trainer = megatron_to_hf(gather_full_model(comps.model, comps.groups), comps.cfg.model, tp=1)
+    weights = separate.weights()
+    for name, tensor in trainer.items():
+        assert torch.equal(weights[name], tensor.to(weights[name].dtype)), name
+
+    # the trainer resumes from its checkpoint of version 12 and publishes another 12->13 and 13->14: the
+    # separate engine, already at 13, would skip the new 13 and apply 14 to the other trajectory's 13
+    state.weight_version = 12
+    comps.engine = build_engine(comps.cfg, comps.model, comps.groups)  # a resumed job builds a fresh engine
+    start()
+    assert [update()["sync_mode"] for _ in range(2)] == ["delta", "delta+anchor"]
+    with pytest.raises(SyncError, match=r"anchored at version 12 .* passed without verifying") as exc:
+        consumer.consume(separate)
+    assert exc.value.kind == "anchor" and separate.weight_version == 13
