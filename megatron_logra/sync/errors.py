@@ -16,8 +16,9 @@ class SyncError(ValueError):
 
     ``kind`` is a short machine-readable tag (``checksum``, ``format_version``, ``truncated``,
     ``malformed``, ``unreadable``, ``keys``, ``dtype``, ``shape``, ``version``, ``replay``, ``gap``,
-    ``name``, ``nonfinite``, ``layout``, ``precision``, ``exists``, ``apply``, ``config``); the
-    message says the rest.
+    ``name``, ``nonfinite``, ``layout``, ``precision``, ``exists``, ``apply``, ``config``, ``anchor``:
+    a directory consumer is past a trainer refit or restart it has not verified); the message says
+    the rest.
     """
 
     def __init__(self, kind: str, message: str) -> None:
