@@ -98,24 +98,78 @@ _STEP_DIR = re.compile(r"step_(\d{8,})")
 def _shared_outcome(step: int, root: Path, what: str, error: Optional[BaseException]) -> None:
     """Collective over the world group: raise the same :class:`CheckpointError` on every rank if
     ``error`` is set on any (else return), so that no rank waits for one that gave up."""
-    mine = b"" if error is None else f"{type(error).__name__}: {error}".encode()
-    failed = [(r, m.decode()) for r, m in enumerate(all_gather_bytes(mine, world_group())) if m]
+    reported: dict[int, str] = {}
+    for payload in all_gather_bytes(json.dumps(_failure_reports(error)).encode(), world_group()):
+        for r, message in json.loads(payload):
+            if message or r not in reported:  # a rank's own account over another's "failed elsewhere"
+                reported[r] = message
+    failed = [(r, m or "failed") for r, m in sorted(reported.items())]
     if failed:
         shown = "; ".join(f"rank {r} ({m})" for r, m in failed[:4]) + (" ..." if len(failed) > 4 else "")
         raise CheckpointError(f"saving checkpoint step {step} failed on {shown} while {what}; "
                               f"{root / 'latest'} still names the last complete checkpoint") from error
 
 
+def _failure_reports(error: Optional[BaseException]) -> list[tuple[int, str]]:
+    """``[(global rank, "Type: message")]`` of the failures ``error`` stands for: torch.distributed.checkpoint's
+    ``CheckpointException`` carries every failed rank's exception (the coordinator's; the other ranks get
+    none: ``(this rank, "")``, "failed elsewhere"); any other error is this rank's."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if error is None:
+        return []
+    if isinstance(error, CheckpointException):
+        reports = []
+        for r, failure in error.failures.items():
+            exc = failure[0] if isinstance(failure, tuple) else failure
+            reports.append((int(r), _one_line(exc) if isinstance(exc, BaseException) else str(exc)))
+        return reports or [(_global_rank(), "")]
+    return [(_global_rank(), f"{type(error).__name__}: {error}")]
+
+
 def _on_every_rank(step: int, root: Path, what: str, fn) -> Any:
-    """``fn()`` on this rank, then :func:`_shared_outcome` (``fn`` must not run collectives)."""
+    """``fn()`` on this rank, then :func:`_shared_outcome`. ``fn`` may run collectives only if every
+    rank reaches each of them or fails consistently before it (as torch.distributed.checkpoint does:
+    its ``CheckpointException``, a ``BaseException``, is raised on every rank and caught here too)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     error: Optional[BaseException] = None
     result = None
     try:
         result = fn()
-    except Exception as exc:  # noqa: BLE001 - shared with every rank, then raised
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - shared with every rank, then raised
         error = exc
     _shared_outcome(step, root, what, error)
     return result
+
+
+def _save_dist(step: int, root: Path, sharded: dict, out: Path) -> None:
+    """megatron-core's ``dist_checkpointing.save`` (torch_dist backend) in phases, each ending in a
+    :func:`_shared_outcome`, so that a failure on any rank (rank 0's ``common.pt`` or ``metadata.json``
+    write, which only rank 0 does, outside any collective) is the same :class:`CheckpointError` on
+    every rank instead of leaving the others in the next collective. The files written are the same."""
+    from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
+    from megatron.core.dist_checkpointing.serialization import (
+        get_default_save_common_strategy,
+        get_default_save_sharded_strategy,
+    )
+    from megatron.core.dist_checkpointing.state_dict_utils import save_preprocess
+
+    sharded_strategy = get_default_save_sharded_strategy()
+    common_strategy = get_default_save_common_strategy()
+    if not sharded_strategy.can_handle_sharded_objects:  # torch_dist stores ShardedObjects itself
+        raise CheckpointError(f"the {sharded_strategy.backend} checkpoint backend does not store sharded objects")
+    # collective (megatron-core's access-integrity check gathers every rank's shards; rank 0 judges them)
+    sharded_part, common = _on_every_rank(step, root, "checking the sharded state", lambda: save_preprocess(sharded))
+    _on_every_rank(step, root, "writing the common state (common.pt)",
+                   lambda: common_strategy.save_common(common, str(out)))  # rank 0 writes it
+    _on_every_rank(step, root, "writing the sharded tensors", lambda: sharded_strategy.save(sharded_part, str(out)))
+
+    def write_config() -> None:
+        if _global_rank() == 0:
+            save_config(CheckpointingConfig(sharded_strategy.backend, sharded_strategy.version), str(out))
+
+    _on_every_rank(step, root, "writing the checkpoint's metadata.json", write_config)
 
 
 def _file_sizes(root: Path) -> dict[str, int]:
@@ -149,13 +203,25 @@ def save_checkpoint(
     """Write checkpoint ``step`` collectively (every rank calls it). ``optimizer`` provides
     ``sharded_state()`` (:mod:`megatron_logra.optim.state`); ``None`` saves the weights only.
     ``checksums``: record the CRC-32 of every file in meta.json (hashed by all ranks, each a
-    share), so that loading detects a file corrupted at the same size; sizes are always recorded."""
-    from megatron.core import dist_checkpointing
+    share), so that loading detects a file corrupted at the same size; sizes are always recorded.
 
+    A failure on any rank in any phase raises the same :class:`CheckpointError` on every rank; ``latest``
+    still names the last complete checkpoint and the unfinished ``step_XXXXXXXX.tmp`` is removed (by rank
+    0, best effort: one left behind is never loaded and is removed by the next save)."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:08d}"
     tmp = root / f"step_{step:08d}.tmp"
     rank = _global_rank()
+    try:
+        return _save(root, final, tmp, rank, step, model, optimizer, groups, extra, config, keep_last, checksums)
+    except CheckpointError:
+        if rank == 0:  # every rank is past its writes (the error was shared): drop the unfinished save
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _save(root: Path, final: Path, tmp: Path, rank: int, step: int, model, optimizer, groups: ParallelGroups,
+          extra: Optional[dict], config: Optional[dict], keep_last: int, checksums: bool) -> Path:
 
     def prepare() -> None:
         if rank == 0:
@@ -166,7 +232,7 @@ def save_checkpoint(
 
     _on_every_rank(step, root, "preparing its directory", prepare)
     sharded, scalars, _ = _sharded_state(model, optimizer)
-    dist_checkpointing.save(sharded, str(tmp / _DIST))
+    _save_dist(step, root, sharded, tmp / _DIST)
     _on_every_rank(step, root, "writing the RNG states",
                    lambda: save_file(rng_state(), str(tmp / f"rng_rank{rank}.safetensors")))
 
