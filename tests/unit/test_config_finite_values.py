@@ -46,9 +46,16 @@ def test_a_decay_factor_at_or_below_zero_is_refused(cls, section, lr, weight_dec
         cls(lr=lr, weight_decay=weight_decay)
 
 
-def test_usual_and_boundary_values_are_accepted():
-    LograConfig(lr=1e-2, weight_decay=0.1, clip_grad=0.0)
-    NativeConfig(lr=1e-3, weight_decay=0.1)
-    KLConfig(fd_step=0.0, calibration_clip=1.0)
+@pytest.mark.parametrize("cls, values", [
+    (LograConfig, dict(lr=1e-2, weight_decay=0.1, clip_grad=0.0)),
+    (LograConfig, dict(lr=0.5, weight_decay=1.999)),  # decay factor 1 - lr·wd = 0.0005: still > 0
+    (NativeConfig, dict(lr=1e-3, weight_decay=0.1)),
+    (NativeConfig, dict(weight_decay=0.0)),
+    (KLConfig, dict(fd_step=0.0, calibration_clip=1.0)),
     # the paper recipe applies neither lr nor weight decay to targets: their product is not checked there
-    LograConfig(recipe="paper", lr=1.0, weight_decay=2.0)
+    (LograConfig, dict(recipe="paper", lr=1.0, weight_decay=2.0)),
+])
+def test_usual_and_boundary_values_are_accepted_unchanged(cls, values):
+    cfg = cls(**values)
+    held = {k: getattr(cfg, k) for k in values}
+    assert held == values and all(type(held[k]) is type(v) for k, v in values.items()), held

@@ -7,6 +7,8 @@ below one minute. Configs are constructed directly (no model is built)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import datetime
 
 import pytest
@@ -50,19 +52,30 @@ def test_dropout_must_be_a_probability_below_one(field, value):
         ModelConfig(**{field: value})
 
 
-def test_boundary_model_values_are_accepted():
-    cfg = ModelConfig(hidden_dropout=0.0, attention_dropout=0.99, make_vocab_size_divisible_by=1, rotary_base=1,
-                      layernorm_epsilon=1e-12, init_std=1e-6, num_query_groups=1)
-    assert cfg.padded_vocab_size() == cfg.vocab_size
-    ModelConfig(hidden_dropout=0.1, attention_dropout=0.1, num_query_groups=2, rotary_base=1000000)
+@pytest.mark.parametrize("values", [
+    dict(hidden_dropout=0.0, attention_dropout=0.99, make_vocab_size_divisible_by=1, rotary_base=1,
+         layernorm_epsilon=1e-12, init_std=1e-6, num_query_groups=1),
+    dict(hidden_dropout=0.1, attention_dropout=0.1, num_query_groups=2, rotary_base=1000000),
+])
+def test_boundary_model_values_are_accepted_unchanged(values):
+    cfg = ModelConfig(**values)
+    held = {k: getattr(cfg, k) for k in values}
+    assert held == values and all(type(held[k]) is type(v) for k, v in values.items()), held
+    if values.get("make_vocab_size_divisible_by") == 1:
+        assert cfg.padded_vocab_size() == cfg.vocab_size
 
 
-def test_every_shipped_recipe_and_preset_validates():
+def test_every_shipped_recipe_and_preset_validates_unchanged():
+    """Validation accepts every shipped config as it is: it neither raises nor rewrites a field."""
     for name, factory in RECIPES.items():
-        factory().validate()
+        cfg = factory()
+        before = copy.deepcopy(cfg)
+        assert cfg.validate() is cfg and cfg == before, name
     for name, factory in PRESETS.items():
-        factory()
-    load_recipe("tiny").validate()
+        cfg = factory()
+        assert isinstance(cfg, ModelConfig) and dataclasses.replace(cfg) == cfg, name  # __post_init__ again
+    tiny = load_recipe("tiny")
+    assert tiny.validate() == RECIPES["tiny"]()
 
 
 def test_hf_derived_model_configs_validate():
@@ -85,4 +98,6 @@ def test_parallel_timeout_accepts_its_range():
     from megatron_logra.parallel import _MAX_TIMEOUT_MINUTES
 
     for value in (1, 30, 1.5, _MAX_TIMEOUT_MINUTES):
-        datetime.timedelta(minutes=ParallelConfig(timeout_minutes=value).timeout_minutes)
+        held = ParallelConfig(timeout_minutes=value).timeout_minutes
+        assert held == value and type(held) is type(value), (value, held)  # neither clamped nor rounded
+        assert datetime.timedelta(minutes=held).total_seconds() == 60 * value  # what the process groups get

@@ -47,8 +47,32 @@ def test_fp16_targets_without_masters_and_stochastic_rounding_are_refused():
     (torch.float16, "fp32", "stochastic"), (torch.float16, "none", "nearest"),
     (torch.bfloat16, "none", "stochastic"), (torch.float32, "none", "stochastic"),
 ])
-def test_other_precision_settings_are_accepted(dtype, masters, rounding):
-    _opt(_model(dtype), masters=masters, rounding=rounding)
+def test_other_precision_settings_are_accepted_and_in_effect(dtype, masters, rounding):
+    def one_step(rounding):
+        model = _model(dtype)
+        before = model.linear_fc1.weight.detach().clone()
+        opt = _opt(model, masters=masters, rounding=rounding)
+        torch.manual_seed(1)
+        opt.zero_grad()
+        model(torch.randn(3, 16, dtype=dtype)).float().sum().backward()
+        opt.step()
+        return opt, before, model.linear_fc1.weight.detach()
+
+    opt, before, w = one_step(rounding)
+    assert (opt.cfg.masters, opt.cfg.rounding) == (masters, rounding)
+    assert w.dtype == dtype and torch.isfinite(w).all() and not torch.equal(w, before)  # one step ran
+    if masters == "fp32":
+        master = opt.masters["linear_fc1"]
+        assert master.dtype == torch.float32 and torch.equal(w, master.to(dtype))  # weight = master to nearest
+    else:
+        assert opt.masters == {}
+    if rounding == "stochastic" and masters == "none":
+        _, _, nearest = one_step("nearest")
+        if dtype == torch.bfloat16:  # stochastic rounding: some entries land on the other neighbour
+            diff = (w.float() - nearest.float()).abs()
+            assert diff.max() > 0 and (diff <= nearest.float().abs() * 2.0**-7).all()  # at most one bf16 spacing
+        else:  # fp32 weights are updated in place: rounding does not apply
+            assert torch.equal(w, nearest)
 
 
 # ------------------------------------------------------------------------------ load_state_dict
