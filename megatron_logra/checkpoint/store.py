@@ -307,15 +307,60 @@ def latest_checkpoint(run_dir: Union[str, Path]) -> Optional[Path]:
     return path
 
 
-_IDENTITY = ("kind", "rank", "seed", "distribution", "masters")
-_RECORDED_SINCE = ("masters",)
-"""Identity scalars older checkpoints do not record: compared only where recorded."""
+_IDENTITY = {
+    "kind": "optimizer.name",
+    "rank": "optimizer.logra.rank",
+    "seed": "optimizer.logra.seed",
+    "distribution": "optimizer.logra.distribution",
+    "algorithm": "optimizer.logra.algorithm",
+    "refresh": "optimizer.logra.refresh",
+    "masters": "optimizer.logra.masters",
+}
+"""Optimizer scalars that say what the saved optimizer state belongs to, and the config field each comes
+from (``masters``: ``fp32`` when the optimizer held fp32 masters, which ``model.params_dtype`` and
+``optimizer.logra.masters`` decide together)."""
+_RECORDED_SINCE = ("masters", "algorithm", "refresh")
+"""Identity scalars older checkpoints do not record: compared only where recorded (missing: accepted)."""
 
 
-def _check_compatible(saved: Any, current: Any, where: str, path: str = "") -> None:
-    """The saved optimizer scalars describe the same kind of state as this run's (same optimizer
-    kind, LoGRA rank, seed, distribution and fp32 masters or none) — checked before anything is
-    read into the model."""
+def _saved_setting(config: Optional[Mapping], dotted: str) -> Any:
+    """``config`` (meta.json's ``config``) at the dotted path, or None."""
+    node: Any = config
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def _identity_error(where: str, key: str, saved: Any, here: Any, config: Optional[Mapping]) -> CheckpointError:
+    """The mismatch of identity scalar ``key`` as a :class:`CheckpointError` naming the config field(s) that
+    decide it, the checkpoint's value and this run's, and the two ways on."""
+    new_run = "or start a new run directory (train.run_dir) to train with this run's settings"
+    if key == "masters":
+        dtype, masters = _saved_setting(config, "model.params_dtype"), _saved_setting(config, "optimizer.logra.masters")
+        recorded = ", ".join(f"{f}={v!r}" for f, v in (("model.params_dtype", dtype),
+                                                       ("optimizer.logra.masters", masters)) if v is not None)
+        holds = "holds fp32 master weights" if saved == "fp32" else "holds no fp32 master weights"
+        return CheckpointError(
+            f"{where}: the checkpoint {holds} (masters={saved!r}), this run {'has' if here == 'fp32' else 'has none'} "
+            f"(masters={here!r}); model.params_dtype and optimizer.logra.masters decide it (float32 weights never have "
+            f"masters; 16-bit weights have them with optimizer.logra.masters=fp32): resume with the checkpoint's "
+            f"settings{f' ({recorded})' if recorded else ''}, {new_run}")
+    field = _IDENTITY[key]
+    return CheckpointError(
+        f"{where}: the checkpoint was saved with {field}={_as_override(saved)}, this run has {_as_override(here)}; "
+        f"its optimizer state belongs to that setting: set {field}={_as_override(saved)} (or drop the override) to "
+        f"resume it, {new_run}")
+
+
+def _as_override(value: Any) -> str:
+    """``value`` as written in a ``field=value`` command-line override."""
+    return str(value).lower() if isinstance(value, bool) else "null" if value is None else str(value)
+
+
+def _check_compatible(saved: Any, current: Any, where: str, path: str = "", config: Optional[Mapping] = None) -> None:
+    """The saved optimizer scalars describe the same kind of state as this run's (:data:`_IDENTITY`: same
+    optimizer, LoGRA rank, seed, distribution, algorithm, projection refresh and fp32 masters or none) —
+    checked before anything is read into the model. ``config``: meta.json's ``config``, for the message."""
     if not isinstance(current, dict):
         return
     if not isinstance(saved, dict):
@@ -325,12 +370,11 @@ def _check_compatible(saved: Any, current: Any, where: str, path: str = "") -> N
         if key in _RECORDED_SINCE and key not in saved:
             continue
         if key in _IDENTITY and here is not None and saved.get(key) != here:
-            raise CheckpointError(f"{where}: saved with {name}={saved.get(key)!r}, this run has {here!r} "
-                                  "(different optimizer settings; start a new run directory)")
+            raise _identity_error(where, key, saved.get(key), here, config)
         if isinstance(here, dict):
             if key not in saved:
                 raise CheckpointError(f"{where}: meta.json lacks state '{name}'")
-            _check_compatible(saved[key], here, where, name)
+            _check_compatible(saved[key], here, where, name, config)
 
 
 def _architecture_problems(meta: Mapping[str, Any], model_config: Any) -> list[str]:
@@ -412,7 +456,7 @@ def load_checkpoint(
     saved_state = meta.get("state")
     if (named_slots or current) and isinstance(saved_state, dict) and not saved_state:  # before comparing settings
         raise CheckpointError(f"{path} holds weights only (no optimizer state) and cannot be resumed")
-    _check_compatible(saved_state, current, str(path))
+    _check_compatible(saved_state, current, str(path), config=meta.get("config") if isinstance(meta.get("config"), dict) else None)
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
     try:

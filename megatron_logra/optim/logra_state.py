@@ -4,7 +4,8 @@ What a LoGRA optimizer saves: row moments (row-shaped slots), fp32 masters of lo
 targets (parameter-shaped slots), the native AdamW's state and the step counters. Projections
 are a pure function of ``(seed, name, update index)`` and are regenerated, never stored; a
 checkpoint taken with another rank, seed or distribution is refused because its row moments
-belong to that projection.
+belong to that projection, and one taken with another algorithm or refresh setting because its
+row moments were updated under it (recorded in checkpoints since; older ones are accepted).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class LograStateMixin:
             if t.key in self.masters:
                 slots.append(ParamSlot("logra.master", t.weight, self.masters[t.key]))
         scalars = {"kind": "logra", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
-                   **self._projection_fields(), "native": native_scalars}
+                   **self._projection_fields(), **self._update_fields(), "native": native_scalars}
         return scalars, slots
 
     def _projection_fields(self) -> dict:
@@ -51,24 +52,34 @@ class LograStateMixin:
         return {"rank": self.cfg.rank, "seed": self.cfg.seed, "distribution": self.cfg.distribution,
                 "masters": "fp32" if self.masters else "none"}
 
+    def _update_fields(self) -> dict:
+        """The settings a checkpoint's row moments were updated under, recorded in :meth:`sharded_state`:
+        ``algorithm`` (``sgd`` never updates the row moments while the step counter runs on, so resuming it
+        as ``row_adam`` would bias-correct zero moments as if they held every step) and ``refresh``
+        (which projection the row moments pair with)."""
+        return {"algorithm": self.cfg.algorithm, "refresh": self.cfg.refresh}
+
     def _check_projection(self, saved: dict, fields: tuple[str, ...], what: str) -> None:
         """``ValueError`` naming ``optimizer.logra.<field>`` when ``saved`` records another value of one of
         ``fields`` than this optimizer has; states that lack a field (older ones) pass."""
-        here = self._projection_fields()
+        here = {**self._projection_fields(), **self._update_fields()}
         for field_name in fields:
             value = saved.get(field_name)
             if value is not None and value != here[field_name]:
                 why = ("its fp32 masters are not interchangeable with this run's weights" if field_name == "masters"
+                       else "the row moments were updated under that setting" if field_name in ("algorithm", "refresh")
                        else "the row moments belong to that projection")
                 raise ValueError(f"{what} was trained with optimizer.logra.{field_name}={value!r}, this run has "
                                  f"{here[field_name]!r}; {why}: set optimizer.logra.{field_name}={value!r} "
                                  f"to resume it")
 
     def load_sharded_state(self, scalars: dict, slots: list[ParamSlot]) -> None:
-        """Restore from :meth:`sharded_state`; refuses another rank, seed or distribution (``ValueError``).
-        (The masters setting is checked with the checkpoint's other settings before this is called.)"""
+        """Restore from :meth:`sharded_state`; refuses another rank, seed, distribution, algorithm or refresh
+        setting (``ValueError``; a checkpoint that does not record algorithm / refresh, saved before they were,
+        is accepted). (The masters setting is checked with the checkpoint's other settings before this is
+        called.)"""
         _check_kind(scalars)
-        self._check_projection(scalars, ("rank", "seed", "distribution"), "the checkpoint")
+        self._check_projection(scalars, ("rank", "seed", "distribution", "algorithm", "refresh"), "the checkpoint")
         self.native.load_sharded_state(scalars["native"], [s for s in slots if s.name.startswith("native.")])
         self._restore_counters(scalars)
 

@@ -132,13 +132,72 @@ def test_resuming_with_or_without_fp32_masters_against_the_checkpoint_is_refused
     saved = {"kind": "logra", "rank": 8, "seed": 1, "distribution": "rademacher", "masters": "none",
              "native": {"step": 3, "lr": 1e-3}}
     here = dict(saved, masters="fp32")
-    with pytest.raises(CheckpointError, match=r"saved with masters='none', this run has 'fp32'"):
-        _check_compatible(saved, here, "ckpt")
+    config = {"model": {"params_dtype": "float32"}, "optimizer": {"logra": {"masters": "fp32"}}}
+    with pytest.raises(CheckpointError) as info:
+        _check_compatible(saved, here, "ckpt", config=config)
+    assert "holds no fp32 master weights (masters='none'), this run has (masters='fp32')" in str(info.value)
+    assert "model.params_dtype and optimizer.logra.masters decide it" in str(info.value)
+    assert "(model.params_dtype='float32', optimizer.logra.masters='fp32')" in str(info.value)
     _check_compatible(saved, dict(saved), "ckpt")
     older = {k: v for k, v in saved.items() if k != "masters"}  # recorded only since this check exists
     _check_compatible(older, here, "ckpt")
-    with pytest.raises(CheckpointError, match=r"saved with rank=8, this run has 16"):
+    with pytest.raises(CheckpointError, match=r"saved with optimizer\.logra\.rank=8, this run has 16; .*"
+                                              r"set optimizer\.logra\.rank=8 \(or drop the override\) to resume it, "
+                                              r"or start a new run directory"):
         _check_compatible(older, dict(here, rank=16), "ckpt")
+
+
+@pytest.mark.parametrize("key, saved_value, here_value, shown", [
+    ("rank", 32, 16, "optimizer.logra.rank=32, this run has 16"),
+    ("seed", 1, 2, "optimizer.logra.seed=1, this run has 2"),
+    ("distribution", "rademacher", "gaussian", "optimizer.logra.distribution=rademacher, this run has gaussian"),
+    ("algorithm", "sgd", "row_adam", "optimizer.logra.algorithm=sgd, this run has row_adam"),
+    ("refresh", False, True, "optimizer.logra.refresh=false, this run has true"),
+    ("kind", "adam", "logra", "optimizer.name=adam, this run has logra"),
+])
+def test_resume_mismatches_name_the_config_field_in_either_job(key, saved_value, here_value, shown):
+    """The LM job saves the optimizer scalars at the top level, the RL job under ``optimizer``: both name the
+    config field (not the scalar's path) and say how to resume or start over."""
+    from megatron_logra.checkpoint.store import _check_compatible
+
+    saved = {"kind": "logra", "rank": 8, "seed": 1, "distribution": "rademacher", "algorithm": "row_adam",
+             "refresh": True, "masters": "none", key: saved_value}
+    here = dict(saved, **{key: here_value})
+    for wrap in (lambda d: d, lambda d: {"optimizer": d, "kl": {}, "rl": {}}):
+        with pytest.raises(CheckpointError) as info:
+            _check_compatible(wrap(saved), wrap(here), "ckpt")
+        message = str(info.value)
+        assert f"saved with {shown};" in message and "optimizer.optimizer" not in message, message
+        assert "or start a new run directory" in message, message
+
+
+@pytest.mark.parametrize("field, saved_value, here_value", [("algorithm", "sgd", "row_adam"), ("refresh", False, True)])
+def test_resuming_with_another_logra_algorithm_or_refresh_is_refused(groups, tmp_path, field, saved_value, here_value):
+    """``optimizer.logra.algorithm`` / ``refresh`` are recorded in the checkpoint and a change is refused before
+    anything is loaded; a checkpoint saved before they were recorded still loads."""
+    run = tmp_path / "run"
+    model = _model(groups, seed=3)
+    saving = build_optimizer(model, OptimizerConfig(logra=LograConfig(rank=4, **{field: saved_value})), groups)
+    ckpt = save_checkpoint(run, 1, model, saving, groups)
+    state = json.loads((ckpt / "meta.json").read_text())["state"]
+    assert state[field] == saved_value
+    fresh = _model(groups, seed=11)
+    before = {k: v.clone() for k, v in fresh.state_dict().items() if isinstance(v, torch.Tensor)}
+    resumed = build_optimizer(fresh, OptimizerConfig(logra=LograConfig(rank=4, **{field: here_value})), groups)
+    with pytest.raises(CheckpointError, match=rf"saved with optimizer\.logra\.{field}={str(saved_value).lower()}, "
+                                              rf"this run has {str(here_value).lower()}"):
+        load_checkpoint(ckpt, fresh, resumed, groups)
+    assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items() if k in before)
+
+    meta = json.loads((ckpt / "meta.json").read_text())  # as written before algorithm / refresh were recorded
+    for key in ("algorithm", "refresh"):
+        del meta["state"][key]
+    from megatron_logra.checkpoint.integrity import meta_crc32
+
+    meta["meta_crc32"] = meta_crc32(meta)
+    (ckpt / "meta.json").write_text(json.dumps(meta, indent=1))
+    load_checkpoint(ckpt, fresh, resumed, groups)
+    assert resumed.num_steps == 0
 
 
 @pytest.mark.parametrize("name", ["logra", "adam"])
