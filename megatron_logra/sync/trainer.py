@@ -150,7 +150,7 @@ def merge_deltas(parts: Sequence[SketchDelta]) -> SketchDelta:
         raise ValueError("no parts to merge")
     first = parts[0]
     key = lambda d: (d.base_version, d.new_version, d.seed, d.update_index, d.rank, d.distribution, d.decay,  # noqa: E731
-                     d.rounding)
+                     d.step, d.rounding)
     targets: list[TargetFactor] = []
     dense: dict[str, torch.Tensor] = {}
     attention = None
@@ -167,7 +167,7 @@ def merge_deltas(parts: Sequence[SketchDelta]) -> SketchDelta:
     if len(set(names)) != len(names):
         raise ValueError("a target appears in two parts")
     merged = SketchDelta(first.base_version, first.new_version, first.seed, first.update_index, first.rank,
-                         first.distribution, targets, dense, decay=first.decay, rounding=first.rounding,
+                         first.distribution, targets, dense, decay=first.decay, step=first.step, rounding=first.rounding,
                          attention=attention)
     merged.check_structure()
     return merged

@@ -209,8 +209,11 @@ def test_merge_deltas_joins_stage_parts():
     second = type(whole)(**{**whole.__dict__, "targets": whole.targets[4:]})
     merged = merge_deltas([first, second])
     assert [t.name for t in merged.targets] == [t.name for t in whole.targets]
+    assert merged.header() == whole.header()  # every header field survives, the noise-keying step included
     with pytest.raises(ValueError, match="appears in two parts"):
         merge_deltas([first, first])
+    with pytest.raises(ValueError):
+        merge_deltas([first, type(whole)(**{**second.__dict__, "step": whole.step + 1})])
 
 
 def test_fp32_masters_mirror_the_engine_and_reanchor():
