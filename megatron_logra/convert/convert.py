@@ -23,8 +23,9 @@ parameter, e.g. ``[2·ffn, hidden]`` for ``linear_fc1`` or ``[padded vocab, hidd
 embeddings), independent of the number and size of the HF shards; mcore -> HF likewise holds one
 full parameter plus one rank's shard. A trainer checkpoint (layers stacked along a leading axis) is
 read one layer slice of one key at a time, only that slice's stored chunks, so every stored byte is
-read once whatever the number of layers (``tests/unit/test_convert_trainer_reads.py`` counts them). ``tests/unit/test_convert.py`` measures the peak RSS growth of
-both directions on a 154 MiB checkpoint. Inputs are processed in storage order (HF: shard, then
+read once whatever the number of layers (``tests/unit/test_convert_trainer_reads.py`` counts them).
+``test_conversion_streams_one_parameter_at_a_time`` (``tests/unit/test_convert.py``) checks the live
+tensor bytes of both directions; ``benchmarks/convert_memory.py`` prints their peak RSS. Inputs are processed in storage order (HF: shard, then
 offset), so disks read sequentially.
 
 Outputs are built in a sibling ``.NAME.partial`` directory and renamed onto ``out_dir`` at the
