@@ -66,9 +66,11 @@ def write_synced(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Union[str, Path], text: str) -> None:
     """Replace ``path`` by a file holding ``text``, durably: write a synced temp file, rename, sync
-    the directory."""
+    the directory. A crash or a full disk at any moment leaves the old file or the new one, never a
+    partial one (``config.yaml``, ``summary.json``, ``checkpoints/latest``)."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     write_synced(tmp, text)
     os.replace(tmp, path)
