@@ -260,28 +260,29 @@ def _check_resumed_architecture(parser: argparse.ArgumentParser, cfg) -> None:
 
 def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[str], *,
                     progress: Optional[bool] = None):
-    """The config saved in ``RUN_DIR/config.yaml``, set to resume from its latest checkpoint, with
+    """The config saved in ``RUN_DIR/config.yaml`` (checked against the latest checkpoint's copy:
+    :func:`~megatron_logra.checkpoint.run_dir.resume_config`), set to resume from its latest checkpoint, with
     ``overrides`` (e.g. more steps, another parallel layout) applied on top. Bad input is a ``ValueError``
     naming it (the caller reports it with :func:`_user_error`)."""
     from pathlib import Path
 
     from megatron_logra.checkpoint import latest_checkpoint
+    from megatron_logra.checkpoint.run_dir import resume_config
     from megatron_logra.config import RunConfig, from_dict
     from megatron_logra.overrides import apply_overrides
 
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.yaml"
-    if not cfg_path.exists():
+    has_checkpoint = latest_checkpoint(run_dir) is not None
+    if not cfg_path.exists() and not has_checkpoint:
         raise ValueError(f"{cfg_path} does not exist: is {run_dir} a run directory?")
-    if latest_checkpoint(run_dir) is None:
+    if not has_checkpoint:
         raise ValueError(f"{run_dir} has no checkpoint (no complete checkpoints/latest) to continue from or evaluate")
     if overrides and not overrides[0].startswith("-") and "=" not in overrides[0]:
         raise ValueError(f"--resume {run_dir} takes its recipe from {cfg_path}; drop {overrides[0]!r} or start a "
                          f"new run")
-    from megatron_logra.yaml_unique import safe_load_unique
-
-    try:
-        cfg = from_dict(RunConfig, safe_load_unique(cfg_path.read_text()))
+    try:  # config.yaml, or the latest checkpoint's copy when config.yaml is missing or cut short
+        cfg = from_dict(RunConfig, resume_config(run_dir))
     except (ValueError, yaml.YAMLError) as exc:
         raise ValueError(f"{cfg_path}: {exc}") from exc
     cfg.train.run_dir, cfg.train.resume = str(run_dir), True

@@ -30,12 +30,14 @@ class DistTensors:
     def __init__(self, path: Path):
         from torch.distributed.checkpoint import FileSystemReader
 
+        from megatron_logra.checkpoint.dcp_metadata import read_dcp_metadata
+
         class _Reader(FileSystemReader):  # metadata read once, not on every load
             def read_metadata(self, *args, **kwargs):
                 return metadata
 
         try:
-            metadata = FileSystemReader(str(path)).read_metadata()
+            metadata = read_dcp_metadata(path)  # restricted unpickler: no code runs from a crafted file
         except Exception as exc:
             raise ValueError(f"{path}: unreadable torch.distributed.checkpoint metadata: {exc}") from None
         self.path, self.metadata, self._reader = path, metadata, _Reader(str(path))

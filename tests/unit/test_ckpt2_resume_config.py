@@ -94,3 +94,15 @@ def test_no_checkpoint_and_no_usable_config_yaml_is_an_error(tmp_path):
         resume_config(tmp_path)
     atomic_write_text(tmp_path / "config.yaml", yaml.safe_dump(RUN_CONFIG))
     assert resume_config(tmp_path) == RUN_CONFIG
+
+
+def test_the_command_line_resumes_with_the_checkpoints_config_when_config_yaml_is_cut_short(run, capsys):
+    """``megatron-logra config --resume RUN``: what ``train --resume RUN`` would run with."""
+    from megatron_logra.cli import main
+
+    path = run / "config.yaml"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[: lines.index("kl:\n")]))
+    assert main(["config", "--resume", str(run)]) == 0
+    kl = yaml.safe_load(capsys.readouterr().out)["kl"]
+    assert (kl["mode"], kl["budget_start"], kl["horizon"]) == ("calibrated", 0.002, 60)
