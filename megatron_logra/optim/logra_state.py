@@ -21,11 +21,12 @@ class LograStateMixin:
 
     def state_dict(self) -> dict:
         """Everything needed to resume; projections are regenerated, never stored. ``settings`` records
-        the rank, seed, distribution and masters setting (:meth:`_projection_fields`) the row moments
-        and masters belong to, which :meth:`load_state_dict` checks."""
+        the rank, seed, distribution and masters setting (:meth:`_projection_fields`) and the algorithm
+        and refresh setting (:meth:`_update_fields`) the row moments and masters belong to, which
+        :meth:`load_state_dict` checks."""
         return {
             "kind": "logra",
-            "settings": self._projection_fields(),
+            "settings": {**self._projection_fields(), **self._update_fields()},
             "num_steps": self.num_steps,
             "num_skipped": self.num_skipped,
             "row_moments": {k: v.clone() for k, v in self.row_moments.items()},
@@ -85,12 +86,12 @@ class LograStateMixin:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore from :meth:`state_dict`. Refuses (``ValueError`` naming the field) a state saved with
-        another ``optimizer.logra`` rank, seed, distribution or masters setting; a state that does not
-        record them (saved before they were) is accepted. Row moments and masters must match in keys
+        another ``optimizer.logra`` rank, seed, distribution, masters, algorithm or refresh setting; a
+        state that does not record them (saved before they were) is accepted. Row moments and masters must match in keys
         and shapes."""
         _check_kind(state)
-        self._check_projection(state.get("settings", {}), ("rank", "seed", "distribution", "masters"),
-                               "the optimizer state")
+        self._check_projection(state.get("settings", {}),
+                               ("rank", "seed", "distribution", "masters", "algorithm", "refresh"), "the optimizer state")
         missing = sorted(set(self.row_moments) - set(state["row_moments"]))
         if missing:
             raise ValueError(f"optimizer state lacks row moments for targets {missing[:4]}{'...' if len(missing) > 4 else ''}")

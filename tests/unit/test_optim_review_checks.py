@@ -87,12 +87,15 @@ def _trained_state(**kw) -> dict:
 
 def test_state_dict_records_the_projection_settings():
     state = _trained_state(rank=4, seed=1)  # fp32 weights: no masters to keep, whatever logra.masters says
-    assert state["settings"] == {"rank": 4, "seed": 1, "distribution": "rademacher", "masters": "none"}
+    assert state["settings"] == {"rank": 4, "seed": 1, "distribution": "rademacher", "masters": "none",
+                                 "algorithm": "row_adam", "refresh": True}
 
 
 @pytest.mark.parametrize("field, here, saved", [
     ("rank", dict(rank=8, seed=1), "4"), ("seed", dict(rank=4, seed=99), "1"),
     ("distribution", dict(rank=4, seed=1, distribution="gaussian"), "'rademacher'"),
+    ("algorithm", dict(rank=4, seed=1, algorithm="sgd"), "'row_adam'"),
+    ("refresh", dict(rank=4, seed=1, refresh=False), "True"),
 ])
 def test_load_state_dict_refuses_another_projection(field, here, saved):
     state = _trained_state(rank=4, seed=1)
