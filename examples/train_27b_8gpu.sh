@@ -17,8 +17,10 @@
 #             sequence parallelism; the KL probe runs by finite differences, kl.probe=auto)
 #   FP8       hybrid or e4m3 FP8 training GEMMs (H100 / H200); TE only: FP8 alone selects
 #             IMPL=transformer_engine, FP8 with IMPL=local is refused
-# Check the plan first:
-#   megatron-logra memory --model "$HF_PATH/config.json" --tp 8 --rank 128 --recompute full --compare
+# Check the plan first (the recipe's micro-batch, engine share and frozen non-targets on 80 GB GPUs; the
+# run's own preflight plans the same):
+#   megatron-logra memory --model "$HF_PATH/config.json" --tp 8 --gpus 8 --micro-batch 2 --seq-len 4096 \
+#     --rank 128 --recompute full --engine-fraction 0.3 --gpu-memory 81559MiB --freeze-native --compare
 set -euo pipefail
 : "${HF_PATH:?set HF_PATH to a local Hugging Face checkpoint directory}"
 GPUS="${GPUS:-8}"

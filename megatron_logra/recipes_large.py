@@ -6,11 +6,12 @@ fields replace the preset's; without one the run starts from random weights and 
 warm start at these sizes). Layouts: 1.5B at TP 1 with micro-batch 4 (one GPU, or DP = GPUs), 7B at
 TP 4 with micro-batch 4 (docs/memory.md's TP), 27B at TP 8 with micro-batch 2 (docs/memory.md's
 layout); full activation recompute, LoGRA rank 128 with fp32 masters, sequence length 4096. Each fits
-its own memory preflight (``train.memory_check``, which plans micro-batch × ``model.seq_length``) on
-80 GB GPUs with the engine's 30%: 1.5B +22.5% headroom (61.72 GiB of 79.65 GiB; at micro-batch 8 it
-would be OOM by 6.3%), 7B (TP4 × DP2) +33.1%, 27B +27.9% -- what ``megatron-logra memory --model
-qwen2.5-1.5b --tp 1 --gpus 1 --micro-batch 4 --seq-len 4096 --rank 128 --recompute full
---engine-fraction 0.3 --gpu-memory 81559MiB --optimizer logra`` (and the same for the others) prints.
+its own memory preflight (``train.memory_check``, which plans micro-batch × ``model.seq_length`` and
+the frozen non-targets) on 80 GB GPUs with the engine's 30%: 1.5B +26.9% headroom (58.24 GiB of
+79.65 GiB; at micro-batch 8 it would be OOM by 1.9%), 7B (TP4 × DP2) +38.2%, 27B +31.2% -- what
+``megatron-logra memory --model qwen2.5-1.5b --tp 1 --gpus 1 --micro-batch 4 --seq-len 4096 --rank 128
+--recompute full --engine-fraction 0.3 --gpu-memory 81559MiB --optimizer logra --freeze-native`` prints
+(7B: ``--model qwen2.5-7b --tp 4 --gpus 8``; 27B: ``--model 27b --tp 8 --gpus 8 --micro-batch 2``).
 Rollouts come from SGLang (``rl.rollout.engine=sglang``: an in-process
 ``sglang.Engine`` per DP replica on the replica's GPUs with 30% of their memory, or
 ``--rl.rollout.sglang_url`` for a running server), kept in sync by sketch deltas.

@@ -5,7 +5,8 @@ Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Mode
 16-bit activations, ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` under tensor parallelism without
 sequence parallelism, and ``2·s·b·h`` per layer with full recompute. Here, with ``T = b·s``
 tokens per micro-batch, ``B`` bytes per activation element (2 for 16-bit parameters),
-``q = a·d`` query width, ``kv = g·d`` key/value width, ``f`` the MLP width, ``t`` TP,
+``q = a·d`` query width, ``kv = g·d`` key/value width (``d`` the head dimension,
+``model.kv_channels`` when set, as Qwen3's ``head_dim``, else ``h/a``), ``f`` the MLP width, ``t`` TP,
 ``r`` the LoGRA rank (0 for dense AdamW), and megatron-core's local spec (what
 ``build_gpt`` builds), the saved tensors of one layer are:
 
@@ -18,7 +19,8 @@ tokens per micro-batch, ``B`` bytes per activation element (2 for 16-bit paramet
 * MLP: ``5·B·T·f/t`` (SwiGLU, megatron-core >= 0.16.1: ``silu(x_glu) * (x_linear + glu_linear_offset)``
   saves the ``2f``-wide fc1 output, the silu output, the offset sum ``x_linear + offset`` and the
   product; measured with ``saved_tensors_hooks`` on megatron's MLP) or ``2·B·T·f/t`` (GELU);
-* LoGRA capture: ``4·B·T·r`` — ``P = X·Aᵀ`` (``[T, r]``) of the four targets, also on row-parallel ranks;
+* LoGRA capture: ``n·B·T·r`` — ``P = X·Aᵀ`` (``[T, r]``) of the ``n`` target linears of a layer (4 by
+  default), also on row-parallel ranks; an ``output_layer`` target adds ``B·T·r`` once on the last stage;
 * dropout masks, only when the probability is > 0: ``2·T·h`` (+ ``a·T·s/t`` for attention dropout).
 
 For the GELU GPT with dropout (f = 4h, q = h) the dense total is Korthikanti's
@@ -74,7 +76,7 @@ class LayerActivations:
     mlp: int
     """fc1 output, activation, offset sum and gated product (SwiGLU) or activation input/output (GELU)."""
     capture: int
-    """LoGRA's ``P = X·Aᵀ`` of the four targets (0 for dense AdamW)."""
+    """LoGRA's ``P = X·Aᵀ`` of the layer's target linears (0 for dense AdamW)."""
     dropout_masks: int
     """1-byte dropout masks (0 when dropout is off)."""
 
@@ -95,7 +97,7 @@ def layer_activations(model: ModelConfig, *, tp: int, micro_batch: int, seq_len:
     B, t, s, h = _element_bytes(model), tp, seq_len, model.hidden_size
     T = micro_batch * s
     a = model.num_attention_heads
-    d = h // a
+    d = model.head_dim  # kv_channels when set (Qwen3's head_dim), else h / a
     q, kv = a * d, (model.num_query_groups or a) * d
     f = model.ffn_hidden_size
     masks = 2 * T * h if model.hidden_dropout > 0 else 0
@@ -120,8 +122,9 @@ def activation_bytes(model: ModelConfig, counts: ParamCounts, *, tp: int, pp: in
     """Saved activations of the pipeline stage ``counts.stage`` on one rank (bytes)."""
     if recompute not in ("none", "full"):
         raise ValueError(f"recompute={recompute!r}: choose none or full")
+    layer_targets = [t for t in counts.targets if t.kind != "output_layer"]
     layer = layer_activations(model, tp=tp, micro_batch=micro_batch, seq_len=seq_len, attention=attention,
-                              rank=rank, num_targets=len(counts.targets))
+                              rank=rank, num_targets=len(layer_targets))
     B, T, h = _element_bytes(model), micro_batch * seq_len, model.hidden_size
     in_flight = pp - counts.stage
     if recompute == "full":
@@ -133,6 +136,8 @@ def activation_bytes(model: ModelConfig, counts: ParamCounts, *, tp: int, pp: in
         stored += (B + (B + 4)) * model.num_attention_heads * T * seq_len // tp
     if counts.stage == pp - 1:
         stored += 2 * B * T * h
+        if len(layer_targets) < len(counts.targets):  # an output_layer target's capture
+            stored += B * T * rank
     return stored
 
 

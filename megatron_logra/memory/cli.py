@@ -5,13 +5,17 @@
     megatron-logra memory --model qwen2.5-7b --tp 4 --dp 2 --compare
     megatron-logra memory --model path/to/config.json --tp auto --gpus 8 --compare
     megatron-logra memory --model qwen2.5-1.5b,qwen2.5-7b,27b --tp auto --gpus 8 \\
-        --gpu-memory 80GiB,140GiB --compare --markdown        # the table of docs/memory.md
+        --gpu-memory 81559MiB,143771MiB --compare --rank 128 --recompute full \\
+        --engine-fraction 0.3 --markdown                      # the node table of docs/memory.md
 
 ``--model`` takes presets (qwen2.5-1.5b, qwen2.5-7b, 27b) or paths to a Hugging Face
 ``config.json``; ``--gpu-memory`` sizes with a unit, like 80GiB, 141GB, 81559MiB (comma lists plan every
 combination). ``--tp auto`` takes the largest TP size <= GPUs / PP that shards the model;
-with ``--gpus`` the DP size is GPUs / (TP x PP). ``--strict`` exits with status 2 if any
-planned configuration does not fit.
+with ``--gpus`` the DP size is GPUs / (TP x PP). The defaults plan what ``megatron-logra train``
+runs: AdamW states whole on every DP rank (``--distributed-optimizer`` plans Megatron-LM's
+sharded optimizer instead), trained non-targets whose AdamW step a KL controller scales
+(``--freeze-native``: ``optimizer.native.freeze=true``; ``--no-kl-control``: ``kl.mode=none``).
+``--strict`` exits with status 2 if any planned configuration does not fit.
 """
 
 from __future__ import annotations
@@ -51,8 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-fraction", type=float, default=0.0,
                    help="GPU fraction of a colocated rollout engine (SGLang mem_fraction_static); default 0")
     p.add_argument("--overhead", default="2GiB", help="CUDA context / NCCL / fragmentation per GPU (default 2GiB)")
+    p.add_argument("--distributed-optimizer", action="store_true",
+                   help="plan Megatron-LM's distributed optimizer (AdamW masters and moments sharded over DP, fused "
+                        "Adam); this trainer does not implement it and keeps the states whole (the default)")
     p.add_argument("--no-distributed-optimizer", action="store_true",
-                   help="do not shard AdamW masters and moments over DP")
+                   help="keep AdamW masters and moments whole on every DP rank, as this trainer does (the default)")
+    p.add_argument("--targets", default=None,
+                   help="LoGRA target layers, comma-separated, as optimizer.logra.targets (default: linear_qkv, "
+                        "linear_proj, linear_fc1, linear_fc2; HF aliases and output_layer are accepted)")
+    p.add_argument("--freeze-native", action="store_true",
+                   help="LoGRA: non-target parameters frozen (optimizer.native.freeze=true): no grads, masters "
+                        "or AdamW state for them")
+    p.add_argument("--no-kl-control", action="store_true",
+                   help="LoGRA: the native AdamW step is not scaled by a KL controller (kl.mode=none or "
+                        "logra.scale_native=false): no copy of the non-target masters during the step")
     p.add_argument("--no-cache-projections", action="store_true", help="LoGRA regenerates projections (no cache)")
     p.add_argument("--reference-model", action="store_true",
                    help="a frozen reference model for a KL penalty (rl.loss.kl_coef > 0): its weights once more")
@@ -82,6 +98,23 @@ def _plans(args: argparse.Namespace):
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ValueError(f"{option}={value} must be an integer >= 1")
+    if args.tp != "auto":
+        try:
+            tp_fixed = int(args.tp)
+        except ValueError:
+            raise ValueError(f"tp={args.tp!r}: give an integer >= 1 or auto") from None
+        if tp_fixed < 1:
+            raise ValueError(f"tp={tp_fixed} must be an integer >= 1 (or auto)")
+    if args.distributed_optimizer and args.no_distributed_optimizer:
+        raise ValueError("--distributed-optimizer and --no-distributed-optimizer contradict each other: give one")
+    if args.freeze_native and args.optimizer == "adam" and not args.compare:
+        raise ValueError("--freeze-native applies to LoGRA's non-target parameters; dense AdamW "
+                         "(--optimizer adam) trains every parameter")
+    targets = None
+    if args.targets is not None:
+        targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+        if not targets:
+            raise ValueError(f"--targets {args.targets!r}: name at least one target layer (e.g. linear_qkv)")
     gpus_texts = [t.strip() for t in args.gpu_memory.split(",") if t.strip()]
     if not gpus_texts:
         raise ValueError(f"--gpu-memory {args.gpu_memory!r}: give a size such as 80GiB (comma list allowed)")
@@ -97,10 +130,7 @@ def _plans(args: argparse.Namespace):
             per_stage = (args.gpus or 8) // args.pp
             tp = auto_tp(model, per_stage, per_stage if args.gpus is not None else None)
         else:
-            try:
-                tp = int(args.tp)
-            except ValueError:
-                raise ValueError(f"tp={args.tp!r}: give an integer or auto") from None
+            tp = tp_fixed
         if args.gpus is not None:
             if args.gpus % (tp * args.pp):
                 raise ValueError(f"gpus={args.gpus} must be a multiple of tp x pp = {tp * args.pp}")
@@ -114,11 +144,14 @@ def _plans(args: argparse.Namespace):
                 tp=tp, pp=args.pp, dp=dp, optimizer=args.optimizer, rank=args.rank, masters=args.masters,
                 micro_batch=args.micro_batch, seq_len=args.seq_len, recompute=args.recompute,
                 gpu_memory_bytes=gpu_bytes[gtext], engine_fraction=args.engine_fraction,
-                distributed_optimizer=not args.no_distributed_optimizer, attention=args.attention,
+                distributed_optimizer=args.distributed_optimizer, attention=args.attention,
                 cache_projections=not args.no_cache_projections, logprob_chunk_tokens=args.logprob_chunk_tokens,
                 reference_model=args.reference_model, overhead_bytes=overhead_bytes,
+                freeze_native=args.freeze_native and args.optimizer == "logra",
+                scaled_native_step=not args.no_kl_control, **({"targets": targets} if targets else {}),
             )
-            configs = [replace(base, optimizer="adam"), replace(base, optimizer="logra")] if args.compare else [base]
+            logra = replace(base, optimizer="logra", freeze_native=args.freeze_native)
+            configs = [replace(base, optimizer="adam", freeze_native=False), logra] if args.compare else [base]
             scenarios.append(Scenario(model_name=name, gpu_text=gtext, plans=tuple(plan(model, c) for c in configs)))
     return scenarios
 

@@ -28,12 +28,37 @@ from megatron_logra.models.gpt import ModelConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ParamCounts", "TargetShape", "count_params", "TARGET_KINDS", "COLUMN_PARALLEL_TARGETS"]
+__all__ = ["ParamCounts", "TargetShape", "count_params", "resolve_targets", "TARGET_KINDS", "PLANNABLE_TARGETS",
+           "COLUMN_PARALLEL_TARGETS"]
 
 TARGET_KINDS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 """LoGRA's default target linears (megatron-core names)."""
-COLUMN_PARALLEL_TARGETS = ("linear_qkv", "linear_fc1")
+PLANNABLE_TARGETS = TARGET_KINDS + ("output_layer",)
+"""Target kinds the planner models: the four layer linears and the (untied) output layer."""
+COLUMN_PARALLEL_TARGETS = ("linear_qkv", "linear_fc1", "output_layer")
 """Targets whose output rows are split over TP (the others split their input columns)."""
+
+
+def resolve_targets(names) -> tuple[str, ...]:
+    """The target kinds (in :data:`PLANNABLE_TARGETS` order) that ``optimizer.logra.targets`` names select:
+    megatron kinds, their HF / SGLang aliases (``sketch.naming.TARGET_ALIASES``: ``q_proj`` selects
+    ``linear_qkv``, ...) and ``output_layer``. ``ValueError`` naming ``targets`` for an empty list or a
+    name the planner cannot map to a module of megatron's GPT."""
+    from megatron_logra.sketch.naming import TARGET_ALIASES
+
+    if isinstance(names, str):
+        names = [names]
+    names = list(names)
+    if not names:
+        raise ValueError("targets is empty; name at least one target layer (e.g. linear_qkv)")
+    kinds = set()
+    for name in names:
+        kind = "output_layer" if name == "output_layer" else TARGET_ALIASES.get(name)
+        if kind is None:
+            raise ValueError(f"targets: {name!r} is not a target the planner models; choose from "
+                             f"{sorted(set(TARGET_ALIASES) | {'output_layer'})} (optimizer.logra.targets)")
+        kinds.add(kind)
+    return tuple(k for k in PLANNABLE_TARGETS if k in kinds)
 
 _FACTORY_NAMES = frozenset({
     "empty", "zeros", "ones", "full", "rand", "randn", "randint", "arange", "tensor", "as_tensor", "eye",
@@ -46,7 +71,7 @@ class TargetShape:
     """One LoGRA target kind on one rank: the local weight shape and how many layers hold it."""
 
     kind: str
-    """megatron-core module name: linear_qkv, linear_proj, linear_fc1 or linear_fc2."""
+    """megatron-core module name: linear_qkv, linear_proj, linear_fc1, linear_fc2 or output_layer."""
     n_out: int
     """Output rows held by this rank (= sketch and row-moment rows)."""
     n_in: int
@@ -92,6 +117,9 @@ class ParamCounts:
     largest_full_bytes: int = 0
     """Bytes of this stage's largest parameter at full (TP-unsharded) size in its dtype: what the
     streamed dense refit (``rl.weights.iter_full_params``) materialises one at a time."""
+    largest_native: int = 0
+    """Elements of this rank's largest non-target parameter (local shard): the largest gradient of
+    LoGRA's native AdamW."""
     by_name: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
     """Per-parameter counts of this rank (local names), for inspection."""
 
@@ -117,6 +145,11 @@ class ParamCounts:
     def largest_target(self) -> int:
         """Elements of the largest single target weight of this rank."""
         return max((t.n_out * t.n_in for t in self.targets), default=0)
+
+    @property
+    def largest_param(self) -> int:
+        """Elements of this rank's largest parameter (local shard), target or not."""
+        return max(self.largest_native, self.largest_target)
 
     @property
     def native(self) -> int:
@@ -218,8 +251,11 @@ def _local_shape(name: str, p: torch.Tensor, tp: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def count_params(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, stage: int = 0) -> ParamCounts:
-    """Exact parameter counts of one rank of ``cfg`` at the given TP size and PP stage."""
+def count_params(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, stage: int = 0,
+                 targets=TARGET_KINDS) -> ParamCounts:
+    """Exact parameter counts of one rank of ``cfg`` at the given TP size and PP stage, with the weights
+    of the target kinds ``targets`` (names as ``optimizer.logra.targets``: :func:`resolve_targets`) as
+    LoGRA targets and every other parameter as a non-target."""
     if tp < 1:
         raise ValueError(f"tp={tp} must be >= 1")
     if pp < 1:
@@ -228,38 +264,40 @@ def count_params(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, stage: int = 0) 
         raise ValueError(f"stage={stage} must lie in [0, pp={pp})")
     if cfg.num_layers % pp:
         raise ValueError(f"pp={pp} must divide model.num_layers={cfg.num_layers} (uneven stages are not modelled)")
+    kinds = resolve_targets(targets)
     key = tuple(sorted(asdict(cfg).items()))
-    return _count_cached(key, tp, pp, stage)
+    return _count_cached(key, tp, pp, stage, kinds)
 
 
 @lru_cache(maxsize=64)
-def _count_cached(key: tuple, tp: int, pp: int, stage: int) -> ParamCounts:
+def _count_cached(key: tuple, tp: int, pp: int, stage: int, kinds: tuple[str, ...] = TARGET_KINDS) -> ParamCounts:
     cfg = ModelConfig(**dict(key))
     model = _build_meta_stage(cfg, tp, pp, stage)
     by_name: dict[str, int] = {}
     shapes: dict[str, list] = {}
-    total = weight_bytes = low = fp32 = emb = out = largest_full = 0
+    total = weight_bytes = low = fp32 = emb = out = largest_full = largest_native = 0
     for name, p in model.named_parameters():
         largest_full = max(largest_full, p.numel() * p.element_size())  # the meta model has full shapes
         n = _local_numel(name, p, tp)
         by_name[name] = n
         total += n
         weight_bytes += n * p.element_size()
-        parts = name.split(".")
-        kind = parts[-2] if len(parts) >= 2 else ""
-        if kind in TARGET_KINDS and parts[-1] == "weight":
-            shapes.setdefault(kind, []).append((_local_shape(name, p, tp), p.dtype != torch.float32))
-            continue
-        if p.dtype == torch.float32:
-            fp32 += n
-        else:
-            low += n
         if name.startswith("embedding.word_embeddings"):
             emb += n
         elif name.startswith("output_layer"):
             out += n
+        parts = name.split(".")
+        kind = parts[-2] if len(parts) >= 2 else ""
+        if kind in kinds and parts[-1] == "weight":
+            shapes.setdefault(kind, []).append((_local_shape(name, p, tp), p.dtype != torch.float32))
+            continue
+        largest_native = max(largest_native, n)
+        if p.dtype == torch.float32:
+            fp32 += n
+        else:
+            low += n
     targets = []
-    for kind in TARGET_KINDS:
+    for kind in kinds:
         entries = shapes.get(kind, [])
         if not entries:
             continue
@@ -272,7 +310,8 @@ def _count_cached(key: tuple, tp: int, pp: int, stage: int) -> ParamCounts:
     counts = ParamCounts(
         tp=tp, pp=pp, stage=stage, num_layers=cfg.num_layers // pp, total=total, weight_bytes=weight_bytes,
         targets=tuple(targets), native_low_precision=low, native_fp32=fp32, embedding=emb, output_layer=out,
-        padded_vocab=cfg.padded_vocab_size(tp), largest_full_bytes=largest_full, by_name=by_name,
+        padded_vocab=cfg.padded_vocab_size(tp), largest_full_bytes=largest_full, largest_native=largest_native,
+        by_name=by_name,
     )
     logger.debug("counted tp=%d pp=%d stage=%d: %d params (%d in targets)", tp, pp, stage, total, counts.target_params)
     return counts

@@ -8,23 +8,37 @@ Persistent state (lives across steps)
   * weights: every parameter in its own dtype (bf16 linears/embeddings, fp32 local-spec norms).
   * dense AdamW (Megatron mixed precision): fp32 grad buffer 4 B for every parameter (never
     sharded; Megatron's distributed optimizer reduce-scatters into the full buffer), fp32
-    master 4 B for every 16-bit parameter, moments 2 x 4 B. ``distributed_optimizer`` shards
-    masters and moments over DP: 2 + 4 + 12/dp B/param (Megatron's table).
-  * LoGRA: targets keep no gradient and no moments; an fp32 master (4 B) per 16-bit target
-    parameter with ``masters="fp32"`` (replicated over DP: never sharded in this project);
-    sketches ``4 r`` B per output row held by the rank (column-parallel targets hold
-    n_out/tp rows, row-parallel ones all n_out rows as TP-partial sums); row moments 4 B per
-    row. Non-target parameters (embedding, output layer, norms, biases) use the dense AdamW
-    accounting above, sharded alike under ``distributed_optimizer``.
+    master 4 B for every 16-bit parameter, moments 2 x 4 B: 18 B/param, the same on every DP
+    rank, as this trainer keeps them. ``distributed_optimizer`` plans Megatron-LM's
+    DistributedOptimizer instead (not implemented by this trainer), which shards masters and
+    moments over DP: 2 + 4 + 12/dp B/param (Megatron's table).
+  * LoGRA: targets (``targets``, default the four layer linears) keep no gradient and no moments;
+    an fp32 master (4 B) per 16-bit target parameter with ``masters="fp32"`` (replicated over DP:
+    never sharded in this project); sketches ``4 r`` B per output row held by the rank
+    (column-parallel targets hold n_out/tp rows, row-parallel ones all n_out rows as TP-partial
+    sums); row moments 4 B per row. Non-target parameters (embedding, output layer, norms,
+    biases) use the dense AdamW accounting above, sharded alike under ``distributed_optimizer``;
+    with ``freeze_native`` (``optimizer.native.freeze``) they have no gradient, master or moments.
 
 Transient state of a step (formulas in :mod:`megatron_logra.memory.activations`)
   * activations: saved activations of the micro-batches in flight.
   * logits (last stage): 16-bit output + its 16-bit gradient ``(2 + 2)·T·V/t``; chunked
     log-prob working set ``8·chunk·V/t`` (unchunked: fp32 copy ``(2 + 4)·T·V/t``, ``8·T·V/t``);
     LM job (``loss="lm"``, megatron's vocab-parallel cross entropy): ``(B + 4)·T·V/t``.
+  * gradient reduction and norm (after backward, before the step; parameters stepped by AdamW,
+    ``N`` of them): at DP > 1 the data-parallel all-reduce copies every fp32 gradient into one
+    flat buffer, ``4·N``; the global grad norm squares each gradient in fp64, ``16`` B per element
+    of the largest one. The larger of the two.
+  * AdamW step: the trainer's ``torch.optim.AdamW`` runs torch's default implementation, which
+    is *foreach* on CUDA; it allocates the square roots of all second moments of a parameter
+    group at once, ``4·N`` (an upper bound when weight decay puts the 1-D parameters in a second
+    group). A scaled native step (LoGRA under a KL step-size controller with
+    ``logra.scale_native``: ``scaled_native_step``) also copies the fp32 masters, ``4·N`` more.
+    With ``distributed_optimizer`` (Megatron's fused Adam on a contiguous buffer) neither the
+    flat copy nor these temporaries exist.
   * LoGRA step: cached projections ``4·r·Σn_in`` (from forward to apply, when
-    ``cache_projections``), directions ``4·r·Σn_out`` and the largest target's fp32 update.
-    Dense AdamW steps in place (fused Adam: no temporaries).
+    ``cache_projections``), directions ``4·r·Σn_out`` and the largest target's fp32 update; the
+    directions stay alive through the native AdamW step that follows the target updates.
 
 Policy sync (after each step; RL only, ``policy_sync``)
   * the dense refit streams one full parameter at a time (``rl.weights``): the TP all-gather
@@ -45,7 +59,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from megatron_logra.memory.activations import activation_bytes, logit_bytes
-from megatron_logra.memory.count import ParamCounts, count_params
+from megatron_logra.memory.count import TARGET_KINDS, ParamCounts, count_params, resolve_targets
 from megatron_logra.memory.units import GiB
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.sync.sglang_payloads import DEFAULT_CHUNK_BYTES
@@ -83,8 +97,16 @@ class PlanConfig:
     """Memory of one GPU."""
     engine_fraction: float = 0.0
     """Fraction of GPU memory held by a colocated rollout engine (SGLang mem_fraction_static); 0 = none."""
-    distributed_optimizer: bool = True
-    """Shard fp32 masters and Adam moments of dense-AdamW parameters over DP (Megatron's DistributedOptimizer)."""
+    distributed_optimizer: bool = False
+    """Plan Megatron-LM's DistributedOptimizer (masters and Adam moments of AdamW parameters sharded over DP,
+    fused Adam, in-place reduce-scatter). This trainer does not implement it: False plans what it runs."""
+    targets: tuple[str, ...] = TARGET_KINDS
+    """LoGRA target layers (``optimizer.logra.targets``: megatron kinds, their HF aliases, output_layer)."""
+    freeze_native: bool = False
+    """LoGRA: non-target parameters are frozen (``optimizer.native.freeze``): no grads, masters or moments."""
+    scaled_native_step: bool = True
+    """LoGRA: a KL step-size controller scales the native AdamW step (RL with ``kl.mode`` other than none
+    and ``logra.scale_native``, the defaults), which copies the fp32 masters during the step."""
     attention: str = "unfused"
     """unfused (megatron's local-spec DotProductAttention, stores s x s scores) or flash (fused kernels)."""
     cache_projections: bool = True
@@ -124,6 +146,10 @@ class PlanConfig:
             raise ValueError(f"logprob_chunk_tokens={self.logprob_chunk_tokens!r} must be an integer >= 0 (0 = unchunked)")
         if self.overhead_bytes < 0:
             raise ValueError(f"overhead_bytes={self.overhead_bytes!r} must be >= 0")
+        self.targets = resolve_targets(self.targets)
+        if self.freeze_native and self.optimizer != "logra":
+            raise ValueError("freeze_native=True applies to LoGRA's non-target parameters; dense AdamW (optimizer=adam) "
+                             "trains every parameter: set freeze_native=False")
 
 
 @dataclass
@@ -158,8 +184,15 @@ class RankMemory:
     """Output logits: 16-bit [T, V/tp] and its gradient, or its fp32 copy when unchunked (last stage only)."""
     logprob_working: int = 0
     """Log-prob / cross-entropy working set: two more fp32 [T, V/tp] (last stage only)."""
+    grad_working: int = 0
+    """Gradient reduction / norm temporaries of the AdamW parameters: the flat DP all-reduce buffer (DP > 1)
+    or the fp64 square of the largest gradient, whichever is larger."""
+    adam_working: int = 0
+    """AdamW step temporaries: foreach sqrt of the second moments (+ a copy of the masters for a scaled step)."""
     step_working: int = 0
-    """Optimizer-step temporaries (LoGRA directions + the largest fp32 update; dense fused Adam: 0)."""
+    """LoGRA step temporaries: directions + the largest target's fp32 update (0 for dense AdamW)."""
+    largest_update: int = 0
+    """The part of ``step_working`` that is one target's fp32 update (freed before the native AdamW step)."""
     sync_working: int = 0
     """Policy-sync temporaries: a streamed dense refit (2 x the largest full parameter + one chunk)."""
     engine: int = 0
@@ -176,9 +209,16 @@ class RankMemory:
         return self.activations + self.logits + self.logprob_working
 
     @property
+    def optimizer_working(self) -> int:
+        """Temporaries after backward: gradient reduction / norm, then the step (LoGRA's directions stay alive
+        through the native AdamW step; the target updates come first and free theirs)."""
+        directions = self.step_working - self.largest_update
+        return max(self.grad_working, directions + max(self.largest_update, self.adam_working))
+
+    @property
     def trainer_peak(self) -> int:
-        """Persistent state + cached projections + the larger of forward/backward and step temporaries."""
-        return self.persistent + self.projection_cache + max(self.forward_backward, self.step_working)
+        """Persistent state + cached projections + the larger of forward/backward and optimizer temporaries."""
+        return self.persistent + self.projection_cache + max(self.forward_backward, self.optimizer_working)
 
     @property
     def sync_peak(self) -> int:
@@ -197,7 +237,8 @@ class RankMemory:
             ("reference model", self.reference),
             ("projection cache", self.projection_cache), ("activations", self.activations),
             ("logits", self.logits), ("log-prob working set", self.logprob_working),
-            ("optimizer-step temporaries", self.step_working), ("policy-sync temporaries", self.sync_working),
+            ("grad reduce / norm temporaries", self.grad_working), ("AdamW step temporaries", self.adam_working),
+            ("LoGRA step temporaries", self.step_working), ("policy-sync temporaries", self.sync_working),
             ("rollout engine", self.engine),
             ("CUDA/NCCL overhead", self.overhead),
         ]
@@ -260,18 +301,23 @@ def check_layout(model: ModelConfig, cfg: PlanConfig) -> None:
         ok_pp = [d for d in range(1, model.num_layers + 1) if model.num_layers % d == 0]
         raise ValueError(f"pp={cfg.pp} must divide model.num_layers={model.num_layers}: choose pp in {ok_pp}")
     if cfg.optimizer == "logra":
-        # full input widths of the targets (as the trainer checks them): linear_qkv and linear_fc1 read h,
-        # linear_proj the attention output a x head_dim (head_dim = kv_channels when set), linear_fc2 the MLP width
-        head_dim = model.kv_channels or model.hidden_size // heads
-        widths = {"linear_qkv": model.hidden_size, "linear_proj": heads * head_dim,
-                  "linear_fc1": model.hidden_size, "linear_fc2": model.ffn_hidden_size}
-        name, min_in = min(widths.items(), key=lambda kv: kv[1])
+        if "output_layer" in cfg.targets and not model.untie_embeddings_and_output_weights:
+            raise ValueError("targets: output_layer is the word embeddings of this model (tied embeddings); a tied "
+                             "output layer cannot be a LoGRA target: untie the embeddings or drop output_layer "
+                             "(optimizer.logra.targets)")
+        # full input widths of the targets (as the trainer checks them): linear_qkv, linear_fc1 and output_layer
+        # read h, linear_proj the attention output a x head_dim (head_dim = kv_channels when set), linear_fc2 the
+        # MLP width
+        widths = {"linear_qkv": model.hidden_size, "linear_proj": heads * model.head_dim,
+                  "linear_fc1": model.hidden_size, "linear_fc2": model.ffn_hidden_size,
+                  "output_layer": model.hidden_size}
+        name, min_in = min(((k, widths[k]) for k in cfg.targets), key=lambda kv: kv[1])
         if cfg.rank > min_in:
             raise ValueError(f"rank={cfg.rank} must be <= the smallest target input width {min_in} ({name})")
 
 
 def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
-    c = count_params(model, tp=cfg.tp, pp=cfg.pp, stage=stage)
+    c = count_params(model, tp=cfg.tp, pp=cfg.pp, stage=stage, targets=cfg.targets)
     shard = cfg.dp if cfg.distributed_optimizer else 1
     r = RankMemory(stage=stage, counts=c, weights=c.weight_bytes, reference=c.weight_bytes if cfg.reference_model else 0)
     target_weight_bytes = sum(t.numel * (2 if t.low_precision else 4) for t in c.targets)
@@ -281,16 +327,28 @@ def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
         r.masters = 4 * low // shard
         r.moments = 8 * c.total // shard
         r.target_persistent = target_weight_bytes + (4 * c.target_params + (4 * c.target_low_precision + 8 * c.target_params) // shard)
+        adam_params, adam_largest, scaled = c.total, c.largest_param, False  # dense steps are never scaled
     else:
         target_masters = 4 * c.target_low_precision if cfg.masters == "fp32" else 0
-        r.grads = 4 * c.native
-        r.masters = target_masters + 4 * c.native_low_precision // shard
-        r.moments = 8 * c.native // shard
+        native, native_low = (0, 0) if cfg.freeze_native else (c.native, c.native_low_precision)
+        r.grads = 4 * native
+        r.masters = target_masters + 4 * native_low // shard
+        r.moments = 8 * native // shard
         r.sketches = 4 * cfg.rank * c.target_rows
         r.row_moments = 4 * c.target_rows
         r.target_persistent = target_weight_bytes + target_masters + r.sketches + r.row_moments
         r.projection_cache = 4 * cfg.rank * c.target_cols if cfg.cache_projections else 0
-        r.step_working = 4 * cfg.rank * c.target_rows + 4 * c.largest_target
+        r.largest_update = 4 * c.largest_target
+        r.step_working = 4 * cfg.rank * c.target_rows + r.largest_update
+        adam_params = native
+        adam_largest = 0 if cfg.freeze_native else c.largest_native
+        scaled = cfg.scaled_native_step
+    if not cfg.distributed_optimizer and adam_params:
+        # the trainer's NativeAdamW (optim/native.py): one flat fp32 copy of all grads for the DP all-reduce,
+        # g.double().pow(2) per gradient for the global norm, torch's foreach AdamW (CUDA default): sqrt of
+        # every second moment; a scaled step keeps a copy of the fp32 masters through it
+        r.grad_working = max(4 * adam_params if cfg.dp > 1 else 0, 16 * adam_largest)
+        r.adam_working = 4 * adam_params + (4 * adam_params if scaled else 0)
     last = stage == cfg.pp - 1
     r.activations = activation_bytes(model, c, tp=cfg.tp, pp=cfg.pp, micro_batch=cfg.micro_batch, seq_len=cfg.seq_len,
                                      recompute=cfg.recompute, attention=cfg.attention,
@@ -309,8 +367,8 @@ def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
 def plan(model: ModelConfig, config: Optional[PlanConfig] = None, **kwargs) -> MemoryPlan:
     """Plan ``model`` under ``config`` (or a ``PlanConfig`` built from ``kwargs``: tp, pp, dp,
     optimizer, rank, masters, micro_batch, seq_len, recompute, gpu_memory_bytes,
-    engine_fraction, distributed_optimizer, attention, cache_projections, logprob_chunk_tokens, loss,
-    policy_sync, reference_model, overhead_bytes)."""
+    engine_fraction, distributed_optimizer, targets, freeze_native, scaled_native_step, attention,
+    cache_projections, logprob_chunk_tokens, loss, policy_sync, reference_model, overhead_bytes)."""
     if config is None:
         config = PlanConfig(**kwargs)
     elif kwargs:
@@ -323,5 +381,7 @@ def plan(model: ModelConfig, config: Optional[PlanConfig] = None, **kwargs) -> M
 
 
 def compare(model: ModelConfig, config: PlanConfig) -> tuple[MemoryPlan, MemoryPlan]:
-    """(dense AdamW plan, LoGRA plan) of the same layout, batch and GPU."""
-    return plan(model, replace(config, optimizer="adam")), plan(model, replace(config, optimizer="logra"))
+    """(dense AdamW plan, LoGRA plan) of the same layout, batch and GPU (dense AdamW trains every parameter:
+    ``freeze_native`` applies to the LoGRA plan only)."""
+    return (plan(model, replace(config, optimizer="adam", freeze_native=False)),
+            plan(model, replace(config, optimizer="logra")))

@@ -18,6 +18,10 @@ What the run's config maps to (see :class:`~megatron_logra.memory.planner.PlanCo
 * dense AdamW keeps its full states on every DP rank (``distributed_optimizer=False``: this trainer
   does not shard them), log-probs in ``rl.loss.logprob_chunk_tokens`` chunks (LM: megatron's
   cross entropy over the whole logits, ``loss="lm"``);
+* LoGRA: the configured ``optimizer.logra.targets``; ``optimizer.native.freeze`` leaves the non-targets
+  without grads, masters and AdamW state (``freeze_native``); their AdamW step is scaled by the step
+  size (a copy of their masters during the step) in an RL run with ``kl.mode`` other than none and
+  ``logra.scale_native`` (``scaled_native_step``);
 * policy-sync temporaries only for RL (the LM job has no rollout engine to sync: ``policy_sync=False``);
 * a KL penalty (``rl.loss.kl_coef > 0``) keeps a frozen reference model: its weights once more.
 """
@@ -67,6 +71,7 @@ def run_plan_config(cfg: Any, *, tp: int, pp: int, dp: int, gpu_memory_bytes: in
     if name not in OPTIMIZERS:
         return None
     rl = cfg.job == "rl"
+    logra = name == "logra"
     return PlanConfig(
         tp=tp, pp=pp, dp=dp, optimizer=name, rank=cfg.optimizer.logra.rank, masters=cfg.optimizer.logra.masters,
         micro_batch=cfg.rl.micro_batch_size if rl else cfg.train.micro_batch_size,
@@ -76,6 +81,8 @@ def run_plan_config(cfg: Any, *, tp: int, pp: int, dp: int, gpu_memory_bytes: in
         attention=attention_kernel(cfg.model), cache_projections=cfg.optimizer.logra.cache_projections,
         logprob_chunk_tokens=cfg.rl.loss.logprob_chunk_tokens if rl else 0,
         loss="logprob" if rl else "lm", policy_sync=rl, reference_model=rl and cfg.rl.loss.kl_coef > 0,
+        targets=tuple(cfg.optimizer.logra.targets), freeze_native=logra and cfg.optimizer.native.freeze,
+        scaled_native_step=rl and cfg.kl.mode != "none" and cfg.optimizer.logra.scale_native,
     )
 
 

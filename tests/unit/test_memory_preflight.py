@@ -2,8 +2,8 @@
 
 References are built independently: the planner called with the layout, batch and engine share
 a user would type for the 27B recipe (``megatron-logra memory --model 27b --tp 8 --rank 128
---recompute full --engine-fraction 0.3 --micro-batch 2``), and the embedded engine's bytes from
-the model's parameter count.
+--recompute full --engine-fraction 0.3 --micro-batch 2 --freeze-native``), and the embedded engine's
+bytes from the model's parameter count.
 """
 
 from __future__ import annotations
@@ -25,13 +25,32 @@ def test_the_27b_recipe_plans_like_the_documented_command():
     cfg = parse_args_to_config("27b", [])
     got = memory_preflight(cfg, tp=8, pp=1, dp=1, gpu_memory_bytes=H100)
     want = plan(get_preset("27b"), PlanConfig(tp=8, rank=128, recompute="full", engine_fraction=0.3, micro_batch=2,
-                                              seq_len=4096, gpu_memory_bytes=H100, distributed_optimizer=False))
+                                              seq_len=4096, gpu_memory_bytes=H100, distributed_optimizer=False,
+                                              freeze_native=True))  # the recipe freezes the non-targets
     assert got is not None and got.fits
     assert got.worst.total == want.worst.total and got.headroom == pytest.approx(want.headroom)
     assert got.headroom >= 0.15  # the headline: LoGRA at 27B on one 8 x 80 GB node, with room to spare
     dense_cfg = parse_args_to_config("27b", ["optimizer.name=adam", "native.freeze=false", "kl.mode=none"])
     dense = memory_preflight(dense_cfg, tp=8, pp=1, dp=1, gpu_memory_bytes=H100)
     assert dense is not None and not dense.fits
+
+
+def test_the_run_config_maps_frozen_non_targets_targets_and_kl_control():
+    """``optimizer.native.freeze``, ``optimizer.logra.targets`` and a KL controller scaling the native step
+    reach the plan; a frozen run plans no AdamW state at all."""
+    frozen = run_plan_config(parse_args_to_config("27b", []), tp=8, pp=1, dp=1, gpu_memory_bytes=H100)
+    assert frozen.freeze_native and frozen.targets == ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+    w = plan(get_preset("27b"), frozen).worst
+    assert (w.grads, w.moments, w.adam_working, w.grad_working) == (0, 0, 0, 0)
+    trained = run_plan_config(parse_args_to_config("27b", ["native.freeze=false", "logra.targets=[q_proj,down_proj]"]),
+                              tp=8, pp=1, dp=1, gpu_memory_bytes=H100)
+    assert not trained.freeze_native and trained.scaled_native_step
+    assert trained.targets == ("linear_qkv", "linear_fc2")
+    off = run_plan_config(parse_args_to_config("27b", ["native.freeze=false", "kl.mode=none"]), tp=8, pp=1, dp=1,
+                          gpu_memory_bytes=H100)
+    assert not off.scaled_native_step
+    lm = run_plan_config(parse_args_to_config("lm-tiny", []), tp=1, pp=1, dp=1, gpu_memory_bytes=8 * GiB)
+    assert not lm.scaled_native_step  # the LM job applies every step in full
 
 
 def test_the_embedded_engine_holds_a_whole_copy_in_the_compute_dtype():
