@@ -145,13 +145,17 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _read_config_yaml(path: Path) -> tuple[Optional[dict], Optional[str]]:
-    """``(config, None)`` of a readable ``config.yaml``, else ``(None, what is wrong with it)``."""
+    """``(config, None)`` of a readable ``config.yaml``, else ``(None, what is wrong with it)``. A key given
+    twice is an edit, not damage: :class:`~megatron_logra.yaml_unique.DuplicateKeyError` is raised (which of
+    the two the user meant cannot be told, and falling back to the checkpoint's copy would drop the edit)."""
     import yaml
 
-    from megatron_logra.yaml_unique import safe_load_unique
+    from megatron_logra.yaml_unique import DuplicateKeyError, safe_load_unique
 
     try:
         data = safe_load_unique(path.read_text())
+    except DuplicateKeyError:
+        raise
     except FileNotFoundError:
         return None, "it does not exist"
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:

@@ -34,6 +34,8 @@ def fake_run_dir(run: Path):
     step = run / "checkpoints" / "step_00000002"
     step.mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    (step / "meta.json").write_text(json.dumps({"step": 2, "config": to_dict(cfg)}))
+    from megatron_logra.checkpoint.integrity import FORMAT_VERSION
+
+    (step / "meta.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "step": 2, "config": to_dict(cfg)}))
     (run / "checkpoints" / "latest").write_text(step.name)
     return cfg
