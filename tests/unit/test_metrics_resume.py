@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -16,6 +17,11 @@ def test_a_resume_drops_the_stale_points_from_jsonl_and_tensorboard(tmp_path):
     for s in range(1, 6):  # the first run got to step 5, its last checkpoint is step 3
         w.write({"step": s, "loss": 10.0 + s})
     w.close()
+    # a resume is a later process; event files of one process in one second are ordered by a per-process
+    # counter whose decimal string sorts wrong past 9 (".9" > ".10"), so start the second file a second later
+    start = int(time.time())
+    while int(time.time()) == start:
+        time.sleep(0.05)
     w = MetricsWriter(tmp_path, truncate_after=3)
     for s in range(4, 7):
         w.write({"step": s, "loss": float(s)})

@@ -15,7 +15,7 @@ from megatron_logra.checkpoint.run_dir import claim_run_dir
 def _previous_run(root: Path) -> dict[str, bytes]:
     """A run directory as a finished run leaves it, plus a file of the user's; returns every file's bytes."""
     (root / "checkpoints" / "step_00000002").mkdir(parents=True)
-    (root / "checkpoints" / "step_00000002" / "meta.json").write_text("{}")
+    (root / "checkpoints" / "step_00000002" / "meta.json").write_text('{"format_version": 2}')
     (root / "checkpoints" / "latest").write_text("step_00000002")
     (root / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     (root / "summary.json").write_text("{}")
