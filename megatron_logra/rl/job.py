@@ -89,7 +89,7 @@ def _tokenizer(cfg: RunConfig, task, run_dir: Path):
         source = (f"tokenizer.path={cfg.tokenizer.path!r}" if cfg.tokenizer.path
                   else f"the {cfg.tokenizer.kind} tokenizer built for the task (tokenizer.path empty)")
     if len(tok) > cfg.model.vocab_size:
-        fix = (f"give a tokenizer made for this checkpoint (tokenizer.path=, empty, takes model.hf_path's own)"
+        fix = ("give a tokenizer made for this checkpoint (tokenizer.path=, empty, takes model.hf_path's own)"
                if cfg.model.hf_path else "raise model.vocab_size or give a smaller tokenizer")
         raise ValueError(f"{source} has {len(tok)} tokens but model.vocab_size={cfg.model.vocab_size} (the model's "
                          f"embedding rows): token ids past it have no embedding; {fix}")
