@@ -43,6 +43,7 @@ with ``if __name__ == "__main__":`` (the ``megatron-logra`` CLI does).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -163,13 +164,47 @@ def _save_dist(step: int, root: Path, sharded: dict, out: Path) -> None:
     sharded_part, common = _on_every_rank(step, root, "checking the sharded state", lambda: save_preprocess(sharded))
     _on_every_rank(step, root, "writing the common state (common.pt)",
                    lambda: common_strategy.save_common(common, str(out)))  # rank 0 writes it
-    _on_every_rank(step, root, "writing the sharded tensors", lambda: sharded_strategy.save(sharded_part, str(out)))
+    def write_shards() -> None:
+        with _metadata_write_failures() as failures:
+            sharded_strategy.save(sharded_part, str(out))
+        if failures:  # rank 0's dist/.metadata: raised here, after the ranks left megatron-core's collectives
+            raise failures[0]
+
+    _on_every_rank(step, root, "writing the sharded tensors", write_shards)
 
     def write_config() -> None:
         if _global_rank() == 0:
             save_config(CheckpointingConfig(sharded_strategy.backend, sharded_strategy.version), str(out))
 
     _on_every_rank(step, root, "writing the checkpoint's metadata.json", write_config)
+
+
+@contextlib.contextmanager
+def _metadata_write_failures():
+    """Collect (instead of raise) the errors of DCP's ``dist/.metadata`` write during one sharded save.
+
+    megatron-core's coordinator (rank 0) writes ``.metadata`` (``FileSystemWriterAsync.finish``) and
+    only then broadcasts whether the save failed; an exception from that write (a full disk) skips the
+    broadcast, leaving the other ranks in it while rank 0 moves on to the next collective. The writer
+    the torch_dist strategy builds is swapped, for this save only, for a subclass whose ``finish``
+    records its error, so the broadcast happens and the caller raises the error afterwards."""
+    from megatron.core.dist_checkpointing.strategies import torch as mcore_torch_strategy
+
+    base = mcore_torch_strategy.FileSystemWriterAsync
+    failures: list[BaseException] = []
+
+    class _Writer(base):  # type: ignore[misc,valid-type]
+        def finish(self, *args, **kwargs):
+            try:
+                return super().finish(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - re-raised by the caller after the broadcast
+                failures.append(exc)
+
+    mcore_torch_strategy.FileSystemWriterAsync = _Writer
+    try:
+        yield failures
+    finally:
+        mcore_torch_strategy.FileSystemWriterAsync = base
 
 
 def _file_sizes(root: Path) -> dict[str, int]:

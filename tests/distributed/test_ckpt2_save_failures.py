@@ -11,7 +11,11 @@ rank writes tensor shards of its own):
    collective; before, rank 0 raised its own error and rank 1 died in the next collective);
 3. step 3: rank 1 cannot write its tensor shard (torch.distributed.checkpoint raised its
    ``CheckpointException``, a ``BaseException``, not the promised ``CheckpointError``);
-4. step 4 saves normally.
+4. step 4 saves normally;
+5. step 5: rank 0 cannot write ``dist/.metadata`` (an injected ENOSPC in the DCP writer's ``finish``,
+   which only the coordinator runs, just before megatron-core broadcasts whether the save failed: the
+   other rank waited in that broadcast while rank 0 went on to the next collective);
+6. step 6 saves normally.
 
 Each rank records the error of every save and what ``checkpoints/`` holds after it.
 """
@@ -56,9 +60,19 @@ def test_a_rank_failing_inside_the_sharded_save_is_one_error_everywhere(launcher
     for rec in records:
         assert rec["saves"]["4"] == {"error": None, "latest": "step_00000004",
                                      "entries": ["latest", "step_00000001", "step_00000004"]}
+    errors = {tuple(rec["saves"]["5"]["error"] or ()) for rec in records}
+    assert len(errors) == 1, f"step 5: the ranks raised different errors: {errors}"
+    kind, message = errors.pop()
+    assert kind == "CheckpointError" and "saving checkpoint step 5 failed on rank 0 (" in message, message
+    assert "No space left on device" in message and "rank 1 (" not in message, message
+    for rec in records:
+        assert rec["saves"]["5"]["latest"] == "step_00000004", rec["saves"]["5"]
+        assert not any(name.endswith(".tmp") for name in rec["saves"]["5"]["entries"])
+        assert rec["saves"]["6"]["error"] is None and rec["saves"]["6"]["latest"] == "step_00000006"
     from megatron_logra.checkpoint import read_meta
 
     read_meta(tmp_path / "run" / "checkpoints" / "step_00000004")
+    read_meta(tmp_path / "run" / "checkpoints" / "step_00000006")
 
 
 def _run(out: Path) -> None:
@@ -76,9 +90,18 @@ def _run(out: Path) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     limits = resource.getrlimit(resource.RLIMIT_FSIZE)
     saves = {}
-    for step, failing in ((1, None), (2, 0), (3, 1), (4, None)):
-        if rank == failing:
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    real_finish = FileSystemWriterAsync.finish
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(28, "No space left on device", str(Path(self.checkpoint_dir) / ".metadata"))
+
+    for step, failing in ((1, None), (2, 0), (3, 1), (4, None), (5, 0), (6, None)):
+        if rank == failing and step != 5:
             resource.setrlimit(resource.RLIMIT_FSIZE, (_LIMIT, limits[1]))
+        if rank == failing and step == 5:
+            FileSystemWriterAsync.finish = full_disk
         error = None
         try:
             save_checkpoint(out / "run", step, model, None, groups, keep_last=3)
@@ -88,6 +111,7 @@ def _run(out: Path) -> None:
             error = [type(exc).__name__, str(exc)]
         finally:
             resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+            FileSystemWriterAsync.finish = real_finish
         dist.barrier()
         root = out / "run" / "checkpoints"
         saves[step] = {"error": error, "latest": (root / "latest").read_text().strip(),
