@@ -7,7 +7,8 @@ check is agreed over every rank (one all-reduce of a small tensor, only when a c
 configured): every rank leaves the loop after the same step, they save that step's checkpoint
 together and the job ends normally (exit status 0, ``summary["stopped"]`` naming why), ready for
 ``megatron-logra train --resume RUN_DIR``. The step in flight is finished first; a second signal
-of the same kind is not caught (the default action ends the process at once).
+of the same kind within ``SAME_NOTICE_SECONDS`` is the same notice (Slurm signals every process of a
+job step and torchrun forwards another copy); one after that ends the process at once.
 
 The conditions stay in force after the last step: the jobs save its checkpoint first, then check
 again (:meth:`EarlyStop.check_after_training`) before the final held-out evaluation, which a stop
@@ -18,7 +19,10 @@ ends the job normally with its checkpoint written, instead of killing it.
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import signal
+import threading
 import time
 from types import FrameType
 from typing import Optional
@@ -35,6 +39,53 @@ __all__ = ["EarlyStop", "STOP_SIGNAL"]
 STOP_SIGNAL = signal.SIGTERM
 """What ``train.exit_signal_handler`` catches: Slurm sends it at a job's time limit and on preemption
 (``#SBATCH --signal=TERM@120`` asks for it 120 s ahead), Kubernetes when a pod is evicted."""
+
+
+def _helper_init(parent_pid: int) -> None:
+    """Initializer of the checkpoint-writer helper (runs in it): ignore :data:`STOP_SIGNAL`, and exit
+    once the process that started it is gone (so a helper that ignores the signal never outlives it)."""
+    signal.signal(STOP_SIGNAL, signal.SIG_IGN)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+_HELPER_MANAGER = None
+
+
+def _start_checkpoint_helpers_immune() -> None:
+    """Start megatron-core's checkpoint-writer helper now, immune to :data:`STOP_SIGNAL`.
+
+    Its torch_dist writer collects write results through a queue of a ``multiprocessing`` Manager, a
+    spawned process started at the first save that lives as long as the job. Slurm signals every
+    process of a job step (and ``kill -TERM -PGID`` the whole group): that helper, a fresh interpreter
+    without this module's handler, would die, and the save that the stop exists for would fail with a
+    broken pipe. The Manager is started here instead, with an initializer that ignores the signal and
+    ends the helper when this process is gone, and its queue is handed to megatron-core."""
+    global _HELPER_MANAGER
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+    except ImportError:
+        return
+    if not hasattr(filesystem_async, "_get_write_results_queue") or \
+            getattr(filesystem_async, "_results_queue", True) is not None:
+        return  # another megatron-core layout, or started already
+    from multiprocessing.managers import SyncManager
+
+    manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+    manager.start(initializer=_helper_init, initargs=(os.getpid(),))
+    _HELPER_MANAGER = manager  # the queue's proxy refers to it too; kept for the life of the job
+    filesystem_async._results_queue = manager.Queue()
+
+
+SAME_NOTICE_SECONDS = 10.0
+"""Repeats of :data:`STOP_SIGNAL` this soon after the first are the same notice: Slurm signals every
+process of a job step, and torchrun forwards its own copy to its workers at once. A later repeat ends
+the process at once (the user insisting)."""
 
 
 class EarlyStop:
@@ -55,6 +106,7 @@ class EarlyStop:
         self.start = time.monotonic() if start is None else start
         self.group = group if group is not None else (dist.group.WORLD if dist.is_initialized() else None)
         self.received = False
+        self._first_signal: Optional[float] = None
         self._previous = None
 
     @property
@@ -63,6 +115,7 @@ class EarlyStop:
 
     def __enter__(self) -> "EarlyStop":
         if self.signal_handler:
+            _start_checkpoint_helpers_immune()
             self._previous = signal.signal(STOP_SIGNAL, self._on_signal)
         return self
 
@@ -72,10 +125,14 @@ class EarlyStop:
             self._previous = None
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
-        self.received = True
-        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
-        logger.warning("received %s: stopping after the step in flight (its checkpoint is saved); send it "
-                       "again to stop at once", signal.Signals(signum).name)
+        now = time.monotonic()
+        if self._first_signal is None:
+            self.received, self._first_signal = True, now
+            logger.warning("received %s: stopping after the step in flight (its checkpoint is saved); send it "
+                           "again after %g s to stop at once", signal.Signals(signum).name, SAME_NOTICE_SECONDS)
+        elif now - self._first_signal > SAME_NOTICE_SECONDS:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
     def check(self) -> Optional[str]:
         """Why every rank stops now (``"SIGTERM"`` or ``"exit_duration_minutes=M"``), or None to go on.

@@ -28,7 +28,7 @@ def test_without_a_condition_nothing_stops_and_the_handler_is_untouched():
         assert signal.getsignal(STOP_SIGNAL) is before
 
 
-def test_the_signal_is_caught_once_then_the_previous_handler_comes_back():
+def test_the_signal_and_its_prompt_repeats_are_one_notice_then_the_previous_handler_comes_back():
     seen = []
 
     def previous(signum, frame):
@@ -40,10 +40,29 @@ def test_the_signal_is_caught_once_then_the_previous_handler_comes_back():
             assert stop.check() is None
             os.kill(os.getpid(), STOP_SIGNAL)
             assert stop.received and stop.check() == "SIGTERM"
-            assert signal.getsignal(STOP_SIGNAL) == signal.SIG_DFL  # a second one would end the process
+            os.kill(os.getpid(), STOP_SIGNAL)  # torchrun's forwarded copy of the same notice: still alive
+            assert stop.received and stop.check() == "SIGTERM"
         assert signal.getsignal(STOP_SIGNAL) is previous and seen == []
     finally:
         signal.signal(STOP_SIGNAL, old)
+
+
+def test_a_repeat_after_the_same_notice_window_ends_the_process():
+    code = ("import os, signal, time\n"
+            "import megatron_logra.train.stopping as st\n"
+            "st.SAME_NOTICE_SECONDS = 0.2\n"
+            "with st.EarlyStop(signal_handler=True, duration_minutes=0) as stop:\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    assert stop.received\n"
+            "    time.sleep(0.5)\n"
+            "    print('alive', flush=True)\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(5)\n"
+            "print('survived', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == -signal.SIGTERM and proc.stdout.split() == ["alive"], (proc.returncode, proc.stdout,
+                                                                                   proc.stderr[-2000:])
 
 
 def test_the_wall_time_budget_counts_from_the_given_start():

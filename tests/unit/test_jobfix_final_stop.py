@@ -82,3 +82,38 @@ def test_sigterm_during_the_rl_jobs_final_evaluation_ends_it_normally_with_its_c
     assert summary["eval_accuracy_after"] is not None  # the evaluation under way finished
     assert read_meta(latest_checkpoint(run))["step"] == 2
     assert json.loads((run / "summary.json").read_text())["stopped"] == "SIGTERM"
+
+
+_GROUP_DRIVER = """
+import os, signal, sys
+import megatron_logra.train.lm as job
+real_save, real_fb = job.save_checkpoint, job.forward_backward
+state = {"saved": False, "sent": False}
+def save(*args, **kwargs):
+    out = real_save(*args, **kwargs)
+    state["saved"] = True
+    return out
+def forward_backward(*args, **kwargs):
+    if state["saved"] and not state["sent"]:  # the step after the first save: signal the whole job
+        state["sent"] = True
+        os.killpg(os.getpgid(0), signal.SIGTERM)
+    return real_fb(*args, **kwargs)
+job.save_checkpoint, job.forward_backward = save, forward_backward
+from megatron_logra.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_to_the_whole_process_group_saves_the_step_in_flight(tmp_path):
+    """Slurm signals every process of a job step: megatron-core's checkpoint-writer helper (a spawned
+    process started at the first save) must survive it, or the stop's save fails with a broken pipe."""
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", _GROUP_DRIVER, "train", "lm-tiny", f"train.run_dir={run}",
+                           "train.steps=4", "train.exit_signal_handler=true", *LM_SMALL, "train.save_interval=2"],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=ROOT,
+                          start_new_session=True)  # its own process group: the signal stays inside it
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    summary = _summary(proc)
+    assert summary["stopped"] == "SIGTERM" and summary["steps"] == 3
+    assert read_meta(latest_checkpoint(run))["step"] == 3
