@@ -77,7 +77,7 @@ class TrainConfig:
     finish the step in flight, save its checkpoint on every rank and end normally (exit status 0,
     ``summary.json`` ``stopped``, in the RL and the LM job); after the last step the handler stays until the
     job ends (its checkpoint is saved before the final evaluation, which a SIGTERM during the save skips);
-    a second SIGTERM ends the process at once (--exit-signal-handler).
+    repeats within 10 s are the same notice, a later SIGTERM ends the process at once (--exit-signal-handler).
     Off, SIGTERM ends the process at once, as torchrun expects when it stops the survivors of a failed rank."""
     exit_duration_minutes: float = 0.0
     """Stop the same way after the first step that ends this many minutes after the job started (set it
