@@ -146,3 +146,69 @@ def test_truncated_index_is_named(saved, tmp_path):
     (dist / ".metadata").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match=r"\.metadata is not a readable torch\.distributed\.checkpoint index"):
         read_dcp_metadata(dist)
+
+
+def _te_extra_state(state) -> torch.Tensor:
+    """What a TransformerEngine >= 2 layer's ``get_extra_state`` returns: its pickled FP8 metadata as uint8."""
+    return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
+
+
+def test_transformer_engine_extra_state_that_runs_code_is_refused(saved, groups, tmp_path):
+    """megatron-core saves a TE layer's ``_extra_state`` as ``torch.save([uint8 tensor])``: plain data to
+    ``weights_only=True``, but TE unpickles the tensor's bytes on load. The payload inside is checked too."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    ckpt = _copy(saved, tmp_path)
+    marker = tmp_path / "PWNED"
+    index = ckpt / "dist" / ".metadata"
+    md = pickle.loads(index.read_bytes())
+    where, info = next((i, s) for i, s in md.storage_data.items()
+                       if isinstance(md.state_dict_metadata[i.fqn], BytesStorageMetadata))
+    assert "_extra_state" in where.fqn
+    buf = io.BytesIO()
+    torch.save([_te_extra_state(_Payload(_marker_code(marker)))], buf)
+    torch.load(io.BytesIO(buf.getvalue()), weights_only=True)  # what the outer check alone let through
+    shard = ckpt / "dist" / info.relative_path
+    offset = shard.stat().st_size
+    with open(shard, "ab") as fh:
+        fh.write(buf.getvalue())
+    md.storage_data[where] = dataclasses.replace(info, offset=offset, length=len(buf.getvalue()))
+    index.write_bytes(pickle.dumps(md))
+    _reseal(ckpt)
+    _refused_everywhere(ckpt, marker, groups, "references the Python global builtins.exec")
+
+
+def test_transformer_engine_fp8_metadata_passes_the_extra_state_check(monkeypatch):
+    """Genuine FP8 metadata (tensors, numbers and the recipe dataclass of ``transformer_engine.common.recipe``,
+    here a stand-in registered under that module name) is accepted; bytes that are no pickle are refused."""
+    import enum
+    import sys
+    import types
+
+    from megatron_logra.checkpoint.dcp_metadata import check_extra_state
+
+    recipe = types.ModuleType("transformer_engine.common.recipe")
+
+    class Format(enum.Enum):
+        E4M3 = "e4m3"
+        HYBRID = "hybrid"
+
+    @dataclasses.dataclass
+    class DelayedScaling:
+        margin: int = 0
+        fp8_format: Format = Format.HYBRID
+        amax_history_len: int = 1024
+
+    for cls in (Format, DelayedScaling):
+        cls.__module__, cls.__qualname__ = recipe.__name__, cls.__name__
+        setattr(recipe, cls.__name__, cls)
+    for name in ("transformer_engine", "transformer_engine.common"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, recipe.__name__, recipe)
+    state = {"recipe": DelayedScaling(), "scale_fwd": torch.ones(3), "scale_inv_fwd": torch.ones(3),
+             "amax_history_fwd": torch.zeros(4, 3), "extra_fp8_variables": {"num_gemms": 1, "fp8_max_fwd": 448.0}}
+    check_extra_state([_te_extra_state(state)], "layer")
+    check_extra_state([None], "layer")
+    check_extra_state([torch.empty(0, dtype=torch.uint8)], "layer")
+    with pytest.raises(CheckpointError, match="do not unpickle as FP8 metadata"):
+        check_extra_state([torch.tensor([1, 2, 3], dtype=torch.uint8)], "layer")
