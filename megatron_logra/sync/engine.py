@@ -8,8 +8,9 @@ of one TP rank) and exposes the protocol the transports use::
     engine.apply_sketch_delta(x)     # x: SketchDelta or encoded bytes -> new version
 
 Its only state besides the weights is the version, so a consumer that restarts resumes
-from ``weight_version`` (a directory consumer also verifies the producer's anchors again, by
-``fingerprint``: see :mod:`megatron_logra.sync.transport`). Imports only torch and the sync package.
+from ``weight_version``. A restarted directory consumer verifies the producer's anchors again: by
+``fingerprint`` when it sits exactly at an anchor's version; past an unverified anchor it is refused
+and must reload full weights (see :mod:`megatron_logra.sync.transport`). Imports only torch and the sync package.
 """
 
 from __future__ import annotations
