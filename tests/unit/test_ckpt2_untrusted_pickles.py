@@ -118,18 +118,17 @@ def test_index_that_runs_code_is_refused(saved, groups, tmp_path):
     _refused_everywhere(ckpt, marker, groups, f"{index} references the Python global builtins.eval")
 
 
-def test_byte_object_that_runs_code_is_refused(saved, groups, tmp_path):
-    """The index is genuine, but one ``_extra_state`` byte object now points at a payload appended to a shard."""
+def _replace_byte_object(ckpt: Path, obj) -> str:
+    """Point the first byte object of ``ckpt``'s genuine index at ``torch.save(obj)`` appended to its shard,
+    re-sealing meta.json; returns the object's key."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    ckpt = _copy(saved, tmp_path)
-    marker = tmp_path / "PWNED"
     index = ckpt / "dist" / ".metadata"
     md = pickle.loads(index.read_bytes())
     where, info = next((i, s) for i, s in md.storage_data.items()
                        if isinstance(md.state_dict_metadata[i.fqn], BytesStorageMetadata))
     buf = io.BytesIO()
-    torch.save(_Payload(_marker_code(marker)), buf)
+    torch.save(obj, buf)
     shard = ckpt / "dist" / info.relative_path
     offset = shard.stat().st_size
     with open(shard, "ab") as fh:
@@ -137,7 +136,15 @@ def test_byte_object_that_runs_code_is_refused(saved, groups, tmp_path):
     md.storage_data[where] = dataclasses.replace(info, offset=offset, length=len(buf.getvalue()))
     index.write_bytes(pickle.dumps(md))
     _reseal(ckpt)
-    _refused_everywhere(ckpt, marker, groups, f"byte object {where.fqn!r} does not load as plain data")
+    return where.fqn
+
+
+def test_byte_object_that_runs_code_is_refused(saved, groups, tmp_path):
+    """The index is genuine, but one ``_extra_state`` byte object now points at a payload appended to a shard."""
+    ckpt = _copy(saved, tmp_path)
+    marker = tmp_path / "PWNED"
+    where = _replace_byte_object(ckpt, _Payload(_marker_code(marker)))
+    _refused_everywhere(ckpt, marker, groups, f"byte object {where!r} does not load as plain data")
 
 
 def test_truncated_index_is_named(saved, tmp_path):
@@ -156,25 +163,13 @@ def _te_extra_state(state) -> torch.Tensor:
 def test_transformer_engine_extra_state_that_runs_code_is_refused(saved, groups, tmp_path):
     """megatron-core saves a TE layer's ``_extra_state`` as ``torch.save([uint8 tensor])``: plain data to
     ``weights_only=True``, but TE unpickles the tensor's bytes on load. The payload inside is checked too."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-
     ckpt = _copy(saved, tmp_path)
     marker = tmp_path / "PWNED"
-    index = ckpt / "dist" / ".metadata"
-    md = pickle.loads(index.read_bytes())
-    where, info = next((i, s) for i, s in md.storage_data.items()
-                       if isinstance(md.state_dict_metadata[i.fqn], BytesStorageMetadata))
-    assert "_extra_state" in where.fqn
+    payload = [_te_extra_state(_Payload(_marker_code(marker)))]
     buf = io.BytesIO()
-    torch.save([_te_extra_state(_Payload(_marker_code(marker)))], buf)
+    torch.save(payload, buf)
     torch.load(io.BytesIO(buf.getvalue()), weights_only=True)  # what the outer check alone let through
-    shard = ckpt / "dist" / info.relative_path
-    offset = shard.stat().st_size
-    with open(shard, "ab") as fh:
-        fh.write(buf.getvalue())
-    md.storage_data[where] = dataclasses.replace(info, offset=offset, length=len(buf.getvalue()))
-    index.write_bytes(pickle.dumps(md))
-    _reseal(ckpt)
+    assert "_extra_state" in _replace_byte_object(ckpt, payload)
     _refused_everywhere(ckpt, marker, groups, "references the Python global builtins.exec")
 
 

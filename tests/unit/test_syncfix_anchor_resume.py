@@ -13,11 +13,8 @@ from test_rl_e2e import _assert_engine_equals_trainer, alternating_score, small_
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread):
+    """Every test of this module runs single-threaded (conftest.one_thread)."""
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +30,9 @@ def built(tmp_path_factory):
     destroy_parallel()
 
 
-def _resumed_update(comps, state, **sync):
-    """One RL update right after a resume at the state's weight version (a new ``PolicySync``, as on resume)."""
+def _resumed_update(comps, state, after_refit=None, **sync):
+    """One RL update right after a resume at the state's weight version (a new ``PolicySync``, as on resume);
+    ``after_refit()`` runs between the resume's refit and the update."""
     from megatron_logra.rl.loop import rl_update
     from megatron_logra.rl.policy_sync import PolicySync
     from megatron_logra.sync.config import SyncConfig
@@ -42,6 +40,8 @@ def _resumed_update(comps, state, **sync):
     comps.sync = PolicySync(SyncConfig(**sync), model=comps.model, model_cfg=comps.cfg.model,
                             optimizer=comps.optimizer, engine=comps.engine, groups=comps.groups, run_dir=None)
     comps.sync.full(state.weight_version)  # what build_components does after loading the checkpoint
+    if after_refit is not None:
+        after_refit()
     real_score = comps.task.score
     comps.task.score = alternating_score()
     try:
@@ -66,29 +66,16 @@ def test_a_resumed_run_checks_for_drift_at_the_versions_an_uninterrupted_one_doe
     comps, state = built
     state.weight_version = 5  # the next update is version 6, a multiple of check_interval=3
 
-    def corrupted_update():
-        from megatron_logra.rl.policy_sync import PolicySync
-        from megatron_logra.sync.config import SyncConfig
-        from megatron_logra.rl.loop import rl_update
+    @torch.no_grad()
+    def corrupt():  # silent engine-side corruption of one weight after the resume refit
+        comps.engine.model.model.layers[0].mlp.down_proj.weight[0, 0] += 1e-3
 
-        comps.sync = PolicySync(SyncConfig(anchor_interval=0, check_interval=3), model=comps.model,
-                                model_cfg=comps.cfg.model, optimizer=comps.optimizer, engine=comps.engine,
-                                groups=comps.groups, run_dir=None)
-        comps.sync.full(state.weight_version)
-        with torch.no_grad():  # silent engine-side corruption of one weight after the resume refit
-            comps.engine.model.model.layers[0].mlp.down_proj.weight[0, 0] += 1e-3
-        real_score = comps.task.score
-        comps.task.score = alternating_score()
-        try:
-            return rl_update(comps, state)
-        finally:
-            comps.task.score = real_score
-
-    rec = corrupted_update()
+    rec = _resumed_update(comps, state, after_refit=corrupt, anchor_interval=0, check_interval=3)
     assert state.weight_version == 6
     assert rec["sync_drift"] == 1 and rec["sync_mode"] == "delta+anchor"
     _assert_engine_equals_trainer(comps)
-    rec = corrupted_update()  # version 7: no check, so the corruption stays (the check interval's contract)
+    # version 7: no check, so the corruption stays (the check interval's contract)
+    rec = _resumed_update(comps, state, after_refit=corrupt, anchor_interval=0, check_interval=3)
     assert rec["sync_drift"] == 0 and rec["sync_mode"] == "delta"
 
 
