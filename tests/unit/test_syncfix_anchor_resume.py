@@ -33,7 +33,6 @@ def built(tmp_path_factory):
 def _resumed_update(comps, state, after_refit=None, **sync):
     """One RL update right after a resume at the state's weight version (a new ``PolicySync``, as on resume);
     ``after_refit()`` runs between the resume's refit and the update."""
-    from megatron_logra.rl.loop import rl_update
     from megatron_logra.rl.policy_sync import PolicySync
     from megatron_logra.sync.config import SyncConfig
 
@@ -42,6 +41,13 @@ def _resumed_update(comps, state, after_refit=None, **sync):
     comps.sync.full(state.weight_version)  # what build_components does after loading the checkpoint
     if after_refit is not None:
         after_refit()
+    return _scored_update(comps, state)
+
+
+def _scored_update(comps, state):
+    """One RL update with a reward that alternates 1, 0, ... (every group has an advantage)."""
+    from megatron_logra.rl.loop import rl_update
+
     real_score = comps.task.score
     comps.task.score = alternating_score()
     try:
@@ -86,7 +92,6 @@ def test_directory_anchors_let_a_separate_engine_follow_and_refuse_a_resumed_cha
     import copy
 
     from megatron_logra.models.hf import megatron_to_hf
-    from megatron_logra.rl.loop import rl_update
     from megatron_logra.rl.policy_sync import PolicySync
     from megatron_logra.rl.weights import gather_full_model
     from megatron_logra.rollout import build_engine
@@ -102,12 +107,7 @@ def test_directory_anchors_let_a_separate_engine_follow_and_refuse_a_resumed_cha
         comps.sync.full(state.weight_version)
 
     def update():
-        real_score = comps.task.score
-        comps.task.score = alternating_score()
-        try:
-            return rl_update(comps, state)
-        finally:
-            comps.task.score = real_score
+        return _scored_update(comps, state)
 
     state.weight_version = 10
     start()
