@@ -211,9 +211,13 @@ class RunConfig:
         RL packs each step's sequences to a multiple of :meth:`sequence_multiple`, capped at
         ``model.seq_length``, which must then be one too. The lm job's micro-batches are
         ``[micro_batch_size, data.seq_length - 1]``: the sequence must split over the TP group under
-        sequence parallelism, and FP8 needs each rank's token count to be a multiple of 16."""
+        sequence parallelism, and FP8 needs each rank's token count to be a multiple of 16 (32 with
+        ``model.fp8_recipe=mxfp8``)."""
+        from megatron_logra.models.te import fp8_token_multiple
+
         multiple = self.sequence_multiple()
-        why = (f"(model.fp8={self.model.fp8}, model.sequence_parallel={self.model.sequence_parallel}, "
+        recipe = f", model.fp8_recipe={self.model.fp8_recipe}" if self.model.fp8 is not None else ""
+        why = (f"(model.fp8={self.model.fp8}{recipe}, model.sequence_parallel={self.model.sequence_parallel}, "
                f"parallel.tp={self.parallel.tp})")
         if self.job == "rl":
             if multiple > 8 and self.model.seq_length % multiple:
@@ -225,15 +229,17 @@ class RunConfig:
         if s % sp:
             raise ValueError(f"data.content_length={self.data.content_length}: the lm job's {s}-token sequences do "
                              f"not split over the {sp} sequence-parallel ranks {why}; turn sequence parallelism off")
-        if self.model.fp8 is not None and (s // sp * b) % 16:
+        align = fp8_token_multiple(self.model.fp8_recipe)
+        if self.model.fp8 is not None and (s // sp * b) % align:
             raise ValueError(f"train.micro_batch_size={b}: FP8 needs each rank's {s // sp}×{b} tokens per micro-batch "
-                             f"to be a multiple of 16 {why}; use a micro-batch size that makes it one")
+                             f"to be a multiple of {align} {why}; use a micro-batch size that makes it one")
 
     def sequence_multiple(self) -> int:
         """What every packed sequence length must be a multiple of (``models.te.sequence_multiple``)."""
         from megatron_logra.models.te import sequence_multiple
 
-        return sequence_multiple(self.model.fp8, self.model.sequence_parallel, self.parallel.tp)
+        return sequence_multiple(self.model.fp8, self.model.sequence_parallel, self.parallel.tp,
+                                 self.model.fp8_recipe)
 
     def validate(self) -> "RunConfig":
         """Re-run every component's validation, innermost first (after overrides)."""

@@ -91,8 +91,9 @@ class ModelConfig:
     fp8: Optional[str] = None
     """FP8 GEMMs in the transformer layers: null (off), ``hybrid`` (E4M3 forward, E5M2 gradients) or
     ``e4m3``; needs the TE spec (megatron ``--fp8-format``). Each rank's token count per micro-batch
-    must be a multiple of 16: RL pads sequences to ``models.te.sequence_multiple`` (so ``seq_length``
-    must be a multiple of it), the lm job checks its micro-batch shape."""
+    must be a multiple of 16 (32 with ``fp8_recipe=mxfp8``): RL pads sequences to
+    ``models.te.sequence_multiple`` (so ``seq_length`` must be a multiple of it), the lm job checks its
+    micro-batch shape."""
     fp8_recipe: str = "delayed"
     """TE scaling recipe when ``fp8`` is set: delayed, tensorwise, blockwise (Hopper) or mxfp8 (Blackwell)."""
     sequence_parallel: bool = False

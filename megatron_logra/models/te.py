@@ -87,17 +87,27 @@ def check_model_fields(transformer_impl: str, fp8: Optional[str], fp8_recipe: st
                          "megatron-core's local torch norms do not support sequence parallelism")
 
 
-def sequence_multiple(fp8: Optional[str], sequence_parallel: bool, tp_size: int) -> int:
+def fp8_token_multiple(fp8_recipe: str) -> int:
+    """What each rank's token count per FP8 GEMM input must be a multiple of under ``fp8_recipe``:
+    32 for ``mxfp8`` (one E8M0 scale per 32 values along the token dimension too; TE's
+    ``MXFP8Quantizer`` asserts it), 16 for the per-tensor and block recipes (``assert_dim_for_fp8_exec``).
+    The same figures as megatron-core's ``get_fp8_align_size``."""
+    return 32 if fp8_recipe == "mxfp8" else 16
+
+
+def sequence_multiple(fp8: Optional[str], sequence_parallel: bool, tp_size: int,
+                      fp8_recipe: str = "delayed") -> int:
     """Every packed sequence length must be a multiple of this (8 without FP8 or sequence parallelism).
 
     With sequence parallelism each TP rank holds ``s·b/tp`` tokens of every activation, so ``s`` must
     split evenly over the TP group; TE's FP8 GEMMs check the *local* token count of each input
-    (``assert_dim_for_fp8_exec``, before the sequence-parallel all-gather) against a multiple of 16.
-    So: FP8 → ``16·tp`` with sequence parallelism, else 16; sequence parallelism alone → ``lcm(8, tp)``.
+    (before the sequence-parallel all-gather) against :func:`fp8_token_multiple` (16, or 32 for
+    ``mxfp8``). So: FP8 → ``fp8_token_multiple·tp`` with sequence parallelism, else
+    ``fp8_token_multiple``; sequence parallelism alone → ``lcm(8, tp)``.
     """
     sp = tp_size if sequence_parallel and tp_size > 1 else 1
     if fp8 is not None:
-        return 16 * sp
+        return fp8_token_multiple(fp8_recipe) * sp
     return math.lcm(8, sp)
 
 
