@@ -10,8 +10,9 @@ The prediction is the same second-order KL as the forward-mode probe's, from the
 per-position terms; :func:`megatron_logra.kl.probe.probe_method` decides which probe runs.
 
 Trained non-target parameters (the native AdamW's part of the step) are perturbed in place by
-``±h·Δθ`` for the ``±h`` forwards (:func:`shifted_parameters`; each pipeline stage its own) and
-restored bit for bit from a saved copy after each.
+``±h'·Δθ`` (:func:`shifted_parameters`; each pipeline stage its own) and restored bit for bit from a
+saved copy after each. Their step ``h'`` is sized by their own relative change (:func:`fd_step`),
+and when it differs from the targets' ``h`` each part is differenced on its own.
 """
 
 from __future__ import annotations
@@ -94,6 +95,24 @@ def fd_step(fixed: float, min_relative: float, relative_update: float, weight_dt
     return max(1.0, min_relative / relative_update)
 
 
+def _central_difference(model: nn.Module, batch: ProbeBatch, groups: ParallelGroups, sketches: SketchSet,
+                        directions: Optional[dict[str, torch.Tensor]], native: NativeDeltas,
+                        step: float) -> Optional[torch.Tensor]:
+    """``(z(+h) − z(−h)) / 2h`` of the valid positions' logits (fp32; None off the last stage) for the
+    targets moved along ``directions`` (None: left alone) and ``native`` shifted by ``±h·Δθ``."""
+
+    def logits(scale: float) -> Optional[torch.Tensor]:
+        hooks = (perturbation_hooks(sketches, directions, scale, groups.tp) if directions is not None
+                 else contextlib.nullcontext())
+        with hooks, shifted_parameters(native, scale):
+            return probe_logits(model, batch, groups)
+
+    plus_NV = logits(step)
+    plus_NV = plus_NV.float() if plus_NV is not None else None  # probe_logits returns a fresh tensor: in place is safe
+    minus_NV = logits(-step)
+    return None if plus_NV is None else plus_NV.sub_(minus_NV).div_(2.0 * step)
+
+
 @torch.no_grad()
 def predicted_kl_fd(
     model: nn.Module,
@@ -106,6 +125,7 @@ def predicted_kl_fd(
     chunk: int = 1024,
     step: float = 1.0,
     native: NativeDeltas = (),
+    native_step: Optional[float] = None,
 ) -> tuple[float, Optional[torch.Tensor]]:
     """:func:`predicted_kl` by a central difference of step ``h = step`` in units of the α = 1 update.
 
@@ -113,23 +133,31 @@ def predicted_kl_fd(
     holds where it is used; the error of ``δz`` is third order in ``h``. Returns the prediction
     (on every pipeline stage) and the base logits of the valid positions (last stage; None on
     the others). ``native``: this rank's trained non-target parameters and their changes in the
-    same step (:data:`~megatron_logra.kl.probe.NativeDeltas`), perturbed by ``±h·Δθ`` alongside the
-    targets and restored exactly. Raises :class:`~megatron_logra.kl.controller.KLControlError` (on every stage)
-    when there are no valid positions or the prediction is not finite; logs a warning when the
-    perturbation does not change the logits at all.
+    same step (:data:`~megatron_logra.kl.probe.NativeDeltas`), perturbed by ``±h'·Δθ`` with
+    ``h' = native_step`` (None: ``step``) and restored exactly. The logits' tangent is linear in the
+    two parts, so with ``h' ≠ h`` each part is differenced on its own (five forwards instead of
+    three): a step sized for the targets' tiny relative update (``h`` ≈ 80 for bf16 at the paper's
+    6e-5) would move the natives, whose AdamW change is relatively far larger, out of the range
+    where the second-order prediction holds. ``native_step`` must be the same on every rank of the
+    model-parallel group (it scales the last stage's tangent). Raises
+    :class:`~megatron_logra.kl.controller.KLControlError` (on every stage) when there are no valid
+    positions or the prediction is not finite; logs a warning when the perturbation does not change
+    the logits at all.
     """
-    if not step > 0:
-        raise ValueError(f"kl.fd_step={step} must be > 0")
+    native_step = step if native_step is None else native_step
+    for name, value in (("kl.fd_step", step), ("the native finite-difference step", native_step)):
+        if not value > 0:
+            raise ValueError(f"{name}={value} must be > 0")
     with sketches.paused():
         z_NV = probe_logits(model, batch, groups)
-        with perturbation_hooks(sketches, directions, step, groups.tp), shifted_parameters(native, step):
-            dz_NV = probe_logits(model, batch, groups)
-        dz_NV = dz_NV.float() if dz_NV is not None else None  # probe_logits returns a fresh tensor: in place is safe
-        with perturbation_hooks(sketches, directions, -step, groups.tp), shifted_parameters(native, -step):
-            minus_NV = probe_logits(model, batch, groups)
+        if native_step == step or not native:
+            dz_NV = _central_difference(model, batch, groups, sketches, directions, native, step)
+        else:
+            dz_NV = _central_difference(model, batch, groups, sketches, directions, (), step)
+            native_NV = _central_difference(model, batch, groups, sketches, None, native, native_step)
+            dz_NV = None if dz_NV is None else dz_NV.add_(native_NV)
 
     def predict() -> float:
-        dz_NV.sub_(minus_NV).div_(2.0 * step)
         moved = any(directions[t.key].any() for t in sketches.targets) or any(bool(d.any()) for _, d in native)
         if moved and not bool(dz_NV.any()):
             logger.warning("the finite-difference KL probe saw no change of the logits (step below their precision?)")

@@ -85,7 +85,8 @@ class LograConfig:
     lr: float = 1e-3
     """Learning rate (optimizer recipe)."""
     weight_decay: float = 0.0
-    """Decoupled weight decay on targets (optimizer recipe; >= 0, ``lr · weight_decay < 1``)."""
+    """Decoupled weight decay on targets (optimizer recipe; >= 0, ``lr · weight_decay < 1``). Applied in
+    full whatever the step size α, and not part of the predicted KL (its change is ``lr·wd`` relative)."""
     beta2: float = 0.95
     """RowAdam second-moment decay, in [0, 1)."""
     eps: float = 1e-8

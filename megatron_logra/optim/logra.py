@@ -267,6 +267,18 @@ class LograOptimizer(LograStateMixin):
         return abs(alpha) * math.sqrt(totals[0].item() / max(totals[1].item(), 1e-300))
 
     @torch.no_grad()
+    def native_relative_update_norm(self, native: Sequence[tuple[nn.Parameter, torch.Tensor]]) -> float:
+        """``‖Δθ‖_F / ‖θ‖_F`` of the trained non-targets' α = 1 change ``native`` (:meth:`native_deltas`),
+        summed over the model-parallel group so every rank of it gets the same figure (collective: every
+        rank of the group calls, with or without parameters of its own); 0 when nothing is trained."""
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for param, delta in native:
+            totals[0] += delta.double().pow(2).sum()
+            totals[1] += param.double().pow(2).sum()
+        totals = self._mp_sum(totals)
+        return math.sqrt(totals[0].item() / totals[1].item()) if totals[1].item() > 0 else 0.0
+
+    @torch.no_grad()
     def master_drift(self) -> float:
         """``‖W − round(master)‖ / ‖round(master)‖`` over all targets with fp32 masters (0 without).
 

@@ -14,9 +14,9 @@ from typing import Any, Optional
 import torch
 
 from megatron_logra.data.tokenizer import prompt_token_ids
-from megatron_logra.kl.controller import KLController
+from megatron_logra.kl.controller import KLConfig, KLController
 from megatron_logra.kl.fd_probe import fd_step, predicted_kl_fd
-from megatron_logra.kl.probe import ProbeBatch, measure_kl, predicted_kl, probe_logits, probe_method
+from megatron_logra.kl.probe import NativeDeltas, ProbeBatch, measure_kl, predicted_kl, probe_logits, probe_method
 from megatron_logra.metrics import device_peaks, reset_device_peaks
 from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum
@@ -301,9 +301,10 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
             pred, old_logits = predicted_kl(c.model, c.optimizer.sketches, update.directions, update.update_index,
                                             probe, groups, temperature=rl.rollout.temperature, native=native)
         else:
-            h = fd_step(cfg.kl.fd_step, cfg.kl.fd_min_relative, ratio_at_1, c.optimizer.targets[0].weight.dtype)
+            h, h_native = fd_steps(cfg.kl, c.optimizer, ratio_at_1, native)
             pred, old_logits = predicted_kl_fd(c.model, c.optimizer.sketches, update.directions, probe, groups,
-                                               temperature=rl.rollout.temperature, step=h, native=native)
+                                               temperature=rl.rollout.temperature, step=h, native=native,
+                                               native_step=h_native)
         del native
         alpha, budget = c.controller.step_size(pred, update_number)
     elif cfg.kl.measure_actual:
@@ -336,6 +337,16 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     )
     record["train_tokens_per_second"] = record["train_tokens"] / max(record["step_seconds"] - rollout_seconds, 1e-9)
     return record
+
+
+def fd_steps(kl: KLConfig, optimizer: LograOptimizer, ratio_at_1: float, native: NativeDeltas) -> tuple[float, float]:
+    """The finite-difference probe's steps ``(h, h')`` for the targets and the trained non-targets, each
+    sized by its own relative change at α = 1 (:func:`fd_step`): the natives' AdamW change is often far
+    larger than the targets' KL-controlled one, and the targets' ``h`` would carry it out of the range of
+    the second-order prediction. Collective over the model-parallel group (the natives' norm)."""
+    dtype = optimizer.targets[0].weight.dtype
+    return (fd_step(kl.fd_step, kl.fd_min_relative, ratio_at_1, dtype),
+            fd_step(kl.fd_step, kl.fd_min_relative, optimizer.native_relative_update_norm(native), dtype))
 
 
 def _probe_batch(batch: Batch, kl_cfg, device: torch.device) -> ProbeBatch:

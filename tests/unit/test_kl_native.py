@@ -209,3 +209,55 @@ def test_rl_job_refuses_unscaled_native_steps_under_kl_control(monkeypatch):
         if "mode" in fix:
             cfg.kl.mode, cfg.kl.measure_actual = "none", False
         job.check_native_step_control(cfg)  # accepted
+
+
+def test_finite_difference_control_of_a_bf16_step_with_trained_natives_keeps_the_budget(groups):
+    """bf16 targets at the paper's 6e-5 relative update take a finite-difference step h ≫ 1 (their
+    outputs cannot resolve less); the trained natives' AdamW change is relatively ~100× larger and
+    takes its own step. The controlled step's exact KL must then land on the budget, as with the
+    forward-mode probe (a shared h ≈ 83 predicted ~20× too little and overshot the budget ~8×)."""
+    from megatron_logra.kl.controller import KLConfig, KLController
+    from megatron_logra.kl.probe import measure_kl
+    from megatron_logra.models.gpt import ModelConfig, build_gpt
+    from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
+    from megatron_logra.rl.loop import fd_steps
+    from megatron_logra.train.step import Batch, forward_backward
+
+    kl = KLConfig(mode="predicted", probe="finite_difference", budget_start=2e-4)
+    results = {}
+    for method in ("jvp", "fd"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = build_gpt(ModelConfig(init_std=0.02, vocab_size=V, params_dtype="bfloat16"), groups, seed=3)
+        opt = build_optimizer(model, OptimizerConfig(logra=LograConfig(rank=8, recipe="paper", update_ratio=6e-5),
+                                                     native=NativeConfig(lr=1e-3)), groups)
+        gen = torch.Generator().manual_seed(0)
+        tokens, labels = torch.randint(0, V, (4, 32), generator=gen), torch.randint(0, V, (4, 32), generator=gen)
+        pos = torch.arange(32)[None].expand(4, 32).contiguous()
+        mask = torch.ones(4, 32)
+        mask[:, :4] = 0.0
+        for _ in range(3):
+            opt.zero_grad()
+            opt.step(num_tokens=forward_backward(model, [Batch(tokens, labels, mask, pos)], groups).num_tokens)
+        opt.zero_grad()
+        update = opt.prepare(num_tokens=forward_backward(model, [Batch(tokens, labels, mask, pos)], groups).num_tokens)
+        probe = ProbeBatch(tokens, pos, mask)
+        native = opt.native_deltas(update)
+        assert native
+        if method == "jvp":
+            pred, old_logits = predicted_kl(model, opt.sketches, update.directions, update.update_index, probe,
+                                            groups, native=native)
+        else:
+            h, h_native = fd_steps(kl, opt, opt.relative_update_norm(update, 1.0), native)
+            assert h > 20 and 1.0 <= h_native < h / 10  # each part's step fits its own relative change
+            pred, old_logits = predicted_kl_fd(model, opt.sketches, update.directions, probe, groups, step=h,
+                                               native=native, native_step=h_native)
+        alpha, budget = KLController(kl).step_size(pred, 1)
+        assert alpha < kl.alpha_max  # the budget, not the α cap, sets the step
+        opt.apply(update, alpha)
+        results[method] = (pred, measure_kl(model, probe, old_logits, groups) / budget)
+        opt.sketches.remove()
+        opt.native.remove_hooks()
+    assert abs(results["fd"][0] / results["jvp"][0] - 1.0) < 0.25, results
+    for method, (_, ratio) in results.items():
+        assert 0.6 < ratio < 1.5, (method, results)  # exact KL of the applied step / budget
