@@ -10,7 +10,8 @@ Both targets speak the engine protocol :class:`megatron_logra.rl.policy_sync.Pol
 This module holds the two transports, :class:`SGLangEngineTarget` and :class:`SGLangServerTarget`:
 each supplies the primitives (server info, ``update_weights_from_tensor``, ``get_weights_by_name``,
 pause/continue, version tag) that :mod:`~megatron_logra.sync.sglang_protocol` turns into the
-protocol (how a delta travels and how its outcome is verified, the full refit, fingerprints).
+protocol (how a delta travels and how its outcome is verified, the full refit, fingerprints, and
+servers with data-parallel replicas, ``--dp-size > 1``, whose read-backs hold one answer per replica).
 Request payloads and :class:`SGLangError` live in :mod:`~megatron_logra.sync.sglang_payloads`;
 every public name this module had is still importable from here.
 
@@ -70,7 +71,8 @@ def _result(res: Any) -> tuple[bool, str]:
 class SGLangEngineTarget(_SGLangTarget):
     """An in-process ``sglang.Engine`` (its scheduler runs in a child process; tensors go by shared memory).
 
-    Start the engine with ``custom_weight_loader=[LOADER_PATH]``. ``pause`` uses the engine's
+    Start the engine with ``custom_weight_loader=[LOADER_PATH]`` (and, with ``dp_size > 1``,
+    ``enable_dp_attention=True``: SGLang refuses tensor updates otherwise). ``pause`` uses the engine's
     ``pause_generation``/``continue_generation`` when it has them (the offline Engine usually
     does not; a synchronous caller has nothing in flight anyway).
     """
@@ -83,15 +85,18 @@ class SGLangEngineTarget(_SGLangTarget):
         args = getattr(self.engine, "server_args", None)
         if args is None:
             return {}
-        return {"custom_weight_loader": getattr(args, "custom_weight_loader", None),
-                "tp_size": getattr(args, "tp_size", 1)}
+        info = {"custom_weight_loader": getattr(args, "custom_weight_loader", None),
+                "tp_size": getattr(args, "tp_size", 1), "dp_size": getattr(args, "dp_size", 1)}
+        if hasattr(args, "enable_dp_attention"):
+            info["enable_dp_attention"] = args.enable_dp_attention
+        return info
 
     def _update(self, named_tensors, load_format, flush_cache):
         named = [(n, t.detach()) for n, t in named_tensors]
         return _result(self.engine.update_weights_from_tensor(named, load_format=load_format, flush_cache=flush_cache))
 
     def _read_param(self, name):
-        values = self.engine.get_weights_by_name(name, truncate_size=_READ_ALL)
+        values = self.engine.get_weights_by_name(name, truncate_size=_READ_ALL)  # one list per DP replica at dp > 1
         return values if isinstance(values, list) else None
 
     def _pause(self):
@@ -121,7 +126,8 @@ def _error_text(body: Any) -> str:
 
 
 class SGLangServerTarget(_SGLangTarget):
-    """A running SGLang HTTP server (``python -m sglang.launch_server ... --custom-weight-loader LOADER_PATH``).
+    """A running SGLang HTTP server (``python -m sglang.launch_server ... --custom-weight-loader LOADER_PATH``;
+    with ``--dp-size N > 1`` also ``--enable-dp-attention``, which SGLang needs for tensor updates).
 
     ``api_key`` is sent as ``Authorization: Bearer <key>`` (SGLang's ``--api-key``). ``timeout``
     bounds every request (weight updates included). ``serialization``: see the module
@@ -195,6 +201,7 @@ class SGLangServerTarget(_SGLangTarget):
         return bool(resp.get("success")) and status == 200, str(resp.get("message", ""))
 
     def _read_param(self, name):
+        # 400 when the (single) replica could not read it; at dp_size > 1 a list with null for such replicas
         status, resp = self.request("POST", "/get_weights_by_name", {"name": name, "truncate_size": _READ_ALL},
                                     ok_status=(400,))
         return resp if status == 200 and isinstance(resp, list) else None

@@ -3,8 +3,9 @@
 Contract: pure functions over tensors and bytes, no I/O. :func:`serialize_named_tensors` builds
 one entry of an HTTP ``/update_weights_from_tensor`` request, :func:`chunk_named_tensors` cuts a
 dense refit into requests of bounded size, ``_precheck`` runs the weight-free checks of
-``apply.validate`` so a bad delta never reaches the engine, and ``_decode_json_param`` decodes a
-loader parameter read back with ``get_weights_by_name`` (raising :class:`SGLangError`). Used by
+``apply.validate`` so a bad delta never reaches the engine, ``_replica_answers`` splits a
+``get_weights_by_name`` answer into one answer per data-parallel replica, and ``_decode_json_param``
+decodes a loader parameter read back with it (raising :class:`SGLangError`). Used by
 :mod:`~megatron_logra.sync.sglang_protocol` and :mod:`~megatron_logra.sync.sglang_client`
 (which re-exports the public names).
 
@@ -18,6 +19,11 @@ CUDA tensors as IPC handles (``torch.multiprocessing`` reductions, as SGLang's o
 GPU(s), and the tensors must stay alive until the request returns (they do: calls are
 synchronous). CPU tensors cannot use IPC (their shared-memory handles need the sender's
 multiprocessing authkey, which an independently started server does not have).
+
+Read-backs: SGLang's ``TokenizerManager.get_weights_by_name`` asks every data-parallel replica
+and answers the bare parameter values at ``dp_size == 1`` and the list of every replica's answer
+(``None`` for a replica that could not read it) otherwise; :func:`_replica_answers` turns both
+shapes into one list per replica.
 
 Imports only torch and the standard library besides the sync package; SGLang is imported
 lazily and only for ``serialization="cuda_ipc"``.
@@ -132,6 +138,26 @@ def _precheck(delta: SketchDelta, current_version: int) -> None:
     for name, v in delta.dense.items():
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             raise SyncError("nonfinite", f"dense {name} has non-finite entries")
+
+
+def _replica_answers(values: Any, dp_size: Optional[int], what: str) -> Optional[list[Optional[list]]]:
+    """One ``get_weights_by_name`` answer per data-parallel replica (None for a replica without one).
+
+    ``values`` is SGLang's answer for a 1-D parameter: its values (a list of numbers) at
+    ``dp_size == 1``; a list with one such list (or ``None``) per replica otherwise. Returns None
+    when no replica answered. ``dp_size`` is the server's (None: not known); a server with
+    ``dp_size > 1`` must answer once per replica, else :class:`SGLangError` ``engine``.
+    """
+    if values is None:
+        return None
+    if not isinstance(values, list):
+        raise SGLangError("engine", f"{what}: expected a list from get_weights_by_name, got {type(values).__name__}")
+    per_replica = bool(values) and all(v is None or isinstance(v, list) for v in values)
+    answers: list[Optional[list]] = list(values) if per_replica else [values]
+    if dp_size is not None and dp_size > 1 and len(answers) != dp_size:
+        raise SGLangError("engine", f"{what}: the SGLang engine has dp_size={dp_size} data-parallel replicas but "
+                                    f"get_weights_by_name answered for {len(answers) if per_replica else 'one'}")
+    return None if all(a is None for a in answers) else answers
 
 
 def _decode_json_param(values: Any, what: str) -> dict:

@@ -23,12 +23,29 @@ How a delta travels (checked against SGLang's source, see the module README in t
    back with ``get_weights_by_name(STATE_PARAM)`` and checks its nonce, ``ok`` and version;
    a rejection raises :class:`SyncError` with the engine's reason and the version is kept.
 
+Data parallelism (``--dp-size N``): every weight update reaches all N data-parallel replicas of
+the engine (SGLang's data-parallel controller forwards it), and ``get_weights_by_name`` answers
+with one list per replica (``TokenizerManager.get_weights_by_name``: the bare answer at
+``dp_size == 1``, the list of answers otherwise). The client decodes every replica's record: the
+loader states must agree (nonce, op, ok, error kind, version, vocabulary, fingerprint version),
+else :class:`SGLangError` ``engine`` names the replicas and what differs -- a replica that
+missed an update is never hidden behind the first one; the caller's failure path (a full refit,
+which reaches every replica) brings them back together. Only the first read of
+:attr:`_SGLangTarget.weight_version` tolerates disagreeing replicas: it reports version -1
+(unknown, deltas refused until a full refit) so an engine left in that state can still be refit.
+SGLang accepts ``update_weights_from_tensor`` at ``dp_size > 1`` only with
+``--enable-dp-attention`` (its tokenizer manager asserts ``dp_size == 1 or
+enable_dp_attention``), so a server that reports ``dp_size > 1`` with ``enable_dp_attention``
+false is refused before anything is sent (``config``).
+
 ``fingerprint()`` asks the engine's loader to hash its weights in HF layout (at any TP size:
 the engine's ranks assemble the sampled rows over their TP group, so the result equals the
-TP=1 fingerprint); it returns ``None`` when the engine cannot (the loader reported a
-``fingerprint_error``, or the served model class has no ``get_weights_by_name``): drift checks
-are then skipped for that engine, and only the periodic anchor refit protects against silent
-drift. Imports only torch and the standard library
+TP=1 fingerprint; with data-parallel replicas, a tensor on which they disagree gets the marker
+:data:`DP_MISMATCH_PREFIX` plus every replica's hash, which never equals the trainer's, so the
+drift check flags it and the refit reaches every replica); it returns ``None`` when the engine
+cannot (the loader reported a ``fingerprint_error``, or the served model class has no
+``get_weights_by_name``): drift checks are then skipped for that engine, and only the periodic
+anchor refit protects against silent drift. Imports only torch and the standard library
 besides the sync package.
 
 Vocabulary: the trainer pads its vocabulary (``ModelConfig.padded_vocab_size``); the served model
@@ -58,6 +75,7 @@ from megatron_logra.sync.sglang_payloads import (
     SGLangError,
     _decode_json_param,
     _precheck,
+    _replica_answers,
     chunk_named_tensors,
 )
 from megatron_logra.sync.sglang_wire import (
@@ -69,6 +87,16 @@ from megatron_logra.sync.sglang_wire import (
 )
 
 logger = logging.getLogger(__name__)
+
+DP_MISMATCH_PREFIX = "data-parallel-mismatch:"
+"""Starts :meth:`_SGLangTarget.fingerprint`'s value for a tensor whose data-parallel replicas hash differently."""
+
+_REPLICA_KEYS = ("format", "nonce", "op", "ok", "error_kind", "version", "vocab_size", "fingerprint_version")
+"""The loader-state fields every data-parallel replica must report alike."""
+
+
+def _int_at_least_1(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
 # --------------------------------------------------------------------------- the shared protocol
@@ -87,6 +115,7 @@ class _SGLangTarget:
         self._vocab: Optional[int] = None
         self._vocab_read = False
         self._checked = False
+        self._dp_size: Optional[int] = None
         self._fp_disabled: Optional[str] = None
         self.bytes_sent = 0
         self.num_deltas = 0
@@ -96,6 +125,8 @@ class _SGLangTarget:
 
     # ---- primitives (transport specific) ------------------------------------------------
     def _server_info(self) -> dict:
+        """The server's arguments that matter here: ``custom_weight_loader``, ``tp_size``, ``dp_size``,
+        ``enable_dp_attention`` (absent keys: not known)."""
         raise NotImplementedError
 
     def _update(self, named_tensors: list[tuple[str, torch.Tensor]], load_format: Optional[str],
@@ -103,7 +134,8 @@ class _SGLangTarget:
         raise NotImplementedError
 
     def _read_param(self, name: str) -> Optional[list]:
-        """The parameter's values (``get_weights_by_name``), None when the engine has no such parameter."""
+        """SGLang's ``get_weights_by_name`` answer as it comes (at ``dp_size > 1`` one list per
+        data-parallel replica), None when the engine has no such parameter."""
         raise NotImplementedError
 
     def _pause(self) -> None:
@@ -128,6 +160,13 @@ class _SGLangTarget:
             raise SGLangError("config", f"the SGLang engine does not register the sketch-delta loader: start it with "
                                         f"--custom-weight-loader {LOADER_PATH} (it lists {loaders or []}); sending "
                                         "an unregistered load_format would crash its scheduler")
+        dp_size = _int_at_least_1(info.get("dp_size"))
+        if dp_size > 1 and info.get("enable_dp_attention") is False:
+            raise SGLangError("config", f"the SGLang engine serves dp_size={dp_size} data-parallel replicas without "
+                                        "--enable-dp-attention, and SGLang then refuses update_weights_from_tensor "
+                                        "(its tokenizer manager asserts dp_size == 1 or enable_dp_attention): start "
+                                        "it with --dp-size 1 (one server per replica) or add --enable-dp-attention")
+        self._dp_size = dp_size
         self._checked = True
 
     @contextlib.contextmanager
@@ -141,25 +180,81 @@ class _SGLangTarget:
         finally:
             self._continue()
 
-    def _command(self, op: str, *, flush_cache: bool = False, **fields: Any) -> dict:
-        """Run one loader command and return its verified state."""
+    def _command(self, op: str, *, flush_cache: bool = False, strict: bool = True, **fields: Any) -> dict:
+        """Run one loader command and return its verified state (``strict``: see :meth:`_merge_states`)."""
         nonce = secrets.token_hex(8)
         command = {"op": op, "nonce": nonce, "rows_per_tensor": self.rows_per_tensor, **fields}
         self._send(command_as_named_tensors(command), flush_cache=flush_cache, what=f"command {op!r}")
-        return self._state(nonce)
+        return self._state(nonce, strict=strict)
 
     def _send(self, named_tensors: list, *, flush_cache: bool, what: str) -> None:
         ok, message = self._update(named_tensors, LOADER_PATH, flush_cache)
         if not ok:
             raise SGLangError("engine", f"SGLang update_weights_from_tensor failed for {what}: {message}")
 
-    def _state(self, nonce: Optional[str] = None) -> dict:
-        values = self._read_param(STATE_PARAM)
-        if values is None:
+    def _read_records(self, name: str, what: str) -> Optional[list[Optional[dict]]]:
+        """The JSON record ``name`` of every data-parallel replica (one entry at ``dp_size == 1``; None
+        for a replica without one); None when no replica has it."""
+        answers = _replica_answers(self._read_param(name), self._dp_size, what)
+        if answers is None:
+            return None
+        if len(answers) == 1:
+            return [_decode_json_param(answers[0], what)]
+        return [None if a is None else _decode_json_param(a, f"{what} of data-parallel replica {i}")
+                for i, a in enumerate(answers)]
+
+    def _merge_states(self, records: list[Optional[dict]], what: str, *, strict: bool = True) -> dict:
+        """One loader state from every data-parallel replica's (:data:`_REPLICA_KEYS` must agree).
+
+        Disagreeing replicas raise :class:`SGLangError` ``engine`` naming them and the differing
+        fields; with ``strict=False`` the state reports version -1 (unknown) instead, unless the
+        replicas disagree on the vocabulary (always an error). Differing ``error`` /
+        ``fingerprint_error`` texts are joined per replica.
+        """
+        if len(records) == 1 and records[0] is not None:
+            return records[0]
+        n = len(records)
+        missing = [i for i, r in enumerate(records) if r is None]
+        present = [r for r in records if r is not None]
+        diffs = [f"replica(s) {missing} have no {what}"] if missing else []
+        vocab_differs = False
+        for key in _REPLICA_KEYS:
+            values = [r.get(key) for r in present]
+            if any(v != values[0] for v in values):
+                vocab_differs = vocab_differs or key == "vocab_size"
+                diffs.append(f"{key}: " + ", ".join(f"replica {i}={r.get(key)!r}"
+                                                    for i, r in enumerate(records) if r is not None))
+        if diffs and (strict or vocab_differs or not present):
+            raise SGLangError("engine", f"the SGLang engine's {n} data-parallel replicas disagree on the {what}: "
+                                        f"{'; '.join(diffs)} -- a replica did not apply the same updates as the "
+                                        "others; a full refit (update_weights_full) reaches every replica")
+        state = dict(present[0])
+        for key in ("error", "fingerprint_error"):
+            texts = [(i, r.get(key)) for i, r in enumerate(records) if r is not None and r.get(key)]
+            if len({t for _, t in texts}) > 1:
+                state[key] = "; ".join(f"data-parallel replica {i}: {t}" for i, t in texts)
+            elif texts:
+                state[key] = texts[0][1]
+        if diffs:
+            logger.warning("SGLang engine's data-parallel replicas disagree (%s): its version is unknown until a "
+                           "full refit", "; ".join(diffs))
+            state.update(version=-1, fingerprint_version=None)
+        return state
+
+    def _state(self, nonce: Optional[str] = None, *, strict: bool = True) -> dict:
+        records = self._read_records(STATE_PARAM, f"loader state {STATE_PARAM!r}")
+        if records is None:
             raise SGLangError("engine", f"cannot read the loader state {STATE_PARAM!r} back with get_weights_by_name "
                                         "after the loader ran: check the engine's log for the read error (the "
                                         "loader serves the record itself on model classes without the method)")
-        state = _decode_json_param(values, f"loader state {STATE_PARAM!r}")
+        if nonce is not None and not strict:  # every replica ran this command, whatever else differs
+            for i, r in enumerate(records):
+                if r is None or r.get("nonce") != nonce:
+                    where = f" on data-parallel replica {i}" if len(records) > 1 else ""
+                    raise SGLangError("engine", f"the loader did not record this request{where} (state nonce "
+                                                f"{r and r.get('nonce')!r}, sent {nonce!r}): was {LOADER_PATH} "
+                                                "really called?")
+        state = self._merge_states(records, f"loader state {STATE_PARAM!r}", strict=strict)
         self._note_vocab(state)
         if nonce is not None and state.get("nonce") != nonce:
             raise SGLangError("engine", f"the loader did not record this request (state nonce {state.get('nonce')!r}, "
@@ -167,10 +262,17 @@ class _SGLangTarget:
         return state
 
     def refresh(self) -> int:
-        """Check the server and read the engine's version from its loader state (runs a status command once)."""
+        """Check the server and read the engine's version from its loader state (runs a status command
+        when some replica has none yet). Data-parallel replicas that disagree raise :class:`SGLangError`."""
+        return self._read_version(strict=True)
+
+    def _read_version(self, *, strict: bool) -> int:
         self._check_server()
-        values = self._read_param(STATE_PARAM)
-        state = self._command("status") if values is None else _decode_json_param(values, "loader state")
+        records = self._read_records(STATE_PARAM, "loader state")
+        if records is None or any(r is None for r in records):
+            state = self._command("status", strict=strict)
+        else:
+            state = self._merge_states(records, "loader state", strict=strict)
         self._note_vocab(state)
         self._version = int(state["version"])
         return self._version
@@ -188,7 +290,7 @@ class _SGLangTarget:
         if not self._vocab_read:
             self._check_server()
             self._vocab_read = True
-            self._command("status")
+            self._command("status", strict=False)  # a full refit reads it: replicas may be at different versions
         return self._vocab
 
     def _vocab_rows(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -216,9 +318,10 @@ class _SGLangTarget:
     # ---- the protocol ----------------------------------------------------------------------
     @property
     def weight_version(self) -> int:
-        """The engine's weight version (read from the engine on first use, then tracked)."""
+        """The engine's weight version (read from the engine on first use, then tracked). Data-parallel
+        replicas that disagree read as -1 (unknown: deltas are refused until a full refit), with a warning."""
         if self._version is None:
-            self.refresh()
+            self._read_version(strict=False)
         return int(self._version)  # type: ignore[arg-type]
 
     def apply_sketch_delta(self, payload: Union[SketchDelta, bytes, bytearray, memoryview]) -> int:
@@ -310,22 +413,42 @@ class _SGLangTarget:
         self._version = int(state["version"])
 
     def fingerprint(self) -> Optional[dict[str, str]]:
-        """``{HF name: sha256 hex}`` of the engine's weights, or None when it cannot say (see module docstring)."""
+        """``{HF name: sha256 hex}`` of the engine's weights, or None when it cannot say (see module docstring).
+
+        Every data-parallel replica's record must be for the engine's current version (else
+        :class:`SGLangError` ``engine`` naming the replicas); a tensor the replicas hash differently
+        (or that some replica lacks) maps to ``DP_MISMATCH_PREFIX`` + every replica's hash, which
+        differs from any trainer fingerprint.
+        """
         if self._fp_disabled:
             return None
         current = self.weight_version
-        values = self._read_param(FINGERPRINT_PARAM)
-        record = None if values is None else _decode_json_param(values, "engine fingerprint")
-        if record is None or record.get("version") != current:
+
+        def stale(records: Optional[list[Optional[dict]]]) -> bool:
+            return records is None or any(r is None or r.get("version") != current for r in records)
+
+        records = self._read_records(FINGERPRINT_PARAM, "engine fingerprint")
+        if stale(records):
             state = self._command("fingerprint")
             if state.get("fingerprint_error"):
                 self._fp_disabled = state["fingerprint_error"]
                 logger.warning("SGLang engine cannot fingerprint its weights (%s): drift checks are skipped",
                                self._fp_disabled)
                 return None
-            values = self._read_param(FINGERPRINT_PARAM)
-            record = None if values is None else _decode_json_param(values, "engine fingerprint")
-        if record is None or record.get("version") != current:
-            raise SGLangError("engine", f"engine fingerprint is for version {record and record.get('version')}, "
-                                        f"engine at {current}")
-        return dict(record["fingerprint"])
+            records = self._read_records(FINGERPRINT_PARAM, "engine fingerprint")
+        if stale(records):
+            if records is None or len(records) == 1:
+                versions = str(records and records[0] and records[0].get("version"))
+            else:
+                versions = ", ".join(f"{r and r.get('version')} on data-parallel replica {i}"
+                                     for i, r in enumerate(records))
+            raise SGLangError("engine", f"engine fingerprint is for version {versions}, engine at {current}")
+        fps = [dict(r["fingerprint"]) for r in records]  # type: ignore[index]
+        if len(fps) == 1:
+            return fps[0]
+        out: dict[str, str] = {}
+        for name in sorted(set().union(*fps)):
+            hashes = [fp.get(name) for fp in fps]
+            out[name] = hashes[0] if all(h == hashes[0] for h in hashes) else \
+                DP_MISMATCH_PREFIX + ",".join(f"replica {i}={h or 'missing'}" for i, h in enumerate(hashes))
+        return out

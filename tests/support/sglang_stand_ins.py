@@ -8,14 +8,25 @@ update_weights_from_tensor`` does with a request (custom loader by dotted path w
 ``custom_weight_loader``, ``model.load_weights`` for ``load_format=None``, anything else kills the
 scheduler) and what ``get_weights_by_name`` returns (fp32 ``tolist()``, truncated); ``FakeEngine``
 passes tensors through ``ForkingPickler`` like ``Engine.update_weights_from_tensor``.
+``DataParallelRuntime`` is SGLang's ``--dp-size N`` as the tokenizer manager sees it: N
+``SchedulerRuntime`` replicas, every update sent to each (the data-parallel controller's
+``send_control_message``), ``get_weights_by_name`` answered like ``TokenizerManager.
+get_weights_by_name`` (the bare answer at dp_size 1, the list of every replica's otherwise);
+``FakeEngine`` and ``FakeServer`` (SGLang's HTTP routes) refuse tensor updates at dp_size > 1
+without ``enable_dp_attention``, as the tokenizer manager asserts.
 ``FakeSGLang`` answers ``/generate`` payloads the way SGLang documents them; ``FakeTarget`` is the
 ``sglang_client`` target protocol with canned answers.
 """
 
 from __future__ import annotations
 
+import base64
 import importlib
 import io
+import json
+import pickle
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.reduction import ForkingPickler
 from types import SimpleNamespace
 
@@ -26,8 +37,12 @@ from megatron_logra.sync import SyncError
 from megatron_logra.sync.sglang_loader import LOADER_PATH
 from megatron_logra.sync.synthetic import DenseShape
 
-__all__ = ["D", "F", "G", "H", "HID", "PADDED", "SHAPE", "V", "VOCAB", "Embedding", "FakeEngine", "FakeSGLang", "FakeTarget",
-           "Linear", "Norm", "SGLangLlama", "SGLangQwen2", "SchedulerRuntime", "hf_state"]
+__all__ = ["D", "F", "G", "H", "HID", "PADDED", "SHAPE", "V", "VOCAB", "DataParallelRuntime", "Embedding", "FakeEngine",
+           "FakeSGLang", "FakeServer", "FakeTarget", "Linear", "Norm", "SGLangLlama", "SGLangQwen2", "SchedulerRuntime",
+           "hf_state"]
+
+DP_UPDATE_ASSERT = "dp_size must be 1 or dp attention must be enabled for update weights from tensor"
+"""``TokenizerManager.update_weights_from_tensor``'s assertion message."""
 
 H, G, D, F, V, HID = 4, 2, 8, 48, 40, 32
 SHAPE = DenseShape(hidden=HID, layers=2, heads=H, kv_heads=G, ffn=F, vocab=V)
@@ -161,16 +176,55 @@ class SchedulerRuntime:
             return None
 
 
+class DataParallelRuntime:
+    """SGLang's ``--dp-size N``: N independent ``SchedulerRuntime`` replicas (each with its own TP models).
+
+    ``update`` (one TP rank's request) reaches that rank of every replica, each with its own copy
+    of the tensors (``DataParallelController.send_control_message`` sends control requests to
+    every replica, each deserialises them itself). ``get_weights_by_name`` collects one answer per
+    replica and returns them as ``TokenizerManager.get_weights_by_name`` does: ``answers[0]`` at
+    dp_size 1, the list (``None`` for a replica that could not read it) otherwise.
+    ``enable_dp_attention``: what the server was started with (SGLang accepts tensor updates at
+    dp_size > 1 only with it; each replica's weights here stay laid out as a plain TP group).
+    """
+
+    def __init__(self, replicas, enable_dp_attention=True):
+        self.replicas = list(replicas)
+        self.enable_dp_attention = enable_dp_attention
+        self.custom_weight_loader = self.replicas[0].custom_weight_loader
+
+    @property
+    def dp_size(self):
+        return len(self.replicas)
+
+    @property
+    def dead(self):
+        return next((r.dead for r in self.replicas if r.dead), None)
+
+    def update(self, rank, named_tensors, load_format):
+        for replica in self.replicas:
+            replica.update(rank, [(n, t.clone()) for n, t in named_tensors], load_format)
+
+    def get_weights_by_name(self, name, truncate_size=100):
+        answers = [r.get_weights_by_name(name, truncate_size) for r in self.replicas]
+        return answers[0] if self.dp_size == 1 else answers
+
+
 class FakeEngine:
-    """``sglang.Engine``'s weight-update surface; tensors go through ForkingPickler (``_serialize_tensors_per_rank``)."""
+    """``sglang.Engine``'s weight-update surface; tensors go through ForkingPickler (``_serialize_tensors_per_rank``).
+
+    ``runtime``: a ``SchedulerRuntime`` or a ``DataParallelRuntime`` (``server_args.dp_size`` is its size)."""
 
     def __init__(self, runtime, tp_size=1):
         self.runtime = runtime
-        self.server_args = SimpleNamespace(custom_weight_loader=runtime.custom_weight_loader, tp_size=tp_size)
+        self.server_args = SimpleNamespace(custom_weight_loader=runtime.custom_weight_loader, tp_size=tp_size,
+                                           dp_size=getattr(runtime, "dp_size", 1),
+                                           enable_dp_attention=getattr(runtime, "enable_dp_attention", False))
         self.calls = []
 
     def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
         self.calls.append(("update", load_format, flush_cache, [n for n, _ in named_tensors]))
+        assert self.server_args.dp_size == 1 or self.server_args.enable_dp_attention, DP_UPDATE_ASSERT
         for rank in range(self.server_args.tp_size):
             buf = io.BytesIO()
             ForkingPickler(buf).dump(named_tensors)
@@ -180,6 +234,88 @@ class FakeEngine:
     def get_weights_by_name(self, name, truncate_size=100):
         self.calls.append(("get", name))
         return self.runtime.get_weights_by_name(name, truncate_size)
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """SGLang's ``SafeUnpickler`` allow-list (module prefixes), enough for tensors pickled by value."""
+
+    ALLOWED = ("builtins.", "collections.", "copyreg.", "torch.")
+
+    def find_class(self, module, name):
+        if any((module + ".").startswith(p) for p in self.ALLOWED):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"Blocked unsafe class loading ({module}.{name})")
+
+
+class FakeServer:
+    """SGLang's HTTP weight routes over a ``SchedulerRuntime`` or ``DataParallelRuntime``, on a local port.
+
+    ``/get_server_info`` has the server arguments (``tp_size``, ``dp_size``, ``enable_dp_attention``,
+    ``custom_weight_loader``); ``/update_weights_from_tensor`` fails with 500 when the tokenizer
+    manager's dp assertion fails, unpickles ``serialized_named_tensors[tp_rank]`` with SGLang's
+    allow-list for each TP rank; ``/get_weights_by_name`` answers 400 when the tokenizer manager
+    returns None (dp_size 1), else 200 with its answer (at dp_size > 1 a list, ``null`` for a
+    replica that could not read). ``paths`` records the routes called.
+    """
+
+    def __init__(self, runtime, *, tp_size=1):
+        self.runtime, self.tp_size = runtime, tp_size
+        self.server_info = {"tp_size": tp_size, "dp_size": getattr(runtime, "dp_size", 1),
+                            "enable_dp_attention": getattr(runtime, "enable_dp_attention", False),
+                            "custom_weight_loader": runtime.custom_weight_loader, "weight_version": "default"}
+        self.paths = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _handle(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n)) if n else None
+                owner.paths.append(self.path)
+                status, reply = owner.route(self.command, self.path, body)
+                data = json.dumps(reply).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _handle
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def route(self, method, path, body):
+        info = self.server_info
+        if path == "/get_server_info" and method == "GET":
+            return 200, info
+        if path == "/update_weights_from_tensor" and method == "POST":
+            if not (info["dp_size"] == 1 or info["enable_dp_attention"]):
+                return 500, {"detail": f"Internal Server Error: AssertionError('{DP_UPDATE_ASSERT}')"}
+            entries = body["serialized_named_tensors"]
+            try:
+                for rank in range(self.tp_size):  # each scheduler reads serialized_named_tensors[tp_rank]
+                    named = _SafeUnpickler(io.BytesIO(base64.b64decode(entries[rank], validate=True))).load()
+                    self.runtime.update(rank, named, body["load_format"])
+            except Exception as exc:
+                return 500, {"detail": f"Internal Server Error: {exc!r}"}
+            return 200, {"success": True, "message": "Success"}
+        if path == "/get_weights_by_name" and method == "POST":
+            ret = self.runtime.get_weights_by_name(body["name"], body.get("truncate_size", 100))
+            if ret is None:
+                return 400, {"error": {"message": "Get parameter by name failed"}}
+            return 200, ret
+        if path in ("/pause_generation", "/continue_generation", "/update_weight_version") and method == "POST":
+            return 200, {"success": True, "message": "ok", "status": "ok"}
+        return 404, {"detail": "Not Found"}
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 class FakeSGLang:
