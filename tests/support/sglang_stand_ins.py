@@ -14,8 +14,11 @@ passes tensors through ``ForkingPickler`` like ``Engine.update_weights_from_tens
 get_weights_by_name`` (the bare answer at dp_size 1, the list of every replica's otherwise);
 ``FakeEngine`` and ``FakeServer`` (SGLang's HTTP routes) refuse tensor updates at dp_size > 1
 without ``enable_dp_attention``, as the tokenizer manager asserts.
+``FakeServer`` records every request and unpickles with an allow-list like SGLang's ``SafeUnpickler``;
+``send_json`` is its JSON answer, for other test HTTP handlers too; the ``servers`` fixture closes them.
 ``FakeSGLang`` answers ``/generate`` payloads the way SGLang documents them; ``FakeTarget`` is the
-``sglang_client`` target protocol with canned answers.
+``sglang_client`` target protocol with canned answers. ``delta_chain`` makes a chain of random sketch
+deltas on ``SHAPE`` and ``reference`` applies them to an HF-layout state with the trainer's apply.
 """
 
 from __future__ import annotations
@@ -30,16 +33,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.reduction import ForkingPickler
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
 from megatron_logra.sync import SyncError
 from megatron_logra.sync.sglang_loader import LOADER_PATH
-from megatron_logra.sync.synthetic import DenseShape
+from megatron_logra.sync.apply import apply_delta_
+from megatron_logra.sync.synthetic import DenseShape, random_delta
 
 __all__ = ["D", "F", "G", "H", "HID", "PADDED", "SHAPE", "V", "VOCAB", "DataParallelRuntime", "Embedding", "FakeEngine",
-           "FakeSGLang", "FakeServer", "FakeTarget", "Linear", "Norm", "SGLangLlama", "SGLangQwen2", "SchedulerRuntime",
-           "hf_state"]
+           "FakeSGLang", "FakeServer", "FakeTarget", "Linear", "Norm", "SGLangLlama", "SGLangQwen2", "SafeUnpickler",
+           "SchedulerRuntime", "delta_chain", "hf_state", "reference", "send_json", "servers"]
 
 DP_UPDATE_ASSERT = "dp_size must be 1 or dp attention must be enabled for update weights from tensor"
 """``TokenizerManager.update_weights_from_tensor``'s assertion message."""
@@ -236,7 +241,7 @@ class FakeEngine:
         return self.runtime.get_weights_by_name(name, truncate_size)
 
 
-class _SafeUnpickler(pickle.Unpickler):
+class SafeUnpickler(pickle.Unpickler):
     """SGLang's ``SafeUnpickler`` allow-list (module prefixes), enough for tensors pickled by value."""
 
     ALLOWED = ("builtins.", "collections.", "copyreg.", "torch.")
@@ -247,23 +252,43 @@ class _SafeUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"Blocked unsafe class loading ({module}.{name})")
 
 
-class FakeServer:
-    """SGLang's HTTP weight routes over a ``SchedulerRuntime`` or ``DataParallelRuntime``, on a local port.
+def send_json(handler: BaseHTTPRequestHandler, status: int, body) -> None:
+    """Answer ``handler``'s request with ``status`` and ``body`` as JSON (``Content-Type`` and ``Content-Length`` set)."""
+    data = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
 
-    ``/get_server_info`` has the server arguments (``tp_size``, ``dp_size``, ``enable_dp_attention``,
-    ``custom_weight_loader``); ``/update_weights_from_tensor`` fails with 500 when the tokenizer
-    manager's dp assertion fails, unpickles ``serialized_named_tensors[tp_rank]`` with SGLang's
-    allow-list for each TP rank; ``/get_weights_by_name`` answers 400 when the tokenizer manager
-    returns None (dp_size 1), else 200 with its answer (at dp_size > 1 a list, ``null`` for a
-    replica that could not read). ``paths`` records the routes called.
+
+class FakeServer:
+    """SGLang's HTTP routes used by the client, over a ``SchedulerRuntime`` or ``DataParallelRuntime``, on a local
+    port, recording every request.
+
+    ``requests`` holds each request's ``method``, ``path``, JSON ``body`` and ``headers`` (names lowercased);
+    ``paths()`` its paths. With ``api_key`` a request without ``Authorization: Bearer <api_key>`` gets 401.
+    ``/get_server_info`` answers ``server_info`` (default: the server arguments ``tp_size``, ``dp_size``,
+    ``enable_dp_attention``, ``custom_weight_loader``, and ``weight_version``).
+    ``/update_weights_from_tensor`` fails with 500 when the tokenizer manager's dp assertion fails, with 400
+    and ``fail_update`` as its message when that is set (SGLang's own refusal, e.g. a payload it cannot
+    deserialise), with 400 when the number of entries is not ``tp_size``; else it unpickles
+    ``serialized_named_tensors[tp_rank]`` with SGLang's allow-list for each TP rank (500 when the scheduler
+    raises). ``/get_weights_by_name`` answers 400 when the tokenizer manager returns None (dp_size 1), else 200
+    with its answer (at dp_size > 1 a list, ``null`` for a replica that could not read).
+    ``/update_weight_version`` keeps ``new_version`` in ``weight_version``; ``/pause_generation`` and
+    ``/continue_generation`` answer as SGLang does; any other route is 404.
     """
 
-    def __init__(self, runtime, *, tp_size=1):
-        self.runtime, self.tp_size = runtime, tp_size
-        self.server_info = {"tp_size": tp_size, "dp_size": getattr(runtime, "dp_size", 1),
-                            "enable_dp_attention": getattr(runtime, "enable_dp_attention", False),
-                            "custom_weight_loader": runtime.custom_weight_loader, "weight_version": "default"}
-        self.paths = []
+    def __init__(self, runtime, *, tp_size=1, api_key=None, server_info=None, fail_update=None):
+        self.runtime, self.tp_size, self.api_key = runtime, tp_size, api_key
+        self.server_info = server_info if server_info is not None else {
+            "tp_size": tp_size, "dp_size": getattr(runtime, "dp_size", 1),
+            "enable_dp_attention": getattr(runtime, "enable_dp_attention", False),
+            "custom_weight_loader": runtime.custom_weight_loader, "weight_version": "default"}
+        self.fail_update = fail_update
+        self.requests = []
+        self.weight_version = "default"
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -272,15 +297,13 @@ class FakeServer:
 
             def _handle(self):
                 n = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(n)) if n else None
-                owner.paths.append(self.path)
-                status, reply = owner.route(self.command, self.path, body)
-                data = json.dumps(reply).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                raw = self.rfile.read(n) if n else b""
+                body = json.loads(raw) if raw else None
+                owner.requests.append({"method": self.command, "path": self.path, "body": body,
+                                       "headers": {k.lower(): v for k, v in self.headers.items()}})
+                if owner.api_key and self.headers.get("Authorization") != "Bearer " + owner.api_key:
+                    return send_json(self, 401, {"error": "Unauthorized"})
+                send_json(self, *owner.route(self.command, self.path, body))
 
             do_GET = do_POST = _handle
 
@@ -294,28 +317,70 @@ class FakeServer:
         if path == "/get_server_info" and method == "GET":
             return 200, info
         if path == "/update_weights_from_tensor" and method == "POST":
-            if not (info["dp_size"] == 1 or info["enable_dp_attention"]):
+            if not (info.get("dp_size", 1) == 1 or info.get("enable_dp_attention")):
                 return 500, {"detail": f"Internal Server Error: AssertionError('{DP_UPDATE_ASSERT}')"}
+            if self.fail_update:
+                return 400, {"success": False, "message": self.fail_update}
             entries = body["serialized_named_tensors"]
+            if len(entries) != self.tp_size:
+                return 400, {"success": False, "message": f"{len(entries)} entries for tp_size {self.tp_size}"}
             try:
                 for rank in range(self.tp_size):  # each scheduler reads serialized_named_tensors[tp_rank]
-                    named = _SafeUnpickler(io.BytesIO(base64.b64decode(entries[rank], validate=True))).load()
+                    named = SafeUnpickler(io.BytesIO(base64.b64decode(entries[rank], validate=True))).load()
                     self.runtime.update(rank, named, body["load_format"])
             except Exception as exc:
                 return 500, {"detail": f"Internal Server Error: {exc!r}"}
             return 200, {"success": True, "message": "Success"}
-        if path == "/get_weights_by_name" and method == "POST":
+        if path == "/get_weights_by_name":
             ret = self.runtime.get_weights_by_name(body["name"], body.get("truncate_size", 100))
             if ret is None:
                 return 400, {"error": {"message": "Get parameter by name failed"}}
             return 200, ret
-        if path in ("/pause_generation", "/continue_generation", "/update_weight_version") and method == "POST":
-            return 200, {"success": True, "message": "ok", "status": "ok"}
+        if path == "/pause_generation":
+            return 200, {"message": "Generation paused successfully.", "status": "ok"}
+        if path == "/continue_generation":
+            return 200, {"message": "Generation continued successfully.", "status": "ok"}
+        if path == "/update_weight_version":
+            self.weight_version = body["new_version"]
+            return 200, {"success": True, "message": f"Weight version updated to {body['new_version']}",
+                         "new_version": body["new_version"]}
         return 404, {"detail": "Not Found"}
+
+    def paths(self):
+        return [r["path"] for r in self.requests]
 
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+@pytest.fixture
+def servers():
+    """A list the test appends the ``FakeServer``s it starts to; each is closed after the test (import it as a fixture)."""
+    made = []
+    yield made
+    for s in made:
+        s.close()
+
+
+def delta_chain(n, *, start=0, dense=True, rank=8):
+    """``n`` chained random sketch deltas on ``SHAPE`` (versions ``start`` -> ``start + n``), rank ``rank``;
+    with ``dense`` every even-versioned one also sets ``model.norm.weight`` densely."""
+    out = []
+    for v in range(start, start + n):
+        extra = {"model.norm.weight": torch.full((HID,), 1.0 + v / 8)} if dense and v % 2 == 0 else {}
+        out.append(random_delta(SHAPE, rank, base_version=v, new_version=v + 1, update_index=v, seed=11,
+                                generator_seed=v, scale=2e-3, dense=extra))
+    return out
+
+
+def reference(hf, applied):
+    """A copy of the HF-layout state ``hf`` with the deltas ``applied`` applied in order by the trainer's
+    ``apply_delta_``: what an engine holding ``hf`` must hold bitwise after receiving them."""
+    ref = {k: v.clone() for k, v in hf.items()}
+    for d in applied:
+        apply_delta_(ref, d, d.base_version)
+    return ref
 
 
 class FakeSGLang:

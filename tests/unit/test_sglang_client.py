@@ -1,8 +1,8 @@
 """SGLang side of policy sync on CPU: the never-raising loader, payloads, and both clients' protocol.
 
 No SGLang here (it cannot start on this CPU), so its side is played by the stand-ins of
-``support.sglang_stand_ins`` (model layouts, the scheduler, the engine's pickling), and
-``_FakeServer`` answers SGLang's HTTP routes with SGLang's status codes and bodies and unpickles
+``support.sglang_stand_ins`` (model layouts, the scheduler, the engine's pickling), and its
+``FakeServer`` answers SGLang's HTTP routes with SGLang's status codes and bodies and unpickles
 with an allow-list like SGLang's ``SafeUnpickler``. The weights themselves are real: every
 check compares them bitwise with the HF-layout reference apply.
 """
@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import base64
 import io
-import json
-import pickle
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
 
 from megatron_logra.sync import SyncError, encode
-from megatron_logra.sync.apply import apply_delta_
 from megatron_logra.sync.fingerprint import drift, fingerprint
 from megatron_logra.sync.sglang_client import (
     SGLangEngineTarget,
@@ -45,8 +40,10 @@ from megatron_logra.sync.sglang_loader import (
     sync_loader,
 )
 from megatron_logra.sync.synthetic import DenseShape, random_delta
-from support.sglang_stand_ins import (F, G, H, HID, SHAPE, V, FakeEngine, SchedulerRuntime, SGLangLlama,
-                                     SGLangQwen2, hf_state)
+# servers: the fixture that closes the FakeServers a test starts
+from support.sglang_stand_ins import (F, G, H, HID, SHAPE, V, FakeEngine, FakeServer, SafeUnpickler,
+                                     SchedulerRuntime, SGLangLlama, SGLangQwen2, delta_chain, hf_state, reference,
+                                     servers)
 
 RANK = 8
 
@@ -54,22 +51,6 @@ RANK = 8
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     yield
-
-
-def _deltas(n, *, start=0, dense=True):
-    out = []
-    for v in range(start, start + n):
-        extra = {"model.norm.weight": torch.full((HID,), 1.0 + v / 8)} if dense and v % 2 == 0 else {}
-        out.append(random_delta(SHAPE, RANK, base_version=v, new_version=v + 1, update_index=v, seed=11,
-                                generator_seed=v, scale=2e-3, dense=extra))
-    return out
-
-
-def _reference(hf, deltas):
-    ref = {k: v.clone() for k, v in hf.items()}
-    for d in deltas:
-        apply_delta_(ref, d, d.base_version)
-    return ref
 
 
 def _engine_params(model):
@@ -83,123 +64,23 @@ def _assert_same(model, expect):
         assert torch.equal(got[name], want[name]), name
 
 
-class _SafeUnpickler(pickle.Unpickler):
-    """SGLang's ``SafeUnpickler`` allow-list (module prefixes), enough for tensors pickled by value."""
-
-    ALLOWED = ("builtins.", "collections.", "copyreg.", "torch.")
-
-    def find_class(self, module, name):
-        if any((module + ".").startswith(p) for p in self.ALLOWED):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"Blocked unsafe class loading ({module}.{name})")
-
-
-class _FakeServer:
-    """SGLang's HTTP routes used by the client, recording every request."""
-
-    def __init__(self, runtime, *, tp_size=1, api_key=None, server_info=None, fail_update=None):
-        self.runtime, self.tp_size, self.api_key = runtime, tp_size, api_key
-        self.server_info = server_info if server_info is not None else {
-            "tp_size": tp_size, "custom_weight_loader": runtime.custom_weight_loader, "weight_version": "default"}
-        self.fail_update = fail_update
-        self.requests = []
-        self.weight_version = "default"
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _reply(self, status, body):
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _handle(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(n) if n else b""
-                body = json.loads(raw) if raw else None
-                owner.requests.append({"method": self.command, "path": self.path, "body": body,
-                                       "headers": {k.lower(): v for k, v in self.headers.items()}})
-                if owner.api_key and self.headers.get("Authorization") != "Bearer " + owner.api_key:
-                    return self._reply(401, {"error": "Unauthorized"})
-                status, reply = owner.route(self.command, self.path, body)
-                self._reply(status, reply)
-
-            do_GET = do_POST = _handle
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def route(self, method, path, body):
-        if path == "/get_server_info" and method == "GET":
-            return 200, self.server_info
-        if path == "/update_weights_from_tensor" and method == "POST":
-            if self.fail_update:
-                return 400, {"success": False, "message": self.fail_update}
-            entries = body["serialized_named_tensors"]
-            if len(entries) != self.tp_size:
-                return 400, {"success": False, "message": f"{len(entries)} entries for tp_size {self.tp_size}"}
-            try:
-                for rank in range(self.tp_size):  # each scheduler reads serialized_named_tensors[tp_rank]
-                    named = _SafeUnpickler(io.BytesIO(base64.b64decode(entries[rank], validate=True))).load()
-                    self.runtime.update(rank, named, body["load_format"])
-            except Exception as exc:
-                return 500, {"detail": f"Internal Server Error: {exc!r}"}
-            return 200, {"success": True, "message": "Success"}
-        if path == "/get_weights_by_name":
-            ret = self.runtime.get_weights_by_name(body["name"], body.get("truncate_size", 100))
-            if ret is None:
-                return 400, {"error": {"message": "Get parameter by name failed"}}
-            return 200, ret
-        if path == "/pause_generation":
-            return 200, {"message": "Generation paused successfully.", "status": "ok"}
-        if path == "/continue_generation":
-            return 200, {"message": "Generation continued successfully.", "status": "ok"}
-        if path == "/update_weight_version":
-            self.weight_version = body["new_version"]
-            return 200, {"success": True, "message": f"Weight version updated to {body['new_version']}",
-                         "new_version": body["new_version"]}
-        return 404, {"detail": "Not Found"}
-
-    def paths(self):
-        return [r["path"] for r in self.requests]
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def servers():
-    made = []
-    yield made
-    for s in made:
-        s.close()
-
-
 # --------------------------------------------------------------------------- the loader
 
 
 def test_pickled_payload_round_trips_through_sglangs_unpickler_into_the_loader():
     """Delta + command tensors -> client serialization -> SGLang-style unpickling -> loader: bitwise the HF apply."""
     hf = hf_state()
-    deltas = _deltas(3)
+    deltas = delta_chain(3)
     model = SGLangLlama(hf)
     for d in deltas:
         entry = serialize_named_tensors(delta_as_named_tensors(d) + command_as_named_tensors({"nonce": "n"}))
-        named = _SafeUnpickler(io.BytesIO(base64.b64decode(entry))).load()
+        named = SafeUnpickler(io.BytesIO(base64.b64decode(entry))).load()
         assert [n for n, _ in named] == [TENSOR_NAME, COMMAND_NAME]
         assert named[0][1].dtype == torch.uint8 and bytes(named[0][1].numpy()) == encode(d)
         sync_loader(model, named)
         state = read_state(model)
         assert state["ok"] and state["nonce"] == "n" and state["op"] == "apply" and state["version"] == d.new_version
-    _assert_same(model, SGLangLlama(_reference(hf, deltas)))
+    _assert_same(model, SGLangLlama(reference(hf, deltas)))
     assert engine_version(model) == 3 and read_state(model)["seq"] == 3
 
 
@@ -207,12 +88,12 @@ def test_loader_records_rejections_without_raising_or_touching_weights():
     hf = hf_state()
     model = SGLangLlama(hf)
     before = {n: p.detach().clone() for n, p in _engine_params(model).items()}
-    good = _deltas(1)[0]
+    good = delta_chain(1)[0]
     corrupt = bytearray(encode(good))
     corrupt[len(corrupt) // 2] ^= 1
     cases = [
         ([(TENSOR_NAME, torch.frombuffer(corrupt, dtype=torch.uint8))], None),  # checksum / truncated
-        (delta_as_named_tensors(_deltas(1, start=1)[0]), "gap"),
+        (delta_as_named_tensors(delta_chain(1, start=1)[0]), "gap"),
         ([("model.norm.weight", torch.zeros(HID))], "keys"),
         (command_as_named_tensors({"op": "explode"}), "keys"),
         (command_as_named_tensors({"op": "set_version", "version": -3}), "keys"),
@@ -234,11 +115,11 @@ def test_tp_disagreement_after_commit_marks_the_version_unknown_until_a_refit(mo
     model = SGLangLlama(hf_state(), tp=2, rank=0)
     votes = iter([True, False])  # validation agreed, another rank failed its commit
     monkeypatch.setattr(sglang_loader, "_tp_all", lambda ok: ok and next(votes))
-    sync_loader(model, delta_as_named_tensors(_deltas(1)[0]))
+    sync_loader(model, delta_as_named_tensors(delta_chain(1)[0]))
     state = read_state(model)
     assert not state["ok"] and state["error_kind"] == "apply" and state["version"] == -1
     monkeypatch.setattr(sglang_loader, "_tp_all", lambda ok: ok)
-    sync_loader(model, delta_as_named_tensors(_deltas(1, start=1)[0]))
+    sync_loader(model, delta_as_named_tensors(delta_chain(1, start=1)[0]))
     assert read_state(model)["error_kind"] == "gap"  # refused until a full refit sets the version
     sync_loader(model, command_as_named_tensors({"op": "set_version", "version": 1}))
     assert read_state(model)["ok"] and engine_version(model) == 1
@@ -248,7 +129,7 @@ def test_tp_rejection_on_another_rank_leaves_this_rank_untouched(monkeypatch):
     model = SGLangLlama(hf_state(), tp=2, rank=1)
     before = {n: p.detach().clone() for n, p in _engine_params(model).items()}
     monkeypatch.setattr(sglang_loader, "_tp_all", lambda ok: False)
-    sync_loader(model, delta_as_named_tensors(_deltas(1)[0]))
+    sync_loader(model, delta_as_named_tensors(delta_chain(1)[0]))
     state = read_state(model)
     assert not state["ok"] and "another TP rank" in state["error"] and state["version"] == 0
     assert all(torch.equal(p, before[n]) for n, p in _engine_params(model).items())
@@ -256,12 +137,12 @@ def test_tp_rejection_on_another_rank_leaves_this_rank_untouched(monkeypatch):
 
 def test_engine_fingerprint_in_hf_layout_equals_the_trainers_despite_vocab_padding():
     hf = hf_state()
-    deltas = _deltas(2)
+    deltas = delta_chain(2)
     model = SGLangLlama(hf, vocab_pad=24)
     for d in deltas:
         sync_loader(model, delta_as_named_tensors(d))
     view = engine_hf_view(model)
-    ref = _reference(hf, deltas)
+    ref = reference(hf, deltas)
     assert set(view) == set(ref)
     assert all(torch.equal(view[k], ref[k]) for k in ref)
     sync_loader(model, command_as_named_tensors({"op": "fingerprint", "nonce": 7}))
@@ -297,10 +178,10 @@ def test_engine_target_applies_deltas_refits_and_fingerprints(model_class):
     engine = FakeEngine(runtime)
     target = SGLangEngineTarget(engine)
     assert target.weight_version == 0
-    deltas = _deltas(3)
+    deltas = delta_chain(3)
     for d in deltas:
         assert target.apply_sketch_delta(encode(d)) == d.new_version
-    ref = _reference(hf, deltas)
+    ref = reference(hf, deltas)
     _assert_same(runtime.models[0], SGLangLlama(ref, vocab_pad=8))
     assert drift(target.fingerprint(), fingerprint(ref)) == []
     assert target.num_deltas == 3 and target.bytes_sent == sum(len(encode(d)) for d in deltas)
@@ -327,7 +208,7 @@ def test_a_refit_that_fails_part_way_leaves_the_version_unknown_until_a_refit_su
     runtime = SchedulerRuntime([SGLangLlama(hf, vocab_pad=8)])
     engine = FakeEngine(runtime)
     target = SGLangEngineTarget(engine)
-    d1, d2 = _deltas(2)
+    d1, d2 = delta_chain(2)
     target.apply_sketch_delta(d1)
     target.chunk_bytes = 4096
     real_update = target._update
@@ -359,7 +240,7 @@ def test_engine_target_rejections_keep_the_version_and_never_kill_the_engine():
     runtime = SchedulerRuntime([SGLangLlama(hf)])
     engine = FakeEngine(runtime)
     target = SGLangEngineTarget(engine)
-    d1, d2 = _deltas(2)
+    d1, d2 = delta_chain(2)
     target.apply_sketch_delta(d1)
     n_updates = sum(1 for c in engine.calls if c[0] == "update")
 
@@ -384,7 +265,7 @@ def test_engine_target_refuses_a_server_without_the_loader_before_sending():
     runtime = SchedulerRuntime([SGLangLlama(hf_state())], loaders=())
     engine = FakeEngine(runtime)
     with pytest.raises(SGLangError, match=f"--custom-weight-loader {LOADER_PATH}") as info:
-        SGLangEngineTarget(engine).apply_sketch_delta(_deltas(1)[0])
+        SGLangEngineTarget(engine).apply_sketch_delta(delta_chain(1)[0])
     assert info.value.kind == "config" and engine.calls == [] and runtime.dead is None
     engine.server_args.custom_weight_loader = None  # SGLang's default when the flag is not given
     with pytest.raises(SGLangError, match="does not register"):
@@ -397,7 +278,7 @@ def test_engine_target_version_mismatch_with_the_engine_is_an_error():
     target = SGLangEngineTarget(FakeEngine(runtime))
     target.reset_version(4)  # e.g. another trainer process refit it
     with pytest.raises(SyncError, match="engine at version 4") as info:
-        target.apply_sketch_delta(_deltas(1)[0])
+        target.apply_sketch_delta(delta_chain(1)[0])
     assert info.value.kind == "replay" and target.weight_version == 4  # the engine is ahead of this delta
 
 
@@ -415,13 +296,13 @@ def test_a_model_without_get_weights_by_name_is_a_clear_error():
 def test_http_target_speaks_sglangs_protocol(servers):
     hf = hf_state()
     runtime = SchedulerRuntime([SGLangLlama(hf, tp=2, rank=r) for r in range(2)])
-    server = _FakeServer(runtime, tp_size=2, api_key="sekret")
+    server = FakeServer(runtime, tp_size=2, api_key="sekret")
     servers.append(server)
     target = SGLangServerTarget(server.url + "/", api_key="sekret", timeout=10)
-    deltas = _deltas(2)
+    deltas = delta_chain(2)
     for d in deltas:
         assert target.apply_sketch_delta(d) == d.new_version
-    ref = _reference(hf, deltas)
+    ref = reference(hf, deltas)
     for r in range(2):
         _assert_same(runtime.models[r], SGLangLlama(ref, tp=2, rank=r))
     assert server.weight_version == "2"
@@ -445,7 +326,7 @@ def test_http_target_speaks_sglangs_protocol(servers):
 
 def test_http_errors_are_mapped(servers):
     runtime = SchedulerRuntime([SGLangLlama(hf_state())])
-    server = _FakeServer(runtime, api_key="right")
+    server = FakeServer(runtime, api_key="right")
     servers.append(server)
     with pytest.raises(SGLangError, match="401 unauthorized.*api_key") as info:
         SGLangServerTarget(server.url, api_key="wrong", timeout=10).weight_version
@@ -464,26 +345,26 @@ def test_http_errors_are_mapped(servers):
         target.request("POST", "/no_such_route", {})
     assert info.value.status == 404 and info.value.body == {"detail": "Not Found"}
 
-    failing = _FakeServer(runtime)
+    failing = FakeServer(runtime)
     servers.append(failing)
     ftarget = SGLangServerTarget(failing.url, timeout=10)
     assert ftarget.weight_version == 0
     failing.fail_update = "Failed to deserialize"  # SGLang's own 400 for the delta request
     with pytest.raises(SGLangError, match="Failed to deserialize") as info:
-        ftarget.apply_sketch_delta(_deltas(1)[0])
+        ftarget.apply_sketch_delta(delta_chain(1)[0])
     assert info.value.kind == "engine"
     assert failing.paths()[-1] == "/continue_generation"  # generation resumed after the failure
 
 
 def test_http_target_checks_loader_and_version_before_pausing(servers):
     runtime = SchedulerRuntime([SGLangLlama(hf_state())])
-    bare = _FakeServer(runtime, server_info={"tp_size": 1, "custom_weight_loader": []})
+    bare = FakeServer(runtime, server_info={"tp_size": 1, "custom_weight_loader": []})
     servers.append(bare)
     with pytest.raises(SGLangError, match="does not register the sketch-delta loader"):
-        SGLangServerTarget(bare.url, timeout=10).apply_sketch_delta(_deltas(1)[0])
+        SGLangServerTarget(bare.url, timeout=10).apply_sketch_delta(delta_chain(1)[0])
     assert bare.paths() == ["/get_server_info"]
 
-    server = _FakeServer(runtime)
+    server = FakeServer(runtime)
     servers.append(server)
     target = SGLangServerTarget(server.url, timeout=10)
     target.reset_version(2)
@@ -529,7 +410,7 @@ class _StandInDriver:
 def test_smoke_tool_check_passes_on_a_faithful_engine_and_catches_a_flipped_bit():
     smoke = _smoke_tool()
     hf = hf_state()
-    deltas = _deltas(3)
+    deltas = delta_chain(3)
     res = smoke.check(_StandInDriver(hf), hf, deltas, n_tokens=4, report=lambda msg: None)
     assert res["passed"], res["failures"]
     assert res["weights_checked"] == len(hf) and res["weights_moved"] > 0 and res["fingerprint_checked"]
@@ -603,7 +484,7 @@ def test_refits_and_deltas_cut_the_trainers_padded_vocabulary_to_the_served_mode
     if transport == "engine":
         target = SGLangEngineTarget(FakeEngine(runtime))
     else:
-        server = _FakeServer(runtime)
+        server = FakeServer(runtime)
         servers.append(server)
         target = SGLangServerTarget(server.url, timeout=10)
     trainer = {k: _padded(v, 128) if k in ("model.embed_tokens.weight", "lm_head.weight") else v
@@ -620,7 +501,7 @@ def test_refits_and_deltas_cut_the_trainers_padded_vocabulary_to_the_served_mode
     assert target.apply_sketch_delta(encode(sent)) == 5
     expect = random_delta(SHAPE, RANK, base_version=4, new_version=5, update_index=4, seed=11, generator_seed=4,
                           scale=2e-3, dense={"model.embed_tokens.weight": emb[:V]})
-    _assert_same(runtime.models[0], SGLangLlama(_reference(new, [expect]), vocab_pad=24))
+    _assert_same(runtime.models[0], SGLangLlama(reference(new, [expect]), vocab_pad=24))
     assert runtime.dead is None
 
     short = dict(trainer, **{"model.embed_tokens.weight": new["model.embed_tokens.weight"][: V - 1]})

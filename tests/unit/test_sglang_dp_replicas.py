@@ -16,17 +16,15 @@ import torch
 
 from megatron_logra.rollout.sglang_engine import SGLangEngine
 from megatron_logra.sync import SyncError, encode
-from megatron_logra.sync.apply import apply_delta_
 from megatron_logra.sync.fingerprint import drift, fingerprint
 from megatron_logra.sync.sglang_client import SGLangEngineTarget, SGLangError, SGLangServerTarget
 from megatron_logra.sync.sglang_loader import FINGERPRINT_PARAM, STATE_PARAM, engine_version
 from megatron_logra.sync.sglang_payloads import _replica_answers
 from megatron_logra.sync.sglang_protocol import DP_MISMATCH_PREFIX
-from megatron_logra.sync.synthetic import random_delta
-from support.sglang_stand_ins import (HID, PADDED, SHAPE, VOCAB, DataParallelRuntime, FakeEngine, FakeSGLang,
-                                     FakeServer, SchedulerRuntime, SGLangLlama, hf_state)
+# servers: the fixture that closes the FakeServers a test starts
+from support.sglang_stand_ins import (PADDED, VOCAB, DataParallelRuntime, FakeEngine, FakeSGLang, FakeServer,
+                                     SchedulerRuntime, SGLangLlama, delta_chain, hf_state, reference, servers)
 
-RANK = 8
 DP = 2
 CORRUPT = "model.layers.1.mlp.down_proj.weight"
 
@@ -34,30 +32,6 @@ CORRUPT = "model.layers.1.mlp.down_proj.weight"
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     yield
-
-
-@pytest.fixture
-def servers():
-    made = []
-    yield made
-    for s in made:
-        s.close()
-
-
-def _deltas(n, *, start=0):
-    out = []
-    for v in range(start, start + n):
-        extra = {"model.norm.weight": torch.full((HID,), 1.0 + v / 8)} if v % 2 == 0 else {}
-        out.append(random_delta(SHAPE, RANK, base_version=v, new_version=v + 1, update_index=v, seed=11,
-                                generator_seed=v, scale=2e-3, dense=extra))
-    return out
-
-
-def _reference(hf, deltas):
-    ref = {k: v.clone() for k, v in hf.items()}
-    for d in deltas:
-        apply_delta_(ref, d, d.base_version)
-    return ref
 
 
 def _assert_every_replica(runtime, hf, tp=1):
@@ -92,10 +66,10 @@ def test_deltas_and_refits_reach_every_data_parallel_replica(transport, tp, serv
     target = _target(transport, runtime, servers, tp)
     engine = SGLangEngine(generate_fn=FakeSGLang(), target=target, vocab_size=VOCAB, padded_vocab_size=PADDED)
     assert engine.weight_version == 0 and engine.engine_vocab_size == VOCAB  # both read back from two replicas
-    deltas = _deltas(4)
+    deltas = delta_chain(4)
     for d in deltas:
         assert engine.apply_sketch_delta(encode(d)) == d.new_version
-    ref = _reference(hf, deltas)
+    ref = reference(hf, deltas)
     _assert_every_replica(runtime, ref, tp)
     assert [engine_version(rep.models[0]) for rep in runtime.replicas] == [4] * DP
     fp = target.fingerprint()
@@ -112,11 +86,11 @@ def test_deltas_and_refits_reach_every_data_parallel_replica(transport, tp, serv
     assert engine.weight_version == 10
     assert [engine_version(rep.models[0]) for rep in runtime.replicas] == [10] * DP
     _assert_every_replica(runtime, new)
-    more = _deltas(2, start=10)
+    more = delta_chain(2, start=10)
     for d in more:
         assert engine.apply_sketch_delta(encode(d)) == d.new_version
-    _assert_every_replica(runtime, _reference(new, more))
-    assert drift(fingerprint(_reference(new, more)), target.fingerprint()) == []
+    _assert_every_replica(runtime, reference(new, more))
+    assert drift(fingerprint(reference(new, more)), target.fingerprint()) == []
     assert runtime.dead is None
 
 
@@ -125,12 +99,12 @@ def test_a_corrupted_replica_fails_the_drift_check_until_a_full_refit(transport,
     hf = hf_state()
     runtime = _dp_runtime(hf)
     target = _target(transport, runtime, servers)
-    d1, d2 = _deltas(2)
+    d1, d2 = delta_chain(2)
     target.apply_sketch_delta(d1)
     with torch.no_grad():  # one replica's weight goes wrong (every row, so every sampled row differs)
         dict(runtime.replicas[1].models[0].named_parameters())[CORRUPT][:, 0] += 1.0
     target.apply_sketch_delta(d2)  # fingerprints both replicas after applying
-    ref = _reference(hf, [d1, d2])
+    ref = reference(hf, [d1, d2])
     trainer = fingerprint(ref)
     engine_fp = target.fingerprint()
     assert drift(trainer, engine_fp) == [CORRUPT]
@@ -148,7 +122,7 @@ def test_a_replica_that_missed_an_update_is_named_and_a_full_refit_brings_it_bac
     hf = hf_state()
     runtime = _dp_runtime(hf)
     target = _target(transport, runtime, servers)
-    d1, d2, d3 = _deltas(3)
+    d1, d2, d3 = delta_chain(3)
     target.apply_sketch_delta(d1)
     lagging = runtime.replicas[1]
     real_update = lagging.update
@@ -170,14 +144,14 @@ def test_a_replica_that_missed_an_update_is_named_and_a_full_refit_brings_it_bac
     assert [engine_version(rep.models[0]) for rep in runtime.replicas] == [2, 1]  # nothing was sent
 
     # ... and the full refit (the caller's failure path) brings both replicas to one version and weights
-    ref = _reference(hf, [d1, d2])
+    ref = reference(hf, [d1, d2])
     for t in (target, fresh):
         t.update_weights_full(ref, 2)
         assert t.weight_version == 2
         _assert_every_replica(runtime, ref)
     assert target.apply_sketch_delta(d3) == 3
-    _assert_every_replica(runtime, _reference(hf, [d1, d2, d3]))
-    assert drift(fingerprint(_reference(hf, [d1, d2, d3])), target.fingerprint()) == []
+    _assert_every_replica(runtime, reference(hf, [d1, d2, d3]))
+    assert drift(fingerprint(reference(hf, [d1, d2, d3])), target.fingerprint()) == []
 
 
 @pytest.mark.parametrize("transport", ["engine", "http"])
@@ -187,12 +161,12 @@ def test_plain_data_parallelism_is_refused_before_anything_is_sent(transport, se
     runtime = _dp_runtime(hf_state(), enable_dp_attention=False)
     target = _target(transport, runtime, servers)
     with pytest.raises(SGLangError, match="dp_size=2.*--enable-dp-attention") as info:
-        target.apply_sketch_delta(_deltas(1)[0])
+        target.apply_sketch_delta(delta_chain(1)[0])
     assert info.value.kind == "config"
     if transport == "engine":
         assert [c for c in target.engine.calls if c[0] == "update"] == []
     else:
-        assert "/update_weights_from_tensor" not in servers[-1].paths
+        assert "/update_weights_from_tensor" not in servers[-1].paths()
     assert [engine_version(rep.models[0]) for rep in runtime.replicas] == [0, 0]
 
 

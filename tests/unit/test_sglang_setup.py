@@ -29,6 +29,7 @@ from megatron_logra.rollout.sglang_setup import (
     redact_config,
     resolve_api_key,
 )
+from support.sglang_stand_ins import send_json
 
 SECRET = "sk-SECRET-8c1f"
 
@@ -114,12 +115,7 @@ class _KeyRecorder:
                 auth = self.headers.get("Authorization")
                 owner.seen.append(auth)
                 status = 404 if auth == f"Bearer {key}" else 401
-                data = json.dumps({"error": "Unauthorized" if status == 401 else "Not Found"}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, {"error": "Unauthorized" if status == 401 else "Not Found"})
 
             do_GET = do_POST = _handle
 
