@@ -370,6 +370,21 @@ def child_main(args: argparse.Namespace) -> None:
 
 
 # ======================================================================== parent
+class ChildFailed(RuntimeError):
+    """A child reported an error or died: ``str(exc)`` is one line (what failed), ``log`` the last
+    lines of the child's stderr (its traceback)."""
+
+    def __init__(self, message: str, log: str):
+        super().__init__(message)
+        self.log = log
+
+    def save_log(self) -> Path:
+        """Write :attr:`log` to a temporary file (kept) and return its path."""
+        with tempfile.NamedTemporaryFile("w", prefix="optimizer_memory-child-", suffix=".log", delete=False) as fh:
+            fh.write(self.log)
+        return Path(fh.name)
+
+
 @dataclass
 class ChildProc:
     kind: str
@@ -387,10 +402,10 @@ class ChildProc:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"child {self.kind} died:\n{self.tail()}")
+            raise ChildFailed(f"child {self.kind} died", self.tail())
         msg = json.loads(line)
         if not msg.get("ok"):
-            raise RuntimeError(f"child {self.kind} failed: {msg.get('error')}\n{self.tail()}")
+            raise ChildFailed(f"child {self.kind} failed: {msg.get('error')}", self.tail())
         return msg.get("result", msg)
 
     def tail(self) -> str:
@@ -417,8 +432,12 @@ def log(msg: str) -> None:
 
 def spawn_all(args: argparse.Namespace) -> dict[str, ChildProc]:
     children = {k: spawn(k, args) for k in OPTIMIZERS}
-    for c in children.values():
-        c.recv()  # ready: imports done
+    try:
+        for c in children.values():
+            c.recv()  # ready: imports done
+    except ChildFailed:
+        close_all(children)
+        raise
     return children
 
 
@@ -707,7 +726,9 @@ def print_table(rows: list[dict]) -> None:
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:
-    """``--sizes``: comma list of ``HIDDENxLAYERS`` (``HIDDEN`` alone means one layer), positive integers."""
+    """``--sizes``: comma list of ``HIDDENxLAYERS`` (``HIDDEN`` alone means one layer), positive integers;
+    ``HIDDEN`` splits into ``max(1, HIDDEN // 64)`` heads (as ``Child.cmd_build`` builds the model), which must
+    divide it into an even head dimension (rotary embeddings rotate pairs)."""
     out = []
     for part in text.split(","):
         h, _, L = part.strip().partition("x")
@@ -718,8 +739,29 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
         if hidden < 1 or layers < 1:
             raise argparse.ArgumentTypeError(
                 f"{part.strip()!r} is not HIDDENxLAYERS: expected a comma list of positive integers such as 256x2,512x2,1024")
+        heads = max(1, hidden // 64)
+        if hidden % heads or (hidden // heads) % 2:
+            raise argparse.ArgumentTypeError(
+                f"{part.strip()!r}: hidden {hidden} gives {heads} attention heads (hidden // 64) of dimension "
+                f"{hidden / heads:g}; the heads must divide it into an even head dimension (use a multiple of 64, "
+                "or an even hidden size below 128)")
         out.append((hidden, layers))
     return out
+
+
+def output_stem(name: str) -> Path:
+    """The stem that ``NAME.md`` and ``NAME.json`` are written to: ``name`` with a trailing ``.md`` or ``.json``
+    removed and every other dot kept (``results/run.v2`` -> ``results/run.v2.md`` and ``.json``)."""
+    path = Path(name)
+    for ext in (".md", ".json"):
+        if path.name.endswith(ext) and len(path.name) > len(ext):
+            return path.with_name(path.name[: -len(ext)])
+    return path
+
+
+def with_ext(stem: Path, ext: str) -> Path:
+    """``stem`` + ``ext`` (``Path.with_suffix`` would replace the part after the stem's last dot)."""
+    return stem.with_name(stem.name + ext)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -734,12 +776,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--reuse-processes", action=argparse.BooleanOptionalAction, default=None,
                    help="one child per optimizer for all sizes (saves imports; default with --quick) instead of "
                         "fresh children per size (clean peak RSS; default)")
-    p.add_argument("--out", type=str, default=None, help="output stem (default benchmarks/results/optimizer_memory[_quick])")
+    p.add_argument("--out", type=str, default=None,
+                   help="output stem: writes STEM.md and STEM.json (a trailing .md/.json is dropped; "
+                        "default benchmarks/results/optimizer_memory[_quick])")
     # child side
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--opt", choices=OPTIMIZERS, help=argparse.SUPPRESS)
     p.add_argument("--render", type=str, default=None, metavar="JSON",
-                   help="do not run: re-print and re-write the markdown of a saved results JSON")
+                   help="do not run: re-print a saved results JSON and write its markdown beside it "
+                        "(X.json -> X.md; the JSON is left as it is)")
     args = p.parse_args(argv)
     if args.child:
         child_main(args)
@@ -762,7 +807,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         for r in rows:
             r["verdicts"] = verdicts(r)
         meta["notes"] = NOTES
-        emit(rows, meta, path.with_suffix(""))
+        emit(rows, meta, output_stem(str(path)), write_json=False)
         return
 
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
@@ -770,14 +815,18 @@ def main(argv: Optional[list[str]] = None) -> None:
         args.steps = 2 if args.quick else 3
     if args.reuse_processes is None:
         args.reuse_processes = args.quick
-    out_stem = Path(args.out) if args.out else HERE / "results" / ("optimizer_memory_quick" if args.quick else "optimizer_memory")
+    out_stem = output_stem(args.out) if args.out else HERE / "results" / (
+        "optimizer_memory_quick" if args.quick else "optimizer_memory")
     t0 = time.time()
     load_start = os.getloadavg()
     raw = {}
-    shared = spawn_all(args) if args.reuse_processes else None
+    shared = None
     try:
+        shared = spawn_all(args) if args.reuse_processes else None
         for hidden, layers in sizes:
             raw[(hidden, layers)] = run_size(hidden, layers, args, shared)
+    except ChildFailed as exc:
+        raise SystemExit(f"{Path(__file__).name}: error: {exc} (its log: {exc.save_log()})") from None
     finally:
         if shared is not None:
             close_all(shared)
@@ -805,8 +854,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     emit(rows, meta, out_stem)
 
 
-def emit(rows: list[dict], meta: dict, out_stem: Path) -> None:
-    """Print the table, verdicts and details; write the markdown and JSON."""
+def emit(rows: list[dict], meta: dict, out_stem: Path, *, write_json: bool = True) -> None:
+    """Print the table, verdicts and details; write ``OUT_STEM.md`` and (``write_json``) ``OUT_STEM.json``."""
     print()
     print_table(rows)
     print()
@@ -819,9 +868,14 @@ def emit(rows: list[dict], meta: dict, out_stem: Path) -> None:
           f"at end {meta['load_avg_end'][0]:.1f})")
 
     out_stem.parent.mkdir(parents=True, exist_ok=True)
-    out_stem.with_suffix(".md").write_text(markdown(rows, meta))
-    out_stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-    print(f"wrote {out_stem.with_suffix('.md')} and {out_stem.with_suffix('.json')}")
+    md = with_ext(out_stem, ".md")
+    md.write_text(markdown(rows, meta))
+    if not write_json:
+        print(f"wrote {md}")
+        return
+    js = with_ext(out_stem, ".json")
+    js.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    print(f"wrote {md} and {js}")
 
 
 if __name__ == "__main__":
