@@ -373,8 +373,9 @@ class LograOptimizer(LograStateMixin):
         those factors -- the arithmetic the inference engine runs -- so trainer and engine weights
         stay bitwise equal. A bf16 weight is rounded as :meth:`merge_rounding` says (stochastically by
         default, with the noise the engine draws for the same canonical entry; see
-        :mod:`megatron_logra.sync.apply`). With fp32 masters the master takes the fp32 step and the
-        compute weight runs the engine's own merge, so it still mirrors the engine bitwise; the two
+        :mod:`megatron_logra.sync.apply`). With fp32 masters the master takes the fp32 step ``α·D·A``
+        (not ``U``, whose bf16 rounding costs ~2⁻⁹ of each step) and the compute weight runs the
+        engine's own merge, so it still mirrors the engine bitwise; the two
         drift apart by rounding (:meth:`master_drift`) until :meth:`reanchor` copies the masters back
         (followed by a full engine refit). All factors are checked first.
 
@@ -403,8 +404,8 @@ class LograOptimizer(LograStateMixin):
             proj_RI = self.sketches.projection_for(t, update.update_index)
             if factors is not None:
                 master = self.masters.get(t.key)
-                if master is not None:  # the exact fp32 trajectory, kept beside the engine mirror
-                    low_rank_merge_(master, factors[t.key], proj_RI, decay=decay, distribution=cfg.distribution)
+                if master is not None:  # the exact fp32 step α·D·A (not the bf16 U), kept beside the engine mirror
+                    apply_low_rank_update_(master, update.directions[t.key] * alpha, proj_RI, decay=decay)
                 low_rank_merge_(t.weight, factors[t.key], proj_RI, decay=decay, distribution=cfg.distribution,
                                 rounding=self._merge_noise(t, update.step) if stochastic else None)
                 continue

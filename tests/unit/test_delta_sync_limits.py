@@ -128,3 +128,33 @@ def test_stochastic_merges_stay_unbiased_over_a_run(groups, one_thread, refresh)
     moved = (realised != 0).double().mean().item()
     assert 0.9 < slope.item() < 1.1, slope
     assert moved > 0.15, moved
+
+
+def test_fp32_masters_take_the_exact_step_under_delta_sync(groups, one_thread):
+    """With ``factors`` (delta sync) the compute weights merge the engine's bf16 ``U`` while the fp32
+    masters take ``α·D·A`` itself: U's bf16 rounding (~2⁻⁹ of each step) must not enter the masters,
+    which the re-anchor restores and ``sync.max_master_drift`` measures against."""
+    from megatron_logra.models.gpt import ModelConfig, build_gpt
+    from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
+    from megatron_logra.sync.trainer import local_factors
+    from megatron_logra.train.step import Batch, forward_backward
+
+    V, B, S, ALPHA = 64, 4, 16, 0.7
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_gpt(ModelConfig(vocab_size=V, params_dtype="bfloat16", init_std=0.05), groups, seed=5)
+    opt = build_optimizer(model, OptimizerConfig(logra=LograConfig(rank=8, recipe="paper"),
+                                                 native=NativeConfig(freeze=True)), groups)
+    gen = torch.Generator().manual_seed(1)
+    tokens, labels = torch.randint(0, V, (B, S), generator=gen), torch.randint(0, V, (B, S), generator=gen)
+    batch = Batch(tokens, labels, torch.ones(B, S), torch.arange(S)[None].expand(B, S).contiguous())
+    update = opt.prepare(num_tokens=forward_backward(model, [batch], groups).num_tokens)
+    before = {t.key: opt.masters[t.key].double().clone() for t in opt.targets}
+    steps = {t.key: ALPHA * update.directions[t.key].double()
+             @ opt.sketches.projection_for(t, update.update_index).double() for t in opt.targets}
+    opt.apply(update, ALPHA, factors=local_factors(opt, update, ALPHA))
+    for t in opt.targets:
+        want = before[t.key] - steps[t.key]
+        error = (opt.masters[t.key].double() - want).norm() / steps[t.key].norm()
+        rounding = (want.float().double() - want).norm() / steps[t.key].norm()  # storing the exact result in fp32
+        assert error < 3 * rounding, (t.key, error.item(), rounding.item())

@@ -241,9 +241,9 @@ def test_fp32_masters_mirror_the_engine_and_reanchor():
         mapped = _to_hf(model)
         for name in mapped:
             assert torch.equal(engine[name], mapped[name]), f"step {step}: {name} differs from the engine"
-        for t in opt.targets:  # the master took the fp32 step: m - U·A up to fp32 rounding
+        for t in opt.targets:  # the master took the fp32 step: m - D·A (α = 1, not the bf16 U) up to fp32 rounding
             A = opt.sketches.projection_for(t, update.update_index).double()
-            expected = masters_before[t.key].double() - factors[t.key].double() @ A
+            expected = masters_before[t.key].double() - update.directions[t.key].double() @ A
             torch.testing.assert_close(opt.masters[t.key].double(), expected, rtol=1e-6, atol=1e-7)
     num = sum((t.weight.double() - opt.masters[t.key].bfloat16().double()).pow(2).sum() for t in opt.targets)
     den = sum(opt.masters[t.key].bfloat16().double().pow(2).sum() for t in opt.targets)
