@@ -218,22 +218,49 @@ _BASELINE_FILES = {  # module name in the baseline package -> path; imports rewr
 }
 
 
+class BaselineError(Exception):
+    """``--baseline-rev`` cannot be loaded: the message says why (git's own words where git refused)."""
+
+
 def _load_baseline(rev: str) -> Callable[..., int]:
-    """``apply_delta_`` as of git revision ``rev`` (projection, factors and apply from that commit, the rest current)."""
+    """``apply_delta_`` as of git revision ``rev`` (projection, factors and apply from that commit, the rest current).
+
+    Raises :class:`BaselineError` (one line, with git's message) when ``rev`` is not a revision of this
+    checkout, lacks one of the files, or its modules do not import; the scratch directory is then removed
+    (otherwise when the process exits)."""
+    import atexit
     import importlib
+    import shutil
     import subprocess
     import tempfile
 
     root = Path(__file__).resolve().parent.parent
     tmp = Path(tempfile.mkdtemp(prefix="sync_baseline_"))
-    for mod, path in _BASELINE_FILES.items():
-        text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], check=True, capture_output=True,
-                              text=True).stdout
-        text = text.replace("megatron_logra.sketch.random_projection", "baseline_projection")
-        text = text.replace("megatron_logra.sync.factors", "baseline_factors")
-        (tmp / f"{mod}.py").write_text(text)
-    sys.path.insert(0, str(tmp))
-    return importlib.import_module("baseline_apply").apply_delta_
+    try:
+        for mod, path in _BASELINE_FILES.items():
+            try:
+                text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], check=True,
+                                      capture_output=True, text=True).stdout
+            except subprocess.CalledProcessError as exc:
+                why = " ".join((exc.stderr or "").split()) or f"git show exited {exc.returncode}"
+                raise BaselineError(f"cannot read {path} at {rev!r}: {why}") from None
+            except OSError as exc:
+                raise BaselineError(f"cannot run git: {exc}") from None
+            text = text.replace("megatron_logra.sketch.random_projection", "baseline_projection")
+            text = text.replace("megatron_logra.sync.factors", "baseline_factors")
+            (tmp / f"{mod}.py").write_text(text)
+        sys.path.insert(0, str(tmp))
+        try:
+            fn = importlib.import_module("baseline_apply").apply_delta_
+        except (ImportError, AttributeError) as exc:
+            sys.path.remove(str(tmp))
+            raise BaselineError(f"the modules at {rev!r} do not provide apply_delta_: {type(exc).__name__}: {exc}") \
+                from None
+    except BaselineError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    return fn
 
 
 def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, repeats: int,
@@ -338,7 +365,7 @@ def torch_device(text: str) -> torch.device:
         raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (such as cpu, cuda or cuda:1)") from None
 
 
-def main() -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=positive_ints, default="32,64", help="sketch ranks of the bytes table (comma separated)")
     p.add_argument("--timing-rank", type=positive_int, default=32)
@@ -353,18 +380,22 @@ def main() -> int:
     p.add_argument("--device-models", type=device_models, default="big,1.5b",
                    help=f"models of --device: any of {sorted(DEVICE_MODELS)}")
     p.add_argument("--out", default="benchmarks/results/sync_bytes.md")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     if args.device:
         device = args.device
         if device.type == "cuda" and not torch.cuda.is_available():
             p.error("argument --device: no CUDA device is visible")
         lines = device_table(device, args.timing_rank, args.big_dtypes, args.repeats, args.device_models)
-        text = "\n".join([f"Command: `python benchmarks/sync_bytes.py {' '.join(sys.argv[1:])}`", ""] + lines) + "\n"
+        text = "\n".join([f"Command: `python benchmarks/sync_bytes.py {argv_text}`", ""] + lines) + "\n"
         print(text)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
         return 0
-    baseline = _load_baseline(args.baseline_rev) if args.baseline_rev else None
+    try:
+        baseline = _load_baseline(args.baseline_rev) if args.baseline_rev else None
+    except BaselineError as exc:
+        p.error(f"argument --baseline-rev: {exc}")
     ranks, threads = args.ranks, args.threads
     torch.set_num_threads(threads[0])
     r = args.timing_rank
@@ -396,7 +427,7 @@ def main() -> int:
     out += ["", f"Load average at the end: {_load():.1f} (other processes share the cores: compare ratios, not times)."]
     text = "\n".join(out)
     print(text)
-    cmd = "python benchmarks/sync_bytes.py " + " ".join(sys.argv[1:])
+    cmd = "python benchmarks/sync_bytes.py " + argv_text
     header = ["# Sketch-delta sync: bytes per sync and engine-side time", "", f"Command: `{cmd.strip()}`", "",
               f"Machine: {_machine()}.", "",
               "Shapes: tiny = the `tiny` RL recipe (4 heads, MHA); Qwen2.5-1.5B/7B from their configs "
