@@ -152,11 +152,26 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def prepare_out(parser: argparse.ArgumentParser, out: Path) -> None:
+    """Make sure the Markdown file ``out`` can be written before anything runs: its directory is created
+    when missing; a directory at ``out`` itself, or a parent that is not a writable directory, is a usage
+    error (``parser.error``)."""
+    if out.is_dir():
+        parser.error(f"argument --out: {out} is a directory; give the path of a Markdown file")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"argument --out: cannot create the directory of {out}: {exc.strerror or exc}")
+    if not os.access(out.parent, os.W_OK):
+        parser.error(f"argument --out: the directory {out.parent} is not writable")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="256x12,512x12",
                         help="comma-separated HIDDENxLAYERS (ffn 3 x hidden, vocabulary 4000); default 256x12,512x12")
-    parser.add_argument("--out", type=Path, default=None, help="also write the table to this Markdown file")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the table to this Markdown file (its directory is created first)")
     args = parser.parse_args(argv)
     if not Path("/proc/self/clear_refs").exists():
         parser.error("needs Linux /proc/self/clear_refs to reset the peak RSS")
@@ -164,6 +179,8 @@ def main(argv=None) -> int:
         sizes = [_size(s) for s in args.sizes.split(",") if s.strip()]
     except argparse.ArgumentTypeError as exc:
         parser.error(f"--sizes: {exc}")
+    if args.out is not None:
+        prepare_out(parser, args.out)
     rows = [run_size(h, n) for h, n in sizes]
     text = table(rows)
     print(text)
