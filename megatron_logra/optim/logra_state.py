@@ -66,9 +66,15 @@ class LograStateMixin:
         here = {**self._projection_fields(), **self._update_fields()}
         for field_name in fields:
             value = saved.get(field_name)
+            if value is not None and value != here[field_name] and field_name == "masters":
+                raise ValueError(
+                    f"{what} {'holds' if value == 'fp32' else 'holds no'} fp32 master weights (masters={value!r}), "
+                    f"this run {'has' if here['masters'] == 'fp32' else 'has none'} (masters={here['masters']!r}); "
+                    "model.params_dtype and optimizer.logra.masters decide it together (float32 weights never "
+                    "have masters; 16-bit weights have them with optimizer.logra.masters=fp32): resume with the "
+                    "settings the state was trained with")
             if value is not None and value != here[field_name]:
-                why = ("its fp32 masters are not interchangeable with this run's weights" if field_name == "masters"
-                       else "the row moments were updated under that setting" if field_name in ("algorithm", "refresh")
+                why = ("the row moments were updated under that setting" if field_name in ("algorithm", "refresh")
                        else "the row moments belong to that projection")
                 raise ValueError(f"{what} was trained with optimizer.logra.{field_name}={value!r}, this run has "
                                  f"{here[field_name]!r}; {why}: set optimizer.logra.{field_name}={value!r} "

@@ -209,19 +209,25 @@ class NativeAdamW:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Install :meth:`state_dict` output. A state saved with another parameter-group layout (a
-        single group: saved before the no-decay group existed, or with ``weight_decay = 0``) is
-        mapped parameter by parameter; the groups' hyperparameters then stay this optimizer's,
-        except the learning rate, which is the saved one (as AdamW's own loader does)."""
+        """Install :meth:`state_dict` output: moments, step counts and fp32 masters. The groups'
+        hyperparameters (lr, weight decay, betas, eps) stay this optimizer's, i.e. the resumed run's
+        configuration, with a warning where the saved learning rate differs -- as
+        :meth:`load_sharded_state` does (torch's own loader would put the saved ones back). A state
+        saved with another parameter-group layout (a single group: saved before the no-decay group
+        existed, or with ``weight_decay = 0``) is mapped parameter by parameter."""
         saved = state.get("inner")
         if self.inner is not None and saved is not None:
             order = state.get("param_order", list(range(len(self.params))))  # older states: one group
             same = ([len(g["params"]) for g in saved["param_groups"]] == [len(g["params"]) for g in self.inner.param_groups]
                     and list(order) == self._inner_order)
+            configured = [{k: v for k, v in g.items() if k != "params"} for g in self.inner.param_groups]
             if same:
                 self.inner.load_state_dict(saved)
+                for group, own in zip(self.inner.param_groups, configured):
+                    group.update(own)
             else:
                 self._load_remapped(saved, order)
+            self._warn_lr_change(saved["param_groups"][0].get("lr"))
         for (p, m), saved in zip(zip(self.params, self.masters), state.get("masters", [])):
             if saved is not None and m is not p:
                 m.copy_(saved)
@@ -239,7 +245,12 @@ class NativeAdamW:
                 self.inner.state[m] = {k: (v.to(device=m.device, dtype=m.dtype).clone()
                                            if torch.is_tensor(v) and k != "step" else
                                            (v.clone() if torch.is_tensor(v) else v)) for k, v in st.items()}
-        self.set_lr(float(saved["param_groups"][0]["lr"]))
+
+    def _warn_lr_change(self, saved_lr: Optional[float]) -> None:
+        # the run's configuration wins, as it does for LoGRA's own learning rate
+        if saved_lr is not None and float(saved_lr) != self.inner.param_groups[0]["lr"]:
+            logger.warning("resuming AdamW (non-LoGRA parameters) at lr %g from this run's configuration; the "
+                           "checkpoint was saved at lr %g", self.inner.param_groups[0]["lr"], float(saved_lr))
 
     def sharded_state(self, prefix: str = "native") -> SlotState:
         """Moments and fp32 masters as parameter-shaped slots; step count and lr as scalars
@@ -269,11 +280,7 @@ class NativeAdamW:
         for s in slots:
             by_param.setdefault(id(s.param), {})[s.name.rsplit(".", 1)[-1]] = s.tensor
         step = int(scalars.get("step", 0))
-        saved_lr = scalars.get("lr")
-        if saved_lr is not None and float(saved_lr) != self.inner.param_groups[0]["lr"]:
-            # the run's configuration wins, as it does for LoGRA's own learning rate
-            logger.warning("resuming AdamW (non-LoGRA parameters) at lr %g from this run's configuration; the "
-                           "checkpoint was saved at lr %g", self.inner.param_groups[0]["lr"], float(saved_lr))
+        self._warn_lr_change(scalars.get("lr"))
         for p, m in zip(self.params, self.masters):
             got = by_param.get(id(p), {})
             if m is not p and "master" in got and got["master"] is not m:

@@ -126,7 +126,7 @@ def test_a_single_group_state_from_before_the_no_decay_group_loads():
     fresh_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
     fresh = _native(fresh_params, lr=5e-3)
     fresh.load_state_dict(legacy)
-    assert [g["lr"] for g in fresh.inner.param_groups] == [HP["lr"]] * 2  # the saved lr, as AdamW's loader
+    assert [g["lr"] for g in fresh.inner.param_groups] == [5e-3] * 2  # this run's lr, as from a checkpoint
     assert [g["weight_decay"] for g in fresh.inner.param_groups] == [WD, 0.0]
     for p, f in zip(params, fresh_params):
         st, fst = old.state[p], fresh.inner.state[f]
@@ -136,7 +136,8 @@ def test_a_single_group_state_from_before_the_no_decay_group_loads():
     # continuing: the two-group reference from the same moments
     copies = [p.detach().clone().requires_grad_(True) for p in params]
     ref = torch.optim.AdamW([{"params": [copies[0], copies[3]]},
-                             {"params": [copies[1], copies[2]], "weight_decay": 0.0}], weight_decay=WD, **HP)
+                             {"params": [copies[1], copies[2]], "weight_decay": 0.0}], weight_decay=WD,
+                            **{**HP, "lr": 5e-3})
     for c, p in zip(copies, params):
         ref.state[c] = {k: v.clone() for k, v in old.state[p].items()}
     for c, g in zip(copies, _grads(3, copies)):
@@ -161,3 +162,34 @@ def test_grad_norm_counts_the_last_stages_copy_of_tied_embeddings_not_at_all():
         p.grad = g
     want = sum(float(p.grad.double().pow(2).sum()) for p in (first_stage_embedding, other))
     assert float(opt.local_norm2(torch.device("cpu"))) == pytest.approx(want, rel=1e-12)
+
+
+def test_both_loaders_keep_this_runs_hyperparameters(caplog):
+    """``load_state_dict`` and ``load_sharded_state`` (what checkpoints use) agree: the moments and
+    step come from the saved state, lr / weight decay / betas / eps from this run's configuration
+    (torch's own loader would restore the saved ones), with a warning naming both learning rates."""
+    params = _params()
+    opt = _native(params)
+    _step(opt, 1)
+    _step(opt, 2)
+    state = copy.deepcopy(opt.state_dict())
+    scalars, slots = opt.sharded_state()
+    new = dict(lr=1e-3, weight_decay=0.5, betas=(0.8, 0.99), eps=1e-6)
+    got = {}
+    for load in ("state_dict", "sharded"):
+        fresh = NativeAdamW([torch.nn.Parameter(p.detach().clone()) for p in params], groups=ParallelGroups(),
+                            **new)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="megatron_logra.optim.native"):
+            if load == "state_dict":
+                fresh.load_state_dict(state)
+            else:
+                _, fresh_slots = fresh.sharded_state()
+                for value, f in zip(slots, fresh_slots):
+                    f.tensor.copy_(value.tensor)
+                fresh.load_sharded_state(scalars, fresh_slots)
+        assert f"at lr {new['lr']:g}" in caplog.text and f"saved at lr {HP['lr']:g}" in caplog.text, load
+        got[load] = [(g["lr"], g["weight_decay"], tuple(g["betas"]), g["eps"]) for g in fresh.inner.param_groups]
+        assert all(float(st["step"]) == 2.0 for st in fresh.inner.state.values()), load
+    want = [(new["lr"], new["weight_decay"], new["betas"], new["eps"]), (new["lr"], 0.0, new["betas"], new["eps"])]
+    assert got["state_dict"] == got["sharded"] == want

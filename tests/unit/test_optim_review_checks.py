@@ -110,8 +110,21 @@ def test_load_state_dict_refuses_another_masters_setting():
     state = _trained_state(dtype=torch.bfloat16, masters="fp32", seed=1)
     assert state["settings"]["masters"] == "fp32"
     opt = _opt(_model(torch.bfloat16), masters="none", seed=1)
-    with pytest.raises(ValueError, match=r"optimizer\.logra\.masters='fp32', this run has 'none'"):
+    with pytest.raises(ValueError, match=r"holds fp32 master weights \(masters='fp32'\), this run has none "
+                                         r"\(masters='none'\); model\.params_dtype and optimizer\.logra\.masters"):
         opt.load_state_dict(state)
+
+
+def test_fp32_weight_state_into_a_bf16_run_names_the_weights_dtype_not_only_masters():
+    """An fp32-weight run holds no masters even when configured with ``masters=fp32``: the refusal must
+    name ``model.params_dtype`` (advising ``masters=none`` alone would switch the run to bf16-only weights)."""
+    state = _trained_state(dtype=torch.float32, masters="fp32", seed=1)
+    assert state["settings"]["masters"] == "none"
+    opt = _opt(_model(torch.bfloat16), masters="fp32", seed=1)
+    with pytest.raises(ValueError, match=r"holds no fp32 master weights.*model\.params_dtype") as info:
+        opt.load_state_dict(state)
+    assert "set optimizer.logra.masters='none'" not in str(info.value)
+    assert opt.num_steps == 0
 
 
 def test_load_state_dict_accepts_the_same_settings_and_older_states():
