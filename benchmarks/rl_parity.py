@@ -1,14 +1,21 @@
 """RL parity: LoGRA vs dense AdamW on the default recipe, several seeds, side by side in one run.
 
-    python benchmarks/rl_parity.py [--seeds 1 2 3] [--steps 120] [overrides...]
+    python benchmarks/rl_parity.py [--seeds 1 2 3] [--steps 120] [--run-root DIR] [--out STEM] [overrides...]
 
 Each (optimizer, seed) trains in its own subprocess (``megatron-logra train tiny`` or
 ``tiny-adam`` with ``train.seed`` set), so its peak RSS is measured alone
-(``os.wait4``). Prints, and writes to ``benchmarks/results/rl_parity.{md,json}``: held-out
+(``os.wait4``). Prints, and writes to ``STEM.md`` and ``STEM.json``: held-out
 accuracy before/after (mean ± sd over seeds), the gain over the warm start, wall time and
 peak-memory ratios to dense, and LoGRA's median ``|kl_actual / kl_predicted − 1|``; then the
 held-out accuracy at every evaluation point of the runs (mean ± sd), so the comparison is shown
-over the whole run and not only at its last step.
+over the whole run and not only at its last step. The files record the command as it was given
+(every flag and override).
+
+Where the results go without ``--out``: the documented run (seeds 1 2 3, 120 updates, no
+overrides; any ``--run-root``) writes the committed ``benchmarks/results/rl_parity.{md,json}``;
+any other run writes ``RUN_ROOT/rl_parity.{md,json}`` beside its runs, so a smoke run never
+replaces the committed numbers. ``--out STEM`` writes ``STEM.md`` and ``STEM.json`` (a trailing
+``.md`` or ``.json`` is dropped; missing directories are created) wherever it points.
 """
 
 from __future__ import annotations
@@ -16,16 +23,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional, Sequence
 
 from megatron_logra.argtypes import report_failed_run
 
 RESULTS = Path(__file__).resolve().parent / "results"
+DOCUMENTED = {"seeds": [1, 2, 3], "steps": 120, "overrides": []}
+"""The settings of the committed ``results/rl_parity.{md,json}`` (the command the README quotes)."""
 
 
 class RunFailed(Exception):
@@ -82,18 +93,28 @@ def _curve_table(by: dict, *labelled: tuple[str, str]) -> list[str]:
     return lines
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--run-root", default="runs/bench-rl-parity")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides applied to both recipes")
-    args = parser.parse_args()
-    try:
-        rows = [_run(recipe, seed, args.steps, Path(args.run_root), args.overrides)
-                for seed in args.seeds for recipe in ("tiny", "tiny-adam")]
-    except RunFailed as exc:
-        return report_failed_run(parser, exc.what, exc.returncode, exc.stderr)
+def output_stem(args: argparse.Namespace) -> Path:
+    """Where ``STEM.md`` / ``STEM.json`` go (see the module docstring): ``--out`` (without a trailing
+    ``.md``/``.json``), else the committed ``results/rl_parity`` for the documented settings, else
+    ``RUN_ROOT/rl_parity``."""
+    if args.out:
+        path = Path(args.out)
+        for ext in (".md", ".json"):
+            if path.name.endswith(ext) and len(path.name) > len(ext):
+                return path.with_name(path.name[: -len(ext)])
+        return path
+    if {"seeds": list(args.seeds), "steps": args.steps, "overrides": list(args.overrides)} == DOCUMENTED:
+        return RESULTS / "rl_parity"
+    return Path(args.run_root) / "rl_parity"
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """The command as given, quoted for a shell."""
+    return shlex.join(["python", "benchmarks/rl_parity.py", *argv])
+
+
+def render(rows: list[dict], args: argparse.Namespace, command: str) -> tuple[str, str, dict]:
+    """(the tables printed, the Markdown file, the JSON object) of the measured ``rows``."""
     by = {r: [x for x in rows if x["recipe"] == r] for r in ("tiny", "tiny-adam")}
     dense_wall = statistics.mean(x["wall_seconds"] for x in by["tiny-adam"])
     dense_rss = statistics.mean(x["peak_rss_mib"] for x in by["tiny-adam"])
@@ -118,12 +139,58 @@ def main() -> int:
     lines += ["", f"LoGRA after {args.steps} updates ≥ dense − 1 sd ({dense['after'] - dense['sd']:.3f}): {verdict}", "",
               *_curve_table(by, ("tiny", "LoGRA"), ("tiny-adam", "dense AdamW"))]
     text = "\n".join(lines)
+    extra = f", overrides {' '.join(args.overrides)}" if args.overrides else ""
+    md = f"# RL parity (seeds {args.seeds}, {args.steps} updates{extra})\n\nCommand: `{command}`\n\n{text}\n"
+    return text, md, {"command": command, "rows": rows, "table": table}
+
+
+def _check_out(parser: argparse.ArgumentParser, stem: Path) -> None:
+    """Refuse, before any run starts, an output that could not be written at the end: ``STEM.md`` or
+    ``STEM.json`` a directory, or a nearest existing ancestor that is not a writable directory (the
+    missing directories are created when the results are written)."""
+    for ext in (".md", ".json"):
+        if stem.with_name(stem.name + ext).is_dir():
+            parser.error(f"argument --out: {stem.with_name(stem.name + ext)} is a directory")
+    parent = stem.parent.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        parser.error(f"argument --out: {parent} is not a directory, so {stem.parent} cannot be created")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        parser.error(f"argument --out: {parent} is not writable, so {stem.parent} cannot be written")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of this script."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--run-root", default="runs/bench-rl-parity")
+    parser.add_argument("--out", default=None, metavar="STEM",
+                        help="write STEM.md and STEM.json (default: benchmarks/results/rl_parity for the documented "
+                             "--seeds 1 2 3 --steps 120 without overrides, else RUN_ROOT/rl_parity)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides applied to both recipes")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    stem = output_stem(args)
+    _check_out(parser, stem)
+    try:
+        rows = [_run(recipe, seed, args.steps, Path(args.run_root), args.overrides)
+                for seed in args.seeds for recipe in ("tiny", "tiny-adam")]
+    except RunFailed as exc:
+        return report_failed_run(parser, exc.what, exc.returncode, exc.stderr)
+    text, md, data = render(rows, args, command_line(argv))
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rl_parity.md").write_text(
-        f"# RL parity (seeds {args.seeds}, {args.steps} updates)\n\nCommand: `python benchmarks/rl_parity.py "
-        f"--seeds {' '.join(map(str, args.seeds))} --steps {args.steps}`\n\n{text}\n")
-    (RESULTS / "rl_parity.json").write_text(json.dumps({"rows": rows, "table": table}, indent=1))
+    md_path, json_path = stem.with_name(stem.name + ".md"), stem.with_name(stem.name + ".json")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(md)
+    json_path.write_text(json.dumps(data, indent=1))
+    print(f"\nwrote {md_path} and {json_path}")
     return 0
 
 
