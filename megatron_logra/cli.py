@@ -314,7 +314,7 @@ def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
             from megatron_logra.rl.job import build_components
             from megatron_logra.rl.loop import evaluate_accuracy
 
-            comps, state, _ = build_components(cfg)
+            comps, state, _ = build_components(cfg, for_eval=True)
             return {"run_dir": str(run_dir), "step": state.step, "eval_accuracy": evaluate_accuracy(comps),
                     "num_eval": len(comps.task.eval_problems())}
         from megatron_logra.train.lm import evaluate_checkpoint

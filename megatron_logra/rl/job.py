@@ -164,11 +164,15 @@ def check_native_step_control(cfg: RunConfig) -> None:
             "optimizer.native.freeze=true or kl.mode=none")
 
 
-def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponents, RLState, _OptimizerWithRL]:
+def build_components(cfg: RunConfig, optimizer_factory=None, *,
+                     for_eval: bool = False) -> tuple[RLComponents, RLState, _OptimizerWithRL]:
     """Everything the loop needs, warm-started (and resumed when asked).
 
     ``optimizer_factory(model, cfg.optimizer, groups)``, when given, replaces ``build_optimizer``
-    (benchmarks plug in other optimizers with the ``DenseAdamW`` interface this way)."""
+    (benchmarks plug in other optimizers with the ``DenseAdamW`` interface this way).
+
+    ``for_eval``: what held-out evaluation (``megatron-logra eval``) reads: no reference model for
+    ``rl.loss.kl_coef`` (``ref_model`` is None: neither built nor warm-started)."""
     if optimizer_factory is None:
         check_native_step_control(cfg)
     if cfg.model.hf_path:  # the checkpoint's architecture replaces the recipe's
@@ -195,7 +199,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None) -> tuple[RLComponen
     if resume_from is None:
         _warm_start(cfg, model, groups, task, tok)
     ref_model = None
-    if cfg.rl.loss.kl_coef > 0:
+    if cfg.rl.loss.kl_coef > 0 and not for_eval:  # evaluation never reads the reference
         if resume_from is None:
             ref_model = build_gpt(cfg.model, groups, seed=cfg.train.seed, initialize=False)
             ref_model.load_state_dict(model.state_dict())

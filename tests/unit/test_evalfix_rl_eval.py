@@ -1,0 +1,86 @@
+"""``megatron-logra eval RUN`` (and the summary of the RL job) on a tiny trained run.
+
+* A run with a KL penalty (``rl.loss.kl_coef > 0``): evaluation builds no reference model, so it never runs the
+  reference's warm start. Observable: the warm start of this run is a supervised one cached in
+  ``RUN/../.cache/warm_start_*.safetensors``; with the cache removed, a reference warm start would train and
+  write it again (and log "warm start").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+
+
+def _strict_json(text: str):
+    def refuse(constant: str):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _train(run: Path, *extra: str) -> dict:
+    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.rl.job import run_rl
+
+    cfg = parse_args_to_config("tiny", [
+        "model.num_layers=1", "model.hidden_size=32", "model.num_attention_heads=2", "model.ffn_hidden_size=64",
+        "sft.init_path=", "sft.steps=2", "sft.batch_size=4", "sft.cache=true", "tokenizer.path=",
+        "rl.steps=1", "rl.prompts_per_step=2", "rl.group_size=2", "rl.micro_batch_size=4",
+        "task.num_eval=4", "rl.eval_interval=0", "kl.probe_sequences=1", "kl.probe_max_tokens=2",
+        f"train.run_dir={run}", "train.progress=false", *extra,
+    ])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return run_rl(cfg)
+        finally:
+            destroy_parallel()
+
+
+@pytest.fixture(scope="module")
+def kl_run(tmp_path_factory):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("evalfix")
+    run = root / "run"
+    _train(run, "rl.loss.kl_coef=0.05")
+    yield run
+    torch.set_num_threads(before)
+
+
+def _eval(run: Path, *overrides: str) -> dict:
+    from megatron_logra.cli import main
+    from megatron_logra.parallel import destroy_parallel
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert main(["eval", str(run), *overrides]) == 0
+    finally:
+        destroy_parallel()
+
+
+def _files(root: Path) -> dict:
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_eval_of_a_kl_run_builds_no_reference_model(kl_run, capsys, caplog):
+    cache = kl_run.parent / ".cache"
+    assert any(cache.glob("warm_start_*.safetensors"))  # the run's own warm start was cached
+    shutil.rmtree(cache)
+    with caplog.at_level(logging.INFO):
+        _eval(kl_run)
+    out = json.loads(capsys.readouterr().out)
+    assert out["step"] == 1 and out["num_eval"] == 4 and 0 <= out["eval_accuracy"] <= 1
+    assert not cache.exists(), "eval ran (and cached) a warm start for a reference model it does not use"
+    assert "warm start" not in caplog.text
