@@ -74,26 +74,35 @@ class _OptimizerWithRL:
         self.state.load_state_dict(scalars["rl"])
 
 
-def _tokenizer(cfg: RunConfig, task, run_dir: Path):
+def _tokenizer(cfg: RunConfig, task, run_dir: Path, *, save: bool = True):
     """The run's tokenizer: a resumed run's ``RUN/tokenizer``; else ``tokenizer.path``'s, else (with
-    ``model.hf_path``) the checkpoint's, else one built for the task; saved to ``RUN/tokenizer`` (rank 0).
+    ``model.hf_path``) the checkpoint's, else one built for the task; saved to ``RUN/tokenizer`` (rank 0) unless
+    ``save`` is false (evaluation never writes into the run directory). A resumed run whose ``RUN/tokenizer`` is
+    missing gets one from the config as above, with a warning naming the missing directory and the source used
+    (it is the run's tokenizer only if that source is unchanged since the run started).
     A tokenizer with more tokens than ``model.vocab_size`` rows is a ValueError naming both, before it is saved."""
     saved = run_dir / "tokenizer"
     if cfg.train.resume and saved.exists():
         tok, source = load_tokenizer(saved), f"the run's saved tokenizer {saved}"
-    elif cfg.model.hf_path and not cfg.tokenizer.path:  # a real checkpoint brings its tokenizer
-        tok, source = load_tokenizer(cfg.model.hf_path), f"the tokenizer of model.hf_path={cfg.model.hf_path!r}"
     else:
-        texts = [task.train_problem(i).prompt + " " + task.train_problem(i).answer for i in range(64)]
-        tok = build_tokenizer(cfg.tokenizer, texts)
-        source = (f"tokenizer.path={cfg.tokenizer.path!r}" if cfg.tokenizer.path
-                  else f"the {cfg.tokenizer.kind} tokenizer built for the task (tokenizer.path empty)")
+        if cfg.model.hf_path and not cfg.tokenizer.path:  # a real checkpoint brings its tokenizer
+            tok = load_tokenizer(cfg.model.hf_path)
+            source = f"the tokenizer of model.hf_path={cfg.model.hf_path!r}"
+        else:
+            texts = [task.train_problem(i).prompt + " " + task.train_problem(i).answer for i in range(64)]
+            tok = build_tokenizer(cfg.tokenizer, texts)
+            source = (f"tokenizer.path={cfg.tokenizer.path!r}" if cfg.tokenizer.path
+                      else f"the {cfg.tokenizer.kind} tokenizer built for the task (tokenizer.path empty)")
+        if cfg.train.resume and is_rank0():
+            logger.warning("%s is missing: using %s instead, which is the run's tokenizer only if it has not "
+                           "changed since the run started (restore %s to use the run's own)%s", saved, source, saved,
+                           "" if save else "; not saved into the run directory")
     if len(tok) > cfg.model.vocab_size:
         fix = ("give a tokenizer made for this checkpoint (tokenizer.path=, empty, takes model.hf_path's own)"
                if cfg.model.hf_path else "raise model.vocab_size or give a smaller tokenizer")
         raise ValueError(f"{source} has {len(tok)} tokens but model.vocab_size={cfg.model.vocab_size} (the model's "
                          f"embedding rows): token ids past it have no embedding; {fix}")
-    if is_rank0() and not (cfg.train.resume and saved.exists()):
+    if save and is_rank0() and not (cfg.train.resume and saved.exists()):
         save_tokenizer(tok, saved)
     return tok
 
@@ -172,7 +181,8 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     (benchmarks plug in other optimizers with the ``DenseAdamW`` interface this way).
 
     ``for_eval``: what held-out evaluation (``megatron-logra eval``) reads: no reference model for
-    ``rl.loss.kl_coef`` (``ref_model`` is None: neither built nor warm-started)."""
+    ``rl.loss.kl_coef`` (``ref_model`` is None: neither built nor warm-started), and nothing is written into
+    the run directory (a missing ``RUN/tokenizer`` is rebuilt from the config with a warning, not saved)."""
     if optimizer_factory is None:
         check_native_step_control(cfg)
     if cfg.model.hf_path:  # the checkpoint's architecture replaces the recipe's
@@ -187,7 +197,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     if cfg.train.resume:
         check_resume_steps(run_dir, cfg.rl.steps, "rl.steps")
     task = build_task(cfg.task)
-    tok = _tokenizer(cfg, task, run_dir)
+    tok = _tokenizer(cfg, task, run_dir, save=not for_eval)
     if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
         rl_prompt_ids(tok, cfg.rl, "check")
     for problem in task.eval_problems():  # the same on every rank: a long prompt fails here, not mid-run

@@ -4,6 +4,8 @@
   reference's warm start. Observable: the warm start of this run is a supervised one cached in
   ``RUN/../.cache/warm_start_*.safetensors``; with the cache removed, a reference warm start would train and
   write it again (and log "warm start").
+* A run whose ``RUN/tokenizer`` is missing: eval warns, naming the missing directory and the tokenizer it used,
+  and writes nothing into the run directory.
 """
 
 from __future__ import annotations
@@ -84,3 +86,17 @@ def test_eval_of_a_kl_run_builds_no_reference_model(kl_run, capsys, caplog):
     assert out["step"] == 1 and out["num_eval"] == 4 and 0 <= out["eval_accuracy"] <= 1
     assert not cache.exists(), "eval ran (and cached) a warm start for a reference model it does not use"
     assert "warm start" not in caplog.text
+
+
+def test_eval_without_the_runs_tokenizer_warns_and_writes_nothing(kl_run, tmp_path, capsys, caplog):
+    run = tmp_path / "run"
+    shutil.copytree(kl_run, run)
+    shutil.rmtree(run / "tokenizer")
+    before = _files(run)
+    with caplog.at_level(logging.WARNING):
+        _eval(run)
+    assert 0 <= json.loads(capsys.readouterr().out)["eval_accuracy"] <= 1
+    assert not (run / "tokenizer").exists() and _files(run) == before
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "is missing" in r.message]
+    assert len(warned) == 1, caplog.text
+    assert str(run / "tokenizer") in warned[0] and "words tokenizer built for the task" in warned[0]
