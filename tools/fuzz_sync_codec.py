@@ -17,7 +17,7 @@ huge versions and seeds, any decay in (0, 1]). Checks:
 
   ============================  =====================================================
   ``byte_flip``                  one byte xor a non-zero mask: must raise
-  ``multi_flip``                 2-16 flips (cancelling flips excepted): must raise
+  ``multi_flip``                 2-16 flips: must raise
   ``truncate``                   a proper prefix: must raise ``truncated``
   ``extend``                     1-64 bytes appended: must raise ``malformed``
   ``garbage``                    random bytes, sometimes behind a real prefix: must raise
@@ -37,6 +37,12 @@ huge versions and seeds, any decay in (0, 1]). Checks:
   ``swap_tensors_rehash``        the same with the sha256 recomputed: must raise or
                                  decode to exactly the swapped message
   ============================  =====================================================
+
+  A draw that changes nothing is not a corruption and is drawn again (at most ``MAX_DRAWS``
+  times, then left out): the same bytes (cancelling flips, a value set to what it was, two
+  equal tensors swapped), or a header / tensor edit that leaves the header (dense entries in
+  any order) and every tensor as they were (an empty list "left empty"). The corruption
+  counts hold only real corruptions; the redraws are reported beside them.
 
 Failures: a valid message that does not round-trip, any exception other than ``SyncError``,
 a decoded message that differs from what the bytes hold, a truncation not labelled
@@ -206,6 +212,8 @@ class Corruption:
     """``(header, tensors)`` a rehashed message holds (None: the original's)."""
     error_kind: Optional[str] = None
     """The SyncError kind it must raise, if one is required."""
+    same_meaning: bool = False
+    """The edit left the header (dense entries in any order) and every tensor as they were: no corruption."""
 
 
 _Path = tuple[Any, ...]
@@ -321,7 +329,8 @@ def _respell(rng: random.Random, data: bytes) -> tuple[bytes, str]:
 
 
 def corrupt(kind: str, rng: random.Random, data: bytes) -> Corruption:
-    """One corruption of kind ``kind`` of the valid message ``data``."""
+    """One corruption of kind ``kind`` of the valid message ``data``. It may be a no-op (the same bytes, or a
+    header / tensor edit that changes nothing, ``same_meaning``): :func:`run` draws again then."""
     n = len(data)
     if kind == "byte_flip":
         pos, mask = rng.randrange(n), rng.randint(1, 255)
@@ -348,6 +357,15 @@ def corrupt(kind: str, rng: random.Random, data: bytes) -> Corruption:
         bad, desc = _respell(rng, data)
         return Corruption(bad, desc)
     header, tensors = unpack(data)
+    c = _edit(kind, rng, data, header, tensors)
+    original_header, original_tensors = unpack(data)
+    c.same_meaning = (_normal_header(header) == _normal_header(original_header) and set(tensors) == set(original_tensors)
+                      and all(_same_tensor(tensors[k], original_tensors[k]) for k in tensors))
+    return c
+
+
+def _edit(kind: str, rng: random.Random, data: bytes, header: Any, tensors: dict[str, torch.Tensor]) -> Corruption:
+    """The header / tensor edits of :func:`corrupt` (``header`` and ``tensors`` are edited in place)."""
     if kind.startswith("header_edit"):
         desc = _edit_header(rng, header, {"header_edit": "well_typed", "header_edit_rehash": "well_typed",
                                           "header_edit_rehash_illtyped": "ill_typed",
@@ -448,6 +466,10 @@ class Summary:
     """corruption kind -> SyncError kind -> count."""
     wrong_kind: Counter = field(default_factory=Counter)
     """corruption kind -> rejections with another SyncError kind than required."""
+    redrawn: Counter = field(default_factory=Counter)
+    """corruption kind -> no-op edits drawn again (the same bytes, or the same header and tensors)."""
+    no_op: Counter = field(default_factory=Counter)
+    """corruption kind -> corruptions left out because ``MAX_DRAWS`` draws in a row were all no-ops."""
     failures: list[str] = field(default_factory=list)
     failure_counts: Counter = field(default_factory=Counter)
     """what failed (``roundtrip``, ``silent``, ``crash``, ``wrong_kind``, ``undetected``) -> count."""
@@ -456,6 +478,7 @@ class Summary:
 
     @property
     def corrupted(self) -> int:
+        """Corrupted messages decoded: each really differs from its valid message (no-ops are redrawn)."""
         return sum(sum(c.values()) for c in self.outcomes.values())
 
     @property
@@ -464,6 +487,10 @@ class Summary:
 
     def exit_code(self) -> int:
         return 1 if self.failed else 0
+
+
+MAX_DRAWS = 32
+"""Draws of one corruption before it is left out as a no-op (counted in ``Summary.no_op``)."""
 
 
 def run(messages: int = 20000, seed: int = 0, *, start: int = 0, corruptions: int = 3,
@@ -512,9 +539,14 @@ def run(messages: int = 20000, seed: int = 0, *, start: int = 0, corruptions: in
         summary.valid_ok += 1
         for j in range(corruptions):
             kind = kinds[(index * corruptions + j) % len(kinds)]
-            c = corrupt(kind, rng, data)
-            if c.data == data:  # the edit changed nothing: not a corruption
-                c.rehashed, c.expect = True, None
+            for _ in range(MAX_DRAWS):  # an edit that changed nothing is not a corruption: draw again
+                c = corrupt(kind, rng, data)
+                if c.data != data and not c.same_meaning:
+                    break
+                summary.redrawn[kind] += 1
+            else:
+                summary.no_op[kind] += 1
+                continue
             try:
                 got = decode_fn(c.data)
             except SyncError as exc:
@@ -548,8 +580,11 @@ def run(messages: int = 20000, seed: int = 0, *, start: int = 0, corruptions: in
 
 def format_summary(s: Summary) -> str:
     """The tables: outcomes per corruption kind, SyncError kinds per corruption kind, failures."""
-    lines = [f"messages: {s.messages} ({s.valid_ok} round-tripped exactly), corrupted messages: {s.corrupted}, "
-             f"{s.seconds:.1f} s" + (" (stopped at --max-seconds)" if s.stopped_early else "")]
+    noops = f"; no-op edits drawn again: {sum(s.redrawn.values())}" if s.redrawn else ""
+    if s.no_op:
+        noops += f", left out as no-ops: {sum(s.no_op.values())}"
+    lines = [f"messages: {s.messages} ({s.valid_ok} round-tripped exactly), corrupted messages: {s.corrupted}"
+             f"{noops}, {s.seconds:.1f} s" + (" (stopped at --max-seconds)" if s.stopped_early else "")]
     kinds = [k for k in KINDS if k in s.outcomes]
     w = max([len("corruption"), *map(len, kinds)])
     cols = [*OUTCOMES, "wrong_kind"]

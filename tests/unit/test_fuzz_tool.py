@@ -95,4 +95,4 @@ def test_rehashed_headers_of_the_wrong_shape_are_all_rejected(fuzz: ModuleType, 
     s = fuzz.run(100, seed=0, kinds=(kind,))
     assert s.failed == 0, fuzz.format_summary(s)
     assert s.corrupted == 300 and s.outcomes[kind]["silent"] == s.outcomes[kind]["crash"] == 0
-    assert s.outcomes[kind]["rejected"] >= 0.9 * s.corrupted  # the rest were edits that changed nothing
+    assert s.outcomes[kind]["rejected"] == s.corrupted  # edits that changed nothing are drawn again
