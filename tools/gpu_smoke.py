@@ -144,7 +144,7 @@ def fp8_training_table(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=positive_int, default=2048)
+    p.add_argument("--hidden", type=positive_int, default=2048, help="a multiple of 128 (heads of dimension 128)")
     p.add_argument("--layers", type=positive_int, default=8)
     p.add_argument("--rank", type=positive_int, default=128)
     p.add_argument("--seq", type=positive_int, default=1024)
@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--impl", choices=["auto", "local", "transformer_engine"], default="auto")
     p.add_argument("--fp8", choices=["hybrid", "e4m3"], default=None, help="FP8 format of the FP8 section")
     args = p.parse_args(argv)
+    if args.hidden % 128:
+        p.error(f"argument --hidden: {args.hidden} is not a multiple of 128 (the model has hidden // 128 attention "
+                "heads of dimension 128)")
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to do", file=sys.stderr)
         return 0

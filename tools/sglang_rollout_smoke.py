@@ -85,6 +85,19 @@ def smoke_config(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_
     return cfg.validate()
 
 
+def logprob_gap_check(gaps: list[float], max_gap: float) -> tuple[float, Optional[float], str, Optional[str]]:
+    """Check 3 of the module docstring on the per-token ``|rollout - trainer|`` log-prob ``gaps``:
+    (mean, max or None, the line to report, the failure or None). No token at all (every rollout
+    ended at once, e.g. EOS first) is a failure: nothing was compared."""
+    if not gaps:
+        return (float("nan"), None, "rollout vs trainer log-probs: no rollout produced a token, nothing to compare",
+                "no completion token to compare log-probs on (every rollout was empty, e.g. EOS first)")
+    mean, top = statistics.mean(gaps), max(gaps)
+    line = f"rollout vs trainer log-probs over {len(gaps)} tokens: mean |gap| {mean:.4f}, max {top:.4f}"
+    failure = None if mean <= max_gap else f"mean |rollout - trainer log-prob| {mean:.4f} > {max_gap}"
+    return mean, top, line, failure
+
+
 def run(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_args: Optional[dict] = None,
         max_logprob_gap: float = 0.05, run_dir: Optional[Path] = None, report: Callable[[str], None] = log) -> dict:
     """Build the job with SGLang rollouts, run ``steps`` updates, check 1-3 of the module docstring."""
@@ -118,10 +131,10 @@ def run(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_args: Opt
         rollouts = comps.engine.generate([_prompt_ids(comps, p.prompt) for p in problems], params)
         gaps = [abs(a - b) for r in rollouts
                 for a, b in zip(r.logprobs, trainer_logprobs(comps, r.prompt_ids, r.completion_ids, temperature))]
-        gap = statistics.mean(gaps) if gaps else float("nan")
-        report(f"rollout vs trainer log-probs over {len(gaps)} tokens: mean |gap| {gap:.4f}, max {max(gaps):.4f}")
-        if not gap <= max_logprob_gap:
-            failures.append(f"mean |rollout - trainer log-prob| {gap:.4f} > {max_logprob_gap}")
+        gap, gap_max, line, problem = logprob_gap_check(gaps, max_logprob_gap)
+        report(line)
+        if problem:
+            failures.append(problem)
     finally:
         if hasattr(comps.engine, "close"):
             comps.engine.close()
@@ -129,7 +142,7 @@ def run(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_args: Opt
     for f in failures:
         report(f"FAIL: {f}")
     return {"passed": not failures, "failures": failures, "setup_s": setup_s, "logprob_gap_mean": gap,
-            "logprob_gap_max": max(gaps) if gaps else None, "records": records}
+            "logprob_gap_max": gap_max, "records": records}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
