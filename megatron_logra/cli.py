@@ -305,6 +305,9 @@ def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
     run_dir = Path(rest[0])
     try:
         cfg = _run_dir_config(parser, run_dir, list(rest[1:]), progress=False)
+        if cfg.job == "rl" and cfg.task.num_eval == 0:
+            raise ValueError(f"task.num_eval=0: {run_dir} has no held-out set to evaluate; give task.num_eval=N "
+                             f"(e.g. task.num_eval=200) to evaluate the run on N held-out problems")
     except ValueError as exc:
         _user_error(parser, exc)
     _check_resumed_architecture(parser, cfg)

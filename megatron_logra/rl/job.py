@@ -247,7 +247,8 @@ _LOGGED = ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual", "ste
 
 
 def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
-    """Warm start + RL; returns the summary (also written to RUN/summary.json).
+    """Warm start + RL; returns the summary (also written to RUN/summary.json, strict JSON: an
+    ``eval_accuracy_before/after`` that was not measured, e.g. with ``task.num_eval=0``, is ``null``).
     ``optimizer_factory``: see ``build_components``. The configs it saves (``RUN/config.yaml``, each
     checkpoint's) never hold ``rl.rollout.sglang_api_key`` (``rollout.sglang_setup.redact_config``);
     ``config.yaml`` and ``summary.json`` are replaced atomically (a crash leaves the old file or the new one).
@@ -266,7 +267,11 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     metrics = MetricsWriter(run_dir, truncate_after=state.step if cfg.train.resume else None)
     setup_seconds = time.perf_counter() - t_start
     eval_before = evaluate_accuracy(comps)
-    logger.info("held-out accuracy before RL: %.3f", eval_before)
+    if eval_before is None:
+        logger.info("no held-out evaluation (task.num_eval=0): eval_accuracy is null in metrics.jsonl and "
+                    "summary.json")
+    else:
+        logger.info("held-out accuracy before RL: %.3f", eval_before)
     progress = _progress(cfg, state.step) if cfg.train.progress and is_rank0() else None
     record = {}
     start_step = state.step
@@ -323,8 +328,10 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         }
         if is_rank0():
             atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
-            if stopped is None:
+            if stopped is None and eval_before is not None and eval_after is not None:
                 logger.info("done: held-out accuracy %.3f -> %.3f", eval_before, eval_after)
+            elif stopped is None:
+                logger.info("done (no held-out evaluation)")
     return summary
 
 

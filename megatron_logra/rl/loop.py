@@ -153,13 +153,16 @@ def _decode(c: RLComponents, ids: list[int]) -> str:
 
 
 @torch.no_grad()
-def evaluate_accuracy(c: RLComponents) -> float:
+def evaluate_accuracy(c: RLComponents) -> Optional[float]:
     """Held-out accuracy of the engine's policy, shared over DP ranks: greedy by default, else
-    the mean over ``rl.rollout.eval_samples`` samples per problem at ``eval_temperature``."""
+    the mean over ``rl.rollout.eval_samples`` samples per problem at ``eval_temperature``. None (JSON
+    ``null``) without a held-out set (``task.num_eval=0``): nothing is generated."""
     from megatron_logra.rollout.engine import SamplingParams
 
     rollout = c.cfg.rl.rollout
     problems = c.task.eval_problems()
+    if not problems:  # the same list on every rank: all of them return here, before the collective
+        return None
     mine = problems[c.groups.dp_rank :: c.groups.dp_size]
     correct = 0
     k = rollout.eval_samples
@@ -172,7 +175,7 @@ def evaluate_accuracy(c: RLComponents) -> float:
                       for p, r in zip((p for p in mine for _ in range(k)), rollouts))
     counts = torch.tensor([float(correct), float(len(mine) * rollout.eval_samples)], dtype=torch.float64)
     all_reduce_sum(counts, c.groups.dp)
-    return (counts[0] / counts[1]).item() if counts[1] > 0 else float("nan")
+    return (counts[0] / counts[1]).item() if counts[1] > 0 else None
 
 
 def _reference_logprobs(c: RLComponents, batch: Batch) -> Optional[torch.Tensor]:

@@ -6,6 +6,8 @@
   write it again (and log "warm start").
 * A run whose ``RUN/tokenizer`` is missing: eval warns, naming the missing directory and the tokenizer it used,
   and writes nothing into the run directory.
+* ``task.num_eval=0``: ``summary.json`` holds ``null`` (strict JSON), and ``eval`` is refused naming
+  ``task.num_eval`` and the fix.
 """
 
 from __future__ import annotations
@@ -100,3 +102,21 @@ def test_eval_without_the_runs_tokenizer_warns_and_writes_nothing(kl_run, tmp_pa
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "is missing" in r.message]
     assert len(warned) == 1, caplog.text
     assert str(run / "tokenizer") in warned[0] and "words tokenizer built for the task" in warned[0]
+
+
+def test_num_eval_0_writes_null_and_eval_is_refused(kl_run, capsys):
+    run = kl_run.parent / "run_no_eval"
+    summary = _train(run, "task.num_eval=0")
+    assert summary["eval_accuracy_before"] is None and summary["eval_accuracy_after"] is None
+    saved = _strict_json((run / "summary.json").read_text())
+    assert saved["eval_accuracy_before"] is None and saved["eval_accuracy_after"] is None
+    from megatron_logra.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(["eval", str(run)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "task.num_eval=0" in err and "task.num_eval=N" in err
+    _eval(run, "task.num_eval=3")  # the fix the message names works
+    out = _strict_json(capsys.readouterr().out)
+    assert out["num_eval"] == 3 and 0 <= out["eval_accuracy"] <= 1
