@@ -263,10 +263,12 @@ def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[st
     """The config saved in ``RUN_DIR/config.yaml`` (checked against the latest checkpoint's copy:
     :func:`~megatron_logra.checkpoint.run_dir.resume_config`), set to resume from its latest checkpoint, with
     ``overrides`` (e.g. more steps, another parallel layout) applied on top. Bad input is a ``ValueError``
-    naming it (the caller reports it with :func:`_user_error`)."""
+    naming it (the caller reports it with :func:`_user_error`): ``config.yaml`` for the config, the broken
+    file itself for a damaged checkpoint (``CheckpointError``, e.g. a corrupt ``meta.json``)."""
     from pathlib import Path
 
     from megatron_logra.checkpoint import latest_checkpoint
+    from megatron_logra.checkpoint.integrity import CheckpointError
     from megatron_logra.checkpoint.run_dir import resume_config
     from megatron_logra.config import RunConfig, from_dict
     from megatron_logra.overrides import apply_overrides
@@ -281,9 +283,17 @@ def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[st
     if overrides and not overrides[0].startswith("-") and "=" not in overrides[0]:
         raise ValueError(f"--resume {run_dir} takes its recipe from {cfg_path}; drop {overrides[0]!r} or start a "
                          f"new run")
-    try:  # config.yaml, or the latest checkpoint's copy when config.yaml is missing or cut short
-        cfg = from_dict(RunConfig, resume_config(run_dir))
+    # config.yaml, or the latest checkpoint's copy when config.yaml is missing or cut short; a broken checkpoint
+    # (CheckpointError: its meta.json, a shard, checkpoints/latest) names its own file and keeps its message
+    try:
+        saved = resume_config(run_dir)
+    except CheckpointError:
+        raise
     except (ValueError, yaml.YAMLError) as exc:
+        raise ValueError(str(exc) if str(exc).startswith(f"{cfg_path}:") else f"{cfg_path}: {exc}") from exc
+    try:
+        cfg = from_dict(RunConfig, saved)
+    except ValueError as exc:
         raise ValueError(f"{cfg_path}: {exc}") from exc
     cfg.train.run_dir, cfg.train.resume = str(run_dir), True
     if progress is not None:

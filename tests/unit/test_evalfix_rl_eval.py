@@ -8,6 +8,8 @@
   and writes nothing into the run directory.
 * ``task.num_eval=0``: ``summary.json`` holds ``null`` (strict JSON), and ``eval`` is refused naming
   ``task.num_eval`` and the fix.
+* A corrupt ``meta.json`` or a truncated shard of the latest checkpoint is reported naming that file, not
+  ``config.yaml``.
 """
 
 from __future__ import annotations
@@ -120,3 +122,27 @@ def test_num_eval_0_writes_null_and_eval_is_refused(kl_run, capsys):
     _eval(run, "task.num_eval=3")  # the fix the message names works
     out = _strict_json(capsys.readouterr().out)
     assert out["num_eval"] == 3 and 0 <= out["eval_accuracy"] <= 1
+
+
+@pytest.mark.parametrize("broken", ["meta.json", "shard"])
+def test_a_broken_checkpoint_is_reported_as_itself_not_as_config_yaml(kl_run, tmp_path, capsys, broken):
+    from megatron_logra.checkpoint import latest_checkpoint
+    from megatron_logra.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(kl_run, run)
+    ckpt = latest_checkpoint(run)
+    if broken == "meta.json":
+        meta = ckpt / "meta.json"
+        meta.write_text(meta.read_text()[:40])
+        named = str(meta)
+    else:
+        shard = max((p for p in ckpt.rglob("*.distcp")), key=lambda p: p.stat().st_size)
+        shard.write_bytes(shard.read_bytes()[:1000])
+        named = f"{ckpt}: {shard.relative_to(ckpt)} has 1000 bytes"
+    with pytest.raises(SystemExit) as info:
+        main(["eval", str(run)])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert info.value.code == 2
+    assert line.startswith(f"megatron-logra: error: {named}"), line
+    assert "config.yaml" not in line
