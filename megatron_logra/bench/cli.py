@@ -6,7 +6,11 @@
 Runs Fig 1 (memory), Fig 2 + 5a (accuracy per optimizer and per rank), Fig 5b/5c
 (reconstruction cosines) and Fig 6 (KL handling) one after the other in this process and
 writes ``docs/results.md`` (quick: ``docs/results-quick.md``) with PNGs under ``docs/results/``.
-A missing GaLore/APOLLO package is reported and skipped, never fatal.
+A run of some figures (``--figures``) or with other settings (``--optimizers``, ``--seeds``, ...)
+writes a report named after them instead, e.g. ``results-cosine.md`` or
+``results-quick-custom-memory.md`` (PNGs prefixed alike), and never replaces the full report;
+``--render-only`` with the same flags re-renders that one. The header records the command and
+the machine. A missing GaLore/APOLLO package is reported and skipped, never fatal.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("paper", help="small-scale paper figures vs GaLore and APOLLO",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="≈3 min budget: fewer steps, one seed, small sizes")
-    p.add_argument("--out-dir", default="docs", help="results.md goes here, PNGs under OUT_DIR/results/")
+    p.add_argument("--out-dir", default="docs",
+                   help="results.md goes here (a partial or custom run: results-<...>.md), PNGs under OUT_DIR/results/")
     p.add_argument("--run-root", default="runs/bench-paper", help="parent of the RL run directories")
     p.add_argument("--figures", nargs="+", choices=["memory", "accuracy", "cosine", "kl"],
                    help="only these figure groups (default: all)")
@@ -42,7 +47,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seeds", nargs="+", type=int, help="training seeds of Fig 2")
     p.add_argument("--rl-steps", type=int, help="RL updates per run")
     p.add_argument("--render-only", action="store_true",
-                   help="re-render results.md from OUT_DIR/results/results[-quick].json without running anything")
+                   help="re-render the report of these flags (results.md, results-quick.md, results-cosine.md, ...) "
+                        "from its JSON under OUT_DIR/results/ without running anything")
     p.set_defaults(bench_command="paper")
     return p
 
@@ -80,8 +86,9 @@ def run_paper(cfg: PaperBenchConfig) -> Path:
     missing = {p: why for p in cfg.optimizers if p in PEERS for why in [peer_missing(p)] if why}
     for peer, why in missing.items():
         logger.warning("peer %s skipped: %s", peer, why)
+    env = report.environment(cfg.threads)
     img_dir = Path(cfg.out_dir) / "results"
-    prefix = "quick-" if cfg.quick else ""
+    prefix = report.image_prefix(cfg)
     images: dict[str, str] = {}
 
     def image(key: str, name: str) -> Path:
@@ -124,10 +131,11 @@ def run_paper(cfg: PaperBenchConfig) -> Path:
         kl_fig.plot_kl(by_mode, image("kl", "fig6_kl.png"))
         timings["kl"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
+    command = report.command_line(cfg)
     text = report.render_report(cfg, timings=timings, missing=missing, memory=memory, planned=planned,
                                 by_optimizer=by_optimizer, by_rank=by_rank, cosines=cosines, kl_rows=kl_rows,
-                                images=images)
-    data = {"config": asdict(cfg), "timings": timings, "missing": missing,
+                                images=images, command=command, environment=env)
+    data = {"config": asdict(cfg), "command": command, "environment": env, "timings": timings, "missing": missing,
             "memory": [asdict(r) for r in memory], "planner": planned,
             "runs": {f"{k[0]}-seed{k[1]}": {"eval_before": r.eval_before, "eval_after": r.eval_after,
                                             "curve": r.curve, "wall_seconds": r.wall_seconds, "rl_seconds": r.rl_seconds,
@@ -141,8 +149,12 @@ def run_paper(cfg: PaperBenchConfig) -> Path:
 
 def load_results(path: Path) -> dict[str, Any]:
     """The keyword arguments of :func:`render_report` (and the config) rebuilt from a
-    ``results[-quick].json`` written by :func:`write_report`, to re-render a report without
-    rerunning it. Per-update records are not stored there; the KL rows are."""
+    ``results/STEM.json`` written by :func:`write_report`, to re-render a report without
+    rerunning it. Per-update records are not stored there; the KL rows are. The command and
+    environment are the recorded ones (a JSON from before they were recorded: the command rebuilt
+    from its config, the environment None)."""
+    from megatron_logra.bench.report import command_line, image_prefix
+
     data = json.loads(Path(path).read_text())
     cfg = PaperBenchConfig(**{k: ([tuple(x) for x in v] if k == "memory_sizes" else v)
                               for k, v in data["config"].items()})
@@ -156,7 +168,7 @@ def load_results(path: Path) -> dict[str, Any]:
     by_optimizer = {o: [runs[(o, s)] for s in cfg.seeds if (o, s) in runs] for o in cfg.optimizers}
     by_rank = {k: [runs[(lab, s)] for s in cfg.rank_seeds if (lab, s) in runs]
                for k in cfg.ranks for lab in ["logra" if k == 32 else f"logra-r{k}"]}
-    prefix = "quick-" if cfg.quick else ""
+    prefix = image_prefix(cfg)
     names = {"memory": "fig1_memory.png", "accuracy": "fig2_accuracy.png", "rank": "fig5a_rank.png",
              "cosine_single": "fig5b_cosine_single.png", "cosine_accumulated": "fig5c_cosine_accumulated.png",
              "kl": "fig6_kl.png"}
@@ -165,16 +177,19 @@ def load_results(path: Path) -> dict[str, Any]:
             "memory": [MemoryRow(**m) for m in data["memory"]], "planned": data["planner"],
             "by_optimizer": {k: v for k, v in by_optimizer.items() if v},
             "by_rank": {k: v for k, v in by_rank.items() if v}, "cosines": data["cosines"],
-            "kl_rows": data["kl"], "images": images, "data": data}
+            "kl_rows": data["kl"], "images": images, "command": data.get("command") or command_line(cfg),
+            "environment": data.get("environment"), "data": data}
 
 
-def render_only(out_dir: Path, *, quick: bool) -> int:
-    """Rewrite the report from the numbers of an earlier run (after a change of wording)."""
+def render_only(out_dir: Path, *, quick: bool, cfg: Optional[PaperBenchConfig] = None) -> int:
+    """Rewrite the report from the numbers of an earlier run (after a change of wording): the report of
+    ``cfg`` (default: the quick or full preset), read from ``OUT_DIR/results/<its stem>.json``."""
     from megatron_logra.bench import report
 
-    source = out_dir / "results" / ("results-quick.json" if quick else "results.json")
+    cfg = cfg if cfg is not None else PaperBenchConfig.preset(quick, out_dir=str(out_dir))
+    source = out_dir / "results" / f"{report.report_stem(cfg)}.json"
     if not source.exists():
-        raise SystemExit(f"{source} does not exist: run `megatron-logra bench paper{' --quick' if quick else ''}` first")
+        raise SystemExit(f"{source} does not exist: run `{report.command_line(cfg)}` first")
     kw = load_results(source)
     cfg, data = kw.pop("cfg"), kw.pop("data")
     cfg.out_dir = str(out_dir)
@@ -187,12 +202,12 @@ def main(args: Union[argparse.Namespace, Sequence[str], None] = None) -> int:
     """Entry point of ``megatron-logra bench ...``: parsed args or an argv list; returns the exit code."""
     parser = build_parser()
     ns = args if isinstance(args, argparse.Namespace) else parser.parse_args(list(args or []))
-    if getattr(ns, "render_only", False):
-        return render_only(Path(ns.out_dir), quick=ns.quick)
     try:
         cfg = config_from_args(ns)
     except ValueError as exc:
         parser.error(str(exc))
+    if getattr(ns, "render_only", False):
+        return render_only(Path(ns.out_dir), quick=ns.quick, cfg=cfg)
     path = run_paper(cfg)
     logging.getLogger(__name__).info("report: %s", path)
     return 0

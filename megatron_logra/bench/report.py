@@ -3,13 +3,22 @@
 The verdict section is computed from the numbers (never written by hand), so a rerun that
 changes the numbers changes the words: for every comparison it states the two values and
 whether LoGRA is ahead, behind, or within one standard deviation.
+
+The header names the command that reproduces the run (:func:`command_line`, every flag that
+differs from the preset) and the machine it ran on (:func:`environment`, recorded in the JSON).
+Only the complete preset runs write ``results.md`` / ``results-quick.md``: a run of some figures
+or with other settings writes a stem that says so (:func:`report_stem`, e.g.
+``results-cosine.md``, ``results-quick-custom-memory-kl.md``), so it never replaces the full report.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
+import shlex
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,9 +28,94 @@ from megatron_logra.bench.memory_fig import MemoryRow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["render_report", "write_report", "verdicts"]
+__all__ = ["render_report", "write_report", "verdicts", "report_stem", "image_prefix", "command_line", "environment"]
 
 MiB = 1024.0 * 1024.0
+
+FIGURES = ("memory", "accuracy", "cosine", "kl")
+"""The figure groups, in report order."""
+
+LEGACY_ENVIRONMENT = "OMP_NUM_THREADS=1, {threads} torch thread(s), x86_64 CPU, shared 2-core machine"
+"""The machine of reports whose JSON predates the recorded environment (the project's shared 2-core x86_64
+machine, where the committed reports were measured)."""
+
+
+def _plain(cfg: PaperBenchConfig) -> dict[str, Any]:
+    return json.loads(json.dumps(asdict(cfg)))
+
+
+def _is_custom(cfg: PaperBenchConfig) -> bool:
+    """Any setting other than the preset's (the figures, output and run directories aside)."""
+    preset = PaperBenchConfig.preset(cfg.quick, out_dir=cfg.out_dir, run_root=cfg.run_root, figures=list(cfg.figures))
+    return _plain(cfg) != _plain(preset)
+
+
+def report_stem(cfg: PaperBenchConfig) -> str:
+    """File stem of the report and its JSON: ``results`` / ``results-quick`` for a complete preset run;
+    ``-custom`` added when another setting differs from the preset, and the figure groups (``-cosine``,
+    ``-memory-kl``) when not all of them ran."""
+    stem = "results-quick" if cfg.quick else "results"
+    if _is_custom(cfg):
+        stem += "-custom"
+    if set(cfg.figures) != set(FIGURES):
+        stem += "".join(f"-{f}" for f in FIGURES if f in cfg.figures)
+    return stem
+
+
+def image_prefix(cfg: PaperBenchConfig) -> str:
+    """Prefix of the PNG names under ``OUT_DIR/results/``: none for the full report, else the stem's suffix
+    (``quick-``, ``cosine-``, ``quick-custom-memory-``)."""
+    stem = report_stem(cfg)
+    return "" if stem == "results" else stem[len("results-"):] + "-"
+
+
+def command_line(cfg: PaperBenchConfig) -> str:
+    """The ``megatron-logra bench paper`` command that runs ``cfg``: ``--quick`` and every flag whose value
+    differs from the preset's; settings no flag reaches (set through the API) are listed after it."""
+    from megatron_logra.bench.cli import build_parser, config_from_args
+
+    preset = PaperBenchConfig.preset(cfg.quick)
+    args = ["paper"] + (["--quick"] if cfg.quick else [])
+    for flag, name in (("--out-dir", "out_dir"), ("--run-root", "run_root")):
+        if getattr(cfg, name) != getattr(preset, name):
+            args += [flag, getattr(cfg, name)]
+    for flag, name in (("--figures", "figures"), ("--optimizers", "optimizers"), ("--kl-modes", "kl_modes"),
+                       ("--seeds", "seeds")):
+        if list(getattr(cfg, name)) != list(getattr(preset, name)):
+            args += [flag, *map(str, getattr(cfg, name))]
+    if cfg.rl_steps != preset.rl_steps:
+        args += ["--rl-steps", str(cfg.rl_steps)]
+    text = shlex.join(["megatron-logra", "bench", *args])
+    rebuilt, wanted = _plain(config_from_args(build_parser().parse_args(args))), _plain(cfg)
+    rest = [f"{k}={wanted[k]!r}" for k in wanted if wanted[k] != rebuilt[k]]
+    return text + (f" (and, through the API: {', '.join(rest)})" if rest else "")
+
+
+def environment(threads: int) -> dict[str, Any]:
+    """The machine a run is on, as the report's header states it: CPU, cores, ``OMP_NUM_THREADS``, the
+    torch threads (``threads``), torch and Python versions, and the load average now."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"), "torch_threads": threads,
+            "machine": platform.machine(), "cpu": cpu, "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "python": platform.python_version(),
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
+def _describe_environment(env: Optional[dict[str, Any]], threads: int) -> str:
+    if env is None:
+        return LEGACY_ENVIRONMENT.format(threads=threads)
+    load = env.get("load_average")
+    return (f"OMP_NUM_THREADS={env['omp_num_threads']}, {env['torch_threads']} torch thread(s), {env['cpu']} "
+            f"({env['machine']}, {env['cpu_count']} cores"
+            + (f", load average {load:.1f} at the start" if load is not None else "")
+            + f"), torch {env['torch']}")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -110,12 +204,22 @@ def verdicts(memory: list[MemoryRow], planned: list[dict], by_optimizer: dict[st
 def render_report(cfg: PaperBenchConfig, *, timings: dict[str, float], missing: dict[str, str],
                   memory: list[MemoryRow], planned: list[dict], by_optimizer: dict[str, list[RunResult]],
                   by_rank: dict[int, list[RunResult]], cosines: Optional[dict], kl_rows: list[dict],
-                  images: dict[str, str]) -> str:
-    """The markdown text of ``results.md``."""
-    cmd = "megatron-logra bench paper" + (" --quick" if cfg.quick else "")
-    parts = [f"# Paper figures at small scale ({'quick' if cfg.quick else 'full'} run)", "",
-             f"Command: `{cmd}` (OMP_NUM_THREADS=1, {cfg.threads} torch thread(s), {platform.machine()} CPU, "
-             f"shared 2-core machine). Total wall time **{timings.get('total', 0.0) / 60:.1f} min** "
+                  images: dict[str, str], command: Optional[str] = None,
+                  environment: Optional[dict[str, Any]] = None) -> str:
+    """The markdown text of the report. ``command`` defaults to :func:`command_line` of ``cfg``;
+    ``environment`` is what :func:`environment` recorded (None: a report from before it was recorded,
+    described as :data:`LEGACY_ENVIRONMENT`)."""
+    cmd = command if command is not None else command_line(cfg)
+    budget = "quick" if cfg.quick else "full"
+    if report_stem(cfg) in ("results", "results-quick"):
+        scope = f"{budget} run"
+    else:
+        scope = f"{budget} budget, " + (f"{', '.join(f for f in FIGURES if f in cfg.figures)} only"
+                                       if set(cfg.figures) != set(FIGURES) else "all figures")
+        scope += ", settings changed: see the command" if _is_custom(cfg) else ""
+    parts = [f"# Paper figures at small scale ({scope})", "",
+             f"Command: `{cmd}` ({_describe_environment(environment, cfg.threads)}). Total wall time "
+             f"**{timings.get('total', 0.0) / 60:.1f} min** "
              f"(" + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items() if k != "total") + ").", ""]
     if missing:
         parts += ["**Skipped peers**: " + "; ".join(f"{k}: {v}" for k, v in missing.items()), ""]
@@ -201,11 +305,12 @@ def render_report(cfg: PaperBenchConfig, *, timings: dict[str, float], missing: 
 
 
 def write_report(cfg: PaperBenchConfig, text: str, data: dict[str, Any]) -> Path:
-    """Write ``results.md`` (quick: ``results-quick.md``) and the raw numbers as
-    ``results/results[-quick].json`` under ``cfg.out_dir``; a quick run never overwrites the full one."""
+    """Write ``STEM.md`` and the raw numbers as ``results/STEM.json`` under ``cfg.out_dir``, ``STEM`` =
+    :func:`report_stem` (``results``, ``results-quick``, ``results-cosine``, ...): a quick, partial or
+    custom run never overwrites the full report."""
     out = Path(cfg.out_dir)
     (out / "results").mkdir(parents=True, exist_ok=True)
-    stem = "results-quick" if cfg.quick else "results"
+    stem = report_stem(cfg)
     path = out / f"{stem}.md"
     path.write_text(text)
     (out / "results" / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
