@@ -22,11 +22,16 @@ rl.group_size`` sequences. The optimizer flags (``--lr``, ``--weight-decay``, ``
 ``--adam-beta1/2``, ``--adam-eps``) follow ``optimizer.name`` and ``logra.recipe``
 (:data:`OPTIMIZER_ALIASES`); one the configured optimizer would not read is refused.
 ``--max-position-embeddings`` only checks ``model.seq_length`` (:data:`CHECK_FLAGS`).
+
+``task.datasets`` set without ``task.dataset_kwargs`` drops the kwargs (of the recipe, a base recipe file or the
+resumed run) of datasets it no longer lists: ``megatron-logra train tiny task.datasets=gcd`` needs no
+``task.dataset_kwargs={}`` for the recipe's chain_sum kwargs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -36,6 +41,8 @@ import yaml
 from megatron_logra.config import RECIPES, RunConfig, _coerce, _is_section, _section_type, _short
 from megatron_logra.optim.config import LograConfig
 from megatron_logra.yaml_unique import safe_load_unique
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["load_recipe", "apply_overrides", "parse_args_to_config", "MEGATRON_ALIASES", "JOB_ALIASES",
            "OPTIMIZER_ALIASES", "CHECK_FLAGS", "resolve_alias", "resolve_hf_model"]
@@ -351,7 +358,28 @@ def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> tuple[RunC
             raise ValueError(f"--{flag} sets {target} here, which is also given: give only one of them")
         set_dotted(cfg, target, raw)
         given.add(target)
+    _drop_unselected_dataset_kwargs(cfg, given)
     return cfg, given
+
+
+def _drop_unselected_dataset_kwargs(cfg: RunConfig, given: set[str]) -> None:
+    """``task.datasets`` set (``given``) without ``task.dataset_kwargs``: the kwargs already in ``cfg`` (a named
+    recipe's, a base recipe file's, a resumed run's) belong to the datasets it listed, so those of datasets no
+    longer listed are dropped (logged) instead of refused, e.g. ``megatron-logra train tiny task.datasets=gcd``.
+    ``task.dataset_kwargs`` given as well is kept as given: one for a dataset not listed is still refused."""
+    if "task.datasets" not in given or "task.dataset_kwargs" in given:
+        return
+    kwargs, datasets = cfg.task.dataset_kwargs, cfg.task.datasets
+    if not isinstance(kwargs, dict) or not kwargs:
+        return
+    if isinstance(datasets, str):
+        datasets = datasets.split(",")
+    listed = {d.strip() for d in datasets if isinstance(d, str)}
+    dropped = sorted(name for name in kwargs if name not in listed)
+    if dropped:
+        logger.info("task.datasets=%s: dropping task.dataset_kwargs for %s (no longer listed)",
+                    list(datasets), ", ".join(dropped))
+        cfg.task.dataset_kwargs = {k: v for k, v in kwargs.items() if k in listed}
 
 
 def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:

@@ -58,7 +58,9 @@ class TaskConfig:
     dataset_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per reasoning-gym dataset config kwargs, e.g. ``{"chain_sum": {"min_terms": 2, "max_terms": 2,
     "min_digits": 1, "max_digits": 1}}``; ``size`` sets the dataset's (virtual) size. A JSON string is
-    accepted too."""
+    accepted too. Every key must be a reasoning-gym dataset of ``datasets``; an override (or recipe file) that
+    sets ``datasets`` alone drops the kwargs of datasets it no longer lists (a recipe's kwargs belong to its
+    datasets)."""
     reward: str = "auto"
     """auto (each gym dataset's own scorer, math-verify for JSONL), math_verify (for every source),
     or a dotted path ``package.module:function`` of ``fn(problem, completion) -> score in [0, 1]``."""
@@ -155,7 +157,9 @@ class TaskConfig:
         for name, kwargs in self.dataset_kwargs.items():
             if name not in self.datasets or name.startswith(JSONL_PREFIX):
                 raise ValueError(
-                    f"task.dataset_kwargs[{name!r}]: not a reasoning-gym dataset of task.datasets {self.datasets}"
+                    f"task.dataset_kwargs[{name!r}]: not a reasoning-gym dataset of task.datasets {self.datasets}; "
+                    f"drop {name!r} from task.dataset_kwargs (task.dataset_kwargs={{}} clears them all) or list it "
+                    f"in task.datasets"
                 )
             if not isinstance(kwargs, dict):
                 raise ValueError(f"task.dataset_kwargs[{name!r}]={kwargs!r} must be a dict of config kwargs")
