@@ -12,7 +12,7 @@ consumes) with
 
 How memory is measured (CPU: ``torch.cuda`` memory statistics do not exist here):
 
-1. *Live tensor bytes* — the ``LiveTensorTracker`` of ``benchmarks/optimizer_memory.py``: a
+1. *Live tensor bytes* — :class:`megatron_logra.memory.measure.LiveTensorTracker`: a
    ``TorchDispatchMode`` registers the storage of every tensor an aten op returns (forward, the
    custom function's chunks, autograd's backward on this thread) once, and ``weakref.finalize`` on
    the storage removes it when torch frees it; tensors alive at the start (logits, labels) are
@@ -218,7 +218,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         *lines, "",
         "- live peak: peak of live tensor bytes above the start (inputs already alive), from a TorchDispatchMode that "
         "registers every storage an op returns and drops it when torch frees it (`LiveTensorTracker` of "
-        "`benchmarks/optimizer_memory.py`); fwd-only: the same during forward.",
+        "`megatron_logra/memory/measure.py`); fwd-only: the same during forward.",
         "- peak RSS: `ru_maxrss` of the configuration's own child process, reset after the inputs exist, above the RSS "
         "at that point (sees kernel scratch and allocator overhead too).",
         "- max |Δ logp| vs dense: largest per-token difference of the log-probs from the dense fp32 ones.",

@@ -1,8 +1,10 @@
 """Sketch-delta policy sync: bytes per sync and engine-side time, vs a full bf16 refit.
 
-Bytes: for the tiny recipe model a real delta is encoded (safetensors + header + sha256) and
-measured; for 1.5B / 7B / 27B shapes the bytes are computed from shapes (U is bf16
-``[n_out, r]`` per target; the measured tiny header overhead is added). Only the four target
+Bytes: for the tiny recipe model a synthetic delta of its target shapes (random factors,
+``random_delta``: the size depends on the shapes and the rank, not on the values) is encoded by
+the real codec (safetensors + header + sha256) and measured; for 1.5B / 7B / 27B the bytes are
+computed from shapes (U is bf16 ``[n_out, r]`` per target; the measured tiny header overhead is
+added). Only the four target
 kinds travel: embeddings, norms and biases are frozen (``native.freeze``), as in the RL
 recipes. The bound printed beside each row is ``r/hidden + 2%`` of the full refit.
 

@@ -13,7 +13,7 @@ as the maximum over ranks:
 
 * CUDA: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` (reset every step) and, with
   nvidia-ml-py and the NVML library, the device's used memory sampled every 5 ms (whole device);
-* CPU: the peak of live tensor bytes (``LiveTensorTracker`` of ``benchmarks/optimizer_memory.py``)
+* CPU: the peak of live tensor bytes (:class:`megatron_logra.memory.measure.LiveTensorTracker`)
   and the process's peak RSS (imports included; reset through ``/proc/self/clear_refs``);
 * optimizer-state bytes counted from the objects (fp32 grads, masters, Adam moments; LoGRA: sketch
   buffer, row moments, target masters and its native AdamW's state).

@@ -26,7 +26,10 @@ the numbers, and :mod:`~megatron_logra.bench.cli` is the command line::
 
     from megatron_logra.bench.config import PaperBenchConfig
     from megatron_logra.bench.cli import run_paper
-    run_paper(PaperBenchConfig.preset(quick=True, figures=["cosine"]))
+    run_paper(PaperBenchConfig.preset(quick=True, figures=["cosine"]))  # writes docs/results-quick-cosine.md
+
+A run of some figures or with other settings writes a report named after them
+(:func:`~megatron_logra.bench.report.report_stem`) and never replaces the full ``docs/results.md``.
 """
 
 import logging
