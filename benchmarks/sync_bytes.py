@@ -381,8 +381,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="time apply vs copy on this device (e.g. cuda) instead of the CPU tables")
     p.add_argument("--device-models", type=device_models, default="big,1.5b",
                    help=f"models of --device: any of {sorted(DEVICE_MODELS)}")
-    p.add_argument("--out", default="benchmarks/results/sync_bytes.md")
+    p.add_argument("--out", default=None,
+                   help="report file (default benchmarks/results/sync_bytes.md; with --device "
+                        "benchmarks/results/sync_bytes_DEVICE.md, so a GPU run never replaces the CPU tables)")
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = (f"benchmarks/results/sync_bytes_{args.device.type}.md" if args.device
+                    else "benchmarks/results/sync_bytes.md")
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     if args.device:
         device = args.device

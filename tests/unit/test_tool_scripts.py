@@ -42,13 +42,15 @@ def test_gpu_check_reports_without_cuda(tmp_path):
 
 
 def test_sync_timing_device_mode_runs_and_reports_the_ratio(tmp_path):
-    """``benchmarks/sync_bytes.py --device`` (what gpu_check.sh runs with cuda) on the CPU, one repeat."""
-    out = tmp_path / "sync.md"
-    proc = subprocess.run([sys.executable, "benchmarks/sync_bytes.py", "--device", "cpu", "--repeats", "1",
-                           "--big-dtypes", "float32,bfloat16", "--device-models", "big", "--timing-rank", "8",
-                           "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    """``benchmarks/sync_bytes.py --device`` (what gpu_check.sh runs with cuda) on the CPU, one repeat; without
+    ``--out`` it writes ``results/sync_bytes_<device>.md``, never the committed CPU tables."""
+    out = tmp_path / "benchmarks" / "results" / "sync_bytes_cpu.md"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sync_bytes.py"), "--device", "cpu",
+                           "--repeats", "1", "--big-dtypes", "float32,bfloat16", "--device-models", "big",
+                           "--timing-rank", "8"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.exists() and not (out.parent / "sync_bytes.md").exists()
     rows = [line for line in out.read_text().splitlines() if line.startswith("| hidden") or line.startswith("| Qwen")]
     assert len(rows) == 2 and "float32" in rows[0] and "bfloat16" in rows[1]
     for row in rows:
