@@ -64,12 +64,27 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
+def _is_count(x) -> bool:
+    """A JSON non-negative integer (``bool`` is an ``int`` subclass in Python, not in JSON)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _short(value, limit: int = 80) -> str:
+    """``repr`` of a header value, cut to ``limit`` characters for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def read_header(path: Union[str, Path]) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
     """``(tensors, metadata, data_start)`` of a safetensors file, fully validated.
 
     ``ValueError`` naming the file when it is shorter than its header says (truncated), has
     trailing bytes, an unreadable header, an unknown dtype, or offsets that do not tile the
-    data section exactly.
+    data section exactly. Field types are checked as strictly as the safetensors library does,
+    the message naming the field: ``__metadata__`` absent, ``null`` or an object of string ->
+    string; each tensor entry an object whose ``dtype`` is a string, ``shape`` a list of
+    non-negative integers and ``data_offsets`` a list of two non-negative integers (``4.9``,
+    ``"4"`` and ``true`` are not integers).
     """
     path = Path(path)
     size = path.stat().st_size
@@ -88,18 +103,37 @@ def read_header(path: Union[str, Path]) -> tuple[dict[str, TensorInfo], dict[str
         raise ValueError(f"{path}: corrupt safetensors header ({exc})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: corrupt safetensors header (not a JSON object)")
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    elif not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise ValueError(f"{path}: corrupt safetensors header (__metadata__ must be an object of string -> string, "
+                         f"got {_short(metadata)})")
     tensors: dict[str, TensorInfo] = {}
     for name, entry in header.items():
-        try:
-            dtype_name, shape, (begin, end) = entry["dtype"], tuple(int(s) for s in entry["shape"]), entry["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}: corrupt safetensors header entry for tensor {name!r}: {entry!r}") from None
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: corrupt safetensors header entry for tensor {name!r}: not an object "
+                             f"({_short(entry)})")
+        for field in ("dtype", "shape", "data_offsets"):
+            if field not in entry:
+                raise ValueError(f"{path}: corrupt safetensors header entry for tensor {name!r}: no {field!r} "
+                                 f"({_short(entry)})")
+        dtype_name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not isinstance(dtype_name, str):
+            raise ValueError(f"{path}: corrupt safetensors header entry for tensor {name!r}: dtype must be a string, "
+                             f"got {_short(dtype_name)}")
+        if not (isinstance(shape, list) and all(_is_count(s) for s in shape)):
+            raise ValueError(f"{path}: corrupt safetensors header entry for tensor {name!r}: shape must be a list of "
+                             f"non-negative integers, got {_short(shape)}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+            raise ValueError(f"{path}: corrupt safetensors header entry for tensor {name!r}: data_offsets must be a "
+                             f"list of two non-negative integers [begin, end], got {_short(offsets)}")
+        shape, (begin, end) = tuple(shape), offsets
         if dtype_name not in DTYPES:
             raise ValueError(f"{path}: tensor {name!r} has dtype {dtype_name}, which this converter does not read")
         dtype = DTYPES[dtype_name]
         expected = _numel(shape) * torch.empty((), dtype=dtype).element_size()
-        if not (isinstance(begin, int) and isinstance(end, int)) or end - begin != expected or begin < 0:
+        if end - begin != expected:
             raise ValueError(f"{path}: tensor {name!r} has data_offsets {[begin, end]} inconsistent with "
                              f"{dtype_name}{list(shape)} ({expected} bytes)")
         tensors[name] = TensorInfo(name, dtype, shape, begin, end)
@@ -115,7 +149,7 @@ def read_header(path: Union[str, Path]) -> tuple[dict[str, TensorInfo], dict[str
                          f"the file has {size})")
     if data_start + cursor < size:
         raise ValueError(f"{path}: corrupt safetensors file ({size - data_start - cursor} bytes after the last tensor)")
-    return tensors, {str(k): str(v) for k, v in metadata.items()}, data_start
+    return tensors, dict(metadata), data_start
 
 
 class TensorFile:
