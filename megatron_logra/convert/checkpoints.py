@@ -41,7 +41,7 @@ from megatron_logra.models.presets import read_json_object
 logger = logging.getLogger(__name__)
 
 __all__ = ["HFCheckpoint", "McoreCheckpoint", "MCORE_FORMAT", "MCORE_FORMAT_VERSION", "rank_file_name",
-           "HF_EXTRA_FILES", "check_shard_name"]
+           "HF_EXTRA_FILES", "check_shard_name", "hf_tensor_not_imported"]
 
 MCORE_FORMAT = "megatron_logra.mcore"
 MCORE_FORMAT_VERSION = 1
@@ -73,8 +73,13 @@ def check_shard_name(fname: str, index_path: Path) -> None:
                          "index's own directory)")
 
 
-def _ignored(name: str) -> bool:
-    return name.endswith(IGNORED_HF_SUFFIXES)
+def hf_tensor_not_imported(name: str, *, tied: bool) -> bool:
+    """Whether an HF checkpoint may hold tensor ``name`` although no model parameter comes from it: buffers
+    ending in :data:`IGNORED_HF_SUFFIXES` (``rotary_emb.inv_freq``, which older Llama checkpoints store and
+    the model recomputes) and, for a tied model, ``lm_head.weight`` (a copy of the embeddings;
+    :meth:`HFCheckpoint.check_tied_head` checks that it is one). The importer (:meth:`HFCheckpoint.validate`)
+    and the export's template shard layout (``convert_mcore_to_hf(hf_template=)``) skip exactly these."""
+    return name.endswith(IGNORED_HF_SUFFIXES) or (tied and name == "lm_head.weight")
 
 
 class HFCheckpoint:
@@ -139,9 +144,8 @@ class HFCheckpoint:
 
     def validate(self, expected: dict[str, tuple[int, ...]], *, tied: bool) -> None:
         """``ValueError`` naming every unknown, missing or mis-shaped tensor (and its file); non-float dtypes too."""
-        names = {n for n in self.location if not _ignored(n)}
-        allowed_extra = {"lm_head.weight"} if tied else set()
-        unknown = sorted(names - set(expected) - allowed_extra)
+        names = {n for n in self.location if not n.endswith(IGNORED_HF_SUFFIXES)}
+        unknown = sorted(n for n in names - set(expected) if not hf_tensor_not_imported(n, tied=tied))
         missing = sorted(set(expected) - names)
         if missing:
             raise ValueError(f"{self.dir}: missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''} "

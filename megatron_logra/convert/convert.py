@@ -56,6 +56,7 @@ from megatron_logra.convert.checkpoints import (
     SINGLE_NAME,
     HFCheckpoint,
     McoreCheckpoint,
+    hf_tensor_not_imported,
     rank_file_name,
 )
 from megatron_logra.convert.export_config import (
@@ -215,7 +216,10 @@ def convert_mcore_to_hf(
     """Convert per-rank megatron-core files (converter output or a trainer checkpoint) to an HF checkpoint.
 
     ``hf_template``: an HF directory of the same architecture whose ``config.json``, tokenizer files and
-    shard assignment (``model.safetensors.index.json``) are reused. Without one, the config source is
+    shard assignment (``model.safetensors.index.json``) are reused. Index entries that HF -> megatron-core
+    skips too (a tied model's ``lm_head.weight``, ``rotary_emb.inv_freq`` buffers:
+    :func:`~megatron_logra.convert.checkpoints.hf_tensor_not_imported`) are not written, and a template
+    shard that held only such entries is not written (the other shards keep the template's file names). Without one, the config source is
     ``mcore_dir/hf``, a trainer run's ``model.hf_path`` or a generated config.json
     (:func:`megatron_logra.convert.export_config.config_source`). A trainer checkpoint's tokenizer files
     come from ``RUN/tokenizer`` (the tokenizer it was trained with) when the run saved one, even with a
@@ -257,6 +261,13 @@ def convert_mcore_to_hf(
         if template_index is not None and template_index.is_file():
             weight_map = template_weight_map(template_index)
             mine = {n for n, _, _ in hf_entries}
+            skipped = sorted(n for n in weight_map if n not in mine and hf_tensor_not_imported(n, tied=tied))
+            if skipped:  # what hf-to-mcore accepts and skips in this checkpoint is not written back either
+                kept = {n: f for n, f in weight_map.items() if n not in skipped}
+                dropped = sorted(set(weight_map.values()) - set(kept.values()))
+                logger.info("%s: not writing %s (no model parameter comes from them)%s", template_index, skipped[:8],
+                            f"; shards left empty are not written: {dropped}" if dropped else "")
+                weight_map = kept
             if set(weight_map) != mine:
                 extra, missing = sorted(set(weight_map) - mine), sorted(mine - set(weight_map))
                 raise ValueError(f"{template_index}: its weight_map does not match this model: tensors not in the "
