@@ -19,7 +19,6 @@ Launch multi-process runs with torchrun, e.g.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -187,7 +186,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         destroy_parallel(wait_for_peers=succeeded)
     if int(os.environ.get("RANK", "0")) == 0:
-        sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+        from megatron_logra.metrics import strict_dumps
+
+        sys.stdout.write(strict_dumps(summary, indent=1) + "\n")  # as summary.json: null for a non-finite value
     return 0
 
 
@@ -341,7 +342,9 @@ def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
     finally:
         destroy_parallel(wait_for_peers=succeeded)
     if int(os.environ.get("RANK", "0")) == 0:
-        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+        from megatron_logra.metrics import strict_dumps
+
+        sys.stdout.write(strict_dumps(result, indent=1) + "\n")
     return 0
 
 

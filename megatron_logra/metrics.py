@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MetricsWriter", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks"]
+__all__ = ["MetricsWriter", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "json_safe", "strict_dumps"]
 
 
 def is_rank0() -> bool:
@@ -46,6 +46,23 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, ±inf), at any depth of dicts / lists / tuples, replaced by
+    None: what strict JSON can hold (``null``), as ``metrics.jsonl`` writes a diverged step's loss."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return _clean(value)
+
+
+def strict_dumps(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`json_safe` ``(value)`` with ``allow_nan=False``: standard JSON (no bare ``NaN`` /
+    ``Infinity``, which jq, JavaScript and strict parsers reject), for every file a run writes and every JSON
+    the command line prints."""
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
 
 
 def _step_of(line: str, last: int) -> bool:
@@ -91,9 +108,9 @@ class MetricsWriter:
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        record = {k: _clean(v) for k, v in record.items()}
+        record = json_safe(record)
         with self.path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+            fh.write(strict_dumps(record) + "\n")
         if self._tb is not None:
             step = record.get("step", 0)
             for k, v in record.items():

@@ -6,7 +6,6 @@ batch → forward/backward (sketches accumulate) → prepare update (reduce, cli
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -24,7 +23,7 @@ from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
 from megatron_logra.memory.preflight import memory_preflight
-from megatron_logra.metrics import MetricsWriter, device_peaks, is_rank0, reset_device_peaks
+from megatron_logra.metrics import MetricsWriter, device_peaks, is_rank0, json_safe, reset_device_peaks, strict_dumps
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
@@ -96,8 +95,9 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
 
 def run_lm(cfg: RunConfig) -> dict:
     """Train ``cfg`` and return a summary (first/last loss, eval before/after, timing), also written to
-    ``RUN/summary.json``; ``RUN/config.yaml`` and ``summary.json`` are replaced atomically (a crash leaves the
-    old file or the new one).
+    ``RUN/summary.json`` as strict JSON: a loss that is not finite (a diverged or overflowed run) is None /
+    ``null`` there and in the returned dict, as in ``metrics.jsonl``. ``RUN/config.yaml`` and ``summary.json``
+    are replaced atomically (a crash leaves the old file or the new one).
 
     Resuming (``train.resume``) with ``train.steps`` below the latest checkpoint's step raises
     ValueError naming ``train.steps`` before anything is written; with ``train.steps`` equal to it no
@@ -203,7 +203,7 @@ def run_lm(cfg: RunConfig) -> dict:
             eval_after = evaluate(model, task, cfg, groups, optimizer)
             stopped = stop.check_after_training("the final evaluation")
         metrics.close()
-        summary = {
+        summary = json_safe({
             "optimizer": cfg.optimizer.name,
             "first_loss": first_loss,
             "last_loss": last_loss,
@@ -213,9 +213,9 @@ def run_lm(cfg: RunConfig) -> dict:
             "steps": last - start,
             "train_seconds": train_seconds,
             "stopped": stopped,
-        }
+        })
         if is_rank0():
-            atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
+            atomic_write_text(run_dir / "summary.json", strict_dumps(summary, indent=1))
             logger.info("done: %s", summary)
     return summary
 
