@@ -6,7 +6,9 @@
 
 ``mcore-to-hf`` also reads a trainer checkpoint step directory (``RUN/checkpoints/step_XXXXXXXX``).
 Prints the written ``meta.json`` (hf-to-mcore) or a summary (mcore-to-hf) as JSON; a rejected
-input exits with status 2 and a message naming the field, tensor or file.
+input exits with status 2 and a message naming the field, tensor or file, and so does an output
+that cannot be written (a full disk: the message names --out, the OS error and the file; --out is
+left as it was).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 from megatron_logra.cli import USER_ERRORS
@@ -55,6 +58,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "megatron-logra conve
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                             datefmt="%H:%M:%S")
     from megatron_logra.convert.convert import convert_hf_to_mcore, convert_mcore_to_hf
+    from megatron_logra.convert.outdir import write_error_message
 
     try:
         if ns.direction == "hf-to-mcore":
@@ -69,6 +73,12 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "megatron-logra conve
         if os.environ.get("MEGATRON_LOGRA_TRACEBACK", "") not in ("", "0"):
             raise
         sys.stderr.write(f"{prog} {ns.direction}: error: {exc}\n")
+        return 2
+    except OSError as exc:  # a full disk while writing --out: one line too; any other OSError is unexpected
+        message = write_error_message(exc, Path(ns.out))
+        if message is None or os.environ.get("MEGATRON_LOGRA_TRACEBACK", "") not in ("", "0"):
+            raise
+        sys.stderr.write(f"{prog} {ns.direction}: error: {message}\n")
         return 2
     sys.stdout.write(json.dumps(out, indent=1) + "\n")
     return 0

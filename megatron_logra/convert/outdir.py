@@ -3,13 +3,16 @@
 :func:`_prepare_out` refuses an ``--out`` that is an input, lies inside one or holds one (with or
 without ``force``: ``force`` deletes ``--out``), a non-empty ``--out`` without ``force`` and one holding
 files a conversion does not write; only then is the sibling ``.NAME.partial`` build directory
-(re)created. :func:`_finalize` renames it onto ``--out``. :func:`template_weight_map` reads a
+(re)created. :func:`_finalize` renames it onto ``--out``. A conversion that fails removes the build
+directory and leaves ``--out`` as it was; :func:`write_error_message` is the one-line report of a failed
+write (a full disk). :func:`template_weight_map` reads a
 template's shard assignment, whose file names must be plain ``*.safetensors`` names, so that the
 export writes inside its own directory only.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -18,7 +21,36 @@ from typing import Optional
 from megatron_logra.convert.checkpoints import HF_EXTRA_FILES, check_shard_name
 from megatron_logra.models.presets import read_json_object
 
-__all__ = ["template_weight_map"]
+__all__ = ["template_weight_map", "write_error_message"]
+
+WRITE_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EFBIG", "EDQUOT", "EROFS") if hasattr(errno, name))
+"""``OSError`` numbers that only a write raises: a full disk or quota, a file over the size limit, a read-only
+file system."""
+
+
+def _build_dir(out: Path) -> Path:
+    """The sibling directory ``.NAME.partial`` in which the output of ``out`` (resolved) is built."""
+    return out.parent / f".{out.name}.partial"
+
+
+def write_error_message(exc: OSError, out: Path) -> Optional[str]:
+    """One line for an ``OSError`` raised while writing the output ``out`` of a conversion (an errno of
+    :data:`WRITE_ERRNOS`, or any errno with a ``filename`` inside ``out`` or its build directory), naming
+    ``out``, the OS error and the file; ``None`` for any other ``OSError`` (reading an input). The converters
+    have removed the build directory by then, and ``out`` is as it was."""
+    out = Path(out).resolve()
+    tmp = _build_dir(out)
+    where = None
+    if exc.filename is not None:
+        path = Path(os.fsdecode(exc.filename)).resolve()
+        for root in (tmp, out):
+            if path == root or root in path.parents:
+                where = str(path.relative_to(root)) if path != root else root.name
+    if exc.errno not in WRITE_ERRNOS and where is None:
+        return None
+    reason = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
+    return (f"writing --out {out} failed: {reason}{f' ({where})' if where else ''}; the partial output was removed "
+            "and --out is as it was: free space on that file system or choose another --out")
 
 
 def _conversion_output(path: Path) -> bool:
@@ -53,7 +85,7 @@ def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...]) -> 
     the ``inputs`` (:func:`_check_out_apart`), and, when not empty, replaceable (``force``, only conversion
     files in it). Nothing is deleted or written before the checks pass."""
     out = out.resolve()
-    tmp = out.parent / f".{out.name}.partial"
+    tmp = _build_dir(out)
     _check_out_apart(out, tmp, inputs)
     if out.exists():
         if not out.is_dir():

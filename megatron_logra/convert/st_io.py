@@ -213,7 +213,8 @@ class SafetensorsWriter:
 
     ``write`` must be called once per entry in the declared order; ``close`` checks that every
     entry was written, then renames nothing (the caller owns atomicity) and returns
-    ``{"sha256", "bytes", "num_tensors"}``. The file is opened on the first ``write``.
+    ``{"sha256", "bytes", "num_tensors"}``. The file is opened on the first ``write``. An
+    ``OSError`` of ``write`` / ``close`` (a full disk) names this file in its ``filename``.
     """
 
     def __init__(self, path: Union[str, Path], entries: Sequence[tuple[str, torch.dtype, Sequence[int]]],
@@ -247,9 +248,18 @@ class SafetensorsWriter:
     def done(self) -> bool:
         return self._next == len(self._entries)
 
+    def _named(self, exc: OSError) -> OSError:
+        """``exc`` with this file as its ``filename`` (a failed ``write`` or ``fsync`` does not name it)."""
+        if exc.filename is None:
+            exc.filename = str(self.path)
+        return exc
+
     def _emit(self, data) -> None:
         assert self._f is not None
-        self._f.write(data)
+        try:
+            self._f.write(data)
+        except OSError as exc:  # a full disk: ENOSPC, EFBIG, EDQUOT
+            raise self._named(exc)
         self._sha.update(data)
         self._written += len(data)
 
@@ -277,16 +287,24 @@ class SafetensorsWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._f = open(self.path, "wb")
             self._emit(self._prefix)
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+        except OSError as exc:  # buffered bytes that do not fit are reported here
+            raise self._named(exc)
         self._f = None
         return {"sha256": self._sha.hexdigest(), "bytes": self._written, "num_tensors": len(self._entries)}
 
     def abort(self) -> None:
+        """Close the file without the checks of :meth:`close` (the caller deletes it); never raises ``OSError``:
+        flushing the bytes still buffered fails again on a full disk."""
         if self._f is not None:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            try:
+                f.close()
+            except OSError:
+                pass
 
 
 def sha256_file(path: Union[str, Path], chunk: int = 1 << 20) -> str:
