@@ -37,11 +37,15 @@ __all__ = ["run_lm", "evaluate", "evaluate_checkpoint", "eval_assignment"]
 
 
 def _num_microbatches(cfg: RunConfig, groups: ParallelGroups) -> int:
+    """Micro-batches per rank and step; ``ValueError`` naming the fields when ``train.global_batch_size`` does
+    not split into micro-batches of ``train.micro_batch_size`` over the DP ranks."""
     per_step = cfg.train.micro_batch_size * groups.dp_size
     if cfg.train.global_batch_size % per_step:
         raise ValueError(
             f"train.global_batch_size={cfg.train.global_batch_size} is not a multiple of "
-            f"micro_batch_size × dp = {cfg.train.micro_batch_size} × {groups.dp_size}"
+            f"train.micro_batch_size × dp = {cfg.train.micro_batch_size} × {groups.dp_size} (dp = world size / "
+            f"(parallel.tp × parallel.pp)): set train.global_batch_size to a multiple of {per_step}, or a smaller "
+            f"train.micro_batch_size"
         )
     return cfg.train.global_batch_size // per_step
 
@@ -99,24 +103,30 @@ def run_lm(cfg: RunConfig) -> dict:
     ``null`` there and in the returned dict, as in ``metrics.jsonl``. ``RUN/config.yaml`` and ``summary.json``
     are replaced atomically (a crash leaves the old file or the new one).
 
-    Resuming (``train.resume``) with ``train.steps`` below the latest checkpoint's step raises
-    ValueError naming ``train.steps`` before anything is written; with ``train.steps`` equal to it no
-    step runs and the summary's ``first_loss`` / ``last_loss`` are None. The last step's checkpoint is
-    saved before the final evaluation. A run stopped early (``train.exit_signal_handler``,
+    Every check that can refuse the run (the batch layout over the DP ranks, the data, the model and
+    optimizer build) runs before ``train.overwrite=true`` deletes a previous run's outputs, so a refused
+    launch leaves them in place. Resuming (``train.resume``) with ``train.steps`` below the latest
+    checkpoint's step raises ValueError naming ``train.steps`` before anything is written; with
+    ``train.steps`` equal to it no step runs and the summary's ``first_loss`` / ``last_loss`` are None.
+    The last step's checkpoint is saved before the final evaluation. A run stopped early (``train.exit_signal_handler``,
     ``train.exit_duration_minutes``) saves the checkpoint of its last step, skips the final evaluation
     and names the reason in ``summary["stopped"]``; the conditions stay in force through the final save
     and evaluation (a stop asked for during the save skips the evaluation, one during the evaluation
     lets it finish), so the job still ends normally."""
     job_start = time.monotonic()
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
+    # every check that can refuse the run comes before train.overwrite deletes the previous run's outputs
+    num_micro = _num_microbatches(cfg, groups)
+    task = SyntheticTask(cfg.data, cfg.model.vocab_size)
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
-    claim_run_dir(cfg.train.run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
+    if not cfg.train.overwrite:  # refusing a run_dir that holds a run deletes nothing: before the (slow) build
+        claim_run_dir(cfg.train.run_dir, resume=cfg.train.resume, overwrite=False)
     if cfg.train.resume:
         check_resume_steps(cfg.train.run_dir, cfg.train.steps, "train.steps")
-    num_micro = _num_microbatches(cfg, groups)
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
     optimizer = build_optimizer(model, cfg.optimizer, groups)
-    task = SyntheticTask(cfg.data, cfg.model.vocab_size)
+    if cfg.train.overwrite:  # deletes the previous run: only once the layout, model and optimizer are known to work
+        claim_run_dir(cfg.train.run_dir, resume=cfg.train.resume, overwrite=True)
     run_dir = Path(cfg.train.run_dir)
 
     start = 0
