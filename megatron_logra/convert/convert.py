@@ -29,7 +29,8 @@ tensor bytes of both directions; ``benchmarks/convert_memory.py`` prints their p
 offset), so disks read sequentially.
 
 Outputs are built in a sibling ``.NAME.partial`` directory and renamed onto ``out_dir`` at the
-end; an existing non-empty ``out_dir`` is replaced only with ``force=True`` and only when it
+end (a previous output is first renamed aside to ``.NAME.old``, deleted after the swap; a swap killed
+midway is finished by the next conversion to ``out_dir``: :mod:`megatron_logra.convert.outdir`); an existing non-empty ``out_dir`` is replaced only with ``force=True`` and only when it
 looks like a checkpoint (has ``meta.json`` or ``config.json``). ``out_dir`` must be apart from every
 input (not one, not inside one, not holding one), with or without ``force``.
 """

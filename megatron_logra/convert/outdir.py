@@ -3,16 +3,22 @@
 :func:`_prepare_out` refuses an ``--out`` that is an input, lies inside one or holds one (with or
 without ``force``: ``force`` deletes ``--out``), a non-empty ``--out`` without ``force`` and one holding
 files a conversion does not write; only then is the sibling ``.NAME.partial`` build directory
-(re)created. :func:`_finalize` renames it onto ``--out``. A conversion that fails removes the build
-directory and leaves ``--out`` as it was; :func:`write_error_message` is the one-line report of a failed
-write (a full disk). :func:`template_weight_map` reads a
-template's shard assignment, whose file names must be plain ``*.safetensors`` names, so that the
-export writes inside its own directory only.
+(re)created. :func:`_finalize` swaps it onto ``--out`` by renames only, so that a complete output exists
+at every instant, even if the process is killed mid-swap: the previous output is renamed aside to the
+sibling ``.NAME.old``, the build directory onto ``--out``, then ``.NAME.old`` is deleted. The next
+conversion to the same ``--out`` finishes an interrupted swap first (:func:`_recover_aside`): killed
+between the two renames, ``.NAME.old`` is the only complete copy and is renamed back onto ``--out`` (the
+interrupted replacement never reported success, so the previous output stays); killed after them, the
+superseded ``.NAME.old`` is deleted once the checks pass. A conversion that fails otherwise removes the
+build directory and leaves ``--out`` as it was; :func:`write_error_message` is the one-line report of a
+failed write (a full disk). :func:`template_weight_map` reads a template's shard assignment, whose file
+names must be plain ``*.safetensors`` names, so that the export writes inside its own directory only.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -20,6 +26,8 @@ from typing import Optional
 
 from megatron_logra.convert.checkpoints import HF_EXTRA_FILES, check_shard_name
 from megatron_logra.models.presets import read_json_object
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["template_weight_map", "write_error_message"]
 
@@ -31,6 +39,41 @@ file system."""
 def _build_dir(out: Path) -> Path:
     """The sibling directory ``.NAME.partial`` in which the output of ``out`` (resolved) is built."""
     return out.parent / f".{out.name}.partial"
+
+
+def _aside_dir(out: Path) -> Path:
+    """The sibling directory ``.NAME.old`` that holds the previous output of ``out`` (resolved) during the swap."""
+    return out.parent / f".{out.name}.old"
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the renames inside directory ``path`` durable (best effort: not every file system allows it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _recover_aside(out: Path) -> Optional[Path]:
+    """Finish a swap of :func:`_finalize` that was killed: with ``.NAME.old`` but no ``out``, it was killed
+    between its two renames and ``.NAME.old`` is the only complete output: renamed back onto ``out`` (logged).
+    With both, it was killed after the new output was in place: returns the superseded ``.NAME.old`` for
+    :func:`_prepare_out` to delete once its checks pass. ``None`` when there is nothing to delete."""
+    old = _aside_dir(out)
+    if not old.is_dir():
+        return None
+    if not out.exists() and not out.is_symlink():
+        os.replace(old, out)
+        _fsync_dir(out.parent)
+        logger.warning("restored the previous output %s from %s: a replacement of it was interrupted", out, old.name)
+        return None
+    return old
 
 
 def write_error_message(exc: OSError, out: Path) -> Optional[str]:
@@ -71,7 +114,9 @@ def _check_out_apart(out: Path, tmp: Path, inputs: tuple[Optional[Path], ...]) -
         if src is None:
             continue
         src = src.resolve()
-        for what, path in (("--out", out), (f"the build directory of --out ({tmp.name})", tmp)):
+        old = _aside_dir(out)
+        for what, path in (("--out", out), (f"the build directory of --out ({tmp.name})", tmp),
+                           (f"the directory that holds the replaced --out during the swap ({old.name})", old)):
             if src == path:
                 raise ValueError(f"{what} {path} is also an input directory: choose an --out apart from the inputs")
             if path in src.parents:
@@ -83,10 +128,12 @@ def _check_out_apart(out: Path, tmp: Path, inputs: tuple[Optional[Path], ...]) -
 def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...]) -> Path:
     """The empty build directory (sibling ``.NAME.partial``) of ``out``, after every check: ``out`` apart from
     the ``inputs`` (:func:`_check_out_apart`), and, when not empty, replaceable (``force``, only conversion
-    files in it). Nothing is deleted or written before the checks pass."""
+    files in it). Nothing is deleted or written before the checks pass, except that the previous output of
+    a swap killed between its renames is first renamed back onto ``out`` (:func:`_recover_aside`)."""
     out = out.resolve()
     tmp = _build_dir(out)
     _check_out_apart(out, tmp, inputs)
+    stale = _recover_aside(out)
     if out.exists():
         if not out.is_dir():
             raise ValueError(f"--out {out} exists and is not a directory")
@@ -100,6 +147,8 @@ def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...]) -> 
             if foreign:
                 raise ValueError(f"--out {out} also holds {foreign[:5]}, which a conversion does not write: "
                                  "--force would delete them; move them or choose another --out")
+    if stale is not None:
+        shutil.rmtree(stale)  # the output an earlier --force replaced, left by a kill before its deletion
     if tmp.exists():
         shutil.rmtree(tmp)  # a previous interrupted conversion to the same destination
     tmp.mkdir(parents=True)
@@ -107,10 +156,29 @@ def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...]) -> 
 
 
 def _finalize(tmp: Path, out: Path) -> None:
+    """Swap the finished build directory ``tmp`` onto ``out``: rename the previous ``out`` aside to
+    ``.NAME.old``, rename ``tmp`` onto ``out``, delete ``.NAME.old``. Only renames in one directory, so a
+    complete output exists at every instant: a kill between the renames leaves ``.NAME.old``, which the next
+    conversion to ``out`` restores (:func:`_recover_aside`); an exception there renames it back at once. The
+    final deletion is best effort (what it leaves, the next conversion deletes)."""
     out = out.resolve()
+    old = _aside_dir(out)
     if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+        if old.exists():  # _prepare_out deleted any earlier one; something recreated it since
+            shutil.rmtree(old)
+        os.replace(out, old)
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            os.replace(old, out)
+            raise
+        _fsync_dir(out.parent)
+        shutil.rmtree(old, ignore_errors=True)
+        if old.exists():
+            logger.warning("could not delete the replaced output %s: the next conversion to %s deletes it", old, out)
+    else:
+        os.replace(tmp, out)
+        _fsync_dir(out.parent)
 
 
 def template_weight_map(index_path: Path) -> dict[str, str]:
