@@ -42,17 +42,26 @@ def save_figure(fig, path: str | Path, *, dpi: Optional[float] = None) -> Path:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The step records of a run; a clear error when the run has none."""
+    """The step records of a run; a clear error when the run has none. A torn final line (no newline at the
+    end of the file and not JSON: the run was killed, or its disk filled, while writing it) is dropped with a
+    warning, as ``--resume`` drops it; any other line that is not a step record is an error naming the file
+    and line."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run directory?")
+    text = path.read_text()
+    lines = text.splitlines()
     records = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
+            if lineno == len(lines) and not text.endswith("\n"):
+                logger.warning("%s:%d: dropping a torn last record (the run was killed while writing it): %s",
+                               path, lineno, line.strip()[:60])
+                continue
             raise ValueError(f"{path}:{lineno} is not JSON ({exc})") from None
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{lineno} is not a JSON object (a step record), got a "
