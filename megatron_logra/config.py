@@ -15,7 +15,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from megatron_logra.data.synthetic import SyntheticConfig
 from megatron_logra.data.tokenizer import TokenizerConfig
@@ -49,8 +49,16 @@ class TrainConfig:
     """Steps between log lines (--log-interval)."""
     eval_interval: int = 50
     """Steps between held-out evaluations of the lm job; 0 disables (--eval-interval; job=rl: rl.eval_interval)."""
-    eval_batches: int = 4
-    """Micro-batches per evaluation (lm job)."""
+    eval_sequences: int = 64
+    """Held-out sequences per evaluation of the lm job: eval sequences ``0 .. eval_sequences - 1``, run in
+    micro-batches of micro_batch_size (the last one partly masked) spread over the DP ranks, so the held-out
+    loss does not depend on the micro-batch size or the TP / PP / DP layout. 64 is what lm-tiny evaluated
+    before this field existed (4 micro-batches of 16)."""
+    eval_batches: Optional[int] = None
+    """Deprecated (configs saved before train.eval_sequences existed hold it): when set, each evaluation runs
+    eval_batches micro-batches, i.e. eval_batches × micro_batch_size sequences, a set that changes with the
+    micro-batch size; train.eval_sequences is then not read. Leave it null (train.eval_batches=null) and set
+    train.eval_sequences instead."""
     save_interval: int = 0
     """Steps between checkpoints; 0 = only at the end (--save-interval)."""
     keep_last: int = 2
@@ -84,9 +92,12 @@ class TrainConfig:
     below the scheduler's time limit minus the time a save takes); 0 = no budget (--exit-duration-in-mins)."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "micro_batch_size", "global_batch_size", "log_interval", "eval_batches", "keep_last"):
+        for name in ("steps", "micro_batch_size", "global_batch_size", "log_interval", "eval_sequences", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 1")
+        if self.eval_batches is not None and self.eval_batches < 1:
+            raise ValueError(f"train.eval_batches={self.eval_batches} must be >= 1 or null (deprecated: leave it null "
+                             f"and set train.eval_sequences, the held-out sequences per evaluation)")
         if self.eval_interval < 0 or self.save_interval < 0:
             raise ValueError("train.eval_interval and train.save_interval must be >= 0")
         if not isinstance(self.checkpoint_checksums, bool):

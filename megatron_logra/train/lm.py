@@ -33,7 +33,7 @@ from megatron_logra.train.stopping import EarlyStop
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_lm", "evaluate", "evaluate_checkpoint", "eval_assignment"]
+__all__ = ["run_lm", "evaluate", "evaluate_checkpoint", "eval_assignment", "eval_sequence_count"]
 
 
 def _num_microbatches(cfg: RunConfig, groups: ParallelGroups) -> int:
@@ -62,22 +62,49 @@ def eval_assignment(num_batches: int, dp_size: int, dp_rank: int) -> list[Option
     return mine + [None] * (per_rank - len(mine))
 
 
+def eval_sequence_count(cfg: RunConfig) -> int:
+    """Held-out sequences per evaluation: ``train.eval_sequences``, or, for a config that sets the deprecated
+    ``train.eval_batches``, ``train.eval_batches × train.micro_batch_size`` (what it always meant)."""
+    if cfg.train.eval_batches is not None:
+        return cfg.train.eval_batches * cfg.train.micro_batch_size
+    return cfg.train.eval_sequences
+
+
+def _warn_deprecated_eval_batches(cfg: RunConfig) -> None:
+    if cfg.train.eval_batches is not None:
+        logger.warning("train.eval_batches=%d is deprecated: it evaluates %d micro-batches of train.micro_batch_size="
+                       "%d (%d held-out sequences, a set that changes with the micro-batch size); give "
+                       "train.eval_batches=null train.eval_sequences=%d for the same sequences whatever the "
+                       "micro-batch size", cfg.train.eval_batches, cfg.train.eval_batches,
+                       cfg.train.micro_batch_size, eval_sequence_count(cfg), eval_sequence_count(cfg))
+
+
 @torch.no_grad()
 def evaluate(model, task: SyntheticTask, cfg: RunConfig, groups: ParallelGroups, optimizer: Any) -> float:
-    """Mean held-out loss per answer token over eval batches ``0 .. train.eval_batches - 1``, whatever
-    the DP layout (see :func:`eval_assignment`; padding micro-batches count no tokens). The eval
-    sequences are never trained on (the synthetic task's eval-only contents, see ``data/synthetic.py``)."""
+    """Mean held-out loss per answer token over eval sequences ``0 .. n - 1`` (``n`` =
+    :func:`eval_sequence_count`, ``train.eval_sequences``): the same tokens whatever ``train.micro_batch_size``
+    and the DP layout. They run in micro-batches of ``train.micro_batch_size`` (the rows of the last one past
+    ``n`` are masked), spread over the DP ranks by :func:`eval_assignment` (padding micro-batches count no
+    tokens). The eval sequences are never trained on (the synthetic task's eval-only contents, see
+    ``data/synthetic.py``)."""
     model.eval()
     paused = optimizer.sketches.paused() if isinstance(optimizer, LograOptimizer) else nullcontext()
     size = cfg.train.micro_batch_size
+    count = eval_sequence_count(cfg)
     with paused:
         mbs = []
-        for index in eval_assignment(cfg.train.eval_batches, groups.dp_size, groups.dp_rank):
+        for index in eval_assignment(-(-count // size), groups.dp_size, groups.dp_rank):
             if index is None:  # padding: same shape, no token counts
                 pad = task.microbatch(0, 0, size, split="eval")
                 mbs.append(replace(pad, loss_mask=torch.zeros_like(pad.loss_mask)))
-            else:
-                mbs.append(task.microbatch(0, index, size, split="eval"))
+                continue
+            mb = task.microbatch(0, index, size, split="eval")  # sequences index·size .. index·size + size - 1
+            beyond = (index + 1) * size - count
+            if beyond > 0:  # the last micro-batch: rows past sequence count - 1 count no tokens
+                mask = mb.loss_mask.clone()
+                mask[size - beyond:] = 0
+                mb = replace(mb, loss_mask=mask)
+            mbs.append(mb)
         result = forward_backward(model, mbs, groups, forward_only=True)
     model.train()
     return result.loss
@@ -86,6 +113,8 @@ def evaluate(model, task: SyntheticTask, cfg: RunConfig, groups: ParallelGroups,
 def evaluate_checkpoint(cfg: RunConfig) -> dict:
     """Held-out loss of the latest checkpoint in ``cfg.train.run_dir``."""
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
+    if is_rank0():
+        _warn_deprecated_eval_batches(cfg)
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
     optimizer = build_optimizer(model, cfg.optimizer, groups)
     ckpt = latest_checkpoint(cfg.train.run_dir)
@@ -118,6 +147,8 @@ def run_lm(cfg: RunConfig) -> dict:
     # every check that can refuse the run comes before train.overwrite deletes the previous run's outputs
     num_micro = _num_microbatches(cfg, groups)
     task = SyntheticTask(cfg.data, cfg.model.vocab_size)
+    if is_rank0():
+        _warn_deprecated_eval_batches(cfg)
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
     if not cfg.train.overwrite:  # refusing a run_dir that holds a run deletes nothing: before the (slow) build
         claim_run_dir(cfg.train.run_dir, resume=cfg.train.resume, overwrite=False)
