@@ -2,6 +2,29 @@
 
 batch → forward/backward (sketches accumulate) → prepare update (reduce, clip, RowAdam)
 → apply → log / evaluate / checkpoint.
+
+Each step writes one record to ``RUN/metrics.jsonl`` (a non-finite value is ``null``) and the numeric
+fields to TensorBoard (rank 0); counts are over the whole global batch (every DP rank):
+
+* ``step`` — the optimizer step, from 1.
+* ``loss`` — mean cross-entropy per answer token (the tokens the loss counts) of the step's batch, nats.
+* ``grad_norm`` — global norm of the step's gradient before clipping (LoGRA: reconstructed from the
+  sketches, plus the natively trained parameters' gradients); ``clip_coef`` — the factor clipping applied
+  (1.0: none); ``skipped`` — the step was not applied (a non-finite gradient).
+* ``tokens`` — tokens processed: ``train.global_batch_size × (data.seq_length − 1)`` input positions,
+  as Megatron-LM counts throughput (global batch × sequence length); ``tokens_per_second`` — ``tokens /
+  step_seconds``.
+* ``loss_tokens`` — the answer tokens the loss counts (``data.content_length`` per sequence), the
+  denominator of ``loss``.
+* ``step_seconds`` — wall time of the step: data, forward/backward, optimizer update (not the evaluation).
+* ``gpu_memory_peak_bytes`` / ``gpu_memory_reserved_peak_bytes`` — the step's peak accelerator memory held
+  by tensors / reserved by the caching allocator, on rank 0 (:func:`~megatron_logra.metrics.device_peaks`);
+  ``null`` off CUDA.
+* ``eval_loss`` — held-out loss per answer token (:func:`evaluate`) on steps that are multiples of
+  ``train.eval_interval``, else ``null``.
+
+The log line every ``train.log_interval`` steps shows ``loss``, ``grad_norm``, ``step_seconds`` and
+``tokens_per_second`` (and the GPU memory peak).
 """
 
 from __future__ import annotations
@@ -197,6 +220,8 @@ def run_lm(cfg: RunConfig) -> dict:
             optimizer.apply(update)
             step_seconds = time.perf_counter() - t0
 
+            # every rank's micro-batches have the same shape: the global batch × its input positions
+            processed = cfg.train.global_batch_size * microbatches[0].tokens.shape[1]
             last_loss = result.loss
             if step == start + 1:
                 first_loss = result.loss
@@ -206,8 +231,9 @@ def run_lm(cfg: RunConfig) -> dict:
                 "grad_norm": update.grad_norm,
                 "clip_coef": update.clip_coef,
                 "skipped": update.skipped,
-                "tokens": result.global_tokens,
-                "tokens_per_second": result.global_tokens / max(step_seconds, 1e-9),
+                "tokens": processed,
+                "tokens_per_second": processed / max(step_seconds, 1e-9),
+                "loss_tokens": result.global_tokens,
                 "step_seconds": step_seconds,
                 **device_peaks(device),
                 "eval_loss": None,
