@@ -1,7 +1,10 @@
 """``megatron-logra plot RUN_DIR``: one PNG summarising a run from its ``metrics.jsonl``.
 
-Panels: reward and accuracy (train and held-out), predicted vs actual KL per update, step
-size α with the KL budget, and process memory. An lm run shows its loss instead.
+Only panels with data are drawn, in a grid of two columns (one for a single panel). An RL run (its
+records carry ``reward_mean``): reward and accuracy (train and held-out), predicted vs actual KL per
+update with the budget, step size α (and ‖ΔW‖/‖W‖), process memory (RSS) and, on GPUs, the memory
+peaks. An lm run: train and held-out loss, gradient norm, throughput (tokens processed per second)
+and, on GPUs, the memory peaks. A legend is drawn only for a panel with several series.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["read_metrics", "plot_run", "pyplot", "save_figure"]
+__all__ = ["read_metrics", "plot_run", "pyplot", "save_figure", "summary_figure"]
 
 
 def pyplot():
@@ -85,53 +88,126 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def plot_run(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:
-    """Write the summary PNG (default ``RUN_DIR/summary.png``) and return its path."""
-    plt = pyplot()
-    records = read_metrics(run_dir)
-    out = Path(out) if out else Path(run_dir) / "summary.png"
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    ax = axes[0, 0]
-    if any("reward_mean" in r for r in records):
-        for key, label in (("reward_mean", "reward"), ("accuracy", "train accuracy"), ("eval_accuracy", "held-out accuracy")):
-            xs, ys = _series(records, key)
-            if xs:
-                ax.plot(xs, ys, marker="o" if key == "eval_accuracy" else None, label=label)
-        ax.set_title("reward and accuracy")
-    else:
-        for key in ("loss", "eval_loss"):
-            xs, ys = _series(records, key)
-            if xs:
-                ax.plot(xs, ys, label=key)
-        ax.set_title("loss")
-    ax.legend()
-    ax = axes[0, 1]
-    for key, label in (("kl_predicted", "predicted KL"), ("kl_actual", "actual KL"), ("budget", "budget")):
+def _lines(ax, records: list[dict], series, scale: float = 1.0) -> None:
+    """Plot each ``(key, label, style)`` of ``series`` that has values (times ``scale``); a legend when
+    several were drawn."""
+    drawn = 0
+    for key, label, style in series:
         xs, ys = _series(records, key)
         if xs:
-            ax.plot(xs, ys, label=label, linestyle="--" if key == "budget" else "-")
-    ax.set_yscale("log") if any(_series(records, "kl_actual")[1]) else None
+            ax.plot(xs, [y * scale for y in ys], label=label, **style)
+            drawn += 1
+    if drawn > 1:
+        ax.legend()
+
+
+def _panel_rl_reward(ax, records) -> None:
+    ax.set_title("reward and accuracy")
+    _lines(ax, records, [("reward_mean", "reward", {}), ("accuracy", "train accuracy", {}),
+                         ("eval_accuracy", "held-out accuracy", {"marker": "o"})])
+
+
+def _panel_rl_kl(ax, records) -> None:
     ax.set_title("KL per update")
-    ax.legend()
-    ax = axes[1, 0]
-    xs, ys = _series(records, "alpha")
-    if xs:
-        ax.plot(xs, ys, label="α")
+    _lines(ax, records, [("kl_predicted", "predicted KL", {}), ("kl_actual", "actual KL", {}),
+                         ("budget", "budget", {"linestyle": "--"})])
+    if any(y > 0 for y in _series(records, "kl_actual")[1]):
+        ax.set_yscale("log")
+
+
+def _panel_rl_alpha(ax, records) -> None:
+    ax.set_title("step size α")
+    _lines(ax, records, [("alpha", "α", {})])
     xs, ys = _series(records, "update_ratio")
     if xs:
         ax2 = ax.twinx()
         ax2.plot(xs, ys, color="tab:orange", label="‖ΔW‖/‖W‖")
         ax2.set_ylabel("‖ΔW‖/‖W‖")
-    ax.set_title("step size α")
-    ax = axes[1, 1]
-    xs, ys = _series(records, "memory_bytes")
-    if xs:
-        ax.plot(xs, [y / 2**20 for y in ys])
-        ax.set_ylabel("MiB")
+
+
+def _panel_rss(ax, records) -> None:
     ax.set_title("process memory (RSS)")
-    for a in axes.flat:
-        a.set_xlabel("update")
-    fig.suptitle(str(run_dir))
+    ax.set_ylabel("MiB")
+    # 0 is what the RL job records without psutil: no measurement
+    _lines(ax, [r for r in records if r.get("memory_bytes")], [("memory_bytes", "RSS", {})], 1 / 2**20)
+
+
+def _panel_gpu_memory(ax, records) -> None:
+    ax.set_title("GPU memory peak")
+    ax.set_ylabel("GiB")
+    _lines(ax, records, [("gpu_memory_peak_bytes", "tensors", {}),
+                         ("gpu_memory_reserved_peak_bytes", "reserved", {"linestyle": "--"})], 1 / 2**30)
+
+
+def _panel_lm_loss(ax, records) -> None:
+    ax.set_title("loss per answer token")
+    _lines(ax, records, [("loss", "train", {}), ("eval_loss", "held-out", {"marker": "o"})])
+
+
+def _panel_lm_grad_norm(ax, records) -> None:
+    ax.set_title("gradient norm (before clipping)")
+    _lines(ax, records, [("grad_norm", "grad norm", {})])
+
+
+def _panel_lm_throughput(ax, records) -> None:
+    ax.set_title("throughput")
+    ax.set_ylabel("tokens processed / s")
+    _lines(ax, records, [("tokens_per_second", "tokens/s", {})])
+
+
+def _has_data(records: list[dict], keys: tuple[str, ...]) -> bool:
+    # memory_bytes 0 is what the RL job records without psutil: no measurement
+    return any(_series([r for r in records if key != "memory_bytes" or r.get(key)], key)[0] for key in keys)
+
+
+_RL_PANELS = (
+    (_panel_rl_reward, ("reward_mean", "accuracy", "eval_accuracy")),
+    (_panel_rl_kl, ("kl_predicted", "kl_actual", "budget")),
+    (_panel_rl_alpha, ("alpha", "update_ratio")),
+    (_panel_rss, ("memory_bytes",)),
+    (_panel_gpu_memory, ("gpu_memory_peak_bytes", "gpu_memory_reserved_peak_bytes")),
+)
+_LM_PANELS = (
+    (_panel_lm_loss, ("loss", "eval_loss")),
+    (_panel_lm_grad_norm, ("grad_norm",)),
+    (_panel_lm_throughput, ("tokens_per_second",)),
+    (_panel_gpu_memory, ("gpu_memory_peak_bytes", "gpu_memory_reserved_peak_bytes")),
+)
+"""Each job's panels: (draw on an axis, the fields it plots); a panel is drawn when a field has a value."""
+
+
+def summary_figure(records: list[dict], title: str = ""):
+    """The summary figure of ``records`` (a run's step records): the panels of the run's job (RL when a record
+    has ``reward_mean``, else lm) that have data, two per row; ``ValueError`` when none has any."""
+    plt = pyplot()
+    rl = any("reward_mean" in r for r in records)
+    panels = _RL_PANELS if rl else _LM_PANELS
+    with_data = [draw for draw, keys in panels if _has_data(records, keys)]
+    if not with_data:
+        fields = sorted({key for _, keys in panels for key in keys})
+        raise ValueError(f"no step record has a value to plot (fields plotted: {', '.join(fields)})")
+    ncols = 1 if len(with_data) == 1 else 2
+    nrows = -(-len(with_data) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 3.75 * nrows), squeeze=False)
+    flat = list(axes.flat)
+    for panel, ax in zip(with_data, flat):
+        panel(ax, records)
+        ax.set_xlabel("update" if rl else "step")
+    for ax in flat[len(with_data):]:
+        fig.delaxes(ax)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_run(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:
+    """Write the summary PNG (default ``RUN_DIR/summary.png``; :func:`summary_figure`) and return its path."""
+    records = read_metrics(run_dir)
+    out = Path(out) if out else Path(run_dir) / "summary.png"
+    try:
+        fig = summary_figure(records, str(run_dir))
+    except ValueError as exc:
+        raise ValueError(f"{Path(run_dir) / 'metrics.jsonl'}: {exc}") from None
     out = save_figure(fig, out, dpi=110)
     logger.info("wrote %s", out)
     return out
