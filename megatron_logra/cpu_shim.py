@@ -1,4 +1,4 @@
-"""CPU support for megatron-core: every patch of megatron or torch lives here.
+"""CPU support for megatron-core: every CPU-only patch of megatron or torch lives here.
 
 megatron-core assumes CUDA in a handful of places (``torch.cuda.current_device()`` as a
 tensor device, stream/synchronize calls in pipeline p2p, the tensor-parallel RNG tracker
@@ -14,6 +14,16 @@ Patched:
     tracker's forked states (dropout under TP) are real CPU generator states.
   * torch factory functions, ``Tensor.cuda`` and ``Tensor.to`` rewrite ``device="cuda"`` to the
     CPU.
+
+Patches of megatron-core that apply on GPUs as well live beside the code that needs them:
+  * ``kl/forward_ad.py`` (``enable()``, on first use of the forward-AD KL probe): adds a ``jvp`` to
+    megatron-core's tensor-parallel region mappings and frozen-weight linear ``autograd.Function``s.
+  * ``checkpoint/store.py`` (``_metadata_write_failures``, during each sharded save only): swaps
+    ``dist_checkpointing.strategies.torch.FileSystemWriterAsync`` for a subclass whose ``finish``
+    collects a failed ``.metadata`` write, so every rank learns of it instead of blocking.
+  * ``train/stopping.py`` (``_start_checkpoint_helpers_immune``, with ``train.exit_signal_handler``): sets
+    ``dist_checkpointing.strategies.filesystem_async._results_queue`` to the queue of a helper process
+    that ignores the stop signal, so the save a SIGTERM asks for does not lose its writer.
 """
 
 from __future__ import annotations

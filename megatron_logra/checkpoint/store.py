@@ -187,7 +187,12 @@ def _metadata_write_failures():
     only then broadcasts whether the save failed; an exception from that write (a full disk) skips the
     broadcast, leaving the other ranks in it while rank 0 moves on to the next collective. The writer
     the torch_dist strategy builds is swapped, for this save only, for a subclass whose ``finish``
-    records its error, so the broadcast happens and the caller raises the error afterwards."""
+    records its error, so the broadcast happens and the caller raises the error afterwards.
+
+    This patches megatron-core (the module attribute
+    ``megatron.core.dist_checkpointing.strategies.torch.FileSystemWriterAsync``, restored on exit) on every
+    device, GPUs included: megatron-core offers no hook for the failure. The CPU-only patches are in
+    ``megatron_logra/cpu_shim.py``, whose docstring lists the others."""
     from megatron.core.dist_checkpointing.strategies import torch as mcore_torch_strategy
 
     base = mcore_torch_strategy.FileSystemWriterAsync

@@ -65,7 +65,13 @@ def _start_checkpoint_helpers_immune() -> None:
     process of a job step (and ``kill -TERM -PGID`` the whole group): that helper, a fresh interpreter
     without this module's handler, would die, and the save that the stop exists for would fail with a
     broken pipe. The Manager is started here instead, with an initializer that ignores the signal and
-    ends the helper when this process is gone, and its queue is handed to megatron-core."""
+    ends the helper when this process is gone, and its queue is handed to megatron-core.
+
+    This patches megatron-core on every device, GPUs included: it sets the module attribute
+    ``megatron.core.dist_checkpointing.strategies.filesystem_async._results_queue`` (which megatron-core
+    otherwise fills lazily with its own Manager's queue at the first save), because megatron-core offers
+    no way to choose how its helper starts. The CPU-only patches are in ``megatron_logra/cpu_shim.py``,
+    whose docstring lists the others."""
     global _HELPER_MANAGER
     try:
         from megatron.core.dist_checkpointing.strategies import filesystem_async
