@@ -8,7 +8,7 @@ is present, and it is idempotent.
 
 Patched:
   * ``torch.cuda.current_device`` -> ``"cpu"``; ``synchronize`` / ``empty_cache`` -> no-ops;
-    ``current_stream`` / ``default_stream`` / ``Stream`` -> a dummy stream.
+    ``current_stream`` / ``default_stream`` / ``Stream`` / ``stream`` -> a dummy stream.
   * ``torch.cuda.{get,set}_rng_state`` / ``manual_seed`` and megatron's
     ``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` -> the CPU default generator, so the
     tracker's forked states (dropout under TP) are real CPU generator states.
