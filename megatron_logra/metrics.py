@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MetricsWriter", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "json_safe", "strict_dumps"]
+__all__ = ["MetricsWriter", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "max_over_ranks", "json_safe",
+           "strict_dumps"]
 
 
 def is_rank0() -> bool:
@@ -32,14 +33,38 @@ def reset_device_peaks(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def max_over_ranks(values: dict[str, Optional[int]], group: Optional[dist.ProcessGroup] = None
+                   ) -> dict[str, Optional[int]]:
+    """The largest of each value (a non-negative int, or None) over the ranks of ``group`` (default: every
+    rank), None where no rank has one. A collective (one all-reduce MAX): every rank of the group calls it
+    with the same keys in the same order. Without a process group, or in a group of one, ``values`` as
+    they are."""
+    if not dist.is_initialized():
+        return dict(values)
+    group = group if group is not None else dist.group.WORLD
+    if dist.get_world_size(group) == 1:
+        return dict(values)
+    from megatron_logra.parallel import collective_device
+
+    for key, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"max_over_ranks: {key}={value!r} must be a non-negative int or None")
+    packed = torch.tensor([-1 if v is None else v for v in values.values()], dtype=torch.int64,
+                          device=collective_device(group))
+    dist.all_reduce(packed, op=dist.ReduceOp.MAX, group=group)
+    return {key: None if peak < 0 else int(peak) for key, peak in zip(values, packed.tolist())}
+
+
 def device_peaks(device: torch.device) -> dict[str, Optional[int]]:
-    """This rank's accelerator memory peaks since :func:`reset_device_peaks`: bytes held by tensors
-    (``gpu_memory_peak_bytes``) and reserved by the caching allocator (``gpu_memory_reserved_peak_bytes``,
-    what ``nvidia-smi`` sees); None off CUDA."""
+    """The step's accelerator memory peaks since :func:`reset_device_peaks`, the largest over all ranks
+    (:func:`max_over_ranks`; under pipeline parallelism the last stage, which holds the logits, often has
+    them): bytes held by tensors (``gpu_memory_peak_bytes``) and reserved by the caching allocator
+    (``gpu_memory_reserved_peak_bytes``, what ``nvidia-smi`` sees). On CUDA a collective that every rank
+    calls at the same point; off CUDA (every rank on the host) both are None and nothing is exchanged."""
     if device.type != "cuda":
         return {"gpu_memory_peak_bytes": None, "gpu_memory_reserved_peak_bytes": None}
-    return {"gpu_memory_peak_bytes": int(torch.cuda.max_memory_allocated(device)),
-            "gpu_memory_reserved_peak_bytes": int(torch.cuda.max_memory_reserved(device))}
+    return max_over_ranks({"gpu_memory_peak_bytes": int(torch.cuda.max_memory_allocated(device)),
+                           "gpu_memory_reserved_peak_bytes": int(torch.cuda.max_memory_reserved(device))})
 
 
 def _clean(value: Any) -> Any:

@@ -18,8 +18,8 @@ fields to TensorBoard (rank 0); counts are over the whole global batch (every DP
   denominator of ``loss``.
 * ``step_seconds`` — wall time of the step: data, forward/backward, optimizer update (not the evaluation).
 * ``gpu_memory_peak_bytes`` / ``gpu_memory_reserved_peak_bytes`` — the step's peak accelerator memory held
-  by tensors / reserved by the caching allocator, on rank 0 (:func:`~megatron_logra.metrics.device_peaks`);
-  ``null`` off CUDA.
+  by tensors / reserved by the caching allocator, the largest over all ranks
+  (:func:`~megatron_logra.metrics.device_peaks`); ``null`` off CUDA.
 * ``eval_loss`` — held-out loss per answer token (:func:`evaluate`) on steps that are multiples of
   ``train.eval_interval``, else ``null``.
 
