@@ -58,11 +58,13 @@ class KLConfig:
     """Measure the actual KL on the probe set after each step (needed by ``calibrated``)."""
     probe: str = "auto"
     """How the prediction gets the logits' tangent: jvp (one forward-mode AD pass), finite_difference
-    (three no-grad forwards with the step added to the target outputs; for kernels without forward-mode
+    (three no-grad forwards with the step added to the target outputs, five when trained non-targets take
+    their own step; for kernels without forward-mode
     rules such as TransformerEngine / FP8) or auto (finite_difference when a target is a TE module)."""
     fd_step: float = 0.0
     """Central-difference step h of the finite-difference probe, in units of the α = 1 update; 0 = auto:
-    h = max(1, fd_min_relative / (‖ΔW‖/‖W‖ at α = 1)) for low-precision targets, else 1."""
+    h = max(1, fd_min_relative / (‖ΔW‖/‖W‖ at α = 1)) for low-precision targets, else 1; trained
+    non-targets take their own h' by the same rule from their ‖Δθ‖/‖θ‖. A fixed value > 0 is used for both."""
     fd_min_relative: float = 0.005
     """Auto step: ‖h·ΔW‖/‖W‖ for bf16/fp16 targets, so the perturbation stands above the outputs' rounding
     (bf16 resolves ≈ 0.4% relative; the paper's α = 1 update is 6e-5). Larger steps bias the central

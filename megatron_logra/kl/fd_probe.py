@@ -2,7 +2,8 @@
 
 Forward hooks add ``±h·(−(X·Aᵀ)·Dᵀ)`` to the target outputs as a *primal* perturbation -- the exact output of ``W ∓ h·D·A``, weights
 untouched -- and the logits' tangent is the central difference ``δz = (z₊ − z₋) / 2h``, exact up
-to ``O(h²)``. It runs three no-grad forwards (base, +h, −h) and works under sequence parallelism
+to ``O(h²)``. It runs three no-grad forwards (base, +h, −h; five when trained non-targets take their
+own step, below) and works under sequence parallelism
 (the small ``X·Aᵀ`` is gathered or reduce-scattered like the sketch capture does) and pipeline
 parallelism: each stage perturbs its own targets inside megatron's forward-only schedule, the
 last stage computes the prediction (and the measured KL) and broadcasts it to the other stages.
@@ -139,7 +140,8 @@ def predicted_kl_fd(
     three): a step sized for the targets' tiny relative update (``h`` ≈ 80 for bf16 at the paper's
     6e-5) would move the natives, whose AdamW change is relatively far larger, out of the range
     where the second-order prediction holds. ``native_step`` must be the same on every rank of the
-    model-parallel group (it scales the last stage's tangent). Raises
+    model-parallel group (it scales the last stage's tangent, and decides how many forwards every
+    pipeline stage runs, also one without trained non-targets). Raises
     :class:`~megatron_logra.kl.controller.KLControlError` (on every stage) when there are no valid
     positions or the prediction is not finite; logs a warning when the perturbation does not change
     the logits at all.
@@ -150,7 +152,7 @@ def predicted_kl_fd(
             raise ValueError(f"{name}={value} must be > 0")
     with sketches.paused():
         z_NV = probe_logits(model, batch, groups)
-        if native_step == step or not native:
+        if native_step == step:  # not on whether this rank has natives: every PP stage must run the same forwards
             dz_NV = _central_difference(model, batch, groups, sketches, directions, native, step)
         else:
             dz_NV = _central_difference(model, batch, groups, sketches, directions, (), step)

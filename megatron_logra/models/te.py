@@ -25,7 +25,8 @@ FP8 weight cache is disabled (weights change in place between forwards).
 
 TE's fused kernels have no forward-mode derivative, so the predicted-KL probe of a TE model is the
 finite-difference one (``kl.probe=auto`` picks it for TE targets, :func:`megatron_logra.kl.fd_probe.predicted_kl_fd`):
-three no-grad forwards with the step added to the target outputs, in the model's own kernels and precision.
+three no-grad forwards with the step added to the target outputs (five with trained non-targets), in the
+model's own kernels and precision.
 """
 
 from __future__ import annotations

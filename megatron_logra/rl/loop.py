@@ -346,10 +346,13 @@ def fd_steps(kl: KLConfig, optimizer: LograOptimizer, ratio_at_1: float, native:
     """The finite-difference probe's steps ``(h, h')`` for the targets and the trained non-targets, each
     sized by its own relative change at α = 1 (:func:`fd_step`): the natives' AdamW change is often far
     larger than the targets' KL-controlled one, and the targets' ``h`` would carry it out of the range of
-    the second-order prediction. Collective over the model-parallel group (the natives' norm)."""
+    the second-order prediction. ``h' = h`` (one joint difference, three forwards) when no rank of the
+    model-parallel group trains natives or they do not move. Collective over the model-parallel group
+    (the natives' norm)."""
     dtype = optimizer.targets[0].weight.dtype
-    return (fd_step(kl.fd_step, kl.fd_min_relative, ratio_at_1, dtype),
-            fd_step(kl.fd_step, kl.fd_min_relative, optimizer.native_relative_update_norm(native), dtype))
+    h = fd_step(kl.fd_step, kl.fd_min_relative, ratio_at_1, dtype)
+    native_ratio = optimizer.native_relative_update_norm(native)  # 0 on every rank when no rank trains natives
+    return h, (fd_step(kl.fd_step, kl.fd_min_relative, native_ratio, dtype) if native_ratio > 0 else h)
 
 
 def _probe_batch(batch: Batch, kl_cfg, device: torch.device) -> ProbeBatch:

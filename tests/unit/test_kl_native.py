@@ -261,3 +261,44 @@ def test_finite_difference_control_of_a_bf16_step_with_trained_natives_keeps_the
     assert abs(results["fd"][0] / results["jvp"][0] - 1.0) < 0.25, results
     for method, (_, ratio) in results.items():
         assert 0.6 < ratio < 1.5, (method, results)  # exact KL of the applied step / budget
+
+
+def test_every_pipeline_stage_runs_the_same_number_of_probe_forwards(groups):
+    """The number of finite-difference forwards depends on the steps alone (the same on every rank of
+    the model-parallel group), never on whether this rank holds trained non-targets: pipeline stages
+    exchange activations in every forward, so a stage without natives must run the native pair too.
+    Frozen natives everywhere keep one joint difference (three forwards)."""
+    from megatron_logra.kl.controller import KLConfig
+    from megatron_logra.models.gpt import ModelConfig, build_gpt
+    from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
+    from megatron_logra.rl.loop import fd_steps
+    from megatron_logra.train.step import Batch, forward_backward
+
+    counts = {}
+    for freeze in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = build_gpt(ModelConfig(init_std=0.02, vocab_size=V, params_dtype="bfloat16"), groups, seed=3)
+        opt = build_optimizer(model, OptimizerConfig(logra=LograConfig(rank=8, recipe="paper", update_ratio=6e-5),
+                                                     native=NativeConfig(freeze=freeze)), groups)
+        gen = torch.Generator().manual_seed(0)
+        tokens, labels = torch.randint(0, V, (B, S), generator=gen), torch.randint(0, V, (B, S), generator=gen)
+        pos = torch.arange(S)[None].expand(B, S).contiguous()
+        mask = torch.ones(B, S)
+        update = opt.prepare(num_tokens=forward_backward(model, [Batch(tokens, labels, mask, pos)], groups).num_tokens)
+        native = opt.native_deltas(update)
+        h, h_native = fd_steps(KLConfig(), opt, opt.relative_update_norm(update, 1.0), native)
+        assert (h_native == h) == freeze  # frozen natives: one joint difference
+        seen = []
+        handle = model.register_forward_hook(lambda *_: seen.append(1))
+        probe = ProbeBatch(tokens, pos, mask)
+        predicted_kl_fd(model, opt.sketches, update.directions, probe, groups, step=h, native=native,
+                        native_step=h_native)
+        # a stage holding no trained non-targets, with the same steps: the same forwards
+        predicted_kl_fd(model, opt.sketches, update.directions, probe, groups, step=h, native=(),
+                        native_step=h_native)
+        handle.remove()
+        counts[freeze] = len(seen)
+        opt.sketches.remove()
+        opt.native.remove_hooks()
+    assert counts == {False: 10, True: 6}
