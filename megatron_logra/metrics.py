@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MetricsWriter", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "max_over_ranks", "json_safe",
-           "strict_dumps"]
+__all__ = ["MetricsWriter", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "max_over_ranks",
+           "json_safe", "strict_dumps"]
 
 
 def is_rank0() -> bool:
