@@ -6,7 +6,6 @@ events, ``checkpoints/`` and ``summary.json``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -28,7 +27,7 @@ from megatron_logra.data.tokenizer import (
 from megatron_logra.kl.controller import KLController
 from megatron_logra.kl.probe import probe_method
 from megatron_logra.memory.preflight import memory_preflight
-from megatron_logra.metrics import MetricsWriter, is_rank0
+from megatron_logra.metrics import MetricsWriter, is_rank0, strict_dumps
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel, world_group
@@ -327,7 +326,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             "total_seconds": time.perf_counter() - t_start, "run_dir": str(run_dir), "stopped": stopped,
         }
         if is_rank0():
-            atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
+            atomic_write_text(run_dir / "summary.json", strict_dumps(summary, indent=1))
             if stopped is None and eval_before is not None and eval_after is not None:
                 logger.info("done: held-out accuracy %.3f -> %.3f", eval_before, eval_after)
             elif stopped is None:
