@@ -6,6 +6,7 @@ events, ``checkpoints/`` and ``summary.json``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -180,8 +181,11 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     (benchmarks plug in other optimizers with the ``DenseAdamW`` interface this way).
 
     ``for_eval``: what held-out evaluation (``megatron-logra eval``) reads: no reference model for
-    ``rl.loss.kl_coef`` (``ref_model`` is None: neither built nor warm-started), and nothing is written into
-    the run directory (a missing ``RUN/tokenizer`` is rebuilt from the config with a warning, not saved)."""
+    ``rl.loss.kl_coef`` (``ref_model`` is None: neither built nor warm-started), and nothing the run wrote
+    is changed: a missing ``RUN/tokenizer`` is rebuilt from the config with a warning, not saved, and the
+    engine is synced in process whatever ``sync.transport`` says (a directory transport would prune the
+    run's delta files and write anchors). An in-process SGLang engine still writes its scratch model
+    config under ``RUN/sglang_model``."""
     if optimizer_factory is None:
         check_native_step_control(cfg)
     if cfg.model.hf_path:  # the checkpoint's architecture replaces the recipe's
@@ -231,7 +235,10 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
         logger.info("resumed from %s at RL step %d", resume_from, state.step)
     engine = build_engine(cfg, model, groups)
 
-    sync = PolicySync(cfg.sync, model=model, model_cfg=cfg.model, optimizer=optimizer, engine=engine,
+    # evaluation syncs in process: a directory transport would prune the run's delta files and write anchors
+    # that an external consumer of that directory would then follow
+    sync_cfg = dataclasses.replace(cfg.sync, transport="inprocess") if for_eval else cfg.sync
+    sync = PolicySync(sync_cfg, model=model, model_cfg=cfg.model, optimizer=optimizer, engine=engine,
                       groups=groups, run_dir=run_dir)
     sync.full(state.weight_version)
     comps = RLComponents(cfg=cfg, groups=groups, model=model, optimizer=optimizer, controller=controller,

@@ -1,6 +1,7 @@
 """``megatron-logra eval RUN`` (and the summary of the RL job) on a tiny trained run.
 
-* A run with a KL penalty (``rl.loss.kl_coef > 0``): evaluation builds no reference model, so it never runs the
+* A run with a KL penalty (``rl.loss.kl_coef > 0``) and ``sync.transport=directory``: evaluation changes no file
+  of the run (it syncs its engine in process) and builds no reference model, so it never runs the
   reference's warm start. Observable: the warm start of this run is a supervised one cached in
   ``RUN/../.cache/warm_start_*.safetensors``; with the cache removed, a reference warm start would train and
   write it again (and log "warm start").
@@ -59,7 +60,7 @@ def kl_run(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("evalfix")
     run = root / "run"
-    _train(run, "rl.loss.kl_coef=0.05")
+    _train(run, "rl.loss.kl_coef=0.05", "sync.transport=directory")  # delta files and anchors in RUN/deltas
     yield run
     torch.set_num_threads(before)
 
@@ -84,8 +85,11 @@ def test_eval_of_a_kl_run_builds_no_reference_model(kl_run, capsys, caplog):
     cache = kl_run.parent / ".cache"
     assert any(cache.glob("warm_start_*.safetensors"))  # the run's own warm start was cached
     shutil.rmtree(cache)
+    before = _files(kl_run)
+    assert any(p.parts[0] == "deltas" for p in before)
     with caplog.at_level(logging.INFO):
         _eval(kl_run)
+    assert _files(kl_run) == before  # nothing the run wrote changes: not its delta files, not its anchors
     out = json.loads(capsys.readouterr().out)
     assert out["step"] == 1 and out["num_eval"] == 4 and 0 <= out["eval_accuracy"] <= 1
     assert not cache.exists(), "eval ran (and cached) a warm start for a reference model it does not use"
