@@ -275,7 +275,9 @@ def convert_mcore_to_hf(
                                  f"model {extra[:8]}, tensors missing from the index {missing[:8]}")
             file_names = sorted(set(weight_map.values()))
             assignment = {n: weight_map[n] for n in mine}
+            indexed = True  # the template's shard names need their index, also when one shard is left
         else:
+            indexed = False
             groups = _plan_shards([(n, nbytes[n]) for n, _, _ in hf_entries], max_bytes)
             if template is not None and (template / SINGLE_NAME).is_file():
                 groups = [[n for g in groups for n in g]]
@@ -319,7 +321,7 @@ def convert_mcore_to_hf(
                              "total_parameters": sum(int(torch.Size(s).numel()) for _, _, s in hf_entries)},
                 "weight_map": weight_map,
             }
-            if len(file_names) > 1:
+            if indexed or len(file_names) > 1:
                 _write_json(tmp / INDEX_NAME, index)
             copied = copy_export_extras(source, tokenizer_dir, tmp)
             if config_text is None:

@@ -115,3 +115,23 @@ def test_other_template_extras_are_still_refused(tied, tmp_path):
     with pytest.raises(ValueError, match=r"tensors not in the model \['model\.layers\.0\.mlp\.extra\.weight'\]"):
         convert_mcore_to_hf(tmp_path / "mc", tmp_path / "back", hf_template=hf)
     assert not (tmp_path / "back").exists()
+
+
+def test_a_template_left_with_one_shard_keeps_its_index(tied, tmp_path):
+    """Two template shards, the second holding only ``lm_head.weight``: the one shard left keeps the template's
+    name (``model-00001-of-00002.safetensors``), so the index must be written for anything to load it."""
+    src, model = tied
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    for p in src.iterdir():
+        if p.suffix == ".json" and p.name != INDEX:
+            (hf / p.name).write_bytes(p.read_bytes())
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(hf / "model-00001-of-00002.safetensors"), metadata={"format": "pt"})
+    save_file({"lm_head.weight": state["model.embed_tokens.weight"].clone()},
+              str(hf / "model-00002-of-00002.safetensors"), metadata={"format": "pt"})
+    weight_map = {n: "model-00001-of-00002.safetensors" for n in state}
+    weight_map["lm_head.weight"] = "model-00002-of-00002.safetensors"
+    (hf / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    back = _roundtrip_matches(hf, model, tmp_path, {"lm_head.weight"})
+    assert set(back.values()) == {"model-00001-of-00002.safetensors"}
