@@ -43,6 +43,7 @@ from typing import Callable, Optional
 import torch
 
 from megatron_logra.argtypes import positive_int
+from megatron_logra.bench.report import cpu_model
 from megatron_logra.sketch.random_projection import projection, shared_projections
 from megatron_logra.sync import apply_delta_, decode, encode, validate
 from megatron_logra.sync.apply import _merge_prepared_, chunk_elems, merge_row_chunks
@@ -462,15 +463,8 @@ _BOUND_NOTE = (
 
 def _machine() -> str:
     import os
-    import platform
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, load average {_load():.1f} at the start"
+    return f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, load average {_load():.1f} at the start"
 
 
 def _load() -> float:

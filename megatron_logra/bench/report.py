@@ -28,7 +28,8 @@ from megatron_logra.bench.memory_fig import MemoryRow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["render_report", "write_report", "verdicts", "report_stem", "image_prefix", "command_line", "environment"]
+__all__ = ["render_report", "write_report", "verdicts", "report_stem", "image_prefix", "command_line", "environment",
+           "cpu_model"]
 
 MiB = 1024.0 * 1024.0
 
@@ -91,19 +92,25 @@ def command_line(cfg: PaperBenchConfig) -> str:
     return text + (f" (and, through the API: {', '.join(rest)})" if rest else "")
 
 
-def environment(threads: int) -> dict[str, Any]:
-    """The machine a run is on, as the report's header states it: CPU, cores, ``OMP_NUM_THREADS``, the
-    torch threads (``threads``), torch and Python versions, and the load average now."""
-    import torch
-
+def cpu_model() -> str:
+    """The CPU's model name: the first ``model name`` of ``/proc/cpuinfo``; where that file or line is missing
+    (not Linux, some ARM kernels), ``platform.processor()``, else ``platform.machine()``."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as fh:
             cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    return cpu
+
+
+def environment(threads: int) -> dict[str, Any]:
+    """The machine a run is on, as the report's header states it: CPU, cores, ``OMP_NUM_THREADS``, the
+    torch threads (``threads``), torch and Python versions, and the load average now."""
+    import torch
+
     return {"omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"), "torch_threads": threads,
-            "machine": platform.machine(), "cpu": cpu, "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "machine": platform.machine(), "cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
             "python": platform.python_version(),
             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 

@@ -4,22 +4,16 @@ sizes); a missing directory is created, a path that cannot be written is a usage
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def cm() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("convert_memory_bench", ROOT / "benchmarks" / "convert_memory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/convert_memory.py", "convert_memory_bench")
 
 
 def test_missing_directory_is_created_up_front(cm, tmp_path):

@@ -4,24 +4,19 @@ output that cannot be written is refused before any training run starts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def rlp() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rl_parity_bench", ROOT / "benchmarks" / "rl_parity.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/rl_parity.py", "rl_parity_bench")
 
 
 def _args(rlp, argv):

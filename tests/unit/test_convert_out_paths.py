@@ -16,11 +16,11 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM
 
 from megatron_logra.convert import convert_hf_to_mcore, convert_mcore_to_hf
 from megatron_logra.convert.cli import main as convert_main
+from support.convert_fixtures import snapshot, tiny_llama_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,16 +30,7 @@ def _one_thread(one_thread):
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory) -> Path:
-    config = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
-    config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    out = tmp_path_factory.mktemp("src") / "hf"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(out)
-    return out
+    return tiny_llama_checkpoint(tmp_path_factory.mktemp("src"))
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +38,6 @@ def mcore_dir(hf_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("mc") / "mc"
     convert_hf_to_mcore(hf_dir, out)
     return out
-
-
-def _snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _refused(argv: list[str], capsys, match: str) -> str:
@@ -66,37 +53,37 @@ def test_hf_to_mcore_out_containing_the_input_is_refused(force, hf_dir, tmp_path
     x = tmp_path / "X"
     shutil.copytree(hf_dir, x / "hf")  # the input, inside --out
     shutil.copyfile(hf_dir / "config.json", x / "config.json")  # --out "looks like a conversion"
-    before = _snapshot(x)
+    before = snapshot(x)
     err = _refused(["hf-to-mcore", "--hf", str(x / "hf"), "--out", str(x)] + (["--force"] if force else []),
                    capsys, "contains the input")
     assert str((x / "hf").resolve()) in err
-    assert _snapshot(x) == before and not (tmp_path / ".X.partial").exists()
+    assert snapshot(x) == before and not (tmp_path / ".X.partial").exists()
 
 
 @pytest.mark.parametrize("force", [True, False])
 def test_out_inside_the_input_is_refused(force, hf_dir, tmp_path, capsys):
     src = tmp_path / "hf"
     shutil.copytree(hf_dir, src)
-    before = _snapshot(src)
+    before = snapshot(src)
     flags = ["--force"] if force else []
     _refused(["hf-to-mcore", "--hf", str(src), "--out", str(src / "mc")] + flags, capsys, "is inside the input")
-    assert _snapshot(src) == before and sorted(p.name for p in src.iterdir()) == sorted(before)
+    assert snapshot(src) == before and sorted(p.name for p in src.iterdir()) == sorted(before)
 
 
 def test_mcore_to_hf_out_containing_an_input_is_refused(hf_dir, mcore_dir, tmp_path, capsys):
     x = tmp_path / "X"
     shutil.copytree(mcore_dir, x / "mc")
     shutil.copyfile(hf_dir / "config.json", x / "config.json")
-    before = _snapshot(x)
+    before = snapshot(x)
     _refused(["mcore-to-hf", "--mcore", str(x / "mc"), "--out", str(x), "--force"], capsys, "contains the input")
-    assert _snapshot(x) == before
+    assert snapshot(x) == before
 
     y = tmp_path / "Y"  # the template is the input inside --out
     shutil.copytree(hf_dir, y / "template")
-    before = _snapshot(y)
+    before = snapshot(y)
     _refused(["mcore-to-hf", "--mcore", str(mcore_dir), "--out", str(y), "--hf-template", str(y / "template"),
               "--force"], capsys, "contains the input")
-    assert _snapshot(y) == before
+    assert snapshot(y) == before
 
     _refused(["mcore-to-hf", "--mcore", str(mcore_dir), "--out", str(mcore_dir / "hf_out")], capsys,
              "is inside the input")

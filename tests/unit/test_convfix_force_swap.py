@@ -10,16 +10,15 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from megatron_logra.convert import convert_hf_to_mcore, convert_mcore_to_hf
 from megatron_logra.convert import outdir
+from support.convert_fixtures import snapshot, tiny_llama_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -29,20 +28,7 @@ def _one_thread(one_thread):
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory) -> Path:
-    config = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
-    config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    out = tmp_path_factory.mktemp("src") / "hf"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(out)
-    return out
-
-
-def _snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return tiny_llama_checkpoint(tmp_path_factory.mktemp("src"))
 
 
 def _siblings(out: Path) -> list[str]:
@@ -89,17 +75,17 @@ def _exports_the_original(mc: Path, hf: Path, tmp_path: Path) -> None:
 def test_killed_between_the_renames_the_previous_output_survives_and_is_restored(hf_dir, tmp_path):
     out = tmp_path / "mc"
     convert_hf_to_mcore(hf_dir, out, tp=1)
-    previous = _snapshot(out)
+    previous = snapshot(out)
 
     _killed_during_force(hf_dir, out, tp=2, kill_at="rename-in")
     # a complete copy exists: the previous output, renamed aside intact
     assert not out.exists()
-    assert _snapshot(tmp_path / ".mc.old") == previous
+    assert snapshot(tmp_path / ".mc.old") == previous
 
     # the next run without --force restores it and refuses to replace it
     with pytest.raises(ValueError, match="pass --force"):
         convert_hf_to_mcore(hf_dir, out, tp=2)
-    assert _snapshot(out) == previous and _siblings(out) == [".mc.partial", "mc"]
+    assert snapshot(out) == previous and _siblings(out) == [".mc.partial", "mc"]
     _exports_the_original(out, hf_dir, tmp_path)
 
     # with --force it is replaced, and nothing of the interrupted swap is left
@@ -128,7 +114,7 @@ def test_killed_after_the_renames_the_new_output_is_kept(hf_dir, tmp_path):
 def test_an_exception_at_the_rename_in_puts_the_previous_output_back(hf_dir, tmp_path, monkeypatch):
     out = tmp_path / "mc"
     convert_hf_to_mcore(hf_dir, out, tp=1)
-    previous = _snapshot(out)
+    previous = snapshot(out)
     real_replace = os.replace
 
     def replace(src, dst):
@@ -139,4 +125,4 @@ def test_an_exception_at_the_rename_in_puts_the_previous_output_back(hf_dir, tmp
     monkeypatch.setattr(outdir.os, "replace", replace)
     with pytest.raises(OSError, match="cross-device"):
         convert_hf_to_mcore(hf_dir, out, tp=2, force=True)
-    assert _snapshot(out) == previous and _siblings(out) == ["mc"]
+    assert snapshot(out) == previous and _siblings(out) == ["mc"]

@@ -8,14 +8,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from megatron_logra.convert import convert_hf_to_mcore
+from support.convert_fixtures import snapshot, tiny_llama_checkpoint
 
 LIMIT = 16 * 1024  # bytes: the configs and meta.json fit, no weight file does
 
@@ -31,21 +29,9 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory) -> Path:
-    config = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
-    config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    out = tmp_path_factory.mktemp("src") / "hf"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(out)
+    out = tiny_llama_checkpoint(tmp_path_factory.mktemp("src"))
     assert (out / "model.safetensors").stat().st_size > 4 * LIMIT
     return out
-
-
-def _snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _run_with_full_disk(argv: list[str]) -> subprocess.CompletedProcess:
@@ -79,8 +65,8 @@ def test_mcore_to_hf_with_force_on_a_full_disk_keeps_the_previous_output(hf_dir,
     out.mkdir()
     (out / "config.json").write_text("{}\n")  # a previous (small) conversion in --out
     (out / "model.safetensors").write_bytes(b"previous")
-    before = _snapshot(out)
+    before = snapshot(out)
     proc = _run_with_full_disk(["mcore-to-hf", "--mcore", str(mc), "--out", str(out), "--force"])
     _check_one_line(proc, out, "mcore-to-hf")
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf_out", "mc"]
