@@ -74,10 +74,11 @@ class _OptimizerWithRL:
         self.state.load_state_dict(scalars["rl"])
 
 
-def _tokenizer(cfg: RunConfig, task, run_dir: Path, *, save: bool = True):
+def _tokenizer(cfg: RunConfig, task, run_dir: Path, *, will_save: bool):
     """The run's tokenizer: a resumed run's ``RUN/tokenizer``; else ``tokenizer.path``'s, else (with
-    ``model.hf_path``) the checkpoint's, else one built for the task; saved to ``RUN/tokenizer`` (rank 0) unless
-    ``save`` is false (evaluation never writes into the run directory). A resumed run whose ``RUN/tokenizer`` is
+    ``model.hf_path``) the checkpoint's, else one built for the task. Nothing is written here: the caller
+    saves it (:func:`_save_tokenizer`) once the run directory is claimed, unless ``will_save`` is false
+    (evaluation never writes into the run directory). A resumed run whose ``RUN/tokenizer`` is
     missing gets one from the config as above, with a warning naming the missing directory and the source used
     (it is the run's tokenizer only if that source is unchanged since the run started).
     A tokenizer with more tokens than ``model.vocab_size`` rows is a ValueError naming both, before it is saved."""
@@ -96,15 +97,20 @@ def _tokenizer(cfg: RunConfig, task, run_dir: Path, *, save: bool = True):
         if cfg.train.resume and is_rank0():
             logger.warning("%s is missing: using %s instead, which is the run's tokenizer only if it has not "
                            "changed since the run started (restore %s to use the run's own)%s", saved, source, saved,
-                           "" if save else "; not saved into the run directory")
+                           "" if will_save else "; not saved into the run directory")
     if len(tok) > cfg.model.vocab_size:
         fix = ("give a tokenizer made for this checkpoint (tokenizer.path=, empty, takes model.hf_path's own)"
                if cfg.model.hf_path else "raise model.vocab_size or give a smaller tokenizer")
         raise ValueError(f"{source} has {len(tok)} tokens but model.vocab_size={cfg.model.vocab_size} (the model's "
                          f"embedding rows): token ids past it have no embedding; {fix}")
-    if save and is_rank0() and not (cfg.train.resume and saved.exists()):
-        save_tokenizer(tok, saved)
     return tok
+
+
+def _save_tokenizer(cfg: RunConfig, tok, run_dir: Path) -> None:
+    """``tok`` into ``RUN/tokenizer`` (rank 0), unless a resumed run already has it there."""
+    saved = run_dir / "tokenizer"
+    if is_rank0() and not (cfg.train.resume and saved.exists()):
+        save_tokenizer(tok, saved)
 
 
 def _warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> None:
@@ -196,11 +202,13 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     check_rl_batch_layout(cfg, groups.dp_size, groups.pp_size)  # every rank, before anything is built
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
     run_dir = Path(cfg.train.run_dir)
-    claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=cfg.train.overwrite)
+    # every check that can refuse the run comes before train.overwrite deletes the previous run's outputs
+    if not cfg.train.overwrite:  # refusing a run_dir that holds a run deletes nothing: before the (slow) build
+        claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=False)
     if cfg.train.resume:
         check_resume_steps(run_dir, cfg.rl.steps, "rl.steps")
     task = build_task(cfg.task)
-    tok = _tokenizer(cfg, task, run_dir, save=not for_eval)
+    tok = _tokenizer(cfg, task, run_dir, will_save=not for_eval)
     if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
         rl_prompt_ids(tok, cfg.rl, "check")
     for problem in task.eval_problems():  # the same on every rank: a long prompt fails here, not mid-run
@@ -225,6 +233,10 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     if isinstance(optimizer, LograOptimizer) and cfg.kl.mode != "none":
         # fail before any rollout when the requested probe cannot run on this model / layout
         logger.info("KL probe: %s", probe_method(cfg.kl.probe, optimizer.sketches, groups.pp_size))
+    if cfg.train.overwrite:  # deletes the previous run: only once the prompts, model and optimizer are known to work
+        claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=True)
+    if not for_eval:  # evaluation never writes into the run directory
+        _save_tokenizer(cfg, tok, run_dir)
     controller = KLController(cfg.kl)
     state = RLState()
     state.baseline.weight = cfg.rl.advantage.baseline_weight
