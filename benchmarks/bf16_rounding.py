@@ -41,13 +41,17 @@ def main() -> int:
         if proc.returncode != 0:
             return report_failed_run(p, f"megatron-logra train lm-tiny ({name})", proc.returncode, proc.stderr)
         out = proc.stdout
-        rows[name] = json.loads(out[out.index("{"):])
+        summary = json.loads(out[out.index("{"):])
+        # a diverged run's losses are null in the summary (strict JSON): shown as nan here
+        rows[name] = {k: float("nan") if summary.get(k) is None else float(summary[k])
+                      for k in ("eval_loss_before", "eval_loss_after")}
     ref = rows["bf16 + fp32 masters"]
     ref_gain = ref["eval_loss_before"] - ref["eval_loss_after"]
     print(f"{'variant':24s} {'eval before':>11s} {'eval after':>10s} {'gain':>7s} {'gain / fp32-master':>18s}")
     for name, r in rows.items():
         gain = r["eval_loss_before"] - r["eval_loss_after"]
-        print(f"{name:24s} {r['eval_loss_before']:11.3f} {r['eval_loss_after']:10.3f} {gain:7.3f} {gain / ref_gain:18.2f}")
+        relative = gain / ref_gain if ref_gain else float("nan")
+        print(f"{name:24s} {r['eval_loss_before']:11.3f} {r['eval_loss_after']:10.3f} {gain:7.3f} {relative:18.2f}")
     return 0
 
 

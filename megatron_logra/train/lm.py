@@ -11,7 +11,8 @@ fields to TensorBoard (rank 0); counts are over the whole global batch (every DP
 * ``grad_norm`` — global norm of the step's gradient before clipping (LoGRA: reconstructed from the
   sketches, plus the natively trained parameters' gradients); ``clip_coef`` — the factor clipping applied
   (1.0: none); ``skipped`` — the step was not applied (a non-finite gradient).
-* ``tokens`` — tokens processed: ``train.global_batch_size × (data.seq_length − 1)`` input positions,
+* ``tokens`` — tokens processed: ``train.global_batch_size × (2·data.content_length + 1)`` input positions
+  (the task's sequences are ``2·data.content_length + 2`` tokens),
   as Megatron-LM counts throughput (global batch × sequence length); ``tokens_per_second`` — ``tokens /
   step_seconds``.
 * ``loss_tokens`` — the answer tokens the loss counts (``data.content_length`` per sequence), the
