@@ -292,14 +292,20 @@ def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[st
         raise
     except (ValueError, yaml.YAMLError) as exc:
         raise ValueError(str(exc) if str(exc).startswith(f"{cfg_path}:") else f"{cfg_path}: {exc}") from exc
+    # the saved values are type-checked here but validated once, after the overrides: an override can then fix
+    # a saved value that a check of this machine or version refuses (model.transformer_impl=local for a run
+    # trained with transformer_engine, on a machine without it)
     try:
-        cfg = from_dict(RunConfig, saved)
+        cfg = from_dict(RunConfig, saved, validate=False)
     except ValueError as exc:
         raise ValueError(f"{cfg_path}: {exc}") from exc
     cfg.train.run_dir, cfg.train.resume = str(run_dir), True
     if progress is not None:
         cfg.train.progress = progress
-    cfg = apply_overrides(cfg, overrides)
+    try:
+        cfg = apply_overrides(cfg, overrides)
+    except ValueError as exc:
+        raise ValueError(f"{cfg_path}{' with the overrides given' if overrides else ''}: {exc}") from exc
     if Path(cfg.train.run_dir) != run_dir:
         raise ValueError(f"--resume {run_dir} continues the run in {run_dir}, but train.run_dir={cfg.train.run_dir!r} "
                          f"was also given; drop train.run_dir (or start a new run there without --resume)")

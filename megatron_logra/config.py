@@ -349,8 +349,12 @@ def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def from_dict(cls: type, data: dict, _prefix: str = "") -> Any:
+def from_dict(cls: type, data: dict, _prefix: str = "", *, validate: bool = True) -> Any:
     """Build dataclass ``cls`` from a (possibly partial) nested dict; unknown keys are errors.
+
+    ``validate=False`` builds it without running any ``__post_init__`` check (only the fields' types are
+    checked): for a saved config that command-line overrides may still fix; call ``validate()`` (or
+    :func:`megatron_logra.overrides.apply_overrides`, which does) before using it.
 
     Values are checked against the fields' types as the dotted overrides are: strings parse like the command
     line (``"32"`` -> 32, ``"1e-4"`` -> 1e-4), other values must already have the field's type (ints widen to
@@ -371,10 +375,23 @@ def from_dict(cls: type, data: dict, _prefix: str = "") -> Any:
     for key, value in data.items():
         ftype, path = hints[key], f"{_prefix}{key}"
         if _is_section(ftype) and isinstance(value, dict):
-            kwargs[key] = from_dict(_section_type(ftype), value, f"{path}.")
+            kwargs[key] = from_dict(_section_type(ftype), value, f"{path}.", validate=validate)
         else:
             kwargs[key] = _coerce(value, ftype, path)
-    return cls(**kwargs)
+    if validate:
+        return cls(**kwargs)
+    obj = cls.__new__(cls)  # the fields as given, the rest at their defaults; no __post_init__
+    for f in dataclasses.fields(cls):
+        if f.name in kwargs:
+            value = kwargs[f.name]
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            raise ValueError(f"{_prefix}{f.name} is missing ({cls.__name__} has no default for it)")
+        object.__setattr__(obj, f.name, value)
+    return obj
 
 
 # ---------------------------------------------------------------------------- values by annotated type
