@@ -155,6 +155,8 @@ class RunConfig:
             raise ValueError(f"job={self.job!r}: choose rl or lm")
         self._check_sequence_shapes()
         self._check_dense_adamw()
+        if not (self.job == "rl" and self.model.hf_path):  # resolve_hf_model checks it with the checkpoint's sizes
+            self.check_parallel_split()
         if self.job == "rl":
             self._check_low_precision_delta_sync()
             return
@@ -177,6 +179,16 @@ class RunConfig:
             raise ValueError(
                 f"data.num_symbols={self.data.num_symbols} needs model.vocab_size >= {self.data.num_symbols + 2}"
             )
+
+    def check_parallel_split(self) -> None:
+        """``parallel.tp`` must divide ``model.num_attention_heads``, ``num_query_groups`` and
+        ``ffn_hidden_size``, ``parallel.pp`` ``model.num_layers`` (megatron-core asserts them when it builds the
+        model): a ``ValueError`` naming the fields and the sizes that do (``memory.planner.check_split``). With
+        ``model.hf_path`` (job=rl) it is checked once the checkpoint's architecture is read
+        (``overrides.resolve_hf_model``)."""
+        from megatron_logra.memory.planner import check_split
+
+        check_split(self.model, self.parallel.tp, self.parallel.pp, tp_name="parallel.tp", pp_name="parallel.pp")
 
     def _check_low_precision_delta_sync(self) -> None:
         """What sketch-delta sync cannot carry is refused before anything is built: an ``output_layer`` target

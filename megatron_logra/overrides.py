@@ -481,6 +481,7 @@ def resolve_hf_model(cfg: RunConfig, given: Union[Sequence[str], Mapping[str, st
     if replaced:
         raise ValueError(f"{'; '.join(replaced)}: the architecture comes from model.hf_path={mine.hf_path!r}; drop "
                          f"the override (or the recipe file's field) or start from another checkpoint")
+    cfg.check_parallel_split()  # RunConfig's own check waits for the checkpoint's sizes
     return cfg.validate()
 
 
