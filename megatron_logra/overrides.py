@@ -21,7 +21,9 @@ every other override, so ``job=...`` anywhere on the line counts): ``--train-ite
 rl.group_size`` sequences. The optimizer flags (``--lr``, ``--weight-decay``, ``--clip-grad``,
 ``--adam-beta1/2``, ``--adam-eps``) follow ``optimizer.name`` and ``logra.recipe``
 (:data:`OPTIMIZER_ALIASES`); one the configured optimizer would not read is refused.
-``--max-position-embeddings`` only checks ``model.seq_length`` (:data:`CHECK_FLAGS`).
+``--max-position-embeddings`` only checks ``model.seq_length`` (:data:`CHECK_FLAGS`). A field the configured job
+never reads, given at a value other than its default (``train.steps`` with job=rl, ``rl.*`` / ``task.*`` / ``kl.*``
+... with job=lm), is refused, naming the job's own field (:data:`_LM_ONLY`, :data:`_RL_ONLY`).
 
 ``task.datasets`` set without ``task.dataset_kwargs`` drops the kwargs (of the recipe, a base recipe file or the
 resumed run) of datasets it no longer lists: ``megatron-logra train tiny task.datasets=gcd`` needs no
@@ -419,6 +421,7 @@ def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[st
     cfg, mine = _apply_items(cfg, items)
     given = {**given, **{key: "" for key in mine}}
     _check_paper_unused(cfg, given)
+    _check_other_job_unused(cfg, given)
     return resolve_hf_model(cfg.validate(), given, from_recipe=from_recipe)
 
 
@@ -448,6 +451,53 @@ def _check_paper_unused(cfg: RunConfig, given: Mapping[str, str]) -> None:
             where = f" in {given[key]}" if given[key] else ""
             raise ValueError(f"{key}={value} is set{where}, but optimizer.logra.recipe=paper does not use it ({why}); "
                              f"remove {key}{hint}, or use optimizer.logra.recipe=optimizer")
+
+
+_LM_ONLY: dict[str, str] = {
+    "train.steps": "the RL job runs rl.steps",
+    "train.micro_batch_size": "the RL job's micro-batch is rl.micro_batch_size",
+    "train.global_batch_size": "each RL step trains rl.prompts_per_step × rl.group_size sequences",
+    "train.eval_interval": "the RL job evaluates every rl.eval_interval steps",
+    "train.eval_sequences": "the RL job evaluates task.num_eval held-out problems",
+    "train.eval_batches": "the RL job evaluates task.num_eval held-out problems",
+    "data.": "the RL job's problems are task.*",
+}
+"""Fields (``data.``: the section) only the lm job reads, with what the RL job reads instead."""
+
+_RL_ONLY: dict[str, str] = {
+    "rl.steps": "the lm job runs train.steps",
+    "rl.micro_batch_size": "the lm job's micro-batch is train.micro_batch_size",
+    "rl.eval_interval": "the lm job evaluates every train.eval_interval steps",
+    "rl.": "the lm job's loop is train.*",
+    "task.": "the lm job's synthetic task is data.*",
+    "sft.": "the lm job has no warm start",
+    "kl.": "the lm job has no KL step control",
+    "sync.": "the lm job has no rollout engine to sync",
+    "tokenizer.": "the lm job's synthetic task has no tokenizer",
+}
+"""Fields (a key ending in ``.``: the section) only the RL job reads, with what the lm job reads instead."""
+
+
+def _check_other_job_unused(cfg: RunConfig, given: Mapping[str, str]) -> None:
+    """A field the user gave (``given``: an override or a recipe file's field) at a value other than the
+    field's default that the configured job never reads (the lm job's ``train.steps`` etc. with job=rl, the RL
+    sections with job=lm) would be silently ignored: refused, naming the field and the job's own. Values of a
+    named recipe or a resumed run's saved config are not "given"."""
+    unused = _LM_ONLY if cfg.job == "rl" else _RL_ONLY
+    sections = {f.name: f for f in dataclasses.fields(RunConfig)}
+    for key in sorted(given):
+        why = unused.get(key) or next((w for k, w in unused.items() if k.endswith(".") and key.startswith(k)), None)
+        if why is None:
+            continue
+        first, *rest = key.split(".")
+        value, default = getattr(cfg, first), sections[first].default_factory()  # the section's defaults
+        for part in rest:
+            value, default = getattr(value, part), getattr(default, part)
+        if value == default:
+            continue
+        where = f" in {given[key]}" if given[key] else ""
+        raise ValueError(f"{key}={_short(value)} is set{where}, but the {cfg.job} job does not read it ({key} is the "
+                         f"{'lm' if cfg.job == 'rl' else 'RL'} job's; {why}); remove {key}")
 
 
 def resolve_hf_model(cfg: RunConfig, given: Union[Sequence[str], Mapping[str, str]] = (), *,
