@@ -58,7 +58,8 @@ class TrainConfig:
     """Deprecated (configs saved before train.eval_sequences existed hold it): when set, each evaluation runs
     eval_batches micro-batches, i.e. eval_batches × micro_batch_size sequences, a set that changes with the
     micro-batch size; train.eval_sequences is then not read. Leave it null (train.eval_batches=null) and set
-    train.eval_sequences instead."""
+    train.eval_sequences instead: giving train.eval_sequences (an override or a recipe file) while eval_batches
+    is set, by the same command or in a resumed run's config, is refused until train.eval_batches=null."""
     save_interval: int = 0
     """Steps between checkpoints; 0 = only at the end (--save-interval)."""
     keep_last: int = 2

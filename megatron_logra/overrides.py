@@ -422,6 +422,11 @@ def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[st
     given = {**given, **{key: "" for key in mine}}
     _check_paper_unused(cfg, given)
     _check_other_job_unused(cfg, given)
+    if "train.eval_sequences" in given and cfg.train.eval_batches is not None:
+        where = " (in the resumed run's config)" if "train.eval_batches" not in given else ""
+        raise ValueError(f"train.eval_sequences={cfg.train.eval_sequences} is given, but the deprecated "
+                         f"train.eval_batches={cfg.train.eval_batches}{where} replaces it; give train.eval_batches=null "
+                         f"as well to evaluate train.eval_sequences sequences")
     return resolve_hf_model(cfg.validate(), given, from_recipe=from_recipe)
 
 
