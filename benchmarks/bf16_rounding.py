@@ -1,6 +1,6 @@
 """Effect of the bf16-only rounding scheme on learning, side by side in one run.
 
-Trains the tiny recipe with bf16 weights three ways — fp32 masters, bf16-only with
+Trains the lm-tiny recipe with bf16 weights three ways — fp32 masters, bf16-only with
 stochastic rounding, bf16-only with round-to-nearest — plus fp32 weights as a reference,
 and prints held-out loss before/after and the ratio of loss reduction to the fp32-master run.
 
