@@ -110,10 +110,28 @@ def _load_recipe(name_or_path: str, _including: tuple = ()) -> tuple[RunConfig, 
         base = str(path.parent / base)  # a file names its base relative to itself, not to the working directory
     try:
         cfg, given = _load_recipe(base, (*_including, resolved)) if base else (RunConfig(), {})
-        cfg, mine = _apply_items(cfg, _flatten(data))
+        items = _flatten(data)
+        _check_spelled_twice(items)
+        cfg, mine = _apply_items(cfg, items)
         return cfg.validate(), {**given, **{key: f"recipe file {path}" for key in mine}}
     except ValueError as exc:
         raise ValueError(f"recipe file {path}: {exc}") from None
+
+
+def _check_spelled_twice(items: Sequence[tuple[str, Any]]) -> None:
+    """One field set twice in one recipe file under two spellings (``train: {steps: 5}`` and ``train.steps: 6``,
+    ``logra:`` and ``optimizer: {logra: ...}``, a Megatron-LM flag name and its field) is refused: only the last
+    would count, as with a repeated YAML key."""
+    seen: dict[str, str] = {}
+    for key, _ in items:
+        if key in _CONTEXT_FLAGS:  # checked against the field they resolve to by _apply_items
+            continue
+        field = _canonical(MEGATRON_ALIASES.get(key, key))
+        if field in seen:
+            raise ValueError(f"{field} is set twice (as {seen[field]!r} and as {key!r}; a nested section and a dotted "
+                             f"key, a shortcut or a flag name spell the same field): only the last would count; "
+                             f"set it once")
+        seen[field] = key
 
 
 def _yaml_problem(exc: Exception) -> str:
