@@ -46,7 +46,8 @@ class TrainConfig:
     [0, 2**31); the data have their own seeds: data.seed (lm job's synthetic task), task.seed / task.eval_seed
     (RL problems)."""
     log_interval: int = 10
-    """Steps between log lines (--log-interval)."""
+    """Steps between log lines (--log-interval). The lm job logs every log_interval steps; the RL job only with
+    train.progress=false (with the progress bar on, the bar shows each step instead and this has no effect)."""
     eval_interval: int = 50
     """Steps between held-out evaluations of the lm job; 0 disables (--eval-interval; job=rl: rl.eval_interval)."""
     eval_sequences: int = 64

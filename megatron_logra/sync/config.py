@@ -42,7 +42,10 @@ class SyncConfig:
     whose weights it has not verified, and must then reload full weights at that version
     (:mod:`megatron_logra.sync.transport`)."""
     directory: str = ""
-    """Delta directory for ``transport=directory`` (default: ``RUN_DIR/deltas``)."""
+    """Root of the delta files for ``transport=directory`` (default: ``RUN_DIR/deltas``). The files are not
+    written in it but in one subdirectory per trainer rank, ``<directory>/rank<global rank>/``: each rank whose
+    engine receives weights writes its own chain (anchors and deltas) there, so an engine reading the files
+    follows the directory of the rank it serves (``<directory>/rank0/`` in a one-process run)."""
     keep_deltas: int = 8
     """With ``transport=directory``: after each update, delta files older than the newest
     ``keep_deltas`` are deleted (a consumer further behind must reload full weights). 0 keeps every
