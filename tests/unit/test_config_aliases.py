@@ -40,9 +40,9 @@ def test_a_flag_and_the_field_it_sets_together_are_refused():
         parse_args_to_config("tiny", ["--train-iters", "5", "rl.steps=4"])
 
 
-def test_rl_job_skips_the_lm_batch_check():
-    cfg = parse_args_to_config("tiny", ["train.micro_batch_size=64"])  # 32 % 64: only the lm loop cares
-    assert cfg.train.micro_batch_size == 64
+def test_rl_job_refuses_the_lm_batch_fields_and_the_lm_job_checks_them():
+    with pytest.raises(ValueError, match=r"train\.micro_batch_size=64 is set.*rl\.micro_batch_size"):
+        parse_args_to_config("tiny", ["train.micro_batch_size=64"])  # the RL job never reads it
     with pytest.raises(ValueError, match=r"train\.global_batch_size=32 must be a multiple of train\.micro_batch_size=64"):
         parse_args_to_config("lm-tiny", ["train.micro_batch_size=64"])
 
