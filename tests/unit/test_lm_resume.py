@@ -38,11 +38,16 @@ def test_resume_below_the_checkpoint_step_is_refused_and_nothing_changes(tmp_pat
 
 
 def test_the_lm_job_writes_no_api_key_to_disk(tmp_path, capsys, one_thread):
-    """A credential given on the command line (``rl.rollout.sglang_api_key``) reaches neither config.yaml
-    nor any checkpoint file of an LM run (both hold the redacted placeholder)."""
+    """A credential given on the command line (``rl.rollout.sglang_api_key``) never reaches an LM run's files:
+    the LM job does not read ``rl.*``, so the setting is refused (exit 2, naming it) before anything is
+    written, and a run in the same directory afterwards holds no trace of it."""
     run, secret = tmp_path / "run", "sk-lm-secret-4711"
-    assert main(["train", "lm-tiny", f"train.run_dir={run}", "train.steps=2", f"rl.rollout.sglang_api_key={secret}",
-                 *SMALL]) == 0
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "lm-tiny", f"train.run_dir={run}", "train.steps=2", f"rl.rollout.sglang_api_key={secret}",
+              *SMALL])
+    assert exit_.value.code == 2 and "rl.rollout.sglang_api_key" in capsys.readouterr().err
+    assert not run.exists() or [n for n, d in _files(run).items() if secret.encode() in d] == []
+    assert main(["train", "lm-tiny", f"train.run_dir={run}", "train.steps=2", *SMALL]) == 0
     files = _files(run)
     assert "config.yaml" in files and any(name.endswith("meta.json") for name in files)
     assert [name for name, data in files.items() if secret.encode() in data] == []
