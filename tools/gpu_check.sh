@@ -98,7 +98,7 @@ stage() {
   fi
 }
 
-stage "$TEST_LIMIT" "$OUT/pytest.txt" tests/gpu "$PY" -m pytest -m "$MARKERS" tests/gpu -q -rs -p no:cacheprovider
+stage "$TEST_LIMIT" "$OUT/pytest.txt" tests/gpu "$PY" -m pytest -m "$MARKERS" tests/gpu -q -rs --durations=15 -p no:cacheprovider
 tests_rc=$rc tests_note="-m '$MARKERS', $note"
 tail -n 25 "$OUT/pytest.txt"
 
