@@ -288,7 +288,13 @@ def validate(
     """
     delta.check_structure()
     check_version(delta, current_version)
-    plan = plan_for(delta, layout, tp_size, tp_rank)
+    try:
+        plan = plan_for(delta, layout, tp_size, tp_rank)
+    except SyncError:
+        raise
+    except Exception as exc:  # a layout the engine cannot map is a rejection like any other
+        raise SyncError("layout", f"mapping delta {delta.base_version}->{delta.new_version} onto the {layout} "
+                                  f"layout (TP {tp_rank} of {tp_size}) failed: {exc!r}") from exc
     missing = sorted(({f.param for f in plan.factors} | {d.param for d in plan.dense}) - set(weights))
     if missing:
         raise SyncError("name", f"engine has no parameters {missing[:6]}{'...' if len(missing) > 6 else ''}")
