@@ -203,6 +203,17 @@ def _sglang_factors(delta: SketchDelta, tp_size: int, tp_rank: int) -> list[Engi
 _ROW_PARALLEL_WEIGHTS = (".o_proj.weight", ".down_proj.weight")
 
 
+def _fusable(fused_name: str, parts: list[str], tensors: list[torch.Tensor]) -> None:
+    """Raise ``SyncError("shape")`` unless ``tensors`` can be stacked along their rows: each at least 1-D,
+    all of one rank and the same trailing dimensions (a weight ``[rows, n_in]``, a bias ``[rows]``)."""
+    first = tensors[0]
+    for name, t in zip(parts, tensors):
+        if t.dim() < 1 or t.dim() != first.dim() or tuple(t.shape[1:]) != tuple(first.shape[1:]):
+            shapes = {p.rsplit(".", 2)[-2]: tuple(x.shape) for p, x in zip(parts, tensors)}
+            raise SyncError("shape", f"fusing {fused_name}: the parts do not stack along their rows "
+                                     f"(at {name}): {shapes}")
+
+
 def _sglang_dense(delta: SketchDelta, tp_size: int, tp_rank: int) -> list[DenseEntry]:
     """This rank's dense entries: q/k/v and gate/up (weights and biases) fused into ``qkv_proj`` /
     ``gate_up_proj`` rows of this rank, ``o_proj``/``down_proj`` weights cut to this rank's
@@ -221,6 +232,7 @@ def _sglang_dense(delta: SketchDelta, tp_size: int, tp_rank: int) -> list[DenseE
             if delta.attention is None:
                 raise SyncError("layout", f"fusing {fused_name} needs attention dims in the header")
             _, hf_rows = sglang_qkv_rows(delta.attention, tp_size, tp_rank)
+            _fusable(fused_name, parts, [dense[p] for p in parts])
             both = torch.cat([dense[p] for p in parts])
             dims = delta.attention
             want = (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim
@@ -238,8 +250,9 @@ def _sglang_dense(delta: SketchDelta, tp_size: int, tp_rank: int) -> list[DenseE
             if f"{pre}up_proj.{leaf}" not in dense:
                 raise SyncError("keys", f"fusing {fused_name} needs {pre}up_proj.{leaf}")
             gate, up = dense[name], dense[f"{pre}up_proj.{leaf}"]
-            if gate.shape != up.shape:
-                raise SyncError("shape", f"fusing {fused_name}: gate {tuple(gate.shape)} vs up {tuple(up.shape)}")
+            if gate.dim() < 1 or gate.shape != up.shape:
+                raise SyncError("shape", f"fusing {fused_name}: gate {tuple(gate.shape)} vs up {tuple(up.shape)} "
+                                         "(both need the same shape, at least 1-D)")
             both = torch.cat([gate, up])
             rows = sglang_gate_up_rows(both.shape[0], tp_size, tp_rank)
             out.append(DenseEntry(fused_name, both.index_select(0, rows)))
@@ -264,7 +277,8 @@ def plan_for(delta: SketchDelta, layout: str = "hf", tp_size: int = 1, tp_rank: 
     """The engine parameters ``delta`` touches on rank ``tp_rank`` of a ``tp_size`` engine in ``layout``.
 
     Raises :class:`SyncError` (``layout``) for an unknown layout, an HF engine with TP > 1, or
-    dimensions the engine TP size does not divide.
+    dimensions the engine TP size does not divide; (``keys``/``shape``) for dense q/k/v or gate/up
+    entries the sglang layout cannot fuse (a part missing, parts that do not stack along their rows).
     """
     if layout not in LAYOUT_NAMES:
         raise SyncError("layout", f"unknown engine layout {layout!r}; choose one of {LAYOUT_NAMES}")

@@ -299,6 +299,45 @@ def test_dense_the_commit_cannot_copy_is_rejected_before_any_write(engine, sent)
     assert _same(weights, before), "a rejected delta modified the weights"
 
 
+_L0 = "model.layers.0."
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("dense", [
+    {_L0 + "self_attn.q_proj.weight": torch.zeros(32, 32), _L0 + "self_attn.k_proj.weight": torch.zeros(16, 8),
+     _L0 + "self_attn.v_proj.weight": torch.zeros(16, 8)},  # q/k/v of different widths
+    {_L0 + "self_attn.q_proj.bias": torch.zeros(32, 1), _L0 + "self_attn.k_proj.bias": torch.zeros(16),
+     _L0 + "self_attn.v_proj.bias": torch.zeros(16)},  # a 2-D bias among 1-D ones
+    {_L0 + "self_attn.q_proj.bias": torch.zeros(()), _L0 + "self_attn.k_proj.bias": torch.zeros(()),
+     _L0 + "self_attn.v_proj.bias": torch.zeros(())},  # 0-d parts
+    {_L0 + "mlp.gate_proj.bias": torch.zeros(()), _L0 + "mlp.up_proj.bias": torch.zeros(())},  # 0-d gate/up
+], ids=["qkv-widths", "qkv-bias-rank", "qkv-0d", "gate-up-0d"])
+def test_dense_parts_the_sglang_layout_cannot_fuse_are_a_sync_error_before_any_write(dense, tp):
+    """Dense q/k/v (gate/up) are stacked along their rows into qkv_proj (gate_up_proj); parts that do not stack
+    are rejected as SyncError("shape") by validate and apply_delta_ alike, and nothing is written."""
+    weights = {n: p.detach().clone() for n, p in SGLangQwen2(_hf_weights(), tp=tp, rank=tp - 1).named_parameters()}
+    before = _snapshot(weights)
+    delta = decode(encode(random_delta(SHAPE, RANK, dense=dense)))  # a well-formed message: only the layout objects
+    with pytest.raises(SyncError) as exc:
+        validate(delta, weights, 0, layout="sglang", tp_size=tp, tp_rank=tp - 1)
+    assert exc.value.kind == "shape"
+    with pytest.raises(SyncError) as exc:
+        apply_delta_(weights, delta, 0, layout="sglang", tp_size=tp, tp_rank=tp - 1)
+    assert exc.value.kind == "shape"
+    assert _same(weights, before), "a rejected delta modified the weights"
+
+
+def test_an_exception_while_mapping_the_layout_is_a_sync_error(monkeypatch):
+    """validate promises SyncError for every rejection: an exception out of the layout mapping is one (layout)."""
+    def broken(*args, **kwargs):
+        raise IndexError("index 7 is out of bounds")
+    monkeypatch.setattr(apply_mod, "plan_for", broken)
+    weights = _hf_weights()
+    with pytest.raises(SyncError, match="out of bounds") as exc:
+        validate(random_delta(SHAPE, RANK), weights, 0)
+    assert exc.value.kind == "layout"
+
+
 def test_validate_touches_nothing_and_returns_the_plan():
     weights = _hf_weights(torch.bfloat16)
     before = _snapshot(weights)
