@@ -230,9 +230,10 @@ class SGLangEngine:
         if ro.sglang_url:
             serialization = resolve_serialization(ro.sglang_serialization, ro.sglang_url, torch.cuda.is_available())
             world = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
+            api_key = resolve_api_key(ro.sglang_api_key)  # every rank: a key that cannot be sent is refused by all
 
             def server() -> SGLangServerTarget:
-                return SGLangServerTarget(ro.sglang_url, api_key=resolve_api_key(ro.sglang_api_key),
+                return SGLangServerTarget(ro.sglang_url, api_key=api_key,
                                           timeout=ro.sglang_timeout, serialization=serialization)
 
             gen_target = server() if is_driver(mp) else None

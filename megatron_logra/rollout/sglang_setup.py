@@ -5,18 +5,23 @@ may run (:func:`check_engine_gpus`) and how the server's API key is kept off dis
 The API key (``rl.rollout.sglang_api_key``) is a credential: a config written to disk (``RUN/config.yaml``,
 every checkpoint's config) holds :data:`REDACTED_API_KEY` in its place, and a config read back (``train
 --resume RUN``) turns that placeholder into an empty key, which :func:`resolve_api_key` fills from the
-environment variable :data:`API_KEY_ENV` (``SGLANG_API_KEY``). Imports no SGLang and no torch.
+environment variable :data:`API_KEY_ENV` (``SGLANG_API_KEY``). Either source loses its surrounding whitespace
+(a key read from a secret file ends in a newline); a key that still cannot travel in an HTTP header is refused
+naming its source, never quoting it (:func:`check_api_key`). Imports no SGLang and no torch.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import unicodedata
 from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["API_KEY_ENV", "REDACTED_API_KEY", "check_engine_gpus", "contiguous_run", "redact_config",
-           "resolve_api_key"]
+__all__ = ["API_KEY_ENV", "CONFIG_KEY_FIELD", "REDACTED_API_KEY", "check_api_key", "check_engine_gpus",
+           "contiguous_run", "redact_config", "resolve_api_key"]
 
+CONFIG_KEY_FIELD = "rl.rollout.sglang_api_key"
+"""The config field holding the server's API key."""
 API_KEY_ENV = "SGLANG_API_KEY"
 """Environment variable holding the server's API key when ``rl.rollout.sglang_api_key`` is empty."""
 REDACTED_API_KEY = "***"
@@ -38,12 +43,33 @@ def redact_config(data: Mapping[str, Any]) -> dict:
 def resolve_api_key(config_key: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """The bearer token to send to the SGLang server: ``config_key`` (``rl.rollout.sglang_api_key``) when it is
     set, else ``env[SGLANG_API_KEY]`` (``os.environ`` by default) when that is set, else None (no
-    ``Authorization`` header). :data:`REDACTED_API_KEY` is never returned as a key: it counts as unset."""
+    ``Authorization`` header). :data:`REDACTED_API_KEY` is never returned as a key: it counts as unset.
+
+    Surrounding whitespace is stripped (a key read from a secret file usually ends in a newline), and a key
+    that still holds whitespace, control characters or characters outside Latin-1 (which no HTTP header can
+    carry) is refused with a ``ValueError`` that names where the key came from, never the key itself.
+    """
     env = os.environ if env is None else env
-    for key in (config_key, env.get(API_KEY_ENV, "")):
+    for source, raw in ((CONFIG_KEY_FIELD, config_key), (API_KEY_ENV, env.get(API_KEY_ENV, ""))):
+        key = raw.strip() if isinstance(raw, str) else raw
         if key and key != REDACTED_API_KEY:
+            check_api_key(key, source)
             return key
     return None
+
+
+def check_api_key(key: str, source: str) -> None:
+    """Refuse an API key (from ``source``: a config field or environment variable) that cannot travel in an
+    ``Authorization`` header: one holding whitespace or control characters, or characters outside Latin-1.
+    The ``ValueError`` names ``source`` and the kind of character, never the key or a part of it."""
+    bad = next((c for c in key if c.isspace() or unicodedata.category(c) == "Cc" or ord(c) > 0xFF), None)
+    if bad is None:
+        return
+    what = "a character outside Latin-1" if ord(bad) > 0xFF else \
+        "whitespace or a control character (e.g. a line break)"
+    raise ValueError(f"the SGLang API key from {source} contains {what} inside it, which an HTTP Authorization "
+                     f"header cannot carry (surrounding whitespace is already stripped): set {source} to the "
+                     "server's --api-key exactly")
 
 
 def contiguous_run(ranks: Sequence[int], start: int) -> int:

@@ -26,9 +26,11 @@ lazily and only for ``serialization="cuda_ipc"``.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import socket
+import unicodedata
 import urllib.error
 import urllib.request
 from typing import Any, Optional, Sequence
@@ -140,6 +142,11 @@ class SGLangServerTarget(_SGLangTarget):
         if serialization not in SERIALIZATIONS:
             raise SyncError("config", f"unknown serialization {serialization!r}; choose one of {SERIALIZATIONS}")
         self.base_url = base_url.rstrip("/")
+        if api_key and any(c.isspace() or unicodedata.category(c) == "Cc" or ord(c) > 0xFF for c in api_key):
+            raise SGLangError("config", "api_key contains whitespace, a control character or a character outside "
+                                        "Latin-1, which an HTTP Authorization header cannot carry; pass the server's "
+                                        "--api-key exactly (rollout.sglang_setup.resolve_api_key strips a trailing "
+                                        "newline)")
         self.api_key = api_key
         self.timeout = timeout
         self.serialization = serialization
@@ -150,7 +157,9 @@ class SGLangServerTarget(_SGLangTarget):
 
     def request(self, method: str, path: str, body: Any = None, *, ok_status: Sequence[int] = ()) -> tuple[int, Any]:
         """One JSON request; returns ``(status, decoded body)``. Raises :class:`SGLangError` on a
-        network failure, 401, or any status >= 400 not in ``ok_status``."""
+        network failure (``unreachable``), a malformed answer (``http``), a request that cannot be sent
+        (``config``: an invalid URL or header value; the message never quotes the headers, so the API
+        key stays out of logs), 401 (``auth``), or any status >= 400 not in ``ok_status`` (``http``)."""
         url = f"{self.base_url}{path}"
         headers = {"Accept": "application/json"}
         data = None
@@ -168,6 +177,13 @@ class SGLangServerTarget(_SGLangTarget):
         except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise SGLangError("unreachable", f"{method} {url}: SGLang server unreachable ({reason})") from None
+        except (ValueError, http.client.InvalidURL) as exc:  # the text may quote a header, Authorization included
+            raise SGLangError("config", f"{method} {url}: the request could not be sent ({type(exc).__name__}: "
+                                        "an invalid URL or header value; check the server URL and that the API "
+                                        "key holds no whitespace or control characters)") from None
+        except http.client.HTTPException as exc:  # a malformed or cut-off answer (the text is the server's)
+            raise SGLangError("http", f"{method} {url}: bad answer from the SGLang server "
+                                      f"({type(exc).__name__}: {exc})") from None
         try:
             decoded: Any = json.loads(raw) if raw else None
         except (UnicodeDecodeError, json.JSONDecodeError):

@@ -356,6 +356,29 @@ def test_http_errors_are_mapped(servers):
     assert failing.paths()[-1] == "/continue_generation"  # generation resumed after the failure
 
 
+def test_a_request_that_cannot_be_sent_is_an_sglang_error_that_never_quotes_the_key(servers):
+    """http.client refuses a header value with a line break by raising ValueError quoting the header: the
+    client maps it (and a URL it cannot send) to SGLangError ``config`` without the header, so no rank logs
+    the key. A key that cannot travel in a header is refused when the target is built."""
+    server = FakeServer(SchedulerRuntime([SGLangLlama(hf_state())]), api_key="s3cr3t-key")
+    servers.append(server)
+    for bad in ("s3cr3t-key\n", "s3cr3t-key\r\nX-Injected: 1", "s3cr3t key", "s3cr3t-key\u20ac"):
+        with pytest.raises(SGLangError) as info:
+            SGLangServerTarget(server.url, api_key=bad, timeout=10)
+        assert info.value.kind == "config" and "s3cr3t" not in str(info.value)
+    target = SGLangServerTarget(server.url, api_key="s3cr3t-key", timeout=10)
+    assert target.weight_version == 0
+    for bad in ("s3cr3t-key\n", "s3cr3t-key\u20ac"):  # set after the check: request() still keeps it out
+        target.api_key = bad
+        with pytest.raises(SGLangError) as info:
+            target.request("GET", "/get_server_info")
+        assert info.value.kind == "config" and "s3cr3t" not in str(info.value)
+        assert "API key" in str(info.value) and info.value.__cause__ is None and info.value.__suppress_context__
+    with pytest.raises(SGLangError, match="could not be sent") as info:
+        SGLangServerTarget(server.url + "/x y\n", timeout=10).request("GET", "/get_server_info")
+    assert info.value.kind == "config"
+
+
 def test_http_target_checks_loader_and_version_before_pausing(servers):
     runtime = SchedulerRuntime([SGLangLlama(hf_state())])
     bare = FakeServer(runtime, server_info={"tp_size": 1, "custom_weight_loader": []})

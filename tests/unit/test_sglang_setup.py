@@ -99,6 +99,24 @@ def test_redaction_and_the_environment_variable():
         RolloutConfig(sglang_api_key=123)
 
 
+def test_a_key_from_a_secret_file_loses_its_newline_and_a_key_that_cannot_be_sent_is_refused_unquoted():
+    """A key read from a mounted secret ends in a newline: it is stripped, from either source. A key that
+    still holds a line break, a control character or whitespace inside (or a character no HTTP header can
+    carry) is refused naming where it came from -- never quoting it, so no rank's log holds it."""
+    assert resolve_api_key("", {API_KEY_ENV: SECRET + "\n"}) == SECRET
+    assert resolve_api_key(f"  {SECRET}\r\n", {}) == SECRET
+    assert resolve_api_key(" \n", {API_KEY_ENV: f"\t{SECRET} "}) == SECRET  # all whitespace: unset
+    assert resolve_api_key("", {API_KEY_ENV: f" {REDACTED_API_KEY}\n"}) is None
+    for config_key, env, source in [(f"{SECRET}\r\nX-Injected: 1", {}, r"rl\.rollout\.sglang_api_key"),
+                                    ("", {API_KEY_ENV: f"{SECRET}\x00"}, API_KEY_ENV),
+                                    ("", {API_KEY_ENV: "sk SECRET"}, API_KEY_ENV),
+                                    (f"{SECRET}\u2028x", {}, r"rl\.rollout\.sglang_api_key"),
+                                    (f"{SECRET}\u20ac", {}, r"rl\.rollout\.sglang_api_key")]:
+        with pytest.raises(ValueError, match=source) as err:
+            resolve_api_key(config_key, env)
+        assert "SECRET" not in str(err.value) and "8c1f" not in str(err.value)
+
+
 class _KeyRecorder:
     """An HTTP server that records every request's ``Authorization`` header and answers 401 (SGLang's
     answer to a wrong key) unless it is ``Bearer <key>``, then 404."""
@@ -183,6 +201,32 @@ def test_a_run_never_writes_the_key_and_its_resume_sends_the_environments(tmp_pa
         server.close()
     assert server.seen and server.seen[0] == "Bearer from-env"
     assert f"Bearer {REDACTED_API_KEY}" not in server.seen and None in server.seen
+
+
+def test_the_engine_sends_a_secret_files_key_without_its_newline_and_refuses_a_broken_one_before_sending(monkeypatch):
+    """``SGLangEngine.from_config`` resolves the key on every rank before anything is sent: the trailing
+    newline of a secret file is not sent, and a key that cannot travel in a header stops the start with an
+    error naming ``SGLANG_API_KEY`` (not http.client's, which quotes the header)."""
+    from megatron_logra.overrides import load_recipe
+    from megatron_logra.rollout.sglang_engine import SGLangEngine
+    from megatron_logra.sync.sglang_client import SGLangError
+
+    server = _KeyRecorder("from-env")
+    try:
+        cfg = load_recipe("tiny")
+        cfg.rl.rollout = RolloutConfig(engine="sglang", sglang_url=server.url, sglang_serialization="pickle")
+        groups = SimpleNamespace(mp=None, tp_size=1, dp_rank=0)
+        monkeypatch.setenv(API_KEY_ENV, "from-env\n")
+        with pytest.raises(SGLangError) as err:  # past the key: the recorder has no SGLang routes
+            SGLangEngine.from_config(cfg, groups)
+        assert err.value.kind != "auth" and server.seen == ["Bearer from-env"]
+        monkeypatch.setenv(API_KEY_ENV, "from-env\r\nX-Injected: 1")
+        with pytest.raises(ValueError, match=API_KEY_ENV) as err:
+            SGLangEngine.from_config(cfg, groups)
+        assert "from-env" not in str(err.value) and not isinstance(err.value, SGLangError)
+        assert server.seen == ["Bearer from-env"]  # nothing more was sent
+    finally:
+        server.close()
 
 
 def test_the_config_command_prints_the_key_redacted(capsys):
