@@ -4,7 +4,8 @@
 trainer's weights *and* shipped to the engine, which regenerates ``A`` from the seed and runs
 the same merge (:mod:`megatron_logra.sync`), so both sides hold bitwise-equal weights. A
 fingerprint of sampled rows is compared at every weight version that is a multiple of
-``check_interval``; a mismatch (or a version that is a multiple of ``anchor_interval``) triggers a
+``check_interval`` (rows sampled with the version as salt when the engine salts its fingerprint, so
+successive checks cover different rows); a mismatch (or a version that is a multiple of ``anchor_interval``) triggers a
 full refit, the safety net. Both are keyed by the weight version, which the RL state checkpoints,
 so a resumed run checks and re-anchors at the same updates as an uninterrupted one. With fp32
 masters the compute weights replay the engine's merges while the masters keep the exact trajectory; once
@@ -44,6 +45,7 @@ from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce
 from megatron_logra.rl.weights import iter_hf_params, trainer_fingerprint
 from megatron_logra.sync import DirectoryTransport, InProcessTransport, SyncError, decode, drift, encode
 from megatron_logra.sync.config import SyncConfig
+from megatron_logra.sync.fingerprint import fingerprint_salt
 from megatron_logra.sync.trainer import build_delta, local_factors, merge_deltas
 
 logger = logging.getLogger(__name__)
@@ -97,7 +99,7 @@ class PolicySync:
         self.engine.update_weights_full(counted(), version)
         if isinstance(self.transport, DirectoryTransport):
             fp = trainer_fingerprint(self.model, self.groups, self.model_cfg, dtype=self.model_cfg.torch_dtype,
-                                     vocab_rows=getattr(self.engine, "fingerprint_vocab_rows", None))
+                                     vocab_rows=getattr(self.engine, "fingerprint_vocab_rows", None), salt=version)
             self.transport.write_anchor(version, fp, own_engine=True)  # this rank's engine was just refit
         return sent[0]
 
@@ -150,9 +152,12 @@ class PolicySync:
         mode, drifted = "delta", 0
         if self.cfg.check_interval and new_version % self.cfg.check_interval == 0:
             engine_fp = self.engine.fingerprint()  # None: the engine cannot fingerprint (anchor refits only)
+            # an engine that salts its row sample does so with its weight version: the trainer samples the rows of
+            # ``new_version`` (an engine at another version then differs); an unsalted engine, the fixed rows
+            salt = None if fingerprint_salt(engine_fp) is None else new_version
             mismatched = [] if engine_fp is None else \
                 drift(trainer_fingerprint(self.model, self.groups, self.model_cfg, dtype=self.model_cfg.torch_dtype,
-                                          vocab_rows=getattr(self.engine, "fingerprint_vocab_rows", None)),
+                                          vocab_rows=getattr(self.engine, "fingerprint_vocab_rows", None), salt=salt),
                       engine_fp)
             if self._any_rank(bool(mismatched)):
                 drifted = 1

@@ -125,7 +125,7 @@ def gather_full_model(model: nn.Module, groups: ParallelGroups) -> dict[str, tor
 @torch.no_grad()
 def trainer_fingerprint(model: nn.Module, groups: ParallelGroups, cfg: ModelConfig,
                         rows_per_tensor: int = 4, dtype: Optional[torch.dtype] = None,
-                        vocab_rows: Optional[int] = None) -> dict[str, str]:
+                        vocab_rows: Optional[int] = None, salt: Optional[int] = None) -> dict[str, str]:
     """``{HF name: digest}`` of the whole model, equal to ``sync.fingerprint.fingerprint`` of its
     full HF tensors cast to ``dtype`` (the engine's; None keeps each parameter's), from row
     samples only (see the module docstring). Every rank of the model-parallel group must call;
@@ -139,6 +139,10 @@ def trainer_fingerprint(model: nn.Module, groups: ParallelGroups, cfg: ModelConf
     vocabulary (SGLang started from the unpadded checkpoint). The vocab-parallel tensors
     (``embed_tokens``, ``lm_head``) are then fingerprinted as their first ``vocab_rows`` rows,
     the tensors that engine holds; None (or the padded size) fingerprints every row.
+
+    ``salt``: sample the rows with this salt (``sync.fingerprint``; policy sync passes the salt of the
+    engine's fingerprint, its weight version, so successive checks cover different rows). The same on
+    every rank.
     """
     dims = attention_dims(cfg)
 
@@ -150,9 +154,9 @@ def trainer_fingerprint(model: nn.Module, groups: ParallelGroups, cfg: ModelConf
         full_shape = _full_shape(param, groups.tp_size)
         if param.dim() <= 1:  # biases and norms: whole (and small)
             for hf_name, t in megatron_param_to_hf(name, gather_tp(param.detach(), param, groups.tp), dims):
-                rows = sampled_rows_of(hf_name, t.shape, rows_per_tensor)
+                rows = sampled_rows_of(hf_name, t.shape, rows_per_tensor, salt)
                 t = cast(t)
-                local[hf_name] = digest(hf_name, t.dtype, t.shape, rows, t.reshape(1, -1))
+                local[hf_name] = digest(hf_name, t.dtype, t.shape, rows, t.reshape(1, -1), salt)
             continue
         for hf_name, meg_rows in hf_rows(name, full_shape[0], dims):
             hf_shape = [full_shape[0] if meg_rows is None else len(meg_rows), *full_shape[1:]]
@@ -161,10 +165,10 @@ def trainer_fingerprint(model: nn.Module, groups: ParallelGroups, cfg: ModelConf
                     raise ValueError(f"{hf_name}: the engine serves {vocab_rows} vocabulary rows, "
                                      f"the trainer holds {hf_shape[0]}")
                 hf_shape[0] = vocab_rows
-            rows = sampled_rows_of(hf_name, hf_shape, rows_per_tensor)
+            rows = sampled_rows_of(hf_name, hf_shape, rows_per_tensor, salt)
             wanted = rows if meg_rows is None else meg_rows[rows].tolist()
             sample = cast(full_rows(param, wanted, groups.tp).reshape(len(rows), -1))
-            local[hf_name] = digest(hf_name, sample.dtype, hf_shape, rows, sample)
+            local[hf_name] = digest(hf_name, sample.dtype, hf_shape, rows, sample, salt)
     if groups.pp_size == 1:
         return dict(sorted(local.items()))
     merged: dict[str, str] = {}

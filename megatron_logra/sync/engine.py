@@ -77,4 +77,6 @@ class ModuleEngine:
         self._version = int(version)
 
     def fingerprint(self, rows_per_tensor: int = 4) -> dict[str, str]:
-        return fingerprint(self.weights(), rows_per_tensor)
+        """``{name: digest}`` of the weights, rows sampled with the weight version as salt (so successive
+        versions sample different rows; :mod:`megatron_logra.sync.fingerprint`)."""
+        return fingerprint(self.weights(), rows_per_tensor, salt=self._version)

@@ -101,7 +101,8 @@ def _share(piece: Piece, rows: list[int]) -> tuple[torch.Tensor, tuple[int, int]
     return hit[:, 1].clone(), piece.cols, _bits(piece.mat.index_select(0, local))
 
 
-def _assemble(name: str, shape: tuple[int, ...], dtype: torch.dtype, rows: list[int], shares: list) -> str:
+def _assemble(name: str, shape: tuple[int, ...], dtype: torch.dtype, rows: list[int], shares: list,
+              salt: Optional[int] = None) -> str:
     width = prod(shape[1:]) if len(shape) > 1 else prod(shape)
     out = torch.zeros(len(rows), width, dtype=_INT_OF_SIZE[torch.empty((), dtype=dtype).element_size()])
     have = torch.zeros(len(rows), width, dtype=torch.bool)
@@ -118,17 +119,18 @@ def _assemble(name: str, shape: tuple[int, ...], dtype: torch.dtype, rows: list[
         have[pos, c0:c1] = True
     if not bool(have.all()):
         raise SyncError("layout", f"{name}: {int((~have).sum())} elements of the sampled rows are held by no TP rank")
-    return (MISMATCH_PREFIX if mismatch else "") + digest(name, dtype, shape, rows, out)
+    return (MISMATCH_PREFIX if mismatch else "") + digest(name, dtype, shape, rows, out, salt)
 
 
 @torch.no_grad()
 def sharded_fingerprint(build: Callable[[], Mapping[str, Piece]], group: Any = None, tp_size: int = 1,
-                        rows_per_tensor: int = 4) -> dict[str, str]:
+                        rows_per_tensor: int = 4, salt: Optional[int] = None) -> dict[str, str]:
     """HF name -> digest of the full tensor, assembled from every rank's pieces (``build()`` on each rank).
 
     Collective over ``group`` (None: a single rank, ``tp_size`` must be 1). Equal on every rank,
-    and equal to :func:`~megatron_logra.sync.fingerprint.fingerprint` of the full tensors when
-    the replicas agree (see module docstring).
+    and equal to :func:`~megatron_logra.sync.fingerprint.fingerprint` of the full tensors with the
+    same ``salt`` when the replicas agree (see module docstring). ``salt`` must be the same on every
+    rank (the weight version: successive versions sample different rows).
     """
     gather = _gatherer(group, tp_size)
     held: dict[str, Piece] = {}
@@ -138,11 +140,15 @@ def sharded_fingerprint(build: Callable[[], Mapping[str, Piece]], group: Any = N
         return {n: (tuple(int(x) for x in p.shape), p.mat.dtype, p.open_rows) for n, p in held.items()}
 
     full = _agree(_round(gather, describe, "listing the engine's HF pieces"))
-    sampled = {n: sampled_rows_of(n, shape, rows_per_tensor) for n, (shape, _) in full.items()}
+    sampled = {n: sampled_rows_of(n, shape, rows_per_tensor, salt) for n, (shape, _) in full.items()}
     shares = _round(gather, lambda: {n: _share(p, sampled[n]) for n, p in held.items()}, "sampling rows")
-    return {n: _assemble(n, shape, dtype, sampled[n], [s[n] for s in shares]) for n, (shape, dtype) in full.items()}
+    return {n: _assemble(n, shape, dtype, sampled[n], [s[n] for s in shares], salt)
+            for n, (shape, dtype) in full.items()}
 
 
-def engine_fingerprint(model: nn.Module, group: Optional[Any] = None, rows_per_tensor: int = 4) -> dict[str, str]:
-    """The fingerprint of SGLang ``model`` in HF layout at any TP size; collective over ``group`` (its TP CPU group)."""
-    return sharded_fingerprint(lambda: engine_pieces(model), group, engine_tp(model)[0], rows_per_tensor)
+def engine_fingerprint(model: nn.Module, group: Optional[Any] = None, rows_per_tensor: int = 4,
+                       salt: Optional[int] = None) -> dict[str, str]:
+    """The fingerprint of SGLang ``model`` in HF layout at any TP size; collective over ``group`` (its TP CPU group).
+    ``salt``: see :func:`sharded_fingerprint` (pass the engine's weight version, ``engine_version(model)``,
+    so successive checks sample different rows; None samples the same rows at every version)."""
+    return sharded_fingerprint(lambda: engine_pieces(model), group, engine_tp(model)[0], rows_per_tensor, salt)

@@ -19,7 +19,8 @@
   when its chain starts (:class:`~megatron_logra.rl.policy_sync.PolicySync` does both). A
   consumer applies a delta only after it has *verified* the newest anchor at or below its
   version: an anchor at exactly its version is verified by comparing the engine's
-  ``fingerprint()`` (when it has one) with the marker's, or by :meth:`DirectoryTransport.
+  ``fingerprint()`` (when it has one; rows sampled with the weight version as salt on both sides,
+  :mod:`megatron_logra.sync.fingerprint`) with the marker's, or by :meth:`DirectoryTransport.
   accept_anchor` after the engine reloaded those full weights; a consumer past an anchor it
   has not verified (its weights may come from another trajectory) is refused with
   ``SyncError("anchor")`` naming the version to reload full weights at. The delta files do not
@@ -47,7 +48,7 @@ from typing import Any, Iterator, Optional, Union
 from megatron_logra.sync.codec import SketchDelta, decode, encode
 from megatron_logra.sync.engine import DeltaConsumer
 from megatron_logra.sync.errors import SyncError
-from megatron_logra.sync.fingerprint import drift
+from megatron_logra.sync.fingerprint import drift, fingerprint_salt
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +236,11 @@ class DirectoryTransport:
             raise SyncError("anchor", f"the anchor at version {version} (epoch {anchor['epoch'][:12]}) cannot be "
                                       f"verified ({why}); {how}")
         mismatched = drift(anchor["fingerprint"], fp)
+        salts = fingerprint_salt(anchor["fingerprint"]), fingerprint_salt(fp)
+        if mismatched and salts[0] != salts[1]:
+            raise SyncError("anchor", f"the anchor at version {version} (epoch {anchor['epoch'][:12]}) cannot be verified "
+                                      f"by fingerprint: the engine samples its rows with salt {salts[1]}, the trainer's "
+                                      f"marker with salt {salts[0]} (both sides salt with the weight version); {how}")
         if mismatched:
             raise SyncError("anchor", f"the engine's weights at version {version} differ from the trainer's anchor at "
                                       f"that version (epoch {anchor['epoch'][:12]}) in {len(mismatched)} tensors (e.g. "

@@ -130,3 +130,34 @@ def test_directory_anchors_let_a_separate_engine_follow_and_refuse_a_resumed_cha
     with pytest.raises(SyncError, match=r"anchored at version 12 .* passed without verifying") as exc:
         consumer.consume(separate)
     assert exc.value.kind == "anchor" and separate.weight_version == 13
+
+
+def test_the_drift_check_samples_the_rows_of_each_weight_version(built):
+    """An engine that salts its fingerprint with its weight version (``ModuleEngine`` does; here the
+    embedded engine's weights fingerprinted that way) is compared with the trainer's rows of that version:
+    clean updates show no drift, and a divergence in a row the unsalted sample never covers is caught."""
+    from megatron_logra.sync.fingerprint import fingerprint, sample_rows
+
+    comps, state = built
+    engine = comps.engine
+    name = "model.layers.0.mlp.down_proj.weight"
+    weight = dict(engine.model.named_parameters())[name]
+    engine.fingerprint = lambda: fingerprint({n: p.data for n, p in engine.model.named_parameters()},
+                                             salt=engine.weight_version)
+    try:
+        state.weight_version = 20
+        rec = _resumed_update(comps, state, anchor_interval=0, check_interval=1)
+        assert (rec["sync_drift"], rec["sync_mode"]) == (0, "delta")  # same rows on both sides: no false alarm
+        n = weight.shape[0]
+        row = next(r for r in sample_rows(name, n, salt=22) if r not in sample_rows(name, n))
+
+        @torch.no_grad()
+        def corrupt():  # a row the fixed, unsalted sample never compares; version 22's sample does
+            weight[row, 0] += 1e-2
+
+        rec = _resumed_update(comps, state, after_refit=corrupt, anchor_interval=0, check_interval=1)
+        assert state.weight_version == 22
+        assert (rec["sync_drift"], rec["sync_mode"]) == (1, "delta+anchor")
+        _assert_engine_equals_trainer(comps)
+    finally:
+        del engine.fingerprint

@@ -3,7 +3,8 @@
 A separate engine (its own ``DirectoryTransport`` object, as in another process) follows a producer
 that resumes from an earlier version (new chain, reused version numbers) or refits its weights outside
 the chain; both used to be applied silently. The trainer side is a plain weights dict advanced with
-``apply_delta_``; the fingerprints are ``sync.fingerprint`` of real tensors on both sides.
+``apply_delta_``; the fingerprints are ``sync.fingerprint`` of real tensors on both sides, rows sampled
+with the weight version as salt (as ``PolicySync`` and ``ModuleEngine`` do).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class _Trainer:
         self.version = version
         self.transport = DirectoryTransport(directory)
         self.transport.clear()
-        self.transport.write_anchor(version, fingerprint(self.weights))
+        self.transport.write_anchor(version, fingerprint(self.weights, salt=version))
 
     def step(self, run):
         d = _delta(self.version, run)
@@ -49,7 +50,7 @@ class _Trainer:
 
     def refit(self, weights):
         self.weights = weights
-        self.transport.write_anchor(self.version, fingerprint(self.weights))
+        self.transport.write_anchor(self.version, fingerprint(self.weights, salt=self.version))
 
 
 def _separate(directory, weights=None, version=0):
