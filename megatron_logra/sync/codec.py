@@ -12,8 +12,12 @@ Bytes (``encode``): a safetensors file whose tensors are ``U/<canonical name>`` 
 ``dense/<HF name>``, and whose one metadata entry ``logra.delta`` is the JSON
 ``{"header": {...}, "sha256": hex}``; the sha256 is over ``b"logra-sketch-delta|"``, the
 header as canonical JSON (sorted keys, no spaces) and then, for every tensor in sorted key
-order, ``key, dtype, shape`` and its raw little-endian bytes. Encoding is deterministic
-(equal deltas give equal bytes). No pickle.
+order, ``key, dtype, shape`` and its raw little-endian bytes. So it covers every byte of the
+message's *content* (header, tensor names, dtypes, shapes, tensor data), not the container's
+layout: the order of the safetensors tensor-info entries, where each tensor's bytes sit in the
+data section, and extra fields in a tensor-info entry are not hashed, and a message that differs
+from ``encode``'s output only there decodes to the same delta. Encoding is deterministic (equal
+deltas give equal bytes). No pickle.
 
 ``decode`` re-checks everything and raises :class:`SyncError` naming the problem: truncated
 bytes (``truncated``: fewer bytes than the safetensors header promises), bytes that do not
@@ -189,8 +193,9 @@ def _read_safetensors_header(data: bytes) -> dict:
     if not isinstance(st_header, dict):
         raise SyncError("malformed", "safetensors header is not a JSON object")
     # the sha256 covers the header's content, not its spelling: require the one spelling encode
-    # writes (compact JSON, space padding to the next multiple of 8), so that no byte of a message
-    # can change unnoticed
+    # writes (compact JSON, space padding to the next multiple of 8), so that whitespace, escapes and
+    # padding cannot change unnoticed (the tensor-info order and data layout are not checked: they
+    # carry no content, see the module docstring)
     try:
         canonical = json.dumps(st_header, separators=(",", ":"), ensure_ascii=False).encode()
     except UnicodeEncodeError:  # an escape that decodes to a lone surrogate

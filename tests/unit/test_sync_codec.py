@@ -264,3 +264,26 @@ def test_pathological_json_is_a_sync_error_not_a_crash():
     with pytest.raises(SyncError) as exc:
         decode(_repack(data, edit_header=big_layer))
     assert exc.value.kind == "name"
+
+
+def test_the_checksum_covers_content_not_the_containers_layout():
+    """As the module docstring says: the sha256 covers the header, names, dtypes, shapes and tensor data, not
+    the order of the safetensors tensor-info entries. Reordering them (same offsets, canonical spelling) gives
+    other bytes that decode to the same delta; changing one content byte is still refused."""
+    delta = _delta()
+    data = encode(delta)
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    keys = [k for k in header if k != "__metadata__"]
+    reordered = {"__metadata__": header["__metadata__"], **{k: header[k] for k in reversed(keys)}}
+    packed = json.dumps(reordered, separators=(",", ":"), ensure_ascii=False).encode()
+    packed += b" " * (-len(packed) % 8)
+    other = struct.pack("<Q", len(packed)) + packed + data[8 + n :]
+    assert other != data
+    out = decode(other)
+    assert out.checksum == delta.checksum and encode(out) == data
+    flipped = bytearray(data)
+    flipped[-1] ^= 1  # the last byte of the tensor data
+    with pytest.raises(SyncError) as exc:
+        decode(bytes(flipped))
+    assert exc.value.kind == "checksum"
