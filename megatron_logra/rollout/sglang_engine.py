@@ -112,11 +112,14 @@ class SGLangEngine:
     ``target`` (a :mod:`~megatron_logra.sync.sglang_client` target) on the sync driver (rank 0 of
     ``sync_group``); other ranks pass None. Build it with :meth:`from_config`. The constructor reads
     the engine's version on the sync driver and shares it (a collective: every rank constructs).
+    ``deltas``: sketch deltas will be sent (``sync.mode=delta`` with LoGRA); the constructor then has the
+    target refuse an engine that cannot apply them (its ``check_delta_sync``: pipeline stages), on every
+    rank, before the first update instead of at every one.
     """
 
     def __init__(self, *, generate_fn: Optional[Callable[[dict], Any]], target: Any, vocab_size: int,
                  padded_vocab_size: int, gen_group: Any = None, sync_group: Any = None, send_seed: bool = False,
-                 close_fn: Optional[Callable[[], None]] = None) -> None:
+                 close_fn: Optional[Callable[[], None]] = None, deltas: bool = True) -> None:
         if is_driver(gen_group) and generate_fn is None:
             raise ValueError("the generation driver (rank 0 of gen_group) needs generate_fn")
         if is_driver(sync_group) and target is None:
@@ -125,8 +128,13 @@ class SGLangEngine:
         self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
         self.gen_group, self.sync_group, self.send_seed = gen_group, sync_group, send_seed
         self._close_fn = close_fn
-        version, engine_vocab = share_from_driver(
-            lambda: (int(self.target.weight_version), getattr(self.target, "vocab_size", None)), sync_group)
+        def start() -> tuple[int, Optional[int]]:
+            check = getattr(self.target, "check_delta_sync", None)
+            if deltas and callable(check):
+                check()
+            return int(self.target.weight_version), getattr(self.target, "vocab_size", None)
+
+        version, engine_vocab = share_from_driver(start, sync_group)
         self._version = int(version)
         self.engine_vocab_size = check_engine_vocab(engine_vocab, vocab_size, padded_vocab_size)
 
@@ -219,14 +227,16 @@ class SGLangEngine:
     def from_config(cls, cfg: Any, groups: Any) -> "SGLangEngine":
         """The engine ``cfg.rl.rollout`` asks for (``sglang_url`` set: that server; else an in-process
         ``sglang.Engine`` per DP replica loading ``RUN/sglang_model/config.json`` with dummy weights, in
-        ``model.params_dtype``, which must be bfloat16 or float16: :func:`check_engine_dtype`)."""
+        ``model.params_dtype``, which must be bfloat16 or float16: :func:`check_engine_dtype`). Sketch deltas
+        are expected (``deltas``, see the class) when ``sync.mode=delta`` and ``optimizer.name=logra``."""
         from megatron_logra.sync.sglang_client import SGLangEngineTarget, SGLangServerTarget
         from megatron_logra.sync.sglang_loader import LOADER_PATH
 
         ro = cfg.rl.rollout
         mp = groups.mp if group_size(groups.mp) > 1 else None
         common = dict(vocab_size=cfg.model.vocab_size, padded_vocab_size=cfg.model.padded_vocab_size(groups.tp_size),
-                      send_seed=ro.sglang_sampling_seed)
+                      send_seed=ro.sglang_sampling_seed,
+                      deltas=cfg.sync.mode == "delta" and cfg.optimizer.name == "logra")  # PolicySync's delta_mode
         if ro.sglang_url:
             serialization = resolve_serialization(ro.sglang_serialization, ro.sglang_url, torch.cuda.is_available())
             world = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None

@@ -88,7 +88,8 @@ class SGLangEngineTarget(_SGLangTarget):
         if args is None:
             return {}
         info = {"custom_weight_loader": getattr(args, "custom_weight_loader", None),
-                "tp_size": getattr(args, "tp_size", 1), "dp_size": getattr(args, "dp_size", 1)}
+                "tp_size": getattr(args, "tp_size", 1), "dp_size": getattr(args, "dp_size", 1),
+                "pp_size": getattr(args, "pp_size", 1)}
         if hasattr(args, "enable_dp_attention"):
             info["enable_dp_attention"] = args.enable_dp_attention
         return info

@@ -38,6 +38,14 @@ SGLang accepts ``update_weights_from_tensor`` at ``dp_size > 1`` only with
 enable_dp_attention``), so a server that reports ``dp_size > 1`` with ``enable_dp_attention``
 false is refused before anything is sent (``config``).
 
+Pipeline parallelism (``--pp-size N > 1``): each stage holds only its own layers (SGLang builds the
+others, and ``norm``/``lm_head`` before the last stage, as parameterless ``PPMissingLayer``\ s), while
+every rank receives the whole delta and must find every target it names, so
+:meth:`_SGLangTarget.check_delta_sync` refuses deltas before anything is sent (``config``: set
+``sync.mode=full``, or serve the model with ``--pp-size 1``) and fingerprints are off (``None``).
+Dense refits are not refused: they go through SGLang's own ``load_weights``, which loads each stage's
+layers.
+
 ``fingerprint()`` asks the engine's loader to hash its weights in HF layout (at any TP size:
 the engine's ranks assemble the sampled rows over their TP group, so the result equals the
 TP=1 fingerprint; with data-parallel replicas, a tensor on which they disagree gets the marker
@@ -116,6 +124,7 @@ class _SGLangTarget:
         self._vocab_read = False
         self._checked = False
         self._dp_size: Optional[int] = None
+        self._pp_size: Optional[int] = None
         self._fp_disabled: Optional[str] = None
         self.bytes_sent = 0
         self.num_deltas = 0
@@ -126,7 +135,7 @@ class _SGLangTarget:
     # ---- primitives (transport specific) ------------------------------------------------
     def _server_info(self) -> dict:
         """The server's arguments that matter here: ``custom_weight_loader``, ``tp_size``, ``dp_size``,
-        ``enable_dp_attention`` (absent keys: not known)."""
+        ``enable_dp_attention``, ``pp_size`` (absent keys: not known)."""
         raise NotImplementedError
 
     def _update(self, named_tensors: list[tuple[str, torch.Tensor]], load_format: Optional[str],
@@ -167,7 +176,23 @@ class _SGLangTarget:
                                         "(its tokenizer manager asserts dp_size == 1 or enable_dp_attention): start "
                                         "it with --dp-size 1 (one server per replica) or add --enable-dp-attention")
         self._dp_size = dp_size
+        self._pp_size = _int_at_least_1(info.get("pp_size"))
+        if self._pp_size > 1 and not self._fp_disabled:
+            self._fp_disabled = (f"the engine runs {self._pp_size} pipeline stages, each holding only its own "
+                                 "layers, so its loader cannot hash the whole model")
         self._checked = True
+
+    def check_delta_sync(self) -> None:
+        """Refuse (:class:`SGLangError` ``config``, before anything but the server info is read) an engine
+        that cannot apply sketch deltas: one with pipeline stages (``pp_size > 1``: each stage holds only
+        its own layers, while every rank receives the whole delta and needs every target it names). Dense
+        refits (:meth:`update_weights_full`) stay available: they go through SGLang's own ``load_weights``."""
+        self._check_server()
+        if self._pp_size is not None and self._pp_size > 1:
+            raise SGLangError("config", f"the SGLang engine runs pp_size={self._pp_size} pipeline stages: each stage "
+                                        "holds only its own layers, so sketch deltas (which every rank applies "
+                                        "whole) cannot apply; set sync.mode=full (dense refits), or serve the "
+                                        "model without pipeline parallelism (--pp-size 1)")
 
     @contextlib.contextmanager
     def _paused(self) -> Iterator[None]:
@@ -325,9 +350,12 @@ class _SGLangTarget:
         return int(self._version)  # type: ignore[arg-type]
 
     def apply_sketch_delta(self, payload: Union[SketchDelta, bytes, bytearray, memoryview]) -> int:
-        """Send one delta; returns the new version. Raises :class:`SyncError` (version kept) on rejection."""
+        """Send one delta; returns the new version. Raises :class:`SyncError` (version kept) on rejection,
+        and :class:`SGLangError` ``config`` before sending anything to an engine :meth:`check_delta_sync`
+        refuses."""
         data = encode(payload) if isinstance(payload, SketchDelta) else bytes(payload)
         delta = decode(data)  # checksum and structure, before anything is sent
+        self.check_delta_sync()
         current = self.refresh()
         delta, data = self._delta_for_engine(delta, data)  # the engine's own version: someone may have refit or restarted it
         try:

@@ -379,6 +379,45 @@ def test_a_request_that_cannot_be_sent_is_an_sglang_error_that_never_quotes_the_
     assert info.value.kind == "config"
 
 
+@pytest.mark.parametrize("transport", ["engine", "http"])
+def test_a_pipeline_parallel_engine_is_refused_for_deltas_before_anything_is_sent(transport, servers):
+    """SGLang's ``--pp-size 2``: each stage holds only its layers, so a delta naming every layer cannot
+    apply. The client refuses it from the server info alone (no pause, no read-back, no update), names the
+    fix, turns fingerprints off, and still takes dense refits (SGLang's load_weights loads each stage's)."""
+    from megatron_logra.rollout.sglang_engine import SGLangEngine
+
+    hf = hf_state()
+    runtime = SchedulerRuntime([SGLangLlama(hf)])  # holds the whole model: only the client's decisions are checked
+    if transport == "engine":
+        engine = FakeEngine(runtime)
+        engine.server_args.pp_size = 2
+        target = SGLangEngineTarget(engine)
+    else:
+        server = FakeServer(runtime)
+        server.server_info["pp_size"] = 2  # get_server_info: dataclasses.asdict(server_args)
+        servers.append(server)
+        target = SGLangServerTarget(server.url, timeout=10)
+    with pytest.raises(SGLangError, match=r"pp_size=2 pipeline stages.*sync\.mode=full.*--pp-size 1") as info:
+        target.apply_sketch_delta(delta_chain(1)[0])
+    assert info.value.kind == "config"
+    if transport == "engine":
+        assert engine.calls == []
+    else:
+        assert server.paths() == ["/get_server_info"]
+    assert engine_version(runtime.models[0]) == 0 and runtime.dead is None
+    with pytest.raises(SGLangError, match="pp_size=2") as info:  # every rank refuses when the engine is built
+        SGLangEngine(generate_fn=lambda payload: None, target=target, vocab_size=V, padded_vocab_size=V)
+    assert info.value.kind == "config"
+    built = SGLangEngine(generate_fn=lambda payload: None, target=target, vocab_size=V, padded_vocab_size=V,
+                         deltas=False)  # sync.mode=full
+    assert built.weight_version == 0
+    new = hf_state(seed=3)
+    built.update_weights_full(new, 7)
+    assert built.weight_version == 7 and engine_version(runtime.models[0]) == 7
+    _assert_same(runtime.models[0], SGLangLlama(new))
+    assert target.fingerprint() is None  # no stage can hash the whole model: drift checks are off, not faked
+
+
 def test_http_target_checks_loader_and_version_before_pausing(servers):
     runtime = SchedulerRuntime([SGLangLlama(hf_state())])
     bare = FakeServer(runtime, server_info={"tp_size": 1, "custom_weight_loader": []})

@@ -233,7 +233,8 @@ def test_missing_sglang_is_a_clear_error(monkeypatch):
         rl=SimpleNamespace(rollout=RolloutConfig(engine="sglang")),
         model=SimpleNamespace(vocab_size=VOCAB, padded_vocab_size=lambda tp: PADDED, seq_length=64,
                               params_dtype="bfloat16"),
-        train=SimpleNamespace(run_dir="/nonexistent/run", seed=0))
+        train=SimpleNamespace(run_dir="/nonexistent/run", seed=0), sync=SimpleNamespace(mode="delta"),
+        optimizer=SimpleNamespace(name="logra"))
     groups = SimpleNamespace(mp=None, tp_size=1, dp_rank=0)
     with pytest.raises(ImportError, match="rl.rollout.engine='sglang'"):
         build_engine(cfg, None, groups)
@@ -442,6 +443,39 @@ def test_in_process_start_asks_for_deterministic_sampling_and_keeps_the_trainer_
         build_engine(cfg, None, groups)
     assert not set(TORCHRUN_ENV) & set(started[-1][1]), "a failing start saw torchrun's variables"
     assert {k: v for k, v in os.environ.items() if k != "SGLANG_STARTED"} == trainer_env
+
+
+def test_an_engine_that_cannot_take_deltas_is_refused_at_start_only_when_deltas_will_be_sent(monkeypatch, tmp_path):
+    """``from_config`` expects sketch deltas exactly when ``PolicySync`` sends them (``sync.mode=delta`` with
+    LoGRA): a pipeline-parallel engine is then refused when it is built, and accepted for dense refits."""
+    from support.sglang_stand_ins import FakeEngine, SchedulerRuntime, SGLangQwen2, hf_state
+
+    from megatron_logra.overrides import load_recipe
+    from megatron_logra.sync.sglang_client import SGLangError
+
+    def engine(**kwargs):
+        model = SGLangQwen2(hf_state())
+        model.config.vocab_size = json.loads((Path(kwargs["model_path"]) / "config.json").read_text())["vocab_size"]
+        fake = FakeEngine(SchedulerRuntime([model], loaders=kwargs["custom_weight_loader"]))
+        fake.server_args.pp_size = kwargs.get("pp_size", 1)
+        fake.shutdown = lambda: None
+        return fake
+
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(Engine=engine))
+    cfg = load_recipe("tiny")
+    cfg.model.params_dtype = "bfloat16"
+    cfg.train.run_dir = str(tmp_path)
+    cfg.rl.rollout = RolloutConfig(engine="sglang", sglang_engine_args={"pp_size": 2})
+    groups = SimpleNamespace(mp=None, tp_size=1, dp_rank=0)
+    assert cfg.sync.mode == "delta" and cfg.optimizer.name == "logra"
+    with pytest.raises(SGLangError, match=r"pp_size=2.*sync\.mode=full") as info:
+        build_engine(cfg, None, groups)
+    assert info.value.kind == "config"
+    for mode, optimizer in (("full", "logra"), ("delta", "adam")):
+        cfg.sync.mode, cfg.optimizer.name = mode, optimizer
+        built = build_engine(cfg, None, groups)
+        assert built.weight_version == 0
+        built.close()
 
 
 # --------------------------------------------------------------------------- a served vocabulary the trainer pads
