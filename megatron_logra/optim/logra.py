@@ -27,7 +27,6 @@ from megatron_logra.optim.config import LograConfig, NativeConfig
 from megatron_logra.optim.functional import (
     apply_low_rank_update_,
     reconstructed_norm2,
-    rounding_noise,
     row_adam_direction,
 )
 from megatron_logra.optim.logra_state import LograStateMixin
@@ -35,6 +34,7 @@ from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
 from megatron_logra.optim.update import PreparedUpdate, module_params
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
 from megatron_logra.sketch.capture import SketchSet, SketchTarget, install_sketches
+from megatron_logra.sync.apply import StochasticRounding, low_rank_merge_, shard_rows
 
 logger = logging.getLogger(__name__)
 
@@ -350,8 +350,6 @@ class LograOptimizer(LograStateMixin):
 
     def _merge_noise(self, t, step: int):
         """Where target ``t``'s merge noise comes from: its canonical rows and first input column on this rank."""
-        from megatron_logra.sync.apply import StochasticRounding, shard_rows
-
         rows = None
         if t.parallel == "column":
             rows = shard_rows(t.n_out_local, self.groups.tp_rank, self.groups.tp_size,
@@ -394,8 +392,6 @@ class LograOptimizer(LograStateMixin):
         decay = self.weight_decay_factor()
         tp_rank = self.groups.tp_rank
         if factors is not None:
-            from megatron_logra.sync.apply import low_rank_merge_  # engine-side arithmetic (torch only)
-
             self._check_factors(factors)
             stochastic = self.merge_rounding() == "stochastic"
         self._check_finite_step(factors if factors is not None else update.directions,
@@ -410,18 +406,17 @@ class LograOptimizer(LograStateMixin):
                                 rounding=self._merge_noise(t, update.step) if stochastic else None)
                 continue
             factor = update.directions[t.key] if alpha == 1.0 else update.directions[t.key] * alpha
-            noise_fn = None
-            if t.key not in self.masters and t.weight.dtype == torch.bfloat16 and cfg.rounding == "stochastic":
-                name = f"{t.key}|tp{tp_rank}"
-                shape_in = t.weight.shape[1]
-
-                def noise_fn(start, rows, _name=name, _n=shape_in):
-                    return rounding_noise(cfg.seed, _name, update.step, (rows, _n), row_offset=start,
-                                          device=t.weight.device)
-
-            apply_low_rank_update_(
-                t.weight, factor, proj_RI, decay=decay, master=self.masters.get(t.key), noise_fn=noise_fn
-            )
+            if t.key in self.masters or t.weight.dtype == torch.float32:  # one GEMM into fp32
+                apply_low_rank_update_(t.weight, factor, proj_RI, decay=decay, master=self.masters.get(t.key))
+                continue
+            # bf16/fp16 compute weights without masters: the merge kernel (large row chunks on
+            # accelerators, int32 noise into preallocated buffers) with the noise the sketch-delta merge
+            # uses, so this path rounds as the synced one does
+            noise = None
+            if t.weight.dtype == torch.bfloat16 and cfg.rounding == "stochastic":
+                noise = (self._merge_noise(t, update.step) if self.merge_rounding() == "stochastic" else
+                         StochasticRounding(cfg.seed, f"{t.key}|tp{tp_rank}", update.step))
+            low_rank_merge_(t.weight, factor, proj_RI, decay=decay, distribution=cfg.distribution, rounding=noise)
         self.native.step(scale=alpha if self.cfg.scale_native else 1.0)
         self.num_steps += 1
         self.sketches.advance()

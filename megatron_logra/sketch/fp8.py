@@ -48,12 +48,13 @@ def check_fp8_shapes(n_in: int, rank: int) -> None:
 
 def rademacher_signs(proj_RI: torch.Tensor) -> tuple[torch.Tensor, float]:
     """``(sign, c)`` with ``proj = c·sign`` and ``sign ∈ {±1}``; ``ValueError`` for any other matrix."""
+    # sign() and an equality test, not proj / c: CUDA divides by a scalar through its reciprocal,
+    # so c · (1/c) can miss 1 by an ulp and a true Rademacher matrix would be refused
     c = float(proj_RI.abs().max())
-    sign = proj_RI / c
-    if c == 0.0 or not bool((sign.abs() == 1).all()):
+    if c == 0.0 or not bool((proj_RI.abs() == c).all()):
         raise ValueError("the FP8 projection needs a Rademacher projection (entries ±c); "
                          "optimizer.logra.distribution=gaussian is not exact in FP8")
-    return sign, c
+    return torch.sign(proj_RI), c
 
 
 def _pad_rows(x: torch.Tensor, multiple: int = 16) -> torch.Tensor:

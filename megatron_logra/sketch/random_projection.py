@@ -30,8 +30,8 @@ import torch
 
 from megatron_logra.sketch.naming import canonical_name
 
-__all__ = ["DISTRIBUTIONS", "projection", "projection_key", "hash_u32", "shared_projections", "entry_hash_parts",
-           "entry_hash_block_"]
+__all__ = ["DISTRIBUTIONS", "projection", "rademacher_projections", "projection_key", "hash_u32", "shared_projections",
+           "entry_hash_parts", "entry_hash_block_"]
 
 DISTRIBUTIONS = ("rademacher", "gaussian")
 
@@ -142,12 +142,13 @@ def entry_hash_block_(out: torch.Tensor, row_h: torch.Tensor, col_g: torch.Tenso
                       tmp: torch.Tensor, *, sign_only: bool = False) -> torch.Tensor:
     """``out[i, j]`` = the int32 entry hash of row ``i`` and column ``j`` from :func:`entry_hash_parts`
     (``row_h`` ``[R]``, ``col_g`` ``[C]``), written in place into the int32 buffer ``out`` ``[R, C]`` with
-    the scratch ``tmp`` of the same shape: no allocation (the sketch-delta commit relies on it)."""
-    torch.add(row_h[:, None], col_g[None, :], out=out)  # wraps mod 2**32
+    the scratch ``tmp`` of the same shape: no allocation (the sketch-delta commit relies on it). Batched
+    too: ``row_h`` ``[P, R]`` and ``col_g`` ``[P, C]`` of ``P`` keys fill ``out`` ``[P, R, C]``."""
+    torch.add(row_h.unsqueeze(-1), col_g.unsqueeze(-2), out=out)  # wraps mod 2**32
     if lane_salt:
         out ^= _i32(lane_salt)
     _hash_i32_(out, tmp)
-    out ^= row_h[:, None]
+    out ^= row_h.unsqueeze(-1)
     return _hash_i32_(out, tmp, sign_only=sign_only)
 
 
@@ -166,8 +167,9 @@ def _f32_bits(x: float) -> int:
 
 
 def _fast_path(device: torch.device) -> bool:
-    """Whether the int32 path runs on ``device`` (the CPU; elsewhere the int64 ops, bitwise equal)."""
-    return device.type == "cpu"
+    """Whether the int32 path runs on ``device`` (CPU and CUDA, where int32 arithmetic wraps modulo 2**32;
+    elsewhere the int64 ops, bitwise equal): a quarter of the kernel launches, which dominate on a GPU."""
+    return device.type in ("cpu", "cuda")
 
 
 _MEMO: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("logra_projection_memo", default=None)
@@ -246,6 +248,50 @@ def projection(
         hit = _projection(seed, name, update, rank, n_in, distribution=distribution, cols=cols, device=device)
         memo[mkey] = hit
     return hit
+
+
+def rademacher_projections(
+    seed: int,
+    names: Sequence[str],
+    update: int,
+    rank: int,
+    n_in: int,
+    *,
+    cols: Optional[range] = None,
+    device: Optional[Union[str, torch.device]] = None,
+) -> torch.Tensor:
+    """``torch.stack([projection(seed, n, update, rank, n_in, cols=cols, device=device) for n in names])``,
+    Rademacher, ``[len(names), rank, len(cols)]``, bitwise equal to it, in one batch of elementwise ops.
+
+    For a consumer that regenerates many layers' projections of one width at once (an engine applying
+    a sketch delta): on a GPU the per-call kernel launches, not the arithmetic, are the cost.
+    ``cols`` is a contiguous range of ``[0, n_in)`` (a row-parallel shard) or None for all columns.
+    """
+    span = range(n_in) if cols is None else cols
+    fast = _fast_path(torch.device(device) if device is not None else torch.device("cpu"))
+    if (not names or rank < 1 or n_in < 1 or span.step != 1 or (len(span) and (span.start < 0 or span[-1] >= n_in))
+            or not fast or n_in >= 1 << 31 or rank >= 1 << 31):
+        return torch.stack([projection(seed, n, update, rank, n_in, cols=cols, device=device) for n in names])
+    keys = torch.tensor([[_i32(k) for k in projection_key(seed, n, update)] for n in names],
+                        dtype=torch.int32, device=device)  # [P, 4]
+    num_rows = rank
+    rc = torch.cat([torch.arange(rank, dtype=torch.int32, device=device),
+                    torch.arange(span.start, span.start + len(span), dtype=torch.int32, device=device)])
+    rc = rc.expand(len(names), -1).clone()  # [P, R + C], as entry_hash_parts builds it per key
+    tmp = torch.empty_like(rc)
+    rc[:, :num_rows] ^= keys[:, 0:1]
+    rc[:, num_rows:] ^= keys[:, 2:3]
+    _hash_i32_(rc, tmp)
+    rc[:, :num_rows] ^= keys[:, 1:2]  # lane 0: no salt
+    rc[:, num_rows:] ^= keys[:, 3:4]
+    _hash_i32_(rc, tmp)
+    row_h, col_g = rc[:, :num_rows], rc[:, num_rows:]
+    col_g.mul_(_i32(_GOLDEN))
+    out = torch.empty(len(names), num_rows, len(span), dtype=torch.int32, device=rc.device)
+    h = entry_hash_block_(out, row_h, col_g, 0, torch.empty_like(out), sign_only=True)
+    h &= _SIGN32
+    h |= _f32_bits(1.0 / math.sqrt(rank))
+    return h.view(torch.float32)
 
 
 def _projection(

@@ -51,11 +51,13 @@ from typing import Optional
 
 import torch
 
+from megatron_logra.sketch.naming import canonical_name
 from megatron_logra.sketch.random_projection import (
     entry_hash_block_,
     entry_hash_parts,
     projection,
     projection_key,
+    rademacher_projections,
     shared_projections,
 )
 from megatron_logra.sync.codec import SketchDelta
@@ -127,12 +129,12 @@ class StochasticRounding:
 
     def parts(self, n_out: int, n_in: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Row and column pre-hashes of the noise of an ``[n_out, n_in]`` weight (small; before any write)."""
-        rows = torch.arange(n_out) if self.rows is None else self.rows
+        rows = torch.arange(n_out, device=device) if self.rows is None else self.rows
         if rows.numel() != n_out:
             raise ValueError(f"{self.target}: {rows.numel()} canonical rows for a weight of {n_out} rows")
         key = projection_key(self.seed, f"{self.target}#merge-rounding", self.step)
-        cols = torch.arange(self.col_start, self.col_start + n_in)
-        return entry_hash_parts(key, rows.to(device=device, dtype=torch.int64), cols.to(device), _ROUNDING_LANE)
+        cols = torch.arange(self.col_start, self.col_start + n_in, device=device)
+        return entry_hash_parts(key, rows.to(device=device, dtype=torch.int64), cols, _ROUNDING_LANE)
 
 
 def shard_rows(n_out_local: int, tp_rank: int, tp_size: int, stride: int = 1) -> torch.Tensor:
@@ -332,6 +334,52 @@ def validate(
     return plan
 
 
+def _projection_matrices(delta: SketchDelta, factors: list, weights: dict[str, torch.Tensor]
+                         ) -> tuple[list[torch.Tensor], list[Optional[float]]]:
+    """The matrix each factor's GEMM multiplies and the scale after it: ``sign(A[:, cols])`` and ``s``
+    (Rademacher: every layer of one width and column range regenerated in one batch, so an update costs
+    a few dozen kernel launches, not a few dozen per layer), or ``A`` itself and None (Gaussian)."""
+    if delta.distribution != "rademacher":
+        out = []
+        with shared_projections():  # q/k/v (gate/up) of one layer share A: computed once per apply
+            for f in factors:
+                A_RI = projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in,
+                                  distribution=delta.distribution, cols=f.cols, device=weights[f.param].device)
+                out.append(split_projection(A_RI, delta.distribution))
+        return [m for m, _ in out], [s for _, s in out]
+    groups: dict[tuple, dict[str, int]] = {}  # (device, n_in, cols) -> canonical target -> slot
+    where = []
+    for f in factors:
+        cols = None if f.cols is None else (f.cols.start, f.cols.stop)
+        names = groups.setdefault((weights[f.param].device, f.n_in, cols), {})
+        where.append(names.setdefault(canonical_name(f.target), len(names)))
+    signs = {}
+    for (device, n_in, cols), names in groups.items():
+        A_PRI = rademacher_projections(delta.seed, list(names), delta.update_index, delta.rank, n_in,
+                                       cols=None if cols is None else range(*cols), device=device)
+        signs[(device, n_in, cols)] = rademacher_signs(A_PRI)[0]  # regenerated here: ±s by construction
+    out = []
+    for f, slot in zip(factors, where):
+        cols = None if f.cols is None else (f.cols.start, f.cols.stop)
+        out.append(signs[(weights[f.param].device, f.n_in, cols)][slot])
+    return out, [rademacher_scale(delta.rank)] * len(factors)
+
+
+def _staged_factors(factors: list, weights: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """Every factor's ``U`` as fp32 on its weight's device: one concatenated transfer per device (the
+    factors of a decoded delta sit in host memory; one copy each would cost a synchronisation each)."""
+    out: list[Optional[torch.Tensor]] = [None] * len(factors)
+    by_device: dict[tuple, list[int]] = {}
+    for i, f in enumerate(factors):
+        by_device.setdefault((weights[f.param].device, f.U_OR.device, f.U_OR.dtype), []).append(i)
+    for (device, _, _), idx in by_device.items():
+        parts = [factors[i].U_OR for i in idx]
+        flat = torch.cat(parts).to(device=device).float() if len(parts) > 1 else parts[0].to(device=device).float()
+        for i, u in zip(idx, flat.split([p.shape[0] for p in parts])):
+            out[i] = u
+    return out  # type: ignore[return-value]
+
+
 @torch.no_grad()
 def apply_delta_(
     weights: dict[str, torch.Tensor],
@@ -354,35 +402,25 @@ def apply_delta_(
     """
     plan = validate(delta, weights, current_version, layout=layout, tp_size=tp_size, tp_rank=tp_rank)
     try:
+        factors = plan.factors
+        M_RI, scales = _projection_matrices(delta, factors, weights)
+        U32 = _staged_factors(factors, weights)
         staged = []
         need: dict[torch.device, list[int]] = {}
-        split: dict[int, tuple[torch.Tensor, torch.Tensor, Optional[float]]] = {}  # id(A) -> (A, M, s)
-        with shared_projections():  # q/k/v (gate/up) of one layer share A: computed once per apply
-            for f in plan.factors:
-                w = weights[f.param]
-                A_RI = projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in,
-                                  distribution=delta.distribution, cols=f.cols, device=w.device)
-                hit = split.get(id(A_RI))
-                if hit is not None and hit[0] is A_RI:
-                    _, M_RI, scale = hit
-                elif delta.distribution == "rademacher":
-                    M_RI, scale = rademacher_signs(A_RI)  # regenerated here: ±s by construction
-                else:
-                    M_RI, scale = split_projection(A_RI, delta.distribution)
-                split[id(A_RI)] = (A_RI, M_RI, scale)
-                U32 = f.U_OR.to(device=w.device, dtype=torch.float32)
-                noise = None
-                if delta.rounding == "stochastic" and w.dtype == torch.bfloat16:
-                    noise = StochasticRounding(delta.seed, f.target, delta.step, f.rows,
-                                               f.cols.start if f.cols is not None else 0).parts(*w.shape, w.device)
-                staged.append((w, U32, M_RI, scale, noise))
-                elems = _workspace_elems(w.shape[0], w.shape[1], chunk_elems(w.device, max_chunk_elems))
-                cur = need.setdefault(w.device, [0, 0, 0])
-                cur[0] = max(cur[0], elems)
-                if w.dtype != torch.float32:
-                    cur[1] = max(cur[1], elems)
-                if noise is not None:
-                    cur[2] = max(cur[2], 2 * elems)
+        for f, u, m, scale in zip(factors, U32, M_RI, scales):
+            w = weights[f.param]
+            noise = None
+            if delta.rounding == "stochastic" and w.dtype == torch.bfloat16:
+                noise = StochasticRounding(delta.seed, f.target, delta.step, f.rows,
+                                           f.cols.start if f.cols is not None else 0).parts(*w.shape, w.device)
+            staged.append((w, u, m, scale, noise))
+            elems = _workspace_elems(w.shape[0], w.shape[1], chunk_elems(w.device, max_chunk_elems))
+            cur = need.setdefault(w.device, [0, 0, 0])
+            cur[0] = max(cur[0], elems)
+            if w.dtype != torch.float32:
+                cur[1] = max(cur[1], elems)
+            if noise is not None:
+                cur[2] = max(cur[2], 2 * elems)
         workspaces = {dev: (torch.empty(a, dtype=torch.float32, device=dev),
                             torch.empty(b, dtype=torch.float32, device=dev), torch.empty(c, dtype=torch.int32, device=dev))
                       for dev, (a, b, c) in need.items()}

@@ -20,6 +20,16 @@ def test_rademacher_projection_bitwise_equal_on_cuda_and_cpu():
     assert torch.equal(cpu, gpu.cpu())
 
 
+@pytest.mark.parametrize("distribution", ["rademacher", "gaussian"])
+def test_int32_hash_on_cuda_equals_the_int64_reference(monkeypatch, distribution):
+    from megatron_logra.sketch import random_projection as rp
+
+    fast = projection(7, "model.layers.3.mlp.down_proj", 11, 64, 8192, distribution=distribution, device="cuda")
+    monkeypatch.setattr(rp, "_fast_path", lambda device: False)  # the int64 arithmetic, no wrap-around
+    slow = projection(7, "model.layers.3.mlp.down_proj", 11, 64, 8192, distribution=distribution, device="cuda")
+    assert torch.equal(fast, slow)
+
+
 def test_gaussian_projection_matches_cpu_to_fp32_rounding():
     cpu = projection(7, "x", 0, 32, 4096, distribution="gaussian")
     gpu = projection(7, "x", 0, 32, 4096, distribution="gaussian", device="cuda").cpu()

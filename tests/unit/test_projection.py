@@ -539,3 +539,22 @@ def test_cpu_path_bad_columns_still_raise():
     with pytest.raises(ValueError, match="cols must lie"):
         projection(0, QKV, 0, 4, 10, cols=range(-1, 3))
     assert projection(0, QKV, 0, 4, 10, cols=range(3, 3)).shape == (4, 0)
+
+
+@pytest.mark.parametrize("cols", [None, range(100, 300), range(0, 1), range(999, 1000)])
+@pytest.mark.parametrize("rank", [1, 3, 32])
+def test_batched_rademacher_projections_equal_one_call_per_layer(cols, rank):
+    from megatron_logra.sketch.random_projection import rademacher_projections
+
+    names = [f"model.layers.{i}.mlp.down_proj" for i in range(4)] + ["decoder.layers.2.self_attention.linear_qkv"]
+    batch = rademacher_projections(11, names, 4, rank, 1000, cols=cols)
+    for name, got in zip(names, batch):
+        assert torch.equal(got, projection(11, name, 4, rank, 1000, cols=cols))
+
+
+def test_batched_rademacher_projections_fall_back_off_the_fast_path(monkeypatch):
+    import megatron_logra.sketch.random_projection as rp
+
+    monkeypatch.setattr(rp, "_fast_path", lambda device: False)
+    batch = rp.rademacher_projections(3, ["a", "b"], 0, 8, 64, cols=range(8, 40))
+    assert torch.equal(batch[1], rp.projection(3, "b", 0, 8, 64, cols=range(8, 40)))

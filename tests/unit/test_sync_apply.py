@@ -253,20 +253,23 @@ def test_factors_off_the_exact_grid_are_rejected_without_changes():
     _rejected(weights, delta, 0, "precision", "gate_up_proj: 1 rows are off the exact-sum grid")
 
 
-def test_failure_while_preparing_leaves_weights_untouched(monkeypatch):
+@pytest.mark.parametrize("distribution", ["rademacher", "gaussian"])
+def test_failure_while_preparing_leaves_weights_untouched(monkeypatch, distribution):
     weights = _hf_weights()
     calls = {"n": 0}
-    real = apply_mod.projection
+    name = "rademacher_projections" if distribution == "rademacher" else "projection"
+    real = getattr(apply_mod, name)
+    fail_at = 2 if distribution == "rademacher" else 9  # the second width's batch / the ninth layer's A
 
     def flaky(*args, **kw):
         calls["n"] += 1
-        if calls["n"] == 9:
+        if calls["n"] == fail_at:
             raise RuntimeError("simulated out of memory")
         return real(*args, **kw)
 
-    monkeypatch.setattr(apply_mod, "projection", flaky)
-    _rejected(weights, random_delta(SHAPE, RANK), 0, "apply", "failed before any write")
-    assert calls["n"] == 9
+    monkeypatch.setattr(apply_mod, name, flaky)
+    _rejected(weights, random_delta(SHAPE, RANK, distribution=distribution), 0, "apply", "failed before any write")
+    assert calls["n"] == fail_at
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import megatron_logra.sketch.random_projection as rp
+import megatron_logra.sync.apply as apply_mod
 from megatron_logra.sync.apply import apply_delta_
 from megatron_logra.sync.factors import check_factor, check_factors, quantize_factor, rademacher_signs
 from megatron_logra.sync.layout import plan_for
@@ -214,16 +215,18 @@ def test_apply_computes_each_layers_projection_once_and_shares_nothing_after(mon
     delta = random_delta(shape, 8)
     plan = plan_for(delta, "hf")
     weights = _weights_for(plan, torch.float32, torch.Generator().manual_seed(0))
-    computed = []
-    real = rp._projection
+    batches = []
+    real = apply_mod.rademacher_projections
 
-    def counting(*args, **kw):
-        computed.append(args[1])
-        return real(*args, **kw)
+    def counting(seed, names, *args, **kw):
+        batches.append(list(names))
+        return real(seed, names, *args, **kw)
 
-    monkeypatch.setattr(rp, "_projection", counting)
+    monkeypatch.setattr(apply_mod, "rademacher_projections", counting)
     apply_delta_(weights, delta, 0)
-    assert len(plan.factors) == 14 and sorted(computed) == sorted(t.name for t in delta.targets)  # 8, not 14
+    # one batch per input width (hidden: q/k/v/o/gate/up; ffn: down), each layer's A once: 8, not 14
+    assert len(plan.factors) == 14 and len(batches) == 2
+    assert sorted(n for b in batches for n in b) == sorted(t.name for t in delta.targets)
     with rp.shared_projections():
         a = rp.projection(1, "x", 0, 4, 9)
         assert rp.projection(1, "x", 0, 4, 9) is a
