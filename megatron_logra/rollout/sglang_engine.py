@@ -113,8 +113,8 @@ class SGLangEngine:
     ``sync_group``); other ranks pass None. Build it with :meth:`from_config`. The constructor reads
     the engine's version on the sync driver and shares it (a collective: every rank constructs).
     ``deltas``: sketch deltas will be sent (``sync.mode=delta`` with LoGRA); the constructor then has the
-    target refuse an engine that cannot apply them (its ``check_delta_sync``: pipeline stages), on every
-    rank, before the first update instead of at every one.
+    target refuse an engine that cannot apply them (its ``check_delta_sync``: pipeline stages, data-parallel
+    attention), on every rank, before the first update instead of at every one.
     """
 
     def __init__(self, *, generate_fn: Optional[Callable[[dict], Any]], target: Any, vocab_size: int,

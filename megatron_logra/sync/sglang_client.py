@@ -11,7 +11,8 @@ This module holds the two transports, :class:`SGLangEngineTarget` and :class:`SG
 each supplies the primitives (server info, ``update_weights_from_tensor``, ``get_weights_by_name``,
 pause/continue, version tag) that :mod:`~megatron_logra.sync.sglang_protocol` turns into the
 protocol (how a delta travels and how its outcome is verified, the full refit, fingerprints, and
-servers with data-parallel replicas, ``--dp-size > 1``, whose read-backs hold one answer per replica).
+the engines that take dense refits only: pipeline stages, ``--pp-size > 1``, and data-parallel
+attention, ``--dp-size > 1``, whose read-backs hold one answer per data-parallel rank).
 Request payloads and :class:`SGLangError` live in :mod:`~megatron_logra.sync.sglang_payloads`;
 every public name this module had is still importable from here.
 
@@ -73,8 +74,9 @@ def _result(res: Any) -> tuple[bool, str]:
 class SGLangEngineTarget(_SGLangTarget):
     """An in-process ``sglang.Engine`` (its scheduler runs in a child process; tensors go by shared memory).
 
-    Start the engine with ``custom_weight_loader=[LOADER_PATH]`` (and, with ``dp_size > 1``,
-    ``enable_dp_attention=True``: SGLang refuses tensor updates otherwise). ``pause`` uses the engine's
+    Start the engine with ``custom_weight_loader=[LOADER_PATH]``; sketch deltas need ``pp_size == 1`` and
+    ``dp_size == 1`` (with ``dp_size > 1`` and ``enable_dp_attention=True`` it takes dense refits only,
+    without it no tensor update at all). ``pause`` uses the engine's
     ``pause_generation``/``continue_generation`` when it has them (the offline Engine usually
     does not; a synchronous caller has nothing in flight anyway).
     """
@@ -99,7 +101,7 @@ class SGLangEngineTarget(_SGLangTarget):
         return _result(self.engine.update_weights_from_tensor(named, load_format=load_format, flush_cache=flush_cache))
 
     def _read_param(self, name):
-        values = self.engine.get_weights_by_name(name, truncate_size=_READ_ALL)  # one list per DP replica at dp > 1
+        values = self.engine.get_weights_by_name(name, truncate_size=_READ_ALL)  # one list per DP rank at dp > 1
         return values if isinstance(values, list) else None
 
     def _pause(self):
@@ -130,7 +132,8 @@ def _error_text(body: Any) -> str:
 
 class SGLangServerTarget(_SGLangTarget):
     """A running SGLang HTTP server (``python -m sglang.launch_server ... --custom-weight-loader LOADER_PATH``;
-    with ``--dp-size N > 1`` also ``--enable-dp-attention``, which SGLang needs for tensor updates).
+    sketch deltas need ``--pp-size 1`` and ``--dp-size 1``: with ``--dp-size N > 1 --enable-dp-attention``
+    it takes dense refits only, and without ``--enable-dp-attention`` SGLang refuses every tensor update).
 
     ``api_key`` is sent as ``Authorization: Bearer <key>`` (SGLang's ``--api-key``). ``timeout``
     bounds every request (weight updates included). ``serialization``: see the module
@@ -218,7 +221,7 @@ class SGLangServerTarget(_SGLangTarget):
         return bool(resp.get("success")) and status == 200, str(resp.get("message", ""))
 
     def _read_param(self, name):
-        # 400 when the (single) replica could not read it; at dp_size > 1 a list with null for such replicas
+        # 400 when the (single) rank could not read it; at dp_size > 1 a list with null for such DP ranks
         status, resp = self.request("POST", "/get_weights_by_name", {"name": name, "truncate_size": _READ_ALL},
                                     ok_status=(400,))
         return resp if status == 200 and isinstance(resp, list) else None

@@ -23,23 +23,27 @@ How a delta travels (checked against SGLang's source, see the module README in t
    back with ``get_weights_by_name(STATE_PARAM)`` and checks its nonce, ``ok`` and version;
    a rejection raises :class:`SyncError` with the engine's reason and the version is kept.
 
-Data parallelism (``--dp-size N``): every weight update reaches all N data-parallel replicas of
-the engine (SGLang's data-parallel controller forwards it), and ``get_weights_by_name`` answers
-with one list per replica (``TokenizerManager.get_weights_by_name``: the bare answer at
-``dp_size == 1``, the list of answers otherwise). The client decodes every replica's record: the
-loader states must agree (nonce, op, ok, error kind, version, vocabulary, fingerprint version),
-else :class:`SGLangError` ``engine`` names the replicas and what differs -- a replica that
-missed an update is never hidden behind the first one; the caller's failure path (a full refit,
-which reaches every replica) brings them back together. Only the first read of
-:attr:`_SGLangTarget.weight_version` tolerates disagreeing replicas: it reports version -1
-(unknown, deltas refused until a full refit) so an engine left in that state can still be refit.
-SGLang accepts ``update_weights_from_tensor`` at ``dp_size > 1`` only with
-``--enable-dp-attention`` (its tokenizer manager asserts ``dp_size == 1 or
-enable_dp_attention``), so a server that reports ``dp_size > 1`` with ``enable_dp_attention``
-false is refused before anything is sent (``config``).
+Data parallelism (``--dp-size N > 1``): SGLang accepts ``update_weights_from_tensor`` only with
+``--enable-dp-attention`` (its tokenizer manager asserts ``dp_size == 1 or enable_dp_attention``),
+so a server that reports ``dp_size > 1`` with ``enable_dp_attention`` false is refused before
+anything is sent (``config``). With it the engine is not N copies of the model but one model over
+its ``tp_size`` GPUs: attention is split over groups of ``tp_size / N`` ranks (``attn_tp``), the
+embedding is unsharded, the MLP and ``lm_head`` span all ``tp_size`` ranks. The loader assumes one
+TP position for the whole model, so no delta could apply: :meth:`_SGLangTarget.check_delta_sync`
+refuses deltas before anything is sent (``config``: serve with ``--dp-size 1``, or set
+``sync.mode=full``) and fingerprints are off (``None``). Dense refits go through SGLang's own
+``load_weights``, which knows that layout. Their loader commands (version marks, status) run on
+every rank, and ``get_weights_by_name`` answers once per data-parallel rank
+(``TokenizerManager.get_weights_by_name``: the bare answer at ``dp_size == 1``, the list of
+answers otherwise). The client decodes every rank's record: the loader states must agree (nonce,
+op, ok, error kind, version, vocabulary, fingerprint version), else :class:`SGLangError`
+``engine`` names the data-parallel ranks and what differs -- one that missed an update is never
+hidden behind the first one; a full refit, which reaches every rank, brings them back together.
+Only the first read of :attr:`_SGLangTarget.weight_version` tolerates disagreeing ranks: it
+reports version -1 (unknown) so an engine left in that state can still be refit.
 
 Pipeline parallelism (``--pp-size N > 1``): each stage holds only its own layers (SGLang builds the
-others, and ``norm``/``lm_head`` before the last stage, as parameterless ``PPMissingLayer``\ s), while
+others, and ``norm``/``lm_head`` before the last stage, as parameterless ``PPMissingLayer`` modules), while
 every rank receives the whole delta and must find every target it names, so
 :meth:`_SGLangTarget.check_delta_sync` refuses deltas before anything is sent (``config``: set
 ``sync.mode=full``, or serve the model with ``--pp-size 1``) and fingerprints are off (``None``).
@@ -48,10 +52,8 @@ layers.
 
 ``fingerprint()`` asks the engine's loader to hash its weights in HF layout (at any TP size:
 the engine's ranks assemble the sampled rows over their TP group, so the result equals the
-TP=1 fingerprint; with data-parallel replicas, a tensor on which they disagree gets the marker
-:data:`DP_MISMATCH_PREFIX` plus every replica's hash, which never equals the trainer's, so the
-drift check flags it and the refit reaches every replica); it returns ``None`` when the engine
-cannot (the loader reported a ``fingerprint_error``, or the served model class has no
+TP=1 fingerprint); it returns ``None`` when the engine cannot (pipeline stages or data-parallel
+ranks, see above; the loader reported a ``fingerprint_error``; or the served model class has no
 ``get_weights_by_name``): drift checks are then skipped for that engine, and only the periodic
 anchor refit protects against silent drift. Imports only torch and the standard library
 besides the sync package.
@@ -96,11 +98,8 @@ from megatron_logra.sync.sglang_wire import (
 
 logger = logging.getLogger(__name__)
 
-DP_MISMATCH_PREFIX = "data-parallel-mismatch:"
-"""Starts :meth:`_SGLangTarget.fingerprint`'s value for a tensor whose data-parallel replicas hash differently."""
-
 _REPLICA_KEYS = ("format", "nonce", "op", "ok", "error_kind", "version", "vocab_size", "fingerprint_version")
-"""The loader-state fields every data-parallel replica must report alike."""
+"""The loader-state fields every data-parallel rank must report alike."""
 
 
 def _int_at_least_1(value: Any) -> int:
@@ -174,25 +173,39 @@ class _SGLangTarget:
             raise SGLangError("config", f"the SGLang engine serves dp_size={dp_size} data-parallel replicas without "
                                         "--enable-dp-attention, and SGLang then refuses update_weights_from_tensor "
                                         "(its tokenizer manager asserts dp_size == 1 or enable_dp_attention): start "
-                                        "it with --dp-size 1 (one server per replica) or add --enable-dp-attention")
+                                        "it with --dp-size 1, or add --enable-dp-attention for dense refits only "
+                                        "(sync.mode=full)")
         self._dp_size = dp_size
         self._pp_size = _int_at_least_1(info.get("pp_size"))
         if self._pp_size > 1 and not self._fp_disabled:
             self._fp_disabled = (f"the engine runs {self._pp_size} pipeline stages, each holding only its own "
                                  "layers, so its loader cannot hash the whole model")
+        if dp_size > 1 and not self._fp_disabled:
+            self._fp_disabled = (f"the engine runs dp_size={dp_size} with data-parallel attention, a layout the "
+                                 "loader cannot read in HF order")
         self._checked = True
 
     def check_delta_sync(self) -> None:
         """Refuse (:class:`SGLangError` ``config``, before anything but the server info is read) an engine
         that cannot apply sketch deltas: one with pipeline stages (``pp_size > 1``: each stage holds only
-        its own layers, while every rank receives the whole delta and needs every target it names). Dense
-        refits (:meth:`update_weights_full`) stay available: they go through SGLang's own ``load_weights``."""
+        its own layers, while every rank receives the whole delta and needs every target it names), or
+        with data-parallel ranks (``dp_size > 1``, which SGLang updates only with data-parallel attention:
+        attention and MLP are then split over different TP groups, and the loader assumes one TP position
+        per model; see the module docstring). Dense refits (:meth:`update_weights_full`) stay available:
+        they go through SGLang's own ``load_weights``."""
         self._check_server()
         if self._pp_size is not None and self._pp_size > 1:
             raise SGLangError("config", f"the SGLang engine runs pp_size={self._pp_size} pipeline stages: each stage "
                                         "holds only its own layers, so sketch deltas (which every rank applies "
                                         "whole) cannot apply; set sync.mode=full (dense refits), or serve the "
                                         "model without pipeline parallelism (--pp-size 1)")
+        if self._dp_size is not None and self._dp_size > 1:
+            raise SGLangError("config", f"the SGLang engine runs dp_size={self._dp_size} with data-parallel attention: "
+                                        "its attention is split over tp_size/dp_size ranks while its MLP spans all "
+                                        "tp_size, a layout sketch deltas cannot be applied to; serve the model with "
+                                        "--dp-size 1 (the in-process engine, rl.rollout.sglang_url empty, runs one "
+                                        "engine per trainer data-parallel replica), or set sync.mode=full (dense "
+                                        "refits reach every data-parallel rank)")
 
     @contextlib.contextmanager
     def _paused(self) -> Iterator[None]:
@@ -441,13 +454,10 @@ class _SGLangTarget:
         self._version = int(state["version"])
 
     def fingerprint(self) -> Optional[dict[str, str]]:
-        """``{HF name: sha256 hex}`` of the engine's weights, or None when it cannot say (see module docstring).
-
-        Every data-parallel replica's record must be for the engine's current version (else
-        :class:`SGLangError` ``engine`` naming the replicas); a tensor the replicas hash differently
-        (or that some replica lacks) maps to ``DP_MISMATCH_PREFIX`` + every replica's hash, which
-        differs from any trainer fingerprint.
-        """
+        """``{HF name: sha256 hex}`` of the engine's weights, or None when it cannot say (see module docstring;
+        always None at ``pp_size > 1`` or ``dp_size > 1``). A record for another version than the engine's
+        raises :class:`SGLangError` ``engine``."""
+        self._check_server()
         if self._fp_disabled:
             return None
         current = self.weight_version
@@ -465,18 +475,6 @@ class _SGLangTarget:
                 return None
             records = self._read_records(FINGERPRINT_PARAM, "engine fingerprint")
         if stale(records):
-            if records is None or len(records) == 1:
-                versions = str(records and records[0] and records[0].get("version"))
-            else:
-                versions = ", ".join(f"{r and r.get('version')} on data-parallel replica {i}"
-                                     for i, r in enumerate(records))
+            versions = ", ".join(str(r and r.get("version")) for r in records or [None])
             raise SGLangError("engine", f"engine fingerprint is for version {versions}, engine at {current}")
-        fps = [dict(r["fingerprint"]) for r in records]  # type: ignore[index]
-        if len(fps) == 1:
-            return fps[0]
-        out: dict[str, str] = {}
-        for name in sorted(set().union(*fps)):
-            hashes = [fp.get(name) for fp in fps]
-            out[name] = hashes[0] if all(h == hashes[0] for h in hashes) else \
-                DP_MISMATCH_PREFIX + ",".join(f"replica {i}={h or 'missing'}" for i, h in enumerate(hashes))
-        return out
+        return dict(records[0]["fingerprint"])  # type: ignore[index]

@@ -39,7 +39,11 @@ _OWN_PARAMS = (STATE_PARAM, FINGERPRINT_PARAM)
 
 
 def engine_tp(model: nn.Module) -> tuple[int, int]:
-    """``(tp_size, tp_rank)`` of this engine rank (module attributes, SGLang's state, or ``(1, 0)``)."""
+    """``(tp_size, tp_rank)`` of this engine rank (module attributes, SGLang's state, or ``(1, 0)``).
+
+    One position for the whole model: SGLang's data-parallel attention (``--dp-size > 1``), which splits
+    attention and MLP over different TP groups, has none, and the client sends no deltas to it
+    (:meth:`~megatron_logra.sync.sglang_protocol._SGLangTarget.check_delta_sync`)."""
     for module in model.modules():
         size, rank = getattr(module, "tp_size", None), getattr(module, "tp_rank", None)
         if isinstance(size, int) and isinstance(rank, int) and size >= 1:

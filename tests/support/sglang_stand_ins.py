@@ -8,12 +8,12 @@ update_weights_from_tensor`` does with a request (custom loader by dotted path w
 ``custom_weight_loader``, ``model.load_weights`` for ``load_format=None``, anything else kills the
 scheduler) and what ``get_weights_by_name`` returns (fp32 ``tolist()``, truncated); ``FakeEngine``
 passes tensors through ``ForkingPickler`` like ``Engine.update_weights_from_tensor``.
-``DataParallelRuntime`` is SGLang's ``--dp-size N`` as the tokenizer manager sees it: N
-``SchedulerRuntime`` replicas, every update sent to each (the data-parallel controller's
-``send_control_message``), ``get_weights_by_name`` answered like ``TokenizerManager.
-get_weights_by_name`` (the bare answer at dp_size 1, the list of every replica's otherwise);
-``FakeEngine`` and ``FakeServer`` (SGLang's HTTP routes) refuse tensor updates at dp_size > 1
-without ``enable_dp_attention``, as the tokenizer manager asserts.
+``DataParallelRuntime`` is SGLang's ``--dp-size N`` as the tokenizer manager sees it: with
+``--enable-dp-attention`` one TP group whose attention is split over ``tp / N`` ranks (``SGLangQwen2(...,
+dp_attention=N)``), ``get_weights_by_name`` answered like ``TokenizerManager.get_weights_by_name`` (the
+bare answer at dp_size 1, the list of every data-parallel rank's otherwise); ``FakeEngine`` and
+``FakeServer`` (SGLang's HTTP routes) refuse tensor updates at dp_size > 1 without
+``enable_dp_attention``, as the tokenizer manager asserts.
 ``FakeServer`` records every request and unpickles with an allow-list like SGLang's ``SafeUnpickler``;
 ``send_json`` is its JSON answer, for other test HTTP handlers too; the ``servers`` fixture closes them.
 ``FakeSGLang`` answers ``/generate`` payloads the way SGLang documents them; ``FakeTarget`` is the
@@ -83,62 +83,81 @@ class Norm(nn.Module):
 
 class SGLangQwen2(nn.Module):
     """The parameters SGLang's Llama and Qwen2 classes lay out on rank ``rank`` of ``tp``, and no
-    ``get_weights_by_name`` (like ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``)."""
+    ``get_weights_by_name`` (like ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``).
 
-    def __init__(self, hf, tp=1, rank=0, vocab_pad=0):
+    ``dp_attention``: SGLang's ``--dp-size`` with ``--enable-dp-attention`` (1: off). Attention is then
+    split over ``attn_tp = tp / dp_attention`` ranks (``QKVParallelLinear(..., tp_rank=attn_tp_rank,
+    tp_size=attn_tp_size)``, ``attn_tp_rank = rank % attn_tp``), ``embed_tokens`` is unsharded
+    (``VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled())``), and the MLP and ``lm_head``
+    stay split over all ``tp`` ranks. The weights are loaded from ``hf`` by :meth:`load_weights`."""
+
+    def __init__(self, hf, tp=1, rank=0, vocab_pad=0, dp_attention=1):
         super().__init__()
+        if tp % dp_attention:
+            raise ValueError(f"dp_attention={dp_attention} must divide tp={tp} (SGLang's check)")
         self.config = SimpleNamespace(num_attention_heads=H, num_key_value_heads=G, head_dim=D, hidden_size=HID,
                                       vocab_size=V)
-        hq, kv, f, cols, vl = H // tp, G // tp, F // tp, H * D // tp, V // tp
+        attn_tp = tp // dp_attention
+        self._layout = SimpleNamespace(tp=tp, rank=rank, attn_tp=attn_tp, attn_rank=rank % attn_tp,
+                                       embed_tp=1 if dp_attention > 1 else tp)
+        lay = self._layout
+        hq, kv, f, cols = H // attn_tp, G // attn_tp, F // tp, H * D // attn_tp
+        dtype = hf["model.norm.weight"].dtype
 
-        def vocab(w):
-            local = w[rank * vl: (rank + 1) * vl]
-            return torch.cat([local, torch.zeros(vocab_pad, HID, dtype=w.dtype)])
+        def zeros(*shape):
+            return torch.zeros(*shape, dtype=dtype)
 
         self.model = nn.Module()
-        self.model.embed_tokens = Embedding(vocab(hf["model.embed_tokens.weight"]), vl)
+        self.model.embed_tokens = Embedding(zeros(V // lay.embed_tp + vocab_pad, HID), V // lay.embed_tp)
         self.model.layers = nn.ModuleList()
-        for i in range(SHAPE.layers):
-            p = f"model.layers.{i}."
-            q = hf[p + "self_attn.q_proj.weight"][rank * hq * D: (rank + 1) * hq * D]
-            k = hf[p + "self_attn.k_proj.weight"][rank * kv * D: (rank + 1) * kv * D]
-            v = hf[p + "self_attn.v_proj.weight"][rank * kv * D: (rank + 1) * kv * D]
-            gate = hf[p + "mlp.gate_proj.weight"][rank * f: (rank + 1) * f]
-            up = hf[p + "mlp.up_proj.weight"][rank * f: (rank + 1) * f]
+        for _ in range(SHAPE.layers):
             layer, attn, mlp = nn.Module(), nn.Module(), nn.Module()
-            attn.qkv_proj = Linear(torch.cat([q, k, v]), tp, rank)
-            attn.o_proj = Linear(hf[p + "self_attn.o_proj.weight"][:, rank * cols: (rank + 1) * cols], tp, rank)
-            mlp.gate_up_proj = Linear(torch.cat([gate, up]), tp, rank)
-            mlp.down_proj = Linear(hf[p + "mlp.down_proj.weight"][:, rank * f: (rank + 1) * f], tp, rank)
+            attn.qkv_proj = Linear(zeros((hq + 2 * kv) * D, HID), attn_tp, lay.attn_rank)
+            attn.o_proj = Linear(zeros(HID, cols), attn_tp, lay.attn_rank)
+            mlp.gate_up_proj = Linear(zeros(2 * f, HID), tp, rank)
+            mlp.down_proj = Linear(zeros(HID, f), tp, rank)
             layer.self_attn, layer.mlp = attn, mlp
-            layer.input_layernorm = Norm(hf[p + "input_layernorm.weight"])
-            layer.post_attention_layernorm = Norm(hf[p + "post_attention_layernorm.weight"])
+            layer.input_layernorm = Norm(zeros(HID))
+            layer.post_attention_layernorm = Norm(zeros(HID))
             self.model.layers.append(layer)
-        self.model.norm = Norm(hf["model.norm.weight"])
-        self.lm_head = Embedding(vocab(hf["lm_head.weight"]), vl)
+        self.model.norm = Norm(zeros(HID))
+        self.lm_head = Embedding(zeros(V // tp + vocab_pad, HID), V // tp)
+        self.load_weights(hf.items())
 
     @torch.no_grad()
     def load_weights(self, named):
-        """SGLang's default loader (TP=1): stack q/k/v and gate/up, copy the rest; ``embed_tokens`` /
-        ``lm_head`` through ``VocabParallelEmbedding.weight_loader``, which asserts exactly
-        ``org_vocab_size`` (= ``config.vocab_size``) rows and zeroes its padding rows."""
+        """SGLang's default loader: each HF tensor's share of this rank goes into its parameter (q/k/v and
+        gate/up stacked into the fused ones, ``o_proj``/``down_proj`` columns, vocabulary rows);
+        ``embed_tokens`` / ``lm_head`` through ``VocabParallelEmbedding.weight_loader``, which asserts
+        exactly ``org_vocab_size`` (= ``config.vocab_size``) rows in all and zeroes its padding rows."""
         params = dict(self.named_parameters())
+        lay = self._layout
         for name, t in named:
             if name in ("model.embed_tokens.weight", "lm_head.weight"):
                 assert t.shape[0] == self.config.vocab_size, \
                     f"self.org_vocab_size={self.config.vocab_size} loaded_weight.shape[output_dim]={t.shape[0]}"
-                params[name].data[: t.shape[0]].copy_(t)
-                params[name].data[t.shape[0]:].fill_(0)
+                size, r = (lay.embed_tp, lay.rank % lay.embed_tp) if name.startswith("model.") else (lay.tp, lay.rank)
+                rows = t.shape[0] // size
+                params[name].data[:rows].copy_(t[r * rows: (r + 1) * rows])
+                params[name].data[rows:].fill_(0)
                 continue
-            for shard, fused in (("q_proj", "qkv_proj"), ("k_proj", "qkv_proj"), ("v_proj", "qkv_proj"),
-                                 ("gate_proj", "gate_up_proj"), ("up_proj", "gate_up_proj")):
-                if f".{shard}." in name:
-                    p = params[name.replace(shard, fused)]
-                    offset = {"q_proj": 0, "k_proj": H * D, "v_proj": (H + G) * D, "gate_proj": 0, "up_proj": F}[shard]
-                    p.data[offset: offset + t.shape[0]].copy_(t)
-                    break
+            head, _, leaf = name.rpartition(".")
+            module = head.rpartition(".")[2]
+            pre = head[: len(head) - len(module)]
+            if module in ("q_proj", "k_proj", "v_proj"):
+                hq, kv, r = H // lay.attn_tp * D, G // lay.attn_tp * D, lay.attn_rank
+                n, offset = {"q_proj": (hq, 0), "k_proj": (kv, hq), "v_proj": (kv, hq + kv)}[module]
+                params[f"{pre}qkv_proj.{leaf}"].data[offset: offset + n].copy_(t[r * n: (r + 1) * n])
+            elif module in ("gate_proj", "up_proj"):
+                f = F // lay.tp
+                offset = 0 if module == "gate_proj" else f
+                params[f"{pre}gate_up_proj.{leaf}"].data[offset: offset + f].copy_(t[lay.rank * f: (lay.rank + 1) * f])
+            elif module in ("o_proj", "down_proj"):
+                size, r = (lay.attn_tp, lay.attn_rank) if module == "o_proj" else (lay.tp, lay.rank)
+                cols = t.shape[1] // size
+                params[name].data.copy_(t[:, r * cols: (r + 1) * cols])
             else:
-                params[name].data[: t.shape[0]].copy_(t)
+                params[name].data.copy_(t)
 
 
 class SGLangLlama(SGLangQwen2):
@@ -181,37 +200,36 @@ class SchedulerRuntime:
             return None
 
 
-class DataParallelRuntime:
-    """SGLang's ``--dp-size N``: N independent ``SchedulerRuntime`` replicas (each with its own TP models).
+class DataParallelRuntime(SchedulerRuntime):
+    """SGLang's ``--tp T --dp N`` (``N = dp_size``) as its tokenizer manager sees it.
 
-    ``update`` (one TP rank's request) reaches that rank of every replica, each with its own copy
-    of the tensors (``DataParallelController.send_control_message`` sends control requests to
-    every replica, each deserialises them itself). ``get_weights_by_name`` collects one answer per
-    replica and returns them as ``TokenizerManager.get_weights_by_name`` does: ``answers[0]`` at
-    dp_size 1, the list (``None`` for a replica that could not read it) otherwise.
-    ``enable_dp_attention``: what the server was started with (SGLang accepts tensor updates at
-    dp_size > 1 only with it; each replica's weights here stay laid out as a plain TP group).
+    With ``enable_dp_attention`` (the only data parallelism SGLang updates weights under) the engine is one
+    scheduler group of ``T`` TP ranks, ``models`` (built with ``SGLangQwen2(..., dp_attention=N)``): ``update``
+    reaches TP rank ``rank`` as in :class:`SchedulerRuntime`, and ``get_weights_by_name`` asks each of the
+    ``N`` data-parallel ranks (its first TP rank, ``d·T/N``, answers) and returns the list of their answers,
+    ``None`` for one that could not read (``TokenizerManager.get_weights_by_name``; the bare answer at
+    ``N == 1``). Without it the ``N`` ranks are independent copies of the model and SGLang refuses every
+    tensor update (``FakeEngine`` and ``FakeServer`` assert first): ``models`` stand for one copy, whose
+    answer every rank gives.
     """
 
-    def __init__(self, replicas, enable_dp_attention=True):
-        self.replicas = list(replicas)
+    def __init__(self, models, dp_size, *, enable_dp_attention=True, loaders=(LOADER_PATH,)):
+        super().__init__(models, loaders)
+        if enable_dp_attention and len(models) % dp_size:
+            raise ValueError(f"dp_size={dp_size} must divide the {len(models)} TP ranks with dp attention")
+        self.dp_size = dp_size
         self.enable_dp_attention = enable_dp_attention
-        self.custom_weight_loader = self.replicas[0].custom_weight_loader
-
-    @property
-    def dp_size(self):
-        return len(self.replicas)
-
-    @property
-    def dead(self):
-        return next((r.dead for r in self.replicas if r.dead), None)
-
-    def update(self, rank, named_tensors, load_format):
-        for replica in self.replicas:
-            replica.update(rank, [(n, t.clone()) for n, t in named_tensors], load_format)
+        step = len(models) // dp_size if enable_dp_attention else 0
+        self.dp_heads = [d * step for d in range(dp_size)]
+        """The TP rank that answers for each data-parallel rank."""
 
     def get_weights_by_name(self, name, truncate_size=100):
-        answers = [r.get_weights_by_name(name, truncate_size) for r in self.replicas]
+        answers = []
+        for head in self.dp_heads:
+            try:  # ModelRunner.get_weights_by_name of that rank: None on any error
+                answers.append(self.models[head].get_weights_by_name(name, truncate_size, tp_size=len(self.models)))
+            except Exception:
+                answers.append(None)
         return answers[0] if self.dp_size == 1 else answers
 
 
