@@ -355,11 +355,15 @@ _IDENTITY = {
     "algorithm": "optimizer.logra.algorithm",
     "refresh": "optimizer.logra.refresh",
     "masters": "optimizer.logra.masters",
+    "targets": "optimizer.logra.targets",
+    "native_freeze": "optimizer.native.freeze",
 }
 """Optimizer scalars that say what the saved optimizer state belongs to, and the config field each comes
-from (``masters``: ``fp32`` when the optimizer held fp32 masters, which ``model.params_dtype`` and
-``optimizer.logra.masters`` decide together)."""
-_RECORDED_SINCE = ("masters", "algorithm", "refresh")
+from. ``masters``: ``fp32`` when the optimizer held fp32 masters, which ``model.params_dtype`` and
+``optimizer.logra.masters`` decide together. ``targets`` (the
+target kinds, sorted) and ``native_freeze`` decide which parameters have row moments, AdamW moments or
+none."""
+_RECORDED_SINCE = ("masters", "algorithm", "refresh", "targets", "native_freeze")
 """Identity scalars older checkpoints do not record: compared only where recorded (missing: accepted)."""
 
 
@@ -371,9 +375,11 @@ def _saved_setting(config: Optional[Mapping], dotted: str) -> Any:
     return node
 
 
-def _identity_error(where: str, key: str, saved: Any, here: Any, config: Optional[Mapping]) -> CheckpointError:
-    """The mismatch of identity scalar ``key`` as a :class:`CheckpointError` naming the config field(s) that
-    decide it, the checkpoint's value and this run's, and the two ways on."""
+def _identity_error(where: str, key: str, saved: Any, here: Any, config: Optional[Mapping],
+                    path: str = "") -> CheckpointError:
+    """The mismatch of identity scalar ``key`` (at ``path`` in the scalars, e.g. ``native`` for the AdamW
+    part) as a :class:`CheckpointError` naming the config field(s) that decide it, the checkpoint's value
+    and this run's, and the two ways on."""
     new_run = "or start a new run directory (train.run_dir) to train with this run's settings"
     if key == "masters":
         dtype, masters = _saved_setting(config, "model.params_dtype"), _saved_setting(config, "optimizer.logra.masters")
@@ -386,6 +392,19 @@ def _identity_error(where: str, key: str, saved: Any, here: Any, config: Optiona
             f"masters; 16-bit weights have them with optimizer.logra.masters=fp32): resume with the checkpoint's "
             f"settings{f' ({recorded})' if recorded else ''}, {new_run}")
     field = _IDENTITY[key]
+    if key == "targets":
+        given = _saved_setting(config, field)
+        resume_with = _as_override(given if isinstance(given, list) and given else saved)
+        return CheckpointError(
+            f"{where}: the checkpoint was saved with {field} selecting {_as_override(saved)}, this run's targets "
+            f"select {_as_override(here)}; its optimizer state belongs to that target set (row moments for the "
+            f"targets, AdamW moments for every other trained parameter): set {field}={resume_with} (or drop the "
+            f"override) to resume it, {new_run}")
+    if key == "native_freeze":  # frozen then, trained now (the reverse is accepted: _check_compatible)
+        return CheckpointError(
+            f"{where}: the checkpoint was saved with {field}={_as_override(saved)}, this run has "
+            f"{_as_override(here)}; its optimizer state holds no AdamW state for the parameters that are not LoGRA "
+            f"targets: set {field}={_as_override(saved)} (or drop the override) to resume it, {new_run}")
     return CheckpointError(
         f"{where}: the checkpoint was saved with {field}={_as_override(saved)}, this run has {_as_override(here)}; "
         f"its optimizer state belongs to that setting: set {field}={_as_override(saved)} (or drop the override) to "
@@ -393,14 +412,19 @@ def _identity_error(where: str, key: str, saved: Any, here: Any, config: Optiona
 
 
 def _as_override(value: Any) -> str:
-    """``value`` as written in a ``field=value`` command-line override."""
+    """``value`` as written in a ``field=value`` command-line override (a list as ``[a,b]``)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_as_override(v) for v in value) + "]"
     return str(value).lower() if isinstance(value, bool) else "null" if value is None else str(value)
 
 
 def _check_compatible(saved: Any, current: Any, where: str, path: str = "", config: Optional[Mapping] = None) -> None:
     """The saved optimizer scalars describe the same kind of state as this run's (:data:`_IDENTITY`: same
-    optimizer, LoGRA rank, seed, distribution, algorithm, projection refresh and fp32 masters or none) —
-    checked before anything is read into the model. ``config``: meta.json's ``config``, for the message."""
+    optimizer, LoGRA rank, seed, distribution, algorithm, projection refresh, target kinds, native freeze,
+    and fp32 masters or none) — checked before anything is read
+    into the model, in the order the scalars list them. One change is accepted, with a warning: freezing the
+    non-targets (``optimizer.native.freeze`` false, now true) only leaves their AdamW state unread.
+    ``config``: meta.json's ``config``, for the message."""
     if not isinstance(current, dict):
         return
     if not isinstance(saved, dict):
@@ -409,8 +433,13 @@ def _check_compatible(saved: Any, current: Any, where: str, path: str = "", conf
         name = f"{path}.{key}" if path else key
         if key in _RECORDED_SINCE and key not in saved:
             continue
+        if key == "native_freeze" and here is True and saved.get(key) is False:
+            logger.warning("%s was saved with optimizer.native.freeze=false, this run has true: the parameters that "
+                           "are not LoGRA targets stay as the checkpoint has them, their AdamW state is not resumed "
+                           "(later checkpoints of this run hold none)", where)
+            continue
         if key in _IDENTITY and here is not None and saved.get(key) != here:
-            raise _identity_error(where, key, saved.get(key), here, config)
+            raise _identity_error(where, key, saved.get(key), here, config, path)
         if isinstance(here, dict):
             if key not in saved:
                 raise CheckpointError(f"{where}: meta.json lacks state '{name}'")

@@ -6,11 +6,16 @@ are a pure function of ``(seed, name, update index)`` and are regenerated, never
 checkpoint taken with another rank, seed or distribution is refused because its row moments
 belong to that projection, and one taken with another algorithm or refresh setting because its
 row moments were updated under it (recorded in checkpoints since; older ones are accepted).
+The sharded scalars also record which parameters the state has slots for: the target kinds
+(``targets``) and whether the non-targets are frozen (``native_freeze``); a resume that changes
+either is refused by name before any tensor is read (checkpoints that do not record them are
+accepted).
 """
 
 from __future__ import annotations
 
 from megatron_logra.optim.state import ParamSlot, SlotState
+from megatron_logra.sketch.naming import TARGET_ALIASES
 
 __all__ = ["LograStateMixin"]
 
@@ -36,15 +41,28 @@ class LograStateMixin:
 
     def sharded_state(self) -> SlotState:
         """Row moments (row-shaped) and target masters (parameter-shaped) as slots, the native
-        AdamW's state under ``native.*``, counters as scalars (:mod:`megatron_logra.optim.state`)."""
+        AdamW's state under ``native.*``, counters as scalars (:mod:`megatron_logra.optim.state`).
+        The scalars record the settings the state belongs to (:meth:`_projection_fields`,
+        :meth:`_update_fields`) and which parameters it has slots for (:meth:`_slot_fields`), ahead
+        of ``native`` (whose ``masters`` follows from them)."""
         native_scalars, slots = self.native.sharded_state("native")
         for t in self.targets:
             slots.append(ParamSlot("logra.row_moment", t.weight, self.row_moments[t.key], like="rows"))
             if t.key in self.masters:
                 slots.append(ParamSlot("logra.master", t.weight, self.masters[t.key]))
         scalars = {"kind": "logra", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
-                   **self._projection_fields(), **self._update_fields(), "native": native_scalars}
+                   **self._projection_fields(), **self._update_fields(), **self._slot_fields(),
+                   "native": native_scalars}
         return scalars, slots
+
+    def _slot_fields(self) -> dict:
+        """Which parameters the state has slots for, the same on every rank and in every layout:
+        ``targets``, the target kinds ``optimizer.logra.targets`` selects (aliases resolved to their
+        Megatron kind, ``TARGET_ALIASES``; other names as given; sorted, without repeats: the targets
+        have row moments, every other trained parameter AdamW moments), and ``native_freeze``, True
+        when the native AdamW trains nothing (``optimizer.native.freeze=true``: no AdamW slots)."""
+        return {"targets": sorted({TARGET_ALIASES.get(name, name) for name in self.cfg.targets}),
+                "native_freeze": not self.native.params}
 
     def _projection_fields(self) -> dict:
         """The settings saved state belongs to: ``rank``, ``seed``, ``distribution`` (the projections
