@@ -359,8 +359,9 @@ _IDENTITY = {
     "native_freeze": "optimizer.native.freeze",
 }
 """Optimizer scalars that say what the saved optimizer state belongs to, and the config field each comes
-from. ``masters``: ``fp32`` when the optimizer held fp32 masters, which ``model.params_dtype`` and
-``optimizer.logra.masters`` decide together. ``targets`` (the
+from. ``masters``: ``fp32`` when the optimizer held fp32 masters; for the LoGRA targets
+``model.params_dtype`` and ``optimizer.logra.masters`` decide it together, for the AdamW parameters
+(``native.masters``: dense AdamW, LoGRA's non-targets) ``model.params_dtype`` alone. ``targets`` (the
 target kinds, sorted) and ``native_freeze`` decide which parameters have row moments, AdamW moments or
 none."""
 _RECORDED_SINCE = ("masters", "algorithm", "refresh", "targets", "native_freeze")
@@ -381,6 +382,8 @@ def _identity_error(where: str, key: str, saved: Any, here: Any, config: Optiona
     part) as a :class:`CheckpointError` naming the config field(s) that decide it, the checkpoint's value
     and this run's, and the two ways on."""
     new_run = "or start a new run directory (train.run_dir) to train with this run's settings"
+    if key == "masters" and path.split(".")[-1] == "native":
+        return _native_masters_error(where, saved, here, config, new_run)
     if key == "masters":
         dtype, masters = _saved_setting(config, "model.params_dtype"), _saved_setting(config, "optimizer.logra.masters")
         recorded = ", ".join(f"{f}={v!r}" for f, v in (("model.params_dtype", dtype),
@@ -411,6 +414,21 @@ def _identity_error(where: str, key: str, saved: Any, here: Any, config: Optiona
         f"resume it, {new_run}")
 
 
+def _native_masters_error(where: str, saved: Any, here: Any, config: Optional[Mapping],
+                          new_run: str) -> CheckpointError:
+    """The mismatch of the AdamW parameters' fp32 masters (``native.masters``), which ``model.params_dtype``
+    alone decides (``optimizer.logra.masters`` covers the LoGRA targets only)."""
+    dtype = _saved_setting(config, "model.params_dtype")
+    holds = "holds fp32 master weights" if saved == "fp32" else "holds no fp32 master weights"
+    has = "has them" if here == "fp32" else "has none"
+    resume_with = f"model.params_dtype={dtype}" if dtype is not None else "the checkpoint's model.params_dtype"
+    return CheckpointError(
+        f"{where}: the checkpoint's AdamW state {holds} for its parameters (native masters={saved!r}), this run "
+        f"{has} (masters={here!r}); model.params_dtype decides it (16-bit weights train on fp32 masters, float32 "
+        f"weights have none; optimizer.logra.masters covers the LoGRA targets only): resume with {resume_with}, "
+        f"{new_run}")
+
+
 def _as_override(value: Any) -> str:
     """``value`` as written in a ``field=value`` command-line override (a list as ``[a,b]``)."""
     if isinstance(value, (list, tuple)):
@@ -421,7 +439,7 @@ def _as_override(value: Any) -> str:
 def _check_compatible(saved: Any, current: Any, where: str, path: str = "", config: Optional[Mapping] = None) -> None:
     """The saved optimizer scalars describe the same kind of state as this run's (:data:`_IDENTITY`: same
     optimizer, LoGRA rank, seed, distribution, algorithm, projection refresh, target kinds, native freeze,
-    and fp32 masters or none) — checked before anything is read
+    and fp32 masters or none, of the targets and of the AdamW parameters) — checked before anything is read
     into the model, in the order the scalars list them. One change is accepted, with a warning: freezing the
     non-targets (``optimizer.native.freeze`` false, now true) only leaves their AdamW state unread.
     ``config``: meta.json's ``config``, for the message."""

@@ -253,9 +253,17 @@ class NativeAdamW:
                            "checkpoint was saved at lr %g", self.inner.param_groups[0]["lr"], float(saved_lr))
 
     def sharded_state(self, prefix: str = "native") -> SlotState:
-        """Moments and fp32 masters as parameter-shaped slots; step count and lr as scalars
-        (see :mod:`megatron_logra.optim.state`). Moments not created yet are zeros, step 0."""
-        scalars: dict = {"step": 0, "lr": None}
+        """Moments and fp32 masters as parameter-shaped slots; step count, lr and ``masters`` as
+        scalars (see :mod:`megatron_logra.optim.state`). Moments not created yet are zeros, step 0.
+        ``masters``: ``fp32`` when some parameter has an fp32 master (16-bit weights: a
+        ``<prefix>.master`` slot), ``none`` when none has (float32 weights), which
+        ``model.params_dtype`` decides; None without parameters (nothing to record). A checkpoint's
+        is compared with the resumed run's before anything is loaded
+        (:func:`megatron_logra.checkpoint.store.load_checkpoint`)."""
+        masters = None
+        if self.params:
+            masters = "fp32" if any(m is not p for p, m in zip(self.params, self.masters)) else "none"
+        scalars: dict = {"step": 0, "lr": None, "masters": masters}
         slots: list[ParamSlot] = []
         if self.inner is None:
             return scalars, slots

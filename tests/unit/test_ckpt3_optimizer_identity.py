@@ -1,7 +1,8 @@
 """A resume whose optimizer state would have other slots than the checkpoint's is refused by name.
 
 Which parameters have LoGRA row moments, AdamW moments or none follows from ``optimizer.logra.targets``
-and ``optimizer.native.freeze``. A change of any of them is a :class:`CheckpointError` naming the config field,
+and ``optimizer.native.freeze``; whether the AdamW parameters have fp32 masters from
+``model.params_dtype``. A change of any of them is a :class:`CheckpointError` naming the config field,
 the checkpoint's value and this run's, raised before anything is loaded (never the tensor store's
 key error). Checkpoints that do not record them still load when nothing changed.
 
@@ -92,7 +93,7 @@ def test_the_target_kinds_and_native_freeze_are_recorded(groups, tmp_path):
     ckpt = _save(groups, tmp_path, targets=["q_proj", "linear_fc2", "o_proj", "linear_fc1", "linear_fc2"])
     state = json.loads((ckpt / "meta.json").read_text())["state"]
     assert state["targets"] == ["linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"]  # aliases resolved
-    assert state["native_freeze"] is False
+    assert state["native_freeze"] is False and state["native"]["masters"] == "none"
 
 
 def test_another_target_set_is_refused_by_name(groups, tmp_path):
@@ -120,7 +121,8 @@ def test_unfreezing_the_native_parameters_is_refused_by_name(groups, tmp_path):
 
 
 def test_freezing_the_native_parameters_resumes_with_a_warning(groups, tmp_path, caplog):
-    """Freezing the non-targets leaves their AdamW state unread (and nothing else): accepted, said so."""
+    """Freezing the non-targets leaves their AdamW state unread (and nothing else): accepted, said so, also
+    where that state held fp32 masters."""
     ckpt = _save(groups, tmp_path, freeze=False, dtype="bfloat16")
     fresh = _model(groups, seed=11, dtype="bfloat16")
     optimizer = _optimizer(fresh, groups, freeze=True)
@@ -131,7 +133,36 @@ def test_freezing_the_native_parameters_resumes_with_a_warning(groups, tmp_path,
 
 def test_a_checkpoint_that_records_neither_still_loads_unchanged(groups, tmp_path):
     ckpt = _save(groups, tmp_path, freeze=True)
-    _forget(ckpt, "targets", "native_freeze")
+    _forget(ckpt, "targets", "native_freeze", "native.masters")
     fresh = _model(groups, seed=11)
     load_checkpoint(ckpt, fresh, _optimizer(fresh, groups, freeze=True), groups)
 
+
+@pytest.mark.parametrize("name, masters", [("adam", "fp32"), ("logra", "none")])
+def test_16_bit_adamw_state_resumed_at_float32_is_refused_by_name(groups, tmp_path, name, masters):
+    """Dense AdamW, and LoGRA's non-targets with ``optimizer.logra.masters=none``: the bf16 checkpoint's
+    AdamW state holds fp32 masters, a float32 run would continue from the bf16-rounded weights instead."""
+    ckpt = _save(groups, tmp_path, name=name, masters=masters, dtype="bfloat16")
+    assert json.loads((ckpt / "meta.json").read_text())["state"]["native"]["masters"] == "fp32"
+    message = _refused(ckpt, groups, name=name, masters=masters, dtype="float32")
+    assert "AdamW state holds fp32 master weights for its parameters (native masters='fp32'), this run has none" \
+        in message, message
+    assert "model.params_dtype decides it" in message and "resume with model.params_dtype=bfloat16" in message
+
+
+@pytest.mark.parametrize("name, masters", [("adam", "fp32"), ("logra", "none")])
+def test_float32_adamw_state_resumed_at_16_bit_is_refused_by_name(groups, tmp_path, name, masters):
+    ckpt = _save(groups, tmp_path, name=name, masters=masters, dtype="float32")
+    message = _refused(ckpt, groups, name=name, masters=masters, dtype="bfloat16")
+    assert "holds no fp32 master weights for its parameters (native masters='none'), this run has them" \
+        in message, message
+    assert "resume with model.params_dtype=float32" in message, message
+
+
+def test_adamw_state_that_does_not_record_its_masters_still_loads_unchanged(groups, tmp_path):
+    ckpt = _save(groups, tmp_path, name="adam", dtype="bfloat16")
+    _forget(ckpt, "native.masters")
+    fresh = _model(groups, seed=11, dtype="bfloat16")
+    optimizer = _optimizer(fresh, groups, name="adam")
+    load_checkpoint(ckpt, fresh, optimizer, groups)
+    assert optimizer.native.masters[0].dtype == torch.float32
