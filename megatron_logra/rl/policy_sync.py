@@ -24,9 +24,12 @@ process (``sync.transport=directory`` is for engines that read the files themsel
 engines receive on every rank.
 
 With ``sync.transport=directory`` the deltas also go to files for engines that read them
-(:class:`~megatron_logra.sync.transport.DirectoryTransport`); the start of the chain and every
-full refit write an anchor marker there, so such an engine refuses to apply deltas past a refit
-or a trainer resume it has not verified instead of silently following another trajectory.
+(:class:`~megatron_logra.sync.transport.DirectoryTransport`); every full refit (the start of the run,
+``anchor_interval``, master re-anchors, drift repairs, refits after a rejected delta) writes the
+refit's full weights and an anchor marker there, so such an engine refuses to apply deltas past a
+refit or a trainer resume it has not verified instead of silently following another trajectory, and
+gets back on the chain by loading those weights (``DirectoryTransport.load_full``). A resumed run
+keeps the files up to its weight version and deletes those above it.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from megatron_logra.optim.logra import LograOptimizer
 from megatron_logra.optim.native import reduce_flag_any
 from megatron_logra.optim.update import PreparedUpdate
 from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum, world_group
-from megatron_logra.rl.weights import iter_hf_params, trainer_fingerprint
+from megatron_logra.rl.weights import hf_param_specs, iter_hf_params, trainer_fingerprint
 from megatron_logra.sync import DirectoryTransport, InProcessTransport, SyncError, decode, drift, encode
 from megatron_logra.sync.config import SyncConfig
 from megatron_logra.sync.fingerprint import fingerprint_salt
@@ -74,33 +77,67 @@ class PolicySync:
             if cfg.transport == "directory":
                 directory = Path(cfg.directory or run_dir / "deltas") / f"rank{torch.distributed.get_rank()}"
                 self.transport = DirectoryTransport(directory)
-                self.transport.clear()  # a fresh chain starts at the engine's current version; other files stay
-                # its first anchor: a consumer past this version (an earlier run's chain) must reload; the
-                # start-of-run refit (``full``) replaces it with one that carries the trainer's fingerprint
-                self.transport.write_anchor(int(engine.weight_version), None, own_engine=True)
+                # the chain (re)starts at the first full refit, at the run's weight version (``_start_chain``)
+                if cfg.keep_deltas and not 0 < cfg.anchor_interval <= cfg.keep_deltas:
+                    logger.info("sync: a directory consumer that falls more than sync.keep_deltas=%d deltas behind "
+                                "can reload the newest full weights only once a refit lands within the deltas kept "
+                                "(sync.anchor_interval <= sync.keep_deltas guarantees one)", cfg.keep_deltas)
             else:
                 self.transport = InProcessTransport(engine)
         self.num_syncs = 0
         self.num_drifts = 0
+        self._chain_started = False
+
+    def _start_chain(self, version: int) -> None:
+        """Directory transport: the trainer's chain starts (or resumes) at ``version``. The files above it
+        belong to a trajectory this run abandons (an earlier run past its checkpoint) and are deleted; the
+        deltas, anchors and full weights up to it stay, so a consumer behind the resume point keeps
+        following them (its anchor checks end at the anchor the refit at ``version`` writes)."""
+        removed = self.transport.clear(above_version=version)
+        if removed:
+            logger.info("sync: directory chain restarts at version %d; removed %d files above it", version,
+                        len(removed))
+        self._chain_started = True
 
     # ------------------------------------------------------------------ full refit
     def full(self, version: int) -> int:
         """Dense refit of every engine weight, streamed one full tensor at a time (``rl.weights``);
-        returns the bytes a bf16 copy sends. With ``sync.transport=directory`` it then writes an
-        anchor marker at ``version`` carrying the trainer's fingerprint (collective over the model-
-        parallel group, like the refit), so an engine that reads the files itself learns of the refit."""
+        returns the bytes a bf16 copy sends.
+
+        With ``sync.transport=directory`` the same stream is also written, tensor by tensor, as the
+        full weights ``full_<version>.safetensors`` in HF names and the engine dtype
+        (``model.params_dtype``), and then an anchor marker at ``version`` naming that file and carrying
+        the trainer's fingerprint (collective over the model-parallel group, like the refit): an engine that
+        reads the files itself learns of the refit and can reload its weights
+        (``DirectoryTransport.load_full``). Only the newest full-weights file is kept. A failed write of it
+        is logged and leaves the marker without a file; the refit itself goes on."""
+        directory = isinstance(self.transport, DirectoryTransport)
+        writer = None
+        if directory:
+            if not self._chain_started:
+                self._start_chain(version)
+            specs = hf_param_specs(self.model, self.groups, self.model_cfg)  # collective over PP, like the stream
+            writer = self.transport.full_writer(version, specs, self.model_cfg.torch_dtype)
         sent = [0]
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in iter_hf_params(self.model, self.groups, self.model_cfg):
                 sent[0] += tensor.numel() * 2
+                if writer is not None:
+                    writer.add(name, tensor)  # never raises: a failed write only loses the file
                 yield name, tensor
 
-        self.engine.update_weights_full(counted(), version)
-        if isinstance(self.transport, DirectoryTransport):
+        try:
+            self.engine.update_weights_full(counted(), version)
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+        if directory:
+            full = writer.finish()
             fp = trainer_fingerprint(self.model, self.groups, self.model_cfg, dtype=self.model_cfg.torch_dtype,
                                      vocab_rows=getattr(self.engine, "fingerprint_vocab_rows", None), salt=version)
-            self.transport.write_anchor(version, fp, own_engine=True)  # this rank's engine was just refit
+            self.transport.write_anchor(version, fp, own_engine=True, full=full)  # this rank's engine was just refit
         return sent[0]
 
     # ------------------------------------------------------------------ per update
@@ -134,6 +171,9 @@ class PolicySync:
             if self.driven:  # the driving rank builds and sends inside the engine's agreement; others wait in it
                 self.engine.apply_sketch_delta(payload if self.receives else None)
             elif isinstance(self.transport, DirectoryTransport):
+                if not self._chain_started:  # no refit yet: the chain starts here, anchored without weights
+                    self._start_chain(base_version)
+                    self.transport.write_anchor(base_version, None, own_engine=True)
                 self.transport.publish(payload())
                 self.transport.consume(self.engine)
                 if self.cfg.keep_deltas:  # 0 keeps every file

@@ -33,7 +33,7 @@ from megatron_logra.parallel import ParallelGroups, all_gather_bytes, collective
 from megatron_logra.sync.fingerprint import digest, sampled_rows_of
 from megatron_logra.sync.layout import VOCAB_PARALLEL
 
-__all__ = ["iter_full_params", "iter_hf_params", "gather_full_model", "trainer_fingerprint"]
+__all__ = ["iter_full_params", "iter_hf_params", "hf_param_specs", "gather_full_model", "trainer_fingerprint"]
 
 
 def _exchange_json(obj: dict, group) -> list[dict]:
@@ -111,6 +111,25 @@ def iter_hf_params(model: nn.Module, groups: ParallelGroups, cfg: ModelConfig) -
     for name, full in iter_full_params(model, groups):
         for hf_name, rows in hf_rows(name, full.shape[0], dims):  # no copy where a rename is all it takes
             yield hf_name, full if rows is None else full.index_select(0, rows.to(full.device))
+
+
+def hf_param_specs(model: nn.Module, groups: ParallelGroups, cfg: ModelConfig) -> list[tuple[str, list[int]]]:
+    """``(HF name, full shape)`` of every tensor :func:`iter_hf_params` yields, in its order, without moving
+    any tensor (so a writer can lay out a file before the stream starts). Under pipeline parallelism the
+    stages exchange their parameter lists (a collective over the PP group: every rank of it must call)."""
+    shapes = {name: _full_shape(p, groups.tp_size) for name, p in _owned_params(model).items()}
+    if groups.pp_size > 1:
+        merged: dict[str, list[int]] = {}
+        for part in _exchange_json(shapes, groups.pp):
+            merged.update(part)
+        shapes = merged
+    dims = attention_dims(cfg)
+    out: list[tuple[str, list[int]]] = []
+    for name in sorted(shapes):
+        shape = list(shapes[name])
+        for hf_name, rows in hf_rows(name, shape[0] if shape else 0, dims):
+            out.append((hf_name, shape if rows is None else [len(rows), *shape[1:]]))
+    return out
 
 
 def gather_full_model(model: nn.Module, groups: ParallelGroups) -> dict[str, torch.Tensor]:

@@ -36,11 +36,14 @@ class SyncConfig:
     step is lost from the compute weights and the drift is lag: at 1e-2 that jump was 86 budgets."""
     transport: str = "inprocess"
     """``inprocess`` (the embedded engine) or ``directory`` (delta files written atomically to
-    ``directory``, applied by the consumer in version order; the embedded engine consumes them). The
-    start of the chain and every full refit also write an anchor marker there: an engine that reads
+    ``directory``, applied by the consumer in version order; the embedded engine consumes them). Every
+    full refit (the run's start, ``anchor_interval``, master re-anchors, drift repairs) also writes the
+    refit's full weights, ``full_<version>.safetensors`` in HF names and ``model.params_dtype`` (the
+    newest only: one model-sized file per trainer rank), and an anchor marker there: an engine that reads
     the files itself refuses (``SyncError("anchor")``) to apply deltas past a refit or trainer resume
-    whose weights it has not verified, and must then reload full weights at that version
-    (:mod:`megatron_logra.sync.transport`)."""
+    whose weights it has not verified, and gets back on the chain by loading that file
+    (``DirectoryTransport.load_full``; :mod:`megatron_logra.sync.transport`). A resumed run keeps the
+    files up to its weight version."""
     directory: str = ""
     """Root of the delta files for ``transport=directory`` (default: ``RUN_DIR/deltas``). The files are not
     written in it but in one subdirectory per trainer rank, ``<directory>/rank<global rank>/``: each rank whose
@@ -48,8 +51,9 @@ class SyncConfig:
     follows the directory of the rank it serves (``<directory>/rank0/`` in a one-process run)."""
     keep_deltas: int = 8
     """With ``transport=directory``: after each update, delta files older than the newest
-    ``keep_deltas`` are deleted (a consumer further behind must reload full weights). 0 keeps every
-    delta file (no pruning; the directory grows by one delta per update)."""
+    ``keep_deltas`` are deleted (a consumer further behind must reload full weights: its ``gap`` error
+    names the newest full-weights file). 0 keeps every delta file (no pruning; the directory grows by
+    one delta per update)."""
 
     def __post_init__(self) -> None:
         if self.mode not in SYNC_MODES:

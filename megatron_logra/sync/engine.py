@@ -10,19 +10,22 @@ of one TP rank) and exposes the protocol the transports use::
 Its only state besides the weights is the version, so a consumer that restarts resumes
 from ``weight_version``. A restarted directory consumer verifies the producer's anchors again: by
 ``fingerprint`` when it sits exactly at an anchor's version; past an unverified anchor it is refused
-and must reload full weights (see :mod:`megatron_logra.sync.transport`). Imports only torch and the sync package.
+and reloads full weights (``update_weights_full``, which
+:meth:`~megatron_logra.sync.transport.DirectoryTransport.load_full` calls with the producer's
+full-weights file; see :mod:`megatron_logra.sync.transport`). Imports only torch and the sync package.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Protocol, Union, runtime_checkable
+from typing import Any, Iterable, Mapping, Protocol, Union, runtime_checkable
 
 import torch
 from torch import nn
 
 from megatron_logra.sync.apply import apply_delta_
 from megatron_logra.sync.codec import SketchDelta, decode
+from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.fingerprint import fingerprint
 
 logger = logging.getLogger(__name__)
@@ -75,6 +78,62 @@ class ModuleEngine:
     def reset_version(self, version: int) -> None:
         """Set the version after a full refit (anchor) loaded outside the delta chain."""
         self._version = int(version)
+
+    @torch.no_grad()
+    def update_weights_full(self, tensors: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
+                            version: int) -> None:
+        """Copy every parameter from ``tensors`` (HF names; a mapping or a stream of ``(name, tensor)`` pairs,
+        e.g. :meth:`~megatron_logra.sync.transport.DirectoryTransport.load_full`'s) and set
+        ``weight_version = version`` (any int >= 0: a reload may go back to an earlier anchor).
+
+        ``hf`` layout only (``SyncError("layout")`` otherwise: a sharded, fused engine converts full HF
+        tensors itself). Values are cast to each parameter's dtype and device. Unknown, repeated or missing
+        names and shape mismatches raise ``SyncError("shape")``; a mapping is checked whole before anything is
+        copied, a stream tensor by tensor and always consumed to its end. A failure after some tensor was
+        copied leaves ``weight_version = -1`` (unknown: every delta is refused) until a full load succeeds.
+        """
+        if self.layout != "hf" or self.tp_size != 1:
+            raise SyncError("layout", f"update_weights_full takes full HF tensors: this engine is {self.layout} "
+                                      f"TP {self.tp_rank} of {self.tp_size}")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise SyncError("version", f"version={version!r} must be an int >= 0")
+        params = self.weights()
+
+        def problem(name: str, t: Any, seen: set) -> str:
+            if name not in params:
+                return f"{name}: unknown"
+            if name in seen:
+                return f"{name}: repeated"
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(params[name].shape):
+                return f"{name}: {tuple(getattr(t, 'shape', ()))} != {tuple(params[name].shape)}"
+            return ""
+
+        if isinstance(tensors, Mapping):
+            bad = [p for p in (problem(n, t, set()) for n, t in tensors.items()) if p]
+            missing = sorted(set(params) - set(tensors))
+            if bad or missing:
+                raise SyncError("shape", f"update_weights_full: {bad[:8]} missing {missing[:8]}")
+        errors: list[str] = []
+        seen: set[str] = set()
+        for name, t in (tensors.items() if isinstance(tensors, Mapping) else tensors):
+            why = problem(name, t, seen)
+            if why or errors:
+                errors += [why] if why else []
+                continue  # consume the rest, copy nothing more
+            try:
+                params[name].copy_(t.to(device=params[name].device, dtype=params[name].dtype))
+            except Exception as exc:  # noqa: BLE001 - reported below, after the stream is consumed
+                errors.append(f"{name}: copy failed ({type(exc).__name__}: {str(exc)[:200]})")
+                continue
+            seen.add(name)
+        missing = sorted(set(params) - seen)
+        if errors or missing:
+            if seen:
+                self._version = -1
+            raise SyncError("shape", f"update_weights_full: {errors[:8]} missing {missing[:8]}"
+                                     f"{' (weights partly replaced: weight_version = -1)' if seen else ''}")
+        self._version = version
+        logger.info("engine loaded %d full tensors, weights now at version %d", len(seen), version)
 
     def fingerprint(self, rows_per_tensor: int = 4) -> dict[str, str]:
         """``{name: digest}`` of the weights, rows sampled with the weight version as salt (so successive

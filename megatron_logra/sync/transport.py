@@ -15,35 +15,53 @@
   trainer's full refit (anchor, re-anchor, drift repair) changes its weights without a delta.
   So the producer also writes an **anchor marker** ``anchor_{version:08d}.json`` (atomically;
   JSON: ``version``, a fresh random ``epoch`` id, and the trainer's ``fingerprint`` of its full
-  weights at that version in HF names and the engine's dtype, or null) at every full refit and
-  when its chain starts (:class:`~megatron_logra.rl.policy_sync.PolicySync` does both). A
+  weights at that version in HF names and the engine's dtype, or null; optionally ``full``, the
+  refit's full-weights file, below) at every full refit and when its chain starts
+  (:class:`~megatron_logra.rl.policy_sync.PolicySync` does both: its chain starts with a refit). A
   consumer applies a delta only after it has *verified* the newest anchor at or below its
   version: an anchor at exactly its version is verified by comparing the engine's
   ``fingerprint()`` (when it has one; rows sampled with the weight version as salt on both sides,
   :mod:`megatron_logra.sync.fingerprint`) with the marker's, or by :meth:`DirectoryTransport.
   accept_anchor` after the engine reloaded those full weights; a consumer past an anchor it
   has not verified (its weights may come from another trajectory) is refused with
-  ``SyncError("anchor")`` naming the version to reload full weights at. The delta files do not
-  carry full weights: such a reload comes from the trainer by other means (a checkpoint or HF
-  export at that version). A consumer remembers the anchors it verified for its lifetime (the
+  ``SyncError("anchor")`` naming the full weights to reload.
+
+  **Full weights.** With a refit's anchor the producer also writes the refit's full weights,
+  ``full_{version:08d}.safetensors`` (:meth:`DirectoryTransport.full_writer`, tensor by tensor;
+  atomically: temporary file, fsync, rename), and the marker's optional ``full`` entry names it
+  with its sha256; writing a marker deletes every other full-weights file, so only the newest
+  anchor's is kept (and :meth:`~DirectoryTransport.prune` drops it with its anchor). The file is
+  safetensors (no pickle): every tensor in HF names, in one dtype (the engine's), and the
+  metadata ``logra.full`` (canonical JSON ``{"format", "version", "dtype", "tensors"}``) and
+  ``logra.full.sha256``: sha256 over ``b"logra-full-weights|"``, that JSON, and then for every
+  tensor in data order ``|name|dtype|shape|`` and its raw bytes. A consumer that is refused (an
+  unverified anchor, or a ``gap`` because the deltas it needs were pruned or removed by a trainer
+  restart) calls :meth:`DirectoryTransport.load_full`: it verifies the checksum, streams the
+  tensors into the engine's ``update_weights_full``, accepts the anchor, and the engine follows
+  the chain from there. A consumer remembers the anchors it verified for its lifetime (the
   :class:`DirectoryTransport` object), so a restarted consumer verifies again (by fingerprint at
   an anchor's version, else by reloading); the producer's own transport object counts the
   anchors it writes for its own, freshly refit engine as verified, so the in-process use
   (publish, then the same process's engine consumes) never refuses. A directory without anchor
   markers gets the version-chain checks only.
 
-Imports only torch, safetensors (via the codec) and the standard library.
+Imports only torch, safetensors (via the codec) and the standard library; the full-weights files are
+written and read here, one tensor in memory at a time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
+import struct
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+
+import torch
 
 from megatron_logra.sync.codec import SketchDelta, decode, encode
 from megatron_logra.sync.engine import DeltaConsumer
@@ -52,13 +70,27 @@ from megatron_logra.sync.fingerprint import drift, fingerprint_salt
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["InProcessTransport", "DirectoryTransport", "delta_filename", "anchor_filename"]
+__all__ = ["InProcessTransport", "DirectoryTransport", "FullWeightsWriter", "delta_filename", "anchor_filename",
+           "full_filename"]
 
 _FILE_RE = re.compile(r"^delta_(\d{8,})\.safetensors$")
 _TMP_RE = re.compile(r"^\.delta_\d{8,}\.safetensors\..+\.tmp$")
 _ANCHOR_RE = re.compile(r"^anchor_(\d{8,})\.json$")
 _ANCHOR_TMP_RE = re.compile(r"^\.anchor_\d{8,}\.json\..+\.tmp$")
+_FULL_RE = re.compile(r"^full_(\d{8,})\.safetensors$")
+_FULL_TMP_RE = re.compile(r"^\.full_\d{8,}\.safetensors\..+\.tmp$")
 _ANCHOR_KEYS = {"version", "epoch", "fingerprint"}
+_ANCHOR_OPTIONAL = {"full"}
+_FULL_KEYS = {"file", "sha256"}
+
+_FULL_FORMAT = "logra-full-weights/1"
+_FULL_MAGIC = b"logra-full-weights|"
+_FULL_META = "logra.full"
+_FULL_META_SHA = "logra.full.sha256"
+_PLACEHOLDER = "0" * 64
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+_ST_TORCH = {v: k for k, v in _ST_DTYPES.items()}
+_READ_CHUNK = 1 << 24
 
 
 def delta_filename(new_version: int) -> str:
@@ -67,6 +99,10 @@ def delta_filename(new_version: int) -> str:
 
 def anchor_filename(version: int) -> str:
     return f"anchor_{version:08d}.json"
+
+
+def full_filename(version: int) -> str:
+    return f"full_{version:08d}.safetensors"
 
 
 class InProcessTransport:
@@ -104,15 +140,255 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _valid_marker(marker: Any) -> bool:
-    if not isinstance(marker, dict) or set(marker) != _ANCHOR_KEYS:
+    if not isinstance(marker, dict) or not _ANCHOR_KEYS <= set(marker) <= _ANCHOR_KEYS | _ANCHOR_OPTIONAL:
         return False
     version, epoch, fp = marker["version"], marker["epoch"], marker["fingerprint"]
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         return False
     if not isinstance(epoch, str) or not epoch:
         return False
+    full = marker.get("full")
+    if full is not None and not (isinstance(full, dict) and set(full) == _FULL_KEYS
+                                 and full["file"] == full_filename(version) and _is_sha256(full["sha256"])):
+        return False
     return fp is None or (isinstance(fp, dict)
                           and all(isinstance(k, str) and isinstance(v, str) for k, v in fp.items()))
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _write_atomically(final: Path, data: bytes) -> None:
+    tmp = final.parent / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+class FullWeightsWriter:
+    """Writes one full-weights file ``full_<version>.safetensors`` tensor by tensor (see
+    :meth:`DirectoryTransport.full_writer`; the module docstring describes the file).
+
+    Holds one tensor at a time: the safetensors header is written first from the declared
+    ``specs`` (every name and shape, in the order the tensors will come), the data follows as
+    :meth:`add` receives it, and :meth:`finish` writes the sha256 into the header's reserved slot,
+    fsyncs and renames the temporary file into place. :meth:`add` never raises: a tensor out of
+    order, of another shape, or a failed write marks the file failed, and :meth:`finish` then
+    deletes it and returns None (logging why), so a caller streaming the tensors to an engine at
+    the same time is never interrupted.
+    """
+
+    def __init__(self, directory: Path, version: int, specs: Sequence[tuple[str, Sequence[int]]],
+                 dtype: torch.dtype) -> None:
+        if dtype not in _ST_DTYPES:
+            raise SyncError("dtype", f"full weights are written in one of {sorted(map(str, _ST_DTYPES))}, got {dtype}")
+        self.version, self.dtype = int(version), dtype
+        self.final = directory / full_filename(self.version)
+        self.tmp = directory / f".{self.final.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+        self._specs = [(str(n), [int(x) for x in shape]) for n, shape in specs]
+        self._next = 0
+        self.error: Optional[str] = None
+        if len({n for n, _ in self._specs}) != len(self._specs):
+            raise SyncError("keys", f"{self.final.name}: a tensor name is listed twice")
+        header = {"format": _FULL_FORMAT, "version": self.version, "dtype": _ST_DTYPES[dtype],
+                  "tensors": len(self._specs)}
+        self._header_json = json.dumps(header, sort_keys=True, separators=(",", ":"))
+        self._hash = hashlib.sha256(_FULL_MAGIC + self._header_json.encode())
+        elem = torch.empty((), dtype=dtype).element_size()
+        st: dict[str, Any] = {"__metadata__": {_FULL_META: self._header_json, _FULL_META_SHA: _PLACEHOLDER}}
+        offset = 0
+        for name, shape in self._specs:
+            size = elem * _numel(shape)
+            st[name] = {"dtype": _ST_DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + size]}
+            offset += size
+        raw = json.dumps(st, separators=(",", ":"), ensure_ascii=False).encode()
+        raw += b" " * (-len(raw) % 8)
+        slot = f'"{_FULL_META_SHA}":"{_PLACEHOLDER}"'.encode()
+        if raw.count(slot) != 1:  # pragma: no cover - names are JSON-escaped, so the slot is unique
+            raise SyncError("keys", f"{self.final.name}: cannot place the checksum in the header")
+        self._sha_at = 8 + raw.index(slot) + len(slot) - len(_PLACEHOLDER) - 1  # before the closing quote
+        self._fh = open(self.tmp, "w+b")
+        try:
+            self._fh.write(struct.pack("<Q", len(raw)) + raw)
+        except OSError as exc:
+            self._fail(f"writing the header failed ({exc})")
+
+    def _fail(self, why: str) -> None:
+        if self.error is None:
+            self.error = why
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        """Append the next tensor (cast to the file's dtype); records a failure instead of raising."""
+        if self.error is not None:
+            return
+        if self._next >= len(self._specs):
+            return self._fail(f"{name}: more tensors than the {len(self._specs)} declared")
+        want, shape = self._specs[self._next]
+        if name != want or [int(x) for x in tensor.shape] != shape:
+            return self._fail(f"got {name} {list(tensor.shape)} where {want} {shape} was declared")
+        try:
+            t = tensor.detach().to(device="cpu", dtype=self.dtype).contiguous()
+            self._hash.update(f"|{name}|{t.dtype}|{shape}|".encode())
+            if t.numel():
+                data = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+                self._hash.update(data)
+                self._fh.write(data)
+        except Exception as exc:  # noqa: BLE001 - a disk error must not interrupt the stream it taps
+            return self._fail(f"{name}: {type(exc).__name__}: {exc}")
+        self._next += 1
+
+    def finish(self) -> Optional[dict]:
+        """Complete the file and move it into place; returns ``{"file", "sha256"}`` for the anchor marker,
+        or None (nothing left behind, the reason logged) when any tensor failed or is missing."""
+        if self.error is None and self._next != len(self._specs):
+            self._fail(f"{len(self._specs) - self._next} declared tensors never came")
+        try:
+            if self.error is None:
+                digest = self._hash.hexdigest()
+                self._fh.seek(self._sha_at)
+                self._fh.write(digest.encode())
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+                self._fh.close()
+                os.replace(self.tmp, self.final)
+                _fsync_dir(self.final.parent)
+                logger.info("full weights at version %d written to %s", self.version, self.final.name)
+                return {"file": self.final.name, "sha256": digest}
+        except OSError as exc:
+            self._fail(f"{type(exc).__name__}: {exc}")
+        finally:
+            self.abort()
+        logger.error("%s was not written (%s): an engine that reads the directory cannot reload the weights of "
+                     "this refit from it", self.final.name, self.error)
+        return None
+
+    def abort(self) -> None:
+        """Close and delete the temporary file (idempotent)."""
+        if not self._fh.closed:
+            self._fh.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for x in shape:
+        n *= int(x)
+    return n
+
+
+class _FullReader:
+    """An opened, checksum-verified full-weights file (held open, so a producer replacing or pruning
+    it meanwhile does not change what is read)."""
+
+    def __init__(self, path: Path, version: int, sha256: Optional[str]) -> None:
+        self.path = path
+        try:
+            self._fh = open(path, "rb")
+        except OSError as exc:
+            raise SyncError("unreadable", f"{path.name}: cannot be read ({type(exc).__name__}: {exc.strerror}); a "
+                                          "newer refit may have replaced it: reload the newest anchor") from None
+        try:
+            self._parse(version, sha256)
+        except BaseException:
+            self._fh.close()
+            raise
+
+    def _bad(self, what: str) -> SyncError:
+        return SyncError("malformed", f"{self.path.name}: {what}")
+
+    def _parse(self, version: int, sha256: Optional[str]) -> None:
+        size = os.fstat(self._fh.fileno()).st_size
+        prefix = self._fh.read(8)
+        if len(prefix) < 8:
+            raise SyncError("truncated", f"{self.path.name}: shorter than the 8-byte safetensors prefix")
+        (n,) = struct.unpack("<Q", prefix)
+        if 8 + n > size:
+            raise SyncError("truncated", f"{self.path.name}: the header claims {n} bytes, {size - 8} follow")
+        try:
+            st = json.loads(self._fh.read(n))
+            meta = st.pop("__metadata__")
+            header = json.loads(meta[_FULL_META])
+            claimed = meta[_FULL_META_SHA]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise self._bad(f"not a full-weights file ({type(exc).__name__})") from None
+        if not isinstance(header, dict) or header.get("format") != _FULL_FORMAT:
+            raise self._bad(f"format {header.get('format') if isinstance(header, dict) else None!r}, "
+                            f"expected {_FULL_FORMAT!r}")
+        if header.get("version") != version:
+            raise self._bad(f"holds version {header.get('version')!r}, expected {version}")
+        dtype = _ST_TORCH.get(header.get("dtype"))
+        if dtype is None or header.get("tensors") != len(st):
+            raise self._bad("header does not describe the tensors")
+        entries = []
+        try:
+            for name, info in st.items():
+                if info["dtype"] != header["dtype"]:
+                    raise self._bad(f"{name} is {info['dtype']}, the file is {header['dtype']}")
+                shape = [int(x) for x in info["shape"]]
+                start, stop = (int(x) for x in info["data_offsets"])
+                entries.append((start, stop, name, shape))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self._bad(f"malformed tensor entry ({exc!r})") from None
+        entries.sort()
+        elem, at = torch.empty((), dtype=dtype).element_size(), 0
+        for start, stop, name, shape in entries:
+            if start != at or stop - start != elem * _numel(shape):
+                raise self._bad(f"{name}: data offsets [{start}, {stop}) do not follow the previous tensor")
+            at = stop
+        if 8 + n + at != size:
+            raise SyncError("truncated" if 8 + n + at > size else "malformed",
+                            f"{self.path.name}: {size - 8 - n} data bytes, the header describes {at}")
+        self.version, self.dtype, self.data_start = version, dtype, 8 + n
+        self.entries = [(name, shape, start, stop) for start, stop, name, shape in entries]
+        h = hashlib.sha256(_FULL_MAGIC + meta[_FULL_META].encode())
+        for name, shape, start, stop in self.entries:  # pass 1: the checksum, in chunks
+            h.update(f"|{name}|{dtype}|{shape}|".encode())
+            self._fh.seek(self.data_start + start)
+            left = stop - start
+            while left:
+                chunk = self._fh.read(min(left, _READ_CHUNK))
+                if not chunk:
+                    raise SyncError("truncated", f"{self.path.name}: ends inside {name}")
+                h.update(chunk)
+                left -= len(chunk)
+        if h.hexdigest() != claimed:
+            raise SyncError("checksum", f"{self.path.name}: sha256 mismatch (the file says {str(claimed)[:16]}…, its "
+                                        f"content hashes to {h.hexdigest()[:16]}…)")
+        if sha256 is not None and claimed != sha256:
+            raise SyncError("anchor", f"{self.path.name} is not the file of this anchor (sha256 {claimed[:16]}…, the "
+                                      f"marker names {sha256[:16]}…): a newer refit replaced it; reload the newest "
+                                      "anchor")
+
+    def shapes(self) -> dict[str, list[int]]:
+        return {name: shape for name, shape, _, _ in self.entries}
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(HF name, tensor)`` in file order, one tensor in memory at a time (fresh CPU tensors)."""
+        for name, shape, start, stop in self.entries:
+            if stop == start:
+                yield name, torch.empty(shape, dtype=self.dtype)
+                continue
+            self._fh.seek(self.data_start + start)
+            buf = bytearray(stop - start)
+            if self._fh.readinto(buf) != len(buf):
+                raise SyncError("truncated", f"{self.path.name}: ends inside {name}")
+            yield name, torch.frombuffer(buf, dtype=self.dtype).reshape(shape)
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> "_FullReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class DirectoryTransport:
@@ -126,20 +402,122 @@ class DirectoryTransport:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._verified: set[str] = set()  # epochs of the anchors this object's consumer verified (or wrote)
 
-    def clear(self) -> list[str]:
-        """Delete every published delta, anchor marker and leftover temporary file of this transport (a
-        fresh chain, whose first anchor the producer writes next); nothing else in the directory is
-        touched. Returns the names removed."""
+    def clear(self, above_version: Optional[int] = None) -> list[str]:
+        """Start a fresh chain (whose first anchor the producer writes next): delete the leftover temporary
+        files and every published delta, anchor marker and full-weights file of this transport, or with
+        ``above_version`` only those of versions above it (a trainer resuming at that version: the files up
+        to it are its own trajectory's, and a consumer behind it can still follow them up to its anchor).
+        Nothing else in the directory is touched. Returns the names removed."""
         removed = []
         for entry in sorted(os.listdir(self.dir)):
-            if _FILE_RE.match(entry) or _TMP_RE.match(entry) or _ANCHOR_RE.match(entry) or _ANCHOR_TMP_RE.match(entry):
+            if _TMP_RE.match(entry) or _ANCHOR_TMP_RE.match(entry) or _FULL_TMP_RE.match(entry):
+                gone = True
+            else:
+                m = _FILE_RE.match(entry) or _ANCHOR_RE.match(entry) or _FULL_RE.match(entry)
+                gone = m is not None and (above_version is None or int(m.group(1)) > above_version)
+            if gone:
                 (self.dir / entry).unlink(missing_ok=True)
                 removed.append(entry)
         return removed
 
+    # ------------------------------------------------------------------ full weights
+    def full_writer(self, version: int, specs: Sequence[tuple[str, Sequence[int]]],
+                    dtype: torch.dtype) -> FullWeightsWriter:
+        """Producer: a writer of ``full_<version>.safetensors``, the trainer's full weights at ``version`` in
+        HF names and the engine's ``dtype``; ``specs`` lists every ``(name, shape)`` in the order
+        :meth:`FullWeightsWriter.add` will receive them. Pass what :meth:`FullWeightsWriter.finish` returns
+        to :meth:`write_anchor` (``full=``): the marker then names the file and its checksum."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise SyncError("config", f"full-weights version must be an int >= 0, got {version!r}")
+        return FullWeightsWriter(self.dir, version, specs, dtype)
+
+    def write_full(self, version: int, tensors: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
+                   dtype: Optional[torch.dtype] = None) -> Optional[dict]:
+        """Producer: write ``tensors`` (a mapping; or ``(name, tensor)`` pairs, then held in memory to list
+        them first) as the full weights at ``version`` in ``dtype`` (None: the first tensor's); returns what
+        :meth:`FullWeightsWriter.finish` does. A trainer streaming its weights uses :meth:`full_writer`."""
+        items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
+        if dtype is None:
+            dtype = items[0][1].dtype if items else torch.float32
+        writer = self.full_writer(version, [(n, list(t.shape)) for n, t in items], dtype)
+        for name, t in items:
+            writer.add(name, t)
+        return writer.finish()
+
+    def full_files(self) -> list[int]:
+        """Versions of the full-weights files in the directory, ascending."""
+        return sorted(int(m.group(1)) for m in map(_FULL_RE.match, os.listdir(self.dir)) if m)
+
+    def open_full(self, version: Optional[int] = None) -> "_FullReader":
+        """Consumer: open and verify (sha256, and that it is the file the anchor marker names) the full-weights
+        file of the anchor at ``version`` (None: the newest anchor). Returns a context manager whose
+        ``tensors()`` yields ``(HF name, tensor)`` one at a time and ``shapes()`` lists them, for engines that
+        load weights themselves (:meth:`load_full` does it for engines with ``update_weights_full``). Raises
+        ``SyncError`` (``anchor`` when that anchor has no full-weights file)."""
+        anchor = self._anchor_for(version)
+        full = anchor.get("full")
+        if full is None:
+            raise SyncError("anchor", f"the anchor at version {anchor['version']} has no full-weights file in "
+                                      f"{self.dir} (the producer wrote none, e.g. a chain start before its first "
+                                      "refit or a failed write): reload the trainer's weights at that version by other "
+                                      f"means and call accept_anchor({anchor['version']})")
+        return _FullReader(self.dir / full["file"], anchor["version"], full["sha256"])
+
+    def load_full(self, engine: Any, version: Optional[int] = None) -> dict:
+        """Consumer: load the full weights of the anchor at ``version`` (None: the newest) into ``engine`` with
+        its ``update_weights_full(stream, version)`` (one tensor at a time), which sets its ``weight_version``,
+        then count the anchor as verified (:meth:`accept_anchor`) and return its marker. The remedy the
+        ``anchor`` and ``gap`` errors of :meth:`consume` name. The file's sha256 is verified before the first
+        tensor reaches the engine; an engine's refusal is raised as ``SyncError("apply")``."""
+        load = getattr(engine, "update_weights_full", None)
+        if not callable(load):
+            raise SyncError("config", f"{type(engine).__name__} has no update_weights_full(stream, version): load "
+                                      "the tensors of open_full() yourself, then call accept_anchor")
+        with self.open_full(version) as reader:
+            try:
+                load(reader.tensors(), reader.version)
+            except SyncError:
+                raise
+            except (ValueError, RuntimeError) as exc:
+                raise SyncError("apply", f"the engine refused {reader.path.name}: {exc}") from exc
+        anchor = self.accept_anchor(reader.version)
+        logger.info("engine reloaded the full weights at version %d from %s", reader.version, reader.path.name)
+        return anchor
+
+    def _anchor_for(self, version: Optional[int]) -> dict:
+        anchors = self.anchors()
+        if not anchors:
+            raise SyncError("anchor", f"no anchor markers in {self.dir}")
+        if version is None:
+            return anchors[-1]
+        for a in anchors:
+            if a["version"] == version:
+                return a
+        raise SyncError("anchor", f"no anchor marker for version {version} in {self.dir} "
+                                  f"(anchors at {[a['version'] for a in anchors]})")
+
+    def _reload_advice(self, anchors: list[dict], versions: Optional[list[int]] = None) -> str:
+        """How a consumer that cannot extend the chain gets back on it: the newest anchor's full weights, when
+        the deltas after it are all still there (else it has to wait for the producer's next refit)."""
+        if not anchors:
+            return f"reload the trainer's full weights by other means ({self.dir} holds no anchor)"
+        newest = anchors[-1]
+        v = newest["version"]
+        after = [x for x in (self.versions() if versions is None else versions) if x > v]
+        if after and after[0] != v + 1:
+            return (f"the newest anchor's weights (version {v}) are older than the deltas left (the oldest is "
+                    f"{delta_filename(after[0])}), so the chain cannot be followed from any file here: reload at the "
+                    f"producer's next full refit, the newest anchor then (sync.anchor_interval <= sync.keep_deltas "
+                    f"keeps a reloadable anchor in reach)")
+        if newest.get("full") is not None:
+            return (f"reload the trainer's full weights at version {v} from {self.dir / newest['full']['file']} "
+                    f"with DirectoryTransport.load_full(engine) (it accepts the anchor)")
+        return (f"reload the trainer's full weights at version {v} into the engine and call accept_anchor({v}) "
+                f"(the anchor at {v} has no full-weights file here)")
+
     # ------------------------------------------------------------------ anchors
     def write_anchor(self, version: int, fingerprint: Optional[dict[str, str]] = None, *,
-                     own_engine: bool = False) -> dict:
+                     own_engine: bool = False, full: Optional[dict] = None) -> dict:
         """Producer: write the anchor marker of ``version`` atomically (replacing an earlier marker of
         that version) and return it. Call it whenever the trainer's weights at ``version`` do not follow
         from the published chain: at every full refit and when a chain starts (after :meth:`clear`).
@@ -148,28 +526,28 @@ class DirectoryTransport:
         engine's dtype (``rl.weights.trainer_fingerprint``); None: a consumer can only verify the anchor
         with :meth:`accept_anchor`. ``own_engine=True``: this object's own consumer engine was just
         loaded with exactly those weights (the in-process use), so the anchor counts as verified here.
+        ``full``: what :meth:`FullWeightsWriter.finish` returned for ``version`` (``{"file", "sha256"}``), so a
+        consumer can reload these weights (:meth:`load_full`); every other full-weights file is then deleted
+        (only the newest anchor's is kept). None: the marker names no file (older ones are deleted too).
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise SyncError("config", f"anchor version must be an int >= 0, got {version!r}")
         marker = {"version": version, "epoch": uuid.uuid4().hex,
                   "fingerprint": None if fingerprint is None else dict(sorted(fingerprint.items()))}
+        if full is not None:
+            marker["full"] = dict(full)
         if not _valid_marker(marker):
-            raise SyncError("config", "an anchor fingerprint must map tensor names to digest strings")
-        final = self.dir / anchor_filename(version)
-        tmp = self.dir / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(json.dumps(marker, sort_keys=True).encode())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+            raise SyncError("config", "an anchor fingerprint must map tensor names to digest strings, and its full "
+                                      f"weights be {{'file': {full_filename(version)!r}, 'sha256': hex}}")
+        _write_atomically(self.dir / anchor_filename(version), json.dumps(marker, sort_keys=True).encode())
         _fsync_dir(self.dir)
         if own_engine:
             self._verified.add(marker["epoch"])
-        logger.info("anchor at version %d written (epoch %s)", version, marker["epoch"])
+        for v in self.full_files():  # after the marker: a consumer of the previous marker found its file until now
+            if full is None or v != version:
+                (self.dir / full_filename(v)).unlink(missing_ok=True)
+        logger.info("anchor at version %d written (epoch %s%s)", version, marker["epoch"],
+                    f", full weights {full['file']}" if full else "")
         return marker
 
     def anchors(self) -> list[dict]:
@@ -190,7 +568,8 @@ class DirectoryTransport:
                                           f"({type(exc).__name__})") from None
             if not _valid_marker(marker) or marker["version"] != int(m.group(1)):
                 raise SyncError("anchor", f"{entry} is not an anchor marker of version {int(m.group(1))} "
-                                          f"(a JSON object with exactly {sorted(_ANCHOR_KEYS)})")
+                                          f"(a JSON object with exactly {sorted(_ANCHOR_KEYS)}, optionally "
+                                          f"{sorted(_ANCHOR_OPTIONAL)})")
             out.append(marker)
         return sorted(out, key=lambda a: a["version"])
 
@@ -198,13 +577,9 @@ class DirectoryTransport:
         """Consumer: the engine now holds the trainer's full weights of the anchor at ``version``
         (reloaded by other means, its ``weight_version`` set to ``version``): count that anchor as
         verified and return it. Raises ``SyncError("anchor")`` when there is no anchor at ``version``."""
-        anchors = self.anchors()
-        for a in anchors:
-            if a["version"] == version:
-                self._verified.add(a["epoch"])
-                return a
-        raise SyncError("anchor", f"no anchor marker for version {version} in {self.dir} "
-                                  f"(anchors at {[a['version'] for a in anchors]})")
+        anchor = self._anchor_for(version)
+        self._verified.add(anchor["epoch"])
+        return anchor
 
     def verify_anchor(self, engine: DeltaConsumer) -> None:
         """Check that ``engine`` may extend the chain from its ``weight_version`` (what :meth:`consume`
@@ -219,9 +594,8 @@ class DirectoryTransport:
         below = [a for a in anchors if a["version"] <= version]
         if not below or below[-1]["epoch"] in self._verified:
             return
-        anchor, reload_at = below[-1], anchors[-1]["version"]
-        how = (f"reload the trainer's full weights at version {reload_at} into the engine and call "
-               f"accept_anchor({reload_at})")
+        anchor = below[-1]
+        how = self._reload_advice(anchors)
         if anchor["version"] < version:
             raise SyncError("anchor", f"the trainer's weights were anchored at version {anchor['version']} (epoch "
                                       f"{anchor['epoch'][:12]}), which this engine (at version {version}) passed "
@@ -284,9 +658,10 @@ class DirectoryTransport:
         return final
 
     def prune(self, below_version: int) -> list[int]:
-        """Delete published deltas with ``new_version < below_version``, and the anchor markers no
-        consumer that can still extend the chain (at version ``>= below_version - 1``) needs: those
-        older than the newest anchor at or below ``below_version - 1``. Returns the delta versions removed."""
+        """Delete published deltas with ``new_version < below_version``, and the anchor markers (with their
+        full-weights files) no consumer that can still extend the chain (at version ``>= below_version - 1``)
+        needs: those older than the newest anchor at or below ``below_version - 1``. A consumer further behind
+        then meets a ``gap`` naming the full weights to reload. Returns the delta versions removed."""
         removed = [v for v in self.versions() if v < below_version]
         for v in removed:
             (self.dir / delta_filename(v)).unlink(missing_ok=True)
@@ -295,6 +670,9 @@ class DirectoryTransport:
         for a in anchored:
             if keep_from is not None and a < keep_from:
                 (self.dir / anchor_filename(a)).unlink(missing_ok=True)
+        for v in self.full_files():  # with its anchor
+            if keep_from is not None and v < keep_from:
+                (self.dir / full_filename(v)).unlink(missing_ok=True)
         return removed
 
     # ------------------------------------------------------------------ consumer
@@ -353,6 +731,11 @@ class DirectoryTransport:
                 if yielded:  # the contiguous prefix was handed out; the next call raises
                     logger.warning("%s; stopping after the %d deltas before the gap", msg, yielded)
                     return
+                if v == versions[0]:  # nothing older is left: the producer deleted them, they will not come
+                    msg = (f"{delta_filename(v)} starts at version {delta.base_version} but the engine is at {expected}:"
+                           f" the delta(s) for versions ({expected}, {delta.base_version}] are no longer in {self.dir} "
+                           f"(pruned, sync.keep_deltas, or removed by a trainer restart); this engine cannot catch "
+                           f"up through deltas: {self._reload_advice(anchors, versions)}")
                 raise SyncError("gap", msg)
             try:
                 self._check_anchor(expected, engine, anchors)
