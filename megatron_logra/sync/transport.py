@@ -214,11 +214,12 @@ class FullWeightsWriter:
         if raw.count(slot) != 1:  # pragma: no cover - names are JSON-escaped, so the slot is unique
             raise SyncError("keys", f"{self.final.name}: cannot place the checksum in the header")
         self._sha_at = 8 + raw.index(slot) + len(slot) - len(_PLACEHOLDER) - 1  # before the closing quote
-        self._fh = open(self.tmp, "w+b")
+        self._fh: Optional[Any] = None
         try:
+            self._fh = open(self.tmp, "w+b")
             self._fh.write(struct.pack("<Q", len(raw)) + raw)
-        except OSError as exc:
-            self._fail(f"writing the header failed ({exc})")
+        except OSError as exc:  # e.g. a full disk: the file is lost, the caller's stream goes on
+            self._fail(f"writing the header failed ({type(exc).__name__}: {exc})")
 
     def _fail(self, why: str) -> None:
         if self.error is None:
@@ -271,7 +272,7 @@ class FullWeightsWriter:
 
     def abort(self) -> None:
         """Close and delete the temporary file (idempotent)."""
-        if not self._fh.closed:
+        if self._fh is not None and not self._fh.closed:
             self._fh.close()
         self.tmp.unlink(missing_ok=True)
 

@@ -196,3 +196,25 @@ def test_a_sharded_engine_cannot_take_full_hf_tensors(tmp_path):
         DirectoryTransport(tmp_path).load_full(sglang)
     assert exc.value.kind == "layout" and sglang.weight_version == 0
     assert trainer.transport.full_files() == [0]
+
+
+def test_a_full_weights_file_that_cannot_be_written_is_lost_without_interrupting_the_stream(tmp_path, monkeypatch):
+    transport = DirectoryTransport(tmp_path)
+    real_open = open
+
+    def full_disk(path, *args, **kwargs):
+        if str(path).endswith(".tmp"):
+            raise OSError(28, "No space left on device")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", full_disk)
+    writer = transport.full_writer(1, [("a", [2, 2])], torch.float32)
+    writer.add("a", torch.ones(2, 2))
+    assert writer.finish() is None and "No space left" in writer.error
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == []
+    # the tensors load into safetensors too, 0-d and empty ones included
+    state = {"s": torch.tensor(3.0), "e": torch.zeros(0, 2), "v": torch.arange(4.0)}
+    transport.write_full(2, state)
+    got = load_file(str(tmp_path / full_filename(2)))
+    assert all(torch.equal(got[k], v) for k, v in state.items())
