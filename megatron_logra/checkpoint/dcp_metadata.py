@@ -217,6 +217,28 @@ def check_extra_state(obj: Any, where: str) -> None:
                                       f"metadata ({type(exc).__name__}: {exc}); crafted or corrupt") from exc
 
 
+_TORCH_ADVICE = ("Re-running `torch.load`", "Please use `torch.serialization", "Check the documentation of torch.load",
+                 "Please file an issue", "Weights only load failed.")
+"""Where the advice in torch's own ``weights_only`` messages starts: its suggestions to load with
+``weights_only=False`` or to allow-list the global would defeat the check, so they are never passed on."""
+
+
+def _load_failure(exc: BaseException) -> str:
+    """``Type: reason`` of a refused ``torch.load(weights_only=True)``, on one line and without torch's
+    advice (:data:`_TORCH_ADVICE`). torch wraps the unpickler's error in an ``UnpicklingError`` whose text
+    leads with that advice; the unpickler's own error is its ``__context__``."""
+    import pickle as _pickle
+
+    inner = exc
+    if (isinstance(exc, _pickle.UnpicklingError) and str(exc).startswith("Weights only load failed")
+            and isinstance(exc.__context__, Exception)):
+        inner = exc.__context__
+    text = " ".join(str(inner).split())
+    for advice in _TORCH_ADVICE:
+        text = text.split(advice)[0].strip()
+    return f"torch.load weights_only=True: {type(inner).__name__}" + (f": {text[:300]}" if text else "")
+
+
 def check_dcp_dir(dist_dir: Union[str, Path]) -> None:
     """Check that loading the ``torch_dist`` directory ``dist_dir`` runs no code from it: its
     ``.metadata`` unpickles with only the allowed globals (:func:`read_dcp_metadata`), and every
@@ -240,11 +262,10 @@ def check_dcp_dir(dist_dir: Union[str, Path]) -> None:
                     try:
                         obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
                     except Exception as exc:  # noqa: BLE001 - UnpicklingError for a refused global; others if corrupt
-                        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                         raise CheckpointError(
-                            f"{path}: byte object {key!r} does not load as plain data (torch.load "
-                            f"weights_only=True: {type(exc).__name__}: {first}); refusing to load it, since "
-                            "unpickling it could run code: crafted, corrupt or not written by this trainer") from exc
+                            f"{path}: byte object {key!r} does not load as plain data ({_load_failure(exc)}); "
+                            "refusing to load it, since unpickling it could run code: crafted, corrupt or not "
+                            "written by this trainer") from exc
                     if "_extra_state" in str(key):
                         check_extra_state(obj, f"{path}: byte object {key!r}")
         except OSError as exc:

@@ -23,8 +23,8 @@ from megatron_logra.parallel import all_gather_bytes, group_rank, group_size, wo
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckpointError", "FORMAT_VERSION", "read_meta", "checksum_shares", "file_crc32", "file_records",
-           "meta_crc32", "fsync_path", "write_synced", "atomic_write_text", "sync_own_files"]
+__all__ = ["CheckpointError", "FORMAT_VERSION", "read_meta", "read_meta_json", "checksum_shares", "file_crc32",
+           "file_records", "meta_crc32", "fsync_path", "write_synced", "atomic_write_text", "sync_own_files"]
 
 FORMAT_VERSION = 2
 _CRC_CHUNK = 16 << 20
@@ -220,6 +220,14 @@ def _parse_meta(path: Path) -> tuple[dict, dict[str, _Recorded]]:
     return meta, recorded
 
 
+def read_meta_json(path: Union[str, Path]) -> dict:
+    """``meta.json`` of checkpoint ``path``, parsed and checked by itself only: present, JSON, this format
+    version, its own CRC-32 (``meta_crc32``, where recorded) and a well-formed ``files`` mapping. No other
+    file is opened (cheap; callable before any process group exists): :func:`read_meta` checks the files
+    before they are loaded. :class:`CheckpointError` naming meta.json otherwise."""
+    return _parse_meta(Path(path))[0]
+
+
 def _size_problems(path: Path, recorded: Mapping[str, _Recorded]) -> list[str]:
     problems = []
     for rel, want in recorded.items():
@@ -255,19 +263,30 @@ def read_meta(
     ``dist/`` directory (DCP's ``.metadata`` index and the stored byte objects) hold plain data only
     (:func:`megatron_logra.checkpoint.dcp_metadata.check_dcp_dir`: loading the checkpoint runs no
     code from it, whatever its CRC-32s say). A missing, truncated, corrupt or crafted file is named
-    in the :class:`CheckpointError`. Checkpoints without CRC-32s (older
+    in the :class:`CheckpointError`; the pickles are read only when every size and CRC-32 matched,
+    so a file damaged at the same size is reported by its CRC-32. Checkpoints without CRC-32s (older
     ones, or saved with ``checksums=False``) and ``checksums=False`` get the size check only.
 
     ``group=None``: this process checks every file (tools: convert, eval). With a process group,
     every member must call it (collective): the CRC-32 work is split among the members
-    (:func:`checksum_shares`) and the problems found by each are gathered, so that every member
-    raises the same CheckpointError, or none does."""
+    (:func:`checksum_shares`) and the problems found by each are gathered before any member reads the
+    pickles, so that every member raises the same CheckpointError, or none does."""
     path = Path(path)
     world, rank = group_size(group), group_rank(group)
     meta: dict = {}
-    error: Optional[str] = None
     problems: list[str] = []
-    try:
+
+    def failure(fn) -> Optional[str]:
+        try:
+            fn()
+        except CheckpointError as exc:
+            return str(exc)
+        except OSError as exc:  # e.g. an unreadable directory: reported like the other problems, on every rank
+            return f"{path}: {type(exc).__name__}: {exc}"
+        return None
+
+    def sizes_and_crcs() -> None:
+        nonlocal meta, problems
         meta, recorded = _parse_meta(path)
         problems = _size_problems(path, recorded)
         with_crc = {rel: r for rel, r in recorded.items() if r.crc32 is not None}
@@ -276,18 +295,23 @@ def read_meta(
             problems = _crc_problems(path, {rel: with_crc[rel] for rel in share})
         elif checksums and not with_crc and recorded and rank == 0:
             logger.info("%s records no CRC-32s (older checkpoint or saved without checksums): sizes checked only", path)
-        if not problems and (path / "dist").is_dir():
-            from megatron_logra.checkpoint.dcp_metadata import check_dcp_dir
 
+    def pickles() -> None:
+        from megatron_logra.checkpoint.dcp_metadata import check_dcp_dir
+
+        if (path / "dist").is_dir():
             check_dcp_dir(path / "dist")  # its pickles hold plain data only: loading it runs no code
-    except CheckpointError as exc:
-        error = str(exc)
-    except OSError as exc:  # e.g. an unreadable directory: reported like the other problems, on every rank
-        error = f"{path}: {type(exc).__name__}: {exc}"
-    if world > 1:
+
+    error = failure(sizes_and_crcs)
+    if world > 1:  # every member's size and CRC-32 verdict first: a damaged file is named as such
         reports = [json.loads(p) for p in all_gather_bytes(json.dumps([error, problems]).encode(), group)]
         error = next((e for e, _ in reports if e), None)
         problems = [p for _, ps in reports for p in ps]
+    if error is None and not problems:
+        error = failure(pickles)
+        if world > 1:
+            error = next((e for e in (json.loads(p) for p in all_gather_bytes(json.dumps(error).encode(), group))
+                          if e), None)
     if error is not None:
         raise CheckpointError(error)
     if problems:

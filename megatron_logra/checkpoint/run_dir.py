@@ -114,16 +114,18 @@ def check_shared_storage(run_dir: Path, *, wait_s: float = 5.0) -> None:
 
 def check_resume_steps(run_dir: Union[str, Path], steps: int, field: str) -> None:
     """Refuse to resume ``run_dir`` when its latest checkpoint is past ``steps``, the run's length
-    (``ValueError`` naming ``field``, e.g. ``train.steps`` or ``rl.steps``). Reads meta.json only, so
+    (``ValueError`` naming ``field``, e.g. ``train.steps`` or ``rl.steps``). Reads meta.json only
+    (:func:`~megatron_logra.checkpoint.integrity.read_meta_json`; loading checks the other files), so
     a job calls it right after claiming the directory, before it writes anything: continuing would
     rewrite ``config.yaml`` and ``summary.json`` of a run whose checkpoints and metrics stay at the
     later step. Equal is fine (nothing left to train). No checkpoint: nothing to check."""
-    from megatron_logra.checkpoint.store import latest_checkpoint, read_meta
+    from megatron_logra.checkpoint.integrity import read_meta_json
+    from megatron_logra.checkpoint.store import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         return
-    saved = read_meta(ckpt, checksums=False)["step"]
+    saved = read_meta_json(ckpt)["step"]
     if steps < saved:
         raise ValueError(f"{field}={steps} is below the step of the checkpoint to resume, {ckpt} "
                          f"(step {saved}); set {field} >= {saved} to continue the run (nothing was changed)")
@@ -168,7 +170,8 @@ def _read_config_yaml(path: Path) -> tuple[Optional[dict], Optional[str]]:
 def resume_config(run_dir: Union[str, Path]) -> dict:
     """The saved config (a :func:`megatron_logra.config.to_dict` mapping, before this resume's overrides) to
     continue the run in ``run_dir`` with: ``config.yaml``, checked against the copy of the config that the
-    latest checkpoint's ``meta.json`` holds (meta.json's own CRC-32 checked).
+    latest checkpoint's ``meta.json`` holds (meta.json's own CRC-32 checked; no other checkpoint file is read:
+    loading it checks them).
 
     * ``config.yaml`` missing, empty, unparseable, not a mapping, or lacking fields the checkpoint's copy has
       (cut short, e.g. by a full disk or a kill while it was rewritten; every field the job saved is in both):
@@ -180,7 +183,7 @@ def resume_config(run_dir: Union[str, Path]) -> dict:
 
     ``CheckpointError`` (a ``ValueError``) for a broken ``checkpoints/latest`` or meta.json. Reads files only:
     callable before any process group exists (the command line's ``--resume RUN_DIR``)."""
-    from megatron_logra.checkpoint.integrity import read_meta
+    from megatron_logra.checkpoint.integrity import read_meta_json
     from megatron_logra.checkpoint.store import latest_checkpoint
 
     run_dir = Path(run_dir)
@@ -189,7 +192,7 @@ def resume_config(run_dir: Union[str, Path]) -> dict:
     ckpt = latest_checkpoint(run_dir)
     saved = None
     if ckpt is not None:
-        saved = read_meta(ckpt, checksums=False).get("config")
+        saved = read_meta_json(ckpt).get("config")
         saved = saved if isinstance(saved, dict) and saved else None
     if saved is None:
         if from_yaml is None:

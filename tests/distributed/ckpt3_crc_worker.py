@@ -1,0 +1,88 @@
+"""A byte object damaged at the same size on several ranks, for ``test_ckpt3_crc_before_pickles_2ranks.py``.
+
+``python -m torch.distributed.run --nproc-per-node N ckpt3_crc_worker.py OUT`` (gloo, DP=N): saves a tiny
+weights-only checkpoint to ``OUT/run``; global rank 0 flips one byte inside its first byte object (a layer's
+``_extra_state``: same size, and ``torch.load(weights_only=True)`` refuses the result); then every rank calls
+``read_meta`` over the world group and ``load_checkpoint``. Each rank writes ``OUT/rank{r}.json``:
+``{"share": [...], "flipped": rel, "read_meta": [type, message] | null, "load": [type, message] | null}``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+
+
+def _flip_inside_a_byte_object(ckpt: Path) -> str:
+    import torch
+
+    from megatron_logra.checkpoint.dcp_metadata import _byte_items, read_dcp_metadata
+
+    dist_dir = ckpt / "dist"
+    rel, entries = sorted(_byte_items(dist_dir, read_dcp_metadata(dist_dir)).items())[0]
+    offset, length, _ = entries[0]
+    data = bytearray((dist_dir / rel).read_bytes())
+    for i in range(offset, offset + length):
+        data[i] ^= 0xFF
+        try:
+            torch.load(io.BytesIO(bytes(data[offset:offset + length])), map_location="cpu", weights_only=True)
+        except Exception:  # noqa: BLE001 - the flip wanted
+            (dist_dir / rel).write_bytes(bytes(data))
+            return f"dist/{rel}"
+        data[i] ^= 0xFF
+    raise AssertionError("no single flipped byte makes torch.load refuse the byte object")
+
+
+def run(out: Path) -> None:
+    import torch.distributed as dist
+
+    from megatron_logra.checkpoint import CheckpointError, load_checkpoint, read_meta, save_checkpoint
+    from megatron_logra.checkpoint.integrity import checksum_shares
+    from megatron_logra.models.gpt import ModelConfig, build_gpt
+    from megatron_logra.parallel import ParallelConfig, initialize_parallel
+
+    groups = initialize_parallel(ParallelConfig(backend="gloo"))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, vocab_size=64,
+                      seq_length=16)
+    model = build_gpt(cfg, groups, seed=3)
+    ckpt = save_checkpoint(out / "run", 1, model, None, groups)
+    sizes = {rel: e["bytes"] for rel, e in json.loads((ckpt / "meta.json").read_text())["files"].items()}
+    flipped = [_flip_inside_a_byte_object(ckpt) if rank == 0 else None]
+    dist.broadcast_object_list(flipped, src=0)
+
+    record: dict = {"share": checksum_shares(sizes, world)[rank], "flipped": flipped[0]}
+    for what, fn in (("read_meta", lambda: read_meta(ckpt, group=dist.group.WORLD)),
+                     ("load", lambda: load_checkpoint(ckpt, build_gpt(cfg, groups, seed=11), None, groups))):
+        record[what] = None
+        try:
+            fn()
+        except CheckpointError as exc:
+            record[what] = [type(exc).__name__, str(exc)]
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
+    dist.barrier()
+
+
+def main() -> int:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        run(Path(sys.argv[1]))
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # a failed rank cannot leave its peers waiting in a collective
+    from megatron_logra.parallel import destroy_parallel
+
+    destroy_parallel()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
