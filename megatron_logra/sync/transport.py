@@ -733,8 +733,8 @@ class DirectoryTransport:
                     logger.warning("%s; stopping after the %d deltas before the gap", msg, yielded)
                     return
                 if v == versions[0]:  # nothing older is left: the producer deleted them, they will not come
-                    msg = (f"{delta_filename(v)} starts at version {delta.base_version} but the engine is at {expected}:"
-                           f" the delta(s) for versions ({expected}, {delta.base_version}] are no longer in {self.dir} "
+                    msg = (f"{delta_filename(v)} starts at version {delta.base_version} but the engine is at "
+                           f"{expected}: the delta(s) for versions ({expected}, {delta.base_version}] are no longer in {self.dir} "
                            f"(pruned, sync.keep_deltas, or removed by a trainer restart); this engine cannot catch "
                            f"up through deltas: {self._reload_advice(anchors, versions)}")
                 raise SyncError("gap", msg)
