@@ -197,10 +197,12 @@ class EmbeddedEngine:
         return self._version
 
     def fingerprint(self, rows_per_tensor: int = 4) -> dict[str, str]:
-        """Per-tensor hash of sampled rows (``megatron_logra.sync.fingerprint``) for drift checks."""
+        """Per-tensor hash of sampled rows (``megatron_logra.sync.fingerprint``) for drift checks, the rows
+        salted with the engine's weight version (successive checks cover every row)."""
         from megatron_logra.sync import fingerprint
 
-        return fingerprint({name: p.data for name, p in self.model.named_parameters()}, rows_per_tensor)
+        return fingerprint({name: p.data for name, p in self.model.named_parameters()}, rows_per_tensor,
+                           salt=self._version)
 
     # ------------------------------------------------------------------ generation
 

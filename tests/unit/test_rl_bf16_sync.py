@@ -61,10 +61,14 @@ def test_bf16_updates_sync_as_deltas_without_drift(bf16_run):
 def test_bf16_drift_check_catches_one_changed_engine_row(bf16_run):
     from megatron_logra.rl.weights import trainer_fingerprint
     from megatron_logra.sync import drift
+    from megatron_logra.sync.fingerprint import fingerprint_salt
 
     comps, _ = bf16_run
-    trainer_fp = trainer_fingerprint(comps.model, comps.groups, comps.cfg.model, dtype=torch.bfloat16)
-    assert drift(comps.engine.fingerprint(), trainer_fp) == []
+    engine_fp = comps.engine.fingerprint()
+    salt = fingerprint_salt(engine_fp)
+    assert salt == comps.engine.weight_version  # the engine samples the rows of its version
+    trainer_fp = trainer_fingerprint(comps.model, comps.groups, comps.cfg.model, dtype=torch.bfloat16, salt=salt)
+    assert drift(engine_fp, trainer_fp) == []
     w = dict(comps.engine.model.named_parameters())["model.layers.1.mlp.down_proj.weight"]
     saved = w.detach().clone()
     with torch.no_grad():
