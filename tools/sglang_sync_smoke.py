@@ -13,7 +13,8 @@ Builds a random Llama checkpoint with ``transformers`` (no download), starts SGL
 3. reads engine weights back with ``get_weights_by_name`` and compares them with the reference
    **bitwise** (at ``--tp`` > 1 only the replicated vectors: a split weight reads back as one
    rank's shard), and compares the engine's fingerprint (all tensors, sampled rows, assembled
-   across the engine's TP ranks) with the reference's;
+   across the engine's TP ranks) with the reference's sampled with the engine's salt, which must
+   be the engine's weight version;
 4. greedy-generates again, then full-refits the reference weights through SGLang's default
    loader and generates once more: the two generations must be identical (same weights, same
    kernels), and must differ from step 1 only if the weights moved generation;
@@ -44,7 +45,7 @@ import torch
 from megatron_logra.argtypes import key_json
 from megatron_logra.sync import SyncError, encode
 from megatron_logra.sync.apply import apply_delta_
-from megatron_logra.sync.fingerprint import drift, fingerprint
+from megatron_logra.sync.fingerprint import drift, fingerprint, fingerprint_salt
 from megatron_logra.sync.sglang_client import SGLangEngineTarget, SGLangServerTarget
 from megatron_logra.sync.sglang_loader import LOADER_PATH
 from megatron_logra.sync.synthetic import DenseShape, random_delta
@@ -231,11 +232,16 @@ def check(driver: Any, state: dict[str, torch.Tensor], deltas: list, *, readback
     if not moved and any(ref[n].dim() == 2 for n in names):  # TP > 1 reads back replicated vectors only
         failures.append("the deltas did not change any weight read back")
     fp = target.fingerprint()
-    fp_drift = None if fp is None else drift(fp, fingerprint(ref))
+    salt = fingerprint_salt(fp)  # the reference samples the rows the engine sampled
+    fp_drift = None if fp is None else drift(fp, fingerprint(ref, salt=salt))
     if fp is None:
         failures.append("the engine could not fingerprint its weights (see the sync_loader state)")
-    elif fp_drift:
-        failures.append(f"fingerprint drift in {len(fp_drift)} tensors, e.g. {fp_drift[:3]}")
+    else:
+        if salt != target.weight_version:
+            failures.append(f"the engine's fingerprint samples the rows of salt {salt}, not of its weight version "
+                            f"{target.weight_version}")
+        if fp_drift:
+            failures.append(f"fingerprint drift in {len(fp_drift)} tensors, e.g. {fp_drift[:3]}")
 
     tokens_delta = driver.generate(PROMPTS, n_tokens)
     full_bytes = sum(t.numel() * t.element_size() for t in ref.values())
@@ -258,7 +264,7 @@ def check(driver: Any, state: dict[str, torch.Tensor], deltas: list, *, readback
     res.update(
         passed=not failures, failures=failures, bytes_per_sync=statistics.mean(sizes), full_refit_bytes=full_bytes,
         apply_s=statistics.median(times), apply_s_all=times, full_refit_s=full_s, weights_checked=len(names),
-        weights_moved=len(moved), fingerprint_checked=fp is not None,
+        weights_moved=len(moved), fingerprint_checked=fp is not None, fingerprint_salt=salt,
         generation_changed=tokens_before != tokens_delta, tokens_after_deltas=tokens_delta)
     report(f"{driver.name}: {len(deltas)} deltas, {res['bytes_per_sync'] / 2**20:.2f} MiB/sync "
            f"({100 * res['bytes_per_sync'] / full_bytes:.1f}% of a {full_bytes / 2**20:.1f} MiB bf16 refit); "

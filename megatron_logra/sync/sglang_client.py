@@ -5,7 +5,7 @@ Both targets speak the engine protocol :class:`megatron_logra.rl.policy_sync.Pol
     target.weight_version                    # int: the version the engine's weights are at
     target.apply_sketch_delta(payload)       # encoded delta (or SketchDelta) -> new version
     target.update_weights_full(hf_state, v)  # dense refit under HF names, then version := v
-    target.fingerprint()                     # {HF name: sha256} of the engine weights, or None
+    target.fingerprint()                     # {HF name: sha256@version} of the engine weights, or None
 
 This module holds the two transports, :class:`SGLangEngineTarget` and :class:`SGLangServerTarget`:
 each supplies the primitives (server info, ``update_weights_from_tensor``, ``get_weights_by_name``,
@@ -13,6 +13,9 @@ pause/continue, version tag) that :mod:`~megatron_logra.sync.sglang_protocol` tu
 protocol (how a delta travels and how its outcome is verified, the full refit, fingerprints, and
 the engines that take dense refits only: pipeline stages, ``--pp-size > 1``, and data-parallel
 attention, ``--dp-size > 1``, whose read-backs hold one answer per data-parallel rank).
+A fingerprint's rows are sampled with the engine's weight version as the salt (its digests end in
+``@<version>``): compare it with ``fingerprint(hf, salt=fingerprint_salt(fp))``
+(:mod:`~megatron_logra.sync.fingerprint`), as policy sync does.
 Request payloads and :class:`SGLangError` live in :mod:`~megatron_logra.sync.sglang_payloads`;
 every public name this module had is still importable from here.
 

@@ -9,7 +9,8 @@ TP CPU group (``all_gather_object``, two rounds of small objects):
    many rows as the rank whose real rows end last says);
 2. the raw bits of its share of those sampled rows. Every rank assembles every sampled row and
    hashes it with :func:`~megatron_logra.sync.fingerprint.digest`, so all ranks write the same
-   record and it equals ``fingerprint(full_hf_weights)`` whatever the TP size.
+   record and it equals ``fingerprint(full_hf_weights, salt=salt)`` whatever the TP size (the
+   loader salts with the engine's weight version, so each version samples its own rows).
 
 An element held by several ranks (replicated kv heads, norms) must be bitwise equal on all of
 them: otherwise that tensor's digest is prefixed ``replica-mismatch:`` so it differs from the

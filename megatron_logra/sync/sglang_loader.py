@@ -32,8 +32,12 @@ version and Hugging Face view come from :mod:`~megatron_logra.sync.sglang_weight
 ``fingerprint`` works at every TP size: the ranks exchange their shares of the sampled rows of
 each HF tensor over SGLang's TP CPU group (:mod:`~megatron_logra.sync.sglang_fingerprint`), so
 every rank stores the same record in :data:`FINGERPRINT_PARAM`, equal to the TP=1 fingerprint
-of the full HF tensors. The names of the helper modules stay importable from here. Imports
-only torch, the standard library and the sync package (SGLang is optional).
+of the full HF tensors. The rows are sampled with the engine's weight version as the salt
+(``fingerprint(hf, salt=version)``; the digests end in ``@<version>``), so successive drift checks
+cover different rows and the trainer, reading the salt back with
+:func:`~megatron_logra.sync.fingerprint.fingerprint_salt`, samples the same ones. The names of
+the helper modules stay importable from here. Imports only torch, the standard library and the
+sync package (SGLang is optional).
 """
 
 from __future__ import annotations
@@ -187,7 +191,8 @@ def sync_loader(model: nn.Module, named_tensors: list[tuple[str, torch.Tensor]])
     padded vocabulary rows to). Rejections leave the weights and the version untouched. A fingerprint
     (``op="fingerprint"`` or ``"fingerprint": true``) runs on every rank or on none (``error``
     is the same on every rank: each gets the same request and ``apply`` agrees over the group),
-    since at TP > 1 it is collective; its failure is recorded in
+    since at TP > 1 it is collective; it samples the rows of the engine's weight version (the salt) and
+    writes ``{"version", "fingerprint"}`` to :data:`FINGERPRINT_PARAM`; its failure is recorded in
     ``fingerprint_error``, never failing the sync.
     """
     try:
@@ -226,9 +231,11 @@ def sync_loader(model: nn.Module, named_tensors: list[tuple[str, torch.Tensor]])
         if error is None and (op == "fingerprint" or command.get("fingerprint")):
             try:
                 rows_per_tensor = int(command.get("rows_per_tensor", 4))  # the same on every rank
-                fp = engine_fingerprint(model, _tp_cpu_group(), rows_per_tensor)  # collective at TP > 1
-                _write_json_param(model, FINGERPRINT_PARAM, {"version": engine_version(model), "fingerprint": fp})
-                state["fingerprint_version"] = engine_version(model)
+                fp_version = engine_version(model)  # the same on every rank: the salt of the row sample
+                # collective at TP > 1
+                fp = engine_fingerprint(model, _tp_cpu_group(), rows_per_tensor, salt=fp_version)
+                _write_json_param(model, FINGERPRINT_PARAM, {"version": fp_version, "fingerprint": fp})
+                state["fingerprint_version"] = fp_version
             except Exception as exc:  # a fingerprint failure never fails the sync itself
                 state["fingerprint_error"] = str(exc)
         state["ok"] = error is None

@@ -8,7 +8,8 @@ Qwen2/Llama at TP ``T``: fused q/k/v biases, ``num_kv_heads < T`` (each kv head 
 ``T/G`` ranks), a vocabulary padded at its end and split in equal blocks, with
 ``shard_indices`` on ``embed_tokens`` and only the global ``org_vocab_size`` on ``lm_head``.
 A flipped byte in a sampled row on one rank, or one rank's replica differing from the others,
-changes exactly that tensor's fingerprint.
+changes exactly that tensor's fingerprint. The engines are at weight version :data:`VERSION`, the
+salt the loader samples rows with, so the reference is ``fingerprint(hf, salt=VERSION)``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron_logra.sync import sglang_loader
-from megatron_logra.sync.fingerprint import drift, fingerprint, sampled_rows_of
+from megatron_logra.sync.fingerprint import drift, fingerprint, fingerprint_salt, sampled_rows_of
 from megatron_logra.sync.sglang_fingerprint import MISMATCH_PREFIX
 from megatron_logra.sync.sglang_loader import (FINGERPRINT_PARAM, command_as_named_tensors, engine_hf_view, read_state,
                                                sync_loader)
@@ -31,6 +32,7 @@ from support.gloo import spawn_group
 from support.sglang_stand_ins import SGLangLlama, hf_state
 
 H, G, D, HID, F, V, LAYERS = 8, 2, 4, 16, 24, 37, 2
+VERSION = 7  # the engines' weight version: the salt of their row samples
 
 
 def _full(seed: int = 5) -> dict[str, torch.Tensor]:
@@ -106,10 +108,14 @@ class _Engine(nn.Module):
 
 
 def _record(model: nn.Module) -> dict:
+    """The loader's fingerprint of ``model`` at weight version :data:`VERSION` (set first, as a refit does)."""
+    sync_loader(model, command_as_named_tensors({"op": "set_version", "version": VERSION}))
     sync_loader(model, command_as_named_tensors({"op": "fingerprint", "nonce": 1}))
     state = read_state(model)
     assert state["ok"] and state["fingerprint_error"] is None, state
-    return read_state(model, FINGERPRINT_PARAM)["fingerprint"]
+    record = read_state(model, FINGERPRINT_PARAM)
+    assert record["version"] == VERSION == fingerprint_salt(record["fingerprint"])  # the rows of its version
+    return record["fingerprint"]
 
 
 @torch.no_grad()
@@ -125,7 +131,7 @@ def _cases(world: int, rank: int) -> dict[str, dict]:
     last = world - 1
     full = _full()
     down = "model.layers.1.mlp.down_proj.weight"
-    row = sampled_rows_of(down, full[down].shape)[1]
+    row = sampled_rows_of(down, full[down].shape, salt=VERSION)[1]
     model = _Engine(full, world, rank)
     out["clean"] = _record(model)
     if rank == last:  # a sampled row of a tensor whose columns are split: only this rank holds the byte
@@ -157,7 +163,7 @@ def _run(world: int, tmp_path) -> list[dict]:
 
 
 def _check(got: dict, world: int) -> None:
-    want = fingerprint(_full())
+    want = fingerprint(_full(), salt=VERSION)
     assert got["clean"] == want
     assert drift(got["flipped"], want) == ["model.layers.1.mlp.down_proj.weight"]
     replicas = ["model.layers.1.post_attention_layernorm.weight"]
@@ -171,7 +177,8 @@ def test_tp2_fingerprint_equals_the_full_hf_fingerprint_on_every_rank(tmp_path):
     got = _run(2, tmp_path)
     _check(got, 2)
     hf = hf_state(3)
-    assert got["stand_in"] == fingerprint(engine_hf_view(SGLangLlama(hf))) == fingerprint(hf)
+    want = fingerprint(hf, salt=VERSION)
+    assert got["stand_in"] == fingerprint(engine_hf_view(SGLangLlama(hf)), salt=VERSION) == want
 
 
 @pytest.mark.distributed
@@ -182,7 +189,7 @@ def test_tp4_fingerprint_with_replicated_kv_heads_and_padded_vocab(tmp_path):
 def test_tp1_fingerprint_is_the_whole_tensor_fingerprint_of_the_hf_view():
     for model in (_Engine(_full(), 1, 0), SGLangLlama(hf_state(1), vocab_pad=24)):
         view = engine_hf_view(model)
-        assert _record(model) == fingerprint(view)
+        assert _record(model) == fingerprint(view, salt=VERSION)
     assert fingerprint(engine_hf_view(_Engine(_full(), 1, 0))) == fingerprint(_full())
 
 

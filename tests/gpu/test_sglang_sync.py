@@ -52,7 +52,7 @@ def test_sglang_engine_applies_deltas_bitwise(smoke, checkpoint):
     finally:
         driver.close()
     _assert_passed(res, state)
-    assert res["fingerprint_checked"]
+    assert res["fingerprint_checked"] and res["fingerprint_salt"] == deltas[-1].new_version  # the engine's version
 
 
 @pytest.mark.slow
@@ -65,7 +65,7 @@ def test_sglang_http_server_applies_deltas_bitwise(smoke, checkpoint, serializat
     finally:
         driver.close()
     _assert_passed(res, state)
-    assert res["fingerprint_checked"]
+    assert res["fingerprint_checked"] and res["fingerprint_salt"] == deltas[-1].new_version  # the engine's version
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="an engine with TP 2 needs two GPUs")
@@ -80,3 +80,4 @@ def test_sglang_engine_at_tp2_fingerprints_across_ranks(smoke, checkpoint):
         driver.close()
     assert res["passed"], res["failures"]
     assert res["fingerprint_checked"] and res["weights_checked"] > 0
+    assert res["fingerprint_salt"] == deltas[-1].new_version  # the rows of the engine's version

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from megatron_logra.sync import SyncError, encode
-from megatron_logra.sync.fingerprint import drift, fingerprint
+from megatron_logra.sync.fingerprint import drift, fingerprint, fingerprint_salt, sampled_rows_of
 from megatron_logra.sync.sglang_client import (
     SGLangEngineTarget,
     SGLangError,
@@ -149,7 +149,31 @@ def test_engine_fingerprint_in_hf_layout_equals_the_trainers_despite_vocab_paddi
     state = read_state(model)
     assert state["ok"] and state["fingerprint_version"] == 2 and state["fingerprint_error"] is None
     record = read_state(model, FINGERPRINT_PARAM)
-    assert record["version"] == 2 and drift(record["fingerprint"], fingerprint(ref)) == []
+    assert record["version"] == 2 and fingerprint_salt(record["fingerprint"]) == 2  # the rows of version 2
+    assert drift(record["fingerprint"], fingerprint(ref, salt=2)) == []
+
+
+def test_each_version_fingerprints_its_own_rows_so_a_later_check_catches_a_row_an_earlier_one_missed():
+    """The loader salts its row sample with the engine's weight version; the comparing side reads the salt
+    back (``fingerprint_salt``, as policy sync does) and samples the same rows. A drifted row that one
+    version's sample misses is in another's."""
+    hf = hf_state()
+    name = "model.layers.1.mlp.down_proj.weight"  # [HID, F]: SGLang's rows are the HF rows at TP 1
+    first = set(sampled_rows_of(name, hf[name].shape, salt=1))
+    later, row = next((v, r) for v in range(2, 200)
+                      for r in sampled_rows_of(name, hf[name].shape, salt=v) if r not in first)
+    runtime = SchedulerRuntime([SGLangLlama(hf)])
+    target = SGLangEngineTarget(FakeEngine(runtime))
+    with torch.no_grad():  # the engine drifts in one row
+        runtime.models[0].model.layers[1].mlp.down_proj.weight.view(torch.int16)[row, 3] ^= 1
+    seen = {}
+    for version in (1, later):
+        target.reset_version(version)
+        fp = target.fingerprint()
+        assert fingerprint_salt(fp) == version and all(d.endswith(f"@{version}") for d in fp.values())
+        seen[version] = drift(fp, fingerprint(hf, salt=fingerprint_salt(fp)))
+    assert seen == {1: [], later: [name]}
+    assert runtime.dead is None
 
 
 def test_fingerprint_on_a_tp2_engine_is_reported_unavailable_not_raised():
@@ -183,7 +207,8 @@ def test_engine_target_applies_deltas_refits_and_fingerprints(model_class):
         assert target.apply_sketch_delta(encode(d)) == d.new_version
     ref = reference(hf, deltas)
     _assert_same(runtime.models[0], SGLangLlama(ref, vocab_pad=8))
-    assert drift(target.fingerprint(), fingerprint(ref)) == []
+    fp = target.fingerprint()
+    assert fingerprint_salt(fp) == 3 and drift(fp, fingerprint(ref, salt=3)) == []  # the engine's version
     assert target.num_deltas == 3 and target.bytes_sent == sum(len(encode(d)) for d in deltas)
     updates = [c for c in engine.calls if c[0] == "update"]
     assert all(c[1] == LOADER_PATH for c in updates)
@@ -197,7 +222,8 @@ def test_engine_target_applies_deltas_refits_and_fingerprints(model_class):
     assert target.weight_version == 10 and engine_version(runtime.models[0]) == 10
     _assert_same(runtime.models[0], SGLangLlama(new, vocab_pad=8))
     assert sum(1 for c in engine.calls if c[0] == "update" and c[1] is None) > 1  # chunked
-    assert drift(target.fingerprint(), fingerprint(new)) == []
+    fp = target.fingerprint()
+    assert fingerprint_salt(fp) == 10 and drift(fp, fingerprint(new, salt=10)) == []
     assert runtime.dead is None
     if model_class is SGLangQwen2:  # the loader's reader serves its two records, not the model's weights
         assert runtime.get_weights_by_name("model.norm.weight", 10) is None
@@ -505,6 +531,23 @@ def test_smoke_tool_check_passes_on_a_faithful_engine_and_catches_a_flipped_bit(
     assert not res["passed"] and any("fingerprint drift" in f for f in res["failures"])
 
 
+def test_smoke_tool_check_fails_an_engine_that_does_not_sample_the_rows_of_its_version(monkeypatch):
+    """A loader that fingerprints without the version's salt samples the same rows at every version: the
+    smoke check compares with the engine's own salt and also requires it to be the weight version."""
+    smoke = _smoke_tool()
+    hf = hf_state()
+    deltas = delta_chain(3)
+    res = smoke.check(_StandInDriver(hf), hf, deltas, n_tokens=4, report=lambda msg: None)
+    assert res["passed"], res["failures"]
+    assert res["fingerprint_salt"] == deltas[-1].new_version
+    salted = sglang_loader.engine_fingerprint
+    monkeypatch.setattr(sglang_loader, "engine_fingerprint",
+                        lambda model, group=None, rows_per_tensor=4, salt=None: salted(model, group, rows_per_tensor))
+    res = smoke.check(_StandInDriver(hf), hf, deltas, n_tokens=4, report=lambda msg: None)
+    assert not res["passed"] and res["fingerprint_salt"] is None
+    assert res["failures"] == ["the engine's fingerprint samples the rows of salt None, not of its weight version 3"]
+
+
 def test_client_imports_neither_sglang_megatron_transformers_nor_requests():
     import os
     import subprocess
@@ -555,7 +598,8 @@ def test_refits_and_deltas_cut_the_trainers_padded_vocabulary_to_the_served_mode
     assert runtime.dead is None and target.weight_version == 4
     assert target.vocab_size == V  # the loader reports the served model's vocabulary
     _assert_same(runtime.models[0], SGLangLlama(new, vocab_pad=24))
-    assert drift(target.fingerprint(), fingerprint(new)) == []
+    fp = target.fingerprint()
+    assert fingerprint_salt(fp) == 4 and drift(fp, fingerprint(new, salt=4)) == []
 
     emb = _padded(torch.full((V, HID), 0.5, dtype=torch.bfloat16), 128)
     sent = random_delta(SHAPE, RANK, base_version=4, new_version=5, update_index=4, seed=11, generator_seed=4,
