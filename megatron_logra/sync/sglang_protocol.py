@@ -454,7 +454,8 @@ class _SGLangTarget:
         self._version = int(state["version"])
 
     def fingerprint(self) -> Optional[dict[str, str]]:
-        """``{HF name: sha256 hex}`` of the engine's weights, or None when it cannot say (see module docstring;
+        """``{HF name: "<sha256 hex>@<version>"}`` of the engine's weights, rows sampled with its weight version
+        as the salt (``sync.fingerprint.fingerprint_salt`` reads it back), or None when it cannot say (see module docstring;
         always None at ``pp_size > 1`` or ``dp_size > 1``). A record for another version than the engine's
         raises :class:`SGLangError` ``engine``."""
         self._check_server()
