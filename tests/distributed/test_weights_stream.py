@@ -30,7 +30,7 @@ def test_streamed_weights_and_sampled_fingerprint_match_whole_model(launcher, tm
         assert r["stream_dtypes"] == ["torch.bfloat16", "torch.float32"], r
         assert r["fp_bf16_drift"] == [] and r["fp_native_drift"] == [], r
         assert r["num_hf_tensors"] == 4 * 12 + 3  # per layer q,k,v (+3 biases), o, gate, up, down, 2 norms
-        assert r["engine_version"] == 3 and r["engine_drift"] == [], r
+        assert r["engine_version"] == 3 and r["engine_salt"] == 3 and r["engine_drift"] == [], r
         layer = r["perturbed_layer"]
         assert layer is not None
         pre = f"model.layers.{layer}."

@@ -31,7 +31,7 @@ def main(out: str, tp: int, pp: int) -> None:
     from megatron_logra.parallel import ParallelConfig, destroy_parallel, initialize_parallel
     from megatron_logra.rl.weights import iter_full_params, iter_hf_params, trainer_fingerprint
     from megatron_logra.rollout.embedded import EmbeddedEngine
-    from megatron_logra.sync.fingerprint import drift, fingerprint
+    from megatron_logra.sync.fingerprint import drift, fingerprint, fingerprint_salt
 
     groups = initialize_parallel(ParallelConfig(tp=tp, pp=pp), seed=7)
     cfg = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
@@ -69,7 +69,10 @@ def main(out: str, tp: int, pp: int) -> None:
     engine = EmbeddedEngine(cfg, tp=tp, dtype=torch.bfloat16, init_seed=1)
     engine.update_weights_full(iter_hf_params(model, groups, cfg), 3)
     result["engine_version"] = engine.weight_version
-    result["engine_drift"] = drift(engine.fingerprint(), got_bf16)
+    engine_fp = engine.fingerprint()
+    result["engine_salt"] = fingerprint_salt(engine_fp)  # the engine samples the rows of its version
+    result["engine_drift"] = drift(engine_fp, trainer_fingerprint(model, groups, cfg, dtype=torch.bfloat16,
+                                                                  salt=result["engine_salt"]))
 
     # perturb TP rank 1 of the last stage: its block of linear_fc1 (column parallel, stride 2) and
     # of linear_proj (row parallel); each changes rows every fingerprint samples (the last rows /
