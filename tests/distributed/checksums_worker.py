@@ -18,9 +18,7 @@ Each rank writes ``OUT/rank{r}.json``: ``{"share": [...], "share_bytes": n, "tot
 from __future__ import annotations
 
 import json
-import os
 import sys
-import traceback
 import warnings
 from pathlib import Path
 
@@ -96,17 +94,9 @@ def run(out: Path) -> None:
 
 
 def main() -> int:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        run(Path(sys.argv[1]))
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)  # a failed rank cannot leave its peers waiting in a collective
-    from megatron_logra.parallel import destroy_parallel
+    from rank_main import rank_main
 
-    destroy_parallel()
-    return 0
+    return rank_main(lambda: run(Path(sys.argv[1])))
 
 
 if __name__ == "__main__":

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sys
-import traceback
 import warnings
 from pathlib import Path
 
@@ -71,17 +69,9 @@ def run(out: Path) -> None:
 
 
 def main() -> int:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        run(Path(sys.argv[1]))
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)  # a failed rank cannot leave its peers waiting in a collective
-    from megatron_logra.parallel import destroy_parallel
+    from rank_main import rank_main
 
-    destroy_parallel()
-    return 0
+    return rank_main(lambda: run(Path(sys.argv[1])))
 
 
 if __name__ == "__main__":

@@ -23,11 +23,9 @@ Each rank records the error of every save and what ``checkpoints/`` holds after 
 from __future__ import annotations
 
 import json
-import os
 import resource
 import signal
 import sys
-import traceback
 import warnings
 from pathlib import Path
 
@@ -122,18 +120,10 @@ def _run(out: Path) -> None:
 
 
 def main() -> int:
-    warnings.filterwarnings("ignore")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        _run(Path(sys.argv[1]))
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)  # a failed rank cannot leave its peers waiting in a collective
-    from megatron_logra.parallel import destroy_parallel
+    from rank_main import rank_main
 
-    destroy_parallel()
-    return 0
+    warnings.filterwarnings("ignore")
+    return rank_main(lambda: _run(Path(sys.argv[1])))
 
 
 if __name__ == "__main__":
