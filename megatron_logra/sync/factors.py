@@ -26,6 +26,8 @@ __all__ = [
 ]
 
 _TINY_ROW_EXP = -100
+_BATCH_ELEMS = 1 << 20
+"""Elements per batch of :func:`check_factors` (2 MiB of bf16: its temporaries stay in cache)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -89,13 +91,31 @@ def check_factors(factors: Sequence[torch.Tensor]) -> list[tuple[bool, int]]:
     for U in factors:
         if U.dtype != torch.bfloat16 or U.dim() != 2:
             raise ValueError(f"expected a 2-D bf16 factor, got {U.dtype} {tuple(U.shape)}")
-    # rows are checked independently: when the factors of one rank and device (every target of a delta)
-    # pass together, each passes; only a failing batch is looked at factor by factor
-    batch = [U for U in factors if U.numel()]
-    if len(batch) > 1 and len({(U.shape[1], U.device) for U in batch}) == 1:
-        if _check_factor(torch.cat(batch)) == (True, 0):
-            return [(True, 0)] * len(factors)
-    return [_check_factor(U) for U in factors]
+    # Rows are checked independently: consecutive small factors of one rank and device are checked
+    # together (few ops for the many small factors of a delta), in batches of at most _BATCH_ELEMS
+    # elements so the temporaries stay cache-sized; a batch that fails is looked at factor by factor.
+    out: list[tuple[bool, int]] = [(True, 0)] * len(factors)
+
+    def flush(idx: list[int]) -> None:
+        if len(idx) > 1 and _check_factor(torch.cat([factors[i] for i in idx])) == (True, 0):
+            return
+        for i in idx:
+            out[i] = _check_factor(factors[i])
+
+    batch: list[int] = []
+    size = 0
+    for i, U in enumerate(factors):
+        if not U.numel():
+            continue
+        if batch and (size + U.numel() > _BATCH_ELEMS or (U.shape[1], U.device) != (factors[batch[0]].shape[1],
+                                                                                       factors[batch[0]].device)):
+            flush(batch)
+            batch, size = [], 0
+        batch.append(i)
+        size += U.numel()
+    if batch:
+        flush(batch)
+    return out
 
 
 def _check_factor(U_OR: torch.Tensor) -> tuple[bool, int]:

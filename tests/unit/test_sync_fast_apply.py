@@ -232,3 +232,29 @@ def test_apply_computes_each_layers_projection_once_and_shares_nothing_after(mon
         assert rp.projection(1, "x", 0, 4, 9) is a
         assert rp.projection(1, "x", 0, 4, 9, cols=[0, 1]) is not rp.projection(1, "x", 0, 4, 9, cols=[0, 1])
     assert rp.projection(1, "x", 0, 4, 9) is not a and torch.equal(rp.projection(1, "x", 0, 4, 9), a)
+
+
+def test_check_factors_batches_stay_bounded_and_agree_with_one_factor_at_a_time(monkeypatch):
+    """Small factors are checked together, never more than the batch bound at once (the engine runs this on the
+    host for every delta: a 27B delta's factors are ~1 GiB), and every factor's verdict is its own."""
+    import megatron_logra.sync.factors as factors_mod
+
+    gen = torch.Generator().manual_seed(3)
+    fs = [quantize_factor(torch.randn(n, r, generator=gen) * 1e-3)
+          for n, r in [(40, 8), (0, 8), (3, 8), (200, 8), (17, 4), (5, 8), (64, 8), (9, 8)]]
+    fs[3][7, 2] = float("nan")
+    fs[6][1, 1] = 2.0**-30 * (1 + 2.0**-7)  # exact in bf16, not a multiple of the row's grid (~2^-29)
+    sizes = []
+    real = factors_mod._check_factor
+
+    def recording(U):
+        sizes.append(U.numel())
+        return real(U)
+
+    monkeypatch.setattr(factors_mod, "_BATCH_ELEMS", 400)
+    monkeypatch.setattr(factors_mod, "_check_factor", recording)
+    got = check_factors(fs)
+    assert got == [real(U) for U in fs]
+    assert got[3][0] is False and got[6] == (True, 1)
+    assert max(sizes) <= max(400, max(U.numel() for U in fs))
+    assert len(sizes) < len(fs) + 4  # batched: far fewer checks than factors plus the per-factor reruns
