@@ -89,8 +89,11 @@ class ModuleEngine:
         ``hf`` layout only (``SyncError("layout")`` otherwise: a sharded, fused engine converts full HF
         tensors itself). Values are cast to each parameter's dtype and device. Unknown, repeated or missing
         names and shape mismatches raise ``SyncError("shape")``; a mapping is checked whole before anything is
-        copied, a stream tensor by tensor and always consumed to its end. A failure after some tensor was
-        copied leaves ``weight_version = -1`` (unknown: every delta is refused) until a full load succeeds.
+        copied, a stream tensor by tensor and consumed to its end. Any failure after some tensor was copied
+        leaves ``weight_version = -1`` (unknown: every delta is refused) until a full load succeeds: a refused
+        tensor, a failed copy, or an exception the stream itself raises (re-raised as it is), e.g. a read
+        error of the file being streamed (on NFS, ``ESTALE`` once the producer deleted it on another node).
+        A failure before the first copy leaves the weights and the version as they were.
         """
         if self.layout != "hf" or self.tp_size != 1:
             raise SyncError("layout", f"update_weights_full takes full HF tensors: this engine is {self.layout} "
@@ -115,17 +118,24 @@ class ModuleEngine:
                 raise SyncError("shape", f"update_weights_full: {bad[:8]} missing {missing[:8]}")
         errors: list[str] = []
         seen: set[str] = set()
-        for name, t in (tensors.items() if isinstance(tensors, Mapping) else tensors):
-            why = problem(name, t, seen)
-            if why or errors:
-                errors += [why] if why else []
-                continue  # consume the rest, copy nothing more
-            try:
-                params[name].copy_(t.to(device=params[name].device, dtype=params[name].dtype))
-            except Exception as exc:  # noqa: BLE001 - reported below, after the stream is consumed
-                errors.append(f"{name}: copy failed ({type(exc).__name__}: {str(exc)[:200]})")
-                continue
-            seen.add(name)
+        try:  # the iteration too: a stream that raises (a read error) after a copy leaves the version unknown
+            for name, t in (tensors.items() if isinstance(tensors, Mapping) else tensors):
+                why = problem(name, t, seen)
+                if why or errors:
+                    errors += [why] if why else []
+                    continue  # consume the rest, copy nothing more
+                try:
+                    params[name].copy_(t.to(device=params[name].device, dtype=params[name].dtype))
+                except Exception as exc:  # noqa: BLE001 - reported below, after the stream is consumed
+                    errors.append(f"{name}: copy failed ({type(exc).__name__}: {str(exc)[:200]})")
+                    continue
+                seen.add(name)
+        except BaseException:
+            if seen:
+                self._version = -1
+                logger.error("engine weights partly replaced (%d tensors) when the full-weights stream failed: "
+                             "weight_version = -1", len(seen))
+            raise
         missing = sorted(set(params) - seen)
         if errors or missing:
             if seen:

@@ -285,8 +285,11 @@ def _numel(shape: Sequence[int]) -> int:
 
 
 class _FullReader:
-    """An opened, checksum-verified full-weights file (held open, so a producer replacing or pruning
-    it meanwhile does not change what is read)."""
+    """An opened, checksum-verified full-weights file, held open while it is read. On a local POSIX
+    filesystem a producer replacing or pruning it meanwhile does not change what is read; on NFS a file
+    another node deletes (a newer refit replacing it) may fail to read with ``ESTALE``: :meth:`tensors`
+    then raises ``SyncError("unreadable")`` and an engine that had copied some tensors is at
+    ``weight_version = -1`` (``ModuleEngine.update_weights_full``), to be reloaded from the newest anchor."""
 
     def __init__(self, path: Path, version: int, sha256: Optional[str]) -> None:
         self.path = path
@@ -376,9 +379,15 @@ class _FullReader:
             if stop == start:
                 yield name, torch.empty(shape, dtype=self.dtype)
                 continue
-            self._fh.seek(self.data_start + start)
             buf = bytearray(stop - start)
-            if self._fh.readinto(buf) != len(buf):
+            try:
+                self._fh.seek(self.data_start + start)
+                got = self._fh.readinto(buf)
+            except OSError as exc:
+                raise SyncError("unreadable", f"{self.path.name}: reading {name} failed ({type(exc).__name__}: "
+                                              f"{exc.strerror}); a newer refit may have replaced it: reload the "
+                                              "newest anchor") from None
+            if got != len(buf):
                 raise SyncError("truncated", f"{self.path.name}: ends inside {name}")
             yield name, torch.frombuffer(buf, dtype=self.dtype).reshape(shape)
 
