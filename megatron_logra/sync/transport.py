@@ -293,6 +293,7 @@ class _FullReader:
 
     def __init__(self, path: Path, version: int, sha256: Optional[str]) -> None:
         self.path = path
+        self.anchor: Optional[dict] = None  # the marker it was opened for (DirectoryTransport.open_full)
         try:
             self._fh = open(path, "rb")
         except OSError as exc:
@@ -462,8 +463,10 @@ class DirectoryTransport:
         """Consumer: open and verify (sha256, and that it is the file the anchor marker names) the full-weights
         file of the anchor at ``version`` (None: the newest anchor). Returns a context manager whose
         ``tensors()`` yields ``(HF name, tensor)`` one at a time and ``shapes()`` lists them, for engines that
-        load weights themselves (:meth:`load_full` does it for engines with ``update_weights_full``). Raises
-        ``SyncError`` (``anchor`` when that anchor has no full-weights file)."""
+        load weights themselves (:meth:`load_full` does it for engines with ``update_weights_full``); its
+        ``anchor`` is the marker the file was opened for (what to verify once the tensors are loaded: a
+        marker written at the same version meanwhile belongs to other weights). Raises ``SyncError``
+        (``anchor`` when that anchor has no full-weights file)."""
         anchor = self._anchor_for(version)
         full = anchor.get("full")
         if full is None:
@@ -471,14 +474,21 @@ class DirectoryTransport:
                                       f"{self.dir} (the producer wrote none, e.g. a chain start before its first "
                                       "refit or a failed write): reload the trainer's weights at that version by other "
                                       f"means and call accept_anchor({anchor['version']})")
-        return _FullReader(self.dir / full["file"], anchor["version"], full["sha256"])
+        reader = _FullReader(self.dir / full["file"], anchor["version"], full["sha256"])
+        reader.anchor = anchor
+        return reader
 
     def load_full(self, engine: Any, version: Optional[int] = None) -> dict:
         """Consumer: load the full weights of the anchor at ``version`` (None: the newest) into ``engine`` with
         its ``update_weights_full(stream, version)`` (one tensor at a time), which sets its ``weight_version``,
-        then count the anchor as verified (:meth:`accept_anchor`) and return its marker. The remedy the
+        then count the anchor whose file was read as verified and return its marker. The remedy the
         ``anchor`` and ``gap`` errors of :meth:`consume` name. The file's sha256 is verified before the first
-        tensor reaches the engine; an engine's refusal is raised as ``SyncError("apply")``."""
+        tensor reaches the engine; an engine's refusal is raised as ``SyncError("apply")``.
+
+        The anchor verified is the marker the file was opened for, never one found at that version after the
+        load: a producer that restarts and refits at the same version while the file is streamed writes a new
+        marker (another epoch, other weights), which stays unverified, so the next :meth:`consume` refuses at
+        it and the consumer reloads."""
         load = getattr(engine, "update_weights_full", None)
         if not callable(load):
             raise SyncError("config", f"{type(engine).__name__} has no update_weights_full(stream, version): load "
@@ -490,7 +500,8 @@ class DirectoryTransport:
                 raise
             except (ValueError, RuntimeError) as exc:
                 raise SyncError("apply", f"the engine refused {reader.path.name}: {exc}") from exc
-        anchor = self.accept_anchor(reader.version)
+        anchor = reader.anchor
+        self._verified.add(anchor["epoch"])
         logger.info("engine reloaded the full weights at version %d from %s", reader.version, reader.path.name)
         return anchor
 

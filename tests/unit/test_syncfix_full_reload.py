@@ -84,3 +84,52 @@ def test_a_file_cut_short_while_it_is_read_leaves_the_engine_at_version_minus_on
     with pytest.raises(SyncError, match="ends inside") as exc:
         consumer.load_full(engine)
     assert exc.value.kind == "truncated" and engine.weight_version == -1
+
+
+# ---------------------------------------------------------------------- the anchor accepted is the file's
+def test_load_full_accepts_the_anchor_it_read_not_a_newer_marker_at_that_version(tmp_path):
+    """While the consumer streams the refit at version 2, the trainer restarts from its checkpoint at 0 and,
+    on another trajectory, refits at version 2 again (a new marker, other weights) and publishes 2 -> 3. The
+    engine holds the first file's weights: the new marker must stay unverified, so consume refuses at it."""
+    producer = _anchored(tmp_path, _hf_state(), 0)
+    weights, version = _hf_state(), 0
+    for _ in range(2):
+        d = _delta(version, 1)
+        producer.publish(d)
+        apply_delta_(weights, d, version)
+        version += 1
+    weights = {k: t * 1.5 for k, t in weights.items()}
+    first = producer.write_anchor(2, fingerprint(weights, salt=2), full=producer.write_full(2, weights))
+
+    def restart_and_refit_at_2():
+        restarted = DirectoryTransport(tmp_path)
+        restarted.clear(above_version=0)
+        other, v = _hf_state(), 0
+        for _ in range(2):
+            d = _delta(v, 2)
+            restarted.publish(d)
+            apply_delta_(other, d, v)
+            v += 1
+        other = {k: t * 0.5 for k, t in other.items()}
+        restarted.write_anchor(2, fingerprint(other, salt=2), full=restarted.write_full(2, other))
+        restarted.publish(_delta(2, 2))
+
+    class Engine(ModuleEngine):
+        def update_weights_full(self, tensors, version):
+            def stream():
+                for i, item in enumerate(tensors):
+                    if i == 0:
+                        restart_and_refit_at_2()
+                    yield item
+            return super().update_weights_full(stream(), version)
+
+    consumer, engine = DirectoryTransport(tmp_path), Engine(_HFModule(_hf_state(seed=7)))
+    accepted = consumer.load_full(engine)
+    assert accepted["epoch"] == first["epoch"] and engine.weight_version == 2
+    assert _same(engine, {k: t.to(torch.float32) for k, t in weights.items()})
+    assert consumer.anchors()[-1]["epoch"] != first["epoch"]  # the marker at 2 now is the restarted run's
+    with pytest.raises(SyncError, match="differ from the trainer's anchor") as exc:
+        consumer.consume(engine)
+    assert exc.value.kind == "anchor" and engine.weight_version == 2
+    consumer.load_full(engine)  # the new trajectory's file: then its deltas apply
+    assert consumer.consume(engine) == [3]
