@@ -106,8 +106,10 @@ class PolicySync:
 
         With ``sync.transport=directory`` the same stream is also written, tensor by tensor, as the
         full weights ``full_<version>.safetensors`` in HF names and the engine dtype
-        (``model.params_dtype``), and then an anchor marker at ``version`` naming that file and carrying
-        the trainer's fingerprint (collective over the model-parallel group, like the refit): an engine that
+        (``model.params_dtype``), ``embed_tokens``/``lm_head`` cut to the model's vocabulary
+        (``model.vocab_size`` rows, as in its HF checkpoint), and then an anchor marker at ``version`` naming
+        that file and carrying the trainer's fingerprint of the same rows (collective over the model-parallel
+        group, like the refit): an engine that
         reads the files itself learns of the refit and can reload its weights
         (``DirectoryTransport.load_full``). Only the newest full-weights file is kept. A failed write of it
         is logged and leaves the marker without a file; the refit itself goes on."""
@@ -117,7 +119,9 @@ class PolicySync:
             if not self._chain_started:
                 self._start_chain(version)
             specs = hf_param_specs(self.model, self.groups, self.model_cfg)  # collective over PP, like the stream
-            writer = self.transport.full_writer(version, specs, self.model_cfg.torch_dtype)
+            # the model's vocabulary, as its HF checkpoint (and an engine started from it) holds it
+            writer = self.transport.full_writer(version, specs, self.model_cfg.torch_dtype,
+                                                vocab_rows=self.model_cfg.vocab_size)
         sent = [0]
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
@@ -135,8 +139,9 @@ class PolicySync:
             raise
         if directory:
             full = writer.finish()
+            # the rows of the file: a separate engine verifies the anchor by fingerprint with the same rows
             fp = trainer_fingerprint(self.model, self.groups, self.model_cfg, dtype=self.model_cfg.torch_dtype,
-                                     vocab_rows=getattr(self.engine, "fingerprint_vocab_rows", None), salt=version)
+                                     vocab_rows=self.model_cfg.vocab_size, salt=version)
             self.transport.write_anchor(version, fp, own_engine=True, full=full)  # this rank's engine was just refit
         return sent[0]
 

@@ -31,10 +31,15 @@
   atomically: temporary file, fsync, rename), and the marker's optional ``full`` entry names it
   with its sha256; writing a marker deletes every other full-weights file, so only the newest
   anchor's is kept (and :meth:`~DirectoryTransport.prune` drops it with its anchor). The file is
-  safetensors (no pickle): every tensor in HF names, in one dtype (the engine's), and the
-  metadata ``logra.full`` (canonical JSON ``{"format", "version", "dtype", "tensors"}``) and
-  ``logra.full.sha256``: sha256 over ``b"logra-full-weights|"``, that JSON, and then for every
-  tensor in data order ``|name|dtype|shape|`` and its raw bytes. A consumer that is refused (an
+  safetensors (no pickle): every tensor in HF names, in one dtype (the engine's), the
+  vocabulary-parallel ``embed_tokens``/``lm_head`` at the model's vocabulary (``model.vocab_size``
+  rows, as in its HF checkpoint, without the trainer's padding rows), and the metadata ``logra.full``
+  (canonical JSON ``{"format", "version", "dtype", "tensors"}``, plus ``"vocab_rows"`` when the file
+  holds a vocabulary-parallel tensor) and ``logra.full.sha256``: sha256 over
+  ``b"logra-full-weights|"``, that JSON, and then for every tensor in data order
+  ``|name|dtype|shape|`` and its raw bytes. :meth:`DirectoryTransport.load_full` checks the file's
+  shapes against the engine before the first tensor is copied (an engine with padding rows takes
+  the vocabulary as its first rows). A consumer that is refused (an
   unverified anchor, or a ``gap`` because the deltas it needs were pruned or removed by a trainer
   restart) calls :meth:`DirectoryTransport.load_full`: it verifies the checksum, streams the
   tensors into the engine's ``update_weights_full``, accepts the anchor, and the engine follows
@@ -64,9 +69,10 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 import torch
 
 from megatron_logra.sync.codec import SketchDelta, decode, encode
-from megatron_logra.sync.engine import DeltaConsumer
+from megatron_logra.sync.engine import DeltaConsumer, full_shape_problems
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.fingerprint import drift, fingerprint_salt
+from megatron_logra.sync.layout import VOCAB_PARALLEL
 
 logger = logging.getLogger(__name__)
 
@@ -183,10 +189,16 @@ class FullWeightsWriter:
     order, of another shape, or a failed write marks the file failed, and :meth:`finish` then
     deletes it and returns None (logging why), so a caller streaming the tensors to an engine at
     the same time is never interrupted.
+
+    ``vocab_rows``: the model's vocabulary (``model.vocab_size``). The vocabulary-parallel tensors
+    (``model.embed_tokens.weight``, ``lm_head.weight``) are declared and added as the trainer streams them
+    (padded rows included) and written as their first ``vocab_rows`` rows, the tensors of the model's HF
+    checkpoint, which an engine started from it holds. None writes them as they come. The header records the
+    row count written (``vocab_rows``) whenever the file holds such a tensor.
     """
 
     def __init__(self, directory: Path, version: int, specs: Sequence[tuple[str, Sequence[int]]],
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, vocab_rows: Optional[int] = None) -> None:
         if dtype not in _ST_DTYPES:
             raise SyncError("dtype", f"full weights are written in one of {sorted(map(str, _ST_DTYPES))}, got {dtype}")
         self.version, self.dtype = int(version), dtype
@@ -197,14 +209,30 @@ class FullWeightsWriter:
         self.error: Optional[str] = None
         if len({n for n, _ in self._specs}) != len(self._specs):
             raise SyncError("keys", f"{self.final.name}: a tensor name is listed twice")
+        if vocab_rows is not None and (isinstance(vocab_rows, bool) or not isinstance(vocab_rows, int)
+                                       or vocab_rows < 1):
+            raise SyncError("config", f"vocab_rows={vocab_rows!r} must be an int >= 1 (the model's vocabulary)")
+        self._rows: dict[str, int] = {}  # vocabulary-parallel name -> rows written
+        for name, shape in self._specs:
+            if name in VOCAB_PARALLEL and shape:
+                if vocab_rows is not None and vocab_rows > shape[0]:
+                    raise SyncError("shape", f"{self.final.name}: {name} has {shape[0]} rows, fewer than the "
+                                             f"vocabulary of {vocab_rows}")
+                self._rows[name] = shape[0] if vocab_rows is None else vocab_rows
+        self._file_shapes = [[self._rows[n], *shape[1:]] if n in self._rows else shape for n, shape in self._specs]
         header = {"format": _FULL_FORMAT, "version": self.version, "dtype": _ST_DTYPES[dtype],
                   "tensors": len(self._specs)}
+        if len(set(self._rows.values())) > 1:
+            raise SyncError("shape", f"{self.final.name}: the vocabulary-parallel tensors have different row "
+                                     f"counts {self._rows}")
+        if self._rows:
+            header["vocab_rows"] = next(iter(self._rows.values()))
         self._header_json = json.dumps(header, sort_keys=True, separators=(",", ":"))
         self._hash = hashlib.sha256(_FULL_MAGIC + self._header_json.encode())
         elem = torch.empty((), dtype=dtype).element_size()
         st: dict[str, Any] = {"__metadata__": {_FULL_META: self._header_json, _FULL_META_SHA: _PLACEHOLDER}}
         offset = 0
-        for name, shape in self._specs:
+        for (name, _), shape in zip(self._specs, self._file_shapes):
             size = elem * _numel(shape)
             st[name] = {"dtype": _ST_DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + size]}
             offset += size
@@ -226,7 +254,8 @@ class FullWeightsWriter:
             self.error = why
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        """Append the next tensor (cast to the file's dtype); records a failure instead of raising."""
+        """Append the next tensor (as declared; cast to the file's dtype, a vocabulary-parallel one cut to the
+        file's rows); records a failure instead of raising."""
         if self.error is not None:
             return
         if self._next >= len(self._specs):
@@ -235,6 +264,8 @@ class FullWeightsWriter:
         if name != want or [int(x) for x in tensor.shape] != shape:
             return self._fail(f"got {name} {list(tensor.shape)} where {want} {shape} was declared")
         try:
+            if name in self._rows:
+                tensor, shape = tensor[: self._rows[name]], self._file_shapes[self._next]
             t = tensor.detach().to(device="cpu", dtype=self.dtype).contiguous()
             self._hash.update(f"|{name}|{t.dtype}|{shape}|".encode())
             if t.numel():
@@ -331,6 +362,10 @@ class _FullReader:
         dtype = _ST_TORCH.get(header.get("dtype"))
         if dtype is None or header.get("tensors") != len(st):
             raise self._bad("header does not describe the tensors")
+        vocab_rows = header.get("vocab_rows")
+        if vocab_rows is not None and (isinstance(vocab_rows, bool) or not isinstance(vocab_rows, int)
+                                       or vocab_rows < 1):
+            raise self._bad(f"vocab_rows {vocab_rows!r} is not a row count")
         entries = []
         try:
             for name, info in st.items():
@@ -350,7 +385,10 @@ class _FullReader:
         if 8 + n + at != size:
             raise SyncError("truncated" if 8 + n + at > size else "malformed",
                             f"{self.path.name}: {size - 8 - n} data bytes, the header describes {at}")
-        self.version, self.dtype, self.data_start = version, dtype, 8 + n
+        for start, stop, name, shape in entries:
+            if name in VOCAB_PARALLEL and shape and vocab_rows is not None and shape[0] != vocab_rows:
+                raise self._bad(f"{name} has {shape[0]} rows, the header says vocab_rows {vocab_rows}")
+        self.version, self.dtype, self.data_start, self.vocab_rows = version, dtype, 8 + n, vocab_rows
         self.entries = [(name, shape, start, stop) for start, stop, name, shape in entries]
         h = hashlib.sha256(_FULL_MAGIC + meta[_FULL_META].encode())
         for name, shape, start, stop in self.entries:  # pass 1: the checksum, in chunks
@@ -433,24 +471,27 @@ class DirectoryTransport:
 
     # ------------------------------------------------------------------ full weights
     def full_writer(self, version: int, specs: Sequence[tuple[str, Sequence[int]]],
-                    dtype: torch.dtype) -> FullWeightsWriter:
+                    dtype: torch.dtype, vocab_rows: Optional[int] = None) -> FullWeightsWriter:
         """Producer: a writer of ``full_<version>.safetensors``, the trainer's full weights at ``version`` in
         HF names and the engine's ``dtype``; ``specs`` lists every ``(name, shape)`` in the order
-        :meth:`FullWeightsWriter.add` will receive them. Pass what :meth:`FullWeightsWriter.finish` returns
-        to :meth:`write_anchor` (``full=``): the marker then names the file and its checksum."""
+        :meth:`FullWeightsWriter.add` will receive them; ``vocab_rows``: the model's vocabulary, to which the
+        vocabulary-parallel tensors are cut (:class:`FullWeightsWriter`). Pass what
+        :meth:`FullWeightsWriter.finish` returns to :meth:`write_anchor` (``full=``): the marker then names the
+        file and its checksum."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise SyncError("config", f"full-weights version must be an int >= 0, got {version!r}")
-        return FullWeightsWriter(self.dir, version, specs, dtype)
+        return FullWeightsWriter(self.dir, version, specs, dtype, vocab_rows)
 
     def write_full(self, version: int, tensors: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
-                   dtype: Optional[torch.dtype] = None) -> Optional[dict]:
+                   dtype: Optional[torch.dtype] = None, vocab_rows: Optional[int] = None) -> Optional[dict]:
         """Producer: write ``tensors`` (a mapping; or ``(name, tensor)`` pairs, then held in memory to list
-        them first) as the full weights at ``version`` in ``dtype`` (None: the first tensor's); returns what
-        :meth:`FullWeightsWriter.finish` does. A trainer streaming its weights uses :meth:`full_writer`."""
+        them first) as the full weights at ``version`` in ``dtype`` (None: the first tensor's; ``vocab_rows``:
+        see :meth:`full_writer`); returns what :meth:`FullWeightsWriter.finish` does. A trainer streaming its
+        weights uses :meth:`full_writer`."""
         items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
         if dtype is None:
             dtype = items[0][1].dtype if items else torch.float32
-        writer = self.full_writer(version, [(n, list(t.shape)) for n, t in items], dtype)
+        writer = self.full_writer(version, [(n, list(t.shape)) for n, t in items], dtype, vocab_rows)
         for name, t in items:
             writer.add(name, t)
         return writer.finish()
@@ -485,6 +526,14 @@ class DirectoryTransport:
         ``anchor`` and ``gap`` errors of :meth:`consume` name. The file's sha256 is verified before the first
         tensor reaches the engine; an engine's refusal is raised as ``SyncError("apply")``.
 
+        The file's names and shapes are checked against the engine before the first tensor is copied, so a file
+        the engine cannot hold leaves its weights and version untouched (``SyncError("shape")``): by the
+        engine's ``check_full_shapes(shapes)`` when it has one (:class:`~megatron_logra.sync.engine.
+        ModuleEngine`: an engine holding more vocabulary rows than the file, e.g. padded ones, takes the file's
+        rows as its first rows), else against its ``expected_shapes()`` exactly, when it lists them. The file
+        holds the model's vocabulary (``model.vocab_size`` rows of ``embed_tokens``/``lm_head``, the header's
+        ``vocab_rows``), as the model's HF checkpoint does.
+
         The anchor verified is the marker the file was opened for, never one found at that version after the
         load: a producer that restarts and refits at the same version while the file is streamed writes a new
         marker (another epoch, other weights), which stays unverified, so the next :meth:`consume` refuses at
@@ -494,6 +543,15 @@ class DirectoryTransport:
             raise SyncError("config", f"{type(engine).__name__} has no update_weights_full(stream, version): load "
                                       "the tensors of open_full() yourself, then call accept_anchor")
         with self.open_full(version) as reader:
+            check, expected = getattr(engine, "check_full_shapes", None), getattr(engine, "expected_shapes", None)
+            if callable(check):
+                check(reader.shapes())
+            elif callable(expected):
+                problems = full_shape_problems(reader.shapes(), expected())
+                if problems:
+                    raise SyncError("shape", f"{reader.path.name} does not fit the {type(engine).__name__} "
+                                             f"({len(problems)} tensors, e.g. {problems[:4]}; the file holds "
+                                             f"{reader.vocab_rows} vocabulary rows): nothing was loaded")
             try:
                 load(reader.tensors(), reader.version)
             except SyncError:

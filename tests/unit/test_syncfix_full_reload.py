@@ -15,6 +15,7 @@ import torch
 from megatron_logra.sync import DirectoryTransport, ModuleEngine, SyncError
 from megatron_logra.sync.apply import apply_delta_
 from megatron_logra.sync.fingerprint import fingerprint
+from megatron_logra.sync.layout import VOCAB_PARALLEL
 from test_sync_transport import _hf_state, _HFModule
 from test_syncfix_directory_anchor import _delta
 
@@ -133,3 +134,94 @@ def test_load_full_accepts_the_anchor_it_read_not_a_newer_marker_at_that_version
     assert exc.value.kind == "anchor" and engine.weight_version == 2
     consumer.load_full(engine)  # the new trajectory's file: then its deltas apply
     assert consumer.consume(engine) == [3]
+
+
+# ---------------------------------------------------------------------- the model's vocabulary
+VOCAB, PADDED = 40, 48  # test_sync_transport's vocabulary, and the trainer's padded one
+
+
+def _padded(state, rows=PADDED, seed=11):
+    """``state`` with ``embed_tokens``/``lm_head`` grown to ``rows`` (the trainer's padding rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = dict(state)
+    for name in VOCAB_PARALLEL:
+        t = state[name]
+        out[name] = torch.cat([t, torch.randn(rows - t.shape[0], *t.shape[1:], generator=gen)])
+    return out
+
+
+def test_the_file_holds_the_model_vocabulary_and_an_engine_of_that_vocabulary_reloads_it(tmp_path):
+    trainer = _padded(_hf_state(seed=1))  # what the trainer streams: padded vocabulary rows
+    producer = DirectoryTransport(tmp_path)
+    producer.write_anchor(3, fingerprint({n: t[:VOCAB] if n in VOCAB_PARALLEL else t for n, t in trainer.items()},
+                                         salt=3),
+                          full=producer.write_full(3, trainer, vocab_rows=VOCAB))
+    with producer.open_full() as reader:
+        assert reader.vocab_rows == VOCAB
+        assert all(reader.shapes()[n][0] == VOCAB for n in VOCAB_PARALLEL)
+    engine = ModuleEngine(_HFModule(_hf_state(seed=2)))  # started from the HF checkpoint: VOCAB rows
+    consumer = DirectoryTransport(tmp_path)
+    assert consumer.load_full(engine)["version"] == 3 and engine.weight_version == 3
+    assert _same(engine, {n: t[:VOCAB] if n in VOCAB_PARALLEL else t for n, t in trainer.items()})
+    consumer.verify_anchor(engine)  # the marker's fingerprint covers the file's rows
+    assert DirectoryTransport(tmp_path).verify_anchor(engine) is None
+
+
+def test_an_engine_with_padding_rows_takes_the_vocabulary_as_its_first_rows(tmp_path):
+    trainer = _padded(_hf_state(seed=1))
+    real = {n: t[:VOCAB] if n in VOCAB_PARALLEL else t for n, t in trainer.items()}
+    producer = DirectoryTransport(tmp_path)
+    producer.write_anchor(3, fingerprint(real, salt=3), full=producer.write_full(3, trainer, vocab_rows=VOCAB))
+    engine = ModuleEngine(_HFModule(_padded(_hf_state(seed=2), seed=12)), vocab_rows=VOCAB)
+    padding = {n: engine.weights()[n][VOCAB:].clone() for n in VOCAB_PARALLEL}
+    DirectoryTransport(tmp_path).load_full(engine)
+    got = engine.weights()
+    assert engine.weight_version == 3
+    assert all(torch.equal(got[n][:VOCAB] if n in VOCAB_PARALLEL else got[n], t) for n, t in real.items())
+    assert all(torch.equal(got[n][VOCAB:], padding[n]) for n in VOCAB_PARALLEL)  # the padding rows stay
+    assert engine.fingerprint_vocab_rows == VOCAB and engine.fingerprint() == fingerprint(real, salt=3)
+    DirectoryTransport(tmp_path).verify_anchor(engine)  # a restarted consumer verifies by fingerprint
+
+
+def test_a_file_that_does_not_fit_the_engine_leaves_its_weights_and_version_untouched(tmp_path):
+    _anchored(tmp_path, _hf_state(seed=1), 5)
+    state = _hf_state(seed=2)
+    state["model.norm.weight"] = torch.randn(33)  # near the end of the file: every tensor before it would fit
+    engine = ModuleEngine(_HFModule(state), version=2)
+    before = _snapshot(engine)
+    with pytest.raises(SyncError, match=r"model\.norm\.weight: \(32,\) != \(33,\).*nothing was loaded") as exc:
+        DirectoryTransport(tmp_path).load_full(engine)
+    assert exc.value.kind == "shape" and engine.weight_version == 2 and _same(engine, before)
+    # more vocabulary rows in the file than the engine holds: refused too, before the first copy
+    producer = DirectoryTransport(tmp_path / "padded")
+    producer.write_anchor(5, None, full=producer.write_full(5, _padded(_hf_state(seed=1))))
+    engine = ModuleEngine(_HFModule(_hf_state(seed=2)), version=2)
+    before = _snapshot(engine)
+    with pytest.raises(SyncError, match=r"lm_head\.weight: \(48, 32\) != \(40, 32\)") as exc:
+        DirectoryTransport(tmp_path / "padded").load_full(engine)
+    assert exc.value.kind == "shape" and engine.weight_version == 2 and _same(engine, before)
+
+
+def test_an_engine_that_lists_its_shapes_is_checked_exactly_before_anything_is_copied(tmp_path):
+    """The embedded engine holds the padded vocabulary and takes exactly its own shapes: a file of the model's
+    vocabulary is refused before its first tensor is copied."""
+    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.rollout.embedded import EmbeddedEngine
+
+    cfg = parse_args_to_config("tiny", ["model.num_layers=1", "model.hidden_size=32", "model.ffn_hidden_size=64",
+                                        f"model.vocab_size={VOCAB}"]).model
+    engine = EmbeddedEngine(cfg)
+    assert engine.expected_shapes()["model.embed_tokens.weight"][0] == PADDED
+    before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+    weights = {n: torch.randn(s) for n, s in engine.expected_shapes().items()}
+    producer = DirectoryTransport(tmp_path)
+    producer.write_anchor(1, None, full=producer.write_full(1, weights, vocab_rows=VOCAB))
+    with pytest.raises(SyncError, match=r"does not fit the EmbeddedEngine.*\(40, 32\) != \(48, 32\).*40 vocabulary "
+                                        r"rows.*nothing was loaded") as exc:
+        DirectoryTransport(tmp_path).load_full(engine)
+    assert exc.value.kind == "shape" and engine.weight_version == 0
+    assert all(torch.equal(p, before[n]) for n, p in engine.model.named_parameters())
+    exact = DirectoryTransport(tmp_path / "exact")  # a file of its own shapes loads
+    exact.write_anchor(1, None, full=exact.write_full(1, weights))
+    exact.load_full(engine)
+    assert engine.weight_version == 1 and all(torch.equal(p, weights[n]) for n, p in engine.model.named_parameters())
