@@ -26,7 +26,8 @@ engines receive on every rank.
 With ``sync.transport=directory`` the deltas also go to files for engines that read them
 (:class:`~megatron_logra.sync.transport.DirectoryTransport`); every full refit (the start of the run,
 ``anchor_interval``, master re-anchors, drift repairs, refits after a rejected delta) writes the
-refit's full weights and an anchor marker there, so such an engine refuses to apply deltas past a
+refit's full weights (by default one file, written by rank 0 and named by every rank's marker:
+``sync.full_weights``) and an anchor marker there, so such an engine refuses to apply deltas past a
 refit or a trainer resume it has not verified instead of silently following another trajectory, and
 gets back on the chain by loading those weights (``DirectoryTransport.load_full``). A resumed run
 keeps the files up to its weight version and deletes those above it.
@@ -34,6 +35,7 @@ keeps the files up to its weight version and deletes those above it.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -48,7 +50,7 @@ from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce
 from megatron_logra.rl.weights import hf_param_specs, iter_hf_params, trainer_fingerprint
 from megatron_logra.sync import DirectoryTransport, InProcessTransport, SyncError, decode, drift, encode
 from megatron_logra.sync.config import SyncConfig
-from megatron_logra.sync.fingerprint import fingerprint_salt
+from megatron_logra.sync.fingerprint import combined, fingerprint_salt
 from megatron_logra.sync.trainer import build_delta, local_factors, merge_deltas
 
 logger = logging.getLogger(__name__)
@@ -73,10 +75,13 @@ class PolicySync:
         if cfg.mode == "delta" and not self.delta_mode:
             logger.info("sync.mode=delta falls back to full refits with optimizer %s", type(optimizer).__name__)
         self.transport = None
+        self._writes_full = False  # this rank writes the full-weights files of the directory transport
         if self.delta_mode and self.receives:
             if cfg.transport == "directory":
-                directory = Path(cfg.directory or run_dir / "deltas") / f"rank{torch.distributed.get_rank()}"
-                self.transport = DirectoryTransport(directory)
+                root, rank = Path(cfg.directory or run_dir / "deltas"), torch.distributed.get_rank()
+                self.transport = DirectoryTransport(root / f"rank{rank}")
+                # every rank's chain holds the same weights at a refit: one file serves all (sync.full_weights)
+                self._writes_full = cfg.full_weights == "all" or (cfg.full_weights == "first_rank" and rank == 0)
                 # the chain (re)starts at the first full refit, at the run's weight version (``_start_chain``)
                 if cfg.keep_deltas and not 0 < cfg.anchor_interval <= cfg.keep_deltas:
                     logger.info("sync: a directory consumer that falls more than sync.keep_deltas=%d deltas behind "
@@ -104,24 +109,29 @@ class PolicySync:
         """Dense refit of every engine weight, streamed one full tensor at a time (``rl.weights``);
         returns the bytes a bf16 copy sends.
 
-        With ``sync.transport=directory`` the same stream is also written, tensor by tensor, as the
-        full weights ``full_<version>.safetensors`` in HF names and the engine dtype
-        (``model.params_dtype``), ``embed_tokens``/``lm_head`` cut to the model's vocabulary
-        (``model.vocab_size`` rows, as in its HF checkpoint), and then an anchor marker at ``version`` naming
-        that file and carrying the trainer's fingerprint of the same rows (collective over the model-parallel
-        group, like the refit): an engine that
+        With ``sync.transport=directory`` the same stream is also written, tensor by tensor, as the full
+        weights ``full_<version>.safetensors`` in HF names and the engine dtype (``model.params_dtype``),
+        ``embed_tokens``/``lm_head`` cut to the model's vocabulary (``model.vocab_size`` rows, as in its HF
+        checkpoint), and then an anchor marker at ``version`` naming that file and carrying the trainer's
+        fingerprint of the same rows (collective over the model-parallel group, like the refit): an engine that
         reads the files itself learns of the refit and can reload its weights
-        (``DirectoryTransport.load_full``). Only the newest full-weights file is kept. A failed write of it
-        is logged and leaves the marker without a file; the refit itself goes on."""
+        (``DirectoryTransport.load_full``). ``sync.full_weights`` says which ranks write the file:
+        ``first_rank`` (default), global rank 0 only, and the other ranks' markers name it (``../rank0/...``)
+        after a small exchange over all ranks that tells them it was written; ``all``, every rank its own
+        copy; ``none``, no rank. Only the newest full-weights file is kept. A failed write of it is logged and
+        leaves the marker without a file; the refit itself goes on."""
         directory = isinstance(self.transport, DirectoryTransport)
         writer = None
         if directory:
             if not self._chain_started:
                 self._start_chain(version)
-            specs = hf_param_specs(self.model, self.groups, self.model_cfg)  # collective over PP, like the stream
-            # the model's vocabulary, as its HF checkpoint (and an engine started from it) holds it
-            writer = self.transport.full_writer(version, specs, self.model_cfg.torch_dtype,
-                                                vocab_rows=self.model_cfg.vocab_size)
+            if self.cfg.full_weights != "none":
+                # collective over PP, like the stream: every rank lists the tensors, the writing ones lay out the file
+                specs = hf_param_specs(self.model, self.groups, self.model_cfg)
+                if self._writes_full:
+                    # the model's vocabulary, as its HF checkpoint (and an engine started from it) holds it
+                    writer = self.transport.full_writer(version, specs, self.model_cfg.torch_dtype,
+                                                        vocab_rows=self.model_cfg.vocab_size)
         sent = [0]
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
@@ -138,12 +148,30 @@ class PolicySync:
                 writer.abort()
             raise
         if directory:
-            full = writer.finish()
+            full = None if writer is None else writer.finish()
             # the rows of the file: a separate engine verifies the anchor by fingerprint with the same rows
             fp = trainer_fingerprint(self.model, self.groups, self.model_cfg, dtype=self.model_cfg.torch_dtype,
                                      vocab_rows=self.model_cfg.vocab_size, salt=version)
+            if self.cfg.full_weights == "first_rank":
+                full = self._shared_full(full, fp)
             self.transport.write_anchor(version, fp, own_engine=True, full=full)  # this rank's engine was just refit
         return sent[0]
+
+    def _shared_full(self, full: Optional[dict], fp: dict[str, str]) -> Optional[dict]:
+        """``sync.full_weights=first_rank``: the full-weights file global rank 0 wrote, as this rank's marker
+        names it (``../rank0/<file>`` on the other ranks), or None when rank 0 has none or its weights'
+        fingerprint differs from this rank's (a marker must not name other weights). Collective over every
+        rank (JSON in a byte tensor), after rank 0 finished the file, so no marker names a file that is not
+        there yet."""
+        mine = json.dumps({"full": full, "fp": combined(fp)}).encode()
+        first = json.loads(all_gather_bytes(mine, world_group())[0].decode())
+        if first["full"] is None or torch.distributed.get_rank() == 0:
+            return full
+        if first["fp"] != combined(fp):
+            logger.error("sync: this rank's weights at the refit differ from rank 0's (fingerprint); its anchor "
+                         "marker names no full-weights file")
+            return None
+        return {"file": f"../rank0/{first['full']['file']}", "sha256": first["full"]["sha256"]}
 
     # ------------------------------------------------------------------ per update
     def factors(self, update: PreparedUpdate, alpha: float) -> Optional[dict[str, torch.Tensor]]:

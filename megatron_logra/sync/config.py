@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["SyncConfig", "SYNC_MODES", "TRANSPORTS"]
+__all__ = ["SyncConfig", "SYNC_MODES", "TRANSPORTS", "FULL_WEIGHTS"]
 
 SYNC_MODES = ("delta", "full")
 TRANSPORTS = ("inprocess", "directory")
+FULL_WEIGHTS = ("first_rank", "all", "none")
 
 
 @dataclass
@@ -39,8 +40,8 @@ class SyncConfig:
     ``directory``, applied by the consumer in version order; the embedded engine consumes them). Every
     full refit (the run's start, ``anchor_interval``, master re-anchors, drift repairs) also writes the
     refit's full weights, ``full_<version>.safetensors`` in HF names and ``model.params_dtype`` (the
-    newest only: one model-sized file per trainer rank), and an anchor marker there: an engine that reads
-    the files itself refuses (``SyncError("anchor")``) to apply deltas past a refit or trainer resume
+    newest only; which ranks write it and what it costs: ``full_weights``), and an anchor marker there: an
+    engine that reads the files itself refuses (``SyncError("anchor")``) to apply deltas past a refit or trainer resume
     whose weights it has not verified, and gets back on the chain by loading that file
     (``DirectoryTransport.load_full``; :mod:`megatron_logra.sync.transport`). A resumed run keeps the
     files up to its weight version."""
@@ -54,6 +55,27 @@ class SyncConfig:
     ``keep_deltas`` are deleted (a consumer further behind must reload full weights: its ``gap`` error
     names the newest full-weights file). 0 keeps every delta file (no pruning; the directory grows by
     one delta per update)."""
+    full_weights: str = "first_rank"
+    """With ``transport=directory``: which trainer ranks write each full refit's full weights. Every rank
+    holds the same weights at a refit (the model-parallel group gathers the whole model, the data-parallel
+    replicas are identical), so every rank's file would hold the same bytes.
+
+    * ``first_rank`` (default): only global rank 0 writes ``<directory>/rank0/full_<version>.safetensors``;
+      the other ranks' anchor markers name that file by a path relative to their own directory
+      (``../rank0/full_<version>.safetensors``), once rank 0 has written it and their fingerprint of the
+      weights equals rank 0's (otherwise their marker names no file). ``<directory>`` must then be one
+      filesystem that every engine reading a rank's directory sees.
+    * ``all``: every rank writes its own copy into its own directory, for rank directories on separate
+      (e.g. node-local) disks; TP·PP·DP times the bytes and the write time of ``first_rank``.
+    * ``none``: no full-weights files; the anchor markers name none, and an engine refused at an anchor
+      reloads the trainer's weights by other means and calls ``DirectoryTransport.accept_anchor``.
+
+    Cost of a file: the model's parameters in ``model.params_dtype`` (about 2 bytes per parameter in bf16:
+    ~54 GB at 27B, ~140 GB at 70B), written synchronously inside every full refit (start of the run,
+    ``anchor_interval``, master re-anchors, drift repairs) by each writing rank: a host copy, sha256 and write
+    of every tensor, so the refit takes at least model bytes / write bandwidth longer on that rank (the
+    others wait for it in the next collective). Disk: the newest file only, but while a refit's file is
+    written the previous one is still there, so up to twice the model's bytes per writing rank."""
 
     def __post_init__(self) -> None:
         if self.mode not in SYNC_MODES:
@@ -66,5 +88,8 @@ class SyncConfig:
         if not math.isfinite(self.max_master_drift) or self.max_master_drift < 0:
             raise ValueError(f"sync.max_master_drift={self.max_master_drift} must be a finite number >= 0 (0 disables "
                              f"the drift re-anchor; default 5e-3)")
+        if self.full_weights not in FULL_WEIGHTS:
+            raise ValueError(f"sync.full_weights={self.full_weights!r} is unknown; choose one of {FULL_WEIGHTS} "
+                             f"(first_rank: one file written by rank 0; none: no full-weights files)")
         if self.keep_deltas < 0:
             raise ValueError(f"sync.keep_deltas={self.keep_deltas} must be >= 0 (0 keeps every delta file)")

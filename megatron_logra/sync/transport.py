@@ -30,7 +30,9 @@
   ``full_{version:08d}.safetensors`` (:meth:`DirectoryTransport.full_writer`, tensor by tensor;
   atomically: temporary file, fsync, rename), and the marker's optional ``full`` entry names it
   with its sha256; writing a marker deletes every other full-weights file, so only the newest
-  anchor's is kept (and :meth:`~DirectoryTransport.prune` drops it with its anchor). The file is
+  anchor's is kept (and :meth:`~DirectoryTransport.prune` drops it with its anchor). Trainer ranks
+  whose chains hold the same weights may share one file: a marker's ``full`` then names a sibling
+  directory's file, ``../<directory>/full_{version:08d}.safetensors`` (``sync.full_weights``). The file is
   safetensors (no pickle): every tensor in HF names, in one dtype (the engine's), the
   vocabulary-parallel ``embed_tokens``/``lm_head`` at the model's vocabulary (``model.vocab_size``
   rows, as in its HF checkpoint, without the trainer's padding rows), and the metadata ``logra.full``
@@ -88,6 +90,7 @@ _FULL_TMP_RE = re.compile(r"^\.full_\d{8,}\.safetensors\..+\.tmp$")
 _ANCHOR_KEYS = {"version", "epoch", "fingerprint"}
 _ANCHOR_OPTIONAL = {"full"}
 _FULL_KEYS = {"file", "sha256"}
+_SIBLING_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 _FULL_FORMAT = "logra-full-weights/1"
 _FULL_MAGIC = b"logra-full-weights|"
@@ -155,10 +158,22 @@ def _valid_marker(marker: Any) -> bool:
         return False
     full = marker.get("full")
     if full is not None and not (isinstance(full, dict) and set(full) == _FULL_KEYS
-                                 and full["file"] == full_filename(version) and _is_sha256(full["sha256"])):
+                                 and _full_file_ok(full["file"], version) and _is_sha256(full["sha256"])):
         return False
     return fp is None or (isinstance(fp, dict)
                           and all(isinstance(k, str) and isinstance(v, str) for k, v in fp.items()))
+
+
+def _full_file_ok(file: Any, version: int) -> bool:
+    """A marker's ``full`` file: ``full_<version>.safetensors`` in its own directory, or in a sibling directory
+    (``../<name>/full_<version>.safetensors``: another trainer rank's chain that wrote the file for all)."""
+    if not isinstance(file, str):
+        return False
+    if file == full_filename(version):
+        return True
+    parts = file.split("/")
+    return (len(parts) == 3 and parts[0] == ".." and _SIBLING_RE.match(parts[1]) is not None
+            and parts[1] not in (".", "..") and parts[2] == full_filename(version))
 
 
 def _is_sha256(value: Any) -> bool:
@@ -515,7 +530,7 @@ class DirectoryTransport:
                                       f"{self.dir} (the producer wrote none, e.g. a chain start before its first "
                                       "refit or a failed write): reload the trainer's weights at that version by other "
                                       f"means and call accept_anchor({anchor['version']})")
-        reader = _FullReader(self.dir / full["file"], anchor["version"], full["sha256"])
+        reader = _FullReader(self._full_path(full), anchor["version"], full["sha256"])
         reader.anchor = anchor
         return reader
 
@@ -563,6 +578,10 @@ class DirectoryTransport:
         logger.info("engine reloaded the full weights at version %d from %s", reader.version, reader.path.name)
         return anchor
 
+    def _full_path(self, full: Mapping[str, str]) -> Path:
+        """Where a marker's ``full`` entry points (its own directory or a sibling's)."""
+        return Path(os.path.normpath(self.dir / full["file"]))
+
     def _anchor_for(self, version: Optional[int]) -> dict:
         anchors = self.anchors()
         if not anchors:
@@ -589,7 +608,7 @@ class DirectoryTransport:
                     f"producer's next full refit, the newest anchor then (sync.anchor_interval <= sync.keep_deltas "
                     f"keeps a reloadable anchor in reach)")
         if newest.get("full") is not None:
-            return (f"reload the trainer's full weights at version {v} from {self.dir / newest['full']['file']} "
+            return (f"reload the trainer's full weights at version {v} from {self._full_path(newest['full'])} "
                     f"with DirectoryTransport.load_full(engine) (it accepts the anchor)")
         return (f"reload the trainer's full weights at version {v} into the engine and call accept_anchor({v}) "
                 f"(the anchor at {v} has no full-weights file here)")
@@ -606,8 +625,11 @@ class DirectoryTransport:
         with :meth:`accept_anchor`. ``own_engine=True``: this object's own consumer engine was just
         loaded with exactly those weights (the in-process use), so the anchor counts as verified here.
         ``full``: what :meth:`FullWeightsWriter.finish` returned for ``version`` (``{"file", "sha256"}``), so a
-        consumer can reload these weights (:meth:`load_full`); every other full-weights file is then deleted
-        (only the newest anchor's is kept). None: the marker names no file (older ones are deleted too).
+        consumer can reload these weights (:meth:`load_full`); every other full-weights file in this directory
+        is then deleted (only the newest anchor's is kept). ``file`` may also name the file another rank's
+        chain wrote, by a path relative to this directory, ``../<its directory>/full_<version>.safetensors``
+        (``sync.full_weights=first_rank``): every full-weights file here is then deleted. None: the marker
+        names no file (older ones are deleted too).
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise SyncError("config", f"anchor version must be an int >= 0, got {version!r}")
@@ -617,13 +639,15 @@ class DirectoryTransport:
             marker["full"] = dict(full)
         if not _valid_marker(marker):
             raise SyncError("config", "an anchor fingerprint must map tensor names to digest strings, and its full "
-                                      f"weights be {{'file': {full_filename(version)!r}, 'sha256': hex}}")
+                                      f"weights be {{'file': {full_filename(version)!r} (or "
+                                      f"'../<directory>/{full_filename(version)}'), 'sha256': hex}}")
         _write_atomically(self.dir / anchor_filename(version), json.dumps(marker, sort_keys=True).encode())
         _fsync_dir(self.dir)
         if own_engine:
             self._verified.add(marker["epoch"])
+        own = full is not None and full["file"] == full_filename(version)
         for v in self.full_files():  # after the marker: a consumer of the previous marker found its file until now
-            if full is None or v != version:
+            if not own or v != version:
                 (self.dir / full_filename(v)).unlink(missing_ok=True)
         logger.info("anchor at version %d written (epoch %s%s)", version, marker["epoch"],
                     f", full weights {full['file']}" if full else "")

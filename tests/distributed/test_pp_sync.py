@@ -39,14 +39,15 @@ def test_rl_delta_sync_with_two_pipeline_stages(launcher, tmp_path, extra):
 
 
 def test_directory_transport_writes_the_full_weights_of_both_stages(launcher, tmp_path):
-    """``sync.transport=directory`` at PP 2: each rank's chain holds the start refit's full weights (every HF
-    tensor of both stages, laid out before the stream from the stages' exchanged parameter lists), the
-    same file on both ranks, and a separate engine loads it and follows the deltas."""
+    """``sync.transport=directory`` at PP 2 with ``sync.full_weights=all``: each rank's chain holds the start
+    refit's full weights (every HF tensor of both stages, laid out before the stream from the stages' exchanged
+    parameter lists), the same file on both ranks (why one file, rank 0's, serves every rank by default), and a
+    separate engine loads it and follows the deltas."""
     run = tmp_path / "pp2dir"
     args = ["-m", "megatron_logra.cli", "train", "tiny", "--pipeline-model-parallel-size", "2", "rl.steps=2",
             "kl.mode=none", f"train.run_dir={run}", "train.progress=false", "rl.prompts_per_step=4", "rl.group_size=4",
             "rl.eval_interval=0", "task.num_eval=8", "sync.check_interval=1", "sync.anchor_interval=0",
-            "sync.transport=directory"]
+            "sync.transport=directory", "sync.full_weights=all"]
     launcher.launch(2, args, timeout=400, log=tmp_path / "pp2dir.log")
     import torch
     from safetensors.torch import load_file
