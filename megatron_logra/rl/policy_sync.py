@@ -5,7 +5,7 @@ trainer's weights *and* shipped to the engine, which regenerates ``A`` from the 
 the same merge (:mod:`megatron_logra.sync`), so both sides hold bitwise-equal weights. A
 fingerprint of sampled rows is compared at every weight version that is a multiple of
 ``check_interval`` (rows sampled with the version as salt when the engine salts its fingerprint, so
-successive checks cover different rows); a mismatch (or a version that is a multiple of ``anchor_interval``) triggers a
+successive checks sweep every row); a mismatch (or a version that is a multiple of ``anchor_interval``) triggers a
 full refit, the safety net. Both are keyed by the weight version, which the RL state checkpoints,
 so a resumed run checks and re-anchors at the same updates as an uninterrupted one. With fp32
 masters the compute weights replay the engine's merges while the masters keep the exact trajectory; once

@@ -160,7 +160,7 @@ def trainer_fingerprint(model: nn.Module, groups: ParallelGroups, cfg: ModelConf
     the tensors that engine holds; None (or the padded size) fingerprints every row.
 
     ``salt``: sample the rows with this salt (``sync.fingerprint``; policy sync passes the salt of the
-    engine's fingerprint, its weight version, so successive checks cover different rows). The same on
+    engine's fingerprint, its weight version, so successive checks sweep every row). The same on
     every rank.
     """
     dims = attention_dims(cfg)

@@ -212,7 +212,7 @@ class ModuleEngine:
 
     def fingerprint(self, rows_per_tensor: int = 4) -> dict[str, str]:
         """``{name: digest}`` of the weights, rows sampled with the weight version as salt (so successive
-        versions sample different rows; :mod:`megatron_logra.sync.fingerprint`); ``embed_tokens``/``lm_head``
+        versions sweep every row; :mod:`megatron_logra.sync.fingerprint`); ``embed_tokens``/``lm_head``
         as their first ``vocab_rows`` rows when the engine was given ``vocab_rows``."""
         weights = self.weights()
         if self.vocab_rows is not None:

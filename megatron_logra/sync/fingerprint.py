@@ -1,26 +1,34 @@
 """Cheap fingerprints of a weights dict, to detect trainer/engine drift.
 
 For each tensor, sha256 over its name, dtype, shape and the raw bytes of a deterministic
-sample of rows: the first and last row plus ``rows_per_tensor`` rows drawn from a generator
-seeded by the tensor's name and an optional integer ``salt`` (BLAKE2b, stable across
-processes). Two sides holding bitwise equal tensors in the same layout get equal fingerprints
-when they sample with the same salt; a single flipped bit in a sampled row changes it.
+sample of rows (:func:`sample_rows`): the first and the last row plus ``rows_per_tensor`` rows
+of a fixed pseudo-random permutation of the tensor's rows (keyed by its name, BLAKE2b: stable
+across processes), the window of the permutation that an optional integer ``salt`` selects. Two
+sides holding bitwise equal tensors in the same layout get equal fingerprints when they sample
+with the same salt; a single flipped bit in a sampled row changes it.
 
-**Salt.** Policy sync salts with the weight version the fingerprint is taken at, so successive
-checks sample different rows and, over ``~n_rows / rows_per_tensor`` checks, every row of an
-``n_rows`` tensor (unsalted, a tensor's sample is the same rows forever and a divergence in any
-other row is never seen). A salted digest carries its salt as a suffix, ``<sha256 hex>@<salt>``,
-so the side that compares (the trainer) learns from the other side's fingerprint which rows it
-sampled (:func:`fingerprint_salt`) and samples the same ones; an unsalted digest is the bare hex.
-Digests of different salts never compare equal. Rows not sampled at a given check are not
-covered by it: this is a drift *detector*, backed by full refits (``sync.anchor_interval``,
-drift repairs). Imports only torch and the standard library.
+**Salt: a sweep.** The permutation of an ``n_rows`` tensor is cut into ``W`` windows of
+``rows_per_tensor`` consecutive positions (wrapping around), ``W`` the smallest prime ``>=
+max(n_rows / rows_per_tensor, 31)``, and salt ``s`` samples window ``s mod W``. Policy sync salts
+with the weight version the fingerprint is taken at, so checks at ``W`` consecutive versions sample
+every row of the tensor (the windows of successive versions are disjoint until the sweep wraps:
+about ``n_rows / rows_per_tensor`` checks for a tensor of more than ``31 * rows_per_tensor`` rows),
+and so do ``W`` checks ``c`` versions apart (``sync.check_interval = c``) whenever ``c`` is not a
+multiple of the prime ``W``. Unsalted, a tensor's sample is window 0 forever and a divergence in any other row is
+never seen. A salted digest carries its salt as a suffix, ``<sha256 hex>@<salt>``, so the side that
+compares (the trainer) learns from the other side's fingerprint which rows it sampled
+(:func:`fingerprint_salt`) and samples the same ones; an unsalted digest is the bare hex. Digests of
+different salts never compare equal. Rows not sampled at a given check are not covered by it: this
+is a drift *detector*, backed by full refits (``sync.anchor_interval``, drift repairs). Imports
+only torch and the standard library.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+import math
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import torch
@@ -35,19 +43,55 @@ def _check_salt(salt: Optional[int]) -> None:
         raise ValueError(f"a fingerprint salt is an int (the weight version) or None, got {salt!r}")
 
 
+# at least this many windows (a prime): a check interval that is a multiple of a tensor's window count would
+# sample the same window at every check, and check intervals of 31 or more are rare
+_MIN_WINDOWS = 31
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    if n % 2 == 0:
+        return n == 2
+    f = 3
+    while f * f <= n:
+        if n % f == 0:
+            return False
+        f += 2
+    return True
+
+
+@functools.lru_cache(maxsize=8192)
+def _sweep(name: str, n_rows: int, k: int) -> tuple[int, int, int]:
+    """``(a, b, windows)``: tensor ``name``'s row permutation ``position -> (a * position + b) mod n_rows``
+    (``a`` coprime with ``n_rows``: a bijection keyed by the name) and its number of windows of ``k``
+    positions, the smallest prime ``>= max(ceil(n_rows / k), 31)``."""
+    h = hashlib.blake2b(f"logra-fingerprint|{name}".encode(), digest_size=16).digest()
+    a = 1 + int.from_bytes(h[:8], "little") % (n_rows - 1) if n_rows > 1 else 1
+    while math.gcd(a, n_rows) != 1:
+        a = a % (n_rows - 1) + 1
+    windows = max(_MIN_WINDOWS, -(-n_rows // k))
+    while not _is_prime(windows):
+        windows += 1
+    return a, int.from_bytes(h[8:], "little") % n_rows, windows
+
+
 def sample_rows(name: str, n_rows: int, rows_per_tensor: int = 4, salt: Optional[int] = None) -> list[int]:
     """Sorted distinct row indices sampled for tensor ``name`` with ``n_rows`` rows: the first and the
-    last row and ``rows_per_tensor`` draws seeded by ``name`` and ``salt`` (None: the name alone)."""
+    last row, and the ``rows_per_tensor`` rows at positions ``w * rows_per_tensor ... w * rows_per_tensor +
+    rows_per_tensor - 1`` (mod ``n_rows``) of the tensor's fixed row permutation, window ``w = salt mod W``
+    (None: window 0). See the module docstring: successive salts sweep every row in ``W`` checks."""
     _check_salt(salt)
     if n_rows <= 0:
         return []
-    key = f"logra-fingerprint|{name}" if salt is None else f"logra-fingerprint|{name}|salt={salt}"
-    seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
     rows = {0, n_rows - 1}
-    state = seed
-    for _ in range(rows_per_tensor):
-        state = (state * 6364136223846793005 + 1442695040888963407) & ((1 << 64) - 1)  # LCG (Knuth MMIX)
-        rows.add((state >> 33) % n_rows)
+    k = int(rows_per_tensor)
+    if k >= n_rows:
+        return list(range(n_rows))
+    if k > 0:
+        a, b, windows = _sweep(name, n_rows, k)
+        start = (0 if salt is None else salt % windows) * k
+        rows.update((a * ((start + j) % n_rows) + b) % n_rows for j in range(k))
     return sorted(rows)
 
 

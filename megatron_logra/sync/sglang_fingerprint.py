@@ -131,7 +131,7 @@ def sharded_fingerprint(build: Callable[[], Mapping[str, Piece]], group: Any = N
     Collective over ``group`` (None: a single rank, ``tp_size`` must be 1). Equal on every rank,
     and equal to :func:`~megatron_logra.sync.fingerprint.fingerprint` of the full tensors with the
     same ``salt`` when the replicas agree (see module docstring). ``salt`` must be the same on every
-    rank (the weight version: successive versions sample different rows).
+    rank (the weight version: successive versions sweep every row).
     """
     gather = _gatherer(group, tp_size)
     held: dict[str, Piece] = {}
@@ -151,5 +151,5 @@ def engine_fingerprint(model: nn.Module, group: Optional[Any] = None, rows_per_t
                        salt: Optional[int] = None) -> dict[str, str]:
     """The fingerprint of SGLang ``model`` in HF layout at any TP size; collective over ``group`` (its TP CPU group).
     ``salt``: see :func:`sharded_fingerprint` (pass the engine's weight version, ``engine_version(model)``,
-    so successive checks sample different rows; None samples the same rows at every version)."""
+    so successive checks sweep every row; None samples the same rows at every version)."""
     return sharded_fingerprint(lambda: engine_pieces(model), group, engine_tp(model)[0], rows_per_tensor, salt)

@@ -1,5 +1,6 @@
-"""Fingerprints salted with the weight version: successive drift checks sample different rows, so a
-divergence in any row is caught within about ``n_rows / rows_per_tensor`` checks (unsalted, a tensor's
+"""Fingerprints salted with the weight version: the rows sampled at successive versions sweep a fixed
+permutation of each tensor's rows, so a divergence in any row is caught within ``W`` checks (``W`` the smallest
+prime >= ``max(n_rows / rows_per_tensor, 31)``), at consecutive versions or every ``c`` versions (unsalted, a tensor's
 sample is the same rows at every version and a divergence elsewhere is never seen)."""
 
 from __future__ import annotations
@@ -22,21 +23,39 @@ class _One(torch.nn.Module):
         self.w = torch.nn.Parameter(w, requires_grad=False)
 
 
-def test_salted_samples_cover_every_row_over_successive_versions():
-    n, k = 64, 4
+def _windows(n: int, k: int) -> int:
+    """The smallest prime >= max(ceil(n / k), 31): the checks a sweep of an n-row tensor takes."""
+    w = max(31, -(-n // k))
+    while any(w % f == 0 for f in range(2, int(w ** 0.5) + 1)):
+        w += 1
+    return w
+
+
+@pytest.mark.parametrize("n, k", [(64, 4), (4096, 4), (1000, 7), (9, 4), (8, 4)])
+def test_salted_samples_sweep_every_row_in_one_pass(n, k):
     assert sample_rows(NAME, n, k) == sample_rows(NAME, n, k)  # unsalted: one fixed sample
-    seen: set[int] = set()
-    versions = 0
-    while len(seen) < n:
-        versions += 1
-        rows = sample_rows(NAME, n, k, salt=versions)
-        assert rows == sample_rows(NAME, n, k, salt=versions) and 0 in rows and n - 1 in rows
-        seen.update(rows)
-        assert versions <= 4 * n, "successive salts do not cover the rows"
-    assert len({tuple(sample_rows(NAME, n, k, salt=v)) for v in range(1, 20)}) > 15
+    windows = _windows(n, k)
+    for every in (1, 2, 3, 8):  # sync.check_interval: checks at versions every, 2 * every, ...
+        seen: set[int] = set()
+        for check in range(1, windows + 1):
+            rows = sample_rows(NAME, n, k, salt=every * check)
+            assert rows == sample_rows(NAME, n, k, salt=every * check) and 0 in rows and n - 1 in rows
+            assert len(rows) <= k + 2
+            seen.update(rows)
+        assert seen == set(range(n)), f"{windows} checks every {every} versions missed {n - len(seen)} rows"
+    # consecutive windows do not overlap until the sweep wraps: n / k checks sample ~n distinct rows
+    firsts = [set(sample_rows(NAME, n, k, salt=v)) - {0, n - 1} for v in range(n // k)]
+    assert len(set().union(*firsts)) >= n - 2 - k
 
 
-def test_a_drifted_row_outside_the_fixed_sample_is_caught_within_about_n_over_k_checks():
+def test_small_tensors_and_no_sampled_rows():
+    assert sample_rows(NAME, 3, 4, salt=5) == [0, 1, 2]  # fewer rows than the sample: all of them
+    assert sample_rows(NAME, 1, 4, salt=-1) == [0]
+    assert sample_rows(NAME, 8, 0, salt=3) == [0, 7]
+    assert sample_rows(NAME, 0, 4) == []
+
+
+def test_a_drifted_row_outside_the_fixed_sample_is_caught_within_one_sweep():
     n = 256
     w = torch.randn(n, 16).bfloat16()
     bad = next(i for i in range(n) if i not in sample_rows("w", n))  # never compared without a salt
@@ -45,7 +64,7 @@ def test_a_drifted_row_outside_the_fixed_sample_is_caught_within_about_n_over_k_
     engine = ModuleEngine(_One(drifted))
     assert drift(fingerprint({"w": w}), fingerprint({"w": drifted})) == []  # the blind spot of a fixed sample
     caught = None
-    for version in range(1, 4 * n // 4 + 1):  # one drift check per weight version
+    for version in range(1, _windows(n, 4) + 1):  # one drift check per weight version
         engine.reset_version(version)
         engine_fp = engine.fingerprint()
         assert fingerprint_salt(engine_fp) == version
