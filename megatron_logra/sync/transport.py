@@ -564,9 +564,10 @@ class DirectoryTransport:
             elif callable(expected):
                 problems = full_shape_problems(reader.shapes(), expected())
                 if problems:
+                    rows = "" if reader.vocab_rows is None else f"; the file holds {reader.vocab_rows} vocabulary rows"
                     raise SyncError("shape", f"{reader.path.name} does not fit the {type(engine).__name__} "
-                                             f"({len(problems)} tensors, e.g. {problems[:4]}; the file holds "
-                                             f"{reader.vocab_rows} vocabulary rows): nothing was loaded")
+                                             f"({len(problems)} tensors, e.g. {problems[:4]}{rows}): nothing was "
+                                             "loaded")
             try:
                 load(reader.tensors(), reader.version)
             except SyncError:
