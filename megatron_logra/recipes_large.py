@@ -7,8 +7,8 @@ warm start at these sizes). Layouts: 1.5B at TP 1 with micro-batch 4 (one GPU, o
 TP 4 with micro-batch 4 (docs/memory.md's TP), 27B at TP 8 with micro-batch 2 (docs/memory.md's
 layout); full activation recompute, LoGRA rank 128 with fp32 masters, sequence length 4096. Each fits
 its own memory preflight (``train.memory_check``, which plans micro-batch × ``model.seq_length`` and
-the frozen non-targets) on 80 GB GPUs with the engine's 30%: 1.5B +26.9% headroom (58.24 GiB of
-79.65 GiB; at micro-batch 8 it would be OOM by 1.9%), 7B (TP4 × DP2) +38.2%, 27B +31.2% -- what
+the frozen non-targets) on 80 GB GPUs with the engine's 30%: 1.5B +27.3% headroom (57.94 GiB of
+79.65 GiB; at micro-batch 8 it would be OOM by 1.1%), 7B (TP4 × DP2) +38.4%, 27B +31.3% -- what
 ``megatron-logra memory --model qwen2.5-1.5b --tp 1 --gpus 1 --micro-batch 4 --seq-len 4096 --rank 128
 --recompute full --engine-fraction 0.3 --gpu-memory 81559MiB --optimizer logra --freeze-native`` prints
 (7B: ``--model qwen2.5-7b --tp 4 --gpus 8``; 27B: ``--model 27b --tp 8 --gpus 8 --micro-batch 2``).

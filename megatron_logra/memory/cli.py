@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--recompute", choices=["none", "full"], default="none")
     p.add_argument("--attention", choices=["unfused", "flash"], default="unfused",
-                   help="unfused: megatron local spec (stores s x s scores); flash: fused attention")
+                   help="unfused: megatron's local spec (torch norms, stores s x s scores); flash: the TransformerEngine "
+                        "spec (norms fused into linear_qkv / linear_fc1, fused attention)")
     p.add_argument("--gpu-memory", default="80GiB", help="memory of one GPU, e.g. 80GiB, 141GB (comma list allowed)")
     p.add_argument("--engine-fraction", type=float, default=0.0,
                    help="GPU fraction of a colocated rollout engine (SGLang mem_fraction_static); default 0")

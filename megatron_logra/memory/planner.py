@@ -108,7 +108,8 @@ class PlanConfig:
     """LoGRA: a KL step-size controller scales the native AdamW step (RL with ``kl.mode`` other than none
     and ``logra.scale_native``, the defaults), which copies the fp32 masters during the step."""
     attention: str = "unfused"
-    """unfused (megatron's local-spec DotProductAttention, stores s x s scores) or flash (fused kernels)."""
+    """unfused (megatron-core's local spec: torch norms, its DotProductAttention storing s x s scores) or flash
+    (the TransformerEngine spec: norms fused into linear_qkv / linear_fc1, fused attention)."""
     cache_projections: bool = True
     """LoGRA keeps a step's fp32 projections from forward to apply (LograConfig.cache_projections)."""
     logprob_chunk_tokens: int = 1024
@@ -362,7 +363,9 @@ def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
     last = stage == cfg.pp - 1
     r.activations = activation_bytes(model, c, tp=cfg.tp, pp=cfg.pp, micro_batch=cfg.micro_batch, seq_len=cfg.seq_len,
                                      recompute=cfg.recompute, attention=cfg.attention,
-                                     rank=cfg.rank if cfg.optimizer == "logra" else 0)
+                                     rank=cfg.rank if cfg.optimizer == "logra" else 0,
+                                     targets=cfg.targets if cfg.optimizer == "logra" else (),
+                                     freeze_native=cfg.freeze_native)
     if last:
         r.logits, r.logprob_working = logit_bytes(model, c, tp=cfg.tp, micro_batch=cfg.micro_batch, seq_len=cfg.seq_len,
                                                      chunk_tokens=cfg.logprob_chunk_tokens, loss=cfg.loss)

@@ -158,28 +158,35 @@ def test_planner_matches_the_measured_optimizer_memory_benchmark():
         per_target = w.target_persistent / w.counts.target_params
         assert per_target == pytest.approx(r["persistent_B_per_target_param"], rel=0.10), r["optimizer"]
         assert w.persistent == pytest.approx(r["persistent_model_bytes"], rel=0.10), r["optimizer"]
-        # the whole-step peak of live tensors (CPU, unfused attention) is predicted too: at most 10% low, and
-        # at most 20% high (one-layer models: the planner adds the scoring layer's s x s temporaries to that
-        # layer's whole saved set and the logits, which are not all alive at once)
-        assert 0.90 * r["peak_live_bytes"] <= w.trainer_peak <= 1.20 * r["peak_live_bytes"], r["optimizer"]
+        # the whole-step peak of live tensors (CPU, unfused attention) is predicted too: never low, and high by
+        # at most the scoring layer's s x s working set ((B + 4)·a·T·s), which the plan adds to every saved set
+        # and the logits although this one- and two-layer models' peak (at the loss) does not hold it
+        heads, T = max(1, h // 64), meta["micro_batch"] * meta["seq"]
+        scoring = (2 + 4) * heads * T * meta["seq"]
+        assert w.trainer_peak - scoring <= r["peak_live_bytes"] <= w.trainer_peak, r["optimizer"]
+        assert r["peak_live_bytes"] >= 0.95 * (w.trainer_peak - scoring), r["optimizer"]
 
 
 def test_activation_formula_reduces_to_korthikanti():
-    # GELU GPT, f = 4h, dropout on: Korthikanti et al. give T·h·(10 + 24/t) + 5·a·T·s/t with a
-    # 16-bit softmax; megatron keeps the softmax output in fp32 (+2 bytes per score).
+    # GELU GPT as Korthikanti et al. model it (f = 4h, MHA, 16-bit LayerNorm, learned positions, dropout on):
+    # they give T·h·(10 + 24/t) + 5·a·T·s/t with a 16-bit softmax; megatron keeps the softmax output in
+    # fp32 (+2 bytes per score), each LayerNorm its fp32 mean and rstd (8 bytes per token), and each layer
+    # builds a boolean s x s causal mask.
     h, a, s, b = 1024, 16, 2048, 2
     model = ModelConfig(num_layers=4, hidden_size=h, num_attention_heads=a, ffn_hidden_size=4 * h, vocab_size=64,
-                        swiglu=False, hidden_dropout=0.1, attention_dropout=0.1, params_dtype="bfloat16")
+                        swiglu=False, hidden_dropout=0.1, attention_dropout=0.1, params_dtype="bfloat16",
+                        normalization="LayerNorm", position_embedding_type="learned_absolute")
     T = b * s
     for t in (1, 2, 4, 8):
         layer = layer_activations(model, tp=t, micro_batch=b, seq_len=s)
-        assert layer.total == T * h * 10 + T * h * 24 // t + 7 * a * T * s // t
+        assert layer.total == T * h * 10 + T * h * 24 // t + 7 * a * T * s // t + 2 * 8 * T + s * s
     full = plan(model, micro_batch=b, seq_len=s, recompute="full", optimizer="adam").worst.activations
     none = plan(model, micro_batch=b, seq_len=s, recompute="none", optimizer="adam").worst.activations
     layer = layer_activations(model, tp=1, micro_batch=b, seq_len=s).total
     # global score buffer (B = 2 per score), the scoring layer's baddbmm output + fp32 softmax input (2 + 4 per
-    # score: the peak breakdown of test_unfused_attention_peak_is_planned), final norm
-    extras = 2 * a * T * s + (2 + 4) * a * T * s + 2 * 2 * T * h
+    # score: the peak breakdown of test_unfused_attention_peak_is_planned), the final norm's input and
+    # statistics and its output, which the output layer saves
+    extras = 2 * a * T * s + (2 + 4) * a * T * s + (2 * T * h + 8 * T) + 2 * T * h
     assert full == 4 * 2 * T * h + layer + extras
     assert none == 4 * layer + extras
 
