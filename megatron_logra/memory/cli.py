@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-kl-control", action="store_true",
                    help="LoGRA: the native AdamW step is not scaled by a KL controller (kl.mode=none or "
                         "logra.scale_native=false): no copy of the non-target masters during the step")
-    p.add_argument("--no-cache-projections", action="store_true", help="LoGRA regenerates projections (no cache)")
+    p.add_argument("--no-cache-projections", action="store_true",
+                   help="LoGRA regenerates projections (no cache from forward to apply; prepare() still holds every "
+                        "target's projection while it computes the step)")
     p.add_argument("--reference-model", action="store_true",
                    help="a frozen reference model for a KL penalty (rl.loss.kl_coef > 0): its weights once more")
     p.add_argument("--logprob-chunk-tokens", type=int, default=1024,

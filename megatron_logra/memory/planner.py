@@ -38,7 +38,9 @@ Transient state of a step (formulas in :mod:`megatron_logra.memory.activations`)
     flat copy nor these temporaries exist.
   * LoGRA step: cached projections ``4·r·Σn_in`` (from forward to apply, when
     ``cache_projections``), directions ``4·r·Σn_out`` and the largest target's fp32 update; the
-    directions stay alive through the native AdamW step that follows the target updates.
+    directions stay alive through the native AdamW step that follows the target updates. Without the
+    cache ``prepare()`` still generates every target's fp32 projection and keeps them all through the
+    grad norm, the directions and the paper recipe's scaling: ``4·r·Σn_in`` during ``prepare()`` only.
 
 Policy sync (after each step; RL only, ``policy_sync``)
   * the dense refit streams one full parameter at a time (``rl.weights``): the TP all-gather
@@ -179,6 +181,9 @@ class RankMemory:
     """The part of the persistent state that belongs to target linears (weight, grad, master, moments or sketch state)."""
     projection_cache: int = 0
     """LoGRA cached fp32 projections of one step (forward to apply)."""
+    projection_working: int = 0
+    """LoGRA without the projection cache: the fp32 projections ``prepare()`` generates and holds (optimizer
+    phase only)."""
     activations: int = 0
     """Saved activations of the micro-batches in flight (see the module docstring)."""
     logits: int = 0
@@ -212,9 +217,11 @@ class RankMemory:
     @property
     def optimizer_working(self) -> int:
         """Temporaries after backward: gradient reduction / norm, then the step (LoGRA's directions stay alive
-        through the native AdamW step; the target updates come first and free theirs)."""
+        through the native AdamW step; the target updates come first and free theirs). Uncached projections
+        live through ``prepare()``: the grad norm and the directions, not the apply."""
         directions = self.step_working - self.largest_update
-        return max(self.grad_working, directions + max(self.largest_update, self.adam_working))
+        prepare = self.projection_working + max(self.grad_working, directions)
+        return max(self.grad_working, prepare, directions + max(self.largest_update, self.adam_working))
 
     @property
     def trainer_peak(self) -> int:
@@ -236,7 +243,8 @@ class RankMemory:
             ("weights", self.weights), ("grads (fp32)", self.grads), ("fp32 masters", self.masters),
             ("Adam moments", self.moments), ("sketches", self.sketches), ("row moments", self.row_moments),
             ("reference model", self.reference),
-            ("projection cache", self.projection_cache), ("activations", self.activations),
+            ("projection cache", self.projection_cache), ("uncached projections (prepare)", self.projection_working),
+            ("activations", self.activations),
             ("logits", self.logits), ("log-prob working set", self.logprob_working),
             ("grad reduce / norm temporaries", self.grad_working), ("AdamW step temporaries", self.adam_working),
             ("LoGRA step temporaries", self.step_working), ("policy-sync temporaries", self.sync_working),
@@ -349,6 +357,7 @@ def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
         r.row_moments = 4 * c.target_rows
         r.target_persistent = target_weight_bytes + target_masters + r.sketches + r.row_moments
         r.projection_cache = 4 * cfg.rank * c.target_cols if cfg.cache_projections else 0
+        r.projection_working = 0 if cfg.cache_projections else 4 * cfg.rank * c.target_cols
         r.largest_update = 4 * c.largest_target
         r.step_working = 4 * cfg.rank * c.target_rows + r.largest_update
         adam_params = native
