@@ -9,8 +9,12 @@ before minutes of model building and checkpoint loading end in an out-of-memory 
 
 What the run's config maps to (see :class:`~megatron_logra.memory.planner.PlanConfig`):
 
-* micro-batch: ``rl.micro_batch_size`` x ``model.seq_length`` (RL) or ``train.micro_batch_size`` x
-  ``data.seq_length - 1`` (LM: the task's input tokens);
+* micro-batch: the sequences the trainer really puts in one micro-batch x ``model.seq_length`` (RL) or
+  ``train.micro_batch_size`` x ``data.seq_length - 1`` (LM: the task's input tokens). An RL step splits
+  each DP rank's ``rl.prompts_per_step / dp x rl.group_size`` sequences (and a supervised warm start's
+  ``sft.batch_size / dp`` demonstrations) into micro-batches of ``rl.micro_batch_size``, so a micro-batch
+  holds ``min(rl.micro_batch_size, those rows)`` (:func:`rl_micro_batch`); an LM micro-batch always holds
+  ``train.micro_batch_size`` (``train.global_batch_size`` is a multiple of it times DP);
 * attention ``flash`` with TransformerEngine layers, else megatron's unfused attention;
 * the colocated engine: an in-process SGLang engine reserves ``rl.rollout.mem_fraction_static``; the
   embedded engine keeps a whole (un-sharded) copy of the model in ``model.params_dtype`` on the
@@ -40,7 +44,7 @@ from megatron_logra.models.te import te_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["attention_kernel", "run_plan_config", "memory_preflight", "unmodelled", "fit_hint", "MemoryCheckError"]
+__all__ = ["attention_kernel", "rl_micro_batch", "run_plan_config", "memory_preflight", "unmodelled", "fit_hint", "MemoryCheckError"]
 
 class MemoryCheckError(ValueError):
     """The planner says this run does not fit its GPU and ``train.memory_check=error`` (bad input:
@@ -55,6 +59,17 @@ def _engine_fraction(cfg: Any, gpu_memory_bytes: int) -> float:
         return 0.0 if ro.sglang_url else float(ro.mem_fraction_static)
     copy = cfg.model.num_params() * cfg.model.torch_dtype.itemsize
     return min(copy / gpu_memory_bytes, 0.99)
+
+
+def rl_micro_batch(cfg: Any, dp: int) -> int:
+    """Sequences in the largest micro-batch of RL run ``cfg`` on one of ``dp`` data-parallel ranks:
+    ``rl.micro_batch_size``, or fewer when a rank has fewer rows per step to split (its
+    ``rl.prompts_per_step / dp x rl.group_size`` rollouts; a supervised warm start that trains, its
+    ``sft.batch_size / dp`` demonstrations), as ``rl.batching.split_microbatches`` cuts them."""
+    rows = -(-cfg.rl.prompts_per_step // dp) * cfg.rl.group_size
+    if cfg.sft.steps > 0 and not cfg.model.hf_path and not cfg.sft.init_path:  # the warm start trains
+        rows = max(rows, -(-cfg.sft.batch_size // dp))
+    return min(cfg.rl.micro_batch_size, rows)
 
 
 def attention_kernel(model: Any) -> str:
@@ -74,7 +89,7 @@ def run_plan_config(cfg: Any, *, tp: int, pp: int, dp: int, gpu_memory_bytes: in
     logra = name == "logra"
     return PlanConfig(
         tp=tp, pp=pp, dp=dp, optimizer=name, rank=cfg.optimizer.logra.rank, masters=cfg.optimizer.logra.masters,
-        micro_batch=cfg.rl.micro_batch_size if rl else cfg.train.micro_batch_size,
+        micro_batch=rl_micro_batch(cfg, dp) if rl else cfg.train.micro_batch_size,
         seq_len=cfg.model.seq_length if rl else cfg.data.seq_length - 1,  # LM micro-batches: [mbs, data.seq_length - 1]
         recompute=cfg.model.recompute, gpu_memory_bytes=int(gpu_memory_bytes),
         engine_fraction=_engine_fraction(cfg, gpu_memory_bytes), distributed_optimizer=False,
@@ -103,7 +118,9 @@ def fit_hint(cfg: Any, pcfg: PlanConfig) -> str:
     rl = cfg.job == "rl"
     options: list[str] = []
     if pcfg.micro_batch > 1:
-        options.append(f"lower the micro-batch ({'rl' if rl else 'train'}.micro_batch_size={pcfg.micro_batch})")
+        configured = cfg.rl.micro_batch_size if rl else cfg.train.micro_batch_size
+        runs = f", {pcfg.micro_batch} sequences per micro-batch" if pcfg.micro_batch != configured else ""
+        options.append(f"lower the micro-batch ({'rl' if rl else 'train'}.micro_batch_size={configured}{runs})")
     if pcfg.recompute != "full":
         options.append(f"set model.recompute=full (now {pcfg.recompute})")
     options.append(f"raise the tensor/pipeline-parallel size (now TP {pcfg.tp}, PP {pcfg.pp})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from megatron_logra.memory import PlanConfig, plan
 from megatron_logra.memory.preflight import MemoryCheckError, memory_preflight, run_plan_config, unmodelled
@@ -200,3 +201,40 @@ def test_the_hint_names_only_changes_the_run_has_not_made(caplog):
     with caplog.at_level(logging.WARNING, logger="megatron_logra.memory.preflight"):
         memory_preflight(lean, tp=8, pp=1, dp=1, gpu_memory_bytes=small)
     assert "set model.recompute=full (now none)" in caplog.text and "micro_batch_size" not in caplog.text
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_a_micro_batch_larger_than_a_ranks_rows_plans_what_the_trainer_runs(dp):
+    """``split_microbatches`` never makes a micro-batch larger than a rank's rows: raising
+    ``rl.micro_batch_size`` past them changes nothing the trainer runs, nor the plan (nor, with
+    ``memory_check=error``, the verdict)."""
+    from megatron_logra.rl.batching import split_microbatches
+    from megatron_logra.rl.config import share_per_rank
+    from megatron_logra.train.step import Batch
+
+    base = ["rl.prompts_per_step=2", "rl.group_size=2", "train.memory_check=error"]
+    rows = share_per_rank("rl.prompts_per_step", 2, dp, "prompts") * 2
+    plans = {}
+    for mbs in (rows, 8):
+        cfg = parse_args_to_config("27b", [f"rl.micro_batch_size={mbs}", *base])
+        assert run_plan_config(cfg, tp=8, pp=1, dp=dp, gpu_memory_bytes=H100).micro_batch == rows
+        plans[mbs] = memory_preflight(cfg, tp=8, pp=1, dp=dp, gpu_memory_bytes=H100)
+        z = torch.zeros(rows, 4, dtype=torch.long)
+        batch = Batch(tokens=z, labels=z, loss_mask=z.float(), position_ids=z, extras={})
+        assert max(mb.tokens.shape[0] for mb in split_microbatches(batch, mbs)) == rows
+    assert plans[rows].worst.total == plans[8].worst.total and plans[8].fits
+
+
+def test_a_training_warm_start_plans_its_own_micro_batch():
+    """A supervised warm start that trains splits ``sft.batch_size / dp`` demonstrations into micro-batches of
+    ``rl.micro_batch_size`` too: the larger of its and the RL step's micro-batches is planned."""
+    cfg = parse_args_to_config("tiny", ["rl.prompts_per_step=1", "rl.group_size=2", "rl.micro_batch_size=16",
+                                        "sft.steps=5", "sft.batch_size=8", "sft.cache=false", "sft.init_path="])
+    assert run_plan_config(cfg, tp=1, pp=1, dp=1, gpu_memory_bytes=8 * GiB).micro_batch == 8
+    # a warm start loaded from sft.init_path does not train
+    cfg = parse_args_to_config("tiny", ["rl.prompts_per_step=1", "rl.group_size=2", "rl.micro_batch_size=16",
+                                        "sft.steps=5", "sft.batch_size=8"])
+    assert cfg.sft.init_path and run_plan_config(cfg, tp=1, pp=1, dp=1, gpu_memory_bytes=8 * GiB).micro_batch == 2
+    cfg = parse_args_to_config("tiny", ["rl.prompts_per_step=1", "rl.group_size=2", "rl.micro_batch_size=16",
+                                        "sft.steps=0"])
+    assert run_plan_config(cfg, tp=1, pp=1, dp=1, gpu_memory_bytes=8 * GiB).micro_batch == 2
