@@ -9,7 +9,9 @@
         --engine-fraction 0.3 --markdown                      # the node table of docs/memory.md
 
 ``--model`` takes presets (qwen2.5-1.5b, qwen2.5-7b, 27b) or paths to a Hugging Face
-``config.json``; ``--gpu-memory`` sizes with a unit, like 80GiB, 141GB, 81559MiB (comma lists plan every
+``config.json`` (or its directory), read and checked as ``megatron-logra train --model.hf_path`` reads it:
+a config the trainer refuses (sliding-window attention, scaled RoPE, mixture of experts, ...) is refused
+here with the same message; ``--gpu-memory`` sizes with a unit, like 80GiB, 141GB, 81559MiB (comma lists plan every
 combination). ``--tp auto`` takes the largest TP size <= GPUs / PP that shards the model;
 with ``--gpus`` the DP size is GPUs / (TP x PP). The defaults plan what ``megatron-logra train``
 runs: AdamW states whole on every DP rank (``--distributed-optimizer`` plans Megatron-LM's
@@ -31,7 +33,7 @@ from megatron_logra.memory.units import parse_bytes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["main", "build_parser", "auto_tp"]
+__all__ = ["main", "build_parser", "auto_tp", "resolve_planned_model"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,10 +94,35 @@ def auto_tp(model, limit: int, gpus_per_stage: Optional[int] = None) -> int:
     return max(d for d in range(1, max(1, limit) + 1) if g % d == 0)
 
 
+def resolve_planned_model(name: str, *, seq_length: int):
+    """The ``ModelConfig`` that ``--model name`` plans: a preset, or a Hugging Face ``config.json`` (or a
+    directory holding one) read by the trainer's own loader for ``model.hf_path``
+    (``convert.spec.model_config_from_hf_dict_strict``: :func:`~megatron_logra.convert.spec.check_hf_config`,
+    the field mapping, the HF-mapping support check), so a config ``train`` refuses is refused here with the
+    same ``ValueError``. ``seq_length`` replaces the config's sequence length."""
+    from pathlib import Path
+
+    from megatron_logra.models.presets import PRESETS, read_json_object, resolve_model
+
+    text = name.strip()
+    if text.lower() in PRESETS:
+        return resolve_model(text, seq_length=seq_length)
+    if not (text.endswith(".json") or "/" in text or Path(text).exists()):
+        raise ValueError(f"model={text!r} is neither a preset ({', '.join(PRESETS)}) nor a path to a config.json")
+    from megatron_logra.convert.spec import model_config_from_hf_dict_strict
+
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(f"model={text!r}: no such config.json (give a preset name or a path to a config.json)")
+    raw = read_json_object(path, prefix=f"model={text!r}: ")
+    return model_config_from_hf_dict_strict(raw, source=str(path), seq_length=seq_length)
+
+
 def _plans(args: argparse.Namespace):
     from megatron_logra.memory.planner import PlanConfig, plan
     from megatron_logra.memory.report import Scenario
-    from megatron_logra.models.presets import resolve_model
 
     for option in ("pp", "dp", "gpus"):
         value = getattr(args, option)
@@ -128,7 +155,7 @@ def _plans(args: argparse.Namespace):
     overhead_bytes = parse_bytes(args.overhead, name="--overhead", require_unit=True)
     scenarios = []
     for name in models:
-        model = resolve_model(name, seq_length=args.seq_len)
+        model = resolve_planned_model(name, seq_length=args.seq_len)
         if args.tp == "auto":
             per_stage = (args.gpus or 8) // args.pp
             tp = auto_tp(model, per_stage, per_stage if args.gpus is not None else None)
