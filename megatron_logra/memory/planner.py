@@ -62,7 +62,7 @@ from typing import Optional
 
 from megatron_logra.memory.activations import activation_bytes, logit_bytes
 from megatron_logra.memory.count import TARGET_KINDS, ParamCounts, count_params, resolve_targets
-from megatron_logra.memory.units import GiB
+from megatron_logra.memory.units import GiB, parse_bytes
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.sync.sglang_payloads import DEFAULT_CHUNK_BYTES
 
@@ -71,6 +71,14 @@ logger = logging.getLogger(__name__)
 __all__ = ["PlanConfig", "RankMemory", "MemoryPlan", "plan", "compare", "check_layout"]
 
 OPTIMIZERS = ("adam", "logra")
+
+
+def _size_field(name: str, value, *, example: str) -> int:
+    """Bytes of the ``PlanConfig`` size field ``name``: an int (not a bool), or a string with a unit read by
+    :func:`~megatron_logra.memory.units.parse_bytes`; ``ValueError`` naming the field for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{name}={value!r} must be a number of bytes (an int) or a size with a unit, e.g. {example}")
+    return parse_bytes(value, name=name, require_unit=True)  # refuses negative, unit-less and too-large sizes
 
 
 @dataclass
@@ -96,9 +104,10 @@ class PlanConfig:
     recompute: str = "none"
     """Activation recompute: none or full (megatron uniform, one layer per checkpoint)."""
     gpu_memory_bytes: int = 80 * GiB
-    """Memory of one GPU."""
+    """Memory of one GPU: bytes (an int), or a size with its unit such as ``"80GiB"`` (stored as bytes)."""
     engine_fraction: float = 0.0
-    """Fraction of GPU memory held by a colocated rollout engine (SGLang mem_fraction_static); 0 = none."""
+    """Fraction of GPU memory held by a colocated rollout engine (SGLang mem_fraction_static), a number in
+    [0, 1); 0 = none."""
     distributed_optimizer: bool = False
     """Plan Megatron-LM's DistributedOptimizer (masters and Adam moments of AdamW parameters sharded over DP,
     fused Adam, in-place reduce-scatter). This trainer does not implement it: False plans what it runs."""
@@ -124,7 +133,8 @@ class PlanConfig:
     """The run keeps a frozen reference model for a KL penalty (``rl.loss.kl_coef > 0``): a second copy of
     every rank's weights in their own dtypes (no gradients, no optimizer state)."""
     overhead_bytes: int = 2 * GiB
-    """CUDA context, NCCL buffers and allocator fragmentation per GPU."""
+    """CUDA context, NCCL buffers and allocator fragmentation per GPU: bytes (an int), or a size with its unit
+    such as ``"2GiB"`` (stored as bytes)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "rank", "micro_batch", "seq_len"):
@@ -139,16 +149,24 @@ class PlanConfig:
             raise ValueError(f"recompute={self.recompute!r}: choose none or full")
         if self.attention not in ("unfused", "flash"):
             raise ValueError(f"attention={self.attention!r}: choose unfused or flash")
-        if not isinstance(self.gpu_memory_bytes, int) or self.gpu_memory_bytes <= 0:
-            raise ValueError(f"gpu_memory_bytes={self.gpu_memory_bytes!r} must be a positive number of bytes (e.g. 80GiB)")
-        if not 0.0 <= float(self.engine_fraction) < 1.0:
-            raise ValueError(f"engine_fraction={self.engine_fraction!r} must lie in [0, 1) (0 = no colocated engine)")
+        self.gpu_memory_bytes = _size_field("gpu_memory_bytes", self.gpu_memory_bytes, example="80 * 2**30 or '80GiB'")
+        if self.gpu_memory_bytes <= 0:
+            raise ValueError(f"gpu_memory_bytes={self.gpu_memory_bytes!r} must be a positive number of bytes "
+                             f"(e.g. 80 * 2**30 or '80GiB')")
+        fraction = self.engine_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < 1.0:
+            raise ValueError(f"engine_fraction={fraction!r} must be a number in [0, 1), e.g. 0.3 (0 = no colocated "
+                             f"engine)")
+        self.engine_fraction = float(fraction)
         if self.loss not in ("logprob", "lm"):
             raise ValueError(f"loss={self.loss!r}: choose logprob or lm")
         if not isinstance(self.logprob_chunk_tokens, int) or self.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens={self.logprob_chunk_tokens!r} must be an integer >= 0 (0 = unchunked)")
-        if self.overhead_bytes < 0:
-            raise ValueError(f"overhead_bytes={self.overhead_bytes!r} must be >= 0")
+        self.overhead_bytes = _size_field("overhead_bytes", self.overhead_bytes, example="2 * 2**30 or '2GiB'")
+        for name in ("distributed_optimizer", "freeze_native", "scaled_native_step", "cache_projections", "policy_sync",
+                     "reference_model"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         self.targets = resolve_targets(self.targets)
         if self.freeze_native and self.optimizer != "logra":
             raise ValueError("freeze_native=True applies to LoGRA's non-target parameters; dense AdamW (optimizer=adam) "
