@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory", default="80GiB", help="memory of one GPU, e.g. 80GiB, 141GB (comma list allowed)")
     p.add_argument("--engine-fraction", type=float, default=0.0,
                    help="GPU fraction of a colocated rollout engine (SGLang mem_fraction_static); default 0")
+    p.add_argument("--rollout-sequences", type=int, default=0,
+                   help="sequences an embedded rollout engine (rl.rollout.engine=embedded) generates at once on this "
+                        "GPU: plans its KV cache for that many --seq-len sequences (its weights: --engine-fraction); "
+                        "default 0")
     p.add_argument("--overhead", default="2GiB", help="CUDA context / NCCL / fragmentation per GPU (default 2GiB)")
     p.add_argument("--distributed-optimizer", action="store_true",
                    help="plan Megatron-LM's distributed optimizer (AdamW masters and moments sharded over DP, fused "
@@ -177,6 +181,7 @@ def _plans(args: argparse.Namespace):
                 distributed_optimizer=args.distributed_optimizer, attention=args.attention,
                 cache_projections=not args.no_cache_projections, logprob_chunk_tokens=args.logprob_chunk_tokens,
                 reference_model=args.reference_model, overhead_bytes=overhead_bytes,
+                rollout_sequences=args.rollout_sequences,
                 freeze_native=args.freeze_native and args.optimizer == "logra",
                 scaled_native_step=not args.no_kl_control, **({"targets": targets} if targets else {}),
             )

@@ -49,7 +49,12 @@ Policy sync (after each step; RL only, ``policy_sync``)
     checks gather only sampled rows and deltas are ``[n_out, r]``: both negligible.
 
 Colocated rollout engine: ``engine_fraction`` x GPU memory (SGLang's ``mem_fraction_static``:
-engine weights + KV cache), resident during training. ``overhead_bytes`` covers the CUDA
+engine weights + KV cache), resident during training. An embedded engine (a transformers copy of the
+model on the trainer's GPU; its weights are the ``engine_fraction``) also grows a KV cache while it
+generates, beside the trainer's persistent state: ``rollout_sequences`` sequences of up to ``seq_len``
+tokens, every layer's keys and values, ``2·L·g·d·B`` bytes per token, plus one layer's keys copied as the
+cache grows (transformers' ``DynamicCache`` concatenates) or the sampler's working set over the vocabulary,
+whichever is larger (:func:`embedded_kv_cache_bytes`): the *rollout peak*. ``overhead_bytes`` covers the CUDA
 context, NCCL buffers and allocator fragmentation.
 """
 
@@ -68,7 +73,7 @@ from megatron_logra.sync.sglang_payloads import DEFAULT_CHUNK_BYTES
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PlanConfig", "RankMemory", "MemoryPlan", "plan", "compare", "check_layout"]
+__all__ = ["PlanConfig", "RankMemory", "MemoryPlan", "plan", "compare", "check_layout", "embedded_kv_cache_bytes"]
 
 OPTIMIZERS = ("adam", "logra")
 
@@ -132,6 +137,10 @@ class PlanConfig:
     reference_model: bool = False
     """The run keeps a frozen reference model for a KL penalty (``rl.loss.kl_coef > 0``): a second copy of
     every rank's weights in their own dtypes (no gradients, no optimizer state)."""
+    rollout_sequences: int = 0
+    """Sequences an embedded rollout engine (``rl.rollout.engine=embedded``) generates at once on this GPU; its
+    KV cache for that many ``seq_len``-token sequences is planned beside the persistent state. 0 = none (an
+    SGLang engine's KV cache is part of ``engine_fraction``)."""
     overhead_bytes: int = 2 * GiB
     """CUDA context, NCCL buffers and allocator fragmentation per GPU: bytes (an int), or a size with its unit
     such as ``"2GiB"`` (stored as bytes)."""
@@ -160,6 +169,10 @@ class PlanConfig:
         self.engine_fraction = float(fraction)
         if self.loss not in ("logprob", "lm"):
             raise ValueError(f"loss={self.loss!r}: choose logprob or lm")
+        if isinstance(self.rollout_sequences, bool) or not isinstance(self.rollout_sequences, int) \
+                or self.rollout_sequences < 0:
+            raise ValueError(f"rollout_sequences={self.rollout_sequences!r} must be an integer >= 0 (0 = no embedded "
+                             f"rollout engine)")
         if not isinstance(self.logprob_chunk_tokens, int) or self.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens={self.logprob_chunk_tokens!r} must be an integer >= 0 (0 = unchunked)")
         self.overhead_bytes = _size_field("overhead_bytes", self.overhead_bytes, example="2 * 2**30 or '2GiB'")
@@ -219,6 +232,8 @@ class RankMemory:
     """The part of ``step_working`` that is one target's fp32 update (freed before the native AdamW step)."""
     sync_working: int = 0
     """Policy-sync temporaries: a streamed dense refit (2 x the largest full parameter + one chunk)."""
+    rollout_working: int = 0
+    """An embedded rollout engine's KV cache at its largest (one ``generate()`` batch), during rollouts."""
     engine: int = 0
     """Colocated rollout engine's share of the GPU."""
     overhead: int = 0
@@ -252,8 +267,13 @@ class RankMemory:
         return self.persistent + self.sync_working
 
     @property
+    def rollout_peak(self) -> int:
+        """Persistent state + an embedded engine's KV cache (rollouts run between steps)."""
+        return self.persistent + self.rollout_working
+
+    @property
     def total(self) -> int:
-        return max(self.trainer_peak, self.sync_peak) + self.engine + self.overhead
+        return max(self.trainer_peak, self.sync_peak, self.rollout_peak) + self.engine + self.overhead
 
     def items(self) -> list[tuple[str, int]]:
         """(label, bytes) of every line, in display order."""
@@ -266,7 +286,7 @@ class RankMemory:
             ("logits", self.logits), ("log-prob working set", self.logprob_working),
             ("grad reduce / norm temporaries", self.grad_working), ("AdamW step temporaries", self.adam_working),
             ("LoGRA step temporaries", self.step_working), ("policy-sync temporaries", self.sync_working),
-            ("rollout engine", self.engine),
+            ("rollout engine", self.engine), ("embedded rollout KV cache", self.rollout_working),
             ("CUDA/NCCL overhead", self.overhead),
         ]
 
@@ -400,15 +420,42 @@ def _stage(model: ModelConfig, cfg: PlanConfig, stage: int) -> RankMemory:
         largest = max(count_params(model, tp=cfg.tp, pp=cfg.pp, stage=s).largest_full_bytes for s in {0, cfg.pp - 1})
         r.sync_working = 2 * largest + DEFAULT_CHUNK_BYTES  # every rank streams every stage's parameters
     r.engine = int(cfg.engine_fraction * cfg.gpu_memory_bytes)
+    r.rollout_working = embedded_kv_cache_bytes(model, cfg.rollout_sequences, cfg.seq_len, tp=cfg.tp)
     r.overhead = cfg.overhead_bytes
     return r
+
+
+def embedded_kv_cache_bytes(model: ModelConfig, sequences: int, seq_len: int, *, tp: int = 1) -> int:
+    """Peak bytes of an embedded (transformers) engine generating ``sequences`` sequences of up to ``seq_len``
+    tokens with the whole ``model`` in its dtype (weights excluded): the KV cache, keys and values of every
+    layer, ``g·d`` wide each, ``2·L`` layer-sized tensors at the end, plus the larger of
+
+    * while ``DynamicCache`` concatenates a token onto a layer: one layer's keys more, and the previous step's
+      logits over the vocabulary (padded for the trainer's ``tp``) and their fp32 copy (``(B + 4)·V`` per
+      sequence; ``4·V`` in fp32, where the copy is the same tensor);
+    * while sampling (``rollout.embedded.sample_next``, its top-p path, the largest): the logits and their fp32
+      copy, the log-softmax, the sorted values and their int64 order, the probabilities, the nucleus mask and
+      the nucleus, ``(B + 4 + 29)·V`` per sequence (``33·V`` in fp32); plain sampling takes ``(B + 12)·V``;
+
+    and the generation's per-token state (sampled tokens and attention mask in int64, log-probs in fp32:
+    20 bytes per token). Measured on CPU with ``LiveTensorTracker`` (``tests/unit/test_planner_embedded_rollout.py``).
+    """
+    if not sequences:
+        return 0
+    B = 4 if model.params_dtype == "float32" else 2
+    per_layer = sequences * seq_len * (model.num_query_groups or model.num_attention_heads) * model.head_dim * B
+    vocab = sequences * model.padded_vocab_size(tp)
+    copy = 0 if B == 4 else 4  # the fp32 copy of 16-bit logits
+    growth = per_layer + (B + copy) * vocab
+    sampling = (B + copy + 29) * vocab
+    return 2 * model.num_layers * per_layer + max(growth, sampling) + 20 * sequences * seq_len
 
 
 def plan(model: ModelConfig, config: Optional[PlanConfig] = None, **kwargs) -> MemoryPlan:
     """Plan ``model`` under ``config`` (or a ``PlanConfig`` built from ``kwargs``: tp, pp, dp,
     optimizer, rank, masters, micro_batch, seq_len, recompute, gpu_memory_bytes,
     engine_fraction, distributed_optimizer, targets, freeze_native, scaled_native_step, attention,
-    cache_projections, logprob_chunk_tokens, loss, policy_sync, reference_model, overhead_bytes)."""
+    cache_projections, logprob_chunk_tokens, loss, policy_sync, reference_model, rollout_sequences, overhead_bytes)."""
     if config is None:
         config = PlanConfig(**kwargs)
     elif kwargs:

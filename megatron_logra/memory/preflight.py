@@ -16,9 +16,11 @@ What the run's config maps to (see :class:`~megatron_logra.memory.planner.PlanCo
   holds ``min(rl.micro_batch_size, those rows)`` (:func:`rl_micro_batch`); an LM micro-batch always holds
   ``train.micro_batch_size`` (``train.global_batch_size`` is a multiple of it times DP);
 * attention ``flash`` with TransformerEngine layers, else megatron's unfused attention;
-* the colocated engine: an in-process SGLang engine reserves ``rl.rollout.mem_fraction_static``; the
-  embedded engine keeps a whole (un-sharded) copy of the model in ``model.params_dtype`` on the
-  trainer's GPU; a separate SGLang server (``rl.rollout.sglang_url``) takes nothing here;
+* the colocated engine: an in-process SGLang engine reserves ``rl.rollout.mem_fraction_static`` (its KV
+  cache included); the embedded engine keeps a whole (un-sharded) copy of the model in
+  ``model.params_dtype`` on the trainer's GPU and, while it generates, the KV cache of one ``generate()``
+  batch (:func:`embedded_rollout_sequences` sequences of up to ``model.seq_length`` tokens); a separate
+  SGLang server (``rl.rollout.sglang_url``) takes nothing here;
 * dense AdamW keeps its full states on every DP rank (``distributed_optimizer=False``: this trainer
   does not shard them), log-probs in ``rl.loss.logprob_chunk_tokens`` chunks (LM: megatron's
   cross entropy over the whole logits, ``loss="lm"``);
@@ -44,7 +46,8 @@ from megatron_logra.models.te import te_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["attention_kernel", "rl_micro_batch", "run_plan_config", "memory_preflight", "unmodelled", "fit_hint", "MemoryCheckError"]
+__all__ = ["attention_kernel", "rl_micro_batch", "embedded_rollout_sequences", "run_plan_config",
+           "memory_preflight", "unmodelled", "fit_hint", "MemoryCheckError"]
 
 class MemoryCheckError(ValueError):
     """The planner says this run does not fit its GPU and ``train.memory_check=error`` (bad input:
@@ -72,6 +75,18 @@ def rl_micro_batch(cfg: Any, dp: int) -> int:
     return min(cfg.rl.micro_batch_size, rows)
 
 
+def embedded_rollout_sequences(cfg: Any, dp: int) -> int:
+    """Sequences one ``generate()`` call of an embedded rollout engine holds on one of ``dp`` data-parallel
+    ranks (0 without one): a training step's ``rl.prompts_per_step / dp x rl.group_size``, or an
+    evaluation's ``task.num_eval / dp x rl.rollout.eval_samples`` when evaluations run, whichever is larger."""
+    if cfg.job != "rl" or cfg.rl.rollout.engine != "embedded":
+        return 0
+    rows = -(-cfg.rl.prompts_per_step // dp) * cfg.rl.group_size
+    if cfg.rl.eval_interval > 0 and cfg.task.num_eval > 0:
+        rows = max(rows, -(-cfg.task.num_eval // dp) * cfg.rl.rollout.eval_samples)
+    return rows
+
+
 def attention_kernel(model: Any) -> str:
     """The attention the planner should model for ``model`` (a ``ModelConfig``) built on this machine:
     ``flash`` where its layers are TransformerEngine's (fused attention), else ``unfused``."""
@@ -92,7 +107,8 @@ def run_plan_config(cfg: Any, *, tp: int, pp: int, dp: int, gpu_memory_bytes: in
         micro_batch=rl_micro_batch(cfg, dp) if rl else cfg.train.micro_batch_size,
         seq_len=cfg.model.seq_length if rl else cfg.data.seq_length - 1,  # LM micro-batches: [mbs, data.seq_length - 1]
         recompute=cfg.model.recompute, gpu_memory_bytes=int(gpu_memory_bytes),
-        engine_fraction=_engine_fraction(cfg, gpu_memory_bytes), distributed_optimizer=False,
+        engine_fraction=_engine_fraction(cfg, gpu_memory_bytes), rollout_sequences=embedded_rollout_sequences(cfg, dp),
+        distributed_optimizer=False,
         attention=attention_kernel(cfg.model), cache_projections=cfg.optimizer.logra.cache_projections,
         logprob_chunk_tokens=cfg.rl.loss.logprob_chunk_tokens if rl else 0,
         loss="logprob" if rl else "lm", policy_sync=rl, reference_model=rl and cfg.rl.loss.kl_coef > 0,
@@ -131,7 +147,8 @@ def fit_hint(cfg: Any, pcfg: PlanConfig) -> str:
     elif pcfg.engine_fraction > 0:
         options.append(f"serve rollouts from a separate SGLang server (rl.rollout.engine=sglang, "
                        f"rl.rollout.sglang_url): the embedded engine's whole model copy takes "
-                       f"{pcfg.engine_fraction:.2f} of this GPU")
+                       f"{pcfg.engine_fraction:.2f} of this GPU, and its KV cache for {pcfg.rollout_sequences} "
+                       f"sequences at once more while it generates")
     return (f"To fit: {'; '.join(options)}. `megatron-logra memory` plans alternatives; train.memory_check=off "
             f"skips this check")
 

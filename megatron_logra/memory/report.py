@@ -60,6 +60,8 @@ def breakdown_rows(plans: Sequence[MemoryPlan]) -> tuple[list[str], list[list[st
     rows.append(["persistent state"] + [format_bytes(r.persistent) for r in ranks])
     rows.append(["trainer peak"] + [format_bytes(r.trainer_peak) for r in ranks])
     rows.append(["policy-sync peak"] + [format_bytes(r.sync_peak) for r in ranks])
+    if any(r.rollout_working for r in ranks):
+        rows.append(["embedded-rollout peak"] + [format_bytes(r.rollout_peak) for r in ranks])
     rows.append(["total"] + [format_bytes(r.total) for r in ranks])
     rows.append(["GPU memory"] + [format_bytes(p.gpu_memory) for p in plans])
     rows.append(["verdict"] + [p.verdict for p in plans])
