@@ -74,11 +74,12 @@ def predicted(mcfg, kind: str, args, world: int) -> tuple[int, int]:
     from megatron_logra.memory.planner import PlanConfig, plan
     from megatron_logra.memory.preflight import attention_kernel
 
+    # the tool applies every step at α = 1 (no KL controller): LoGRA's native AdamW step copies no masters
     p = plan(mcfg, PlanConfig(tp=args.tp, dp=max(1, world // args.tp), optimizer=kind, rank=args.rank,
                               masters=args.masters, micro_batch=args.micro_batch, seq_len=args.seq_len,
                               recompute=args.recompute, distributed_optimizer=False, overhead_bytes=0,
                               logprob_chunk_tokens=args.chunk_tokens, loss="lm" if args.loss == "lm" else "logprob",
-                              policy_sync=False, attention=attention_kernel(mcfg)))
+                              policy_sync=False, attention=attention_kernel(mcfg), scaled_native_step=False))
     w = p.worst
     return w.trainer_peak, w.grads + w.masters + w.moments + w.sketches + w.row_moments
 

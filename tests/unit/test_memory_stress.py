@@ -117,5 +117,28 @@ def test_dry_run_plans_the_chunking_and_loss_asked_for(tmp_path, extra, chunk, l
     model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=tool.ffn_size(64),
                         vocab_size=512, seq_length=64, params_dtype="bfloat16")
     want = plan(model, PlanConfig(rank=8, micro_batch=2, seq_len=64, distributed_optimizer=False, overhead_bytes=0,
-                                  logprob_chunk_tokens=chunk, loss=loss)).worst.trainer_peak
+                                  logprob_chunk_tokens=chunk, loss=loss, scaled_native_step=False)).worst.trainer_peak
     assert int(_read(tmp_path)[0]["predicted_peak_bytes"]) == want
+
+
+def test_the_prediction_plans_an_unscaled_native_step(tmp_path):
+    """The tool applies every step at α = 1: LoGRA's native AdamW step copies no masters, so the prediction
+    is the plan without ``scaled_native_step`` (the scaled one is 4 B per native parameter higher when the
+    optimizer phase is the peak)."""
+    from dataclasses import replace
+
+    from megatron_logra.memory.planner import PlanConfig, plan
+
+    tool = _tool()
+    # a large vocabulary and a short sequence: the native AdamW step (embedding, output layer) is the peak
+    args = tool.build_parser().parse_args(["--dry-run", "--hidden", "64", "--heads", "4", "--layers", "2",
+                                           "--vocab", "32000", "--seq-len", "16", "--micro-batch", "1", "--rank",
+                                           "8", "--optimizers", "logra", "--out", str(tmp_path)])
+    mcfg = tool.model_config(args)
+    peak, _ = tool.predicted(mcfg, "logra", args, 1)
+    cfg = PlanConfig(rank=args.rank, micro_batch=args.micro_batch, seq_len=args.seq_len, distributed_optimizer=False,
+                     overhead_bytes=0, logprob_chunk_tokens=args.chunk_tokens, policy_sync=False)
+    unscaled = plan(mcfg, replace(cfg, scaled_native_step=False)).worst
+    scaled = plan(mcfg, cfg).worst
+    assert peak == unscaled.trainer_peak != scaled.trainer_peak
+    assert scaled.adam_working - unscaled.adam_working == 4 * scaled.counts.native
