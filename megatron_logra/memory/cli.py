@@ -104,24 +104,9 @@ def resolve_planned_model(name: str, *, seq_length: int):
     (``convert.spec.model_config_from_hf_dict_strict``: :func:`~megatron_logra.convert.spec.check_hf_config`,
     the field mapping, the HF-mapping support check), so a config ``train`` refuses is refused here with the
     same ``ValueError``. ``seq_length`` replaces the config's sequence length."""
-    from pathlib import Path
+    from megatron_logra.models.presets import resolve_model
 
-    from megatron_logra.models.presets import PRESETS, read_json_object, resolve_model
-
-    text = name.strip()
-    if text.lower() in PRESETS:
-        return resolve_model(text, seq_length=seq_length)
-    if not (text.endswith(".json") or "/" in text or Path(text).exists()):
-        raise ValueError(f"model={text!r} is neither a preset ({', '.join(PRESETS)}) nor a path to a config.json")
-    from megatron_logra.convert.spec import model_config_from_hf_dict_strict
-
-    path = Path(text)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise ValueError(f"model={text!r}: no such config.json (give a preset name or a path to a config.json)")
-    raw = read_json_object(path, prefix=f"model={text!r}: ")
-    return model_config_from_hf_dict_strict(raw, source=str(path), seq_length=seq_length)
+    return resolve_model(name, seq_length=seq_length, strict=True)
 
 
 def _plans(args: argparse.Namespace):

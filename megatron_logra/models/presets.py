@@ -254,14 +254,24 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
     )
 
 
-def load_hf_config(path: Union[str, Path], *, seq_length: Optional[int] = None) -> ModelConfig:
-    """Read ``path`` (a ``config.json`` or a directory holding one) into a ``ModelConfig``."""
+def load_hf_config(path: Union[str, Path], *, seq_length: Optional[int] = None, strict: bool = False) -> ModelConfig:
+    """Read ``path`` (a ``config.json`` or a directory holding one) into a ``ModelConfig``.
+
+    ``strict``: read it as the trainer reads ``model.hf_path``
+    (:func:`megatron_logra.convert.spec.model_config_from_hf_dict_strict`: sliding windows, scaled RoPE, MoE and
+    other configs the trainer cannot run are refused with its ``ValueError``); ``seq_length`` replaces the
+    config's sequence length either way.
+    """
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     if not p.is_file():
         raise ValueError(f"model={str(path)!r}: no such config.json (give a preset name or a path to a config.json)")
     raw = read_json_object(p, prefix=f"model={str(path)!r}: ")
+    if strict:
+        from megatron_logra.convert.spec import model_config_from_hf_dict_strict  # convert.spec imports this module
+
+        return model_config_from_hf_dict_strict(raw, source=str(p), seq_length=seq_length)
     return model_config_from_hf_dict(raw, seq_length=seq_length, source=str(p))
 
 
@@ -276,13 +286,15 @@ def read_json_object(path: Path, *, prefix: str = "") -> dict:
     return raw
 
 
-def resolve_model(spec: Union[str, Path, ModelConfig], *, seq_length: Optional[int] = None) -> ModelConfig:
-    """A preset name, a path to a ``config.json`` (or its directory), or a ``ModelConfig`` as is."""
+def resolve_model(spec: Union[str, Path, ModelConfig], *, seq_length: Optional[int] = None,
+                  strict: bool = False) -> ModelConfig:
+    """A preset name, a path to a ``config.json`` (or its directory; ``strict``: see :func:`load_hf_config`), or
+    a ``ModelConfig`` as is."""
     if isinstance(spec, ModelConfig):
         return replace(spec, seq_length=seq_length) if seq_length else spec
-    text = str(spec)
-    if text.strip().lower() in PRESETS:
+    text = str(spec).strip()
+    if text.lower() in PRESETS:
         return get_preset(text, seq_length=seq_length)
     if text.endswith(".json") or "/" in text or Path(text).exists():
-        return load_hf_config(text, seq_length=seq_length)
+        return load_hf_config(text, seq_length=seq_length, strict=strict)
     raise ValueError(f"model={text!r} is neither a preset ({', '.join(PRESETS)}) nor a path to a config.json")
