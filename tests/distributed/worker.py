@@ -30,7 +30,6 @@ import json
 import os
 import sys
 import time
-import traceback
 import warnings
 
 warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
@@ -43,7 +42,7 @@ from megatron_logra.models.gpt import ModelConfig, build_gpt  # noqa: E402
 from megatron_logra.models.layout import gather_full_state, unshard  # noqa: E402
 from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer  # noqa: E402
 from megatron_logra.optim.logra import LograOptimizer  # noqa: E402
-from megatron_logra.parallel import ParallelConfig, destroy_parallel, initialize_parallel  # noqa: E402
+from megatron_logra.parallel import ParallelConfig, initialize_parallel  # noqa: E402
 from megatron_logra.train.step import forward_backward  # noqa: E402
 
 # key -> (type, default); every job setting, overridable per job
@@ -223,19 +222,17 @@ def run_job(name: str, cfg: dict, out_dir: str) -> None:
 
 
 def main(argv=None) -> int:
+    from rank_main import rank_main
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     out_dir, jobs = parse_args(argv)
-    try:
+
+    def run() -> None:
         for name, cfg in jobs:
             run_job(name, cfg, out_dir)
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        # a failed rank cannot leave its peers waiting in a collective forever
-        os._exit(1)
-    destroy_parallel()
-    return 0
+
+    return rank_main(run)
 
 
 if __name__ == "__main__":
