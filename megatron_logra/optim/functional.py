@@ -14,14 +14,10 @@ from typing import Optional
 
 import torch
 
-from megatron_logra.sketch.random_projection import _entry_hash, projection_key
-
 __all__ = [
     "row_adam_direction",
     "reconstructed_norm2",
     "apply_low_rank_update_",
-    "stochastic_round_bf16",
-    "rounding_noise",
     "adamw_delta",
 ]
 
@@ -52,31 +48,6 @@ def reconstructed_norm2(sketch_OR: torch.Tensor, proj_RI: torch.Tensor) -> torch
     return ((s @ gram_RR) * s).sum()
 
 
-def rounding_noise(seed: int, name: str, update: int, shape: tuple[int, int], row_offset: int = 0,
-                   device: Optional[torch.device] = None) -> torch.Tensor:
-    """Deterministic 16-bit noise ``[rows, cols]`` in [0, 65536) for stochastic rounding, made on ``device``.
-
-    Counter-based like the projections, so a replay of the same step rounds identically; the
-    hash is integer arithmetic, so every device gives the same values.
-    """
-    key = projection_key(seed, f"{name}#stochastic-rounding", update)
-    rows = torch.arange(row_offset, row_offset + shape[0], dtype=torch.int64, device=device)
-    cols = torch.arange(shape[1], dtype=torch.int64, device=device)
-    return _entry_hash(key, rows, cols, lane=7) & 0xFFFF
-
-
-def stochastic_round_bf16(x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """Round fp32 ``x`` to bf16 stochastically: ``E[round(x)] = x`` over uniform 16-bit noise.
-
-    Adds the noise to the 16 bits that bf16 drops (sign-magnitude, so unbiased for both
-    signs) and truncates; the truncated fp32 value is exactly representable in bf16.
-    """
-    bits = x.float().contiguous().view(torch.int32).to(torch.int64)
-    bits = (bits + noise.to(bits.device)) & ~0xFFFF
-    bits = torch.where(bits >= 2**31, bits - 2**32, bits)  # back to signed int32 range
-    return bits.to(torch.int32).view(torch.float32).to(torch.bfloat16)
-
-
 @torch.no_grad()
 def apply_low_rank_update_(
     weight: torch.Tensor,
@@ -85,15 +56,12 @@ def apply_low_rank_update_(
     *,
     decay: float = 1.0,
     master: Optional[torch.Tensor] = None,
-    noise_fn=None,
-    max_chunk_elems: int = 1 << 20,
 ) -> None:
-    """``W ← decay·W − factor·A`` in place.
+    """``W ← decay·W − factor·A`` in place, in fp32: on the fp32 ``master`` (then copied, rounded to
+    nearest, into ``weight``) or on an fp32 ``weight`` itself.
 
-    * ``master`` given (fp32): update the master, then copy it (round to nearest) into ``weight``.
-    * ``weight`` fp32 and no master: update in place.
-    * low-precision ``weight`` and no master: compute in fp32 row chunk by row chunk and round
-      back, to nearest or stochastically when ``noise_fn(row_start, rows) -> int64 noise`` is given.
+    A 16-bit weight without a master is merged by :func:`megatron_logra.sync.apply.low_rank_merge_`
+    (row chunks, stochastic rounding), which is what the optimizer calls; here it is a ``ValueError``.
     """
     factor = factor_OR.float()
     proj = proj_RI.float()
@@ -103,23 +71,12 @@ def apply_low_rank_update_(
         master.addmm_(factor, proj, alpha=-1.0)
         weight.copy_(master)
         return
-    if weight.dtype == torch.float32:
-        if decay != 1.0:
-            weight.mul_(decay)
-        weight.addmm_(factor, proj, alpha=-1.0)
-        return
-    n_out, n_in = weight.shape
-    rows_per_chunk = max(1, max_chunk_elems // max(n_in, 1))
-    for start in range(0, n_out, rows_per_chunk):
-        stop = min(n_out, start + rows_per_chunk)
-        block = weight[start:stop].float()
-        if decay != 1.0:
-            block.mul_(decay)
-        block.addmm_(factor[start:stop], proj, alpha=-1.0)
-        if noise_fn is not None and weight.dtype == torch.bfloat16:
-            weight[start:stop].copy_(stochastic_round_bf16(block, noise_fn(start, stop - start)))
-        else:
-            weight[start:stop].copy_(block)
+    if weight.dtype != torch.float32:
+        raise ValueError(f"apply_low_rank_update_: a {weight.dtype} weight needs an fp32 master; merge 16-bit "
+                         "weights without one with megatron_logra.sync.apply.low_rank_merge_")
+    if decay != 1.0:
+        weight.mul_(decay)
+    weight.addmm_(factor, proj, alpha=-1.0)
 
 
 @torch.no_grad()

@@ -28,10 +28,9 @@ from megatron_logra.optim import DenseAdamW, LograConfig, LograOptimizer, Native
 from megatron_logra.optim.functional import (
     apply_low_rank_update_,
     reconstructed_norm2,
-    rounding_noise,
     row_adam_direction,
-    stochastic_round_bf16,
 )
+from megatron_logra.sync.apply import StochasticRounding, low_rank_merge_
 from megatron_logra.parallel import ParallelGroups
 
 GROUPS = ParallelGroups()  # one rank, no collectives
@@ -190,7 +189,7 @@ def test_reconstructed_norm2_equals_frobenius_and_column_shares_add_up():
 # --------------------------------------------------------------------------- low-rank apply
 
 
-def test_apply_low_rank_update_fp32_master_and_chunked_bf16_paths():
+def test_apply_low_rank_update_fp32_and_master_paths():
     gen = torch.Generator().manual_seed(2)
     # exactly representable data: every fp32 result below is exact
     W = torch.randint(-64, 64, (10, 8), generator=gen).float() / 32
@@ -208,27 +207,9 @@ def test_apply_low_rank_update_fp32_master_and_chunked_bf16_paths():
     assert torch.equal(master.double(), exact)
     assert torch.equal(wb, master.to(torch.bfloat16))
 
-    # bf16 without master: nearest == x.to(bfloat16); chunking does not change the result
-    x = torch.randn(10, 8, generator=gen)
-    for chunk in (1 << 24, 8 * 3):
-        wb = x.to(torch.bfloat16)
-        apply_low_rank_update_(wb, F, A, max_chunk_elems=chunk)
-        assert torch.equal(wb, (x.to(torch.bfloat16).float() - F @ A).to(torch.bfloat16))
-
-    # stochastic: the same rows get the same noise whatever the chunking (noise keyed by global row)
-    def noise_fn(start, rows):
-        return rounding_noise(7, "layer", 3, (rows, 8), row_offset=start)
-
-    outs = []
-    for chunk in (1 << 24, 8 * 3):
-        wb = x.to(torch.bfloat16)
-        apply_low_rank_update_(wb, F, A, noise_fn=noise_fn, max_chunk_elems=chunk)
-        outs.append(wb)
-    assert torch.equal(outs[0], outs[1])
-    block = x.to(torch.bfloat16).float() - F @ A
-    ulp = bf16_ulp(block)
-    err = (outs[0].double() - block.double()).abs()
-    assert bool((err < ulp).all())
+    # a 16-bit weight without a master belongs to the merge kernel (low_rank_merge_)
+    with pytest.raises(ValueError, match="low_rank_merge_"):
+        apply_low_rank_update_(W.to(torch.bfloat16), F, A)
 
 
 # --------------------------------------------------------------------------- 3. SGD and RowAdam on models
@@ -578,35 +559,37 @@ def _neighbours(x: float) -> tuple[float, float, float]:
 
 
 @pytest.mark.parametrize("value", [1.0 + 0.3 * 2**-7, -(3.0 + 0.85 * 2**-6), 0.011 + 1.234e-7])
-@pytest.mark.parametrize("source", ["uniform", "rounding_noise"])
-def test_stochastic_round_bf16_is_unbiased_and_picks_a_neighbour(value, source):
+def test_stochastic_merge_rounding_is_unbiased_and_picks_a_neighbour(value):
+    """The merge kernel of master-less bf16 weights (what ``LograOptimizer.apply`` runs): ``W = 0 − (−x)·1``
+    is ``x`` exactly in fp32, then rounded with the step's noise to one of x's two bf16 neighbours, ``hi``
+    with probability ``(x − lo) / ulp``."""
     x = float(torch.tensor(value, dtype=torch.float32))
     lo, hi, ulp = _neighbours(x)
     assert lo != x != hi
-    shape = (400, 500)
-    if source == "uniform":
-        noise = torch.randint(0, 65536, shape, generator=torch.Generator().manual_seed(12), dtype=torch.int64)
-    else:
-        noise = rounding_noise(5, "model.layers.0.mlp.down_proj", 3, shape)
-        assert int(noise.min()) >= 0 and int(noise.max()) < 65536
-    out = stochastic_round_bf16(torch.full(shape, x), noise)
-    assert out.dtype == torch.bfloat16
-    values = set(out.double().unique().tolist())
-    assert values == {lo, hi}
+    rows, cols = 400, 500
+    noise = StochasticRounding(5, "model.layers.0.mlp.down_proj", 3)
+
+    def merged(target: float) -> torch.Tensor:
+        w = torch.zeros(rows, cols, dtype=torch.bfloat16)
+        low_rank_merge_(w, torch.full((rows, 1), -target), torch.ones(1, cols), distribution="gaussian",
+                        rounding=noise)
+        return w
+
+    out = merged(x)
+    assert set(out.double().unique().tolist()) == {lo, hi}
     n = out.numel()
     p = abs(x - lo) / ulp
     # the mean of n Bernoulli(p) roundings has std ulp·sqrt(p(1-p)/n); allow 6 std (P(false alarm) < 1e-8)
     assert abs(out.double().mean().item() - x) <= 6 * ulp * math.sqrt(p * (1 - p) / n)
     # representable values are never moved, whatever the noise
-    exact = stochastic_round_bf16(torch.full(shape, lo, dtype=torch.float32), noise)
-    assert bool((exact.double() == lo).all())
+    assert bool((merged(lo).double() == lo).all())
 
 
 def test_nearest_rounding_equals_to_bfloat16():
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(13))
     w = torch.zeros(64, 64, dtype=torch.bfloat16)
     # W = 0 - (-I)·x == x exactly in fp32, then rounded without noise
-    apply_low_rank_update_(w, -torch.eye(64), x)
+    low_rank_merge_(w, -torch.eye(64), x, distribution="gaussian")
     assert torch.equal(w, x.to(torch.bfloat16))
 
 
