@@ -9,33 +9,13 @@ weights-only checkpoint to ``OUT/run``; global rank 0 flips one byte inside its 
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 import warnings
 from pathlib import Path
 
 warnings.filterwarnings("ignore")
-
-
-def _flip_inside_a_byte_object(ckpt: Path) -> str:
-    import torch
-
-    from megatron_logra.checkpoint.dcp_metadata import _byte_items, read_dcp_metadata
-
-    dist_dir = ckpt / "dist"
-    rel, entries = sorted(_byte_items(dist_dir, read_dcp_metadata(dist_dir)).items())[0]
-    offset, length, _ = entries[0]
-    data = bytearray((dist_dir / rel).read_bytes())
-    for i in range(offset, offset + length):
-        data[i] ^= 0xFF
-        try:
-            torch.load(io.BytesIO(bytes(data[offset:offset + length])), map_location="cpu", weights_only=True)
-        except Exception:  # noqa: BLE001 - the flip wanted
-            (dist_dir / rel).write_bytes(bytes(data))
-            return f"dist/{rel}"
-        data[i] ^= 0xFF
-    raise AssertionError("no single flipped byte makes torch.load refuse the byte object")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
 
 
 def run(out: Path) -> None:
@@ -53,7 +33,9 @@ def run(out: Path) -> None:
     model = build_gpt(cfg, groups, seed=3)
     ckpt = save_checkpoint(out / "run", 1, model, None, groups)
     sizes = {rel: e["bytes"] for rel, e in json.loads((ckpt / "meta.json").read_text())["files"].items()}
-    flipped = [_flip_inside_a_byte_object(ckpt) if rank == 0 else None]
+    from support.ckpt_corruption import flip_inside_a_byte_object
+
+    flipped = [flip_inside_a_byte_object(ckpt)[0] if rank == 0 else None]
     dist.broadcast_object_list(flipped, src=0)
 
     record: dict = {"share": checksum_shares(sizes, world)[rank], "flipped": flipped[0]}

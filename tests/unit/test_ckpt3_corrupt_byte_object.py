@@ -10,17 +10,15 @@ Single-process gloo world; one lm-tiny run of one step through the command line.
 
 from __future__ import annotations
 
-import io
 import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from megatron_logra.checkpoint import CheckpointError, load_checkpoint, read_meta, save_checkpoint
-from megatron_logra.checkpoint.dcp_metadata import _byte_items, read_dcp_metadata
 from megatron_logra.checkpoint.run_dir import check_resume_steps, resume_config
 from megatron_logra.cli import main
+from support.ckpt_corruption import flip_inside_a_byte_object
 from test_checkpoint_checksums import _model
 
 _ADVICE = "Re-running `torch.load`"
@@ -33,22 +31,8 @@ def _one_thread(one_thread):
 
 
 def _flip_inside_a_byte_object(ckpt: Path) -> tuple[str, str]:
-    """Flip one byte of the first byte object of ``ckpt/dist`` (same size) such that ``torch.load`` with
-    ``weights_only=True`` refuses it with torch's advice; ``(file relative to ckpt, object key)``."""
-    dist_dir = ckpt / "dist"
-    rel, entries = sorted(_byte_items(dist_dir, read_dcp_metadata(dist_dir)).items())[0]
-    offset, length, key = entries[0]
-    data = bytearray((dist_dir / rel).read_bytes())
-    for i in range(offset, offset + length):
-        data[i] ^= 0xFF
-        try:
-            torch.load(io.BytesIO(bytes(data[offset:offset + length])), map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - the flip wanted: one torch refuses with its advice
-            if _ADVICE in str(exc):
-                (dist_dir / rel).write_bytes(bytes(data))
-                return f"dist/{rel}", key
-        data[i] ^= 0xFF
-    raise AssertionError(f"no single flipped byte of {key} makes torch.load refuse it")
+    """A byte flipped so that torch refuses the object with its advice (``_ADVICE``)."""
+    return flip_inside_a_byte_object(ckpt, refusal_contains=_ADVICE)
 
 
 @pytest.fixture(scope="module")
