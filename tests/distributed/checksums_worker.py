@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 warnings.filterwarnings("ignore")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
 
 
 def _rchar() -> int | None:
@@ -39,17 +40,12 @@ def run(out: Path) -> None:
 
     from megatron_logra.checkpoint import CheckpointError, load_checkpoint, read_meta, save_checkpoint
     from megatron_logra.checkpoint.integrity import checksum_shares
-    from megatron_logra.models.gpt import ModelConfig, build_gpt
-    from megatron_logra.parallel import ParallelConfig, initialize_parallel
+    from megatron_logra.models.gpt import build_gpt
+    from support.ckpt_corruption import save_tiny_checkpoint
 
-    groups = initialize_parallel(ParallelConfig(backend="gloo"))
+    groups, cfg, model, ckpt, sizes = save_tiny_checkpoint(out / "run")
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, vocab_size=64,
-                      seq_length=16)
-    model = build_gpt(cfg, groups, seed=3)
-    ckpt = save_checkpoint(out / "run", 1, model, None, groups)
 
-    sizes = {rel: e["bytes"] for rel, e in json.loads((ckpt / "meta.json").read_text())["files"].items()}
     shares = checksum_shares(sizes, world)
     before = _rchar()
     read_meta(ckpt, group=dist.group.WORLD)

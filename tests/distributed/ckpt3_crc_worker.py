@@ -21,18 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the supp
 def run(out: Path) -> None:
     import torch.distributed as dist
 
-    from megatron_logra.checkpoint import CheckpointError, load_checkpoint, read_meta, save_checkpoint
+    from megatron_logra.checkpoint import CheckpointError, load_checkpoint, read_meta
     from megatron_logra.checkpoint.integrity import checksum_shares
-    from megatron_logra.models.gpt import ModelConfig, build_gpt
-    from megatron_logra.parallel import ParallelConfig, initialize_parallel
+    from megatron_logra.models.gpt import build_gpt
+    from support.ckpt_corruption import save_tiny_checkpoint
 
-    groups = initialize_parallel(ParallelConfig(backend="gloo"))
+    groups, cfg, _, ckpt, sizes = save_tiny_checkpoint(out / "run")
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, vocab_size=64,
-                      seq_length=16)
-    model = build_gpt(cfg, groups, seed=3)
-    ckpt = save_checkpoint(out / "run", 1, model, None, groups)
-    sizes = {rel: e["bytes"] for rel, e in json.loads((ckpt / "meta.json").read_text())["files"].items()}
     from support.ckpt_corruption import flip_inside_a_byte_object
 
     flipped = [flip_inside_a_byte_object(ckpt)[0] if rank == 0 else None]

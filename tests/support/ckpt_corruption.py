@@ -1,13 +1,30 @@
-"""Damage to a saved checkpoint that its sizes cannot see, for the checkpoint-integrity tests."""
+"""A small checkpoint and damage its sizes cannot see, for the checkpoint-integrity tests."""
 
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import torch
 
 from megatron_logra.checkpoint.dcp_metadata import _byte_items, read_dcp_metadata
+
+
+def save_tiny_checkpoint(run_dir: Path):
+    """Initialise a gloo world from torchrun's environment, build a 2-layer GPT and save it (weights only) as
+    step 1 of ``run_dir``; returns ``(groups, model config, model, checkpoint dir, {file: bytes} from meta.json)``."""
+    from megatron_logra.checkpoint import save_checkpoint
+    from megatron_logra.models.gpt import ModelConfig, build_gpt
+    from megatron_logra.parallel import ParallelConfig, initialize_parallel
+
+    groups = initialize_parallel(ParallelConfig(backend="gloo"))
+    cfg = ModelConfig(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, vocab_size=64,
+                      seq_length=16)
+    model = build_gpt(cfg, groups, seed=3)
+    ckpt = save_checkpoint(run_dir, 1, model, None, groups)
+    sizes = {rel: e["bytes"] for rel, e in json.loads((ckpt / "meta.json").read_text())["files"].items()}
+    return groups, cfg, model, ckpt, sizes
 
 
 def flip_inside_a_byte_object(ckpt: Path, *, refusal_contains: str = "") -> tuple[str, str]:
