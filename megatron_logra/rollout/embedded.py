@@ -114,6 +114,7 @@ class EmbeddedEngine:
             mask_padded_vocab(self.model.get_output_embeddings(), cfg.vocab_size)
         self.max_positions = int(self.hf_config.max_position_embeddings)
         self._version = 0
+        self._projections = None  # sync.apply.ProjectionCache: sign(A) kept while the projection is unchanged
         logger.info(
             "embedded engine: %s, %d params, %s on %s",
             type(self.model).__name__, sum(p.numel() for p in self.model.parameters()), dtype, self.device,
@@ -188,12 +189,15 @@ class EmbeddedEngine:
         """Validate and apply one sketch delta (``SketchDelta`` or its encoded bytes) to the
         engine's weights; returns the new ``weight_version``. All-or-nothing: on any
         ``SyncError`` (checksum, version gap or replay, names, shapes, values) nothing changed."""
-        from megatron_logra.sync import apply_delta_
+        from megatron_logra.sync.apply import ProjectionCache, apply_delta_
         from megatron_logra.sync.engine import as_delta
 
         d = as_delta(delta)
         weights = {name: p.data for name, p in self.model.named_parameters()}
-        self._version = apply_delta_(weights, d, self._version, layout="hf", tp_size=1, tp_rank=0)
+        if self._projections is None:
+            self._projections = ProjectionCache()
+        self._version = apply_delta_(weights, d, self._version, layout="hf", tp_size=1, tp_rank=0,
+                                     cache=self._projections)
         return self._version
 
     def fingerprint(self, rows_per_tensor: int = 4) -> dict[str, str]:

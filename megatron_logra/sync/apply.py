@@ -7,15 +7,21 @@ onto the grid ``q_i = 2^(e_i + L − 24)`` where ``2^(e_i−1) <= max_k |U_ik| <
 far below bf16's own rounding of the large entries (see :mod:`megatron_logra.sync.factors`). On that grid every partial sum of ``±U_ik`` is an
 integer multiple of ``q_i`` below ``2^24·q_i``: exactly representable in fp32.
 
-**Merge** ``low_rank_merge_(W, U_OR, A_RI, decay, distribution)``, row chunk by row chunk::
+**Merge** ``low_rank_merge_(W, U_OR, A_RI, decay, distribution)``::
 
     rademacher (A = s·B, B = ±1, s = fp32(1/sqrt(r))):
-        P = s ⊙ mm_fp32(U, B)       # the GEMM is exact (any order, any blocking, TF32 too)
+        V = grid(s ⊙ U)             # scaled_factor: one fp32 product per entry, rows back on the exact-sum grid
+        P = mm_fp32(V, B)           # exact (any order, any blocking, TF32 too)
     gaussian:
-        P = mm_fp32(U, A)           # ordinary fp32 GEMM (bits depend on the kernel)
+        V = U, P = mm_fp32(U, A)    # ordinary fp32 GEMM (bits depend on the kernel)
     fp32 W:       W = (decay ⊙ W) ⊖ P                         (in place)
     bf16/fp16 W:  W = round_nearest_even((decay ⊙ fp32(W)) ⊖ P)
     bf16 W, ``rounding="stochastic"``:  W = round_stochastic((decay ⊙ fp32(W)) ⊖ P, noise)
+
+Since ``P`` is exact, ``⊖ P`` is a single rounding however it is computed: on a CPU one BLAS call
+``W.addmm_(V, B, alpha=-1)`` does the GEMM and the subtraction in one pass over the weight, where
+:func:`megatron_logra.sync.fused.fused_merge_ok` measured that the BLAS rounds once for that shape;
+elsewhere ``P`` goes into a row-chunk workspace and is subtracted (same bits).
 
 **Stochastic rounding.** A KL-controlled step is far below bf16's spacing: rounded to nearest, most
 of it vanishes from a bf16 weight (and from the engine that mirrors it). With ``stochastic`` the
@@ -33,14 +39,16 @@ BLAS and any device: trainer and engine weights stay bitwise equal. With Gaussia
 that holds only where both sides run the same GEMM shapes on the same kind of device.
 
 ``apply_delta_`` validates the whole delta first (versions, names, shapes, dtypes,
-finiteness, factors on the exact-sum grid), then prepares every projection, fp32 U and dense
-cast (all allocations), and only then commits with in-place kernels into preallocated
+finiteness, factors on the exact-sum grid), then prepares every projection, scaled factor ``V``
+and dense cast (all allocations), and only then commits with in-place kernels into preallocated
 workspaces. Any failure before the commit leaves the weights untouched; the commit itself
 allocates nothing. Validation reads the factors without copying them (one flat test per
 factor in the common case, :func:`megatron_logra.sync.factors.check_factors`); each layer's
 ``A`` is regenerated once per apply and shared by the engine parameters cut from it (``q``/``k``/``v``,
-``gate``/``up``), and turned into ``sign(A)`` by bit operations. What remains is the arithmetic
-itself: per target weight a rank-r GEMM (``2r`` flops) and one read-modify-write pass.
+``gate``/``up``), and turned into ``sign(A)`` by bit operations; an engine that passes a
+:class:`ProjectionCache` regenerates it only when the projection changes (a new seed, update index
+or rank), not every sync. What remains is the arithmetic itself: per target weight a rank-r GEMM
+(``2r`` flops) and one read-modify-write pass.
 """
 
 from __future__ import annotations
@@ -68,8 +76,10 @@ from megatron_logra.sync.factors import (
     quantize_factor,
     rademacher_scale,
     rademacher_signs,
+    scaled_factor,
     split_projection,
 )
+from megatron_logra.sync.fused import fused_merge_ok
 from megatron_logra.sync.layout import EnginePlan, plan_for
 
 logger = logging.getLogger(__name__)
@@ -77,7 +87,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "low_rank_merge_", "merge_row_chunks", "quantize_factor", "off_grid_rows", "rademacher_scale",
     "validate", "apply_delta_", "check_version", "chunk_elems", "MERGE_DTYPES", "StochasticRounding",
-    "shard_rows",
+    "shard_rows", "ProjectionCache",
 ]
 
 MERGE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -158,54 +168,85 @@ _Noise = tuple[torch.Tensor, torch.Tensor, int]
 
 def _merge_prepared_(
     weight: torch.Tensor,
-    U32_OR: torch.Tensor,
+    V32_OR: torch.Tensor,
     M_RI: torch.Tensor,
-    scale: Optional[float],
     decay: float,
     prod_buf: torch.Tensor,
     tmp_buf: torch.Tensor,
     max_chunk_elems: int,
     noise: Optional[_Noise] = None,
     noise_buf: Optional[torch.Tensor] = None,
+    fused: bool = False,
 ) -> None:
     """The commit kernel: in-place ops into preallocated buffers only.
 
-    Per row chunk: ``P = U·M`` (GEMM into ``prod_buf``), ``P ← s ⊙ P``, then the weight update;
-    a bf16/fp16 weight goes through the fp32 scratch ``tmp_buf`` (three vectorised passes in
-    cache are faster than one mixed-dtype op, which torch runs through a per-element cast).
-    With ``noise`` (bf16 only) the chunk's noise is hashed into the int32 ``noise_buf`` (two chunks:
-    the hash and its scratch), added to the fp32 bit pattern, and the 16 bits bf16 drops are cut.
+    ``fused`` (only where :func:`megatron_logra.sync.fused.fused_merge_ok` holds for every block):
+    an fp32 weight takes ``W.addmm_(V, M, alpha=-1)`` whole, a 16-bit weight's fp32 scratch chunk
+    likewise, and ``prod_buf`` is not used. Otherwise, per row chunk: ``P = V·M`` (GEMM into
+    ``prod_buf``) and ``W ⊖ P``. A bf16/fp16 weight goes through the fp32 scratch ``tmp_buf``
+    (three vectorised passes in cache are faster than one mixed-dtype op, which torch runs through
+    a per-element cast). With ``noise`` (bf16 only) the chunk's noise is hashed into the int32
+    ``noise_buf`` (two chunks: the hash and its scratch), added to the fp32 bit pattern, and the
+    16 bits bf16 drops are cut.
     """
     n_in = weight.shape[1]
-    fp32 = weight.dtype == torch.float32
+    if weight.dtype == torch.float32 and fused:
+        if decay != 1.0:
+            weight.mul_(decay)
+        weight.addmm_(V32_OR, M_RI, alpha=-1)
+        return
     for start, stop in merge_row_chunks(weight.shape[0], n_in, max_chunk_elems):
         rows = stop - start
-        prod = prod_buf[: rows * n_in].view(rows, n_in)
-        torch.mm(U32_OR[start:stop], M_RI, out=prod)
-        if scale is not None:
-            prod.mul_(scale)
         block = weight[start:stop]
-        if fp32:
+        if weight.dtype == torch.float32:
+            prod = prod_buf[: rows * n_in].view(rows, n_in)
+            torch.mm(V32_OR[start:stop], M_RI, out=prod)
             if decay != 1.0:
                 block.mul_(decay)
             block.sub_(prod)
+            continue
+        tmp = tmp_buf[: rows * n_in].view(rows, n_in)
+        tmp.copy_(block)
+        if decay != 1.0:
+            tmp.mul_(decay)
+        if fused:
+            tmp.addmm_(V32_OR[start:stop], M_RI, alpha=-1)
         else:
-            tmp = tmp_buf[: rows * n_in].view(rows, n_in)
-            tmp.copy_(block)
-            if decay != 1.0:
-                tmp.mul_(decay)
+            prod = prod_buf[: rows * n_in].view(rows, n_in)
+            torch.mm(V32_OR[start:stop], M_RI, out=prod)
             tmp.sub_(prod)
-            if noise is not None:
-                row_h, col_g, salt = noise
-                half = noise_buf.numel() // 2
-                bits = noise_buf[: rows * n_in].view(rows, n_in)
-                scratch = noise_buf[half : half + rows * n_in].view(rows, n_in)
-                entry_hash_block_(bits, row_h[start:stop], col_g, salt, scratch)
-                bits &= 0xFFFF
-                pattern = tmp.view(torch.int32)
-                pattern += bits  # sign-magnitude: the magnitude's dropped bits round up with their probability
-                pattern &= -65536  # what bf16 keeps: the conversion below is exact
-            block.copy_(tmp)
+        if noise is not None:
+            row_h, col_g, salt = noise
+            half = noise_buf.numel() // 2
+            bits = noise_buf[: rows * n_in].view(rows, n_in)
+            scratch = noise_buf[half : half + rows * n_in].view(rows, n_in)
+            entry_hash_block_(bits, row_h[start:stop], col_g, salt, scratch)
+            bits &= 0xFFFF
+            pattern = tmp.view(torch.int32)
+            pattern += bits  # sign-magnitude: the magnitude's dropped bits round up with their probability
+            pattern &= -65536  # what bf16 keeps: the conversion below is exact
+        block.copy_(tmp)
+
+
+def _fused(weight: torch.Tensor, rank: int, distribution: str, max_chunk_elems: int) -> bool:
+    """Whether the merge of ``weight`` may take the fused kernel: Rademacher (``P`` exact) and every
+    block it would run (the whole fp32 weight, or each scratch chunk) measured to round once."""
+    if distribution != "rademacher":
+        return False
+    n_out, n_in = weight.shape
+    if weight.dtype == torch.float32:
+        blocks = {n_out}
+    else:
+        blocks = {b - a for a, b in merge_row_chunks(n_out, n_in, max_chunk_elems)}
+    return all(fused_merge_ok(weight.device, rows, n_in, rank) for rows in blocks)
+
+
+def _workspaces_elems(weight: torch.Tensor, fused: bool, stochastic: bool, max_chunk_elems: int
+                      ) -> tuple[int, int, int]:
+    """(product, fp32 scratch, int32 noise) elements one weight's merge needs."""
+    elems = _workspace_elems(weight.shape[0], weight.shape[1], max_chunk_elems)
+    fp32 = weight.dtype == torch.float32
+    return (0 if fused else elems, 0 if fp32 else elems, 2 * elems if stochastic else 0)
 
 
 @torch.no_grad()
@@ -227,7 +268,7 @@ def low_rank_merge_(
         A_RI: ``[r, n_in_local]``: the columns of the projection this weight multiplies.
         decay: weight-decay factor (1.0: none).
         distribution: ``rademacher`` (A must be ±fp32(1/sqrt(r)); ValueError otherwise) or ``gaussian``.
-        max_chunk_elems: elements per row chunk (default: 2^18 on CPU so the chunk's product stays
+        max_chunk_elems: elements per row chunk (default: 2^20 on CPU so the chunk's product stays
             in cache, 2^22 on accelerators). Results do not depend on it (Rademacher).
         rounding: round a bf16 ``weight`` stochastically with this noise (None, or another dtype: to nearest).
     """
@@ -238,17 +279,17 @@ def low_rank_merge_(
         raise ValueError(f"shapes do not chain: W {tuple(weight.shape)}, U {tuple(U_OR.shape)}, A {tuple(A_RI.shape)}")
     if weight.dtype not in MERGE_DTYPES:
         raise ValueError(f"weight dtype {weight.dtype} is not one of {MERGE_DTYPES}")
-    U32 = U_OR.to(device=weight.device, dtype=torch.float32)
     M_RI, scale = split_projection(A_RI.to(weight.device), distribution)
+    V32 = scaled_factor(U_OR.to(device=weight.device), scale)
     max_chunk_elems = chunk_elems(weight.device, max_chunk_elems)
-    need = _workspace_elems(n_out, n_in, max_chunk_elems)
-    prod_buf = torch.empty(need, dtype=torch.float32, device=weight.device)
-    tmp_buf = torch.empty(need if weight.dtype != torch.float32 else 0, dtype=torch.float32, device=weight.device)
-    noise = noise_buf = None
-    if rounding is not None and weight.dtype == torch.bfloat16:
-        noise = rounding.parts(n_out, n_in, weight.device)
-        noise_buf = torch.empty(2 * need, dtype=torch.int32, device=weight.device)
-    _merge_prepared_(weight, U32, M_RI, scale, decay, prod_buf, tmp_buf, max_chunk_elems, noise, noise_buf)
+    stochastic = rounding is not None and weight.dtype == torch.bfloat16
+    fused = _fused(weight, U_OR.shape[1], distribution, max_chunk_elems)
+    n_prod, n_tmp, n_noise = _workspaces_elems(weight, fused, stochastic, max_chunk_elems)
+    prod_buf = torch.empty(n_prod, dtype=torch.float32, device=weight.device)
+    tmp_buf = torch.empty(n_tmp, dtype=torch.float32, device=weight.device)
+    noise = rounding.parts(n_out, n_in, weight.device) if stochastic else None
+    noise_buf = torch.empty(n_noise, dtype=torch.int32, device=weight.device) if stochastic else None
+    _merge_prepared_(weight, V32, M_RI, decay, prod_buf, tmp_buf, max_chunk_elems, noise, noise_buf, fused)
 
 
 def check_version(delta: SketchDelta, current_version: int) -> None:
@@ -334,19 +375,57 @@ def validate(
     return plan
 
 
-def _projection_matrices(delta: SketchDelta, factors: list, weights: dict[str, torch.Tensor]
-                         ) -> tuple[list[torch.Tensor], list[Optional[float]]]:
-    """The matrix each factor's GEMM multiplies and the scale after it: ``sign(A[:, cols])`` and ``s``
-    (Rademacher: every layer of one width and column range regenerated in one batch, so an update costs
-    a few dozen kernel launches, not a few dozen per layer), or ``A`` itself and None (Gaussian)."""
+class ProjectionCache:
+    """The ``sign(A)`` matrices of the latest Rademacher projection an engine applied, kept across syncs.
+
+    Without ``logra.refresh`` every update of a run is projected by the same ``A`` (same seed, update
+    index 0), so an engine that keeps one of these (and passes it to :func:`apply_delta_`) regenerates
+    ``A`` once per projection instead of once per sync. It holds one projection at a time: a delta
+    with another seed, update index or rank replaces the contents. The cost is ``r`` fp32 rows per
+    layer input width (``r/n_out`` of the target weights), on the weights' devices.
+    """
+
+    def __init__(self) -> None:
+        self._key: Optional[tuple[int, int, int]] = None
+        self._signs: dict[tuple, torch.Tensor] = {}
+
+    def signs(self, delta: SketchDelta, device: torch.device, n_in: int, cols: Optional[tuple[int, int]],
+              names: tuple[str, ...]) -> torch.Tensor:
+        """``sign(A)`` ``[len(names), r, n_in_local]`` of ``names`` (canonical) at ``cols``; built if missing."""
+        key = (delta.seed, delta.update_index, delta.rank)
+        if key != self._key:
+            self._key, self._signs = key, {}
+        slot = (device, n_in, cols, names)
+        out = self._signs.get(slot)
+        if out is None:
+            out = _signs(delta, device, n_in, cols, names)
+            self._signs[slot] = out
+        return out
+
+    def __len__(self) -> int:
+        return len(self._signs)
+
+
+def _signs(delta: SketchDelta, device: torch.device, n_in: int, cols: Optional[tuple[int, int]],
+           names: tuple[str, ...]) -> torch.Tensor:
+    A_PRI = rademacher_projections(delta.seed, list(names), delta.update_index, delta.rank, n_in,
+                                   cols=None if cols is None else range(*cols), device=device)
+    return rademacher_signs(A_PRI)[0]  # regenerated here: ±s by construction
+
+
+def _projection_matrices(delta: SketchDelta, factors: list, weights: dict[str, torch.Tensor],
+                         cache: Optional[ProjectionCache] = None) -> tuple[list[torch.Tensor], Optional[float]]:
+    """The matrix each factor's GEMM multiplies and the scale folded into ``V``: ``sign(A[:, cols])`` and
+    ``s`` (Rademacher: every layer of one width and column range regenerated in one batch, or taken
+    from ``cache``), or ``A`` itself and None (Gaussian)."""
     if delta.distribution != "rademacher":
         out = []
         with shared_projections():  # q/k/v (gate/up) of one layer share A: computed once per apply
             for f in factors:
                 A_RI = projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in,
                                   distribution=delta.distribution, cols=f.cols, device=weights[f.param].device)
-                out.append(split_projection(A_RI, delta.distribution))
-        return [m for m, _ in out], [s for _, s in out]
+                out.append(split_projection(A_RI, delta.distribution)[0])
+        return out, None
     groups: dict[tuple, dict[str, int]] = {}  # (device, n_in, cols) -> canonical target -> slot
     where = []
     for f in factors:
@@ -355,28 +434,30 @@ def _projection_matrices(delta: SketchDelta, factors: list, weights: dict[str, t
         where.append(names.setdefault(canonical_name(f.target), len(names)))
     signs = {}
     for (device, n_in, cols), names in groups.items():
-        A_PRI = rademacher_projections(delta.seed, list(names), delta.update_index, delta.rank, n_in,
-                                       cols=None if cols is None else range(*cols), device=device)
-        signs[(device, n_in, cols)] = rademacher_signs(A_PRI)[0]  # regenerated here: ±s by construction
+        key = tuple(names)
+        signs[(device, n_in, cols)] = (cache.signs(delta, device, n_in, cols, key) if cache is not None
+                                       else _signs(delta, device, n_in, cols, key))
     out = []
     for f, slot in zip(factors, where):
         cols = None if f.cols is None else (f.cols.start, f.cols.stop)
         out.append(signs[(weights[f.param].device, f.n_in, cols)][slot])
-    return out, [rademacher_scale(delta.rank)] * len(factors)
+    return out, rademacher_scale(delta.rank)
 
 
-def _staged_factors(factors: list, weights: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """Every factor's ``U`` as fp32 on its weight's device: one concatenated transfer per device (the
-    factors of a decoded delta sit in host memory; one copy each would cost a synchronisation each)."""
+def _scaled_factors(factors: list, weights: dict[str, torch.Tensor], scale: Optional[float]) -> list[torch.Tensor]:
+    """Every factor's ``V = scaled_factor(U, s)`` on its weight's device: one concatenated transfer and
+    one scaling per device (the factors of a decoded delta sit in host memory; one copy each would
+    cost a synchronisation each). Rows are independent, so scaling the concatenation is the same."""
     out: list[Optional[torch.Tensor]] = [None] * len(factors)
     by_device: dict[tuple, list[int]] = {}
     for i, f in enumerate(factors):
-        by_device.setdefault((weights[f.param].device, f.U_OR.device, f.U_OR.dtype), []).append(i)
+        by_device.setdefault((weights[f.param].device, f.U_OR.shape[1], f.U_OR.dtype), []).append(i)
     for (device, _, _), idx in by_device.items():
         parts = [factors[i].U_OR for i in idx]
-        flat = torch.cat(parts).to(device=device).float() if len(parts) > 1 else parts[0].to(device=device).float()
-        for i, u in zip(idx, flat.split([p.shape[0] for p in parts])):
-            out[i] = u
+        flat = torch.cat(parts) if len(parts) > 1 else parts[0]
+        V = scaled_factor(flat.to(device=device), scale)
+        for i, v in zip(idx, V.split([p.shape[0] for p in parts])):
+            out[i] = v
     return out  # type: ignore[return-value]
 
 
@@ -390,37 +471,37 @@ def apply_delta_(
     tp_size: int = 1,
     tp_rank: int = 0,
     max_chunk_elems: Optional[int] = None,
+    cache: Optional[ProjectionCache] = None,
 ) -> int:
     """Apply ``delta`` to ``weights`` in place and return ``delta.new_version``.
 
     ``weights`` maps engine parameter names (``layout``, this rank's shards) to tensors.
-    All-or-nothing: :func:`validate` and every allocation (projections, fp32 U, dense casts,
-    workspaces) happen before the first weight is written; the commit then runs only
-    in-place kernels into preallocated buffers. A failure during the commit (which would
-    take a kernel error, not an allocation) raises ``SyncError("apply")`` saying the weights
-    are partially written and need a full refit.
+    All-or-nothing: :func:`validate` and every allocation (projections, scaled factors, dense
+    casts, workspaces, the fused-kernel checks) happen before the first weight is written; the
+    commit then runs only in-place kernels into preallocated buffers. A failure during the commit
+    (which would take a kernel error, not an allocation) raises ``SyncError("apply")`` saying the
+    weights are partially written and need a full refit. ``cache``: the engine's
+    :class:`ProjectionCache` (None: regenerate ``sign(A)`` for this apply only).
     """
     plan = validate(delta, weights, current_version, layout=layout, tp_size=tp_size, tp_rank=tp_rank)
     try:
         factors = plan.factors
-        M_RI, scales = _projection_matrices(delta, factors, weights)
-        U32 = _staged_factors(factors, weights)
+        M_RI, scale = _projection_matrices(delta, factors, weights, cache)
+        V32 = _scaled_factors(factors, weights, scale)
         staged = []
         need: dict[torch.device, list[int]] = {}
-        for f, u, m, scale in zip(factors, U32, M_RI, scales):
+        for f, v, m in zip(factors, V32, M_RI):
             w = weights[f.param]
             noise = None
             if delta.rounding == "stochastic" and w.dtype == torch.bfloat16:
                 noise = StochasticRounding(delta.seed, f.target, delta.step, f.rows,
                                            f.cols.start if f.cols is not None else 0).parts(*w.shape, w.device)
-            staged.append((w, u, m, scale, noise))
-            elems = _workspace_elems(w.shape[0], w.shape[1], chunk_elems(w.device, max_chunk_elems))
+            elems = chunk_elems(w.device, max_chunk_elems)
+            fused = _fused(w, delta.rank, delta.distribution, elems)
+            staged.append((w, v, m, noise, fused))
             cur = need.setdefault(w.device, [0, 0, 0])
-            cur[0] = max(cur[0], elems)
-            if w.dtype != torch.float32:
-                cur[1] = max(cur[1], elems)
-            if noise is not None:
-                cur[2] = max(cur[2], 2 * elems)
+            for j, n in enumerate(_workspaces_elems(w, fused, noise is not None, elems)):
+                cur[j] = max(cur[j], n)
         workspaces = {dev: (torch.empty(a, dtype=torch.float32, device=dev),
                             torch.empty(b, dtype=torch.float32, device=dev), torch.empty(c, dtype=torch.int32, device=dev))
                       for dev, (a, b, c) in need.items()}
@@ -442,10 +523,10 @@ def apply_delta_(
         raise SyncError("apply", f"preparing delta {delta.base_version}->{delta.new_version} failed before any write: {exc!r}") from exc
     done = 0
     try:
-        for w, U32, M_RI, scale, noise in staged:
+        for w, V32_OR, M_RI, noise, fused in staged:
             prod_buf, tmp_buf, noise_buf = workspaces[w.device]
-            _merge_prepared_(w, U32, M_RI, scale, delta.decay, prod_buf, tmp_buf,
-                             chunk_elems(w.device, max_chunk_elems), noise, noise_buf)
+            _merge_prepared_(w, V32_OR, M_RI, delta.decay, prod_buf, tmp_buf,
+                             chunk_elems(w.device, max_chunk_elems), noise, noise_buf, fused)
             done += 1
         for dst, src in dense:
             dst.copy_(src)

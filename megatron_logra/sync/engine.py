@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence, Union, 
 import torch
 from torch import nn
 
-from megatron_logra.sync.apply import apply_delta_
+from megatron_logra.sync.apply import ProjectionCache, apply_delta_
 from megatron_logra.sync.codec import SketchDelta, decode
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.fingerprint import fingerprint
@@ -86,6 +86,7 @@ class ModuleEngine:
         self.tp_size = tp_size
         self.tp_rank = tp_rank
         self._version = int(version)
+        self._projections = ProjectionCache()  # sign(A) kept across syncs while the projection is unchanged
         if vocab_rows is not None:
             if isinstance(vocab_rows, bool) or not isinstance(vocab_rows, int) or vocab_rows < 1:
                 raise ValueError(f"vocab_rows={vocab_rows!r} must be an int >= 1 (the vocabulary the engine serves)")
@@ -118,7 +119,7 @@ class ModuleEngine:
         """Validate and apply one delta; returns (and records) the new version. Raises ``SyncError``."""
         d = as_delta(delta)
         self._version = apply_delta_(self.weights(), d, self._version, layout=self.layout,
-                                     tp_size=self.tp_size, tp_rank=self.tp_rank)
+                                     tp_size=self.tp_size, tp_rank=self.tp_rank, cache=self._projections)
         logger.info("engine weights now at version %d", self._version)
         return self._version
 

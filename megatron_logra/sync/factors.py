@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "rademacher_scale", "quantize_factor", "off_grid_rows", "check_factor", "check_factors", "split_projection",
-    "rademacher_signs",
+    "rademacher_signs", "scaled_factor",
 ]
 
 _TINY_ROW_EXP = -100
@@ -36,14 +36,18 @@ def rademacher_scale(rank: int) -> float:
     return float(torch.tensor(1.0 / math.sqrt(rank), dtype=torch.float32))
 
 
-def _row_grid(U32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grid ``q`` ``[n_out, 1]``, tiny-row mask ``[n_out, 1]``) of fp32 factors ``U32`` ``[n_out, r]``."""
-    L = max(0, math.ceil(math.log2(U32.shape[1])))
-    rowmax = U32.abs().amax(dim=1, keepdim=True)
+def _row_grid_of(rowmax: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grid ``q`` ``[n_out, 1]``, tiny-row mask ``[n_out, 1]``) of rows whose max magnitude is ``rowmax``."""
+    L = max(0, math.ceil(math.log2(rank)))
     _, e = torch.frexp(rowmax)
     tiny = rowmax < 2.0**_TINY_ROW_EXP
     q = torch.ldexp(torch.ones_like(rowmax), torch.clamp(e + (L - 24), min=-149))
     return q, tiny
+
+
+def _row_grid(U32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grid ``q`` ``[n_out, 1]``, tiny-row mask ``[n_out, 1]``) of fp32 factors ``U32`` ``[n_out, r]``."""
+    return _row_grid_of(U32.abs().amax(dim=1, keepdim=True), U32.shape[1])
 
 
 @torch.no_grad()
@@ -53,6 +57,29 @@ def quantize_factor(X_OR: torch.Tensor) -> torch.Tensor:
     q, tiny = _row_grid(U32)
     U32 = torch.where(tiny, torch.zeros_like(U32), torch.round(U32 / q) * q)
     return U32.to(torch.bfloat16)
+
+
+@torch.no_grad()
+def scaled_factor(U_OR: torch.Tensor, scale: Optional[float]) -> torch.Tensor:
+    """fp32 ``V = grid(s ⊙ U)`` ``[n_out, r]``: the factor the merge multiplies by ``sign(A)``.
+
+    ``s ⊙ U`` is one correctly rounded fp32 product per entry; each row is then rounded (nearest
+    even) onto its own exact-sum grid, as :func:`quantize_factor` does (rows below ``2^-100``
+    become zero), so ``V·sign(A)`` is exact whatever the GEMM's order or blocking, and the merge
+    subtracts it with a single rounding. Folding ``s`` in before the GEMM instead of after it is
+    what lets one BLAS call (:mod:`megatron_logra.sync.fused`) do the whole merge. It moves each
+    entry by at most ``2^-(25−L)``·rowmax, far below the bf16 rounding ``U`` already carries. Every
+    step is exact or one IEEE operation, so trainer and engine get the same ``V`` on any device.
+    ``scale`` None (Gaussian projections): ``U`` itself in fp32.
+    """
+    if scale is None:
+        return U_OR.to(torch.float32).contiguous()
+    X = U_OR.to(torch.float32) * scale  # a new tensor: everything below is in place
+    rowmax = torch.maximum(X.amax(dim=1, keepdim=True), X.amin(dim=1, keepdim=True).neg())
+    q, tiny = _row_grid_of(rowmax, X.shape[1])
+    q = q.masked_fill(tiny, 0.0)  # tiny rows: 0 · anything finite = 0
+    inv_q = torch.reciprocal(q).masked_fill_(tiny, 0.0)  # a power of two: X·(1/q) is X/q exactly
+    return X.mul_(inv_q).round_().mul_(q)
 
 
 def off_grid_rows(U_OR: torch.Tensor) -> int:

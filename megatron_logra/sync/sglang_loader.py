@@ -48,7 +48,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from megatron_logra.sync.apply import apply_delta_, validate
+from megatron_logra.sync.apply import ProjectionCache, apply_delta_, validate
 from megatron_logra.sync.codec import decode
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.sglang_fingerprint import engine_fingerprint
@@ -83,6 +83,16 @@ __all__ = ["TENSOR_NAME", "COMMAND_NAME", "VERSION_ATTR", "STATE_PARAM", "FINGER
            "load_sketch_delta", "sync_loader", "read_state", "bytes_from_values"]
 
 _SEQ_ATTR = "_logra_seq"
+_CACHE_ATTR = "_logra_projections"
+
+
+def _projections(model: nn.Module) -> ProjectionCache:
+    """The model's :class:`ProjectionCache` (``sign(A)`` kept across syncs), created on first use."""
+    cache = getattr(model, _CACHE_ATTR, None)
+    if not isinstance(cache, ProjectionCache):
+        cache = ProjectionCache()
+        object.__setattr__(model, _CACHE_ATTR, cache)
+    return cache
 
 
 @torch.no_grad()
@@ -98,7 +108,8 @@ def load_sketch_delta(model: nn.Module, named_tensors: list[tuple[str, torch.Ten
     delta = decode(_payload(named_tensors))
     size, rank = engine_tp(model) if tp_size is None or tp_rank is None else (tp_size, tp_rank)
     weights = {n: p.data for n, p in model.named_parameters()}
-    new_version = apply_delta_(weights, delta, engine_version(model), layout="sglang", tp_size=size, tp_rank=rank)
+    new_version = apply_delta_(weights, delta, engine_version(model), layout="sglang", tp_size=size, tp_rank=rank,
+                               cache=_projections(model))
     setattr(model, VERSION_ATTR, new_version)
     logger.info("sglang rank %d/%d: sketch delta applied, weight version %d", rank, size, new_version)
 
@@ -142,7 +153,8 @@ def _apply(model: nn.Module, delta_tensors: list, size: int, rank: int) -> tuple
     if not _tp_all(error is None):
         return version, error or SyncError("rejected", "another TP rank of the engine rejected the delta")
     try:
-        new_version = apply_delta_(_own_weights(model), delta, version, layout="sglang", tp_size=size, tp_rank=rank)
+        new_version = apply_delta_(_own_weights(model), delta, version, layout="sglang", tp_size=size, tp_rank=rank,
+                                   cache=_projections(model))
     except SyncError as exc:
         error = exc
     except Exception as exc:  # pragma: no cover - apply_delta_ maps its own failures to SyncError

@@ -30,3 +30,23 @@ def test_the_bf16_merge_rounds_the_same_on_cuda_and_cpu():
     low_rank_merge_(gpu, U.cuda(), A.cuda(), rounding=noise)
     assert not torch.equal(cpu, W)
     assert torch.equal(gpu.cpu(), cpu)
+
+
+@pytest.mark.parametrize("rank,decay", [(32, 1.0), (48, 0.999), (128, 1.0)])
+def test_the_fp32_merge_is_the_same_bits_on_cuda_and_the_cpu_fused_kernel(rank, decay):
+    """The CPU takes the fused GEMM-and-subtract where its BLAS rounds once, CUDA the two-kernel form;
+    ``V = grid(s·U)`` is computed on each device. Both must give ``W ⊖ V·sign(A)`` bit for bit."""
+    from megatron_logra.sketch.random_projection import projection
+    from megatron_logra.sync.apply import low_rank_merge_
+    from megatron_logra.sync.factors import quantize_factor
+
+    gen = torch.Generator().manual_seed(rank)
+    n_out, n_in = 2048, 1536
+    W = torch.randn(n_out, n_in, generator=gen) * 0.02
+    U = quantize_factor(1e-4 * torch.randn(n_out, rank, generator=gen) * torch.logspace(-3, 3, n_out)[:, None])
+    A = projection(7, "model.layers.1.self_attn.o_proj", 0, rank, n_in)
+    cpu, gpu = W.clone(), W.cuda()
+    low_rank_merge_(cpu, U, A, decay=decay)
+    low_rank_merge_(gpu, U.cuda(), A.cuda(), decay=decay)
+    assert not torch.equal(cpu, W)
+    assert torch.equal(gpu.cpu(), cpu)

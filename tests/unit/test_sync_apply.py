@@ -25,6 +25,7 @@ from megatron_logra.sync.apply import (
 from megatron_logra.sync.codec import decode, encode
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.synthetic import DenseShape, random_delta
+from support.merge_reference import rademacher_product_reference
 from support.sglang_stand_ins import SGLangQwen2
 
 
@@ -62,12 +63,9 @@ def test_merge_row_chunks_cover_rows_with_at_least_16_each(n_out, n_in):
 
 
 def _rademacher_product(U, A):
-    """The documented product for a Rademacher A: s·(U·sign(A)), the sum done exactly in float64."""
-    s = rademacher_scale(A.shape[0])
-    assert torch.equal(A.abs(), torch.full_like(A, s))
-    exact = U.double() @ torch.sign(A).double()  # exact: bf16 grid values, <= 2^24 multiples of q
-    assert torch.equal(exact.float().double(), exact)  # and representable in fp32
-    return exact.float() * s
+    """The documented product for a Rademacher A: grid(s·U)·sign(A), exact (float64 reference)."""
+    assert torch.equal(A.abs(), torch.full_like(A, rademacher_scale(A.shape[0])))
+    return rademacher_product_reference(U, A)
 
 
 def test_quantize_factor_keeps_large_entries_and_puts_rows_on_the_exact_grid():

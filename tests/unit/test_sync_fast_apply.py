@@ -3,7 +3,7 @@
 The reference is written out here one engine parameter at a time, sharing no code with the
 apply path: ``A`` is regenerated with the int64 hash ops (the CPU apply uses the int32 ones),
 and the update is the documented formula in its plainest form,
-``round_to_weight_dtype(decay·fp32(W) − fp32(s · (U·sign(A))))`` with the sum ``U·sign(A)``
+``round_to_weight_dtype(decay·fp32(W) − grid(s·U)·sign(A))`` with the sum ``grid(s·U)·sign(A)``
 taken in float64 (exact: the factors are on the exact-sum grid), i.e. ``W − U·A`` with the
 one rounding the contract allows. The literal ``W − U.float() @ A.float()`` (which rounds every
 product) is checked to agree within fp32 rounding. Shapes, ranks (powers of two and not),
@@ -24,6 +24,7 @@ from megatron_logra.sync.apply import apply_delta_
 from megatron_logra.sync.factors import check_factor, check_factors, quantize_factor, rademacher_signs
 from megatron_logra.sync.layout import plan_for
 from megatron_logra.sync.synthetic import DenseShape, random_delta
+from support.merge_reference import rademacher_product_reference
 
 
 @pytest.fixture(autouse=True)
@@ -42,12 +43,9 @@ def _reference_projection(seed: int, name: str, update: int, rank: int, n_in: in
 
 
 def _naive_merge(W: torch.Tensor, U: torch.Tensor, A: torch.Tensor, decay: float) -> torch.Tensor:
-    """``decay·W − U·A`` for one weight: exact sum in float64, then the contract's fp32 roundings."""
-    s = float(A[0, 0].abs())
-    assert bool((A.abs() == s).all())
-    exact = U.double() @ torch.sign(A).double()
-    assert torch.equal(exact.float().double(), exact)  # representable in fp32: the grid lemma
-    P = exact.float() * s
+    """``decay·W − U·A`` for one weight: ``P = grid(s·U)·sign(A)`` summed in float64 (exact), then the
+    contract's fp32 roundings."""
+    P = rademacher_product_reference(U, A)
     Wf = W.float() if decay == 1.0 else W.float() * decay
     return (Wf - P).to(W.dtype)
 

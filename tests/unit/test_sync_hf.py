@@ -12,8 +12,8 @@ import torch
 
 from megatron_logra.sketch.random_projection import projection
 from megatron_logra.sync import InProcessTransport, ModuleEngine
-from megatron_logra.sync.apply import rademacher_scale
 from megatron_logra.sync.synthetic import DenseShape, random_delta
+from support.merge_reference import rademacher_product_reference
 
 transformers = pytest.importorskip("transformers")
 
@@ -94,10 +94,9 @@ def test_bf16_transformers_model_gets_the_documented_rounding():
     shape = DenseShape(hidden=32, layers=2, heads=4, kv_heads=2, ffn=48, vocab=40)
     delta = random_delta(shape, RANK, seed=2, scale=0.05)
     ModuleEngine(model).apply_sketch_delta(delta)
-    s = rademacher_scale(RANK)
     for proj, (target, U_p) in _per_projection_U(delta, 1).items():
         name = f"model.layers.1.{proj}.weight"
         A = projection(2, f"model.layers.1.{target}", 0, RANK, before[name].shape[1])
-        P = (U_p.double() @ torch.sign(A).double()).float() * s  # exact sum, one fp32 scaling
+        P = rademacher_product_reference(U_p, A)  # grid(s·U)·sign(A), exact
         expect = (before[name].float() - P).bfloat16()
         assert torch.equal(dict(model.named_parameters())[name].detach(), expect), name
