@@ -42,7 +42,6 @@ import torch
 from megatron_logra.sync.apply import check_version
 from megatron_logra.sync.codec import SketchDelta
 from megatron_logra.sync.errors import SyncError
-from megatron_logra.sync.factors import off_grid_rows
 from megatron_logra.sync.sglang_wire import bytes_from_values
 
 __all__ = ["SGLangError", "serialize_named_tensors", "chunk_named_tensors", "SERIALIZATIONS", "DEFAULT_CHUNK_BYTES"]
@@ -132,9 +131,6 @@ def _precheck(delta: SketchDelta, current_version: int) -> None:
     for t in delta.targets:
         if not bool(torch.isfinite(t.U_OR).all()):
             raise SyncError("nonfinite", f"U of {t.name} has non-finite entries")
-        if delta.distribution == "rademacher" and off_grid_rows(t.U_OR):
-            raise SyncError("precision", f"U of {t.name} has rows off the exact-sum grid "
-                                         "(build it with quantize_factor)")
     for name, v in delta.dense.items():
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             raise SyncError("nonfinite", f"dense {name} has non-finite entries")

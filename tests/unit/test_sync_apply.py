@@ -244,11 +244,24 @@ def test_unknown_names_and_wrong_shapes_are_rejected_without_changes():
     _rejected(weights, random_delta(SHAPE, RANK), 0, "dtype", "torch.float64")
 
 
-def test_factors_off_the_exact_grid_are_rejected_without_changes():
+def test_factors_off_the_exact_grid_merge_exactly_and_as_the_trainer_merges_them():
+    """The engine rounds ``V = grid(s·U)`` itself, so a factor off ``quantize_factor``'s grid is no
+    hazard: it merges to the reference bits, the same as the trainer's merge of that factor."""
     weights = _hf_weights()
     delta = random_delta(SHAPE, RANK)
-    delta.targets[2].U_OR[0, 0] = 1e-20  # a tiny entry the grid would have rounded away
-    _rejected(weights, delta, 0, "precision", "gate_up_proj: 1 rows are off the exact-sum grid")
+    t = delta.targets[2]
+    t.U_OR[0, 0] = 1e-20  # a tiny entry quantize_factor would have rounded away
+    assert off_grid_rows(t.U_OR) == 1
+    before = _snapshot(weights)
+    assert apply_delta_(weights, delta, 0) == 1
+    A = projection(delta.seed, t.name, delta.update_index, RANK, t.n_in)
+    trainer = torch.cat([before["model.layers.0.mlp.gate_proj.weight"], before["model.layers.0.mlp.up_proj.weight"]])
+    low_rank_merge_(trainer, t.U_OR, A)
+    engine = torch.cat([weights["model.layers.0.mlp.gate_proj.weight"], weights["model.layers.0.mlp.up_proj.weight"]])
+    assert torch.equal(engine, trainer)
+    P = rademacher_product_reference(t.U_OR, A)
+    assert torch.equal(trainer, torch.cat([before["model.layers.0.mlp.gate_proj.weight"],
+                                           before["model.layers.0.mlp.up_proj.weight"]]) - P)
 
 
 @pytest.mark.parametrize("distribution", ["rademacher", "gaussian"])
