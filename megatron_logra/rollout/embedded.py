@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -26,6 +26,8 @@ from megatron_logra.models.gpt import ModelConfig, mask_padded_vocab
 from megatron_logra.models.hf import hf_config_from_model_config
 from megatron_logra.rollout.driver import share_from_driver
 from megatron_logra.rollout.engine import Rollout, SamplingParams
+from megatron_logra.sync.errors import SyncError
+from megatron_logra.sync.layout import VOCAB_PARALLEL
 
 from transformers import AutoModelForCausalLM
 
@@ -64,12 +66,22 @@ def sample_next(
     return tokens, logp.gather(-1, tokens[:, None])[:, 0]
 
 
-def _mismatch(value: Any, param: torch.Tensor) -> str:
-    """Why ``value`` cannot replace ``param`` (not a tensor, another shape), or "" when it can."""
+def _vocab_cut(name: str, shape: Sequence[int], param_shape: Sequence[int], vocab_rows: int) -> bool:
+    """``shape`` is a vocabulary-parallel tensor holding the model's vocabulary (at least ``vocab_rows``
+    rows) but not the engine's padding rows: it fills the first rows of a parameter of ``param_shape``."""
+    return (name in VOCAB_PARALLEL and len(shape) == len(param_shape) >= 1
+            and tuple(shape[1:]) == tuple(param_shape[1:]) and vocab_rows <= shape[0] < param_shape[0])
+
+
+def _mismatch(name: str, value: Any, param: torch.Tensor, vocab_rows: int) -> str:
+    """Why ``value`` cannot be loaded into ``param`` (not a tensor, another shape), or "" when it can:
+    the same shape, or (``embed_tokens``/``lm_head``) the model's ``vocab_rows`` rows or more without the
+    padding rows, as the model's HF checkpoint and a directory refit file hold them."""
     if not isinstance(value, torch.Tensor):
         return f"not a tensor ({type(value).__name__})"
-    if tuple(value.shape) != tuple(param.shape):
-        return f"shape {tuple(value.shape)} != {tuple(param.shape)}"
+    got, have = tuple(value.shape), tuple(param.shape)
+    if got != have and not _vocab_cut(name, got, have, vocab_rows):
+        return f"shape {got} != {have}"
     return ""
 
 
@@ -131,13 +143,39 @@ class EmbeddedEngine:
         """Names and shapes :meth:`update_weights_full` requires (tied ``lm_head`` excluded)."""
         return {name: tuple(p.shape) for name, p in self.model.named_parameters()}
 
+    @property
+    def fingerprint_vocab_rows(self) -> Optional[int]:
+        """The rows of ``embed_tokens``/``lm_head`` :meth:`fingerprint` covers: the model's vocabulary where
+        the engine pads it (the padding rows are masked out of the logits, not part of the policy, and a
+        full load from a file of the model's vocabulary leaves them as they were); None: all rows."""
+        return self.cfg.vocab_size if self.cfg.vocab_size < self.vocab_size else None
+
+    def check_full_shapes(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        """Raise ``SyncError("shape")`` naming what keeps full tensors of these names and shapes from
+        :meth:`update_weights_full`, without touching anything (what a directory transport's ``load_full``
+        asks before it streams a file)."""
+        have = self.expected_shapes()
+        problems = [f"{n}: not an engine parameter" for n in sorted(set(shapes) - set(have))]
+        problems += [f"{n}: missing" for n in sorted(set(have) - set(shapes))]
+        for n in sorted(set(shapes) & set(have)):
+            got = tuple(int(x) for x in shapes[n])
+            if got != have[n] and not _vocab_cut(n, got, have[n], self.cfg.vocab_size):
+                problems.append(f"{n}: {got} != {have[n]}")
+        if problems:
+            raise SyncError("shape", f"the embedded engine cannot load these tensors ({len(problems)} problems, "
+                                     f"e.g. {problems[:6]}; embed_tokens/lm_head need {self.cfg.vocab_size} to "
+                                     f"{self.vocab_size} rows): nothing was loaded")
+
     def update_weights_full(self, hf_state: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
                             version: int) -> None:
         """Copy every parameter from ``hf_state`` (HF names) and set ``weight_version = version``.
 
         ``hf_state`` is a mapping or a stream of ``(name, tensor)`` pairs (``rl.weights.iter_hf_params``,
         which never holds the whole model). ``version`` must be an int >= the current version.
-        Values are cast to the engine's dtype and device. Unknown, repeated or missing names,
+        Values are cast to the engine's dtype and device. ``embed_tokens``/``lm_head`` may hold the model's
+        vocabulary without the engine's padding rows (``model.vocab_size`` rows, as the model's HF checkpoint
+        and a directory refit file do): they fill the first rows, the padding rows (masked out of the
+        logits) stay as they were. Unknown, repeated or missing names,
         values that are not tensors and shape mismatches raise ``ValueError`` listing them. A mapping
         is checked whole before anything is copied (such a failure leaves the engine untouched); a
         stream is checked tensor by tensor and always consumed to its end (its producer may be running
@@ -154,7 +192,7 @@ class EmbeddedEngine:
             missing = sorted(set(params) - set(hf_state))
             if unknown or missing:
                 raise ValueError(f"update_weights_full: unknown names {unknown}, missing names {missing}")
-            bad = [f"{n}: {_mismatch(t, params[n])}" for n, t in hf_state.items() if _mismatch(t, params[n])]
+            bad = [f"{n}: {why}" for n, t in hf_state.items() if (why := _mismatch(n, t, params[n], self.cfg.vocab_size))]
             if bad:
                 raise ValueError(f"update_weights_full: wrong values {bad}")
         errors: list[str] = []
@@ -163,7 +201,7 @@ class EmbeddedEngine:
         with torch.no_grad():
             for name, tensor in (hf_state.items() if isinstance(hf_state, Mapping) else hf_state):
                 what = "unknown" if name not in params else "repeated" if name in seen else \
-                    _mismatch(tensor, params[name])
+                    _mismatch(name, tensor, params[name], self.cfg.vocab_size)
                 if what:
                     errors.append(f"{name}: {what}")
                     continue
@@ -171,7 +209,8 @@ class EmbeddedEngine:
                 if errors:
                     continue  # consume the rest of the stream, copy nothing more
                 try:
-                    params[name].copy_(tensor.to(device=self.device, dtype=self.dtype))
+                    dst = params[name] if tensor.shape == params[name].shape else params[name][: tensor.shape[0]]
+                    dst.copy_(tensor.to(device=self.device, dtype=self.dtype))
                 except Exception as exc:  # noqa: BLE001 - reported below, after the stream is consumed
                     errors.append(f"{name}: copy failed ({type(exc).__name__}: {str(exc)[:200]})")
                     continue
@@ -205,8 +244,10 @@ class EmbeddedEngine:
         salted with the engine's weight version (successive checks cover every row)."""
         from megatron_logra.sync import fingerprint
 
-        return fingerprint({name: p.data for name, p in self.model.named_parameters()}, rows_per_tensor,
-                           salt=self._version)
+        rows = self.fingerprint_vocab_rows
+        weights = {name: p.data[:rows] if rows is not None and name in VOCAB_PARALLEL else p.data
+                   for name, p in self.model.named_parameters()}
+        return fingerprint(weights, rows_per_tensor, salt=self._version)
 
     # ------------------------------------------------------------------ generation
 

@@ -105,3 +105,60 @@ def test_prompt_ids_in_the_padded_vocabulary_are_refused():
         with pytest.raises(ValueError, match=r"sequence 1 has token ids outside \[0, model\.vocab_size=60\)"):
             engine.logprobs_of([[1, 2], [1, bad]], [1, 1])
     assert len(engine.logprobs_of([[1, 59]], [1])[0]) == 1
+
+
+def _vocab_cut(engine: EmbeddedEngine, rows: int, value: float) -> dict[str, torch.Tensor]:
+    """A full state whose embed_tokens/lm_head hold ``rows`` vocabulary rows (a directory refit file's cut)."""
+    from megatron_logra.sync.layout import VOCAB_PARALLEL
+
+    return {n: torch.full((rows, *s[1:]) if n in VOCAB_PARALLEL else s, value)
+            for n, s in engine.expected_shapes().items()}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_model_vocabulary_without_the_padding_rows_fills_the_first_rows(stream):
+    engine = EmbeddedEngine(CFG)
+    engine.update_weights_full(_state(engine, 0.5), version=1)
+    state = _vocab_cut(engine, CFG.vocab_size, 2.0)
+    engine.check_full_shapes({n: tuple(t.shape) for n, t in state.items()})  # accepted: raises nothing
+    engine.update_weights_full(iter(state.items()) if stream else state, version=2)
+    assert engine.weight_version == 2
+    for name, p in engine.model.named_parameters():
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            assert p.shape[0] == 64 and bool((p[:60] == 2.0).all()) and bool((p[60:] == 0.5).all())
+        else:
+            assert bool((p == 2.0).all()), name
+
+
+def test_fewer_rows_than_the_model_vocabulary_are_refused_and_change_nothing():
+    from megatron_logra.sync.errors import SyncError
+
+    engine = EmbeddedEngine(CFG)
+    engine.update_weights_full(_state(engine, 0.5), version=1)
+    before = _params(engine)
+    state = _vocab_cut(engine, CFG.vocab_size - 1, 2.0)
+    with pytest.raises(SyncError, match=r"model\.embed_tokens\.weight: \(59, 32\) != \(64, 32\).*60 to 64 rows"):
+        engine.check_full_shapes({n: tuple(t.shape) for n, t in state.items()})
+    with pytest.raises(ValueError, match=r"model\.embed_tokens\.weight: shape \(59, 32\) != \(64, 32\)"):
+        engine.update_weights_full(state, version=2)
+    assert engine.weight_version == 1
+    assert all(torch.equal(p, before[n]) for n, p in engine.model.named_parameters())
+    wide = {n: torch.full((t.shape[0], t.shape[1] + 1) if t.dim() == 2 else t.shape, 2.0) if "embed" in n else t
+            for n, t in _vocab_cut(engine, CFG.vocab_size, 2.0).items()}
+    with pytest.raises(SyncError, match="embed_tokens"):  # only the row count may differ
+        engine.check_full_shapes({n: tuple(t.shape) for n, t in wide.items()})
+
+
+def test_the_fingerprint_covers_the_model_vocabulary_only():
+    engine = EmbeddedEngine(CFG)
+    engine.update_weights_full(_state(engine, 0.5), version=1)
+    assert engine.fingerprint_vocab_rows == CFG.vocab_size
+    before = engine.fingerprint(rows_per_tensor=64)
+    with torch.no_grad():
+        engine.model.get_input_embeddings().weight[60:] += 1.0  # a padding row: not part of the policy
+    assert engine.fingerprint(rows_per_tensor=64) == before
+    with torch.no_grad():
+        engine.model.get_input_embeddings().weight[59] += 1.0  # a vocabulary row
+    assert engine.fingerprint(rows_per_tensor=64)["model.embed_tokens.weight"] != before["model.embed_tokens.weight"]
+    unpadded = EmbeddedEngine(ModelConfig(**{**CFG.__dict__, "vocab_size": 64}))
+    assert unpadded.fingerprint_vocab_rows is None

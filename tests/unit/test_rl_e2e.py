@@ -18,6 +18,7 @@ uses a constant reward on purpose.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -71,17 +72,27 @@ def alternating_score():
     return score
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
+@contextlib.contextmanager
+def built_components(run_dir: Path, *extra: str):
+    """``(comps, state)`` of ``build_components(small_cfg(run_dir, *extra))`` (warnings silenced); megatron's
+    parallel state is torn down on exit."""
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rl.job import build_components
 
-    cfg = small_cfg(tmp_path_factory.mktemp("rl_direct") / "run")
+    cfg = small_cfg(run_dir, *extra)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        comps, state, bundle = build_components(cfg)
-    yield comps, state
-    destroy_parallel()
+        comps, state, _ = build_components(cfg)
+    try:
+        yield comps, state
+    finally:
+        destroy_parallel()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    with built_components(tmp_path_factory.mktemp("rl_direct") / "run") as out:
+        yield out
 
 
 def fixed_sequence(comps) -> tuple[list[int], int]:

@@ -6,12 +6,11 @@ bitwise equal to the trainer's. A resumed run keeps its files up to the resume v
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
 
-from test_rl_e2e import alternating_score, small_cfg
+from test_rl_e2e import alternating_score, built_components
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -21,18 +20,12 @@ def _one_thread(one_thread):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import build_components
-
     run = tmp_path_factory.mktemp("directory_full") / "run"
-    cfg = small_cfg(run, "sft.steps=2", "model.params_dtype=bfloat16", "logra.masters=fp32",
-                    "sync.transport=directory", "sync.max_master_drift=1e-9", "sync.check_interval=1")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        comps, state, _ = build_components(cfg)
-    comps.task.score = alternating_score()
-    yield comps, state, run / "deltas" / "rank0"
-    destroy_parallel()
+    with built_components(run, "sft.steps=2", "model.params_dtype=bfloat16", "logra.masters=fp32",
+                          "sync.transport=directory", "sync.max_master_drift=1e-9",
+                          "sync.check_interval=1") as (comps, state):
+        comps.task.score = alternating_score()
+        yield comps, state, run / "deltas" / "rank0"
 
 
 def _trainer_hf(comps):

@@ -5,12 +5,10 @@ rows."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
-from test_rl_e2e import small_cfg
+from test_rl_e2e import built_components
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -20,17 +18,10 @@ def _one_thread(one_thread):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import build_components
-
     run = tmp_path_factory.mktemp("full_vocab") / "run"
-    cfg = small_cfg(run, "sft.steps=0", "model.params_dtype=bfloat16", "model.make_vocab_size_divisible_by=64",
-                    "sync.transport=directory")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        comps, state, _ = build_components(cfg)
-    yield comps, state, run / "deltas" / "rank0"
-    destroy_parallel()
+    with built_components(run, "sft.steps=0", "model.params_dtype=bfloat16", "model.make_vocab_size_divisible_by=64",
+                          "sync.transport=directory") as (comps, state):
+        yield comps, state, run / "deltas" / "rank0"
 
 
 def test_an_engine_of_the_model_vocabulary_reloads_the_start_refit_and_verifies_its_anchor(built):
@@ -58,3 +49,26 @@ def test_an_engine_of_the_model_vocabulary_reloads_the_start_refit_and_verifies_
     for name, tensor in real.items():
         assert torch.equal(weights[name], tensor.to(torch.bfloat16)), name
     DirectoryTransport(directory).verify_anchor(engine)  # a restarted consumer: by fingerprint, same rows
+
+
+def test_an_embedded_engine_reloads_the_model_vocabulary_into_its_padded_rows_and_verifies_the_anchor(built):
+    from megatron_logra.models.hf import megatron_to_hf
+    from megatron_logra.rl.weights import gather_full_model
+    from megatron_logra.rollout.embedded import EmbeddedEngine
+    from megatron_logra.sync import DirectoryTransport
+    from megatron_logra.sync.layout import VOCAB_PARALLEL
+
+    comps, state, directory = built
+    model = comps.cfg.model
+    trainer = megatron_to_hf(gather_full_model(comps.model, comps.groups), model, tp=1)
+    engine = EmbeddedEngine(model, dtype=torch.bfloat16, init_seed=123)  # padded to 192 rows, other weights
+    padding = {n: p.detach()[160:].clone() for n, p in engine.model.named_parameters() if n in VOCAB_PARALLEL}
+    consumer = DirectoryTransport(directory)
+    assert consumer.load_full(engine)["version"] == state.weight_version == engine.weight_version
+    for name, p in engine.model.named_parameters():
+        if name in VOCAB_PARALLEL:
+            assert torch.equal(p[:160], trainer[name][:160].to(torch.bfloat16)), name
+            assert torch.equal(p[160:], padding[name]), name  # the padding rows stay as they were
+        else:
+            assert torch.equal(p, trainer[name].to(torch.bfloat16)), name
+    DirectoryTransport(directory).verify_anchor(engine)  # a restarted consumer: by fingerprint, the model's rows
