@@ -72,7 +72,8 @@ def main(out: str, tp: int, pp: int) -> None:
     engine_fp = engine.fingerprint()
     result["engine_salt"] = fingerprint_salt(engine_fp)  # the engine samples the rows of its version
     result["engine_drift"] = drift(engine_fp, trainer_fingerprint(model, groups, cfg, dtype=torch.bfloat16,
-                                                                  salt=result["engine_salt"]))
+                                                                  salt=result["engine_salt"],
+                                                                  vocab_rows=engine.fingerprint_vocab_rows))
 
     # perturb TP rank 1 of the last stage: its block of linear_fc1 (column parallel, stride 2) and
     # of linear_proj (row parallel); each changes rows every fingerprint samples (the last rows /

@@ -67,7 +67,8 @@ def test_bf16_drift_check_catches_one_changed_engine_row(bf16_run):
     engine_fp = comps.engine.fingerprint()
     salt = fingerprint_salt(engine_fp)
     assert salt == comps.engine.weight_version  # the engine samples the rows of its version
-    trainer_fp = trainer_fingerprint(comps.model, comps.groups, comps.cfg.model, dtype=torch.bfloat16, salt=salt)
+    trainer_fp = trainer_fingerprint(comps.model, comps.groups, comps.cfg.model, dtype=torch.bfloat16, salt=salt,
+                                     vocab_rows=comps.engine.fingerprint_vocab_rows)  # as policy sync asks
     assert drift(engine_fp, trainer_fp) == []
     w = dict(comps.engine.model.named_parameters())["model.layers.1.mlp.down_proj.weight"]
     saved = w.detach().clone()
