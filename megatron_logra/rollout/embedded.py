@@ -93,6 +93,9 @@ class EmbeddedEngine:
     is passed to transformers ("sdpa" or "eager"); ``init_seed`` makes the random initial
     weights reproducible without touching the global RNG; ``tp`` is the trainer's TP degree, which
     fixes the padded vocabulary (``cfg.padded_vocab_size(tp)``). ``weight_version`` starts at 0.
+    ``vocab_rows``: the rows of ``embed_tokens``/``lm_head`` :meth:`fingerprint` covers (None: all), e.g.
+    ``cfg.vocab_size`` for an engine that follows a directory of refit files, which hold the model's
+    vocabulary without the padding rows (the trainer's anchor markers fingerprint those rows).
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class EmbeddedEngine:
         init_seed: int = 0,
         tp: int = 1,
         gen_group: Any = None,
+        vocab_rows: Optional[int] = None,
     ) -> None:
         if attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation={attn_implementation!r}: choose sdpa or eager")
@@ -125,6 +129,11 @@ class EmbeddedEngine:
         if cfg.vocab_size < self.vocab_size:  # the padded columns the trainer masks too
             mask_padded_vocab(self.model.get_output_embeddings(), cfg.vocab_size)
         self.max_positions = int(self.hf_config.max_position_embeddings)
+        if vocab_rows is not None and (isinstance(vocab_rows, bool) or not isinstance(vocab_rows, int)
+                                       or not 1 <= vocab_rows <= self.vocab_size):
+            raise ValueError(f"vocab_rows={vocab_rows!r} must be an int in [1, {self.vocab_size}] (the rows of "
+                             "embed_tokens/lm_head the fingerprint covers)")
+        self.vocab_rows = vocab_rows
         self._version = 0
         self._projections = None  # sync.apply.ProjectionCache: sign(A) kept while the projection is unchanged
         logger.info(
@@ -145,10 +154,9 @@ class EmbeddedEngine:
 
     @property
     def fingerprint_vocab_rows(self) -> Optional[int]:
-        """The rows of ``embed_tokens``/``lm_head`` :meth:`fingerprint` covers: the model's vocabulary where
-        the engine pads it (the padding rows are masked out of the logits, not part of the policy, and a
-        full load from a file of the model's vocabulary leaves them as they were); None: all rows."""
-        return self.cfg.vocab_size if self.cfg.vocab_size < self.vocab_size else None
+        """The rows of ``embed_tokens``/``lm_head`` :meth:`fingerprint` covers (``vocab_rows``; None: all),
+        which policy sync's drift check reads to fingerprint the trainer's same rows."""
+        return self.vocab_rows
 
     def check_full_shapes(self, shapes: Mapping[str, Sequence[int]]) -> None:
         """Raise ``SyncError("shape")`` naming what keeps full tensors of these names and shapes from

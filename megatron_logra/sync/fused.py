@@ -62,8 +62,18 @@ def _inputs(n_out: int, n_in: int, rank: int, pattern: int, draw: int = 0
     (a kernel that accumulates into W loses every one), their sum is not. Pattern 1: ``W`` near 1 on
     the fp32 grid, ``V`` random multiples of ``2^-40`` below ``2^(-16-L)`` (``L = ceil(log2 r)``: every
     partial sum stays exact), ``B`` random signs: any partial sum added to ``W`` before the whole sum
-    is formed rounds differently somewhere.
+    is formed rounds differently somewhere. Pattern 2: subnormal ``W`` (multiples of ``2^-149``) with
+    ``V = 0`` on even rows, which must come back unchanged (a kernel that treats subnormals as zero
+    returns 0), and ``V`` of pattern 1 scaled to ``2^-100`` on odd rows.
     """
+    if pattern == 2:
+        gen = torch.Generator().manual_seed(n_out * 1_000_003 + n_in * 1009 + rank * 31 + draw + 2)
+        W = torch.randint(-(1 << 20), 1 << 20, (n_out, n_in), generator=gen).float() * 2.0**-149
+        bound = 2 ** max(1, 24 - max(0, (rank - 1).bit_length()))
+        V = torch.randint(-bound + 1, bound, (n_out, rank), generator=gen).float() * 2.0 ** -(100 + 24)
+        V[0::2] = 0.0
+        B = torch.randint(0, 2, (rank, n_in), generator=gen).float() * 2 - 1
+        return W, V, B
     if pattern == 0:
         return (torch.ones(n_out, n_in), torch.full((n_out, rank), 2.0**-26), torch.ones(rank, n_in))
     gen = torch.Generator().manual_seed(n_out * 1_000_003 + n_in * 1009 + rank * 31 + draw)
@@ -80,13 +90,13 @@ def _addmm_kernel(W: torch.Tensor, V: torch.Tensor, B: torch.Tensor) -> None:
 
 def agrees(n_out: int, n_in: int, rank: int,
            kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] = _addmm_kernel) -> bool:
-    """Whether ``kernel(W, V, B)`` (in place: ``W ← W − V·B``) gives ``W ⊖ V·B`` on both patterns, the
-    random one over at least :data:`MIN_CHECKED` entries (several draws for a small block: a second
+    """Whether ``kernel(W, V, B)`` (in place: ``W ← W − V·B``) gives ``W ⊖ V·B`` on the three patterns,
+    the random one over at least :data:`MIN_CHECKED` entries (several draws for a small block: a second
     rounding changes a given entry only some of the time)."""
     draws = -(-MIN_CHECKED // (n_out * n_in))
-    for draw, pattern in enumerate([0] + [1] * min(draws, MAX_DRAWS)):
+    for draw, pattern in enumerate([0, 2] + [1] * min(draws, MAX_DRAWS)):
         W, V, B = _inputs(n_out, n_in, rank, pattern, draw)
-        expect = W - torch.mm(V, B)  # P is exact (grid), so this is W ⊖ P
+        expect = (W.double() - V.double() @ B.double()).float()  # P is exact (grid): one rounding, W ⊖ P
         kernel(W, V, B)
         if not torch.equal(W, expect):
             return False

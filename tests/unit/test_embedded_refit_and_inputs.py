@@ -149,16 +149,24 @@ def test_fewer_rows_than_the_model_vocabulary_are_refused_and_change_nothing():
         engine.check_full_shapes({n: tuple(t.shape) for n, t in wide.items()})
 
 
-def test_the_fingerprint_covers_the_model_vocabulary_only():
-    engine = EmbeddedEngine(CFG)
+def test_the_fingerprint_covers_vocab_rows_when_given():
+    engine = EmbeddedEngine(CFG, vocab_rows=CFG.vocab_size)
     engine.update_weights_full(_state(engine, 0.5), version=1)
     assert engine.fingerprint_vocab_rows == CFG.vocab_size
     before = engine.fingerprint(rows_per_tensor=64)
     with torch.no_grad():
-        engine.model.get_input_embeddings().weight[60:] += 1.0  # a padding row: not part of the policy
+        engine.model.get_input_embeddings().weight[60:] += 1.0  # a padding row: not covered
     assert engine.fingerprint(rows_per_tensor=64) == before
     with torch.no_grad():
         engine.model.get_input_embeddings().weight[59] += 1.0  # a vocabulary row
     assert engine.fingerprint(rows_per_tensor=64)["model.embed_tokens.weight"] != before["model.embed_tokens.weight"]
-    unpadded = EmbeddedEngine(ModelConfig(**{**CFG.__dict__, "vocab_size": 64}))
-    assert unpadded.fingerprint_vocab_rows is None
+    every = EmbeddedEngine(CFG)  # the default: every row, padding included
+    every.update_weights_full(_state(every, 0.5), version=1)
+    assert every.fingerprint_vocab_rows is None
+    fp = every.fingerprint(rows_per_tensor=64)
+    with torch.no_grad():
+        every.model.get_input_embeddings().weight[63] += 1.0
+    assert every.fingerprint(rows_per_tensor=64)["model.embed_tokens.weight"] != fp["model.embed_tokens.weight"]
+    for bad in (0, 65, True, 2.0):
+        with pytest.raises(ValueError, match="vocab_rows"):
+            EmbeddedEngine(CFG, vocab_rows=bad)

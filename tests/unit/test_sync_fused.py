@@ -40,10 +40,16 @@ def _split_inner(block):
     return kernel
 
 
+def _subnormals_as_zero(W, V, B):
+    """A kernel that rounds once but reads subnormal weights as zero (DAZ, as some GEMMs do)."""
+    W.masked_fill_(W.abs() < torch.finfo(torch.float32).tiny, 0.0).sub_(V @ B)
+
+
 @pytest.mark.parametrize("n_out,n_in,rank", [(16, 16, 2), (16, 16, 3), (64, 48, 8), (256, 1024, 32), (1000, 40, 5)])
 def test_check_refuses_kernels_that_round_twice(n_out, n_in, rank):
     assert not fused.agrees(n_out, n_in, rank, kernel=_accumulate_into_w)
     assert not fused.agrees(n_out, n_in, rank, kernel=_split_inner(max(1, rank // 2)))
+    assert not fused.agrees(n_out, n_in, rank, kernel=_subnormals_as_zero)
     assert fused.agrees(n_out, n_in, rank, kernel=lambda W, V, B: W.sub_(V @ B))  # one rounding: accepted
 
 

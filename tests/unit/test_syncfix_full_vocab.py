@@ -61,7 +61,8 @@ def test_an_embedded_engine_reloads_the_model_vocabulary_into_its_padded_rows_an
     comps, state, directory = built
     model = comps.cfg.model
     trainer = megatron_to_hf(gather_full_model(comps.model, comps.groups), model, tp=1)
-    engine = EmbeddedEngine(model, dtype=torch.bfloat16, init_seed=123)  # padded to 192 rows, other weights
+    # padded to 192 rows, other weights; its fingerprint covers the model's rows, as the anchor markers do
+    engine = EmbeddedEngine(model, dtype=torch.bfloat16, init_seed=123, vocab_rows=model.vocab_size)
     padding = {n: p.detach()[160:].clone() for n, p in engine.model.named_parameters() if n in VOCAB_PARALLEL}
     consumer = DirectoryTransport(directory)
     assert consumer.load_full(engine)["version"] == state.weight_version == engine.weight_version
