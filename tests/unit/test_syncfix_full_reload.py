@@ -202,9 +202,9 @@ def test_a_file_that_does_not_fit_the_engine_leaves_its_weights_and_version_unto
     assert exc.value.kind == "shape" and engine.weight_version == 2 and _same(engine, before)
 
 
-def test_an_engine_that_lists_its_shapes_is_checked_exactly_before_anything_is_copied(tmp_path):
-    """The embedded engine holds the padded vocabulary and takes exactly its own shapes: a file of the model's
-    vocabulary is refused before its first tensor is copied."""
+def test_the_embedded_engine_takes_the_model_vocabulary_into_its_padded_rows_and_refuses_less(tmp_path):
+    """The embedded engine holds the padded vocabulary: a file of the model's vocabulary fills its first rows
+    (the padding rows stay), a file cut below the model's vocabulary is refused before anything is copied."""
     from megatron_logra.overrides import parse_args_to_config
     from megatron_logra.rollout.embedded import EmbeddedEngine
 
@@ -214,14 +214,52 @@ def test_an_engine_that_lists_its_shapes_is_checked_exactly_before_anything_is_c
     assert engine.expected_shapes()["model.embed_tokens.weight"][0] == PADDED
     before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     weights = {n: torch.randn(s) for n, s in engine.expected_shapes().items()}
-    producer = DirectoryTransport(tmp_path)
-    producer.write_anchor(1, None, full=producer.write_full(1, weights, vocab_rows=VOCAB))
-    with pytest.raises(SyncError, match=r"does not fit the EmbeddedEngine.*\(40, 32\) != \(48, 32\).*40 vocabulary "
-                                        r"rows.*nothing was loaded") as exc:
-        DirectoryTransport(tmp_path).load_full(engine)
+    short = DirectoryTransport(tmp_path / "short")
+    short.write_anchor(1, None, full=short.write_full(1, weights, vocab_rows=VOCAB - 1))
+    with pytest.raises(SyncError, match=r"\(39, 32\) != \(48, 32\).*need 40 to 48 rows.*nothing was loaded") as exc:
+        DirectoryTransport(tmp_path / "short").load_full(engine)
     assert exc.value.kind == "shape" and engine.weight_version == 0
     assert all(torch.equal(p, before[n]) for n, p in engine.model.named_parameters())
+    producer = DirectoryTransport(tmp_path / "model")
+    producer.write_anchor(1, None, full=producer.write_full(1, weights, vocab_rows=VOCAB))
+    DirectoryTransport(tmp_path / "model").load_full(engine)
+    assert engine.weight_version == 1
+    for n, p in engine.model.named_parameters():
+        if n in VOCAB_PARALLEL:
+            assert torch.equal(p[:VOCAB], weights[n][:VOCAB]) and torch.equal(p[VOCAB:], before[n][VOCAB:]), n
+        else:
+            assert torch.equal(p, weights[n]), n
+
+
+class _ListedShapes:
+    """An engine that lists its shapes (``expected_shapes``) but has no ``check_full_shapes``."""
+
+    def __init__(self, shapes: dict) -> None:
+        self.params = {n: torch.zeros(s) for n, s in shapes.items()}
+        self.copied: list[str] = []
+        self.weight_version = 0
+
+    def expected_shapes(self) -> dict:
+        return {n: tuple(t.shape) for n, t in self.params.items()}
+
+    def update_weights_full(self, stream, version: int) -> None:
+        for name, t in stream:
+            self.params[name].copy_(t)
+            self.copied.append(name)
+        self.weight_version = version
+
+
+def test_an_engine_that_lists_its_shapes_is_checked_exactly_before_anything_is_copied(tmp_path):
+    shapes = {"model.embed_tokens.weight": (PADDED, 32), "model.norm.weight": (32,)}
+    engine = _ListedShapes(shapes)
+    weights = {n: torch.randn(s) for n, s in shapes.items()}
+    producer = DirectoryTransport(tmp_path)
+    producer.write_anchor(1, None, full=producer.write_full(1, weights, vocab_rows=VOCAB))
+    with pytest.raises(SyncError, match=r"does not fit the _ListedShapes.*\(40, 32\) != \(48, 32\).*40 vocabulary "
+                                        r"rows.*nothing was loaded") as exc:
+        DirectoryTransport(tmp_path).load_full(engine)
+    assert exc.value.kind == "shape" and engine.weight_version == 0 and engine.copied == []
     exact = DirectoryTransport(tmp_path / "exact")  # a file of its own shapes loads
     exact.write_anchor(1, None, full=exact.write_full(1, weights))
     exact.load_full(engine)
-    assert engine.weight_version == 1 and all(torch.equal(p, weights[n]) for n, p in engine.model.named_parameters())
+    assert engine.weight_version == 1 and all(torch.equal(engine.params[n], weights[n]) for n in shapes)
