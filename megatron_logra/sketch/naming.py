@@ -20,6 +20,7 @@ Only the standard library is imported.
 
 from __future__ import annotations
 
+import functools
 import re
 
 __all__ = ["canonical_name", "strip_wrappers", "WRAPPER_TOKENS", "TARGET_ALIASES", "canonical_kind"]
@@ -75,6 +76,7 @@ def canonical_kind(leaf: str) -> str | None:
     return TARGET_ALIASES.get(leaf)
 
 
+@functools.lru_cache(maxsize=8192)
 def canonical_name(name: str, layer_index: int | None = None) -> str:
     """Canonical, layout-independent name of a layer.
 
@@ -84,7 +86,8 @@ def canonical_name(name: str, layer_index: int | None = None) -> str:
         layer_index: global 0-based transformer layer index. Pass it when ``name`` holds a
             pipeline-stage-local index (Megatron's ``decoder.layers.{i}`` is local to the stage).
 
-    Idempotent: ``canonical_name(canonical_name(n)) == canonical_name(n)``.
+    Idempotent: ``canonical_name(canonical_name(n)) == canonical_name(n)``. Memoised (a pure function of
+    its arguments; every sync maps every engine parameter).
     """
     stripped = strip_wrappers(name)
     match = _LAYER_RE.search(stripped)

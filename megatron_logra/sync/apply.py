@@ -53,6 +53,7 @@ or rank), not every sync. What remains is the arithmetic itself: per target weig
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -76,6 +77,7 @@ from megatron_logra.sync.factors import (
     rademacher_scale,
     rademacher_signs,
     scaled_factor,
+    scaled_factor_rows,
     split_projection,
 )
 from megatron_logra.sync.fused import fused_merge_ok
@@ -243,8 +245,10 @@ def _fused(weight: torch.Tensor, rank: int, distribution: str, max_chunk_elems: 
 def _workspaces_elems(weight: torch.Tensor, fused: bool, stochastic: bool, max_chunk_elems: int
                       ) -> tuple[int, int, int]:
     """(product, fp32 scratch, int32 noise) elements one weight's merge needs."""
-    elems = _workspace_elems(weight.shape[0], weight.shape[1], max_chunk_elems)
     fp32 = weight.dtype == torch.float32
+    if fp32 and fused:
+        return (0, 0, 0)  # one addmm_ on the weight itself
+    elems = _workspace_elems(weight.shape[0], weight.shape[1], max_chunk_elems)
     return (0 if fused else elems, 0 if fp32 else elems, 2 * elems if stochastic else 0)
 
 
@@ -347,6 +351,17 @@ def validate(
     rejected before the first write. Returns the engine plan; raises :class:`SyncError` naming
     the first problem.
     """
+    plan = _validate_layout(delta, weights, current_version, layout, tp_size, tp_rank)
+    bad = _first_nonfinite([t.U_OR for t in delta.targets])  # any finite U merges exactly: V = grid(s·U)
+    if bad is not None:
+        raise SyncError("nonfinite", f"U of {delta.targets[bad].name} has non-finite entries")
+    return plan
+
+
+def _validate_layout(delta: SketchDelta, weights: dict[str, torch.Tensor], current_version: int, layout: str,
+                     tp_size: int, tp_rank: int) -> EnginePlan:
+    """Everything :func:`validate` checks but the finiteness of the factors (which :func:`apply_delta_`
+    reads off the row maxima it computes for ``V`` anyway)."""
     delta.check_structure()
     check_version(delta, current_version)
     try:
@@ -359,9 +374,6 @@ def validate(
     missing = sorted(({f.param for f in plan.factors} | {d.param for d in plan.dense}) - set(weights))
     if missing:
         raise SyncError("name", f"engine has no parameters {missing[:6]}{'...' if len(missing) > 6 else ''}")
-    bad = _first_nonfinite([t.U_OR for t in delta.targets])  # any finite U merges exactly: V = grid(s·U)
-    if bad is not None:
-        raise SyncError("nonfinite", f"U of {delta.targets[bad].name} has non-finite entries")
     for f in plan.factors:
         w = weights[f.param]
         n_in_local = len(f.cols) if f.cols is not None else f.n_in
@@ -461,7 +473,9 @@ def _projection_matrices(delta: SketchDelta, factors: list, weights: dict[str, t
 def _scaled_factors(factors: list, weights: dict[str, torch.Tensor], scale: Optional[float]) -> list[torch.Tensor]:
     """Every factor's ``V = scaled_factor(U, s)`` on its weight's device: one concatenated transfer and
     one scaling per device (the factors of a decoded delta sit in host memory; one copy each would
-    cost a synchronisation each). Rows are independent, so scaling the concatenation is the same."""
+    cost a synchronisation each). Rows are independent, so scaling the concatenation is the same.
+    Raises ``SyncError("nonfinite")`` naming the first factor with a NaN or inf (read off the row
+    maxima ``V`` needs anyway: one read-back per device)."""
     out: list[Optional[torch.Tensor]] = [None] * len(factors)
     by_device: dict[tuple, list[int]] = {}
     for i, f in enumerate(factors):
@@ -469,8 +483,13 @@ def _scaled_factors(factors: list, weights: dict[str, torch.Tensor], scale: Opti
     for (device, _, _), idx in by_device.items():
         parts = [factors[i].U_OR for i in idx]
         flat = torch.cat(parts) if len(parts) > 1 else parts[0]
-        V = scaled_factor(flat.to(device=device), scale)
-        for i, v in zip(idx, V.split([p.shape[0] for p in parts])):
+        V, bad_O = scaled_factor_rows(flat.to(device=device), scale)
+        sizes = [p.shape[0] for p in parts]
+        if bool(bad_O.any()):
+            first = int(bad_O.nonzero()[0, 0])
+            where = next(i for i, end in zip(idx, itertools.accumulate(sizes)) if first < end)
+            raise SyncError("nonfinite", f"U of {factors[where].target} has non-finite entries")
+        for i, v in zip(idx, V.split(sizes)):
             out[i] = v
     return out  # type: ignore[return-value]
 
@@ -497,7 +516,7 @@ def apply_delta_(
     weights are partially written and need a full refit. ``cache``: the engine's
     :class:`ProjectionCache` (None: regenerate ``sign(A)`` for this apply only).
     """
-    plan = validate(delta, weights, current_version, layout=layout, tp_size=tp_size, tp_rank=tp_rank)
+    plan = _validate_layout(delta, weights, current_version, layout, tp_size, tp_rank)
     try:
         factors = plan.factors
         M_RI, scale = _projection_matrices(delta, factors, weights, cache)
@@ -512,7 +531,7 @@ def apply_delta_(
                                            f.cols.start if f.cols is not None else 0).parts(*w.shape, w.device)
             elems = chunk_elems(w.device, max_chunk_elems)
             fused = _fused(w, delta.rank, delta.distribution, elems)
-            staged.append((w, v, m, noise, fused))
+            staged.append((w, v, m, noise, fused, elems))
             cur = need.setdefault(w.device, [0, 0, 0])
             for j, n in enumerate(_workspaces_elems(w, fused, noise is not None, elems)):
                 cur[j] = max(cur[j], n)
@@ -537,10 +556,9 @@ def apply_delta_(
         raise SyncError("apply", f"preparing delta {delta.base_version}->{delta.new_version} failed before any write: {exc!r}") from exc
     done = 0
     try:
-        for w, V32_OR, M_RI, noise, fused in staged:
+        for w, V32_OR, M_RI, noise, fused, elems in staged:
             prod_buf, tmp_buf, noise_buf = workspaces[w.device]
-            _merge_prepared_(w, V32_OR, M_RI, delta.decay, prod_buf, tmp_buf,
-                             chunk_elems(w.device, max_chunk_elems), noise, noise_buf, fused)
+            _merge_prepared_(w, V32_OR, M_RI, delta.decay, prod_buf, tmp_buf, elems, noise, noise_buf, fused)
             done += 1
         for dst, src in dense:
             dst.copy_(src)

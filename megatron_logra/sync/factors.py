@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "rademacher_scale", "quantize_factor", "off_grid_rows", "check_factor", "check_factors", "split_projection",
-    "rademacher_signs", "scaled_factor",
+    "rademacher_signs", "scaled_factor", "scaled_factor_rows",
 ]
 
 _TINY_ROW_EXP = -100
@@ -72,14 +72,44 @@ def scaled_factor(U_OR: torch.Tensor, scale: Optional[float]) -> torch.Tensor:
     step is exact or one IEEE operation, so trainer and engine get the same ``V`` on any device.
     ``scale`` None (Gaussian projections): ``U`` itself in fp32.
     """
+    return scaled_factor_rows(U_OR, scale)[0]
+
+
+_TINY_ROW_BIASED = _TINY_ROW_EXP + 127
+"""Biased fp32 exponent of ``2^-100``: a row max below it has a smaller exponent field."""
+
+
+@torch.no_grad()
+def scaled_factor_rows(U_OR: torch.Tensor, scale: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`scaled_factor` of ``U_OR``, ``[n_out]`` bool: rows holding a NaN or inf).
+
+    For a bf16 ``U`` the row maxima come from the bit patterns (an int16 max of the magnitude bits
+    orders finite values by size and puts inf/NaN above them); ``max_k fp32(s·|U_ik|)`` is
+    ``fp32(s·max_k |U_ik|)`` since rounding is monotonic. The grid ``q_i`` and ``1/q_i`` (powers of
+    two) are then built from the exponent field of that fp32 row max with integer operations: for
+    ``2^(e−1) <= rowmax < 2^e`` the biased exponent is ``E = e + 126``, so ``q = 2^(E − 150 + L)`` and
+    ``1/q = 2^(150 − L − E)``, both normal for every row that is not tiny (``E >= 27``).
+    """
     if scale is None:
-        return U_OR.to(torch.float32).contiguous()
-    X = U_OR.to(torch.float32) * scale  # a new tensor: everything below is in place
-    rowmax = torch.maximum(X.amax(dim=1, keepdim=True), X.amin(dim=1, keepdim=True).neg())
-    q, tiny = _row_grid_of(rowmax, X.shape[1])
-    q = q.masked_fill(tiny, 0.0)  # tiny rows: 0 · anything finite = 0
-    inv_q = torch.reciprocal(q).masked_fill_(tiny, 0.0)  # a power of two: X·(1/q) is X/q exactly
-    return X.mul_(inv_q).round_().mul_(q)
+        V = U_OR.to(torch.float32).contiguous()
+        return V, ~torch.isfinite(V).all(dim=1)
+    n_out, rank = U_OR.shape
+    if U_OR.dtype == torch.bfloat16:
+        mag_O1 = (U_OR.contiguous().view(torch.int16) & 0x7FFF).amax(dim=1, keepdim=True)
+        rowmax_O1 = mag_O1.view(torch.bfloat16).to(torch.float32).mul_(scale)
+        X = U_OR.to(torch.float32).mul_(scale)
+    else:
+        X = U_OR.to(torch.float32) * scale
+        rowmax_O1 = torch.maximum(X.amax(dim=1, keepdim=True), X.amin(dim=1, keepdim=True).neg())
+    if n_out == 0:
+        return X, torch.zeros(0, dtype=torch.bool, device=X.device)
+    L = max(0, math.ceil(math.log2(rank)))
+    # few ops on these [n_out, 1] tensors: each costs a dispatch, not bandwidth
+    E_O1 = rowmax_O1.view(torch.int32).bitwise_right_shift_(23)  # rowmax >= 0 or NaN: 255 for inf/NaN
+    keep_O1 = (E_O1 >= _TINY_ROW_BIASED).to(torch.int32)  # rows below 2^-100 become zero: q = 1/q = 0
+    q_O1 = E_O1.add(L - 23).bitwise_left_shift_(23).mul_(keep_O1).view(torch.float32)
+    inv_q_O1 = E_O1.neg().add_(277 - L).clamp_(min=0).bitwise_left_shift_(23).mul_(keep_O1).view(torch.float32)
+    return X.mul_(inv_q_O1).round_().mul_(q_O1), E_O1[:, 0] == 255
 
 
 def off_grid_rows(U_OR: torch.Tensor) -> int:

@@ -116,6 +116,9 @@ def fused_merge_ok(device: torch.device, n_out: int, n_in: int, rank: int) -> bo
         return False
     rows = n_out if n_out * n_in <= MAX_CHECK_ELEMS else max(256, MAX_CHECK_ELEMS // n_in)
     key = (min(rows, n_out), n_in, rank, torch.get_num_threads())
+    verdict = _verdicts.get(key)  # a dict read is atomic: the lock only orders the first measurement
+    if verdict is not None:
+        return verdict
     with _lock:
         verdict = _verdicts.get(key)
         if verdict is None:

@@ -27,6 +27,7 @@ Layouts:
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -85,8 +86,11 @@ class EnginePlan:
     dense: list[DenseEntry]
 
 
+@functools.lru_cache(maxsize=64)
 def qkv_rows_hf(dims: AttentionDims) -> dict[str, torch.Tensor]:
     """Indices into the Megatron-interleaved QKV rows of HF ``q``, ``k`` and ``v`` rows (in HF order).
+
+    Memoised per ``dims`` (every sync maps every layer): the tensors are shared, read them only.
 
     Megatron row of (group ``g``, slot ``s`` in ``[0, H/G+2)``, row ``t`` in ``[0, d)``) is
     ``(g·(H/G+2) + s)·d + t``; HF query head ``h = g·H/G + j`` is slot ``j`` of group ``g``,

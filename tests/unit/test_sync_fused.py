@@ -100,6 +100,31 @@ def test_scaled_factor_equals_the_row_by_row_reference(rank):
     assert torch.equal(scaled_factor(U, None), U.float())
 
 
+@pytest.mark.parametrize("rank", [1, 5, 32, 256])
+def test_scaled_factor_at_the_tiny_row_boundary_and_extremes_and_its_non_finite_rows(rank):
+    """Rows whose max straddles 2^-100 after scaling, huge rows, subnormal entries, fp32 input (the
+    generic path) and non-finite rows (flagged by scaled_factor_rows, the finite rows still exact)."""
+    from megatron_logra.sync.factors import scaled_factor_rows
+
+    s = rademacher_scale(rank)
+    gen = torch.Generator().manual_seed(rank)
+    mags = [2.0**-100 / s * f for f in (0.999, 1.0, 1.001, 1.5)] + [2.0**-133, 1e-30, 1.0, 2.0**120, 3e38]
+    X = torch.rand(len(mags), rank, generator=gen) * torch.tensor(mags)[:, None] * torch.where(
+        torch.rand(len(mags), rank, generator=gen) < 0.5, -1.0, 1.0)
+    X[:, 0] = torch.tensor(mags)  # the row max itself
+    U = X.to(torch.bfloat16)
+    V, bad = scaled_factor_rows(U, s)
+    assert torch.equal(V.double(), scaled_factor_reference(U, s)) and not bool(bad.any())
+    assert torch.equal(scaled_factor(U.float(), s), V)  # the fp32 input path gives the same bits
+    U2 = U.clone()
+    U2[2, rank - 1] = float("nan")
+    U2[5, 0] = float("-inf")
+    V2, bad2 = scaled_factor_rows(U2, s)
+    assert bad2.tolist() == [i in (2, 5) for i in range(len(mags))]
+    keep = ~bad2
+    assert torch.equal(V2[keep], V[keep])
+
+
 @pytest.mark.parametrize("dtype,stochastic,decay", [(torch.float32, False, 1.0), (torch.float32, False, 0.99),
                                                     (torch.bfloat16, False, 1.0), (torch.bfloat16, True, 0.995),
                                                     (torch.float16, False, 1.0)])
