@@ -26,6 +26,7 @@ from megatron_logra.models.gpt import ModelConfig, mask_padded_vocab
 from megatron_logra.models.hf import hf_config_from_model_config
 from megatron_logra.rollout.driver import share_from_driver
 from megatron_logra.rollout.engine import Rollout, SamplingParams
+from megatron_logra.sync.engine import full_shape_problems, vocab_prefix_fits
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.layout import VOCAB_PARALLEL
 
@@ -66,13 +67,6 @@ def sample_next(
     return tokens, logp.gather(-1, tokens[:, None])[:, 0]
 
 
-def _vocab_cut(name: str, shape: Sequence[int], param_shape: Sequence[int], vocab_rows: int) -> bool:
-    """``shape`` is a vocabulary-parallel tensor holding the model's vocabulary (at least ``vocab_rows``
-    rows) but not the engine's padding rows: it fills the first rows of a parameter of ``param_shape``."""
-    return (name in VOCAB_PARALLEL and len(shape) == len(param_shape) >= 1
-            and tuple(shape[1:]) == tuple(param_shape[1:]) and vocab_rows <= shape[0] < param_shape[0])
-
-
 def _mismatch(name: str, value: Any, param: torch.Tensor, vocab_rows: int) -> str:
     """Why ``value`` cannot be loaded into ``param`` (not a tensor, another shape), or "" when it can:
     the same shape, or (``embed_tokens``/``lm_head``) the model's ``vocab_rows`` rows or more without the
@@ -80,7 +74,7 @@ def _mismatch(name: str, value: Any, param: torch.Tensor, vocab_rows: int) -> st
     if not isinstance(value, torch.Tensor):
         return f"not a tensor ({type(value).__name__})"
     got, have = tuple(value.shape), tuple(param.shape)
-    if got != have and not _vocab_cut(name, got, have, vocab_rows):
+    if got != have and not vocab_prefix_fits(name, got, have, vocab_rows):
         return f"shape {got} != {have}"
     return ""
 
@@ -162,13 +156,8 @@ class EmbeddedEngine:
         """Raise ``SyncError("shape")`` naming what keeps full tensors of these names and shapes from
         :meth:`update_weights_full`, without touching anything (what a directory transport's ``load_full``
         asks before it streams a file)."""
-        have = self.expected_shapes()
-        problems = [f"{n}: not an engine parameter" for n in sorted(set(shapes) - set(have))]
-        problems += [f"{n}: missing" for n in sorted(set(have) - set(shapes))]
-        for n in sorted(set(shapes) & set(have)):
-            got = tuple(int(x) for x in shapes[n])
-            if got != have[n] and not _vocab_cut(n, got, have[n], self.cfg.vocab_size):
-                problems.append(f"{n}: {got} != {have[n]}")
+        problems = full_shape_problems(shapes, self.expected_shapes(), vocab_prefix=True,
+                                       min_vocab_rows=self.cfg.vocab_size)
         if problems:
             raise SyncError("shape", f"the embedded engine cannot load these tensors ({len(problems)} problems, "
                                      f"e.g. {problems[:6]}; embed_tokens/lm_head need {self.cfg.vocab_size} to "

@@ -49,22 +49,24 @@ def as_delta(delta: Union[SketchDelta, bytes, bytearray, memoryview]) -> SketchD
     return delta if isinstance(delta, SketchDelta) else decode(bytes(delta))
 
 
-def _vocab_prefix(name: str, got: Sequence[int], have: Sequence[int]) -> bool:
-    """``got`` (a vocabulary-parallel tensor's shape) fills the first rows of a parameter of shape ``have``."""
+def vocab_prefix_fits(name: str, got: Sequence[int], have: Sequence[int], min_rows: int = 1) -> bool:
+    """``got`` (a vocabulary-parallel tensor's shape, at least ``min_rows`` rows) fills the first rows of a
+    parameter of shape ``have``."""
     return (name in VOCAB_PARALLEL and len(got) == len(have) >= 1 and tuple(got[1:]) == tuple(have[1:])
-            and 0 < got[0] <= have[0])
+            and max(1, min_rows) <= got[0] <= have[0])
 
 
 def full_shape_problems(shapes: Mapping[str, Sequence[int]], engine: Mapping[str, Sequence[int]], *,
-                        vocab_prefix: bool = False) -> list[str]:
+                        vocab_prefix: bool = False, min_vocab_rows: int = 1) -> list[str]:
     """What keeps full tensors of ``shapes`` (HF name -> shape) from loading into an engine whose parameters
     have ``engine``'s shapes: unknown and missing names, and shapes that differ (``vocab_prefix``: except a
-    vocabulary-parallel tensor with fewer rows, which fills the engine's first rows). Empty: it fits."""
+    vocabulary-parallel tensor with fewer rows, at least ``min_vocab_rows``, which fills the engine's first
+    rows). Empty: it fits."""
     out = [f"{n}: not an engine parameter" for n in sorted(set(shapes) - set(engine))]
     out += [f"{n}: missing" for n in sorted(set(engine) - set(shapes))]
     for n in sorted(set(shapes) & set(engine)):
         got, have = tuple(int(x) for x in shapes[n]), tuple(int(x) for x in engine[n])
-        if got != have and not (vocab_prefix and _vocab_prefix(n, got, have)):
+        if got != have and not (vocab_prefix and vocab_prefix_fits(n, got, have, min_vocab_rows)):
             out.append(f"{n}: {got} != {have}")
     return out
 
@@ -172,7 +174,7 @@ class ModuleEngine:
             if name in seen:
                 return f"{name}: repeated"
             got, have = tuple(getattr(t, "shape", ())), tuple(params[name].shape)
-            if not isinstance(t, torch.Tensor) or (got != have and not _vocab_prefix(name, got, have)):
+            if not isinstance(t, torch.Tensor) or (got != have and not vocab_prefix_fits(name, got, have)):
                 return f"{name}: {got} != {have}"
             return ""
 
