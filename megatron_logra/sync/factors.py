@@ -26,6 +26,8 @@ __all__ = [
 ]
 
 _TINY_ROW_EXP = -100
+_TINY_ROW_BIASED = _TINY_ROW_EXP + 127
+"""Biased fp32 exponent of ``2^-100``: a row max below it has a smaller exponent field."""
 _BATCH_ELEMS = 1 << 20
 """Elements per batch of :func:`check_factors` (2 MiB of bf16: its temporaries stay in cache)."""
 
@@ -36,13 +38,28 @@ def rademacher_scale(rank: int) -> float:
     return float(torch.tensor(1.0 / math.sqrt(rank), dtype=torch.float32))
 
 
-def _row_grid_of(rowmax: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grid ``q`` ``[n_out, 1]``, tiny-row mask ``[n_out, 1]``) of rows whose max magnitude is ``rowmax``."""
+def _grid_bits(rowmax_O1: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(``q``, ``1/q``, kept-row mask, non-finite-row mask), each ``[n_out, 1]``, of fp32 row maxima ``>= 0``.
+
+    Built from the exponent field with integer operations: for ``2^(e−1) <= rowmax < 2^e`` the biased
+    exponent is ``E = e + 126``, so ``q = 2^(e + L − 24) = 2^(E − 150 + L)`` and ``1/q = 2^(150 − L − E)``,
+    both normal for every kept row (``E >= 27``: ``rowmax >= 2^-100``); tiny rows get ``q = 1/q = 0``.
+    """
     L = max(0, math.ceil(math.log2(rank)))
-    _, e = torch.frexp(rowmax)
-    tiny = rowmax < 2.0**_TINY_ROW_EXP
-    q = torch.ldexp(torch.ones_like(rowmax), torch.clamp(e + (L - 24), min=-149))
-    return q, tiny
+    # few ops on these [n_out, 1] tensors: each costs a dispatch, not bandwidth
+    E_O1 = rowmax_O1.contiguous().view(torch.int32) >> 23  # rowmax >= 0 or NaN: 255 for inf/NaN
+    keep_O1 = E_O1 >= _TINY_ROW_BIASED
+    keep32_O1 = keep_O1.to(torch.int32)
+    q_O1 = E_O1.add(L - 23).bitwise_left_shift_(23).mul_(keep32_O1).view(torch.float32)
+    inv_q_O1 = E_O1.neg().add_(277 - L).clamp_(min=0).bitwise_left_shift_(23).mul_(keep32_O1).view(torch.float32)
+    return q_O1, inv_q_O1, keep_O1, E_O1 == 255
+
+
+def _row_grid_of(rowmax: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grid ``q`` ``[n_out, 1]``, tiny-row mask ``[n_out, 1]``) of rows whose max magnitude is ``rowmax``
+    (``q = 0`` on tiny rows, which become zero)."""
+    q, _, keep, _ = _grid_bits(rowmax, rank)
+    return q, ~keep
 
 
 def _row_grid(U32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,20 +92,13 @@ def scaled_factor(U_OR: torch.Tensor, scale: Optional[float]) -> torch.Tensor:
     return scaled_factor_rows(U_OR, scale)[0]
 
 
-_TINY_ROW_BIASED = _TINY_ROW_EXP + 127
-"""Biased fp32 exponent of ``2^-100``: a row max below it has a smaller exponent field."""
-
-
 @torch.no_grad()
 def scaled_factor_rows(U_OR: torch.Tensor, scale: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
     """(:func:`scaled_factor` of ``U_OR``, ``[n_out]`` bool: rows holding a NaN or inf).
 
     For a bf16 ``U`` the row maxima come from the bit patterns (an int16 max of the magnitude bits
     orders finite values by size and puts inf/NaN above them); ``max_k fp32(s·|U_ik|)`` is
-    ``fp32(s·max_k |U_ik|)`` since rounding is monotonic. The grid ``q_i`` and ``1/q_i`` (powers of
-    two) are then built from the exponent field of that fp32 row max with integer operations: for
-    ``2^(e−1) <= rowmax < 2^e`` the biased exponent is ``E = e + 126``, so ``q = 2^(E − 150 + L)`` and
-    ``1/q = 2^(150 − L − E)``, both normal for every row that is not tiny (``E >= 27``).
+    ``fp32(s·max_k |U_ik|)`` since rounding is monotonic; the grid comes from :func:`_grid_bits`.
     """
     if scale is None:
         V = U_OR.to(torch.float32).contiguous()
@@ -103,13 +113,8 @@ def scaled_factor_rows(U_OR: torch.Tensor, scale: Optional[float]) -> tuple[torc
         rowmax_O1 = torch.maximum(X.amax(dim=1, keepdim=True), X.amin(dim=1, keepdim=True).neg())
     if n_out == 0:
         return X, torch.zeros(0, dtype=torch.bool, device=X.device)
-    L = max(0, math.ceil(math.log2(rank)))
-    # few ops on these [n_out, 1] tensors: each costs a dispatch, not bandwidth
-    E_O1 = rowmax_O1.view(torch.int32).bitwise_right_shift_(23)  # rowmax >= 0 or NaN: 255 for inf/NaN
-    keep_O1 = (E_O1 >= _TINY_ROW_BIASED).to(torch.int32)  # rows below 2^-100 become zero: q = 1/q = 0
-    q_O1 = E_O1.add(L - 23).bitwise_left_shift_(23).mul_(keep_O1).view(torch.float32)
-    inv_q_O1 = E_O1.neg().add_(277 - L).clamp_(min=0).bitwise_left_shift_(23).mul_(keep_O1).view(torch.float32)
-    return X.mul_(inv_q_O1).round_().mul_(q_O1), E_O1[:, 0] == 255
+    q_O1, inv_q_O1, _, bad_O1 = _grid_bits(rowmax_O1, rank)
+    return X.mul_(inv_q_O1).round_().mul_(q_O1), bad_O1[:, 0]
 
 
 def off_grid_rows(U_OR: torch.Tensor) -> int:
@@ -181,11 +186,7 @@ def _check_factor(U_OR: torch.Tensor) -> tuple[bool, int]:
     mag_O1 = (U_OR.view(torch.int16) & 0x7FFF).amax(dim=1, keepdim=True)
     if bool((mag_O1 >= 0x7F80).any()):
         return False, 0
-    rowmax_O1 = mag_O1.view(torch.bfloat16).float()
-    L = max(0, math.ceil(math.log2(U_OR.shape[1])))
-    _, e = torch.frexp(rowmax_O1)
-    tiny_O1 = rowmax_O1 < 2.0**_TINY_ROW_EXP
-    q_O1 = torch.ldexp(torch.ones_like(rowmax_O1), torch.clamp(e + (L - 24), min=-149))
+    q_O1, tiny_O1 = _row_grid_of(mag_O1.view(torch.bfloat16).float(), U_OR.shape[1])
     # x = U/q is exact unless it underflows; with q <= 2^16 a nonzero bf16 U (>= 2^-133) cannot
     # underflow to zero, and an inexact (subnormal) quotient is below 1, hence fractional.
     if not bool(tiny_O1.any()) and float(q_O1.max()) <= 2.0**16:
