@@ -21,7 +21,9 @@ allows, which streams every target weight once, as the copy streams every weight
 ``encode`` (delta -> bytes) and ``decode`` (bytes -> verified delta) are timed too.
 ``--baseline-rev REV`` adds ``apply_delta_`` as of git revision REV (its projection, factors and
 apply modules) to the side-by-side loop, after checking that both give the same weights to within
-rounding (the merge's definition changed with format 4), for a before/after table.
+rounding (the merge's definition changed with format 4, the stochastic-rounding noise with format 5),
+for a before/after table. bf16 weights are timed with both merge roundings: to nearest, and
+stochastic (the training default, ``optimizer.logra.rounding``).
 
     python benchmarks/sync_bytes.py [--repeats 7] [--threads 1,2] [--big-dtypes float32,bfloat16] [--baseline-rev REV]
 
@@ -50,6 +52,7 @@ from megatron_logra.bench.report import cpu_model
 from megatron_logra.sync import apply_delta_, decode, encode, validate
 from megatron_logra.sync.apply import (
     ProjectionCache,
+    StochasticRounding,
     _fused,
     _merge_prepared_,
     _projection_matrices,
@@ -122,13 +125,13 @@ def _synced(fn: Callable[[], object], device: torch.device) -> Callable[[], obje
     return run
 
 
-def device_row(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, repeats: int,
+def device_row(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, rounding: str, repeats: int,
                device: torch.device) -> tuple[str, float]:
     """apply vs copy of every weight, side by side on ``device``; returns the table row and the ratio."""
     gen = torch.Generator(device).manual_seed(0)
     weights = {k: (torch.randn(*s, generator=gen, device=device) * 0.02).to(dtype) for k, s in shape.hf_shapes().items()}
     src = {k: v.clone() for k, v in weights.items()}
-    decoded = decode(encode(random_delta(shape, rank, scale=1e-3)))
+    decoded = decode(encode(random_delta(shape, rank, scale=1e-3, rounding=rounding)))
 
     def copy_all():
         for k, v in weights.items():
@@ -140,10 +143,20 @@ def device_row(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, rep
                        "cold": _synced(lambda: apply_delta_(weights, decoded, decoded.base_version), device)}, repeats)
     ratio = t["apply"] / t["copy"]
     bytes_moved = sum(v.numel() * v.element_size() for v in weights.values())
-    row = (f"| {label} | {_fmt_params(shape.num_params())} {str(dtype).removeprefix('torch.')} | {rank} | "
-           f"{1e3 * t['apply']:.2f} | {1e3 * t['copy']:.2f} ({2 * bytes_moved / t['copy'] / 1e9:.0f} GB/s) | "
+    row = (f"| {label} | {_fmt_params(shape.num_params())} {str(dtype).removeprefix('torch.')} | "
+           f"{_rounding_label(dtype, rounding)} | {rank} | {1e3 * t['apply']:.2f} | {1e3 * t['copy']:.2f} ({2 * bytes_moved / t['copy'] / 1e9:.0f} GB/s) | "
            f"**{ratio:.2f}x** | {t['cold'] / t['copy']:.2f}x | {'yes' if ratio <= 1.5 else 'NO'} |")
     return row, ratio
+
+
+def _dtype_roundings(dtypes: list[torch.dtype]) -> list[tuple[torch.dtype, str]]:
+    """Each dtype with the merge roundings that differ for it: bf16 weights are timed rounded to nearest and
+    stochastically (the training default, ``optimizer.logra.rounding=stochastic``)."""
+    return [(d, r) for d in dtypes for r in (("nearest", "stochastic") if d == torch.bfloat16 else ("nearest",))]
+
+
+def _rounding_label(dtype: torch.dtype, rounding: str) -> str:
+    return rounding if dtype == torch.bfloat16 else "-"
 
 
 DEVICE_MODELS = {"big": ("hidden 1024 x 8, ffn 4096, vocab 32000", BIG), "1.5b": ("Qwen2.5-1.5B", MODELS["Qwen2.5-1.5B"][0])}
@@ -153,12 +166,12 @@ def device_table(device: torch.device, rank: int, dtypes: list[torch.dtype], rep
                  models: list[str]) -> list[str]:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     lines = [f"## Engine-side time on {name} (median of {repeats}; apply and copy side by side, synchronized)", "",
-             "| model | params | rank | apply ms | copy all ms (copy bandwidth) | apply / copy | cold apply / copy | "
-             "<= 1.5x |",
-             "|---|---:|---:|---:|---:|---:|---:|:---:|"]
+             "| model | params | bf16 rounding | rank | apply ms | copy all ms (copy bandwidth) | apply / copy | "
+             "cold apply / copy | <= 1.5x |",
+             "|---|---:|---|---:|---:|---:|---:|---:|:---:|"]
     for label, shape in (DEVICE_MODELS[m] for m in models):
-        for dtype in dtypes:
-            row, _ = device_row(label, shape, rank, dtype, repeats, device)
+        for dtype, rounding in _dtype_roundings(dtypes):
+            row, _ = device_row(label, shape, rank, dtype, rounding, repeats, device)
             lines.append(row)
             print(row, flush=True)
     return lines
@@ -198,22 +211,28 @@ def _merge_pieces(weights: dict[str, torch.Tensor], delta: SketchDelta) -> dict[
     M_RI, scale = _projection_matrices(delta, plan.factors, weights)
     V32 = _scaled_factors(plan.factors, weights, scale)
     elems = chunk_elems(torch.device("cpu"))
-    staged = [(weights[f.param], v, m, _fused(weights[f.param], delta.rank, delta.distribution, elems))
-              for f, v, m in zip(plan.factors, V32, M_RI)]
-    need = [max(_workspaces_elems(w, fz, False, elems)[j] for w, _, _, fz in staged) for j in range(2)]
+    staged = []
+    for f, v, m in zip(plan.factors, V32, M_RI):
+        w = weights[f.param]
+        noise = None
+        if delta.rounding == "stochastic" and w.dtype == torch.bfloat16:
+            noise = StochasticRounding(delta.seed, f.target, delta.step, f.rows).parts(*w.shape, w.device)
+        staged.append((w, v, m, _fused(w, delta.rank, delta.distribution, elems), noise))
+    need = [max(_workspaces_elems(w, fz, nz is not None, elems)[j] for w, _, _, fz, nz in staged) for j in range(3)]
     prod_buf, tmp_buf = torch.empty(need[0]), torch.empty(need[1])
+    noise_buf = torch.empty(need[2], dtype=torch.int32)
     gemm_buf = torch.empty(max(max(b - a for a, b in merge_row_chunks(w.shape[0], w.shape[1], elems)) * w.shape[1]
                                for w, *_ in staged))
 
     def gemm():  # the rank-r GEMMs alone, into a cache-sized workspace
-        for w, V, M, _ in staged:
+        for w, V, M, *_ in staged:
             n_in = w.shape[1]
             for a, b in merge_row_chunks(w.shape[0], n_in, elems):
                 torch.mm(V[a:b], M, out=gemm_buf[: (b - a) * n_in].view(b - a, n_in))
 
     def merge():  # the commit kernel apply_delta_ runs (fused where the BLAS check allows it)
-        for w, V, M, fused in staged:
-            _merge_prepared_(w, V, M, delta.decay, prod_buf, tmp_buf, elems, fused=fused)
+        for w, V, M, fused, noise in staged:
+            _merge_prepared_(w, V, M, delta.decay, prod_buf, tmp_buf, elems, noise, noise_buf, fused)
 
     return {"validate": lambda: validate(delta, weights, delta.base_version),
             "regen": lambda: _projection_matrices(delta, plan.factors, weights),
@@ -272,13 +291,13 @@ def _load_baseline(rev: str) -> Callable[..., int]:
     return fn
 
 
-def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, repeats: int,
+def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, rounding: str, repeats: int,
               threads: int, baseline: Optional[Callable[..., int]] = None) -> tuple[str, dict]:
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
     weights = {k: (torch.randn(*s, generator=gen) * 0.02).to(dtype) for k, s in shape.hf_shapes().items()}
     src = {k: torch.empty_like(v).copy_(v) for k, v in weights.items()}
-    delta = random_delta(shape, rank, scale=1e-3)
+    delta = random_delta(shape, rank, scale=1e-3, rounding=rounding)
     data = encode(delta)
     decoded = decode(data)
 
@@ -306,14 +325,15 @@ def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, repe
     n = shape.num_params()
     flops = 2 * rank * shape.target_params()
     ms = {k: 1e3 * v for k, v in {**main, **parts}.items()}
-    row = (f"| {label} | {_fmt_params(n)} {str(dtype).removeprefix('torch.')} | {rank} | {threads} | "
+    row = (f"| {label} | {_fmt_params(n)} {str(dtype).removeprefix('torch.')} | {_rounding_label(dtype, rounding)} | "
+           f"{rank} | {threads} | "
            f"{_fmt_bytes(len(data))} | {1e3 * t_encode:.1f} | {1e3 * t_decode:.1f} | {ms['apply']:.1f} | "
            f"{ms['copy']:.1f} | **{main['apply'] / main['copy']:.2f}x** | {main['cold'] / main['copy']:.2f}x | "
            f"{ms['validate']:.1f} | {ms['regen']:.1f} | {ms['scale']:.1f} | "
            f"{ms['gemm']:.1f} ({flops / parts['gemm'] / 1e9:.0f} GFLOP/s) | {ms['merge']:.1f} | "
            f"{parts['gemm'] / main['copy']:.2f}x | {parts['merge'] / main['copy']:.2f}x |")
     return row, {**main, **parts, "flops": flops, "targets": shape.target_params(), "params": n, "threads": threads,
-                 "dtype": dtype, "label": label, "factors": len(plan_for(decoded, "hf").factors),
+                 "dtype": dtype, "rounding": _rounding_label(dtype, rounding), "label": label, "factors": len(plan_for(decoded, "hf").factors),
                  "layers_A": len(decoded.targets)}
 
 
@@ -322,6 +342,8 @@ def _explain(stats: dict, rank: int) -> str:
     ratio = stats["apply"] / stats["copy"]
     other = stats["apply"] - stats["validate"] - stats["scale"] - stats["merge"]
     dt = str(stats["dtype"]).removeprefix("torch.")
+    if stats["rounding"] != "-":
+        dt += f" ({stats['rounding']} rounding)"
     text = (
         f"- {stats['label']}, {dt}, {stats['threads']} thread(s): apply {1e3 * stats['apply']:.1f} ms = "
         f"{ratio:.2f}x the copy ({1e3 * stats['copy']:.1f} ms); without the engine's projection cache "
@@ -331,7 +353,9 @@ def _explain(stats: dict, rank: int) -> str:
         f"{1e3 * stats['gemm']:.1f} ms ({2 * rank} flops per target weight, {stats['flops'] / 1e9:.1f} GFLOP at "
         f"{stats['flops'] / stats['gemm'] / 1e9:.0f} GFLOP/s)"
         + (": the fused kernel streams each target weight through the GEMM once"
-           if dt == "float32" else ", plus the fp32 scratch of the bf16 weights (convert, GEMM into it, round back)")
+           if dt == "float32" else ", plus the fp32 scratch of the bf16 weights (convert, GEMM into it, round back)"
+           + ("; stochastic rounding adds three passes over the scratch (noise, add, cut)"
+              if stats["rounding"] == "stochastic" else ""))
         + f"; V = grid(s·U) {1e3 * stats['scale']:.1f} ms, validation {1e3 * stats['validate']:.1f} ms, the rest "
         f"(plan, workspaces) {1e3 * max(other, 0):.1f} ms."
     )
@@ -421,28 +445,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     out: list[str] = ["## Bytes per sync", ""]
     out += bytes_table(ranks)
     out += ["", f"## Engine-side time (CPU, median of {args.repeats}; apply and copy side by side)", "",
-            "| model | params | rank | threads | delta bytes | encode ms | decode ms | apply ms | copy all ms | "
+            "| model | params | bf16 rounding | rank | threads | delta bytes | encode ms | decode ms | apply ms | copy all ms | "
             "apply / copy | cold apply / copy | validate ms | sign(A) ms | V ms | GEMM ms | merge ms | GEMM / copy | "
             "merge / copy |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    runs = [("tiny (recipe)", MODELS["tiny (recipe)"][0], torch.float32)]
-    runs += [("hidden 1024 x 8, ffn 4096, vocab 32000", BIG, d) for d in args.big_dtypes]
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    runs = [("tiny (recipe)", MODELS["tiny (recipe)"][0], torch.float32, "nearest")]
+    runs += [("hidden 1024 x 8, ffn 4096, vocab 32000", BIG, d, rd) for d, rd in _dtype_roundings(args.big_dtypes)]
     notes: list[str] = []
     versus: list[str] = []
-    for label, shape, dtype in runs:
+    for label, shape, dtype, rounding in runs:
         for t in threads:
-            row, stats = time_rows(label, shape, r, dtype, args.repeats, t, baseline)
+            row, stats = time_rows(label, shape, r, dtype, rounding, args.repeats, t, baseline)
             out.append(row)
             if baseline is not None:
-                versus.append(f"| {label} | {str(dtype).removeprefix('torch.')} | {t} | {1e3 * stats['copy']:.1f} | "
+                versus.append(f"| {label} | {str(dtype).removeprefix('torch.')} | {stats['rounding']} | {t} | {1e3 * stats['copy']:.1f} | "
                               f"{1e3 * stats['baseline']:.1f} | {stats['baseline'] / stats['copy']:.2f}x | "
                               f"{1e3 * stats['apply']:.1f} | {stats['apply'] / stats['copy']:.2f}x |")
             notes.append(_explain(stats, r))
             print(row, flush=True)
     if versus:
         out += ["", f"Before / after (apply at `{args.baseline_rev}` and now, side by side with the copy):", "",
-                "| model | weights | threads | copy ms | apply before ms | before / copy | apply now ms | now / copy |",
-                "|---|---|---:|---:|---:|---:|---:|---:|"] + versus
+                "| model | weights | bf16 rounding | threads | copy ms | apply before ms | before / copy | apply now ms | "
+                "now / copy |",
+                "|---|---|---|---:|---:|---:|---:|---:|---:|"] + versus
     out += ["", "Where the time goes:", ""] + notes + ["", _BOUND_NOTE.format(r=r, flops=2 * r)]
     out += ["", f"Load average at the end: {_load():.1f} (other processes share the cores: compare ratios, not times)."]
     text = "\n".join(out)

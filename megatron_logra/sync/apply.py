@@ -26,10 +26,16 @@ elsewhere ``P`` goes into a row-chunk workspace and is subtracted (same bits).
 **Stochastic rounding.** A KL-controlled step is far below bf16's spacing: rounded to nearest, most
 of it vanishes from a bf16 weight (and from the engine that mirrors it). With ``stochastic`` the
 16 bits bf16 drops are rounded up with probability equal to their value (unbiased), by adding
-16-bit noise to the fp32 bit pattern and truncating. The noise of entry ``(i, j)`` is the counter
-hash of ``(seed, target#merge-rounding, optimizer step, canonical row i, column j)``, where the canonical
-rows are those of the target's TP=1 Megatron ``U`` (:class:`StochasticRounding`): the trainer at any
-TP degree and every engine layout draw the same noise for the same entry, so they stay bitwise equal.
+16-bit noise to the fp32 bit pattern and truncating. The noise of entry ``(i, j)`` is
+``ρ_i XOR γ_j``: 16-bit counter hashes of ``(seed, target#merge-rounding, optimizer step, canonical
+row i)`` and of ``(..., column j)`` (:class:`StochasticRounding`), where the canonical rows are those of
+the target's TP=1 Megatron ``U``: the trainer at any TP degree and every engine layout draw the same
+noise for the same entry, so they stay bitwise equal. Each entry's noise is uniform on 16 bits and any
+two entries' noises are independent (two entries share at most a row or a column hash, and XOR with
+the other, independent hash makes the pair uniform on 32 bits), so every entry is rounded without
+bias and the rounding error of any sum of entries has the variance of independent noise (variances
+involve pairs only). A full per-entry hash would add nothing to either, and costs about 25 passes
+over each weight where the XOR costs one.
 fp16 weights are rounded to nearest either way.
 
 ``⊙``/``⊖`` are single correctly-rounded fp32 operations; ``decay ⊙`` is skipped when
@@ -62,7 +68,6 @@ import torch
 
 from megatron_logra.sketch.naming import canonical_name
 from megatron_logra.sketch.random_projection import (
-    entry_hash_block_,
     entry_hash_parts,
     projection,
     projection_key,
@@ -138,14 +143,17 @@ class StochasticRounding:
     col_start: int = 0
     """The first column of the layer's input this weight holds (row-parallel shards)."""
 
-    def parts(self, n_out: int, n_in: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Row and column pre-hashes of the noise of an ``[n_out, n_in]`` weight (small; before any write)."""
+    def parts(self, n_out: int, n_in: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The row hashes ``ρ`` ``[n_out]`` and column hashes ``γ`` ``[n_in]`` (int32 in ``[0, 2^16)``) of the
+        noise ``ρ_i XOR γ_j`` of an ``[n_out, n_in]`` weight (small; computed before any write)."""
         rows = torch.arange(n_out, device=device) if self.rows is None else self.rows
         if rows.numel() != n_out:
             raise ValueError(f"{self.target}: {rows.numel()} canonical rows for a weight of {n_out} rows")
         key = projection_key(self.seed, f"{self.target}#merge-rounding", self.step)
         cols = torch.arange(self.col_start, self.col_start + n_in, device=device)
-        return entry_hash_parts(key, rows.to(device=device, dtype=torch.int64), cols, _ROUNDING_LANE)
+        row_h, col_g, _ = entry_hash_parts(key, rows.to(device=device, dtype=torch.int64), cols, _ROUNDING_LANE)
+        # both are murmur-finalised (col_g times an odd constant: a bijection of the low 16 bits)
+        return row_h & 0xFFFF, col_g & 0xFFFF
 
 
 def shard_rows(n_out_local: int, tp_rank: int, tp_size: int, stride: int = 1) -> torch.Tensor:
@@ -163,8 +171,8 @@ def _workspace_elems(n_out: int, n_in: int, max_chunk_elems: int) -> int:
     return max(b - a for a, b in merge_row_chunks(n_out, n_in, max_chunk_elems)) * n_in if n_out else 0
 
 
-_Noise = tuple[torch.Tensor, torch.Tensor, int]
-"""Row pre-hashes ``[n_out]``, column pre-hashes ``[n_in]`` and lane salt of a weight's rounding noise."""
+_Noise = tuple[torch.Tensor, torch.Tensor]
+"""Row hashes ``[n_out]`` and column hashes ``[n_in]`` (16-bit) of a weight's rounding noise."""
 
 
 def _merge_prepared_(
@@ -186,9 +194,9 @@ def _merge_prepared_(
     likewise, and ``prod_buf`` is not used. Otherwise, per row chunk: ``P = V·M`` (GEMM into
     ``prod_buf``) and ``W ⊖ P``. A bf16/fp16 weight goes through the fp32 scratch ``tmp_buf``
     (three vectorised passes in cache are faster than one mixed-dtype op, which torch runs through
-    a per-element cast). With ``noise`` (bf16 only) the chunk's noise is hashed into the int32
-    ``noise_buf`` (two chunks: the hash and its scratch), added to the fp32 bit pattern, and the
-    16 bits bf16 drops are cut.
+    a per-element cast). With ``noise`` (bf16 only) the chunk's noise ``ρ_i XOR γ_j`` is formed in
+    the int32 ``noise_buf`` (one chunk), added to the fp32 bit pattern, and the 16 bits bf16 drops
+    are cut.
     """
     n_in = weight.shape[1]
     if weight.dtype == torch.float32 and fused:
@@ -217,12 +225,9 @@ def _merge_prepared_(
             torch.mm(V32_OR[start:stop], M_RI, out=prod)
             tmp.sub_(prod)
         if noise is not None:
-            row_h, col_g, salt = noise
-            half = noise_buf.numel() // 2
+            row_bits, col_bits = noise
             bits = noise_buf[: rows * n_in].view(rows, n_in)
-            scratch = noise_buf[half : half + rows * n_in].view(rows, n_in)
-            entry_hash_block_(bits, row_h[start:stop], col_g, salt, scratch)
-            bits &= 0xFFFF
+            torch.bitwise_xor(row_bits[start:stop].unsqueeze(1), col_bits.unsqueeze(0), out=bits)
             pattern = tmp.view(torch.int32)
             pattern += bits  # sign-magnitude: the magnitude's dropped bits round up with their probability
             pattern &= -65536  # what bf16 keeps: the conversion below is exact
@@ -249,7 +254,7 @@ def _workspaces_elems(weight: torch.Tensor, fused: bool, stochastic: bool, max_c
     if fp32 and fused:
         return (0, 0, 0)  # one addmm_ on the weight itself
     elems = _workspace_elems(weight.shape[0], weight.shape[1], max_chunk_elems)
-    return (0 if fused else elems, 0 if fp32 else elems, 2 * elems if stochastic else 0)
+    return (0 if fused else elems, 0 if fp32 else elems, elems if stochastic else 0)
 
 
 @torch.no_grad()

@@ -19,8 +19,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["FORMAT_VERSION", "MAGIC", "LAYOUTS", "DENSE_DTYPES", "HEADER_KEYS", "ROUNDINGS", "expected_layout",
            "check_header"]
 
-FORMAT_VERSION = 4
-"""4: a Rademacher merge subtracts ``grid(s·U)·sign(A)`` (the scale folded into the factor, so one BLAS
+FORMAT_VERSION = 5
+"""5: the stochastic-rounding noise of entry ``(i, j)`` is a row hash XOR a column hash (4 hashed every
+entry twice: the same statistics at ~25 passes over the weight more); 4: a Rademacher merge subtracts ``grid(s·U)·sign(A)`` (the scale folded into the factor, so one BLAS
 call can do the merge; 3 subtracted ``s·(U·sign(A))``: other bits); 3: the header carries the optimizer ``step``, which keys the stochastic-rounding noise (2 keyed it by
 the projection's update index, which repeats without ``logra.refresh``); 2: the header names the merge's ``rounding`` of bf16 weights (1 had
 none: always to nearest)."""

@@ -105,9 +105,10 @@ def random_delta(
     dense: Optional[dict[str, torch.Tensor]] = None,
     generator_seed: int = 0,
     layers: Optional[list[int]] = None,
+    rounding: str = "nearest",
 ) -> SketchDelta:
     """A well-formed delta with N(0, scale²) factors (``quantize_factor``) for every target (of ``layers``, default all);
-    ``step`` defaults to ``new_version``."""
+    ``step`` defaults to ``new_version``; ``rounding``: how the merge rounds bf16 weights."""
     gen = torch.Generator().manual_seed(generator_seed)
     targets = []
     for name, n_out, n_in in shape.targets():
@@ -118,5 +119,5 @@ def random_delta(
     return SketchDelta(
         base_version=base_version, new_version=new_version, seed=seed, update_index=update_index,
         step=new_version if step is None else step, rank=rank, distribution=distribution, targets=targets,
-        dense=dict(dense or {}), attention=shape.attention,
+        dense=dict(dense or {}), attention=shape.attention, rounding=rounding,
     )

@@ -95,3 +95,54 @@ def test_the_header_names_the_rounding_and_refuses_an_unknown_one():
     with pytest.raises(SyncError, match="unknown rounding 'up'") as exc:
         encode(delta)
     assert exc.value.kind == "keys"
+
+
+class _RowOnlyNoise:
+    """A deliberately broken noise (the row hash alone, the same for every column): what the second-moment
+    check below must catch."""
+
+    def __init__(self, rounding: StochasticRounding):
+        self.rounding = rounding
+
+    def parts(self, n_out, n_in, device):
+        row_bits, col_bits = self.rounding.parts(n_out, n_in, device)
+        return row_bits, torch.zeros_like(col_bits)
+
+
+def _sum_variance_ratios(make_noise, steps: int = 48, n: int = 128) -> tuple[float, float]:
+    """Observed mean square of the rounding error of row sums and of column sums of a stochastically rounded
+    bf16 merge, over what independent per-entry noise gives (``Σ f(1−f)·spacing²``); the exact value each
+    entry rounds is the fp32 merge of the same delta."""
+    # one sign and one binade (spacing 2**-7): errors of entries that share noise are then positively correlated
+    W0 = (1.25 + 0.5 * torch.rand(n, n, generator=torch.Generator().manual_seed(3))).to(torch.bfloat16)
+    observed_rows = observed_cols = expected_rows = expected_cols = 0.0
+    for step in range(steps):
+        U, A, _ = _step(step, 2e-2, n, n)  # a few spacings
+        exact = W0.float()
+        low_rank_merge_(exact, U, A)  # fp32(W0) ⊖ P: what the bf16 merge rounds
+        merged = W0.clone()
+        low_rank_merge_(merged, U, A, rounding=make_noise(StochasticRounding(9, "t", step)))
+        toward_zero = (exact.view(torch.int32) & -65536).view(torch.float32)  # the bf16 neighbour toward zero
+        away = torch.nextafter(toward_zero.to(torch.bfloat16), torch.sign(exact).to(torch.bfloat16) * float("inf"))
+        spacing = (away.double() - toward_zero.double()).abs()
+        realised = merged.double()
+        on_grid = realised == toward_zero.double()
+        assert bool((on_grid | (realised == away.double()) | (spacing == 0)).all())  # one of the two neighbours
+        frac = torch.where(spacing > 0, (exact.double() - toward_zero.double()).abs() / spacing, torch.zeros_like(spacing))
+        var = frac * (1 - frac) * spacing**2
+        err = realised - exact.double()
+        observed_rows += (err.sum(1) ** 2).sum().item()
+        observed_cols += (err.sum(0) ** 2).sum().item()
+        expected_rows += var.sum().item()
+        expected_cols += var.sum().item()
+    return observed_rows / expected_rows, observed_cols / expected_cols
+
+
+def test_rounding_errors_of_row_and_column_sums_have_the_variance_of_independent_noise():
+    """The noise ``ρ_i XOR γ_j`` is pairwise independent: the error of a row's (or a column's) sum has the
+    variance of independent per-entry rounding (SE of the ratio ~2% here), which a noise correlated along
+    rows (the row hash alone) misses by an order of magnitude."""
+    rows, cols = _sum_variance_ratios(lambda rounding: rounding)
+    assert rows == pytest.approx(1.0, abs=0.12) and cols == pytest.approx(1.0, abs=0.12)
+    broken_rows, _ = _sum_variance_ratios(_RowOnlyNoise, steps=8)
+    assert broken_rows > 5.0
