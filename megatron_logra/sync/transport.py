@@ -27,22 +27,15 @@
   ``SyncError("anchor")`` naming the full weights to reload.
 
   **Full weights.** With a refit's anchor the producer also writes the refit's full weights,
-  ``full_{version:08d}.safetensors`` (:meth:`DirectoryTransport.full_writer`, tensor by tensor;
-  atomically: temporary file, fsync, rename), and the marker's optional ``full`` entry names it
+  ``full_{version:08d}.safetensors`` (:meth:`DirectoryTransport.full_writer`; the file format is
+  :mod:`megatron_logra.sync.full_weights`), and the marker's optional ``full`` entry names it
   with its sha256; writing a marker deletes every other full-weights file, so only the newest
   anchor's is kept (and :meth:`~DirectoryTransport.prune` drops it with its anchor). Trainer ranks
   whose chains hold the same weights may share one file: a marker's ``full`` then names a sibling
-  directory's file, ``../<directory>/full_{version:08d}.safetensors`` (``sync.full_weights``). The file is
-  safetensors (no pickle): every tensor in HF names, in one dtype (the engine's), the
-  vocabulary-parallel ``embed_tokens``/``lm_head`` at the model's vocabulary (``model.vocab_size``
-  rows, as in its HF checkpoint, without the trainer's padding rows), and the metadata ``logra.full``
-  (canonical JSON ``{"format", "version", "dtype", "tensors"}``, plus ``"vocab_rows"`` when the file
-  holds a vocabulary-parallel tensor) and ``logra.full.sha256``: sha256 over
-  ``b"logra-full-weights|"``, that JSON, and then for every tensor in data order
-  ``|name|dtype|shape|`` and its raw bytes. :meth:`DirectoryTransport.load_full` checks the file's
-  shapes against the engine before the first tensor is copied (an engine with padding rows takes
-  the vocabulary as its first rows). A consumer that is refused (an
-  unverified anchor, or a ``gap`` because the deltas it needs were pruned or removed by a trainer
+  directory's file, ``../<directory>/full_{version:08d}.safetensors`` (``sync.full_weights``).
+  :meth:`DirectoryTransport.load_full` checks the file's shapes against the engine before the
+  first tensor is copied (an engine with padding rows takes the vocabulary as its first rows).
+  A consumer that is refused (an unverified anchor, or a ``gap`` because the deltas it needs were pruned or removed by a trainer
   restart) calls :meth:`DirectoryTransport.load_full`: it verifies the checksum, streams the
   tensors into the engine's ``update_weights_full``, accepts the anchor, and the engine follows
   the chain from there. A consumer remembers the anchors it verified for its lifetime (the
@@ -52,18 +45,15 @@
   (publish, then the same process's engine consumes) never refuses. A directory without anchor
   markers gets the version-chain checks only.
 
-Imports only torch, safetensors (via the codec) and the standard library; the full-weights files are
-written and read here, one tensor in memory at a time.
+Imports only torch, safetensors (via the codec) and the standard library.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
-import struct
 import uuid
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
@@ -74,7 +64,7 @@ from megatron_logra.sync.codec import SketchDelta, decode, encode
 from megatron_logra.sync.engine import DeltaConsumer, full_shape_problems
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.fingerprint import drift, fingerprint_salt
-from megatron_logra.sync.layout import VOCAB_PARALLEL
+from megatron_logra.sync.full_weights import FullWeightsReader, FullWeightsWriter, full_filename, fsync_dir
 
 logger = logging.getLogger(__name__)
 
@@ -92,14 +82,6 @@ _ANCHOR_OPTIONAL = {"full"}
 _FULL_KEYS = {"file", "sha256"}
 _SIBLING_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
-_FULL_FORMAT = "logra-full-weights/1"
-_FULL_MAGIC = b"logra-full-weights|"
-_FULL_META = "logra.full"
-_FULL_META_SHA = "logra.full.sha256"
-_PLACEHOLDER = "0" * 64
-_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-_ST_TORCH = {v: k for k, v in _ST_DTYPES.items()}
-_READ_CHUNK = 1 << 24
 
 
 def delta_filename(new_version: int) -> str:
@@ -108,10 +90,6 @@ def delta_filename(new_version: int) -> str:
 
 def anchor_filename(version: int) -> str:
     return f"anchor_{version:08d}.json"
-
-
-def full_filename(version: int) -> str:
-    return f"full_{version:08d}.safetensors"
 
 
 class InProcessTransport:
@@ -133,19 +111,6 @@ class InProcessTransport:
         version = self.engine.apply_sketch_delta(payload)
         self.num_sent += 1
         return version
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 def _valid_marker(marker: Any) -> bool:
@@ -191,268 +156,6 @@ def _write_atomically(final: Path, data: bytes) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
-
-
-class FullWeightsWriter:
-    """Writes one full-weights file ``full_<version>.safetensors`` tensor by tensor (see
-    :meth:`DirectoryTransport.full_writer`; the module docstring describes the file).
-
-    Holds one tensor at a time: the safetensors header is written first from the declared
-    ``specs`` (every name and shape, in the order the tensors will come), the data follows as
-    :meth:`add` receives it, and :meth:`finish` writes the sha256 into the header's reserved slot,
-    fsyncs and renames the temporary file into place. :meth:`add` never raises: a tensor out of
-    order, of another shape, or a failed write marks the file failed, and :meth:`finish` then
-    deletes it and returns None (logging why), so a caller streaming the tensors to an engine at
-    the same time is never interrupted.
-
-    ``vocab_rows``: the model's vocabulary (``model.vocab_size``). The vocabulary-parallel tensors
-    (``model.embed_tokens.weight``, ``lm_head.weight``) are declared and added as the trainer streams them
-    (padded rows included) and written as their first ``vocab_rows`` rows, the tensors of the model's HF
-    checkpoint, which an engine started from it holds. None writes them as they come. The header records the
-    row count written (``vocab_rows``) whenever the file holds such a tensor.
-    """
-
-    def __init__(self, directory: Path, version: int, specs: Sequence[tuple[str, Sequence[int]]],
-                 dtype: torch.dtype, vocab_rows: Optional[int] = None) -> None:
-        if dtype not in _ST_DTYPES:
-            raise SyncError("dtype", f"full weights are written in one of {sorted(map(str, _ST_DTYPES))}, got {dtype}")
-        self.version, self.dtype = int(version), dtype
-        self.final = directory / full_filename(self.version)
-        self.tmp = directory / f".{self.final.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-        self._specs = [(str(n), [int(x) for x in shape]) for n, shape in specs]
-        self._next = 0
-        self.error: Optional[str] = None
-        if len({n for n, _ in self._specs}) != len(self._specs):
-            raise SyncError("keys", f"{self.final.name}: a tensor name is listed twice")
-        if vocab_rows is not None and (isinstance(vocab_rows, bool) or not isinstance(vocab_rows, int)
-                                       or vocab_rows < 1):
-            raise SyncError("config", f"vocab_rows={vocab_rows!r} must be an int >= 1 (the model's vocabulary)")
-        self._rows: dict[str, int] = {}  # vocabulary-parallel name -> rows written
-        for name, shape in self._specs:
-            if name in VOCAB_PARALLEL and shape:
-                if vocab_rows is not None and vocab_rows > shape[0]:
-                    raise SyncError("shape", f"{self.final.name}: {name} has {shape[0]} rows, fewer than the "
-                                             f"vocabulary of {vocab_rows}")
-                self._rows[name] = shape[0] if vocab_rows is None else vocab_rows
-        self._file_shapes = [[self._rows[n], *shape[1:]] if n in self._rows else shape for n, shape in self._specs]
-        header = {"format": _FULL_FORMAT, "version": self.version, "dtype": _ST_DTYPES[dtype],
-                  "tensors": len(self._specs)}
-        if len(set(self._rows.values())) > 1:
-            raise SyncError("shape", f"{self.final.name}: the vocabulary-parallel tensors have different row "
-                                     f"counts {self._rows}")
-        if self._rows:
-            header["vocab_rows"] = next(iter(self._rows.values()))
-        self._header_json = json.dumps(header, sort_keys=True, separators=(",", ":"))
-        self._hash = hashlib.sha256(_FULL_MAGIC + self._header_json.encode())
-        elem = torch.empty((), dtype=dtype).element_size()
-        st: dict[str, Any] = {"__metadata__": {_FULL_META: self._header_json, _FULL_META_SHA: _PLACEHOLDER}}
-        offset = 0
-        for (name, _), shape in zip(self._specs, self._file_shapes):
-            size = elem * _numel(shape)
-            st[name] = {"dtype": _ST_DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + size]}
-            offset += size
-        raw = json.dumps(st, separators=(",", ":"), ensure_ascii=False).encode()
-        raw += b" " * (-len(raw) % 8)
-        slot = f'"{_FULL_META_SHA}":"{_PLACEHOLDER}"'.encode()
-        if raw.count(slot) != 1:  # pragma: no cover - names are JSON-escaped, so the slot is unique
-            raise SyncError("keys", f"{self.final.name}: cannot place the checksum in the header")
-        self._sha_at = 8 + raw.index(slot) + len(slot) - len(_PLACEHOLDER) - 1  # before the closing quote
-        self._fh: Optional[Any] = None
-        try:
-            self._fh = open(self.tmp, "w+b")
-            self._fh.write(struct.pack("<Q", len(raw)) + raw)
-        except OSError as exc:  # e.g. a full disk: the file is lost, the caller's stream goes on
-            self._fail(f"writing the header failed ({type(exc).__name__}: {exc})")
-
-    def _fail(self, why: str) -> None:
-        if self.error is None:
-            self.error = why
-
-    def add(self, name: str, tensor: torch.Tensor) -> None:
-        """Append the next tensor (as declared; cast to the file's dtype, a vocabulary-parallel one cut to the
-        file's rows); records a failure instead of raising."""
-        if self.error is not None:
-            return
-        if self._next >= len(self._specs):
-            return self._fail(f"{name}: more tensors than the {len(self._specs)} declared")
-        want, shape = self._specs[self._next]
-        if name != want or [int(x) for x in tensor.shape] != shape:
-            return self._fail(f"got {name} {list(tensor.shape)} where {want} {shape} was declared")
-        try:
-            if name in self._rows:
-                tensor, shape = tensor[: self._rows[name]], self._file_shapes[self._next]
-            t = tensor.detach().to(device="cpu", dtype=self.dtype).contiguous()
-            self._hash.update(f"|{name}|{t.dtype}|{shape}|".encode())
-            if t.numel():
-                data = memoryview(t.reshape(-1).view(torch.uint8).numpy())
-                self._hash.update(data)
-                self._fh.write(data)
-        except Exception as exc:  # noqa: BLE001 - a disk error must not interrupt the stream it taps
-            return self._fail(f"{name}: {type(exc).__name__}: {exc}")
-        self._next += 1
-
-    def finish(self) -> Optional[dict]:
-        """Complete the file and move it into place; returns ``{"file", "sha256"}`` for the anchor marker,
-        or None (nothing left behind, the reason logged) when any tensor failed or is missing."""
-        if self.error is None and self._next != len(self._specs):
-            self._fail(f"{len(self._specs) - self._next} declared tensors never came")
-        try:
-            if self.error is None:
-                digest = self._hash.hexdigest()
-                self._fh.seek(self._sha_at)
-                self._fh.write(digest.encode())
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
-                self._fh.close()
-                os.replace(self.tmp, self.final)
-                _fsync_dir(self.final.parent)
-                logger.info("full weights at version %d written to %s", self.version, self.final.name)
-                return {"file": self.final.name, "sha256": digest}
-        except OSError as exc:
-            self._fail(f"{type(exc).__name__}: {exc}")
-        finally:
-            self.abort()
-        logger.error("%s was not written (%s): an engine that reads the directory cannot reload the weights of "
-                     "this refit from it", self.final.name, self.error)
-        return None
-
-    def abort(self) -> None:
-        """Close and delete the temporary file (idempotent)."""
-        if self._fh is not None and not self._fh.closed:
-            self._fh.close()
-        self.tmp.unlink(missing_ok=True)
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for x in shape:
-        n *= int(x)
-    return n
-
-
-class _FullReader:
-    """An opened, checksum-verified full-weights file, held open while it is read. On a local POSIX
-    filesystem a producer replacing or pruning it meanwhile does not change what is read; on NFS a file
-    another node deletes (a newer refit replacing it) may fail to read with ``ESTALE``: :meth:`tensors`
-    then raises ``SyncError("unreadable")`` and an engine that had copied some tensors is at
-    ``weight_version = -1`` (``ModuleEngine.update_weights_full``), to be reloaded from the newest anchor."""
-
-    def __init__(self, path: Path, version: int, sha256: Optional[str]) -> None:
-        self.path = path
-        self.anchor: Optional[dict] = None  # the marker it was opened for (DirectoryTransport.open_full)
-        try:
-            self._fh = open(path, "rb")
-        except OSError as exc:
-            raise SyncError("unreadable", f"{path.name}: cannot be read ({type(exc).__name__}: {exc.strerror}); a "
-                                          "newer refit may have replaced it: reload the newest anchor") from None
-        try:
-            self._parse(version, sha256)
-        except BaseException:
-            self._fh.close()
-            raise
-
-    def _bad(self, what: str) -> SyncError:
-        return SyncError("malformed", f"{self.path.name}: {what}")
-
-    def _parse(self, version: int, sha256: Optional[str]) -> None:
-        size = os.fstat(self._fh.fileno()).st_size
-        prefix = self._fh.read(8)
-        if len(prefix) < 8:
-            raise SyncError("truncated", f"{self.path.name}: shorter than the 8-byte safetensors prefix")
-        (n,) = struct.unpack("<Q", prefix)
-        if 8 + n > size:
-            raise SyncError("truncated", f"{self.path.name}: the header claims {n} bytes, {size - 8} follow")
-        try:
-            st = json.loads(self._fh.read(n))
-            meta = st.pop("__metadata__")
-            header = json.loads(meta[_FULL_META])
-            claimed = meta[_FULL_META_SHA]
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise self._bad(f"not a full-weights file ({type(exc).__name__})") from None
-        if not isinstance(header, dict) or header.get("format") != _FULL_FORMAT:
-            raise self._bad(f"format {header.get('format') if isinstance(header, dict) else None!r}, "
-                            f"expected {_FULL_FORMAT!r}")
-        if header.get("version") != version:
-            raise self._bad(f"holds version {header.get('version')!r}, expected {version}")
-        dtype = _ST_TORCH.get(header.get("dtype"))
-        if dtype is None or header.get("tensors") != len(st):
-            raise self._bad("header does not describe the tensors")
-        vocab_rows = header.get("vocab_rows")
-        if vocab_rows is not None and (isinstance(vocab_rows, bool) or not isinstance(vocab_rows, int)
-                                       or vocab_rows < 1):
-            raise self._bad(f"vocab_rows {vocab_rows!r} is not a row count")
-        entries = []
-        try:
-            for name, info in st.items():
-                if info["dtype"] != header["dtype"]:
-                    raise self._bad(f"{name} is {info['dtype']}, the file is {header['dtype']}")
-                shape = [int(x) for x in info["shape"]]
-                start, stop = (int(x) for x in info["data_offsets"])
-                entries.append((start, stop, name, shape))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise self._bad(f"malformed tensor entry ({exc!r})") from None
-        entries.sort()
-        elem, at = torch.empty((), dtype=dtype).element_size(), 0
-        for start, stop, name, shape in entries:
-            if start != at or stop - start != elem * _numel(shape):
-                raise self._bad(f"{name}: data offsets [{start}, {stop}) do not follow the previous tensor")
-            at = stop
-        if 8 + n + at != size:
-            raise SyncError("truncated" if 8 + n + at > size else "malformed",
-                            f"{self.path.name}: {size - 8 - n} data bytes, the header describes {at}")
-        for start, stop, name, shape in entries:
-            if name in VOCAB_PARALLEL and shape and vocab_rows is not None and shape[0] != vocab_rows:
-                raise self._bad(f"{name} has {shape[0]} rows, the header says vocab_rows {vocab_rows}")
-        self.version, self.dtype, self.data_start, self.vocab_rows = version, dtype, 8 + n, vocab_rows
-        self.entries = [(name, shape, start, stop) for start, stop, name, shape in entries]
-        h = hashlib.sha256(_FULL_MAGIC + meta[_FULL_META].encode())
-        for name, shape, start, stop in self.entries:  # pass 1: the checksum, in chunks
-            h.update(f"|{name}|{dtype}|{shape}|".encode())
-            self._fh.seek(self.data_start + start)
-            left = stop - start
-            while left:
-                chunk = self._fh.read(min(left, _READ_CHUNK))
-                if not chunk:
-                    raise SyncError("truncated", f"{self.path.name}: ends inside {name}")
-                h.update(chunk)
-                left -= len(chunk)
-        if h.hexdigest() != claimed:
-            raise SyncError("checksum", f"{self.path.name}: sha256 mismatch (the file says {str(claimed)[:16]}…, its "
-                                        f"content hashes to {h.hexdigest()[:16]}…)")
-        if sha256 is not None and claimed != sha256:
-            raise SyncError("anchor", f"{self.path.name} is not the file of this anchor (sha256 {claimed[:16]}…, the "
-                                      f"marker names {sha256[:16]}…): a newer refit replaced it; reload the newest "
-                                      "anchor")
-
-    def shapes(self) -> dict[str, list[int]]:
-        return {name: shape for name, shape, _, _ in self.entries}
-
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(HF name, tensor)`` in file order, one tensor in memory at a time (fresh CPU tensors)."""
-        for name, shape, start, stop in self.entries:
-            if stop == start:
-                yield name, torch.empty(shape, dtype=self.dtype)
-                continue
-            buf = bytearray(stop - start)
-            try:
-                self._fh.seek(self.data_start + start)
-                got = self._fh.readinto(buf)
-            except OSError as exc:
-                raise SyncError("unreadable", f"{self.path.name}: reading {name} failed ({type(exc).__name__}: "
-                                              f"{exc.strerror}); a newer refit may have replaced it: reload the "
-                                              "newest anchor") from None
-            if got != len(buf):
-                raise SyncError("truncated", f"{self.path.name}: ends inside {name}")
-            yield name, torch.frombuffer(buf, dtype=self.dtype).reshape(shape)
-
-    def close(self) -> None:
-        self._fh.close()
-
-    def __enter__(self) -> "_FullReader":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 class DirectoryTransport:
@@ -515,7 +218,7 @@ class DirectoryTransport:
         """Versions of the full-weights files in the directory, ascending."""
         return sorted(int(m.group(1)) for m in map(_FULL_RE.match, os.listdir(self.dir)) if m)
 
-    def open_full(self, version: Optional[int] = None) -> "_FullReader":
+    def open_full(self, version: Optional[int] = None) -> "FullWeightsReader":
         """Consumer: open and verify (sha256, and that it is the file the anchor marker names) the full-weights
         file of the anchor at ``version`` (None: the newest anchor). Returns a context manager whose
         ``tensors()`` yields ``(HF name, tensor)`` one at a time and ``shapes()`` lists them, for engines that
@@ -530,7 +233,7 @@ class DirectoryTransport:
                                       f"{self.dir} (the producer wrote none, e.g. a chain start before its first "
                                       "refit or a failed write): reload the trainer's weights at that version by other "
                                       f"means and call accept_anchor({anchor['version']})")
-        reader = _FullReader(self._full_path(full), anchor["version"], full["sha256"])
+        reader = FullWeightsReader(self._full_path(full), anchor["version"], full["sha256"])
         reader.anchor = anchor
         return reader
 
@@ -643,7 +346,7 @@ class DirectoryTransport:
                                       f"weights be {{'file': {full_filename(version)!r} (or "
                                       f"'../<directory>/{full_filename(version)}'), 'sha256': hex}}")
         _write_atomically(self.dir / anchor_filename(version), json.dumps(marker, sort_keys=True).encode())
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         if own_engine:
             self._verified.add(marker["epoch"])
         own = full is not None and full["file"] == full_filename(version)
@@ -757,7 +460,7 @@ class DirectoryTransport:
         finally:
             if tmp.exists():
                 tmp.unlink()
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         logger.info("published %s (%d bytes)", final.name, len(data))
         return final
 
