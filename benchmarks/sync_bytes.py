@@ -38,6 +38,7 @@ engine receives it.
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import statistics
 import sys
@@ -250,8 +251,10 @@ class BaselineError(Exception):
     """``--baseline-rev`` cannot be loaded: the message says why (git's own words where git refused)."""
 
 
-def _load_baseline(rev: str) -> Callable[..., int]:
-    """``apply_delta_`` as of git revision ``rev`` (projection, factors and apply from that commit, the rest current).
+def _load_baseline(rev: str) -> Callable[[], Callable[..., int]]:
+    """A factory of ``apply_delta_`` as of git revision ``rev`` (projection, factors and apply from that commit, the
+    rest current); each call gives one with a fresh projection cache where that revision has one, so it is timed as
+    an engine runs it, like the current apply.
 
     Raises :class:`BaselineError` (one line, with git's message) when ``rev`` is not a revision of this
     checkout, lacks one of the files, or its modules do not import; the scratch directory is then removed
@@ -279,7 +282,8 @@ def _load_baseline(rev: str) -> Callable[..., int]:
             (tmp / f"{mod}.py").write_text(text)
         sys.path.insert(0, str(tmp))
         try:
-            fn = importlib.import_module("baseline_apply").apply_delta_
+            module = importlib.import_module("baseline_apply")
+            fn = module.apply_delta_
         except (ImportError, AttributeError) as exc:
             sys.path.remove(str(tmp))
             raise BaselineError(f"the modules at {rev!r} do not provide apply_delta_: {type(exc).__name__}: {exc}") \
@@ -288,11 +292,19 @@ def _load_baseline(rev: str) -> Callable[..., int]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-    return fn
+    cache_cls = getattr(module, "ProjectionCache", None)
+    if cache_cls is None or "cache" not in inspect.signature(fn).parameters:
+        return lambda: fn
+
+    def with_cache() -> Callable[..., int]:  # as the current apply is timed: with the engine's projection cache
+        cache = cache_cls()
+        return lambda weights, delta, version: fn(weights, delta, version, cache=cache)
+
+    return with_cache
 
 
 def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, rounding: str, repeats: int,
-              threads: int, baseline: Optional[Callable[..., int]] = None) -> tuple[str, dict]:
+              threads: int, baseline_factory: Optional[Callable[[], Callable[..., int]]] = None) -> tuple[str, dict]:
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
     weights = {k: (torch.randn(*s, generator=gen) * 0.02).to(dtype) for k, s in shape.hf_shapes().items()}
@@ -308,6 +320,7 @@ def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, roun
     cache = ProjectionCache()  # as an engine keeps it: sign(A) regenerated when the projection changes
     fns = {"copy": copy_all, "apply": lambda: apply_delta_(weights, decoded, decoded.base_version, cache=cache),
            "cold": lambda: apply_delta_(weights, decoded, decoded.base_version)}
+    baseline = baseline_factory() if baseline_factory is not None else None
     if baseline is not None:
         check = {k: v.clone() for k, v in weights.items()}
         baseline(check, decoded, decoded.base_version)

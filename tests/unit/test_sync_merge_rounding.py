@@ -146,3 +146,24 @@ def test_rounding_errors_of_row_and_column_sums_have_the_variance_of_independent
     assert rows == pytest.approx(1.0, abs=0.12) and cols == pytest.approx(1.0, abs=0.12)
     broken_rows, _ = _sum_variance_ratios(_RowOnlyNoise, steps=8)
     assert broken_rows > 5.0
+
+
+def test_bf16_merges_are_the_same_bits_for_any_chunking_and_thread_count():
+    """The CPU chunk follows the thread count (``chunk_elems``): a trainer and an engine running different
+    thread counts must still merge the same bits, to nearest and stochastically."""
+    n_out, n_in = 300, 160
+    U, A, _ = _step(5, 5e-3, n_out, n_in)
+    W0 = torch.randn(n_out, n_in, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    threads = torch.get_num_threads()
+    for rounding in (None, StochasticRounding(7, "t", 5)):
+        results = []
+        try:
+            for num_threads, chunk in ((1, None), (2, None), (1, 16 * n_in), (2, 7 * 16 * n_in), (1, 1 << 22)):
+                torch.set_num_threads(num_threads)
+                W = W0.clone()
+                low_rank_merge_(W, U, A, rounding=rounding, max_chunk_elems=chunk)
+                results.append(W)
+        finally:
+            torch.set_num_threads(threads)
+        assert not torch.equal(results[0], W0)
+        assert all(torch.equal(r, results[0]) for r in results[1:])
