@@ -31,7 +31,7 @@ import torch
 from megatron_logra.sketch.naming import canonical_name
 
 __all__ = ["DISTRIBUTIONS", "projection", "rademacher_projections", "projection_key", "hash_u32", "shared_projections",
-           "entry_hash_parts", "entry_hash_block_"]
+           "entry_hash_parts", "entry_hash_parts_many", "entry_hash_block_"]
 
 DISTRIBUTIONS = ("rademacher", "gaussian")
 
@@ -118,24 +118,46 @@ def entry_hash_parts(
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The per-row and per-column pre-hashes of :func:`_entry_hash_i32` (int32 ``[R]``, ``[C]``) and its
     lane salt: what :func:`entry_hash_block_` combines into any block of entries. Indices must be < 2**31.
+    (:func:`entry_hash_parts_many` with one key.)"""
+    (row_h,), (col_g,) = entry_hash_parts_many([key], [rows], [cols], lane)
+    return row_h, col_g, (lane * _GOLDEN) & _MASK32
 
-    The row and column pre-hashes run as one vector (few ops: the per-call overhead matters
-    for engines that regenerate hundreds of small projections per update).
-    """
-    k0, k1, k2, k3 = key
+
+def entry_hash_parts_many(
+    keys: Sequence[tuple[int, int, int, int]], rows: Sequence[torch.Tensor], cols: Sequence[torch.Tensor], lane: int,
+    *, low_bits: Optional[int] = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """:func:`entry_hash_parts` of several keys at once: the row pre-hashes of each key's ``rows`` and the
+    column pre-hashes of its ``cols`` (int32, on the device of ``rows[0]``). They run as one vector whose key
+    words are per element: a dozen ops in all rather than a dozen per key, which is what the rounding noise
+    of hundreds of weights, or hundreds of small projections, costs in dispatches and kernel launches.
+    ``low_bits``: keep only that many low bits of every pre-hash."""
+    if not (len(keys) == len(rows) == len(cols)) or not keys:
+        raise ValueError(f"expected as many keys, row and column vectors (at least one), got "
+                         f"{len(keys)}, {len(rows)}, {len(cols)}")
     lane_salt = (lane * _GOLDEN) & _MASK32
-    R = rows.numel()
-    rc = torch.cat([rows, cols]).to(torch.int32)  # [R + C]
-    rc[:R] ^= _i32(k0)
-    rc[R:] ^= _i32(k2)
+    device = rows[0].device
+    sizes = [r.numel() for r in rows] + [c.numel() for c in cols]
+    R = sum(sizes[: len(keys)])
+    rc = torch.cat([t.to(device=device, dtype=torch.int32) for t in (*rows, *cols)])  # [R + C]
+
+    def words(row_words: list[int], col_words: list[int]) -> torch.Tensor:
+        """One int32 word per element of ``rc``: each key's word over its rows, then over its columns."""
+        w = torch.tensor(row_words + col_words, dtype=torch.int32, device=device)
+        if len(keys) == 1:
+            return torch.cat([w[:1].expand(R), w[1:].expand(rc.numel() - R)])
+        return w.repeat_interleave(torch.tensor(sizes, device=device), output_size=rc.numel())
+
     tmp = torch.empty_like(rc)
+    rc ^= words([_i32(k[0]) for k in keys], [_i32(k[2]) for k in keys])
     _hash_i32_(rc, tmp)
-    rc[:R] ^= _i32(k1 ^ lane_salt)
-    rc[R:] ^= _i32(k3)
+    rc ^= words([_i32(k[1] ^ lane_salt) for k in keys], [_i32(k[3]) for k in keys])
     _hash_i32_(rc, tmp)
-    row_h, col_g = rc[:R], rc[R:]
-    col_g.mul_(_i32(_GOLDEN))
-    return row_h, col_g, lane_salt
+    rc[R:].mul_(_i32(_GOLDEN))
+    if low_bits is not None:
+        rc &= (1 << low_bits) - 1
+    parts = rc.split(sizes)
+    return list(parts[: len(keys)]), list(parts[len(keys) :])
 
 
 def entry_hash_block_(out: torch.Tensor, row_h: torch.Tensor, col_g: torch.Tensor, lane_salt: int,

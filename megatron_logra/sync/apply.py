@@ -68,7 +68,7 @@ import torch
 
 from megatron_logra.sketch.naming import canonical_name
 from megatron_logra.sketch.random_projection import (
-    entry_hash_parts,
+    entry_hash_parts_many,
     projection,
     projection_key,
     rademacher_projections,
@@ -93,7 +93,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "low_rank_merge_", "merge_row_chunks", "quantize_factor", "off_grid_rows", "rademacher_scale",
     "validate", "apply_delta_", "check_version", "chunk_elems", "MERGE_DTYPES", "StochasticRounding",
-    "shard_rows", "ProjectionCache",
+    "shard_rows", "ProjectionCache", "noise_parts",
 ]
 
 MERGE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -153,14 +153,24 @@ class StochasticRounding:
     def parts(self, n_out: int, n_in: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The row hashes ``ρ`` ``[n_out]`` and column hashes ``γ`` ``[n_in]`` (int32 in ``[0, 2^16)``) of the
         noise ``ρ_i XOR γ_j`` of an ``[n_out, n_in]`` weight (small; computed before any write)."""
-        rows = torch.arange(n_out, device=device) if self.rows is None else self.rows
-        if rows.numel() != n_out:
-            raise ValueError(f"{self.target}: {rows.numel()} canonical rows for a weight of {n_out} rows")
-        key = projection_key(self.seed, f"{self.target}#merge-rounding", self.step)
-        cols = torch.arange(self.col_start, self.col_start + n_in, device=device)
-        row_h, col_g, _ = entry_hash_parts(key, rows.to(device=device, dtype=torch.int64), cols, _ROUNDING_LANE)
-        # both are murmur-finalised (col_g times an odd constant: a bijection of the low 16 bits)
-        return row_h & 0xFFFF, col_g & 0xFFFF
+        return noise_parts([self], [(n_out, n_in)], device)[0]
+
+
+def noise_parts(roundings: list[StochasticRounding], shapes: list[tuple[int, int]], device: torch.device
+                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:meth:`StochasticRounding.parts` of several weights on one device, computed together (a dozen ops in
+    all: an apply rounds hundreds of weights)."""
+    keys, rows, cols = [], [], []
+    for rounding, (n_out, n_in) in zip(roundings, shapes, strict=True):
+        r = torch.arange(n_out, device=device) if rounding.rows is None else rounding.rows.to(device)
+        if r.numel() != n_out:
+            raise ValueError(f"{rounding.target}: {r.numel()} canonical rows for a weight of {n_out} rows")
+        keys.append(projection_key(rounding.seed, f"{rounding.target}#merge-rounding", rounding.step))
+        rows.append(r)
+        cols.append(torch.arange(rounding.col_start, rounding.col_start + n_in, device=device))
+    # both are murmur-finalised (columns times an odd constant: a bijection of the low 16 bits)
+    row_bits, col_bits = entry_hash_parts_many(keys, rows, cols, _ROUNDING_LANE, low_bits=16)
+    return list(zip(row_bits, col_bits))
 
 
 def shard_rows(n_out_local: int, tp_rank: int, tp_size: int, stride: int = 1) -> torch.Tensor:
@@ -506,6 +516,23 @@ def _scaled_factors(factors: list, weights: dict[str, torch.Tensor], scale: Opti
     return out  # type: ignore[return-value]
 
 
+def _noises(delta: SketchDelta, factors: list, weights: dict[str, torch.Tensor]) -> list[Optional[_Noise]]:
+    """Each factor's rounding noise (None: its weight is not rounded stochastically), per device in one go."""
+    out: list[Optional[_Noise]] = [None] * len(factors)
+    if delta.rounding != "stochastic":
+        return out
+    by_device: dict[torch.device, list[int]] = {}
+    for i, f in enumerate(factors):
+        if weights[f.param].dtype == torch.bfloat16:
+            by_device.setdefault(weights[f.param].device, []).append(i)
+    for device, idx in by_device.items():
+        roundings = [StochasticRounding(delta.seed, factors[i].target, delta.step, factors[i].rows,
+                                        factors[i].cols.start if factors[i].cols is not None else 0) for i in idx]
+        for i, parts in zip(idx, noise_parts(roundings, [tuple(weights[factors[i].param].shape) for i in idx], device)):
+            out[i] = parts
+    return out
+
+
 @torch.no_grad()
 def apply_delta_(
     weights: dict[str, torch.Tensor],
@@ -535,12 +562,9 @@ def apply_delta_(
         V32 = _scaled_factors(factors, weights, scale)
         staged = []
         need: dict[torch.device, list[int]] = {}
-        for f, v, m in zip(factors, V32, M_RI):
+        noises = _noises(delta, factors, weights)
+        for f, v, m, noise in zip(factors, V32, M_RI, noises):
             w = weights[f.param]
-            noise = None
-            if delta.rounding == "stochastic" and w.dtype == torch.bfloat16:
-                noise = StochasticRounding(delta.seed, f.target, delta.step, f.rows,
-                                           f.cols.start if f.cols is not None else 0).parts(*w.shape, w.device)
             elems = chunk_elems(w.device, max_chunk_elems)
             fused = _fused(w, delta.rank, delta.distribution, elems)
             staged.append((w, v, m, noise, fused, elems))

@@ -167,3 +167,35 @@ def test_bf16_merges_are_the_same_bits_for_any_chunking_and_thread_count():
             torch.set_num_threads(threads)
         assert not torch.equal(results[0], W0)
         assert all(torch.equal(r, results[0]) for r in results[1:])
+
+
+@pytest.mark.parametrize("layout,tp", [("hf", 1), ("sglang", 1), ("sglang", 2)])
+def test_a_stochastic_apply_rounds_every_engine_weight_as_the_trainer_merges_its_canonical_rows(layout, tp):
+    """``apply_delta_`` draws the noise of all its weights together; each engine weight (a piece of a fused or
+    split target, a TP shard) must still get the bits of the one-target merge the trainer runs on it with the
+    weight's canonical rows and first column."""
+    from megatron_logra.sync.apply import apply_delta_
+    from megatron_logra.sync.layout import plan_for
+    from megatron_logra.sync.synthetic import DenseShape, random_delta
+
+    shape = DenseShape(hidden=32, layers=2, heads=4, kv_heads=2, ffn=48, vocab=40)
+    delta = random_delta(shape, 8, seed=3, step=11, scale=2e-3, rounding="stochastic")
+    gen = torch.Generator().manual_seed(0)
+    for tp_rank in range(tp):
+        plan = plan_for(delta, layout, tp, tp_rank)
+        weights = {f.param: torch.randn(f.U_OR.shape[0], len(f.cols) if f.cols is not None else f.n_in,
+                                        generator=gen).to(torch.bfloat16) for f in plan.factors}
+        before = {k: v.clone() for k, v in weights.items()}
+        apply_delta_(weights, delta, 0, layout=layout, tp_size=tp, tp_rank=tp_rank)
+        for f in plan.factors:
+            A = projection(delta.seed, f.target, delta.update_index, delta.rank, f.n_in)
+            col_start = f.cols.start if f.cols is not None else 0
+            if f.cols is not None:
+                A = A[:, f.cols.start : f.cols.stop]
+            expect = before[f.param].clone()
+            low_rank_merge_(expect, f.U_OR, A, rounding=StochasticRounding(delta.seed, f.target, delta.step,
+                                                                            f.rows, col_start))
+            nearest = before[f.param].clone()
+            low_rank_merge_(nearest, f.U_OR, A)
+            assert torch.equal(weights[f.param], expect), f.param
+            assert not torch.equal(expect, nearest), f.param  # the noise decided some entries
