@@ -30,6 +30,7 @@ BAD = [
     ("benchmarks/sync_bytes.py", ["--device", "bogus"], "--device"),
     ("benchmarks/sync_bytes.py", ["--device", "cpu", "--device-models", "foo"], "--device-models"),
     ("benchmarks/bf16_rounding.py", ["--steps", "0", "--run-root", "{tmp}/bf16"], "--steps"),
+    ("benchmarks/bf16_rounding.py", ["--seeds", "1,1", "--run-root", "{tmp}/bf16"], "--seeds"),
     ("tools/make_warm_start.py", ["--out", "{tmp}/ws", "logra.rank=abc"], "logra.rank"),
     ("benchmarks/rl_parity.py", ["--seeds", "1", "--steps", "1", "--run-root", "{tmp}/rlp", "logra.rank=abc"],
      "logra.rank"),
