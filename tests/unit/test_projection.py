@@ -558,3 +558,27 @@ def test_batched_rademacher_projections_fall_back_off_the_fast_path(monkeypatch)
     monkeypatch.setattr(rp, "_fast_path", lambda device: False)
     batch = rp.rademacher_projections(3, ["a", "b"], 0, 8, 64, cols=range(8, 40))
     assert torch.equal(batch[1], rp.projection(3, "b", 0, 8, 64, cols=range(8, 40)))
+
+
+def test_batched_entry_pre_hashes_equal_the_int64_reference_per_key():
+    """``entry_hash_parts_many`` (the rounding noise of many weights at once) gives, for every key, the
+    pre-hashes whose combination is the int64 reference hash of every entry (``_entry_hash``, the
+    non-CPU path), empty row or column sets included; mismatched inputs are refused."""
+    from megatron_logra.sketch.random_projection import (
+        _entry_hash, entry_hash_block_, entry_hash_parts_many, projection_key)
+
+    keys = [projection_key(s, f"model.layers.{s}.mlp.down_proj", 3) for s in range(4)]
+    rows = [torch.arange(5, 40), torch.tensor([7, 3, 1000, 2]), torch.arange(0), torch.arange(9)]
+    cols = [torch.arange(20, 52), torch.arange(3), torch.arange(6), torch.arange(0)]
+    lane = 3
+    row_h, col_g = entry_hash_parts_many(keys, rows, cols, lane)
+    lane_salt = (lane * 0x9E3779B9) & 0xFFFFFFFF
+    for k, r, c, rh, cg in zip(keys, rows, cols, row_h, col_g):
+        assert rh.shape == r.shape and cg.shape == c.shape
+        out = torch.empty(len(r), len(c), dtype=torch.int32)
+        entry_hash_block_(out, rh, cg, lane_salt, torch.empty_like(out))
+        assert torch.equal(out.long() & 0xFFFFFFFF, _entry_hash(k, r.long(), c.long(), lane))
+    low_r, low_c = entry_hash_parts_many(keys, rows, cols, lane, low_bits=16)
+    assert all(torch.equal(a, b & 0xFFFF) for a, b in zip(low_r + low_c, row_h + col_g))
+    with pytest.raises(ValueError, match="as many keys"):
+        entry_hash_parts_many(keys, rows[:3], cols, lane)
