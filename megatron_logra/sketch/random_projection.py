@@ -140,13 +140,12 @@ def entry_hash_parts_many(
     sizes = [r.numel() for r in rows] + [c.numel() for c in cols]
     R = sum(sizes[: len(keys)])
     rc = torch.cat([t.to(device=device, dtype=torch.int32) for t in (*rows, *cols)])  # [R + C]
+    counts = torch.tensor(sizes, device=device)
 
     def words(row_words: list[int], col_words: list[int]) -> torch.Tensor:
         """One int32 word per element of ``rc``: each key's word over its rows, then over its columns."""
         w = torch.tensor(row_words + col_words, dtype=torch.int32, device=device)
-        if len(keys) == 1:
-            return torch.cat([w[:1].expand(R), w[1:].expand(rc.numel() - R)])
-        return w.repeat_interleave(torch.tensor(sizes, device=device), output_size=rc.numel())
+        return w.repeat_interleave(counts, output_size=rc.numel())
 
     tmp = torch.empty_like(rc)
     rc ^= words([_i32(k[0]) for k in keys], [_i32(k[2]) for k in keys])
