@@ -53,9 +53,9 @@ from megatron_logra.bench.report import cpu_model
 from megatron_logra.sync import apply_delta_, decode, encode, validate
 from megatron_logra.sync.apply import (
     ProjectionCache,
-    StochasticRounding,
     _fused,
     _merge_prepared_,
+    _noises,
     _projection_matrices,
     _scaled_factors,
     _workspaces_elems,
@@ -212,13 +212,8 @@ def _merge_pieces(weights: dict[str, torch.Tensor], delta: SketchDelta) -> dict[
     M_RI, scale = _projection_matrices(delta, plan.factors, weights)
     V32 = _scaled_factors(plan.factors, weights, scale)
     elems = chunk_elems(torch.device("cpu"))
-    staged = []
-    for f, v, m in zip(plan.factors, V32, M_RI):
-        w = weights[f.param]
-        noise = None
-        if delta.rounding == "stochastic" and w.dtype == torch.bfloat16:
-            noise = StochasticRounding(delta.seed, f.target, delta.step, f.rows).parts(*w.shape, w.device)
-        staged.append((w, v, m, _fused(w, delta.rank, delta.distribution, elems), noise))
+    staged = [(weights[f.param], v, m, _fused(weights[f.param], delta.rank, delta.distribution, elems), noise)
+              for f, v, m, noise in zip(plan.factors, V32, M_RI, _noises(delta, plan.factors, weights))]
     need = [max(_workspaces_elems(w, fz, nz is not None, elems)[j] for w, _, _, fz, nz in staged) for j in range(3)]
     prod_buf, tmp_buf = torch.empty(need[0]), torch.empty(need[1])
     noise_buf = torch.empty(need[2], dtype=torch.int32)
