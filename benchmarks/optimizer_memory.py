@@ -51,6 +51,7 @@ from megatron_logra.memory.measure import (  # noqa: E402
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
+from megatron_logra.bench.report import cpu_model  # noqa: E402
 from megatron_logra.bench.optimizer_memory_report import (  # noqa: E402
     NOTES, OPTIMIZERS, detail_lines, markdown, print_table, summarize, verdict_lines, verdicts,
 )
@@ -594,6 +595,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "runtime_s": runtime,
         "torch": torch.__version__,
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
         "threads": args.threads,
         "micro_batch": args.micro_batch,
         "seq": args.seq,

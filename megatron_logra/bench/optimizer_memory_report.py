@@ -4,7 +4,6 @@ targets each row is judged against, and the markdown report. Pure functions of t
 
 from __future__ import annotations
 
-import os
 import statistics
 
 OPTIMIZERS = ("adam", "logra_fp32", "logra_bf16")
@@ -188,6 +187,13 @@ def detail_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _machine(meta: dict) -> str:
+    """Where the run was measured, from its record (runs recorded before the CPU was kept say so)."""
+    if "cpus" not in meta:
+        return "(machine not recorded)."
+    return f"on {meta['cpus']} CPUs ({meta.get('cpu', 'model not recorded')})."
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     header, body = table_rows(rows)
     out = [
@@ -200,7 +206,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         + ("Child processes reused across sizes (RSS baseline of a size = RSS after the previous size was freed). "
            if meta["reuse_processes"] else "Fresh child processes per size. ")
         + f"Load average (1 min) at start / end: {meta['load_avg_start'][0]:.1f} / {meta['load_avg_end'][0]:.1f} "
-        f"on {os.cpu_count()} CPUs.",
+        + _machine(meta),
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",

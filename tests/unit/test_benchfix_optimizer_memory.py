@@ -89,3 +89,19 @@ def test_a_failing_child_is_one_line_with_its_log_kept(om, tmp_path):
         assert "Traceback (most recent call last)" in saved.read_text()
     finally:
         saved.unlink()
+
+
+def test_the_report_names_the_machine_it_was_measured_on_not_the_one_rendering_it(monkeypatch):
+    """A stored run re-rendered elsewhere keeps its own CPU count and model; runs stored before the machine was
+    recorded say so instead of borrowing the renderer's."""
+    import json
+
+    from megatron_logra.bench import optimizer_memory_report as report
+
+    saved = json.loads((ROOT / "benchmarks" / "results" / "optimizer_memory.json").read_text())
+    monkeypatch.setattr("os.cpu_count", lambda: 96)
+    meta = {**saved["meta"], "cpus": 2, "cpu": "Some CPU"}
+    text = report.markdown(saved["rows"], meta)
+    assert "on 2 CPUs (Some CPU)." in text and "96" not in text.split("\n\n")[1]
+    old = {k: v for k, v in saved["meta"].items() if k not in ("cpus", "cpu")}
+    assert "(machine not recorded)." in report.markdown(saved["rows"], old)
