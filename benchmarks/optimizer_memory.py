@@ -53,13 +53,12 @@ REPO = HERE.parent
 
 from megatron_logra.bench.report import cpu_model  # noqa: E402
 from megatron_logra.bench.optimizer_memory_report import (  # noqa: E402
-    NOTES, OPTIMIZERS, detail_lines, markdown, print_table, summarize, verdict_lines, verdicts,
+    MiB, NOTES, OPTIMIZERS, detail_lines, markdown, print_table, summarize, verdict_lines, verdicts,
 )
 
 FULL_SIZES = [(256, 2), (512, 1), (1024, 1)]
 QUICK_SIZES = [(64, 1), (128, 1), (256, 1)]
 
-MiB = 1024 * 1024
 
 
 # ======================================================================== utilities (both sides)
