@@ -11,7 +11,7 @@ integer multiple of ``q_i`` below ``2^24·q_i``: exactly representable in fp32.
 
     rademacher (A = s·B, B = ±1, s = fp32(1/sqrt(r))):
         V = grid(s ⊙ U)             # scaled_factor: one fp32 product per entry, rows back on the exact-sum grid
-        P = mm_fp32(V, B)           # exact (any order, any blocking, TF32 too)
+        P = mm_fp32(V, B)           # exact (any order, any blocking; IEEE fp32: never TF32 or bf16)
     gaussian:
         V = U, P = mm_fp32(U, A)    # ordinary fp32 GEMM (bits depend on the kernel)
     fp32 W:       W = (decay ⊙ W) ⊖ P                         (in place)
@@ -42,7 +42,9 @@ fp16 weights are rounded to nearest either way.
 ``decay == 1``. With Rademacher projections (the default) the result is therefore the same
 bits for any split of U's rows or A's columns over tensor-parallel ranks, any chunking, any
 BLAS and any device: trainer and engine weights stay bitwise equal. With Gaussian projections
-that holds only where both sides run the same GEMM shapes on the same kind of device.
+that holds only where both sides run the same GEMM shapes on the same kind of device. Both merge
+entry points run their GEMMs in IEEE fp32 whatever matmul precision the process chose (TF32 or bf16
+would round ``V`` inside the GEMM; :mod:`megatron_logra.sync.precision`).
 
 ``apply_delta_`` validates the whole delta first (versions, names, shapes, dtypes,
 finiteness, factors on the exact-sum grid), then prepares every projection, scaled factor ``V``
@@ -87,6 +89,7 @@ from megatron_logra.sync.factors import (
 )
 from megatron_logra.sync.fused import fused_merge_ok
 from megatron_logra.sync.layout import EnginePlan, plan_for
+from megatron_logra.sync.precision import ieee_fp32_matmul
 
 logger = logging.getLogger(__name__)
 
@@ -275,6 +278,7 @@ def _workspaces_elems(weight: torch.Tensor, fused: bool, stochastic: bool, max_c
 
 
 @torch.no_grad()
+@ieee_fp32_matmul()
 def low_rank_merge_(
     weight: torch.Tensor,
     U_OR: torch.Tensor,
@@ -534,6 +538,7 @@ def _noises(delta: SketchDelta, factors: list, weights: dict[str, torch.Tensor])
 
 
 @torch.no_grad()
+@ieee_fp32_matmul()
 def apply_delta_(
     weights: dict[str, torch.Tensor],
     delta: SketchDelta,

@@ -27,6 +27,8 @@ from typing import Callable
 
 import torch
 
+from megatron_logra.sync.precision import ieee_fp32_matmul
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["fused_merge_ok", "agrees", "FUSED_ENV", "MAX_CHECK_ELEMS", "MIN_SIDE"]
@@ -122,7 +124,7 @@ def fused_merge_ok(device: torch.device, n_out: int, n_in: int, rank: int) -> bo
     with _lock:
         verdict = _verdicts.get(key)
         if verdict is None:
-            with torch.no_grad():
+            with torch.no_grad(), ieee_fp32_matmul():  # as the merge runs it
                 verdict = agrees(key[0], n_in, rank)
             _verdicts[key] = verdict
             if not verdict:

@@ -50,3 +50,34 @@ def test_the_fp32_merge_is_the_same_bits_on_cuda_and_the_cpu_fused_kernel(rank, 
     low_rank_merge_(gpu, U.cuda(), A.cuda(), decay=decay)
     assert not torch.equal(cpu, W)
     assert torch.equal(gpu.cpu(), cpu)
+
+
+def test_the_merge_is_exact_on_cuda_with_tf32_matmuls_allowed():
+    """A process that allows TF32 (``set_float32_matmul_precision("high")``) would round ``V`` to 10
+    mantissa bits inside cuBLAS; the merge must still give the CPU's IEEE bits, and hand the process its
+    TF32 setting back."""
+    from megatron_logra.sketch.random_projection import projection
+    from megatron_logra.sync.apply import low_rank_merge_
+    from megatron_logra.sync.factors import quantize_factor, rademacher_scale, rademacher_signs, scaled_factor
+
+    gen = torch.Generator().manual_seed(5)
+    n_out, n_in, rank = 2048, 2048, 32
+    W = torch.randn(n_out, n_in, generator=gen) * 0.02
+    U = quantize_factor(1e-3 * torch.randn(n_out, rank, generator=gen))
+    A = projection(9, "model.layers.2.mlp.down_proj", 0, rank, n_in)
+    V = scaled_factor(U, rademacher_scale(rank)).cuda()
+    B = rademacher_signs(A)[0].cuda()
+    before = torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    try:
+        tf32_product = V @ B
+        exact = (V.double() @ B.double()).float()
+        cpu, gpu = W.clone(), W.cuda()
+        low_rank_merge_(cpu, U, A)
+        low_rank_merge_(gpu, U.cuda(), A.cuda())
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        if torch.equal(tf32_product, exact):
+            pytest.skip("this GPU computes fp32 matmuls in IEEE even with TF32 allowed (pre-Ampere)")
+        assert torch.equal(gpu.cpu(), cpu)
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
