@@ -51,17 +51,9 @@ import torch
 from megatron_logra.argtypes import positive_int
 from megatron_logra.bench.report import cpu_model
 from megatron_logra.sync import apply_delta_, decode, encode, validate
-from megatron_logra.sync.apply import (
-    ProjectionCache,
-    _fused,
-    _merge_prepared_,
-    _noises,
-    _projection_matrices,
-    _scaled_factors,
-    _workspaces_elems,
-    chunk_elems,
-    merge_row_chunks,
-)
+from megatron_logra.sync.apply import ProjectionCache
+from megatron_logra.sync.merge import _merge_prepared_, chunk_elems, merge_row_chunks
+from megatron_logra.sync.prepared import prepare, projection_matrices, structure_key
 from megatron_logra.sync.codec import SketchDelta
 from megatron_logra.sync.layout import plan_for
 from megatron_logra.sync.synthetic import DenseShape, random_delta
@@ -209,30 +201,27 @@ def bytes_table(ranks: list[int]) -> list[str]:
 def _merge_pieces(weights: dict[str, torch.Tensor], delta: SketchDelta) -> dict[str, Callable[[], object]]:
     """The pieces of ``apply_delta_`` (HF layout), each as a function timing only that piece."""
     plan = plan_for(delta, "hf")
-    M_RI, scale = _projection_matrices(delta, plan.factors, weights)
-    V32 = _scaled_factors(plan.factors, weights, scale)
+    prepared = prepare(delta, plan.factors, weights, structure_key(delta, "hf", 1, 0, None))
+    ws = [weights[p] for p in prepared.params]
+    V32, noises = prepared.factors(delta), prepared.noises(delta)
     elems = chunk_elems(torch.device("cpu"))
-    staged = [(weights[f.param], v, m, _fused(weights[f.param], delta.rank, delta.distribution, elems), noise)
-              for f, v, m, noise in zip(plan.factors, V32, M_RI, _noises(delta, plan.factors, weights))]
-    need = [max(_workspaces_elems(w, fz, nz is not None, elems)[j] for w, _, _, fz, nz in staged) for j in range(3)]
-    prod_buf, tmp_buf = torch.empty(need[0]), torch.empty(need[1])
-    noise_buf = torch.empty(need[2], dtype=torch.int32)
     gemm_buf = torch.empty(max(max(b - a for a, b in merge_row_chunks(w.shape[0], w.shape[1], elems)) * w.shape[1]
-                               for w, *_ in staged))
+                               for w in ws))
 
     def gemm():  # the rank-r GEMMs alone, into a cache-sized workspace
-        for w, V, M, *_ in staged:
+        for w, V, m in zip(ws, V32, prepared.merges):
             n_in = w.shape[1]
             for a, b in merge_row_chunks(w.shape[0], n_in, elems):
-                torch.mm(V[a:b], M, out=gemm_buf[: (b - a) * n_in].view(b - a, n_in))
+                torch.mm(V[a:b], m.matrix, out=gemm_buf[: (b - a) * n_in].view(b - a, n_in))
 
     def merge():  # the commit kernel apply_delta_ runs (fused where the BLAS check allows it)
-        for w, V, M, fused, noise in staged:
-            _merge_prepared_(w, V, M, delta.decay, prod_buf, tmp_buf, elems, noise, noise_buf, fused)
+        for w, V, m, noise in zip(ws, V32, prepared.merges, noises):
+            prod_buf, tmp_buf, noise_buf = prepared.workspaces[w.device]
+            _merge_prepared_(w, V, m.matrix, delta.decay, prod_buf, tmp_buf, m.elems, noise, noise_buf, m.fused)
 
     return {"validate": lambda: validate(delta, weights, delta.base_version),
-            "regen": lambda: _projection_matrices(delta, plan.factors, weights),
-            "scale": lambda: _scaled_factors(plan.factors, weights, scale), "gemm": gemm, "merge": merge}
+            "regen": lambda: projection_matrices(delta, plan.factors, weights),
+            "scale": lambda: prepared.factors(delta), "gemm": gemm, "merge": merge}
 
 
 _BASELINE_FILES = {  # module name in the baseline package -> path; imports rewritten to the baseline copies

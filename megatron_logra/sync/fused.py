@@ -31,7 +31,7 @@ from megatron_logra.sync.precision import ieee_fp32_matmul
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["fused_merge_ok", "agrees", "FUSED_ENV", "MAX_CHECK_ELEMS", "MIN_SIDE"]
+__all__ = ["fused_merge_ok", "fused_enabled", "agrees", "FUSED_ENV", "MAX_CHECK_ELEMS", "MIN_SIDE"]
 
 FUSED_ENV = "MEGATRON_LOGRA_FUSED_MERGE"
 """Environment switch: ``0`` turns the fused kernel off (every merge takes the two-kernel form)."""
@@ -52,7 +52,8 @@ _lock = threading.Lock()
 _verdicts: dict[tuple[int, int, int, int], bool] = {}
 
 
-def _enabled() -> bool:
+def fused_enabled() -> bool:
+    """Whether the fused kernel is allowed (the :data:`FUSED_ENV` switch); each shape is still checked."""
     return os.environ.get(FUSED_ENV, "1").strip() not in ("0", "false", "no", "off")
 
 
@@ -114,7 +115,7 @@ def fused_merge_ok(device: torch.device, n_out: int, n_in: int, rank: int) -> bo
     checked size: call it before the first write of an all-or-nothing apply.
     """
     kind = device.type if isinstance(device, torch.device) else torch.device(device).type
-    if kind != "cpu" or not _enabled() or n_out < MIN_SIDE or n_in < MIN_SIDE or rank == 0:
+    if kind != "cpu" or not fused_enabled() or n_out < MIN_SIDE or n_in < MIN_SIDE or rank == 0:
         return False
     rows = n_out if n_out * n_in <= MAX_CHECK_ELEMS else max(256, MAX_CHECK_ELEMS // n_in)
     key = (min(rows, n_out), n_in, rank, torch.get_num_threads())

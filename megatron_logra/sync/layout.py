@@ -293,5 +293,13 @@ def plan_for(delta: SketchDelta, layout: str = "hf", tp_size: int = 1, tp_rank: 
     if layout == "hf":
         if tp_size != 1:
             raise SyncError("layout", f"the hf layout is unsharded; got tp_size={tp_size}")
-        return EnginePlan(_hf_factors(delta), [DenseEntry(k, v) for k, v in sorted(delta.dense.items())])
-    return EnginePlan(_sglang_factors(delta, tp_size, tp_rank), _sglang_dense(delta, tp_size, tp_rank))
+        return EnginePlan(_hf_factors(delta), dense_for(delta, layout, tp_size, tp_rank))
+    return EnginePlan(_sglang_factors(delta, tp_size, tp_rank), dense_for(delta, layout, tp_size, tp_rank))
+
+
+def dense_for(delta: SketchDelta, layout: str = "hf", tp_size: int = 1, tp_rank: int = 0) -> list[DenseEntry]:
+    """The dense part of :func:`plan_for` alone (an engine that kept the factor part of an earlier plan of the
+    same structure maps only this). Same errors as :func:`plan_for` for the dense entries."""
+    if layout == "hf":
+        return [DenseEntry(k, v) for k, v in sorted(delta.dense.items())]
+    return _sglang_dense(delta, tp_size, tp_rank)
