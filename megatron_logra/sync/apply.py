@@ -205,8 +205,12 @@ def apply_delta_(
             prepared, ws = kept
             dense_plan = dense_for(delta, layout, tp_size, tp_rank)
             _check_dense(dense_plan, prepared.params, weights, tp_size)
-        V32 = prepared.factors(delta)
-        noises = prepared.noises(delta)
+        static = cache.static_for(prepared, ws) if cache is not None and cache.cuda_graphs else None
+        if static is not None:
+            static.stage(delta, ws)  # the inputs at fixed addresses (and the graph's capture): no weight written
+        else:
+            V32 = prepared.factors(delta)
+            noises = prepared.noises(delta)
         dense = []
         for d in dense_plan:
             w = weights[d.param]
@@ -225,10 +229,15 @@ def apply_delta_(
         raise SyncError("apply", f"preparing delta {delta.base_version}->{delta.new_version} failed before any write: {exc!r}") from exc
     done = 0
     try:
-        for w, V32_OR, m, noise in zip(ws, V32, prepared.merges, noises):
-            prod_buf, tmp_buf, noise_buf = prepared.workspaces[w.device]
-            _merge_prepared_(w, V32_OR, m.matrix, delta.decay, prod_buf, tmp_buf, m.elems, noise, noise_buf, m.fused)
-            done += 1
+        if static is not None:
+            static.commit_(ws, delta.decay == 1.0)
+            done += len(ws)
+        else:
+            for w, V32_OR, m, noise in zip(ws, V32, prepared.merges, noises):
+                prod_buf, tmp_buf, noise_buf = prepared.workspaces[w.device]
+                _merge_prepared_(w, V32_OR, m.matrix, delta.decay, prod_buf, tmp_buf, m.elems, noise, noise_buf,
+                                 m.fused)
+                done += 1
         for dst, src in dense:
             dst.copy_(src)
             done += 1

@@ -11,10 +11,13 @@ Whether ``addmm_`` equals ``W ⊖ P`` bit for bit is up to the BLAS: a kernel th
 from ``W`` (MKL does for tiny matrices) or splits the inner dimension and adds each block's partial
 sum into ``W`` (MKL does for ranks of 256 and more) rounds several times and gives other bits.
 So the fused kernel is used only where it was *measured* to round once: :func:`fused_merge_ok`
-runs both kernels on two adversarial inputs of the real shape (once per shape, rank, thread count
-and process) and answers whether they agree. Where they do not, or on accelerators, the merge
-falls back to the two-kernel form, which is exact by construction. Either way the bits are those
-of ``W ⊖ P``, so trainer and engine stay bitwise equal whichever kernel each of them runs.
+runs both kernels on adversarial inputs of the real shape on the weight's device (once per device,
+shape, rank, thread count and process) and answers whether they agree. Where they do not, or on
+devices other than CPUs and CUDA GPUs, the merge falls back to the two-kernel form, which is exact by
+construction. Either way the bits are those of ``W ⊖ P``, so trainer and engine stay bitwise equal
+whichever kernel each of them runs. On a GPU the two-kernel form writes ``P`` and reads it back:
+twice the memory traffic of the fused call for an fp32 weight (cuBLAS's epilogue ``α·acc + β·C``
+with the exact ``acc`` rounds once, which the check confirms per shape).
 Imports only torch.
 """
 
@@ -49,7 +52,7 @@ MIN_CHECKED = 1 << 16
 MAX_DRAWS = 16
 
 _lock = threading.Lock()
-_verdicts: dict[tuple[int, int, int, int], bool] = {}
+_verdicts: dict[tuple[int, int, int, tuple], bool] = {}
 
 
 def fused_enabled() -> bool:
@@ -92,33 +95,45 @@ def _addmm_kernel(W: torch.Tensor, V: torch.Tensor, B: torch.Tensor) -> None:
 
 
 def agrees(n_out: int, n_in: int, rank: int,
-           kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] = _addmm_kernel) -> bool:
-    """Whether ``kernel(W, V, B)`` (in place: ``W ← W − V·B``) gives ``W ⊖ V·B`` on the three patterns,
-    the random one over at least :data:`MIN_CHECKED` entries (several draws for a small block: a second
-    rounding changes a given entry only some of the time)."""
+           kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] = _addmm_kernel,
+           device: torch.device = torch.device("cpu")) -> bool:
+    """Whether ``kernel(W, V, B)`` (in place: ``W ← W − V·B``) on ``device`` gives ``W ⊖ V·B`` on the three
+    patterns, the random one over at least :data:`MIN_CHECKED` entries (several draws for a small block: a
+    second rounding changes a given entry only some of the time). Inputs and the float64 reference are
+    made on the CPU."""
     draws = -(-MIN_CHECKED // (n_out * n_in))
     for draw, pattern in enumerate([0, 2] + [1] * min(draws, MAX_DRAWS)):
         W, V, B = _inputs(n_out, n_in, rank, pattern, draw)
         expect = (W.double() - V.double() @ B.double()).float()  # P is exact (grid): one rounding, W ⊖ P
+        W, V, B = W.to(device), V.to(device), B.to(device)
         kernel(W, V, B)
-        if not torch.equal(W, expect):
+        if not torch.equal(W.cpu(), expect):
             return False
     return True
 
 
 def fused_merge_ok(device: torch.device, n_out: int, n_in: int, rank: int) -> bool:
-    """Whether ``W.addmm_(V, B, alpha=-1)`` on an ``[n_out, n_in]`` fp32 block equals ``W ⊖ V·B`` here.
+    """Whether ``W.addmm_(V, B, alpha=-1)`` on an ``[n_out, n_in]`` fp32 block equals ``W ⊖ V·B`` on ``device``.
 
-    CPU only (accelerators: False). The answer is measured once per (shape, rank, thread count)
-    and remembered; a block larger than :data:`MAX_CHECK_ELEMS` is checked on a row block of that
-    size (the BLAS takes the same path for every large block). Allocates a few blocks of the
+    CPUs and CUDA GPUs (other devices: False). The answer is measured once per (device, shape, rank,
+    thread count) and remembered; a block larger than :data:`MAX_CHECK_ELEMS` is checked on a row block
+    of that size (the BLAS takes the same path for every large block). Allocates a few blocks of the
     checked size: call it before the first write of an all-or-nothing apply.
     """
-    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
-    if kind != "cpu" or not fused_enabled() or n_out < MIN_SIDE or n_in < MIN_SIDE or rank == 0:
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return False
+        device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        where: tuple = ("cuda", device.index)
+    elif device.type == "cpu":
+        where = ("cpu", torch.get_num_threads())
+    else:
+        return False
+    if not fused_enabled() or n_out < MIN_SIDE or n_in < MIN_SIDE or rank == 0:
         return False
     rows = n_out if n_out * n_in <= MAX_CHECK_ELEMS else max(256, MAX_CHECK_ELEMS // n_in)
-    key = (min(rows, n_out), n_in, rank, torch.get_num_threads())
+    key = (min(rows, n_out), n_in, rank, where)
     verdict = _verdicts.get(key)  # a dict read is atomic: the lock only orders the first measurement
     if verdict is not None:
         return verdict
@@ -126,9 +141,9 @@ def fused_merge_ok(device: torch.device, n_out: int, n_in: int, rank: int) -> bo
         verdict = _verdicts.get(key)
         if verdict is None:
             with torch.no_grad(), ieee_fp32_matmul():  # as the merge runs it
-                verdict = agrees(key[0], n_in, rank)
+                verdict = agrees(key[0], n_in, rank, device=device)
             _verdicts[key] = verdict
             if not verdict:
-                logger.info("fused merge off for [%d, %d] blocks at rank %d (%d threads): the BLAS rounds twice",
-                            key[0], n_in, rank, key[3])
+                logger.info("fused merge off for [%d, %d] blocks at rank %d (%s): the BLAS rounds twice",
+                            key[0], n_in, rank, where)
     return verdict

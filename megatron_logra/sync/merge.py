@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -172,7 +172,7 @@ def _merge_prepared_(
     weight: torch.Tensor,
     V32_OR: torch.Tensor,
     M_RI: torch.Tensor,
-    decay: float,
+    decay: Union[float, torch.Tensor],
     prod_buf: torch.Tensor,
     tmp_buf: torch.Tensor,
     max_chunk_elems: int,
@@ -182,6 +182,8 @@ def _merge_prepared_(
 ) -> None:
     """The commit kernel: in-place ops into preallocated buffers only.
 
+    ``decay``: 1.0 (skipped), another float, or a 0-d fp32 tensor on the weight's device holding it (the
+    same product; what a replayed CUDA graph reads, :mod:`megatron_logra.sync.graph`).
     ``fused`` (only where :func:`megatron_logra.sync.fused.fused_merge_ok` holds for every block):
     an fp32 weight takes ``W.addmm_(V, M, alpha=-1)`` whole, a 16-bit weight's fp32 scratch chunk
     likewise, and ``prod_buf`` is not used. Otherwise, per row chunk: ``P = V·M`` (GEMM into
@@ -192,8 +194,9 @@ def _merge_prepared_(
     are cut.
     """
     n_in = weight.shape[1]
+    scaled = isinstance(decay, torch.Tensor) or decay != 1.0  # a 0-d fp32 tensor: the same product, no sync
     if weight.dtype == torch.float32 and fused:
-        if decay != 1.0:
+        if scaled:
             weight.mul_(decay)
         weight.addmm_(V32_OR, M_RI, alpha=-1)
         return
@@ -203,13 +206,13 @@ def _merge_prepared_(
         if weight.dtype == torch.float32:
             prod = prod_buf[: rows * n_in].view(rows, n_in)
             torch.mm(V32_OR[start:stop], M_RI, out=prod)
-            if decay != 1.0:
+            if scaled:
                 block.mul_(decay)
             block.sub_(prod)
             continue
         tmp = tmp_buf[: rows * n_in].view(rows, n_in)
         tmp.copy_(block)
-        if decay != 1.0:
+        if scaled:
             tmp.mul_(decay)
         if fused:
             tmp.addmm_(V32_OR[start:stop], M_RI, alpha=-1)

@@ -15,6 +15,7 @@ of each weight, where building the plan costs several per weight. Imports only t
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -34,7 +35,11 @@ from megatron_logra.sync.fused import fused_enabled
 from megatron_logra.sync.layout import EngineFactor
 from megatron_logra.sync.merge import ROUNDING_LANE, _fused, _Noise, _workspaces_elems, chunk_elems, rounding_key
 
-__all__ = ["ProjectionCache", "PreparedCommit", "prepare", "structure_key"]
+__all__ = ["ProjectionCache", "PreparedCommit", "prepare", "structure_key", "CUDA_GRAPH_ENV"]
+
+CUDA_GRAPH_ENV = "MEGATRON_LOGRA_APPLY_CUDA_GRAPH"
+"""Environment switch of :class:`ProjectionCache`'s ``cuda_graphs`` default: ``1`` replays the commit as a
+CUDA graph (:mod:`megatron_logra.sync.graph`)."""
 
 
 def structure_key(delta: SketchDelta, layout: str, tp_size: int, tp_rank: int, max_chunk_elems: Optional[int]
@@ -105,11 +110,11 @@ class PreparedCommit:
             return None
         return ws if _weight_signature(ws) == self.signature else None
 
-    def factors(self, delta: SketchDelta) -> list[torch.Tensor]:
-        """``V = grid(s·U)`` of every merge, computed per device in one pass over the gathered rows (rows are
-        independent, so gathering before or after gives the same bits). Raises ``SyncError("nonfinite")``
-        naming the first target with a NaN or inf among them."""
-        out: list[Optional[torch.Tensor]] = [None] * len(self.merges)
+    def group_factors(self, delta: SketchDelta) -> list[torch.Tensor]:
+        """``V = grid(s·U)`` ``[rows, r]`` of each device group's merges, in their order, computed in one pass
+        over the gathered rows (rows are independent, so gathering before or after gives the same bits).
+        Raises ``SyncError("nonfinite")`` naming the first target with a NaN or inf among them."""
+        out = []
         for g in self.groups:
             parts = [delta.targets[i].U_OR for i in g.targets]
             U = torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -120,20 +125,36 @@ class PreparedCommit:
                 first = int(bad_O.nonzero()[0, 0])
                 m = next(m for m, end in zip(g.merges, itertools.accumulate(g.sizes)) if first < end)
                 raise SyncError("nonfinite", f"U of {delta.targets[self.target_of[m]].name} has non-finite entries")
+            out.append(V)
+        return out
+
+    def factors(self, delta: SketchDelta) -> list[torch.Tensor]:
+        """:meth:`group_factors` split per merge (in merge order)."""
+        out: list[Optional[torch.Tensor]] = [None] * len(self.merges)
+        for g, V in zip(self.groups, self.group_factors(delta)):
             for m, v in zip(g.merges, V.split(g.sizes)):
                 out[m] = v
         return out  # type: ignore[return-value]
 
-    def noises(self, delta: SketchDelta) -> list[Optional[_Noise]]:
-        """Each merge's rounding noise for ``delta.step`` (None: rounded to nearest), per device in one go."""
-        out: list[Optional[_Noise]] = [None] * len(self.merges)
+    def group_noises(self, delta: SketchDelta) -> list[Optional[tuple[list[torch.Tensor], list[torch.Tensor]]]]:
+        """Per device group, the row and column noise hashes of its noisy merges for ``delta.step`` (in
+        :attr:`_Group.noise_merges` order), or None where it has none: one hash pass per group."""
+        out: list[Optional[tuple[list[torch.Tensor], list[torch.Tensor]]]] = []
         for g in self.groups:
             if not g.noise_merges:
+                out.append(None)
                 continue
             keys = [rounding_key(delta.seed, t, delta.step) for t in g.noise_targets]
-            row_bits, col_bits = entry_hash_parts_many(keys, g.noise_rows, g.noise_cols, ROUNDING_LANE, low_bits=16)
-            for m, rb, cb in zip(g.noise_merges, row_bits, col_bits):
-                out[m] = (rb, cb)
+            out.append(entry_hash_parts_many(keys, g.noise_rows, g.noise_cols, ROUNDING_LANE, low_bits=16))
+        return out
+
+    def noises(self, delta: SketchDelta) -> list[Optional[_Noise]]:
+        """Each merge's rounding noise for ``delta.step`` (None: rounded to nearest)."""
+        out: list[Optional[_Noise]] = [None] * len(self.merges)
+        for g, parts in zip(self.groups, self.group_noises(delta)):
+            if parts is not None:
+                for m, rb, cb in zip(g.noise_merges, *parts):
+                    out[m] = (rb, cb)
         return out
 
 
@@ -149,19 +170,28 @@ class ProjectionCache:
     layer input width (``r/n_out`` of the target weights) and the merge workspaces (one row chunk each:
     :func:`megatron_logra.sync.merge.chunk_elems`), on the weights' devices. One apply at a time per cache:
     the workspaces are shared.
+
+    ``cuda_graphs``: commit through a :class:`megatron_logra.sync.graph.StaticCommit` (the inputs at fixed
+    addresses, ``V`` and the noise once more in memory), replayed as one CUDA graph per sync where the
+    weights sit on one GPU; eagerly elsewhere. None: the environment switch :data:`CUDA_GRAPH_ENV`
+    (``1`` turns it on; off by default), which reaches engines built inside an inference server.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cuda_graphs: Optional[bool] = None) -> None:
+        if cuda_graphs is None:
+            cuda_graphs = os.environ.get(CUDA_GRAPH_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+        self.cuda_graphs = cuda_graphs
         self._key: Optional[tuple[int, int, int]] = None
         self._signs: dict[tuple, torch.Tensor] = {}
         self._prepared: Optional[PreparedCommit] = None
+        self._static = None
 
     def signs(self, delta: SketchDelta, device: torch.device, n_in: int, cols: Optional[tuple[int, int]],
               names: tuple[str, ...]) -> torch.Tensor:
         """``sign(A)`` ``[len(names), r, n_in_local]`` of ``names`` (canonical) at ``cols``; built if missing."""
         key = (delta.seed, delta.update_index, delta.rank)
         if key != self._key:
-            self._key, self._signs, self._prepared = key, {}, None
+            self._key, self._signs, self._prepared, self._static = key, {}, None, None
         slot = (device, n_in, cols, names)
         out = self._signs.get(slot)
         if out is None:
@@ -179,8 +209,17 @@ class ProjectionCache:
         return None if ws is None else (p, ws)
 
     def keep(self, prepared: PreparedCommit) -> None:
-        """Keep ``prepared`` for the next syncs (replacing the previous one)."""
-        self._prepared = prepared
+        """Keep ``prepared`` for the next syncs (replacing the previous one, and its static commit)."""
+        self._prepared, self._static = prepared, None
+
+    def static_for(self, prepared: PreparedCommit, weights: list[torch.Tensor]):
+        """The :class:`megatron_logra.sync.graph.StaticCommit` of the kept ``prepared`` (made on first use)."""
+        from megatron_logra.sync.graph import StaticCommit  # it builds on this module
+
+        assert prepared is self._prepared, "a static commit belongs to the kept prepared commit"
+        if self._static is None or self._static.prepared is not prepared:
+            self._static = StaticCommit(prepared, weights)
+        return self._static
 
     def __len__(self) -> int:
         return len(self._signs)

@@ -81,3 +81,21 @@ def test_the_merge_is_exact_on_cuda_with_tf32_matmuls_allowed():
         assert torch.equal(gpu.cpu(), cpu)
     finally:
         torch.backends.cuda.matmul.fp32_precision = before
+
+
+def test_the_fused_kernel_check_runs_on_cuda_and_catches_a_second_rounding():
+    """The check measures ``addmm_`` on the GPU itself: a kernel that adds the rank terms into ``W`` one at a
+    time is refused there, the two-kernel form is accepted, and cuBLAS's own verdict for a real shape is the
+    one the merge then uses (the merges above compare its bits with the CPU's)."""
+    from megatron_logra.sync import fused
+
+    cuda = torch.device("cuda")
+
+    def accumulate_into_w(W, V, B):
+        for k in range(V.shape[1]):
+            W.sub_(V[:, k : k + 1] * B[k : k + 1, :])
+
+    assert not fused.agrees(256, 512, 32, kernel=accumulate_into_w, device=cuda)
+    assert fused.agrees(256, 512, 32, kernel=lambda W, V, B: W.sub_(V @ B), device=cuda)
+    verdict = fused.fused_merge_ok(cuda, 2048, 1536, 32)
+    assert verdict == fused.agrees(2048, 1536, 32, device=cuda)

@@ -53,8 +53,10 @@ def test_check_refuses_kernels_that_round_twice(n_out, n_in, rank):
     assert fused.agrees(n_out, n_in, rank, kernel=lambda W, V, B: W.sub_(V @ B))  # one rounding: accepted
 
 
-def test_check_answers_false_off_cpu_small_blocks_or_switched_off(monkeypatch):
-    assert not fused.fused_merge_ok(torch.device("cuda"), 1024, 1024, 32)
+def test_check_answers_false_off_cpu_and_cuda_small_blocks_or_switched_off(monkeypatch):
+    assert not fused.fused_merge_ok(torch.device("meta"), 1024, 1024, 32)
+    if not torch.cuda.is_available():
+        assert not fused.fused_merge_ok(torch.device("cuda"), 1024, 1024, 32)
     assert not fused.fused_merge_ok(torch.device("cpu"), fused.MIN_SIDE - 1, 1024, 32)
     assert not fused.fused_merge_ok(torch.device("cpu"), 1024, fused.MIN_SIDE - 1, 32)
     monkeypatch.setenv(fused.FUSED_ENV, "0")

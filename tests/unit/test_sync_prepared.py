@@ -59,11 +59,15 @@ def prepares(monkeypatch):
 @pytest.mark.parametrize("dtype,rounding", [(torch.float32, "nearest"), (torch.bfloat16, "stochastic"),
                                             (torch.bfloat16, "nearest")])
 @pytest.mark.parametrize("layout,tp", [("hf", 1), ("sglang", 2)])
-def test_a_sequence_of_deltas_through_the_cache_equals_fresh_applies_bitwise(prepares, dtype, rounding, layout, tp):
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "fixed-addresses"])
+def test_a_sequence_of_deltas_through_the_cache_equals_fresh_applies_bitwise(prepares, dtype, rounding, layout, tp,
+                                                                             static):
+    """``static``: the commit a CUDA graph replays (inputs at fixed addresses, the decay a 0-d tensor), run
+    eagerly on the CPU."""
     for tp_rank in range(tp):
         prepares.clear()
         cached, fresh = _engine(layout, tp, tp_rank, dtype), _engine(layout, tp, tp_rank, dtype)
-        cache, version = ProjectionCache(), 0
+        cache, version = ProjectionCache(cuda_graphs=static), 0
         for delta in _deltas(5, rounding):
             before = {k: v.clone() for k, v in cached.items()}
             version = apply_delta_(cached, delta, version, layout=layout, tp_size=tp, tp_rank=tp_rank, cache=cache)
