@@ -9,12 +9,14 @@ kinds travel: embeddings, norms and biases are frozen (``native.freeze``), as in
 recipes. The bound printed beside each row is ``r/hidden + 2%`` of the full refit.
 
 Time (CPU, medians of ``--repeats``, at each of ``--threads``): ``apply`` (``apply_delta_`` on
-HF-layout weights: validate, ``V = grid(s·U)``, merge; with the :class:`ProjectionCache` an engine
-keeps, so ``sign(A)`` is regenerated only when the projection changes), ``cold`` (the same without
-the cache: ``sign(A)`` regenerated, as after ``logra.refresh``) and ``copy`` (``dst.copy_(src)`` for
+HF-layout weights: checks, ``V = grid(s·U)``, merge; with the :class:`ProjectionCache` an engine
+keeps, so ``sign(A)`` is regenerated only when the projection changes and the commit is prepared only
+when the delta's structure or the weights change), ``cold`` (the same without the cache: validated,
+planned and prepared in full and ``sign(A)`` regenerated, as after ``logra.refresh``) and ``copy`` (``dst.copy_(src)`` for
 every weight of the model, the engine side of a dense refit, in the same dtype) are timed side by
 side in one loop, rotating which goes first, so all see the same machine load; ratios are of the
-medians. The breakdown times the pieces of apply separately: validation, regenerating every engine
+medians. The breakdown times the pieces of apply separately: the checks of a cached apply (header,
+version chain, the kept commit's structure and weights), regenerating every engine
 parameter's ``sign(A)``, ``V``, the rank-r GEMMs alone (``V·sign(A)`` into a cache-sized
 workspace) and the whole merge kernel as apply runs it (fused GEMM-and-subtract where the BLAS check
 allows, which streams every target weight once, as the copy streams every weight once).
@@ -31,7 +33,8 @@ stochastic (the training default, ``optimizer.logra.rounding``).
 >=100M model and the Qwen2.5-1.5B shape, each call closed by ``torch.cuda.synchronize()``; the
 copy is then a device-to-device copy of every weight (the engine side of a refit whose tensors
 already arrived). The weights are drawn on the device; the delta is decoded on the host, as an
-engine receives it.
+engine receives it. The apply is timed twice: eagerly (the prepared commit's kernels launched one by
+one) and replayed as a CUDA graph (``ProjectionCache(cuda_graphs=True)``, :mod:`megatron_logra.sync.graph`).
 
 """
 
@@ -50,8 +53,8 @@ import torch
 
 from megatron_logra.argtypes import positive_int
 from megatron_logra.bench.report import cpu_model
-from megatron_logra.sync import apply_delta_, decode, encode, validate
-from megatron_logra.sync.apply import ProjectionCache
+from megatron_logra.sync import apply_delta_, decode, encode
+from megatron_logra.sync.apply import ProjectionCache, check_version
 from megatron_logra.sync.merge import _merge_prepared_, chunk_elems, merge_row_chunks
 from megatron_logra.sync.prepared import prepare, projection_matrices, structure_key
 from megatron_logra.sync.codec import SketchDelta
@@ -224,7 +227,14 @@ def _merge_pieces(weights: dict[str, torch.Tensor], delta: SketchDelta) -> dict[
             prod_buf, tmp_buf, noise_buf = prepared.workspaces[w.device]
             _merge_prepared_(w, V, m.matrix, delta.decay, prod_buf, tmp_buf, m.elems, noise, noise_buf, m.fused)
 
-    return {"validate": lambda: validate(delta, weights, delta.base_version),
+    key = structure_key(delta, "hf", 1, 0, None)
+
+    def checks():  # what an apply with a kept prepared commit checks before its arithmetic
+        delta.check_structure()
+        check_version(delta, delta.base_version)
+        structure_key(delta, "hf", 1, 0, None) == key and prepared.weights(weights)
+
+    return {"checks": checks,
             "regen": lambda: projection_matrices(delta, plan.factors, weights),
             "scale": lambda: prepared.factors(delta), "gemm": gemm, "merge": merge}
 
@@ -331,7 +341,7 @@ def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, roun
            f"{rank} | {threads} | "
            f"{_fmt_bytes(len(data))} | {1e3 * t_encode:.1f} | {1e3 * t_decode:.1f} | {ms['apply']:.1f} | "
            f"{ms['copy']:.1f} | **{main['apply'] / main['copy']:.2f}x** | {main['cold'] / main['copy']:.2f}x | "
-           f"{ms['validate']:.1f} | {ms['regen']:.1f} | {ms['scale']:.1f} | "
+           f"{ms['checks']:.1f} | {ms['regen']:.1f} | {ms['scale']:.1f} | "
            f"{ms['gemm']:.1f} ({flops / parts['gemm'] / 1e9:.0f} GFLOP/s) | {ms['merge']:.1f} | "
            f"{parts['gemm'] / main['copy']:.2f}x | {parts['merge'] / main['copy']:.2f}x |")
     return row, {**main, **parts, "flops": flops, "targets": shape.target_params(), "params": n, "threads": threads,
@@ -342,7 +352,7 @@ def time_rows(label: str, shape: DenseShape, rank: int, dtype: torch.dtype, roun
 def _explain(stats: dict, rank: int) -> str:
     """One paragraph saying where the time of one row goes."""
     ratio = stats["apply"] / stats["copy"]
-    other = stats["apply"] - stats["validate"] - stats["scale"] - stats["merge"]
+    other = stats["apply"] - stats["checks"] - stats["scale"] - stats["merge"]
     dt = str(stats["dtype"]).removeprefix("torch.")
     if stats["rounding"] != "-":
         dt += f" ({stats['rounding']} rounding)"
@@ -358,8 +368,8 @@ def _explain(stats: dict, rank: int) -> str:
            if dt == "float32" else ", plus the fp32 scratch of the bf16 weights (convert, GEMM into it, round back)"
            + ("; stochastic rounding adds three passes over the scratch (noise, add, cut)"
               if stats["rounding"] == "stochastic" else ""))
-        + f"; V = grid(s·U) {1e3 * stats['scale']:.1f} ms, validation {1e3 * stats['validate']:.1f} ms, the rest "
-        f"(plan, workspaces) {1e3 * max(other, 0):.1f} ms."
+        + f"; V = grid(s·U) {1e3 * stats['scale']:.1f} ms, checks (header, version chain, the kept commit's "
+        f"structure and weights) {1e3 * stats['checks']:.1f} ms, the rest (noise, dispatch) {1e3 * max(other, 0):.1f} ms."
     )
     if stats["params"] < 1e7:
         text += " With ~1M parameters the fixed per-tensor work (a few dozen small ops per tensor) dominates."
@@ -448,7 +458,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out += bytes_table(ranks)
     out += ["", f"## Engine-side time (CPU, median of {args.repeats}; apply and copy side by side)", "",
             "| model | params | bf16 rounding | rank | threads | delta bytes | encode ms | decode ms | apply ms | copy all ms | "
-            "apply / copy | cold apply / copy | validate ms | sign(A) ms | V ms | GEMM ms | merge ms | GEMM / copy | "
+            "apply / copy | cold apply / copy | checks ms | sign(A) ms | V ms | GEMM ms | merge ms | GEMM / copy | "
             "merge / copy |",
             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     runs = [("tiny (recipe)", MODELS["tiny (recipe)"][0], torch.float32, "nearest")]
