@@ -36,7 +36,7 @@ from megatron_logra.sync.merge import (
     noise_parts,
     shard_rows,
 )
-from megatron_logra.sync.precision import ieee_fp32_matmul
+from megatron_logra.sync.precision import ieee_fp32
 from megatron_logra.sync.prepared import PreparedCommit, ProjectionCache, prepare, structure_key
 
 logger = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ def _check_dense(dense: list[DenseEntry], factor_params: list[str], weights: dic
 
 
 @torch.no_grad()
-@ieee_fp32_matmul()
+@ieee_fp32()
 def apply_delta_(
     weights: dict[str, torch.Tensor],
     delta: SketchDelta,

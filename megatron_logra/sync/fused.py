@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from megatron_logra.sync.precision import ieee_fp32_matmul
+from megatron_logra.sync.precision import ieee_fp32
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def fused_merge_ok(device: torch.device, n_out: int, n_in: int, rank: int) -> bo
     with _lock:
         verdict = _verdicts.get(key)
         if verdict is None:
-            with torch.no_grad(), ieee_fp32_matmul():  # as the merge runs it
+            with torch.no_grad(), ieee_fp32():  # as the merge runs it
                 verdict = agrees(key[0], n_in, rank, device=device)
             _verdicts[key] = verdict
             if not verdict:

@@ -43,8 +43,8 @@ fp16 weights are rounded to nearest either way.
 bits for any split of U's rows or A's columns over tensor-parallel ranks, any chunking, any
 BLAS and any device: trainer and engine weights stay bitwise equal. With Gaussian projections
 that holds only where both sides run the same GEMM shapes on the same kind of device. Both merge
-entry points run their GEMMs in IEEE fp32 whatever matmul precision the process chose (TF32 or bf16
-would round ``V`` inside the GEMM; :mod:`megatron_logra.sync.precision`).
+entry points run in IEEE fp32 whatever matmul precision or denormal mode the process chose (TF32 or bf16
+would round ``V`` inside the GEMM, flushing would zero subnormal weights; :mod:`megatron_logra.sync.precision`).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ import torch
 from megatron_logra.sketch.random_projection import entry_hash_parts_many, projection_key
 from megatron_logra.sync.factors import scaled_factor, split_projection
 from megatron_logra.sync.fused import fused_merge_ok
-from megatron_logra.sync.precision import ieee_fp32_matmul
+from megatron_logra.sync.precision import ieee_fp32
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ def _workspaces_elems(weight: torch.Tensor, fused: bool, stochastic: bool, max_c
 
 
 @torch.no_grad()
-@ieee_fp32_matmul()
+@ieee_fp32()
 def low_rank_merge_(
     weight: torch.Tensor,
     U_OR: torch.Tensor,

@@ -9,6 +9,7 @@ exact-sum grid) subtracted with one fp32 rounding.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ from megatron_logra.sketch.random_projection import projection
 from megatron_logra.sync.apply import apply_delta_, low_rank_merge_
 from megatron_logra.sync.factors import quantize_factor, rademacher_scale, rademacher_signs, scaled_factor
 from megatron_logra.sync.fused import _verdicts, fused_merge_ok
-from megatron_logra.sync.precision import ieee_fp32_matmul
+from megatron_logra.sync.precision import flushes_denormals, ieee_fp32
 from megatron_logra.sync.synthetic import DenseShape, random_delta
 
 N_OUT, N_IN, R = 256, 512, 32
@@ -86,7 +87,7 @@ def test_the_settings_come_back_when_the_body_raises():
     torch.backends.mkldnn.matmul.fp32_precision = "bf16"
     try:
         with pytest.raises(RuntimeError, match="inside"):
-            with ieee_fp32_matmul():
+            with ieee_fp32():
                 assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"
                 assert torch.backends.cuda.matmul.fp32_precision == "ieee"
                 raise RuntimeError("inside")
@@ -97,7 +98,7 @@ def test_the_settings_come_back_when_the_body_raises():
 
 _LEGACY_USER = r"""
 import sys, torch
-from megatron_logra.sync.precision import ieee_fp32_matmul
+from megatron_logra.sync.precision import flushes_denormals, ieee_fp32
 how = sys.argv[1]
 if how == "allow_tf32":
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -110,7 +111,7 @@ def read():
         return (torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
     return (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
 before = read()
-with ieee_fp32_matmul():
+with ieee_fp32():
     pass
 print(before == read(), before)
 """
@@ -123,3 +124,53 @@ def test_a_process_reads_back_its_own_settings_with_its_own_api(how):
     out = subprocess.run([sys.executable, "-c", _LEGACY_USER, how], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("True"), out.stdout
+
+
+@contextlib.contextmanager
+def flushed_denormals():
+    """``torch.set_flush_denormal(True)`` for the body (the test skips where the CPU cannot flush). The inputs
+    are made before: under flushing, building subnormal test weights would itself give zeros."""
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        yield
+        assert flushes_denormals()  # the process's mode is back after the merge
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def _subnormal_case():
+    gen = torch.Generator().manual_seed(4)
+    W = torch.randint(-(1 << 20), 1 << 20, (N_OUT, N_IN), generator=gen).float() * 2.0**-149  # all subnormal
+    U = quantize_factor(2.0**-90 * torch.randn(N_OUT, R, generator=gen))
+    U[::2] = 0.0  # rows that leave their subnormal weights as they are (IEEE; flushing zeroes them)
+    return W, U, projection(5, "model.layers.1.self_attn.o_proj", 0, R, N_IN)
+
+
+def test_the_merge_of_subnormal_weights_is_ieee_with_denormals_flushed():
+    W, U, A = _subnormal_case()
+    assert bool((W != 0).all()) and not flushes_denormals()
+    merged = W.clone()
+    with flushed_denormals():
+        low_rank_merge_(merged, U, A)
+    assert torch.equal(merged, _reference(W, U, A))
+    assert torch.equal(merged[0::2], W[0::2]) and not torch.equal(merged[1::2], W[1::2])
+
+
+def test_an_engine_apply_of_subnormal_weights_is_ieee_with_denormals_flushed():
+    shape = DenseShape(hidden=64, layers=1, heads=4, kv_heads=2, ffn=128, vocab=96)
+    gen = torch.Generator().manual_seed(6)
+    weights = {k: torch.randint(-(1 << 20), 1 << 20, s, generator=gen).float() * 2.0**-149
+               for k, s in shape.hf_shapes().items()}
+    delta = random_delta(shape, R, scale=2.0**-90)
+    for t in delta.targets:
+        t.U_OR[::2] = 0.0  # rows whose subnormal weights stay as they are
+    ieee = {k: v.clone() for k, v in weights.items()}
+    apply_delta_(ieee, delta, 0)
+    flushed = {k: v.clone() for k, v in weights.items()}
+    with flushed_denormals():
+        apply_delta_(flushed, delta, 0)
+    assert any(not torch.equal(ieee[k], weights[k]) for k in weights)
+    assert all(bool((ieee[k] != 0).any()) for k in weights)
+    for k in weights:
+        assert torch.equal(flushed[k], ieee[k]), k
