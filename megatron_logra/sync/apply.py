@@ -11,8 +11,10 @@ since ``V = grid(s·U)`` is rounded onto its grid on both sides); each layer's
 :class:`ProjectionCache` regenerates it only when the projection changes (a new seed, update index
 or rank), not every sync, and keeps the structure-only part of the apply (which rows of which ``U``
 each engine weight takes, kernel choices, workspaces: :mod:`megatron_logra.sync.prepared`) while
-the delta's structure and the engine's weights stay the same. What remains is the arithmetic itself:
-per target weight a rank-r GEMM (``2r`` flops) and one read-modify-write pass.
+the delta's structure and the engine's weights stay the same: such an apply checks the header, the
+version chain, the dense entries and the factors' finiteness (the per-weight names, shapes and dtypes
+passed for that structure and those very weights). What remains is the arithmetic itself: per target
+weight a rank-r GEMM (``2r`` flops) and one read-modify-write pass.
 """
 
 from __future__ import annotations
