@@ -105,19 +105,20 @@ def validate(
     rejected before the first write. Returns the engine plan; raises :class:`SyncError` naming
     the first problem.
     """
-    plan = _validate_layout(delta, weights, current_version, layout, tp_size, tp_rank)
+    delta.check_structure()
+    check_version(delta, current_version)
+    plan = _validate_layout(delta, weights, layout, tp_size, tp_rank)
     bad = _first_nonfinite([t.U_OR for t in delta.targets])  # any finite U merges exactly: V = grid(s·U)
     if bad is not None:
         raise SyncError("nonfinite", f"U of {delta.targets[bad].name} has non-finite entries")
     return plan
 
 
-def _validate_layout(delta: SketchDelta, weights: dict[str, torch.Tensor], current_version: int, layout: str,
+def _validate_layout(delta: SketchDelta, weights: dict[str, torch.Tensor], layout: str,
                      tp_size: int, tp_rank: int) -> EnginePlan:
-    """Everything :func:`validate` checks but the finiteness of the factors (which :func:`apply_delta_`
-    reads off the row maxima it computes for ``V`` anyway)."""
-    delta.check_structure()
-    check_version(delta, current_version)
+    """Everything :func:`validate` checks but the message structure, the version chain (its callers check
+    those first) and the finiteness of the factors (which :func:`apply_delta_` reads off the row maxima it
+    computes for ``V`` anyway)."""
     try:
         plan = plan_for(delta, layout, tp_size, tp_rank)
     except SyncError:
@@ -125,9 +126,7 @@ def _validate_layout(delta: SketchDelta, weights: dict[str, torch.Tensor], curre
     except Exception as exc:  # a layout the engine cannot map is a rejection like any other
         raise SyncError("layout", f"mapping delta {delta.base_version}->{delta.new_version} onto the {layout} "
                                   f"layout (TP {tp_rank} of {tp_size}) failed: {exc!r}") from exc
-    missing = sorted(({f.param for f in plan.factors} | {d.param for d in plan.dense}) - set(weights))
-    if missing:
-        raise SyncError("name", f"engine has no parameters {missing[:6]}{'...' if len(missing) > 6 else ''}")
+    _require(sorted({f.param for f in plan.factors} | {d.param for d in plan.dense}), weights)
     for f in plan.factors:
         w = weights[f.param]
         n_in_local = len(f.cols) if f.cols is not None else f.n_in
@@ -140,12 +139,17 @@ def _validate_layout(delta: SketchDelta, weights: dict[str, torch.Tensor], curre
     return plan
 
 
+def _require(params: list[str], weights: dict[str, torch.Tensor]) -> None:
+    """Raise ``SyncError("name")`` naming the first few of ``params`` the engine does not have."""
+    missing = [p for p in params if p not in weights]
+    if missing:
+        raise SyncError("name", f"engine has no parameters {missing[:6]}{'...' if len(missing) > 6 else ''}")
+
+
 def _check_dense(dense: list[DenseEntry], factor_params: list[str], weights: dict[str, torch.Tensor],
                  tp_size: int) -> None:
     """The dense entries' checks of :func:`validate` (and that no two entries share an engine parameter)."""
-    missing = sorted({d.param for d in dense} - set(weights))
-    if missing:
-        raise SyncError("name", f"engine has no parameters {missing[:6]}{'...' if len(missing) > 6 else ''}")
+    _require(sorted({d.param for d in dense}), weights)
     for d in dense:
         w = weights[d.param]
         if d.split == "vocab":  # row blocks: both sides need a row dimension
@@ -196,7 +200,7 @@ def apply_delta_(
     kept = cache.prepared(key, weights) if cache is not None else None
     try:
         if kept is None:
-            plan = _validate_layout(delta, weights, current_version, layout, tp_size, tp_rank)
+            plan = _validate_layout(delta, weights, layout, tp_size, tp_rank)
             prepared: PreparedCommit = prepare(delta, plan.factors, weights, key, cache=cache,
                                                max_chunk_elems=max_chunk_elems)
             if cache is not None:
