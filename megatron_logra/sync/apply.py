@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "low_rank_merge_", "merge_row_chunks", "quantize_factor", "off_grid_rows", "rademacher_scale",
     "validate", "apply_delta_", "check_version", "chunk_elems", "MERGE_DTYPES", "StochasticRounding",
-    "shard_rows", "ProjectionCache", "noise_parts",
+    "shard_rows", "ProjectionCache", "noise_parts", "stage_delta", "StagedDelta",
 ]
 
 def check_version(delta: SketchDelta, current_version: int) -> None:
@@ -168,9 +168,75 @@ def _check_dense(dense: list[DenseEntry], factor_params: list[str], weights: dic
         raise SyncError("name", "delta maps two entries onto one engine parameter")
 
 
+class StagedDelta:
+    """A delta validated and prepared against one engine's weights: everything of an apply but the writes.
+
+    :func:`stage_delta` makes it; :meth:`commit_` writes it (once). Between the two nothing may
+    write the staged weights or stage another delta through the same :class:`ProjectionCache` (its
+    fixed-address inputs are shared): :meth:`commit_` refuses a stage the cache has moved past. The
+    split lets a sharded engine agree across its TP ranks that every rank validated *and* allocated
+    (projections, ``V``, workspaces, dense casts) before any rank writes, so an allocation failure on
+    one rank leaves all of them untouched instead of some committed (see
+    :mod:`megatron_logra.sync.sglang_loader`).
+    """
+
+    def __init__(self, delta: SketchDelta, ws: list[torch.Tensor], prepared: PreparedCommit, static, V32, noises,
+                 dense: list[tuple[torch.Tensor, torch.Tensor]], cache: Optional[ProjectionCache]) -> None:
+        self.delta = delta
+        self._ws, self._prepared, self._static = ws, prepared, static
+        self._V32, self._noises, self._dense = V32, noises, dense
+        self._cache = cache
+        self._ticket = cache.next_stage() if cache is not None else None
+        self._committed = False
+
+    @property
+    def num_tensors(self) -> int:
+        """Engine tensors the commit writes: factor merges and dense copies."""
+        return len(self._ws) + len(self._dense)
+
+    @torch.no_grad()
+    @ieee_fp32()
+    def commit_(self) -> int:
+        """Write the staged delta into the weights; returns ``delta.new_version``.
+
+        Raises ``SyncError("apply")`` without writing when this stage was committed already or the cache
+        staged another delta since; a failure during the writes (a kernel error, no allocation happens
+        here) raises ``SyncError("apply")`` saying the weights are partially written.
+        """
+        delta = self.delta
+        if self._committed:
+            raise SyncError("apply", f"delta {delta.base_version}->{delta.new_version} was already committed")
+        if self._cache is not None and not self._cache.is_current_stage(self._ticket):
+            raise SyncError("apply", f"delta {delta.base_version}->{delta.new_version} is stale: another delta was "
+                                     "staged through the same ProjectionCache since; stage it again")
+        self._committed = True
+        done = 0
+        try:
+            if self._static is not None:
+                self._static.commit_(self._ws, delta.decay == 1.0)
+                done += len(self._ws)
+            else:
+                for w, V32_OR, m, noise in zip(self._ws, self._V32, self._prepared.merges, self._noises):
+                    prod_buf, tmp_buf, noise_buf = self._prepared.workspaces[w.device]
+                    _merge_prepared_(w, V32_OR, m.matrix, delta.decay, prod_buf, tmp_buf, m.elems, noise, noise_buf,
+                                     m.fused)
+                    done += 1
+            for dst, src in self._dense:
+                dst.copy_(src)
+                done += 1
+        except Exception as exc:  # pragma: no cover - needs a failing in-place kernel
+            logger.critical("delta %d->%d partially applied (%d of %d tensors): reload a full anchor",
+                            delta.base_version, delta.new_version, done, self.num_tensors)
+            raise SyncError("apply", f"commit failed after {done} tensors; weights are partially written, "
+                                     "reload a full refit") from exc
+        logger.debug("applied delta %d->%d: %d factors, %d dense", delta.base_version, delta.new_version,
+                     len(self._ws), len(self._dense))
+        return delta.new_version
+
+
 @torch.no_grad()
 @ieee_fp32()
-def apply_delta_(
+def stage_delta(
     weights: dict[str, torch.Tensor],
     delta: SketchDelta,
     current_version: int,
@@ -180,19 +246,18 @@ def apply_delta_(
     tp_rank: int = 0,
     max_chunk_elems: Optional[int] = None,
     cache: Optional[ProjectionCache] = None,
-) -> int:
-    """Apply ``delta`` to ``weights`` in place and return ``delta.new_version``.
+) -> StagedDelta:
+    """Validate ``delta`` against ``weights`` and prepare its commit; writes no weight.
 
-    ``weights`` maps engine parameter names (``layout``, this rank's shards) to tensors.
-    All-or-nothing: :func:`validate` and every allocation (projections, scaled factors, dense
-    casts, workspaces, the fused-kernel checks) happen before the first weight is written; the
-    commit then runs only in-place kernels into preallocated buffers. A failure during the commit
-    (which would take a kernel error, not an allocation) raises ``SyncError("apply")`` saying the
-    weights are partially written and need a full refit. ``cache``: the engine's
-    :class:`ProjectionCache` (None: regenerate ``sign(A)`` and prepare the commit for this apply only).
-    With a cache, a delta of the structure the cache last prepared, on the same weights, skips the
-    per-weight planning and checks (they passed for that structure and those weights) and checks the
-    header, the version chain, the dense entries and the factors' finiteness.
+    Everything :func:`apply_delta_` does before its first write: the checks of :func:`validate`
+    and every allocation (projections, scaled factors ``V``, rounding noise, dense casts,
+    workspaces, the fused-kernel checks). Raises :class:`SyncError` naming the first problem; any
+    other failure here (an allocation) is raised as ``SyncError("apply")``, the weights untouched.
+    ``cache``: the engine's :class:`ProjectionCache` (None: regenerate ``sign(A)`` and prepare the
+    commit for this delta only). With a cache, a delta of the structure the cache last prepared,
+    on the same weights, skips the per-weight planning and checks (they passed for that structure
+    and those very weights) and checks the header, the version chain, the dense entries and the
+    factors' finiteness.
     """
     key = structure_key(delta, layout, tp_size, tp_rank, max_chunk_elems)
     delta.check_structure()
@@ -212,6 +277,7 @@ def apply_delta_(
             dense_plan = dense_for(delta, layout, tp_size, tp_rank)
             _check_dense(dense_plan, prepared.params, weights, tp_size)
         static = cache.static_for(prepared, ws) if cache is not None and cache.cuda_graphs else None
+        V32 = noises = None
         if static is not None:
             static.stage(delta, ws)  # the inputs at fixed addresses (and the graph's capture): no weight written
         else:
@@ -233,24 +299,28 @@ def apply_delta_(
         raise
     except Exception as exc:  # nothing written yet
         raise SyncError("apply", f"preparing delta {delta.base_version}->{delta.new_version} failed before any write: {exc!r}") from exc
-    done = 0
-    try:
-        if static is not None:
-            static.commit_(ws, delta.decay == 1.0)
-            done += len(ws)
-        else:
-            for w, V32_OR, m, noise in zip(ws, V32, prepared.merges, noises):
-                prod_buf, tmp_buf, noise_buf = prepared.workspaces[w.device]
-                _merge_prepared_(w, V32_OR, m.matrix, delta.decay, prod_buf, tmp_buf, m.elems, noise, noise_buf,
-                                 m.fused)
-                done += 1
-        for dst, src in dense:
-            dst.copy_(src)
-            done += 1
-    except Exception as exc:  # pragma: no cover - needs a failing in-place kernel
-        logger.critical("delta %d->%d partially applied (%d of %d tensors): reload a full anchor",
-                        delta.base_version, delta.new_version, done, len(ws) + len(dense))
-        raise SyncError("apply", f"commit failed after {done} tensors; weights are partially written, reload a full refit") from exc
-    logger.debug("applied delta %d->%d: %d factors, %d dense", delta.base_version, delta.new_version,
-                 len(ws), len(dense))
-    return delta.new_version
+    return StagedDelta(delta, ws, prepared, static, V32, noises, dense, cache)
+
+
+def apply_delta_(
+    weights: dict[str, torch.Tensor],
+    delta: SketchDelta,
+    current_version: int,
+    *,
+    layout: str = "hf",
+    tp_size: int = 1,
+    tp_rank: int = 0,
+    max_chunk_elems: Optional[int] = None,
+    cache: Optional[ProjectionCache] = None,
+) -> int:
+    """Apply ``delta`` to ``weights`` in place and return ``delta.new_version``: :func:`stage_delta`, then
+    :meth:`StagedDelta.commit_`.
+
+    ``weights`` maps engine parameter names (``layout``, this rank's shards) to tensors.
+    All-or-nothing: validation and every allocation happen before the first weight is written; the
+    commit then runs only in-place kernels into preallocated buffers. A failure during the commit
+    (which would take a kernel error, not an allocation) raises ``SyncError("apply")`` saying the
+    weights are partially written and need a full refit. ``cache``: as for :func:`stage_delta`.
+    """
+    return stage_delta(weights, delta, current_version, layout=layout, tp_size=tp_size, tp_rank=tp_rank,
+                       max_chunk_elems=max_chunk_elems, cache=cache).commit_()

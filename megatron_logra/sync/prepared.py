@@ -169,7 +169,8 @@ class ProjectionCache:
     delta with another seed, update index or rank replaces the contents. The cost is ``r`` fp32 rows per
     layer input width (``r/n_out`` of the target weights) and the merge workspaces (one row chunk each:
     :func:`megatron_logra.sync.merge.chunk_elems`), on the weights' devices. One apply at a time per cache:
-    the workspaces are shared.
+    the workspaces are shared, and a staged delta (:func:`megatron_logra.sync.apply.stage_delta`) can only be
+    committed while it is the latest one staged through the cache (:meth:`next_stage`).
 
     ``cuda_graphs``: commit through a :class:`megatron_logra.sync.graph.StaticCommit` (the inputs at fixed
     addresses, ``V`` and the noise once more in memory), replayed as one CUDA graph per sync where the
@@ -185,6 +186,16 @@ class ProjectionCache:
         self._signs: dict[tuple, torch.Tensor] = {}
         self._prepared: Optional[PreparedCommit] = None
         self._static = None
+        self._stage = 0
+
+    def next_stage(self) -> int:
+        """A ticket for a newly staged delta; every earlier ticket stops being current."""
+        self._stage += 1
+        return self._stage
+
+    def is_current_stage(self, ticket: int) -> bool:
+        """True iff ``ticket`` is the latest :meth:`next_stage` handed out."""
+        return ticket == self._stage
 
     def signs(self, delta: SketchDelta, device: torch.device, n_in: int, cols: Optional[tuple[int, int]],
               names: tuple[str, ...]) -> torch.Tensor:

@@ -22,8 +22,8 @@ command (``apply``, ``status``, ``set_version``, ``fingerprint``). Every rank
 receives the whole (TP=1, Megatron-order) delta and takes its own share: its rows of U for
 the column-parallel ``qkv_proj``/``gate_up_proj``, its columns of A for the row-parallel
 ``o_proj``/``down_proj`` (see :mod:`megatron_logra.sync.layout`). With TP > 1 the ranks agree
-(all-reduce MIN over SGLang's TP CPU group) after validation and after the commit, so either
-every rank applies or none does; a failure after some rank committed marks the version
+(all-reduce MIN over SGLang's TP CPU group) after staging (validation and every allocation of the
+commit) and after the commit, so either every rank applies or none does; a failure after some rank committed marks the version
 unknown (-1) until a full refit sets it (``set_version``). A full refit itself first sets -1, so
 a refit that stops part-way can never pass for the version before it.
 
@@ -48,7 +48,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from megatron_logra.sync.apply import ProjectionCache, apply_delta_, validate
+from megatron_logra.sync.apply import ProjectionCache, StagedDelta, apply_delta_, stage_delta
 from megatron_logra.sync.codec import decode
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.sglang_fingerprint import engine_fingerprint
@@ -139,13 +139,18 @@ def _tp_all(ok: bool) -> bool:
 
 @torch.no_grad()
 def _apply(model: nn.Module, delta_tensors: list, size: int, rank: int) -> tuple[int, Optional[SyncError]]:
-    """Validate on every rank, agree, commit, agree. Returns ``(version, error)``; never raises."""
+    """Stage on every rank, agree, commit, agree. Returns ``(version, error)``; never raises.
+
+    Staging validates and allocates everything the commit needs (:func:`stage_delta`), so the first
+    agreement covers a rank that ran out of memory preparing as well as one that rejected the delta:
+    either way no rank writes.
+    """
     version = engine_version(model)
     error: Optional[SyncError] = None
-    delta = None
+    staged: Optional[StagedDelta] = None
     try:
-        delta = decode(_payload(delta_tensors))
-        validate(delta, _own_weights(model), version, layout="sglang", tp_size=size, tp_rank=rank)
+        staged = stage_delta(_own_weights(model), decode(_payload(delta_tensors)), version, layout="sglang",
+                             tp_size=size, tp_rank=rank, cache=_projections(model))
     except SyncError as exc:
         error = exc
     except Exception as exc:  # anything else is still a rejection, never a crash of the engine
@@ -153,11 +158,10 @@ def _apply(model: nn.Module, delta_tensors: list, size: int, rank: int) -> tuple
     if not _tp_all(error is None):
         return version, error or SyncError("rejected", "another TP rank of the engine rejected the delta")
     try:
-        new_version = apply_delta_(_own_weights(model), delta, version, layout="sglang", tp_size=size, tp_rank=rank,
-                                   cache=_projections(model))
+        new_version = staged.commit_()
     except SyncError as exc:
         error = exc
-    except Exception as exc:  # pragma: no cover - apply_delta_ maps its own failures to SyncError
+    except Exception as exc:  # pragma: no cover - commit_ maps its own failures to SyncError
         error = SyncError("apply", f"applying the delta failed: {exc!r}")
     if not _tp_all(error is None):  # some rank may have committed: the engine as a whole is inconsistent
         reason = error or "another TP rank failed to apply the delta after this one committed"
@@ -165,7 +169,7 @@ def _apply(model: nn.Module, delta_tensors: list, size: int, rank: int) -> tuple
         return -1, SyncError("apply", f"{reason} -- engine weights may differ across TP ranks; "
                                       "a full refit must set the version")
     setattr(model, VERSION_ATTR, new_version)
-    setattr(model, _ATTENTION_ATTR, delta.attention or getattr(model, _ATTENTION_ATTR, None))
+    setattr(model, _ATTENTION_ATTR, staged.delta.attention or getattr(model, _ATTENTION_ATTR, None))
     return new_version, None
 
 
