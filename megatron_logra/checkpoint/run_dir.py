@@ -46,11 +46,16 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -
     ``resume``: the directory is continued as it is. Otherwise a directory holding a previous run
     raises ``ValueError`` naming it and the two ways on (``--resume RUN_DIR``, ``train.overwrite=true``),
     unless ``overwrite``, which removes :data:`RUN_OUTPUTS` first. A path that exists but is not a
-    directory is a ``ValueError`` too.
+    directory is a ``ValueError`` too, and so is one that cannot be created or written (checked by
+    writing a file into it, before the model is built: a job would otherwise fail at its first save).
     """
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"train.run_dir={str(run_dir)!r} exists and is not a directory; choose another train.run_dir")
+    if not resume and not (dist.is_initialized() and dist.get_world_size() > 1):  # the collective check writes too
+        problem = _unwritable(run_dir)
+        if problem:
+            raise ValueError(problem)
     check_shared_storage(run_dir)
     if resume:
         return
@@ -71,6 +76,19 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -
         dist.barrier()
 
 
+def _unwritable(run_dir: Path) -> Optional[str]:
+    """Create ``run_dir`` and write a file into it; None, or why that failed (naming the field and the fix)."""
+    probe = run_dir / f".write-check-{secrets.token_hex(4)}"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        return (f"train.run_dir={str(run_dir)!r} cannot be written: {exc.strerror or exc!r} "
+                f"({exc.filename or run_dir}); choose a directory this job can create and write")
+    return None
+
+
 def check_shared_storage(run_dir: Path, *, wait_s: float = 5.0) -> None:
     """Every rank must see what rank 0 writes in ``run_dir`` (collective; no-op in one process).
 
@@ -83,13 +101,15 @@ def check_shared_storage(run_dir: Path, *, wait_s: float = 5.0) -> None:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
     rank = dist.get_rank()
-    token = [secrets.token_hex(8) if rank == 0 else None]
-    dist.broadcast_object_list(token, src=0)
-    probe = run_dir / f".shared-storage-check-{token[0]}"
+    token = [secrets.token_hex(8) if rank == 0 else None, None]  # [the probe's contents, rank 0's failure]
     if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe.write_text(token[0])
-    dist.barrier()
+        token[1] = _unwritable(run_dir)
+        if token[1] is None:
+            (run_dir / f".shared-storage-check-{token[0]}").write_text(token[0])
+    dist.broadcast_object_list(token, src=0)  # rank 0's failure to write reaches every rank: none waits for it
+    if token[1]:
+        raise ValueError(token[1])
+    probe = run_dir / f".shared-storage-check-{token[0]}"
     deadline = time.monotonic() + wait_s
     while True:
         try:

@@ -35,3 +35,13 @@ def test_a_run_dir_that_is_not_shared_between_ranks_is_refused_on_every_rank(tmp
     results = run([str(tmp_path / "node0" / "run"), str(tmp_path / "node1" / "run")], "local")
     for message in results:  # each rank names the path as it sees it, and the same blind rank
         assert "is not shared storage: rank 1 on " in message and "rank 0 on" not in message
+
+
+def test_a_run_dir_rank_0_cannot_write_is_refused_on_every_rank_without_waiting(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    out = str(tmp_path / "unwritable")
+    bad = str(tmp_path / "afile" / "run")
+    spawn_group(_shared_worker, 2, tmp_path, [bad, bad], out, timeout_s=60.0)
+    for r in range(2):
+        message = Path(f"{out}.{r}").read_text()
+        assert "cannot be written" in message and "train.run_dir=" in message, (r, message)

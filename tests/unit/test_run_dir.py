@@ -54,6 +54,32 @@ def test_fresh_empty_and_non_directory_run_dirs(tmp_path):
         claim_run_dir(tmp_path / "afile", resume=False, overwrite=True)
 
 
+def test_a_run_dir_that_cannot_be_written_is_refused_naming_the_field(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="cannot be written") as err:
+        claim_run_dir(tmp_path / "afile" / "run", resume=False, overwrite=False)
+    assert "train.run_dir=" in str(err.value) and "afile" in str(err.value)
+    assert (tmp_path / "afile").read_text() == "x"
+    claim_run_dir(tmp_path / "new" / "run", resume=False, overwrite=False)  # created, and left empty
+    assert list((tmp_path / "new" / "run").iterdir()) == []
+
+
+def test_cli_refuses_an_unwritable_run_dir_before_building_the_model(tmp_path, capsys, monkeypatch):
+    import megatron_logra.rl.job as job
+    from megatron_logra.cli import main
+
+    def no_build(*args, **kw):
+        raise AssertionError("the model was built for a run that cannot be saved")
+
+    monkeypatch.setattr(job, "build_gpt", no_build)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "tiny", f"train.run_dir={tmp_path / 'afile' / 'run'}", "rl.steps=1", "train.progress=false"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "cannot be written" in err and "train.run_dir" in err and "Traceback" not in err
+
+
 def test_cli_refuses_a_used_run_dir_with_a_message(tmp_path, capsys):
     from megatron_logra.cli import main
 
