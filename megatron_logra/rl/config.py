@@ -32,6 +32,11 @@ class RolloutConfig:
     or none when that is unset too. Never written to disk: saved configs (``RUN/config.yaml``, checkpoints)
     hold ``"***"`` instead, and ``"***"`` read back (``train --resume RUN``) counts as empty, so a resumed
     run takes the key from ``SGLANG_API_KEY`` or from ``rl.rollout.sglang_api_key=...`` given again."""
+    sglang_admin_api_key: str = ""
+    """The server's ``--admin-api-key`` (newer SGLang), sent instead of ``sglang_api_key`` on its weight routes
+    (``update_weights_from_tensor``, ``get_weights_by_name``, ``update_weight_version``), which with both keys
+    set take only this one; empty: the environment variable ``SGLANG_ADMIN_API_KEY``, or none. Kept off disk
+    like ``sglang_api_key``."""
     sglang_timeout: float = 600.0
     """Seconds each HTTP request to the server may take (generation and weight updates)."""
     sglang_serialization: str = "auto"
@@ -73,10 +78,11 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         check_finite_fields("rl.rollout", self)
-        if not isinstance(self.sglang_api_key, str):
-            raise ValueError("rl.rollout.sglang_api_key must be a string (or empty: the SGLANG_API_KEY variable)")
-        if self.sglang_api_key == REDACTED_API_KEY:  # a saved config's placeholder, not a key
-            self.sglang_api_key = ""
+        for field, env in (("sglang_api_key", "SGLANG_API_KEY"), ("sglang_admin_api_key", "SGLANG_ADMIN_API_KEY")):
+            if not isinstance(getattr(self, field), str):
+                raise ValueError(f"rl.rollout.{field} must be a string (or empty: the {env} variable)")
+            if getattr(self, field) == REDACTED_API_KEY:  # a saved config's placeholder, not a key
+                setattr(self, field, "")
         if self.engine not in ("embedded", "sglang"):
             raise ValueError(f"rl.rollout.engine={self.engine!r}: choose embedded or sglang")
         if self.sglang_url and self.engine != "sglang":

@@ -86,7 +86,8 @@ from megatron_logra.rollout.sglang_api import (
     resolve_serialization,
     sglang_mem_fraction,
 )
-from megatron_logra.rollout.sglang_setup import check_engine_gpus, contiguous_run, resolve_api_key
+from megatron_logra.rollout.sglang_setup import (ADMIN_API_KEY_ENV, ADMIN_KEY_FIELD, check_engine_gpus,
+                                                 contiguous_run, resolve_api_key)
 from megatron_logra.sync.errors import SyncError
 
 logger = logging.getLogger(__name__)
@@ -241,14 +242,15 @@ class SGLangEngine:
             serialization = resolve_serialization(ro.sglang_serialization, ro.sglang_url, torch.cuda.is_available())
             world = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
             api_key = resolve_api_key(ro.sglang_api_key)  # every rank: a key that cannot be sent is refused by all
+            admin_key = resolve_api_key(ro.sglang_admin_api_key, field=ADMIN_KEY_FIELD, env_var=ADMIN_API_KEY_ENV)
 
             def server() -> SGLangServerTarget:
-                return SGLangServerTarget(ro.sglang_url, api_key=api_key,
+                return SGLangServerTarget(ro.sglang_url, api_key=api_key, admin_api_key=admin_key,
                                           timeout=ro.sglang_timeout, serialization=serialization)
 
             gen_target = server() if is_driver(mp) else None
             if gen_target is not None and ro.sglang_sampling_seed:
-                info = gen_target.request("GET", "/get_server_info")[1]
+                info = gen_target.server_info()
                 if not (isinstance(info, dict) and info.get("enable_deterministic_inference")):
                     logger.warning("rl.rollout.sglang_sampling_seed: the server at %s was not started with "
                                    "--enable-deterministic-inference, so SGLang ignores the per-request seeds",

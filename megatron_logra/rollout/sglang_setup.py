@@ -5,7 +5,8 @@ may run (:func:`check_engine_gpus`) and how the server's API key is kept off dis
 The API key (``rl.rollout.sglang_api_key``) is a credential: a config written to disk (``RUN/config.yaml``,
 every checkpoint's config) holds :data:`REDACTED_API_KEY` in its place, and a config read back (``train
 --resume RUN``) turns that placeholder into an empty key, which :func:`resolve_api_key` fills from the
-environment variable :data:`API_KEY_ENV` (``SGLANG_API_KEY``). Either source loses its surrounding whitespace
+environment variable :data:`API_KEY_ENV` (``SGLANG_API_KEY``). The admin key of newer SGLang servers
+(``rl.rollout.sglang_admin_api_key``, else ``SGLANG_ADMIN_API_KEY``) is kept off disk the same way. Either source loses its surrounding whitespace
 (a key read from a secret file ends in a newline); a key that still cannot travel in an HTTP header is refused
 naming its source, never quoting it (:func:`check_api_key`). Imports no SGLang and no torch.
 """
@@ -17,13 +18,18 @@ import os
 import unicodedata
 from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["API_KEY_ENV", "CONFIG_KEY_FIELD", "REDACTED_API_KEY", "check_api_key", "check_engine_gpus",
-           "contiguous_run", "redact_config", "resolve_api_key"]
+__all__ = ["ADMIN_API_KEY_ENV", "ADMIN_KEY_FIELD", "API_KEY_ENV", "CONFIG_KEY_FIELD", "REDACTED_API_KEY",
+           "check_api_key", "check_engine_gpus", "contiguous_run", "redact_config", "resolve_api_key"]
 
 CONFIG_KEY_FIELD = "rl.rollout.sglang_api_key"
 """The config field holding the server's API key."""
 API_KEY_ENV = "SGLANG_API_KEY"
 """Environment variable holding the server's API key when ``rl.rollout.sglang_api_key`` is empty."""
+ADMIN_KEY_FIELD = "rl.rollout.sglang_admin_api_key"
+"""The config field holding the server's admin API key (``--admin-api-key``)."""
+ADMIN_API_KEY_ENV = "SGLANG_ADMIN_API_KEY"
+"""Environment variable holding the admin key when ``rl.rollout.sglang_admin_api_key`` is empty."""
+_KEY_FIELDS = ("sglang_api_key", "sglang_admin_api_key")
 REDACTED_API_KEY = "***"
 """What saved configs hold instead of a non-empty ``rl.rollout.sglang_api_key``; read back, it means "no key
 in the config" (``RolloutConfig`` turns it into ``""``), never a key to send."""
@@ -31,26 +37,30 @@ in the config" (``RolloutConfig`` turns it into ``""``), never a key to send."""
 
 def redact_config(data: Mapping[str, Any]) -> dict:
     """A deep copy of ``data`` (a run config as :func:`megatron_logra.config.to_dict` gives it) that is safe to
-    write to disk: a non-empty ``rl.rollout.sglang_api_key`` becomes :data:`REDACTED_API_KEY`; everything else,
-    and ``data`` itself, is unchanged."""
+    write to disk: a non-empty ``rl.rollout.sglang_api_key`` or ``rl.rollout.sglang_admin_api_key`` becomes
+    :data:`REDACTED_API_KEY`; everything else, and ``data`` itself, is unchanged."""
     out = copy.deepcopy(dict(data))
     rollout = out.get("rl", {}).get("rollout") if isinstance(out.get("rl"), dict) else None
-    if isinstance(rollout, dict) and rollout.get("sglang_api_key"):
-        rollout["sglang_api_key"] = REDACTED_API_KEY
+    for field in _KEY_FIELDS:
+        if isinstance(rollout, dict) and rollout.get(field):
+            rollout[field] = REDACTED_API_KEY
     return out
 
 
-def resolve_api_key(config_key: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """The bearer token to send to the SGLang server: ``config_key`` (``rl.rollout.sglang_api_key``) when it is
-    set, else ``env[SGLANG_API_KEY]`` (``os.environ`` by default) when that is set, else None (no
-    ``Authorization`` header). :data:`REDACTED_API_KEY` is never returned as a key: it counts as unset.
+def resolve_api_key(config_key: str, env: Optional[Mapping[str, str]] = None, *, field: str = CONFIG_KEY_FIELD,
+                    env_var: str = API_KEY_ENV) -> Optional[str]:
+    """The bearer token to send to the SGLang server: ``config_key`` (the config ``field``,
+    ``rl.rollout.sglang_api_key`` by default) when it is set, else ``env[env_var]`` (``SGLANG_API_KEY``;
+    ``os.environ`` by default) when that is set, else None (no ``Authorization`` header). The admin key:
+    ``field=ADMIN_KEY_FIELD, env_var=ADMIN_API_KEY_ENV``. :data:`REDACTED_API_KEY` is never returned as a
+    key: it counts as unset.
 
     Surrounding whitespace is stripped (a key read from a secret file usually ends in a newline), and a key
     that still holds whitespace, control characters or characters outside Latin-1 (which no HTTP header can
     carry) is refused with a ``ValueError`` that names where the key came from, never the key itself.
     """
     env = os.environ if env is None else env
-    for source, raw in ((CONFIG_KEY_FIELD, config_key), (API_KEY_ENV, env.get(API_KEY_ENV, ""))):
+    for source, raw in ((field, config_key), (env_var, env.get(env_var, ""))):
         key = raw.strip() if isinstance(raw, str) else raw
         if key and key != REDACTED_API_KEY:
             check_api_key(key, source)

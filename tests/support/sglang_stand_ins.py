@@ -46,6 +46,9 @@ __all__ = ["D", "F", "G", "H", "HID", "PADDED", "SHAPE", "V", "VOCAB", "DataPara
            "FakeSGLang", "FakeServer", "FakeTarget", "Linear", "Norm", "SGLangLlama", "SGLangQwen2", "SafeUnpickler",
            "SchedulerRuntime", "delta_chain", "hf_state", "reference", "send_json", "servers"]
 
+ADMIN_OPTIONAL_ROUTES = frozenset({"/update_weights_from_tensor", "/update_weight_version", "/get_weights_by_name"})
+"""Routes SGLang's ``http_server.py`` marks ``@auth_level(AuthLevel.ADMIN_OPTIONAL)`` (among those the client uses)."""
+
 DP_UPDATE_ASSERT = "dp_size must be 1 or dp attention must be enabled for update weights from tensor"
 """``TokenizerManager.update_weights_from_tensor``'s assertion message."""
 
@@ -285,8 +288,11 @@ class FakeServer:
     port, recording every request.
 
     ``requests`` holds each request's ``method``, ``path``, JSON ``body`` and ``headers`` (names lowercased);
-    ``paths()`` its paths. With ``api_key`` a request without ``Authorization: Bearer <api_key>`` gets 401.
-    ``/get_server_info`` answers ``server_info`` (default: the server arguments ``tp_size``, ``dp_size``,
+    ``paths()`` its paths. Keys as SGLang's ``--api-key`` / ``--admin-api-key`` (``decide_request_auth``): the
+    routes in :data:`ADMIN_OPTIONAL_ROUTES` take ``admin_api_key`` when it is set, else ``api_key``; every other
+    route takes ``api_key``; a route with no key to check is open; a wrong or missing key gets 401.
+    ``info_paths`` (default: ``/server_info`` and ``/get_server_info``, as newer servers; older ones have only
+    ``/get_server_info``) answer ``server_info`` (default: the server arguments ``tp_size``, ``dp_size``,
     ``enable_dp_attention``, ``custom_weight_loader``, and ``weight_version``).
     ``/update_weights_from_tensor`` fails with 500 when the tokenizer manager's dp assertion fails, with 400
     and ``fail_update`` as its message when that is set (SGLang's own refusal, e.g. a payload it cannot
@@ -298,8 +304,10 @@ class FakeServer:
     ``/continue_generation`` answer as SGLang does; any other route is 404.
     """
 
-    def __init__(self, runtime, *, tp_size=1, api_key=None, server_info=None, fail_update=None):
-        self.runtime, self.tp_size, self.api_key = runtime, tp_size, api_key
+    def __init__(self, runtime, *, tp_size=1, api_key=None, admin_api_key=None, server_info=None, fail_update=None,
+                 info_paths=("/server_info", "/get_server_info")):
+        self.runtime, self.tp_size, self.api_key, self.admin_api_key = runtime, tp_size, api_key, admin_api_key
+        self.info_paths = info_paths
         self.server_info = server_info if server_info is not None else {
             "tp_size": tp_size, "dp_size": getattr(runtime, "dp_size", 1),
             "enable_dp_attention": getattr(runtime, "enable_dp_attention", False),
@@ -319,7 +327,7 @@ class FakeServer:
                 body = json.loads(raw) if raw else None
                 owner.requests.append({"method": self.command, "path": self.path, "body": body,
                                        "headers": {k.lower(): v for k, v in self.headers.items()}})
-                if owner.api_key and self.headers.get("Authorization") != "Bearer " + owner.api_key:
+                if not owner.authorized(self.path, self.headers.get("Authorization")):
                     return send_json(self, 401, {"error": "Unauthorized"})
                 send_json(self, *owner.route(self.command, self.path, body))
 
@@ -330,9 +338,15 @@ class FakeServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
+    def authorized(self, path, header):
+        if path.startswith("/health") or path.startswith("/metrics"):
+            return True
+        key = (self.admin_api_key or self.api_key) if path in ADMIN_OPTIONAL_ROUTES else self.api_key
+        return not key or header == "Bearer " + key
+
     def route(self, method, path, body):
         info = self.server_info
-        if path == "/get_server_info" and method == "GET":
+        if path in self.info_paths and method == "GET":
             return 200, info
         if path == "/update_weights_from_tensor" and method == "POST":
             if not (info.get("dp_size", 1) == 1 or info.get("enable_dp_attention")):

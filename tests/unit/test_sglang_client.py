@@ -322,7 +322,7 @@ def test_a_model_without_get_weights_by_name_is_a_clear_error():
 def test_http_target_speaks_sglangs_protocol(servers):
     hf = hf_state()
     runtime = SchedulerRuntime([SGLangLlama(hf, tp=2, rank=r) for r in range(2)])
-    server = FakeServer(runtime, tp_size=2, api_key="sekret")
+    server = FakeServer(runtime, tp_size=2, api_key="sekret", info_paths=("/get_server_info",))
     servers.append(server)
     target = SGLangServerTarget(server.url + "/", api_key="sekret", timeout=10)
     deltas = delta_chain(2)
@@ -336,7 +336,8 @@ def test_http_target_speaks_sglangs_protocol(servers):
     assert all(r["headers"].get("authorization") == "Bearer sekret" for r in server.requests)
     posts = [r for r in server.requests if r["method"] == "POST"]
     assert all(r["headers"]["content-type"] == "application/json" for r in posts)
-    assert server.paths()[0] == "/get_server_info"
+    assert server.paths()[:2] == ["/server_info", "/get_server_info"]  # an older server: the newer path is 404
+    assert server.paths().count("/server_info") == 1  # the path that answered is kept
     # one sync: read state, pause, send, read state back, continue, publish the version
     tail = server.paths()[-6:]
     assert tail == ["/get_weights_by_name", "/pause_generation", "/update_weights_from_tensor",
@@ -429,7 +430,7 @@ def test_a_pipeline_parallel_engine_is_refused_for_deltas_before_anything_is_sen
     if transport == "engine":
         assert engine.calls == []
     else:
-        assert server.paths() == ["/get_server_info"]
+        assert server.paths() == ["/server_info"]
     assert engine_version(runtime.models[0]) == 0 and runtime.dead is None
     with pytest.raises(SGLangError, match="pp_size=2") as info:  # every rank refuses when the engine is built
         SGLangEngine(generate_fn=lambda payload: None, target=target, vocab_size=V, padded_vocab_size=V)
@@ -450,7 +451,7 @@ def test_http_target_checks_loader_and_version_before_pausing(servers):
     servers.append(bare)
     with pytest.raises(SGLangError, match="does not register the sketch-delta loader"):
         SGLangServerTarget(bare.url, timeout=10).apply_sketch_delta(delta_chain(1)[0])
-    assert bare.paths() == ["/get_server_info"]
+    assert bare.paths() == ["/server_info"]
 
     server = FakeServer(runtime)
     servers.append(server)

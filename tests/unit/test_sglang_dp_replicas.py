@@ -94,7 +94,7 @@ def test_deltas_are_refused_up_front_and_dense_refits_reach_every_data_parallel_
         target.apply_sketch_delta(delta_chain(1)[0])
     assert info.value.kind == "config" and _updates(target, servers) == []
     if transport == "http":
-        assert servers[-1].paths() == ["/get_server_info"]
+        assert servers[-1].paths() == ["/server_info"]
     with pytest.raises(SGLangError, match="dp_size=2") as info:  # every rank refuses when the engine is built
         SGLangEngine(generate_fn=FakeSGLang(), target=target, vocab_size=VOCAB, padded_vocab_size=PADDED)
     assert info.value.kind == "config"

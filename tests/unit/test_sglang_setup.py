@@ -219,12 +219,13 @@ def test_the_engine_sends_a_secret_files_key_without_its_newline_and_refuses_a_b
         monkeypatch.setenv(API_KEY_ENV, "from-env\n")
         with pytest.raises(SGLangError) as err:  # past the key: the recorder has no SGLang routes
             SGLangEngine.from_config(cfg, groups)
-        assert err.value.kind != "auth" and server.seen == ["Bearer from-env"]
+        # both server-info paths (the recorder answers 404 to each), each with the key stripped of its newline
+        assert err.value.kind != "auth" and server.seen == ["Bearer from-env"] * 2
         monkeypatch.setenv(API_KEY_ENV, "from-env\r\nX-Injected: 1")
         with pytest.raises(ValueError, match=API_KEY_ENV) as err:
             SGLangEngine.from_config(cfg, groups)
         assert "from-env" not in str(err.value) and not isinstance(err.value, SGLangError)
-        assert server.seen == ["Bearer from-env"]  # nothing more was sent
+        assert server.seen == ["Bearer from-env"] * 2  # nothing more was sent
     finally:
         server.close()
 
