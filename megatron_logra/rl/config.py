@@ -78,11 +78,11 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         check_finite_fields("rl.rollout", self)
-        for field, env in (("sglang_api_key", "SGLANG_API_KEY"), ("sglang_admin_api_key", "SGLANG_ADMIN_API_KEY")):
-            if not isinstance(getattr(self, field), str):
-                raise ValueError(f"rl.rollout.{field} must be a string (or empty: the {env} variable)")
-            if getattr(self, field) == REDACTED_API_KEY:  # a saved config's placeholder, not a key
-                setattr(self, field, "")
+        for key_field, env in (("sglang_api_key", "SGLANG_API_KEY"), ("sglang_admin_api_key", "SGLANG_ADMIN_API_KEY")):
+            if not isinstance(getattr(self, key_field), str):
+                raise ValueError(f"rl.rollout.{key_field} must be a string (or empty: the {env} variable)")
+            if getattr(self, key_field) == REDACTED_API_KEY:  # a saved config's placeholder, not a key
+                setattr(self, key_field, "")
         if self.engine not in ("embedded", "sglang"):
             raise ValueError(f"rl.rollout.engine={self.engine!r}: choose embedded or sglang")
         if self.sglang_url and self.engine != "sglang":
