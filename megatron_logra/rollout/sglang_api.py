@@ -67,8 +67,9 @@ def check_logprob_convention(params: SamplingParams, env: Optional[Mapping[str, 
                              f"T={params.temperature}; unset it")
     if params.top_p < 1 and params.temperature > 0 and not _warned_top_p:
         _warned_top_p = True
-        logger.warning("sglang engine: top_p=%s < 1: SGLang reports log-probs renormalised over the nucleus "
-                       "(>= the trainer's untruncated ones); importance weights absorb the gap", params.top_p)
+        logger.warning("sglang engine: top_p=%s < 1: depending on its version and sampling backend, SGLang may "
+                       "report log-probs renormalised over the nucleus (>= the trainer's untruncated ones); the "
+                       "mismatch metric shows it and importance weights absorb the gap", params.top_p)
 
 
 def build_generate_payload(prompts: Sequence[Sequence[int]], params: SamplingParams, *, vocab_size: int,

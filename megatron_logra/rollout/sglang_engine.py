@@ -10,12 +10,14 @@ on SGLang >= 0.5, ``weight_version`` (a string). :mod:`megatron_logra.rollout.sg
 holds the pure translations (tested against those shapes).
 
 Log-prob convention (see :mod:`megatron_logra.rollout.engine`: ``log_softmax(z / T)`` at the sampled
-token, before top-p truncation; ``softmax(z)`` when greedy). SGLang's sampler (>= 0.4.1, by design:
-"the real logprob used in sampling") returns, for ``T > 0``, ``log`` of the temperature-scaled
-probabilities *renormalised over the top-p nucleus*; for greedy requests ``log_softmax(z)``. So:
+token, before top-p truncation; ``softmax(z)`` when greedy). SGLang returns, for ``T > 0``, ``log`` of
+the temperature-scaled probabilities, taken -- depending on its version and sampling backend -- before
+the top-p truncation (as ours) or *renormalised over the top-p nucleus* (its sampler renormalises before
+taking logs where it applies ``min_p``, and in some releases always); for greedy requests
+``log_softmax(z)``. So:
 
 * ``top_p == 1``: identical to the trainer's convention (up to kernel rounding);
-* ``top_p < 1``: SGLang's value is ``ours - log(nucleus mass) >= ours``; the nucleus mass is not
+* ``top_p < 1``: SGLang's value may be ``ours - log(nucleus mass) >= ours``; the nucleus mass is not
   returned, so it cannot be converted back. A warning is logged once; the mismatch shows up in the
   ``mismatch`` metric and the truncated importance weights absorb it;
 * ``SGLANG_RETURN_ORIGINAL_LOGPROB`` (older: ``RETURN_ORIGINAL_LOGPROB``) makes SGLang return

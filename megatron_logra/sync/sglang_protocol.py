@@ -412,8 +412,10 @@ class _SGLangTarget:
         fuses q/k/v and gate/up and shards for TP); ``embed_tokens``/``lm_head`` go cut to the engine's
         vocabulary (:attr:`vocab_size`). The engine's version is -1 (unknown) from the
         first chunk until the last one has loaded, so a failure part-way leaves it refusing deltas
-        until the next full refit succeeds. An unknown name makes SGLang's ``load_weights``
-        raise inside the scheduler, so names must be the checkpoint's.
+        until the next full refit succeeds. Names must be the checkpoint's: SGLang's ``load_weights``
+        treats an unknown one by model class (``Qwen2ForCausalLM`` raises inside the scheduler, which
+        stops the server; ``LlamaForCausalLM`` logs it and skips the tensor, which only the next drift
+        check would catch).
         """
         self._check_server()
         self.vocab_size  # noqa: B018 - known before the first chunk: vocabulary tensors are cut to it
