@@ -27,7 +27,10 @@ commit) and after the commit, so either every rank applies or none does; a failu
 unknown (-1) until a full refit sets it (``set_version``). A full refit itself first sets -1, so
 a refit that stops part-way can never pass for the version before it.
 
-The delta is validated in full before any parameter changes. The engine's TP position, weight
+The delta is validated in full before any parameter changes. With speculative decoding SGLang
+runs the loader on the draft model first, then on the target model: the draft (a layer or two)
+lacks most of the delta's targets and refuses it untouched, and the outcome the client reads back
+(``get_weights_by_name``) is the target model's. The engine's TP position, weight
 version and Hugging Face view come from :mod:`~megatron_logra.sync.sglang_weights`.
 ``fingerprint`` works at every TP size: the ranks exchange their shares of the sampled rows of
 each HF tensor over SGLang's TP CPU group (:mod:`~megatron_logra.sync.sglang_fingerprint`), so
