@@ -55,14 +55,22 @@ def _run(shape: DenseShape, rank: int, repeats: int) -> tuple[int, float, float]
     return len(plan.factors), statistics.median(times["validate+apply"]), statistics.median(times["staged"])
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--rank", type=int, default=32)
+    p.add_argument("--repeats", type=_positive, default=15, help="timed syncs per sequence and model")
+    p.add_argument("--threads", type=_positive, default=1, help="torch CPU threads")
+    p.add_argument("--rank", type=_positive, default=32, help="sketch rank of the deltas")
     args = p.parse_args(argv)
-    if args.repeats < 1 or args.threads < 1 or args.rank < 1:
-        p.error("--repeats, --threads and --rank must be >= 1")
     torch.set_num_threads(args.threads)
     rows = ["| engine weights (bf16, SGLang layout) | targets | validate + apply ms | staged ms | staged / before |",
             "|---|---:|---:|---:|---:|"]

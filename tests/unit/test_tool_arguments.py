@@ -34,6 +34,8 @@ BAD = [
     ("tools/make_warm_start.py", ["--out", "{tmp}/ws", "logra.rank=abc"], "logra.rank"),
     ("benchmarks/rl_parity.py", ["--seeds", "1", "--steps", "1", "--run-root", "{tmp}/rlp", "logra.rank=abc"],
      "logra.rank"),
+    ("benchmarks/loader_overhead.py", ["--repeats", "0"], "--repeats"),
+    ("benchmarks/loader_overhead.py", ["--rank", "x"], "--rank"),
     ("tools/gpu_smoke.py", ["--bogus"], "--bogus"),
     ("tools/gpu_smoke.py", ["--steps", "0"], "--steps"),
     ("tools/sglang_rollout_smoke.py", ["--engine-arg", "foo"], "--engine-arg"),
