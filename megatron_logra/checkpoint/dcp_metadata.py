@@ -149,10 +149,32 @@ EXTRA_STATE_GLOBALS: dict[str, frozenset[str]] = {
     "torch.storage": frozenset({"_load_from_bytes", "UntypedStorage", "TypedStorage"}),
 }
 """``module: names`` the payload of a TransformerEngine layer's ``_extra_state`` may reference (its FP8
-metadata: a dict of tensors and numbers, and the FP8 recipe, a dataclass of
-``transformer_engine.common.recipe``, whose every name is allowed); everything else is refused."""
+metadata: a dict of tensors and numbers, and the FP8 recipe: :data:`RECIPE_GLOBALS`); everything else is
+refused."""
 
 _TE_RECIPE_MODULE = "transformer_engine.common.recipe"
+RECIPE_GLOBALS: frozenset[tuple[str, str]] = frozenset({
+    ("megatron.core.extensions.transformer_engine", "TEDelayedScaling"),
+})
+"""Recipe classes outside ``transformer_engine.common.recipe`` (every name of which is a recipe, an enum or a
+named tuple of it) that FP8 metadata holds: megatron-core passes its own ``DelayedScaling`` subclass for
+``fp8_recipe=delayed``, and TransformerEngine pickles the recipe it was given."""
+
+
+class _RecipeStandIn:
+    """What a recipe class resolves to while the metadata is checked: it takes any arguments and state and
+    runs nothing, so the check needs no TransformerEngine (a CPU conversion of an FP8 checkpoint) and imports
+    no module on the pickle's word. TransformerEngine unpickles the real classes when it loads the layer."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args, self.kwargs = args, kwargs
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+def _recipe_stand_in(module: str, name: str) -> type:
+    return type(name, (_RecipeStandIn,), {"__module__": module, "__qualname__": name})
 TRUST_ENV = "MEGATRON_LOGRA_TRUST_FP8_METADATA"
 """Set to ``1`` to skip :func:`check_extra_state` for checkpoints you wrote yourself (TransformerEngine
 versions whose FP8 metadata pickles other globals)."""
@@ -167,7 +189,7 @@ def _safe_load_from_bytes(b: bytes) -> Any:
 
 
 class _ExtraStateUnpickler(pickle.Unpickler):
-    """Resolves only :data:`EXTRA_STATE_GLOBALS`, torch dtypes and TE's recipe classes."""
+    """Resolves only :data:`EXTRA_STATE_GLOBALS`, torch dtypes, and the recipe classes (to stand-ins)."""
 
     def __init__(self, fh, where: str) -> None:
         super().__init__(fh)
@@ -178,7 +200,9 @@ class _ExtraStateUnpickler(pickle.Unpickler):
 
         if module == "torch.storage" and name == "_load_from_bytes":
             return _safe_load_from_bytes
-        if (name in EXTRA_STATE_GLOBALS.get(module, ()) or module == _TE_RECIPE_MODULE
+        if module == _TE_RECIPE_MODULE or (module, name) in RECIPE_GLOBALS:
+            return _recipe_stand_in(module, name)
+        if (name in EXTRA_STATE_GLOBALS.get(module, ())
                 or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):
             return super().find_class(module, name)
         raise CheckpointError(

@@ -207,3 +207,53 @@ def test_transformer_engine_fp8_metadata_passes_the_extra_state_check(monkeypatc
     check_extra_state([torch.empty(0, dtype=torch.uint8)], "layer")
     with pytest.raises(CheckpointError, match="do not unpickle as FP8 metadata"):
         check_extra_state([torch.tensor([1, 2, 3], dtype=torch.uint8)], "layer")
+
+
+def test_megatrons_delayed_scaling_recipe_passes_without_transformer_engine(monkeypatch):
+    """``fp8_recipe=delayed``: megatron-core hands TransformerEngine its own ``TEDelayedScaling`` (a subclass of
+    TE's ``DelayedScaling`` in ``megatron.core.extensions.transformer_engine``), which TE pickles into every
+    layer's metadata. The check accepts it, and checks without importing TransformerEngine (not installed on
+    a CPU that converts the checkpoint): the stand-in modules are gone before it runs."""
+    import enum
+    import sys
+    import types
+
+    import megatron.core.extensions.transformer_engine as mcore_te
+
+    from megatron_logra.checkpoint.dcp_metadata import check_extra_state
+
+    recipe = types.ModuleType("transformer_engine.common.recipe")
+
+    class Format(enum.Enum):
+        HYBRID = "hybrid"
+
+    @dataclasses.dataclass
+    class DelayedScaling:
+        margin: int = 0
+        fp8_format: Format = Format.HYBRID
+
+    class TEDelayedScaling(DelayedScaling):
+        pass
+
+    for cls in (Format, DelayedScaling):
+        cls.__module__, cls.__qualname__ = recipe.__name__, cls.__name__
+        setattr(recipe, cls.__name__, cls)
+    TEDelayedScaling.__module__, TEDelayedScaling.__qualname__ = mcore_te.__name__, "TEDelayedScaling"
+    monkeypatch.setattr(mcore_te, "TEDelayedScaling", TEDelayedScaling)
+
+    class NotARecipe:  # any other global of that module is still refused
+        pass
+
+    NotARecipe.__module__, NotARecipe.__qualname__ = mcore_te.__name__, "NotARecipe"
+    monkeypatch.setattr(mcore_te, "NotARecipe", NotARecipe, raising=False)
+    for name in ("transformer_engine", "transformer_engine.common"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, recipe.__name__, recipe)
+    payload = _te_extra_state({"recipe": TEDelayedScaling(margin=1), "scale_fwd": torch.ones(3)})
+    bad = _te_extra_state({"recipe": NotARecipe()})
+    for name in ("transformer_engine", "transformer_engine.common", recipe.__name__):
+        monkeypatch.delitem(sys.modules, name)
+    check_extra_state([payload], "layer")
+    assert recipe.__name__ not in sys.modules
+    with pytest.raises(CheckpointError, match="megatron.core.extensions.transformer_engine.NotARecipe"):
+        check_extra_state([bad], "layer")
