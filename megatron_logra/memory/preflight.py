@@ -89,9 +89,12 @@ def embedded_rollout_sequences(cfg: Any, dp: int) -> int:
 
 def attention_kernel(model: Any) -> str:
     """The attention the planner should model for ``model`` (a ``ModelConfig``) built on this machine:
-    ``flash`` where its layers are TransformerEngine's (fused attention), else ``unfused``."""
+    ``flash`` where its layers are TransformerEngine's (fused attention) in 16-bit, else ``unfused``:
+    megatron's local spec always, and TransformerEngine too for ``float32`` parameters (its flash and fused
+    backends take fp16/bf16 only, so it falls back to its unfused attention, which keeps the s x s scores)."""
     impl = model.transformer_impl
-    return "flash" if impl == "transformer_engine" or (impl == "auto" and te_unavailable_reason() is None) else "unfused"
+    te = impl == "transformer_engine" or (impl == "auto" and te_unavailable_reason() is None)
+    return "flash" if te and model.params_dtype != "float32" else "unfused"
 
 
 def run_plan_config(cfg: Any, *, tp: int, pp: int, dp: int, gpu_memory_bytes: int) -> Optional[PlanConfig]:

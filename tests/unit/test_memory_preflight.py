@@ -172,19 +172,27 @@ def test_the_lm_loss_term_matches_megatrons_measured_cross_entropy(groups, one_t
 
 
 def test_attention_is_planned_as_the_model_would_be_built_here():
-    """TransformerEngine layers run fused attention (no s x s scores), megatron's local spec the
-    unfused one; ``auto`` is TE exactly where TE can be used. The preflight and the stress tool
-    both plan through ``attention_kernel``."""
+    """TransformerEngine layers run fused attention (no s x s scores) in 16-bit and their unfused fallback in
+    fp32, megatron's local spec the unfused one; ``auto`` is TE exactly where TE can be used. The preflight
+    and the stress tool both plan through ``attention_kernel``."""
     from types import SimpleNamespace
 
     from megatron_logra.memory.preflight import attention_kernel
     from megatron_logra.models.te import te_unavailable_reason
 
-    assert attention_kernel(SimpleNamespace(transformer_impl="transformer_engine")) == "flash"
-    assert attention_kernel(SimpleNamespace(transformer_impl="local")) == "unfused"
+    def model(impl, dtype="bfloat16"):
+        return SimpleNamespace(transformer_impl=impl, params_dtype=dtype)
+
+    assert attention_kernel(model("transformer_engine")) == "flash"
+    assert attention_kernel(model("transformer_engine", "float16")) == "flash"
+    assert attention_kernel(model("transformer_engine", "float32")) == "unfused"
+    assert attention_kernel(model("local")) == "unfused"
     here = "unfused" if te_unavailable_reason() is not None else "flash"
-    assert attention_kernel(SimpleNamespace(transformer_impl="auto")) == here
+    assert attention_kernel(model("auto")) == here
     cfg = parse_args_to_config("tiny", [])
+    assert cfg.model.params_dtype == "float32"
+    assert run_plan_config(cfg, tp=1, pp=1, dp=1, gpu_memory_bytes=H100).attention == "unfused"
+    cfg = parse_args_to_config("tiny", ["--bf16"])
     assert run_plan_config(cfg, tp=1, pp=1, dp=1, gpu_memory_bytes=H100).attention == here
 
 
