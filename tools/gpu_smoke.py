@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.hidden % 128:
         p.error(f"argument --hidden: {args.hidden} is not a multiple of 128 (the model has hidden // 128 attention "
                 "heads of dimension 128)")
+    if args.rank % 16:  # the FP8 sections need it (torch._scaled_mm): refused here, not after the steps section
+        p.error(f"argument --rank: {args.rank} is not a multiple of 16 (the FP8 projection's torch._scaled_mm "
+                f"needs it; e.g. {max(16, args.rank - args.rank % 16)})")
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to do", file=sys.stderr)
         return 0

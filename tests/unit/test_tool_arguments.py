@@ -38,6 +38,7 @@ BAD = [
     ("benchmarks/loader_overhead.py", ["--rank", "x"], "--rank"),
     ("tools/gpu_smoke.py", ["--bogus"], "--bogus"),
     ("tools/gpu_smoke.py", ["--steps", "0"], "--steps"),
+    ("tools/gpu_smoke.py", ["--rank", "24"], "--rank"),
     ("tools/sglang_rollout_smoke.py", ["--engine-arg", "foo"], "--engine-arg"),
     ("tools/sglang_sync_smoke.py", ["--engine-arg", "tp_size=notjson"], "--engine-arg"),
 ]
