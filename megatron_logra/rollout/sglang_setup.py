@@ -6,9 +6,10 @@ The API key (``rl.rollout.sglang_api_key``) is a credential: a config written to
 every checkpoint's config) holds :data:`REDACTED_API_KEY` in its place, and a config read back (``train
 --resume RUN``) turns that placeholder into an empty key, which :func:`resolve_api_key` fills from the
 environment variable :data:`API_KEY_ENV` (``SGLANG_API_KEY``). The admin key of newer SGLang servers
-(``rl.rollout.sglang_admin_api_key``, else ``SGLANG_ADMIN_API_KEY``) is kept off disk the same way. Either source loses its surrounding whitespace
-(a key read from a secret file ends in a newline); a key that still cannot travel in an HTTP header is refused
-naming its source, never quoting it (:func:`check_api_key`). Imports no SGLang and no torch.
+(``rl.rollout.sglang_admin_api_key``, else ``SGLANG_ADMIN_API_KEY``) is kept off disk the same way. Either
+source loses its surrounding whitespace (a key read from a secret file ends in a newline); a key that still
+cannot travel in an HTTP header is refused naming its source, never quoting it (:func:`check_api_key`).
+Imports no SGLang and no torch.
 """
 
 from __future__ import annotations

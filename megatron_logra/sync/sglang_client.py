@@ -165,8 +165,8 @@ class SGLangServerTarget(_SGLangTarget):
     ``api_key`` is sent as ``Authorization: Bearer <key>`` (SGLang's ``--api-key``); ``admin_api_key``
     (the server's ``--admin-api-key``, newer SGLang) instead on :data:`ADMIN_ROUTES`. Where a route refuses
     the key tried first (401 or 403) and the other key is set, the request is sent once more with the other,
-    and the key that worked is kept for that route. ``timeout`` bounds every request (weight updates included). ``serialization``: see the module
-    docstring. Environment proxies are ignored unless ``proxies`` is given.
+    and the key that worked is kept for that route. ``timeout`` bounds every request (weight updates
+    included). ``serialization``: see the module docstring. Environment proxies are ignored unless ``proxies`` is given.
     """
 
     def __init__(self, base_url: str, api_key: Optional[str] = None, timeout: float = 300.0, *,
