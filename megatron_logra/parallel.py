@@ -197,7 +197,8 @@ def initialize_parallel(cfg: ParallelConfig, seed: int = 1234) -> ParallelGroups
         )
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp)
+    ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp,
+                                 distributed_timeout_minutes=math.ceil(cfg.timeout_minutes))  # else 30 on its groups
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     groups = ParallelGroups(
         tp=ps.get_tensor_model_parallel_group(),
