@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,7 +15,7 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MetricsWriter", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "max_over_ranks",
+__all__ = ["MetricsWriter", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "max_over_ranks", "elapsed",
            "json_safe", "strict_dumps"]
 
 
@@ -31,6 +32,15 @@ def reset_device_peaks(device: torch.device) -> None:
     """Start a new peak-memory window on ``device`` (a no-op off CUDA)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def elapsed(t0: float, device: torch.device) -> float:
+    """Seconds since ``time.perf_counter()`` returned ``t0``, once the work queued on ``device`` has finished:
+    on CUDA the step's last kernels (the weight merges) still run when the host is done, and would otherwise
+    count towards the next step's time."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
 
 
 def max_over_ranks(values: dict[str, Optional[int]], group: Optional[dist.ProcessGroup] = None

@@ -17,7 +17,7 @@ from megatron_logra.data.tokenizer import prompt_token_ids
 from megatron_logra.kl.controller import KLConfig, KLController
 from megatron_logra.kl.fd_probe import fd_step, predicted_kl_fd
 from megatron_logra.kl.probe import NativeDeltas, ProbeBatch, measure_kl, predicted_kl, probe_logits, probe_method
-from megatron_logra.metrics import device_peaks, reset_device_peaks
+from megatron_logra.metrics import device_peaks, elapsed, reset_device_peaks
 from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
@@ -256,7 +256,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     state.step = step
     if stats[4].item() == 0.0 and rl.loss.kl_coef == 0:  # with a KL penalty the step still pulls towards the reference
         logger.info("step %d: every advantage is zero (all groups uniform); no update", step)
-        record.update(skipped=True, step_seconds=time.perf_counter() - t0, **device_peaks(device))
+        record.update(skipped=True, step_seconds=elapsed(t0, device), **device_peaks(device))
         return record
 
     # ---- forward/backward
@@ -283,7 +283,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     record["train_tokens"] = result.global_tokens
     update = c.optimizer.prepare(num_tokens=result.num_tokens)
     if update.skipped:
-        record.update(skipped=True, step_seconds=time.perf_counter() - t0, **device_peaks(device))
+        record.update(skipped=True, step_seconds=elapsed(t0, device), **device_peaks(device))
         return record
     mismatch = c.controller.mismatch
     if gap_tokens > 0 and math.isfinite(gap_sum):
@@ -336,7 +336,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         kl_predicted=(alpha * alpha * pred) if pred is not None else None, kl_actual=actual, alpha=alpha,
         budget=budget if logra else None,  # dense AdamW is never KL-controlled (RunConfig refuses kl.mode for it)
         mismatch=mismatch, update_ratio=ratio, loss=result.loss, grad_norm=update.grad_norm,
-        **sync, step_seconds=time.perf_counter() - t0, **device_peaks(device),
+        **sync, step_seconds=elapsed(t0, device), **device_peaks(device),
     )
     record["train_tokens_per_second"] = record["train_tokens"] / max(record["step_seconds"] - rollout_seconds, 1e-9)
     return record

@@ -47,7 +47,8 @@ from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
 from megatron_logra.memory.preflight import memory_preflight
-from megatron_logra.metrics import MetricsWriter, device_peaks, is_rank0, json_safe, reset_device_peaks, strict_dumps
+from megatron_logra.metrics import (MetricsWriter, device_peaks, elapsed, is_rank0, json_safe, reset_device_peaks,
+                                    strict_dumps)
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
@@ -219,7 +220,7 @@ def run_lm(cfg: RunConfig) -> dict:
             result = forward_backward(model, microbatches, groups)
             update = optimizer.prepare(num_tokens=result.num_tokens)
             optimizer.apply(update)
-            step_seconds = time.perf_counter() - t0
+            step_seconds = elapsed(t0, device)
 
             # every rank's micro-batches have the same shape: the global batch × its input positions
             processed = cfg.train.global_batch_size * microbatches[0].tokens.shape[1]

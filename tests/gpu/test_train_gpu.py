@@ -37,3 +37,23 @@ def test_rl_job_runs_on_gpu(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(r["kl_actual"] is not None for r in records)
     assert all(0 < r["gpu_memory_peak_bytes"] <= r["gpu_memory_reserved_peak_bytes"] for r in records)
+
+
+def test_elapsed_waits_for_the_kernels_queued_on_the_device():
+    """A step's time includes its last kernels, which still run when the host has queued them."""
+    import time
+
+    from megatron_logra.metrics import elapsed
+
+    device = torch.device("cuda")
+    a = torch.randn(4096, 4096, device=device)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(20):
+        a = a @ a.T / 64
+    end.record()
+    seconds = elapsed(t0, device)
+    assert end.query(), "elapsed returned before the queued kernels finished"
+    assert seconds >= start.elapsed_time(end) / 1e3
