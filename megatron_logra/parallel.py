@@ -20,7 +20,7 @@ from megatron_logra import cpu_shim
 logger = logging.getLogger(__name__)
 
 __all__ = ["ParallelConfig", "ParallelGroups", "init_distributed", "initialize_parallel", "destroy_parallel",
-           "all_reduce_sum", "all_gather_bytes", "group_size", "group_rank", "world_group"]
+           "local_device_index", "all_reduce_sum", "all_gather_bytes", "group_size", "group_rank", "world_group"]
 
 
 @dataclass
@@ -152,6 +152,20 @@ class ParallelGroups:
         return not dist.is_initialized() or dist.get_rank() == 0
 
 
+def local_device_index(local_rank: int, num_devices: int, backend: str) -> int:
+    """The CUDA device a process takes: its ``LOCAL_RANK`` among the node's visible devices, or device 0 where
+    it sees exactly one (a launcher that binds one GPU to each process, e.g. ``srun --gpus-per-task=1``,
+    which still numbers ``LOCAL_RANK`` 0..N-1 on the node). ``RuntimeError`` under NCCL for a ``LOCAL_RANK``
+    past several visible devices (more processes than GPUs); gloo shares them round-robin."""
+    if num_devices == 1:
+        return 0
+    if local_rank >= num_devices and backend == "nccl":
+        raise RuntimeError(f"LOCAL_RANK={local_rank} but this node has {num_devices} visible CUDA devices: "
+                           "NCCL needs one GPU per process (torchrun --nproc-per-node <= GPUs), or set "
+                           "parallel.backend=gloo")
+    return local_rank % num_devices
+
+
 def init_distributed(backend: str = "auto", timeout_minutes: int = 30) -> None:
     """Initialise torch.distributed from torchrun's environment, or as a 1-process world.
 
@@ -167,12 +181,8 @@ def init_distributed(backend: str = "auto", timeout_minutes: int = 30) -> None:
     timeout = datetime.timedelta(minutes=timeout_minutes)
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         if torch.cuda.is_available():  # also under gloo: the model goes to the current device
-            local_rank, num_devices = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
-            if local_rank >= num_devices and backend == "nccl":
-                raise RuntimeError(f"LOCAL_RANK={local_rank} but this node has {num_devices} visible CUDA devices: "
-                                   "NCCL needs one GPU per process (torchrun --nproc-per-node <= GPUs), or set "
-                                   "parallel.backend=gloo")
-            torch.cuda.set_device(local_rank % num_devices)
+            torch.cuda.set_device(local_device_index(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count(),
+                                                     backend))
         dist.init_process_group(backend=backend, timeout=timeout)
     else:
         store = dist.HashStore()

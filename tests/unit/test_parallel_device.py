@@ -1,0 +1,22 @@
+"""Which CUDA device a launched process takes (``parallel.local_device_index``), decided before any CUDA call."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_logra.parallel import local_device_index
+
+
+def test_each_local_rank_takes_its_own_gpu():
+    assert [local_device_index(r, 8, "nccl") for r in range(8)] == list(range(8))
+
+
+def test_a_process_bound_to_one_gpu_takes_it_whatever_its_local_rank():
+    """``srun --gpus-per-task=1``: every process sees one device (its own), numbered 0."""
+    assert [local_device_index(r, 1, "nccl") for r in range(8)] == [0] * 8
+
+
+def test_more_processes_than_visible_gpus_is_refused_under_nccl_and_shared_under_gloo():
+    with pytest.raises(RuntimeError, match="LOCAL_RANK=5 but this node has 4 visible CUDA devices"):
+        local_device_index(5, 4, "nccl")
+    assert [local_device_index(r, 4, "gloo") for r in range(6)] == [0, 1, 2, 3, 0, 1]
