@@ -35,6 +35,7 @@ from torch import nn
 
 from megatron_logra.kl import forward_ad
 from megatron_logra.kl.controller import PROBE_METHODS, KLControlError
+from megatron_logra.models.te import without_fp8
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, collective_device, group_size
 from megatron_logra.sketch.capture import SketchSet, SketchTarget
 
@@ -252,10 +253,12 @@ def probe_logits(model, batch: ProbeBatch, groups: ParallelGroups) -> Optional[t
     """Logits of the probe's valid positions (this TP rank's vocabulary shard, ``[N, V/tp]``).
 
     Under pipeline parallelism the forward runs through megatron's forward-only schedule and only
-    the last stage gets the logits; the other stages return None.
+    the last stage gets the logits; the other stages return None. Every probe forward (the
+    finite-difference ones, the measured KL's) runs with FP8 off
+    (:func:`megatron_logra.models.te.without_fp8`), so all of them see the same 16-bit policy.
     """
     if groups.pp_size == 1:
-        with eval_mode(model):
+        with eval_mode(model), without_fp8(model):
             return flat_valid(model(batch.tokens, batch.position_ids, None), batch.mask)
     from megatron_logra.train.step import Batch, forward_backward
 
@@ -267,7 +270,7 @@ def probe_logits(model, batch: ProbeBatch, groups: ParallelGroups) -> Optional[t
         return zero, mb.loss_mask.sum().to(torch.int), {"lm": torch.stack([zero.detach().float(), mb.loss_mask.sum()])}
 
     mask = batch.mask.float()
-    with eval_mode(model):
+    with eval_mode(model), without_fp8(model):
         forward_backward(model, [Batch(batch.tokens, batch.tokens, mask, batch.position_ids)], groups,
                          forward_only=True, loss_fn=keep)
     return kept[0] if groups.pp_last else None

@@ -26,15 +26,18 @@ FP8 weight cache is disabled (weights change in place between forwards).
 TE's fused kernels have no forward-mode derivative, so the predicted-KL probe of a TE model is the
 finite-difference one (``kl.probe=auto`` picks it for TE targets, :func:`megatron_logra.kl.fd_probe.predicted_kl_fd`):
 three no-grad forwards with the step added to the target outputs (five with trained non-targets), in the
-model's own kernels and precision.
+model's own kernels, with FP8 off (:func:`without_fp8`): a step of ``h`` relative to the weights is far below
+E4M3's spacing (2^-3 relative), so through FP8 GEMMs the difference ``z(+h) - z(-h)`` would be quantisation
+jumps, not the derivative; and the rollout engine samples the 16-bit policy anyway.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import math
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -42,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["TRANSFORMER_IMPLS", "FP8_FORMATS", "FP8_RECIPES", "te_installed", "te_unavailable_reason",
            "check_model_fields",
-           "resolve_transformer_impl", "layer_spec", "fp8_config_kwargs"]
+           "resolve_transformer_impl", "layer_spec", "fp8_config_kwargs", "without_fp8"]
 
 TRANSFORMER_IMPLS = ("local", "transformer_engine", "auto")
 FP8_FORMATS = ("hybrid", "e4m3")
@@ -186,3 +189,29 @@ def fp8_config_kwargs(fp8: Optional[str], recipe: str, impl: str) -> dict[str, A
     # weights in place and the RL loop runs forwards outside megatron's schedules (which are what reset
     # the cache), so the cache is off: every forward casts the current weights.
     return {"fp8": fp8, "fp8_recipe": recipe, "fp8_wgrad": True, "disable_parameter_transpose_cache": True}
+
+
+@contextlib.contextmanager
+def without_fp8(model: Any) -> Iterator[None]:
+    """Forwards of ``model`` (a module or a list of pipeline chunks) inside run in its 16-bit precision.
+
+    megatron decides at every forward whether to enter TE's FP8 autocast from ``config.fp8`` of the
+    block (and of each layer, whose config may be its own object); this clears ``fp8`` on every distinct
+    config the model's modules hold and puts each back on exit, also when the body raises. TE modules
+    outside the autocast compute in their parameters' dtype. A model without FP8 is left as it is.
+    """
+    chunks = model if isinstance(model, (list, tuple)) else [model]
+    configs: dict[int, Any] = {}
+    for chunk in chunks:
+        for module in chunk.modules():
+            config = getattr(module, "config", None)
+            if config is not None and getattr(config, "fp8", None):
+                configs[id(config)] = config
+    saved = [(config, config.fp8) for config in configs.values()]
+    for config, _ in saved:
+        config.fp8 = None
+    try:
+        yield
+    finally:
+        for config, fp8 in saved:
+            config.fp8 = fp8

@@ -187,11 +187,14 @@ def test_fp8_te_gpt_trains_with_finite_sketches():
         destroy_parallel()
 
 
-def test_te_gpt_finite_difference_kl_probe_predicts_the_actual_kl():
+@pytest.mark.parametrize("fp8", [None, "hybrid"])
+def test_te_gpt_finite_difference_kl_probe_predicts_the_actual_kl(fp8):
     """TE kernels have no forward-mode rules: ``kl.probe=auto`` takes the finite-difference probe
     for TE targets, and its prediction for the paper step (bf16, α chosen for a 1e-3 budget) agrees
     with the exact KL measured after applying that step, within 25% (the calibrated controller
-    corrects what remains)."""
+    corrects what remains). With FP8 training GEMMs too: the probe's forwards run in bf16."""
+    if fp8 and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 GEMMs need compute capability >= 8.9")
     from megatron_logra.kl.fd_probe import fd_step, predicted_kl_fd
     from megatron_logra.kl.probe import ProbeBatch, measure_kl, probe_method
     from megatron_logra.models.gpt import ModelConfig, build_gpt
@@ -202,7 +205,7 @@ def test_te_gpt_finite_difference_kl_probe_predicts_the_actual_kl():
     groups = initialize_parallel(ParallelConfig(), seed=1)
     try:
         cfg = ModelConfig(num_layers=2, hidden_size=128, num_attention_heads=4, ffn_hidden_size=256, vocab_size=256,
-                          seq_length=64, params_dtype="bfloat16", transformer_impl="transformer_engine")
+                          seq_length=64, params_dtype="bfloat16", transformer_impl="transformer_engine", fp8=fp8)
         model = build_gpt(cfg, groups, seed=3)
         opt = build_optimizer(model, OptimizerConfig(logra=LograConfig(rank=RANK, recipe="paper"),
                                                      native=NativeConfig(freeze=True)), groups)
