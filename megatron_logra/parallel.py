@@ -10,7 +10,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -20,7 +20,7 @@ from megatron_logra import cpu_shim
 logger = logging.getLogger(__name__)
 
 __all__ = ["ParallelConfig", "ParallelGroups", "init_distributed", "initialize_parallel", "destroy_parallel",
-           "local_device_index", "all_reduce_sum", "all_gather_bytes", "group_size", "group_rank", "world_group"]
+           "local_device_index", "cpu_group", "all_reduce_sum", "all_gather_bytes", "group_size", "group_rank", "world_group"]
 
 
 @dataclass
@@ -69,6 +69,34 @@ def group_rank(group: Optional[dist.ProcessGroup]) -> int:
 def world_group() -> Optional[dist.ProcessGroup]:
     """Every rank's group (``dist.group.WORLD``), or None (this process alone) without a process group."""
     return dist.group.WORLD if dist.is_initialized() else None
+
+
+_GLOO_MIRRORS: dict[tuple[int, ...], dist.ProcessGroup] = {}
+_TIMEOUT = datetime.timedelta(minutes=30)  # init_distributed's, for the groups made here
+
+
+def cpu_group(group: Any) -> Any:
+    """``group`` itself where it runs on gloo (or is None or one rank); else a gloo group of the same ranks.
+
+    For exchanges of host data and for waiting on one rank: the other ranks of a model-parallel group
+    wait in such a collective while their driver generates rollouts, and in an NCCL collective each of
+    them would keep a kernel spinning on its GPU all that time -- the GPUs an in-process SGLang engine
+    of the replica generates on -- and stage the pickled payload in GPU memory. The gloo twin is made on
+    first use by the group's ranks alone (``use_local_synchronization``: every rank of ``group`` must
+    call, as for any collective on it) and kept until :func:`destroy_parallel`.
+    """
+    if group is None or group_size(group) == 1 or dist.get_backend(group) == "gloo":
+        return group
+    return _gloo_mirror(group)
+
+
+def _gloo_mirror(group: Any) -> dist.ProcessGroup:
+    ranks = tuple(dist.get_process_group_ranks(group))
+    mirror = _GLOO_MIRRORS.get(ranks)
+    if mirror is None:
+        mirror = dist.new_group(list(ranks), backend="gloo", timeout=_TIMEOUT, use_local_synchronization=True)
+        _GLOO_MIRRORS[ranks] = mirror
+    return mirror
 
 
 def collective_device(group: Optional[dist.ProcessGroup]) -> torch.device:
@@ -172,8 +200,10 @@ def init_distributed(backend: str = "auto", timeout_minutes: int = 30) -> None:
     A single process without torchrun variables gets a gloo world of size 1 on a free
     loopback port, so megatron-core's parallel state can be built the same way.
     """
+    global _TIMEOUT
     if dist.is_initialized():
         return
+    _TIMEOUT = datetime.timedelta(minutes=timeout_minutes)
     if not torch.cuda.is_available():
         cpu_shim.activate()
     if backend == "auto":
@@ -237,5 +267,6 @@ def destroy_parallel(wait_for_peers: bool = False) -> None:
         dist.barrier()
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
+    _GLOO_MIRRORS.clear()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from megatron_logra.parallel import group_rank, group_size
+from megatron_logra.parallel import cpu_group, group_rank, group_size
 from megatron_logra.sync.errors import SyncError
 
 __all__ = ["is_driver", "share_from_driver"]
@@ -27,10 +27,13 @@ def share_from_driver(fn: Callable[[], Any], group: Any) -> Any:
     """Run ``fn`` on ``group``'s rank 0 and give its result, or its error, to every rank of ``group``.
 
     ``group``: a process group, ``dist.group.WORLD``, or None (this rank alone). Every rank must call.
-    ``SyncError`` keeps its ``kind``; other errors become ``RuntimeError`` on non-driving ranks.
+    ``SyncError`` keeps its ``kind``; other errors become ``RuntimeError`` on non-driving ranks. The
+    result travels over ``group``'s gloo twin (:func:`~megatron_logra.parallel.cpu_group`), so the
+    waiting ranks hold no GPU while the driver works.
     """
     if group_size(group) == 1:
         return fn()
+    group = cpu_group(group)
     box: list[Any] = [None]
     if is_driver(group):
         try:
