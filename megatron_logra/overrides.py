@@ -192,6 +192,7 @@ MEGATRON_ALIASES: dict[str, str] = {
     "hidden-dropout": "model.hidden_dropout",
     "attention-dropout": "model.attention_dropout",
     "rotary-base": "model.rotary_base",
+    "rope-scaling-factor": "model.rope_scaling_factor",
     "normalization": "model.normalization",
     "norm-epsilon": "model.layernorm_epsilon",
     "recompute-granularity": "model.recompute",

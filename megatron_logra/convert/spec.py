@@ -2,8 +2,8 @@
 
 :func:`check_hf_config` accepts a ``config.json`` of a dense Llama / Mistral / Qwen2 / Qwen3
 causal LM whose forward pass megatron-core's GPT reproduces, and rejects everything else with
-a ``ValueError`` naming the field: other architectures, rope scaling (``rope_scaling`` or a
-non-default ``rope_parameters.rope_type``), partial rotary, sliding-window attention (decided per family
+a ``ValueError`` naming the field: other architectures, rope scaling other than Llama 3's (``rope_type:
+llama3`` with megatron-core's constants, ``model.rope_scaling_factor``), partial rotary, sliding-window attention (decided per family
 as transformers decides it, see :func:`check_hf_config`), mixture-of-experts fields,
 quantized checkpoints, non-SiLU MLPs, and values of the wrong type (null, a string for a number or
 boolean). A ``head_dim`` other than hidden/heads is supported (``model.kv_channels``); the RoPE base is
@@ -31,8 +31,8 @@ import torch
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.hf import _check_supported, hf_shapes, hf_sources, megatron_shapes
 from megatron_logra.models.layout import shard_full
-from megatron_logra.models.presets import (_family, _require, hf_bool, hf_rope_theta, model_config_from_hf_dict,
-                                          read_json_object)
+from megatron_logra.models.presets import (_family, _require, hf_bool, hf_rope_scaling_factor, hf_rope_theta,
+                                          model_config_from_hf_dict, read_json_object)
 
 logger = logging.getLogger(__name__)
 
@@ -67,14 +67,15 @@ def check_hf_config(raw: dict, source: str = "config.json") -> None:
         if not isinstance(rope, dict):
             raise ValueError(f"{source}: {key}={rope!r} is not supported (expected an object)")
         kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind != "default":
-            raise ValueError(f"{source}: {key}.rope_type={kind!r} is not supported: only unscaled (default) RoPE "
-                             "is implemented by the megatron model")
+        if kind not in ("default", "llama3"):
+            raise ValueError(f"{source}: {key}.rope_type={kind!r} is not supported: the megatron model implements "
+                             "unscaled (default) and Llama 3 (llama3) RoPE")
         factor = rope.get("partial_rotary_factor")
         if factor not in (None, 1, 1.0):
             raise ValueError(f"{source}: {key}.partial_rotary_factor={factor} is not supported (rotary on all dims only)")
     if raw.get("partial_rotary_factor") not in (None, 1, 1.0):
         raise ValueError(f"{source}: partial_rotary_factor={raw['partial_rotary_factor']} is not supported")
+    hf_rope_scaling_factor(raw, source)  # llama3: exactly the constants megatron implements
     theta = hf_rope_theta(raw, source, warn=False)  # transformers' choice between rope_parameters and rope_theta
     if theta != int(theta):
         raise ValueError(f"{source}: RoPE theta {theta!r} is not supported (model.rotary_base is a positive integer)")

@@ -64,6 +64,11 @@ class ModelConfig:
     """rope or learned_absolute."""
     rotary_base: int = 10000
     """RoPE base theta, > 0 (--rotary-base)."""
+    rope_scaling_factor: Optional[float] = None
+    """Llama 3.x RoPE scaling factor, > 0 (megatron-core's ``rope_scaling`` with Llama 3's low/high frequency
+    factors 1 and 4 and original context 8192; Hugging Face ``rope_type: llama3``; read from ``model.hf_path``);
+    null: unscaled RoPE. ``--rope-scaling-factor F`` sets it (and, unlike Megatron-LM, needs no
+    ``--use-rope-scaling``)."""
     add_bias_linear: bool = False
     """Biases on all linears (--add-bias-linear)."""
     add_qkv_bias: bool = False
@@ -117,6 +122,12 @@ class ModelConfig:
         # NaN and ±inf pass every ``<`` comparison: check finiteness first. Each of these values otherwise
         # reaches the first forward as a NaN loss (rotary_base <= 0, layernorm_epsilon < 0) or a torch error
         _check_positive("model.rotary_base", self.rotary_base, "the RoPE base theta, e.g. 10000")
+        if self.rope_scaling_factor is not None:
+            _check_positive("model.rope_scaling_factor", self.rope_scaling_factor,
+                            "Llama 3.1's 8.0, or null for unscaled RoPE")
+            if self.position_embedding_type != "rope":
+                raise ValueError(f"model.rope_scaling_factor={self.rope_scaling_factor} scales RoPE, but "
+                                 f"model.position_embedding_type={self.position_embedding_type!r}; set it to null")
         _check_positive("model.layernorm_epsilon", self.layernorm_epsilon, "e.g. 1e-6 for RMSNorm, 1e-5 for LayerNorm")
         # std 0 initialises every weight to zero: every gradient is zero then and the model never trains
         _check_positive("model.init_std", self.init_std, "e.g. 0.02")
@@ -252,6 +263,8 @@ def build_gpt(cfg: ModelConfig, groups: ParallelGroups, *, seed: int = 1234, ini
         share_embeddings_and_output_weights=not cfg.untie_embeddings_and_output_weights,
         position_embedding_type=cfg.position_embedding_type,
         rotary_base=cfg.rotary_base,
+        rope_scaling=cfg.rope_scaling_factor is not None,
+        rope_scaling_factor=cfg.rope_scaling_factor if cfg.rope_scaling_factor is not None else 8.0,
     )
     if impl == "local" and cfg.torch_dtype != torch.float32:
         # megatron's local spec builds torch.nn.LayerNorm without a dtype (fp32 beside 16-bit linears);

@@ -74,6 +74,17 @@ def _dims(cfg: ModelConfig) -> tuple[int, int, int, int]:
     return heads, groups, cfg.head_dim, cfg.hidden_size
 
 
+def hf_rope_parameters(cfg: ModelConfig) -> dict:
+    """transformers' ``rope_parameters`` of ``cfg``: unscaled, or Llama 3 scaling by ``model.rope_scaling_factor``
+    (with the constants megatron-core builds it with, :data:`~megatron_logra.models.presets.LLAMA3_ROPE_FIELDS`)."""
+    from megatron_logra.models.presets import LLAMA3_ROPE_FIELDS
+
+    if cfg.rope_scaling_factor is None:
+        return {"rope_type": "default", "rope_theta": float(cfg.rotary_base)}
+    return {"rope_type": "llama3", "rope_theta": float(cfg.rotary_base), "factor": float(cfg.rope_scaling_factor),
+            **LLAMA3_ROPE_FIELDS}
+
+
 def hf_config_from_model_config(cfg: ModelConfig, tp: int = 1) -> "PretrainedConfig":
     """A transformers config whose causal LM has exactly the shapes of ``cfg``'s megatron GPT.
 
@@ -99,7 +110,7 @@ def hf_config_from_model_config(cfg: ModelConfig, tp: int = 1) -> "PretrainedCon
         max_position_embeddings=cfg.seq_length,
         initializer_range=cfg.init_std,
         rms_norm_eps=cfg.layernorm_epsilon,
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rotary_base)},
+        rope_parameters=hf_rope_parameters(cfg),
         tie_word_embeddings=not cfg.untie_embeddings_and_output_weights,
         attention_dropout=0.0,
         bos_token_id=None,

@@ -161,6 +161,42 @@ _HEAD_DIM_DEFAULTS = {"qwen3": 128}
 (``Qwen3Config.head_dim = 128``); other families derive hidden / heads."""
 
 
+LLAMA3_ROPE_FIELDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+"""The Llama 3 RoPE scaling constants megatron-core's ``rope_scaling`` implements (its ``factor`` is a field of
+``ModelConfig``); a ``rope_type: llama3`` config with other values is refused."""
+
+
+def hf_rope_scaling_factor(raw: dict, source: str, *, strict: bool = True) -> Optional[float]:
+    """The Llama 3 RoPE scaling factor of ``raw`` (``model.rope_scaling_factor``), None for unscaled RoPE.
+
+    The RoPE object is the one transformers reads (``rope_scaling`` if set, else ``rope_parameters``, as
+    :func:`hf_rope_theta`). ``rope_type: llama3`` must hold :data:`LLAMA3_ROPE_FIELDS` and a positive
+    ``factor``, else a ``ValueError`` names the field. Another ``rope_type``: a ``ValueError`` when
+    ``strict``, else a warning and None (the memory planner: shapes do not depend on it)."""
+    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    rope = raw.get(key)
+    if not isinstance(rope, dict):
+        return None
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        if strict:
+            raise ValueError(f"{source}: {key}.rope_type={kind!r} is not supported: the megatron model implements "
+                             "unscaled (default) and Llama 3 (llama3) RoPE")
+        logger.warning("%s: %s.rope_type=%r is ignored (it does not change shapes or memory)", source, key, kind)
+        return None
+    for field, want in LLAMA3_ROPE_FIELDS.items():
+        got = rope.get(field)
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or got != want:
+            raise ValueError(f"{source}: {key}.{field}={got!r} is not supported: megatron-core's Llama 3 RoPE "
+                             f"scaling is built with {field}={want}")
+    factor = rope.get("factor")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
+        raise ValueError(f"{source}: {key}.factor={factor!r} must be a positive number (Llama 3.1: 8.0)")
+    return float(factor)
+
+
 def hf_rope_theta(raw: dict, source: str, *, warn: bool = True) -> float:
     """The RoPE base transformers (>= 5) uses for ``raw``, validated as a positive number.
 
@@ -230,8 +266,7 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
     dtype_name = str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16").replace("torch.", "")
     if dtype_name not in _TORCH_DTYPES:
         raise ValueError(f"{source}: torch_dtype={dtype_name!r}: choose bfloat16, float16 or float32")
-    if raw.get("rope_scaling"):
-        logger.warning("%s: rope_scaling=%s is ignored (it does not change shapes or memory)", source, raw["rope_scaling"])
+    rope_scaling_factor = hf_rope_scaling_factor(raw, source, strict=False)
     return ModelConfig(
         num_layers=layers,
         hidden_size=hidden,
@@ -245,6 +280,7 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
         normalization="RMSNorm",
         position_embedding_type="rope",
         rotary_base=int(hf_rope_theta(raw, source)),
+        rope_scaling_factor=rope_scaling_factor,
         add_bias_linear=bias_linear,
         add_qkv_bias=qkv_bias,
         qk_layernorm=family == "qwen3",

@@ -224,13 +224,14 @@ def engine_hf_config(model_cfg: Any, tp: int = 1) -> dict:
     (``architectures``, a top-level ``rope_theta``, ``torch_dtype`` = ``model.params_dtype``: the
     engine holds the trainer's compute dtype, so sketch-delta merges stay bitwise equal). SGLang loads it with
     ``load_format="dummy"``; the real weights arrive with the first full refit."""
-    from megatron_logra.models.hf import hf_config_from_model_config
+    from megatron_logra.models.hf import hf_config_from_model_config, hf_rope_parameters
 
     hf = hf_config_from_model_config(model_cfg, tp)
     cfg = hf.to_dict()
     cfg["architectures"] = [_ARCHITECTURES[hf.model_type]]
     cfg["rope_theta"] = float(model_cfg.rotary_base)
-    cfg.setdefault("rope_scaling", None)
+    rope = hf_rope_parameters(model_cfg)  # SGLang reads a scaled RoPE from rope_scaling
+    cfg["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"} if rope["rope_type"] != "default" else None
     cfg["torch_dtype"] = str(model_cfg.params_dtype)
     cfg["max_position_embeddings"] = engine_context_length(model_cfg)
     return cfg

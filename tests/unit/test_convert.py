@@ -81,6 +81,13 @@ CASES = {
                                            tie_word_embeddings=False), False),
     "mistral_untied": (MistralConfig, dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None,
                                            tie_word_embeddings=False), False),
+    # Llama 3.1's RoPE scaling: head_dim 16 at base 5e5 has wavelengths below 2048, between 2048 and 8192
+    # (smoothed) and above 8192 (divided by the factor), so each branch of the scaling is exercised
+    "llama3_rope_scaled": (LlamaConfig, dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                                             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                                              "factor": 8.0, "low_freq_factor": 1.0,
+                                                              "high_freq_factor": 4.0,
+                                                              "original_max_position_embeddings": 8192}), False),
 }
 BASE = ModelConfig(seq_length=64, params_dtype="float32")
 
@@ -360,7 +367,17 @@ def _rewrite_tensor(d: Path, name: str, tensor) -> None:
     # the family is named before any of its fields (Gemma 3's sliding window would mislead)
     (dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", sliding_window=512),
      r"architectures=\['Gemma3ForCausalLM'\] is not supported"),
-    (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}), r"rope_parameters.rope_type='llama3'"),
+    # Llama 3 scaling only with the constants megatron-core builds it with
+    (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}),
+     r"rope_parameters.low_freq_factor=None is not supported: .*low_freq_factor=1.0"),
+    (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 4096}),
+     r"rope_parameters.original_max_position_embeddings=4096"),
+    (dict(rope_parameters={"rope_type": "llama3", "factor": -2.0, "rope_theta": 5e5, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+     r"rope_parameters.factor=-2.0 must be a positive number"),
+    (dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 5e5}),
+     r"rope_parameters.rope_type='dynamic'"),
     (dict(rope_scaling={"type": "yarn", "factor": 4.0}), r"rope_scaling.rope_type='yarn'"),
     # Qwen2: only layers >= max_window_layers slide (the saved default 28 would leave both layers full), and
     # only when layer_types is absent (the saved list names both layers full_attention, which transformers keeps)
