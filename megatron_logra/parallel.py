@@ -20,7 +20,8 @@ from megatron_logra import cpu_shim
 logger = logging.getLogger(__name__)
 
 __all__ = ["ParallelConfig", "ParallelGroups", "init_distributed", "initialize_parallel", "destroy_parallel",
-           "local_device_index", "cpu_group", "all_reduce_sum", "all_gather_bytes", "group_size", "group_rank", "world_group"]
+           "local_device_index", "check_backend_layout", "cpu_group", "all_reduce_sum", "all_gather_bytes",
+           "group_size", "group_rank", "world_group"]
 
 
 @dataclass
@@ -194,6 +195,15 @@ def local_device_index(local_rank: int, num_devices: int, backend: str) -> int:
     return local_rank % num_devices
 
 
+def check_backend_layout(backend: str, cuda: bool, pp: int) -> None:
+    """Refuse pipeline parallelism over gloo where the model sits on CUDA devices (``ValueError`` naming the
+    fields): gloo's point-to-point send and receive hand the tensor's raw pointer to its TCP transport, which
+    cannot read device memory, so the first activation sent between stages would fail or crash."""
+    if backend == "gloo" and cuda and pp > 1:
+        raise ValueError(f"parallel.backend=gloo with parallel.pp={pp} on a CUDA machine: gloo cannot send CUDA "
+                         "activations between pipeline stages; use parallel.backend=nccl (or auto)")
+
+
 def init_distributed(backend: str = "auto", timeout_minutes: int = 30) -> None:
     """Initialise torch.distributed from torchrun's environment, or as a 1-process world.
 
@@ -229,6 +239,7 @@ def initialize_parallel(cfg: ParallelConfig, seed: int = 1234) -> ParallelGroups
     from megatron.core import tensor_parallel
 
     init_distributed(cfg.backend, cfg.timeout_minutes)
+    check_backend_layout(dist.get_backend(), torch.cuda.is_available(), cfg.pp)
     world = dist.get_world_size()
     if world % (cfg.tp * cfg.pp) != 0:
         raise ValueError(

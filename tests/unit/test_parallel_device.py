@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_logra.parallel import local_device_index
+from megatron_logra.parallel import check_backend_layout, local_device_index
 
 
 def test_each_local_rank_takes_its_own_gpu():
@@ -20,3 +20,11 @@ def test_more_processes_than_visible_gpus_is_refused_under_nccl_and_shared_under
     with pytest.raises(RuntimeError, match="LOCAL_RANK=5 but this node has 4 visible CUDA devices"):
         local_device_index(5, 4, "nccl")
     assert [local_device_index(r, 4, "gloo") for r in range(6)] == [0, 1, 2, 3, 0, 1]
+
+
+def test_pipeline_parallelism_over_gloo_is_refused_only_with_cuda_models():
+    with pytest.raises(ValueError, match="parallel.backend=gloo with parallel.pp=2 on a CUDA machine"):
+        check_backend_layout("gloo", True, 2)
+    check_backend_layout("gloo", False, 4)  # CPU tensors: what every distributed test here runs
+    check_backend_layout("gloo", True, 1)
+    check_backend_layout("nccl", True, 8)
