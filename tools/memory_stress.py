@@ -170,17 +170,18 @@ def make_batch(mcfg, args, device, seed: int):
                  torch.arange(s)[None].expand(b, s).contiguous().to(device), {k: v.to(device) for k, v in extras.items()})
 
 
-def run_kind(kind: str, mcfg, args, device: torch.device, world: int) -> list[dict]:
+def run_kind(kind: str, mcfg, args, device: torch.device, world: int, groups) -> list[dict]:
+    """Steps of one optimizer ``kind`` on ``groups`` (made once for every kind: megatron's teardown keeps the
+    process groups, so making them again per kind would leave the earlier NCCL communicators' buffers in the
+    next kind's memory peak)."""
     import torch.distributed as dist
 
     from megatron_logra.models.gpt import build_gpt
     from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
-    from megatron_logra.parallel import ParallelConfig, initialize_parallel
     from megatron_logra.rl.loop import make_rl_loss_fn
     from megatron_logra.rl.losses import LossConfig
     from megatron_logra.train.step import forward_backward
 
-    groups = initialize_parallel(ParallelConfig(tp=args.tp), seed=1)
     model = build_gpt(mcfg, groups, seed=1)
     if device.type == "cuda":
         model = model.cuda()
@@ -358,7 +359,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     use_cuda = torch.cuda.is_available()
     if args.device != "auto" and use_cuda != (args.device == "cuda"):  # the CPU shim is active only without CUDA
         parser.error(f"--device {args.device}: CUDA is {'' if use_cuda else 'not '}available")
-    from megatron_logra.parallel import destroy_parallel, init_distributed
+    from megatron_logra.parallel import ParallelConfig, destroy_parallel, init_distributed, initialize_parallel
 
     init_distributed("nccl" if use_cuda else "gloo")
     import torch.distributed as dist
@@ -366,7 +367,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     world, rank0 = dist.get_world_size(), dist.get_rank() == 0
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     try:
-        rows = [row for kind in kinds for row in run_kind(kind, mcfg, args, device, world)]
+        groups = initialize_parallel(ParallelConfig(tp=args.tp), seed=1)
+        rows = [row for kind in kinds for row in run_kind(kind, mcfg, args, device, world, groups)]
     finally:
         destroy_parallel()
     if rank0:
