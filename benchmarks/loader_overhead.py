@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from megatron_logra.argtypes import positive_int
 from megatron_logra.sync.apply import ProjectionCache, apply_delta_, stage_delta, validate
 from megatron_logra.sync.layout import plan_for
 from megatron_logra.sync.synthetic import DenseShape, random_delta
@@ -55,21 +56,11 @@ def _run(shape: DenseShape, rank: int, repeats: int) -> tuple[int, float, float]
     return len(plan.factors), statistics.median(times["validate+apply"]), statistics.median(times["staged"])
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return value
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=_positive, default=15, help="timed syncs per sequence and model")
-    p.add_argument("--threads", type=_positive, default=1, help="torch CPU threads")
-    p.add_argument("--rank", type=_positive, default=32, help="sketch rank of the deltas")
+    p.add_argument("--repeats", type=positive_int, default=15, help="timed syncs per sequence and model")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
+    p.add_argument("--rank", type=positive_int, default=32, help="sketch rank of the deltas")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = ["| engine weights (bf16, SGLang layout) | targets | validate + apply ms | staged ms | staged / before |",
