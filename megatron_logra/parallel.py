@@ -218,7 +218,7 @@ def init_distributed(backend: str = "auto", timeout_minutes: int = 30) -> None:
         cpu_shim.activate()
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    timeout = datetime.timedelta(minutes=timeout_minutes)
+    timeout = _TIMEOUT
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         if torch.cuda.is_available():  # also under gloo: the model goes to the current device
             torch.cuda.set_device(local_device_index(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count(),

@@ -175,6 +175,8 @@ class _RecipeStandIn:
 
 def _recipe_stand_in(module: str, name: str) -> type:
     return type(name, (_RecipeStandIn,), {"__module__": module, "__qualname__": name})
+
+
 TRUST_ENV = "MEGATRON_LOGRA_TRUST_FP8_METADATA"
 """Set to ``1`` to skip :func:`check_extra_state` for checkpoints you wrote yourself (TransformerEngine
 versions whose FP8 metadata pickles other globals)."""
