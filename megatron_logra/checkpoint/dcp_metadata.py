@@ -153,12 +153,17 @@ metadata: a dict of tensors and numbers, and the FP8 recipe: :data:`RECIPE_GLOBA
 refused."""
 
 _TE_RECIPE_MODULE = "transformer_engine.common.recipe"
-RECIPE_GLOBALS: frozenset[tuple[str, str]] = frozenset({
-    ("megatron.core.extensions.transformer_engine", "TEDelayedScaling"),
-})
-"""Recipe classes outside ``transformer_engine.common.recipe`` (every name of which is a recipe, an enum or a
-named tuple of it) that FP8 metadata holds: megatron-core passes its own ``DelayedScaling`` subclass for
-``fp8_recipe=delayed``, and TransformerEngine pickles the recipe it was given."""
+RECIPE_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    [(_TE_RECIPE_MODULE, name) for name in (
+        "Recipe", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "Float8BlockScaling",
+        "NVFP4BlockScaling", "CustomRecipe", "Format", "_FormatHelper", "_OverrideLinearPrecision", "MMParams",
+        "QParams")]
+    + [("megatron.core.extensions.transformer_engine", "TEDelayedScaling")])
+"""The recipe classes FP8 metadata holds, by name: TransformerEngine's recipes and the enums and named tuples
+of their fields, and megatron-core's own ``DelayedScaling`` subclass, which it passes for
+``fp8_recipe=delayed`` (TransformerEngine pickles the recipe it was given). Only these names: a pickle may
+name any attribute of the recipe module (its imported ``os`` too, or ``os.system`` through a dotted name),
+which TransformerEngine's own unpickling would resolve."""
 
 
 class _RecipeStandIn:
@@ -202,7 +207,7 @@ class _ExtraStateUnpickler(pickle.Unpickler):
 
         if module == "torch.storage" and name == "_load_from_bytes":
             return _safe_load_from_bytes
-        if module == _TE_RECIPE_MODULE or (module, name) in RECIPE_GLOBALS:
+        if (module, name) in RECIPE_GLOBALS:
             return _recipe_stand_in(module, name)
         if (name in EXTRA_STATE_GLOBALS.get(module, ())
                 or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):

@@ -257,3 +257,19 @@ def test_megatrons_delayed_scaling_recipe_passes_without_transformer_engine(monk
     assert recipe.__name__ not in sys.modules
     with pytest.raises(CheckpointError, match="megatron.core.extensions.transformer_engine.NotARecipe"):
         check_extra_state([bad], "layer")
+
+
+@pytest.mark.parametrize("name", ["os.system", "os", "dataclass", "DelayedScaling.__init__"])
+def test_only_the_recipe_classes_of_the_recipe_module_are_accepted(name):
+    """TE's own unpickling resolves any attribute of ``transformer_engine.common.recipe``, through dots too
+    (protocol 4): its imported ``os`` gives ``os.system``. The check accepts recipe classes by name only."""
+    from megatron_logra.checkpoint.dcp_metadata import check_extra_state
+
+    def text(s: str) -> bytes:
+        raw = s.encode()
+        return b"\x8c" + bytes([len(raw)]) + raw  # SHORT_BINUNICODE
+
+    # PROTO 4, module, name, STACK_GLOBAL, an argument, TUPLE1, REDUCE, STOP: call recipe.<name>("true")
+    payload = b"\x80\x04" + text("transformer_engine.common.recipe") + text(name) + b"\x93" + text("true") + b"\x85R."
+    with pytest.raises(CheckpointError, match=f"transformer_engine.common.recipe.{name}"):
+        check_extra_state([torch.frombuffer(bytearray(payload), dtype=torch.uint8)], "layer")
