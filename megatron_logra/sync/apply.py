@@ -181,12 +181,12 @@ class StagedDelta:
     """
 
     def __init__(self, delta: SketchDelta, ws: list[torch.Tensor], prepared: PreparedCommit, static, V32, noises,
-                 dense: list[tuple[torch.Tensor, torch.Tensor]], cache: Optional[ProjectionCache]) -> None:
+                 dense: list[tuple[torch.Tensor, torch.Tensor]], cache: Optional[ProjectionCache],
+                 ticket: Optional[int]) -> None:
         self.delta = delta
         self._ws, self._prepared, self._static = ws, prepared, static
         self._V32, self._noises, self._dense = V32, noises, dense
-        self._cache = cache
-        self._ticket = cache.next_stage() if cache is not None else None
+        self._cache, self._ticket = cache, ticket
         self._committed = False
 
     @property
@@ -259,6 +259,9 @@ def stage_delta(
     and those very weights) and checks the header, the version chain, the dense entries and the
     factors' finiteness.
     """
+    # the ticket first: from here on this stage may refill the cache's fixed-address inputs, so an earlier stage
+    # stops being committable even when this one fails
+    ticket = cache.next_stage() if cache is not None else None
     key = structure_key(delta, layout, tp_size, tp_rank, max_chunk_elems)
     delta.check_structure()
     check_version(delta, current_version)
@@ -299,7 +302,7 @@ def stage_delta(
         raise
     except Exception as exc:  # nothing written yet
         raise SyncError("apply", f"preparing delta {delta.base_version}->{delta.new_version} failed before any write: {exc!r}") from exc
-    return StagedDelta(delta, ws, prepared, static, V32, noises, dense, cache)
+    return StagedDelta(delta, ws, prepared, static, V32, noises, dense, cache, ticket)
 
 
 def apply_delta_(

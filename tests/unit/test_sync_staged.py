@@ -121,3 +121,28 @@ def test_staging_rejects_what_the_apply_rejects(fault, kind):
         stage_delta(weights, d, 1, cache=cache)
     assert err.value.kind == kind
     assert _equal(weights, before)
+
+
+class _NoRoom(torch.Tensor):
+    """A dense tensor whose cast to the engine's weight fails as an allocation would."""
+
+    def to(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("injected: no room for the dense cast")
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_a_stage_that_fails_after_refilling_the_inputs_still_retires_the_earlier_one(cuda_graphs):
+    """Staging B refills the fixed-address inputs before its dense cast fails: A must not commit B's numbers."""
+    weights = _engine(torch.float32)
+    cache = ProjectionCache(cuda_graphs=cuda_graphs)
+    first = stage_delta(weights, _delta(0), 0, cache=cache)
+    other = _delta(0)
+    other.targets[0].U_OR.mul_(2)
+    other.dense["model.norm.weight"] = other.dense["model.norm.weight"].as_subclass(_NoRoom)
+    other.checksum = None
+    with pytest.raises(SyncError, match="before any write"):
+        stage_delta(weights, other, 0, cache=cache)
+    before = _snapshot(weights)
+    with pytest.raises(SyncError, match="stale"):
+        first.commit_()
+    assert _equal(weights, before)
