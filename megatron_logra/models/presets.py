@@ -171,8 +171,8 @@ def hf_rope_scaling_factor(raw: dict, source: str, *, strict: bool = True) -> Op
 
     The RoPE object is the one transformers reads (``rope_scaling`` if set, else ``rope_parameters``, as
     :func:`hf_rope_theta`). ``rope_type: llama3`` must hold :data:`LLAMA3_ROPE_FIELDS` and a positive
-    ``factor``, else a ``ValueError`` names the field. Another ``rope_type``: a ``ValueError`` when
-    ``strict``, else a warning and None (the memory planner: shapes do not depend on it)."""
+    ``factor``, and no other ``rope_type`` is implemented: a ``ValueError`` naming the field when ``strict``,
+    else a warning and None (the memory planner: shapes do not depend on it)."""
     key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
     rope = raw.get(key)
     if not isinstance(rope, dict):
@@ -180,21 +180,26 @@ def hf_rope_scaling_factor(raw: dict, source: str, *, strict: bool = True) -> Op
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
         return None
+    problem = None
     if kind != "llama3":
-        if strict:
-            raise ValueError(f"{source}: {key}.rope_type={kind!r} is not supported: the megatron model implements "
-                             "unscaled (default) and Llama 3 (llama3) RoPE")
-        logger.warning("%s: %s.rope_type=%r is ignored (it does not change shapes or memory)", source, key, kind)
-        return None
-    for field, want in LLAMA3_ROPE_FIELDS.items():
+        problem = (f"{key}.rope_type={kind!r} is not supported: the megatron model implements unscaled (default) "
+                   "and Llama 3 (llama3) RoPE")
+    for field, want in LLAMA3_ROPE_FIELDS.items() if problem is None else ():
         got = rope.get(field)
         if isinstance(got, bool) or not isinstance(got, (int, float)) or got != want:
-            raise ValueError(f"{source}: {key}.{field}={got!r} is not supported: megatron-core's Llama 3 RoPE "
-                             f"scaling is built with {field}={want}")
+            problem = (f"{key}.{field}={got!r} is not supported: megatron-core's Llama 3 RoPE scaling is built "
+                       f"with {field}={want}")
+            break
     factor = rope.get("factor")
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
-        raise ValueError(f"{source}: {key}.factor={factor!r} must be a positive number (Llama 3.1: 8.0)")
-    return float(factor)
+    if problem is None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                            or not math.isfinite(factor) or factor <= 0):
+        problem = f"{key}.factor={factor!r} must be a positive number (Llama 3.1: 8.0)"
+    if problem is None:
+        return float(factor)
+    if strict:
+        raise ValueError(f"{source}: {problem}")
+    logger.warning("%s: %s; ignored (RoPE scaling does not change shapes or memory)", source, problem)
+    return None
 
 
 def hf_rope_theta(raw: dict, source: str, *, warn: bool = True) -> float:

@@ -67,3 +67,18 @@ def test_the_sglang_config_carries_the_scaling_as_rope_scaling():
 def test_rope_scaling_factor_is_validated_naming_the_field(kw, match):
     with pytest.raises(ValueError, match=match):
         ModelConfig(**kw)
+
+
+def test_the_planner_reads_an_unsupported_llama3_config_with_a_warning(caplog):
+    """The memory planner (``strict=False``) needs shapes only: scaling it cannot build is ignored, not refused."""
+    from megatron_logra.models.presets import hf_rope_scaling_factor
+
+    raw = {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 32768}}
+    with caplog.at_level("WARNING"):
+        assert hf_rope_scaling_factor(raw, "c.json", strict=False) is None
+    assert "original_max_position_embeddings=32768" in caplog.text
+    with pytest.raises(ValueError, match="c.json: rope_parameters.original_max_position_embeddings=32768"):
+        hf_rope_scaling_factor(raw, "c.json")
+    raw["rope_parameters"]["original_max_position_embeddings"] = 8192
+    assert hf_rope_scaling_factor(raw, "c.json", strict=False) == hf_rope_scaling_factor(raw, "c.json") == 8.0
