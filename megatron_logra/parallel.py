@@ -181,12 +181,13 @@ class ParallelGroups:
         return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def local_device_index(local_rank: int, num_devices: int, backend: str) -> int:
+def local_device_index(local_rank: int, num_devices: int, backend: str, bound: bool = False) -> int:
     """The CUDA device a process takes: its ``LOCAL_RANK`` among the node's visible devices, or device 0 where
-    it sees exactly one (a launcher that binds one GPU to each process, e.g. ``srun --gpus-per-task=1``,
-    which still numbers ``LOCAL_RANK`` 0..N-1 on the node). ``RuntimeError`` under NCCL for a ``LOCAL_RANK``
-    past several visible devices (more processes than GPUs); gloo shares them round-robin."""
-    if num_devices == 1:
+    the launcher bound one GPU to each process (``bound``: ``CUDA_VISIBLE_DEVICES`` set and one device
+    visible, e.g. ``srun --gpus-per-task=1``, which still numbers ``LOCAL_RANK`` 0..N-1 on the node).
+    ``RuntimeError`` under NCCL for a ``LOCAL_RANK`` past the visible devices otherwise (more processes than
+    GPUs); gloo shares them round-robin."""
+    if bound and num_devices == 1:
         return 0
     if local_rank >= num_devices and backend == "nccl":
         raise RuntimeError(f"LOCAL_RANK={local_rank} but this node has {num_devices} visible CUDA devices: "
@@ -222,7 +223,7 @@ def init_distributed(backend: str = "auto", timeout_minutes: int = 30) -> None:
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         if torch.cuda.is_available():  # also under gloo: the model goes to the current device
             torch.cuda.set_device(local_device_index(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count(),
-                                                     backend))
+                                                     backend, bound=bool(os.environ.get("CUDA_VISIBLE_DEVICES"))))
         dist.init_process_group(backend=backend, timeout=timeout)
     else:
         store = dist.HashStore()

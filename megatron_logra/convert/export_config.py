@@ -157,8 +157,8 @@ def _config_source(src: McoreCheckpoint, template: Optional[Path]) -> ConfigSour
                            "template", hf_path)
     logger.warning("%s: no Hugging Face template (--hf-template DIR, hf/ of a converted checkpoint or the run's "
                    "model.hf_path): config.json is generated from the model config; fields that may differ from "
-                   "the original checkpoint: max_position_embeddings (= training seq_length %d), rope_scaling "
-                   "(none), bos/eos/pad token ids (the run's tokenizer's, if any), no generation_config.json; pass "
+                   "the original checkpoint: max_position_embeddings (= training seq_length %d), the RoPE parameters "
+                   "(rope_theta and a Llama 3 scaling factor only), bos/eos/pad token ids (the run's tokenizer's, if any), no generation_config.json; pass "
                    "--hf-template with the original checkpoint to keep its config", src.dir, cfg.seq_length)
     return ConfigSource("generated", converted, None)
 

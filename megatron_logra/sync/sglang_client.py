@@ -256,7 +256,8 @@ class SGLangServerTarget(_SGLangTarget):
     def server_info(self) -> dict:
         """The server's arguments and state (:data:`SERVER_INFO_PATHS`: ``/server_info``, else the older
         ``/get_server_info``); :class:`SGLangError` when neither answers a JSON object."""
-        for path in ([self._info_path] if self._info_path else SERVER_INFO_PATHS):
+        kept = [self._info_path] if self._info_path else []
+        for path in kept + [p for p in SERVER_INFO_PATHS if p not in kept]:  # a restarted server may have the other
             status, info = self.request("GET", path, ok_status=(404, 405))
             if status in (404, 405):
                 continue

@@ -12,8 +12,15 @@ def test_each_local_rank_takes_its_own_gpu():
 
 
 def test_a_process_bound_to_one_gpu_takes_it_whatever_its_local_rank():
-    """``srun --gpus-per-task=1``: every process sees one device (its own), numbered 0."""
-    assert [local_device_index(r, 1, "nccl") for r in range(8)] == [0] * 8
+    """``srun --gpus-per-task=1``: every process sees one device (its own, through CUDA_VISIBLE_DEVICES), 0."""
+    assert [local_device_index(r, 1, "nccl", bound=True) for r in range(8)] == [0] * 8
+
+
+def test_two_processes_on_a_one_gpu_node_are_refused_under_nccl():
+    """Without a binding the one visible GPU would be shared: NCCL refuses that later, less clearly."""
+    assert local_device_index(0, 1, "nccl") == 0
+    with pytest.raises(RuntimeError, match="LOCAL_RANK=1 but this node has 1 visible CUDA devices"):
+        local_device_index(1, 1, "nccl")
 
 
 def test_more_processes_than_visible_gpus_is_refused_under_nccl_and_shared_under_gloo():

@@ -78,6 +78,13 @@ def test_server_info_falls_back_to_the_older_path_and_keeps_the_one_that_answere
     with pytest.raises(SGLangError, match="answers neither") as info:
         SGLangServerTarget(none.url, timeout=10).server_info()
     assert info.value.kind == "http"
+    new = FakeServer(runtime)  # both paths; then restarted as an older version with only the older one
+    servers.append(new)
+    target = SGLangServerTarget(new.url, timeout=10)
+    assert target.server_info()["tp_size"] == 1
+    new.info_paths = ("/get_server_info",)
+    assert target.server_info()["tp_size"] == 1
+    assert new.paths() == ["/server_info", "/server_info", "/get_server_info"]
 
 
 def test_each_rank_gets_its_own_ipc_serialization_and_shares_one_by_value():
