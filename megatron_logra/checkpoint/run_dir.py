@@ -95,8 +95,10 @@ def check_shared_storage(run_dir: Path, *, wait_s: float = 5.0) -> None:
     Checkpoints are written by every rank into one directory and finished by rank 0, so a run
     directory on node-local disks (the same path on each node, different contents) would leave
     each node with a partial checkpoint that no node can resume from. Rank 0 writes a file with a
-    fresh token; every rank looks for it (for up to ``wait_s``, for slow network file systems).
-    ``ValueError`` on every rank, naming the ranks and hosts that cannot see it.
+    fresh token; every rank looks for it (for up to ``wait_s``, for slow network file systems), and every
+    rank then writes a file of its own there (a read-only mount on one node would otherwise fail only at
+    the first checkpoint). ``ValueError`` on every rank, naming the ranks and hosts that cannot see it or
+    cannot write.
     """
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
@@ -119,17 +121,22 @@ def check_shared_storage(run_dir: Path, *, wait_s: float = 5.0) -> None:
         if seen or time.monotonic() > deadline:
             break
         time.sleep(0.2)
+    problem = _unwritable(run_dir) if rank != 0 and seen else None  # every rank writes checkpoint shards
     views: list = [None] * dist.get_world_size()
-    dist.all_gather_object(views, (seen, socket.gethostname()))
+    dist.all_gather_object(views, (seen, socket.gethostname(), problem))
     dist.barrier()
     if rank == 0:
         probe.unlink(missing_ok=True)
-    blind = [(r, host) for r, (ok, host) in enumerate(views) if not ok]
+    blind = [(r, host) for r, (ok, host, _) in enumerate(views) if not ok]
     if blind:
         shown = ", ".join(f"rank {r} on {host}" for r, host in blind[:8])
         raise ValueError(f"train.run_dir={str(run_dir)!r} is not shared storage: {shown} cannot see a file rank 0 "
                          f"wrote there; checkpoints need a directory every node reads and writes (a shared file "
                          f"system), so give train.run_dir such a path")
+    unwritable = [(r, host, p) for r, (_, host, p) in enumerate(views) if p]
+    if unwritable:
+        shown = ", ".join(f"rank {r} on {host}" for r, host, _ in unwritable[:8])
+        raise ValueError(f"{unwritable[0][2]} (seen by {shown}; every rank writes its checkpoint shards there)")
 
 
 def check_resume_steps(run_dir: Union[str, Path], steps: int, field: str) -> None:

@@ -45,3 +45,19 @@ def test_a_run_dir_rank_0_cannot_write_is_refused_on_every_rank_without_waiting(
     for r in range(2):
         message = Path(f"{out}.{r}").read_text()
         assert "cannot be written" in message and "train.run_dir=" in message, (r, message)
+
+
+def _one_rank_cannot_write_worker(rank: int, world: int, path: str, out: str) -> None:
+    from megatron_logra.checkpoint import run_dir as run_dir_mod
+
+    if rank == 1:  # a read-only mount on this rank's node (root writes anywhere here, so the failure is injected)
+        run_dir_mod._unwritable = lambda d: f"train.run_dir={str(d)!r} cannot be written: Read-only file system"
+    _shared_worker(rank, world, [path, path], out)
+
+
+def test_a_run_dir_one_rank_cannot_write_is_refused_on_every_rank(tmp_path):
+    out = str(tmp_path / "readonly")
+    spawn_group(_one_rank_cannot_write_worker, 2, tmp_path, str(tmp_path / "run"), out, timeout_s=60.0)
+    for r in range(2):
+        message = Path(f"{out}.{r}").read_text()
+        assert "Read-only file system" in message and "seen by rank 1 on " in message, (r, message)
