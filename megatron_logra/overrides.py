@@ -237,7 +237,13 @@ CHECK_FLAGS: tuple[str, ...] = ("max-position-embeddings",)
 RoPE has no position table) and, with learned absolute positions (a table of ``model.seq_length`` rows),
 ``N == model.seq_length``. It never changes ``model.seq_length`` (``--seq-length``)."""
 
-_CONTEXT_FLAGS = frozenset(JOB_ALIASES) | frozenset(OPTIMIZER_ALIASES) | frozenset(CHECK_FLAGS)
+SWITCH_DEFAULTS: dict[str, tuple[str, Any]] = {"use-rope-scaling": ("model.rope_scaling_factor", 8.0)}
+"""Megatron-LM switches that turn on a feature whose value another flag may give, in either order:
+``--use-rope-scaling`` sets ``model.rope_scaling_factor`` to Megatron-LM's default factor 8 unless
+``--rope-scaling-factor`` (or the field) gives one."""
+
+_CONTEXT_FLAGS = (frozenset(JOB_ALIASES) | frozenset(OPTIMIZER_ALIASES) | frozenset(CHECK_FLAGS)
+                  | frozenset(SWITCH_DEFAULTS))
 """Flags set by :func:`resolve_alias`, after the other overrides."""
 
 # Megatron-LM boolean flags (no value) -> (dotted key, value)
@@ -253,6 +259,7 @@ MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
     "qk-layernorm": ("model.qk_layernorm", "true"),
     "sequence-parallel": ("model.sequence_parallel", "true"),
     "resume": ("train.resume", "true"),
+    "use-rope-scaling": ("use-rope-scaling", "true"),  # SWITCH_DEFAULTS
 }
 
 _SHORTCUTS = {"logra.": "optimizer.logra.", "native.": "optimizer.native."}
@@ -373,6 +380,12 @@ def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> tuple[RunC
     for flag, raw in deferred:
         if flag in CHECK_FLAGS:
             _check_flag(cfg, flag, raw)
+            continue
+        if flag in SWITCH_DEFAULTS:
+            target, value = SWITCH_DEFAULTS[flag]
+            if target not in given:
+                set_dotted(cfg, target, value)
+                given.add(target)
             continue
         target = resolve_alias(cfg, flag)
         if target in given:

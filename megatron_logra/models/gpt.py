@@ -67,8 +67,8 @@ class ModelConfig:
     rope_scaling_factor: Optional[float] = None
     """Llama 3.x RoPE scaling factor, > 0 (megatron-core's ``rope_scaling`` with Llama 3's low/high frequency
     factors 1 and 4 and original context 8192; Hugging Face ``rope_type: llama3``; read from ``model.hf_path``);
-    null: unscaled RoPE. ``--rope-scaling-factor F`` sets it (and, unlike Megatron-LM, needs no
-    ``--use-rope-scaling``)."""
+    null: unscaled RoPE. ``--rope-scaling-factor F`` sets it (unlike Megatron-LM it needs no
+    ``--use-rope-scaling``, which alone sets Megatron-LM's default 8)."""
     add_bias_linear: bool = False
     """Biases on all linears (--add-bias-linear)."""
     add_qkv_bias: bool = False

@@ -82,3 +82,16 @@ def test_the_planner_reads_an_unsupported_llama3_config_with_a_warning(caplog):
         hf_rope_scaling_factor(raw, "c.json")
     raw["rope_parameters"]["original_max_position_embeddings"] = 8192
     assert hf_rope_scaling_factor(raw, "c.json", strict=False) == hf_rope_scaling_factor(raw, "c.json") == 8.0
+
+
+@pytest.mark.parametrize("flags, want", [
+    (["--use-rope-scaling"], 8.0),  # Megatron-LM's default factor
+    (["--use-rope-scaling", "--rope-scaling-factor", "32"], 32.0),
+    (["--rope-scaling-factor", "32", "--use-rope-scaling"], 32.0),  # either order
+    (["model.rope_scaling_factor=4", "--use-rope-scaling"], 4.0),
+    ([], None),
+])
+def test_megatron_lm_rope_scaling_flags(flags, want):
+    from megatron_logra.overrides import parse_args_to_config
+
+    assert parse_args_to_config("lm-tiny", flags).model.rope_scaling_factor == want
