@@ -166,16 +166,30 @@ LLAMA3_ROPE_FIELDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original
 ``ModelConfig``); a ``rope_type: llama3`` config with other values is refused."""
 
 
+def _rope_object(raw: dict, source: str) -> tuple[str, Optional[dict]]:
+    """``(key, RoPE object)`` transformers (>= 5) reads from ``raw``
+    (``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict``): ``rope_scaling`` if set, else
+    ``rope_parameters`` (None when that is unset too). Not an object, or nested per layer type: a
+    ``ValueError`` naming the field (not supported)."""
+    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    rope = raw.get(key)
+    if rope is not None and not isinstance(rope, dict):
+        raise ValueError(f"{source}: {key}={rope!r} is not supported (expected an object)")
+    if isinstance(rope, dict) and any(isinstance(v, dict) for v in rope.values()):
+        raise ValueError(f"{source}: {key} is nested per layer type ({sorted(rope)}): not supported, give one "
+                         "RoPE object for all layers")
+    return key, rope
+
+
 def hf_rope_scaling_factor(raw: dict, source: str, *, strict: bool = True) -> Optional[float]:
     """The Llama 3 RoPE scaling factor of ``raw`` (``model.rope_scaling_factor``), None for unscaled RoPE.
 
     The RoPE object is the one transformers reads (``rope_scaling`` if set, else ``rope_parameters``, as
-    :func:`hf_rope_theta`). ``rope_type: llama3`` must hold :data:`LLAMA3_ROPE_FIELDS` and a positive
+    :func:`_rope_object`). ``rope_type: llama3`` must hold :data:`LLAMA3_ROPE_FIELDS` and a positive
     ``factor``, and no other ``rope_type`` is implemented: a ``ValueError`` naming the field when ``strict``,
     else a warning and None (the memory planner: shapes do not depend on it)."""
-    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
-    rope = raw.get(key)
-    if not isinstance(rope, dict):
+    key, rope = _rope_object(raw, source)
+    if rope is None:
         return None
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
@@ -210,13 +224,7 @@ def hf_rope_theta(raw: dict, source: str, *, warn: bool = True) -> float:
     ``rope_theta``, which is used only when the dict has none; 10000 when neither is given. When both are
     given and differ, the dict's value is used and (``warn``) a warning names both fields. A RoPE dict nested per
     layer type is a ``ValueError`` (not supported)."""
-    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
-    rope = raw.get(key)
-    if rope is not None and not isinstance(rope, dict):
-        raise ValueError(f"{source}: {key}={rope!r} is not supported (expected an object)")
-    if isinstance(rope, dict) and any(isinstance(v, dict) for v in rope.values()):
-        raise ValueError(f"{source}: {key} is nested per layer type ({sorted(rope)}): not supported, give one "
-                         "RoPE object for all layers")
+    key, rope = _rope_object(raw, source)
     top = _positive_number(raw, "rope_theta", _DEFAULT_ROPE_THETA, source)
     if not isinstance(rope, dict) or "rope_theta" not in rope:
         return top
