@@ -31,7 +31,6 @@ from megatron_logra.sync.layout import DenseEntry, EnginePlan, dense_for, plan_f
 from megatron_logra.sync.merge import (
     MERGE_DTYPES,
     StochasticRounding,
-    _merge_prepared_,
     chunk_elems,
     low_rank_merge_,
     merge_row_chunks,
@@ -216,10 +215,8 @@ class StagedDelta:
                 self._static.commit_(self._ws, delta.decay == 1.0)
                 done += len(self._ws)
             else:
-                for w, V32_OR, m, noise in zip(self._ws, self._V32, self._prepared.merges, self._noises):
-                    prod_buf, tmp_buf, noise_buf = self._prepared.workspaces[w.device]
-                    _merge_prepared_(w, V32_OR, m.matrix, delta.decay, prod_buf, tmp_buf, m.elems, noise, noise_buf,
-                                     m.fused)
+                for m, (w, V32_OR, noise) in enumerate(zip(self._ws, self._V32, self._noises)):
+                    self._prepared.merge_(m, w, V32_OR, noise, delta.decay)
                     done += 1
             for dst, src in self._dense:
                 dst.copy_(src)

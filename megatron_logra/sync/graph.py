@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from megatron_logra.sync.codec import SketchDelta
-from megatron_logra.sync.merge import _merge_prepared_, _Noise
+from megatron_logra.sync.merge import _Noise
 from megatron_logra.sync.prepared import PreparedCommit
 
 logger = logging.getLogger(__name__)
@@ -89,11 +89,8 @@ class StaticCommit:
             self._run(weights, plain)
 
     def _run(self, weights: list[torch.Tensor], plain: bool) -> None:
-        p = self.prepared
-        for w, m, v, noise in zip(weights, p.merges, self._v, self._noise):
-            prod_buf, tmp_buf, noise_buf = p.workspaces[w.device]
-            decay = 1.0 if plain else self.decay[w.device]
-            _merge_prepared_(w, v, m.matrix, decay, prod_buf, tmp_buf, m.elems, noise, noise_buf, m.fused)
+        for m, (w, v, noise) in enumerate(zip(weights, self._v, self._noise)):
+            self.prepared.merge_(m, w, v, noise, 1.0 if plain else self.decay[w.device])
 
     def _capture(self, weights: list[torch.Tensor], plain: bool) -> Optional["torch.cuda.CUDAGraph"]:
         device = weights[0].device

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -33,7 +33,15 @@ from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.factors import rademacher_scale, rademacher_signs, scaled_factor_rows, split_projection
 from megatron_logra.sync.fused import fused_enabled
 from megatron_logra.sync.layout import EngineFactor
-from megatron_logra.sync.merge import ROUNDING_LANE, _fused, _Noise, _workspaces_elems, chunk_elems, rounding_key
+from megatron_logra.sync.merge import (
+    ROUNDING_LANE,
+    _fused,
+    _merge_prepared_,
+    _Noise,
+    _workspaces_elems,
+    chunk_elems,
+    rounding_key,
+)
 
 __all__ = ["ProjectionCache", "PreparedCommit", "prepare", "structure_key", "CUDA_GRAPH_ENV"]
 
@@ -156,6 +164,15 @@ class PreparedCommit:
                 for m, rb, cb in zip(g.noise_merges, *parts):
                     out[m] = (rb, cb)
         return out
+
+    def merge_(self, m: int, weight: torch.Tensor, V32_OR: torch.Tensor, noise: Optional[_Noise],
+               decay: Union[float, torch.Tensor]) -> None:
+        """Run merge ``m`` (merge order) into ``weight`` in place: its matrix and kernel choice, the workspaces
+        of the weight's device (:func:`megatron_logra.sync.merge._merge_prepared_`; no allocation)."""
+        merge = self.merges[m]
+        prod_buf, tmp_buf, noise_buf = self.workspaces[weight.device]
+        _merge_prepared_(weight, V32_OR, merge.matrix, decay, prod_buf, tmp_buf, merge.elems, noise, noise_buf,
+                         merge.fused)
 
 
 class ProjectionCache:
