@@ -7,6 +7,12 @@ them to the CPU so TP/PP/DP run on gloo process groups. It does nothing when a C
 is present, and it is idempotent.
 
 Patched:
+  * megatron-core's ``jit_fuser`` (``megatron.core.jit``) -> a no-op decorator, set the moment that module
+    is first imported (:func:`install_import_hook`, run when ``megatron_logra`` is imported, so before any
+    of this package's megatron-core imports): megatron-core decorates ~40 functions with
+    ``torch.compile`` as its modules import, which imports TorchDynamo and Inductor (about 2 s of every
+    process start on a 2-core CPU) for fusions this project never calls (its ``TransformerConfig``
+    turns every fusion off). On a CUDA machine the hook leaves the module as megatron-core made it.
   * ``torch.cuda.current_device`` -> ``"cpu"``; ``synchronize`` / ``empty_cache`` -> no-ops;
     ``current_stream`` / ``default_stream`` / ``Stream`` / ``stream`` -> a dummy stream.
   * ``torch.cuda.{get,set}_rng_state`` / ``manual_seed`` and megatron's
@@ -30,14 +36,19 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.machinery
 import logging
+import sys
 import threading
-
-import torch
+from types import ModuleType
+from typing import Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["activate", "is_active", "needed"]
+__all__ = ["activate", "install_import_hook", "is_active", "needed"]
+
+# torch is imported inside the functions: ``install_import_hook`` runs when ``megatron_logra`` is imported,
+# and commands that need no torch (``--help``, ``recipes``) must not pay for it.
 
 _LOCK = threading.Lock()
 _ACTIVE = False
@@ -45,6 +56,8 @@ _ACTIVE = False
 
 def needed() -> bool:
     """True when no CUDA device is usable (the shim should be active)."""
+    import torch
+
     return not torch.cuda.is_available()
 
 
@@ -76,6 +89,8 @@ class _DummyStream:
 
 
 def _is_cuda(device) -> bool:
+    import torch
+
     if isinstance(device, torch.device):
         return device.type == "cuda"
     if isinstance(device, str):
@@ -119,6 +134,8 @@ class _DropTrackerWarning(logging.Filter):
 def activate() -> bool:
     """Install the CPU patches if no CUDA device is present. Returns True when active."""
     global _ACTIVE
+    import torch
+
     if not needed():
         return False
     with _LOCK:
@@ -162,3 +179,51 @@ def activate() -> bool:
         _ACTIVE = True
         logger.info("no CUDA device: megatron-core CPU shim active")
     return True
+
+
+_JIT_MODULE = "megatron.core.jit"
+
+
+def _noop_decorator(fn):
+    return fn
+
+
+def _quiet_jit_fuser(module: ModuleType) -> None:
+    """Right after ``megatron.core.jit`` ran (before any module imports its ``jit_fuser``): with no CUDA
+    device, make ``jit_fuser`` a no-op decorator."""
+    if not needed():
+        return
+    disable = getattr(module, "disable_jit_fuser", None)
+    if callable(disable):
+        disable()
+    else:  # a megatron-core without the switch: set the name its modules import
+        module.jit_fuser = _noop_decorator
+    logger.debug("no CUDA device: megatron-core's jit_fuser is a no-op")
+
+
+class _JitFuserFinder:
+    """A ``sys.meta_path`` finder for ``megatron.core.jit`` only: it finds the module as the path finder
+    would and runs :func:`_quiet_jit_fuser` after the module's own code."""
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]], target: Optional[ModuleType] = None):
+        if fullname != _JIT_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run_module = spec.loader.exec_module  # a loader made for this spec alone
+
+        def exec_module(module: ModuleType) -> None:
+            run_module(module)
+            _quiet_jit_fuser(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install_import_hook() -> None:
+    """Install the ``megatron.core.jit`` hook (idempotent; a no-op once that module is imported). Whether a
+    CUDA device is present is asked only when megatron-core is imported, not here."""
+    if _JIT_MODULE in sys.modules or any(isinstance(f, _JitFuserFinder) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _JitFuserFinder())
