@@ -27,9 +27,10 @@ Patches of megatron-core that apply on GPUs as well live beside the code that ne
   * ``checkpoint/store.py`` (``_metadata_write_failures``, during each sharded save only): swaps
     ``dist_checkpointing.strategies.torch.FileSystemWriterAsync`` for a subclass whose ``finish``
     collects a failed ``.metadata`` write, so every rank learns of it instead of blocking.
-  * ``train/stopping.py`` (``_start_checkpoint_helpers_immune``, with ``train.exit_signal_handler``): sets
-    ``dist_checkpointing.strategies.filesystem_async._results_queue`` to the queue of a helper process
-    that ignores the stop signal, so the save a SIGTERM asks for does not lose its writer.
+  * ``checkpoint/store.py`` (``_in_process_write_results``, at every sharded save): sets
+    ``dist_checkpointing.strategies.filesystem_async._results_queue`` to an in-process ``queue.Queue``
+    instead of the queue of the spawned Manager process megatron-core starts at the first save (every
+    save here is synchronous).
 """
 
 from __future__ import annotations

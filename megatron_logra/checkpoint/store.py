@@ -47,6 +47,7 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import re
 import shutil
 from pathlib import Path
@@ -165,6 +166,7 @@ def _save_dist(step: int, root: Path, sharded: dict, out: Path) -> None:
     _on_every_rank(step, root, "writing the common state (common.pt)",
                    lambda: common_strategy.save_common(common, str(out)))  # rank 0 writes it
     def write_shards() -> None:
+        _in_process_write_results()
         with _metadata_write_failures() as failures:
             sharded_strategy.save(sharded_part, str(out))
         if failures:  # rank 0's dist/.metadata: raised here, after the ranks left megatron-core's collectives
@@ -177,6 +179,33 @@ def _save_dist(step: int, root: Path, sharded: dict, out: Path) -> None:
             save_config(CheckpointingConfig(sharded_strategy.backend, sharded_strategy.version), str(out))
 
     _on_every_rank(step, root, "writing the checkpoint's metadata.json", write_config)
+
+
+def _in_process_write_results() -> None:
+    """Give megatron-core's torch_dist writer an in-process queue for its write results.
+
+    The writer's workers (forked by the saving process) report to that process, which puts the collected
+    results on ``filesystem_async._results_queue`` and reads them back itself. megatron-core fills that
+    module attribute at the first save with the queue of a ``multiprocessing`` Manager: a spawned helper
+    process, kept for the life of the job, which its asynchronous saves need and this project's synchronous
+    saves do not. It costs a fresh interpreter that imports torch to unpickle the results (2-3 s at the
+    first save of every rank), and it is one more process that a stop signal sent to a whole job step
+    (Slurm) reaches: killed, it takes the save the stop asked for down with a broken pipe. A
+    ``queue.Queue`` does the same job inside the saving process. Set once; a queue already set (another
+    caller's) is left as it is.
+
+    This patches megatron-core (the module attribute
+    ``megatron.core.dist_checkpointing.strategies.filesystem_async._results_queue``) on every device, GPUs
+    included; it is valid because every save here is synchronous (``dist_checkpointing.save`` without
+    ``async_sharded_save``). The CPU-only patches are in ``megatron_logra/cpu_shim.py``, whose docstring
+    lists the others."""
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+    except ImportError:
+        return
+    if hasattr(filesystem_async, "_get_write_results_queue") and getattr(filesystem_async, "_results_queue",
+                                                                          True) is None:
+        filesystem_async._results_queue = queue.Queue()
 
 
 @contextlib.contextmanager

@@ -14,15 +14,17 @@ The conditions stay in force after the last step: the jobs save its checkpoint f
 again (:meth:`EarlyStop.check_after_training`) before the final held-out evaluation, which a stop
 skips, and once more after it. A signal that arrives during the final save or evaluation therefore
 ends the job normally with its checkpoint written, instead of killing it.
+
+Slurm signals every process of a job step (and ``kill -TERM -PGID`` a whole process group): the save a
+stop asks for must not depend on a helper process outside this handler. The checkpoint writer has none
+(:func:`megatron_logra.checkpoint.store._in_process_write_results`).
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import signal
-import threading
 import time
 from types import FrameType
 from typing import Optional
@@ -39,53 +41,6 @@ __all__ = ["EarlyStop", "STOP_SIGNAL"]
 STOP_SIGNAL = signal.SIGTERM
 """What ``train.exit_signal_handler`` catches: Slurm sends it at a job's time limit and on preemption
 (``#SBATCH --signal=TERM@120`` asks for it 120 s ahead), Kubernetes when a pod is evicted."""
-
-
-def _helper_init(parent_pid: int) -> None:
-    """Initializer of the checkpoint-writer helper (runs in it): ignore :data:`STOP_SIGNAL`, and exit
-    once the process that started it is gone (so a helper that ignores the signal never outlives it)."""
-    signal.signal(STOP_SIGNAL, signal.SIG_IGN)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-_HELPER_MANAGER = None
-
-
-def _start_checkpoint_helpers_immune() -> None:
-    """Start megatron-core's checkpoint-writer helper now, immune to :data:`STOP_SIGNAL`.
-
-    Its torch_dist writer collects write results through a queue of a ``multiprocessing`` Manager, a
-    spawned process started at the first save that lives as long as the job. Slurm signals every
-    process of a job step (and ``kill -TERM -PGID`` the whole group): that helper, a fresh interpreter
-    without this module's handler, would die, and the save that the stop exists for would fail with a
-    broken pipe. The Manager is started here instead, with an initializer that ignores the signal and
-    ends the helper when this process is gone, and its queue is handed to megatron-core.
-
-    This patches megatron-core on every device, GPUs included: it sets the module attribute
-    ``megatron.core.dist_checkpointing.strategies.filesystem_async._results_queue`` (which megatron-core
-    otherwise fills lazily with its own Manager's queue at the first save), because megatron-core offers
-    no way to choose how its helper starts. The CPU-only patches are in ``megatron_logra/cpu_shim.py``,
-    whose docstring lists the others."""
-    global _HELPER_MANAGER
-    try:
-        from megatron.core.dist_checkpointing.strategies import filesystem_async
-    except ImportError:
-        return
-    if not hasattr(filesystem_async, "_get_write_results_queue") or \
-            getattr(filesystem_async, "_results_queue", True) is not None:
-        return  # another megatron-core layout, or started already
-    from multiprocessing.managers import SyncManager
-
-    manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
-    manager.start(initializer=_helper_init, initargs=(os.getpid(),))
-    _HELPER_MANAGER = manager  # the queue's proxy refers to it too; kept for the life of the job
-    filesystem_async._results_queue = manager.Queue()
 
 
 SAME_NOTICE_SECONDS = 10.0
@@ -121,7 +76,6 @@ class EarlyStop:
 
     def __enter__(self) -> "EarlyStop":
         if self.signal_handler:
-            _start_checkpoint_helpers_immune()
             self._previous = signal.signal(STOP_SIGNAL, self._on_signal)
         return self
 
