@@ -42,13 +42,16 @@ def _worker(out: str) -> None:
     gpt(torch.randint(0, 128, (2, 32)), torch.arange(32)[None], None,
         labels=torch.randint(0, 128, (2, 32))).float().sum().backward()
     held = opt.native.grads()  # fp32 parameters' .grad: referenced from Python so the tracker sees them at entry
+    # the probe collective's own 4-byte tensor exists before the region: gloo may or may not still hold it when
+    # the region ends, and only the flat buffer's release is under test
+    probe = torch.zeros(1)
     with LiveTensorTracker() as tracker:
         base = tracker.current
         opt.native.reduce_gradients(average=True)
         reduce_peak = tracker.peak - base
         # gloo keeps the last collective's tensor until the next one; prepare's next collective (the finite-flag
         # agreement) comes before the grad norm, so the flat buffer and the norm's fp64 squares never overlap
-        torch.distributed.all_reduce(torch.zeros(1), group=groups.dp)
+        torch.distributed.all_reduce(probe, group=groups.dp)
         after = tracker.current - base
     if torch.distributed.get_rank() == 0:
         Path(out).write_text(json.dumps({
