@@ -64,7 +64,8 @@ def command_help(command: str) -> str:
     """Usage of ``train`` / ``eval`` / ``config``: synopsis, override syntax, Megatron-LM flags, fields."""
     import textwrap
 
-    from megatron_logra.overrides import CHECK_FLAGS, JOB_ALIASES, MEGATRON_ALIASES, MEGATRON_FLAGS, OPTIMIZER_ALIASES
+    from megatron_logra.overrides import (CHECK_FLAGS, JOB_ALIASES, MEGATRON_ALIASES, MEGATRON_FLAGS, OPTIMIZER_ALIASES,
+                                          SCHEDULE_RATIO_FLAGS)
 
     def flags(names) -> str:
         return textwrap.fill(", ".join(f"--{n}" for n in names), width=100, initial_indent="    ",
@@ -80,6 +81,7 @@ def command_help(command: str) -> str:
         "  key=value                   a dotted field: rl.steps=120  optimizer.logra.rank=8  task.datasets=chain_sum,gcd",
         "  --key value | --key=value   the same: --rl.group_size 4  --model.hf_path=/ckpt/Qwen2.5-1.5B",
         "  logra.* / native.*          short for optimizer.logra.* / optimizer.native.*",
+        "  schedule.*                  short for optimizer.schedule.* (lr warmup and decay)",
         "  Megatron-LM flags           --tensor-model-parallel-size 2  --seq-length 128  --bf16 (below)",
         *(["  --resume [RUN_DIR]          with RUN_DIR (or --resume=RUN_DIR): continue that run from its latest",
            "                              checkpoint, with its config.yaml and the overrides on top (no RECIPE);",
@@ -93,6 +95,8 @@ def command_help(command: str) -> str:
         "  by optimizer (optimizer.native.* for optimizer.name=adam, else optimizer.logra.* / the non-target AdamW;",
         "  refused where the optimizer would not read them):",
         flags(OPTIMIZER_ALIASES),
+        "  absolute lrs -> optimizer.schedule ratios of the peak lr that --lr sets (after every other override):",
+        flags(SCHEDULE_RATIO_FLAGS),
         "  checks only (model.seq_length is --seq-length):",
         flags(CHECK_FLAGS),
         "  switches (no value):",

@@ -157,6 +157,7 @@ class RunConfig:
             raise ValueError(f"job={self.job!r}: choose rl or lm")
         self._check_sequence_shapes()
         self._check_dense_adamw()
+        self._check_lr_schedule()
         if not (self.job == "rl" and self.model.hf_path):  # resolve_hf_model checks it with the checkpoint's sizes
             self.check_parallel_split()
         if self.job == "rl":
@@ -213,6 +214,14 @@ class RunConfig:
                 f"{opt.logra.rounding} and sync.mode=delta: each merge would round to nearest, which loses most of "
                 "each update; use bfloat16 with optimizer.logra.rounding=stochastic, set optimizer.logra.masters=fp32 "
                 "(the masters keep the exact step, re-anchored at sync.max_master_drift), or sync.mode=full")
+
+    def _check_lr_schedule(self) -> None:
+        """``optimizer.schedule`` without ``decay_steps`` decays over the job's optimizer steps (``train.steps``
+        for job=lm, ``rl.steps`` for job=rl): a decaying style needs them to exceed its ``warmup_steps``
+        (``ValueError`` naming the fields, before anything is built)."""
+        total, name = (self.train.steps, "train.steps") if self.job == "lm" else (self.rl.steps, "rl.steps")
+        if total > 0:  # a run of no steps evaluates no schedule
+            self.optimizer.schedule.resolve_decay_steps(total, name)
 
     def _check_dense_adamw(self) -> None:
         """``optimizer.name=adam`` (dense AdamW on every parameter, ``optim/dense.py``) reads neither

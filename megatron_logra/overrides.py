@@ -10,7 +10,8 @@ Overrides take any of these forms::
     optimizer.logra.rank=64      --optimizer.logra.rank 64      --logra.rank=64
     --tensor-model-parallel-size 2   --micro-batch-size 4   --bf16
 
-``logra.`` and ``native.`` are short for ``optimizer.logra.`` and ``optimizer.native.``.
+``logra.``, ``native.`` and ``schedule.`` are short for ``optimizer.logra.``, ``optimizer.native.`` and
+``optimizer.schedule.``.
 Every value is parsed by the field's annotated type and the whole config is re-validated.
 
 A few Megatron-LM flags set the field that the configured job reads (:func:`resolve_alias`, after
@@ -21,6 +22,8 @@ every other override, so ``job=...`` anywhere on the line counts): ``--train-ite
 rl.group_size`` sequences. The optimizer flags (``--lr``, ``--weight-decay``, ``--clip-grad``,
 ``--adam-beta1/2``, ``--adam-eps``) follow ``optimizer.name`` and ``logra.recipe``
 (:data:`OPTIMIZER_ALIASES`); one the configured optimizer would not read is refused.
+``--lr-warmup-init`` and ``--min-lr`` (absolute lrs) become ratios of ``optimizer.schedule``
+(:data:`SCHEDULE_RATIO_FLAGS`), resolved after every other override.
 ``--max-position-embeddings`` only checks ``model.seq_length`` (:data:`CHECK_FLAGS`). A field the configured job
 never reads, given at a value other than its default (``train.steps`` with job=rl, ``rl.*`` / ``task.*`` / ``kl.*``
 ... with job=lm), is refused, naming the job's own field (:data:`_LM_ONLY`, :data:`_RL_ONLY`).
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import typing
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -47,7 +51,7 @@ from megatron_logra.yaml_unique import safe_load_unique
 logger = logging.getLogger(__name__)
 
 __all__ = ["load_recipe", "apply_overrides", "parse_args_to_config", "MEGATRON_ALIASES", "JOB_ALIASES",
-           "OPTIMIZER_ALIASES", "CHECK_FLAGS", "resolve_alias", "resolve_hf_model"]
+           "OPTIMIZER_ALIASES", "SCHEDULE_RATIO_FLAGS", "CHECK_FLAGS", "resolve_alias", "resolve_hf_model"]
 
 
 # ---------------------------------------------------------------------------- recipe files
@@ -200,6 +204,9 @@ MEGATRON_ALIASES: dict[str, str] = {
     "transformer-impl": "model.transformer_impl",
     "fp8-format": "model.fp8",
     "fp8-recipe": "model.fp8_recipe",
+    "lr-warmup-iters": "optimizer.schedule.warmup_steps",
+    "lr-decay-iters": "optimizer.schedule.decay_steps",
+    "lr-decay-style": "optimizer.schedule.decay_style",
     "seed": "train.seed",
     "log-interval": "train.log_interval",
     "save-interval": "train.save_interval",
@@ -231,6 +238,16 @@ OPTIMIZER_ALIASES: tuple[str, ...] = ("lr", "weight-decay", "clip-grad", "adam-b
 * LoGRA, ``logra.recipe=paper``: ``--lr``, ``--weight-decay`` and ``--clip-grad`` are refused (its step is
   ``logra.update_ratio`` scaled by the KL controller's α, without weight decay on targets or clipping)."""
 
+SCHEDULE_RATIO_FLAGS: dict[str, str] = {"lr-warmup-init": "optimizer.schedule.warmup_init_ratio",
+                                         "min-lr": "optimizer.schedule.min_lr_ratio"}
+"""Megatron-LM's absolute schedule lrs -> the ``optimizer.schedule`` ratio they set (:func:`_schedule_ratio`):
+the value divided by the peak lr that ``--lr`` sets for the configured optimizer (the first of
+:meth:`~megatron_logra.optim.config.OptimizerConfig.scheduled_lrs`: ``optimizer.logra.lr`` for LoGRA's optimizer
+recipe, ``optimizer.native.lr`` for dense AdamW and for the paper recipe, whose schedule reaches the non-target
+AdamW only). The same ratio then applies to every scheduled lr. Resolved after every other override, so the
+order of ``--lr`` / ``--min-lr`` on the line does not matter; a peak lr of 0, a value above the peak or a
+configuration where no lr follows a schedule is refused."""
+
 CHECK_FLAGS: tuple[str, ...] = ("max-position-embeddings",)
 """Megatron-LM flags without a field of their own, accepted as a check (:func:`_check_flag`):
 ``--max-position-embeddings N`` needs ``N >= model.seq_length`` (positions run up to ``model.seq_length``;
@@ -243,7 +260,7 @@ SWITCH_DEFAULTS: dict[str, tuple[str, Any]] = {"use-rope-scaling": ("model.rope_
 ``--rope-scaling-factor`` (or the field) gives one."""
 
 _CONTEXT_FLAGS = (frozenset(JOB_ALIASES) | frozenset(OPTIMIZER_ALIASES) | frozenset(CHECK_FLAGS)
-                  | frozenset(SWITCH_DEFAULTS))
+                  | frozenset(SWITCH_DEFAULTS) | frozenset(SCHEDULE_RATIO_FLAGS))
 """Flags set by :func:`resolve_alias`, after the other overrides."""
 
 # Megatron-LM boolean flags (no value) -> (dotted key, value)
@@ -262,7 +279,7 @@ MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
     "use-rope-scaling": ("use-rope-scaling", "true"),  # SWITCH_DEFAULTS
 }
 
-_SHORTCUTS = {"logra.": "optimizer.logra.", "native.": "optimizer.native."}
+_SHORTCUTS = {"logra.": "optimizer.logra.", "native.": "optimizer.native.", "schedule.": "optimizer.schedule."}
 
 
 def _expand(key: str) -> str:
@@ -351,6 +368,27 @@ def _optimizer_alias(cfg: RunConfig, flag: str) -> str:
     return f"optimizer.native.{field}"
 
 
+def _schedule_ratio(cfg: RunConfig, flag: str, raw: Any) -> tuple[str, float]:
+    """``(field, ratio)`` for the absolute-lr flag ``flag`` of :data:`SCHEDULE_RATIO_FLAGS` against ``cfg``'s
+    peak lr; ``ValueError`` naming the flag and the fields where it cannot be converted."""
+    target = SCHEDULE_RATIO_FLAGS[flag]
+    value = _coerce(raw, float, f"--{flag}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"--{flag}={value} must be a finite lr >= 0")
+    lrs = cfg.optimizer.scheduled_lrs()
+    if not lrs:
+        raise ValueError(f"--{flag} sets {target}, but no lr follows a schedule here (optimizer.logra.recipe=paper "
+                         f"has no lr for the targets and optimizer.native.freeze=true trains nothing else); drop it")
+    peak_field, peak = next(iter(lrs.items()))
+    if peak == 0:
+        raise ValueError(f"--{flag}={value} is an absolute lr, converted to {target} as a fraction of the peak lr "
+                         f"{peak_field}, which is 0 here; set --lr / {peak_field} > 0 or give {target} directly")
+    if value > peak:
+        raise ValueError(f"--{flag}={value} exceeds the peak lr {peak_field}={peak} (--lr): a schedule runs from "
+                         f"and down to fractions of the peak; lower --{flag} or raise --lr")
+    return target, value / peak
+
+
 def _check_flag(cfg: RunConfig, flag: str, raw: Any) -> None:
     """See :data:`CHECK_FLAGS`."""
     value = _coerce(raw, int, f"--{flag}")
@@ -369,8 +407,12 @@ def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> tuple[RunC
     field depends on the rest of the config (:func:`resolve_alias`) against the config they leave.
     Returns the config and the dotted fields set."""
     deferred: list[tuple[str, Any]] = []
+    ratios: list[tuple[str, Any]] = []  # after the peak lr (--lr, itself deferred) is known
     given: set[str] = set()
     for key, raw in items:
+        if key in SCHEDULE_RATIO_FLAGS:
+            ratios.append((key, raw))
+            continue
         if key in _CONTEXT_FLAGS:
             deferred.append((key, raw))
             continue
@@ -391,6 +433,12 @@ def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> tuple[RunC
         if target in given:
             raise ValueError(f"--{flag} sets {target} here, which is also given: give only one of them")
         set_dotted(cfg, target, raw)
+        given.add(target)
+    for flag, raw in ratios:
+        target, ratio = _schedule_ratio(cfg, flag, raw)
+        if target in given:
+            raise ValueError(f"--{flag} sets {target} here, which is also given: give only one of them")
+        set_dotted(cfg, target, ratio)
         given.add(target)
     _drop_unselected_dataset_kwargs(cfg, given)
     return cfg, given

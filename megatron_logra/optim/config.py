@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from megatron_logra.optim.schedule import LRScheduleConfig
 from megatron_logra.sketch.capture import DEFAULT_TARGETS
 from megatron_logra.sketch.naming import TARGET_ALIASES
 from megatron_logra.sketch.random_projection import DISTRIBUTIONS
 
-__all__ = ["LograConfig", "NativeConfig", "OptimizerConfig"]
+__all__ = ["LograConfig", "NativeConfig", "OptimizerConfig", "LRScheduleConfig"]
 
 
 def _check_number(name: str, value: float, *, positive: bool) -> None:
@@ -147,7 +148,29 @@ class OptimizerConfig:
     """LoGRA settings."""
     native: NativeConfig = field(default_factory=NativeConfig)
     """AdamW for non-targets (and for everything when name=adam)."""
+    schedule: LRScheduleConfig = field(default_factory=LRScheduleConfig)
+    """Warmup and decay of every lr above (``optim/schedule.py``): ``logra.lr`` (optimizer recipe: update
+    scale and weight decay) and ``native.lr``; the paper recipe's targets follow the KL controller, not it."""
 
     def __post_init__(self) -> None:
         if self.name not in ("logra", "adam"):
             raise ValueError(f"optimizer.name={self.name!r}: choose logra or adam")
+        if not self.schedule.is_constant and not self.scheduled_lrs():
+            raise ValueError(
+                f"optimizer.schedule (warmup_steps={self.schedule.warmup_steps}, decay_style="
+                f"{self.schedule.decay_style}) changes nothing here: optimizer.logra.recipe=paper has no lr for the "
+                f"targets (their step follows the KL controller) and optimizer.native.freeze=true trains no other "
+                f"parameter; drop the schedule, set optimizer.native.freeze=false or use optimizer.logra.recipe=optimizer")
+
+    def scheduled_lrs(self) -> dict[str, float]:
+        """The configured (peak) lrs that :attr:`schedule` multiplies, by dotted field, the first being the one
+        Megatron-LM's ``--lr`` sets (``--min-lr`` / ``--lr-warmup-init`` are ratios against it):
+        ``optimizer.logra.lr`` (LoGRA's optimizer recipe) then ``optimizer.native.lr`` unless the non-targets
+        are frozen; dense AdamW: ``optimizer.native.lr``. Empty when nothing follows a schedule (paper recipe
+        with frozen non-targets)."""
+        if self.name == "adam":
+            return {"optimizer.native.lr": self.native.lr}
+        out = {"optimizer.logra.lr": self.logra.lr} if self.logra.recipe == "optimizer" else {}
+        if not self.native.freeze:
+            out["optimizer.native.lr"] = self.native.lr
+        return out

@@ -2,6 +2,10 @@
 
 Every trainable parameter gets a dense gradient: bf16 weights use fp32 main grads, fp32
 masters and fp32 moments (18 bytes per parameter, as Megatron's mixed-precision optimizer).
+
+With a learning-rate schedule (``optimizer.schedule``, :mod:`megatron_logra.optim.schedule`) each
+step's lr is ``native.lr × lr_multiplier(step)``, set in :meth:`DenseAdamW.prepare`; without one
+(``schedule=None``, e.g. the warm start, which sets its own lr) the lr is left as it is.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from torch import nn
 from megatron_logra.optim.config import NativeConfig
 from megatron_logra.optim.update import PreparedUpdate, module_params
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
+from megatron_logra.optim.schedule import LRScheduleConfig, lr_multiplier
 from megatron_logra.optim.state import SlotState
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum
 
@@ -31,12 +36,20 @@ class DenseAdamW:
         groups: ParallelGroups,
         *,
         clip_grad: float = 1.0,
+        schedule: Optional[LRScheduleConfig] = None,
+        total_steps: Optional[int] = None,
     ) -> None:
+        """``schedule`` (None: the lr stays as set) with ``total_steps``, the job's optimizer steps that a
+        schedule without ``decay_steps`` decays over (``ValueError`` when it needs them and they are missing)."""
         params = [p for p in module_params(model) if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters for dense AdamW")
+        if schedule is not None and (total_steps is None or total_steps > 0):  # (a job of 0 steps takes none)
+            schedule.resolve_decay_steps(total_steps)  # refuse a schedule that cannot be evaluated, before any step
         self.groups = groups
         self.clip_grad = clip_grad
+        self.schedule = schedule
+        self.total_steps = total_steps
         self.device = params[0].device
         self.native = NativeAdamW(
             params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay, groups=groups
@@ -72,7 +85,17 @@ class DenseAdamW:
         if self.clip_grad > 0 and update.grad_norm > self.clip_grad:
             update.clip_coef = self.clip_grad / (update.grad_norm + 1e-6)
             self.native.scale_grads_(update.clip_coef)
+        if self.schedule is not None:
+            update.lr_multiplier = lr_multiplier(update.step, self.schedule, self.total_steps)
+            self.native.set_lr(self.native.base_lr * update.lr_multiplier)
         return update
+
+    def step_lrs(self, update: PreparedUpdate) -> dict[str, Optional[float]]:
+        """The learning rate ``update`` is (or was) applied with, for a step's metrics record: ``lr`` (AdamW's,
+        after the schedule) and ``logra_lr`` (None: no LoGRA targets); both None for a skipped update."""
+        if update.skipped:
+            return {"lr": None, "logra_lr": None}
+        return {"lr": float(self.native.inner.param_groups[0]["lr"]), "logra_lr": None}
 
     def apply(self, update: PreparedUpdate, alpha: float = 1.0) -> None:
         if update.skipped:

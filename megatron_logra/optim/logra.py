@@ -11,6 +11,11 @@ A step is split in two so a step-size controller can sit between them::
 ``opt.step()`` is ``apply(prepare(), 1.0)``. A non-finite sketch or native gradient on any
 rank skips the step on every rank: weights, row moments and the projection index are
 untouched and the update says why.
+
+A learning-rate schedule (``schedule``, :mod:`megatron_logra.optim.schedule`) multiplies, for the
+step being prepared, the optimizer recipe's ``lr`` (folded into ``D``: what the KL probe, the
+sketch-delta factors and ``apply`` all use) and its weight-decay factor, and the native AdamW's lr;
+the paper recipe's targets have no lr, so it reaches the native AdamW only there.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from megatron_logra.optim.functional import (
 )
 from megatron_logra.optim.logra_state import LograStateMixin
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
+from megatron_logra.optim.schedule import LRScheduleConfig, lr_multiplier
 from megatron_logra.optim.update import PreparedUpdate, module_params
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
 from megatron_logra.sketch.capture import SketchSet, SketchTarget, install_sketches
@@ -66,9 +72,18 @@ class LograOptimizer(LograStateMixin):
         cfg: LograConfig,
         native: NativeConfig,
         groups: ParallelGroups,
+        *,
+        schedule: Optional[LRScheduleConfig] = None,
+        total_steps: Optional[int] = None,
     ) -> None:
+        """``schedule`` (None: constant lrs) with ``total_steps``, the job's optimizer steps that a schedule
+        without ``decay_steps`` decays over (``ValueError`` when it needs them and they are missing)."""
+        if schedule is not None and (total_steps is None or total_steps > 0):  # (a job of 0 steps takes none)
+            schedule.resolve_decay_steps(total_steps)  # refuse a schedule that cannot be evaluated, before building
         self.cfg = cfg
         self.groups = groups
+        self.schedule = schedule
+        self.total_steps = total_steps
         self.sketches: SketchSet = install_sketches(
             model, cfg.targets, cfg.rank, cfg.seed, cfg.distribution, cfg.refresh,
             tp_group=groups.tp, pp_group=groups.pp, cache_projections=cfg.cache_projections,
@@ -174,6 +189,9 @@ class LograOptimizer(LograStateMixin):
             self.zero_grad()
             return update
 
+        update.lr_multiplier = self._lr_multiplier(update.step)
+        if self.schedule is not None:  # before native_deltas() reads it and apply() steps with it
+            self.native.set_lr(self.native.base_lr * update.lr_multiplier)
         projs = {t.key: ss.projection_for(t) for t in self.targets}
         tp_rank = self.groups.tp_rank
         norm2 = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -198,10 +216,26 @@ class LograOptimizer(LograStateMixin):
         if paper:
             self._paper_scale(update, projs)
         else:
-            update.scale = cfg.lr
+            lr = cfg.lr * update.lr_multiplier  # the scheduled lr (cfg.lr itself at multiplier 1.0)
+            update.scale = lr
             for d in update.directions.values():
-                d.mul_(cfg.lr)
+                d.mul_(lr)
         return update
+
+    def _lr_multiplier(self, step: int) -> float:
+        """The schedule's factor for 1-based ``step`` (1.0 without a schedule)."""
+        return 1.0 if self.schedule is None else lr_multiplier(step, self.schedule, self.total_steps)
+
+    def step_lrs(self, update: PreparedUpdate) -> dict[str, Optional[float]]:
+        """The learning rates ``update`` is (or was) applied with, after the schedule, for a step's metrics
+        record: ``lr``, the native AdamW's (None when the non-targets are frozen), and ``logra_lr``, the
+        targets' (optimizer recipe; None for the paper recipe, whose step follows the KL controller). Both
+        None for a skipped update."""
+        if update.skipped:
+            return {"lr": None, "logra_lr": None}
+        native = self.native.base_lr * update.lr_multiplier if self.native.params else None
+        logra = self.cfg.lr * update.lr_multiplier if self.cfg.recipe == "optimizer" else None
+        return {"lr": native, "logra_lr": logra}
 
     def _paper_scale(self, update: PreparedUpdate, projs: dict[str, torch.Tensor]) -> None:
         """Per-layer ‖D‖_F = ‖S‖_F, then one global scale so ‖ΔW‖/‖W‖ = update_ratio over all targets."""
@@ -306,10 +340,14 @@ class LograOptimizer(LograStateMixin):
             if master is not None:
                 t.weight.copy_(master)
 
-    def weight_decay_factor(self) -> float:
-        """``decay`` of ``W ← decay·W − ΔW``: ``1 − lr·wd`` (optimizer recipe) or 1 (paper recipe)."""
+    def weight_decay_factor(self, update: Optional[PreparedUpdate] = None) -> float:
+        """``decay`` of ``W ← decay·W − ΔW`` for ``update`` (None: the next step to be prepared):
+        ``1 − lr·m·wd`` with the schedule's multiplier ``m`` of its step (optimizer recipe), or 1 (paper recipe)."""
         cfg = self.cfg
-        return 1.0 - cfg.lr * cfg.weight_decay if cfg.recipe == "optimizer" else 1.0
+        if cfg.recipe != "optimizer":
+            return 1.0
+        m = update.lr_multiplier if update is not None else self._lr_multiplier(self.num_steps + 1)
+        return 1.0 - cfg.lr * m * cfg.weight_decay
 
     def _check_factors(self, factors: dict[str, torch.Tensor]) -> None:
         missing = sorted(t.key for t in self.targets if t.key not in factors)
@@ -362,8 +400,9 @@ class LograOptimizer(LograStateMixin):
               factors: Optional[dict[str, torch.Tensor]] = None) -> None:
         """``W ← decay·W − α·D·A`` for every target, native AdamW step, advance the projection.
 
-        The decoupled weight decay ``decay = 1 − lr·wd`` (optimizer recipe) does not scale with
-        α: α scales the gradient step only, as a step-size controller expects.
+        The decoupled weight decay ``decay = 1 − lr·m·wd`` (optimizer recipe; ``m`` the schedule's
+        multiplier of this step, ``update.lr_multiplier``) does not scale with α: α scales the gradient
+        step only, as a step-size controller expects.
 
         ``factors`` (opt-in, sketch-delta sync): target key -> this rank's bf16
         ``U = quantize_factor(α·D)`` ``[n_out_local, r]`` (:func:`megatron_logra.sync.trainer.local_factors`).
@@ -389,7 +428,7 @@ class LograOptimizer(LograStateMixin):
             raise ValueError(f"step size alpha={alpha} is not finite; refusing an uncontrolled step")
         assert update.update_index == self.sketches.update, "update prepared with another projection index"
         cfg = self.cfg
-        decay = self.weight_decay_factor()
+        decay = self.weight_decay_factor(update)
         tp_rank = self.groups.tp_rank
         if factors is not None:
             self._check_factors(factors)

@@ -45,6 +45,9 @@ class NativeAdamW:
     ) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.groups = groups
+        self.base_lr = lr
+        """The configured (peak) learning rate: what :meth:`set_lr` schedules are fractions of, and what
+        checkpoints record as this optimizer's lr."""
         self.masters: list[torch.Tensor] = []
         self._hooks = []
         for p in self.params:
@@ -73,7 +76,8 @@ class NativeAdamW:
         p.grad = None
 
     def set_lr(self, lr: float) -> None:
-        """Learning rate of the following steps (schedules call this before each step)."""
+        """Learning rate of the following steps (schedules call this before each step); :attr:`base_lr`,
+        the configured one, stays."""
         if self.inner is not None:
             for group in self.inner.param_groups:
                 group["lr"] = lr
@@ -203,8 +207,11 @@ class NativeAdamW:
     def state_dict(self) -> dict:
         """AdamW's own state dict (``inner``; its parameter indices follow ``param_order``, the
         positions of the parameters in AdamW's group order) and the fp32 masters."""
-        state = {"inner": self.inner.state_dict() if self.inner is not None else None,
-                 "param_order": list(self._inner_order)}
+        inner = self.inner.state_dict() if self.inner is not None else None
+        if inner is not None:  # the configured lr, not the step's scheduled one (torch's dict holds copies)
+            for group in inner["param_groups"]:
+                group["lr"] = self.base_lr
+        state = {"inner": inner, "param_order": list(self._inner_order)}
         state["masters"] = [m.detach().clone() if m is not p else None for p, m in zip(self.params, self.masters)]
         return state
 
@@ -248,9 +255,9 @@ class NativeAdamW:
 
     def _warn_lr_change(self, saved_lr: Optional[float]) -> None:
         # the run's configuration wins, as it does for LoGRA's own learning rate
-        if saved_lr is not None and float(saved_lr) != self.inner.param_groups[0]["lr"]:
+        if saved_lr is not None and float(saved_lr) != self.base_lr:
             logger.warning("resuming AdamW (non-LoGRA parameters) at lr %g from this run's configuration; the "
-                           "checkpoint was saved at lr %g", self.inner.param_groups[0]["lr"], float(saved_lr))
+                           "checkpoint was saved at lr %g", self.base_lr, float(saved_lr))
 
     def sharded_state(self, prefix: str = "native") -> SlotState:
         """Moments and fp32 masters as parameter-shaped slots; step count, lr and ``masters`` as
@@ -267,7 +274,7 @@ class NativeAdamW:
         slots: list[ParamSlot] = []
         if self.inner is None:
             return scalars, slots
-        scalars["lr"] = self.inner.param_groups[0]["lr"]
+        scalars["lr"] = self.base_lr  # the configured lr: a schedule's current value is a function of the step
         for p, m in zip(self.params, self.masters):
             st = self.inner.state.get(m, {})
             if "step" in st:

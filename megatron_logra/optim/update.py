@@ -30,7 +30,11 @@ class PreparedUpdate:
     num_tokens: Optional[int] = None
     """Global valid tokens the sketches were normalised by (paper recipe)."""
     scale: float = 1.0
-    """Global scale folded into ``D`` (lr, or the update-ratio scale of the paper recipe)."""
+    """Global scale folded into ``D`` (the scheduled lr ``logra.lr × lr_multiplier``, or the update-ratio
+    scale of the paper recipe)."""
+    lr_multiplier: float = 1.0
+    """The learning-rate schedule's factor for this step (:func:`megatron_logra.optim.schedule.lr_multiplier`),
+    already folded into ``D``, the native AdamW's lr and the weight-decay factor; 1.0 without a schedule."""
 
 
 def module_params(model: Union[nn.Module, Sequence[nn.Module]]) -> list[nn.Parameter]:

@@ -229,7 +229,10 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
             _warm_start(cfg, ref_model, groups, task, tok)
         for p in ref_model.parameters():
             p.requires_grad_(False)
-    optimizer = (optimizer_factory or build_optimizer)(model, cfg.optimizer, groups)
+    if optimizer_factory is None:  # a schedule without decay_steps decays over the RL updates
+        optimizer = build_optimizer(model, cfg.optimizer, groups, total_steps=cfg.rl.steps)
+    else:
+        optimizer = optimizer_factory(model, cfg.optimizer, groups)
     if isinstance(optimizer, LograOptimizer) and cfg.kl.mode != "none":
         # fail before any rollout when the requested probe cannot run on this model / layout
         logger.info("KL probe: %s", probe_method(cfg.kl.probe, optimizer.sketches, groups.pp_size))

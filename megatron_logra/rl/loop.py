@@ -248,7 +248,8 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         "step": step, "reward_mean": stats[0].item() / stats[2].item(), "accuracy": stats[1].item() / stats[2].item(),
         "eval_accuracy": None, "response_length": stats[3].item() / stats[2].item(),
         "kl_predicted": None, "kl_actual": None, "alpha": None, "budget": None, "mismatch": c.controller.mismatch,
-        "update_ratio": None, "entropy": None, "ref_kl": None, "skipped": False, "rollout_seconds": rollout_seconds,
+        "update_ratio": None, "lr": None, "logra_lr": None, "entropy": None, "ref_kl": None, "skipped": False,
+        "rollout_seconds": rollout_seconds,
         "sync_bytes": 0, "sync_mode": None, "sync_drift": 0, "sync_master_drift": 0.0,
         "rollout_tokens_per_second": stats[3].item() / max(rollout_seconds, 1e-9), "train_tokens": 0,
         "train_tokens_per_second": None,
@@ -285,6 +286,9 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     if update.skipped:
         record.update(skipped=True, step_seconds=elapsed(t0, device), **device_peaks(device))
         return record
+    step_lrs = getattr(c.optimizer, "step_lrs", None)  # a plugged-in optimizer (optimizer_factory) may lack it
+    if step_lrs is not None:
+        record.update(step_lrs(update))  # after optimizer.schedule; the step size α is recorded apart
     mismatch = c.controller.mismatch
     if gap_tokens > 0 and math.isfinite(gap_sum):
         mismatch = c.controller.observe_mismatch(gap_sum / gap_tokens)

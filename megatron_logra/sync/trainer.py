@@ -137,7 +137,7 @@ def build_delta(
     delta = SketchDelta(
         base_version=base_version, new_version=new_version, seed=cfg.seed, update_index=update.update_index,
         step=update.step, rank=cfg.rank, distribution=cfg.distribution, targets=targets, dense=dense,
-        decay=optimizer.weight_decay_factor(), rounding=optimizer.merge_rounding(), attention=dims,
+        decay=optimizer.weight_decay_factor(update), rounding=optimizer.merge_rounding(), attention=dims,
     )
     delta.check_structure()
     logger.debug("built delta %d->%d: %d targets, %d dense", base_version, new_version, len(targets), len(dense))

@@ -17,6 +17,9 @@ fields to TensorBoard (rank 0); counts are over the whole global batch (every DP
   step_seconds``.
 * ``loss_tokens`` — the answer tokens the loss counts (``data.content_length`` per sequence), the
   denominator of ``loss``.
+* ``lr`` / ``logra_lr`` — the learning rates the step was applied with, after ``optimizer.schedule``: the
+  AdamW's (dense AdamW, or LoGRA's non-target parameters; ``null`` when they are frozen) and the LoGRA
+  targets' (optimizer recipe; ``null`` otherwise); both ``null`` for a skipped step.
 * ``step_seconds`` — wall time of the step: data, forward/backward, optimizer update (not the evaluation).
 * ``gpu_memory_peak_bytes`` / ``gpu_memory_reserved_peak_bytes`` — the step's peak accelerator memory held
   by tensors / reserved by the caching allocator, the largest over all ranks
@@ -141,7 +144,7 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
     if is_rank0():
         _warn_deprecated_eval_batches(cfg)
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
-    optimizer = build_optimizer(model, cfg.optimizer, groups)
+    optimizer = build_optimizer(model, cfg.optimizer, groups, total_steps=cfg.train.steps)
     ckpt = latest_checkpoint(cfg.train.run_dir)
     if ckpt is None:
         raise FileNotFoundError(f"{cfg.train.run_dir} has no checkpoint")
@@ -180,7 +183,7 @@ def run_lm(cfg: RunConfig) -> dict:
     if cfg.train.resume:
         check_resume_steps(cfg.train.run_dir, cfg.train.steps, "train.steps")
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
-    optimizer = build_optimizer(model, cfg.optimizer, groups)
+    optimizer = build_optimizer(model, cfg.optimizer, groups, total_steps=cfg.train.steps)
     if cfg.train.overwrite:  # deletes the previous run: only once the layout, model and optimizer are known to work
         claim_run_dir(cfg.train.run_dir, resume=cfg.train.resume, overwrite=True)
     run_dir = Path(cfg.train.run_dir)
@@ -233,6 +236,7 @@ def run_lm(cfg: RunConfig) -> dict:
                 "grad_norm": update.grad_norm,
                 "clip_coef": update.clip_coef,
                 "skipped": update.skipped,
+                **optimizer.step_lrs(update),
                 "tokens": processed,
                 "tokens_per_second": processed / max(step_seconds, 1e-9),
                 "loss_tokens": result.global_tokens,

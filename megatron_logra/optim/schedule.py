@@ -1,0 +1,153 @@
+"""Learning-rate schedule (warmup + decay) with Megatron-LM's semantics, as a pure function of the step.
+
+Every learning rate an optimizer owns is its configured (peak) value times one multiplier,
+:func:`lr_multiplier`, of the 1-based optimizer step being taken:
+
+* the LoGRA optimizer recipe's target lr (``optimizer.logra.lr``): the update scale of the
+  directions and the decoupled weight-decay factor ``1 − lr·m·wd``;
+* the native AdamW of the non-target parameters (``optimizer.native.lr``);
+* dense AdamW (``optimizer.name=adam``, ``optimizer.native.lr``).
+
+The paper recipe has no target lr (its step is ``logra.update_ratio`` times the KL controller's
+α): there the schedule changes the native AdamW only.
+
+Semantics (megatron-core's ``OptimizerParamScheduler.get_lr`` evaluated as Megatron-LM's training
+loop drives it: the scheduler starts at 0 and advances by one after each successful update, so the
+``t``-th update uses the lr of ``n = t − 1`` completed steps). With ``W`` = ``warmup_steps``,
+``D`` = the decay steps, ``r0`` = ``warmup_init_ratio`` and ``rmin`` = ``min_lr_ratio``:
+
+* ``W > 0`` and ``n ≤ W``: ``r0 + (1 − r0)·n/W`` (so the first update of a warmup starting at 0 has
+  lr 0, its moments still advance, as in Megatron-LM);
+* ``constant``: 1;
+* ``n > D``: ``rmin``;
+* ``inverse-square-root``: ``max(rmin, sqrt(max(W, 1)) / sqrt(max(n, 1)))``;
+* ``linear`` / ``cosine``: ``rmin + (1 − rmin)·c`` with ``c = 1 − q`` / ``½(1 + cos πq)``,
+  ``q = (n − W)/(D − W)``.
+
+The function is stateless: the step counter the optimizers already checkpoint is all a resume needs,
+so a resumed run takes bitwise the steps of an uninterrupted one. Skipped updates (non-finite
+gradients) do not advance the step, as Megatron-LM skips its scheduler step then.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DECAY_STYLES", "LRScheduleConfig", "lr_multiplier"]
+
+DECAY_STYLES: tuple[str, ...] = ("constant", "linear", "cosine", "inverse-square-root")
+"""Accepted ``decay_style`` values (Megatron-LM's ``--lr-decay-style`` spellings; WSD is not offered)."""
+
+
+def _check_ratio(name: str, value: float) -> None:
+    """``value`` must be a finite number in [0, 1]; a ``ValueError`` naming ``optimizer.schedule.<name>``."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise ValueError(f"optimizer.schedule.{name}={value} must be a number in [0, 1] (a fraction of the peak lr, "
+                         f"optimizer.logra.lr / optimizer.native.lr); e.g. optimizer.schedule.{name}=0.1")
+
+
+@dataclass
+class LRScheduleConfig:
+    """Warmup and decay of every learning rate of the optimizer (``optimizer.schedule.*``; see the module
+    docstring for the formula). The default (``constant``, no warmup) keeps each lr at its configured value."""
+
+    warmup_steps: int = 0
+    """Linear warmup over this many optimizer steps, from ``warmup_init_ratio`` × peak to the peak
+    (Megatron-LM ``--lr-warmup-iters``); 0: no warmup."""
+    warmup_init_ratio: float = 0.0
+    """The lr at the start of the warmup as a fraction of the peak, in [0, 1] (Megatron-LM
+    ``--lr-warmup-init``, an absolute lr there). Read only with ``warmup_steps > 0``."""
+    decay_style: str = "constant"
+    """After the warmup: ``constant`` (the peak), ``linear``, ``cosine`` (to ``min_lr_ratio`` × peak at
+    ``decay_steps``) or ``inverse-square-root`` (peak·sqrt(max(warmup_steps, 1)/step), floored at
+    ``min_lr_ratio``) (Megatron-LM ``--lr-decay-style``)."""
+    decay_steps: Optional[int] = None
+    """Optimizer step at which the decay ends (the lr is ``min_lr_ratio`` × peak after it; Megatron-LM
+    ``--lr-decay-iters``). None: the job's steps, ``train.steps`` (job=lm) or ``rl.steps`` (job=rl) -- raising
+    those on resume then stretches the rest of the schedule; set it to pin the schedule. Must exceed
+    ``warmup_steps`` for a decaying style."""
+    min_lr_ratio: float = 0.0
+    """Floor of the decay as a fraction of the peak, in [0, 1] (Megatron-LM ``--min-lr``, an absolute lr
+    there)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"optimizer.schedule.warmup_steps={self.warmup_steps!r} must be an integer >= 0 "
+                             "(0: no warmup)")
+        _check_ratio("warmup_init_ratio", self.warmup_init_ratio)
+        _check_ratio("min_lr_ratio", self.min_lr_ratio)
+        if self.decay_style not in DECAY_STYLES:
+            raise ValueError(f"optimizer.schedule.decay_style={self.decay_style!r} is not supported; choose one of "
+                             f"{', '.join(DECAY_STYLES)} (Megatron-LM's WSD is not offered)")
+        if self.decay_steps is not None and (isinstance(self.decay_steps, bool) or not isinstance(self.decay_steps, int)
+                                             or self.decay_steps < 1):
+            raise ValueError(f"optimizer.schedule.decay_steps={self.decay_steps!r} must be an integer >= 1, or null "
+                             "for the job's steps (train.steps / rl.steps)")
+        if self.decays and self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
+            raise ValueError(f"optimizer.schedule.decay_steps={self.decay_steps} must exceed "
+                             f"optimizer.schedule.warmup_steps={self.warmup_steps} with decay_style={self.decay_style}: "
+                             f"the decay runs from the end of the warmup to decay_steps; raise decay_steps or lower "
+                             f"warmup_steps")
+
+    @property
+    def decays(self) -> bool:
+        """Whether the lr changes after the warmup (every style but ``constant``)."""
+        return self.decay_style != "constant"
+
+    @property
+    def is_constant(self) -> bool:
+        """True when every step's multiplier is 1 (``constant`` without warmup): each lr is its configured value."""
+        return self.warmup_steps == 0 and not self.decays
+
+    def resolve_decay_steps(self, total_steps: Optional[int], total_name: str = "the job's steps") -> int:
+        """The decay's last step: ``decay_steps`` or, when None, ``total_steps`` (the job's optimizer steps,
+        named ``total_name`` in errors). ``ValueError`` naming the fields when a decaying style has neither, or
+        when ``total_steps`` does not exceed ``warmup_steps``. For ``constant`` the value is not read (0 when
+        neither is known)."""
+        if self.decay_steps is not None:
+            return self.decay_steps
+        if total_steps is None:
+            if self.decays:
+                raise ValueError(f"optimizer.schedule.decay_style={self.decay_style} needs the decay's length: set "
+                                 f"optimizer.schedule.decay_steps, or pass the job's total steps")
+            return 0
+        if self.decays and total_steps <= self.warmup_steps:
+            raise ValueError(f"optimizer.schedule.decay_steps=null decays over {total_name}={total_steps}, which "
+                             f"must exceed optimizer.schedule.warmup_steps={self.warmup_steps} with decay_style="
+                             f"{self.decay_style}; raise {total_name}, lower warmup_steps or set "
+                             f"optimizer.schedule.decay_steps")
+        return total_steps
+
+
+def lr_multiplier(step: int, cfg: LRScheduleConfig, total_steps: Optional[int] = None) -> float:
+    """The factor every peak lr is multiplied by for the 1-based optimizer step ``step`` (see the module
+    docstring): megatron-core's ``OptimizerParamScheduler.get_lr`` / peak after ``step − 1`` completed steps,
+    for the schedule ``cfg`` whose decay ends at ``cfg.decay_steps`` or, when None, at ``total_steps`` (the
+    job's optimizer steps). Exactly 1.0 for ``constant`` without warmup. ``ValueError`` for ``step < 1`` and
+    as :meth:`LRScheduleConfig.resolve_decay_steps` says."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step={step!r} must be an integer >= 1 (the 1-based optimizer step being taken)")
+    n = step - 1  # completed steps: what Megatron-LM's scheduler has counted when the step runs
+    warmup = cfg.warmup_steps
+    if warmup > 0 and n <= warmup:
+        init = cfg.warmup_init_ratio
+        return init + (1.0 - init) * (float(n) / float(warmup))
+    if not cfg.decays:
+        return 1.0
+    decay_steps = cfg.resolve_decay_steps(total_steps)
+    floor = cfg.min_lr_ratio
+    if n > decay_steps:
+        return floor
+    if cfg.decay_style == "inverse-square-root":
+        return max(floor, math.sqrt(max(warmup, 1)) / math.sqrt(max(n, 1)))
+    progress = float(n - warmup) / float(decay_steps - warmup)
+    if cfg.decay_style == "linear":
+        coeff = 1.0 - progress
+    else:  # cosine
+        coeff = 0.5 * (math.cos(math.pi * progress) + 1.0)
+    return floor + coeff * (1.0 - floor)
