@@ -14,6 +14,20 @@ Overrides take any of these forms::
 ``optimizer.schedule.``.
 Every value is parsed by the field's annotated type and the whole config is re-validated.
 
+The Megatron-LM flags and what each one does here are the tables of :mod:`megatron_logra.megatron_flags`
+(re-exported here): a flag with a field of its own sets it; well-known switches whose setting is already in
+effect here (``--use-distributed-optimizer``, ``--use-mcore-models``, ``--group-query-attention``, the
+``--no-*-fusion`` switches, ...) are accepted and ignored with a logged warning saying why; flags this trainer
+cannot honour (``--data-path``, ``--tokenizer-type``, ``--finetune``, ...) are refused, naming what to use; any
+other ``--name`` that is no config field is refused, naming the closest flags and fields, and never takes the
+next argument as its value. ``--load DIR`` is ``train.run_dir=DIR train.resume=true``.
+
+One field set on the command line to different values under two spellings (``--tensor-model-parallel-size 2
+parallel.tp=1``, ``logra.rank=8 optimizer.logra.rank=4``, ``--train-iters 5 rl.steps=7``) is refused, naming
+both; the same value twice is fine, and the same key repeated (overrides appended to a command line) takes its
+last value. With LoGRA, ``optimizer.logra.rank`` above
+the input width of a target layer is refused here, before anything is built.
+
 A few Megatron-LM flags set the field that the configured job reads (:func:`resolve_alias`, after
 every other override, so ``job=...`` anywhere on the line counts): ``--train-iters``,
 ``--micro-batch-size`` and ``--eval-interval`` set ``train.*`` for ``job=lm`` and ``rl.steps``,
@@ -36,6 +50,7 @@ resumed run) of datasets it no longer lists: ``megatron-logra train tiny task.da
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import math
 import typing
@@ -45,13 +60,23 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import yaml
 
 from megatron_logra.config import RECIPES, RunConfig, _coerce, _is_section, _section_type, _short
+from megatron_logra.megatron_flags import (CHECK_FLAGS, CHECK_SWITCHES, CONTEXT_FLAGS, IGNORED_SWITCHES,
+                                           IGNORED_VALUE_FLAGS, JOB_ALIASES, LOAD_FLAGS, MEGATRON_ALIASES,
+                                           MEGATRON_FLAGS, NEUTRAL_FLAGS, OPTIMIZER_ALIASES, REFUSED_SWITCHES,
+                                           REFUSED_VALUE_FLAGS, SCHEDULE_RATIO_FLAGS, SWITCH_DEFAULTS, check_flag,
+                                           check_switch, neutral_flag, resolve_alias, schedule_ratio,
+                                           unknown_flag_error)
 from megatron_logra.optim.config import LograConfig
 from megatron_logra.yaml_unique import safe_load_unique
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["load_recipe", "apply_overrides", "parse_args_to_config", "MEGATRON_ALIASES", "JOB_ALIASES",
-           "OPTIMIZER_ALIASES", "SCHEDULE_RATIO_FLAGS", "CHECK_FLAGS", "resolve_alias", "resolve_hf_model"]
+           "OPTIMIZER_ALIASES", "SCHEDULE_RATIO_FLAGS", "CHECK_FLAGS", "MEGATRON_FLAGS", "resolve_alias",
+           "resolve_hf_model"]
+
+_CONTEXT_FLAGS = CONTEXT_FLAGS
+"""Flags set by :func:`resolve_alias` (or checked), after the other overrides."""
 
 
 # ---------------------------------------------------------------------------- recipe files
@@ -114,7 +139,7 @@ def _load_recipe(name_or_path: str, _including: tuple = ()) -> tuple[RunConfig, 
         base = str(path.parent / base)  # a file names its base relative to itself, not to the working directory
     try:
         cfg, given = _load_recipe(base, (*_including, resolved)) if base else (RunConfig(), {})
-        items = _flatten(data)
+        items = [(key, value, key) for key, value in _flatten(data)]
         _check_spelled_twice(items)
         cfg, mine = _apply_items(cfg, items)
         return cfg.validate(), {**given, **{key: f"recipe file {path}" for key in mine}}
@@ -122,12 +147,12 @@ def _load_recipe(name_or_path: str, _including: tuple = ()) -> tuple[RunConfig, 
         raise ValueError(f"recipe file {path}: {exc}") from None
 
 
-def _check_spelled_twice(items: Sequence[tuple[str, Any]]) -> None:
+def _check_spelled_twice(items: Sequence[tuple[str, Any, str]]) -> None:
     """One field set twice in one recipe file under two spellings (``train: {steps: 5}`` and ``train.steps: 6``,
     ``logra:`` and ``optimizer: {logra: ...}``, a Megatron-LM flag name and its field) is refused: only the last
     would count, as with a repeated YAML key."""
     seen: dict[str, str] = {}
-    for key, _ in items:
+    for key, _, _ in items:
         if key in _CONTEXT_FLAGS:  # checked against the field they resolve to by _apply_items
             continue
         field = _canonical(MEGATRON_ALIASES.get(key, key))
@@ -182,103 +207,6 @@ def _is_mapping_type(ftype: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------- overrides
-MEGATRON_ALIASES: dict[str, str] = {
-    "tensor-model-parallel-size": "parallel.tp",
-    "pipeline-model-parallel-size": "parallel.pp",
-    "seq-length": "model.seq_length",
-    "num-layers": "model.num_layers",
-    "hidden-size": "model.hidden_size",
-    "ffn-hidden-size": "model.ffn_hidden_size",
-    "num-attention-heads": "model.num_attention_heads",
-    "kv-channels": "model.kv_channels",
-    "num-query-groups": "model.num_query_groups",
-    "init-method-std": "model.init_std",
-    "hidden-dropout": "model.hidden_dropout",
-    "attention-dropout": "model.attention_dropout",
-    "rotary-base": "model.rotary_base",
-    "rope-scaling-factor": "model.rope_scaling_factor",
-    "normalization": "model.normalization",
-    "norm-epsilon": "model.layernorm_epsilon",
-    "recompute-granularity": "model.recompute",
-    "make-vocab-size-divisible-by": "model.make_vocab_size_divisible_by",
-    "transformer-impl": "model.transformer_impl",
-    "fp8-format": "model.fp8",
-    "fp8-recipe": "model.fp8_recipe",
-    "lr-warmup-iters": "optimizer.schedule.warmup_steps",
-    "lr-decay-iters": "optimizer.schedule.decay_steps",
-    "lr-decay-style": "optimizer.schedule.decay_style",
-    "seed": "train.seed",
-    "log-interval": "train.log_interval",
-    "save-interval": "train.save_interval",
-    "exit-duration-in-mins": "train.exit_duration_minutes",
-    "save": "train.run_dir",
-    "optimizer": "optimizer.name",
-}
-"""Megatron-LM flags (without ``--``) -> the dotted field they set, whatever the job; the flags of
-:data:`JOB_ALIASES` are resolved against the configured job by :func:`resolve_alias`."""
-
-JOB_ALIASES: dict[str, dict[str, Optional[str]]] = {
-    "train-iters": {"lm": "train.steps", "rl": "rl.steps"},
-    "micro-batch-size": {"lm": "train.micro_batch_size", "rl": "rl.micro_batch_size"},
-    "global-batch-size": {"lm": "train.global_batch_size", "rl": None},
-    "eval-interval": {"lm": "train.eval_interval", "rl": "rl.eval_interval"},
-}
-"""Megatron-LM flags whose field depends on ``job``: the lm job's loop reads ``train.*``, the RL job
-``rl.*`` (None: no RL field; the flag is refused)."""
-
-OPTIMIZER_ALIASES: tuple[str, ...] = ("lr", "weight-decay", "clip-grad", "adam-beta1", "adam-beta2", "adam-eps")
-"""Megatron-LM optimizer flags, resolved against ``optimizer.name`` / ``logra.recipe`` /
-``native.freeze`` (:func:`resolve_alias`):
-
-* ``optimizer.name=adam`` (dense AdamW reads ``optimizer.native.*``): ``--lr``, ``--weight-decay``,
-  ``--adam-beta1/2``, ``--adam-eps`` set ``optimizer.native.*``; ``--clip-grad`` ``optimizer.logra.clip_grad``.
-* LoGRA, ``logra.recipe=optimizer``: ``--lr``, ``--weight-decay``, ``--clip-grad`` set ``optimizer.logra.*``
-  (the target layers; ``native.lr`` etc. stay for the other parameters); ``--adam-*`` set the AdamW of the
-  non-target parameters, ``optimizer.native.*``, refused when ``native.freeze=true`` freezes them.
-* LoGRA, ``logra.recipe=paper``: ``--lr``, ``--weight-decay`` and ``--clip-grad`` are refused (its step is
-  ``logra.update_ratio`` scaled by the KL controller's α, without weight decay on targets or clipping)."""
-
-SCHEDULE_RATIO_FLAGS: dict[str, str] = {"lr-warmup-init": "optimizer.schedule.warmup_init_ratio",
-                                         "min-lr": "optimizer.schedule.min_lr_ratio"}
-"""Megatron-LM's absolute schedule lrs -> the ``optimizer.schedule`` ratio they set (:func:`_schedule_ratio`):
-the value divided by the peak lr that ``--lr`` sets for the configured optimizer (the first of
-:meth:`~megatron_logra.optim.config.OptimizerConfig.scheduled_lrs`: ``optimizer.logra.lr`` for LoGRA's optimizer
-recipe, ``optimizer.native.lr`` for dense AdamW and for the paper recipe, whose schedule reaches the non-target
-AdamW only). The same ratio then applies to every scheduled lr. Resolved after every other override, so the
-order of ``--lr`` / ``--min-lr`` on the line does not matter; a peak lr of 0, a value above the peak or a
-configuration where no lr follows a schedule is refused."""
-
-CHECK_FLAGS: tuple[str, ...] = ("max-position-embeddings",)
-"""Megatron-LM flags without a field of their own, accepted as a check (:func:`_check_flag`):
-``--max-position-embeddings N`` needs ``N >= model.seq_length`` (positions run up to ``model.seq_length``;
-RoPE has no position table) and, with learned absolute positions (a table of ``model.seq_length`` rows),
-``N == model.seq_length``. It never changes ``model.seq_length`` (``--seq-length``)."""
-
-SWITCH_DEFAULTS: dict[str, tuple[str, Any]] = {"use-rope-scaling": ("model.rope_scaling_factor", 8.0)}
-"""Megatron-LM switches that turn on a feature whose value another flag may give, in either order:
-``--use-rope-scaling`` sets ``model.rope_scaling_factor`` to Megatron-LM's default factor 8 unless
-``--rope-scaling-factor`` (or the field) gives one."""
-
-_CONTEXT_FLAGS = (frozenset(JOB_ALIASES) | frozenset(OPTIMIZER_ALIASES) | frozenset(CHECK_FLAGS)
-                  | frozenset(SWITCH_DEFAULTS) | frozenset(SCHEDULE_RATIO_FLAGS))
-"""Flags set by :func:`resolve_alias`, after the other overrides."""
-
-# Megatron-LM boolean flags (no value) -> (dotted key, value)
-MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
-    "exit-signal-handler": ("train.exit_signal_handler", "true"),
-    "bf16": ("model.params_dtype", "bfloat16"),
-    "fp16": ("model.params_dtype", "float16"),
-    "swiglu": ("model.swiglu", "true"),
-    "untie-embeddings-and-output-weights": ("model.untie_embeddings_and_output_weights", "true"),
-    "add-qkv-bias": ("model.add_qkv_bias", "true"),
-    "add-bias-linear": ("model.add_bias_linear", "true"),
-    "disable-bias-linear": ("model.add_bias_linear", "false"),
-    "qk-layernorm": ("model.qk_layernorm", "true"),
-    "sequence-parallel": ("model.sequence_parallel", "true"),
-    "resume": ("train.resume", "true"),
-    "use-rope-scaling": ("use-rope-scaling", "true"),  # SWITCH_DEFAULTS
-}
-
 _SHORTCUTS = {"logra.": "optimizer.logra.", "native.": "optimizer.native.", "schedule.": "optimizer.schedule."}
 
 
@@ -303,7 +231,10 @@ def set_dotted(cfg: Any, key: str, raw: Any) -> None:
         names = {f.name for f in dataclasses.fields(obj)}
         if part not in names:
             where = ".".join(parts[:i]) or "the run config"
-            raise ValueError(f"unknown config key {key!r}: {where} has no field {part!r}; known: {sorted(names)}")
+            close = difflib.get_close_matches(part, sorted(names), n=1)
+            hint = f" (did you mean {'.'.join([*parts[:i], close[0]])}?)" if close else ""
+            raise ValueError(f"unknown config key {key!r}: {where} has no field {part!r}{hint}; known: "
+                             f"{sorted(names)}")
         if i == len(parts) - 1:
             ftype = typing.get_type_hints(type(obj))[part]
             setattr(obj, part, _coerce(raw, ftype, key))
@@ -316,130 +247,105 @@ def _canonical(key: str) -> str:
     return _expand(key).replace("-", "_")
 
 
-def resolve_alias(cfg: RunConfig, flag: str) -> str:
-    """The dotted field that the context-dependent Megatron-LM flag ``flag`` (without ``--``) sets in
-    ``cfg``; a ``ValueError`` naming the field to use instead when the flag would have no effect."""
-    if flag in JOB_ALIASES:
-        target = JOB_ALIASES[flag].get(cfg.job)
-        if target is None:
-            rl = cfg.rl
-            raise ValueError(
-                f"--{flag} has no field in the RL job (job=rl): each RL step trains rl.prompts_per_step × "
-                f"rl.group_size = {rl.prompts_per_step} × {rl.group_size} = {rl.prompts_per_step * rl.group_size} "
-                f"sequences (in micro-batches of rl.micro_batch_size); set rl.prompts_per_step (and rl.group_size) "
-                f"instead")
-        return target
-    if flag in OPTIMIZER_ALIASES:
-        return _optimizer_alias(cfg, flag)
-    raise ValueError(f"--{flag} is not a context-dependent flag")
+Item = tuple[str, Any, str]
+"""One override: (key: a dotted field, shortcut or Megatron-LM flag name; raw value; how the user spelled it)."""
 
 
-_NATIVE_FIELDS = {"lr": "lr", "weight-decay": "weight_decay", "adam-beta1": "beta1", "adam-beta2": "beta2",
-                  "adam-eps": "eps"}
+def _get_dotted(cfg: Any, field: str) -> Any:
+    """The value of the canonical dotted ``field`` of ``cfg``."""
+    obj = cfg
+    for part in field.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
-def _optimizer_alias(cfg: RunConfig, flag: str) -> str:
-    """See :data:`OPTIMIZER_ALIASES`."""
-    opt = cfg.optimizer
-    if opt.name == "adam":  # dense AdamW (optim/dense.py): native.* for every parameter, logra.clip_grad
-        return "optimizer.logra.clip_grad" if flag == "clip-grad" else f"optimizer.native.{_NATIVE_FIELDS[flag]}"
-    if flag in ("lr", "weight-decay", "clip-grad"):
-        field = {"lr": "lr", "weight-decay": "weight_decay", "clip-grad": "clip_grad"}[flag]
-        if opt.logra.recipe == "paper":
-            why, instead = {
-                "lr": ("its step is logra.update_ratio scaled by the KL controller's α",
-                       "set logra.update_ratio (and native.lr for non-target parameters) or use logra.recipe=optimizer"),
-                "weight-decay": ("it applies no weight decay to the target layers",
-                                 "set native.weight_decay for non-target parameters or use logra.recipe=optimizer"),
-                "clip-grad": ("it does not clip: the KL controller's α bounds each step",
-                              "use logra.recipe=optimizer to clip"),
-            }[flag]
-            raise ValueError(f"--{flag} would set optimizer.logra.{field}, which logra.recipe=paper does not use "
-                             f"({why}); {instead}")
-        return f"optimizer.logra.{field}"
-    field = _NATIVE_FIELDS[flag]
-    if opt.native.freeze:
-        instead = {"beta1": "LoGRA's RowAdam has no first moment",
-                   "beta2": "LoGRA's RowAdam decay is optimizer.logra.beta2",
-                   "eps": "LoGRA's RowAdam epsilon is optimizer.logra.eps"}[field]
-        raise ValueError(f"--{flag} would set optimizer.native.{field}, the AdamW of the non-target parameters, "
-                         f"which optimizer.native.freeze=true freezes: it has no effect; {instead} (or set "
-                         f"native.freeze=false)")
-    return f"optimizer.native.{field}"
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two parsed field values are the same setting (NaN equals NaN)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
 
 
-def _schedule_ratio(cfg: RunConfig, flag: str, raw: Any) -> tuple[str, float]:
-    """``(field, ratio)`` for the absolute-lr flag ``flag`` of :data:`SCHEDULE_RATIO_FLAGS` against ``cfg``'s
-    peak lr; ``ValueError`` naming the flag and the fields where it cannot be converted."""
-    target = SCHEDULE_RATIO_FLAGS[flag]
-    value = _coerce(raw, float, f"--{flag}")
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"--{flag}={value} must be a finite lr >= 0")
-    lrs = cfg.optimizer.scheduled_lrs()
-    if not lrs:
-        raise ValueError(f"--{flag} sets {target}, but no lr follows a schedule here (optimizer.logra.recipe=paper "
-                         f"has no lr for the targets and optimizer.native.freeze=true trains nothing else); drop it")
-    peak_field, peak = next(iter(lrs.items()))
-    if peak == 0:
-        raise ValueError(f"--{flag}={value} is an absolute lr, converted to {target} as a fraction of the peak lr "
-                         f"{peak_field}, which is 0 here; set --lr / {peak_field} > 0 or give {target} directly")
-    if value > peak:
-        raise ValueError(f"--{flag}={value} exceeds the peak lr {peak_field}={peak} (--lr): a schedule runs from "
-                         f"and down to fractions of the peak; lower --{flag} or raise --lr")
-    return target, value / peak
+def _spelled(spelling: str, value: Any) -> str:
+    """``spelling`` with the parsed ``value`` it gave, unless the spelling shows it (``--bf16 (bfloat16)``)."""
+    shown = value if isinstance(value, str) else _short(value)
+    return spelling if str(shown) in spelling else f"{spelling} ({shown})"
 
 
-def _check_flag(cfg: RunConfig, flag: str, raw: Any) -> None:
-    """See :data:`CHECK_FLAGS`."""
-    value = _coerce(raw, int, f"--{flag}")
-    seq, kind = cfg.model.seq_length, cfg.model.position_embedding_type
-    if value < seq:
-        raise ValueError(f"--{flag}={value} is below model.seq_length={seq}: positions run up to model.seq_length "
-                         f"(there is no separate position limit); set --seq-length / model.seq_length to at most "
-                         f"{value} or raise --{flag}")
-    if kind == "learned_absolute" and value != seq:
-        raise ValueError(f"--{flag}={value}: model.position_embedding_type=learned_absolute has a table of "
-                         f"model.seq_length={seq} positions; set --seq-length {value} to size it (or drop --{flag})")
+def _spelling_key(spelling: str) -> str:
+    """The key part of an override's spelling: ``--seq-length 64`` and ``seq-length=64`` -> ``seq-length``."""
+    return spelling.split(" ", 1)[0].split("=", 1)[0].removeprefix("--")
 
 
-def _apply_items(cfg: RunConfig, items: Sequence[tuple[str, Any]]) -> tuple[RunConfig, set[str]]:
-    """Set ``(key, value)`` pairs in order (a key may be a Megatron-LM flag name), then the flags whose
-    field depends on the rest of the config (:func:`resolve_alias`) against the config they leave.
+class _FieldSetter:
+    """Sets dotted fields of a config, remembering which spelling set each one. One field set twice to different
+    values under two spellings (``--tensor-model-parallel-size 2 parallel.tp=1``, ``logra.rank=8
+    optimizer.logra.rank=4``, ``--bf16 model.params_dtype=float32``, ``--save A --load B``) is a ``ValueError``
+    naming both; the same value twice is fine. The same key repeated (``rl.steps=5 ... rl.steps=7``, as when
+    overrides are appended to a command line) sets the field to its last value."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.set_by: dict[str, tuple[str, Any]] = {}  # canonical field -> (spelling, parsed value)
+
+    def put(self, key: str, raw: Any, spelling: str, flag: Optional[str] = None) -> None:
+        """Set ``key`` (a dotted field or shortcut) from ``raw``, as ``spelling`` gave it; ``flag``: the
+        context-dependent Megatron-LM flag (without ``--``) that resolved to ``key``, named in the error."""
+        field = _canonical(key)
+        before = self.set_by.get(field)
+        set_dotted(self.cfg, key, raw)
+        value = _get_dotted(self.cfg, field)
+        if before is None or _spelling_key(before[0]) == _spelling_key(spelling):
+            self.set_by[field] = (spelling, value)
+            return
+        first, old = before
+        if _same_value(old, value):
+            return
+        pair = f"as {_spelled(first, old)} and as {_spelled(spelling, value)}"
+        hint = ""
+        if field == "train.run_dir" and "load" in (_spelling_key(first), _spelling_key(spelling)):
+            hint = (" (this trainer saves into the run directory it resumes from: --load DIR alone, or --resume DIR, "
+                    "continues the run in DIR)")
+        if flag is not None:
+            raise ValueError(f"--{flag} sets {field} here, which is also given with another value, {pair}: give "
+                             f"only one of them (or the same value){hint}")
+        raise ValueError(f"{field} is set twice with different values, {pair}: both spell the same field; give it "
+                         f"once{hint}")
+
+
+def _apply_items(cfg: RunConfig, items: Sequence[Item]) -> tuple[RunConfig, set[str]]:
+    """Set ``(key, value, spelling)`` items in order (a key may be a Megatron-LM flag name), then the flags whose
+    field depends on the rest of the config (:func:`resolve_alias`) against the config they leave. One field set
+    to different values under two spellings is a ``ValueError`` naming both (:class:`_FieldSetter`).
     Returns the config and the dotted fields set."""
-    deferred: list[tuple[str, Any]] = []
-    ratios: list[tuple[str, Any]] = []  # after the peak lr (--lr, itself deferred) is known
-    given: set[str] = set()
-    for key, raw in items:
+    deferred: list[Item] = []
+    ratios: list[Item] = []  # after the peak lr (--lr, itself deferred) is known
+    setter = _FieldSetter(cfg)
+    for key, raw, spelling in items:
         if key in SCHEDULE_RATIO_FLAGS:
-            ratios.append((key, raw))
-            continue
-        if key in _CONTEXT_FLAGS:
-            deferred.append((key, raw))
-            continue
-        key = MEGATRON_ALIASES.get(key, key)
-        set_dotted(cfg, key, raw)
-        given.add(_canonical(key))
-    for flag, raw in deferred:
+            ratios.append((key, raw, spelling))
+        elif key in _CONTEXT_FLAGS:
+            deferred.append((key, raw, spelling))
+        elif key in LOAD_FLAGS:
+            for field, fixed in LOAD_FLAGS[key]:
+                setter.put(field, raw if fixed is None else fixed, spelling)
+        else:
+            setter.put(MEGATRON_ALIASES.get(key, key), raw, spelling)
+    for flag, raw, spelling in deferred:
         if flag in CHECK_FLAGS:
-            _check_flag(cfg, flag, raw)
-            continue
-        if flag in SWITCH_DEFAULTS:
+            check_flag(cfg, flag, raw)
+        elif flag in CHECK_SWITCHES:
+            check_switch(cfg, flag)
+        elif flag in SWITCH_DEFAULTS:
             target, value = SWITCH_DEFAULTS[flag]
-            if target not in given:
-                set_dotted(cfg, target, value)
-                given.add(target)
-            continue
-        target = resolve_alias(cfg, flag)
-        if target in given:
-            raise ValueError(f"--{flag} sets {target} here, which is also given: give only one of them")
-        set_dotted(cfg, target, raw)
-        given.add(target)
-    for flag, raw in ratios:
-        target, ratio = _schedule_ratio(cfg, flag, raw)
-        if target in given:
-            raise ValueError(f"--{flag} sets {target} here, which is also given: give only one of them")
-        set_dotted(cfg, target, ratio)
-        given.add(target)
+            if target not in setter.set_by:
+                setter.put(target, value, spelling)
+        else:
+            setter.put(resolve_alias(cfg, flag), raw, spelling, flag)
+    for flag, raw, spelling in ratios:
+        target, ratio = schedule_ratio(cfg, flag, raw)
+        setter.put(target, ratio, spelling, flag)
+    given = set(setter.set_by)
     _drop_unselected_dataset_kwargs(cfg, given)
     return cfg, given
 
@@ -464,6 +370,65 @@ def _drop_unselected_dataset_kwargs(cfg: RunConfig, given: set[str]) -> None:
         cfg.task.dataset_kwargs = {k: v for k, v in kwargs.items() if k in listed}
 
 
+def _parse_overrides(overrides: Sequence[str]) -> list[Item]:
+    """Command-line overrides -> :data:`Item` s. ``key=value`` and ``--key=value`` are taken as they are; ``--key``
+    alone is a switch of :data:`~megatron_logra.megatron_flags.MEGATRON_FLAGS`, an ignored or refused Megatron-LM
+    flag (:mod:`megatron_logra.megatron_flags`), or a flag or field that takes the next argument as its value
+    (never one starting with ``--``). An unknown ``--name`` is a ``ValueError`` naming the closest flags and
+    fields; it never takes the next argument. Ignored flags log a warning saying why."""
+    items: list[Item] = []
+    i = 0
+    while i < len(overrides):
+        item = overrides[i]
+        i += 1
+        if not item.startswith("--"):
+            if "=" not in item:
+                raise ValueError(f"cannot parse override {item!r}: use key=value or --key value")
+            key, raw = item.split("=", 1)
+            items.append((key, raw, item))
+            continue
+        name, has_value, raw = item[2:].partition("=")
+        if name in MEGATRON_FLAGS or name in IGNORED_SWITCHES or name in REFUSED_SWITCHES:
+            if name in REFUSED_SWITCHES:
+                raise ValueError(f"{item.split('=')[0]} is a Megatron-LM flag this trainer cannot honour: "
+                                 f"{REFUSED_SWITCHES[name]}")
+            if has_value:
+                field = MEGATRON_FLAGS.get(name, ("",))[0]
+                also = f", or set the field: {field}=VALUE" if "." in field else ""
+                raise ValueError(f"--{name} is a switch and takes no value: give --{name} alone{also}")
+            if name in IGNORED_SWITCHES:
+                logger.warning("--%s is accepted and ignored: %s", name, IGNORED_SWITCHES[name])
+            else:
+                items.append((*MEGATRON_FLAGS[name], item))
+            continue
+        if name in REFUSED_VALUE_FLAGS:
+            raise ValueError(f"--{name} is a Megatron-LM flag this trainer cannot honour: {REFUSED_VALUE_FLAGS[name]}")
+        if not _takes_value(name):
+            raise unknown_flag_error(name)
+        if not has_value:
+            if i >= len(overrides) or overrides[i].startswith("--"):
+                got = f" (the next argument is the option {overrides[i]})" if i < len(overrides) else ""
+                raise ValueError(f"option {item} needs a value{got}: give {item} VALUE or {item}=VALUE")
+            raw = overrides[i]
+            i += 1
+        spelling = item if has_value else f"{item} {raw}"
+        if name in IGNORED_VALUE_FLAGS:
+            logger.warning("%s is accepted and ignored: %s", spelling, IGNORED_VALUE_FLAGS[name])
+        elif name in NEUTRAL_FLAGS:
+            neutral_flag(name, raw)
+        else:
+            items.append((name, raw, spelling))
+    return items
+
+
+def _takes_value(name: str) -> bool:
+    """Whether ``--name`` is a value flag (:mod:`megatron_logra.megatron_flags`) or a dotted config field."""
+    if (name in MEGATRON_ALIASES or name in _CONTEXT_FLAGS or name in LOAD_FLAGS or name in IGNORED_VALUE_FLAGS
+            or name in NEUTRAL_FLAGS):
+        return True
+    return _field_type(_canonical(name)) is not None
+
+
 def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
     """Apply dotted overrides and Megatron-LM flags (see module docstring), then validate. ``cfg`` is taken
     as the user's own (a run's saved config): its ``tokenizer.path`` stays, with ``model.hf_path`` too."""
@@ -475,29 +440,7 @@ def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[st
     """:func:`apply_overrides`, where ``given`` (dotted field -> where it was set) names the fields a recipe
     file set, which :func:`resolve_hf_model` checks with those of the overrides; ``from_recipe``: the other
     fields are a named recipe's (see :func:`resolve_hf_model`)."""
-    items: list[tuple[str, Any]] = []
-    pending = list(overrides)
-    i = 0
-    while i < len(pending):
-        item = pending[i]
-        i += 1
-        if item.startswith("--"):
-            body = item[2:]
-            if "=" in body:
-                key, raw = body.split("=", 1)
-            elif body in MEGATRON_FLAGS:
-                items.append(MEGATRON_FLAGS[body])
-                continue
-            else:
-                if i >= len(pending):
-                    raise ValueError(f"option {item} needs a value")
-                key, raw = body, pending[i]
-                i += 1
-        elif "=" in item:
-            key, raw = item.split("=", 1)
-        else:
-            raise ValueError(f"cannot parse override {item!r}: use key=value or --key value")
-        items.append((key, raw))
+    items = _parse_overrides(overrides)
     cfg, mine = _apply_items(cfg, items)
     given = {**given, **{key: "" for key in mine}}
     _check_paper_unused(cfg, given)
@@ -507,7 +450,40 @@ def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[st
         raise ValueError(f"train.eval_sequences={cfg.train.eval_sequences} is given, but the deprecated "
                          f"train.eval_batches={cfg.train.eval_batches}{where} replaces it; give train.eval_batches=null "
                          f"as well to evaluate train.eval_sequences sequences")
-    return resolve_hf_model(cfg.validate(), given, from_recipe=from_recipe)
+    cfg = resolve_hf_model(cfg.validate(), given, from_recipe=from_recipe)
+    _check_logra_rank(cfg, given)
+    return cfg
+
+
+_RANK_INPUTS = frozenset({"optimizer.name", "optimizer.logra.rank", "optimizer.logra.targets", "model.hidden_size",
+                          "model.ffn_hidden_size", "model.num_attention_heads", "model.kv_channels"})
+"""The fields that decide whether ``optimizer.logra.rank`` fits the targets (:func:`_check_logra_rank`)."""
+
+
+def _check_logra_rank(cfg: RunConfig, given: Mapping[str, str]) -> None:
+    """With LoGRA (``optimizer.name=logra``) and one of :data:`_RANK_INPUTS` among ``given`` (set by an override
+    or a recipe file), ``optimizer.logra.rank`` above the input width of a target layer is a ``ValueError`` naming
+    the field, the target and the model field that sizes it, before anything is built. Otherwise (a named
+    recipe's rank against a ``model.hf_path`` checkpoint's shapes, a target named by an exact leaf module name
+    other than ``output_layer``) the sketches refuse it, naming ``optimizer.logra.rank``, when installed."""
+    from megatron_logra.sketch.naming import TARGET_ALIASES
+
+    if cfg.optimizer.name != "logra" or not _RANK_INPUTS & set(given):
+        return
+    m = cfg.model
+    widths = {"linear_qkv": (m.hidden_size, "model.hidden_size"),
+              "linear_proj": (m.num_attention_heads * m.head_dim, "model.num_attention_heads × the head dim"),
+              "linear_fc1": (m.hidden_size, "model.hidden_size"),
+              "linear_fc2": (m.ffn_hidden_size, "model.ffn_hidden_size"),
+              "output_layer": (m.hidden_size, "model.hidden_size")}
+    rank = cfg.optimizer.logra.rank
+    checked = [(*widths[kind], target) for target in cfg.optimizer.logra.targets
+               if (kind := TARGET_ALIASES.get(target, target)) in widths]
+    if checked and rank > min(checked)[0]:
+        width, what, target = min(checked)
+        raise ValueError(f"optimizer.logra.rank={rank} exceeds the input width {width} ({what}) of the LoGRA target "
+                         f"{target}: the sketch rank is at most the input width of every target; set "
+                         f"optimizer.logra.rank <= {width} (logra.rank={width})")
 
 
 _PAPER_UNUSED: dict[str, tuple[str, str]] = {

@@ -416,7 +416,8 @@ def install_sketches(
                 info = classify_linear(module, tp_group, module_name)
                 n_in = info.n_in
                 if rank > n_in:
-                    raise ValueError(f"rank={rank} exceeds n_in={n_in} of target {module_name}; choose rank <= {n_in}")
+                    raise ValueError(f"rank={rank} exceeds n_in={n_in} of target {module_name}; "
+                                     f"choose optimizer.logra.rank <= {n_in}")
                 layer = _global_layer_index(chunk, module_name)
                 name = canonical_name(module_name, layer_index=layer)
                 prefix = f"{chunk_idx}." if len(chunks) > 1 else ""
