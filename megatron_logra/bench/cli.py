@@ -10,7 +10,10 @@ A run of some figures (``--figures``) or with other settings (``--optimizers``, 
 writes a report named after them instead, e.g. ``results-cosine.md`` or
 ``results-quick-custom-memory.md`` (PNGs prefixed alike), and never replaces the full report;
 ``--render-only`` with the same flags re-renders that one. The header records the command and
-the machine. A missing GaLore/APOLLO package is reported and skipped, never fatal.
+the machine. A missing GaLore/APOLLO package is reported and skipped, never fatal. A results JSON
+that ``--render-only`` cannot use (missing, unreadable, not JSON, not a report's numbers) ends with
+``megatron-logra bench paper: error: ...`` naming the file and the problem, exit status 2
+(``MEGATRON_LOGRA_TRACEBACK=1`` shows the traceback).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -29,7 +34,27 @@ from megatron_logra.bench.memory_fig import MemoryRow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["add_parser", "build_parser", "main", "run_paper", "render_only", "load_results"]
+__all__ = ["add_parser", "build_parser", "main", "run_paper", "render_only", "load_results", "ResultsFileError"]
+
+PROG = "megatron-logra bench paper"
+"""The command's name in its error messages (as argparse names it for the ``paper`` sub-command)."""
+
+
+class ResultsFileError(ValueError):
+    """A results JSON that :func:`load_results` / :func:`render_only` cannot use: missing, unreadable, not
+    JSON, or not the numbers of a report. The message starts with the file's path and says what is wrong."""
+
+
+def _describe(exc: BaseException) -> str:
+    """What ``exc``, raised while reading a results JSON's fields, says about the file."""
+    if isinstance(exc, KeyError):
+        return f"missing key {exc.args[0]!r}" if exc.args else "a missing key"
+    return f"{type(exc).__name__}: {exc}"
+
+
+_SHAPE_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError)
+"""What a results JSON of the wrong shape (a missing key, a list for a dict, a string for a number)
+raises while it is read or rendered."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -152,10 +177,36 @@ def load_results(path: Path) -> dict[str, Any]:
     ``results/STEM.json`` written by :func:`write_report`, to re-render a report without
     rerunning it. Per-update records are not stored there; the KL rows are. The command and
     environment are the recorded ones (a JSON from before they were recorded: the command rebuilt
-    from its config, the environment None)."""
+    from its config, the environment None). A file that cannot be read, is not JSON or lacks what a
+    report needs raises :class:`ResultsFileError` naming it and the problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ResultsFileError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ResultsFileError(f"{path} cannot be read as a results file: {reason}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResultsFileError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") \
+            from exc
+    if not isinstance(data, dict):
+        raise ResultsFileError(f"{path} holds a JSON {type(data).__name__}, not the object of a results file "
+                               f"(written by `megatron-logra bench paper`)")
+    try:
+        return _results_from(path, data)
+    except _SHAPE_ERRORS as exc:
+        raise ResultsFileError(f"{path} is not a results file of `megatron-logra bench paper`: {_describe(exc)}") \
+            from exc
+
+
+def _results_from(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """:func:`load_results` of the parsed JSON object ``data`` of ``path`` (KeyError, TypeError, ... when it
+    is not shaped like one)."""
     from megatron_logra.bench.report import command_line, image_prefix
 
-    data = json.loads(Path(path).read_text())
     cfg = PaperBenchConfig(**{k: ([tuple(x) for x in v] if k == "memory_sizes" else v)
                               for k, v in data["config"].items()})
     runs = {}
@@ -183,17 +234,25 @@ def load_results(path: Path) -> dict[str, Any]:
 
 def render_only(out_dir: Path, *, quick: bool, cfg: Optional[PaperBenchConfig] = None) -> int:
     """Rewrite the report from the numbers of an earlier run (after a change of wording): the report of
-    ``cfg`` (default: the quick or full preset), read from ``OUT_DIR/results/<its stem>.json``."""
+    ``cfg`` (default: the quick or full preset), read from ``OUT_DIR/results/<its stem>.json``. Returns 0.
+    A missing, unreadable or malformed JSON raises :class:`ResultsFileError` naming it and the problem
+    (for a missing one: the command whose run writes it), before anything is written."""
     from megatron_logra.bench import report
 
     cfg = cfg if cfg is not None else PaperBenchConfig.preset(quick, out_dir=str(out_dir))
-    source = out_dir / "results" / f"{report.report_stem(cfg)}.json"
+    source = Path(out_dir) / "results" / f"{report.report_stem(cfg)}.json"
     if not source.exists():
-        raise SystemExit(f"{source} does not exist: run `{report.command_line(cfg)}` first")
+        raise ResultsFileError(f"{source} does not exist: --render-only re-renders the report of an earlier run "
+                               f"with the same flags; run `{report.command_line(cfg)}` first")
     kw = load_results(source)
     cfg, data = kw.pop("cfg"), kw.pop("data")
     cfg.out_dir = str(out_dir)
-    path = report.write_report(cfg, report.render_report(cfg, **kw), data)
+    try:
+        text = report.render_report(cfg, **kw)
+    except _SHAPE_ERRORS as exc:
+        raise ResultsFileError(f"{source} is not a results file of `megatron-logra bench paper` (rendering it "
+                               f"failed): {_describe(exc)}") from exc
+    path = report.write_report(cfg, text, data)
     logger.info("re-rendered %s from %s", path, source)
     return 0
 
@@ -207,7 +266,13 @@ def main(args: Union[argparse.Namespace, Sequence[str], None] = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if getattr(ns, "render_only", False):
-        return render_only(Path(ns.out_dir), quick=ns.quick, cfg=cfg)
+        try:
+            return render_only(Path(ns.out_dir), quick=ns.quick, cfg=cfg)
+        except ResultsFileError as exc:  # bad input: one line, as the other commands report it
+            if os.environ.get("MEGATRON_LOGRA_TRACEBACK", "") not in ("", "0"):
+                raise
+            sys.stderr.write(f"{PROG}: error: {exc}\n")
+            return 2
     path = run_paper(cfg)
     logging.getLogger(__name__).info("report: %s", path)
     return 0

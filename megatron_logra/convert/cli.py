@@ -4,6 +4,13 @@
     megatron-logra convert mcore-to-hf --mcore DIR --out DIR [--hf-template DIR] [--max-shard-size 5GB]
                                        [--no-verify] [--force]
 
+``hf-to-mcore`` writes one ``model_tp{t}_pp{p}.safetensors`` per model-parallel rank (the parameter names
+and TP shards of megatron-core's GPTModel as this trainer builds it at that TP / PP), ``meta.json`` and
+``hf/``: for inspecting the megatron-side tensors, for your own megatron-core code
+(``megatron_logra.convert.load_mcore_into_model`` loads them into a model of the same TP / PP) and for
+``mcore-to-hf``. ``megatron-logra train`` does not read them: to train from a Hugging Face model give
+the HF directory itself, ``megatron-logra train RECIPE --model.hf_path DIR`` (job=rl; its weights are
+sharded on load to the run's TP / PP).
 ``mcore-to-hf`` also reads a trainer checkpoint step directory (``RUN/checkpoints/step_XXXXXXXX``).
 Prints the written ``meta.json`` (hf-to-mcore) or a summary (mcore-to-hf) as JSON; a rejected
 input exits with status 2 and a message naming the field, tensor or file, and so does an output
@@ -29,7 +36,15 @@ __all__ = ["main", "build_parser"]
 def build_parser(prog: str = "megatron-logra convert") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="direction", required=True)
-    a = sub.add_parser("hf-to-mcore", help="Hugging Face safetensors -> per-rank megatron-core files")
+    a = sub.add_parser(
+        "hf-to-mcore", help="Hugging Face safetensors -> per-rank megatron-core files (not read by train)",
+        description="Write one model_tp{t}_pp{p}.safetensors per model-parallel rank (megatron-core GPTModel "
+                    "parameter names and TP shards at --tp / --pp), meta.json and hf/ (the source config and "
+                    "tokenizer). For inspecting the megatron-side tensors, for your own megatron-core code "
+                    "(megatron_logra.convert.load_mcore_into_model loads them at the same TP / PP) and for "
+                    "`convert mcore-to-hf`. `megatron-logra train` does not read them: start a run from the HF "
+                    "directory itself with --model.hf_path DIR (job=rl), which shards the weights to the run's "
+                    "TP / PP on load.")
     a.add_argument("--hf", required=True, help="HF checkpoint directory (config.json + safetensors)")
     a.add_argument("--out", required=True, help="output directory")
     a.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the output (default 1)")

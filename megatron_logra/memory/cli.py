@@ -12,9 +12,11 @@
 ``config.json`` (or its directory), read and checked as ``megatron-logra train --model.hf_path`` reads it:
 a config the trainer refuses (sliding-window attention, scaled RoPE, mixture of experts, ...) is refused
 here with the same message; ``--gpu-memory`` sizes with a unit, like 80GiB, 141GB, 81559MiB (comma lists plan every
-combination). ``--tp auto`` takes the largest TP size <= GPUs / PP that shards the model;
-with ``--gpus`` the DP size is GPUs / (TP x PP). The defaults plan what ``megatron-logra train``
-runs: AdamW states whole on every DP rank (``--distributed-optimizer`` plans Megatron-LM's
+combination). ``--tp auto`` takes the largest TP size <= GPUs / PP that shards the model (with ``--gpus``,
+one that also divides GPUs / PP); with ``--gpus`` the DP size is GPUs / (TP x PP). Without ``--gpus``,
+``--tp auto`` assumes 8 GPUs (one 8-GPU node: TP <= 8 / PP) and DP is ``--dp`` (default 1); the output
+then starts with a line saying so (``GPUs: 8 (default; set --gpus) ...``). The defaults plan what
+``megatron-logra train`` runs: AdamW states whole on every DP rank (``--distributed-optimizer`` plans Megatron-LM's
 sharded optimizer instead), trained non-targets whose AdamW step a KL controller scales
 (``--freeze-native``: ``optimizer.native.freeze=true``; ``--no-kl-control``: ``kl.mode=none``).
 ``--strict`` exits with status 2 if any planned configuration does not fit.
@@ -33,17 +35,25 @@ from megatron_logra.memory.units import parse_bytes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["main", "build_parser", "auto_tp", "resolve_planned_model"]
+__all__ = ["main", "build_parser", "auto_tp", "resolve_planned_model", "DEFAULT_AUTO_TP_GPUS", "assumed_gpus_note"]
+
+DEFAULT_AUTO_TP_GPUS = 8
+"""GPUs that ``--tp auto`` assumes when ``--gpus`` is not given (one 8-GPU node); the output says so."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="megatron-logra memory", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="preset(s) or config.json path(s), comma-separated")
-    p.add_argument("--tp", default="1", help="tensor-parallel size, or auto (default 1)")
+    p.add_argument("--tp", default="1",
+                   help=f"tensor-parallel size, or auto: the largest that shards the model within --gpus / PP "
+                        f"({DEFAULT_AUTO_TP_GPUS} GPUs when --gpus is not given) (default 1)")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
     p.add_argument("--dp", type=int, default=None, help="data-parallel size (default 1, or GPUs / (TP x PP) with --gpus)")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs in the job (sets DP; bounds --tp auto)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help=f"GPUs in the job (sets DP; bounds --tp auto). Not given: --tp auto assumes "
+                        f"{DEFAULT_AUTO_TP_GPUS} (TP <= {DEFAULT_AUTO_TP_GPUS} / PP), DP is --dp, and the output "
+                        f"says so")
     p.add_argument("--optimizer", choices=["adam", "logra"], default="logra")
     p.add_argument("--compare", action="store_true", help="plan dense AdamW and LoGRA side by side")
     p.add_argument("--rank", type=int, default=256, help="LoGRA sketch rank (default 256)")
@@ -109,6 +119,17 @@ def resolve_planned_model(name: str, *, seq_length: int):
     return resolve_model(name, seq_length=seq_length, strict=True)
 
 
+def assumed_gpus_note(args: argparse.Namespace) -> Optional[str]:
+    """The line the output starts with when ``--tp auto`` runs without ``--gpus`` (it then assumes
+    :data:`DEFAULT_AUTO_TP_GPUS` GPUs), naming the default and the flag that sets it; None otherwise."""
+    if args.tp != "auto" or args.gpus is not None:
+        return None
+    n = DEFAULT_AUTO_TP_GPUS
+    dp = f"DP {args.dp} (--dp)" if args.dp is not None else "DP 1 (default; set --dp)"
+    return (f"GPUs: {n} (default; set --gpus) — --tp auto took the largest TP <= {n} / PP = {max(1, n // args.pp)} "
+            f"that shards the model; {dp}")
+
+
 def _plans(args: argparse.Namespace):
     from megatron_logra.memory.planner import PlanConfig, plan
     from megatron_logra.memory.report import Scenario
@@ -146,7 +167,7 @@ def _plans(args: argparse.Namespace):
     for name in models:
         model = resolve_planned_model(name, seq_length=args.seq_len)
         if args.tp == "auto":
-            per_stage = (args.gpus or 8) // args.pp
+            per_stage = (args.gpus if args.gpus is not None else DEFAULT_AUTO_TP_GPUS) // args.pp
             tp = auto_tp(model, per_stage, per_stage if args.gpus is not None else None)
         else:
             tp = tp_fixed
@@ -187,8 +208,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_logra.memory.report import (breakdown_rows, breakdown_table, layout_text, markdown, summary_rows,
                                               summary_table, verdict_line)
 
+    note = assumed_gpus_note(args)
     if args.markdown:
-        out = []
+        out = [note, ""] if note else []
         if len(scenarios) > 1:
             out += [markdown(*summary_rows(scenarios)), ""]
         for sc in scenarios:
@@ -199,6 +221,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from rich.console import Console
 
         console = Console(width=max(100, Console().width))
+        if note:
+            console.print(note, soft_wrap=True, markup=False, highlight=False)
         for sc in scenarios:
             title = f"{sc.model_name} on {sc.gpu_text} GPUs — {layout_text(sc.plans[0])}"
             console.print(breakdown_table(sc.plans, title))
