@@ -21,14 +21,20 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import typing
 import warnings
-from typing import Optional, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
-__all__ = ["main"]
+__all__ = ["main", "RESUME_LAUNCH_FIELDS", "resume_differences"]
+
+logger = logging.getLogger("megatron_logra.cli")  # not __name__: ``python -m megatron_logra.cli`` is __main__
+
+_COMMANDS = ("train", "eval", "plot", "config", "recipes", "memory", "convert", "bench")
 
 
 def _setup_logging() -> None:
@@ -85,7 +91,9 @@ def command_help(command: str) -> str:
         "  Megatron-LM flags           --tensor-model-parallel-size 2  --seq-length 128  --bf16 (below)",
         *(["  --resume [RUN_DIR]          with RUN_DIR (or --resume=RUN_DIR): continue that run from its latest",
            "                              checkpoint, with its config.yaml and the overrides on top (no RECIPE);",
-           "                              bare (a switch, below): train.resume=true for the run in train.run_dir"]
+           "                              bare (a switch, below): train.resume=true for the run in train.run_dir,",
+           "                              whose saved config the recipe and overrides must give (launch settings",
+           "                              aside: steps, TP/PP/DP, logging, checkpointing); no checkpoint: step 0"]
           if command in ("train", "config") else []),
         "",
         "Megatron-LM flags (each sets one field):",
@@ -119,8 +127,12 @@ def _split_recipe(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-logra", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "eval", "plot", "config", "recipes", "memory", "convert", "bench"])
+    parser.add_argument("command", choices=_COMMANDS)
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="recipe name or YAML, then overrides")
+    if not (sys.argv[1:] if argv is None else list(argv)):
+        parser.print_usage(sys.stderr)
+        parser.exit(2, f"{parser.prog}: error: a command is required ({', '.join(_COMMANDS)}); "
+                       f"`{parser.prog} --help` describes them\n")
     ns = parser.parse_args(argv)
     if ns.command in _SYNOPSES and any(arg in ("-h", "--help") for arg in ns.rest):
         sys.stdout.write(command_help(ns.command))
@@ -143,6 +155,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_logra.overrides import parse_args_to_config
 
     if ns.command == "recipes":
+        if ns.rest:
+            parser.error(f"recipes takes no arguments (got {' '.join(ns.rest)!r}); it lists every recipe, and "
+                         f"`{parser.prog} config RECIPE` prints one recipe's fields")
         for name, fn in RECIPES.items():
             sys.stdout.write(f"{name:12s} {fn.__doc__.strip().splitlines()[0]}\n")
         return 0
@@ -164,7 +179,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     resume_dir, rest = _resume_dir(ns.rest)
     try:
         if resume_dir is not None:
-            cfg = _run_dir_config(parser, resume_dir, rest)
+            cfg = _run_dir_config(parser, resume_dir, rest, command=ns.command)
         else:
             recipe, overrides = _split_recipe(rest)
             cfg = parse_args_to_config(recipe, overrides)
@@ -176,6 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.stdout.write(yaml.safe_dump(redact_config(to_dict(cfg)), sort_keys=False))  # output often goes to a file
         return 0
     _check_resumed_architecture(parser, cfg)
+    if resume_dir is None and cfg.train.resume:
+        _reporting_user_errors(parser, lambda: _check_recipe_resume(cfg))
 
     from megatron_logra.parallel import destroy_parallel
 
@@ -228,13 +245,26 @@ _BOOLEAN_WORDS = frozenset({"1", "0", "true", "false", "yes", "no", "on", "off"}
 """What a boolean field parses: ``--resume=true`` is ``train.resume=true``."""
 
 
+_OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*=")
+"""The start of a ``key=value`` / ``a.b=value`` override (a path such as ``/runs/lr=0.1`` is not one)."""
+
+
+def _is_run_dir_arg(arg: str) -> bool:
+    """Whether ``arg``, the word after ``--resume``, is a run directory: not a flag, and an existing directory or
+    anything that does not start like a dotted override (``/runs/lr=0.1/a`` is a directory, ``rl.steps=9`` an
+    override of a bare ``--resume``)."""
+    return not arg.startswith("-") and (os.path.isdir(arg) or not _OVERRIDE.match(arg))
+
+
 def _resume_dir(rest: Sequence[str]) -> tuple[Optional[str], list[str]]:
     """``--resume RUN_DIR`` or ``--resume=RUN_DIR`` (a directory) -> (RUN_DIR, the other arguments); a bare
-    ``--resume`` (or ``--resume`` before another flag) stays the Megatron-LM style flag ``train.resume=true``,
-    and ``--resume=WORD`` with a boolean word (``true``, ``false``, ``1``, ``0``, ...) is ``train.resume=WORD``."""
+    ``--resume`` (or ``--resume`` before another flag or an override ``key=value``) stays the Megatron-LM style
+    flag ``train.resume=true``, and ``--resume=WORD`` with a boolean word (``true``, ``false``, ``1``, ``0``,
+    ...) is ``train.resume=WORD``. The word after ``--resume`` is RUN_DIR when it is an existing directory or
+    does not look like an override (:func:`_is_run_dir_arg`), so a directory whose name holds ``=`` works."""
     rest = list(rest)
     for i, arg in enumerate(rest):
-        if arg == "--resume" and i + 1 < len(rest) and not rest[i + 1].startswith("-") and "=" not in rest[i + 1]:
+        if arg == "--resume" and i + 1 < len(rest) and _is_run_dir_arg(rest[i + 1]):
             return rest[i + 1], rest[:i] + rest[i + 2:]
         if arg.startswith("--resume="):
             value = arg[len("--resume="):]
@@ -263,31 +293,150 @@ def _check_resumed_architecture(parser: argparse.ArgumentParser, cfg) -> None:
     _reporting_user_errors(parser, check)
 
 
-def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[str], *,
+RESUME_LAUNCH_FIELDS = frozenset({
+    "train.steps", "rl.steps",  # the run's length (checked against the checkpoint: check_resume_steps)
+    "train.resume", "train.run_dir", "train.overwrite",
+    "train.micro_batch_size", "rl.micro_batch_size",  # the split of a step into micro-batches (per layout)
+    "train.progress", "train.log_interval", "train.eval_interval", "rl.eval_interval",
+    "train.save_interval", "train.keep_last", "train.checkpoint_checksums", "train.memory_check",
+    "train.exit_signal_handler", "train.exit_duration_minutes",
+    "rl.rollout.sglang_api_key", "rl.rollout.sglang_admin_api_key",  # redacted in the saved config
+})
+"""Dotted fields that ``train.resume=true`` with a recipe may set to other values than the run's saved config:
+the run's length, where it runs and how it is launched, logged, evaluated, checkpointed and stopped, and the
+credentials a saved config never holds. Every ``parallel.*`` field is one too (a checkpoint resumes at any
+TP / PP / DP layout). Any other field must keep the run's value (:func:`_check_recipe_resume`)."""
+
+
+def _is_launch_field(name: str) -> bool:
+    return name in RESUME_LAUNCH_FIELDS or name.startswith("parallel.")
+
+
+def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (an empty mapping stays a value)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def resume_differences(saved: Mapping[str, Any], cfg) -> list[tuple[str, Any, Any]]:
+    """``(dotted field, saved value, value of cfg)`` for each field other than the launch settings
+    (:data:`RESUME_LAUNCH_FIELDS`, ``parallel.*``) whose value in ``cfg`` (a ``RunConfig``, compared as it
+    would be saved: credentials redacted, through YAML) differs from ``saved`` (a run's saved config, as
+    :func:`~megatron_logra.checkpoint.run_dir.resume_config` reads it). A field only one of them has (a
+    config saved by another version) is not compared. Sorted by field."""
+    from megatron_logra.config import to_dict
+    from megatron_logra.rollout.sglang_setup import redact_config
+
+    new = _flat(yaml.safe_load(yaml.safe_dump(redact_config(to_dict(cfg)), sort_keys=False)))
+    old = _flat(saved)
+    return sorted((name, old[name], new[name]) for name in old.keys() & new.keys()
+                  if not _is_launch_field(name) and old[name] != new[name])
+
+
+def _is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _check_recipe_resume(cfg) -> None:
+    """``train.resume=true`` (a bare ``--resume``) with a recipe or YAML file, before anything is built or written:
+
+    * with ``train.overwrite=true`` too: ``ValueError`` (overwriting deletes the run to continue);
+    * ``train.run_dir`` without a checkpoint: the run starts from step 0, as Megatron-LM's ``--load`` of a
+      directory without a checkpoint does, with a warning (rank 0) naming the directory;
+    * else the config must be the run's saved one (``RUN/config.yaml``, or the latest checkpoint's copy)
+      except the launch settings (:func:`resume_differences`): ``ValueError`` listing each differing field
+      with both values, naming ``--resume RUN_DIR [OVERRIDE ...]`` (which takes the saved config) and a new
+      ``train.run_dir`` as the ways on. A broken checkpoint is a ``CheckpointError`` (a ``ValueError``)."""
+    from megatron_logra.checkpoint import latest_checkpoint
+    from megatron_logra.checkpoint.run_dir import resume_config
+
+    run_dir = Path(cfg.train.run_dir)
+    if cfg.train.overwrite:
+        raise ValueError(f"train.resume=true and train.overwrite=true: overwriting would delete the run in {run_dir} "
+                         f"that resuming continues; drop train.overwrite=true to continue it, or drop train.resume "
+                         f"to replace it")
+    if latest_checkpoint(run_dir) is None:
+        if _is_rank0():
+            logger.warning("train.resume=true: no checkpoint in %s (no complete checkpoints/latest); training starts "
+                           "from step 0", run_dir)
+        return
+    differ = resume_differences(resume_config(run_dir), cfg)
+    if differ:
+        shown = "; ".join(f"{name}: {old!r} saved, {new!r} given" for name, old, new in differ[:12])
+        more = f"; and {len(differ) - 12} more" if len(differ) > 12 else ""
+        raise ValueError(f"train.resume=true continues the run in {run_dir}, but the recipe and overrides given "
+                         f"differ from the config it was trained with ({run_dir / 'config.yaml'}): {shown}{more}. "
+                         f"Continue it with its own config: megatron-logra train --resume {run_dir} [OVERRIDE ...] "
+                         f"(e.g. train.steps=N; any TP/PP/DP), or start a new run in another train.run_dir "
+                         f"(nothing was changed)")
+
+
+def _launch_world_size() -> int:
+    """The number of processes this launch runs (as :func:`megatron_logra.parallel.init_distributed` will see it):
+    the process group's when one exists, else torchrun's ``WORLD_SIZE``, else 1."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    return 1
+
+
+def _check_saved_layout(cfg, saved: Mapping[str, Any], cfg_path: Path, named: str) -> None:
+    """``ValueError`` when ``cfg``'s TP × PP does not divide this launch's world size, naming the values that came
+    from ``cfg_path`` (a run saved at another layout) and the overrides that fit this launch."""
+    tp, pp, world = cfg.parallel.tp, cfg.parallel.pp, _launch_world_size()
+    if world % (tp * pp) == 0:
+        return
+    saved_parallel = saved.get("parallel") if isinstance(saved.get("parallel"), Mapping) else {}
+    origins = [f"parallel.{name}={value} ({'from ' + str(cfg_path) if saved_parallel.get(name) == value else 'given'})"
+               for name, value in (("tp", tp), ("pp", pp)) if value > 1]
+    flags = [flag for flag, value in (("--tensor-model-parallel-size 1", tp), ("--pipeline-model-parallel-size 1", pp))
+             if value > 1]
+    dotted = [f"parallel.{name}=1" for name, value in (("tp", tp), ("pp", pp)) if value > 1]
+    launch = "this one process (no torchrun)" if world == 1 else f"{world} processes"
+    raise ValueError(f"{' and '.join(origins)}: tp × pp = {tp * pp} does not divide the world size {world} of "
+                     f"{launch}. {named} works at any TP / PP / DP layout: add {' '.join(flags)} (or "
+                     f"{' '.join(dotted)}), or launch a multiple of {tp * pp} processes "
+                     f"(torchrun --nproc-per-node {tp * pp} -m megatron_logra.cli ...)")
+
+
+def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[str], *, command: str = "train",
                     progress: Optional[bool] = None):
     """The config saved in ``RUN_DIR/config.yaml`` (checked against the latest checkpoint's copy:
     :func:`~megatron_logra.checkpoint.run_dir.resume_config`), set to resume from its latest checkpoint, with
-    ``overrides`` (e.g. more steps, another parallel layout) applied on top. Bad input is a ``ValueError``
-    naming it (the caller reports it with :func:`_user_error`): ``config.yaml`` for the config, the broken
-    file itself for a damaged checkpoint (``CheckpointError``, e.g. a corrupt ``meta.json``)."""
-    from pathlib import Path
-
+    ``overrides`` (e.g. more steps, another parallel layout) applied on top. ``command`` is what reads it:
+    ``train`` / ``config`` (``--resume RUN_DIR``) or ``eval`` (``eval RUN_DIR``); errors name that form.
+    Bad input is a ``ValueError`` naming it (the caller reports it with :func:`_user_error`): ``config.yaml``
+    for the config, the broken file itself for a damaged checkpoint (``CheckpointError``, e.g. a corrupt
+    ``meta.json``); ``train.overwrite=true`` (it would delete the run); ``train.run_dir`` naming another
+    directory (the same one spelled otherwise is fine); and, for ``train`` and ``eval``, a saved TP × PP that
+    does not divide this launch's world size (naming the overrides that fit it)."""
     from megatron_logra.checkpoint import latest_checkpoint
     from megatron_logra.checkpoint.integrity import CheckpointError
     from megatron_logra.checkpoint.run_dir import resume_config
     from megatron_logra.config import RunConfig, from_dict
     from megatron_logra.overrides import apply_overrides
 
+    evaluating = command == "eval"
     run_dir = Path(run_dir)
+    named = f"eval {run_dir}" if evaluating else f"--resume {run_dir}"
     cfg_path = run_dir / "config.yaml"
     has_checkpoint = latest_checkpoint(run_dir) is not None
     if not cfg_path.exists() and not has_checkpoint:
         raise ValueError(f"{cfg_path} does not exist: is {run_dir} a run directory?")
     if not has_checkpoint:
-        raise ValueError(f"{run_dir} has no checkpoint (no complete checkpoints/latest) to continue from or evaluate")
+        raise ValueError(f"{run_dir} has no checkpoint (no complete checkpoints/latest) to "
+                         f"{'evaluate' if evaluating else 'continue from'}")
     if overrides and not overrides[0].startswith("-") and "=" not in overrides[0]:
-        raise ValueError(f"--resume {run_dir} takes its recipe from {cfg_path}; drop {overrides[0]!r} or start a "
-                         f"new run")
+        raise ValueError(f"{named} takes its recipe from {cfg_path}; drop {overrides[0]!r}"
+                         f"{'' if evaluating else ' or start a new run'}")
     # config.yaml, or the latest checkpoint's copy when config.yaml is missing or cut short; a broken checkpoint
     # (CheckpointError: its meta.json, a shard, checkpoints/latest) names its own file and keeps its message
     try:
@@ -303,29 +452,41 @@ def _run_dir_config(parser: argparse.ArgumentParser, run_dir, overrides: list[st
         cfg = from_dict(RunConfig, saved, validate=False)
     except ValueError as exc:
         raise ValueError(f"{cfg_path}: {exc}") from exc
-    cfg.train.run_dir, cfg.train.resume = str(run_dir), True
+    # the first launch's train.overwrite=true is saved with the run: it never applies to a resume
+    cfg.train.run_dir, cfg.train.resume, cfg.train.overwrite = str(run_dir), True, False
     if progress is not None:
         cfg.train.progress = progress
     try:
         cfg = apply_overrides(cfg, overrides)
     except ValueError as exc:
         raise ValueError(f"{cfg_path}{' with the overrides given' if overrides else ''}: {exc}") from exc
-    if Path(cfg.train.run_dir) != run_dir:
-        raise ValueError(f"--resume {run_dir} continues the run in {run_dir}, but train.run_dir={cfg.train.run_dir!r} "
+    if Path(cfg.train.run_dir).resolve() != run_dir.resolve():
+        if evaluating:
+            raise ValueError(f"{named} evaluates the run in {run_dir}, but train.run_dir={cfg.train.run_dir!r} was "
+                             f"also given; drop train.run_dir")
+        raise ValueError(f"{named} continues the run in {run_dir}, but train.run_dir={cfg.train.run_dir!r} "
                          f"was also given; drop train.run_dir (or start a new run there without --resume)")
+    cfg.train.run_dir = str(run_dir)
+    if cfg.train.overwrite:
+        if evaluating:
+            raise ValueError(f"train.overwrite=true with {named}: evaluation never writes into the run; drop "
+                             f"train.overwrite=true")
+        raise ValueError(f"train.overwrite=true with {named}: overwriting would delete the run that --resume "
+                         f"continues; drop train.overwrite=true to continue it, or start a new run (without "
+                         f"--resume) to replace it")
+    if command != "config":
+        _check_saved_layout(cfg, saved, cfg_path, named)
     return cfg
 
 
 def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
-    from pathlib import Path
-
     from megatron_logra.parallel import destroy_parallel
 
     if not rest:
         parser.error("eval needs a run directory")
     run_dir = Path(rest[0])
     try:
-        cfg = _run_dir_config(parser, run_dir, list(rest[1:]), progress=False)
+        cfg = _run_dir_config(parser, run_dir, list(rest[1:]), command="eval", progress=False)
         if cfg.job == "rl" and cfg.task.num_eval == 0:
             raise ValueError(f"task.num_eval=0: {run_dir} has no held-out set to evaluate; give task.num_eval=N "
                              f"(e.g. task.num_eval=200) to evaluate the run on N held-out problems")

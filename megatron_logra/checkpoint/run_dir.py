@@ -1,11 +1,13 @@
 """Claiming a run directory: a new run never silently replaces an earlier one.
 
 A run directory holds one run: ``config.yaml``, ``metrics.jsonl``, ``summary.json``, the
-tokenizer, tensorboard events and ``checkpoints/``. Starting a *new* run (not ``--resume``) in a
-directory that already holds a run's checkpoints or metrics is refused with an error naming what
-is there, before anything is written: mixing two runs would overwrite the old config and summary,
-truncate its metrics and let checkpoint pruning delete either run's checkpoints.
-``train.overwrite=true`` deletes the old run's outputs first (rank 0), then every rank proceeds.
+tokenizer, tensorboard events, ``checkpoints/`` and what is derived from them (``summary.png`` of
+``megatron-logra plot``, the RL job's ``deltas/`` and ``sglang_model/``). Starting a *new* run (not
+``--resume``) in a directory that already holds a run's checkpoints, metrics or summary is refused
+with an error naming what is there, before anything is written: mixing two runs would overwrite the
+old config and summary, truncate its metrics, let checkpoint pruning delete either run's checkpoints
+and leave the old run's plot beside the new run's files. ``train.overwrite=true`` deletes the old
+run's outputs first (rank 0), then every rank proceeds.
 """
 
 from __future__ import annotations
@@ -24,8 +26,13 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["claim_run_dir", "check_resume_steps", "check_shared_storage", "resume_config", "RUN_OUTPUTS"]
 
-RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "tensorboard", "config.yaml")
-"""What a run writes into its directory and an overwrite removes (the tokenizer is rewritten)."""
+RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "summary.png", "tensorboard", "config.yaml", "tokenizer",
+               "deltas", "sglang_model")
+"""What a run writes into its run directory, or is derived from it there: a new run removes each of them that
+is present (:func:`claim_run_dir`), so none of a previous run's can be taken for the new run's."""
+
+_RUN_RESULTS = ("summary.json", "summary.png")
+"""Files that only a run that trained (or was plotted) leaves: present, they count as a previous run."""
 
 
 def _previous_run(run_dir: Path) -> list[str]:
@@ -37,17 +44,22 @@ def _previous_run(run_dir: Path) -> list[str]:
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file() and metrics.stat().st_size > 0:
         found.append("metrics.jsonl")
+    found.extend(name for name in _RUN_RESULTS if (run_dir / name).exists())
     return found
 
 
 def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -> None:
     """Make ``run_dir`` ready for a run; every rank calls it (it synchronises when distributed).
 
-    ``resume``: the directory is continued as it is. Otherwise a directory holding a previous run
-    raises ``ValueError`` naming it and the two ways on (``--resume RUN_DIR``, ``train.overwrite=true``),
-    unless ``overwrite``, which removes :data:`RUN_OUTPUTS` first. A path that exists but is not a
-    directory is a ``ValueError`` too, and so is one that cannot be created or written (checked by
-    writing a file into it, before the model is built: a job would otherwise fail at its first save).
+    ``resume``: the directory is continued as it is. Otherwise a directory holding a previous run (a
+    checkpoint, a non-empty ``metrics.jsonl``, ``summary.json`` or ``summary.png``) raises ``ValueError``
+    naming it and the two ways on (``--resume RUN_DIR``, ``train.overwrite=true``), unless ``overwrite``.
+    A new run that goes ahead then has every :data:`RUN_OUTPUTS` entry present removed (rank 0): the previous
+    run's with ``overwrite`` (a warning names it), else what a start that never finished a step left (its
+    ``config.yaml``, empty TensorBoard events, tokenizer). Other files in the directory stay. A path that
+    exists but is not a directory is a ``ValueError`` too, and so is one that cannot be created or written
+    (checked by writing a file into it, before the model is built: a job would otherwise fail at its first
+    save).
     """
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -64,13 +76,18 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -
         raise ValueError(f"train.run_dir={str(run_dir)!r} already holds a run ({', '.join(found)}); continue it with "
                          f"--resume {run_dir}, choose a new train.run_dir, or replace it with train.overwrite=true")
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    if found and rank0:
-        logger.warning("train.overwrite=true: removing the previous run in %s (%s)", run_dir, ", ".join(found))
-        for name in RUN_OUTPUTS:
+    present = [name for name in RUN_OUTPUTS if (run_dir / name).exists() or (run_dir / name).is_symlink()]
+    if present and rank0:
+        if found:
+            logger.warning("train.overwrite=true: removing the previous run in %s (%s)", run_dir, ", ".join(found))
+        else:
+            logger.info("removing what an earlier start that never finished a step left in %s (%s)", run_dir,
+                        ", ".join(present))
+        for name in present:
             path = run_dir / name
-            if path.is_dir():
+            if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
-            elif path.exists():
+            else:
                 path.unlink()
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
@@ -158,7 +175,7 @@ def check_resume_steps(run_dir: Union[str, Path], steps: int, field: str) -> Non
                          f"(step {saved}); set {field} >= {saved} to continue the run (nothing was changed)")
 
 
-_SET_ON_RESUME = ("train.run_dir", "train.resume", "train.progress")
+_SET_ON_RESUME = ("train.run_dir", "train.resume", "train.overwrite", "train.progress")
 """Fields the command line sets when it resumes a run: never compared between config.yaml and a checkpoint."""
 
 

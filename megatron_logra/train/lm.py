@@ -33,6 +33,7 @@ The log line every ``train.log_interval`` steps shows ``loss``, ``grad_norm``, `
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -155,16 +156,33 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
 
 
 def run_lm(cfg: RunConfig) -> dict:
-    """Train ``cfg`` and return a summary (first/last loss, eval before/after, timing), also written to
-    ``RUN/summary.json`` as strict JSON: a loss that is not finite (a diverged or overflowed run) is None /
-    ``null`` there and in the returned dict, as in ``metrics.jsonl``. ``RUN/config.yaml`` and ``summary.json``
-    are replaced atomically (a crash leaves the old file or the new one).
+    """Train ``cfg`` and return the run's summary, also written to ``RUN/summary.json`` as strict JSON: a loss
+    that is not finite (a diverged or overflowed run) is None / ``null`` there and in the returned dict, as in
+    ``metrics.jsonl``. ``RUN/config.yaml`` and ``summary.json`` are replaced atomically (a crash leaves the old
+    file or the new one).
+
+    The summary describes the whole run, also after ``--resume`` (the steps of earlier processes are read from
+    ``RUN/metrics.jsonl`` and the previous ``summary.json``):
+
+    * ``steps`` — the run's last step (every step of the run, whichever process trained it).
+    * ``first_loss`` / ``last_loss`` — the training loss of step 1 / of step ``steps``; a step trained by an
+      earlier process is read from its ``metrics.jsonl`` record (None when that record is missing).
+    * ``eval_loss_before`` — held-out loss before step 1: measured by a run that starts at step 0, carried
+      over from the previous ``summary.json`` by a resumed one (None when there is none, e.g. every earlier
+      process was killed before writing it). ``eval_loss_after`` — held-out loss after step ``steps``
+      (None for a run stopped early). ``chance_loss`` — ``ln(data.num_symbols)``.
+    * ``stopped`` — why this process stopped early (None: it reached ``train.steps``).
+    * This process only: ``resumed_from_step`` (the checkpoint's step it started from, 0 for a new run),
+      ``segment_steps`` (the steps it trained, ``steps - resumed_from_step``), ``segment_eval_loss_before``
+      (held-out loss at ``resumed_from_step``) and ``segment_train_seconds`` (wall time of its training loop).
+
+    A resume with ``train.steps`` equal to the latest checkpoint's step trains nothing and writes the same
+    whole-run summary again (``segment_steps`` 0).
 
     Every check that can refuse the run (the batch layout over the DP ranks, the data, the model and
     optimizer build) runs before ``train.overwrite=true`` deletes a previous run's outputs, so a refused
     launch leaves them in place. Resuming (``train.resume``) with ``train.steps`` below the latest
-    checkpoint's step raises ValueError naming ``train.steps`` before anything is written; with
-    ``train.steps`` equal to it no step runs and the summary's ``first_loss`` / ``last_loss`` are None.
+    checkpoint's step raises ValueError naming ``train.steps`` before anything is written.
     The last step's checkpoint is saved before the final evaluation. A run stopped early (``train.exit_signal_handler``,
     ``train.exit_duration_minutes``) saves the checkpoint of its last step, skips the final evaluation
     and names the reason in ``summary["stopped"]``; the conditions stay in force through the final save
@@ -195,6 +213,9 @@ def run_lm(cfg: RunConfig) -> dict:
             start = load_checkpoint(ckpt, model, optimizer, groups, checksums=cfg.train.checkpoint_checksums,
                                     model_config=cfg.model)["step"]
             logger.info("resuming from %s at step %d", ckpt, start)
+    # the steps of earlier processes, before this one's MetricsWriter drops the records past the checkpoint
+    recorded = _recorded_losses(run_dir / "metrics.jsonl", (1, start)) if start else {}
+    eval_before_run = _carried_eval_loss_before(run_dir / "summary.json", start) if start else None
     saved_config = redact_config(to_dict(cfg))  # what config.yaml and the checkpoints hold: no credentials
     if is_rank0():
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -202,8 +223,10 @@ def run_lm(cfg: RunConfig) -> dict:
     metrics = MetricsWriter(run_dir, truncate_after=start if cfg.train.resume else None)
 
     eval_before = evaluate(model, task, cfg, groups, optimizer)
-    first_loss: Optional[float] = None
-    last_loss: Optional[float] = None
+    if not start:
+        eval_before_run = eval_before
+    first_loss: Optional[float] = recorded.get(1)
+    last_loss: Optional[float] = recorded.get(start)
     progress = _progress(cfg, start) if cfg.train.progress and is_rank0() else None
     t_start = time.perf_counter()
     device = model_device(model)
@@ -228,7 +251,7 @@ def run_lm(cfg: RunConfig) -> dict:
             # every rank's micro-batches have the same shape: the global batch × its input positions
             processed = cfg.train.global_batch_size * microbatches[0].tokens.shape[1]
             last_loss = result.loss
-            if step == start + 1:
+            if step == 1:
                 first_loss = result.loss
             record = {
                 "step": step,
@@ -280,17 +303,62 @@ def run_lm(cfg: RunConfig) -> dict:
             "optimizer": cfg.optimizer.name,
             "first_loss": first_loss,
             "last_loss": last_loss,
-            "eval_loss_before": eval_before,
+            "eval_loss_before": eval_before_run,
             "eval_loss_after": eval_after,
             "chance_loss": math.log(cfg.data.num_symbols),
-            "steps": last - start,
-            "train_seconds": train_seconds,
+            "steps": last,
             "stopped": stopped,
+            "resumed_from_step": start,
+            "segment_steps": last - start,
+            "segment_eval_loss_before": eval_before,
+            "segment_train_seconds": train_seconds,
         })
         if is_rank0():
             atomic_write_text(run_dir / "summary.json", strict_dumps(summary, indent=1))
             logger.info("done: %s", summary)
     return summary
+
+
+def _recorded_losses(path: Path, steps: tuple[int, ...]) -> dict[int, Optional[float]]:
+    """The ``loss`` of each of ``steps`` that ``path`` (a run's ``metrics.jsonl``) records, by step; a
+    recorded non-finite loss (``null``) is None, and a step without a record is absent. The file is read line
+    by line; a line that is not a JSON step record (a torn last line of a killed run) is skipped, as
+    resuming drops it."""
+    wanted, found = set(steps), {}
+    try:
+        with path.open() as fh:
+            for line in fh:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                step = record.get("step") if isinstance(record, dict) else None
+                if isinstance(step, int) and not isinstance(step, bool) and step in wanted:
+                    loss = record.get("loss")
+                    numeric = isinstance(loss, (int, float)) and not isinstance(loss, bool)
+                    found[step] = float(loss) if numeric else None
+    except FileNotFoundError:
+        if is_rank0():
+            logger.warning("%s does not exist: the summary's losses of the steps before this resume are null",
+                           path)
+    return found
+
+
+def _carried_eval_loss_before(path: Path, start: int) -> Optional[float]:
+    """The held-out loss before step 1 that the run's previous ``summary.json`` (``path``) holds, for a run
+    resumed at step ``start``; None when the file is missing or unreadable, or holds no such number. A
+    summary without ``resumed_from_step`` (written before summaries covered the whole run) counts only when
+    its ``steps`` equal ``start``: only then did its process start at step 0."""
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(previous, dict):
+        return None
+    if "resumed_from_step" not in previous and previous.get("steps") != start:
+        return None
+    value = previous.get("eval_loss_before")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _progress(cfg: RunConfig, start: int):

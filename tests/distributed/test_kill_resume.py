@@ -91,7 +91,7 @@ def test_sigkill_at_random_moments_then_resume(launcher, tmp_path):
     proc = launcher.launch(1, ["-m", "megatron_logra.cli", "train", "--resume", str(run)], timeout=300,
                            log=tmp_path / "resume.log")
     summary = json.loads(proc.stdout[proc.stdout.index("{"): proc.stdout.rindex("}") + 1])
-    assert summary["steps"] == N - step, where
+    assert (summary["steps"], summary["segment_steps"]) == (N, N - step), where
     reference.result()
     pool.shutdown()
 

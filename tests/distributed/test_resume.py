@@ -155,7 +155,9 @@ def assert_resume_bitwise(runs: dict) -> None:
     full, resumed = runs["full"], runs["resumed"]
     s_full, s_stop, s_res = runs["summaries"]
     # the second process really resumed at K (a silent restart from scratch would also end equal)
-    assert (s_full["steps"], s_stop["steps"], s_res["steps"]) == (N, K, N - K)
+    assert (s_full["steps"], s_stop["steps"], s_res["steps"]) == (N, K, N)
+    assert (s_full["segment_steps"], s_stop["segment_steps"], s_res["segment_steps"]) == (N, K, N - K)
+    assert s_res["resumed_from_step"] == K and s_res["first_loss"] == s_full["first_loss"]
 
     ck_full, ck_res = _latest(full), _latest(resumed)
     assert ck_full.name == ck_res.name == f"step_{N:08d}"
@@ -231,7 +233,7 @@ def test_resume_at_another_tensor_parallel_size(launcher, tmp_path_factory):
     the sharded checkpoint is resharded (weights, AdamW moments, LoGRA row moments of column- and
     row-parallel layers) and the following steps have the same loss as the uninterrupted TP=2 run."""
     runs = _runs(launcher, tmp_path_factory, 2)
-    assert runs["tp1_summary"]["steps"] == N - K
+    assert (runs["tp1_summary"]["steps"], runs["tp1_summary"]["segment_steps"]) == (N, N - K)
     meta = json.loads((_latest(runs["tp1"]) / "meta.json").read_text())
     assert (meta["tp"], meta["world_size"]) == (1, 1)
     m2, m1 = _metrics(runs["tp2"]), _metrics(runs["tp1"])

@@ -115,7 +115,7 @@ def test_sigterm_stops_the_lm_job_after_a_step_with_its_checkpoint_and_resume_co
 
     assert main(["train", "--resume", str(run), f"train.steps={last + 2}"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["steps"] == 2 and summary["stopped"] is None
+    assert (summary["steps"], summary["segment_steps"], summary["stopped"]) == (last + 2, 2, None)
     assert [r["step"] for r in _records(run)][-3:] == [last, last + 1, last + 2]
 
 
