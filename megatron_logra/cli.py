@@ -70,8 +70,10 @@ def command_help(command: str) -> str:
     """Usage of ``train`` / ``eval`` / ``config``: synopsis, override syntax, Megatron-LM flags, fields."""
     import textwrap
 
-    from megatron_logra.overrides import (CHECK_FLAGS, JOB_ALIASES, MEGATRON_ALIASES, MEGATRON_FLAGS, OPTIMIZER_ALIASES,
-                                          SCHEDULE_RATIO_FLAGS)
+    from megatron_logra.megatron_flags import (CHECK_FLAGS, IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, JOB_ALIASES,
+                                               LOAD_FLAGS, MEGATRON_ALIASES, MEGATRON_FLAGS, NEUTRAL_FLAGS,
+                                               OPTIMIZER_ALIASES, REFUSED_SWITCHES, REFUSED_VALUE_FLAGS,
+                                               SCHEDULE_RATIO_FLAGS)
 
     def flags(names) -> str:
         return textwrap.fill(", ".join(f"--{n}" for n in names), width=100, initial_indent="    ",
@@ -109,6 +111,14 @@ def command_help(command: str) -> str:
         flags(CHECK_FLAGS),
         "  switches (no value):",
         flags(MEGATRON_FLAGS),
+        *(f"  --{name} DIR: " + " ".join(f"{field}={'DIR' if value is None else value}" for field, value in fields)
+          + " (a --save naming another directory is refused)" for name, fields in LOAD_FLAGS.items()),
+        "  accepted and ignored, with a warning saying why (already in effect here):",
+        flags([*IGNORED_SWITCHES, *IGNORED_VALUE_FLAGS]),
+        "  accepted only at the value this trainer runs (--context-parallel-size 1, --ckpt-format torch_dist, ...):",
+        flags(NEUTRAL_FLAGS),
+        "  refused, naming what to use instead:",
+        flags([*REFUSED_SWITCHES, *REFUSED_VALUE_FLAGS]),
         "",
         "fields:",
         "  megatron-logra config RECIPE [OVERRIDE ...]   every field of a recipe with its value (the resolved config)",

@@ -27,3 +27,19 @@ def test_help_says_resume_takes_an_optional_run_dir(command, capsys):
     assert main([command, "--help"]) == 0
     out = capsys.readouterr().out
     assert "--resume [RUN_DIR]" in out and "train.resume=true" in out  # both forms, next to each other
+
+
+def test_help_lists_every_megatron_flag_the_parser_knows(capsys):
+    """Each Megatron-LM flag the override parser maps, ignores, restricts or refuses is named in ``train --help``,
+    so a user pasting a launch line can see what each flag does here before running it."""
+    from megatron_logra import megatron_flags as mf
+
+    assert main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    tables = (mf.MEGATRON_ALIASES, mf.JOB_ALIASES, mf.OPTIMIZER_ALIASES, mf.SCHEDULE_RATIO_FLAGS, mf.CHECK_FLAGS,
+              mf.MEGATRON_FLAGS, mf.LOAD_FLAGS, mf.IGNORED_SWITCHES, mf.IGNORED_VALUE_FLAGS, mf.NEUTRAL_FLAGS,
+              mf.REFUSED_SWITCHES, mf.REFUSED_VALUE_FLAGS)
+    named = {word.rstrip(",:").removeprefix("--") for word in out.split() if word.startswith("--")}
+    missing = sorted({flag for table in tables for flag in table} - named)
+    assert not missing, f"train --help does not name: {missing}"
+    assert "--load DIR: train.run_dir=DIR train.resume=true" in out
