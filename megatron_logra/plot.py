@@ -4,7 +4,9 @@ Only panels with data are drawn, in a grid of two columns (one for a single pane
 records carry ``reward_mean``): reward and accuracy (train and held-out), predicted vs actual KL per
 update with the budget, step size α (and ‖ΔW‖/‖W‖), process memory (RSS) and, on GPUs, the memory
 peaks. An lm run: train and held-out loss, gradient norm, throughput (tokens processed per second)
-and, on GPUs, the memory peaks. A legend is drawn only for a panel with several series.
+and, on GPUs, the memory peaks. A legend is drawn only for a panel with several series. The held-out
+curve starts at step 0 with the value before training that the run's ``summary.json`` holds
+(``eval_accuracy_before`` / ``eval_loss_before``: the whole run's, also after ``--resume``), when it does.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["read_metrics", "plot_run", "pyplot", "save_figure", "summary_figure"]
+__all__ = ["held_out_before", "read_metrics", "plot_run", "pyplot", "save_figure", "summary_figure"]
 
 
 def pyplot():
@@ -118,11 +120,15 @@ def _panel_rl_kl(ax, records) -> None:
 def _panel_rl_alpha(ax, records) -> None:
     ax.set_title("step size α")
     _lines(ax, records, [("alpha", "α", {})])
+    ax.set_ylabel("α")
     xs, ys = _series(records, "update_ratio")
     if xs:
         ax2 = ax.twinx()
         ax2.plot(xs, ys, color="tab:orange", label="‖ΔW‖/‖W‖")
-        ax2.set_ylabel("‖ΔW‖/‖W‖")
+        ax2.set_ylabel("‖ΔW‖/‖W‖ (right axis)")
+        lines = ax.get_lines() + ax2.get_lines()
+        if len(lines) > 1:  # two axes: one legend naming both series
+            ax2.legend(lines, [line.get_label() for line in lines])
 
 
 def _panel_rss(ax, records) -> None:
@@ -190,9 +196,12 @@ def summary_figure(records: list[dict], title: str = ""):
     nrows = -(-len(with_data) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 3.75 * nrows), squeeze=False)
     flat = list(axes.flat)
+    from matplotlib.ticker import MaxNLocator
+
     for panel, ax in zip(with_data, flat):
         panel(ax, records)
         ax.set_xlabel("update" if rl else "step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers, also on short runs
     for ax in flat[len(with_data):]:
         fig.delaxes(ax)
     if title:
@@ -200,9 +209,34 @@ def summary_figure(records: list[dict], title: str = ""):
     return fig
 
 
+_BEFORE = {"eval_accuracy": "eval_accuracy_before", "eval_loss": "eval_loss_before"}
+"""The held-out field of the step records -> the summary field holding its value before training."""
+
+
+def held_out_before(run_dir: str | Path, records: list[dict]) -> Optional[dict]:
+    """A step-0 record with the held-out value before training from ``RUN_DIR/summary.json`` (the field of
+    :data:`_BEFORE` of the run's job: RL when a record has ``reward_mean``); None when the file is missing or
+    unreadable, holds no such number, or ``records`` already have a step 0."""
+    if any(r["step"] == 0 for r in records):
+        return None
+    key = "eval_accuracy" if any("reward_mean" in r for r in records) else "eval_loss"
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = summary.get(_BEFORE[key]) if isinstance(summary, dict) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    return {"step": 0, key: float(value)}
+
+
 def plot_run(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:
-    """Write the summary PNG (default ``RUN_DIR/summary.png``; :func:`summary_figure`) and return its path."""
+    """Write the summary PNG (default ``RUN_DIR/summary.png``; :func:`summary_figure` of the step records,
+    preceded by :func:`held_out_before`'s step-0 record when there is one) and return its path."""
     records = read_metrics(run_dir)
+    before = held_out_before(run_dir, records)
+    if before is not None:
+        records = [before, *records]
     out = Path(out) if out else Path(run_dir) / "summary.png"
     try:
         fig = summary_figure(records, str(run_dir))

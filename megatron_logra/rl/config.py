@@ -138,8 +138,12 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         check_finite_fields("sft", self)
-        if self.steps < 0 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError("sft.steps must be >= 0, sft.batch_size >= 1 and sft.lr > 0")
+        if self.steps < 0:
+            raise ValueError(f"sft.steps={self.steps} must be >= 0 (0 skips the supervised warm start)")
+        if self.batch_size < 1:
+            raise ValueError(f"sft.batch_size={self.batch_size} must be >= 1 (demonstrations per warm-start step)")
+        if self.lr <= 0:
+            raise ValueError(f"sft.lr={self.lr} must be > 0 (to skip the warm start set sft.steps=0)")
         if not 0.0 <= self.final_lr_ratio <= 1.0:
             raise ValueError(f"sft.final_lr_ratio={self.final_lr_ratio} must be in [0, 1]")
         if not isinstance(self.teacher_kwargs, dict):

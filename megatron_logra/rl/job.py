@@ -7,6 +7,7 @@ events, ``checkpoints/`` and ``summary.json``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -211,8 +212,11 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     tok = _tokenizer(cfg, task, run_dir, will_save=not for_eval)
     if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
         rl_prompt_ids(tok, cfg.rl, "check")
-    for problem in task.eval_problems():  # the same on every rank: a long prompt fails here, not mid-run
-        check_prompt_fits(cfg, len(rl_prompt_ids(tok, cfg.rl, problem.prompt)), problem.prompt)
+    # the same on every rank: a long prompt fails here, not mid-run; the longest one, so that the fix the
+    # error suggests fits every held-out prompt
+    lengths = [(len(rl_prompt_ids(tok, cfg.rl, problem.prompt)), problem.prompt) for problem in task.eval_problems()]
+    if lengths:
+        check_prompt_fits(cfg, *max(lengths, key=lambda item: item[0]))
     resume_from = latest_checkpoint(run_dir) if cfg.train.resume else None
     # every weight is loaded next (HF checkpoint or resumed state): skip the random initialisation
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed,
@@ -247,7 +251,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     if resume_from is not None:
         load_checkpoint(resume_from, model, bundle, groups, checksums=cfg.train.checkpoint_checksums,
                         model_config=cfg.model)
-        logger.info("resumed from %s at RL step %d", resume_from, state.step)
+        logger.info("%s %s at RL step %d", "evaluating" if for_eval else "resumed from", resume_from, state.step)
     engine = build_engine(cfg, model, groups)
 
     # evaluation syncs in process: a directory transport would prune the run's delta files and write anchors
@@ -268,11 +272,32 @@ _LOGGED = ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual", "ste
 
 
 def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
-    """Warm start + RL; returns the summary (also written to RUN/summary.json, strict JSON: an
-    ``eval_accuracy_before/after`` that was not measured, e.g. with ``task.num_eval=0``, is ``null``).
+    """Warm start + RL; returns the summary, also written to ``RUN/summary.json`` as strict JSON (a value
+    that was not measured, e.g. held-out accuracy with ``task.num_eval=0``, is ``null``).
     ``optimizer_factory``: see ``build_components``. The configs it saves (``RUN/config.yaml``, each
     checkpoint's) never hold ``rl.rollout.sglang_api_key`` (``rollout.sglang_setup.redact_config``);
     ``config.yaml`` and ``summary.json`` are replaced atomically (a crash leaves the old file or the new one).
+
+    The summary describes the whole run, also after ``--resume`` (what earlier processes did is carried
+    over from the previous ``summary.json``), as the language-model job's does:
+
+    * ``steps`` — the run's last RL update (whichever process made it).
+    * ``eval_accuracy_before`` — held-out accuracy before update 1: measured by a run that starts at step 0,
+      carried over from the previous ``summary.json`` by a resumed one (None when there is none, e.g. every
+      earlier process was killed before writing it). ``eval_accuracy_after`` — held-out accuracy after
+      update ``steps`` (None for a run stopped early).
+    * ``setup_seconds`` / ``rl_seconds`` / ``total_seconds`` — the sums of the processes' ``segment_*``
+      times over the run; None when an earlier process's are unknown (the previous ``summary.json`` is
+      missing or does not end at the step this process resumed from, e.g. that process was killed).
+    * ``stopped`` — why this process stopped early (None: it reached ``rl.steps``).
+    * This process only: ``resumed_from_step`` (the checkpoint's step it started from, 0 for a new run),
+      ``segment_steps`` (the updates it made, ``steps - resumed_from_step``),
+      ``segment_eval_accuracy_before`` (held-out accuracy at ``resumed_from_step``), ``segment_setup_seconds``
+      (building, warm start, resume), ``segment_rl_seconds`` (from its first update to the end of the final
+      evaluation) and ``segment_total_seconds``.
+
+    A resume with ``rl.steps`` equal to the latest checkpoint's step trains nothing and writes the same
+    whole-run summary again (``segment_steps`` 0).
 
     The last step's checkpoint is saved before the final held-out evaluation, with the early-stop
     conditions (``train.exit_signal_handler``, ``train.exit_duration_minutes``) still in force: a stop
@@ -285,17 +310,21 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     if is_rank0():
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(saved_config, sort_keys=False))
+    start_step = state.step
+    # what earlier processes of the run did, read before this one's summary replaces theirs
+    previous = _previous_summary(run_dir / "summary.json", start_step) if start_step else {}
     metrics = MetricsWriter(run_dir, truncate_after=state.step if cfg.train.resume else None)
     setup_seconds = time.perf_counter() - t_start
     eval_before = evaluate_accuracy(comps)
     if eval_before is None:
         logger.info("no held-out evaluation (task.num_eval=0): eval_accuracy is null in metrics.jsonl and "
                     "summary.json")
+    elif start_step:
+        logger.info("held-out accuracy at RL step %d (resumed): %.3f", start_step, eval_before)
     else:
         logger.info("held-out accuracy before RL: %.3f", eval_before)
     progress = _progress(cfg, state.step) if cfg.train.progress and is_rank0() else None
     record = {}
-    start_step = state.step
     if start_step >= cfg.rl.steps:
         logger.info("the run is at RL step %d >= rl.steps=%d: nothing to train (raise rl.steps to continue)",
                     start_step, cfg.rl.steps)
@@ -337,23 +366,70 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             eval_after = None
         elif record.get("eval_accuracy") is not None:
             eval_after = record["eval_accuracy"]
+        elif state.step == start_step:  # nothing trained: the policy evaluated before the loop
+            eval_after = eval_before
         else:
             eval_after = evaluate_accuracy(comps)
             stopped = stop.check_after_training("the final evaluation")
         metrics.close()
+        rl_seconds, total_seconds = time.perf_counter() - rl_start, time.perf_counter() - t_start
+        eval_before_run = previous.get("eval_accuracy_before") if start_step else eval_before
         summary = {
             "optimizer": cfg.optimizer.name, "task": cfg.task.datasets, "steps": state.step,
-            "eval_accuracy_before": eval_before, "eval_accuracy_after": eval_after,
-            "setup_seconds": setup_seconds, "rl_seconds": time.perf_counter() - rl_start,
-            "total_seconds": time.perf_counter() - t_start, "run_dir": str(run_dir), "stopped": stopped,
+            "eval_accuracy_before": eval_before_run, "eval_accuracy_after": eval_after,
+            "setup_seconds": _run_total(previous, "setup_seconds", setup_seconds, start_step),
+            "rl_seconds": _run_total(previous, "rl_seconds", rl_seconds, start_step),
+            "total_seconds": _run_total(previous, "total_seconds", total_seconds, start_step),
+            "run_dir": str(run_dir), "stopped": stopped,
+            "resumed_from_step": start_step, "segment_steps": state.step - start_step,
+            "segment_eval_accuracy_before": eval_before, "segment_setup_seconds": setup_seconds,
+            "segment_rl_seconds": rl_seconds, "segment_total_seconds": total_seconds,
         }
         if is_rank0():
             atomic_write_text(run_dir / "summary.json", strict_dumps(summary, indent=1))
-            if stopped is None and eval_before is not None and eval_after is not None:
-                logger.info("done: held-out accuracy %.3f -> %.3f", eval_before, eval_after)
+            if stopped is None and eval_before_run is not None and eval_after is not None:
+                resumed = (f" ({eval_before:.3f} at step {start_step}, where this process resumed)"
+                           if start_step and eval_before is not None else "")
+                logger.info("done: held-out accuracy %.3f -> %.3f%s", eval_before_run, eval_after, resumed)
+            elif stopped is None and eval_before is not None and eval_after is not None:
+                logger.info("done: held-out accuracy %.3f at step %d (where this process resumed; the run's "
+                            "accuracy before step 1 is unknown) -> %.3f", eval_before, start_step, eval_after)
             elif stopped is None:
                 logger.info("done (no held-out evaluation)")
     return summary
+
+
+def _number(value) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _previous_summary(path: Path, start: int) -> dict:
+    """What the run's previous ``summary.json`` (``path``) says about the run before step ``start`` (the step
+    this process resumed from), for the whole-run fields of the new summary: ``eval_accuracy_before`` (the
+    held-out accuracy before update 1) and, when that summary ends at ``start`` (so it accounts for every
+    earlier process), ``setup_seconds`` / ``rl_seconds`` / ``total_seconds``. Empty when the file is missing
+    or unreadable; a value it lacks (or holds as ``null``) is absent. A summary without
+    ``resumed_from_step`` (written when summaries described one process) counts only when its ``steps``
+    equal ``start`` and its process is taken to have started at step 0."""
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(previous, dict):
+        return {}
+    ends_here = _number(previous.get("steps")) == start
+    if "resumed_from_step" not in previous and not ends_here:
+        return {}
+    keys = ("eval_accuracy_before",) + (("setup_seconds", "rl_seconds", "total_seconds") if ends_here else ())
+    return {k: _number(previous.get(k)) for k in keys if _number(previous.get(k)) is not None}
+
+
+def _run_total(previous: dict, key: str, segment: float, start: int) -> Optional[float]:
+    """The whole run's ``key`` time: this process's ``segment`` plus the earlier processes' (``previous``);
+    None when a resumed run (``start`` > 0) does not know the earlier ones'."""
+    if not start:
+        return segment
+    return previous[key] + segment if key in previous else None
 
 
 def _rss_bytes() -> int:

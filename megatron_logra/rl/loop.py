@@ -122,13 +122,23 @@ def _prompt_ids(c: RLComponents, text: str) -> list[int]:
 
 def check_prompt_fits(cfg, num_ids: int, text: str) -> None:
     """A prompt of ``num_ids`` tokens must leave room for ``rl.rollout.max_new_tokens`` within
-    ``model.seq_length + 1`` (the last sampled token is never fed back); ``ValueError`` naming both."""
-    room = cfg.model.seq_length + 1 - cfg.rl.rollout.max_new_tokens
-    if num_ids > room:
-        raise ValueError(
-            f"a prompt of {num_ids} tokens does not fit: model.seq_length={cfg.model.seq_length} leaves "
-            f"{room} tokens before rl.rollout.max_new_tokens={cfg.rl.rollout.max_new_tokens}; raise "
-            f"model.seq_length or shorten the prompts (prompt starts {text[:60]!r})")
+    ``model.seq_length + 1`` (the last sampled token is never fed back); ``ValueError`` naming both fields
+    and the values that would fit this prompt."""
+    seq, new_tokens = cfg.model.seq_length, cfg.rl.rollout.max_new_tokens
+    room = seq + 1 - new_tokens
+    if num_ids <= room:
+        return
+    need = num_ids + new_tokens - 1
+    fits = seq + 1 - num_ids  # the most new tokens this prompt leaves room for
+    lower = f", lower rl.rollout.max_new_tokens to {fits} or less" if fits >= 1 else ""
+    if room > 0:
+        what = f"leaves {room} tokens before rl.rollout.max_new_tokens={new_tokens}"
+    else:
+        what = (f"leaves no room for any prompt before rl.rollout.max_new_tokens={new_tokens} (a sequence holds the "
+                "prompt and all but the last of its new tokens)")
+    raise ValueError(
+        f"a prompt of {num_ids} tokens does not fit: model.seq_length={seq} {what}; raise model.seq_length to "
+        f"{need} or more{lower}, or shorten the prompts (prompt starts {text[:60]!r})")
 
 
 def _prompt_batch(c: RLComponents, problems: list, repeat: int) -> list[list[int]]:
