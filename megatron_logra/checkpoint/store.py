@@ -608,9 +608,10 @@ def load_checkpoint(
         raise CheckpointError(f"{path}: optimizer state does not fit this run: {exc}") from exc
     if rng is not None:
         restore_rng(rng, str(path))
-    elif not same_layout:
+    elif not same_layout and groups.is_rank0:
         logger.warning("%s was saved at tp=%d pp=%d dp=%d; this run has tp=%d pp=%d dp=%d: weights and optimizer "
                        "state are resharded, RNG states start fresh", path, meta["tp"], meta["pp"], meta["dp"],
                        groups.tp_size, groups.pp_size, groups.dp_size)
-    logger.info("loaded checkpoint %s (step %d)", path, meta["step"])
+    if groups.is_rank0:
+        logger.info("loaded checkpoint %s (step %d)", path, meta["step"])
     return meta
