@@ -41,7 +41,7 @@ from megatron_logra.models.presets import read_json_object
 logger = logging.getLogger(__name__)
 
 __all__ = ["HFCheckpoint", "McoreCheckpoint", "MCORE_FORMAT", "MCORE_FORMAT_VERSION", "rank_file_name",
-           "HF_EXTRA_FILES", "check_shard_name", "hf_tensor_not_imported"]
+           "HF_EXTRA_FILES", "check_shard_name", "hf_tensor_not_imported", "resolve_mcore_dir"]
 
 MCORE_FORMAT = "megatron_logra.mcore"
 MCORE_FORMAT_VERSION = 1
@@ -109,8 +109,17 @@ class HFCheckpoint:
             files = [SINGLE_NAME]
             self.index_path = None
         else:
+            shards = sorted(p.name for p in self.dir.glob("*.safetensors"))
             bins = sorted(p.name for p in self.dir.glob("*.bin"))
-            hint = f" ({', '.join(bins)} are pickle files, which are never read)" if bins else ""
+            if shards:
+                listed = ", ".join(shards[:3]) + (f" and {len(shards) - 3} more" if len(shards) > 3 else "")
+                hint = (f": it holds {listed} but no {INDEX_NAME} naming which tensor is in which file; copy the "
+                        f"index from where the checkpoint came from (a single file must be named {SINGLE_NAME})")
+            elif bins:
+                hint = (f" ({', '.join(bins[:3])} are pickle files, which are never read: save the model with "
+                        "safetensors, e.g. transformers' save_pretrained(..., safe_serialization=True))")
+            else:
+                hint = " (expected a Hugging Face checkpoint directory with safetensors weights)"
             raise ValueError(f"{self.dir}: no {SINGLE_NAME} or {INDEX_NAME}{hint}")
         self.files: list[str] = files
         self._readers: dict[str, TensorFile] = {}
@@ -178,6 +187,52 @@ class HFCheckpoint:
     def close(self) -> None:
         for r in self._readers.values():
             r.close()
+
+
+def resolve_mcore_dir(path: Union[str, Path]) -> Path:
+    """The checkpoint directory ``mcore-to-hf --mcore PATH`` reads.
+
+    ``PATH`` itself when it holds ``meta.json`` (a converted directory or a trainer checkpoint step
+    directory ``RUN/checkpoints/step_XXXXXXXX``). A run directory ``RUN``, its ``RUN/checkpoints`` or the
+    ``RUN/checkpoints/latest`` marker stand for the checkpoint ``latest`` names (the newest complete one,
+    :func:`megatron_logra.checkpoint.store.latest_checkpoint`). ``ValueError`` naming the problem and what
+    to pass instead when ``PATH`` does not exist, is a run directory without a complete checkpoint, or is
+    none of these."""
+    given = Path(path)
+    if not given.exists():
+        raise ValueError(f"--mcore {given} does not exist: give a directory written by `convert hf-to-mcore`, a "
+                         "trainer checkpoint RUN/checkpoints/step_XXXXXXXX or a run directory RUN")
+    if given.is_dir() and (given / "meta.json").is_file():
+        return given
+    run = None
+    if given.is_file() and given.name == "latest" and given.parent.name == "checkpoints":
+        run = given.parent.parent
+    elif given.is_dir() and given.name == "checkpoints" and not (given / "checkpoints").is_dir():
+        run = given.parent
+    elif given.is_dir() and (given / "checkpoints").is_dir():
+        run = given
+    if run is None:
+        if given.is_dir() and (given / "config.json").is_file() and any(given.glob("*.safetensors")):
+            raise ValueError(f"--mcore {given} is a Hugging Face checkpoint (config.json and *.safetensors), already "
+                             "in the format mcore-to-hf writes: `convert hf-to-mcore --hf` reads it")
+        if given.is_dir() and ((given / "config.yaml").is_file() or (given / "metrics.jsonl").is_file()):
+            raise ValueError(f"--mcore {given} is a run directory without checkpoints/: it saved no checkpoint (a "
+                             "run saves one every train.save_interval steps and after its last step); nothing to "
+                             "export")
+        raise ValueError(f"--mcore {given}: no meta.json: not a converted megatron checkpoint (`convert hf-to-mcore` "
+                         "output), a trainer checkpoint RUN/checkpoints/step_XXXXXXXX or a run directory RUN")
+    from megatron_logra.checkpoint.store import latest_checkpoint
+
+    step = latest_checkpoint(run)  # CheckpointError (a ValueError) when latest names an incomplete checkpoint
+    if step is None:
+        steps = sorted(p.name for p in (run / "checkpoints").glob("step_*") if (p / "meta.json").is_file())
+        hint = (f"; it holds {', '.join(steps[-3:])}: name one, --mcore {run / 'checkpoints' / steps[-1]}" if steps
+                else ": nothing to export (a run saves a checkpoint every train.save_interval steps and after its "
+                     "last step; this one stopped before its first save): export another run or train this one again")
+        raise ValueError(f"--mcore {given}: the run {run} has no complete checkpoint ({run / 'checkpoints' / 'latest'} "
+                         f"is missing){hint}")
+    logger.info("--mcore %s: exporting the run's latest checkpoint %s", given, step)
+    return step
 
 
 class McoreCheckpoint:

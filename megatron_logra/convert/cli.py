@@ -11,7 +11,8 @@ and TP shards of megatron-core's GPTModel as this trainer builds it at that TP /
 ``mcore-to-hf``. ``megatron-logra train`` does not read them: to train from a Hugging Face model give
 the HF directory itself, ``megatron-logra train RECIPE --model.hf_path DIR`` (job=rl; its weights are
 sharded on load to the run's TP / PP).
-``mcore-to-hf`` also reads a trainer checkpoint step directory (``RUN/checkpoints/step_XXXXXXXX``).
+``mcore-to-hf`` also reads a trainer checkpoint step directory (``RUN/checkpoints/step_XXXXXXXX``), or
+a run directory ``RUN`` for its latest checkpoint.
 Prints the written ``meta.json`` (hf-to-mcore) or a summary (mcore-to-hf) as JSON; a rejected
 input exits with status 2 and a message naming the field, tensor or file, and so does an output
 that cannot be written (a full disk: the message names --out, the OS error and the file; --out is
@@ -53,7 +54,9 @@ def build_parser(prog: str = "megatron-logra convert") -> argparse.ArgumentParse
                    help="vocabulary padding multiple per TP rank (default: ModelConfig's, 16)")
     a.add_argument("--force", action="store_true", help="replace a previous conversion in --out")
     b = sub.add_parser("mcore-to-hf", help="per-rank megatron-core files (or a trainer checkpoint) -> Hugging Face")
-    b.add_argument("--mcore", required=True, help="converted directory or trainer checkpoint step directory")
+    b.add_argument("--mcore", required=True,
+                   help="converted directory, trainer checkpoint step directory (RUN/checkpoints/step_XXXXXXXX) or run "
+                        "directory RUN (its latest checkpoint)")
     b.add_argument("--out", required=True, help="output directory")
     b.add_argument("--hf-template", default=None,
                    help="HF directory whose config.json, tokenizer files and shard layout are reused (default for a "
@@ -82,7 +85,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "megatron-logra conve
         else:
             index = convert_mcore_to_hf(ns.mcore, ns.out, hf_template=ns.hf_template,
                                         max_shard_size=ns.max_shard_size, force=ns.force, verify=not ns.no_verify)
-            out = {"out": ns.out, "files": index["files"], "metadata": index["metadata"],
+            out = {"out": ns.out, "mcore": index["mcore"], "files": index["files"], "metadata": index["metadata"],
                    "num_tensors": len(index["weight_map"])}
     except USER_ERRORS as exc:  # bad input (a path, a field, a tensor): one line, as the main CLI reports it
         if os.environ.get("MEGATRON_LOGRA_TRACEBACK", "") not in ("", "0"):

@@ -7,9 +7,10 @@ vocabulary rows zero-padded to ``ModelConfig.padded_vocab_size(tp)``), ``hf/`` (
 model config, tp, pp, source architecture, sha256 / size / tensor count per file), written last.
 
 ``convert_mcore_to_hf(mcore_dir, out_dir, hf_template=None)`` reads such a directory (or a trainer
-checkpoint step directory) and writes a Hugging Face checkpoint: ``model.safetensors`` or shards
-``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json`` (the template's shard
-assignment when it has one, else greedy up to ``max_shard_size``), ``config.json`` and the
+checkpoint step directory, or a run directory for its latest checkpoint) and writes a Hugging Face
+checkpoint: ``model.safetensors`` or shards ``model-0000i-of-0000n.safetensors`` with
+``model.safetensors.index.json`` (the template's shard assignment when it has one, else greedy up to
+``max_shard_size``), ``config.json`` and the
 tokenizer / generation-config files of the template (else of ``mcore_dir/hf``; for a trainer
 checkpoint, of the run's ``model.hf_path`` when it exists, else a generated, servable config.json;
 tokenizer files of ``RUN/tokenizer`` when the run saved one: :mod:`megatron_logra.convert.export_config`).
@@ -59,6 +60,7 @@ from megatron_logra.convert.checkpoints import (
     McoreCheckpoint,
     hf_tensor_not_imported,
     rank_file_name,
+    resolve_mcore_dir,
 )
 from megatron_logra.convert.export_config import (
     config_source,
@@ -226,11 +228,14 @@ def convert_mcore_to_hf(
     come from ``RUN/tokenizer`` (the tokenizer it was trained with) when the run saved one, even with a
     template. ``verify=False`` skips the checksum pass over the input: the sha256 of a converted directory's
     rank files, the CRC-32 of every file of a trainer checkpoint (its ``meta.json`` and the file sizes are
-    still checked). Returns the written index dict
-    (``weight_map`` and ``metadata``; one file -> ``{"weight_map": ..., "metadata": ...}`` as well).
+    still checked). ``mcore_dir`` may also be a run directory ``RUN`` (or ``RUN/checkpoints``, or its
+    ``latest`` marker): its latest complete checkpoint is exported
+    (:func:`~megatron_logra.convert.checkpoints.resolve_mcore_dir`). Returns the written index dict
+    (``weight_map`` and ``metadata``; one file -> ``{"weight_map": ..., "metadata": ...}`` as well), the
+    files written (``files``) and the checkpoint directory read (``mcore``).
     """
     t0 = time.perf_counter()
-    mcore_dir, out_dir = Path(mcore_dir), Path(out_dir)
+    mcore_dir, out_dir = resolve_mcore_dir(mcore_dir), Path(out_dir)
     template = Path(hf_template) if hf_template else None
     max_bytes = parse_size(max_shard_size)
     src = McoreCheckpoint(mcore_dir, verify=verify)
@@ -338,4 +343,4 @@ def convert_mcore_to_hf(
         src.close()
     logger.info("converted %s -> %s (%d files, %d tensors, extras %s) in %.1fs", mcore_dir, out_dir, len(file_names),
                 len(hf_entries), copied, time.perf_counter() - t0)
-    return {**index, "files": results}
+    return {**index, "files": results, "mcore": str(mcore_dir)}

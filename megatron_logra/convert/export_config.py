@@ -133,7 +133,12 @@ def _config_source(src: McoreCheckpoint, template: Optional[Path]) -> ConfigSour
     if template is not None:
         if not (template / "config.json").is_file():
             raise ValueError(f"--hf-template {template}: no config.json")
-        text = _checked_config(template, cfg)
+        try:
+            text = _checked_config(template, cfg)
+        except ValueError as exc:
+            raise ValueError(f"--hf-template {template} is not a template of this checkpoint ({src.dir}): {exc}; pass "
+                             "the Hugging Face directory of the model the checkpoint was converted from or trained "
+                             "from, or leave --hf-template out") from None
         logger.info("config.json from the template %s (--hf-template)", template)
         return ConfigSource("explicit", template, text)
     converted = src.hf_files_dir

@@ -219,12 +219,20 @@ def check_layout(cfg: ModelConfig, tp: int, pp: int) -> None:
     if tp < 1 or pp < 1:
         raise ValueError(f"tp={tp} and pp={pp} must be >= 1")
     groups = cfg.num_query_groups or cfg.num_attention_heads
-    for field, value in (("num_attention_heads", cfg.num_attention_heads), ("num_query_groups", groups),
-                         ("ffn_hidden_size", cfg.ffn_hidden_size)):
+    for field, hf_field, value in (("num_attention_heads", "num_attention_heads", cfg.num_attention_heads),
+                                   ("num_query_groups", "num_key_value_heads", groups),
+                                   ("ffn_hidden_size", "intermediate_size", cfg.ffn_hidden_size)):
         if value % tp:
-            raise ValueError(f"model.{field}={value} is not divisible by tp={tp}")
+            fits = [t for t in range(1, tp) if all(v % t == 0 for v in (cfg.num_attention_heads, groups,
+                                                                        cfg.ffn_hidden_size))]
+            raise ValueError(f"model.{field}={value} is not divisible by tp={tp} ({hf_field} in a Hugging Face "
+                             "config.json; megatron-core splits heads, query groups and the MLP evenly over the TP "
+                             f"ranks): use a TP size that divides it, e.g. tp={fits[-1]}")
     if cfg.num_layers % pp:
-        raise ValueError(f"model.num_layers={cfg.num_layers} is not divisible by pp={pp}")
+        fits = [q for q in range(1, pp) if cfg.num_layers % q == 0]
+        raise ValueError(f"model.num_layers={cfg.num_layers} is not divisible by pp={pp} (num_hidden_layers in a "
+                         f"Hugging Face config.json; every pipeline stage holds as many layers): use a PP size that "
+                         f"divides it, e.g. pp={fits[-1]}")
 
 
 def partition_of(global_name: str) -> Optional[tuple[int, int]]:
