@@ -156,6 +156,15 @@ def _positive_number(raw: dict, key: str, default: float, source: str, label: st
 
 
 _DEFAULT_ROPE_THETA = 10000.0
+_KV_HEADS_DEFAULTS = {"mistral": 8, "qwen2": 32, "qwen3": 32}
+"""transformers' ``num_key_value_heads`` of a config without the field (its config class's default); a Llama
+config without it has as many key/value heads as attention heads, and so has a ``null`` in any family but
+Mistral (whose config class refuses one)."""
+
+_BIAS_FIELDS = {"llama": ("attention_bias", "mlp_bias"), "qwen3": ("attention_bias",), "qwen2": (), "mistral": ()}
+"""The bias fields each family's transformers model reads (Qwen2 always has QKV biases and nothing else; Mistral
+has no biases, whatever its config.json says; Qwen3 has no MLP biases)."""
+
 _HEAD_DIM_DEFAULTS = {"qwen3": 128}
 """transformers' ``head_dim`` of a config without the field, where its config class has a default
 (``Qwen3Config.head_dim = 128``); other families derive hidden / heads."""
@@ -248,7 +257,18 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
     heads = _require(raw, "num_attention_heads", source)
     ffn = _require(raw, "intermediate_size", source)
     vocab = _require(raw, "vocab_size", source)
-    kv = _optional_int(raw, "num_key_value_heads", source) or heads  # null: as many groups as heads (transformers)
+    if "num_key_value_heads" not in raw:
+        kv = _KV_HEADS_DEFAULTS.get(family, heads)
+    elif raw["num_key_value_heads"] is None and family == "mistral":
+        raise ValueError(f"{source}: num_key_value_heads=None: give the number of key/value heads as an integer "
+                         "(transformers' MistralConfig refuses a null)")
+    else:
+        kv = _optional_int(raw, "num_key_value_heads", source) or heads
+    if heads % kv:
+        raise ValueError(f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}"
+                         + ("" if "num_key_value_heads" in raw else
+                            f" (transformers' default for {family} when config.json has no num_key_value_heads)")
+                         + ": give num_key_value_heads in config.json")
     if "head_dim" in raw and raw["head_dim"] is None and family in ("qwen2", "qwen3"):
         raise ValueError(f"{source}: head_dim=None: give the head dimension as an integer or leave the field out "
                          f"({family} models cannot be built with a null head_dim)")
@@ -262,8 +282,13 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
     act = raw.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ValueError(f"{source}: hidden_act={act!r} is not supported: the loader needs a gated SiLU (SwiGLU) MLP")
-    mlp_bias = hf_bool(raw, "mlp_bias", False, source)
-    attn_bias = hf_bool(raw, "attention_bias", False, source)
+    read_bias = _BIAS_FIELDS[family]
+    mlp_bias = hf_bool(raw, "mlp_bias", False, source) if "mlp_bias" in read_bias else False
+    attn_bias = hf_bool(raw, "attention_bias", False, source) if "attention_bias" in read_bias else False
+    ignored = [k for k in ("attention_bias", "mlp_bias") if k not in read_bias and raw.get(k) not in (None, False)]
+    if ignored:
+        logger.warning("%s: %s ignored: transformers' %s model reads no such field", source,
+                       ", ".join(f"{k}={raw[k]!r}" for k in ignored), family)
     if family == "qwen2":
         qkv_bias, bias_linear = True, False
     elif mlp_bias or attn_bias:
