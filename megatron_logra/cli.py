@@ -344,6 +344,8 @@ def resume_differences(saved: Mapping[str, Any], cfg) -> list[tuple[str, Any, An
 
     new = _flat(yaml.safe_load(yaml.safe_dump(redact_config(to_dict(cfg)), sort_keys=False)))
     old = _flat(saved)
+    if isinstance(old.get("model.hf_path"), str) and old["model.hf_path"]:  # saved as given before it was absolute
+        old["model.hf_path"] = os.path.abspath(old["model.hf_path"])
     return sorted((name, old[name], new[name]) for name in old.keys() & new.keys()
                   if not _is_launch_field(name) and old[name] != new[name])
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -194,7 +195,8 @@ def model_config_from_hf(hf_dir: Union[str, Path], base: Optional[ModelConfig] =
     base, norm epsilon) come from ``config.json``. With ``base`` the run's own choices
     (:data:`TRAINING_FIELDS`: sequence length, dtype, recompute, dropout, init std, vocabulary
     padding multiple, layer implementation, FP8, sequence parallelism) are kept from it; without, ``seq_length`` is ``max_position_embeddings`` and
-    the dtype is the checkpoint's. ``hf_path`` is set to ``hf_dir``.
+    the dtype is the checkpoint's. ``hf_path`` is set to ``hf_dir`` made absolute (against the working
+    directory, symlinks kept), so a run's saved config names the checkpoint wherever it is resumed or exported.
     """
     if not str(hf_dir) or not Path(hf_dir).is_dir():
         raise ValueError(f"model.hf_path={str(hf_dir)!r} is not a directory (expected a Hugging Face checkpoint)")
@@ -203,7 +205,7 @@ def model_config_from_hf(hf_dir: Union[str, Path], base: Optional[ModelConfig] =
     except ValueError as exc:
         raise ValueError(f"model.hf_path={str(hf_dir)!r}: {exc}") from None
     cfg = model_config_from_hf_dict_strict(raw, source=str(path), base=base)
-    return replace(cfg, hf_path=str(hf_dir))
+    return replace(cfg, hf_path=os.path.abspath(hf_dir))
 
 
 def check_same_architecture(cfg: ModelConfig, hf_cfg: ModelConfig, what: str) -> None:

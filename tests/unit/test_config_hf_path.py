@@ -43,3 +43,28 @@ def test_lm_job_refuses_hf_path(hf_dir, capsys):
     with pytest.raises(SystemExit) as info:
         main(["train", "lm-tiny", f"model.hf_path={hf_dir}"])
     assert info.value.code == 2 and "job=lm" in capsys.readouterr().err
+
+
+def test_a_relative_hf_path_is_saved_absolute(hf_dir, monkeypatch, capsys):
+    """A relative ``model.hf_path`` names the checkpoint against the launch directory: the config (and so the
+    run's saved config.yaml) holds it absolute, so resuming or exporting from another directory finds it."""
+    monkeypatch.chdir(hf_dir.parent)
+    cfg = parse_args_to_config("tiny", [f"model.hf_path={hf_dir.name}"])
+    assert cfg.model.hf_path == str(hf_dir)
+    assert main(["config", "tiny", f"--model.hf_path=./{hf_dir.name}"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["hf_path"] == str(hf_dir)
+
+
+def test_bare_resume_matches_a_config_saved_with_a_relative_hf_path(hf_dir, monkeypatch):
+    """A run saved before ``model.hf_path`` was made absolute (its config.yaml holds the relative path) still
+    matches the same recipe and overrides launched from the same directory."""
+    from megatron_logra.cli import resume_differences
+    from megatron_logra.config import to_dict
+
+    monkeypatch.chdir(hf_dir.parent)
+    cfg = parse_args_to_config("tiny", [f"model.hf_path={hf_dir.name}"])
+    saved = yaml.safe_load(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    saved["model"]["hf_path"] = hf_dir.name
+    assert resume_differences(saved, cfg) == []
+    saved["model"]["hf_path"] = "elsewhere"
+    assert [d[0] for d in resume_differences(saved, cfg)] == ["model.hf_path"]
