@@ -30,7 +30,11 @@ refit's full weights (by default one file, written by rank 0 and named by every 
 ``sync.full_weights``) and an anchor marker there, so such an engine refuses to apply deltas past a
 refit or a trainer resume it has not verified instead of silently following another trajectory, and
 gets back on the chain by loading those weights (``DirectoryTransport.load_full``). A resumed run
-keeps the files up to its weight version and deletes those above it.
+keeps the files up to its weight version and deletes those above it. Each rank claims its directory
+(``DirectoryTransport.claim``), so a second run pointed at the same ``sync.directory`` is refused on every
+rank at start. A delta or anchor marker that cannot be written (a full disk, a read-only filesystem) stops
+the run on every rank with ``SyncError("unwritable")`` naming the file: a consumer cannot follow a chain
+with a missing link or an unannounced refit, and ``--resume`` rewrites the chain from the checkpoint.
 """
 
 from __future__ import annotations
@@ -79,7 +83,15 @@ class PolicySync:
         if self.delta_mode and self.receives:
             if cfg.transport == "directory":
                 root, rank = Path(cfg.directory or run_dir / "deltas"), torch.distributed.get_rank()
-                self.transport = DirectoryTransport(root / f"rank{rank}")
+                claimed: Optional[SyncError] = None
+                try:
+                    self.transport = DirectoryTransport(root / f"rank{rank}")
+                    self.transport.claim()  # one trainer per chain: a second run here is refused
+                except SyncError as exc:
+                    claimed = exc
+                if self._any_rank(claimed is not None):  # every rank stops, none waits in a collective
+                    raise claimed or SyncError("config", "another rank cannot write its delta directory under "
+                                                         f"{root} (see that rank's error)")
                 # every rank's chain holds the same weights at a refit: one file serves all (sync.full_weights)
                 self._writes_full = cfg.full_weights == "all" or (cfg.full_weights == "first_rank" and rank == 0)
                 # the chain (re)starts at the first full refit, at the run's weight version (``_start_chain``)
@@ -154,8 +166,27 @@ class PolicySync:
                                      vocab_rows=self.model_cfg.vocab_size, salt=version)
             if self.cfg.full_weights == "first_rank":
                 full = self._shared_full(full, fp)
-            self.transport.write_anchor(version, fp, own_engine=True, full=full)  # this rank's engine was just refit
+            unwritable: Optional[SyncError] = None
+            try:
+                self.transport.write_anchor(version, fp, own_engine=True, full=full)  # this rank's engine was just refit
+            except OSError as exc:  # without the marker a consumer would apply the next delta to pre-refit weights
+                unwritable = self._unwritable(f"the anchor marker of the refit at version {version}", exc)
+            if self._any_rank(unwritable is not None):
+                raise unwritable or SyncError("unwritable", "another rank could not write its anchor marker (see its "
+                                                            "error); free the space there and continue with --resume "
+                                                            "RUN_DIR")
         return sent[0]
+
+    def _unwritable(self, what: str, exc: OSError) -> SyncError:
+        """The error that stops the run when ``what`` cannot be written into the delta directory."""
+        error = SyncError("unwritable", f"sync.transport=directory: writing {what} into {self.transport.dir} failed "
+                                        f"({type(exc).__name__}: {exc.strerror or exc}); a consumer of that directory "
+                                        "cannot follow the trainer without it, so the run stops. Free space there (or "
+                                        "lower sync.keep_deltas, or set sync.directory to a writable filesystem) and "
+                                        "continue with megatron-logra train --resume RUN_DIR: the resumed run rewrites "
+                                        "the chain from its checkpoint")
+        logger.error("%s", error)
+        return error
 
     def _shared_full(self, full: Optional[dict], fp: dict[str, str]) -> Optional[dict]:
         """``sync.full_weights=first_rank``: the full-weights file global rank 0 wrote, as this rank's marker
@@ -200,14 +231,19 @@ class PolicySync:
             return data
 
         failure: Optional[SyncError] = None
+        unwritable: Optional[SyncError] = None
         try:
             if self.driven:  # the driving rank builds and sends inside the engine's agreement; others wait in it
                 self.engine.apply_sketch_delta(payload if self.receives else None)
             elif isinstance(self.transport, DirectoryTransport):
-                if not self._chain_started:  # no refit yet: the chain starts here, anchored without weights
-                    self._start_chain(base_version)
-                    self.transport.write_anchor(base_version, None, own_engine=True)
-                self.transport.publish(payload())
+                try:
+                    if not self._chain_started:  # no refit yet: the chain starts here, anchored without weights
+                        self._start_chain(base_version)
+                        self.transport.write_anchor(base_version, None, own_engine=True)
+                    self.transport.publish(payload())
+                except OSError as exc:  # a full disk, a read-only filesystem: not the engine's rejection
+                    unwritable = self._unwritable(f"the delta {base_version}->{new_version}", exc)
+                    raise unwritable from None
                 self.transport.consume(self.engine)
                 if self.cfg.keep_deltas:  # 0 keeps every file
                     self.transport.prune(new_version - self.cfg.keep_deltas + 1)
@@ -215,7 +251,11 @@ class PolicySync:
                 self.transport.send(payload())
         except SyncError as exc:  # the engine kept its weights
             failure = exc
-        if self._any_rank(failure is not None):  # bring the engines back with a dense refit, all ranks together
+        any_failure = self._any_rank(failure is not None)
+        if any_failure and self._any_rank(unwritable is not None):  # the run stops on every rank together
+            raise unwritable or SyncError("unwritable", "another rank could not write its delta file (see its error); "
+                                                        "free the space there and continue with --resume RUN_DIR")
+        if any_failure:  # bring the engines back with a dense refit, all ranks together
             logger.warning("sync: %s delta %d->%d (%s); full refit",
                            "the engine rejected" if failure else "another rank's engine rejected", base_version,
                            new_version, failure or "see that rank's log")

@@ -189,10 +189,19 @@ class FullWeightsWriter:
         return None
 
     def abort(self) -> None:
-        """Close and delete the temporary file (idempotent)."""
-        if self._fh is not None and not self._fh.closed:
-            self._fh.close()
-        self.tmp.unlink(missing_ok=True)
+        """Close and delete the temporary file (idempotent; never raises: a directory that is gone or is no
+        longer a directory leaves nothing to delete, another failure is logged)."""
+        try:
+            if self._fh is not None and not self._fh.closed:
+                self._fh.close()
+        except OSError as exc:  # a full disk can fail the close's flush too
+            logger.warning("closing %s failed (%s: %s)", self.tmp.name, type(exc).__name__, exc)
+        try:
+            self.tmp.unlink(missing_ok=True)
+        except NotADirectoryError:  # the directory was replaced by a file: no temporary file to delete
+            pass
+        except OSError as exc:
+            logger.warning("cannot delete the temporary file %s (%s: %s)", self.tmp, type(exc).__name__, exc)
 
 
 def _numel(shape: Sequence[int]) -> int:

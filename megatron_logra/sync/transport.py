@@ -43,13 +43,32 @@
   an anchor's version, else by reloading); the producer's own transport object counts the
   anchors it writes for its own, freshly refit engine as verified, so the in-process use
   (publish, then the same process's engine consumes) never refuses. A directory without anchor
-  markers gets the version-chain checks only.
+  markers gets the version-chain checks only. :meth:`DirectoryTransport.consume` checks the anchor at the
+  engine's version on every call, also when no new delta is there, so a consumer learns of a trainer that
+  resumed from an earlier checkpoint (and now writes another trajectory) as soon as its anchor is written.
+
+  **One producer per directory.** A trainer calls :meth:`DirectoryTransport.claim` before it writes: an
+  exclusive ``flock`` on the directory, held while the process lives (the kernel releases it when it dies,
+  so a restarted trainer takes it again), so a second trainer pointed at the same directory is refused with
+  ``SyncError("config")`` instead of interleaving its chain with the first one's. Where the filesystem
+  does not support the lock (some network filesystems) a warning is logged and nothing is checked.
+
+  **A consumer loop.** Point the transport at the directory of the rank the engine serves
+  (``<sync.directory>/rank<N>/``) and call :meth:`DirectoryTransport.follow` repeatedly: it consumes,
+  and on ``SyncError`` of kind ``anchor`` or ``gap`` reloads the newest anchor's full weights
+  (:meth:`DirectoryTransport.load_full`; the engine must accept a reload at an earlier version, as
+  :class:`~megatron_logra.sync.engine.ModuleEngine` does) once per anchor. Any ``SyncError`` it raises left
+  the engine unchanged: log it and retry later (a directory that is missing, e.g. while a trainer with
+  ``train.overwrite=true`` recreates its run directory, is ``unreadable``; a consumer whose reload cannot
+  reach the deltas left waits for the trainer's next refit).
 
 Imports only torch, safetensors (via the codec) and the standard library.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -81,7 +100,8 @@ _ANCHOR_KEYS = {"version", "epoch", "fingerprint"}
 _ANCHOR_OPTIONAL = {"full"}
 _FULL_KEYS = {"file", "sha256"}
 _SIBLING_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
-
+_RANK_DIR_RE = re.compile(r"^rank\d+$")
+_PRODUCER_LOCKS: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) of a directory -> this process's locked fd
 
 
 def delta_filename(new_version: int) -> str:
@@ -166,8 +186,70 @@ class DirectoryTransport:
         self.dir = Path(directory)
         if self.dir.exists() and not self.dir.is_dir():
             raise SyncError("config", f"delta directory {self.dir} exists and is not a directory")
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a read-only or full filesystem, no permission
+            raise SyncError("config", f"cannot create the delta directory {self.dir} ({type(exc).__name__}: "
+                                      f"{exc.strerror or exc}): create it, or choose a writable sync.directory") from None
         self._verified: set[str] = set()  # epochs of the anchors this object's consumer verified (or wrote)
+        self._reloaded: Optional[str] = None  # epoch of the anchor follow() last reloaded
+
+    def _entries(self) -> list[str]:
+        """The names in the directory; a missing or unlistable directory is ``SyncError("unreadable")``."""
+        try:
+            return os.listdir(self.dir)
+        except FileNotFoundError:
+            raise SyncError("unreadable", f"the delta directory {self.dir} does not exist (any more): the trainer's "
+                                          "run directory was deleted or is being recreated (train.overwrite=true), "
+                                          "or the path is wrong; retry: once a trainer writes there again its first "
+                                          "anchor tells this consumer to reload") from None
+        except OSError as exc:
+            raise SyncError("unreadable", f"the delta directory {self.dir} cannot be listed ({type(exc).__name__}: "
+                                          f"{exc.strerror or exc})") from None
+
+    def _not_a_root(self, entries: Iterable[str]) -> None:
+        """Consumer: refuse a directory that holds the trainer ranks' chain directories (``rank<N>/``) and no
+        chain of its own -- ``sync.directory`` itself, where polling would wait forever."""
+        entries = list(entries)
+        if any(_FILE_RE.match(e) or _ANCHOR_RE.match(e) or _FULL_RE.match(e) for e in entries):
+            return
+        ranks = sorted((e for e in entries if _RANK_DIR_RE.match(e) and (self.dir / e).is_dir()),
+                       key=lambda e: int(e[4:]))
+        if ranks:
+            raise SyncError("config", f"{self.dir} holds the trainer ranks' delta directories ({', '.join(ranks[:4])}"
+                                      f"{', ...' if len(ranks) > 4 else ''}), not a chain: point the consumer at the "
+                                      f"directory of the rank it serves, e.g. {self.dir / ranks[0]} (sync.directory "
+                                      "is their root)")
+
+    def claim(self) -> None:
+        """Producer: take this directory's producer lock (an exclusive, non-blocking ``flock`` on the
+        directory, held until this process exits; idempotent within a process). Raises
+        ``SyncError("config")`` when another process holds it: two trainers must not write one chain (their
+        versions would collide and their anchors and prunes delete each other's files). The kernel drops the
+        lock of a process that dies, so a restarted or resumed trainer claims it again. Where the filesystem
+        cannot lock a directory, a warning is logged and the call returns."""
+        try:
+            st = os.stat(self.dir)
+            key = (st.st_dev, st.st_ino)
+            if key in _PRODUCER_LOCKS:
+                return
+            fd = os.open(self.dir, os.O_RDONLY)
+        except OSError as exc:
+            raise SyncError("config", f"cannot open the delta directory {self.dir} to lock it ({type(exc).__name__}: "
+                                      f"{exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise SyncError("config", f"another process is already writing deltas into {self.dir} (it holds the "
+                                          "directory's producer lock): two trainers must not share a delta "
+                                          "directory; give this run its own sync.directory (or train.run_dir), or "
+                                          "stop the other run first") from None
+            logger.warning("cannot lock the delta directory %s (%s: %s): a second trainer writing there would not be "
+                           "detected", self.dir, type(exc).__name__, exc.strerror or exc)
+            return
+        _PRODUCER_LOCKS[key] = fd  # held for the process's lifetime (closing any copy would release it)
 
     def clear(self, above_version: Optional[int] = None) -> list[str]:
         """Start a fresh chain (whose first anchor the producer writes next): delete the leftover temporary
@@ -176,7 +258,7 @@ class DirectoryTransport:
         to it are its own trajectory's, and a consumer behind it can still follow them up to its anchor).
         Nothing else in the directory is touched. Returns the names removed."""
         removed = []
-        for entry in sorted(os.listdir(self.dir)):
+        for entry in sorted(self._entries()):
             if _TMP_RE.match(entry) or _ANCHOR_TMP_RE.match(entry) or _FULL_TMP_RE.match(entry):
                 gone = True
             else:
@@ -216,7 +298,7 @@ class DirectoryTransport:
 
     def full_files(self) -> list[int]:
         """Versions of the full-weights files in the directory, ascending."""
-        return sorted(int(m.group(1)) for m in map(_FULL_RE.match, os.listdir(self.dir)) if m)
+        return sorted(int(m.group(1)) for m in map(_FULL_RE.match, self._entries()) if m)
 
     def open_full(self, version: Optional[int] = None) -> "FullWeightsReader":
         """Consumer: open and verify (sha256, and that it is the file the anchor marker names) the full-weights
@@ -289,6 +371,7 @@ class DirectoryTransport:
     def _anchor_for(self, version: Optional[int]) -> dict:
         anchors = self.anchors()
         if not anchors:
+            self._not_a_root(self._entries())
             raise SyncError("anchor", f"no anchor markers in {self.dir}")
         if version is None:
             return anchors[-1]
@@ -362,7 +445,7 @@ class DirectoryTransport:
         version. An unreadable or malformed marker raises ``SyncError("anchor")`` naming it: a consumer
         does not guess past an anchor."""
         out = []
-        for entry in sorted(os.listdir(self.dir)):
+        for entry in sorted(self._entries()):
             m = _ANCHOR_RE.match(entry)
             if not m:
                 continue
@@ -472,7 +555,7 @@ class DirectoryTransport:
         removed = [v for v in self.versions() if v < below_version]
         for v in removed:
             (self.dir / delta_filename(v)).unlink(missing_ok=True)
-        anchored = sorted(int(m.group(1)) for m in map(_ANCHOR_RE.match, os.listdir(self.dir)) if m)
+        anchored = sorted(int(m.group(1)) for m in map(_ANCHOR_RE.match, self._entries()) if m)
         keep_from = max((a for a in anchored if a <= below_version - 1), default=None)
         for a in anchored:
             if keep_from is not None and a < keep_from:
@@ -486,7 +569,7 @@ class DirectoryTransport:
     def versions(self) -> list[int]:
         """Published ``new_version`` numbers, ascending (temporary files ignored)."""
         out = []
-        for entry in os.listdir(self.dir):
+        for entry in self._entries():
             m = _FILE_RE.match(entry)
             if m:
                 out.append(int(m.group(1)))
@@ -517,16 +600,34 @@ class DirectoryTransport:
         Before each delta the anchors are checked at its base version (:meth:`_check_anchor`):
         ``engine`` is the consumer that applied every delta yielded so far (:meth:`consume`), so
         it is fingerprinted at that version; without one (:meth:`poll`) an unverified anchor
-        raises at ``current_version`` and ends a non-empty prefix further on.
+        raises at ``current_version`` and ends a non-empty prefix further on. With an ``engine`` and
+        no delta after ``current_version`` the anchor is checked at ``current_version`` all the same.
+
+        A directory holding ``rank<N>/`` chain directories and no chain is refused
+        (``SyncError("config")``: ``sync.directory`` itself, not a rank's directory). A listed delta
+        that is gone when it is read (pruned or cleared by the producer meanwhile) is a ``gap``.
         """
         expected = current_version
         yielded = 0
-        versions = self.versions()
+        entries = self._entries()
+        self._not_a_root(entries)
+        versions = sorted(int(m.group(1)) for m in map(_FILE_RE.match, entries) if m)
         anchors = self.anchors()  # after the listing: an anchor written before a listed delta is seen
         for v in versions:
             if v <= current_version:
                 continue
-            delta = self.read(v)
+            try:
+                delta = self.read(v)
+            except SyncError:
+                if os.path.lexists(self.dir / delta_filename(v)):
+                    raise
+                msg = (f"{delta_filename(v)} was removed from {self.dir} while this consumer (at version {expected}) "
+                       f"read the chain (pruned, sync.keep_deltas, or cleared by a trainer restart)")
+                if yielded:
+                    logger.warning("%s; stopping after the %d deltas before it", msg, yielded)
+                    return
+                raise SyncError("gap", f"{msg}; this engine cannot catch up through deltas: "
+                                       f"{self._reload_advice(self.anchors())}") from None
             if delta.new_version != v:
                 raise SyncError("version", f"{delta_filename(v)} holds version {delta.new_version}")
             if delta.base_version < expected:
@@ -555,6 +656,8 @@ class DirectoryTransport:
             del delta  # not held while the next file is read
             yielded += 1
             expected = v
+        if not yielded and engine is not None:  # nothing new: is the engine still on the trainer's chain?
+            self._check_anchor(current_version, engine, anchors)
 
     def poll(self, current_version: int) -> list[SketchDelta]:
         """The chain of deltas after ``current_version``, in order (all decoded; :meth:`consume`
@@ -571,6 +674,25 @@ class DirectoryTransport:
         """
         return list(self._chain(current_version))
 
+    def follow(self, engine: DeltaConsumer) -> list[int]:
+        """Consumer: one step of a consumer loop; returns the versions applied. :meth:`consume`, and when it is
+        refused with ``SyncError`` of kind ``anchor`` or ``gap``, :meth:`load_full` of the newest anchor and
+        :meth:`consume` again. The newest anchor is reloaded at most once by this object: when that did not get
+        the engine back on the chain (its deltas were pruned past it, or it has no full-weights file) the
+        refusal is raised as it is, until the trainer writes a newer anchor, so a loop does not re-read a
+        model-sized file at every poll. Every ``SyncError`` raised leaves the engine as the last successful
+        apply or reload left it; call again later."""
+        try:
+            return self.consume(engine)
+        except SyncError as exc:
+            if exc.kind not in ("anchor", "gap"):
+                raise
+            newest = self.anchors()
+            if not newest or newest[-1].get("full") is None or newest[-1]["epoch"] == self._reloaded:
+                raise
+        self._reloaded = self.load_full(engine)["epoch"]
+        return self.consume(engine)
+
     def consume(self, engine: DeltaConsumer) -> list[int]:
         """Apply the new deltas to ``engine`` in order, one file at a time (read, check its link
         to the chain, apply, next); returns the versions applied.
@@ -579,7 +701,10 @@ class DirectoryTransport:
         chain, rejected by the engine; a missing version when nothing before it was applied; an
         anchor the engine cannot verify, ``SyncError("anchor")``, see the module docstring):
         deltas applied before it stay applied and the engine's ``weight_version`` says where to
-        resume. A missing version after applied deltas ends the call (see :meth:`poll`).
+        resume. A missing version after applied deltas ends the call (see :meth:`poll`). With no new
+        delta the anchor at the engine's version is still checked, so an engine left on a trajectory the
+        trainer abandoned (it resumed from an earlier checkpoint, or refit) is refused at once rather than
+        when the trainer's chain passes its version. A missing directory is ``SyncError("unreadable")``.
         """
         applied = []
         for delta in self._chain(engine.weight_version, engine):
