@@ -168,7 +168,9 @@ class EmbeddedEngine:
         """Copy every parameter from ``hf_state`` (HF names) and set ``weight_version = version``.
 
         ``hf_state`` is a mapping or a stream of ``(name, tensor)`` pairs (``rl.weights.iter_hf_params``,
-        which never holds the whole model). ``version`` must be an int >= the current version.
+        which never holds the whole model). ``version`` is any int >= 0: a reload may go back to an earlier
+        version (a consumer of a delta directory whose trainer resumed from an earlier checkpoint reloads that
+        checkpoint's anchor), as :class:`~megatron_logra.sync.engine.ModuleEngine`'s does.
         Values are cast to the engine's dtype and device. ``embed_tokens``/``lm_head`` may hold the model's
         vocabulary without the engine's padding rows (``model.vocab_size`` rows, as the model's HF checkpoint
         and a directory refit file do): they fill the first rows, the padding rows (masked out of the
@@ -181,8 +183,8 @@ class EmbeddedEngine:
         tensor. Any failure after some tensor was copied leaves ``weight_version = -1`` (unknown) until a
         full refit succeeds; a failure before the first copy keeps the weights and the version.
         """
-        if isinstance(version, bool) or not isinstance(version, int) or version < self._version:
-            raise ValueError(f"version={version!r} must be an int >= the current weight_version {self._version}")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"version={version!r} must be an int >= 0")
         params = dict(self.model.named_parameters())
         if isinstance(hf_state, Mapping):
             unknown = sorted(set(hf_state) - set(params))

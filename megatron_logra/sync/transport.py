@@ -57,7 +57,7 @@
   (``<sync.directory>/rank<N>/``) and call :meth:`DirectoryTransport.follow` repeatedly: it consumes,
   and on ``SyncError`` of kind ``anchor`` or ``gap`` reloads the newest anchor's full weights
   (:meth:`DirectoryTransport.load_full`; the engine must accept a reload at an earlier version, as
-  :class:`~megatron_logra.sync.engine.ModuleEngine` does) once per anchor. Any ``SyncError`` it raises left
+  :class:`~megatron_logra.sync.engine.ModuleEngine` and the embedded engine do) once per anchor. Any ``SyncError`` it raises left
   the engine unchanged: log it and retry later (a directory that is missing, e.g. while a trainer with
   ``train.overwrite=true`` recreates its run directory, is ``unreadable``; a consumer whose reload cannot
   reach the deltas left waits for the trainer's next refit).

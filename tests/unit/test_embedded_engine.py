@@ -241,8 +241,10 @@ def test_weight_versions_and_refit(megatron):
     assert [r.completion_ids for r in out_a] != [r.completion_ids for r in out_b]
     assert out_b[1].completion_ids == greedy_reference(model_b, PROMPTS[1], 6)
 
-    with pytest.raises(ValueError, match="version=2"):
-        eng.update_weights_full(state_a, version=2)
+    with pytest.raises(ValueError, match="version=-1"):
+        eng.update_weights_full(state_a, version=-1)
+    with pytest.raises(ValueError, match="version=True"):
+        eng.update_weights_full(state_a, version=True)
     bad_name = dict(state_a, **{"model.layers.9.mlp.up_proj.weight": torch.zeros(96, 64)})
     with pytest.raises(ValueError, match=r"unknown names \['model\.layers\.9\.mlp\.up_proj\.weight'\]"):
         eng.update_weights_full(bad_name, version=5)
@@ -252,6 +254,10 @@ def test_weight_versions_and_refit(megatron):
         eng.update_weights_full(dict(state_a, **{"model.embed_tokens.weight": torch.zeros(65, 64)}), version=5)
     assert eng.weight_version == 4  # failed updates change nothing
     assert [r.completion_ids for r in eng.generate(PROMPTS, greedy)] == [r.completion_ids for r in out_b]
+    # a reload may go back (a delta-directory consumer whose trainer resumed from an earlier checkpoint)
+    eng.update_weights_full(state_a, version=3)
+    back = eng.generate(PROMPTS, greedy)
+    assert eng.weight_version == 3 and [r.completion_ids for r in back] == [r.completion_ids for r in out_a]
 
 
 def test_streamed_refit_loads_pairs_and_marks_a_broken_stream_unknown(megatron):
