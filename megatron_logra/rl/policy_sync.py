@@ -95,10 +95,13 @@ class PolicySync:
                 # every rank's chain holds the same weights at a refit: one file serves all (sync.full_weights)
                 self._writes_full = cfg.full_weights == "all" or (cfg.full_weights == "first_rank" and rank == 0)
                 # the chain (re)starts at the first full refit, at the run's weight version (``_start_chain``)
-                if cfg.keep_deltas and not 0 < cfg.anchor_interval <= cfg.keep_deltas:
-                    logger.info("sync: a directory consumer that falls more than sync.keep_deltas=%d deltas behind "
-                                "can reload the newest full weights only once a refit lands within the deltas kept "
-                                "(sync.anchor_interval <= sync.keep_deltas guarantees one)", cfg.keep_deltas)
+                if cfg.keep_deltas and not 0 < cfg.anchor_interval <= cfg.keep_deltas and rank == 0:
+                    logger.warning("sync: sync.anchor_interval=%d with sync.keep_deltas=%d: a consumer of %s that "
+                                   "falls more than %d updates behind cannot reload and rejoin until a full refit "
+                                   "lands within the deltas kept (only drift repairs and master re-anchors refit); "
+                                   "set sync.anchor_interval=%d (<= sync.keep_deltas) to keep one in reach, or "
+                                   "sync.keep_deltas=0 to keep every delta", cfg.anchor_interval, cfg.keep_deltas,
+                                   root, cfg.keep_deltas, cfg.keep_deltas)
             else:
                 self.transport = InProcessTransport(engine)
         self.num_syncs = 0

@@ -266,6 +266,28 @@ def test_a_second_trainer_on_the_same_delta_directory_is_refused_at_start(built,
         proc.wait(timeout=60)
 
 
+@pytest.mark.parametrize("anchor_interval,keep_deltas,warns", [(0, 8, True), (16, 8, True), (8, 8, False),
+                                                                 (0, 0, False)])
+def test_a_chain_a_late_consumer_cannot_rejoin_is_announced(built, tmp_path, caplog, anchor_interval, keep_deltas,
+                                                            warns):
+    """With pruning (``sync.keep_deltas``) but no anchor refit within the deltas kept, a consumer that falls
+    further behind can only wait for a drift repair: the trainer says so at start, naming the setting that
+    keeps a reloadable anchor in reach."""
+    from megatron_logra.rl.policy_sync import PolicySync
+    from megatron_logra.sync.config import SyncConfig
+
+    comps, _, _ = built
+    cfg = SyncConfig(transport="directory", directory=str(tmp_path / "d"), anchor_interval=anchor_interval,
+                     keep_deltas=keep_deltas)
+    with caplog.at_level("WARNING", logger="megatron_logra.rl.policy_sync"):
+        PolicySync(cfg, model=comps.model, model_cfg=comps.cfg.model, optimizer=comps.optimizer, engine=comps.engine,
+                   groups=comps.groups, run_dir=tmp_path)
+    said = [r.getMessage() for r in caplog.records if "cannot reload and rejoin" in r.getMessage()]
+    assert len(said) == warns
+    if warns:
+        assert f"set sync.anchor_interval={keep_deltas} (<= sync.keep_deltas)" in said[0]
+
+
 def test_an_unwritable_delta_directory_stops_the_run_with_a_clear_error(built):
     """A delta or anchor marker that cannot be written (here: the directory replaced by a file; a full disk or a
     read-only filesystem alike) is ``SyncError("unwritable")`` naming the file, the directory and the way out,
