@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 
@@ -54,12 +54,13 @@ IGNORED_HF_SUFFIXES = (".rotary_emb.inv_freq",)
 _MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
 
 
-def check_hf_config(raw: dict, source: str = "config.json") -> None:
+def check_hf_config(raw: dict, source: str = "config.json", seq_length: Optional[int] = None) -> None:
     """Reject HF config fields whose model the megatron GPT would not reproduce (``ValueError`` naming the field).
 
     The architecture is checked first, so an unsupported family (Gemma, say) is named as such rather
     than by one of its fields. Sliding-window attention is refused exactly when transformers would run
-    some layer with a window (:func:`_check_full_attention`)."""
+    some layer with a window that a sequence of ``seq_length`` tokens (the run's ``model.seq_length``;
+    None: unknown) can exceed (:func:`_check_full_attention`)."""
     family = _family(raw, source)
     for key in ("rope_scaling", "rope_parameters"):
         rope = raw.get(key)
@@ -80,7 +81,7 @@ def check_hf_config(raw: dict, source: str = "config.json") -> None:
     theta = hf_rope_theta(raw, source, warn=False)  # transformers' choice between rope_parameters and rope_theta
     if theta != int(theta):
         raise ValueError(f"{source}: RoPE theta {theta!r} is not supported (model.rotary_base is a positive integer)")
-    _check_full_attention(raw, family, source)
+    _check_full_attention(raw, family, source, seq_length)
     for key in _MOE_FIELDS:
         if raw.get(key):
             raise ValueError(f"{source}: {key}={raw[key]} (mixture of experts) is not supported: dense models only")
@@ -97,8 +98,19 @@ _HF_MAX_WINDOW_LAYERS_DEFAULT = 28
 """``max_window_layers`` of ``Qwen2Config`` / ``Qwen3Config`` when the key is missing."""
 
 
-def _check_full_attention(raw: dict, family: str, source: str) -> None:
-    """``ValueError`` unless transformers runs every layer of this config with full (unwindowed) attention.
+def _within_window(window: Any, seq_length: Optional[int]) -> bool:
+    """Whether a ``window``-token sliding window masks nothing in sequences of at most ``seq_length`` tokens
+    (transformers lets query ``i`` see key ``j`` when ``i - j < window``; the largest distance is
+    ``seq_length - 1``), so the model equals its full-attention self there."""
+    return (seq_length is not None and isinstance(window, int) and not isinstance(window, bool)
+            and 0 < seq_length <= window)
+
+
+def _check_full_attention(raw: dict, family: str, source: str, seq_length: Optional[int] = None) -> None:
+    """``ValueError`` unless transformers runs every layer of this config with full (unwindowed) attention, or
+    with a window no sequence of ``seq_length`` tokens (the run's ``model.seq_length``) exceeds: then the
+    windowed and the full model are the same function, and the config is accepted with an info line (the
+    rollout engine, SGLang included, and an export keep the config's window).
 
     Decided per family as transformers 5 does (``configuration_*.py`` / ``modeling_*.py``):
 
@@ -133,13 +145,19 @@ def _check_full_attention(raw: dict, family: str, source: str) -> None:
         return
     if family == "mistral":
         window = raw.get("sliding_window", _HF_SLIDING_WINDOW_DEFAULT)
+        if _within_window(window, seq_length):
+            logger.info("%s: sliding_window=%d >= model.seq_length=%d: no sequence reaches past the window, so full "
+                        "attention computes the same model", source, window, seq_length)
+            return
         if window is not None:
             missing = " (the key is missing: MistralConfig's default)" if "sliding_window" not in raw else ""
             ignored = (", whatever use_sliding_window says (MistralConfig has no such switch)"
                        if "use_sliding_window" in raw else "")
             raise ValueError(f"{source}: sliding_window={window}{missing} is not supported (full attention only): "
-                             f"transformers' MistralForCausalLM applies it to every layer{ignored}; only a Mistral "
-                             'config with "sliding_window": null (full attention) is loaded')
+                             f"transformers' MistralForCausalLM applies it to every layer{ignored}; a Mistral "
+                             'config with "sliding_window": null (full attention) is loaded, and so is this one '
+                             f"for a run whose model.seq_length is at most {window} (no sequence reaches past "
+                             f"the window){_seq_note(seq_length)}")
         return
     # qwen2 / qwen3
     window = raw.get("sliding_window", _HF_SLIDING_WINDOW_DEFAULT)
@@ -149,11 +167,19 @@ def _check_full_attention(raw: dict, family: str, source: str) -> None:
     if not isinstance(first, int) or isinstance(first, bool) or first < 0:
         raise ValueError(f"{source}: max_window_layers={first!r} must be a non-negative integer")
     layers = _require(raw, "num_hidden_layers", source)
-    if first < layers:
+    if first < layers and _within_window(window, seq_length):
+        logger.info("%s: sliding_window=%d of layers %d..%d >= model.seq_length=%d: no sequence reaches past the "
+                    "window, so full attention computes the same model", source, window, first, layers - 1, seq_length)
+    elif first < layers:
         raise ValueError(f"{source}: use_sliding_window=True with sliding_window={window} and "
                          f"max_window_layers={first} gives layers {first}..{layers - 1} a sliding window, which is not supported (full "
                          f"attention only; max_window_layers >= num_hidden_layers={layers} or "
-                         "use_sliding_window=false would be full attention)")
+                         f"use_sliding_window=false would be full attention, and a run whose model.seq_length is at "
+                         f"most {window} computes the same model{_seq_note(seq_length)})")
+
+
+def _seq_note(seq_length: Optional[int]) -> str:
+    return "" if seq_length is None else f"; this one has model.seq_length={seq_length}"
 
 
 def model_config_from_hf_dict_strict(raw: dict, *, source: str = "config.json", base: Optional[ModelConfig] = None,
@@ -163,7 +189,11 @@ def model_config_from_hf_dict_strict(raw: dict, *, source: str = "config.json", 
     Architecture fields come from ``raw``; :data:`TRAINING_FIELDS` from ``base`` when given
     (else ``seq_length`` = ``max_position_embeddings``, dtype from the config, ModelConfig defaults).
     """
-    check_hf_config(raw, source)
+    run_length = base.seq_length if base is not None else seq_length
+    if run_length is None:  # the model's own context, as below
+        mpe = raw.get("max_position_embeddings")
+        run_length = mpe if isinstance(mpe, int) and not isinstance(mpe, bool) else None
+    check_hf_config(raw, source, seq_length=run_length)
     if seq_length is None and base is None:
         mpe = raw.get("max_position_embeddings")
         if "max_position_embeddings" in raw and (not isinstance(mpe, int) or isinstance(mpe, bool) or mpe < 1):

@@ -5,9 +5,9 @@ where a window is set). Transformers builds it with the family's own config clas
 ``from_pretrained`` does). Its logits on 12 tokens are then compared with the logits of the same weights
 under that family's explicit full-attention config. Equal logits mean every layer attends to all
 positions, and the config must be accepted. Different logits mean some layer is windowed, and the
-config must be refused with the field named. A config with no ``sliding_window`` key gets the
-family's default window of 4096, too wide to see in 12 tokens, so for it the oracle reads the window
-from the config object that transformers built.
+config must be refused with the field named. The check is made for a run of ``model.seq_length`` 12 (the
+tokens compared): a window no such sequence reaches past (Mistral's default 4096 when the key is missing)
+computes the full-attention model, and is accepted; a longer run with that window is refused.
 """
 
 from __future__ import annotations
@@ -94,16 +94,13 @@ def transformers_windows(raw: dict) -> bool:
     full, state, _ = _logits(_full_attention_raw(family))
     got, _, config = _logits(raw, state)
     diff = (got - full).abs().max().item()
-    if "sliding_window" not in raw and family == "mistral":
-        assert diff == 0.0  # 4096 > T: invisible in the logits
-        return config.sliding_window is not None
     assert diff < 1e-5 or diff > 1e-2, f"ambiguous oracle: max |dlogit| {diff}"
     return diff > 1e-2
 
 
-def _ours(raw: dict):
+def _ours(raw: dict, seq_length: int = T):
     try:
-        model_config_from_hf_dict_strict(dict(raw))
+        model_config_from_hf_dict_strict(dict(raw), seq_length=seq_length)
     except ValueError as exc:
         return str(exc)
     return None
@@ -129,10 +126,39 @@ def test_the_oracle_sees_the_cases_it_must():
 
 
 def test_mistral_refusals_say_why():
-    msg = _ours(_raw("mistral", {}))
+    msg = _ours(_raw("mistral", {}), seq_length=4097)
     assert "sliding_window=4096 (the key is missing: MistralConfig's default) is not supported" in msg, msg
+    assert "model.seq_length is at most 4096" in msg and "this one has model.seq_length=4097" in msg, msg
     msg = _ours(_raw("mistral", dict(use_sliding_window=False, sliding_window=4)))
     assert "whatever use_sliding_window says" in msg and '"sliding_window": null' in msg, msg
+
+
+@pytest.mark.parametrize("family, fields", [("mistral", dict(sliding_window=8)),
+                                            ("qwen2", dict(use_sliding_window=True, sliding_window=8,
+                                                           max_window_layers=0))])
+def test_a_window_no_sequence_reaches_past_is_accepted_up_to_its_width(family, fields):
+    """Mistral-7B-v0.1's ``sliding_window: 4096`` in small: accepted for runs of at most the window (the
+    transformers model equals its full-attention self on every such sequence, checked at T = 12 >= 8 above
+    and here at 8 tokens), refused one token later."""
+    raw = _raw(family, fields)
+    full, state, _ = _logits(_full_attention_raw(family))
+    got, _, _ = _logits(raw, state)
+    assert (got[:, :8] - full[:, :8]).abs().max() < 1e-5 < (got - full).abs().max()  # causal: a prefix of 8
+    assert _ours(raw, seq_length=8) is None
+    assert "not supported" in _ours(raw, seq_length=9)
+
+
+def test_the_run_seq_length_decides_for_a_checkpoint_directory(tmp_path):
+    """``model.hf_path`` with a windowed config: the run's ``model.seq_length`` (the base config's) decides."""
+    import json
+
+    from megatron_logra.convert import model_config_from_hf
+    from megatron_logra.models.gpt import ModelConfig
+
+    (tmp_path / "config.json").write_text(json.dumps(_raw("mistral", {})))  # MistralConfig's default 4096
+    assert model_config_from_hf(tmp_path, base=ModelConfig(seq_length=4096)).seq_length == 4096
+    with pytest.raises(ValueError, match=r"sliding_window=4096 .*this one has model.seq_length=8192"):
+        model_config_from_hf(tmp_path, base=ModelConfig(seq_length=8192))
 
 
 def test_qwen_refusal_names_the_windowed_layers():
