@@ -43,7 +43,7 @@ class KLConfig:
     horizon: int = 300
     """Updates over which the budget follows a cosine from start to end (H)."""
     alpha_max: float = 3.0
-    """Largest allowed step size α."""
+    """Largest allowed step size α (also when the predicted KL is 0, where α would be 1)."""
     mismatch_decay: float = 0.7
     """EMA weight ρ of the old mismatch: M ← ρ·M + (1−ρ)·m."""
     calibration_decay: float = 0.7
@@ -131,14 +131,17 @@ class KLController:
         return max(budget - self.mismatch, 0.5 * budget)
 
     def step_size(self, predicted: float, update: int) -> tuple[float, float]:
-        """(α, budget_eff) for a step whose full (α = 1) predicted KL is ``predicted``."""
+        """(α, budget_eff) for a step whose full (α = 1) predicted KL is ``predicted``:
+        ``α = min(α_max, sqrt(budget_eff / (c·predicted)))`` (``c`` = 1 unless ``mode=calibrated``), and
+        ``min(1, α_max)`` when ``predicted`` is 0; α is never above ``alpha_max``. ``mode=none``: α = 1.
+        Raises :class:`KLControlError` for a non-finite or negative ``predicted``."""
         if self.cfg.mode == "none":
             return 1.0, self.effective_budget(update)
         if not math.isfinite(predicted) or predicted < 0:
             raise KLControlError(f"predicted KL {predicted!r} is not a finite non-negative number")
         budget_eff = self.effective_budget(update)
-        if predicted == 0.0:
-            return 1.0, budget_eff
+        if predicted == 0.0:  # the step changes no probed log-prob: the optimizer's own scale, within the cap
+            return min(1.0, self.cfg.alpha_max), budget_eff
         c = self.calibration if self.cfg.mode == "calibrated" else 1.0
         alpha = min(self.cfg.alpha_max, math.sqrt(budget_eff / (c * predicted)))
         return alpha, budget_eff

@@ -2,7 +2,8 @@
 
 The predicted-KL probe pushes a tangent through the policy with ``torch.autograd.forward_ad``.
 Built-in torch ops have forward-mode rules; megatron-core's own ``autograd.Function``s (the
-frozen-weight linear and the tensor-parallel region mappings) define only ``backward``, so
+frozen-weight linear, the tensor-parallel region mappings and ``MakeViewlessTensor``, which a
+transformer layer applies to its output when that is a view) define only ``backward``, so
 forward AD through them fails. ``enable()`` adds a ``jvp`` to each, and makes their
 ``forward`` keep what the ``jvp`` needs. The rules are exact: the region mappings are linear,
 so their tangent map is the forward map; a linear ``y = x·Wᵀ + b`` has ``ẏ = ẋ·Wᵀ + x·Ẇᵀ + ḃ``,
@@ -70,6 +71,7 @@ def enable() -> None:
     with _LOCK:
         if _ENABLED:
             return
+        from megatron.core import utils as mcore_utils
         from megatron.core.tensor_parallel import layers, mappings
 
         # ---- frozen-weight linear: y = x Wᵀ + b  ->  ẏ = ẋ Wᵀ + x Ẇᵀ + ḃ
@@ -113,4 +115,8 @@ def enable() -> None:
         mappings._GatherFromModelParallelRegion.jvp = staticmethod(
             lambda ctx, t, g=None: _as_view(mappings._gather_along_last_dim(t, ctx.group), t)
         )
+        # ---- MakeViewlessTensor: an identity (a new tensor on the input's storage) that megatron's
+        # TransformerLayer applies to a layer output that is a view, e.g. the residual sum when linear_fc2
+        # is not a target (its output then carries no tangent hook); the tangent passes through unchanged
+        mcore_utils.MakeViewlessTensor.jvp = staticmethod(lambda ctx, t, requires_grad_t=None: t.clone())
         _ENABLED = True

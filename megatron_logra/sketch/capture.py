@@ -439,7 +439,7 @@ def install_sketches(
             f"targets {missing} match no module of the model{where}"
             + (f" ({'; '.join(kinds)})" if kinds else "")
             + f"; known target names are {sorted(set(TARGET_ALIASES))} (each alias selects its Megatron kind) "
-            f"or exact leaf module names"
+            f"or exact leaf module names; fix or drop them in optimizer.logra.targets"
         )
     for t in found:
         t.weight.requires_grad_(False)
