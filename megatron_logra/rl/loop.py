@@ -348,7 +348,8 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
 
     record.update(
         kl_predicted=(alpha * alpha * pred) if pred is not None else None, kl_actual=actual, alpha=alpha,
-        budget=budget if logra else None,  # dense AdamW is never KL-controlled (RunConfig refuses kl.mode for it)
+        # dense AdamW (RunConfig refuses kl.mode for it) and kl.mode=none are never KL-controlled: no budget
+        budget=budget if logra and cfg.kl.mode != "none" else None,
         mismatch=mismatch, update_ratio=ratio, loss=result.loss, grad_norm=update.grad_norm,
         **sync, step_seconds=elapsed(t0, device), **device_peaks(device),
     )

@@ -161,3 +161,19 @@ def test_the_held_out_curve_starts_before_training(tmp_path, figures):
         (run / "summary.json").write_text(text)
         plot_run(run)
         assert _held_out_line(figures[-1]) == ([3], [0.75])
+
+
+def test_an_uncontrolled_logra_run_records_no_kl_budget(tmp_path):
+    """``kl.mode=none``: α is 1 and no controller sizes the step, so no budget is recorded (it logged the
+    decaying budget of a controller that never acted, as the dense AdamW run once did); the actual KL is still
+    measured."""
+    from test_rl_e2e import alternating_score, built_components
+
+    from megatron_logra.rl.loop import rl_update
+
+    with built_components(tmp_path / "run", "kl.mode=none") as (comps, state):
+        comps.task.score = alternating_score()
+        rec = rl_update(comps, state)
+    assert not rec.get("skipped")
+    assert rec["alpha"] == 1.0 and rec["kl_predicted"] is None and rec["budget"] is None
+    assert rec["kl_actual"] is not None and rec["kl_actual"] > 0
