@@ -31,9 +31,11 @@ VARIANTS = {
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=positive_int, default=250)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--run-root", default="runs/bench-bf16")
+    p.add_argument("--steps", type=positive_int, default=250, help="train.steps of each run (default 250)")
+    p.add_argument("--lr", type=positive_float, default=3e-3, help="logra.lr and native.lr (default 3e-3)")
+    p.add_argument("--run-root", default="runs/bench-bf16",
+                   help="directory of the runs, one per variant and seed, replaced if present (default runs/bench-bf16); "
+                        "the table goes to stdout only")
     p.add_argument("--seeds", type=seed_list, default="1234", help="comma list of seeds (train.seed and logra.seed)")
     args = p.parse_args()
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
@@ -63,6 +65,17 @@ def main() -> int:
               f"{_mean_sd([r['eval_loss_after'] for r in runs]):>15s} {_mean_sd(gains):>15s} "
               f"{_mean_sd(relative):>18s}")
     return 0
+
+
+def positive_float(text: str) -> float:
+    """``--lr``: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0")
+    return value
 
 
 def seed_list(text: str) -> list[int]:

@@ -31,7 +31,9 @@ function's chunks to a phase; the tracker gives the same live-byte total directl
     OMP_NUM_THREADS=1 python benchmarks/logprob_memory.py            # 4096 x 32768 and 4096 x 151936 (~10 min, 8 GiB)
     python benchmarks/logprob_memory.py --shapes 4096x65536 --chunks 512,2048
 
-Writes ``benchmarks/results/logprob_memory.md`` (``--out`` to change).
+Writes ``--out``; without it the documented run (the default ``--shapes``, ``--chunks`` and ``--threads``)
+writes the committed ``benchmarks/results/logprob_memory.md`` and any other run
+``runs/bench-logprob-memory/logprob_memory.md``, so a smaller run never replaces the committed table.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -51,6 +54,11 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MiB = 1024 * 1024
 TAU = 0.8
+DEFAULT_SHAPES, DEFAULT_CHUNKS, DEFAULT_THREADS = "4096x32768,4096x151936", "256,1024,0", 1
+COMMITTED = HERE / "results" / "logprob_memory.md"
+"""The committed table: written by default only by the documented run (default shapes, chunks, threads)."""
+OTHER_RUNS = Path("runs/bench-logprob-memory/logprob_memory.md")
+""":data:`COMMITTED`'s stand-in (relative to the working directory) for a run of other settings."""
 
 
 def _child(impl: str, tokens: int, vocab: int) -> dict:
@@ -186,17 +194,32 @@ def parse_chunks(text: str) -> list[int]:
 
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", type=parse_shapes, default="4096x32768,4096x151936", help="comma list of TOKENSxVOCAB")
-    p.add_argument("--chunks", type=parse_chunks, default="256,1024,0",
-                   help="tokens per chunk of the chunked runs (0 = one chunk)")
-    p.add_argument("--threads", type=positive_int, default=1)
-    p.add_argument("--out", default=str(HERE / "results" / "logprob_memory.md"))
+    p.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES,
+                   help=f"comma list of TOKENSxVOCAB (default {DEFAULT_SHAPES})")
+    p.add_argument("--chunks", type=parse_chunks, default=DEFAULT_CHUNKS,
+                   help=f"tokens per chunk of the chunked runs (0 = one chunk; default {DEFAULT_CHUNKS})")
+    p.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS,
+                   help=f"torch threads of each child (default {DEFAULT_THREADS})")
+    p.add_argument("--out", type=Path, default=None,
+                   help="report file (default: benchmarks/results/logprob_memory.md for the default --shapes, "
+                        f"--chunks and --threads, else {OTHER_RUNS})")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     shapes = args.shapes
     if args.child:
         print(json.dumps(_child(args.child, *shapes[0])))
         return
+    if args.out is None:
+        documented = (shapes == parse_shapes(DEFAULT_SHAPES) and args.chunks == parse_chunks(DEFAULT_CHUNKS)
+                      and args.threads == DEFAULT_THREADS)
+        args.out = COMMITTED if documented else OTHER_RUNS
+    if args.out.is_dir():
+        p.error(f"argument --out: {args.out} is a directory; give the path of a Markdown file")
+    parent = args.out.parent.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        p.error(f"argument --out: {parent} is not a writable directory, so {args.out} cannot be written")
     impls = ["dense", "megatron"] + [f"chunked:{c}" for c in args.chunks]
     t0 = time.time()
     rows = []
@@ -209,7 +232,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     print("\n".join(lines))
     import torch
 
-    cmd = "OMP_NUM_THREADS=1 python " + " ".join([os.path.relpath(__file__, REPO)] + (argv if argv is not None else sys.argv[1:]))
+    cmd = "OMP_NUM_THREADS=1 " + shlex.join(["python", os.path.relpath(__file__, REPO),
+                                             *(argv if argv is not None else sys.argv[1:])])
     doc = [
         "# Log-prob memory: dense fp32 softmax vs chunked", "",
         f"Command: `{cmd}` ({time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {args.threads} thread(s), "
@@ -225,8 +249,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         "- time s: wall time of one forward + backward on one thread of a shared 2-core machine (other jobs "
         "running): indicative only.", "",
     ]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(doc))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(doc))
     print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -15,15 +15,19 @@ policy-sync bound for the engine side of the stream: 2 x the largest full parame
 adds one 512 MiB chunk for SGLang, which the embedded engine does not queue). Also the median
 time of each refit and a check that both leave bitwise equal engine weights.
 
-    python benchmarks/refit_memory.py [--sizes 512x4,1024x8] [--repeats 3]
+    python benchmarks/refit_memory.py [--sizes 512x4,1024x8] [--repeats 3] [--out FILE]
 
-Results: a table on stdout and in ``benchmarks/results/refit_memory.md``.
+Results: a table on stdout and in ``--out``. Without ``--out`` the documented run (the default
+``--sizes`` and ``--repeats``) writes the committed ``benchmarks/results/refit_memory.md``; any other
+run writes ``runs/bench-refit-memory/refit_memory.md``, so a smaller run never replaces the
+committed table.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -32,6 +36,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 warnings.filterwarnings("ignore")
+
+DEFAULT_SIZES, DEFAULT_REPEATS = "512x4,1024x8", 3
+COMMITTED = Path(__file__).resolve().parent / "results" / "refit_memory.md"
+"""The committed table: written by default only by the documented run (default sizes and repeats)."""
+OTHER_RUNS = Path("runs/bench-refit-memory/refit_memory.md")
+""":data:`COMMITTED`'s stand-in (relative to the working directory) for a run of other settings."""
 
 import torch  # noqa: E402
 
@@ -119,10 +129,18 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=parse_sizes, default="512x4,1024x8", help="hidden x layers, comma separated")
-    p.add_argument("--repeats", type=positive_int, default=3)
-    p.add_argument("--out", default="benchmarks/results/refit_memory.md")
+    p.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES,
+                   help=f"HIDDENxLAYERS, comma separated (default {DEFAULT_SIZES})")
+    p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
+                   help=f"refits of each kind per size (default {DEFAULT_REPEATS})")
+    p.add_argument("--out", type=Path, default=None,
+                   help="report file (default: benchmarks/results/refit_memory.md for the default --sizes and "
+                        f"--repeats, else {OTHER_RUNS})")
     args = p.parse_args()
+    if args.out is None:
+        documented = args.sizes == parse_sizes(DEFAULT_SIZES) and args.repeats == DEFAULT_REPEATS
+        args.out = COMMITTED if documented else OTHER_RUNS
+    check_out(p, args.out)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     from megatron_logra.parallel import ParallelConfig, initialize_parallel
 
@@ -142,13 +160,26 @@ def main() -> int:
             f"{'yes' if within else 'NO'} | {r['t_whole']:.2f} / {r['t_streamed']:.2f} s | "
             f"{'yes' if r['equal'] else 'NO'} |")
         print(lines[-1], flush=True)
-    text = "\n".join([f"Command: `python benchmarks/refit_memory.py {' '.join(sys.argv[1:])}`", "",
+    text = "\n".join([f"Command: `{shlex.join(['python', 'benchmarks/refit_memory.py', *sys.argv[1:]])}`", "",
                       "Extra peak = live tensor bytes above those alive before the refit (exact, by storage).", ""]
                      + lines) + "\n"
     print(text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
     return 0 if ok else 1
+
+
+def check_out(parser: argparse.ArgumentParser, out: Path) -> None:
+    """Refuse, before anything runs, a report file that could not be written at the end: a directory at
+    ``out``, or a nearest existing ancestor that is not a writable directory."""
+    if out.is_dir():
+        parser.error(f"argument --out: {out} is a directory; give the path of a Markdown file")
+    parent = out.parent.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        parser.error(f"argument --out: {parent} is not a writable directory, so {out} cannot be written")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_logra.argtypes import report_failed_run
+from megatron_logra.argtypes import positive_int, report_failed_run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DOCUMENTED = {"seeds": [1, 2, 3], "steps": 120, "overrides": []}
@@ -160,12 +160,26 @@ def _check_out(parser: argparse.ArgumentParser, stem: Path) -> None:
         parser.error(f"argument --out: {parent} is not writable, so {stem.parent} cannot be written")
 
 
+def seed(text: str) -> int:
+    """A ``--seeds`` value: an int in [0, 2**31), as ``train.seed`` takes."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**31:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer in [0, 2**31)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of this script."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--run-root", default="runs/bench-rl-parity")
+    parser.add_argument("--seeds", type=seed, nargs="+", default=[1, 2, 3],
+                        help="train.seed of each run, distinct, in [0, 2**31) (default 1 2 3)")
+    parser.add_argument("--steps", type=positive_int, default=120, help="RL updates of each run (default 120)")
+    parser.add_argument("--run-root", default="runs/bench-rl-parity",
+                        help="directory of the runs, RUN_ROOT/RECIPE-seedN, replaced if present "
+                             "(default runs/bench-rl-parity)")
     parser.add_argument("--out", default=None, metavar="STEM",
                         help="write STEM.md and STEM.json (default: benchmarks/results/rl_parity for the documented "
                              "--seeds 1 2 3 --steps 120 without overrides, else RUN_ROOT/rl_parity)")
@@ -177,6 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    if len(set(args.seeds)) != len(args.seeds):  # two runs of one seed would share (and overwrite) one run directory
+        parser.error(f"argument --seeds: {' '.join(map(str, args.seeds))} repeats a seed")
     stem = output_stem(args)
     _check_out(parser, stem)
     try:

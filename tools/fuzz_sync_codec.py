@@ -521,7 +521,7 @@ def run(messages: int = 20000, seed: int = 0, *, start: int = 0, corruptions: in
             (dump / f"seed{seed}-msg{index}-{kind}-{summary.failure_counts[what]}.bin").write_bytes(data)
 
     for index in range(start, start + messages):
-        if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+        if max_seconds is not None and summary.messages and time.perf_counter() - t0 > max_seconds:
             summary.stopped_early = True
             break
         rng = random.Random(f"{seed}/{index}")
@@ -623,13 +623,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--corruptions", type=int, default=3, help="corruptions per message (default 3)")
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help=f"comma-separated corruption kinds (default all: {','.join(KINDS)})")
-    parser.add_argument("--max-seconds", type=float, default=None, help="stop generating messages after this long")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="stop generating messages after this long (at least one message runs)")
     parser.add_argument("--lenient", action="store_true",
                         help="a corruption that decodes to the original message is not a failure")
-    parser.add_argument("--dump", type=Path, default=None, help="write each failing message's bytes here")
+    parser.add_argument("--dump", type=Path, default=None,
+                        help="directory to write each failing message's bytes to (created on the first failure)")
     args = parser.parse_args(argv)
-    if args.messages < 0 or args.corruptions < 0:
-        parser.error("--messages and --corruptions must be >= 0")
+    if args.messages < 1:  # zero messages would report OK having checked nothing
+        parser.error(f"argument --messages: {args.messages} must be >= 1")
+    if args.corruptions < 0:
+        parser.error(f"argument --corruptions: {args.corruptions} must be >= 0")
+    if args.max_seconds is not None and not 0 < args.max_seconds < float("inf"):
+        parser.error(f"argument --max-seconds: {args.max_seconds} must be a positive number of seconds")
+    if args.dump is not None and args.dump.exists() and not args.dump.is_dir():
+        parser.error(f"argument --dump: {args.dump} is a file; give a directory (created on the first failure)")
     kinds = tuple(k for k in args.kinds.split(",") if k)
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:

@@ -108,7 +108,7 @@ def te_capture_check(args) -> bool:
         worst[key] = max(worst.get(key, 0.0), err)
     destroy_parallel()
     ok = all(e < 5e-3 for e in worst.values())
-    print(f"\nTE capture: sketch vs dense G·Aᵀ (max relative error, fp32 params, TF32 GEMMs allowed)")
+    print("\nTE capture: sketch vs dense G·Aᵀ (max relative error, fp32 params, TF32 GEMMs allowed)")
     for k, e in worst.items():
         print(f"  {k:60s} {e:.2e}")
     print(f"  {'PASS' if ok else 'FAIL'} (tolerance 5e-3)")

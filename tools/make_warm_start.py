@@ -27,9 +27,11 @@ ASSET_DIR = Path(__file__).resolve().parents[1] / "megatron_logra" / "assets" / 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=positive_int, default=1500)
-    parser.add_argument("--out", default=str(ASSET_DIR))
-    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--steps", type=positive_int, default=1500, help="supervised steps, sft.steps (default 1500)")
+    parser.add_argument("--out", default=str(ASSET_DIR),
+                        help="output directory; its model.safetensors, tokenizer/ and info.json are replaced "
+                             "(default: the package's shipped megatron_logra/assets/warm_start_tiny)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides of the tiny recipe, e.g. sft.lr=1e-3")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 

@@ -20,7 +20,8 @@ as the maximum over ranks:
 
 Beside them: the memory planner's prediction (``megatron_logra.memory``, counts from the model on
 the meta device; no distributed optimizer, engine or CUDA overhead): trainer peak and optimizer
-state. ``--dry-run`` prints only the prediction. Rank 0 writes ``OUT/memory_stress.{csv,png}``.
+state. ``--dry-run`` builds and runs nothing: the table and the files hold the prediction only. Rank 0
+writes ``OUT/memory_stress.{csv,png}`` (``--out``, default ``runs/memory_stress``).
 """
 
 from __future__ import annotations
@@ -310,19 +311,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memory_stress.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--model", default=None, help="preset (qwen2.5-1.5b, qwen2.5-7b, 27b) or config.json; else the sizes below")
-    for flag, default in (("--hidden", 256), ("--layers", 2), ("--heads", None), ("--query-groups", None),
-                          ("--ffn", None), ("--vocab", 32000), ("--micro-batch", 1), ("--micro-batches", 1),
-                          ("--seq-len", 512), ("--tp", 1), ("--rank", 128), ("--chunk-tokens", 1024), ("--steps", 3)):
-        add(flag, type=int, default=default)
+    for flag, default, what in (
+            ("--hidden", 256, "hidden size (default 256)"), ("--layers", 2, "layers (default 2)"),
+            ("--heads", None, "attention heads (default hidden // 64)"),
+            ("--query-groups", None, "query groups (default: one per head)"),
+            ("--ffn", None, "MLP width (default: optimizer_memory.py's ffn_size of --hidden)"),
+            ("--vocab", 32000, "vocabulary (default 32000)"),
+            ("--micro-batch", 1, "sequences per micro-batch (default 1)"),
+            ("--micro-batches", 1, "micro-batches per step (default 1)"),
+            ("--seq-len", 512, "tokens per sequence (default 512)"),
+            ("--tp", 1, "tensor-parallel size; the world size under torchrun must be a multiple (default 1)"),
+            ("--rank", 128, "LoGRA sketch rank (default 128)"),
+            ("--chunk-tokens", 1024, "tokens per log-prob chunk of the RL loss, 0 = one chunk (default 1024)"),
+            ("--steps", 3, "steps per optimizer (default 3)")):
+        add(flag, type=int, default=default, help=what)
     add("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     add("--masters", choices=["fp32", "none"], default="fp32")
     add("--recompute", choices=["none", "full"], default="none")
     add("--loss", choices=["rl", "lm"], default="rl", help="RL loss (chunked log-probs) or megatron's LM loss")
-    add("--optimizers", default="logra,adam")
-    add("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    add("--optimizers", default="logra,adam", help="comma list of logra and/or adam, run in this order (default both)")
+    add("--device", choices=["auto", "cuda", "cpu"], default="auto",
+        help="auto: CUDA when available (default); cuda or cpu is refused when it is not the one present")
     add("--no-track-tensors", dest="track_tensors", action="store_false", help="CPU: RSS only (faster)")
-    add("--dry-run", action="store_true", help="planner prediction only")
-    add("--out", default="runs/memory_stress")
+    add("--dry-run", action="store_true",
+        help="planner prediction only: nothing is built or run; the table and OUT/memory_stress.{csv,png} hold the "
+             "prediction")
+    add("--out", default="runs/memory_stress",
+        help="directory of memory_stress.csv and memory_stress.png (default runs/memory_stress)")
     return p
 
 
@@ -335,9 +350,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     kinds = [k.strip() for k in args.optimizers.split(",") if k.strip()]
     if not kinds or any(k not in ("logra", "adam") for k in kinds) or args.steps < 1:
         parser.error(f"--optimizers={args.optimizers!r} (logra and/or adam), --steps={args.steps} (>= 1)")
-    for flag in ("micro_batch", "micro_batches", "seq_len", "tp", "rank", "layers", "hidden", "vocab"):
-        if getattr(args, flag) < 1:
+    for flag in ("micro_batch", "micro_batches", "seq_len", "tp", "rank", "layers", "hidden", "vocab",
+                 "heads", "query_groups", "ffn"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:  # 0 would fall back to the default
             parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        parser.error(f"--out={args.out} is a file; give a directory (memory_stress.csv and .png are written there)")
     if args.chunk_tokens < 0:
         parser.error(f"--chunk-tokens={args.chunk_tokens} must be >= 0 (0 = unchunked)")
     try:

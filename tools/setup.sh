@@ -6,6 +6,7 @@
 #                (docker/) which ships torch, TransformerEngine and apex.
 #   VENV         virtual environment directory (default: .venv)
 #   EXTRAS       pip extras of this package (default: dev,bench; bench = GaLore/APOLLO peers of `bench paper`)
+#   PYTHON       interpreter that creates the environment (default: python3; Python >= 3.10, with venv/ensurepip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"

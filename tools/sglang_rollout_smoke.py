@@ -17,7 +17,8 @@ loaded by one full refit), then runs ``--steps`` RL updates and checks:
 The trainer runs in bfloat16 (``model.params_dtype=bfloat16``, whatever the recipe says): the
 in-process engine runs in the trainer's dtype, and SGLang's kernels are float16 / bfloat16 only.
 
-Prints the per-update metrics, the numbers and PASS/FAIL (exit status 0/1). The tiny recipe with its
+Prints the per-update metrics, the numbers and PASS/FAIL (exit status 0/1; 3 when it cannot run here:
+no CUDA device, or SGLang not installed and no ``--url``). The tiny recipe with its
 shipped warm start needs about 1-3 minutes, most of it SGLang start-up. SGLang's default attention
 kernels want head dims of 64/128/256: the tiny model's are smaller, so ``attention_backend`` defaults
 to ``torch_native`` here (override with ``--engine-arg attention_backend='"triton"'``).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import logging
 import statistics
@@ -39,9 +41,39 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from megatron_logra.argtypes import key_json
+from megatron_logra.argtypes import key_json, positive_int
+
+CANNOT_RUN = 3
+"""Exit status when the smoke test cannot run here (no CUDA device, SGLang not installed): nothing was checked."""
+EPILOG = (f"Exit status: 0 every check passed, 1 a check failed, 2 a bad argument, {CANNOT_RUN} nothing could run "
+          "here (no CUDA device, or SGLang not installed without --url).")
 
 DEFAULT_ENGINE_ARGS = {"attention_backend": "torch_native", "disable_cuda_graph": True, "disable_radix_cache": True}
+
+
+def non_negative_float(text: str) -> float:
+    """A finite float >= 0 (``--max-logprob-gap``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number >= 0")
+    return value
+
+
+def cannot_run(*, need_sglang: bool) -> Optional[str]:
+    """Why the smoke test cannot run on this machine, or None: SGLang missing (when an in-process engine is
+    needed), no CUDA device."""
+    if need_sglang:
+        try:
+            importlib.import_module("sglang")
+        except ImportError:
+            return ("SGLang is not installed (pip install 'megatron-logra[sglang]', or give --url of a running "
+                    "server)")
+    if not torch.cuda.is_available():
+        return "no CUDA device (this smoke test runs the trainer and SGLang on one GPU)"
+    return None
 
 
 def log(msg: str) -> None:
@@ -146,25 +178,30 @@ def run(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_args: Opt
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--recipe", default="tiny")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--url", default="", help="a running SGLang server (with the sketch-delta loader)")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=EPILOG)
+    p.add_argument("--recipe", default="tiny", help="recipe name or YAML file (default tiny)")
+    p.add_argument("--steps", type=positive_int, default=3, help="RL updates (default 3)")
+    p.add_argument("--url", default="", help="a running SGLang server (with the sketch-delta loader); default: an "
+                   "in-process sglang.Engine")
     p.add_argument("--engine-arg", type=key_json, action="append", default=[], metavar="KEY=JSON",
-                   help="extra sglang.Engine args")
-    p.add_argument("--max-logprob-gap", type=float, default=0.05)
+                   help="extra sglang.Engine args (repeatable)")
+    p.add_argument("--max-logprob-gap", type=non_negative_float, default=0.05,
+                   help="largest mean |rollout - trainer| log-prob per token (default 0.05)")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
+    try:
+        from megatron_logra.overrides import load_recipe
+
+        load_recipe(args.recipe)
+    except (ValueError, OSError) as exc:
+        p.error(f"argument --recipe: {exc}")
+    if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
+        p.error(f"argument --json: {args.json} is a directory or its directory does not exist")
+    problem = cannot_run(need_sglang=not args.url)
+    if problem:
+        print(f"{p.prog}: {problem}: nothing was checked", file=sys.stderr)
+        return CANNOT_RUN
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to do", file=sys.stderr)
-        return 0
-    if not args.url:
-        try:
-            import sglang  # noqa: F401
-        except ImportError:
-            print("sglang is not installed (pip install 'megatron-logra[sglang]'): nothing to do", file=sys.stderr)
-            return 0
     extra = dict(args.engine_arg)
     res = run(args.steps, recipe=args.recipe, url=args.url, engine_args=extra, max_logprob_gap=args.max_logprob_gap)
     if args.json:

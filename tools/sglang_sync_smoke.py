@@ -20,7 +20,8 @@ Builds a random Llama checkpoint with ``transformers`` (no download), starts SGL
    kernels), and must differ from step 1 only if the weights moved generation;
 5. checks that a replayed delta is refused and leaves the version alone.
 
-Prints bytes per sync, apply time against full-refit time, and PASS/FAIL (exit status 0/1).
+Prints bytes per sync, apply time against full-refit time, and PASS/FAIL (exit status 0/1; 3 when
+it cannot run here: no CUDA device, or SGLang not installed).
 About 1-3 minutes per mode on one GPU, most of it SGLang start-up. ``tests/gpu/test_sglang_sync.py``
 runs :func:`check` on a tiny model.
 """
@@ -28,6 +29,7 @@ runs :func:`check` on a tiny model.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -42,7 +44,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from megatron_logra.argtypes import key_json
+from megatron_logra.argtypes import key_json, positive_int
 from megatron_logra.sync import SyncError, encode
 from megatron_logra.sync.apply import apply_delta_
 from megatron_logra.sync.fingerprint import drift, fingerprint, fingerprint_salt
@@ -50,6 +52,8 @@ from megatron_logra.sync.sglang_client import SGLangEngineTarget, SGLangServerTa
 from megatron_logra.sync.sglang_loader import LOADER_PATH
 from megatron_logra.sync.synthetic import DenseShape, random_delta
 
+CANNOT_RUN = 3
+"""Exit status when the smoke test cannot run here (no CUDA device, SGLang not installed): nothing was checked."""
 TINY = DenseShape(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512, vocab=512)
 PROMPTS = [[1, 15, 27, 300, 42, 7, 99], [5, 6, 7, 8], [200, 201, 3]]
 
@@ -278,32 +282,41 @@ def check(driver: Any, state: dict[str, torch.Tensor], deltas: list, *, readback
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=("engine", "http", "both"), default="both")
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--ffn", type=int, default=2816)
-    p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--rank", type=int, default=64)
-    p.add_argument("--deltas", type=int, default=3)
-    p.add_argument("--tokens", type=int, default=16)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=f"Exit status: 0 every check passed, 1 a check failed, 2 a bad argument, {CANNOT_RUN} nothing could "
+               "run here (no CUDA device, or SGLang not installed).")
+    p.add_argument("--mode", choices=("engine", "http", "both"), default="both",
+                   help="in-process sglang.Engine, a launch_server subprocess over HTTP, or both (default)")
+    for flag, default, what in (("--hidden", 1024, "hidden size"), ("--layers", 8, "layers"),
+                                ("--heads", 16, "attention heads"), ("--kv-heads", 4, "key/value heads"),
+                                ("--ffn", 2816, "MLP width"), ("--vocab", 8192, "vocabulary"),
+                                ("--rank", 64, "sketch rank of the deltas"), ("--deltas", 3, "deltas pushed"),
+                                ("--tokens", 16, "greedy tokens per prompt")):
+        p.add_argument(flag, type=positive_int, default=default, help=f"{what} (default {default})")
     p.add_argument("--serialization", choices=("pickle", "cuda_ipc"), default="pickle", help="HTTP mode payloads")
     p.add_argument("--engine-arg", type=key_json, action="append", default=[], metavar="KEY=JSON",
                    help="extra sglang ServerArgs, e.g. attention_backend='\"triton\"'")
-    p.add_argument("--tp", type=int, default=1, help="SGLang tensor-parallel size (GPUs); > 1 compares the "
+    p.add_argument("--tp", type=positive_int, default=1, help="SGLang tensor-parallel size (GPUs); > 1 compares the "
                    "sharded weights through fingerprints and generation, reading back only replicated vectors")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to do", file=sys.stderr)
-        return 0
+    if args.heads % args.kv_heads or args.hidden % args.heads:
+        p.error(f"argument --kv-heads: --hidden {args.hidden}, --heads {args.heads} and --kv-heads {args.kv_heads} "
+                "must divide: hidden by heads, heads by kv-heads")
+    if args.rank > min(args.hidden, args.ffn):
+        p.error(f"argument --rank: {args.rank} is above the narrowest target input ({min(args.hidden, args.ffn)})")
+    if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
+        p.error(f"argument --json: {args.json} is a directory or its directory does not exist")
     try:
-        import sglang  # noqa: F401
+        importlib.import_module("sglang")
     except ImportError:
-        print("sglang is not installed (pip install 'megatron-logra[sglang]'): nothing to do", file=sys.stderr)
-        return 0
+        print(f"{p.prog}: SGLang is not installed (pip install 'megatron-logra[sglang]'): nothing was checked",
+              file=sys.stderr)
+        return CANNOT_RUN
+    if not torch.cuda.is_available():
+        print(f"{p.prog}: no CUDA device (SGLang runs on the GPU): nothing was checked", file=sys.stderr)
+        return CANNOT_RUN
     extra = dict(args.engine_arg)
     extra.setdefault("tp_size", args.tp)
     shape = DenseShape(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
