@@ -388,11 +388,13 @@ def _rewrite_tensor(d: Path, name: str, tensor) -> None:
     (dict(head_dim=0), r"head_dim=0"),
     (dict(hidden_act="gelu"), r"hidden_act='gelu'"),
     (dict(quantization_config={"quant_method": "gptq"}), r"quantization_config is set"),
-    (dict(sliding_window=4096, source="mistral_untied"), r"sliding_window=4096 is not supported"),
+    # a window the model's context (max_position_embeddings=64 here) reaches past
+    (dict(sliding_window=32, source="mistral_untied"), r"sliding_window=32 is not supported"),
     # Mistral: a missing sliding_window is MistralConfig's 4096, and use_sliding_window is no switch there
-    (dict(drop=("sliding_window",), source="mistral_untied"), r"sliding_window=4096 \(the key is missing"),
-    (dict(use_sliding_window=False, sliding_window=4096, source="mistral_untied"),
-     r"sliding_window=4096 is not supported .* whatever use_sliding_window says"),
+    (dict(drop=("sliding_window",), max_position_embeddings=8192, source="mistral_untied"),
+     r"sliding_window=4096 \(the key is missing"),
+    (dict(use_sliding_window=False, sliding_window=32, source="mistral_untied"),
+     r"sliding_window=32 is not supported .* whatever use_sliding_window says"),
 ])
 def test_rejects_unsupported_config(change, match, hf_models, tmp_path):
     change = dict(change)

@@ -38,11 +38,23 @@ def test_the_planner_refuses_what_the_trainer_refuses(tmp_path, capsys, name):
     with pytest.raises(ValueError) as trainer:
         model_config_from_hf(tmp_path)
     assert field in str(trainer.value)
-    with pytest.raises(SystemExit) as exc:
-        main(["--model", path, "--gpu-memory", "80GiB", "--markdown"])
+    with pytest.raises(SystemExit) as exc:  # planned at the context the trainer read (max_position_embeddings)
+        main(["--model", path, "--seq-len", "8192", "--gpu-memory", "80GiB", "--markdown"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert str(trainer.value).split(": ", 1)[1] in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["mistral-v0.1", "qwen2-sliding-window"])
+def test_a_window_the_planned_sequences_stay_within_is_planned(tmp_path, capsys, name):
+    """As the trainer accepts a run whose model.seq_length does not exceed the sliding window, the planner
+    plans one at --seq-len 4096 and refuses one at 4097."""
+    path = _write(tmp_path, REFUSED[name][0])
+    assert main(["--model", path, "--seq-len", "4096", "--gpu-memory", "80GiB", "--markdown"]) == 0
+    assert "verdict" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", path, "--seq-len", "4097", "--gpu-memory", "80GiB", "--markdown"])
+    assert exc.value.code == 2 and "model.seq_length=4097" in capsys.readouterr().err
 
 
 def test_a_config_the_trainer_accepts_is_planned_with_the_trainers_fields(tmp_path, capsys):
