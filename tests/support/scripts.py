@@ -19,3 +19,25 @@ def load_script(path: str, name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def run_script(script: str, args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """``python ROOT/script args...`` run as ``__main__`` in this process (``runpy``; the checkout as working
+    directory, its own ``sys.argv`` and ``sys.path``): ``(exit status, stdout, stderr)``. An exception that
+    escapes the script is raised here, as the traceback a user would see; no interpreter start-up is paid."""
+    import runpy
+    import sys
+    import warnings
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / script), *args])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # scripts put the repository first
+    capsys.readouterr()
+    code = 0
+    with warnings.catch_warnings():
+        try:
+            runpy.run_path(str(ROOT / script), run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out = capsys.readouterr()
+    return code, out.out, out.err

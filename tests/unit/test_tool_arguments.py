@@ -8,12 +8,10 @@ interpreter start-up is paid per case.
 
 from __future__ import annotations
 
-import runpy
-import sys
-import warnings
 from pathlib import Path
 
 import pytest
+from support.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,19 +43,8 @@ BAD = [
 
 
 def _run(script: str, args: list[str], tmp_path: Path, monkeypatch, capsys) -> tuple[int, str, str]:
-    """``python script args...``: (exit status, stdout, stderr)."""
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "argv", [str(ROOT / script), *(a.format(tmp=tmp_path) for a in args)])
-    monkeypatch.setattr(sys, "path", list(sys.path))  # scripts put the repository first
-    capsys.readouterr()
-    code = 0
-    with warnings.catch_warnings():
-        try:
-            runpy.run_path(str(ROOT / script), run_name="__main__")
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    """``python script args...`` with ``{tmp}`` in ``args`` replaced: (exit status, stdout, stderr)."""
+    return run_script(script, [a.format(tmp=tmp_path) for a in args], monkeypatch, capsys)
 
 
 @pytest.mark.parametrize("script, args, names", BAD, ids=[f"{Path(s).stem}:{' '.join(a)}" for s, a, _ in BAD])

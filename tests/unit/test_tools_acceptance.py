@@ -22,24 +22,9 @@ import warnings
 from pathlib import Path
 
 import pytest
+from support.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run(script: str, args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    """``python script args...`` in this process: (exit status, stdout, stderr)."""
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "argv", [str(ROOT / script), *args])
-    monkeypatch.setattr(sys, "path", list(sys.path))  # scripts put the repository first
-    capsys.readouterr()
-    code = 0
-    with warnings.catch_warnings():
-        try:
-            runpy.run_path(str(ROOT / script), run_name="__main__")
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _load(rel: str):
@@ -78,7 +63,7 @@ BAD = [
 def test_bad_argument_is_a_one_line_usage_error(script, args, names, tmp_path, monkeypatch, capsys):
     plain = tmp_path / "plain-file"
     plain.write_text("")
-    code, out, err = _run(script, [a.format(tmp=tmp_path, file=plain) for a in args], monkeypatch, capsys)
+    code, out, err = run_script(script, [a.format(tmp=tmp_path, file=plain) for a in args], monkeypatch, capsys)
     assert code == 2, out[-2000:] + err[-2000:]
     assert "Traceback" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
@@ -91,7 +76,7 @@ def test_sglang_smoke_without_sglang_says_so_and_fails(script, monkeypatch, caps
     """Without SGLang the smoke tests used to print 'nothing to do' and exit 0, a pass that checked nothing."""
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("SGLang is installed here")
-    code, out, err = _run(script, [], monkeypatch, capsys)
+    code, out, err = run_script(script, [], monkeypatch, capsys)
     assert code == 3, out[-2000:] + err[-2000:]
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
