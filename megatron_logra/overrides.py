@@ -83,8 +83,9 @@ _CONTEXT_FLAGS = CONTEXT_FLAGS
 def load_recipe(name_or_path: str) -> RunConfig:
     """A named recipe or a YAML file (a partial RunConfig dict, applied over the defaults).
 
-    A file may name its base with ``recipe: NAME_OR_FILE`` (a relative file path is relative to the file's
-    own directory); its other keys are dotted sections/fields
+    A file may name its base with ``recipe: NAME_OR_FILE`` (a relative ``.yaml`` / ``.yml`` path is relative to
+    the file's own directory; a blank ``recipe:`` is refused, a file without the key starts from the
+    defaults); its other keys are dotted sections/fields
     (``train: {steps: 3}``) parsed by the fields' types. A key given twice in one mapping is refused, and so
     is, with ``model.hf_path``, an architecture field set by a file that the checkpoint would replace
     (:func:`resolve_hf_model`). Every problem is a ``ValueError`` naming the file. With ``model.hf_path``, a
@@ -104,7 +105,9 @@ def _load_recipe(name_or_path: str, _including: tuple = ()) -> tuple[RunConfig, 
         return RECIPES[name_or_path](), {}
     path = Path(name_or_path)
     if path.suffix.lower() not in (".yaml", ".yml"):
-        raise ValueError(f"unknown recipe {name_or_path!r}: choose one of {sorted(RECIPES)} or a .yaml file")
+        close = difflib.get_close_matches(name_or_path, sorted(RECIPES), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ValueError(f"unknown recipe {name_or_path!r}: {hint}choose one of {sorted(RECIPES)} or a .yaml file")
     if not path.exists():
         raise ValueError(f"recipe file {path} does not exist (check the path; named recipes: {sorted(RECIPES)})")
     if not path.is_file():
@@ -131,11 +134,15 @@ def _load_recipe(name_or_path: str, _including: tuple = ()) -> tuple[RunConfig, 
             f"(e.g. 'recipe: tiny' / 'train:' / 'rl:'), got a {type(data).__name__} {_short(data)}"
         )
     data = dict(data)
+    if "recipe" in data and (data["recipe"] is None or (isinstance(data["recipe"], str) and not data["recipe"].strip())):
+        # a blank base would silently fall back to the built-in defaults (an RL config)
+        raise ValueError(f"recipe file {path}: 'recipe:' is empty: name a base recipe ({', '.join(sorted(RECIPES))}) "
+                         f"or a .yaml file, or remove the key to start from the built-in defaults")
     base = data.pop("recipe", None)
     if base is not None and not isinstance(base, str):
         raise ValueError(f"recipe file {path}: recipe={_short(base)} must be a recipe name "
                          f"({', '.join(sorted(RECIPES))}) or a .yaml file")
-    if base and base not in RECIPES and not Path(base).is_absolute():
+    if base and base not in RECIPES and not Path(base).is_absolute() and Path(base).suffix.lower() in (".yaml", ".yml"):
         base = str(path.parent / base)  # a file names its base relative to itself, not to the working directory
     try:
         cfg, given = _load_recipe(base, (*_including, resolved)) if base else (RunConfig(), {})
@@ -169,7 +176,8 @@ def _yaml_problem(exc: Exception) -> str:
     if mark is None or not problem:
         return " ".join(str(exc).split())
     context = getattr(exc, "context", None)
-    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
+    tab = "; indent with spaces: YAML allows no tabs" if "'\\t'" in problem else ""
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "") + tab
 
 
 def _flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:

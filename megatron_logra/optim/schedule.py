@@ -11,10 +11,14 @@ Every learning rate an optimizer owns is its configured (peak) value times one m
 The paper recipe has no target lr (its step is ``logra.update_ratio`` times the KL controller's
 α): there the schedule changes the native AdamW only.
 
-Semantics (megatron-core's ``OptimizerParamScheduler.get_lr`` evaluated as Megatron-LM's training
-loop drives it: the scheduler starts at 0 and advances by one after each successful update, so the
-``t``-th update uses the lr of ``n = t − 1`` completed steps). With ``W`` = ``warmup_steps``,
-``D`` = the decay steps, ``r0`` = ``warmup_init_ratio`` and ``rmin`` = ``min_lr_ratio``:
+Semantics (megatron-core's ``OptimizerParamScheduler.get_lr`` counted in optimizer steps: the scheduler
+starts at 0 and advances by one after each successful update, so the ``t``-th update uses the lr of
+``n = t − 1`` completed steps). Megatron-LM's loop counts the same scheduler in samples (warmup and decay
+lengths times the global batch size ``G``, advanced by ``G`` per update); every style gives the same lr
+in either unit except ``inverse-square-root`` without warmup, where Megatron-LM's ``max(W·G, 1)`` makes
+its lr ``peak / sqrt(n·G)`` (``peak / sqrt(G)`` on the second update) and this one's ``peak / sqrt(n)``.
+With ``W`` = ``warmup_steps``, ``D`` = the decay steps, ``r0`` = ``warmup_init_ratio`` and ``rmin`` =
+``min_lr_ratio``:
 
 * ``W > 0`` and ``n ≤ W``: ``r0 + (1 − r0)·n/W`` (so the first update of a warmup starting at 0 has
   lr 0, its moments still advance, as in Megatron-LM);

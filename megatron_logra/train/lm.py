@@ -10,7 +10,8 @@ fields to TensorBoard (rank 0); counts are over the whole global batch (every DP
 * ``loss`` — mean cross-entropy per answer token (the tokens the loss counts) of the step's batch, nats.
 * ``grad_norm`` — global norm of the step's gradient before clipping (LoGRA: reconstructed from the
   sketches, plus the natively trained parameters' gradients); ``clip_coef`` — the factor clipping applied
-  (1.0: none); ``skipped`` — the step was not applied (a non-finite gradient).
+  (1.0: none); ``skipped`` — the step was not applied (a non-finite gradient; a warning on rank 0 names the
+  step).
 * ``tokens`` — tokens processed: ``train.global_batch_size × (2·data.content_length + 1)`` input positions
   (the task's sequences are ``2·data.content_length + 2`` tokens),
   as Megatron-LM counts throughput (global batch × sequence length); ``tokens_per_second`` — ``tokens /
@@ -247,6 +248,10 @@ def run_lm(cfg: RunConfig) -> dict:
             update = optimizer.prepare(num_tokens=result.num_tokens)
             optimizer.apply(update)
             step_seconds = elapsed(t0, device)
+            if update.skipped and is_rank0() and not isinstance(optimizer, LograOptimizer):  # LoGRA warns itself
+                logger.warning("step %d skipped (%s): its update was not applied (metrics.jsonl: \"skipped\": true); "
+                               "a run that keeps skipping has diverged: lower the lr (--lr)",
+                               step, update.reason or "non-finite gradient")
 
             # every rank's micro-batches have the same shape: the global batch × its input positions
             processed = cfg.train.global_batch_size * microbatches[0].tokens.shape[1]
