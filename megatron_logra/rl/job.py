@@ -199,6 +199,12 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
         cfg.model = model_config_from_hf(cfg.model.hf_path, base=cfg.model)
     if cfg.rl.rollout.engine == "sglang" and not cfg.rl.rollout.sglang_url:
         check_engine_dtype(cfg.model.params_dtype)  # an in-process engine: refused before anything is loaded
+        from megatron_logra.rollout.sglang_api import require_sglang
+
+        try:  # a user error before the (minutes-long) build, not an ImportError once the model is loaded
+            require_sglang()
+        except ImportError as exc:
+            raise ValueError(str(exc)) from None
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
     check_rl_batch_layout(cfg, groups.dp_size, groups.pp_size)  # every rank, before anything is built
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)

@@ -73,3 +73,25 @@ def test_a_warm_start_made_for_another_model_names_sft_init_path_and_the_fix(tmp
     msg = str(err.value)
     assert msg.startswith(f"sft.init_path={cfg.sft.init_path!r} does not load into this model")
     assert "linear_qkv.weight" in msg and "set sft.init_path= (empty)" in msg
+
+
+def test_an_in_process_sglang_engine_without_sglang_is_refused_before_anything_is_built(tmp_path, monkeypatch):
+    """``rl.rollout.engine=sglang`` (the large recipes) where SGLang cannot be imported: a user error naming
+    the ways on, before the process group and the model (it was an ImportError traceback once a 1.5B model had
+    been built)."""
+    import sys
+
+    from megatron_logra.rl import job
+
+    monkeypatch.setitem(sys.modules, "sglang", None)  # not importable, whether or not it is installed
+    cfg = parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "rl.rollout.engine=sglang",
+                                        "model.params_dtype=bfloat16"])
+
+    def no_group(*args, **kwargs):
+        raise AssertionError("the process group was started before SGLang was looked for")
+
+    monkeypatch.setattr(job, "initialize_parallel", no_group)
+    with pytest.raises(ValueError, match=r"rl.rollout.engine='sglang' needs SGLang.*rl.rollout.sglang_url.*"
+                                         r"rl.rollout.engine=embedded"):
+        job.run_rl(cfg)
+    assert not (tmp_path / "run").exists()
