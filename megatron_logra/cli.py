@@ -46,6 +46,8 @@ def _setup_logging() -> None:
     )
     # megatron-core warns at import and build time that TE/apex are absent (expected on CPU)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+    # its Megatron-FSDP package announces itself at import (INFO); this trainer does not use FSDP
+    logging.getLogger("megatron.core.distributed.fsdp").setLevel(logging.WARNING)
 
 
 _SYNOPSES = {

@@ -15,6 +15,7 @@ def test_a_dense_adamw_run_records_no_kl_budget(tmp_path):
                           "task.num_eval=8", f"train.run_dir={run}", "train.progress=false"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "Megatron-FSDP" not in out.stderr  # megatron-core's FSDP import notices: FSDP is not used here
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in records if r.get("step") == 1 and not r.get("skipped")]
     assert steps, records  # a real update, not a skipped step (which records no budget either)
