@@ -185,7 +185,9 @@ class LograOptimizer(LograStateMixin):
         if reduce_flag_any(bad, self.groups.mp, self.device):
             self.num_skipped += 1
             update.skipped, update.reason = True, "non-finite sketch or gradient"
-            logger.warning("step %d skipped: non-finite sketch or gradient (%d skipped so far)", update.step, self.num_skipped)
+            if self.groups.is_rank0:  # every rank skips together (the flag is reduced above)
+                logger.warning("step %d skipped: non-finite sketch or gradient (%d skipped so far)", update.step,
+                               self.num_skipped)
             self.zero_grad()
             return update
 
