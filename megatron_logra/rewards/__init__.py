@@ -192,7 +192,8 @@ def build_task(cfg: TaskConfig) -> Task:
     """Build the sources, eval sources and scorers of ``cfg``.
 
     Raises ValueError for unknown reasoning-gym names (listing valid ones), bad dataset kwargs, an
-    unloadable reward plugin, a JSONL file whose every prompt is eval-only (no training rows), and
+    unloadable reward plugin, a source of positive weight with no training prompt (every prompt it
+    yields is eval-only: a JSONL file of such rows, a reasoning-gym dataset made tiny by ``size``), and
     FileNotFoundError / ValueError for missing or malformed JSONL files.
     """
     cfg.__post_init__()
@@ -218,7 +219,7 @@ def build_task(cfg: TaskConfig) -> Task:
             eval_sources.append(GymSource(spec, _seed_for(cfg.eval_seed, spec, "eval"), kwargs))
             own = GymScorer(source.dataset, spec)
         scorers[spec] = plugin or (math_scorer if cfg.reward == "math_verify" else own)
-    return Task(
+    task = Task(
         sources,
         scorers,
         cfg.weights or None,
@@ -231,3 +232,5 @@ def build_task(cfg: TaskConfig) -> Task:
         wrong_reward=cfg.wrong_reward,
         graded=cfg.graded,
     )
+    task.check_trainable()
+    return task

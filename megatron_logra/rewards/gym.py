@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import logging
 import math
+import typing
 from typing import Any
 
 from megatron_logra.rewards.base import Problem, extract_tagged_answer
@@ -78,8 +80,80 @@ def _config_fields(name: str) -> list[str]:
     return [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
 
 
+_SCALAR_TYPES: dict[Any, tuple[type, ...]] = {
+    int: (int, float),  # reasoning-gym gives some int-annotated fields float values (rearc's diff_ub=0.2)
+    float: (int, float),
+    bool: (bool,),
+    str: (str,),
+}
+
+
+def _scalar_types(annotation: Any) -> tuple[tuple[type, ...], bool] | None:
+    """(accepted Python types, None allowed) of a scalar config annotation; None for any other annotation."""
+    if annotation in _SCALAR_TYPES:
+        return _SCALAR_TYPES[annotation], False
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Union and len(args) == 2 and type(None) in args:
+        inner = args[0] if args[1] is type(None) else args[1]
+        if inner in _SCALAR_TYPES:
+            return _SCALAR_TYPES[inner], True
+    return None
+
+
+def _check_kwargs(name: str, kwargs: dict[str, Any], field: str) -> None:
+    """ValueError naming ``field`` for a key ``name``'s config lacks (with the closest valid key) or a
+    value whose JSON type cannot be the field's scalar type (``"2"`` for an int, ``"no"`` for a bool)."""
+    from reasoning_gym.factory import DATASETS
+
+    config_cls = DATASETS[name][1]
+    valid = _config_fields(name)
+    for key, value in kwargs.items():
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"{field}: {key!r} is not a field of {name}'s config ({config_cls.__name__}); {hint}"
+                             f"valid keys: {', '.join(valid)}, size")
+    try:
+        hints = typing.get_type_hints(config_cls)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: leave the values to reasoning-gym
+        return
+    for key, value in kwargs.items():
+        accepted = _scalar_types(hints.get(key))
+        if accepted is None:
+            continue
+        types, optional = accepted
+        if value is None and optional:
+            continue
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            kind, example = _KIND[types[0]]
+            raise ValueError(f"{field}: {key}={json.dumps(value, default=str)} is a JSON {_JSON_NAME.get(type(value), 'value')}, "
+                             f"but {name}'s config expects {kind}{' or null' if optional else ''}, e.g. "
+                             f"{{{json.dumps(key)}: {example}}}")
+
+
+_KIND: dict[type, tuple[str, str]] = {int: ("a number", "2"), float: ("a number", "0.5"),
+                                      bool: ("true or false", "true"), str: ("a string", '"text"')}
+"""How a scalar field's expected JSON value is named in errors, and an example of it."""
+
+_JSON_NAME: dict[type, str] = {str: "string", int: "number", float: "number", bool: "boolean", list: "array",
+                               dict: "object"}
+
+
 def create_gym_dataset(name: str, seed: int, kwargs: dict[str, Any] | None = None) -> Any:
-    """``reasoning_gym.create_dataset`` with our seed and size; bad kwargs raise ValueError naming them."""
+    """``reasoning_gym.create_dataset`` with our seed and size (with user kwargs, its first item generated).
+
+    Raises ValueError naming ``task.dataset_kwargs[name]`` for ``seed`` (seeded from ``task.seed``), a
+    ``size`` that is not a positive integer, an unknown key (with the closest valid one), a scalar of the
+    wrong JSON type, values the dataset's validation refuses and values with which it cannot generate its
+    first item (found here, at start, not mid-training); and for ``composite``, whose mixture is
+    ``task.datasets`` + ``task.weights`` here.
+    """
+    if name == "composite":
+        raise ValueError(
+            "task.datasets: 'composite' (reasoning-gym's dataset mixture) is not supported; list the datasets "
+            "themselves with their weights instead, e.g. task.datasets=chain_sum,gcd task.weights=2,1 (and "
+            "task.dataset_kwargs for their configs)"
+        )
     validate_gym_name(name)
     import reasoning_gym
 
@@ -88,17 +162,20 @@ def create_gym_dataset(name: str, seed: int, kwargs: dict[str, Any] | None = Non
     if "seed" in kwargs:
         raise ValueError(f"{field}: do not set 'seed' here; datasets are seeded from task.seed")
     size = kwargs.pop("size", GYM_DEFAULT_SIZES.get(name, GYM_VIRTUAL_SIZE))
-    if not isinstance(size, int) or size < 1:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"{field}: size={size!r} must be a positive integer")
+    _check_kwargs(name, kwargs, field)
     try:
-        return reasoning_gym.create_dataset(name, seed=seed, size=size, **kwargs)
-    except TypeError as exc:
-        raise ValueError(
-            f"{field}={kwargs!r} is not accepted by {name}'s config ({exc}); valid keys: "
-            f"{', '.join(_config_fields(name))}, size"
-        ) from exc
-    except (AssertionError, ValueError) as exc:
+        dataset = reasoning_gym.create_dataset(name, seed=seed, size=size, **kwargs)
+    except (AssertionError, TypeError, ValueError) as exc:  # keys are known: a value the config refuses
         raise ValueError(f"{field}={kwargs!r} failed {name}'s validation: {exc or type(exc).__name__}") from exc
+    if kwargs:  # the defaults are known to work; values of the user's may fail only when items are made
+        try:
+            dataset[0]
+        except Exception as exc:  # noqa: BLE001 - any failure here is the configuration's
+            raise ValueError(f"{field}={kwargs!r}: {name} cannot generate an item with this config "
+                             f"({type(exc).__name__}: {exc}); check the values against {name}'s config") from exc
+    return dataset
 
 
 def extract_gym_answer(completion: str) -> str:

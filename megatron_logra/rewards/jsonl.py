@@ -16,10 +16,10 @@ text may appear on one line only — also when both lines give the same answer: 
 unit of the train/eval split, a repeated one would be sampled twice as often, and two answers for
 it would reward and penalise the same completion.
 
-Malformed input (not UTF-8, invalid JSON, a missing or mistyped field, a non-finite number answer,
-a null, repeated or mistyped id, a repeated prompt) raises ValueError naming ``PATH:LINE`` (and,
-for repeats, the earlier line) and what is wrong; a missing file raises FileNotFoundError naming
-the path.
+Malformed input (not UTF-8, invalid JSON, a key repeated within one object, a missing or mistyped
+field, a non-finite number answer, a null, repeated or mistyped id, a repeated prompt) raises
+ValueError naming ``PATH:LINE`` (and, for repeats, the earlier line) and what is wrong; a missing
+file raises FileNotFoundError and a directory IsADirectoryError, naming the path.
 """
 
 from __future__ import annotations
@@ -105,12 +105,15 @@ def _problem_of(obj: Any, source: str, where: str, line: int) -> Problem:
 def load_jsonl_problems(path: str | Path, source: str | None = None) -> list[Problem]:
     """All problems of a JSONL file, in file order; ``source`` defaults to ``"jsonl:" + path``.
 
-    Raises FileNotFoundError for a missing path and ValueError (``PATH:LINE: ...``) for bytes that
-    are not UTF-8, a malformed line, a repeated id or prompt (naming both lines) or a file without
-    problems.
+    Raises FileNotFoundError for a missing path, IsADirectoryError for a directory and ValueError
+    (``PATH:LINE: ...``) for bytes that are not UTF-8, a malformed line (a key repeated within one
+    object included), a repeated id or prompt (naming both lines) or a file without problems.
     """
     path = Path(path)
     source = source if source is not None else f"{JSONL_PREFIX}{path}"
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory, not a JSONL problem file (dataset spec {source!r}); "
+                                f"name the file itself, e.g. jsonl:{path / 'problems.jsonl'}")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: JSONL problem file not found (dataset spec {source!r})")
     problems: list[Problem] = []
@@ -121,9 +124,12 @@ def load_jsonl_problems(path: str | Path, source: str | None = None) -> list[Pro
             continue
         where = f"{path}:{line_no}"
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
+        except _DuplicateKey as exc:
+            raise ValueError(f"{where}: key {exc.args[0]!r} appears twice in one object (JSON keeps only the last, "
+                             f"silently); keep one of the two") from None
         problem = _problem_of(obj, source, where, line_no)
         pid = problem.metadata["id"]
         if pid in id_lines:
@@ -142,6 +148,20 @@ def load_jsonl_problems(path: str | Path, source: str | None = None) -> list[Pro
         raise ValueError(f"{path}: no problems (the file is empty)")
     logger.info("loaded %d problems from %s", len(problems), path)
     return problems
+
+
+class _DuplicateKey(Exception):
+    """A key repeated within one JSON object (``args[0]`` is the key)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json`` object hook: the object as a dict, raising :class:`_DuplicateKey` for a repeated key."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(key)
+        obj[key] = value
+    return obj
 
 
 def _read_utf8(path: Path) -> str:

@@ -7,7 +7,7 @@ Extraction rule (:func:`extract_final_answer`), first match wins:
    else, when the content is prose (two or more words of two or more letters that are neither
    LaTeX commands nor math words such as ``sqrt``, ``pi`` or ``and``), rule 4 inside it, else the
    content itself (``Evelyn``, ``x = 3``, ``\\frac{1}{2}``);
-3. else the text after the last ``answer:`` / ``answer is`` (case-insensitive) up to the end of
+3. else the text after the last ``answer:`` / ``answer is`` / ``answer is:`` (case-insensitive) up to the end of
    that line (or the next non-empty line when that line is empty) or the first sentence end (a
    period followed by whitespace);
 4. else the last number in the text (integers, decimals, ``1,234`` thousands, ``a/b`` fractions,
@@ -57,7 +57,7 @@ MAX_ANSWER_CHARS = 512
 """Longest extracted answer that is handed to math-verify; longer ones score as wrong."""
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_MARKER_RE = re.compile(r"answer\s*(?::|is\b)", re.IGNORECASE)
+_ANSWER_MARKER_RE = re.compile(r"answer\s*(?::|is\b(?:\s*:)?)", re.IGNORECASE)  # "answer is:" too
 _SENTENCE_END_RE = re.compile(r"\.\s")
 _NUMBER_RE = re.compile(r"(?:(?<![\w)])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 _LATEX_COMMAND_RE = re.compile(r"\\[A-Za-z]+")

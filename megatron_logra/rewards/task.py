@@ -6,7 +6,9 @@ Contracts
   sources' configuration): the source is picked with probability proportional to its weight by
   ``unit_uniform(seed, "mix", index)``, then raw indices ``stable_hash(seed, "train", source,
   index, attempt) % size`` are tried for ``attempt = 0, 1, ...`` until the prompt is *not*
-  eval-only. Any process (any DP rank) computes the same problem for the same index; indices
+  eval-only (after ``MAX_TRAIN_ATTEMPTS`` misses, a finite source of at most ``SCAN_LIMIT``
+  prompts is scanned in full from a hashed start; a source with no trainable prompt is a
+  ValueError, which ``check_trainable`` raises at start). Any process (any DP rank) computes the same problem for the same index; indices
   need not be visited in order. Sources are sampled with replacement.
 * **Held-out set** — a prompt is eval-only iff ``prompt_bucket(prompt, eval_modulus) == 0``
   (a blake2b hash of the prompt text). The train stream never returns such a prompt, and
@@ -35,7 +37,7 @@ from typing import Iterator, Mapping, Sequence
 
 from megatron_logra.rewards.base import Problem, ProblemSource, Scorer, prompt_bucket, stable_hash, unit_uniform
 
-__all__ = ["MAX_TRAIN_ATTEMPTS", "Task", "allocate_counts"]
+__all__ = ["MAX_TRAIN_ATTEMPTS", "SCAN_LIMIT", "Task", "allocate_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,10 @@ MAX_TRAIN_ATTEMPTS = 64
 
 EVAL_PATIENCE = 2000
 """Stop scanning a source for eval prompts after this many consecutive candidates gave no new one."""
+
+SCAN_LIMIT = 4096
+"""Finite sources up to this size are scanned in full before a train index gives up: such a source
+yields a training problem for every index as long as one of its prompts is not eval-only."""
 
 ENUMERATE_LIMIT = 1_000_000
 """Finite sources up to this size are scanned as a seeded permutation of all their raw indices."""
@@ -137,20 +143,43 @@ class Task:
         """Training problem number ``index`` (>= 0) of the infinite, deterministic stream; never eval-only."""
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             raise ValueError(f"train index must be an int >= 0, got {index!r}")
-        k = self.source_index(index)
-        source = self.sources[k]
+        return self._draw(self.sources[self.source_index(index)], index)
+
+    def _draw(self, source: ProblemSource, index: int) -> Problem:
+        """The first trainable problem of ``source`` for train ``index`` (see the module doc)."""
         size = source.size
         for attempt in range(MAX_TRAIN_ATTEMPTS):
             raw = stable_hash(self.seed, "train", source.name, index, attempt)
             problem = source.problem(raw % size if size else raw)
             if not self.is_eval_prompt(problem.prompt):
                 return problem
-        fix = ("add rows to the file or choose another task.eval_modulus" if size is not None and source.name.startswith("jsonl:")
-               else "enlarge it via task.dataset_kwargs or choose another task.eval_modulus")
-        raise RuntimeError(
-            f"task.datasets: {source.name!r} produced only eval-only prompts in {MAX_TRAIN_ATTEMPTS} draws "
-            f"(train index {index}); its prompt space is too small to split — {fix}"
+        if size is not None and size <= SCAN_LIMIT:  # a small space: look at every prompt before giving up
+            start = stable_hash(self.seed, "train-scan", source.name, index) % size
+            for offset in range(size):
+                problem = source.problem((start + offset) % size)
+                if not self.is_eval_prompt(problem.prompt):
+                    return problem
+            what = f"all {size} of its prompts are eval-only"
+        else:
+            what = f"it produced only eval-only prompts in {MAX_TRAIN_ATTEMPTS} draws (train index {index})"
+        fix = ("add rows to the file or choose another task.eval_modulus" if source.name.startswith("jsonl:")
+               else f"enlarge it via task.dataset_kwargs[{source.name!r}] or choose another task.eval_modulus")
+        raise ValueError(
+            f"task.datasets: {source.name!r} has no training prompts: {what} (prompt hash % "
+            f"task.eval_modulus={self.eval_modulus} == 0, whatever task.num_eval); its prompt space is too small "
+            f"to split — {fix}"
         )
+
+    def check_trainable(self) -> None:
+        """ValueError naming the source when a source of positive weight yields no training prompt.
+
+        Draws one problem from each such source; with :data:`SCAN_LIMIT` covering small finite
+        sources, a source that passes can serve every train index, so a run fails here, at start,
+        rather than mid-training.
+        """
+        for source, weight in zip(self.sources, self.weights):
+            if weight > 0:
+                self._draw(source, 0)
 
     # ------------------------------------------------------------------ eval set
     def _eval_candidates(self, k: int) -> Iterator[int]:
