@@ -219,8 +219,10 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
         rl_prompt_ids(tok, cfg.rl, "check")
     # the same on every rank: a long prompt fails here, not mid-run; the longest one, so that the fix the
-    # error suggests fits every held-out prompt
-    lengths = [(len(rl_prompt_ids(tok, cfg.rl, problem.prompt)), problem.prompt) for problem in task.eval_problems()]
+    # error suggests fits every held-out prompt, and every prompt of a file (JSONL) source held in memory
+    prompts = [problem.prompt for problem in task.eval_problems()]
+    prompts += [problem.prompt for source in task.sources for problem in getattr(source, "problems", ())]
+    lengths = [(len(rl_prompt_ids(tok, cfg.rl, prompt)), prompt) for prompt in prompts]
     if lengths:
         check_prompt_fits(cfg, *max(lengths, key=lambda item: item[0]))
     resume_from = latest_checkpoint(run_dir) if cfg.train.resume else None
@@ -323,8 +325,13 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     setup_seconds = time.perf_counter() - t_start
     eval_before = evaluate_accuracy(comps)
     if eval_before is None:
-        logger.info("no held-out evaluation (task.num_eval=0): eval_accuracy is null in metrics.jsonl and "
-                    "summary.json")
+        if cfg.task.num_eval == 0:
+            logger.info("no held-out evaluation (task.num_eval=0): eval_accuracy is null in metrics.jsonl and "
+                        "summary.json")
+        else:  # asked for, but no prompt of the sources is held out (a small file, task.eval_modulus)
+            logger.warning("no held-out evaluation: task.num_eval=%d, but no prompt of the task's sources is held "
+                           "out (prompt hash %% task.eval_modulus == 0): eval_accuracy is null in metrics.jsonl and "
+                           "summary.json; add prompts or choose another task.eval_modulus", cfg.task.num_eval)
     elif start_step:
         logger.info("held-out accuracy at RL step %d (resumed): %.3f", start_step, eval_before)
     else:

@@ -177,3 +177,36 @@ def test_an_uncontrolled_logra_run_records_no_kl_budget(tmp_path):
     assert not rec.get("skipped")
     assert rec["alpha"] == 1.0 and rec["kl_predicted"] is None and rec["budget"] is None
     assert rec["kl_actual"] is not None and rec["kl_actual"] > 0
+
+
+def test_a_too_long_training_prompt_of_a_file_is_refused_at_start(tmp_path, one_thread, monkeypatch):
+    """A JSONL source is in memory: its training prompts are checked at start with the held-out ones (a long
+    training prompt failed only when first drawn, after the model and the engine were built)."""
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.rewards import build_task
+    from megatron_logra.rl import job
+
+    rows = [{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(40)]
+    base = parse_args_to_config("tiny", [f"task.datasets=jsonl:{tmp_path / 'probe.jsonl'}"])
+    (tmp_path / "probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    probe = build_task(base.task)
+    long = next(p for k in range(100) if not probe.is_eval_prompt(p := "1 + 1 " * 300 + f"= {k}"))
+    rows.append({"prompt": long, "answer": "2"})
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = parse_args_to_config("tiny", [f"task.datasets=jsonl:{data}", f"train.run_dir={tmp_path / 'run'}",
+                                        "task.num_eval=8", "train.progress=false"])
+    assert all(p.prompt != long for p in build_task(cfg.task).eval_problems())  # a training prompt only
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was built before the file's prompts were checked")
+
+    monkeypatch.setattr(job, "build_gpt", no_model)
+    destroy_parallel()
+    try:
+        with warnings.catch_warnings(), pytest.raises(ValueError, match=r"a prompt of \d+ tokens does not fit.*"
+                                                                         r"prompt starts '1 \+ 1 1 \+ 1"):
+            warnings.simplefilter("ignore")
+            job.run_rl(cfg)
+    finally:
+        destroy_parallel()
