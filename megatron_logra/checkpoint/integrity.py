@@ -24,7 +24,7 @@ from megatron_logra.parallel import all_gather_bytes, group_rank, group_size, wo
 logger = logging.getLogger(__name__)
 
 __all__ = ["CheckpointError", "FORMAT_VERSION", "read_meta", "read_meta_json", "checksum_shares", "file_crc32",
-           "file_records", "meta_crc32", "fsync_path", "write_synced", "atomic_write_text", "sync_own_files"]
+           "file_records", "meta_crc32", "removed_while_read", "fsync_path", "write_synced", "atomic_write_text", "sync_own_files"]
 
 FORMAT_VERSION = 2
 _CRC_CHUNK = 16 << 20
@@ -175,6 +175,13 @@ def file_records(root: Path, sizes: dict[str, int], checksums: bool) -> dict[str
     return records
 
 
+def removed_while_read(path: Path) -> str:
+    """The message for checkpoint ``path`` vanishing while it was read: a job still training prunes its
+    checkpoints beyond ``train.keep_last`` (or another job removed it)."""
+    return (f"{path} was removed while it was being read (a job still training this run deletes checkpoints "
+            f"older than its train.keep_last newest); read it again: {path.parent / 'latest'} names the newest")
+
+
 class _Recorded(NamedTuple):
     bytes: int
     crc32: Optional[str]
@@ -265,13 +272,16 @@ def read_meta(
     code from it, whatever its CRC-32s say). A missing, truncated, corrupt or crafted file is named
     in the :class:`CheckpointError`; the pickles are read only when every size and CRC-32 matched,
     so a file damaged at the same size is reported by its CRC-32. Checkpoints without CRC-32s (older
-    ones, or saved with ``checksums=False``) and ``checksums=False`` get the size check only.
+    ones, or saved with ``checksums=False``) and ``checksums=False`` get the size check only. A checkpoint
+    whose meta.json disappears while it is checked (pruned by the job still training the run) is reported
+    as such (:func:`removed_while_read`), not as a damaged file.
 
     ``group=None``: this process checks every file (tools: convert, eval). With a process group,
     every member must call it (collective): the CRC-32 work is split among the members
     (:func:`checksum_shares`) and the problems found by each are gathered before any member reads the
     pickles, so that every member raises the same CheckpointError, or none does."""
     path = Path(path)
+    existed = (path / "meta.json").exists()
     world, rank = group_size(group), group_rank(group)
     meta: dict = {}
     problems: list[str] = []
@@ -312,6 +322,8 @@ def read_meta(
         if world > 1:
             error = next((e for e in (json.loads(p) for p in all_gather_bytes(json.dumps(error).encode(), group))
                           if e), None)
+    if (error is not None or problems) and existed and not (path / "meta.json").exists():
+        raise CheckpointError(removed_while_read(path))  # pruned by the job still training it, mid-read
     if error is not None:
         raise CheckpointError(error)
     if problems:

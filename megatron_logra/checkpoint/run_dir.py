@@ -7,7 +7,8 @@ tokenizer, tensorboard events, ``checkpoints/`` and what is derived from them (`
 with an error naming what is there, before anything is written: mixing two runs would overwrite the
 old config and summary, truncate its metrics, let checkpoint pruning delete either run's checkpoints
 and leave the old run's plot beside the new run's files. ``train.overwrite=true`` deletes the old
-run's outputs first (rank 0), then every rank proceeds.
+run's outputs first (rank 0), then every rank proceeds. While a job runs, its rank 0 holds a lock on the
+run directory (:func:`lock_run_dir`), so that a second job there, resumed or new, is refused.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["claim_run_dir", "check_resume_steps", "check_shared_storage", "resume_config", "RUN_OUTPUTS"]
+__all__ = ["claim_run_dir", "lock_run_dir", "check_resume_steps", "check_shared_storage", "resume_config", "RUN_OUTPUTS"]
 
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "summary.png", "tensorboard", "config.yaml", "tokenizer",
                "deltas", "sglang_model")
@@ -54,7 +55,9 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -
     ``resume``: the directory is continued as it is. Otherwise a directory holding a previous run (a
     checkpoint, a non-empty ``metrics.jsonl``, ``summary.json`` or ``summary.png``) raises ``ValueError``
     naming it and the two ways on (``--resume RUN_DIR``, ``train.overwrite=true``), unless ``overwrite``.
-    A new run that goes ahead then has every :data:`RUN_OUTPUTS` entry present removed (rank 0): the previous
+    A run directory that another running job holds (its rank 0's lock on the directory,
+    :func:`lock_run_dir`, taken here and held for the life of the process) is a ``ValueError`` too, resumed or
+    not. A new run that goes ahead then has every :data:`RUN_OUTPUTS` entry present removed (rank 0): the previous
     run's with ``overwrite`` (a warning names it), else what a start that never finished a step left (its
     ``config.yaml``, empty TensorBoard events, tokenizer). Other files in the directory stay. A path that
     exists but is not a directory is a ``ValueError`` too, and so is one that cannot be created or written
@@ -69,6 +72,7 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -
         if problem:
             raise ValueError(problem)
     check_shared_storage(run_dir)
+    _lock_everywhere(run_dir)
     if resume:
         return
     found = _previous_run(run_dir)
@@ -91,6 +95,58 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -
                 path.unlink()
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+_held_locks: dict[tuple[int, int], int] = {}
+"""Run directories this process holds the lock of (``(st_dev, st_ino)``: file descriptor), kept open for the
+life of the process: the kernel releases the lock when the process ends, however it ends (a SIGKILL included)."""
+
+
+def lock_run_dir(run_dir: Union[str, Path]) -> Optional[str]:
+    """Take the run directory's lock for this process: None when taken (or already held by this process, or
+    when ``run_dir`` does not exist or cannot be locked), else the ``ValueError`` message saying that another
+    job holds it and what to do.
+
+    Two jobs writing one run directory (a job resubmitted while the first still runs, the same
+    ``train.run_dir`` given twice) would remove each other's unfinished saves, prune each other's checkpoints
+    and interleave ``metrics.jsonl``. The lock is an exclusive, non-blocking ``flock`` on the directory itself
+    (no file is written into it). A file system without ``flock`` support for directories (some network
+    mounts) is skipped: no lock, no error."""
+    import errno
+    import fcntl
+    import os
+
+    run_dir = Path(run_dir)
+    try:
+        st = os.stat(run_dir)
+        key = (st.st_dev, st.st_ino)
+        if key in _held_locks:
+            return None
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None  # a missing or unreadable directory is reported by the other checks
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return (f"train.run_dir={str(run_dir)!r} is in use by another running job (it holds the directory's "
+                    f"lock); wait for that job to end (or stop it) before resuming, or choose another "
+                    f"train.run_dir: two jobs in one run directory would delete each other's checkpoints")
+        return None  # no flock on this file system
+    _held_locks[key] = fd
+    return None
+
+
+def _lock_everywhere(run_dir: Path) -> None:
+    """Rank 0 takes the run directory's lock (:func:`lock_run_dir`); its refusal is the same ``ValueError``
+    on every rank (collective when distributed)."""
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    problem = [lock_run_dir(run_dir) if not distributed or dist.get_rank() == 0 else None]
+    if distributed:
+        dist.broadcast_object_list(problem, src=0)
+    if problem[0]:
+        raise ValueError(problem[0])
 
 
 def _unwritable(run_dir: Path) -> Optional[str]:

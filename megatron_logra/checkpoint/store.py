@@ -18,7 +18,10 @@ names the newest complete checkpoint and is replaced atomically after the rename
 any moment (including mid-save) leaves the previous checkpoint usable. Every file is fsync'ed by
 the rank that wrote it, and meta.json, ``latest`` and the directories by rank 0, before the save
 is published, so a node crash or power loss cannot leave ``latest`` naming a checkpoint whose
-files never reached storage. meta.json carries a CRC-32 of its own content (``meta_crc32``). A
+files never reached storage (``latest`` missing altogether, e.g. a kill between the first rename and
+its write: the newest complete checkpoint, with a warning; a ``latest`` naming anything else than a
+complete ``step_XXXXXXXX`` beside it is refused, naming the newest earlier one to continue from:
+:func:`latest_checkpoint`). meta.json carries a CRC-32 of its own content (``meta_crc32``). A
 failure on any rank during a save reaches every rank as the same :class:`CheckpointError`.
 Pruning keeps the ``keep_last`` newest checkpoints up to the step just saved; checkpoints of
 later steps (left by a run whose ``latest`` was rolled back) are kept, and unfinished
@@ -66,6 +69,8 @@ from megatron_logra.checkpoint.integrity import (
     fsync_path,
     meta_crc32,
     read_meta,
+    read_meta_json,
+    removed_while_read,
     sync_own_files,
     write_synced,
 )
@@ -109,7 +114,20 @@ def _shared_outcome(step: int, root: Path, what: str, error: Optional[BaseExcept
     if failed:
         shown = "; ".join(f"rank {r} ({m})" for r, m in failed[:4]) + (" ..." if len(failed) > 4 else "")
         raise CheckpointError(f"saving checkpoint step {step} failed on {shown} while {what}; "
-                              f"{root / 'latest'} still names the last complete checkpoint") from error
+                              f"{root / 'latest'} still names the last complete checkpoint; "
+                              f"{_room_hint(root)}") from error
+
+
+def _room_hint(root: Path) -> str:
+    """What to do after a failed save: the free space of ``root``'s file system (a full disk is the usual
+    cause, and torch's writer does not always say so) and how to continue."""
+    try:
+        free = f"{shutil.disk_usage(root if root.exists() else root.parent).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return (f"its file system has {free}: if it is full, make room (a save needs room for one checkpoint more "
+            f"than train.keep_last keeps, as it prunes only once complete: remove step_* checkpoints older than "
+            f"the one latest names, or lower train.keep_last) and continue with --resume {root.parent}")
 
 
 def _failure_reports(error: Optional[BaseException]) -> list[tuple[int, str]]:
@@ -364,15 +382,81 @@ def _prune(root: Path, step: int, keep_last: int) -> None:
                        "when training reaches their step", root, step, ", ".join(later[:4]))
 
 
+def _complete_checkpoints(root: Path) -> list[Path]:
+    """The checkpoint directories ``step_XXXXXXXX`` of ``root`` whose meta.json reads and checks by itself
+    (:func:`~megatron_logra.checkpoint.integrity.read_meta_json`), oldest first. A save is renamed to its
+    final name only once complete, so these are the published ones (their shards are checked at load)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _STEP_DIR.fullmatch(p.name)
+        if m is None or not (p / "meta.json").is_file():
+            continue
+        try:
+            read_meta_json(p)
+        except (CheckpointError, OSError):
+            continue
+        found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
+
+
+def earlier_checkpoint_hint(root: Path, broken: Optional[Path] = None) -> str:
+    """What to do about a broken checkpoint in ``root`` (a run's ``checkpoints/``): the text after ``; ``
+    naming the newest other checkpoint there (older than ``broken``, when given) and how to resume from it
+    (write its name into ``root/latest``), or, when none is left, how to start over."""
+    before = _STEP_DIR.fullmatch(broken.name) if broken is not None else None
+    others = [p for p in _complete_checkpoints(root)
+              if before is None or int(_STEP_DIR.fullmatch(p.name).group(1)) < int(before.group(1))]
+    if others:
+        return (f"the newest {'earlier ' if before is not None else ''}checkpoint there is {others[-1].name}: to "
+                f"continue from it, write its name into {root / 'latest'} (echo {others[-1].name} > {root / 'latest'})")
+    return (f"no earlier checkpoint is left in {root}: restore its files, or start the run over "
+            f"(train.overwrite=true, or another train.run_dir)")
+
+
+_warned_missing_latest: set[str] = set()
+
+
 def latest_checkpoint(run_dir: Union[str, Path]) -> Optional[Path]:
-    """The newest complete checkpoint of a run, or None if it has none."""
+    """The newest complete checkpoint of a run, or None if it has none. Reads ``checkpoints/latest`` (and
+    checks only that the checkpoint it names has a meta.json: loading checks the rest).
+
+    * ``latest`` absent: None when ``checkpoints/`` holds no complete checkpoint; otherwise (a job killed
+      between publishing its first checkpoint and writing ``latest``, or ``latest`` deleted) the newest
+      complete one, with a warning (once per process), so that a resumed run never starts over on top of
+      it (and then replaces it when it reaches its step).
+    * ``latest`` that is empty, unreadable, or holds anything but the name of a checkpoint directory beside
+      it (``step_XXXXXXXX``: a path elsewhere would resume another run's checkpoint), or names one that is
+      missing or has no meta.json: :class:`CheckpointError` naming ``latest``, what it holds, and the
+      newest earlier checkpoint to continue from (:func:`earlier_checkpoint_hint`)."""
     root = Path(run_dir) / "checkpoints"
     marker = root / "latest"
-    if not marker.exists():
-        return None
-    path = root / marker.read_text().strip()
+    if not marker.exists() and not marker.is_symlink():
+        complete = _complete_checkpoints(root)
+        if not complete:
+            return None
+        if str(complete[-1]) not in _warned_missing_latest:
+            _warned_missing_latest.add(str(complete[-1]))
+            if _global_rank() == 0:
+                logger.warning("%s is missing, but %s holds complete checkpoints (%s): using the newest, %s (a job "
+                               "killed right after publishing a checkpoint leaves this; write that name into %s if "
+                               "you meant to continue from another)", marker, root,
+                               ", ".join(p.name for p in complete[-4:]), complete[-1].name, marker)
+        return complete[-1]
+    try:
+        name = marker.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{marker} is unreadable ({type(exc).__name__}: {exc}); "
+                              f"{earlier_checkpoint_hint(root)}") from exc
+    if not _STEP_DIR.fullmatch(name):
+        held = "nothing (it is empty)" if not name else repr(name[:80])
+        raise CheckpointError(f"{marker} holds {held}, not the name of a checkpoint directory beside it "
+                              f"(step_XXXXXXXX); {earlier_checkpoint_hint(root)}")
+    path = root / name
     if not (path / "meta.json").exists():
-        raise CheckpointError(f"{marker} names {path.name}, which has no meta.json (incomplete or deleted)")
+        what = "has no meta.json (incomplete or damaged)" if path.is_dir() else "does not exist (deleted?)"
+        raise CheckpointError(f"{marker} names {name}, which {what}; {earlier_checkpoint_hint(root, path)}")
     return path
 
 
@@ -563,7 +647,12 @@ def load_checkpoint(
     from megatron.core import dist_checkpointing
 
     path = Path(path)
-    meta = read_meta(path, checksums=checksums, group=world_group())
+    try:
+        meta = read_meta(path, checksums=checksums, group=world_group())
+    except CheckpointError as exc:  # a damaged checkpoint of a run: say which earlier one to continue from
+        if _STEP_DIR.fullmatch(path.name) is None:
+            raise
+        raise CheckpointError(f"{exc}; {earlier_checkpoint_hint(path.parent, path)}") from exc
     if model_config is not None:
         problems = _architecture_problems(meta, model_config)
         if problems:
@@ -578,6 +667,8 @@ def load_checkpoint(
     try:
         loaded = dist_checkpointing.load(sharded, str(path / _DIST))
     except (Exception, CheckpointException) as exc:  # torch.distributed.checkpoint / megatron raise many types
+        if not path.is_dir():
+            raise CheckpointError(removed_while_read(path)) from exc
         raise CheckpointError(f"{path}/{_DIST} could not be loaded into this model: {_one_line(exc)}") from exc
     if named_slots and "optimizer" not in loaded:
         raise CheckpointError(f"{path} holds weights only (no optimizer state) and cannot be resumed")
