@@ -88,8 +88,17 @@ class DistTensors:
             def lookup_tensor(self, index_):
                 return buf
 
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load({key: buf}, storage_reader=self._reader, no_dist=True,
-                     planner=_Slice(flatten_state_dict=False, flatten_sharded_tensors=False))
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load({key: buf}, storage_reader=self._reader, no_dist=True,
+                         planner=_Slice(flatten_state_dict=False, flatten_sharded_tensors=False))
+        except (Exception, CheckpointException):
+            if not Path(path).exists():  # a trainer checkpoint's dist/: the job training the run pruned it
+                from megatron_logra.checkpoint.integrity import removed_while_read
+
+                raise ValueError(removed_while_read(Path(path).parent)) from None  # the step_* directory
+            raise
         return buf if index is None else buf[0]

@@ -143,6 +143,21 @@ def test_a_checkpoint_pruned_while_it_is_read_says_so(run, monkeypatch):
         read_meta(ckpt)
 
 
+def test_a_checkpoint_pruned_while_convert_reads_its_tensors_says_so(run):
+    """``convert mcore-to-hf`` reads a trainer checkpoint's tensors after its checks passed; the job still
+    training prunes it meanwhile (a real deletion between opening and reading): the error says it was removed
+    (it was a raw FileNotFoundError from torch's reader)."""
+    from megatron_logra.convert.dcp_reader import DistTensors
+
+    ckpt = latest_checkpoint(run)
+    reader = DistTensors(ckpt / "dist")
+    key = next(k for k in reader.metadata.state_dict_metadata if k in reader)
+    assert reader.read(key).numel() > 0
+    shutil.rmtree(ckpt)
+    with pytest.raises(ValueError, match=r"step_00000002 was removed while it was being read .*train.keep_last"):
+        reader.read(key)
+
+
 def test_a_failed_save_says_how_much_room_is_left_and_how_to_continue(model, groups, tmp_path):
     """torch's writer reports a full disk as e.g. ``unexpected pos 704 vs 598``: the error adds the free space
     and the way on. (The failure here is a ``checkpoints`` path that is a file.)"""
