@@ -15,7 +15,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 
 SMALL = ["rl.prompts_per_step=4", "rl.group_size=4", "task.num_eval=8", "rl.eval_interval=0",
          "train.progress=false"]
@@ -24,12 +23,8 @@ SEGMENT = ("resumed_from_step", "segment_steps", "segment_eval_accuracy_before",
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """A shared 2-core machine: intra-op threads only add contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread):
+    """Every test of this module runs single-threaded (conftest.one_thread)."""
 
 
 def _run(run: Path, steps: int, *extra: str) -> dict:

@@ -16,40 +16,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from megatron_logra.sync import DirectoryTransport, ModuleEngine, SyncError
 from megatron_logra.sync.apply import apply_delta_
 from megatron_logra.sync.fingerprint import fingerprint
-from megatron_logra.sync.synthetic import DenseShape, random_delta
+from megatron_logra.sync.synthetic import random_delta
 from megatron_logra.sync.transport import delta_filename
+from test_sync_transport import SHAPE, _hf_state as _state, _HFModule as _HF
 
-SHAPE = DenseShape(hidden=32, layers=2, heads=4, kv_heads=2, ffn=48, vocab=40)
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     yield
-
-
-def _state(seed=0) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return {k: torch.randn(*s, generator=gen) for k, s in SHAPE.hf_shapes().items()}
-
-
-class _HF(nn.Module):
-    """Parameters under HF names (ModuleEngine needs only named_parameters)."""
-
-    def __init__(self, state):
-        super().__init__()
-        self._names = list(state)
-        for i, t in enumerate(state.values()):
-            self.register_parameter(f"p{i}", nn.Parameter(t.clone(), requires_grad=False))
-
-    def named_parameters(self, *args, **kwargs):
-        for i, name in enumerate(self._names):
-            yield name, getattr(self, f"p{i}")
 
 
 def _delta(base, seed=0):
