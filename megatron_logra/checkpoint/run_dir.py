@@ -13,19 +13,20 @@ run directory (:func:`lock_run_dir`), so that a second job there, resumed or new
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["claim_run_dir", "lock_run_dir", "check_resume_steps", "check_shared_storage", "resume_config", "RUN_OUTPUTS"]
+__all__ = ["claim_run_dir", "lock_run_dir", "release_run_dir", "releasing_run_dir", "check_resume_steps", "check_shared_storage", "resume_config", "RUN_OUTPUTS"]
 
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "summary.png", "tensorboard", "config.yaml", "tokenizer",
                "deltas", "sglang_model")
@@ -49,15 +50,16 @@ def _previous_run(run_dir: Path) -> list[str]:
     return found
 
 
-def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -> None:
+def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool, lock: bool = True) -> None:
     """Make ``run_dir`` ready for a run; every rank calls it (it synchronises when distributed).
 
     ``resume``: the directory is continued as it is. Otherwise a directory holding a previous run (a
     checkpoint, a non-empty ``metrics.jsonl``, ``summary.json`` or ``summary.png``) raises ``ValueError``
     naming it and the two ways on (``--resume RUN_DIR``, ``train.overwrite=true``), unless ``overwrite``.
     A run directory that another running job holds (its rank 0's lock on the directory,
-    :func:`lock_run_dir`, taken here and held for the life of the process) is a ``ValueError`` too, resumed or
-    not. A new run that goes ahead then has every :data:`RUN_OUTPUTS` entry present removed (rank 0): the previous
+    :func:`lock_run_dir`, taken here with ``lock`` and held until :func:`release_run_dir`, which the jobs call
+    as they end, or the end of the process) is a ``ValueError`` too, resumed or not; ``lock=False`` (held-out
+    evaluation, which only reads) neither takes nor checks it. A new run that goes ahead then has every :data:`RUN_OUTPUTS` entry present removed (rank 0): the previous
     run's with ``overwrite`` (a warning names it), else what a start that never finished a step left (its
     ``config.yaml``, empty TensorBoard events, tokenizer). Other files in the directory stay. A path that
     exists but is not a directory is a ``ValueError`` too, and so is one that cannot be created or written
@@ -72,7 +74,8 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -
         if problem:
             raise ValueError(problem)
     check_shared_storage(run_dir)
-    _lock_everywhere(run_dir)
+    if lock:
+        _lock_everywhere(run_dir)
     if resume:
         return
     found = _previous_run(run_dir)
@@ -97,9 +100,10 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool) -
         dist.barrier()
 
 
-_held_locks: dict[tuple[int, int], int] = {}
-"""Run directories this process holds the lock of (``(st_dev, st_ino)``: file descriptor), kept open for the
-life of the process: the kernel releases the lock when the process ends, however it ends (a SIGKILL included)."""
+_held_locks: dict[tuple[int, int], tuple[str, int]] = {}
+"""Run directories this process holds the lock of: ``(st_dev, st_ino)`` -> (absolute path, file descriptor),
+kept open until :func:`release_run_dir`; the kernel releases the lock when the process ends, however it ends (a
+SIGKILL included)."""
 
 
 def lock_run_dir(run_dir: Union[str, Path]) -> Optional[str]:
@@ -134,8 +138,36 @@ def lock_run_dir(run_dir: Union[str, Path]) -> Optional[str]:
                     f"lock); wait for that job to end (or stop it) before resuming, or choose another "
                     f"train.run_dir: two jobs in one run directory would delete each other's checkpoints")
         return None  # no flock on this file system
-    _held_locks[key] = fd
+    _held_locks[key] = (os.path.abspath(run_dir), fd)
     return None
+
+
+def release_run_dir(run_dir: Union[str, Path]) -> None:
+    """Release this process's lock on ``run_dir`` (:func:`lock_run_dir`), if it holds one: a job calls it as it
+    ends, so that another job of the same process (a script running several, a test) or a later process may
+    take the directory. Never raises."""
+    import os
+
+    path = os.path.abspath(run_dir)
+    for key, (held, fd) in list(_held_locks.items()):
+        if held == path:
+            del _held_locks[key]
+            try:
+                os.close(fd)  # closing the only descriptor of the lock releases it
+            except OSError:
+                pass
+
+
+def releasing_run_dir(job: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator of a job ``job(cfg, ...)``: :func:`release_run_dir` of ``cfg.train.run_dir`` once it returns or
+    raises."""
+    @functools.wraps(job)
+    def run(cfg, *args, **kwargs):
+        try:
+            return job(cfg, *args, **kwargs)
+        finally:
+            release_run_dir(cfg.train.run_dir)
+    return run
 
 
 def _lock_everywhere(run_dir: Path) -> None:

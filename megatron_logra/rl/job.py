@@ -18,7 +18,7 @@ import yaml
 
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from megatron_logra.checkpoint.integrity import atomic_write_text
-from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir
+from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir, releasing_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.tokenizer import (
     build_tokenizer,
@@ -211,7 +211,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     run_dir = Path(cfg.train.run_dir)
     # every check that can refuse the run comes before train.overwrite deletes the previous run's outputs
     if not cfg.train.overwrite:  # refusing a run_dir that holds a run deletes nothing: before the (slow) build
-        claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=False)
+        claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=False, lock=not for_eval)  # eval only reads
     if cfg.train.resume:
         check_resume_steps(run_dir, cfg.rl.steps, "rl.steps")
     task = build_task(cfg.task)
@@ -279,6 +279,7 @@ _LOGGED = ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual", "ste
 """Record fields of the rank-0 log line every ``train.log_interval`` updates (without a progress bar)."""
 
 
+@releasing_run_dir
 def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     """Warm start + RL; returns the summary, also written to ``RUN/summary.json`` as strict JSON (a value
     that was not measured, e.g. held-out accuracy with ``task.num_eval=0``, is ``null``).

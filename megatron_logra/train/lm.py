@@ -48,7 +48,7 @@ import yaml
 
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from megatron_logra.checkpoint.integrity import atomic_write_text
-from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir
+from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir, releasing_run_dir
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
 from megatron_logra.memory.preflight import memory_preflight
@@ -156,6 +156,7 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
     return {"run_dir": cfg.train.run_dir, "step": step, "eval_loss": evaluate(model, task, cfg, groups, optimizer)}
 
 
+@releasing_run_dir
 def run_lm(cfg: RunConfig) -> dict:
     """Train ``cfg`` and return the run's summary, also written to ``RUN/summary.json`` as strict JSON: a loss
     that is not finite (a diverged or overflowed run) is None / ``null`` there and in the returned dict, as in

@@ -201,3 +201,38 @@ def test_a_second_job_in_a_running_jobs_run_directory_is_refused(tmp_path):
         holder.wait(timeout=30)
     claim_run_dir(run, resume=True, overwrite=False)  # the kernel released the dead job's lock
     claim_run_dir(run, resume=True, overwrite=False)  # this process holds it already: taking it again is fine
+
+
+_TRY_LOCK = """
+import sys
+from megatron_logra.checkpoint.run_dir import lock_run_dir
+sys.exit(0 if lock_run_dir(sys.argv[1]) is None else 3)
+"""
+
+
+def _other_process_can_lock(run) -> bool:
+    proc = subprocess.run([sys.executable, "-c", _TRY_LOCK, str(run)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode in (0, 3), proc.stderr[-2000:]
+    return proc.returncode == 0
+
+
+def test_a_job_releases_its_run_directory_when_it_ends(tmp_path):
+    """The lock is the job's, not the process's: a job that returns or fails releases it, so a later job of
+    the same script, or another process, can take the directory (eval or resume right after a run)."""
+    from types import SimpleNamespace
+
+    from megatron_logra.checkpoint.run_dir import lock_run_dir, releasing_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+
+    @releasing_run_dir
+    def job(cfg):
+        assert lock_run_dir(cfg.train.run_dir) is None
+        assert not _other_process_can_lock(run)  # held while the job runs
+        raise RuntimeError("the job failed")
+
+    with pytest.raises(RuntimeError, match="the job failed"):
+        job(SimpleNamespace(train=SimpleNamespace(run_dir=str(run))))
+    assert _other_process_can_lock(run)

@@ -599,6 +599,31 @@ def test_cli_eval_and_plot(run_dir):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+_HOLD_RUN_DIR = """
+import sys, time
+from megatron_logra.checkpoint.run_dir import lock_run_dir
+assert lock_run_dir(sys.argv[1]) is None
+print("locked", flush=True)
+time.sleep(300)
+"""
+
+
+def test_cli_eval_reads_a_run_that_a_job_is_training(run_dir):
+    """``megatron-logra eval`` only reads: it evaluates a run whose directory a training job holds (its lock),
+    where a second training job is refused."""
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_RUN_DIR, str(run_dir)], stdout=subprocess.PIPE,
+                              text=True, env=_env())
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        ev, resume = _cli(["eval", str(run_dir)], ["train", "--resume", str(run_dir), "rl.steps=3"])
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert json.loads(ev.stdout)["step"] == 2
+    assert resume.returncode == 2 and "in use by another running job" in resume.stderr
+
+
 def test_resume_below_the_checkpoint_step_is_refused_and_nothing_changes(run_dir, capsys):
     """``--resume RUN rl.steps=1`` on a run checkpointed at step 2: refused naming rl.steps (exit 2,
     no traceback) before config.yaml, the tokenizer, metrics or checkpoints change."""
