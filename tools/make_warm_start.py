@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,24 +45,36 @@ def main() -> int:
     from megatron_logra.rl.sft import save_weights
 
     out = Path(args.out)
-    tmp_run = Path("runs/.make_warm_start")
+    tmp_run = Path(tempfile.mkdtemp(prefix="make_warm_start_")) / "run"  # the SFT run's scratch directory
     try:
         cfg = parse_args_to_config("tiny", [f"sft.steps={args.steps}", "sft.init_path=", "tokenizer.path=",
                                              "sft.cache=false", f"train.run_dir={tmp_run}", *args.overrides])
     except ValueError as exc:
+        shutil.rmtree(tmp_run.parent, ignore_errors=True)
         parser.error(f"overrides: {exc}")
-    shutil.rmtree(tmp_run, ignore_errors=True)
     t0 = time.perf_counter()
-    comps, _, _ = build_components(cfg)
-    accuracy = evaluate_accuracy(comps)
-    out.mkdir(parents=True, exist_ok=True)
-    info = {"steps": args.steps, "eval_accuracy": accuracy, "seconds": time.perf_counter() - t0,
-            "model": vars(cfg.model), "task": vars(cfg.task), "tokenizer": vars(cfg.tokenizer)}
-    save_weights(comps.model, comps.groups, out / "model.safetensors", meta={"eval_accuracy": accuracy})
-    save_tokenizer(comps.tokenizer, out / "tokenizer")
-    (out / "info.json").write_text(json.dumps(info, indent=1, default=str))
-    destroy_parallel()
-    shutil.rmtree(tmp_run, ignore_errors=True)
+    try:
+        comps, _, _ = build_components(cfg)
+        accuracy = evaluate_accuracy(comps)
+        info = {"steps": args.steps, "eval_accuracy": accuracy, "seconds": time.perf_counter() - t0,
+                "model": vars(cfg.model), "task": vars(cfg.task), "tokenizer": vars(cfg.tokenizer)}
+        # the three outputs are written beside --out first, then moved in: a failure leaves --out as it was
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            save_weights(comps.model, comps.groups, staged / "model.safetensors", meta={"eval_accuracy": accuracy})
+            save_tokenizer(comps.tokenizer, staged / "tokenizer")
+            (staged / "info.json").write_text(json.dumps(info, indent=1, default=str))
+            out.mkdir(exist_ok=True)
+            for name in ("model.safetensors", "tokenizer", "info.json"):
+                if (out / name).is_dir():
+                    shutil.rmtree(out / name)
+                os.replace(staged / name, out / name)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+        destroy_parallel()
+    finally:
+        shutil.rmtree(tmp_run.parent, ignore_errors=True)
     print(json.dumps({"out": str(out), "eval_accuracy": accuracy, "seconds": info["seconds"]}))
     return 0
 

@@ -197,3 +197,32 @@ def test_readme_names_the_commands_it_quotes():
             "benchmarks/optimizer_memory.py", "benchmarks/logprob_memory.py", "tools/gpu_smoke.py",
             "tools/fuzz_sync_codec.py"} <= scripts
     assert ("benchmarks/rl_parity.py", ("--seeds", "1", "2", "3", "--steps", "120")) in README_COMMANDS
+
+
+def test_make_warm_start_replaces_the_asset_whole_and_leaves_no_scratch(tmp_path):
+    """``tools/make_warm_start.py`` trains in a scratch directory of its own (it used ``runs/.make_warm_start``
+    under the working directory, which it deleted) and moves the three outputs into ``--out`` only once all are
+    written; other files of ``--out`` stay. The result loads as the tiny recipe's warm start."""
+    import json as _json
+
+    from safetensors import safe_open
+
+    out = tmp_path / "asset"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"old")
+    (out / "tokenizer").mkdir()
+    (out / "tokenizer" / "stale.json").write_text("{}")
+    (out / "README").write_text("kept")
+    (tmp_path / "runs" / ".make_warm_start").mkdir(parents=True)  # a directory of the user's, never touched
+    (tmp_path / "runs" / ".make_warm_start" / "mine").write_text("mine")
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "make_warm_start.py"), "--steps", "2", "--out",
+                           str(out), "task.num_eval=4"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["README", "info.json", "model.safetensors", "tokenizer"]
+    assert not (out / "tokenizer" / "stale.json").exists() and (out / "README").read_text() == "kept"
+    assert _json.loads((out / "info.json").read_text())["steps"] == 2
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert len(list(f.keys())) > 0
+    assert (tmp_path / "runs" / ".make_warm_start" / "mine").read_text() == "mine"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".asset.")]  # no staging left
