@@ -144,6 +144,10 @@ def _load_recipe(name_or_path: str, _including: tuple = ()) -> tuple[RunConfig, 
                          f"({', '.join(sorted(RECIPES))}) or a .yaml file")
     if base and base not in RECIPES and not Path(base).is_absolute() and Path(base).suffix.lower() in (".yaml", ".yml"):
         base = str(path.parent / base)  # a file names its base relative to itself, not to the working directory
+    dashed = [str(k) for k in data if str(k).startswith("-")]
+    if dashed:  # a flag pasted from a command line; its key is the name without the dashes
+        raise ValueError(f"recipe file {path}: key {dashed[0]!r} starts with '-': a recipe's keys are fields or "
+                         f"Megatron-LM flag names without the dashes ({dashed[0].lstrip('-')!r})")
     try:
         cfg, given = _load_recipe(base, (*_including, resolved)) if base else (RunConfig(), {})
         items = [(key, value, key) for key, value in _flatten(data)]

@@ -111,7 +111,8 @@ def test_every_listed_recipe_passes_config_validation(name, capsys):
     ("recipe:\ntrain:\n  steps: 5\n", ["'recipe:' is empty", "lm-tiny"]),
     ('recipe: ""\n', ["'recipe:' is empty", "remove the key"]),
     ("recipe: lm-tiny\ntrain:\n\tsteps: 7\n", ["not valid YAML: line 3", "indent with spaces"]),
-], ids=["typo", "type", "unknown-base", "missing-base", "cycle", "blank-base", "empty-string-base", "tab"])
+    ("recipe: lm-tiny\n--lr: 0.1\n", ["key '--lr' starts with '-'", "without the dashes ('lr')"]),
+], ids=["typo", "type", "unknown-base", "missing-base", "cycle", "blank-base", "empty-string-base", "tab", "dashes"])
 def test_bad_recipe_files_are_refused_naming_the_file_and_field(tmp_path, capsys, text, needles):
     (tmp_path / "other.yaml").write_text("recipe: bad.yaml\n")
     bad = tmp_path / "bad.yaml"
