@@ -6,13 +6,15 @@
 Runs Fig 1 (memory), Fig 2 + 5a (accuracy per optimizer and per rank), Fig 5b/5c
 (reconstruction cosines) and Fig 6 (KL handling) one after the other in this process and
 writes ``docs/results.md`` (quick: ``docs/results-quick.md``) with PNGs under ``docs/results/``.
-A run of some figures (``--figures``) or with other settings (``--optimizers``, ``--seeds``, ...)
-writes a report named after them instead, e.g. ``results-cosine.md`` or
-``results-quick-custom-memory.md`` (PNGs prefixed alike), and never replaces the full report;
-``--render-only`` with the same flags re-renders that one. The header records the command and
-the machine. A missing GaLore/APOLLO package is reported and skipped, never fatal. A results JSON
-that ``--render-only`` cannot use (missing, unreadable, not JSON, not a report's numbers) ends with
-``megatron-logra bench paper: error: ...`` naming the file and the problem, exit status 2
+A run of some figures (``--figures``) or with other settings (``--optimizers``, ``--seeds``, ...) writes a
+report named after them instead, e.g. ``results-cosine.md`` or ``results-quick-custom-memory.md`` (PNGs
+prefixed alike), and never replaces the full report; ``--render-only`` with the same flags re-renders that one
+(a JSON of a run with other settings under the same name, such as another ``-custom`` run, is refused naming
+the command that wrote it). The header records the command and the machine. A missing GaLore/APOLLO package is
+reported and skipped, never fatal. A bad flag (a repeated seed or optimizer, ``--rl-steps 0``, ...) ends with
+one ``error:`` line naming it, exit status 2. A results JSON that ``--render-only`` cannot use (missing,
+unreadable, not JSON, not a report's numbers) ends with ``megatron-logra bench paper: error: ...`` naming the
+file and the problem, exit status 2
 (``MEGATRON_LOGRA_TRACEBACK=1`` shows the traceback).
 """
 
@@ -245,7 +247,13 @@ def render_only(out_dir: Path, *, quick: bool, cfg: Optional[PaperBenchConfig] =
         raise ResultsFileError(f"{source} does not exist: --render-only re-renders the report of an earlier run "
                                f"with the same flags; run `{report.command_line(cfg)}` first")
     kw = load_results(source)
+    wanted = cfg
     cfg, data = kw.pop("cfg"), kw.pop("data")
+    differ = _settings_differ(wanted, cfg)
+    if differ:  # another custom run of the same stem: its report is not the one these flags ask for
+        raise ResultsFileError(f"{source} holds the run of `{kw['command']}`, not of these flags ({differ}): "
+                               f"--render-only re-renders the report of an earlier run with the same flags; run "
+                               f"`{report.command_line(wanted)}` first")
     cfg.out_dir = str(out_dir)
     try:
         text = report.render_report(cfg, **kw)
@@ -257,6 +265,30 @@ def render_only(out_dir: Path, *, quick: bool, cfg: Optional[PaperBenchConfig] =
     return 0
 
 
+def _settings_differ(wanted: PaperBenchConfig, recorded: PaperBenchConfig) -> str:
+    """The settings (output and run directories aside) in which ``recorded`` differs from ``wanted``, as
+    ``name: recorded -> wanted``; empty when they agree."""
+    a, b = json.loads(json.dumps(asdict(wanted))), json.loads(json.dumps(asdict(recorded)))
+    return ", ".join(f"{k}: {b[k]!r} -> {a[k]!r}" for k in a if k not in ("out_dir", "run_root") and a[k] != b[k])
+
+
+_FLAGS = {"figures": "--figures", "optimizers": "--optimizers", "kl_modes": "--kl-modes", "seeds": "--seeds",
+          "rl_steps": "--rl-steps", "out_dir": "--out-dir", "run_root": "--run-root"}
+"""Fields of :class:`PaperBenchConfig` that a flag sets, so that an error about one names the flag."""
+
+
+def _flag_message(message: str) -> str:
+    """``message`` of a config ``ValueError`` (``seeds=[1, 1] names ...``) starting with the flag of its field."""
+    field_name = message.split("=", 1)[0]
+    return f"{_FLAGS[field_name]}: {message}" if "=" in message and field_name in _FLAGS else message
+
+
+def _fail(message: str) -> int:
+    """Report bad input in one line, as the other commands do, and return exit status 2."""
+    sys.stderr.write(f"{PROG}: error: {message}\n")
+    return 2
+
+
 def main(args: Union[argparse.Namespace, Sequence[str], None] = None) -> int:
     """Entry point of ``megatron-logra bench ...``: parsed args or an argv list; returns the exit code."""
     parser = build_parser()
@@ -264,15 +296,14 @@ def main(args: Union[argparse.Namespace, Sequence[str], None] = None) -> int:
     try:
         cfg = config_from_args(ns)
     except ValueError as exc:
-        parser.error(str(exc))
+        return _fail(_flag_message(str(exc)))
     if getattr(ns, "render_only", False):
         try:
             return render_only(Path(ns.out_dir), quick=ns.quick, cfg=cfg)
         except ResultsFileError as exc:  # bad input: one line, as the other commands report it
             if os.environ.get("MEGATRON_LOGRA_TRACEBACK", "") not in ("", "0"):
                 raise
-            sys.stderr.write(f"{PROG}: error: {exc}\n")
-            return 2
+            return _fail(str(exc))
     path = run_paper(cfg)
     logging.getLogger(__name__).info("report: %s", path)
     return 0

@@ -111,6 +111,12 @@ class PaperBenchConfig:
         _positive_ints("rank_seeds", self.rank_seeds)
         _positive_ints("kl_seeds", self.kl_seeds)
         _positive_ints("ranks", self.ranks)
+        for name in ("figures", "optimizers", "kl_modes", "seeds", "rank_seeds", "kl_seeds", "ranks"):
+            values = list(getattr(self, name))
+            repeated = sorted({v for v in values if values.count(v) > 1}, key=values.index)
+            if repeated:  # a repeated seed would count one run twice in a mean ± sd, a repeated optimizer twice
+                raise ValueError(f"{name}={values!r} names {', '.join(map(repr, repeated))} more than once: "
+                                 f"give each once")
         if max(self.ranks) > 128:
             raise ValueError(f"ranks={self.ranks!r}: every rank must be <= 128 (the tiny model's hidden size)")
         for name in ("rl_steps", "eval_interval", "peer_update_proj_gap", "memory_seq", "memory_micro_batch",

@@ -112,7 +112,8 @@ def _measure_one(cfg: PaperBenchConfig, hidden: int, layers: int, optimizer: str
     with tracker:
         step()
     row.start_bytes, row.peak_bytes, row.avg_bytes = tracker.start_bytes, tracker.peak, int(tracker.average)
-    del model, opt, batch, tracker
+    # free them before the next configuration is built; rebinding also clears the references step() holds
+    model = opt = batch = tracker = None
     gc.collect()
     return row
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import re
 import sys
 from dataclasses import replace
 from typing import Optional, Sequence
@@ -130,6 +131,24 @@ def assumed_gpus_note(args: argparse.Namespace) -> Optional[str]:
             f"that shards the model; {dp}")
 
 
+_FLAGS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "gpus": "--gpus", "rank": "--rank", "masters": "--masters",
+          "micro_batch": "--micro-batch", "seq_len": "--seq-len", "recompute": "--recompute",
+          "attention": "--attention", "engine_fraction": "--engine-fraction",
+          "rollout_sequences": "--rollout-sequences", "logprob_chunk_tokens": "--logprob-chunk-tokens",
+          "targets": "--targets", "model": "--model", "gpu_memory_bytes": "--gpu-memory",
+          "overhead_bytes": "--overhead"}
+"""The planner's field names (``PlanConfig``) and the flags that set them, so that an error names the flag."""
+
+_FIELD_AT_START = re.compile(r"^(%s)(=|: )" % "|".join(sorted(_FLAGS, key=len, reverse=True)))
+
+
+def flag_message(message: str) -> str:
+    """``message`` of a ``ValueError`` with a leading planner field (``engine_fraction=1.5 must ...``,
+    ``targets: 'x' is not ...``) headed by the flag that sets it (``--engine-fraction: engine_fraction=1.5 ...``)."""
+    m = _FIELD_AT_START.match(message)
+    return f"{_FLAGS[m.group(1)]}: {message}" if m else message
+
+
 def _plans(args: argparse.Namespace):
     from megatron_logra.memory.planner import PlanConfig, plan
     from megatron_logra.memory.report import Scenario
@@ -162,10 +181,19 @@ def _plans(args: argparse.Namespace):
     if not models:
         raise ValueError(f"--model {args.model!r}: give a preset or a config.json path (comma list allowed)")
     gpu_bytes = {t: parse_bytes(t, name="--gpu-memory", require_unit=True) for t in gpus_texts}
+    for text, size in gpu_bytes.items():
+        if size <= 0:
+            raise ValueError(f"--gpu-memory {text}: give the memory of one GPU, more than 0 bytes (e.g. 80GiB)")
     overhead_bytes = parse_bytes(args.overhead, name="--overhead", require_unit=True)
     scenarios = []
     for name in models:
-        model = resolve_planned_model(name, seq_length=args.seq_len)
+        try:
+            model = resolve_planned_model(name, seq_length=args.seq_len)
+        except ValueError as exc:  # a config.json's own problem names its path and field: say which flag gave it
+            text = str(exc)
+            if _FIELD_AT_START.match(text):
+                raise
+            raise ValueError(f"--model {text}" if text.startswith(name) else f"--model {name}: {text}") from exc
         if args.tp == "auto":
             per_stage = (args.gpus if args.gpus is not None else DEFAULT_AUTO_TP_GPUS) // args.pp
             tp = auto_tp(model, per_stage, per_stage if args.gpus is not None else None)
@@ -204,7 +232,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         scenarios = _plans(args)
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(flag_message(str(exc)))
     from megatron_logra.memory.report import (breakdown_rows, breakdown_table, layout_text, markdown, summary_rows,
                                               summary_table, verdict_line)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -50,6 +51,15 @@ def verdict_line(p: MemoryPlan) -> str:
             f"{format_bytes(p.gpu_memory)} on the worst rank{stage}; trainer peak {format_bytes(w.trainer_peak)}")
 
 
+def _fraction(limit: float) -> str:
+    """An engine-fraction limit as the table shows it: ``none`` when even no engine at all leaves that much free
+    (the limit is negative; a fraction below 0 is no setting), else two decimals, rounded down so that the
+    fraction shown keeps the promise (0.068 shows as 0.06, never as 0.07)."""
+    if limit < 0:
+        return "none"
+    return f"{math.floor(limit * 100) / 100:.2f}"
+
+
 def breakdown_rows(plans: Sequence[MemoryPlan]) -> tuple[list[str], list[list[str]]]:
     """Header and rows: one line per memory item, one column per plan (its worst rank)."""
     header = ["per rank"] + [_label(p) for p in plans]
@@ -66,7 +76,8 @@ def breakdown_rows(plans: Sequence[MemoryPlan]) -> tuple[list[str], list[list[st
     rows.append(["GPU memory"] + [format_bytes(p.gpu_memory) for p in plans])
     rows.append(["verdict"] + [p.verdict for p in plans])
     rows.append(["max engine fraction: fit / >=15% free"]
-                + [f"{p.engine_fraction_limit(0.0):.2f} / {p.engine_fraction_limit(0.15):.2f}" for p in plans])
+                + [f"{_fraction(p.engine_fraction_limit(0.0))} / {_fraction(p.engine_fraction_limit(0.15))}"
+                   for p in plans])
     return header, rows
 
 
