@@ -37,8 +37,17 @@ logger = logging.getLogger("megatron_logra.cli")  # not __name__: ``python -m me
 _COMMANDS = ("train", "eval", "plot", "config", "recipes", "memory", "convert", "bench")
 
 
+def _launch_rank() -> int:
+    """This process's ``RANK`` as a launcher set it; 0 when unset or not an integer (the job then refuses the
+    launch with an error naming the variable: :func:`megatron_logra.parallel.launch_rank_and_world`)."""
+    try:
+        return int(os.environ.get("RANK", "").strip() or 0)
+    except ValueError:
+        return 0
+
+
 def _setup_logging() -> None:
-    rank = int(os.environ.get("RANK", "0"))
+    rank = _launch_rank()
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -218,7 +227,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         succeeded = True
     finally:
         destroy_parallel(wait_for_peers=succeeded)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if _is_rank0():
         from megatron_logra.metrics import strict_dumps
 
         sys.stdout.write(strict_dumps(summary, indent=1) + "\n")  # as summary.json: null for a non-finite value
@@ -353,7 +362,7 @@ def resume_differences(saved: Mapping[str, Any], cfg) -> list[tuple[str, Any, An
 
 
 def _is_rank0() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+    return _launch_rank() == 0
 
 
 def _check_recipe_resume(cfg) -> None:
@@ -526,7 +535,7 @@ def _eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
         succeeded = True
     finally:
         destroy_parallel(wait_for_peers=succeeded)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if _is_rank0():
         from megatron_logra.metrics import strict_dumps
 
         sys.stdout.write(strict_dumps(result, indent=1) + "\n")

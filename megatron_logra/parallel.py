@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ParallelConfig", "ParallelGroups", "init_distributed", "initialize_parallel", "destroy_parallel",
            "local_device_index", "check_backend_layout", "cpu_group", "all_reduce_sum", "all_gather_bytes",
-           "group_size", "group_rank", "world_group"]
+           "group_size", "group_rank", "world_group", "launch_rank_and_world", "layout_error"]
 
 
 @dataclass
@@ -47,12 +47,14 @@ class ParallelConfig:
         _check_timeout(self.timeout_minutes)
 
 
-_MAX_TIMEOUT_MINUTES = datetime.timedelta.max.days * 24 * 60
+_MAX_TIMEOUT_MINUTES = 10_000_000
+"""About 19 years. torch.distributed keeps a timeout in signed 64-bit nanoseconds (and adds it to the clock): past
+about 1.5e8 minutes it wraps to a negative one, and the rendezvous fails at once with "timed out after -...ms"."""
 
 
 def _check_timeout(value) -> None:
-    """``parallel.timeout_minutes`` must be a finite number of minutes >= 1 that ``datetime.timedelta`` holds
-    (0 or less times every collective out at once; NaN passes every ``<`` comparison)."""
+    """``parallel.timeout_minutes`` must be a finite number of minutes from 1 to :data:`_MAX_TIMEOUT_MINUTES`
+    (0 or less times every collective out at once; NaN passes every ``<`` comparison; a larger one overflows)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not (ok and math.isfinite(value) and 1 <= value <= _MAX_TIMEOUT_MINUTES):
         raise ValueError(f"parallel.timeout_minutes={value!r} must be a finite number of minutes from 1 to "
@@ -205,6 +207,53 @@ def check_backend_layout(backend: str, cuda: bool, pp: int) -> None:
                          "activations between pipeline stages; use parallel.backend=nccl (or auto)")
 
 
+_LAUNCH_HINT = "torchrun --nproc-per-node N -m megatron_logra.cli ... sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT"
+
+
+def launch_rank_and_world() -> Optional[tuple[int, int]]:
+    """``(RANK, WORLD_SIZE)`` of a multi-process launch (torchrun, or a launcher that sets the same variables), or
+    None for one process: neither is set, ``WORLD_SIZE=1``, or ``RANK=0`` alone.
+
+    ``ValueError`` naming the variable for a launch no rendezvous could complete -- it would otherwise wait the whole
+    collective timeout (30 minutes by default) for ranks that never come, or run as one process in silence: one of
+    RANK / WORLD_SIZE set without the other, a value that is no integer, a RANK outside ``0 .. WORLD_SIZE-1``, or
+    MASTER_ADDR / MASTER_PORT missing."""
+    raw = {name: os.environ.get(name, "").strip() for name in ("RANK", "WORLD_SIZE")}
+    values = {}
+    for name, text in raw.items():
+        if text:
+            try:
+                values[name] = int(text)
+            except ValueError:
+                raise ValueError(f"{name}={text!r} is not an integer: the launcher sets it ({_LAUNCH_HINT}); "
+                                 f"unset RANK and WORLD_SIZE to run one process") from None
+    rank, world = values.get("RANK"), values.get("WORLD_SIZE")
+    if world is None:
+        if rank in (None, 0):
+            return None
+        raise ValueError(f"RANK={rank} is set but WORLD_SIZE is not: a multi-process launch sets both "
+                         f"({_LAUNCH_HINT}); unset RANK to run one process")
+    if world < 1:
+        raise ValueError(f"WORLD_SIZE={world} must be >= 1 (the number of processes of the launch; {_LAUNCH_HINT})")
+    if rank is None:
+        if world == 1:
+            return None
+        raise ValueError(f"WORLD_SIZE={world} is set but RANK is not: every process of a launch needs its own RANK "
+                         f"0..{world - 1} ({_LAUNCH_HINT}); unset WORLD_SIZE (or set WORLD_SIZE=1) to run one process")
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} is outside 0..{world - 1} (WORLD_SIZE={world}): no rank {rank} exists in a "
+                         f"launch of {world} processes, and the others would wait for it until the collective "
+                         f"timeout; give each process a RANK from 0 to {world - 1} ({_LAUNCH_HINT})")
+    if world == 1:
+        return None
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
+    if missing:
+        raise ValueError(f"RANK={rank} WORLD_SIZE={world} without {' and '.join(missing)}: the ranks meet at rank 0's "
+                         f"MASTER_ADDR:MASTER_PORT; set {' and '.join(missing)} the same on every rank "
+                         f"({_LAUNCH_HINT})")
+    return rank, world
+
+
 def init_distributed(backend: str = "auto", timeout_minutes: int = 30) -> None:
     """Initialise torch.distributed from torchrun's environment, or as a 1-process world.
 
@@ -220,15 +269,41 @@ def init_distributed(backend: str = "auto", timeout_minutes: int = 30) -> None:
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout = _TIMEOUT
-    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+    launch = launch_rank_and_world()
+    if launch is not None:
+        rank, world = launch
         if torch.cuda.is_available():  # also under gloo: the model goes to the current device
             torch.cuda.set_device(local_device_index(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count(),
                                                      backend, bound=bool(os.environ.get("CUDA_VISIBLE_DEVICES"))))
-        dist.init_process_group(backend=backend, timeout=timeout)
+        try:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        except dist.DistError as exc:
+            where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+            raise RuntimeError(
+                f"rank {rank} of WORLD_SIZE={world} could not meet the other ranks at MASTER_ADDR:MASTER_PORT={where} "
+                f"within parallel.timeout_minutes={timeout.total_seconds() / 60:g} ({str(exc).strip().rstrip('.')}): "
+                f"start all {world} ranks "
+                f"with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE (torchrun --nproc-per-node {world} "
+                "-m megatron_logra.cli ... sets them), RANK 0 reachable there") from exc
     else:
         store = dist.HashStore()
         dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
     logger.info("torch.distributed: backend=%s world=%d", backend, dist.get_world_size())
+
+
+def layout_error(tp: int, pp: int, world: int) -> str:
+    """The message for a ``tp`` × ``pp`` that does not divide ``world`` processes: the values that fit this launch
+    (divisors of the given ones, so the model still splits) and the launch that fits the given ones."""
+    fit_pp = math.gcd(pp, world)
+    fit_tp = math.gcd(tp, world // fit_pp)
+    flags = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size"}
+    changes = [(name, value) for name, value, given in (("tp", fit_tp, tp), ("pp", fit_pp, pp)) if value != given]
+    fields = " ".join(f"parallel.{name}={value}" for name, value in changes)
+    spelled = " ".join(f"{flags[name]} {value}" for name, value in changes)
+    launched = "one process (no torchrun)" if world == 1 else f"{world} processes"
+    return (f"parallel.tp={tp} × parallel.pp={pp} = {tp * pp} does not divide the world size {world} ({launched}): "
+            f"set {fields} ({spelled}) for this launch, or launch a multiple of {tp * pp} processes "
+            f"(torchrun --nproc-per-node {tp * pp} -m megatron_logra.cli ...)")
 
 
 def initialize_parallel(cfg: ParallelConfig, seed: int = 1234) -> ParallelGroups:
@@ -243,10 +318,7 @@ def initialize_parallel(cfg: ParallelConfig, seed: int = 1234) -> ParallelGroups
     check_backend_layout(dist.get_backend(), torch.cuda.is_available(), cfg.pp)
     world = dist.get_world_size()
     if world % (cfg.tp * cfg.pp) != 0:
-        raise ValueError(
-            f"world size {world} is not divisible by parallel.tp × parallel.pp = {cfg.tp * cfg.pp}; "
-            "launch tp × pp × dp processes"
-        )
+        raise ValueError(layout_error(cfg.tp, cfg.pp, world))
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp,
