@@ -16,7 +16,7 @@ import torch.distributed as dist
 logger = logging.getLogger(__name__)
 
 __all__ = ["MetricsWriter", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "max_over_ranks", "elapsed",
-           "json_safe", "strict_dumps"]
+           "json_safe", "strict_dumps", "previous_summary_values"]
 
 
 def is_rank0() -> bool:
@@ -98,6 +98,32 @@ def strict_dumps(value: Any, **kwargs: Any) -> str:
     ``Infinity``, which jq, JavaScript and strict parsers reject), for every file a run writes and every JSON
     the command line prints."""
     return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
+def previous_summary_values(path: Path, start: int, carried: tuple[str, ...],
+                            if_ending_here: tuple[str, ...] = ()) -> dict[str, float]:
+    """The numbers a resumed job (at step ``start`` > 0) carries over from the run's previous ``summary.json``
+    (``path``) into its whole-run summary: ``carried`` (values measured before step 1, e.g. the held-out score
+    then) and, only when that summary ends at ``start`` (so it accounts for every earlier process),
+    ``if_ending_here`` (totals the new summary adds to). A value that is missing, ``null`` or not a number is
+    absent; a missing, torn or non-object file gives ``{}``. A summary without ``resumed_from_step`` (written
+    when summaries described one process) counts only when it ends at ``start``: only then did its process
+    start at step 0."""
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(previous, dict):
+        return {}
+
+    def number(value: Any) -> Optional[float]:
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    ends_here = number(previous.get("steps")) == start
+    if "resumed_from_step" not in previous and not ends_here:
+        return {}
+    keys = carried + (if_ending_here if ends_here else ())
+    return {k: number(previous.get(k)) for k in keys if number(previous.get(k)) is not None}
 
 
 def _step_of(line: str, last: int) -> bool:

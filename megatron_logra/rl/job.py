@@ -7,7 +7,6 @@ events, ``checkpoints/`` and ``summary.json``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -29,7 +28,7 @@ from megatron_logra.data.tokenizer import (
 from megatron_logra.kl.controller import KLController
 from megatron_logra.kl.probe import probe_method
 from megatron_logra.memory.preflight import memory_preflight
-from megatron_logra.metrics import MetricsWriter, is_rank0, strict_dumps
+from megatron_logra.metrics import MetricsWriter, is_rank0, previous_summary_values, strict_dumps
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel, world_group
@@ -413,29 +412,13 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     return summary
 
 
-def _number(value) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _previous_summary(path: Path, start: int) -> dict:
     """What the run's previous ``summary.json`` (``path``) says about the run before step ``start`` (the step
-    this process resumed from), for the whole-run fields of the new summary: ``eval_accuracy_before`` (the
-    held-out accuracy before update 1) and, when that summary ends at ``start`` (so it accounts for every
-    earlier process), ``setup_seconds`` / ``rl_seconds`` / ``total_seconds``. Empty when the file is missing
-    or unreadable; a value it lacks (or holds as ``null``) is absent. A summary without
-    ``resumed_from_step`` (written when summaries described one process) counts only when its ``steps``
-    equal ``start`` and its process is taken to have started at step 0."""
-    try:
-        previous = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(previous, dict):
-        return {}
-    ends_here = _number(previous.get("steps")) == start
-    if "resumed_from_step" not in previous and not ends_here:
-        return {}
-    keys = ("eval_accuracy_before",) + (("setup_seconds", "rl_seconds", "total_seconds") if ends_here else ())
-    return {k: _number(previous.get(k)) for k in keys if _number(previous.get(k)) is not None}
+    this process resumed from): ``eval_accuracy_before`` (the held-out accuracy before update 1) and, when that
+    summary ends at ``start``, ``setup_seconds`` / ``rl_seconds`` / ``total_seconds``
+    (:func:`~megatron_logra.metrics.previous_summary_values`)."""
+    return previous_summary_values(path, start, ("eval_accuracy_before",),
+                                   ("setup_seconds", "rl_seconds", "total_seconds"))
 
 
 def _run_total(previous: dict, key: str, segment: float, start: int) -> Optional[float]:

@@ -52,8 +52,8 @@ from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir,
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
 from megatron_logra.memory.preflight import memory_preflight
-from megatron_logra.metrics import (MetricsWriter, device_peaks, elapsed, is_rank0, json_safe, reset_device_peaks,
-                                    strict_dumps)
+from megatron_logra.metrics import (MetricsWriter, device_peaks, elapsed, is_rank0, json_safe, previous_summary_values,
+                                    reset_device_peaks, strict_dumps)
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
@@ -217,7 +217,8 @@ def run_lm(cfg: RunConfig) -> dict:
             logger.info("resuming from %s at step %d", ckpt, start)
     # the steps of earlier processes, before this one's MetricsWriter drops the records past the checkpoint
     recorded = _recorded_losses(run_dir / "metrics.jsonl", (1, start)) if start else {}
-    eval_before_run = _carried_eval_loss_before(run_dir / "summary.json", start) if start else None
+    eval_before_run = (previous_summary_values(run_dir / "summary.json", start, ("eval_loss_before",))
+                       .get("eval_loss_before") if start else None)
     saved_config = redact_config(to_dict(cfg))  # what config.yaml and the checkpoints hold: no credentials
     if is_rank0():
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -348,23 +349,6 @@ def _recorded_losses(path: Path, steps: tuple[int, ...]) -> dict[int, Optional[f
             logger.warning("%s does not exist: the summary's losses of the steps before this resume are null",
                            path)
     return found
-
-
-def _carried_eval_loss_before(path: Path, start: int) -> Optional[float]:
-    """The held-out loss before step 1 that the run's previous ``summary.json`` (``path``) holds, for a run
-    resumed at step ``start``; None when the file is missing or unreadable, or holds no such number. A
-    summary without ``resumed_from_step`` (written before summaries covered the whole run) counts only when
-    its ``steps`` equal ``start``: only then did its process start at step 0."""
-    try:
-        previous = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(previous, dict):
-        return None
-    if "resumed_from_step" not in previous and previous.get("steps") != start:
-        return None
-    value = previous.get("eval_loss_before")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _progress(cfg: RunConfig, start: int):
