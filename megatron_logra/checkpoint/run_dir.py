@@ -24,9 +24,12 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 import torch.distributed as dist
 
+from megatron_logra.dirlock import lock_directory, release_directory
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["claim_run_dir", "lock_run_dir", "release_run_dir", "releasing_run_dir", "check_resume_steps", "check_shared_storage", "resume_config", "RUN_OUTPUTS"]
+__all__ = ["claim_run_dir", "lock_run_dir", "release_run_dir", "releasing_run_dir", "check_resume_steps",
+           "check_shared_storage", "resume_config", "RUN_OUTPUTS"]
 
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "summary.png", "tensorboard", "config.yaml", "tokenizer",
                "deltas", "sglang_model")
@@ -100,12 +103,6 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool, l
         dist.barrier()
 
 
-_held_locks: dict[tuple[int, int], tuple[str, int]] = {}
-"""Run directories this process holds the lock of: ``(st_dev, st_ino)`` -> (absolute path, file descriptor),
-kept open until :func:`release_run_dir`; the kernel releases the lock when the process ends, however it ends (a
-SIGKILL included)."""
-
-
 def lock_run_dir(run_dir: Union[str, Path]) -> Optional[str]:
     """Take the run directory's lock for this process: None when taken (or already held by this process, or
     when ``run_dir`` does not exist or cannot be locked), else the ``ValueError`` message saying that another
@@ -116,46 +113,22 @@ def lock_run_dir(run_dir: Union[str, Path]) -> Optional[str]:
     and interleave ``metrics.jsonl``. The lock is an exclusive, non-blocking ``flock`` on the directory itself
     (no file is written into it). A file system without ``flock`` support for directories (some network
     mounts) is skipped: no lock, no error."""
-    import errno
-    import fcntl
-    import os
-
-    run_dir = Path(run_dir)
     try:
-        st = os.stat(run_dir)
-        key = (st.st_dev, st.st_ino)
-        if key in _held_locks:
-            return None
-        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return None  # a missing or unreadable directory is reported by the other checks
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return (f"train.run_dir={str(run_dir)!r} is in use by another running job (it holds the directory's "
-                    f"lock); wait for that job to end (or stop it) before resuming, or choose another "
-                    f"train.run_dir: two jobs in one run directory would delete each other's checkpoints")
-        return None  # no flock on this file system
-    _held_locks[key] = (os.path.abspath(run_dir), fd)
-    return None
+        taken = lock_directory(run_dir)
+    except OSError:  # a missing or unreadable directory (reported by the other checks), or no flock there
+        return None
+    if taken:
+        return None
+    return (f"train.run_dir={str(run_dir)!r} is in use by another running job (it holds the directory's lock); "
+            f"wait for that job to end (or stop it) before resuming, or choose another train.run_dir: two jobs in "
+            f"one run directory would delete each other's checkpoints")
 
 
 def release_run_dir(run_dir: Union[str, Path]) -> None:
     """Release this process's lock on ``run_dir`` (:func:`lock_run_dir`), if it holds one: a job calls it as it
     ends, so that another job of the same process (a script running several, a test) or a later process may
     take the directory. Never raises."""
-    import os
-
-    path = os.path.abspath(run_dir)
-    for key, (held, fd) in list(_held_locks.items()):
-        if held == path:
-            del _held_locks[key]
-            try:
-                os.close(fd)  # closing the only descriptor of the lock releases it
-            except OSError:
-                pass
+    release_directory(run_dir)
 
 
 def releasing_run_dir(job: Callable[..., Any]) -> Callable[..., Any]:

@@ -67,14 +67,13 @@ Imports only torch, safetensors (via the codec) and the standard library.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import uuid
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
+from megatron_logra.dirlock import LockUnsupported, lock_directory
 from megatron_logra.sync.anchors import (_ANCHOR_RE, _ANCHOR_TMP_RE, _FILE_RE, _FULL_RE, _FULL_TMP_RE, _TMP_RE,
                                          AnchorDirectory, anchor_filename, delta_filename)
 from megatron_logra.sync.codec import SketchDelta, decode, encode
@@ -86,9 +85,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["InProcessTransport", "DirectoryTransport", "FullWeightsWriter", "delta_filename", "anchor_filename",
            "full_filename"]
-
-
-_PRODUCER_LOCKS: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) of a directory -> this process's locked fd
 
 
 class InProcessTransport:
@@ -129,27 +125,19 @@ class DirectoryTransport(AnchorDirectory):
         lock of a process that dies, so a restarted or resumed trainer claims it again. Where the filesystem
         cannot lock a directory, a warning is logged and the call returns."""
         try:
-            st = os.stat(self.dir)
-            key = (st.st_dev, st.st_ino)
-            if key in _PRODUCER_LOCKS:
-                return
-            fd = os.open(self.dir, os.O_RDONLY)
-        except OSError as exc:
-            raise SyncError("config", f"cannot open the delta directory {self.dir} to lock it ({type(exc).__name__}: "
-                                      f"{exc.strerror or exc})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise SyncError("config", f"another process is already writing deltas into {self.dir} (it holds the "
-                                          "directory's producer lock): two trainers must not share a delta "
-                                          "directory; give this run its own sync.directory (or train.run_dir), or "
-                                          "stop the other run first") from None
+            taken = lock_directory(self.dir)
+        except LockUnsupported as exc:
             logger.warning("cannot lock the delta directory %s (%s: %s): a second trainer writing there would not be "
                            "detected", self.dir, type(exc).__name__, exc.strerror or exc)
             return
-        _PRODUCER_LOCKS[key] = fd  # held for the process's lifetime (closing any copy would release it)
+        except OSError as exc:
+            raise SyncError("config", f"cannot open the delta directory {self.dir} to lock it ({type(exc).__name__}: "
+                                      f"{exc.strerror or exc})") from None
+        if not taken:
+            raise SyncError("config", f"another process is already writing deltas into {self.dir} (it holds the "
+                                      "directory's producer lock): two trainers must not share a delta "
+                                      "directory; give this run its own sync.directory (or train.run_dir), or "
+                                      "stop the other run first")
 
     def clear(self, above_version: Optional[int] = None) -> list[str]:
         """Start a fresh chain (whose first anchor the producer writes next): delete the leftover temporary
