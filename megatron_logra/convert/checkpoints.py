@@ -223,14 +223,14 @@ def resolve_mcore_dir(path: Union[str, Path]) -> Path:
                          "output), a trainer checkpoint RUN/checkpoints/step_XXXXXXXX or a run directory RUN")
     from megatron_logra.checkpoint.store import latest_checkpoint
 
-    step = latest_checkpoint(run)  # CheckpointError (a ValueError) when latest names an incomplete checkpoint
+    # without latest, the newest complete step_* (with a warning); a CheckpointError (a ValueError) when latest
+    # names a broken checkpoint; None when no complete checkpoint is there at all
+    step = latest_checkpoint(run)
     if step is None:
-        steps = sorted(p.name for p in (run / "checkpoints").glob("step_*") if (p / "meta.json").is_file())
-        hint = (f"; it holds {', '.join(steps[-3:])}: name one, --mcore {run / 'checkpoints' / steps[-1]}" if steps
-                else ": nothing to export (a run saves a checkpoint every train.save_interval steps and after its "
-                     "last step; this one stopped before its first save): export another run or train this one again")
         raise ValueError(f"--mcore {given}: the run {run} has no complete checkpoint ({run / 'checkpoints' / 'latest'} "
-                         f"is missing){hint}")
+                         "is missing): nothing to export (a run saves a checkpoint every train.save_interval steps "
+                         "and after its last step; this one stopped before its first save): export another run or "
+                         "train this one again")
     logger.info("--mcore %s: exporting the run's latest checkpoint %s", given, step)
     return step
 
