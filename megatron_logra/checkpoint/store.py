@@ -106,25 +106,36 @@ def _shared_outcome(step: int, root: Path, what: str, error: Optional[BaseExcept
     """Collective over the world group: raise the same :class:`CheckpointError` on every rank if
     ``error`` is set on any (else return), so that no rank waits for one that gave up."""
     reported: dict[int, str] = {}
-    for payload in all_gather_bytes(json.dumps(_failure_reports(error)).encode(), world_group()):
-        for r, message in json.loads(payload):
+    free_bytes: list[int] = []
+    local = {"reports": _failure_reports(error), "free": _free_bytes(root) if error is not None else None}
+    for payload in all_gather_bytes(json.dumps(local).encode(), world_group()):
+        gathered = json.loads(payload)
+        for r, message in gathered["reports"]:
             if message or r not in reported:  # a rank's own account over another's "failed elsewhere"
                 reported[r] = message
+        if gathered["free"] is not None:
+            free_bytes.append(gathered["free"])
     failed = [(r, m or "failed") for r, m in sorted(reported.items())]
     if failed:
         shown = "; ".join(f"rank {r} ({m})" for r, m in failed[:4]) + (" ..." if len(failed) > 4 else "")
         raise CheckpointError(f"saving checkpoint step {step} failed on {shown} while {what}; "
                               f"{root / 'latest'} still names the last complete checkpoint; "
-                              f"{_room_hint(root)}") from error
+                              f"{_room_hint(root, min(free_bytes) if free_bytes else None)}") from error
 
 
-def _room_hint(root: Path) -> str:
-    """What to do after a failed save: the free space of ``root``'s file system (a full disk is the usual
-    cause, and torch's writer does not always say so) and how to continue."""
+def _free_bytes(root: Path) -> Optional[int]:
+    """Free bytes on ``root``'s file system, or ``None`` if it cannot be read."""
     try:
-        free = f"{shutil.disk_usage(root if root.exists() else root.parent).free / 2**20:.1f} MiB free"
+        return shutil.disk_usage(root if root.exists() else root.parent).free
     except OSError:
-        free = "free space unknown"
+        return None
+
+
+def _room_hint(root: Path, free_bytes: Optional[int]) -> str:
+    """What to do after a failed save: the free space of ``root``'s file system (a full disk is the usual
+    cause, and torch's writer does not always say so; the least any rank saw, so that every rank raises
+    the same message) and how to continue."""
+    free = "free space unknown" if free_bytes is None else f"{free_bytes / 2**20:.1f} MiB free"
     return (f"its file system has {free}: if it is full, make room (a save needs room for one checkpoint more "
             f"than train.keep_last keeps, as it prunes only once complete: remove step_* checkpoints older than "
             f"the one latest names, or lower train.keep_last) and continue with --resume {root.parent}")
