@@ -146,8 +146,7 @@ def _split_recipe(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="megatron-logra", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="megatron-logra", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=_COMMANDS)
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="recipe name or YAML, then overrides")
     if not (sys.argv[1:] if argv is None else list(argv)):
@@ -260,6 +259,61 @@ def _reporting_user_errors(parser: argparse.ArgumentParser, fn):
         if _tracebacks_wanted():
             raise
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
+
+
+REPORT_GRACE_SECONDS = 10.0
+"""How long a rank other than 0 of a multi-process launch waits, silent, before it reports an error that made it
+stop (:func:`_exit_with_error`): rank 0 meets the same error and reports it, and the launcher (torchrun) stops
+the other ranks as soon as one has failed."""
+
+
+def _peer_rank() -> Optional[int]:
+    """This process's rank when it is one of ranks 1..N-1 of a multi-process launch (``RANK`` and ``WORLD_SIZE``
+    both integers, ``0 < RANK < WORLD_SIZE``); None for rank 0, for one process and for an inconsistent launch
+    environment (which every rank reports itself: :func:`megatron_logra.parallel.launch_rank_and_world`)."""
+    try:
+        rank, world = int(os.environ.get("RANK", "").strip()), int(os.environ.get("WORLD_SIZE", "").strip())
+    except ValueError:
+        return None
+    return rank if 0 < rank < world else None
+
+
+def _exit_with_error(status: int, message: str) -> typing.NoReturn:
+    """Write ``message`` (an error report, ending in a newline) to stderr and exit with ``status``, once per launch.
+
+    Every rank of a multi-process launch parses the same command line and config, so a refused config or
+    override fails on all of them alike: rank 0 (and a process without a launcher) reports it at once, and the
+    other ranks wait silently for up to :data:`REPORT_GRACE_SECONDS` so that rank 0 reports it first. A launcher
+    that stops the remaining ranks once one has failed (torchrun does, with SIGTERM) then ends them during that
+    wait: they exit with the same ``status``, without a word. A rank still running after the wait (an error that
+    rank 0 did not meet, e.g. a path missing on that rank's node only, or a launcher that stops nobody) reports
+    its error itself."""
+    import signal
+    import time
+
+    if _peer_rank() is not None:
+        def stopped(signum, frame) -> None:  # the launcher ends this rank: rank 0 has failed (and reported)
+            os._exit(status)
+
+        signal.signal(signal.SIGTERM, stopped)
+        signal.signal(signal.SIGINT, stopped)
+        time.sleep(REPORT_GRACE_SECONDS)
+    sys.stderr.write(message)
+    sys.stderr.flush()
+    sys.exit(status)
+
+
+class _Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors (a bad argument, a refused config or override) are reported once
+    per multi-process launch (:func:`_exit_with_error`)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.format_usage()}{self.prog}: error: {message}\n")
+
+    def exit(self, status: int = 0, message: Optional[str] = None) -> typing.NoReturn:
+        if status == 0 or not message:
+            super().exit(status, message)
+        _exit_with_error(status, message)
 
 
 _BOOLEAN_WORDS = frozenset({"1", "0", "true", "false", "yes", "no", "on", "off"})

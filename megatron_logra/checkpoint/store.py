@@ -54,13 +54,14 @@ import queue
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from megatron_logra.checkpoint.compat import architecture_error, architecture_problems, check_architecture, check_compatible
 from megatron_logra.checkpoint.integrity import (
     FORMAT_VERSION,
     CheckpointError,
@@ -86,7 +87,7 @@ from megatron_logra.parallel import ParallelGroups, all_gather_bytes, world_grou
 logger = logging.getLogger(__name__)
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "check_architecture",
-           "read_meta", "CheckpointError", "FORMAT_VERSION"]  # the last three: from .integrity
+           "read_meta", "CheckpointError", "FORMAT_VERSION"]  # check_architecture: from .compat; the last three: from .integrity
 
 _DIST = "dist"
 
@@ -471,155 +472,6 @@ def latest_checkpoint(run_dir: Union[str, Path]) -> Optional[Path]:
     return path
 
 
-_IDENTITY = {
-    "kind": "optimizer.name",
-    "rank": "optimizer.logra.rank",
-    "seed": "optimizer.logra.seed",
-    "distribution": "optimizer.logra.distribution",
-    "algorithm": "optimizer.logra.algorithm",
-    "refresh": "optimizer.logra.refresh",
-    "masters": "optimizer.logra.masters",
-    "targets": "optimizer.logra.targets",
-    "native_freeze": "optimizer.native.freeze",
-}
-"""Optimizer scalars that say what the saved optimizer state belongs to, and the config field each comes
-from. ``masters``: ``fp32`` when the optimizer held fp32 masters; for the LoGRA targets
-``model.params_dtype`` and ``optimizer.logra.masters`` decide it together, for the AdamW parameters
-(``native.masters``: dense AdamW, LoGRA's non-targets) ``model.params_dtype`` alone. ``targets`` (the
-target kinds, sorted) and ``native_freeze`` decide which parameters have row moments, AdamW moments or
-none."""
-_RECORDED_SINCE = ("masters", "algorithm", "refresh", "targets", "native_freeze")
-"""Identity scalars older checkpoints do not record: compared only where recorded (missing: accepted)."""
-
-
-def _saved_setting(config: Optional[Mapping], dotted: str) -> Any:
-    """``config`` (meta.json's ``config``) at the dotted path, or None."""
-    node: Any = config
-    for part in dotted.split("."):
-        node = node.get(part) if isinstance(node, Mapping) else None
-    return node
-
-
-def _identity_error(where: str, key: str, saved: Any, here: Any, config: Optional[Mapping],
-                    path: str = "") -> CheckpointError:
-    """The mismatch of identity scalar ``key`` (at ``path`` in the scalars, e.g. ``native`` for the AdamW
-    part) as a :class:`CheckpointError` naming the config field(s) that decide it, the checkpoint's value
-    and this run's, and the two ways on."""
-    new_run = "or start a new run directory (train.run_dir) to train with this run's settings"
-    if key == "masters" and path.split(".")[-1] == "native":
-        return _native_masters_error(where, saved, here, config, new_run)
-    if key == "masters":
-        dtype, masters = _saved_setting(config, "model.params_dtype"), _saved_setting(config, "optimizer.logra.masters")
-        recorded = ", ".join(f"{f}={v!r}" for f, v in (("model.params_dtype", dtype),
-                                                       ("optimizer.logra.masters", masters)) if v is not None)
-        holds = "holds fp32 master weights" if saved == "fp32" else "holds no fp32 master weights"
-        return CheckpointError(
-            f"{where}: the checkpoint {holds} (masters={saved!r}), this run {'has' if here == 'fp32' else 'has none'} "
-            f"(masters={here!r}); model.params_dtype and optimizer.logra.masters decide it (float32 weights never have "
-            f"masters; 16-bit weights have them with optimizer.logra.masters=fp32): resume with the checkpoint's "
-            f"settings{f' ({recorded})' if recorded else ''}, {new_run}")
-    field = _IDENTITY[key]
-    if key == "targets":
-        given = _saved_setting(config, field)
-        resume_with = _as_override(given if isinstance(given, list) and given else saved)
-        return CheckpointError(
-            f"{where}: the checkpoint was saved with {field} selecting {_as_override(saved)}, this run's targets "
-            f"select {_as_override(here)}; its optimizer state belongs to that target set (row moments for the "
-            f"targets, AdamW moments for every other trained parameter): set {field}={resume_with} (or drop the "
-            f"override) to resume it, {new_run}")
-    if key == "native_freeze":  # frozen then, trained now (the reverse is accepted: _check_compatible)
-        return CheckpointError(
-            f"{where}: the checkpoint was saved with {field}={_as_override(saved)}, this run has "
-            f"{_as_override(here)}; its optimizer state holds no AdamW state for the parameters that are not LoGRA "
-            f"targets: set {field}={_as_override(saved)} (or drop the override) to resume it, {new_run}")
-    return CheckpointError(
-        f"{where}: the checkpoint was saved with {field}={_as_override(saved)}, this run has {_as_override(here)}; "
-        f"its optimizer state belongs to that setting: set {field}={_as_override(saved)} (or drop the override) to "
-        f"resume it, {new_run}")
-
-
-def _native_masters_error(where: str, saved: Any, here: Any, config: Optional[Mapping],
-                          new_run: str) -> CheckpointError:
-    """The mismatch of the AdamW parameters' fp32 masters (``native.masters``), which ``model.params_dtype``
-    alone decides (``optimizer.logra.masters`` covers the LoGRA targets only)."""
-    dtype = _saved_setting(config, "model.params_dtype")
-    holds = "holds fp32 master weights" if saved == "fp32" else "holds no fp32 master weights"
-    has = "has them" if here == "fp32" else "has none"
-    resume_with = f"model.params_dtype={dtype}" if dtype is not None else "the checkpoint's model.params_dtype"
-    return CheckpointError(
-        f"{where}: the checkpoint's AdamW state {holds} for its parameters (native masters={saved!r}), this run "
-        f"{has} (masters={here!r}); model.params_dtype decides it (16-bit weights train on fp32 masters, float32 "
-        f"weights have none; optimizer.logra.masters covers the LoGRA targets only): resume with {resume_with}, "
-        f"{new_run}")
-
-
-def _as_override(value: Any) -> str:
-    """``value`` as written in a ``field=value`` command-line override (a list as ``[a,b]``)."""
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_as_override(v) for v in value) + "]"
-    return str(value).lower() if isinstance(value, bool) else "null" if value is None else str(value)
-
-
-def _check_compatible(saved: Any, current: Any, where: str, path: str = "", config: Optional[Mapping] = None) -> None:
-    """The saved optimizer scalars describe the same kind of state as this run's (:data:`_IDENTITY`: same
-    optimizer, LoGRA rank, seed, distribution, algorithm, projection refresh, target kinds, native freeze,
-    and fp32 masters or none, of the targets and of the AdamW parameters) — checked before anything is read
-    into the model, in the order the scalars list them. One change is accepted, with a warning: freezing the
-    non-targets (``optimizer.native.freeze`` false, now true) only leaves their AdamW state unread.
-    ``config``: meta.json's ``config``, for the message."""
-    if not isinstance(current, dict):
-        return
-    if not isinstance(saved, dict):
-        raise CheckpointError(f"{where}: meta.json lacks the state {path or 'scalars'} this run needs")
-    for key, here in current.items():
-        name = f"{path}.{key}" if path else key
-        if key in _RECORDED_SINCE and key not in saved:
-            continue
-        if key == "native_freeze" and here is True and saved.get(key) is False:
-            logger.warning("%s was saved with optimizer.native.freeze=false, this run has true: the parameters that "
-                           "are not LoGRA targets stay as the checkpoint has them, their AdamW state is not resumed "
-                           "(later checkpoints of this run hold none)", where)
-            continue
-        if key in _IDENTITY and here is not None and saved.get(key) != here:
-            raise _identity_error(where, key, saved.get(key), here, config, path)
-        if isinstance(here, dict):
-            if key not in saved:
-                raise CheckpointError(f"{where}: meta.json lacks state '{name}'")
-            _check_compatible(saved[key], here, where, name, config)
-
-
-def _architecture_problems(meta: Mapping[str, Any], model_config: Any) -> list[str]:
-    """``model.<field>`` differences between the architecture (``convert.spec.ARCH_FIELDS``) recorded in
-    ``meta`` (``config.model``, written by the jobs) and ``model_config``; none when nothing is recorded."""
-    from megatron_logra.convert.spec import ARCH_FIELDS
-
-    config = meta.get("config") if isinstance(meta, Mapping) else None
-    saved = config.get("model") if isinstance(config, Mapping) else None
-    if not isinstance(saved, Mapping):
-        return []
-    return [f"model.{k}={saved[k]!r} in the checkpoint, {getattr(model_config, k)!r} in this run"
-            for k in ARCH_FIELDS if k in saved and saved[k] != getattr(model_config, k)]
-
-
-def _architecture_error(path: Union[str, Path], problems: list[str]) -> CheckpointError:
-    return CheckpointError(f"{path} holds another model: {'; '.join(problems)}; a resumed run keeps the checkpoint's "
-                           "architecture: drop the override (or start a new run directory)")
-
-
-def check_architecture(path: Union[str, Path], model_config: Any) -> None:
-    """:class:`CheckpointError` naming every architecture field (``model.<field>``, the checkpoint's value
-    and this run's) where ``model_config`` (a ``ModelConfig``) differs from the model checkpoint ``path``
-    was saved with (``meta.json`` ``config.model``). Reads meta.json only (cheap, before anything is
-    built); a checkpoint whose meta.json cannot be read is left to :func:`load_checkpoint` to report."""
-    try:
-        meta = json.loads((Path(path) / "meta.json").read_text())
-    except (OSError, ValueError):
-        return
-    problems = _architecture_problems(meta, model_config)
-    if problems:
-        raise _architecture_error(path, problems)
-
-
 def _one_line(exc: BaseException) -> str:
     """``Type: message`` of ``exc`` on one line: torch's CheckpointException carries each rank's traceback
     in its message; its last line is the error."""
@@ -665,14 +517,14 @@ def load_checkpoint(
             raise
         raise CheckpointError(f"{exc}; {earlier_checkpoint_hint(path.parent, path)}") from exc
     if model_config is not None:
-        problems = _architecture_problems(meta, model_config)
+        problems = architecture_problems(meta, model_config)
         if problems:
-            raise _architecture_error(path, problems)
+            raise architecture_error(path, problems)
     sharded, current, named_slots = _sharded_state(model, optimizer)
     saved_state = meta.get("state")
     if (named_slots or current) and isinstance(saved_state, dict) and not saved_state:  # before comparing settings
         raise CheckpointError(f"{path} holds weights only (no optimizer state) and cannot be resumed")
-    _check_compatible(saved_state, current, str(path), config=meta.get("config") if isinstance(meta.get("config"), dict) else None)
+    check_compatible(saved_state, current, str(path), config=meta.get("config") if isinstance(meta.get("config"), dict) else None)
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
     try:

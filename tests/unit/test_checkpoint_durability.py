@@ -127,24 +127,24 @@ def test_resumed_adamw_keeps_the_configured_learning_rate(caplog):
 
 
 def test_resuming_with_or_without_fp32_masters_against_the_checkpoint_is_refused_by_name():
-    from megatron_logra.checkpoint.store import _check_compatible
+    from megatron_logra.checkpoint.compat import check_compatible
 
     saved = {"kind": "logra", "rank": 8, "seed": 1, "distribution": "rademacher", "masters": "none",
              "native": {"step": 3, "lr": 1e-3}}
     here = dict(saved, masters="fp32")
     config = {"model": {"params_dtype": "float32"}, "optimizer": {"logra": {"masters": "fp32"}}}
     with pytest.raises(CheckpointError) as info:
-        _check_compatible(saved, here, "ckpt", config=config)
+        check_compatible(saved, here, "ckpt", config=config)
     assert "holds no fp32 master weights (masters='none'), this run has (masters='fp32')" in str(info.value)
     assert "model.params_dtype and optimizer.logra.masters decide it" in str(info.value)
     assert "(model.params_dtype='float32', optimizer.logra.masters='fp32')" in str(info.value)
-    _check_compatible(saved, dict(saved), "ckpt")
+    check_compatible(saved, dict(saved), "ckpt")
     older = {k: v for k, v in saved.items() if k != "masters"}  # recorded only since this check exists
-    _check_compatible(older, here, "ckpt")
+    check_compatible(older, here, "ckpt")
     with pytest.raises(CheckpointError, match=r"saved with optimizer\.logra\.rank=8, this run has 16; .*"
                                               r"set optimizer\.logra\.rank=8 \(or drop the override\) to resume it, "
                                               r"or start a new run directory"):
-        _check_compatible(older, dict(here, rank=16), "ckpt")
+        check_compatible(older, dict(here, rank=16), "ckpt")
 
 
 @pytest.mark.parametrize("key, saved_value, here_value, shown", [
@@ -158,14 +158,14 @@ def test_resuming_with_or_without_fp32_masters_against_the_checkpoint_is_refused
 def test_resume_mismatches_name_the_config_field_in_either_job(key, saved_value, here_value, shown):
     """The LM job saves the optimizer scalars at the top level, the RL job under ``optimizer``: both name the
     config field (not the scalar's path) and say how to resume or start over."""
-    from megatron_logra.checkpoint.store import _check_compatible
+    from megatron_logra.checkpoint.compat import check_compatible
 
     saved = {"kind": "logra", "rank": 8, "seed": 1, "distribution": "rademacher", "algorithm": "row_adam",
              "refresh": True, "masters": "none", key: saved_value}
     here = dict(saved, **{key: here_value})
     for wrap in (lambda d: d, lambda d: {"optimizer": d, "kl": {}, "rl": {}}):
         with pytest.raises(CheckpointError) as info:
-            _check_compatible(wrap(saved), wrap(here), "ckpt")
+            check_compatible(wrap(saved), wrap(here), "ckpt")
         message = str(info.value)
         assert f"saved with {shown};" in message and "optimizer.optimizer" not in message, message
         assert "or start a new run directory" in message, message
