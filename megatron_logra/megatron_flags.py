@@ -95,14 +95,16 @@ OPTIMIZER_ALIASES: tuple[str, ...] = ("lr", "weight-decay", "clip-grad", "adam-b
   ``logra.update_ratio`` scaled by the KL controller's α, without weight decay on targets or clipping)."""
 
 SCHEDULE_RATIO_FLAGS: dict[str, str] = {"lr-warmup-init": "optimizer.schedule.warmup_init_ratio",
-                                         "min-lr": "optimizer.schedule.min_lr_ratio"}
-"""Megatron-LM's absolute schedule lrs -> the ``optimizer.schedule`` ratio they set (:func:`schedule_ratio`):
-the value divided by the peak lr that ``--lr`` sets for the configured optimizer (the first of
+                                         "min-lr": "optimizer.schedule.min_lr"}
+"""Megatron-LM's absolute schedule lrs -> the ``optimizer.schedule`` field they set (:func:`schedule_ratio`),
+against the peak lr that ``--lr`` sets for the configured optimizer (the first of
 :meth:`~megatron_logra.optim.config.OptimizerConfig.scheduled_lrs`: ``optimizer.logra.lr`` for LoGRA's optimizer
 recipe, ``optimizer.native.lr`` for dense AdamW and for the paper recipe, whose schedule reaches the non-target
-AdamW only). The same ratio then applies to every scheduled lr. Resolved after every other override, so the
-order of ``--lr`` / ``--min-lr`` on the line does not matter; a peak lr of 0, a value above the peak or a
-configuration where no lr follows a schedule is refused."""
+AdamW only). ``--lr-warmup-init``: the value divided by that peak (``warmup_init_ratio``). ``--min-lr``: the value
+itself (``min_lr``, the floor that peak lr decays to exactly; every other scheduled lr decays to the same
+fraction of its own peak). Resolved after every other override, so the order of ``--lr`` / ``--min-lr`` on the
+line does not matter; a peak lr of 0, a value above the peak or a configuration where no lr follows a schedule
+is refused."""
 
 CHECK_FLAGS: tuple[str, ...] = ("max-position-embeddings",)
 """Megatron-LM flags without a field of their own, accepted as a check (:func:`check_flag`):
@@ -339,8 +341,9 @@ def _optimizer_alias(cfg: RunConfig, flag: str) -> str:
 
 
 def schedule_ratio(cfg: RunConfig, flag: str, raw: Any) -> tuple[str, float]:
-    """``(field, ratio)`` for the absolute-lr flag ``flag`` of :data:`SCHEDULE_RATIO_FLAGS` against ``cfg``'s
-    peak lr; ``ValueError`` naming the flag and the fields where it cannot be converted."""
+    """``(field, value)`` for the absolute-lr flag ``flag`` of :data:`SCHEDULE_RATIO_FLAGS` against ``cfg``'s
+    peak lr: a ratio of that peak (``--lr-warmup-init``) or the lr itself (``--min-lr``, stored as given so the
+    floor is exactly it); ``ValueError`` naming the flag and the fields where it cannot be used."""
     target = SCHEDULE_RATIO_FLAGS[flag]
     value = _coerce(raw, float, f"--{flag}")
     if not (math.isfinite(value) and value >= 0):
@@ -356,6 +359,8 @@ def schedule_ratio(cfg: RunConfig, flag: str, raw: Any) -> tuple[str, float]:
     if value > peak:
         raise ValueError(f"--{flag}={value} exceeds the peak lr {peak_field}={peak} (--lr): a schedule runs from "
                          f"and down to fractions of the peak; lower --{flag} or raise --lr")
+    if target == "optimizer.schedule.min_lr":
+        return target, value
     return target, value / peak
 
 

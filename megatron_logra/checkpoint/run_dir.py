@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 import torch.distributed as dist
 
 from megatron_logra.dirlock import lock_directory, release_directory
+from megatron_logra.metrics import BEFORE_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ __all__ = ["claim_run_dir", "lock_run_dir", "release_run_dir", "releasing_run_di
            "check_shared_storage", "resume_config", "RUN_OUTPUTS"]
 
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "summary.png", "tensorboard", "config.yaml", "tokenizer",
-               "deltas", "sglang_model")
+               "deltas", "sglang_model", BEFORE_FILE)
 """What a run writes into its run directory, or is derived from it there: a new run removes each of them that
 is present (:func:`claim_run_dir`), so none of a previous run's can be taken for the new run's."""
 

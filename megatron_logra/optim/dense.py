@@ -19,7 +19,7 @@ from torch import nn
 from megatron_logra.optim.config import NativeConfig
 from megatron_logra.optim.update import PreparedUpdate, module_params
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
-from megatron_logra.optim.schedule import LRScheduleConfig, lr_multiplier
+from megatron_logra.optim.schedule import LRScheduleConfig, lr_multiplier, scheduled_lr
 from megatron_logra.optim.state import SlotState
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum
 
@@ -86,8 +86,9 @@ class DenseAdamW:
             update.clip_coef = self.clip_grad / (update.grad_norm + 1e-6)
             self.native.scale_grads_(update.clip_coef)
         if self.schedule is not None:
-            update.lr_multiplier = lr_multiplier(update.step, self.schedule, self.total_steps)
-            self.native.set_lr(self.native.base_lr * update.lr_multiplier)
+            base = self.native.base_lr  # the lr --lr sets, the reference of an absolute min_lr
+            update.lr_multiplier = lr_multiplier(update.step, self.schedule, self.total_steps, base)
+            self.native.set_lr(scheduled_lr(base, update.step, self.schedule, self.total_steps, base))
         return update
 
     def step_lrs(self, update: PreparedUpdate) -> dict[str, Optional[float]]:

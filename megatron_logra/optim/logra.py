@@ -36,7 +36,7 @@ from megatron_logra.optim.functional import (
 )
 from megatron_logra.optim.logra_state import LograStateMixin
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
-from megatron_logra.optim.schedule import LRScheduleConfig, lr_multiplier
+from megatron_logra.optim.schedule import LRScheduleConfig, lr_multiplier, scheduled_lr
 from megatron_logra.optim.update import PreparedUpdate, module_params
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
 from megatron_logra.sketch.capture import SketchSet, SketchTarget, install_sketches
@@ -193,7 +193,7 @@ class LograOptimizer(LograStateMixin):
 
         update.lr_multiplier = self._lr_multiplier(update.step)
         if self.schedule is not None:  # before native_deltas() reads it and apply() steps with it
-            self.native.set_lr(self.native.base_lr * update.lr_multiplier)
+            self.native.set_lr(self._scheduled(self.native.base_lr, update.step))
         projs = {t.key: ss.projection_for(t) for t in self.targets}
         tp_rank = self.groups.tp_rank
         norm2 = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -218,7 +218,7 @@ class LograOptimizer(LograStateMixin):
         if paper:
             self._paper_scale(update, projs)
         else:
-            lr = cfg.lr * update.lr_multiplier  # the scheduled lr (cfg.lr itself at multiplier 1.0)
+            lr = self._scheduled(cfg.lr, update.step)  # the scheduled lr (cfg.lr itself at multiplier 1.0)
             update.scale = lr
             for d in update.directions.values():
                 d.mul_(lr)
@@ -226,7 +226,21 @@ class LograOptimizer(LograStateMixin):
 
     def _lr_multiplier(self, step: int) -> float:
         """The schedule's factor for 1-based ``step`` (1.0 without a schedule)."""
-        return 1.0 if self.schedule is None else lr_multiplier(step, self.schedule, self.total_steps)
+        if self.schedule is None:
+            return 1.0
+        return lr_multiplier(step, self.schedule, self.total_steps, self._reference_lr())
+
+    def _reference_lr(self) -> float:
+        """The lr ``--lr`` sets, which an absolute ``optimizer.schedule.min_lr`` is the floor of: the targets' for
+        the optimizer recipe, else the non-target AdamW's (``OptimizerConfig.scheduled_lrs``)."""
+        return self.cfg.lr if self.cfg.recipe == "optimizer" else self.native.base_lr
+
+    def _scheduled(self, peak: float, step: int) -> float:
+        """The configured lr ``peak`` after the schedule at 1-based ``step`` (``peak`` without a schedule): at
+        the floor of the decay exactly the floor lr (:func:`~megatron_logra.optim.schedule.scheduled_lr`)."""
+        if self.schedule is None:
+            return peak
+        return scheduled_lr(peak, step, self.schedule, self.total_steps, self._reference_lr())
 
     def step_lrs(self, update: PreparedUpdate) -> dict[str, Optional[float]]:
         """The learning rates ``update`` is (or was) applied with, after the schedule, for a step's metrics
@@ -235,8 +249,8 @@ class LograOptimizer(LograStateMixin):
         None for a skipped update."""
         if update.skipped:
             return {"lr": None, "logra_lr": None}
-        native = self.native.base_lr * update.lr_multiplier if self.native.params else None
-        logra = self.cfg.lr * update.lr_multiplier if self.cfg.recipe == "optimizer" else None
+        native = self._scheduled(self.native.base_lr, update.step) if self.native.params else None
+        logra = self._scheduled(self.cfg.lr, update.step) if self.cfg.recipe == "optimizer" else None
         return {"lr": native, "logra_lr": logra}
 
     def _paper_scale(self, update: PreparedUpdate, projs: dict[str, torch.Tensor]) -> None:
@@ -348,8 +362,8 @@ class LograOptimizer(LograStateMixin):
         cfg = self.cfg
         if cfg.recipe != "optimizer":
             return 1.0
-        m = update.lr_multiplier if update is not None else self._lr_multiplier(self.num_steps + 1)
-        return 1.0 - cfg.lr * m * cfg.weight_decay
+        step = update.step if update is not None else self.num_steps + 1
+        return 1.0 - self._scheduled(cfg.lr, step) * cfg.weight_decay
 
     def _check_factors(self, factors: dict[str, torch.Tensor]) -> None:
         missing = sorted(t.key for t in self.targets if t.key not in factors)

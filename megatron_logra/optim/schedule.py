@@ -18,7 +18,7 @@ lengths times the global batch size ``G``, advanced by ``G`` per update); every 
 in either unit except ``inverse-square-root`` without warmup, where Megatron-LM's ``max(W·G, 1)`` makes
 its lr ``peak / sqrt(n·G)`` (``peak / sqrt(G)`` on the second update) and this one's ``peak / sqrt(n)``.
 With ``W`` = ``warmup_steps``, ``D`` = the decay steps, ``r0`` = ``warmup_init_ratio`` and ``rmin`` =
-``min_lr_ratio``:
+``min_lr_ratio`` (or ``min_lr`` / the reference lr, see :attr:`LRScheduleConfig.min_lr`):
 
 * ``W > 0`` and ``n ≤ W``: ``r0 + (1 − r0)·n/W`` (so the first update of a warmup starting at 0 has
   lr 0, its moments still advance, as in Megatron-LM);
@@ -27,6 +27,10 @@ With ``W`` = ``warmup_steps``, ``D`` = the decay steps, ``r0`` = ``warmup_init_r
 * ``inverse-square-root``: ``max(rmin, sqrt(max(W, 1)) / sqrt(max(n, 1)))``;
 * ``linear`` / ``cosine``: ``rmin + (1 − rmin)·c`` with ``c = 1 − q`` / ``½(1 + cos πq)``,
   ``q = (n − W)/(D − W)``.
+
+An lr at the floor (after the decay, at its last step, or where the inverse square root is below the floor) is
+the floor lr itself, :func:`scheduled_lr`: ``min_lr`` exactly as given for the reference lr (Megatron-LM's
+``--min-lr``, which ``peak × (min_lr / peak)`` can miss by one unit in the last place).
 
 The function is stateless: the step counter the optimizers already checkpoint is all a resume needs,
 so a resumed run takes bitwise the steps of an uninterrupted one. Skipped updates (non-finite
@@ -42,7 +46,7 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DECAY_STYLES", "LRScheduleConfig", "lr_multiplier"]
+__all__ = ["DECAY_STYLES", "LRScheduleConfig", "lr_multiplier", "scheduled_lr"]
 
 DECAY_STYLES: tuple[str, ...] = ("constant", "linear", "cosine", "inverse-square-root")
 """Accepted ``decay_style`` values (Megatron-LM's ``--lr-decay-style`` spellings; WSD is not offered)."""
@@ -76,8 +80,13 @@ class LRScheduleConfig:
     those on resume then stretches the rest of the schedule; set it to pin the schedule. Must exceed
     ``warmup_steps`` for a decaying style."""
     min_lr_ratio: float = 0.0
-    """Floor of the decay as a fraction of the peak, in [0, 1] (Megatron-LM ``--min-lr``, an absolute lr
-    there)."""
+    """Floor of the decay as a fraction of the peak, in [0, 1]. Give this or :attr:`min_lr`."""
+    min_lr: Optional[float] = None
+    """Floor of the decay as an absolute lr (Megatron-LM ``--min-lr``, which sets it), or None (the floor is
+    ``min_lr_ratio`` × peak). It is the floor of the reference lr, the one ``--lr`` sets (the first of
+    ``OptimizerConfig.scheduled_lrs``), exactly as given; every other scheduled lr decays to the same fraction
+    ``min_lr / reference`` of its own peak. Must not exceed the reference lr; with it, leave ``min_lr_ratio``
+    at 0."""
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
@@ -85,6 +94,15 @@ class LRScheduleConfig:
                              "(0: no warmup)")
         _check_ratio("warmup_init_ratio", self.warmup_init_ratio)
         _check_ratio("min_lr_ratio", self.min_lr_ratio)
+        if self.min_lr is not None:
+            if isinstance(self.min_lr, bool) or not isinstance(self.min_lr, (int, float)) \
+                    or not math.isfinite(self.min_lr) or self.min_lr < 0:
+                raise ValueError(f"optimizer.schedule.min_lr={self.min_lr!r} must be a finite lr >= 0 (the absolute "
+                                 f"floor of the decay, --min-lr), or null to use optimizer.schedule.min_lr_ratio")
+            if self.min_lr_ratio != 0:
+                raise ValueError(f"optimizer.schedule.min_lr={self.min_lr} and optimizer.schedule.min_lr_ratio="
+                                 f"{self.min_lr_ratio} both set the floor of the decay; give one of them (set "
+                                 f"min_lr_ratio=0 or min_lr=null)")
         if self.decay_style not in DECAY_STYLES:
             raise ValueError(f"optimizer.schedule.decay_style={self.decay_style!r} is not supported; choose one of "
                              f"{', '.join(DECAY_STYLES)} (Megatron-LM's WSD is not offered)")
@@ -108,6 +126,17 @@ class LRScheduleConfig:
         """True when every step's multiplier is 1 (``constant`` without warmup): each lr is its configured value."""
         return self.warmup_steps == 0 and not self.decays
 
+    def floor_ratio(self, reference_lr: Optional[float] = None) -> float:
+        """The floor of the decay as a fraction of the peak: ``min_lr / reference_lr`` when :attr:`min_lr` is set
+        (``reference_lr``: the lr ``--lr`` sets; 0 when it is 0), else ``min_lr_ratio``. ``ValueError`` when
+        ``min_lr`` is set and ``reference_lr`` is not given."""
+        if self.min_lr is None:
+            return self.min_lr_ratio
+        if reference_lr is None:
+            raise ValueError("optimizer.schedule.min_lr is an absolute lr: the schedule needs the reference lr "
+                             "(the one --lr sets) to scale the others by")
+        return float(self.min_lr) / reference_lr if reference_lr else 0.0
+
     def resolve_decay_steps(self, total_steps: Optional[int], total_name: str = "the job's steps") -> int:
         """The decay's last step: ``decay_steps`` or, when None, ``total_steps`` (the job's optimizer steps,
         named ``total_name`` in errors). ``ValueError`` naming the fields when a decaying style has neither, or
@@ -128,30 +157,51 @@ class LRScheduleConfig:
         return total_steps
 
 
-def lr_multiplier(step: int, cfg: LRScheduleConfig, total_steps: Optional[int] = None) -> float:
+def lr_multiplier(step: int, cfg: LRScheduleConfig, total_steps: Optional[int] = None,
+                  reference_lr: Optional[float] = None) -> float:
     """The factor every peak lr is multiplied by for the 1-based optimizer step ``step`` (see the module
     docstring): megatron-core's ``OptimizerParamScheduler.get_lr`` / peak after ``step − 1`` completed steps,
     for the schedule ``cfg`` whose decay ends at ``cfg.decay_steps`` or, when None, at ``total_steps`` (the
-    job's optimizer steps). Exactly 1.0 for ``constant`` without warmup. ``ValueError`` for ``step < 1`` and
-    as :meth:`LRScheduleConfig.resolve_decay_steps` says."""
+    job's optimizer steps). ``reference_lr``: the lr ``--lr`` sets, needed when ``cfg.min_lr`` is set
+    (:meth:`LRScheduleConfig.floor_ratio`). Exactly 1.0 for ``constant`` without warmup. ``ValueError`` for
+    ``step < 1`` and as :meth:`LRScheduleConfig.resolve_decay_steps` says."""
+    return _multiplier(step, cfg, total_steps, reference_lr)[0]
+
+
+def scheduled_lr(peak: float, step: int, cfg: LRScheduleConfig, total_steps: Optional[int] = None,
+                 reference_lr: Optional[float] = None) -> float:
+    """The lr of the 1-based optimizer step ``step`` for the configured (peak) lr ``peak``: ``peak ×``
+    :func:`lr_multiplier`, except at the floor of the decay, where it is the floor lr itself: ``cfg.min_lr``
+    exactly for the reference lr (``peak == reference_lr``, the one ``--lr`` sets), ``peak × min_lr_ratio``
+    (or ``cfg.min_lr × peak / reference_lr``) for the others. Arguments and errors as :func:`lr_multiplier`."""
+    multiplier, at_floor = _multiplier(step, cfg, total_steps, reference_lr)
+    if at_floor and cfg.min_lr is not None:
+        return float(cfg.min_lr) if peak == reference_lr else float(cfg.min_lr) * (peak / reference_lr)
+    return peak * multiplier
+
+
+def _multiplier(step: int, cfg: LRScheduleConfig, total_steps: Optional[int],
+                reference_lr: Optional[float]) -> tuple[float, bool]:
+    """``(lr_multiplier, whether the lr is at the floor of the decay)``."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f"step={step!r} must be an integer >= 1 (the 1-based optimizer step being taken)")
     n = step - 1  # completed steps: what Megatron-LM's scheduler has counted when the step runs
     warmup = cfg.warmup_steps
     if warmup > 0 and n <= warmup:
         init = cfg.warmup_init_ratio
-        return init + (1.0 - init) * (float(n) / float(warmup))
+        return init + (1.0 - init) * (float(n) / float(warmup)), False
     if not cfg.decays:
-        return 1.0
+        return 1.0, False
     decay_steps = cfg.resolve_decay_steps(total_steps)
-    floor = cfg.min_lr_ratio
+    floor = cfg.floor_ratio(reference_lr)
     if n > decay_steps:
-        return floor
+        return floor, True
     if cfg.decay_style == "inverse-square-root":
-        return max(floor, math.sqrt(max(warmup, 1)) / math.sqrt(max(n, 1)))
+        value = math.sqrt(max(warmup, 1)) / math.sqrt(max(n, 1))
+        return (floor, True) if floor >= value else (value, False)
     progress = float(n - warmup) / float(decay_steps - warmup)
     if cfg.decay_style == "linear":
         coeff = 1.0 - progress
     else:  # cosine
         coeff = 0.5 * (math.cos(math.pi * progress) + 1.0)
-    return floor + coeff * (1.0 - floor)
+    return floor + coeff * (1.0 - floor), coeff == 0.0

@@ -18,8 +18,8 @@ from math import isfinite  # not `import math`: the submodule rewards.math shado
 from typing import Any
 
 from megatron_logra.rewards.base import Problem, ProblemSource, Scorer, prompt_bucket, stable_hash
-from megatron_logra.rewards.jsonl import JSONL_PREFIX, JsonlSource, load_jsonl_problems
-from megatron_logra.rewards.math import MathVerifyScorer, extract_final_answer, math_equal
+from megatron_logra.rewards.jsonl import JSONL_PREFIX, JsonlSource, join_jsonl_paths, load_jsonl_problems
+from megatron_logra.rewards.math import MathVerifyScorer, extract_final_answer, math_equal, parses_as_math
 from megatron_logra.rewards.plugins import PluginScorer, is_dotted_path, load_reward_fn
 from megatron_logra.rewards.task import Task
 
@@ -52,7 +52,9 @@ class TaskConfig:
     datasets: list[str] = field(default_factory=lambda: ["chain_sum"])
     """Problem sources: reasoning-gym dataset names (e.g. chain_sum, gcd, spell_backward) or
     ``jsonl:PATH`` for a local JSONL file (``prompt``/``answer`` or MATH-500 keys). A comma-separated
-    string is accepted too."""
+    string is accepted too; a ``jsonl:`` path may hold commas (``jsonl:/data/a,b.jsonl``: a piece after it that is
+    no dataset name of its own, or that makes it an existing file, belongs to the path:
+    :func:`~megatron_logra.rewards.jsonl.join_jsonl_paths`)."""
     weights: list[float] = field(default_factory=list)
     """Mixture weights, one per dataset (>= 0, positive sum); empty = uniform."""
     dataset_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -90,7 +92,7 @@ class TaskConfig:
     def __post_init__(self) -> None:
         if isinstance(self.datasets, str):
             self.datasets = [s.strip() for s in self.datasets.split(",") if s.strip()]
-        self.datasets = list(self.datasets)
+        self.datasets = join_jsonl_paths(list(self.datasets))
         if not self.datasets:
             raise ValueError("task.datasets is empty: name at least one dataset, e.g. ['chain_sum']")
         for i, spec in enumerate(self.datasets):
@@ -194,7 +196,9 @@ def build_task(cfg: TaskConfig) -> Task:
     Raises ValueError for unknown reasoning-gym names (listing valid ones), bad dataset kwargs, an
     unloadable reward plugin, a source of positive weight with no training prompt (every prompt it
     yields is eval-only: a JSONL file of such rows, a reasoning-gym dataset made tiny by ``size``), and
-    FileNotFoundError / ValueError for missing or malformed JSONL files.
+    FileNotFoundError / ValueError for missing or malformed JSONL files. The rows of a JSONL file scored with
+    math-verify whose gold answer it cannot parse are dropped with one warning (a file of no other rows is a
+    ValueError): :meth:`~megatron_logra.rewards.jsonl.JsonlSource.drop_unparsable_answers`.
     """
     cfg.__post_init__()
     timeout = cfg.math_timeout_s or None
@@ -206,6 +210,8 @@ def build_task(cfg: TaskConfig) -> Task:
     for spec in cfg.datasets:
         if spec.startswith(JSONL_PREFIX):
             source = JsonlSource(spec[len(JSONL_PREFIX) :], source=spec)
+            if plugin is None:  # scored with math-verify: a gold answer it cannot parse never earns a reward
+                source.drop_unparsable_answers(lambda answer: parses_as_math(answer, timeout_s=timeout))
             _check_trainable(source, cfg)
             sources.append(source)
             eval_sources.append(source)

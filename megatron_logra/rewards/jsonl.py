@@ -16,6 +16,13 @@ text may appear on one line only — also when both lines give the same answer: 
 unit of the train/eval split, a repeated one would be sampled twice as often, and two answers for
 it would reward and penalise the same completion.
 
+A path may hold commas: where ``task.datasets`` is given as one comma-separated string (the command line), the
+pieces after a ``jsonl:`` piece are joined back into its path (:func:`join_jsonl_paths`).
+
+Scored with math-verify (``task.reward`` ``auto`` or ``math_verify``), a row whose gold answer math-verify cannot
+parse could never be rewarded: such rows are dropped when the task is built, with one warning naming the file, how
+many and the first lines (:meth:`JsonlSource.drop_unparsable_answers`); a file of no other rows is refused.
+
 Malformed input (not UTF-8, invalid JSON, a key repeated within one object, a missing or mistyped
 field, a non-finite number answer, a null, repeated or mistyped id, a repeated prompt) raises
 ValueError naming ``PATH:LINE`` (and, for repeats, the earlier line) and what is wrong; a missing
@@ -29,19 +36,23 @@ import io
 import json
 import logging
 import math
+import re
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from megatron_logra.rewards.base import Problem
 from megatron_logra.rewards.math import extract_boxed
 
-__all__ = ["JSONL_PREFIX", "JsonlSource", "load_jsonl_problems"]
+__all__ = ["JSONL_PREFIX", "JsonlSource", "load_jsonl_problems", "join_jsonl_paths"]
 
 logger = logging.getLogger(__name__)
 
 JSONL_PREFIX = "jsonl:"
 """Prefix of a dataset spec that names a local JSONL file: ``jsonl:PATH``."""
+
+_SHOWN = 5
+"""How many of the dropped rows a warning names."""
 
 _PROMPT_KEYS = ("prompt", "problem", "question")
 _ID_KEYS = ("id", "unique_id")
@@ -100,6 +111,35 @@ def _problem_of(obj: Any, source: str, where: str, line: int) -> Problem:
     metadata["id"] = str(obj[id_key]) if id_key is not None else f"{source}:{line}"
     metadata["line"] = line
     return Problem(prompt=prompt, answer=answer, source=source, metadata=metadata)
+
+
+def join_jsonl_paths(specs: list[str]) -> list[str]:
+    """``specs`` (dataset specs split at every comma) with the pieces that belong to a ``jsonl:`` path joined back
+    to it, so that ``task.datasets=jsonl:/data/a,b.jsonl`` names the file ``/data/a,b.jsonl``.
+
+    A piece that follows a ``jsonl:`` spec is joined to it (with the comma) when it is no dataset spec of its own
+    (not a reasoning-gym name such as ``gcd`` and not ``jsonl:...``, e.g. ``b.jsonl``), or when the joined path is an
+    existing file and the path before the comma is not. Otherwise the specs stay apart: ``jsonl:/data/a.jsonl,gcd``
+    is a file and the gym dataset ``gcd``. The pieces are stripped of surrounding blanks, as the list they come
+    from; a path whose own text around a comma holds blanks is best given as a YAML list (``datasets:
+    ["jsonl:/data/a, b.jsonl"]`` in a recipe file), which is never split."""
+    out: list[str] = []
+    for spec in specs:
+        prev = out[-1] if out else None
+        if prev is not None and isinstance(prev, str) and isinstance(spec, str) and prev.startswith(JSONL_PREFIX):
+            joined = f"{prev},{spec}"
+            own_spec = spec.startswith(JSONL_PREFIX) or _is_gym_name(spec)
+            path, joined_path = Path(prev[len(JSONL_PREFIX):]), Path(joined[len(JSONL_PREFIX):])
+            if not own_spec or (joined_path.is_file() and not path.is_file()):
+                out[-1] = joined
+                continue
+        out.append(spec)
+    return out
+
+
+def _is_gym_name(spec: str) -> bool:
+    """Whether ``spec`` spells a reasoning-gym dataset name (as ``TaskConfig`` accepts one)."""
+    return re.fullmatch(r"[a-z][a-z0-9_]*", spec) is not None
 
 
 def load_jsonl_problems(path: str | Path, source: str | None = None) -> list[Problem]:
@@ -187,6 +227,34 @@ class JsonlSource:
         self.name = source if source is not None else f"{JSONL_PREFIX}{path}"
         self.problems = load_jsonl_problems(self.path, self.name)
         self.size: int | None = len(self.problems)
+
+    def drop_unparsable_answers(self, parses: Callable[[str], bool]) -> int:
+        """Drop the rows whose gold answer ``parses`` (e.g. math-verify's parse, ``rewards.math.parses_as_math``)
+        rejects, and return how many were dropped, logging one warning that names the file, the count and the
+        first few lines with their answers. ``ValueError`` naming the file and the first lines when no row is left.
+
+        Dropped rather than refused, as RL trainers such as verl and slime filter the rows of a dataset they
+        cannot use (overlong prompts, unparsable answers) with a log line: a large real dataset (MATH, DeepScaleR)
+        usually holds a few answers written as prose or unusual LaTeX, and such a row could never be rewarded --
+        every completion would score 0 against it, wasting its rollouts and diluting the advantages. Fix the answers
+        (LaTeX math, e.g. ``\\frac{1}{2}``) or score the file with a ``task.reward`` plugin that reads them to keep
+        them. The rows are dropped from the train and the held-out problems alike (one list serves both)."""
+        bad = [p for p in self.problems if not parses(p.answer)]
+        if not bad:
+            return 0
+        shown = "; ".join(f"line {p.metadata['line']}: {p.answer[:80]!r}" for p in bad[:_SHOWN])
+        more = f"; and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
+        if len(bad) == len(self.problems):
+            raise ValueError(f"{self.path}: math-verify cannot parse the gold answer of any of its {len(bad)} rows "
+                             f"({shown}{more}), so no completion could be rewarded; write the answers as LaTeX math "
+                             f"(e.g. \\frac{{1}}{{2}}) or score the file with a task.reward plugin "
+                             f"(package.module:function)")
+        self.problems = [p for p in self.problems if parses(p.answer)]
+        self.size = len(self.problems)
+        logger.warning("%s: skipping %d of %d rows whose gold answer math-verify cannot parse (no completion could "
+                       "match it): %s%s; fix those answers or score the file with a task.reward plugin to keep them",
+                       self.path, len(bad), len(bad) + len(self.problems), shown, more)
+        return len(bad)
 
     def problem(self, raw_index: int) -> Problem:
         """The problem at ``raw_index % size`` (a shallow copy, so callers may edit it)."""

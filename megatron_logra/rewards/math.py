@@ -49,6 +49,7 @@ __all__ = [
     "extract_boxed",
     "extract_final_answer",
     "math_equal",
+    "parses_as_math",
 ]
 
 logger = logging.getLogger(__name__)
@@ -181,6 +182,16 @@ def _parse_gold(text: str, timeout_s: int | None) -> tuple[Any, ...]:
     return tuple(_parse(text, timeout_s))
 
 
+def parses_as_math(text: str, *, timeout_s: int | None = 5) -> bool:
+    """Whether math-verify finds anything in the answer string ``text`` (as :func:`math_equal` parses a gold
+    answer): a gold answer for which it is False is equivalent to no completion at all."""
+    return bool(_parse_gold(text, timeout_s))
+
+
+_WARNED_GOLD: set[str] = set()
+"""Gold answers math-verify could not parse that :func:`math_equal` has already warned about (once each)."""
+
+
 def math_equal(gold: str, predicted: str, *, timeout_s: int | None = 5) -> bool:
     """Whether ``predicted`` is mathematically equivalent to ``gold`` according to math-verify.
 
@@ -194,7 +205,10 @@ def math_equal(gold: str, predicted: str, *, timeout_s: int | None = 5) -> bool:
 
     gold_parsed = list(_parse_gold(gold, timeout_s))
     if not gold_parsed:
-        logger.warning("math-verify could not parse the reference answer %r", gold[:200])
+        if gold not in _WARNED_GOLD:  # once per answer, not at every completion scored against it
+            _WARNED_GOLD.add(gold)
+            logger.warning("math-verify could not parse the reference answer %r: no completion can match it",
+                           gold[:200])
         return False
     pred_parsed = _parse(predicted, timeout_s)
     if not pred_parsed:

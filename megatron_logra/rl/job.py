@@ -28,7 +28,7 @@ from megatron_logra.data.tokenizer import (
 from megatron_logra.kl.controller import KLController
 from megatron_logra.kl.probe import probe_method
 from megatron_logra.memory.preflight import memory_preflight
-from megatron_logra.metrics import MetricsWriter, is_rank0, previous_summary_values, strict_dumps
+from megatron_logra.metrics import MetricsWriter, is_rank0, previous_summary_values, record_before_values, strict_dumps
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel, world_group
@@ -291,9 +291,9 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
 
     * ``steps`` — the run's last RL update (whichever process made it).
     * ``eval_accuracy_before`` — held-out accuracy before update 1: measured by a run that starts at step 0,
-      carried over from the previous ``summary.json`` by a resumed one (None when there is none, e.g. every
-      earlier process was killed before writing it). ``eval_accuracy_after`` — held-out accuracy after
-      update ``steps`` (None for a run stopped early).
+      carried over from the previous ``summary.json`` by a resumed one, or from ``RUN/eval_before.json``, which
+      the run that started at step 0 writes as soon as it has measured it (None when neither has it).
+      ``eval_accuracy_after`` — held-out accuracy after update ``steps`` (None for a run stopped early).
     * ``setup_seconds`` / ``rl_seconds`` / ``total_seconds`` — the sums of the processes' ``segment_*``
       times over the run; None when an earlier process's are unknown (the previous ``summary.json`` is
       missing or does not end at the step this process resumed from, e.g. that process was killed).
@@ -336,6 +336,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         logger.info("held-out accuracy at RL step %d (resumed): %.3f", start_step, eval_before)
     else:
         logger.info("held-out accuracy before RL: %.3f", eval_before)
+    if not start_step:  # kept at once: a run killed before its summary.json still reports it when resumed
+        record_before_values(run_dir, {"eval_accuracy_before": eval_before})
     progress = _progress(cfg, state.step) if cfg.train.progress and is_rank0() else None
     record = {}
     if start_step >= cfg.rl.steps:

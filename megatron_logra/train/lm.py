@@ -53,7 +53,7 @@ from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
 from megatron_logra.memory.preflight import memory_preflight
 from megatron_logra.metrics import (MetricsWriter, device_peaks, elapsed, is_rank0, json_safe, previous_summary_values,
-                                    reset_device_peaks, strict_dumps)
+                                    record_before_values, reset_device_peaks, strict_dumps)
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
@@ -170,9 +170,9 @@ def run_lm(cfg: RunConfig) -> dict:
     * ``first_loss`` / ``last_loss`` — the training loss of step 1 / of step ``steps``; a step trained by an
       earlier process is read from its ``metrics.jsonl`` record (None when that record is missing).
     * ``eval_loss_before`` — held-out loss before step 1: measured by a run that starts at step 0, carried
-      over from the previous ``summary.json`` by a resumed one (None when there is none, e.g. every earlier
-      process was killed before writing it). ``eval_loss_after`` — held-out loss after step ``steps``
-      (None for a run stopped early). ``chance_loss`` — ``ln(data.num_symbols)``.
+      over from the previous ``summary.json`` by a resumed one, or from ``RUN/eval_before.json``, which the run
+      that started at step 0 writes as soon as it has measured it (None when neither has it).
+      ``eval_loss_after`` — held-out loss after step ``steps`` (None for a run stopped early). ``chance_loss`` — ``ln(data.num_symbols)``.
     * ``stopped`` — why this process stopped early (None: it reached ``train.steps``).
     * This process only: ``resumed_from_step`` (the checkpoint's step it started from, 0 for a new run),
       ``segment_steps`` (the steps it trained, ``steps - resumed_from_step``), ``segment_eval_loss_before``
@@ -228,6 +228,8 @@ def run_lm(cfg: RunConfig) -> dict:
     eval_before = evaluate(model, task, cfg, groups, optimizer)
     if not start:
         eval_before_run = eval_before
+        # kept at once: a run killed before its summary.json still reports it when resumed
+        record_before_values(run_dir, {"eval_loss_before": eval_before})
     first_loss: Optional[float] = recorded.get(1)
     last_loss: Optional[float] = recorded.get(start)
     progress = _progress(cfg, start) if cfg.train.progress and is_rank0() else None

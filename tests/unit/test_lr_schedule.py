@@ -325,15 +325,15 @@ def test_job_steps_must_exceed_the_warmup_and_a_schedule_must_reach_some_lr():
 
 def test_megatron_schedule_flags_resolve_to_the_dotted_fields_in_any_order():
     flags = ["--min-lr", "6e-4", "--lr-warmup-iters", "10", "--lr-decay-iters", "200", "--lr-decay-style",
-             "cosine", "--lr-warmup-init", "3e-4", "--lr", "6e-3"]  # --min-lr before the --lr it is a ratio of
+             "cosine", "--lr-warmup-init", "3e-4", "--lr", "6e-3"]  # --min-lr before the --lr it is the floor of
     s = parse_args_to_config("lm-tiny", flags).optimizer.schedule
     assert (s.warmup_steps, s.decay_steps, s.decay_style) == (10, 200, "cosine")
-    assert (s.min_lr_ratio, s.warmup_init_ratio) == (pytest.approx(0.1), pytest.approx(0.05))
+    assert (s.min_lr, s.min_lr_ratio, s.warmup_init_ratio) == (6e-4, 0.0, pytest.approx(0.05))  # min_lr as given
     dense = parse_args_to_config("tiny-adam", ["--lr", "2e-3", "--min-lr", "5e-4"])  # dense AdamW: native.lr
-    assert dense.optimizer.native.lr == 2e-3 and dense.optimizer.schedule.min_lr_ratio == pytest.approx(0.25)
+    assert dense.optimizer.native.lr == 2e-3 and dense.optimizer.schedule.min_lr == 5e-4
     paper = parse_args_to_config("tiny", ["logra.recipe=paper", "native.freeze=false", "native.lr=4e-3",
                                           "--min-lr", "1e-3", "--lr-decay-style", "linear"])
-    assert paper.optimizer.schedule.min_lr_ratio == pytest.approx(0.25)  # the paper recipe: the native AdamW's lr
+    assert paper.optimizer.schedule.min_lr == 1e-3  # the paper recipe: the floor of the native AdamW's lr
     assert parse_args_to_config("lm-tiny", ["schedule.decay_steps=5"]).optimizer.schedule.decay_steps == 5
 
 
@@ -341,7 +341,7 @@ def test_yaml_recipe_takes_the_megatron_schedule_flags(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("recipe: lm-tiny\nlr-decay-style: inverse-square-root\nlr-warmup-iters: 4\nmin-lr: 3.0e-4\n")
     s = load_recipe(str(path)).optimizer.schedule
-    assert (s.decay_style, s.warmup_steps, s.min_lr_ratio) == ("inverse-square-root", 4, pytest.approx(0.1))
+    assert (s.decay_style, s.warmup_steps, s.min_lr) == ("inverse-square-root", 4, 3.0e-4)
 
 
 @pytest.mark.parametrize("flags,match", [
@@ -349,7 +349,8 @@ def test_yaml_recipe_takes_the_megatron_schedule_flags(tmp_path):
     (["--lr", "0", "--min-lr", "0"], r"--min-lr=0\.0 .*optimizer\.logra\.lr, which is 0"),
     (["--min-lr", "1e-2"], r"--min-lr=0\.01 exceeds the peak lr optimizer\.logra\.lr=0\.003"),
     (["--lr-warmup-init", "-1"], r"--lr-warmup-init=-1\.0 must be a finite lr"),
-    (["--min-lr", "1e-4", "schedule.min_lr_ratio=0.1"], r"--min-lr sets optimizer\.schedule\.min_lr_ratio .*also given"),
+    (["--min-lr", "1e-4", "schedule.min_lr_ratio=0.1"], r"optimizer\.schedule\.min_lr=0\.0001 and optimizer\.schedule"
+                                                        r"\.min_lr_ratio=0\.1 both set the floor"),
 ])
 def test_megatron_schedule_flags_are_refused_with_the_reason(flags, match):
     with pytest.raises(ValueError, match=match):
@@ -357,7 +358,7 @@ def test_megatron_schedule_flags_are_refused_with_the_reason(flags, match):
 
 
 def test_min_lr_is_refused_where_no_lr_follows_a_schedule():
-    with pytest.raises(ValueError, match=r"--min-lr sets optimizer\.schedule\.min_lr_ratio, but no lr follows"):
+    with pytest.raises(ValueError, match=r"--min-lr sets optimizer\.schedule\.min_lr, but no lr follows"):
         parse_args_to_config("tiny", ["logra.recipe=paper", "--min-lr", "1e-5"])  # tiny freezes the non-targets
 
 
@@ -384,7 +385,7 @@ def test_lm_run_records_the_scheduled_lrs_and_resumes_bitwise(tmp_path, one_thre
     multipliers = [0.0, 1.0, 0.625]
     assert [r["logra_lr"] for r in records] == pytest.approx([4e-3 * m for m in multipliers], rel=1e-12, abs=1e-18)
     assert [r["lr"] for r in records] == pytest.approx([1e-3 * m for m in multipliers], rel=1e-12, abs=1e-18)
-    assert "min_lr_ratio: 0.25" in (run / "config.yaml").read_text()  # the saved config holds the resolved ratio
+    assert "min_lr: 0.001" in (run / "config.yaml").read_text()  # the saved config holds the floor as given
     # 2 steps, then resumed from that checkpoint to 3: step 3 (lr, loss, its update) is bitwise the uninterrupted one
     parted = tmp_path / "parted"
     assert main(["train", "lm-tiny", f"train.run_dir={parted}", "train.steps=2", *LM_SCHEDULED]) == 0

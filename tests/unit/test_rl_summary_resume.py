@@ -100,10 +100,11 @@ def test_resumed_summary_covers_the_whole_run(first, tmp_path, caplog):
 
 
 def test_resume_without_the_previous_summary_leaves_whole_run_values_unknown(first, tmp_path):
-    """Every earlier process killed before writing its summary: what they measured is unknown (null),
-    never this process's numbers passed off as the run's."""
+    """Every earlier process killed before writing its summary (and, here, the accuracy before update 1 lost
+    too): what they measured is unknown (null), never this process's numbers passed off as the run's."""
     run = _copy(first, tmp_path)
     (run / "summary.json").unlink()
+    (run / "eval_before.json").unlink()
     s = _resume(run, 2)
     assert s["steps"] == 2 and s["resumed_from_step"] == 1
     assert s["eval_accuracy_before"] is None and s["segment_eval_accuracy_before"] is not None
