@@ -28,8 +28,8 @@ from megatron_logra.rollout.engine import Rollout, SamplingParams
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_generate_payload", "parse_generate_response", "check_logprob_convention", "engine_hf_config",
-           "engine_context_length", "sglang_mem_fraction", "require_sglang", "request_seeds", "ORIGINAL_LOGPROB_ENV",
+__all__ = ["build_generate_payload", "parse_generate_response", "check_logprob_convention", "check_engine_kwargs",
+           "engine_hf_config", "engine_context_length", "sglang_mem_fraction", "require_sglang", "request_seeds", "ORIGINAL_LOGPROB_ENV",
            "PADDED_LOGIT_BIAS", "SEED_LIMIT"]
 
 PADDED_LOGIT_BIAS = -1.0e4  # models.gpt.PADDED_LOGIT, kept literal: this module must not import megatron
@@ -52,6 +52,29 @@ def require_sglang() -> Any:
             f"({exc}); install the GPU extra: pip install 'megatron-logra[sglang]' (CUDA only), "
             "or point rl.rollout.sglang_url at a running server, or use rl.rollout.engine=embedded") from exc
     return sglang
+
+
+def check_engine_kwargs(kwargs: Mapping[str, Any], server_arg_names: Optional[set], version: str = "?") -> None:
+    """Refuse ``sglang.Engine`` keyword arguments the installed SGLang's ``ServerArgs`` lacks (``ValueError``).
+
+    ``sglang.Engine(**kwargs)`` builds ``ServerArgs(**kwargs)``, a dataclass: an unknown name fails there
+    with a bare ``TypeError`` after the GPUs were checked. Older 0.5 releases lack
+    ``enable_deterministic_inference`` (sent for ``rl.rollout.sglang_sampling_seed``), and a misspelt key in
+    ``rl.rollout.sglang_engine_args`` fails the same way; this names them and the fix first.
+    ``server_arg_names``: the field names of ``sglang.srt.server_args.ServerArgs`` (None: not known, no check).
+    """
+    if server_arg_names is None:
+        return
+    unknown = sorted(k for k in kwargs if k not in server_arg_names)
+    if not unknown:
+        return
+    hints = []
+    if "enable_deterministic_inference" in unknown:
+        hints.append("enable_deterministic_inference comes from rl.rollout.sglang_sampling_seed=true and needs an "
+                     "SGLang with deterministic inference (per-request sampling_seed); upgrade SGLang or set "
+                     "rl.rollout.sglang_sampling_seed=false")
+    raise ValueError(f"the installed SGLang ({version}) has no server argument(s) {unknown}: check "
+                     f"rl.rollout.sglang_engine_args" + (f"; {'; '.join(hints)}" if hints else ""))
 
 
 # --------------------------------------------------------------------------- pure translations

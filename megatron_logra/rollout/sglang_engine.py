@@ -80,6 +80,7 @@ from megatron_logra.rollout.driver import is_driver, share_from_driver
 from megatron_logra.rollout.engine import Rollout, SamplingParams
 from megatron_logra.rollout.sglang_api import (
     build_generate_payload,
+    check_engine_kwargs,
     check_logprob_convention,
     engine_context_length,
     engine_hf_config,
@@ -274,8 +275,9 @@ class SGLangEngine:
             share_from_driver(lambda: check_engine_gpus(gpus["tp_size"], base_gpu_id=gpus["base_gpu_id"],
                                                         device_count=torch.cuda.device_count(),
                                                         replica_gpus=_replica_gpus(mp)), mp)
-        engine = None
-        if is_driver(mp):
+        started: list = []  # the driver's engine (not picklable: kept here, only the outcome is shared)
+
+        def start() -> None:  # on the driver; its error (bad engine args, no memory) reaches every rank
             sglang = require_sglang()
             model_dir = Path(cfg.train.run_dir) / "sglang_model" / f"dp{groups.dp_rank}"
             model_dir.mkdir(parents=True, exist_ok=True)
@@ -290,15 +292,32 @@ class SGLangEngine:
             if ro.sglang_sampling_seed:  # SGLang honours per-request seeds only in deterministic mode
                 kwargs["enable_deterministic_inference"] = True
             kwargs.update(ro.sglang_engine_args)
+            check_engine_kwargs(kwargs, _server_arg_names(), str(getattr(sglang, "__version__", "?")))
             with engine_start_environment():
                 engine = sglang.Engine(**kwargs)
             atexit.register(engine.shutdown)
             logger.info("sglang engine: in-process, tp_size=%d, share %.2f (SGLang mem_fraction_static %.2f), %s",
                         kwargs["tp_size"], ro.mem_fraction_static, kwargs["mem_fraction_static"], model_dir)
+            started.append(engine)
+
+        share_from_driver(start, mp)
+        engine = started[0] if started else None
         target = SGLangEngineTarget(engine) if engine is not None else None
         gen_fn = (lambda payload: engine.generate(**payload)) if engine is not None else None
         return cls(generate_fn=gen_fn, target=target, gen_group=mp, sync_group=mp,
                    close_fn=engine.shutdown if engine is not None else None, **common)
+
+
+def _server_arg_names() -> Optional[set]:
+    """The field names of the installed ``sglang.srt.server_args.ServerArgs`` (None when they cannot be read)."""
+    try:
+        import dataclasses
+
+        from sglang.srt.server_args import ServerArgs
+
+        return {f.name for f in dataclasses.fields(ServerArgs)}
+    except Exception:  # not a dataclass any more, or not importable: let sglang.Engine decide
+        return None
 
 
 def _replica_gpus(mp: Any) -> int:
