@@ -190,8 +190,17 @@ class RunConfig:
         ``model.hf_path`` (job=rl) it is checked once the checkpoint's architecture is read
         (``overrides.resolve_hf_model``)."""
         from megatron_logra.memory.planner import check_split
+        from megatron_logra.models.te import fp8_weight_shape_problems
 
         check_split(self.model, self.parallel.tp, self.parallel.pp, tp_name="parallel.tp", pp_name="parallel.pp")
+        bad = fp8_weight_shape_problems(self.model, self.parallel.tp)
+        if bad:
+            need = ("both sides multiples of 32" if self.model.fp8_recipe == "mxfp8"
+                    else "rows (out) multiples of 8 and columns (in) multiples of 16")
+            raise ValueError(f"model.fp8={self.model.fp8} (model.fp8_recipe={self.model.fp8_recipe}) at parallel.tp="
+                             f"{self.parallel.tp}: TransformerEngine's FP8 GEMMs need each rank's weight shard with "
+                             f"{need}, but {'; '.join(bad)} (model.hidden_size, num_attention_heads, "
+                             f"num_query_groups, kv_channels, ffn_hidden_size); change those sizes or set model.fp8=null")
 
     def _check_low_precision_delta_sync(self) -> None:
         """What sketch-delta sync cannot carry is refused before anything is built: an ``output_layer`` target

@@ -44,8 +44,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 __all__ = ["TRANSFORMER_IMPLS", "FP8_FORMATS", "FP8_RECIPES", "te_installed", "te_unavailable_reason",
-           "check_model_fields",
-           "resolve_transformer_impl", "layer_spec", "fp8_config_kwargs", "without_fp8"]
+           "check_model_fields", "fp8_token_multiple", "fp8_weight_shape_problems", "sequence_multiple",
+           "resolve_transformer_impl", "te_import_problem", "layer_spec", "fp8_config_kwargs", "without_fp8"]
 
 TRANSFORMER_IMPLS = ("local", "transformer_engine", "auto")
 FP8_FORMATS = ("hybrid", "e4m3")
@@ -99,6 +99,25 @@ def fp8_token_multiple(fp8_recipe: str) -> int:
     return 32 if fp8_recipe == "mxfp8" else 16
 
 
+def fp8_weight_shape_problems(model: Any, tp_size: int) -> list[str]:
+    """What keeps the TE linears of ``model`` (a ``ModelConfig``) at TP ``tp_size`` out of FP8 GEMMs, or ``[]``.
+
+    TransformerEngine checks every FP8 GEMM's weight as it does its input (``assert_dim_for_fp8_exec(inputmat,
+    weight)`` in ``Linear`` / ``LayerNormLinear``): each rank's ``[out, in]`` shard needs ``out % 8 == 0`` and
+    ``in % 16 == 0``; with ``mxfp8`` both sides are quantised in blocks of 32 (rowwise for the forward,
+    columnwise for the backward), so both must be multiples of 32. Empty without ``model.fp8``."""
+    if model.fp8 is None:
+        return []
+    block = fp8_token_multiple(model.fp8_recipe)
+    out_mult, in_mult = (block, block) if block == 32 else (8, 16)
+    h, d = model.hidden_size, model.head_dim
+    q, kv = model.num_attention_heads * d, (model.num_query_groups or model.num_attention_heads) * d
+    fc1 = model.ffn_hidden_size * (2 if model.swiglu else 1)
+    shapes = {"linear_qkv": ((q + 2 * kv) // tp_size, h), "linear_proj": (h, q // tp_size),
+              "linear_fc1": (fc1 // tp_size, h), "linear_fc2": (h, model.ffn_hidden_size // tp_size)}
+    return [f"{name} [{o}, {i}] per rank" for name, (o, i) in shapes.items() if o % out_mult or i % in_mult]
+
+
 def sequence_multiple(fp8: Optional[str], sequence_parallel: bool, tp_size: int,
                       fp8_recipe: str = "delayed") -> int:
     """Every packed sequence length must be a multiple of this (8 without FP8 or sequence parallelism).
@@ -135,6 +154,50 @@ def resolve_transformer_impl(impl: str) -> str:
     return impl
 
 
+MCORE_TE_IMPORT = ("transformer_engine.pytorch.fp8", ("FP8GlobalStateManager", "fp8_autocast"))
+"""What megatron-core's TE wrappers (``megatron/core/extensions/transformer_engine.py``) import from TE besides
+``transformer_engine`` itself; their ``HAVE_TE`` is False when it fails."""
+
+
+def te_import_problem() -> Optional[str]:
+    """Why megatron-core cannot build TransformerEngine layers in this process, or None when it can.
+
+    Two flags of megatron-core must both be set: ``gpt_layer_specs.HAVE_TE`` (``import
+    transformer_engine`` worked) and ``extensions.transformer_engine.HAVE_TE`` (its TE wrappers'
+    imports worked, ``transformer_engine.pytorch.fp8``'s ``FP8GlobalStateManager`` and
+    ``fp8_autocast`` among them). When only the second fails, megatron-core leaves its wrappers built
+    on a mock, the spec still imports, and the first layer built raises "Transformer Engine is not
+    installed" although it is (a TransformerEngine release that no longer provides what this
+    megatron-core imports, or a TE build for another torch). Imports TE (call it only for the TE spec).
+    """
+    from megatron.core.extensions import transformer_engine as mcore_te
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if getattr(gpt_layer_specs, "HAVE_TE", False) and getattr(mcore_te, "HAVE_TE", False):
+        return None
+    module, names = MCORE_TE_IMPORT
+    try:
+        missing = [n for n in names if not hasattr(importlib.import_module(module), n)]
+        cause = (f"{module} has no {', '.join(missing)}" if missing
+                 else "megatron-core's TransformerEngine extension did not load")
+    except Exception as exc:  # noqa: BLE001 - whatever the import raised is the reason to report
+        cause = f"importing {module} failed ({type(exc).__name__}: {exc})"
+    return (f"megatron-core {_version('megatron-core')} cannot use TransformerEngine "
+            f"{_version('transformer_engine', 'transformer-engine', 'transformer_engine_torch')}: {cause}; "
+            "use a TransformerEngine release that megatron-core release supports (docker/Dockerfile pairs the two)")
+
+
+def _version(*dists: str) -> str:
+    from importlib import metadata
+
+    for name in dists:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "(version unknown)"
+
+
 def layer_spec(impl: str, *, normalization: str, qk_layernorm: bool):
     """megatron-core ``ModuleSpec`` of one transformer layer for a resolved ``impl`` (``local``: every
     norm slot is megatron's ``WrappedTorchNorm``, which builds ``torch.nn.LayerNorm`` or
@@ -142,9 +205,10 @@ def layer_spec(impl: str, *, normalization: str, qk_layernorm: bool):
     from megatron.core.models.gpt import gpt_layer_specs
 
     if impl == "transformer_engine":
-        if not getattr(gpt_layer_specs, "HAVE_TE", False):
-            raise RuntimeError("model.transformer_impl='transformer_engine': megatron-core could not import "
-                               "TransformerEngine (check that transformer_engine imports on this machine)")
+        problem = te_import_problem()
+        if problem:
+            raise RuntimeError(f"model.transformer_impl='transformer_engine': {problem}; "
+                               "or set model.transformer_impl=local")
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
     if impl == "local":
         from megatron.core.transformer.torch_norm import WrappedTorchNorm

@@ -76,20 +76,33 @@ def fp8_projection(x: torch.Tensor, proj_RI: torch.Tensor, *, return_dequantized
     if not x.is_cuda:
         raise RuntimeError("fp8_projection needs a CUDA tensor (torch._scaled_mm)")
     sign, c = rademacher_signs(proj_RI.float())
-    x2 = x.reshape(-1, x.shape[-1]).float()
+    out, x_deq = _e4m3_signed_gemm(x.reshape(-1, x.shape[-1]).float(), sign)
+    out = out * c
+    if return_dequantized:
+        return out, x_deq
+    return out
+
+
+def _e4m3_signed_gemm(x2: torch.Tensor, sign: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(deq(q(X))·signᵀ, deq(q(X)))`` in fp32 by one ``torch._scaled_mm``: ``x2`` ``[T, n_in]`` fp32,
+    ``sign`` ``[r, n_in]`` of ``±1``, ``n_in`` and ``r`` multiples of 16 (checked by the caller).
+
+    The contract of ``torch._scaled_mm`` (torch >= 2.5; also on CPU builds that have it, which is how
+    the unit tests pin it): ``mat1`` row-major FP8 with ``size(1) % 16 == 0``, ``mat2`` column-major FP8
+    with both sizes multiples of 16 (``sign_q.t()`` of a contiguous ``[r, n_in]`` is), per-tensor
+    scales as one-element fp32 tensors that *multiply* the product (the dequantisation scales), one
+    tensor back (torch < 2.5 returned ``(out, amax)``). Rows are padded to 16 for the older kernels'
+    ``size(0)`` requirement and cut off again."""
     rows = x2.shape[0]
     amax = float(x2.abs().max().clamp_min(1e-30))
-    scale_x = torch.tensor(amax / E4M3_MAX, dtype=torch.float32, device=x.device)
+    scale_x = torch.tensor(amax / E4M3_MAX, dtype=torch.float32, device=x2.device)
     xq = _pad_rows((x2 / scale_x).to(torch.float8_e4m3fn))
-    sign_q = sign.to(device=x.device, dtype=torch.float8_e4m3fn)
-    one = torch.ones((), dtype=torch.float32, device=x.device)
+    sign_q = sign.to(device=x2.device, dtype=torch.float8_e4m3fn).contiguous()
+    one = torch.ones((), dtype=torch.float32, device=x2.device)
     out = torch._scaled_mm(xq, sign_q.t(), scale_a=scale_x, scale_b=one, out_dtype=torch.float32)
     if isinstance(out, tuple):  # torch < 2.5 also returned amax
         out = out[0]
-    out = out[:rows] * c
-    if return_dequantized:
-        return out, xq[:rows].float() * scale_x
-    return out
+    return out[:rows], xq[:rows].float() * scale_x
 
 
 @torch.no_grad()
