@@ -24,7 +24,13 @@ three alike and the time ratios are taken side by side.
     python benchmarks/optimizer_memory.py            # full run (~10-15 min on 2 cores)
     python benchmarks/optimizer_memory.py --quick    # smaller sizes, fewer steps, reused children (~1.5 min)
 
-Results: a table on stdout, plus ``benchmarks/results/optimizer_memory{,_quick}.{md,json}``.
+Results: a table on stdout, plus ``STEM.md`` and ``STEM.json`` of ``--out STEM``. Without ``--out`` the
+documented runs write the committed ``benchmarks/results/optimizer_memory{,_quick}.{md,json}``: the full run
+(the default ``--sizes``, ``--seq``, ``--micro-batch``, ``--vocab``, ``--threads`` and ``--reuse-processes``)
+and ``--quick`` (the same with its own sizes and reused children), each with at least its default number of
+``--steps`` (more timed steps only narrow the step-time medians). Any other run writes
+``runs/bench-optimizer-memory/optimizer_memory{,_quick}.{md,json}`` under the working directory, so a smaller
+run never replaces a committed table.
 """
 
 from __future__ import annotations
@@ -51,13 +57,19 @@ from megatron_logra.memory.measure import (  # noqa: E402
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
-from megatron_logra.bench.report import cpu_model  # noqa: E402
+from megatron_logra.bench.report import cpu_model, why_unwritable  # noqa: E402
 from megatron_logra.bench.optimizer_memory_report import (  # noqa: E402
     MiB, NOTES, OPTIMIZERS, detail_lines, markdown, print_table, summarize, verdict_lines, verdicts,
 )
 
 FULL_SIZES = [(256, 2), (512, 1), (1024, 1)]
 QUICK_SIZES = [(64, 1), (128, 1), (256, 1)]
+DEFAULT_SEQ, DEFAULT_MICRO_BATCH, DEFAULT_VOCAB, DEFAULT_THREADS = 512, 2, 1024, 2
+FULL_STEPS, QUICK_STEPS = 3, 2
+COMMITTED = HERE / "results"
+"""Directory of the committed tables: written by default only by the documented runs (:func:`documented`)."""
+OTHER_RUNS = Path("runs/bench-optimizer-memory")
+""":data:`COMMITTED`'s stand-in (relative to the working directory) for a run of other settings."""
 
 
 
@@ -518,27 +530,70 @@ def with_ext(stem: Path, ext: str) -> Path:
     return stem.with_name(stem.name + ext)
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def documented(args: argparse.Namespace) -> bool:
+    """Whether the run of the parsed ``args`` is a documented one, whose tables are committed: every setting
+    at the default of its mode (full or ``--quick``; unset ``--sizes``, ``--steps``, ``--reuse-processes`` are
+    the mode's), with at least the mode's default number of timed steps."""
+    sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
+    steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else FULL_STEPS)
+    reuse = args.reuse_processes if args.reuse_processes is not None else args.quick
+    return (sizes == (QUICK_SIZES if args.quick else FULL_SIZES)
+            and (args.seq, args.micro_batch, args.vocab, args.threads)
+            == (DEFAULT_SEQ, DEFAULT_MICRO_BATCH, DEFAULT_VOCAB, DEFAULT_THREADS)
+            and reuse == args.quick and steps >= (QUICK_STEPS if args.quick else FULL_STEPS))
+
+
+def default_stem(args: argparse.Namespace) -> Path:
+    """Where a run of the parsed ``args`` without ``--out`` writes: ``benchmarks/results/optimizer_memory[_quick]``
+    for a :func:`documented` run, else ``runs/bench-optimizer-memory/optimizer_memory[_quick]`` under the working
+    directory."""
+    name = "optimizer_memory_quick" if args.quick else "optimizer_memory"
+    return (COMMITTED if documented(args) else OTHER_RUNS) / name
+
+
+def check_writable(parser: argparse.ArgumentParser, flag: str, *files: Path) -> None:
+    """Refuse, before anything runs, report ``files`` that could not be written at the end
+    (:func:`~megatron_logra.bench.report.why_unwritable`): a usage error naming ``flag``, the option that
+    chose them."""
+    for file in files:
+        problem = why_unwritable(file)
+        if problem:
+            parser.error(f"argument {flag}: {problem}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of this benchmark (its child side's options hidden)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help=f"smaller sizes {QUICK_SIZES}, 2 timed steps, children reused across sizes (~1.5 min)")
-    p.add_argument("--sizes", type=parse_sizes, default=None, help="comma list of HIDDENxLAYERS, e.g. 256x2,512x2,1024x1")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per configuration (default 3, quick 2)")
-    p.add_argument("--seq", type=int, default=512)
-    p.add_argument("--micro-batch", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=1024)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quick", action="store_true",
+                   help=f"smaller sizes {QUICK_SIZES}, {QUICK_STEPS} timed steps, children reused across sizes (~1.5 min)")
+    p.add_argument("--sizes", type=parse_sizes, default=None,
+                   help=f"comma list of HIDDENxLAYERS, e.g. 256x2,512x2,1024x1 (default {FULL_SIZES}; quick {QUICK_SIZES})")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"timed steps per configuration (default {FULL_STEPS}, quick {QUICK_STEPS})")
+    p.add_argument("--seq", type=int, default=DEFAULT_SEQ, help=f"tokens per sequence (default {DEFAULT_SEQ})")
+    p.add_argument("--micro-batch", type=int, default=DEFAULT_MICRO_BATCH,
+                   help=f"sequences per micro-batch (default {DEFAULT_MICRO_BATCH})")
+    p.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help=f"vocabulary size (default {DEFAULT_VOCAB})")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help=f"torch threads of each child (default {DEFAULT_THREADS})")
     p.add_argument("--reuse-processes", action=argparse.BooleanOptionalAction, default=None,
                    help="one child per optimizer for all sizes (saves imports; default with --quick) instead of "
                         "fresh children per size (clean peak RSS; default)")
     p.add_argument("--out", type=str, default=None,
-                   help="output stem: writes STEM.md and STEM.json (a trailing .md/.json is dropped; "
-                        "default benchmarks/results/optimizer_memory[_quick])")
+                   help="output stem: writes STEM.md and STEM.json (a trailing .md/.json is dropped; default: "
+                        "benchmarks/results/optimizer_memory[_quick] for the documented full or --quick run, any "
+                        f"other run {OTHER_RUNS}/optimizer_memory[_quick])")
     # child side
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--opt", choices=OPTIMIZERS, help=argparse.SUPPRESS)
     p.add_argument("--render", type=str, default=None, metavar="JSON",
                    help="do not run: re-print a saved results JSON and write its markdown beside it "
                         "(X.json -> X.md; the JSON is left as it is)")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.child:
         child_main(args)
@@ -552,25 +607,33 @@ def main(argv: Optional[list[str]] = None) -> None:
             text = path.read_text()
         except OSError as exc:
             p.error(f"argument --render: cannot read {path}: {exc.strerror or exc}")
+        except UnicodeDecodeError as exc:
+            p.error(f"argument --render: {path} is not a results JSON of this benchmark (not UTF-8 text: {exc.reason})")
         try:
             saved = json.loads(text)
             rows, meta = saved["rows"], saved["meta"]
         except (ValueError, KeyError, TypeError) as exc:
             p.error(f"argument --render: {path} is not a results JSON of this benchmark "
                     f"(an object with 'rows' and 'meta'): {type(exc).__name__}: {exc}")
-        for r in rows:
-            r["verdicts"] = verdicts(r)
-        meta["notes"] = NOTES
+        try:
+            for r in rows:
+                r["verdicts"] = verdicts(r)
+            meta["notes"] = NOTES
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            p.error(f"argument --render: {path} is not a results JSON of this benchmark "
+                    f"(its rows lack the measured numbers): {type(exc).__name__}: {exc}")
+        md = with_ext(output_stem(str(path)), ".md")
+        check_writable(p, "--render", md)
         emit(rows, meta, output_stem(str(path)), write_json=False)
         return
 
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     if args.steps is None:
-        args.steps = 2 if args.quick else 3
+        args.steps = QUICK_STEPS if args.quick else FULL_STEPS
     if args.reuse_processes is None:
         args.reuse_processes = args.quick
-    out_stem = output_stem(args.out) if args.out else HERE / "results" / (
-        "optimizer_memory_quick" if args.quick else "optimizer_memory")
+    out_stem = output_stem(args.out) if args.out else default_stem(args)
+    check_writable(p, "--out", with_ext(out_stem, ".md"), with_ext(out_stem, ".json"))
     t0 = time.time()
     load_start = os.getloadavg()
     raw = {}

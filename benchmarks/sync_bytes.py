@@ -36,6 +36,12 @@ already arrived). The weights are drawn on the device; the delta is decoded on t
 engine receives it. The apply is timed twice: eagerly (the prepared commit's kernels launched one by
 one) and replayed as a CUDA graph (``ProjectionCache(cuda_graphs=True)``, :mod:`megatron_logra.sync.graph`).
 
+Results: the tables on stdout and in ``--out``. Without ``--out`` the documented CPU run (the default
+``--ranks``, ``--timing-rank``, ``--big-dtypes`` and ``--threads``, at least the default ``--repeats``; more
+repeats only narrow the medians and ``--baseline-rev`` only adds its before/after table) writes the committed
+``benchmarks/results/sync_bytes.md``; any other CPU run writes ``runs/bench-sync-bytes/sync_bytes.md`` under
+the working directory, so a smaller run never replaces the committed table. A ``--device`` run writes
+``benchmarks/results/sync_bytes_DEVICE.md`` under the working directory (no committed table has that name).
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from typing import Callable, Optional
 import torch
 
 from megatron_logra.argtypes import positive_int
-from megatron_logra.bench.report import cpu_model
+from megatron_logra.bench.report import cpu_model, why_unwritable
 from megatron_logra.sync import apply_delta_, decode, encode
 from megatron_logra.sync.apply import ProjectionCache, check_version
 from megatron_logra.sync.merge import _merge_prepared_, chunk_elems, merge_row_chunks
@@ -72,6 +78,13 @@ MODELS = {
                                tied=True), "tied, head_dim 128"),
 }
 BIG = DenseShape(hidden=1024, layers=8, heads=16, kv_heads=4, ffn=4096, vocab=32000)
+
+DEFAULT_RANKS, DEFAULT_TIMING_RANK, DEFAULT_REPEATS = "32,64", 32, 7
+DEFAULT_BIG_DTYPES, DEFAULT_THREADS = "float32,bfloat16", "1,2"
+COMMITTED = Path(__file__).resolve().parent / "results" / "sync_bytes.md"
+"""The committed CPU tables: written by default only by the documented run (:func:`documented`)."""
+OTHER_RUNS = Path("runs/bench-sync-bytes/sync_bytes.md")
+""":data:`COMMITTED`'s stand-in (relative to the working directory) for a CPU run of other settings."""
 
 
 def _fmt_bytes(n: float) -> str:
@@ -415,27 +428,61 @@ def torch_device(text: str) -> torch.device:
         raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (such as cpu, cuda or cuda:1)") from None
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def documented(args: argparse.Namespace) -> bool:
+    """Whether the CPU run of ``args`` is the documented one, whose tables are committed: the default ranks,
+    timing rank, weight dtypes and thread counts, with at least the default number of repeats."""
+    return (args.ranks == positive_ints(DEFAULT_RANKS) and args.timing_rank == DEFAULT_TIMING_RANK
+            and args.big_dtypes == float_dtypes(DEFAULT_BIG_DTYPES) and args.threads == positive_ints(DEFAULT_THREADS)
+            and args.repeats >= DEFAULT_REPEATS)
+
+
+def default_out(args: argparse.Namespace) -> Path:
+    """The report file of a run without ``--out`` (see the module docstring)."""
+    if args.device:
+        return Path(f"benchmarks/results/sync_bytes_{args.device.type}.md")
+    return COMMITTED if documented(args) else OTHER_RUNS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of this benchmark."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=positive_ints, default="32,64", help="sketch ranks of the bytes table (comma separated)")
-    p.add_argument("--timing-rank", type=positive_int, default=32)
-    p.add_argument("--repeats", type=positive_int, default=7)
-    p.add_argument("--big-dtypes", type=float_dtypes, default="float32,bfloat16", help="weight dtypes of the >=100M model")
-    p.add_argument("--threads", type=positive_ints, default="1,2",
-                   help="thread counts (comma separated); both sides use the same")
+    p.add_argument("--ranks", type=positive_ints, default=DEFAULT_RANKS,
+                   help=f"sketch ranks of the bytes table (comma separated; default {DEFAULT_RANKS})")
+    p.add_argument("--timing-rank", type=positive_int, default=DEFAULT_TIMING_RANK,
+                   help=f"sketch rank of the timed deltas (default {DEFAULT_TIMING_RANK})")
+    p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
+                   help=f"timed repeats of each measurement; the medians are reported (default {DEFAULT_REPEATS})")
+    p.add_argument("--big-dtypes", type=float_dtypes, default=DEFAULT_BIG_DTYPES,
+                   help=f"weight dtypes of the >=100M model (default {DEFAULT_BIG_DTYPES})")
+    p.add_argument("--threads", type=positive_ints, default=DEFAULT_THREADS,
+                   help=f"thread counts (comma separated; default {DEFAULT_THREADS}); both sides use the same")
     p.add_argument("--baseline-rev", default=None,
                    help="also time apply_delta_ as of this git revision, side by side (and check equal weights)")
     p.add_argument("--device", type=torch_device, default=None,
                    help="time apply vs copy on this device (e.g. cuda) instead of the CPU tables")
     p.add_argument("--device-models", type=device_models, default="big,1.5b",
                    help=f"models of --device: any of {sorted(DEVICE_MODELS)}")
-    p.add_argument("--out", default=None,
-                   help="report file (default benchmarks/results/sync_bytes.md; with --device "
-                        "benchmarks/results/sync_bytes_DEVICE.md, so a GPU run never replaces the CPU tables)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="report file (default: benchmarks/results/sync_bytes.md for the documented CPU run, any other "
+                        f"CPU run {OTHER_RUNS}; with --device benchmarks/results/sync_bytes_DEVICE.md under the working "
+                        "directory, so a GPU run never replaces the CPU tables)")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.out is None:
-        args.out = (f"benchmarks/results/sync_bytes_{args.device.type}.md" if args.device
-                    else "benchmarks/results/sync_bytes.md")
+        args.out = default_out(args)
+    problem = why_unwritable(args.out)
+    if problem:
+        p.error(f"argument --out: {problem}")
+    timed = ([DEVICE_MODELS[m] for m in args.device_models] if args.device
+             else [("tiny (recipe)", MODELS["tiny (recipe)"][0]), ("hidden 1024 x 8", BIG)])
+    narrowest, label = min((min(n_in for _, _, n_in in shape.targets()), label) for label, shape in timed)
+    if args.timing_rank > narrowest:
+        p.error(f"argument --timing-rank: {args.timing_rank} is more than {narrowest}, the smallest target input width "
+                f"of the timed models ({label}); a sketch rank is at most a target's input width")
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     if args.device:
         device = args.device

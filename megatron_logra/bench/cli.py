@@ -6,15 +6,17 @@
 Runs Fig 1 (memory), Fig 2 + 5a (accuracy per optimizer and per rank), Fig 5b/5c
 (reconstruction cosines) and Fig 6 (KL handling) one after the other in this process and
 writes ``docs/results.md`` (quick: ``docs/results-quick.md``) with PNGs under ``docs/results/``.
-A run of some figures (``--figures``) or with other settings (``--optimizers``, ``--seeds``, ...) writes a
-report named after them instead, e.g. ``results-cosine.md`` or ``results-quick-custom-memory.md`` (PNGs
-prefixed alike), and never replaces the full report; ``--render-only`` with the same flags re-renders that one
-(a JSON of a run with other settings under the same name, such as another ``-custom`` run, is refused naming
-the command that wrote it). The header records the command and the machine. A missing GaLore/APOLLO package is
-reported and skipped, never fatal. A bad flag (a repeated seed or optimizer, ``--rl-steps 0``, ...) ends with
-one ``error:`` line naming it, exit status 2. A results JSON that ``--render-only`` cannot use (missing,
-unreadable, not JSON, not a report's numbers) ends with ``megatron-logra bench paper: error: ...`` naming the
-file and the problem, exit status 2
+A run of some figures (``--figures``) or with other settings (``--optimizers``, ``--seeds``, ``--kl-modes``,
+``--rl-steps``) writes a report named after them instead, each setting that differs from the preset as
+``NAME_VALUES`` and then the figures, e.g. ``results-cosine.md``, ``results-seeds_1_2.md`` or
+``results-quick-rl-steps_10-optimizers_logra_adam-memory.md`` (PNGs prefixed alike), so it replaces neither the
+full report nor the report of a run with other settings; ``--render-only`` with the same flags re-renders that
+one (a JSON under that name holding the run of other settings is refused naming the command that wrote it).
+The header records the command and the machine. A missing GaLore/APOLLO package is reported and skipped, never
+fatal. A bad flag (a repeated seed or optimizer, ``--rl-steps 0``, an ``--out-dir`` or ``--run-root`` that
+cannot be written, ...) ends with one ``error:`` line naming it before anything runs, exit status 2. A results
+JSON that ``--render-only`` cannot use (missing, unreadable, not JSON, not a report's numbers) ends with
+``megatron-logra bench paper: error: ...`` naming the file and the problem, exit status 2
 (``MEGATRON_LOGRA_TRACEBACK=1`` shows the traceback).
 """
 
@@ -36,7 +38,8 @@ from megatron_logra.bench.memory_fig import MemoryRow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["add_parser", "build_parser", "main", "run_paper", "render_only", "load_results", "ResultsFileError"]
+__all__ = ["add_parser", "build_parser", "main", "run_paper", "render_only", "load_results", "ResultsFileError",
+           "unwritable_paths"]
 
 PROG = "megatron-logra bench paper"
 """The command's name in its error messages (as argparse names it for the ``paper`` sub-command)."""
@@ -65,14 +68,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="≈3 min budget: fewer steps, one seed, small sizes")
     p.add_argument("--out-dir", default="docs",
-                   help="results.md goes here (a partial or custom run: results-<...>.md), PNGs under OUT_DIR/results/")
-    p.add_argument("--run-root", default="runs/bench-paper", help="parent of the RL run directories")
+                   help="results.md (--quick: results-quick.md) goes here, PNGs and the JSON under OUT_DIR/results/; "
+                        "a run of some --figures or with other settings writes a report named after them instead: "
+                        "results[-quick][-SETTING_VALUES...][-FIGURE...].md, e.g. results-seeds_1_2-cosine.md "
+                        "(default docs)")
+    p.add_argument("--run-root", default="runs/bench-paper", help="parent of the RL run directories (default runs/bench-paper)")
     p.add_argument("--figures", nargs="+", choices=["memory", "accuracy", "cosine", "kl"],
                    help="only these figure groups (default: all)")
     p.add_argument("--optimizers", nargs="+", choices=list(OPTIMIZERS), help="subset of optimizers (default: all)")
     p.add_argument("--kl-modes", nargs="+", choices=list(KL_MODES), help="subset of KL variants (default: all)")
-    p.add_argument("--seeds", nargs="+", type=int, help="training seeds of Fig 2")
-    p.add_argument("--rl-steps", type=int, help="RL updates per run")
+    p.add_argument("--seeds", nargs="+", type=int, help="training seeds of Fig 2 (default 1 2 3; --quick: 1)")
+    p.add_argument("--rl-steps", type=int, help="RL updates per run (default 50; --quick: 20)")
     p.add_argument("--render-only", action="store_true",
                    help="re-render the report of these flags (results.md, results-quick.md, results-cosine.md, ...) "
                         "from its JSON under OUT_DIR/results/ without running anything")
@@ -283,6 +289,21 @@ def _flag_message(message: str) -> str:
     return f"{_FLAGS[field_name]}: {message}" if "=" in message and field_name in _FLAGS else message
 
 
+def unwritable_paths(cfg: PaperBenchConfig, *, render_only: bool = False) -> Optional[str]:
+    """Why the run of ``cfg`` could not write its output, naming the flag, or None: the report
+    ``OUT_DIR/STEM.md`` and ``OUT_DIR/results/`` (its JSON and PNGs), and, when RL runs (the accuracy or
+    KL figures, not ``render_only``), ``RUN_ROOT``. Checked before anything runs, so that a run is not
+    lost at its end (:func:`~megatron_logra.bench.report.why_unwritable`; nothing is created)."""
+    from megatron_logra.bench.report import report_stem, why_unwritable
+
+    out = Path(cfg.out_dir)
+    checks = [("--out-dir", why_unwritable(out / f"{report_stem(cfg)}.md")),
+              ("--out-dir", why_unwritable(out / "results", directory=True))]
+    if not render_only and {"accuracy", "kl"} & set(cfg.figures):
+        checks.append(("--run-root", why_unwritable(cfg.run_root, directory=True)))
+    return next((f"{flag}: {problem}" for flag, problem in checks if problem), None)
+
+
 def _fail(message: str) -> int:
     """Report bad input in one line, as the other commands do, and return exit status 2."""
     sys.stderr.write(f"{PROG}: error: {message}\n")
@@ -297,6 +318,9 @@ def main(args: Union[argparse.Namespace, Sequence[str], None] = None) -> int:
         cfg = config_from_args(ns)
     except ValueError as exc:
         return _fail(_flag_message(str(exc)))
+    problem = unwritable_paths(cfg, render_only=getattr(ns, "render_only", False))
+    if problem:
+        return _fail(problem)
     if getattr(ns, "render_only", False):
         try:
             return render_only(Path(ns.out_dir), quick=ns.quick, cfg=cfg)

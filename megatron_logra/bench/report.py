@@ -7,20 +7,25 @@ whether LoGRA is ahead, behind, or within one standard deviation.
 The header names the command that reproduces the run (:func:`command_line`, every flag that
 differs from the preset) and the machine it ran on (:func:`environment`, recorded in the JSON).
 Only the complete preset runs write ``results.md`` / ``results-quick.md``: a run of some figures
-or with other settings writes a stem that says so (:func:`report_stem`, e.g.
-``results-cosine.md``, ``results-quick-custom-memory-kl.md``), so it never replaces the full report.
+or with other settings writes a stem that names them (:func:`report_stem`, e.g.
+``results-cosine.md``, ``results-quick-seeds_1_2-memory-kl.md``), so it never replaces the full report
+nor another run's.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import logging
 import os
 import platform
+import re
 import shlex
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from megatron_logra.bench.accuracy_fig import LABELS, RunResult, mean_sd
 from megatron_logra.bench.config import PaperBenchConfig
@@ -29,7 +34,7 @@ from megatron_logra.bench.memory_fig import MemoryRow
 logger = logging.getLogger(__name__)
 
 __all__ = ["render_report", "write_report", "verdicts", "report_stem", "image_prefix", "command_line", "environment",
-           "cpu_model"]
+           "cpu_model", "why_unwritable"]
 
 MiB = 1024.0 * 1024.0
 
@@ -45,19 +50,57 @@ def _plain(cfg: PaperBenchConfig) -> dict[str, Any]:
     return json.loads(json.dumps(asdict(cfg)))
 
 
+def _changed_settings(cfg: PaperBenchConfig) -> dict[str, Any]:
+    """The settings in which ``cfg`` differs from its preset (the figures, output and run directories aside),
+    in field order, as JSON values. ``eval_interval`` counts only when it is not what ``--rl-steps`` alone
+    gives it (``min(preset's interval, rl_steps)``)."""
+    preset = PaperBenchConfig.preset(cfg.quick, out_dir=cfg.out_dir, run_root=cfg.run_root, figures=list(cfg.figures))
+    mine, theirs = _plain(cfg), _plain(preset)
+    theirs["eval_interval"] = min(preset.eval_interval, cfg.rl_steps)
+    return {k: v for k, v in mine.items() if v != theirs[k]}
+
+
 def _is_custom(cfg: PaperBenchConfig) -> bool:
     """Any setting other than the preset's (the figures, output and run directories aside)."""
     preset = PaperBenchConfig.preset(cfg.quick, out_dir=cfg.out_dir, run_root=cfg.run_root, figures=list(cfg.figures))
     return _plain(cfg) != _plain(preset)
 
 
+def _name_part(value: Any) -> str:
+    """``value`` (a JSON value of a setting) in a file name: list entries joined by ``_``, pairs by ``x``
+    (``[[64, 1], [128, 1]]`` -> ``64x1_128x1``), other characters than letters, digits, ``.`` and ``-`` dropped."""
+    if isinstance(value, list):
+        return "_".join("x".join(map(_name_part, v)) if isinstance(v, list) else _name_part(v) for v in value)
+    if isinstance(value, float):
+        value = f"{value:g}"
+    return re.sub(r"[^A-Za-z0-9.-]+", "", str(value))
+
+
+SETTINGS_NAME_LIMIT = 120
+"""Longest settings part of a report stem; a longer one is replaced by ``custom-`` and a hash of the settings."""
+
+
+def _settings_name(cfg: PaperBenchConfig) -> str:
+    """The part of the report stem naming the settings that differ from the preset (:func:`_changed_settings`),
+    ``NAME_VALUES`` joined by ``-`` (``seeds_1_2-rl-steps_3``); empty for a preset run. Beyond
+    :data:`SETTINGS_NAME_LIMIT` characters: ``custom-`` and the first 10 hex digits of the settings' SHA-256."""
+    changed = _changed_settings(cfg)
+    name = "-".join(f"{k.replace('_', '-')}_{_name_part(v)}" for k, v in changed.items())
+    if len(name) > SETTINGS_NAME_LIMIT:
+        digest = hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:10]
+        name = f"custom-{digest}"
+    return name
+
+
 def report_stem(cfg: PaperBenchConfig) -> str:
-    """File stem of the report and its JSON: ``results`` / ``results-quick`` for a complete preset run;
-    ``-custom`` added when another setting differs from the preset, and the figure groups (``-cosine``,
-    ``-memory-kl``) when not all of them ran."""
+    """File stem of the report and its JSON: ``results`` / ``results-quick`` for a complete preset run; the
+    settings that differ from the preset when any do, each as ``NAME_VALUES`` (``results-seeds_1``,
+    ``results-quick-rl-steps_10-optimizers_logra_adam``, so runs of different settings never share a name), and
+    the figure groups (``-cosine``, ``-memory-kl``) when not all of them ran."""
     stem = "results-quick" if cfg.quick else "results"
-    if _is_custom(cfg):
-        stem += "-custom"
+    settings = _settings_name(cfg)
+    if settings:
+        stem += f"-{settings}"
     if set(cfg.figures) != set(FIGURES):
         stem += "".join(f"-{f}" for f in FIGURES if f in cfg.figures)
     return stem
@@ -65,7 +108,7 @@ def report_stem(cfg: PaperBenchConfig) -> str:
 
 def image_prefix(cfg: PaperBenchConfig) -> str:
     """Prefix of the PNG names under ``OUT_DIR/results/``: none for the full report, else the stem's suffix
-    (``quick-``, ``cosine-``, ``quick-custom-memory-``)."""
+    (``quick-``, ``cosine-``, ``quick-seeds_1-memory-``)."""
     stem = report_stem(cfg)
     return "" if stem == "results" else stem[len("results-"):] + "-"
 
@@ -102,6 +145,38 @@ def cpu_model() -> str:
     except (OSError, StopIteration):
         pass
     return cpu
+
+
+def why_unwritable(path: Union[str, Path], *, directory: bool = False) -> Optional[str]:
+    """Why a report could not be written at ``path`` (a file, or with ``directory`` a directory to write
+    into), or None when it can. Checked before a long run, so that it is refused at once rather than
+    failing at its end: the file being a directory (or the directory a file), an existing file this process
+    cannot write, or the nearest existing ancestor not a directory or not one where this process can create
+    a file. The last is probed by creating and removing a temporary file there (``os.access`` says yes to
+    root on read-only mounts and ``/proc``); nothing else is created, missing directories included."""
+    path = Path(path)
+    if directory:
+        if path.exists() and not path.is_dir():
+            return f"{path} is not a directory"
+        target = path
+    else:
+        if path.is_dir():
+            return f"{path} is a directory; give a file path"
+        if path.exists() and not os.access(path, os.W_OK):
+            return f"{path} exists and is not writable"
+        target = path.parent
+    ancestor = target.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is not a directory, so {path} cannot be written"
+    try:
+        with tempfile.TemporaryFile(dir=ancestor):
+            pass
+    except OSError as exc:  # ENOENT: a pseudo file system such as /proc, where no file can be created
+        why = f" ({exc.strerror})" if exc.strerror and exc.errno != errno.ENOENT else ""
+        return f"{ancestor} is not a writable directory{why}, so {path} cannot be written"
+    return None
 
 
 def environment(threads: int) -> dict[str, Any]:

@@ -19,6 +19,8 @@ then starts with a line saying so (``GPUs: 8 (default; set --gpus) ...``). The d
 ``megatron-logra train`` runs: AdamW states whole on every DP rank (``--distributed-optimizer`` plans Megatron-LM's
 sharded optimizer instead), trained non-targets whose AdamW step a KL controller scales
 (``--freeze-native``: ``optimizer.native.freeze=true``; ``--no-kl-control``: ``kl.mode=none``).
+Flags that set what only LoGRA has (``--rank``, ``--masters``, ``--freeze-native``, ``--no-kl-control``,
+``--no-cache-projections``) are refused with ``--optimizer adam`` unless ``--compare`` plans LoGRA beside it.
 ``--strict`` exits with status 2 if any planned configuration does not fit.
 """
 
@@ -36,10 +38,20 @@ from megatron_logra.memory.units import parse_bytes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["main", "build_parser", "auto_tp", "resolve_planned_model", "DEFAULT_AUTO_TP_GPUS", "assumed_gpus_note"]
+__all__ = ["main", "build_parser", "auto_tp", "resolve_planned_model", "DEFAULT_AUTO_TP_GPUS", "DEFAULT_RANK",
+           "assumed_gpus_note"]
 
 DEFAULT_AUTO_TP_GPUS = 8
 """GPUs that ``--tp auto`` assumes when ``--gpus`` is not given (one 8-GPU node); the output says so."""
+
+DEFAULT_RANK = 256
+"""LoGRA sketch rank planned when ``--rank`` is not given."""
+
+_LOGRA_ONLY = (("rank", "--rank", "the sketch rank"), ("masters", "--masters", "the target masters"),
+               ("no_cache_projections", "--no-cache-projections", "the projection cache"),
+               ("no_kl_control", "--no-kl-control", "the KL-scaled native step"))
+"""Flags that set what only a LoGRA plan has (``args`` attribute, flag, what it sets): dense AdamW has
+no sketches, target masters apart from its own, projections or KL-scaled step, so its plan ignores them."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,8 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                         f"says so")
     p.add_argument("--optimizer", choices=["adam", "logra"], default="logra")
     p.add_argument("--compare", action="store_true", help="plan dense AdamW and LoGRA side by side")
-    p.add_argument("--rank", type=int, default=256, help="LoGRA sketch rank (default 256)")
-    p.add_argument("--masters", choices=["fp32", "none"], default="fp32", help="LoGRA masters (default fp32)")
+    p.add_argument("--rank", type=int, default=None,
+                   help=f"LoGRA sketch rank (default {DEFAULT_RANK}); LoGRA only: refused with --optimizer adam "
+                        "unless --compare")
+    p.add_argument("--masters", choices=["fp32", "none"], default=None,
+                   help="LoGRA masters (default fp32); LoGRA only: refused with --optimizer adam unless --compare")
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--recompute", choices=["none", "full"], default="none")
@@ -153,7 +168,7 @@ def _plans(args: argparse.Namespace):
     from megatron_logra.memory.planner import PlanConfig, plan
     from megatron_logra.memory.report import Scenario
 
-    for option in ("pp", "dp", "gpus"):
+    for option in ("pp", "dp", "gpus", "seq_len"):
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ValueError(f"{option}={value} must be an integer >= 1")
@@ -169,6 +184,14 @@ def _plans(args: argparse.Namespace):
     if args.freeze_native and args.optimizer == "adam" and not args.compare:
         raise ValueError("--freeze-native applies to LoGRA's non-target parameters; dense AdamW "
                          "(--optimizer adam) trains every parameter")
+    given = [(flag, what) for name, flag, what in _LOGRA_ONLY if getattr(args, name) not in (None, False)]
+    if given and args.optimizer == "adam" and not args.compare:
+        flags = " and ".join(f"{flag} ({what})" for flag, what in given)
+        verb, it = ("applies", "it") if len(given) == 1 else ("apply", "them")
+        raise ValueError(f"{flags} {verb} to LoGRA only: the dense AdamW plan (--optimizer adam) would ignore {it}; "
+                         f"drop {it}, or add --compare to plan LoGRA beside dense AdamW")
+    rank = args.rank if args.rank is not None else DEFAULT_RANK
+    masters = args.masters if args.masters is not None else "fp32"
     targets = None
     if args.targets is not None:
         targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
@@ -209,7 +232,7 @@ def _plans(args: argparse.Namespace):
             dp = args.dp if args.dp is not None else 1
         for gtext in gpus_texts:
             base = PlanConfig(
-                tp=tp, pp=args.pp, dp=dp, optimizer=args.optimizer, rank=args.rank, masters=args.masters,
+                tp=tp, pp=args.pp, dp=dp, optimizer=args.optimizer, rank=rank, masters=masters,
                 micro_batch=args.micro_batch, seq_len=args.seq_len, recompute=args.recompute,
                 gpu_memory_bytes=gpu_bytes[gtext], engine_fraction=args.engine_fraction,
                 distributed_optimizer=args.distributed_optimizer, attention=args.attention,

@@ -151,23 +151,24 @@ def test_bench_bad_flags_are_one_line_naming_the_flag(tmp_path, capsys, argv, fl
 
 
 def test_render_only_refuses_another_runs_json_of_the_same_name(tmp_path, capsys):
-    """Two custom runs share the stem ``results-quick-custom``: re-rendering with --rl-steps 12 must not silently
-    render the report of a --rl-steps 10 run."""
+    """A custom run's files are named by the settings that differ (``results-quick-rl-steps_12``); a JSON under that
+    name holding another run (a --rl-steps 10 run's, copied or renamed by hand) must not be rendered as --rl-steps 12."""
     (tmp_path / "results").mkdir()
     data = json.loads((REPO / "docs" / "results" / "results-quick.json").read_text())
     data["config"]["rl_steps"] = 10
     data["command"] = "megatron-logra bench paper --quick --rl-steps 10"
-    source = tmp_path / "results" / "results-quick-custom.json"
+    source = tmp_path / "results" / "results-quick-rl-steps_12.json"
     source.write_text(json.dumps(data))
     argv = ["paper", "--quick", "--render-only", "--out-dir", str(tmp_path)]
     assert _exit_code(bench_main, argv + ["--rl-steps", "12"]) == 2
     err = capsys.readouterr().err
     assert f"{source} holds the run of `megatron-logra bench paper --quick --rl-steps 10`" in err
     assert "rl_steps: 10 -> 12" in err and err.count("\n") == 1
-    assert not (tmp_path / "results-quick-custom.md").exists()
-    # the flags of that run re-render it
+    assert not (tmp_path / "results-quick-rl-steps_12.md").exists()
+    # under its own name, the flags of that run re-render it
+    shutil.copy(source, tmp_path / "results" / "results-quick-rl-steps_10.json")
     assert _exit_code(bench_main, argv + ["--rl-steps", "10"]) == 0
-    assert "--rl-steps 10" in (tmp_path / "results-quick-custom.md").read_text()
+    assert "--rl-steps 10" in (tmp_path / "results-quick-rl-steps_10.md").read_text()
 
 
 def test_render_only_of_the_committed_quick_report_reproduces_it(tmp_path):

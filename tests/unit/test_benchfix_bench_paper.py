@@ -32,10 +32,10 @@ def _cfg(*argv: str) -> PaperBenchConfig:
     (["--out-dir", "elsewhere", "--run-root", "r"], "results", ""),
     (["--figures", "cosine"], "results-cosine", "cosine-"),
     (["--quick", "--figures", "kl", "memory"], "results-quick-memory-kl", "quick-memory-kl-"),
-    (["--seeds", "1"], "results-custom", "custom-"),
+    (["--seeds", "1"], "results-seeds_1", "seeds_1-"),
     (["--quick", "--figures", "cosine", "memory", "--optimizers", "logra", "adam"],
-     "results-quick-custom-memory-cosine", "quick-custom-memory-cosine-"),
-    (["--rl-steps", "3"], "results-custom", "custom-"),
+     "results-quick-optimizers_logra_adam-memory-cosine", "quick-optimizers_logra_adam-memory-cosine-"),
+    (["--rl-steps", "3"], "results-rl-steps_3", "rl-steps_3-"),
 ])
 def test_report_name_says_what_ran(argv, stem, prefix):
     cfg = _cfg(*argv)
