@@ -66,9 +66,10 @@ def test_a_resumed_runs_summary_covers_every_step_and_a_no_op_resume_keeps_it(tm
 
 def test_a_resume_after_a_killed_process_reads_the_losses_it_recorded(tmp_path, capsys, one_thread):
     """An earlier process that ended without a summary (killed after its checkpoint): the whole-run losses
-    still come from ``metrics.jsonl``; the held-out loss before step 1 is unknown (null), not this process's."""
+    still come from ``metrics.jsonl``; the held-out loss before step 1 from ``eval_before.json``, which that
+    process wrote as soon as it measured it; without that file too it is unknown (null), not this process's."""
     run = tmp_path / "run"
-    _train(capsys, run, "lm-tiny", f"train.run_dir={run}", "train.steps=2", *SMALL)
+    first = _train(capsys, run, "lm-tiny", f"train.run_dir={run}", "train.steps=2", *SMALL)
     (run / "summary.json").unlink()
     with (run / "metrics.jsonl").open("a") as fh:
         fh.write('{"step": 3, "loss": 0.')  # the torn record of a step that never reached a checkpoint
@@ -76,7 +77,13 @@ def test_a_resume_after_a_killed_process_reads_the_losses_it_recorded(tmp_path, 
     records = _records(run)
     assert (resumed["first_loss"], resumed["last_loss"], resumed["steps"]) == (records[1]["loss"],
                                                                                 records[3]["loss"], 3)
-    assert resumed["eval_loss_before"] is None and resumed["segment_eval_loss_before"] is not None
+    assert resumed["eval_loss_before"] == first["eval_loss_before"] is not None
+    assert resumed["segment_eval_loss_before"] is not None
+    assert resumed["segment_eval_loss_before"] != first["eval_loss_before"]  # this process's: after 2 steps
+    (run / "summary.json").unlink()
+    (run / "eval_before.json").unlink()
+    again = _train(capsys, run, "--resume", str(run), "train.steps=4")
+    assert again["eval_loss_before"] is None and again["segment_eval_loss_before"] is not None
 
 
 def test_overwrite_leaves_nothing_of_the_previous_run(tmp_path, capsys, one_thread):
@@ -98,8 +105,9 @@ def test_overwrite_leaves_nothing_of_the_previous_run(tmp_path, capsys, one_thre
 
     summary = _train(capsys, run, "lm-tiny", f"train.run_dir={run}", "train.steps=1", "train.overwrite=true", *SMALL)
     assert (run / "notes.txt").read_text() == "mine"
-    rewritten = {"notes.txt", "config.yaml", "metrics.jsonl", "summary.json", "checkpoints/latest"}
+    rewritten = {"notes.txt", "config.yaml", "metrics.jsonl", "summary.json", "checkpoints/latest", "eval_before.json"}
     assert sorted(name for name in old - rewritten if (run / name).exists()) == []  # plot, events, checkpoints, ...
+    assert json.loads((run / "eval_before.json").read_text()) == {"eval_loss_before": summary["eval_loss_before"]}
     assert not (run / "tokenizer").exists() and any(name.startswith("tensorboard/") for name in _files(run))
     assert sorted(_records(run)) == [1] and summary["steps"] == 1
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_")) == ["step_00000001"]
@@ -136,8 +144,10 @@ def test_overwrite_of_an_rl_run_leaves_nothing_of_the_previous_run(tmp_path, cap
     assert "summary.png" in old and any(name.startswith("tensorboard/") for name in old)
 
     summary = train("train.overwrite=true")
-    rewritten = {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints/latest"}
+    rewritten = {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints/latest", "eval_before.json"}
     survivors = [name for name in old - rewritten if (run / name).exists()]
+    assert json.loads((run / "eval_before.json").read_text()) == {
+        "eval_accuracy_before": summary["eval_accuracy_before"]}
     assert all(name.startswith(("checkpoints/step_00000001/", "tokenizer/")) for name in survivors), survivors
     assert [name for name in survivors if name.endswith("stale") or name.endswith("stale.json")] == []
     assert not (run / "summary.png").exists() and not (run / "deltas").exists()

@@ -30,7 +30,7 @@ PROG = Path(sys.argv[0]).name
 
 
 def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"{name}_benchfix2", ROOT / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"{name}_bench_outputs", ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
