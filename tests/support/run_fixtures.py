@@ -39,3 +39,21 @@ def fake_run_dir(run: Path):
     (step / "meta.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "step": 2, "config": to_dict(cfg)}))
     (run / "checkpoints" / "latest").write_text(step.name)
     return cfg
+
+
+def run_rl_recipe(recipe: str, overrides: list) -> dict:
+    """``run_rl`` of ``recipe`` with ``overrides`` in this process, warnings silenced, megatron's parallel
+    state destroyed afterwards (also on failure); returns the summary."""
+    import warnings
+
+    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.rl.job import run_rl
+
+    cfg = parse_args_to_config(recipe, list(overrides))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return run_rl(cfg)
+        finally:
+            destroy_parallel()

@@ -7,12 +7,12 @@ resumed run's whole-run summary reports it (``metrics.previous_summary_values`` 
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import pytest
 
 from megatron_logra.metrics import BEFORE_FILE, previous_summary_values, record_before_values
+from support.run_fixtures import run_rl_recipe
 
 SMALL = ["rl.prompts_per_step=4", "rl.group_size=4", "task.num_eval=8", "rl.eval_interval=0",
          "train.progress=false"]
@@ -49,17 +49,7 @@ def test_torn_before_file_gives_nothing(tmp_path):
 
 
 def _run(run: Path, steps: int, *extra: str) -> dict:
-    from megatron_logra.overrides import parse_args_to_config
-    from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import run_rl
-
-    cfg = parse_args_to_config("tiny", [f"train.run_dir={run}", f"rl.steps={steps}", *SMALL, *extra])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return run_rl(cfg)
-        finally:
-            destroy_parallel()
+    return run_rl_recipe("tiny", [f"train.run_dir={run}", f"rl.steps={steps}", *SMALL, *extra])
 
 
 def test_rl_run_killed_before_its_summary_keeps_eval_accuracy_before(tmp_path):

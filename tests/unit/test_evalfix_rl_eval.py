@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.run_fixtures import run_rl_recipe
+
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
 
@@ -35,23 +37,13 @@ def _strict_json(text: str):
 
 
 def _train(run: Path, *extra: str) -> dict:
-    from megatron_logra.overrides import parse_args_to_config
-    from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import run_rl
-
-    cfg = parse_args_to_config("tiny", [
+    return run_rl_recipe("tiny", [
         "model.num_layers=1", "model.hidden_size=32", "model.num_attention_heads=2", "model.ffn_hidden_size=64",
         "sft.init_path=", "sft.steps=2", "sft.batch_size=4", "sft.cache=true", "tokenizer.path=",
         "rl.steps=1", "rl.prompts_per_step=2", "rl.group_size=2", "rl.micro_batch_size=4",
         "task.num_eval=4", "rl.eval_interval=0", "kl.probe_sequences=1", "kl.probe_max_tokens=2",
         f"train.run_dir={run}", "train.progress=false", *extra,
     ])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return run_rl(cfg)
-        finally:
-            destroy_parallel()
 
 
 @pytest.fixture(scope="module")

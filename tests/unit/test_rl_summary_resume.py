@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from support.run_fixtures import run_rl_recipe
+
 SMALL = ["rl.prompts_per_step=4", "rl.group_size=4", "task.num_eval=8", "rl.eval_interval=0",
          "train.progress=false"]
 SEGMENT = ("resumed_from_step", "segment_steps", "segment_eval_accuracy_before", "segment_setup_seconds",
@@ -29,17 +31,7 @@ def _one_thread(one_thread):
 
 def _run(run: Path, steps: int, *extra: str) -> dict:
     """``train tiny`` into ``run`` with ``rl.steps=steps`` (a resume with ``train.resume=true``)."""
-    from megatron_logra.overrides import parse_args_to_config
-    from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import run_rl
-
-    cfg = parse_args_to_config("tiny", [f"train.run_dir={run}", f"rl.steps={steps}", *SMALL, *extra])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return run_rl(cfg)
-        finally:
-            destroy_parallel()
+    return run_rl_recipe("tiny", [f"train.run_dir={run}", f"rl.steps={steps}", *SMALL, *extra])
 
 
 def _resume(run: Path, steps: int) -> dict:
