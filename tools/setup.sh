@@ -7,12 +7,15 @@
 #   VENV         virtual environment directory (default: .venv)
 #   EXTRAS       pip extras of this package (default: dev,bench; bench = GaLore/APOLLO peers of `bench paper`)
 #   PYTHON       interpreter that creates the environment (default: python3; Python >= 3.10, with venv/ensurepip)
+#   CONSTRAINTS  pip constraints file of the tested dependency versions (default: tools/constraints.txt;
+#                empty: the newest releases pyproject.toml allows)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 EXTRAS="${EXTRAS:-dev,bench}"
 PY="${PYTHON:-python3}"
+CONSTRAINTS="${CONSTRAINTS-tools/constraints.txt}"
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
@@ -23,7 +26,8 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   "${PIP[@]}" install "$TORCH_SPEC"
 fi
 if ! "$VENV/bin/python" -c "import megatron_logra, megatron.core, pytest" >/dev/null 2>&1 \
-   || [ pyproject.toml -nt "$VENV/.megatron_logra_installed" ]; then
-  "${PIP[@]}" install -e ".[${EXTRAS}]"
+   || [ pyproject.toml -nt "$VENV/.megatron_logra_installed" ] \
+   || { [ -n "$CONSTRAINTS" ] && [ "$CONSTRAINTS" -nt "$VENV/.megatron_logra_installed" ]; }; then
+  "${PIP[@]}" install ${CONSTRAINTS:+-c "$CONSTRAINTS"} -e ".[${EXTRAS}]"
   touch "$VENV/.megatron_logra_installed"
 fi
