@@ -148,7 +148,7 @@ def _prompt_batch(c: RLComponents, problems: list, repeat: int) -> list[list[int
     ids: list[list[int]] = []
     error = ""
     try:
-        ids = [_prompt_ids(c, p.prompt) for p in problems for _ in range(repeat)]
+        ids = [list(one) for one in (_prompt_ids(c, p.prompt) for p in problems) for _ in range(repeat)]
     except ValueError as exc:
         error = str(exc)
     errors = [e.decode() for e in all_gather_bytes(error.encode(), c.groups.dp) if e]

@@ -4,7 +4,8 @@ The engine owns its own copy of the policy, built from
 :func:`megatron_logra.models.hf.hf_config_from_model_config` (random init until
 :meth:`EmbeddedEngine.update_weights_full`). ``generate`` left-pads the batch, passes an
 attention mask and per-row position ids (``cumsum(mask) - 1``, so every prompt starts at
-position 0 whatever its padding), runs the prompt once, then decodes one token per step
+position 0 whatever its padding), runs the prompt once (once per distinct prompt: rows that repeat a
+prompt, as a GRPO group does, copy its logits and KV cache), then decodes one token per step
 through ``past_key_values``. Sampling (greedy, temperature, top-p, stop tokens) draws from one
 ``torch.Generator`` seeded with ``SamplingParams.seed``: the same prompts, params and weights
 give the same rollouts (a different batch composition may give different draws).
@@ -299,12 +300,31 @@ class EmbeddedEngine:
         stops = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=self.device)
         batch = len(prompts)
         ids, mask, positions = self._left_pad(prompts)
+        # the prompt forward once per distinct prompt; each row then takes its prompt's logits and KV cache rows
+        distinct: dict[tuple[int, ...], int] = {}
+        rows: list[int] = []  # the first batch row of each distinct prompt
+        inverse: list[int] = []  # each row's distinct prompt
+        for i, p in enumerate(prompts):
+            j = distinct.setdefault(tuple(p), len(rows))
+            if j == len(rows):
+                rows.append(i)
+            inverse.append(j)
+        repeated = len(rows) < batch
+        if repeated:
+            first = torch.tensor(rows, dtype=torch.long, device=self.device)
+            ids, mask_in, positions_in = ids[first], mask[first], positions[first]
+        else:
+            mask_in, positions_in = mask, positions
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+            input_ids=ids, attention_mask=mask_in, position_ids=positions_in, use_cache=True, logits_to_keep=1
         )
         cache = self._cache_of(out)
         next_pos = positions[:, -1] + 1  # [B]
-        logits = out.logits[:, -1].float()  # [B, V]
+        logits = out.logits[:, -1].float()  # [B, V] ([distinct prompts, V] until expanded)
+        if repeated:
+            expand = torch.tensor(inverse, dtype=torch.long, device=self.device)
+            cache.reorder_cache(expand)
+            logits = logits[expand]
         tokens_out = torch.empty((batch, 0), dtype=torch.long, device=self.device)
         logps_out = torch.empty((batch, 0), dtype=torch.float32, device=self.device)
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
