@@ -51,6 +51,8 @@ _ANCHOR_OPTIONAL = {"full"}
 _FULL_KEYS = {"file", "sha256"}
 _SIBLING_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _RANK_DIR_RE = re.compile(r"^rank\d+$")
+_VERIFIED_SWEEP = 64
+"""Verified epochs an :class:`AnchorDirectory` keeps before it drops those of markers no longer in the directory."""
 
 
 def delta_filename(new_version: int) -> str:
@@ -122,6 +124,22 @@ class AnchorDirectory:
             raise SyncError("config", f"cannot create the delta directory {self.dir} ({type(exc).__name__}: "
                                       f"{exc.strerror or exc}): create it, or choose a writable sync.directory") from None
         self._verified: set[str] = set()  # epochs of the anchors this object's consumer verified (or wrote)
+        self._verified_limit = _VERIFIED_SWEEP
+
+    def _remember(self, epoch: str) -> None:
+        """Count the anchor of ``epoch`` as verified. Only markers still in the directory can be asked about
+        (a marker rewritten at a version gets a new epoch), so once the set outgrows the limit it keeps only
+        the epochs of those markers: a run that writes an anchor every few versions for weeks holds a bounded
+        set, not one entry per anchor ever written."""
+        self._verified.add(epoch)
+        if len(self._verified) <= self._verified_limit:
+            return
+        try:
+            present = {a["epoch"] for a in self.anchors()}
+        except SyncError:  # unreadable now: keep everything, try again at the next anchor
+            return
+        self._verified &= present | {epoch}
+        self._verified_limit = max(_VERIFIED_SWEEP, 2 * len(self._verified))
 
     def _entries(self) -> list[str]:
         """The names in the directory; a missing or unlistable directory is ``SyncError("unreadable")``."""
@@ -250,7 +268,7 @@ class AnchorDirectory:
             except (ValueError, RuntimeError) as exc:
                 raise SyncError("apply", f"the engine refused {reader.path.name}: {exc}") from exc
         anchor = reader.anchor
-        self._verified.add(anchor["epoch"])
+        self._remember(anchor["epoch"])
         logger.info("engine reloaded the full weights at version %d from %s", reader.version, reader.path.name)
         return anchor
 
@@ -321,7 +339,7 @@ class AnchorDirectory:
         _write_atomically(self.dir / anchor_filename(version), json.dumps(marker, sort_keys=True).encode())
         fsync_dir(self.dir)
         if own_engine:
-            self._verified.add(marker["epoch"])
+            self._remember(marker["epoch"])
         own = full is not None and full["file"] == full_filename(version)
         for v in self.full_files():  # after the marker: a consumer of the previous marker found its file until now
             if not own or v != version:
@@ -358,7 +376,7 @@ class AnchorDirectory:
         (reloaded by other means, its ``weight_version`` set to ``version``): count that anchor as
         verified and return it. Raises ``SyncError("anchor")`` when there is no anchor at ``version``."""
         anchor = self._anchor_for(version)
-        self._verified.add(anchor["epoch"])
+        self._remember(anchor["epoch"])
         return anchor
 
     def verify_anchor(self, engine: DeltaConsumer) -> None:
@@ -399,5 +417,5 @@ class AnchorDirectory:
             raise SyncError("anchor", f"the engine's weights at version {version} differ from the trainer's anchor at "
                                       f"that version (epoch {anchor['epoch'][:12]}) in {len(mismatched)} tensors (e.g. "
                                       f"{mismatched[0]}): the trainer refit or restarted there; {how}")
-        self._verified.add(anchor["epoch"])
+        self._remember(anchor["epoch"])
         logger.info("anchor at version %d verified by fingerprint", version)
