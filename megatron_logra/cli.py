@@ -412,6 +412,12 @@ def resume_differences(saved: Mapping[str, Any], cfg) -> list[tuple[str, Any, An
     old = _flat(saved)
     if isinstance(old.get("model.hf_path"), str) and old["model.hf_path"]:  # saved as given before it was absolute
         old["model.hf_path"] = os.path.abspath(old["model.hf_path"])
+    floor, ratio = new.get("optimizer.schedule.min_lr"), "optimizer.schedule.min_lr_ratio"
+    if "optimizer.schedule.min_lr" not in old and floor is not None and new.get(ratio) == 0:
+        # saved before optimizer.schedule.min_lr existed: --min-lr was kept as min_lr_ratio = min_lr / peak
+        peak = next(iter(cfg.optimizer.scheduled_lrs().values()), None)
+        if peak and old.get(ratio) == floor / peak:
+            old[ratio] = 0.0
     return sorted((name, old[name], new[name]) for name in old.keys() & new.keys()
                   if not _is_launch_field(name) and old[name] != new[name])
 

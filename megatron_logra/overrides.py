@@ -357,6 +357,10 @@ def _apply_items(cfg: RunConfig, items: Sequence[Item]) -> tuple[RunConfig, set[
     for flag, raw, spelling in ratios:
         target, ratio = schedule_ratio(cfg, flag, raw)
         setter.put(target, ratio, spelling, flag)
+        if target == "optimizer.schedule.min_lr" and "optimizer.schedule.min_lr_ratio" not in setter.set_by:
+            # --min-lr replaces the floor of the config it overrides (a recipe file's, or a resumed run's saved
+            # before min_lr existed, where --min-lr was kept as min_lr_ratio); given here too, both are refused
+            cfg.optimizer.schedule.min_lr_ratio = 0.0
     given = set(setter.set_by)
     _drop_unselected_dataset_kwargs(cfg, given)
     return cfg, given

@@ -176,7 +176,10 @@ def scheduled_lr(peak: float, step: int, cfg: LRScheduleConfig, total_steps: Opt
     (or ``cfg.min_lr × peak / reference_lr``) for the others. Arguments and errors as :func:`lr_multiplier`."""
     multiplier, at_floor = _multiplier(step, cfg, total_steps, reference_lr)
     if at_floor and cfg.min_lr is not None:
-        return float(cfg.min_lr) if peak == reference_lr else float(cfg.min_lr) * (peak / reference_lr)
+        if peak == reference_lr:
+            return float(cfg.min_lr)
+        if reference_lr:  # a reference lr of 0 has floor ratio 0 (floor_ratio): every lr ends at 0
+            return float(cfg.min_lr) * (peak / reference_lr)
     return peak * multiplier
 
 

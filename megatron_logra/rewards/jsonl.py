@@ -239,7 +239,8 @@ class JsonlSource:
         every completion would score 0 against it, wasting its rollouts and diluting the advantages. Fix the answers
         (LaTeX math, e.g. ``\\frac{1}{2}``) or score the file with a ``task.reward`` plugin that reads them to keep
         them. The rows are dropped from the train and the held-out problems alike (one list serves both)."""
-        bad = [p for p in self.problems if not parses(p.answer)]
+        keep = [bool(parses(p.answer)) for p in self.problems]  # once per row: parses may be slow (math-verify)
+        bad = [p for p, ok in zip(self.problems, keep) if not ok]
         if not bad:
             return 0
         shown = "; ".join(f"line {p.metadata['line']}: {p.answer[:80]!r}" for p in bad[:_SHOWN])
@@ -249,7 +250,7 @@ class JsonlSource:
                              f"({shown}{more}), so no completion could be rewarded; write the answers as LaTeX math "
                              f"(e.g. \\frac{{1}}{{2}}) or score the file with a task.reward plugin "
                              f"(package.module:function)")
-        self.problems = [p for p in self.problems if parses(p.answer)]
+        self.problems = [p for p, ok in zip(self.problems, keep) if ok]
         self.size = len(self.problems)
         logger.warning("%s: skipping %d of %d rows whose gold answer math-verify cannot parse (no completion could "
                        "match it): %s%s; fix those answers or score the file with a task.reward plugin to keep them",

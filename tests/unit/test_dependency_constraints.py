@@ -3,12 +3,16 @@ environment that pyproject.toml names, at a version pyproject.toml allows."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10, which pyproject.toml allows
+    tomllib = None
 ROOT = Path(__file__).resolve().parents[2]
 CPU_EXTRAS = ("dev", "bench")  # tools/setup.sh's default EXTRAS; gpu and sglang come with their own images
 
@@ -27,6 +31,8 @@ def _pins() -> dict[str, str]:
 
 
 def _requirements() -> list[Requirement]:
+    if tomllib is None:
+        pytest.skip("reading pyproject.toml needs tomllib (Python >= 3.11)")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = [Requirement(r) for r in project["dependencies"]]
     for extra in CPU_EXTRAS:
