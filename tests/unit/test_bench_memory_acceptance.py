@@ -121,7 +121,7 @@ def test_counts_and_optimizer_state_match_hand_arithmetic():
     assert logra.sketches == 4 * 128 * rows and logra.row_moments == 4 * rows
     targets = layers * linears // 8
     per_target = (2 * targets + 4 * targets + logra.sketches + logra.row_moments) / targets
-    assert 6.0 < per_target <= 6.3  # README: LoGRA with fp32 masters keeps <= 6.3 B per target parameter
+    assert 6.0 < per_target <= 6.3  # README / docs/benchmarks.md: LoGRA with fp32 masters keeps <= 6.3 B per target parameter
     # totals are the sum of their rows
     assert logra.persistent == sum((logra.weights, logra.grads, logra.masters, logra.moments, logra.sketches,
                                     logra.row_moments, logra.reference))

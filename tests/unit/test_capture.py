@@ -506,7 +506,7 @@ def test_alias_table_is_the_documented_one():
 
 
 def test_megatron_gpt_hf_alias_targets_select_the_fused_megatron_modules(groups):
-    # the README's example: megatron has no q_proj leaf, q_proj selects the fused linear_qkv (whole weight)
+    # docs/usage.md's LoGRA options: megatron has no q_proj leaf, q_proj selects the fused linear_qkv (whole weight)
     from megatron_logra.models.gpt import ModelConfig, build_gpt
 
     model = build_gpt(ModelConfig(), groups)

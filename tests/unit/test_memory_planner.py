@@ -415,7 +415,7 @@ def test_rank_is_bounded_by_the_attention_output_width_as_the_trainer_does(group
 
 
 def test_the_documented_layout_table_is_the_tools_output(capsys):
-    """README.md and docs/memory.md show the summary table of the command they print next to it; a
+    """docs/usage.md and docs/memory.md show the summary table of the command they print next to it; a
     planner change that moves a figure must move the documented one too."""
     from megatron_logra.memory.cli import main
 
@@ -425,7 +425,7 @@ def test_the_documented_layout_table_is_the_tools_output(capsys):
     lines = capsys.readouterr().out.splitlines()
     table = lines[:lines.index("")]
     assert len(table) == 8 and table[0].startswith("| model |")
-    for doc in (REPO / "README.md", REPO / "docs" / "memory.md"):
+    for doc in (REPO / "docs" / "usage.md", REPO / "docs" / "memory.md"):
         text = doc.read_text()
         assert "\n".join(table) in text, f"{doc.name}: the layout table differs from the tool's output"
         assert "--gpu-memory 81559MiB,143771MiB" in text.replace("\\\n    ", "").replace("\n", " ")

@@ -1,4 +1,4 @@
-"""The README's CPU task-mixture command fits its prompts (it stopped after setup with 'a prompt of 84 tokens does
+"""The documented CPU task-mixture command (docs/usage.md) fits its prompts (it stopped after setup with 'a prompt of 84 tokens does
 not fit': gcd prompts are longer than the tiny recipe's 48-token sequences)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from megatron_logra.overrides import parse_args_to_config
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
 
 
 def test_task_mixture_command_fits_its_prompts():
@@ -16,7 +16,7 @@ def test_task_mixture_command_fits_its_prompts():
     from megatron_logra.rewards import build_task
     from megatron_logra.rl.loop import rl_prompt_ids
 
-    (line,) = [ln for ln in README.read_text().splitlines()
+    (line,) = [ln for ln in USAGE.read_text().splitlines()
                if ln.startswith("megatron-logra train tiny") and "task.datasets=chain_sum,gcd" in ln]
     args = shlex.split(line.split("#", 1)[0])[2:]
     cfg = parse_args_to_config(args[0], args[1:] + ["task.num_eval=16"])

@@ -8,7 +8,7 @@ The planner's correctness is tested against measured memory elsewhere
 (``test_memory_planner.py::test_planner_matches_the_measured_optimizer_memory_benchmark``). Here:
 
 * each recipe passes its own preflight in ``error`` mode with at least 15% headroom;
-* the figures quoted by the recipes' docstring, the README, docs/memory.md and the 1.5B launcher are read
+* the figures quoted by the recipes' docstring, docs/gpu.md, docs/memory.md and the 1.5B launcher are read
   from those files and compared with what the preflight plans, rounded as quoted;
 * the ``megatron-logra memory`` command those files quote prints the same figures.
 """
@@ -51,7 +51,7 @@ def _quotes() -> dict[str, dict[str, str]]:
             rf"1\.5B \+(?P<h15>{F})% headroom \((?P<t15>{F}) GiB of (?P<gpu>{F}) GiB; at "
             rf"micro-batch 8 it would be OOM by (?P<oom8>{F})%\), 7B \(TP4 × DP2\) \+(?P<h7>{F})%, "
             rf"27B \+(?P<h27>{F})%"]),
-        "README.md": ((REPO / "README.md").read_text(), [
+        "docs/gpu.md": ((REPO / "docs" / "gpu.md").read_text(), [
             rf"1\.5B on one GPU (?P<t15>{F}) GiB, \+(?P<h15>{F})% headroom \(micro-batch 8 would be "
             rf"OOM by (?P<oom8>{F})%\); 7B at TP4 × DP2 \+(?P<h7>{F})%; 27B at TP8 "
             rf"\+(?P<h27>{F})%"]),
@@ -101,7 +101,7 @@ def test_the_old_1_5b_micro_batch_did_not_fit(planned):
     assert planned["_old_fits"] is False and float(planned["oom8"]) > 0
 
 
-@pytest.mark.parametrize("path", ["megatron_logra/recipes_large.py", "README.md", "docs/memory.md",
+@pytest.mark.parametrize("path", ["megatron_logra/recipes_large.py", "docs/gpu.md", "docs/memory.md",
                                   "examples/train_1.5b_1gpu.sh"])
 def test_the_quoted_memory_figures_are_what_the_preflight_plans(path, planned):
     quoted = _quotes()[path]

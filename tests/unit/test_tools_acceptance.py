@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from support.docs import doc_pages
 from support.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,11 +157,11 @@ class _Parsed(Exception):
 
 
 def _readme_commands() -> list[tuple[str, list[str]]]:
-    """``python tools/X.py ...`` / ``python benchmarks/X.py ...`` command lines of the READMEs: inline code
+    """``python tools/X.py ...`` / ``python benchmarks/X.py ...`` command lines of the READMEs and docs/: inline code
     and code blocks, optional ``[...]`` parts taken as given, placeholders filled in."""
     found = []
-    for doc in ("README.md", "benchmarks/README.md", "docker/README.md"):
-        for m in re.finditer(r"python ((?:tools|benchmarks)/\w+\.py)([^`\n#]*)", (ROOT / doc).read_text()):
+    for doc in (*doc_pages(), ROOT / "benchmarks" / "README.md", ROOT / "docker" / "README.md"):
+        for m in re.finditer(r"python ((?:tools|benchmarks)/\w+\.py)([^`\n#]*)", doc.read_text()):
             rest = m.group(2).replace("[", " ").replace("]", " ").replace("overrides...", "")
             rest = rest.split(";")[0].split("|")[0]
             words = [w for w in shlex.split(rest) if w not in ("...",)]
@@ -174,7 +175,7 @@ README_COMMANDS = _readme_commands()
 
 @pytest.mark.parametrize("script, args", README_COMMANDS, ids=[f"{s} {' '.join(a)}" for s, a in README_COMMANDS])
 def test_readme_command_lines_parse(script, args, monkeypatch, capsys):
-    assert (ROOT / script).is_file(), f"the README names {script}, which does not exist"
+    assert (ROOT / script).is_file(), f"the documentation names {script}, which does not exist"
     original = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(self, *a, **kw):
