@@ -288,7 +288,8 @@ def _exit_with_error(status: int, message: str) -> typing.NoReturn:
     that stops the remaining ranks once one has failed (torchrun does, with SIGTERM) then ends them during that
     wait: they exit with the same ``status``, without a word. A rank still running after the wait (an error that
     rank 0 did not meet, e.g. a path missing on that rank's node only, or a launcher that stops nobody) reports
-    its error itself."""
+    its error itself; so do the ranks of another node when its torchrun learns of the failure only after the
+    wait (the error then appears once per node)."""
     import signal
     import time
 

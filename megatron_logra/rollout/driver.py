@@ -23,11 +23,17 @@ def is_driver(group: Any) -> bool:
     return group_rank(group) == 0
 
 
+_INPUT_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, ValueError)
+"""Errors of bad input (an engine argument, a path, a config value) that reach the other ranks as the same
+builtin type, so that each reports them as bad input (the CLI: one error line, no traceback)."""
+
+
 def share_from_driver(fn: Callable[[], Any], group: Any) -> Any:
     """Run ``fn`` on ``group``'s rank 0 and give its result, or its error, to every rank of ``group``.
 
     ``group``: a process group, ``dist.group.WORLD``, or None (this rank alone). Every rank must call.
-    ``SyncError`` keeps its ``kind``; other errors become ``RuntimeError`` on non-driving ranks. The
+    ``SyncError`` keeps its ``kind``; bad input (:data:`_INPUT_ERRORS`, e.g. a ``ValueError``) stays that
+    builtin type and every other error becomes ``RuntimeError`` on non-driving ranks. The
     result travels over ``group``'s gloo twin (:func:`~megatron_logra.parallel.cpu_group`), so the
     waiting ranks hold no GPU while the driver works.
     """
@@ -41,7 +47,8 @@ def share_from_driver(fn: Callable[[], Any], group: Any) -> Any:
         except SyncError as exc:
             box[0] = ("sync", exc.kind, str(exc).removeprefix(f"[{exc.kind}] "))
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
-            box[0] = ("error", type(exc).__name__, str(exc))
+            kind = next((t.__name__ for t in _INPUT_ERRORS if isinstance(exc, t)), None)
+            box[0] = ("error", type(exc).__name__, str(exc), kind)
             original = exc
     src = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
     dist.broadcast_object_list(box, src=src, group=group)
@@ -52,4 +59,5 @@ def share_from_driver(fn: Callable[[], Any], group: Any) -> Any:
         raise SyncError(status[1], status[2])
     if is_driver(group):
         raise original
-    raise RuntimeError(f"the rank driving the rollout engine failed: {status[1]}: {status[2]}")
+    message = f"the rank driving the rollout engine failed: {status[1]}: {status[2]}"
+    raise {t.__name__: t for t in _INPUT_ERRORS}.get(status[3], RuntimeError)(message)
