@@ -4,7 +4,8 @@ Every trainable parameter gets a dense gradient: bf16 weights use fp32 main grad
 masters and fp32 moments (18 bytes per parameter, as Megatron's mixed-precision optimizer).
 
 With a learning-rate schedule (``optimizer.schedule``, :mod:`megatron_logra.optim.schedule`) each
-step's lr is ``native.lr × lr_multiplier(step)``, set in :meth:`DenseAdamW.prepare`; without one
+step's lr is ``native.lr × lr_multiplier(step)`` (exactly ``schedule.min_lr`` at the floor of the decay:
+``scheduled_lr``), set in :meth:`DenseAdamW.prepare`; without one
 (``schedule=None``, e.g. the warm start, which sets its own lr) the lr is left as it is.
 """
 

@@ -358,7 +358,8 @@ class LograOptimizer(LograStateMixin):
 
     def weight_decay_factor(self, update: Optional[PreparedUpdate] = None) -> float:
         """``decay`` of ``W ← decay·W − ΔW`` for ``update`` (None: the next step to be prepared):
-        ``1 − lr·m·wd`` with the schedule's multiplier ``m`` of its step (optimizer recipe), or 1 (paper recipe)."""
+        ``1 − lr_t·wd`` with ``lr_t`` the scheduled lr of its step (``lr·m``, the schedule's multiplier ``m``; exactly
+        ``schedule.min_lr`` at the floor: ``scheduled_lr``) for the optimizer recipe, or 1 (paper recipe)."""
         cfg = self.cfg
         if cfg.recipe != "optimizer":
             return 1.0
@@ -416,8 +417,8 @@ class LograOptimizer(LograStateMixin):
               factors: Optional[dict[str, torch.Tensor]] = None) -> None:
         """``W ← decay·W − α·D·A`` for every target, native AdamW step, advance the projection.
 
-        The decoupled weight decay ``decay = 1 − lr·m·wd`` (optimizer recipe; ``m`` the schedule's
-        multiplier of this step, ``update.lr_multiplier``) does not scale with α: α scales the gradient
+        The decoupled weight decay ``decay = 1 − lr_t·wd`` (optimizer recipe; ``lr_t`` the scheduled lr of this
+        step, ``lr·update.lr_multiplier`` except at the floor, where it is ``schedule.min_lr`` itself) does not scale with α: α scales the gradient
         step only, as a step-size controller expects.
 
         ``factors`` (opt-in, sketch-delta sync): target key -> this rank's bf16
