@@ -41,3 +41,11 @@ def run_script(script: str, args: list[str], monkeypatch, capsys) -> tuple[int, 
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def exit_code(main, argv) -> int:
+    """``main(argv)``'s return value, or the status of the ``SystemExit`` it raised (argparse's error path)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code

@@ -12,17 +12,11 @@ import pytest
 
 from megatron_logra.bench.cli import main as bench_main
 from megatron_logra.memory.cli import main as memory_main, resolve_planned_model
+from support.scripts import exit_code
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 2**30
 H100 = 81559 * 2**20  # what nvidia-smi reports for an "80 GB" H100
-
-
-def _exit_code(main, argv) -> int:
-    try:
-        return main(argv)
-    except SystemExit as exc:  # argparse's error path
-        return exc.code
 
 
 def _mixtral(tmp_path: Path) -> Path:
@@ -49,7 +43,7 @@ def test_memory_bad_input_is_one_line_naming_the_flag(tmp_path, capsys, argv, st
     if "MIXTRAL" in argv:  # a config.json of an architecture the trainer does not load
         path = str(_mixtral(tmp_path))
         argv, start = ["--model", path], f"--model {path}: "
-    assert _exit_code(memory_main, argv) == 2
+    assert exit_code(memory_main, argv) == 2
     err = capsys.readouterr().err
     line = err.strip().splitlines()[-1]
     assert line.startswith(f"megatron-logra memory: error: {start}"), line
@@ -144,7 +138,7 @@ def test_counts_and_optimizer_state_match_hand_arithmetic():
 ])
 def test_bench_bad_flags_are_one_line_naming_the_flag(tmp_path, capsys, argv, flag):
     """A repeated seed would count one run twice in a mean ± sd (n=2, sd 0); a repeated optimizer twice per seed."""
-    code = _exit_code(bench_main, ["paper", "--quick", "--render-only", "--out-dir", str(tmp_path), *argv])
+    code = exit_code(bench_main, ["paper", "--quick", "--render-only", "--out-dir", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith(f"megatron-logra bench paper: error: {flag}") and err.count("\n") == 1, err
@@ -160,14 +154,14 @@ def test_render_only_refuses_another_runs_json_of_the_same_name(tmp_path, capsys
     source = tmp_path / "results" / "results-quick-rl-steps_12.json"
     source.write_text(json.dumps(data))
     argv = ["paper", "--quick", "--render-only", "--out-dir", str(tmp_path)]
-    assert _exit_code(bench_main, argv + ["--rl-steps", "12"]) == 2
+    assert exit_code(bench_main, argv + ["--rl-steps", "12"]) == 2
     err = capsys.readouterr().err
     assert f"{source} holds the run of `megatron-logra bench paper --quick --rl-steps 10`" in err
     assert "rl_steps: 10 -> 12" in err and err.count("\n") == 1
     assert not (tmp_path / "results-quick-rl-steps_12.md").exists()
     # under its own name, the flags of that run re-render it
     shutil.copy(source, tmp_path / "results" / "results-quick-rl-steps_10.json")
-    assert _exit_code(bench_main, argv + ["--rl-steps", "10"]) == 0
+    assert exit_code(bench_main, argv + ["--rl-steps", "10"]) == 0
     assert "--rl-steps 10" in (tmp_path / "results-quick-rl-steps_10.md").read_text()
 
 

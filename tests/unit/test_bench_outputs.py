@@ -22,6 +22,7 @@ from megatron_logra.bench.config import PaperBenchConfig
 from megatron_logra.bench.report import (SETTINGS_NAME_LIMIT, image_prefix, report_stem, why_unwritable,
                                          write_report)
 from megatron_logra.memory.cli import main as memory_main
+from support.scripts import exit_code
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -45,13 +46,6 @@ def om() -> ModuleType:
 @pytest.fixture(scope="module")
 def sb() -> ModuleType:
     return _load("sync_bytes")
-
-
-def _exit_code(main, argv) -> int:
-    try:
-        return main(argv)
-    except SystemExit as exc:  # argparse's error path
-        return exc.code
 
 
 def _one_error_line(err: str) -> str:
@@ -111,7 +105,7 @@ def test_optimizer_memory_small_run_is_routed_away_from_the_committed_table(om, 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("")
     try:
-        code = _exit_code(om.main, ["--quick", "--sizes", "64x1", "--steps", "1", "--seq", "32"])
+        code = exit_code(om.main, ["--quick", "--sizes", "64x1", "--steps", "1", "--seq", "32"])
     finally:
         replaced = guard.changed()
     assert not replaced, f"the run replaced {replaced}"
@@ -138,7 +132,7 @@ def test_optimizer_memory_bad_output_or_render_is_one_line(om, tmp_path, capsys,
     rowless = tmp_path / "rowless.json"
     rowless.write_text(json.dumps({"rows": [{}], "meta": {}}))
     before = sorted(p.name for p in tmp_path.iterdir())
-    code = _exit_code(om.main, [a.format(file=plain, tmp=tmp_path, binary=binary, rowless=rowless) for a in argv])
+    code = exit_code(om.main, [a.format(file=plain, tmp=tmp_path, binary=binary, rowless=rowless) for a in argv])
     assert code == 2
     last = _one_error_line(capsys.readouterr().err)
     assert last.startswith(f"{PROG}: error: argument --") and says in last, last
@@ -175,7 +169,7 @@ def test_sync_bytes_small_run_is_routed_away_from_the_committed_table(sb, tmp_pa
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("")
     try:
-        code = _exit_code(sb.main, ["--repeats", "1", "--threads", "1", "--big-dtypes", "float32"])
+        code = exit_code(sb.main, ["--repeats", "1", "--threads", "1", "--big-dtypes", "float32"])
     finally:
         replaced = guard.changed()
     assert not replaced, f"the run replaced {replaced}"
@@ -197,7 +191,7 @@ def test_sync_bytes_bad_values_are_one_line(sb, tmp_path, capsys, argv, says):
     width ran (a 1 GiB delta for the tiny model) instead of being refused."""
     plain = tmp_path / "plain"
     plain.write_text("")
-    code = _exit_code(sb.main, [a.format(file=plain, tmp=tmp_path) for a in argv])
+    code = exit_code(sb.main, [a.format(file=plain, tmp=tmp_path) for a in argv])
     assert code == 2
     last = _one_error_line(capsys.readouterr().err)
     assert says.format(file=plain, tmp=tmp_path) in last, last
@@ -275,10 +269,10 @@ def test_paper_render_only_finds_its_own_custom_run(tmp_path, capsys):
     cfg = _cfg("--quick", "--rl-steps", "10", "--out-dir", str(tmp_path))
     (tmp_path / "results" / f"{report_stem(cfg)}.json").write_text(json.dumps(data))
     argv = ["paper", "--quick", "--render-only", "--out-dir", str(tmp_path)]
-    assert _exit_code(bench_main, argv + ["--rl-steps", "12"]) == 2
+    assert exit_code(bench_main, argv + ["--rl-steps", "12"]) == 2
     err = capsys.readouterr().err
     assert "results-quick-rl-steps_12.json does not exist" in err and err.count("\n") == 1, err
-    assert _exit_code(bench_main, argv + ["--rl-steps", "10"]) == 0
+    assert exit_code(bench_main, argv + ["--rl-steps", "10"]) == 0
     assert "--rl-steps 10" in (tmp_path / "results-quick-rl-steps_10.md").read_text()
 
 
@@ -293,7 +287,7 @@ def test_paper_unwritable_output_is_refused_before_running(tmp_path, capsys, arg
     the figures were computed."""
     plain = tmp_path / "plain"
     plain.write_text("")
-    code = _exit_code(bench_main, ["paper", "--quick", *[a.format(file=plain, tmp=tmp_path) for a in argv]])
+    code = exit_code(bench_main, ["paper", "--quick", *[a.format(file=plain, tmp=tmp_path) for a in argv]])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith(f"megatron-logra bench paper: error: {says.format(file=plain)}") and err.count("\n") == 1, err
