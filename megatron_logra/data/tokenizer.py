@@ -175,11 +175,17 @@ def _ensure_pad(tok: PreTrainedTokenizerBase, where: str) -> PreTrainedTokenizer
     return tok
 
 
+_VOCAB_FILE_NAMES = frozenset({"vocab.json", "vocab.txt", "merges.txt", "tekken.json", "special_tokens_map.json"})
+"""Vocabulary files of HF tokenizer classes besides ``tokenizer*`` (BPE, WordPiece, Mistral's tekken; SentencePiece's
+``*.model`` and tiktoken files are matched by suffix)."""
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """Load a local tokenizer: a ``save_pretrained`` directory (any HF class) or a ``tokenizer.json``.
 
     Never touches the network (``local_files_only=True``). Raises FileNotFoundError for a missing
-    path and ValueError when the path holds no loadable tokenizer. A tokenizer without a pad token
+    path and ValueError when the path holds no loadable tokenizer (also a directory without tokenizer
+    files, such as a checkpoint saved without its tokenizer). A tokenizer without a pad token
     gets its eos token as pad.
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -201,6 +207,16 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
         specials = {"pad_token": PAD_TOKEN, "bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": UNK_TOKEN}
         tok.add_special_tokens({k: v for k, v in specials.items() if v in vocab})
         return _ensure_pad(tok, str(p))
+    names = sorted(x.name for x in p.iterdir())
+    if not any(n.startswith("tokenizer") or n in _VOCAB_FILE_NAMES or n.endswith((".model", ".tiktoken"))
+               for n in names):
+        # transformers >= 5 builds a tokenizer with an empty vocabulary from a bare config.json; every
+        # prompt would then encode to nothing
+        raise ValueError(
+            f"tokenizer directory {str(p)!r} holds no tokenizer files (it holds {names[:10]}); expected files "
+            f"written by save_pretrained (tokenizer.json / tokenizer_config.json): save the tokenizer there, "
+            f"or give tokenizer.path=DIR"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except Exception as exc:
