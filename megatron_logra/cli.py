@@ -72,7 +72,14 @@ _SYNOPSES = {
     "config": ("megatron-logra config [RECIPE | FILE.yaml] [OVERRIDE ...]\n"
                "       megatron-logra config --resume RUN_DIR [OVERRIDE ...]",
                "Print the resolved config as YAML (default recipe: tiny): every field with its value, after the "
-               "overrides (with model.hf_path, the checkpoint's architecture, as the RL job takes it)."),
+               "overrides (with model.hf_path, the checkpoint's architecture, as the RL job takes it). First it "
+               "runs the checks of `train` that build nothing, each refusing what `train` refuses with the same "
+               "error (exit status 2): the fields, the task (reasoning-gym names and task.dataset_kwargs, jsonl: "
+               "files, a task.reward plugin's import), the tokenizer (tokenizer.path, or model.hf_path's "
+               "config.json and tokenizer files; its size against model.vocab_size), the longest prompt against "
+               "model.seq_length, and a resumed run's checkpoint (architecture, steps, saved config). Not "
+               "checked: the TP/PP/DP layout against the launch's world size, the memory plan, SGLang's "
+               "presence, train.run_dir's state, the model build, the weights and the KL probe."),
 }
 """Subcommands that take a recipe and overrides: their synopsis and description (``-h`` / ``--help``)."""
 
@@ -116,8 +123,8 @@ def command_help(command: str) -> str:
         "  by optimizer (optimizer.native.* for optimizer.name=adam, else optimizer.logra.* / the non-target AdamW;",
         "  refused where the optimizer would not read them):",
         flags(OPTIMIZER_ALIASES),
-        "  absolute lrs of the schedule of the peak lr that --lr sets (after every other override): --lr-warmup-init",
-        "  -> optimizer.schedule.warmup_init_ratio (a ratio of that peak), --min-lr -> optimizer.schedule.min_lr (as given):",
+        "  absolute lrs of the schedule of the peak lr that --lr sets (after every other override), kept as given:",
+        "  --lr-warmup-init -> optimizer.schedule.warmup_init_lr, --min-lr -> optimizer.schedule.min_lr:",
         flags(SCHEDULE_RATIO_FLAGS),
         "  checks only (model.seq_length is --seq-length):",
         flags(CHECK_FLAGS),
@@ -206,14 +213,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             cfg = parse_args_to_config(recipe, overrides)
     except ValueError as exc:
         _user_error(parser, exc)
-    if ns.command == "config":
-        from megatron_logra.rollout.sglang_setup import redact_config
-
-        sys.stdout.write(yaml.safe_dump(redact_config(to_dict(cfg)), sort_keys=False))  # output often goes to a file
-        return 0
     _check_resumed_architecture(parser, cfg)
     if resume_dir is None and cfg.train.resume:
         _reporting_user_errors(parser, lambda: _check_recipe_resume(cfg))
+    if ns.command == "config":
+        import copy
+
+        from megatron_logra.rollout.sglang_setup import redact_config
+
+        # the job's own checks that build nothing (a copy: they may fill in what the job derives, as it does)
+        _reporting_user_errors(parser, lambda: _job_check_config(copy.deepcopy(cfg)))
+        sys.stdout.write(yaml.safe_dump(redact_config(to_dict(cfg)), sort_keys=False))  # output often goes to a file
+        return 0
 
     from megatron_logra.parallel import destroy_parallel
 
@@ -232,6 +243,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         sys.stdout.write(strict_dumps(summary, indent=1) + "\n")  # as summary.json: null for a non-finite value
     return 0
+
+
+def _job_check_config(cfg) -> None:
+    """What ``megatron-logra config`` checks beyond the config's own validation: the configured job's start-time
+    checks that need no process group, model or GPU and write nothing (:func:`megatron_logra.rl.job.check_config`,
+    :func:`megatron_logra.train.lm.check_config`), which ``train`` runs too."""
+    if cfg.job == "rl":
+        from megatron_logra.rl.job import check_config
+    else:
+        from megatron_logra.train.lm import check_config
+    check_config(cfg)
 
 
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
@@ -407,18 +429,22 @@ def resume_differences(saved: Mapping[str, Any], cfg) -> list[tuple[str, Any, An
     :func:`~megatron_logra.checkpoint.run_dir.resume_config` reads it). A field only one of them has (a
     config saved by another version) is not compared. Sorted by field."""
     from megatron_logra.config import to_dict
+    from megatron_logra.optim.schedule import ABSOLUTE_LRS
     from megatron_logra.rollout.sglang_setup import redact_config
 
     new = _flat(yaml.safe_load(yaml.safe_dump(redact_config(to_dict(cfg)), sort_keys=False)))
     old = _flat(saved)
     if isinstance(old.get("model.hf_path"), str) and old["model.hf_path"]:  # saved as given before it was absolute
         old["model.hf_path"] = os.path.abspath(old["model.hf_path"])
-    floor, ratio = new.get("optimizer.schedule.min_lr"), "optimizer.schedule.min_lr_ratio"
-    if "optimizer.schedule.min_lr" not in old and floor is not None and new.get(ratio) == 0:
-        # saved before optimizer.schedule.min_lr existed: --min-lr was kept as min_lr_ratio = min_lr / peak
-        peak = next(iter(cfg.optimizer.scheduled_lrs().values()), None)
-        if peak and old.get(ratio) == floor / peak:
-            old[ratio] = 0.0
+    peak = next(iter(cfg.optimizer.scheduled_lrs().values()), None)
+    for name, ratio_name in ABSOLUTE_LRS.items():
+        absolute, ratio = f"optimizer.schedule.{name}", f"optimizer.schedule.{ratio_name}"
+        value = new.get(absolute)
+        if absolute not in old and value is not None and new.get(ratio) == 0:
+            # saved before the absolute field existed: its flag (--min-lr, --lr-warmup-init) was kept as the
+            # ratio value / peak, which the same flag now gives as the absolute lr
+            if peak and old.get(ratio) == value / peak:
+                old[ratio] = 0.0
     return sorted((name, old[name], new[name]) for name in old.keys() & new.keys()
                   if not _is_launch_field(name) and old[name] != new[name])
 

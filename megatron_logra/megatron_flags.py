@@ -94,15 +94,17 @@ OPTIMIZER_ALIASES: tuple[str, ...] = ("lr", "weight-decay", "clip-grad", "adam-b
 * LoGRA, ``logra.recipe=paper``: ``--lr``, ``--weight-decay`` and ``--clip-grad`` are refused (its step is
   ``logra.update_ratio`` scaled by the KL controller's α, without weight decay on targets or clipping)."""
 
-SCHEDULE_RATIO_FLAGS: dict[str, str] = {"lr-warmup-init": "optimizer.schedule.warmup_init_ratio",
+SCHEDULE_RATIO_FLAGS: dict[str, str] = {"lr-warmup-init": "optimizer.schedule.warmup_init_lr",
                                          "min-lr": "optimizer.schedule.min_lr"}
 """Megatron-LM's absolute schedule lrs -> the ``optimizer.schedule`` field they set (:func:`schedule_ratio`),
 against the peak lr that ``--lr`` sets for the configured optimizer (the first of
 :meth:`~megatron_logra.optim.config.OptimizerConfig.scheduled_lrs`: ``optimizer.logra.lr`` for LoGRA's optimizer
 recipe, ``optimizer.native.lr`` for dense AdamW and for the paper recipe, whose schedule reaches the non-target
-AdamW only). ``--lr-warmup-init``: the value divided by that peak (``warmup_init_ratio``). ``--min-lr``: the value
-itself (``min_lr``, the floor that peak lr decays to exactly; every other scheduled lr decays to the same
-fraction of its own peak). Resolved after every other override, so the order of ``--lr`` / ``--min-lr`` on the
+AdamW only). Each is stored as given (:data:`~megatron_logra.optim.schedule.ABSOLUTE_LRS`): ``--lr-warmup-init``
+in ``warmup_init_lr``, that peak lr's exact lr at the first step of the warmup; ``--min-lr`` in ``min_lr``, the
+floor it decays to exactly; every other scheduled lr starts and ends at the same fractions of its own peak. Each
+flag clears the ratio field its lr replaces (``warmup_init_ratio`` / ``min_lr_ratio``) unless that field is given
+too (both are then refused). Resolved after every other override, so the order of ``--lr`` / ``--min-lr`` on the
 line does not matter; a peak lr of 0, a value above the peak or a configuration where no lr follows a schedule
 is refused."""
 
@@ -341,9 +343,9 @@ def _optimizer_alias(cfg: RunConfig, flag: str) -> str:
 
 
 def schedule_ratio(cfg: RunConfig, flag: str, raw: Any) -> tuple[str, float]:
-    """``(field, value)`` for the absolute-lr flag ``flag`` of :data:`SCHEDULE_RATIO_FLAGS` against ``cfg``'s
-    peak lr: a ratio of that peak (``--lr-warmup-init``) or the lr itself (``--min-lr``, stored as given so the
-    floor is exactly it); ``ValueError`` naming the flag and the fields where it cannot be used."""
+    """``(field, value)`` for the absolute-lr flag ``flag`` of :data:`SCHEDULE_RATIO_FLAGS`, checked against
+    ``cfg``'s peak lr: the lr itself (stored as given, so the schedule reaches exactly it); ``ValueError``
+    naming the flag and the fields where it cannot be used."""
     target = SCHEDULE_RATIO_FLAGS[flag]
     value = _coerce(raw, float, f"--{flag}")
     if not (math.isfinite(value) and value >= 0):
@@ -354,14 +356,12 @@ def schedule_ratio(cfg: RunConfig, flag: str, raw: Any) -> tuple[str, float]:
                          f"has no lr for the targets and optimizer.native.freeze=true trains nothing else); drop it")
     peak_field, peak = next(iter(lrs.items()))
     if peak == 0:
-        raise ValueError(f"--{flag}={value} is an absolute lr, converted to {target} as a fraction of the peak lr "
-                         f"{peak_field}, which is 0 here; set --lr / {peak_field} > 0 or give {target} directly")
+        raise ValueError(f"--{flag}={value} is an absolute lr of the schedule of the peak lr {peak_field}, which "
+                         f"is 0 here; set --lr / {peak_field} > 0 or give {target} directly")
     if value > peak:
         raise ValueError(f"--{flag}={value} exceeds the peak lr {peak_field}={peak} (--lr): a schedule runs from "
                          f"and down to fractions of the peak; lower --{flag} or raise --lr")
-    if target == "optimizer.schedule.min_lr":
-        return target, value
-    return target, value / peak
+    return target, value
 
 
 def check_flag(cfg: RunConfig, flag: str, raw: Any) -> None:

@@ -36,8 +36,8 @@ every other override, so ``job=...`` anywhere on the line counts): ``--train-ite
 rl.group_size`` sequences. The optimizer flags (``--lr``, ``--weight-decay``, ``--clip-grad``,
 ``--adam-beta1/2``, ``--adam-eps``) follow ``optimizer.name`` and ``logra.recipe``
 (:data:`OPTIMIZER_ALIASES`); one the configured optimizer would not read is refused.
-``--lr-warmup-init`` and ``--min-lr`` (absolute lrs) become ratios of ``optimizer.schedule``
-(:data:`SCHEDULE_RATIO_FLAGS`), resolved after every other override.
+``--lr-warmup-init`` and ``--min-lr`` (absolute lrs) set ``optimizer.schedule.warmup_init_lr`` /
+``optimizer.schedule.min_lr`` as given (:data:`SCHEDULE_RATIO_FLAGS`), resolved after every other override.
 ``--max-position-embeddings`` only checks ``model.seq_length`` (:data:`CHECK_FLAGS`). A field the configured job
 never reads, given at a value other than its default (``train.steps`` with job=rl, ``rl.*`` / ``task.*`` / ``kl.*``
 ... with job=lm), is refused, naming the job's own field (:data:`_LM_ONLY`, :data:`_RL_ONLY`).
@@ -67,6 +67,7 @@ from megatron_logra.megatron_flags import (CHECK_FLAGS, CHECK_SWITCHES, CONTEXT_
                                            check_switch, neutral_flag, resolve_alias, schedule_ratio,
                                            unknown_flag_error)
 from megatron_logra.optim.config import LograConfig
+from megatron_logra.optim.schedule import ABSOLUTE_LRS
 from megatron_logra.yaml_unique import safe_load_unique
 
 logger = logging.getLogger(__name__)
@@ -355,12 +356,14 @@ def _apply_items(cfg: RunConfig, items: Sequence[Item]) -> tuple[RunConfig, set[
         else:
             setter.put(resolve_alias(cfg, flag), raw, spelling, flag)
     for flag, raw, spelling in ratios:
-        target, ratio = schedule_ratio(cfg, flag, raw)
-        setter.put(target, ratio, spelling, flag)
-        if target == "optimizer.schedule.min_lr" and "optimizer.schedule.min_lr_ratio" not in setter.set_by:
-            # --min-lr replaces the floor of the config it overrides (a recipe file's, or a resumed run's saved
-            # before min_lr existed, where --min-lr was kept as min_lr_ratio); given here too, both are refused
-            cfg.optimizer.schedule.min_lr_ratio = 0.0
+        target, value = schedule_ratio(cfg, flag, raw)
+        setter.put(target, value, spelling, flag)
+        ratio = ABSOLUTE_LRS[target.rpartition(".")[2]]
+        if f"optimizer.schedule.{ratio}" not in setter.set_by:
+            # the flag replaces the ratio of the config it overrides (a recipe file's, or a resumed run's saved
+            # before the absolute field existed, where the flag was kept as that ratio); given here too, both
+            # are refused
+            setattr(cfg.optimizer.schedule, ratio, 0.0)
     given = set(setter.set_by)
     _drop_unselected_dataset_kwargs(cfg, given)
     return cfg, given

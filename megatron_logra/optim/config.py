@@ -162,16 +162,12 @@ class OptimizerConfig:
                 f"targets (their step follows the KL controller) and optimizer.native.freeze=true trains no other "
                 f"parameter; drop the schedule, set optimizer.native.freeze=false or use optimizer.logra.recipe=optimizer")
         lrs = self.scheduled_lrs()
-        if self.schedule.min_lr is not None and lrs:
-            peak_field, peak = next(iter(lrs.items()))
-            if self.schedule.min_lr > peak:
-                raise ValueError(f"optimizer.schedule.min_lr={self.schedule.min_lr} exceeds the peak lr {peak_field}="
-                                 f"{peak} (--lr) it is the floor of: the decay runs down from the peak; lower "
-                                 f"optimizer.schedule.min_lr (--min-lr) or raise {peak_field}")
+        if lrs:  # the absolute lrs (min_lr, warmup_init_lr) are of the first: none may exceed it
+            self.schedule.check_peak(*next(iter(lrs.items())))
 
     def scheduled_lrs(self) -> dict[str, float]:
         """The configured (peak) lrs that :attr:`schedule` multiplies, by dotted field, the first being the one
-        Megatron-LM's ``--lr`` sets (``--lr-warmup-init`` is a ratio against it, ``--min-lr`` its exact floor):
+        Megatron-LM's ``--lr`` sets (``--lr-warmup-init`` its exact initial warmup lr, ``--min-lr`` its exact floor):
         ``optimizer.logra.lr`` (LoGRA's optimizer recipe) then ``optimizer.native.lr`` unless the non-targets
         are frozen; dense AdamW: ``optimizer.native.lr``. Empty when nothing follows a schedule (paper recipe
         with frozen non-targets)."""

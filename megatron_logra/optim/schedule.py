@@ -17,8 +17,9 @@ starts at 0 and advances by one after each successful update, so the ``t``-th up
 lengths times the global batch size ``G``, advanced by ``G`` per update); every style gives the same lr
 in either unit except ``inverse-square-root`` without warmup, where Megatron-LM's ``max(W·G, 1)`` makes
 its lr ``peak / sqrt(n·G)`` (``peak / sqrt(G)`` on the second update) and this one's ``peak / sqrt(n)``.
-With ``W`` = ``warmup_steps``, ``D`` = the decay steps, ``r0`` = ``warmup_init_ratio`` and ``rmin`` =
-``min_lr_ratio`` (or ``min_lr`` / the reference lr, see :attr:`LRScheduleConfig.min_lr`):
+With ``W`` = ``warmup_steps``, ``D`` = the decay steps, ``r0`` = ``warmup_init_ratio`` (or ``warmup_init_lr`` /
+the reference lr, see :attr:`LRScheduleConfig.warmup_init_lr`) and ``rmin`` = ``min_lr_ratio`` (or ``min_lr`` /
+the reference lr, see :attr:`LRScheduleConfig.min_lr`):
 
 * ``W > 0`` and ``n ≤ W``: ``r0 + (1 − r0)·n/W`` (so the first update of a warmup starting at 0 has
   lr 0, its moments still advance, as in Megatron-LM);
@@ -28,9 +29,11 @@ With ``W`` = ``warmup_steps``, ``D`` = the decay steps, ``r0`` = ``warmup_init_r
 * ``linear`` / ``cosine``: ``rmin + (1 − rmin)·c`` with ``c = 1 − q`` / ``½(1 + cos πq)``,
   ``q = (n − W)/(D − W)``.
 
-An lr at the floor (after the decay, at its last step, or where the inverse square root is below the floor) is
-the floor lr itself, :func:`scheduled_lr`: ``min_lr`` exactly as given for the reference lr (Megatron-LM's
-``--min-lr``, which ``peak × (min_lr / peak)`` can miss by one unit in the last place).
+An lr at one of the schedule's absolute lrs (:data:`ABSOLUTE_LRS`) is that lr itself, :func:`scheduled_lr`: at the
+first step of the warmup (``n = 0``) ``warmup_init_lr``, at the floor (after the decay, at its last step, or where the
+inverse square root is below the floor) ``min_lr``, exactly as given for the reference lr (Megatron-LM's
+``--lr-warmup-init`` / ``--min-lr``, which ``peak × (value / peak)`` can miss by one unit in the last place). The other
+steps of the warmup take ``peak × (r0 + (1 − r0)·n/W)``, Megatron-LM's ``init + (peak − init)·n/W``.
 
 The function is stateless: the step counter the optimizers already checkpoint is all a resume needs,
 so a resumed run takes bitwise the steps of an uninterrupted one. Skipped updates (non-finite
@@ -46,10 +49,22 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DECAY_STYLES", "LRScheduleConfig", "lr_multiplier", "scheduled_lr"]
+__all__ = ["ABSOLUTE_LRS", "DECAY_STYLES", "LRScheduleConfig", "lr_multiplier", "scheduled_lr"]
 
 DECAY_STYLES: tuple[str, ...] = ("constant", "linear", "cosine", "inverse-square-root")
 """Accepted ``decay_style`` values (Megatron-LM's ``--lr-decay-style`` spellings; WSD is not offered)."""
+
+ABSOLUTE_LRS: dict[str, str] = {"warmup_init_lr": "warmup_init_ratio", "min_lr": "min_lr_ratio"}
+"""The schedule's absolute lrs (fields of :class:`LRScheduleConfig`, set by Megatron-LM's ``--lr-warmup-init`` and
+``--min-lr``) -> the fraction-of-the-peak field each one replaces. Either may be given, not both (a ratio of 0
+counts as not given). Configs saved before an absolute field existed kept its flag's value as that ratio
+(``value / peak``); resuming them with the flag again is not a change (``megatron_logra.cli.resume_differences``,
+``megatron_logra.overrides``)."""
+
+_ABSOLUTE_ROLES: dict[str, tuple[str, str, str]] = {  # field -> (flag, what it sets, why it cannot exceed the peak)
+    "warmup_init_lr": ("--lr-warmup-init", "the start of the warmup", "the warmup runs up to the peak"),
+    "min_lr": ("--min-lr", "the floor of the decay", "the decay runs down from the peak"),
+}
 
 
 def _check_ratio(name: str, value: float) -> None:
@@ -65,11 +80,18 @@ class LRScheduleConfig:
     docstring for the formula). The default (``constant``, no warmup) keeps each lr at its configured value."""
 
     warmup_steps: int = 0
-    """Linear warmup over this many optimizer steps, from ``warmup_init_ratio`` × peak to the peak
-    (Megatron-LM ``--lr-warmup-iters``); 0: no warmup."""
+    """Linear warmup over this many optimizer steps, from ``warmup_init_ratio`` × peak (or
+    :attr:`warmup_init_lr`) to the peak (Megatron-LM ``--lr-warmup-iters``); 0: no warmup."""
     warmup_init_ratio: float = 0.0
-    """The lr at the start of the warmup as a fraction of the peak, in [0, 1] (Megatron-LM
-    ``--lr-warmup-init``, an absolute lr there). Read only with ``warmup_steps > 0``."""
+    """The lr at the start of the warmup as a fraction of the peak, in [0, 1]. Give this or
+    :attr:`warmup_init_lr`. Read only with ``warmup_steps > 0``."""
+    warmup_init_lr: Optional[float] = None
+    """The lr at the start of the warmup as an absolute lr (Megatron-LM ``--lr-warmup-init``, which sets it), or
+    None (it is ``warmup_init_ratio`` × peak). It is the first warmup step's lr of the reference lr, the one
+    ``--lr`` sets (the first of ``OptimizerConfig.scheduled_lrs``), exactly as given; every other scheduled lr
+    starts at the same fraction ``warmup_init_lr / reference`` of its own peak, and the later warmup steps
+    interpolate linearly to the peak. Must not exceed the reference lr; with it, leave ``warmup_init_ratio`` at 0.
+    Read only with ``warmup_steps > 0``."""
     decay_style: str = "constant"
     """After the warmup: ``constant`` (the peak), ``linear``, ``cosine`` (to ``min_lr_ratio`` × peak at
     ``decay_steps``) or ``inverse-square-root`` (peak·sqrt(max(warmup_steps, 1)/step), floored at
@@ -92,17 +114,19 @@ class LRScheduleConfig:
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ValueError(f"optimizer.schedule.warmup_steps={self.warmup_steps!r} must be an integer >= 0 "
                              "(0: no warmup)")
-        _check_ratio("warmup_init_ratio", self.warmup_init_ratio)
-        _check_ratio("min_lr_ratio", self.min_lr_ratio)
-        if self.min_lr is not None:
-            if isinstance(self.min_lr, bool) or not isinstance(self.min_lr, (int, float)) \
-                    or not math.isfinite(self.min_lr) or self.min_lr < 0:
-                raise ValueError(f"optimizer.schedule.min_lr={self.min_lr!r} must be a finite lr >= 0 (the absolute "
-                                 f"floor of the decay, --min-lr), or null to use optimizer.schedule.min_lr_ratio")
-            if self.min_lr_ratio != 0:
-                raise ValueError(f"optimizer.schedule.min_lr={self.min_lr} and optimizer.schedule.min_lr_ratio="
-                                 f"{self.min_lr_ratio} both set the floor of the decay; give one of them (set "
-                                 f"min_lr_ratio=0 or min_lr=null)")
+        for name, ratio_name in ABSOLUTE_LRS.items():
+            _check_ratio(ratio_name, getattr(self, ratio_name))
+            value, ratio = getattr(self, name), getattr(self, ratio_name)
+            if value is None:
+                continue
+            flag, role, _ = _ABSOLUTE_ROLES[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise ValueError(f"optimizer.schedule.{name}={value!r} must be a finite lr >= 0 (the absolute lr of "
+                                 f"{role}, {flag}), or null to use optimizer.schedule.{ratio_name}")
+            if ratio != 0:
+                raise ValueError(f"optimizer.schedule.{name}={value} and optimizer.schedule.{ratio_name}={ratio} "
+                                 f"both set {role}; give one of them (set {ratio_name}=0 or {name}=null)")
         if self.decay_style not in DECAY_STYLES:
             raise ValueError(f"optimizer.schedule.decay_style={self.decay_style!r} is not supported; choose one of "
                              f"{', '.join(DECAY_STYLES)} (Megatron-LM's WSD is not offered)")
@@ -126,16 +150,32 @@ class LRScheduleConfig:
         """True when every step's multiplier is 1 (``constant`` without warmup): each lr is its configured value."""
         return self.warmup_steps == 0 and not self.decays
 
-    def floor_ratio(self, reference_lr: Optional[float] = None) -> float:
-        """The floor of the decay as a fraction of the peak: ``min_lr / reference_lr`` when :attr:`min_lr` is set
-        (``reference_lr``: the lr ``--lr`` sets; 0 when it is 0), else ``min_lr_ratio``. ``ValueError`` when
-        ``min_lr`` is set and ``reference_lr`` is not given."""
-        if self.min_lr is None:
-            return self.min_lr_ratio
+    def fraction(self, name: str, reference_lr: Optional[float] = None) -> float:
+        """The absolute lr ``name`` (a key of :data:`ABSOLUTE_LRS`) as a fraction of the peak: ``value /
+        reference_lr`` when it is set (``reference_lr``: the lr ``--lr`` sets; 0 when it is 0), else the ratio
+        field it replaces. ``ValueError`` when it is set and ``reference_lr`` is not given."""
+        value = getattr(self, name)
+        if value is None:
+            return getattr(self, ABSOLUTE_LRS[name])
         if reference_lr is None:
-            raise ValueError("optimizer.schedule.min_lr is an absolute lr: the schedule needs the reference lr "
-                             "(the one --lr sets) to scale the others by")
-        return float(self.min_lr) / reference_lr if reference_lr else 0.0
+            raise ValueError(f"optimizer.schedule.{name} is an absolute lr: the schedule needs the reference lr "
+                             f"(the one --lr sets) to scale the others by")
+        return float(value) / reference_lr if reference_lr else 0.0
+
+    def floor_ratio(self, reference_lr: Optional[float] = None) -> float:
+        """The floor of the decay as a fraction of the peak (:meth:`fraction` of :attr:`min_lr`)."""
+        return self.fraction("min_lr", reference_lr)
+
+    def check_peak(self, peak_field: str, peak: float) -> None:
+        """``ValueError`` naming the fields when an absolute lr (:data:`ABSOLUTE_LRS`) exceeds ``peak``, the
+        reference lr (``peak_field``, the one ``--lr`` sets)."""
+        for name in ABSOLUTE_LRS:
+            value = getattr(self, name)
+            if value is not None and value > peak:
+                flag, role, why = _ABSOLUTE_ROLES[name]
+                raise ValueError(f"optimizer.schedule.{name}={value} exceeds the peak lr {peak_field}={peak} (--lr) "
+                                 f"it is {role} of: {why}; lower optimizer.schedule.{name} ({flag}) or raise "
+                                 f"{peak_field}")
 
     def resolve_decay_steps(self, total_steps: Optional[int], total_name: str = "the job's steps") -> int:
         """The decay's last step: ``decay_steps`` or, when None, ``total_steps`` (the job's optimizer steps,
@@ -162,49 +202,52 @@ def lr_multiplier(step: int, cfg: LRScheduleConfig, total_steps: Optional[int] =
     """The factor every peak lr is multiplied by for the 1-based optimizer step ``step`` (see the module
     docstring): megatron-core's ``OptimizerParamScheduler.get_lr`` / peak after ``step − 1`` completed steps,
     for the schedule ``cfg`` whose decay ends at ``cfg.decay_steps`` or, when None, at ``total_steps`` (the
-    job's optimizer steps). ``reference_lr``: the lr ``--lr`` sets, needed when ``cfg.min_lr`` is set
-    (:meth:`LRScheduleConfig.floor_ratio`). Exactly 1.0 for ``constant`` without warmup. ``ValueError`` for
-    ``step < 1`` and as :meth:`LRScheduleConfig.resolve_decay_steps` says."""
+    job's optimizer steps). ``reference_lr``: the lr ``--lr`` sets, needed when ``cfg.min_lr`` or
+    ``cfg.warmup_init_lr`` is set (:meth:`LRScheduleConfig.fraction`). Exactly 1.0 for ``constant`` without
+    warmup. ``ValueError`` for ``step < 1`` and as :meth:`LRScheduleConfig.resolve_decay_steps` says."""
     return _multiplier(step, cfg, total_steps, reference_lr)[0]
 
 
 def scheduled_lr(peak: float, step: int, cfg: LRScheduleConfig, total_steps: Optional[int] = None,
                  reference_lr: Optional[float] = None) -> float:
     """The lr of the 1-based optimizer step ``step`` for the configured (peak) lr ``peak``: ``peak ×``
-    :func:`lr_multiplier`, except at the floor of the decay, where it is the floor lr itself: ``cfg.min_lr``
-    exactly for the reference lr (``peak == reference_lr``, the one ``--lr`` sets), ``peak × min_lr_ratio``
-    (or ``cfg.min_lr × peak / reference_lr``) for the others. Arguments and errors as :func:`lr_multiplier`."""
-    multiplier, at_floor = _multiplier(step, cfg, total_steps, reference_lr)
-    if at_floor and cfg.min_lr is not None:
+    :func:`lr_multiplier`, except where the schedule is at one of its absolute lrs (:data:`ABSOLUTE_LRS`) and that
+    one is set: the first step of the warmup (``cfg.warmup_init_lr``) and the floor of the decay (``cfg.min_lr``).
+    There it is that lr exactly for the reference lr (``peak == reference_lr``, the one ``--lr`` sets), and
+    ``value × peak / reference_lr`` for the others. Arguments and errors as :func:`lr_multiplier`."""
+    multiplier, at = _multiplier(step, cfg, total_steps, reference_lr)
+    value = getattr(cfg, at) if at is not None else None
+    if value is not None:
         if peak == reference_lr:
-            return float(cfg.min_lr)
-        if reference_lr:  # a reference lr of 0 has floor ratio 0 (floor_ratio): every lr ends at 0
-            return float(cfg.min_lr) * (peak / reference_lr)
+            return float(value)
+        if reference_lr:  # a reference lr of 0 makes the fraction 0 (LRScheduleConfig.fraction): every lr is 0
+            return float(value) * (peak / reference_lr)
     return peak * multiplier
 
 
 def _multiplier(step: int, cfg: LRScheduleConfig, total_steps: Optional[int],
-                reference_lr: Optional[float]) -> tuple[float, bool]:
-    """``(lr_multiplier, whether the lr is at the floor of the decay)``."""
+                reference_lr: Optional[float]) -> tuple[float, Optional[str]]:
+    """``(lr_multiplier, the absolute lr the step is at)``: ``"warmup_init_lr"`` at the first step of the warmup,
+    ``"min_lr"`` at the floor of the decay, else None (keys of :data:`ABSOLUTE_LRS`)."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f"step={step!r} must be an integer >= 1 (the 1-based optimizer step being taken)")
     n = step - 1  # completed steps: what Megatron-LM's scheduler has counted when the step runs
     warmup = cfg.warmup_steps
     if warmup > 0 and n <= warmup:
-        init = cfg.warmup_init_ratio
-        return init + (1.0 - init) * (float(n) / float(warmup)), False
+        init = cfg.fraction("warmup_init_lr", reference_lr)
+        return init + (1.0 - init) * (float(n) / float(warmup)), "warmup_init_lr" if n == 0 else None
     if not cfg.decays:
-        return 1.0, False
+        return 1.0, None
     decay_steps = cfg.resolve_decay_steps(total_steps)
     floor = cfg.floor_ratio(reference_lr)
     if n > decay_steps:
-        return floor, True
+        return floor, "min_lr"
     if cfg.decay_style == "inverse-square-root":
         value = math.sqrt(max(warmup, 1)) / math.sqrt(max(n, 1))
-        return (floor, True) if floor >= value else (value, False)
+        return (floor, "min_lr") if floor >= value else (value, None)
     progress = float(n - warmup) / float(decay_steps - warmup)
     if cfg.decay_style == "linear":
         coeff = 1.0 - progress
     else:  # cosine
         coeff = 0.5 * (math.cos(math.pi * progress) + 1.0)
-    return floor + coeff * (1.0 - floor), coeff == 0.0
+    return floor + coeff * (1.0 - floor), "min_lr" if coeff == 0.0 else None

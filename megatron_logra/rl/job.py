@@ -55,7 +55,7 @@ from megatron_logra.train.stopping import EarlyStop
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_rl", "build_components", "check_native_step_control"]
+__all__ = ["run_rl", "build_components", "check_config", "check_native_step_control"]
 
 
 class _OptimizerWithRL:
@@ -179,6 +179,51 @@ def check_native_step_control(cfg: RunConfig) -> None:
             "optimizer.native.freeze=true or kl.mode=none")
 
 
+def _check_settings(cfg: RunConfig, *, native_step_control: bool = True) -> None:
+    """The checks of the config alone that the job runs first: the native step's control
+    (:func:`check_native_step_control`, unless a benchmark's optimizer replaces the trainer's), ``model.hf_path``'s
+    architecture (it replaces ``cfg.model``; reads ``config.json`` only) and an in-process SGLang engine's dtype."""
+    if native_step_control:
+        check_native_step_control(cfg)
+    if cfg.model.hf_path:  # the checkpoint's architecture replaces the recipe's
+        cfg.model = model_config_from_hf(cfg.model.hf_path, base=cfg.model)
+    if cfg.rl.rollout.engine == "sglang" and not cfg.rl.rollout.sglang_url:
+        check_engine_dtype(cfg.model.params_dtype)  # an in-process engine: refused before anything is loaded
+
+
+def _task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool) -> tuple:
+    """``(task, tokenizer, stop token ids)`` of the run, checked before any model is built: the task
+    (:func:`~megatron_logra.rewards.build_task`: dataset names and kwargs, JSONL files, the reward plugin), the
+    tokenizer (:func:`_tokenizer`: ``tokenizer.path`` or ``model.hf_path``'s tokenizer files, its size against
+    ``model.vocab_size``), ``rl.chat_template``, the longest prompt against ``model.seq_length`` and the stop
+    tokens (``generation_config.json``). Nothing is written."""
+    task = build_task(cfg.task)
+    tok = _tokenizer(cfg, task, run_dir, will_save=will_save)
+    if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
+        rl_prompt_ids(tok, cfg.rl, "check")
+    # the same on every rank: a long prompt fails here, not mid-run; the longest one, so that the fix the
+    # error suggests fits every held-out prompt, and every prompt of a file (JSONL) source held in memory
+    prompts = [problem.prompt for problem in task.eval_problems()]
+    prompts += [problem.prompt for source in task.sources for problem in getattr(source, "problems", ())]
+    lengths = [(len(rl_prompt_ids(tok, cfg.rl, prompt)), prompt) for prompt in prompts]
+    if lengths:
+        check_prompt_fits(cfg, *max(lengths, key=lambda item: item[0]))
+    return task, tok, stop_token_ids(tok, cfg.model.hf_path, cfg.tokenizer.path)
+
+
+def check_config(cfg: RunConfig) -> None:
+    """The start-time checks of the RL job that need no process group, model or GPU and write nothing, as
+    ``megatron-logra config`` runs them (``cfg`` is changed as the job changes it: take a copy to keep it):
+    :func:`_check_settings`, a resumed run's ``rl.steps`` against its latest checkpoint, and
+    :func:`_task_and_tokenizer`. What they refuse, the job refuses with the same error. Not checked here: the
+    batch layout over the launch's DP / PP ranks, SGLang's presence, the memory plan, ``train.run_dir``'s
+    state, the model build, the weights and the KL probe."""
+    _check_settings(cfg)
+    if cfg.train.resume:
+        check_resume_steps(cfg.train.run_dir, cfg.rl.steps, "rl.steps")
+    _task_and_tokenizer(cfg, Path(cfg.train.run_dir), will_save=False)
+
+
 def build_components(cfg: RunConfig, optimizer_factory=None, *,
                      for_eval: bool = False) -> tuple[RLComponents, RLState, _OptimizerWithRL]:
     """Everything the loop needs, warm-started (and resumed when asked).
@@ -192,12 +237,8 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     engine is synced in process whatever ``sync.transport`` says (a directory transport would prune the
     run's delta files and write anchors). An in-process SGLang engine still writes its scratch model
     config under ``RUN/sglang_model``."""
-    if optimizer_factory is None:
-        check_native_step_control(cfg)
-    if cfg.model.hf_path:  # the checkpoint's architecture replaces the recipe's
-        cfg.model = model_config_from_hf(cfg.model.hf_path, base=cfg.model)
+    _check_settings(cfg, native_step_control=optimizer_factory is None)
     if cfg.rl.rollout.engine == "sglang" and not cfg.rl.rollout.sglang_url:
-        check_engine_dtype(cfg.model.params_dtype)  # an in-process engine: refused before anything is loaded
         from megatron_logra.rollout.sglang_api import require_sglang
 
         try:  # a user error before the (minutes-long) build, not an ImportError once the model is loaded
@@ -213,17 +254,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
         claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=False, lock=not for_eval)  # eval only reads
     if cfg.train.resume:
         check_resume_steps(run_dir, cfg.rl.steps, "rl.steps")
-    task = build_task(cfg.task)
-    tok = _tokenizer(cfg, task, run_dir, will_save=not for_eval)
-    if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
-        rl_prompt_ids(tok, cfg.rl, "check")
-    # the same on every rank: a long prompt fails here, not mid-run; the longest one, so that the fix the
-    # error suggests fits every held-out prompt, and every prompt of a file (JSONL) source held in memory
-    prompts = [problem.prompt for problem in task.eval_problems()]
-    prompts += [problem.prompt for source in task.sources for problem in getattr(source, "problems", ())]
-    lengths = [(len(rl_prompt_ids(tok, cfg.rl, prompt)), prompt) for prompt in prompts]
-    if lengths:
-        check_prompt_fits(cfg, *max(lengths, key=lambda item: item[0]))
+    task, tok, stop_ids = _task_and_tokenizer(cfg, run_dir, will_save=not for_eval)
     resume_from = latest_checkpoint(run_dir) if cfg.train.resume else None
     # every weight is loaded next (HF checkpoint or resumed state): skip the random initialisation
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed,
@@ -269,7 +300,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     sync.full(state.weight_version)
     comps = RLComponents(cfg=cfg, groups=groups, model=model, optimizer=optimizer, controller=controller,
                          engine=engine, task=task, tokenizer=tok, sync=sync, ref_model=ref_model,
-                         stop_ids=stop_token_ids(tok, cfg.model.hf_path, cfg.tokenizer.path))
+                         stop_ids=stop_ids)
     return comps, state, bundle
 
 

@@ -63,7 +63,7 @@ from megatron_logra.train.stopping import EarlyStop
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_lm", "evaluate", "evaluate_checkpoint", "eval_assignment", "eval_sequence_count"]
+__all__ = ["run_lm", "check_config", "evaluate", "evaluate_checkpoint", "eval_assignment", "eval_sequence_count"]
 
 
 def _num_microbatches(cfg: RunConfig, groups: ParallelGroups) -> int:
@@ -154,6 +154,17 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
                            model_config=cfg.model)["step"]
     task = SyntheticTask(cfg.data, cfg.model.vocab_size)
     return {"run_dir": cfg.train.run_dir, "step": step, "eval_loss": evaluate(model, task, cfg, groups, optimizer)}
+
+
+def check_config(cfg: RunConfig) -> None:
+    """The start-time checks of the LM job that need no process group, model or GPU and write nothing, as
+    ``megatron-logra config`` runs them: the synthetic task (``data.num_symbols`` against ``model.vocab_size``)
+    and a resumed run's ``train.steps`` against its latest checkpoint. What they refuse, the job refuses with the
+    same error. Not checked here: the micro-batches of the launch's DP ranks, the memory plan, ``train.run_dir``'s
+    state and the model build."""
+    SyntheticTask(cfg.data, cfg.model.vocab_size)
+    if cfg.train.resume:
+        check_resume_steps(cfg.train.run_dir, cfg.train.steps, "train.steps")
 
 
 @releasing_run_dir

@@ -15,11 +15,17 @@ TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hid
 """A Hugging Face ``config.json`` of a two-layer Llama (no weights)."""
 
 
-def tiny_llama_dir(root: Path) -> Path:
-    """``root/hf`` holding :data:`TINY_LLAMA` as ``config.json``."""
+def tiny_llama_dir(root: Path, *, tokenizer: bool = False) -> Path:
+    """``root/hf`` holding :data:`TINY_LLAMA` as ``config.json``; with ``tokenizer``, the character tokenizer too
+    (104 tokens: what ``train`` and ``config`` load from a checkpoint; its prompts of the ``tiny`` task need
+    ``model.seq_length=96``)."""
     d = root / "hf"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(TINY_LLAMA))
+    if tokenizer:
+        from megatron_logra.data.tokenizer import build_char_tokenizer, save_tokenizer
+
+        save_tokenizer(build_char_tokenizer(), d)
     return d
 
 

@@ -18,6 +18,7 @@ from megatron_logra.checkpoint import save_checkpoint
 from megatron_logra.checkpoint.integrity import atomic_write_text
 from megatron_logra.checkpoint.run_dir import resume_config
 from megatron_logra.config import KLConfig, RunConfig, from_dict, to_dict
+from megatron_logra.models.gpt import ModelConfig
 from test_checkpoint_checksums import _model
 
 
@@ -26,7 +27,10 @@ def _one_thread(one_thread):
     """Every test of this module runs single-threaded (conftest.one_thread)."""
 
 
-RUN_CONFIG = to_dict(RunConfig(kl=KLConfig(mode="calibrated", budget_start=0.002, horizon=60)))
+RUN_CONFIG = to_dict(RunConfig(model=ModelConfig(vocab_size=128, seq_length=128),
+                               kl=KLConfig(mode="calibrated", budget_start=0.002, horizon=60)))
+"""One ``train`` would start (``config --resume`` runs its checks): the task's character tokenizer (104 tokens) and
+prompts (~100 tokens) fit the model."""
 
 
 @pytest.fixture(scope="module")

@@ -9,20 +9,20 @@ import pytest
 import yaml
 
 from megatron_logra.cli import main
-from megatron_logra.overrides import load_recipe, parse_args_to_config
+from megatron_logra.overrides import parse_args_to_config
 from support.run_fixtures import tiny_llama_dir
 
 @pytest.fixture
 def hf_dir(tmp_path):
-    return tiny_llama_dir(tmp_path)
+    return tiny_llama_dir(tmp_path, tokenizer=True)
 
 
 def test_config_prints_the_checkpoint_architecture(hf_dir, capsys):
-    assert main(["config", "tiny", f"model.hf_path={hf_dir}"]) == 0
+    assert main(["config", "tiny", f"model.hf_path={hf_dir}", "model.seq_length=96"]) == 0
     model = yaml.safe_load(capsys.readouterr().out)["model"]
     assert (model["num_layers"], model["hidden_size"], model["ffn_hidden_size"], model["num_query_groups"]) == (2, 64, 96, 2)
     assert model["rotary_base"] == 500000 and model["layernorm_epsilon"] == 1e-5
-    assert model["seq_length"] == load_recipe("tiny").model.seq_length  # the run's own choice stays
+    assert model["seq_length"] == 96  # the run's own choice stays (the checkpoint's context is 4096)
     assert model["hf_path"] == str(hf_dir)
 
 
@@ -51,7 +51,7 @@ def test_a_relative_hf_path_is_saved_absolute(hf_dir, monkeypatch, capsys):
     monkeypatch.chdir(hf_dir.parent)
     cfg = parse_args_to_config("tiny", [f"model.hf_path={hf_dir.name}"])
     assert cfg.model.hf_path == str(hf_dir)
-    assert main(["config", "tiny", f"--model.hf_path=./{hf_dir.name}"]) == 0
+    assert main(["config", "tiny", f"--model.hf_path=./{hf_dir.name}", "model.seq_length=96"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["model"]["hf_path"] == str(hf_dir)
 
 

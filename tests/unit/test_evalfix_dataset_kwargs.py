@@ -33,7 +33,8 @@ def test_config_tiny_with_another_gym_dataset_works(capsys, caplog):
     from megatron_logra.cli import main
 
     with caplog.at_level(logging.INFO, logger="megatron_logra.overrides"):
-        assert main(["config", "tiny", "task.datasets=gcd"]) in (0, None)
+        # gcd prompts are ~85 tokens: config refuses the recipe's model.seq_length=48 as train does
+        assert main(["config", "tiny", "task.datasets=gcd", "model.seq_length=128"]) in (0, None)
     task = yaml.safe_load(capsys.readouterr().out)["task"]
     assert task["datasets"] == ["gcd"] and task["dataset_kwargs"] == {}
     assert "chain_sum" in caplog.text and "dropping task.dataset_kwargs" in caplog.text

@@ -69,9 +69,9 @@ def test_the_tiny_recipe_sets_its_own_tokenizer():
 
 
 def test_a_named_recipes_tokenizer_yields_to_model_hf_path(tmp_path, capsys):
-    hf = tiny_llama_dir(tmp_path)
+    hf = tiny_llama_dir(tmp_path, tokenizer=True)  # config loads the checkpoint's tokenizer, as train does
     assert parse_args_to_config("tiny", [f"model.hf_path={hf}"]).tokenizer.path == ""
-    assert main(["config", "tiny", "--model.hf_path", str(hf)]) == 0
+    assert main(["config", "tiny", "--model.hf_path", str(hf), "model.seq_length=96"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["tokenizer"]["path"] == ""
     base = tmp_path / "base.yaml"  # a recipe file on top of tiny that does not name a tokenizer
     base.write_text(f"recipe: tiny\nmodel:\n  hf_path: {hf}\n")
