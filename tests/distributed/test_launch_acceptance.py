@@ -84,6 +84,7 @@ def test_world_size_not_divisible_by_tp_names_values_that_fit(launcher, tmp_path
 
 
 TIMEOUT_PROBE = '''
+import os
 import sys
 import torch
 import torch.distributed as dist
@@ -93,7 +94,7 @@ groups = initialize_parallel(ParallelConfig(tp=2, timeout_minutes=_MAX_TIMEOUT_M
 total = torch.ones(1)
 dist.all_reduce(total, group=groups.tp)
 destroy_parallel(wait_for_peers=True)
-print("sum", int(total.item()))
+os.write(1, f"sum {int(total.item())}\\n".encode())  # one write: the two ranks share torchrun's stdout
 '''
 
 

@@ -19,9 +19,12 @@ PROBE = '''
 import json, os, sys
 import torch
 keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "OMP_NUM_THREADS", "PYTHONWARNINGS"]
-print(json.dumps({"env": {k: os.environ.get(k) for k in keys}, "argv": sys.argv[1:], "name": __name__,
-                  "cwd": os.getcwd(), "threads": torch.get_num_threads(), "port_set": "MASTER_PORT" in os.environ,
-                  "script_dir_on_path": os.path.dirname(os.path.abspath(__file__)) == sys.path[0]}))
+record = json.dumps({"env": {k: os.environ.get(k) for k in keys}, "argv": sys.argv[1:], "name": __name__,
+                     "cwd": os.getcwd(), "threads": torch.get_num_threads(), "port_set": "MASTER_PORT" in os.environ,
+                     "script_dir_on_path": os.path.dirname(os.path.abspath(__file__)) == sys.path[0]})
+# one write of the whole line (atomic on a pipe below PIPE_BUF): the ranks share torchrun's stdout, and print()
+# unbuffered writes the text and its newline apart, so two ranks' records could run into one line
+os.write(1, (record + "\\n").encode())
 '''
 
 FAIL_ONE = '''
