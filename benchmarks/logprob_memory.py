@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Optional
 
 from megatron_logra.argtypes import positive_int
+from megatron_logra.bench.outputs import refuse_unwritable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -213,13 +214,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         documented = (shapes == parse_shapes(DEFAULT_SHAPES) and args.chunks == parse_chunks(DEFAULT_CHUNKS)
                       and args.threads == DEFAULT_THREADS)
         args.out = COMMITTED if documented else OTHER_RUNS
-    if args.out.is_dir():
-        p.error(f"argument --out: {args.out} is a directory; give the path of a Markdown file")
-    parent = args.out.parent.absolute()
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        p.error(f"argument --out: {parent} is not a writable directory, so {args.out} cannot be written")
+    refuse_unwritable(p, "--out", args.out)
     impls = ["dense", "megatron"] + [f"chunked:{c}" for c in args.chunks]
     t0 = time.time()
     rows = []

@@ -57,7 +57,8 @@ from megatron_logra.memory.measure import (  # noqa: E402
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
-from megatron_logra.bench.report import cpu_model, why_unwritable  # noqa: E402
+from megatron_logra.bench.outputs import refuse_unwritable  # noqa: E402
+from megatron_logra.bench.report import cpu_model  # noqa: E402
 from megatron_logra.bench.optimizer_memory_report import (  # noqa: E402
     MiB, NOTES, OPTIMIZERS, detail_lines, markdown, print_table, summarize, verdict_lines, verdicts,
 )
@@ -551,16 +552,6 @@ def default_stem(args: argparse.Namespace) -> Path:
     return (COMMITTED if documented(args) else OTHER_RUNS) / name
 
 
-def check_writable(parser: argparse.ArgumentParser, flag: str, *files: Path) -> None:
-    """Refuse, before anything runs, report ``files`` that could not be written at the end
-    (:func:`~megatron_logra.bench.report.why_unwritable`): a usage error naming ``flag``, the option that
-    chose them."""
-    for file in files:
-        problem = why_unwritable(file)
-        if problem:
-            parser.error(f"argument {flag}: {problem}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line of this benchmark (its child side's options hidden)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -623,7 +614,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             p.error(f"argument --render: {path} is not a results JSON of this benchmark "
                     f"(its rows lack the measured numbers): {type(exc).__name__}: {exc}")
         md = with_ext(output_stem(str(path)), ".md")
-        check_writable(p, "--render", md)
+        refuse_unwritable(p, "--render", md)
         emit(rows, meta, output_stem(str(path)), write_json=False)
         return
 
@@ -633,7 +624,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.reuse_processes is None:
         args.reuse_processes = args.quick
     out_stem = output_stem(args.out) if args.out else default_stem(args)
-    check_writable(p, "--out", with_ext(out_stem, ".md"), with_ext(out_stem, ".json"))
+    refuse_unwritable(p, "--out", with_ext(out_stem, ".md"), with_ext(out_stem, ".json"))
     t0 = time.time()
     load_start = os.getloadavg()
     raw = {}

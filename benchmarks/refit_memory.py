@@ -46,6 +46,7 @@ OTHER_RUNS = Path("runs/bench-refit-memory/refit_memory.md")
 import torch  # noqa: E402
 
 from megatron_logra.argtypes import positive_int  # noqa: E402
+from megatron_logra.bench.outputs import refuse_unwritable  # noqa: E402
 from megatron_logra.memory.measure import LiveTensorTracker  # noqa: E402
 
 MiB = 1 << 20
@@ -140,7 +141,7 @@ def main() -> int:
     if args.out is None:
         documented = args.sizes == parse_sizes(DEFAULT_SIZES) and args.repeats == DEFAULT_REPEATS
         args.out = COMMITTED if documented else OTHER_RUNS
-    check_out(p, args.out)
+    refuse_unwritable(p, "--out", args.out)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     from megatron_logra.parallel import ParallelConfig, initialize_parallel
 
@@ -168,18 +169,6 @@ def main() -> int:
     args.out.write_text(text)
     print(f"wrote {args.out}")
     return 0 if ok else 1
-
-
-def check_out(parser: argparse.ArgumentParser, out: Path) -> None:
-    """Refuse, before anything runs, a report file that could not be written at the end: a directory at
-    ``out``, or a nearest existing ancestor that is not a writable directory."""
-    if out.is_dir():
-        parser.error(f"argument --out: {out} is a directory; give the path of a Markdown file")
-    parent = out.parent.absolute()
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        parser.error(f"argument --out: {parent} is not a writable directory, so {out} cannot be written")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from megatron_logra.argtypes import positive_int, report_failed_run
+from megatron_logra.bench.outputs import refuse_unwritable
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DOCUMENTED = {"seeds": [1, 2, 3], "steps": 120, "overrides": []}
@@ -144,22 +145,6 @@ def render(rows: list[dict], args: argparse.Namespace, command: str) -> tuple[st
     return text, md, {"command": command, "rows": rows, "table": table}
 
 
-def _check_out(parser: argparse.ArgumentParser, stem: Path) -> None:
-    """Refuse, before any run starts, an output that could not be written at the end: ``STEM.md`` or
-    ``STEM.json`` a directory, or a nearest existing ancestor that is not a writable directory (the
-    missing directories are created when the results are written)."""
-    for ext in (".md", ".json"):
-        if stem.with_name(stem.name + ext).is_dir():
-            parser.error(f"argument --out: {stem.with_name(stem.name + ext)} is a directory")
-    parent = stem.parent.absolute()
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        parser.error(f"argument --out: {parent} is not a directory, so {stem.parent} cannot be created")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        parser.error(f"argument --out: {parent} is not writable, so {stem.parent} cannot be written")
-
-
 def seed(text: str) -> int:
     """A ``--seeds`` value: an int in [0, 2**31), as ``train.seed`` takes."""
     try:
@@ -194,7 +179,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if len(set(args.seeds)) != len(args.seeds):  # two runs of one seed would share (and overwrite) one run directory
         parser.error(f"argument --seeds: {' '.join(map(str, args.seeds))} repeats a seed")
     stem = output_stem(args)
-    _check_out(parser, stem)
+    refuse_unwritable(parser, "--out", stem.with_name(stem.name + ".md"), stem.with_name(stem.name + ".json"))
     try:
         rows = [_run(recipe, seed, args.steps, Path(args.run_root), args.overrides)
                 for seed in args.seeds for recipe in ("tiny", "tiny-adam")]

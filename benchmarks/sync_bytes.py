@@ -58,7 +58,8 @@ from typing import Callable, Optional
 import torch
 
 from megatron_logra.argtypes import positive_int
-from megatron_logra.bench.report import cpu_model, why_unwritable
+from megatron_logra.bench.outputs import refuse_unwritable
+from megatron_logra.bench.report import cpu_model
 from megatron_logra.sync import apply_delta_, decode, encode
 from megatron_logra.sync.apply import ProjectionCache, check_version
 from megatron_logra.sync.merge import _merge_prepared_, chunk_elems, merge_row_chunks
@@ -474,9 +475,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.out is None:
         args.out = default_out(args)
-    problem = why_unwritable(args.out)
-    if problem:
-        p.error(f"argument --out: {problem}")
+    refuse_unwritable(p, "--out", args.out)
     timed = ([DEVICE_MODELS[m] for m in args.device_models] if args.device
              else [("tiny (recipe)", MODELS["tiny (recipe)"][0]), ("hidden 1024 x 8", BIG)])
     narrowest, label = min((min(n_in for _, _, n_in in shape.targets()), label) for label, shape in timed)

@@ -293,8 +293,9 @@ def unwritable_paths(cfg: PaperBenchConfig, *, render_only: bool = False) -> Opt
     """Why the run of ``cfg`` could not write its output, naming the flag, or None: the report
     ``OUT_DIR/STEM.md`` and ``OUT_DIR/results/`` (its JSON and PNGs), and, when RL runs (the accuracy or
     KL figures, not ``render_only``), ``RUN_ROOT``. Checked before anything runs, so that a run is not
-    lost at its end (:func:`~megatron_logra.bench.report.why_unwritable`; nothing is created)."""
-    from megatron_logra.bench.report import report_stem, why_unwritable
+    lost at its end (:func:`~megatron_logra.bench.outputs.why_unwritable`; nothing is created)."""
+    from megatron_logra.bench.outputs import why_unwritable
+    from megatron_logra.bench.report import report_stem
 
     out = Path(cfg.out_dir)
     checks = [("--out-dir", why_unwritable(out / f"{report_stem(cfg)}.md")),

@@ -14,7 +14,6 @@ nor another run's.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -22,10 +21,9 @@ import os
 import platform
 import re
 import shlex
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from megatron_logra.bench.accuracy_fig import LABELS, RunResult, mean_sd
 from megatron_logra.bench.config import PaperBenchConfig
@@ -34,7 +32,7 @@ from megatron_logra.bench.memory_fig import MemoryRow
 logger = logging.getLogger(__name__)
 
 __all__ = ["render_report", "write_report", "verdicts", "report_stem", "image_prefix", "command_line", "environment",
-           "cpu_model", "why_unwritable"]
+           "cpu_model"]
 
 MiB = 1024.0 * 1024.0
 
@@ -145,38 +143,6 @@ def cpu_model() -> str:
     except (OSError, StopIteration):
         pass
     return cpu
-
-
-def why_unwritable(path: Union[str, Path], *, directory: bool = False) -> Optional[str]:
-    """Why a report could not be written at ``path`` (a file, or with ``directory`` a directory to write
-    into), or None when it can. Checked before a long run, so that it is refused at once rather than
-    failing at its end: the file being a directory (or the directory a file), an existing file this process
-    cannot write, or the nearest existing ancestor not a directory or not one where this process can create
-    a file. The last is probed by creating and removing a temporary file there (``os.access`` says yes to
-    root on read-only mounts and ``/proc``); nothing else is created, missing directories included."""
-    path = Path(path)
-    if directory:
-        if path.exists() and not path.is_dir():
-            return f"{path} is not a directory"
-        target = path
-    else:
-        if path.is_dir():
-            return f"{path} is a directory; give a file path"
-        if path.exists() and not os.access(path, os.W_OK):
-            return f"{path} exists and is not writable"
-        target = path.parent
-    ancestor = target.absolute()
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"{ancestor} is not a directory, so {path} cannot be written"
-    try:
-        with tempfile.TemporaryFile(dir=ancestor):
-            pass
-    except OSError as exc:  # ENOENT: a pseudo file system such as /proc, where no file can be created
-        why = f" ({exc.strerror})" if exc.strerror and exc.errno != errno.ENOENT else ""
-        return f"{ancestor} is not a writable directory{why}, so {path} cannot be written"
-    return None
 
 
 def environment(threads: int) -> dict[str, Any]:
