@@ -63,3 +63,19 @@ def run_rl_recipe(recipe: str, overrides: list) -> dict:
             return run_rl(cfg)
         finally:
             destroy_parallel()
+
+
+def saved_with_ratios(recipe: str, overrides: list, ratios: dict) -> dict:
+    """The config (as ``config.yaml`` holds it) of a run of ``recipe`` with ``overrides`` saved before the
+    schedule's absolute lrs existed: each field of ``ratios`` (``min_lr``, ``warmup_init_lr``) absent, its ratio
+    field (``optimizer.schedule.ABSOLUTE_LRS``) set to the value given, as its flag was kept then."""
+    from megatron_logra.config import to_dict
+    from megatron_logra.optim.schedule import ABSOLUTE_LRS
+    from megatron_logra.overrides import parse_args_to_config
+
+    saved = to_dict(parse_args_to_config(recipe, list(overrides)))
+    schedule = saved["optimizer"]["schedule"]
+    for name, ratio in ratios.items():
+        del schedule[name]
+        schedule[ABSOLUTE_LRS[name]] = ratio
+    return saved

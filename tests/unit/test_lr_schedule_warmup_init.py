@@ -12,9 +12,10 @@ import json
 import pytest
 
 from megatron_logra.cli import main, resume_differences
-from megatron_logra.config import RunConfig, from_dict, to_dict
+from megatron_logra.config import RunConfig, from_dict
 from megatron_logra.optim.schedule import DECAY_STYLES, LRScheduleConfig, lr_multiplier, scheduled_lr
 from megatron_logra.overrides import apply_overrides, parse_args_to_config
+from support.run_fixtures import saved_with_ratios
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
@@ -96,11 +97,7 @@ def test_warmup_init_lr_needs_the_reference_lr():
 
 def _saved_before_warmup_init_lr(ratio: float = INIT / PEAK) -> dict:
     """The config a run of :data:`FLAGS` saved while ``--lr-warmup-init`` was kept as ``warmup_init_ratio``."""
-    saved = to_dict(parse_args_to_config("lm-tiny", FLAGS))
-    schedule = saved["optimizer"]["schedule"]
-    del schedule["warmup_init_lr"]
-    schedule["warmup_init_ratio"] = ratio
-    return saved
+    return saved_with_ratios("lm-tiny", FLAGS, {"warmup_init_lr": ratio})
 
 
 def test_lr_warmup_init_flag_overrides_a_saved_warmup_init_ratio():
@@ -119,10 +116,8 @@ def test_recipe_resume_accepts_the_same_lr_warmup_init_flag_as_the_saved_ratio()
     assert resume_differences(_saved_before_warmup_init_lr(), cfg) == []
     differ = resume_differences(_saved_before_warmup_init_lr(ratio=0.5), cfg)  # another initial lr still differs
     assert [name for name, _, _ in differ] == ["optimizer.schedule.warmup_init_ratio"]
-    both = to_dict(parse_args_to_config("lm-tiny", [*FLAGS, "--min-lr", "1e-7"]))  # both absolute lrs as ratios
-    schedule = both["optimizer"]["schedule"]
-    del schedule["warmup_init_lr"], schedule["min_lr"]
-    schedule.update(warmup_init_ratio=INIT / PEAK, min_lr_ratio=1e-7 / PEAK)
+    both = saved_with_ratios("lm-tiny", [*FLAGS, "--min-lr", "1e-7"],  # both absolute lrs as ratios
+                             {"warmup_init_lr": INIT / PEAK, "min_lr": 1e-7 / PEAK})
     assert resume_differences(both, parse_args_to_config("lm-tiny", [*FLAGS, "--min-lr", "1e-7"])) == []
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 
 from megatron_logra.cli import resume_differences
-from megatron_logra.config import RunConfig, from_dict, to_dict
+from megatron_logra.config import RunConfig, from_dict
 from megatron_logra.optim.schedule import LRScheduleConfig, scheduled_lr
 from megatron_logra.overrides import apply_overrides, parse_args_to_config
+from support.run_fixtures import saved_with_ratios
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
@@ -22,11 +23,7 @@ FLAGS = ["--lr", str(PEAK), "--min-lr", str(FLOOR), "--lr-decay-style", "cosine"
 
 def _saved_before_min_lr(ratio: float = FLOOR / PEAK) -> dict:
     """The config a run of :data:`FLAGS` saved before ``optimizer.schedule.min_lr`` existed."""
-    saved = to_dict(parse_args_to_config("lm-tiny", FLAGS))
-    schedule = saved["optimizer"]["schedule"]
-    del schedule["min_lr"]
-    schedule["min_lr_ratio"] = ratio
-    return saved
+    return saved_with_ratios("lm-tiny", FLAGS, {"min_lr": ratio})
 
 
 def test_min_lr_flag_overrides_a_saved_min_lr_ratio():
