@@ -1,4 +1,4 @@
-"""The Megatron-LM flags that :mod:`megatron_logra.overrides` accepts, and what each one does here.
+"""The Megatron-LM flags that :mod:`megatron_logra.config.overrides` accepts, and what each one does here.
 
 Every flag is in exactly one table (without its ``--``):
 
@@ -25,9 +25,13 @@ import dataclasses
 import difflib
 import math
 import typing
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from megatron_logra.config import RunConfig, _coerce, _section_type
+if TYPE_CHECKING:
+    from megatron_logra.config.run import RunConfig
+
+# the functions import megatron_logra.config's modules when called: that package imports this module (its
+# overrides read these tables) while it loads
 
 __all__ = ["MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "SCHEDULE_RATIO_FLAGS", "CHECK_FLAGS",
            "SWITCH_DEFAULTS", "CHECK_SWITCHES", "MEGATRON_FLAGS", "LOAD_FLAGS", "IGNORED_SWITCHES",
@@ -69,6 +73,9 @@ MEGATRON_ALIASES: dict[str, str] = {
     "exit-duration-in-mins": "train.exit_duration_minutes",
     "save": "train.run_dir",
     "optimizer": "optimizer.name",
+    "profile-step-start": "profile.step_start",
+    "profile-step-end": "profile.step_end",
+    "profile-ranks": "profile.ranks",
 }
 """Megatron-LM flags (without ``--``) -> the dotted field they set, whatever the job; the flags of
 :data:`JOB_ALIASES` are resolved against the configured job by :func:`resolve_alias`."""
@@ -145,6 +152,8 @@ MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
     "sequence-parallel": ("model.sequence_parallel", "true"),
     "use-rotary-position-embeddings": ("model.position_embedding_type", "rope"),
     "resume": ("train.resume", "true"),
+    "profile": ("profile.enabled", "true"),
+    "use-pytorch-profiler": ("profile.tool", "torch"),
     "use-rope-scaling": ("use-rope-scaling", "true"),  # SWITCH_DEFAULTS
     "no-position-embedding": ("no-position-embedding", "true"),  # CHECK_SWITCHES
 }
@@ -242,8 +251,12 @@ def known_flags() -> list[str]:
     return sorted(names)
 
 
-def _dotted_fields(cls: Any = RunConfig, prefix: str = "") -> list[str]:
-    """Every dotted leaf field of the config dataclass ``cls``."""
+def _dotted_fields(cls: Any = None, prefix: str = "") -> list[str]:
+    """Every dotted leaf field of the config dataclass ``cls`` (default: the run config)."""
+    from megatron_logra.config.codec import _section_type
+    from megatron_logra.config.run import RunConfig
+
+    cls = RunConfig if cls is None else cls
     out: list[str] = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -284,6 +297,8 @@ def unknown_flag_error(flag: str) -> ValueError:
 def neutral_flag(flag: str, raw: Any) -> None:
     """``--flag raw`` of :data:`NEUTRAL_FLAGS`: returns when ``raw`` is the value this trainer runs at, else a
     ``ValueError`` saying why no other value is possible."""
+    from megatron_logra.config.codec import _coerce
+
     ftype, neutral, why = NEUTRAL_FLAGS[flag]
     value = _coerce(raw, ftype, f"--{flag}")
     if value != neutral:
@@ -346,6 +361,8 @@ def schedule_ratio(cfg: RunConfig, flag: str, raw: Any) -> tuple[str, float]:
     """``(field, value)`` for the absolute-lr flag ``flag`` of :data:`SCHEDULE_RATIO_FLAGS`, checked against
     ``cfg``'s peak lr: the lr itself (stored as given, so the schedule reaches exactly it); ``ValueError``
     naming the flag and the fields where it cannot be used."""
+    from megatron_logra.config.codec import _coerce
+
     target = SCHEDULE_RATIO_FLAGS[flag]
     value = _coerce(raw, float, f"--{flag}")
     if not (math.isfinite(value) and value >= 0):
@@ -366,6 +383,8 @@ def schedule_ratio(cfg: RunConfig, flag: str, raw: Any) -> tuple[str, float]:
 
 def check_flag(cfg: RunConfig, flag: str, raw: Any) -> None:
     """See :data:`CHECK_FLAGS`."""
+    from megatron_logra.config.codec import _coerce
+
     value = _coerce(raw, int, f"--{flag}")
     seq, kind = cfg.model.seq_length, cfg.model.position_embedding_type
     if value < seq:

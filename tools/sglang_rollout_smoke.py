@@ -3,7 +3,7 @@
     python tools/sglang_rollout_smoke.py [--recipe tiny] [--steps 3] [--url http://host:port]
                                          [--engine-arg KEY=JSON ...] [--max-logprob-gap 0.05] [--json out.json]
 
-Builds the job exactly as ``megatron-logra train`` does (``rl.job.build_components``: the trainer,
+Builds the job exactly as ``megatron-logra train`` does (``rl.components.build_components``: the trainer,
 an in-process ``sglang.Engine`` started with the sketch-delta loader, or the server at ``--url``,
 loaded by one full refit), then runs ``--steps`` RL updates and checks:
 
@@ -102,7 +102,7 @@ def smoke_config(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_
     engine runs in the trainer's dtype and SGLang's kernels are fp16/bf16 only
     (``sglang_engine.check_engine_dtype``). fp32 masters keep the exact trajectory; the engine's
     fingerprint is compared in bf16, as ``tests/unit/test_rl_bf16_sync.py`` checks on the CPU."""
-    from megatron_logra.overrides import load_recipe
+    from megatron_logra.config import load_recipe
 
     cfg = load_recipe(recipe)
     cfg.model = dataclasses.replace(cfg.model, params_dtype="bfloat16")
@@ -134,7 +134,7 @@ def run(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_args: Opt
         max_logprob_gap: float = 0.05, run_dir: Optional[Path] = None, report: Callable[[str], None] = log) -> dict:
     """Build the job with SGLang rollouts, run ``steps`` updates, check 1-3 of the module docstring."""
     from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import build_components
+    from megatron_logra.rl.components import build_components
     from megatron_logra.rl.loop import _prompt_ids, rl_update
     from megatron_logra.rollout.engine import SamplingParams
 
@@ -190,7 +190,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     try:
-        from megatron_logra.overrides import load_recipe
+        from megatron_logra.config import load_recipe
 
         load_recipe(args.recipe)
     except (ValueError, OSError) as exc:

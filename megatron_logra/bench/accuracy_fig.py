@@ -71,7 +71,7 @@ def run_rl_job(cfg: PaperBenchConfig, *, label: str, recipe: str, seed: int, ove
     """One RL run in this process through ``run_rl``; tears the process group down afterwards."""
     import torch
 
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rl.job import run_rl
 

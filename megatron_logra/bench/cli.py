@@ -11,7 +11,9 @@ A run of some figures (``--figures``) or with other settings (``--optimizers``, 
 ``NAME_VALUES`` and then the figures, e.g. ``results-cosine.md``, ``results-seeds_1_2.md`` or
 ``results-quick-rl-steps_10-optimizers_logra_adam-memory.md`` (PNGs prefixed alike), so it replaces neither the
 full report nor the report of a run with other settings; ``--render-only`` with the same flags re-renders that
-one (a JSON under that name holding the run of other settings is refused naming the command that wrote it).
+one (a JSON under that name holding the run of other settings is refused naming the command that wrote it);
+the report of a run made when every run with other settings was named ``results[-quick]-custom[-FIGURE...]``
+is found under that older name, and re-rendered under the current one if it recorded the run of these flags.
 The header records the command and the machine. A missing GaLore/APOLLO package is reported and skipped, never
 fatal. A bad flag (a repeated seed or optimizer, ``--rl-steps 0``, an ``--out-dir`` or ``--run-root`` that
 cannot be written, ...) ends with one ``error:`` line naming it before anything runs, exit status 2. A results
@@ -26,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -227,11 +230,7 @@ def _results_from(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     by_optimizer = {o: [runs[(o, s)] for s in cfg.seeds if (o, s) in runs] for o in cfg.optimizers}
     by_rank = {k: [runs[(lab, s)] for s in cfg.rank_seeds if (lab, s) in runs]
                for k in cfg.ranks for lab in ["logra" if k == 32 else f"logra-r{k}"]}
-    prefix = image_prefix(cfg)
-    names = {"memory": "fig1_memory.png", "accuracy": "fig2_accuracy.png", "rank": "fig5a_rank.png",
-             "cosine_single": "fig5b_cosine_single.png", "cosine_accumulated": "fig5c_cosine_accumulated.png",
-             "kl": "fig6_kl.png"}
-    images = {k: f"results/{prefix}{v}" for k, v in names.items() if (Path(path).parent / f"{prefix}{v}").exists()}
+    images = _images(Path(path).parent, image_prefix(cfg))
     return {"cfg": cfg, "timings": data["timings"], "missing": data["missing"],
             "memory": [MemoryRow(**m) for m in data["memory"]], "planned": data["planner"],
             "by_optimizer": {k: v for k, v in by_optimizer.items() if v},
@@ -240,27 +239,60 @@ def _results_from(path: Path, data: dict[str, Any]) -> dict[str, Any]:
             "environment": data.get("environment"), "data": data}
 
 
+_IMAGE_NAMES = {"memory": "fig1_memory.png", "accuracy": "fig2_accuracy.png", "rank": "fig5a_rank.png",
+                "cosine_single": "fig5b_cosine_single.png", "cosine_accumulated": "fig5c_cosine_accumulated.png",
+                "kl": "fig6_kl.png"}
+"""The report's images by key, without the run's prefix (:func:`~megatron_logra.bench.report.image_prefix`)."""
+
+
+def _images(results_dir: Path, prefix: str) -> dict[str, str]:
+    """The report's images present under ``results_dir`` with ``prefix``, as the report links them."""
+    return {k: f"results/{prefix}{v}" for k, v in _IMAGE_NAMES.items() if (results_dir / f"{prefix}{v}").exists()}
+
+
 def render_only(out_dir: Path, *, quick: bool, cfg: Optional[PaperBenchConfig] = None) -> int:
     """Rewrite the report from the numbers of an earlier run (after a change of wording): the report of
     ``cfg`` (default: the quick or full preset), read from ``OUT_DIR/results/<its stem>.json``. Returns 0.
     A missing, unreadable or malformed JSON raises :class:`ResultsFileError` naming it and the problem
-    (for a missing one: the command whose run writes it), before anything is written."""
+    (for a missing one: the command whose run writes it), before anything is written.
+
+    A run with other settings than the preset's written before reports were named by those settings has its
+    JSON and PNGs under the older name (:func:`~megatron_logra.bench.report.legacy_report_stem`,
+    ``results-quick-custom.json``): when the current name is missing that one is read, provided it recorded
+    the run of these flags (every custom run shared that name), and the report is written under the current
+    name, its PNGs copied to the current prefix; the older files are left as they are."""
     from megatron_logra.bench import report
 
     cfg = cfg if cfg is not None else PaperBenchConfig.preset(quick, out_dir=str(out_dir))
-    source = Path(out_dir) / "results" / f"{report.report_stem(cfg)}.json"
+    results_dir = Path(out_dir) / "results"
+    source = results_dir / f"{report.report_stem(cfg)}.json"
+    legacy = report.legacy_report_stem(cfg)
+    legacy_source = results_dir / f"{legacy}.json" if legacy else None
     if not source.exists():
-        raise ResultsFileError(f"{source} does not exist: --render-only re-renders the report of an earlier run "
-                               f"with the same flags; run `{report.command_line(cfg)}` first")
+        if legacy_source is None or not legacy_source.exists():
+            older = f" (nor its older name {legacy_source.name})" if legacy_source is not None else ""
+            raise ResultsFileError(f"{source} does not exist{older}: --render-only re-renders the report of an "
+                                   f"earlier run with the same flags; run `{report.command_line(cfg)}` first")
+        logger.info("%s does not exist: reading %s, the name reports of runs with other settings than the "
+                    "preset's had before they were named by those settings", source.name, legacy_source)
+        source = legacy_source
     kw = load_results(source)
     wanted = cfg
     cfg, data = kw.pop("cfg"), kw.pop("data")
     differ = _settings_differ(wanted, cfg)
+    if differ and source == legacy_source:  # that name was shared by every custom run
+        raise ResultsFileError(f"{source} (the name every run with other settings than the preset's had before "
+                               f"reports were named by their settings) holds the run of `{kw['command']}`, not of "
+                               f"these flags ({differ}): re-render it with that command's flags and --render-only; "
+                               f"the report of these flags needs its own run: `{report.command_line(wanted)}`")
     if differ:  # another custom run of the same stem: its report is not the one these flags ask for
         raise ResultsFileError(f"{source} holds the run of `{kw['command']}`, not of these flags ({differ}): "
                                f"--render-only re-renders the report of an earlier run with the same flags; run "
                                f"`{report.command_line(wanted)}` first")
     cfg.out_dir = str(out_dir)
+    if source == legacy_source:
+        _adopt_legacy_images(results_dir, report.legacy_image_prefix(cfg) or "", report.image_prefix(cfg))
+        kw["images"] = _images(results_dir, report.image_prefix(cfg))
     try:
         text = report.render_report(cfg, **kw)
     except _SHAPE_ERRORS as exc:
@@ -269,6 +301,14 @@ def render_only(out_dir: Path, *, quick: bool, cfg: Optional[PaperBenchConfig] =
     path = report.write_report(cfg, text, data)
     logger.info("re-rendered %s from %s", path, source)
     return 0
+
+
+def _adopt_legacy_images(results_dir: Path, old_prefix: str, new_prefix: str) -> None:
+    """Copy the PNGs of a report under its older prefix to its current one (an existing one is kept)."""
+    for name in _IMAGE_NAMES.values():
+        old, new = results_dir / f"{old_prefix}{name}", results_dir / f"{new_prefix}{name}"
+        if old.exists() and not new.exists():
+            shutil.copyfile(old, new)
 
 
 def _settings_differ(wanted: PaperBenchConfig, recorded: PaperBenchConfig) -> str:

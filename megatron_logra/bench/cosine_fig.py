@@ -56,9 +56,9 @@ def reconstruction_cosines(grads: list[torch.Tensor], sketches: list[torch.Tenso
 
 
 def _setup(cfg: PaperBenchConfig):
+    from megatron_logra.config import parse_args_to_config
     from megatron_logra.data.tokenizer import build_tokenizer, load_tokenizer
     from megatron_logra.models.gpt import build_gpt
-    from megatron_logra.overrides import parse_args_to_config
     from megatron_logra.parallel import initialize_parallel
     from megatron_logra.rewards import build_task
     from megatron_logra.rl.sft import load_weights

@@ -31,8 +31,8 @@ from megatron_logra.bench.memory_fig import MemoryRow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["render_report", "write_report", "verdicts", "report_stem", "image_prefix", "command_line", "environment",
-           "cpu_model"]
+__all__ = ["render_report", "write_report", "verdicts", "report_stem", "image_prefix", "legacy_report_stem",
+           "legacy_image_prefix", "command_line", "environment", "cpu_model"]
 
 MiB = 1024.0 * 1024.0
 
@@ -109,6 +109,25 @@ def image_prefix(cfg: PaperBenchConfig) -> str:
     (``quick-``, ``cosine-``, ``quick-seeds_1-memory-``)."""
     stem = report_stem(cfg)
     return "" if stem == "results" else stem[len("results-"):] + "-"
+
+
+def legacy_report_stem(cfg: PaperBenchConfig) -> Optional[str]:
+    """The stem an earlier version gave the report of ``cfg`` when it differs from :func:`report_stem`, else None:
+    every run with settings other than the preset's was ``results[-quick]-custom[-FIGURE...]`` whatever they were
+    (so one such JSON may hold the run of any custom settings: :func:`~megatron_logra.bench.cli.render_only`
+    checks its recorded config)."""
+    if not _is_custom(cfg):
+        return None
+    stem = ("results-quick" if cfg.quick else "results") + "-custom"
+    if set(cfg.figures) != set(FIGURES):
+        stem += "".join(f"-{f}" for f in FIGURES if f in cfg.figures)
+    return stem if stem != report_stem(cfg) else None
+
+
+def legacy_image_prefix(cfg: PaperBenchConfig) -> Optional[str]:
+    """The PNG prefix that went with :func:`legacy_report_stem` (``quick-custom-memory-``), or None."""
+    stem = legacy_report_stem(cfg)
+    return None if stem is None else stem[len("results-"):] + "-"
 
 
 def command_line(cfg: PaperBenchConfig) -> str:

@@ -2,7 +2,7 @@
 
 A run directory holds one run: ``config.yaml``, ``metrics.jsonl``, ``summary.json``, the
 tokenizer, tensorboard events, ``checkpoints/`` and what is derived from them (``summary.png`` of
-``megatron-logra plot``, the RL job's ``deltas/`` and ``sglang_model/``). Starting a *new* run (not
+``megatron-logra plot``, the RL job's ``deltas/`` and ``sglang_model/``, the traces of ``profile/``). Starting a *new* run (not
 ``--resume``) in a directory that already holds a run's checkpoints, metrics or summary is refused
 with an error naming what is there, before anything is written: mixing two runs would overwrite the
 old config and summary, truncate its metrics, let checkpoint pruning delete either run's checkpoints
@@ -33,7 +33,7 @@ __all__ = ["claim_run_dir", "lock_run_dir", "release_run_dir", "releasing_run_di
            "check_shared_storage", "resume_config", "RUN_OUTPUTS"]
 
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "summary.png", "tensorboard", "config.yaml", "tokenizer",
-               "deltas", "sglang_model", BEFORE_FILE)
+               "deltas", "sglang_model", "profile", BEFORE_FILE)
 """What a run writes into its run directory, or is derived from it there: a new run removes each of them that
 is present (:func:`claim_run_dir`), so none of a previous run's can be taken for the new run's."""
 

@@ -59,7 +59,7 @@ ABSOLUTE_LRS: dict[str, str] = {"warmup_init_lr": "warmup_init_ratio", "min_lr":
 ``--min-lr``) -> the fraction-of-the-peak field each one replaces. Either may be given, not both (a ratio of 0
 counts as not given). Configs saved before an absolute field existed kept its flag's value as that ratio
 (``value / peak``); resuming them with the flag again is not a change (``megatron_logra.cli.resume_differences``,
-``megatron_logra.overrides``)."""
+``megatron_logra.config.overrides``)."""
 
 _ABSOLUTE_ROLES: dict[str, tuple[str, str, str]] = {  # field -> (flag, what it sets, why it cannot exceed the peak)
     "warmup_init_lr": ("--lr-warmup-init", "the start of the warmup", "the warmup runs up to the peak"),

@@ -190,7 +190,7 @@ def _check_trainable(source: JsonlSource, cfg: TaskConfig) -> None:
     )
 
 
-def build_task(cfg: TaskConfig) -> Task:
+def build_task(cfg: TaskConfig, group: Any = None) -> Task:
     """Build the sources, eval sources and scorers of ``cfg``.
 
     Raises ValueError for unknown reasoning-gym names (listing valid ones), bad dataset kwargs, an
@@ -199,6 +199,11 @@ def build_task(cfg: TaskConfig) -> Task:
     FileNotFoundError / ValueError for missing or malformed JSONL files. The rows of a JSONL file scored with
     math-verify whose gold answer it cannot parse are dropped with one warning (a file of no other rows is a
     ValueError): :meth:`~megatron_logra.rewards.jsonl.JsonlSource.drop_unparsable_answers`.
+
+    ``group``: the ranks that build this task together (a process group, ``dist.group.WORLD``, or None: this
+    rank alone; every rank of it must call): its rank 0 decides which JSONL rows math-verify can parse and the
+    others keep the same rows, so that a parse near math-verify's time limit cannot leave the ranks with
+    different datasets.
     """
     cfg.__post_init__()
     timeout = cfg.math_timeout_s or None
@@ -211,7 +216,7 @@ def build_task(cfg: TaskConfig) -> Task:
         if spec.startswith(JSONL_PREFIX):
             source = JsonlSource(spec[len(JSONL_PREFIX) :], source=spec)
             if plugin is None:  # scored with math-verify: a gold answer it cannot parse never earns a reward
-                source.drop_unparsable_answers(lambda answer: parses_as_math(answer, timeout_s=timeout))
+                source.drop_unparsable_answers(lambda answer: parses_as_math(answer, timeout_s=timeout), group)
             _check_trainable(source, cfg)
             sources.append(source)
             eval_sources.append(source)

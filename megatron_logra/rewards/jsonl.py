@@ -21,7 +21,9 @@ pieces after a ``jsonl:`` piece are joined back into its path (:func:`join_jsonl
 
 Scored with math-verify (``task.reward`` ``auto`` or ``math_verify``), a row whose gold answer math-verify cannot
 parse could never be rewarded: such rows are dropped when the task is built, with one warning naming the file, how
-many and the first lines (:meth:`JsonlSource.drop_unparsable_answers`); a file of no other rows is refused.
+many and the first lines (:meth:`JsonlSource.drop_unparsable_answers`); a file of no other rows is refused. Under
+a multi-process job rank 0 decides which rows go and every rank drops the same ones (a parse near math-verify's
+time limit could otherwise fail on one rank only).
 
 Malformed input (not UTF-8, invalid JSON, a key repeated within one object, a missing or mistyped
 field, a non-finite number answer, a null, repeated or mistyped id, a repeated prompt) raises
@@ -219,6 +221,18 @@ def _read_utf8(path: Path) -> str:
                          f"{column}); re-save the file as UTF-8") from None
 
 
+def _decided_once(decide: Callable[[], list[bool]], group: Any) -> list[bool]:
+    """``decide()`` run once per row on ``group``'s rank 0 (the rows kept, in order) and given to every rank of
+    ``group``; ``decide()`` itself without a group of several ranks. Its error, on rank 0, reaches every rank."""
+    from megatron_logra.parallel import group_size
+
+    if group_size(group) == 1:
+        return decide()  # once per row: the parse may be slow (math-verify)
+    from megatron_logra.rollout.driver import share_from_driver
+
+    return list(share_from_driver(decide, group))
+
+
 class JsonlSource:
     """A finite problem source over a JSONL file; ``problem(i)`` is the ``i % size``-th line's problem."""
 
@@ -228,10 +242,16 @@ class JsonlSource:
         self.problems = load_jsonl_problems(self.path, self.name)
         self.size: int | None = len(self.problems)
 
-    def drop_unparsable_answers(self, parses: Callable[[str], bool]) -> int:
+    def drop_unparsable_answers(self, parses: Callable[[str], bool], group: Any = None) -> int:
         """Drop the rows whose gold answer ``parses`` (e.g. math-verify's parse, ``rewards.math.parses_as_math``)
         rejects, and return how many were dropped, logging one warning that names the file, the count and the
         first few lines with their answers. ``ValueError`` naming the file and the first lines when no row is left.
+
+        ``group``: the ranks that build this source together (a process group, ``dist.group.WORLD``, or None:
+        this rank alone; every rank of it must call). Only its rank 0 runs ``parses``; the others receive which
+        rows it kept (over the group's gloo twin, :func:`~megatron_logra.parallel.cpu_group`), so every rank
+        holds the same rows even where a parse gives another answer on another rank (math-verify's parse hitting
+        its time limit on a loaded rank) -- the ranks index one list of problems and must agree on it.
 
         Dropped rather than refused, as RL trainers such as verl and slime filter the rows of a dataset they
         cannot use (overlong prompts, unparsable answers) with a log line: a large real dataset (MATH, DeepScaleR)
@@ -239,7 +259,10 @@ class JsonlSource:
         every completion would score 0 against it, wasting its rollouts and diluting the advantages. Fix the answers
         (LaTeX math, e.g. ``\\frac{1}{2}``) or score the file with a ``task.reward`` plugin that reads them to keep
         them. The rows are dropped from the train and the held-out problems alike (one list serves both)."""
-        keep = [bool(parses(p.answer)) for p in self.problems]  # once per row: parses may be slow (math-verify)
+        keep = _decided_once(lambda: [bool(parses(p.answer)) for p in self.problems], group)
+        if len(keep) != len(self.problems):  # the ranks read different files under one path
+            raise ValueError(f"{self.path}: rank 0 read {len(keep)} rows of it and this rank {len(self.problems)}: "
+                             f"every rank must see the same file")
         bad = [p for p, ok in zip(self.problems, keep) if not ok]
         if not bad:
             return 0

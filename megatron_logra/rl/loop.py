@@ -20,6 +20,7 @@ from megatron_logra.kl.probe import NativeDeltas, ProbeBatch, measure_kl, predic
 from megatron_logra.metrics import device_peaks, elapsed, reset_device_peaks
 from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum
+from megatron_logra.profiling import Phases
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
 from megatron_logra.rl.batching import pack_sequences, split_microbatches
 from megatron_logra.rl.config import share_per_rank
@@ -53,7 +54,7 @@ class RLState:
 
 @dataclass
 class RLComponents:
-    """The live objects an update works on (built by ``rl.job``)."""
+    """The live objects an update works on (built by ``rl.components.build_components``)."""
 
     cfg: Any
     """RunConfig."""
@@ -220,7 +221,13 @@ def reinforce_advantages(baseline: EMABaseline, rewards: torch.Tensor,
 
 
 def rl_update(c: RLComponents, state: RLState) -> dict:
-    """One RL update; returns its metrics record."""
+    """One RL update; returns its metrics record. Each phase is a named range (``rl/rollout``, ...) in a
+    profile (:mod:`megatron_logra.profiling`)."""
+    with Phases("rl") as ph:
+        return _rl_update(c, state, ph)
+
+
+def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     from megatron_logra.rollout.engine import SamplingParams
 
     cfg, rl, groups = c.cfg, c.cfg.rl, c.groups
@@ -230,6 +237,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     t0 = time.perf_counter()
 
     # ---- rollout: this DP rank's prompts, G samples each, from the engine's current policy
+    ph.next("rollout")
     per_rank = share_per_rank("rl.prompts_per_step", rl.prompts_per_step, groups.dp_size, "prompts")
     first = (step - 1) * rl.prompts_per_step + groups.dp_rank * per_rank
     problems = [c.task.train_problem(first + i) for i in range(per_rank)]
@@ -241,11 +249,13 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     rollout_seconds = time.perf_counter() - t0
 
     # ---- reward
+    ph.next("reward")
     scored = [c.task.score(problems[i // rl.group_size], _decode(c, r.completion_ids)) for i, r in enumerate(rollouts)]
     rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32)
     correct = torch.tensor([float(s[1]) for s in scored])
 
     # ---- advantage
+    ph.next("advantage")
     if rl.advantage.estimator == "grpo":
         advantages = grpo_advantages(rewards, rl.group_size, scale_by_std=rl.advantage.scale_by_std, eps=rl.advantage.eps)
     else:
@@ -271,6 +281,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         return record
 
     # ---- forward/backward
+    ph.next("forward_backward")
     batch = pack_sequences(
         [r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts],
         rollout_logprobs=[r.logprobs for r in rollouts], advantages=advantages.tolist(),
@@ -291,6 +302,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     record["ref_kl"] = ref_kl_sum / ref_kl_tokens if ref_kl_tokens > 0 else None
 
     # ---- prepare update (a non-finite sketch or gradient skips the step, before anything reads the forward)
+    ph.next("prepare")
     record["train_tokens"] = result.global_tokens
     update = c.optimizer.prepare(num_tokens=result.num_tokens)
     if update.skipped:
@@ -307,6 +319,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
                        "its last value", step, gap_sum)
 
     # ---- KL control (the budget schedule counts applied updates, not RL steps: skipped steps do not age it)
+    ph.next("kl_control")
     update_number = c.controller.num_updates + 1
     alpha, budget, pred, old_logits, probe = 1.0, c.controller.effective_budget(update_number), None, None, None
     logra = isinstance(c.optimizer, LograOptimizer)
@@ -331,6 +344,7 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
     ratio = abs(alpha) * ratio_at_1 if logra else None
 
     # ---- apply (with sketch-delta sync, the very factors the engine will merge)
+    ph.next("apply")
     factors = c.sync.factors(update, alpha)
     if factors is not None:
         c.optimizer.apply(update, alpha, factors=factors)
@@ -338,11 +352,13 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
         c.optimizer.apply(update, alpha)
     actual = None
     if probe is not None and cfg.kl.measure_actual:  # old_logits live on the last pipeline stage only
+        ph.next("kl_measure")
         actual = measure_kl(c.model, probe, old_logits, groups, temperature=rl.rollout.temperature)
         c.controller.observe_actual(actual, alpha * alpha * pred if pred is not None else float("nan"))
     c.controller.finish_update()
 
     # ---- sync
+    ph.next("sync")
     state.weight_version += 1
     sync = c.sync.push(update, alpha, factors, state.weight_version - 1, state.weight_version)
 

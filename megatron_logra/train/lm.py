@@ -57,6 +57,7 @@ from megatron_logra.metrics import (MetricsWriter, device_peaks, elapsed, is_ran
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
+from megatron_logra.profiling import Phases, job_profiler
 from megatron_logra.rollout.sglang_setup import redact_config
 from megatron_logra.train.step import forward_backward, model_device
 from megatron_logra.train.stopping import EarlyStop
@@ -209,6 +210,7 @@ def run_lm(cfg: RunConfig) -> dict:
     if is_rank0():
         _warn_deprecated_eval_batches(cfg)
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
+    profiler = job_profiler(cfg.profile, cfg.train.run_dir)
     if not cfg.train.overwrite:  # refusing a run_dir that holds a run deletes nothing: before the (slow) build
         claim_run_dir(cfg.train.run_dir, resume=cfg.train.resume, overwrite=False)
     if cfg.train.resume:
@@ -256,12 +258,17 @@ def run_lm(cfg: RunConfig) -> dict:
         for step in range(start + 1, cfg.train.steps + 1):
             reset_device_peaks(device)
             t0 = time.perf_counter()
-            microbatches = [task.microbatch(step, groups.dp_rank * num_micro + i, cfg.train.micro_batch_size)
-                            for i in range(num_micro)]
-            optimizer.zero_grad()
-            result = forward_backward(model, microbatches, groups)
-            update = optimizer.prepare(num_tokens=result.num_tokens)
-            optimizer.apply(update)
+            with profiler.step(step), Phases("lm") as ph:
+                ph.next("data")
+                microbatches = [task.microbatch(step, groups.dp_rank * num_micro + i, cfg.train.micro_batch_size)
+                                for i in range(num_micro)]
+                ph.next("forward_backward")
+                optimizer.zero_grad()
+                result = forward_backward(model, microbatches, groups)
+                ph.next("prepare")
+                update = optimizer.prepare(num_tokens=result.num_tokens)
+                ph.next("apply")
+                optimizer.apply(update)
             step_seconds = elapsed(t0, device)
             if update.skipped and is_rank0() and not isinstance(optimizer, LograOptimizer):  # LoGRA warns itself
                 logger.warning("step %d skipped (%s): its update was not applied (metrics.jsonl: \"skipped\": true); "
@@ -308,6 +315,7 @@ def run_lm(cfg: RunConfig) -> dict:
                 break
         if progress is not None:
             progress[0].stop()
+        profiler.close()  # a window the run left early (a stop) writes what it recorded
         train_seconds = time.perf_counter() - t_start
         if last > saved:  # the last step's checkpoint, before the final evaluation (not again if already saved)
             save_checkpoint(run_dir, last, model, optimizer, groups, config=saved_config,

@@ -46,8 +46,9 @@ def _barrier() -> None:
 
 def main() -> int:
     out_path, ops = sys.argv[1], json.loads(sys.argv[2])
-    from megatron_logra import cli
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.cli import main as cli_main
+    from megatron_logra.cli.train import split_recipe
+    from megatron_logra.config import parse_args_to_config
     from megatron_logra.train.lm import run_lm
 
     results: dict = {}
@@ -56,7 +57,7 @@ def main() -> int:
         if kind == "run":
             _, label, argv = op
             assert argv[0] == "train", argv
-            recipe, overrides = cli._split_recipe(argv[1:])
+            recipe, overrides = split_recipe(argv[1:])
             cfg = parse_args_to_config(recipe, overrides)
             assert cfg.job == "lm", f"run operations train the LM job, got job={cfg.job!r}"
             try:
@@ -69,7 +70,7 @@ def main() -> int:
             _, label, argv = op
             os.environ["MEGATRON_LOGRA_TRACEBACK"] = "1"  # the error itself, not the CLI's exit-2 report of it
             try:
-                cli.main(argv)
+                cli_main(argv)
                 results[label] = {"summary": None, "error": None}
             except Exception as exc:  # expected: a damaged checkpoint
                 results[label] = {"summary": None, "error": [type(exc).__name__, str(exc)]}

@@ -32,7 +32,7 @@ def test_rl_delta_sync_with_two_pipeline_stages(launcher, tmp_path, extra):
     for r in applied:
         assert (r["sync_mode"], r["sync_drift"]) == ("delta", 0), r
     # a delta carries U (rows x rank) per target, far less than the model's bf16 bytes
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     model = parse_args_to_config("tiny", []).model
     assert all(0 < r["sync_bytes"] < 2 * model.num_params() for r in applied)

@@ -113,7 +113,7 @@ def _prompt_worker(rank: int, world: int, result_dir: str) -> None:
     import torch.distributed as dist
 
     from megatron_logra.data.tokenizer import build_tokenizer
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
     from megatron_logra.rl.loop import _prompt_batch
 
     cfg = parse_args_to_config("tiny", [])

@@ -32,8 +32,7 @@ def tiny_llama_dir(root: Path, *, tokenizer: bool = False) -> Path:
 def fake_run_dir(run: Path):
     """A run directory of lm-tiny whose latest checkpoint (step 2) holds only ``meta.json``: enough for what
     is read before a checkpoint's tensors (``config --resume``, the architecture check). Returns the config."""
-    from megatron_logra.config import to_dict
-    from megatron_logra.overrides import load_recipe
+    from megatron_logra.config import to_dict, load_recipe
 
     cfg = load_recipe("lm-tiny")
     cfg.train.run_dir = str(run)
@@ -52,7 +51,7 @@ def run_rl_recipe(recipe: str, overrides: list) -> dict:
     state destroyed afterwards (also on failure); returns the summary."""
     import warnings
 
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rl.job import run_rl
 
@@ -71,7 +70,7 @@ def saved_with_ratios(recipe: str, overrides: list, ratios: dict) -> dict:
     field (``optimizer.schedule.ABSOLUTE_LRS``) set to the value given, as its flag was kept then."""
     from megatron_logra.config import to_dict
     from megatron_logra.optim.schedule import ABSOLUTE_LRS
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     saved = to_dict(parse_args_to_config(recipe, list(overrides)))
     schedule = saved["optimizer"]["schedule"]

@@ -9,8 +9,7 @@ import sys
 import pytest
 import yaml
 
-from megatron_logra.config import RunConfig, from_dict, to_dict
-from megatron_logra.overrides import load_recipe, parse_args_to_config
+from megatron_logra.config import RunConfig, from_dict, to_dict, load_recipe, parse_args_to_config
 
 
 # ---------------------------------------------------------------- 1. a whole section set to a scalar / list

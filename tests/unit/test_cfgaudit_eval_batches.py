@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from megatron_logra.cli import main
-from megatron_logra.overrides import parse_args_to_config
+from megatron_logra.config import parse_args_to_config
 from support.run_fixtures import fake_run_dir
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_logra.cli import main
-from megatron_logra.overrides import parse_args_to_config
+from megatron_logra.config import parse_args_to_config
 
 
 @pytest.mark.parametrize("recipe, overrides, message", [

@@ -21,9 +21,8 @@ import torch
 
 from megatron_logra.checkpoint import CheckpointError, load_checkpoint, read_meta, save_checkpoint
 from megatron_logra.checkpoint.integrity import checksum_shares, file_crc32
-from megatron_logra.config import TrainConfig
+from megatron_logra.config import TrainConfig, parse_args_to_config
 from megatron_logra.models.gpt import ModelConfig, build_gpt
-from megatron_logra.overrides import parse_args_to_config
 
 MODEL = ModelConfig(num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4, vocab_size=64,
                     seq_length=16)

@@ -17,7 +17,8 @@ import yaml
 from megatron_logra.checkpoint import save_checkpoint
 from megatron_logra.checkpoint.integrity import atomic_write_text
 from megatron_logra.checkpoint.run_dir import resume_config
-from megatron_logra.config import KLConfig, RunConfig, from_dict, to_dict
+from megatron_logra.config import RunConfig, from_dict, to_dict
+from megatron_logra.kl.controller import KLConfig
 from megatron_logra.models.gpt import ModelConfig
 from test_checkpoint_checksums import _model
 

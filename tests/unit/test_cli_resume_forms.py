@@ -96,8 +96,7 @@ def test_a_recipe_resume_with_the_runs_config_continues_with_other_launch_settin
 
 def test_resume_differences_skip_launch_settings_and_fields_only_one_side_has():
     from megatron_logra.cli import resume_differences
-    from megatron_logra.config import to_dict
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import to_dict, parse_args_to_config
 
     saved = to_dict(parse_args_to_config("lm-tiny", ["train.steps=5"]))
     saved["parallel"]["tp"] = 4  # a run saved at TP4
@@ -109,9 +108,10 @@ def test_resume_differences_skip_launch_settings_and_fields_only_one_side_has():
 
 def test_a_recipe_resume_without_a_checkpoint_starts_at_step_0_with_a_warning(tmp_path, capsys, caplog, one_thread):
     run = tmp_path / "empty"
-    with caplog.at_level("WARNING", logger="megatron_logra.cli"):
+    with caplog.at_level("WARNING", logger="megatron_logra.cli.resume"):
         assert main(["train", "lm-tiny", f"train.run_dir={run}", "train.steps=1", *SMALL, "train.resume=true"]) == 0
-    warned = [r.getMessage() for r in caplog.records if r.name == "megatron_logra.cli" and r.levelname == "WARNING"]
+    warned = [r.getMessage() for r in caplog.records
+              if r.name == "megatron_logra.cli.resume" and r.levelname == "WARNING"]
     assert any(f"no checkpoint in {run}" in m and "step 0" in m for m in warned), warned
     assert json.loads(capsys.readouterr().out)["stopped"] is None  # the summary: the run ended normally
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000001"

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_logra.config import RunConfig, to_dict, from_dict
+from megatron_logra.config import RunConfig, to_dict, from_dict, load_recipe, parse_args_to_config
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.optim.config import LograConfig, NativeConfig, OptimizerConfig
-from megatron_logra.overrides import apply_overrides, load_recipe, parse_args_to_config
 from megatron_logra.parallel import ParallelConfig
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_logra.overrides import load_recipe, parse_args_to_config
+from megatron_logra.config import load_recipe, parse_args_to_config
 
 
 # ---------------------------------------------------------------- job-dependent flags

@@ -113,8 +113,7 @@ def test_a_reward_plugin_that_does_not_import(capsys, tmp_path, reward, says):
 
 
 def test_a_valid_config_is_printed_and_nothing_is_written(capsys, tmp_path):
-    from megatron_logra.config import to_dict
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import to_dict, parse_args_to_config
     from megatron_logra.rollout.sglang_setup import redact_config
 
     run = tmp_path / "run"

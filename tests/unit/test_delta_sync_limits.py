@@ -71,7 +71,7 @@ def test_the_default_reanchor_jump_stays_within_one_steps_budget(groups, one_thr
 
 
 def test_16_bit_weights_without_masters_need_stochastic_merges_under_delta_sync():
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     bf16_only = ["model.params_dtype=bfloat16", "logra.masters=none"]
     assert parse_args_to_config("tiny", bf16_only).optimizer.logra.rounding == "stochastic"  # unbiased merges
@@ -86,7 +86,7 @@ def test_16_bit_weights_without_masters_need_stochastic_merges_under_delta_sync(
 def test_an_output_layer_target_under_delta_sync_is_refused():
     """The engines hold the output layer as ``lm_head.weight``; a delta naming ``output_layer.weight`` was
     rejected by every engine and each update fell back to a full refit."""
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     targets = "logra.targets=linear_qkv,output_layer"
     with pytest.raises(ValueError, match=r"optimizer\.logra\.targets includes output_layer.*set sync\.mode=full"):

@@ -121,7 +121,7 @@ def test_sigterm_stops_the_lm_job_after_a_step_with_its_checkpoint_and_resume_co
 
 def test_a_wall_time_budget_stops_the_rl_job_after_its_first_step(tmp_path, one_thread):
     from megatron_logra.checkpoint import latest_checkpoint, read_meta
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rl.job import run_rl
 
@@ -144,7 +144,7 @@ def test_a_wall_time_budget_stops_the_rl_job_after_its_first_step(tmp_path, one_
 
 
 def test_megatron_flags_and_bad_values():
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     cfg = parse_args_to_config("lm-tiny", ["--exit-signal-handler", "--exit-duration-in-mins", "1.5"])
     assert (cfg.train.exit_signal_handler, cfg.train.exit_duration_minutes) == (True, 1.5)

@@ -23,7 +23,7 @@ def jsonl(tmp_path):
 
 
 def test_the_recipe_kwargs_really_are_for_chain_sum():
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     task = parse_args_to_config("tiny", []).task
     assert task.datasets == ["chain_sum"] and task.dataset_kwargs == {"chain_sum": TINY_CHAIN_SUM}
@@ -32,7 +32,7 @@ def test_the_recipe_kwargs_really_are_for_chain_sum():
 def test_config_tiny_with_another_gym_dataset_works(capsys, caplog):
     from megatron_logra.cli import main
 
-    with caplog.at_level(logging.INFO, logger="megatron_logra.overrides"):
+    with caplog.at_level(logging.INFO, logger="megatron_logra.config.overrides"):
         # gcd prompts are ~85 tokens: config refuses the recipe's model.seq_length=48 as train does
         assert main(["config", "tiny", "task.datasets=gcd", "model.seq_length=128"]) in (0, None)
     task = yaml.safe_load(capsys.readouterr().out)["task"]
@@ -41,7 +41,7 @@ def test_config_tiny_with_another_gym_dataset_works(capsys, caplog):
 
 
 def test_a_jsonl_file_on_the_tiny_recipe_builds_its_task(jsonl):
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
     from megatron_logra.rewards import build_task
 
     cfg = parse_args_to_config("tiny", [f"task.datasets=jsonl:{jsonl}", "task.num_eval=2"])
@@ -51,7 +51,7 @@ def test_a_jsonl_file_on_the_tiny_recipe_builds_its_task(jsonl):
 
 
 def test_kwargs_of_datasets_still_listed_are_kept_and_a_recipe_file_drops_the_others(tmp_path):
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     both = parse_args_to_config("tiny", ["task.datasets=gcd,chain_sum"]).task
     assert both.datasets == ["gcd", "chain_sum"] and both.dataset_kwargs == {"chain_sum": TINY_CHAIN_SUM}
@@ -61,14 +61,14 @@ def test_kwargs_of_datasets_still_listed_are_kept_and_a_recipe_file_drops_the_ot
 
 
 def test_a_resumed_runs_config_with_another_dataset_drops_its_kwargs():
-    from megatron_logra.overrides import apply_overrides, load_recipe
+    from megatron_logra.config import apply_overrides, load_recipe
 
     cfg = apply_overrides(load_recipe("tiny"), ["task.datasets=gcd"])
     assert cfg.task.datasets == ["gcd"] and cfg.task.dataset_kwargs == {}
 
 
 def test_kwargs_given_for_a_dataset_not_listed_are_refused_naming_the_fix():
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     with pytest.raises(ValueError) as info:
         parse_args_to_config("tiny", ["task.datasets=gcd", f"task.dataset_kwargs={json.dumps({'chain_sum': {}})}"])

@@ -32,10 +32,9 @@ PROBE_MAX_TOKENS = 5
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, one_thread):
-    from megatron_logra.config import WARM_START_TINY
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import WARM_START_TINY, parse_args_to_config
     from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import build_components
+    from megatron_logra.rl.components import build_components
 
     if not (WARM_START_TINY / "model.safetensors").exists():
         pytest.fail(f"the shipped warm start {WARM_START_TINY} is missing")

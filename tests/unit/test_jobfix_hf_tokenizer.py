@@ -18,8 +18,7 @@ import pytest
 import yaml
 
 from megatron_logra.cli import main
-from megatron_logra.config import to_dict
-from megatron_logra.overrides import apply_overrides, load_recipe, parse_args_to_config
+from megatron_logra.config import to_dict, apply_overrides, load_recipe, parse_args_to_config
 from support.run_fixtures import tiny_llama_dir
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
@@ -98,7 +97,7 @@ def test_a_tokenizer_the_user_gives_stays_with_model_hf_path(tmp_path):
 
 def _build(cfg):
     from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import build_components
+    from megatron_logra.rl.components import build_components
 
     destroy_parallel()
     try:

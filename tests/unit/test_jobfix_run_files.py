@@ -37,7 +37,7 @@ def test_the_lm_job_writes_its_summary_and_replaces_config_and_summary_atomicall
 
 
 def test_the_rl_job_replaces_config_and_summary_atomically(tmp_path, one_thread):
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rl.job import run_rl
 

@@ -73,7 +73,7 @@ def test_jsonl_path_with_a_comma(tmp_path):
     task = build_task(TaskConfig(datasets=f"jsonl:{path}", num_eval=0))
     assert task.sources[0].size == 40
     # through the command-line override, which splits a list at its commas
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     cfg = parse_args_to_config("tiny", [f"task.datasets=jsonl:{path}"])
     assert cfg.task.datasets == [f"jsonl:{path}"]

@@ -187,18 +187,18 @@ def test_native_deltas_are_empty_for_frozen_non_targets_and_refused_unscaled(gro
 
 def test_rl_job_refuses_unscaled_native_steps_under_kl_control(monkeypatch):
     """Checked from the configuration, before process groups, model or rollouts exist."""
-    import megatron_logra.rl.job as job
-    from megatron_logra.overrides import load_recipe
+    import megatron_logra.rl.components as components
+    from megatron_logra.config import load_recipe
 
     def too_far(*args, **kwargs):
         raise AssertionError("build_components went past the check")
 
-    monkeypatch.setattr(job, "initialize_parallel", too_far)
+    monkeypatch.setattr(components, "initialize_parallel", too_far)
     cfg = load_recipe("tiny")
     cfg.optimizer.native.freeze, cfg.optimizer.logra.scale_native = False, False
     assert cfg.kl.mode != "none"
     with pytest.raises(ValueError, match=r"^optimizer\.logra\.scale_native=false .*kl\.mode=none"):
-        job.build_components(cfg)
+        components.build_components(cfg)
     for fix in ({"scale_native": True}, {"freeze": True}, {"mode": "none"}):
         cfg = load_recipe("tiny")
         cfg.optimizer.native.freeze, cfg.optimizer.logra.scale_native = False, False
@@ -208,7 +208,7 @@ def test_rl_job_refuses_unscaled_native_steps_under_kl_control(monkeypatch):
             cfg.optimizer.native.freeze = True
         if "mode" in fix:
             cfg.kl.mode, cfg.kl.measure_actual = "none", False
-        job.check_native_step_control(cfg)  # accepted
+        components.check_native_step_control(cfg)  # accepted
 
 
 def test_finite_difference_control_of_a_bf16_step_with_trained_natives_keeps_the_budget(groups):

@@ -21,7 +21,7 @@ from test_rl_e2e import alternating_score, small_cfg
 def test_forward_mode_probe_under_full_recompute_and_dropout(tmp_path):
     from megatron_logra.kl.probe import probe_logits, probe_method
     from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import build_components
+    from megatron_logra.rl.components import build_components
     from megatron_logra.rl.loop import _probe_batch, rl_update
     from megatron_logra.train.step import Batch
 

@@ -74,7 +74,7 @@ def test_the_default_evaluates_the_sequences_lm_tiny_evaluated_before(lm_model, 
 
 
 def test_a_bad_eval_size_names_the_field():
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     with pytest.raises(ValueError, match=r"train\.eval_sequences=0 must be >= 1"):
         parse_args_to_config("lm-tiny", ["train.eval_sequences=0"])

@@ -29,7 +29,7 @@ import torch
 from megatron_logra.optim import DenseAdamW, LograOptimizer, NativeConfig, OptimizerConfig, build_optimizer
 from megatron_logra.optim.config import LograConfig
 from megatron_logra.optim.schedule import DECAY_STYLES, LRScheduleConfig, lr_multiplier
-from megatron_logra.overrides import load_recipe, parse_args_to_config
+from megatron_logra.config import load_recipe, parse_args_to_config
 from support.optim_models import single_thread  # noqa: F401  (an autouse fixture)
 from support.optim_models import (
     F64, GROUPS, TARGETS, DenseRef, make_batch, make_mlp, mean_loss, naive_row_adam, proj, snapshot,

@@ -11,7 +11,7 @@ import pytest
 
 from megatron_logra.cli import main
 from megatron_logra.optim.schedule import LRScheduleConfig, lr_multiplier, scheduled_lr
-from megatron_logra.overrides import parse_args_to_config
+from megatron_logra.config import parse_args_to_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 

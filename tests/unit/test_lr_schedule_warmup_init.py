@@ -12,9 +12,8 @@ import json
 import pytest
 
 from megatron_logra.cli import main, resume_differences
-from megatron_logra.config import RunConfig, from_dict
+from megatron_logra.config import RunConfig, from_dict, apply_overrides, parse_args_to_config
 from megatron_logra.optim.schedule import DECAY_STYLES, LRScheduleConfig, lr_multiplier, scheduled_lr
-from megatron_logra.overrides import apply_overrides, parse_args_to_config
 from support.run_fixtures import saved_with_ratios
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")

@@ -229,7 +229,7 @@ def test_the_27b_launchers_plan_command_plans_what_the_runs_preflight_plans(caps
     from megatron_logra.memory.cli import main
     from megatron_logra.memory.preflight import memory_preflight
     from megatron_logra.memory.units import format_bytes, parse_bytes
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     script = (Path(__file__).resolve().parents[2] / "examples" / "train_27b_8gpu.sh").read_text()
     command = re.search(r"megatron-logra memory (--model .*?--compare)", _flat_shell(script)).group(1)

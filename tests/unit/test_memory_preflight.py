@@ -17,7 +17,7 @@ from megatron_logra.memory import PlanConfig, plan
 from megatron_logra.memory.preflight import MemoryCheckError, memory_preflight, run_plan_config, unmodelled
 from megatron_logra.memory.units import GiB, parse_bytes
 from megatron_logra.models.presets import get_preset
-from megatron_logra.overrides import parse_args_to_config
+from megatron_logra.config import parse_args_to_config
 
 H100 = parse_bytes("81559MiB")
 

@@ -13,10 +13,9 @@ import datetime
 
 import pytest
 
-from megatron_logra.config import RECIPES
+from megatron_logra.config import RECIPES, load_recipe
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.presets import PRESETS
-from megatron_logra.overrides import load_recipe
 from megatron_logra.parallel import ParallelConfig
 
 NAN, INF = float("nan"), float("inf")

@@ -141,7 +141,7 @@ def test_load_state_dict_accepts_the_same_settings_and_older_states():
 # ------------------------------------------------------------------------------ paper recipe fields
 @pytest.mark.parametrize("field, value", [("weight_decay", "0.1"), ("clip_grad", "0.5"), ("lr", "5")])
 def test_paper_recipe_refuses_explicit_unused_fields(field, value):
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     for order in ([f"optimizer.logra.{field}={value}", "optimizer.logra.recipe=paper"],
                   ["optimizer.logra.recipe=paper", f"optimizer.logra.{field}={value}"]):
@@ -152,7 +152,7 @@ def test_paper_recipe_refuses_explicit_unused_fields(field, value):
 
 
 def test_paper_recipe_still_accepts_recipe_values_defaults_and_the_dense_optimizer():
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     # the tiny recipe sets logra.lr=1e-4 for its optimizer recipe: switching it to paper is fine
     cfg = parse_args_to_config("tiny", ["optimizer.logra.recipe=paper", "optimizer.logra.update_ratio=2e-3"])
@@ -167,7 +167,7 @@ def test_paper_recipe_still_accepts_recipe_values_defaults_and_the_dense_optimiz
 
 
 def test_paper_recipe_refuses_a_recipe_files_unused_field(tmp_path):
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     recipe = tmp_path / "paper.yaml"
     recipe.write_text("recipe: tiny\noptimizer:\n  logra:\n    recipe: paper\n    weight_decay: 0.1\n")

@@ -14,7 +14,7 @@ from torch import nn
 
 from megatron_logra.cli import main
 from megatron_logra.megatron_flags import IGNORED_SWITCHES, known_flags
-from megatron_logra.overrides import parse_args_to_config
+from megatron_logra.config import parse_args_to_config
 
 # ---------------------------------------------------------------------------- switches and unknown flags
 
@@ -22,7 +22,7 @@ from megatron_logra.overrides import parse_args_to_config
 @pytest.mark.parametrize("switch", ["use-distributed-optimizer", "use-mcore-models", "group-query-attention",
                                     "use-flash-attn", "no-masked-softmax-fusion", "overlap-grad-reduce"])
 def test_a_known_megatron_switch_is_accepted_with_a_warning_and_takes_no_value(switch, caplog):
-    with caplog.at_level(logging.WARNING, logger="megatron_logra.overrides"):
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.config.args"):
         cfg = parse_args_to_config("tiny", [f"--{switch}", "--tensor-model-parallel-size", "2", "--seed", "7"])
     assert cfg.parallel.tp == 2 and cfg.train.seed == 7  # the next flag is not swallowed as the switch's value
     (record,) = [r for r in caplog.records if f"--{switch}" in r.getMessage()]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_logra.cli import main
-from megatron_logra.overrides import load_recipe, parse_args_to_config
+from megatron_logra.config import load_recipe, parse_args_to_config
 from support.run_fixtures import tiny_llama_dir
 
 @pytest.fixture

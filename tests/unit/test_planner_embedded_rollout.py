@@ -12,7 +12,7 @@ from megatron_logra.memory.planner import embedded_kv_cache_bytes, plan
 from megatron_logra.memory.preflight import embedded_rollout_sequences, run_plan_config
 from megatron_logra.memory.units import GiB
 from megatron_logra.models.gpt import ModelConfig
-from megatron_logra.overrides import parse_args_to_config
+from megatron_logra.config import parse_args_to_config
 
 SEQUENCES, PROMPT, SEQ = 16, 8, 64
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from megatron_logra.overrides import parse_args_to_config
+from megatron_logra.config import parse_args_to_config
 
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
 

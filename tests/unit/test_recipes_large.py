@@ -21,11 +21,10 @@ from pathlib import Path
 
 import pytest
 
-import megatron_logra.recipes_large
-from megatron_logra.config import RECIPES
+import megatron_logra.config.recipes_large
+from megatron_logra.config import RECIPES, parse_args_to_config
 from megatron_logra.memory.preflight import memory_preflight
 from megatron_logra.memory.units import GiB, parse_bytes
-from megatron_logra.overrides import parse_args_to_config
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = parse_bytes("81559MiB")
@@ -47,7 +46,7 @@ def _quotes() -> dict[str, dict[str, str]]:
     """The figures each document quotes, by document: 1.5B total / headroom, GPU memory, 1.5B at micro-batch
     8 (total, OOM percentage), 7B and 27B headroom (percentages without sign)."""
     sources = {
-        "megatron_logra/recipes_large.py": (megatron_logra.recipes_large.__doc__, [
+        "megatron_logra/config/recipes_large.py": (megatron_logra.config.recipes_large.__doc__, [
             rf"1\.5B \+(?P<h15>{F})% headroom \((?P<t15>{F}) GiB of (?P<gpu>{F}) GiB; at "
             rf"micro-batch 8 it would be OOM by (?P<oom8>{F})%\), 7B \(TP4 × DP2\) \+(?P<h7>{F})%, "
             rf"27B \+(?P<h27>{F})%"]),
@@ -101,7 +100,7 @@ def test_the_old_1_5b_micro_batch_did_not_fit(planned):
     assert planned["_old_fits"] is False and float(planned["oom8"]) > 0
 
 
-@pytest.mark.parametrize("path", ["megatron_logra/recipes_large.py", "docs/gpu.md", "docs/memory.md",
+@pytest.mark.parametrize("path", ["megatron_logra/config/recipes_large.py", "docs/gpu.md", "docs/memory.md",
                                   "examples/train_1.5b_1gpu.sh"])
 def test_the_quoted_memory_figures_are_what_the_preflight_plans(path, planned):
     quoted = _quotes()[path]
@@ -113,11 +112,11 @@ def test_the_quoted_memory_command_prints_the_quoted_figures(capsys):
     """The ``megatron-logra memory`` command of the recipes' docstring, run as quoted."""
     from megatron_logra.memory.cli import main as memory_main
 
-    flat = _flat(megatron_logra.recipes_large.__doc__)
+    flat = _flat(megatron_logra.config.recipes_large.__doc__)
     command = re.search(r"``megatron-logra memory (.*?)``", flat).group(1)
     assert memory_main(shlex.split(command) + ["--markdown"]) == 0
     out = capsys.readouterr().out
-    quoted = _quotes()["megatron_logra/recipes_large.py"]
+    quoted = _quotes()["megatron_logra/config/recipes_large.py"]
     assert re.search(rf"\| total \| {re.escape(quoted['t15'])} GiB \|", out), out
     assert re.search(rf"\| GPU memory \| {re.escape(quoted['gpu'])} GiB \|", out), out
     assert re.search(rf"\| verdict \| fit \(\+{re.escape(quoted['h15'])}% headroom\) \|", out), out

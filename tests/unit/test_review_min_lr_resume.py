@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 
 from megatron_logra.cli import resume_differences
-from megatron_logra.config import RunConfig, from_dict
+from megatron_logra.config import RunConfig, from_dict, apply_overrides, parse_args_to_config
 from megatron_logra.optim.schedule import LRScheduleConfig, scheduled_lr
-from megatron_logra.overrides import apply_overrides, parse_args_to_config
 from support.run_fixtures import saved_with_ratios
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")

@@ -16,7 +16,7 @@ import warnings
 
 import pytest
 
-from megatron_logra.overrides import parse_args_to_config
+from megatron_logra.config import parse_args_to_config
 
 
 def _fix_values(message: str) -> tuple[int, int | None]:
@@ -184,7 +184,7 @@ def test_a_too_long_training_prompt_of_a_file_is_refused_at_start(tmp_path, one_
     training prompt failed only when first drawn, after the model and the engine were built)."""
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rewards import build_task
-    from megatron_logra.rl import job
+    from megatron_logra.rl import components, job
 
     rows = [{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(40)]
     base = parse_args_to_config("tiny", [f"task.datasets=jsonl:{tmp_path / 'probe.jsonl'}"])
@@ -201,7 +201,7 @@ def test_a_too_long_training_prompt_of_a_file_is_refused_at_start(tmp_path, one_
     def no_model(*args, **kwargs):
         raise AssertionError("a model was built before the file's prompts were checked")
 
-    monkeypatch.setattr(job, "build_gpt", no_model)
+    monkeypatch.setattr(components, "build_gpt", no_model)
     destroy_parallel()
     try:
         with warnings.catch_warnings(), pytest.raises(ValueError, match=r"a prompt of \d+ tokens does not fit.*"

@@ -19,7 +19,7 @@ from test_rl_e2e import alternating_score, small_cfg
 @pytest.fixture(scope="module")
 def bf16_run(tmp_path_factory):
     from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import build_components
+    from megatron_logra.rl.components import build_components
     from megatron_logra.rl.loop import rl_update
 
     torch.set_num_threads(1)

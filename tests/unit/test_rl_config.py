@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from megatron_logra.overrides import parse_args_to_config
+from megatron_logra.config import parse_args_to_config
 from megatron_logra.rl.advantages import AdvantageConfig
 from megatron_logra.rl.config import RLConfig, RolloutConfig, SFTConfig
 from megatron_logra.rl.losses import LossConfig

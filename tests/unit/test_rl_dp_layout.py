@@ -131,7 +131,7 @@ def test_run_sft_refuses_an_uneven_batch_before_building_anything():
 def test_build_components_refuses_before_building_anything(monkeypatch, tmp_path):
     """The check runs right after the process groups exist, on every rank, before the memory
     preflight, the run directory or any model."""
-    import megatron_logra.rl.job as job
+    import megatron_logra.rl.components as job
 
     def too_far(*args, **kwargs):
         raise AssertionError("build_components went past the batch layout check")

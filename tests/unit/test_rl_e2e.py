@@ -51,7 +51,7 @@ def _one_thread():
 
 
 def small_cfg(run_dir: Path, *extra: str):
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     return parse_args_to_config("tiny", [
         "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
@@ -77,7 +77,7 @@ def built_components(run_dir: Path, *extra: str):
     """``(comps, state)`` of ``build_components(small_cfg(run_dir, *extra))`` (warnings silenced); megatron's
     parallel state is torn down on exit."""
     from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import build_components
+    from megatron_logra.rl.components import build_components
 
     cfg = small_cfg(run_dir, *extra)
     with warnings.catch_warnings():

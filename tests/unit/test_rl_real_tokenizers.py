@@ -23,7 +23,7 @@ def test_rl_with_a_tokenizer_without_bos_and_generation_config_stop_ids(tmp_path
     from megatron_logra.data.tokenizer import build_tokenizer
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rewards import build_task
-    from megatron_logra.rl.job import build_components
+    from megatron_logra.rl.components import build_components
     from megatron_logra.rl.loop import evaluate_accuracy, rl_update
 
     tok_dir = tmp_path / "tokenizer"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_logra.overrides import parse_args_to_config
+from megatron_logra.config import parse_args_to_config
 
 
 def test_an_eval_prompt_that_cannot_fit_is_refused_before_the_model_is_built(tmp_path, monkeypatch):
@@ -13,7 +13,7 @@ def test_an_eval_prompt_that_cannot_fit_is_refused_before_the_model_is_built(tmp
     from megatron_logra.data.tokenizer import build_tokenizer
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rewards import build_task
-    from megatron_logra.rl import job
+    from megatron_logra.rl import components, job
     from megatron_logra.rl.loop import rl_prompt_ids
 
     cfg = parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "model.seq_length=12",
@@ -28,7 +28,7 @@ def test_an_eval_prompt_that_cannot_fit_is_refused_before_the_model_is_built(tmp
     def no_model(*args, **kwargs):
         raise AssertionError("a model was built before the prompts were checked")
 
-    monkeypatch.setattr(job, "build_gpt", no_model)
+    monkeypatch.setattr(components, "build_gpt", no_model)
     destroy_parallel()
     try:
         with pytest.raises(ValueError, match=rf"a prompt of {longest} tokens does not fit: model.seq_length=12 "
@@ -41,7 +41,7 @@ def test_an_eval_prompt_that_cannot_fit_is_refused_before_the_model_is_built(tmp
 def test_a_float32_in_process_sglang_engine_is_refused_before_anything_is_built(tmp_path, monkeypatch):
     """SGLang's kernels run float16 / bfloat16 only: the run stops before the process group, the
     model or the run directory exist (it failed when the engine started, after the warm start)."""
-    from megatron_logra.rl import job
+    from megatron_logra.rl import components, job
 
     cfg = parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "rl.rollout.engine=sglang"])
     assert cfg.model.params_dtype == "float32"
@@ -49,7 +49,7 @@ def test_a_float32_in_process_sglang_engine_is_refused_before_anything_is_built(
     def no_group(*args, **kwargs):
         raise AssertionError("the process group was started before the engine dtype was checked")
 
-    monkeypatch.setattr(job, "initialize_parallel", no_group)
+    monkeypatch.setattr(components, "initialize_parallel", no_group)
     with pytest.raises(ValueError, match="model.params_dtype='float32'.*set model.params_dtype=bfloat16"):
         job.run_rl(cfg)
     assert not (tmp_path / "run").exists()
@@ -59,7 +59,7 @@ def test_a_warm_start_made_for_another_model_names_sft_init_path_and_the_fix(tmp
     """The shipped warm start fits the tiny recipe's model (4 key/value heads); with GQA its QKV
     weight cannot load, and the error says which setting points at it and what to do."""
     from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import build_components
+    from megatron_logra.rl.components import build_components
 
     cfg = parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "model.num_query_groups=2",
                                         "task.num_eval=4"])
@@ -81,7 +81,7 @@ def test_an_in_process_sglang_engine_without_sglang_is_refused_before_anything_i
     been built)."""
     import sys
 
-    from megatron_logra.rl import job
+    from megatron_logra.rl import components, job
 
     monkeypatch.setitem(sys.modules, "sglang", None)  # not importable, whether or not it is installed
     cfg = parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "rl.rollout.engine=sglang",
@@ -90,7 +90,7 @@ def test_an_in_process_sglang_engine_without_sglang_is_refused_before_anything_i
     def no_group(*args, **kwargs):
         raise AssertionError("the process group was started before SGLang was looked for")
 
-    monkeypatch.setattr(job, "initialize_parallel", no_group)
+    monkeypatch.setattr(components, "initialize_parallel", no_group)
     with pytest.raises(ValueError, match=r"rl.rollout.engine='sglang' needs SGLang.*rl.rollout.sglang_url.*"
                                          r"rl.rollout.engine=embedded"):
         job.run_rl(cfg)

@@ -124,14 +124,14 @@ def test_resume_without_the_previous_summary_leaves_whole_run_values_unknown(fir
     ([1, 2], 3, {}),
 ])
 def test_previous_summary_reads_what_the_earlier_processes_did(tmp_path, previous, start, expected):
-    from megatron_logra.rl.job import _previous_summary
+    from megatron_logra.rl.progress import previous_summary
 
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(previous))
-    assert _previous_summary(path, start) == expected
+    assert previous_summary(path, start) == expected
     path.write_text('{"steps": 3, "eval_accuracy_bef')  # torn
-    assert _previous_summary(path, 3) == {}
-    assert _previous_summary(tmp_path / "missing.json", 3) == {}
+    assert previous_summary(path, 3) == {}
+    assert previous_summary(tmp_path / "missing.json", 3) == {}
 
 
 def test_eval_reports_the_checkpoint_it_evaluates_and_changes_nothing(first, capsys, caplog):
@@ -139,7 +139,7 @@ def test_eval_reports_the_checkpoint_it_evaluates_and_changes_nothing(first, cap
     from megatron_logra.parallel import destroy_parallel
 
     before = {p: p.read_bytes() for p in sorted(first.rglob("*")) if p.is_file()}
-    with warnings.catch_warnings(), caplog.at_level(logging.INFO, logger="megatron_logra.rl.job"):
+    with warnings.catch_warnings(), caplog.at_level(logging.INFO, logger="megatron_logra.rl"):
         warnings.simplefilter("ignore")
         try:
             assert main(["eval", str(first)]) == 0

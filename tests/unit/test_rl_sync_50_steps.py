@@ -49,9 +49,9 @@ def _engine_equals_trainer(comps) -> list[str]:
 
 
 def test_50_updates_keep_the_delta_engine_bitwise_equal_and_rollouts_equal_to_full_refits(tmp_path):
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
     from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import build_components
+    from megatron_logra.rl.components import build_components
     from megatron_logra.rl.loop import rl_update
     from megatron_logra.rl.weights import iter_hf_params
     from megatron_logra.rollout.embedded import EmbeddedEngine

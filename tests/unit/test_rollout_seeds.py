@@ -70,7 +70,7 @@ def test_train_seed_outside_int31_is_refused_naming_the_field(bad):
 
 
 def test_train_seed_is_checked_where_the_config_is_parsed():
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     for good in (0, 2**31 - 1):
         assert TrainConfig(seed=good).seed == good

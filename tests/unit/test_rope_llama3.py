@@ -92,6 +92,6 @@ def test_the_planner_reads_an_unsupported_llama3_config_with_a_warning(caplog):
     ([], None),
 ])
 def test_megatron_lm_rope_scaling_flags(flags, want):
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
 
     assert parse_args_to_config("lm-tiny", flags).model.rope_scaling_factor == want

@@ -65,13 +65,13 @@ def test_a_run_dir_that_cannot_be_written_is_refused_naming_the_field(tmp_path):
 
 
 def test_cli_refuses_an_unwritable_run_dir_before_building_the_model(tmp_path, capsys, monkeypatch):
-    import megatron_logra.rl.job as job
+    import megatron_logra.rl.components as components
     from megatron_logra.cli import main
 
     def no_build(*args, **kw):
         raise AssertionError("the model was built for a run that cannot be saved")
 
-    monkeypatch.setattr(job, "build_gpt", no_build)
+    monkeypatch.setattr(components, "build_gpt", no_build)
     (tmp_path / "afile").write_text("x")
     with pytest.raises(SystemExit) as exc:
         main(["train", "tiny", f"train.run_dir={tmp_path / 'afile' / 'run'}", "rl.steps=1", "train.progress=false"])
@@ -94,8 +94,7 @@ def test_cli_refuses_a_used_run_dir_with_a_message(tmp_path, capsys):
 
 def test_cli_resume_with_another_run_dir_is_refused(tmp_path, capsys):
     from megatron_logra.cli import main
-    from megatron_logra.config import to_dict
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import to_dict, parse_args_to_config
 
     run = tmp_path / "run"
     run.mkdir()
@@ -112,8 +111,7 @@ def test_cli_resume_with_another_run_dir_is_refused(tmp_path, capsys):
 
 def test_a_corrupt_checkpoint_is_an_error_message_not_a_traceback(tmp_path, capsys):
     from megatron_logra.cli import main
-    from megatron_logra.config import to_dict
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import to_dict, parse_args_to_config
 
     run = tmp_path / "run"
     run.mkdir()

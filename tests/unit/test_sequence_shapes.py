@@ -14,7 +14,7 @@ from megatron.core.enums import Fp8Recipe
 from megatron.core.fp8_utils import get_fp8_align_size
 
 from megatron_logra.models.te import FP8_RECIPES, sequence_multiple
-from megatron_logra.overrides import apply_overrides, load_recipe
+from megatron_logra.config import apply_overrides, load_recipe
 from megatron_logra.rl.batching import pack_sequences
 
 

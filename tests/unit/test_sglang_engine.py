@@ -96,7 +96,7 @@ def test_auto_serialization_sends_handles_to_a_local_server_and_bytes_to_a_remot
 
 
 def test_large_recipes_roll_out_with_sglang():
-    from megatron_logra.recipes_large import LARGE_RECIPES
+    from megatron_logra.config.recipes_large import LARGE_RECIPES
 
     for name, recipe in LARGE_RECIPES.items():
         cfg = recipe()
@@ -244,7 +244,7 @@ def test_in_process_engine_refuses_a_dtype_sglang_kernels_lack(monkeypatch, tmp_
     """SGLang's CUDA kernels (RMSNorm, fused RoPE) are fp16/bf16 only and the in-process engine runs in
     ``model.params_dtype``: a float32 trainer (the tiny recipe) is refused on every rank at build time,
     before SGLang is imported, naming the field and the fix."""
-    from megatron_logra.overrides import load_recipe
+    from megatron_logra.config import load_recipe
 
     monkeypatch.setitem(sys.modules, "sglang", None)  # the dtype is refused first
     cfg = load_recipe("tiny")
@@ -403,7 +403,7 @@ def test_in_process_start_asks_for_deterministic_sampling_and_keeps_the_trainer_
 
     from support.sglang_stand_ins import FakeEngine, SchedulerRuntime, SGLangQwen2, hf_state
 
-    from megatron_logra.overrides import load_recipe
+    from megatron_logra.config import load_recipe
 
     started, fail = [], []
 
@@ -450,7 +450,7 @@ def test_an_engine_that_cannot_take_deltas_is_refused_at_start_only_when_deltas_
     LoGRA): a pipeline-parallel engine is then refused when it is built, and accepted for dense refits."""
     from support.sglang_stand_ins import FakeEngine, SchedulerRuntime, SGLangQwen2, hf_state
 
-    from megatron_logra.overrides import load_recipe
+    from megatron_logra.config import load_recipe
     from megatron_logra.sync.sglang_client import SGLangError
 
     def engine(**kwargs):

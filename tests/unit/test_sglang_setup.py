@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import threading
 import warnings
@@ -153,8 +152,8 @@ def test_a_run_never_writes_the_key_and_its_resume_sends_the_environments(tmp_pa
     """A real (tiny, CPU, embedded-engine) RL run with ``rl.rollout.sglang_api_key`` set writes no file that
     holds the key; ``train --resume RUN`` reads its config.yaml back (the CLI's own reader), and the SGLang
     engine built from it sends ``SGLANG_API_KEY``'s key -- or none -- but never the placeholder."""
-    from megatron_logra import cli
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.cli.run_dir import run_dir_config
+    from megatron_logra.config import parse_args_to_config
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rl.job import run_rl
     from megatron_logra.rollout.sglang_engine import SGLangEngine
@@ -186,7 +185,7 @@ def test_a_run_never_writes_the_key_and_its_resume_sends_the_environments(tmp_pa
 
     server = _KeyRecorder("from-env")
     try:
-        resumed = cli._run_dir_config(argparse.ArgumentParser(), run, [
+        resumed = run_dir_config(run, [
             "rl.rollout.engine=sglang", f"rl.rollout.sglang_url={server.url}", "rl.rollout.sglang_serialization=pickle"])
         assert resumed.train.resume and resumed.rl.rollout.sglang_api_key == ""
         groups = SimpleNamespace(mp=None, tp_size=1, dp_rank=0)
@@ -207,7 +206,7 @@ def test_the_engine_sends_a_secret_files_key_without_its_newline_and_refuses_a_b
     """``SGLangEngine.from_config`` resolves the key on every rank before anything is sent: the trailing
     newline of a secret file is not sent, and a key that cannot travel in a header stops the start with an
     error naming ``SGLANG_API_KEY`` (not http.client's, which quotes the header)."""
-    from megatron_logra.overrides import load_recipe
+    from megatron_logra.config import load_recipe
     from megatron_logra.rollout.sglang_engine import SGLangEngine
     from megatron_logra.sync.sglang_client import SGLangError
 

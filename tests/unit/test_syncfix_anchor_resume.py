@@ -1,5 +1,5 @@
 """``sync.anchor_interval`` and ``sync.check_interval`` are keyed by the weight version, so a resumed run
-(a fresh ``PolicySync`` at a restored version, as ``rl.job.build_components`` makes on ``--resume``)
+(a fresh ``PolicySync`` at a restored version, as ``rl.components.build_components`` makes on ``--resume``)
 anchors and checks at the same updates as an uninterrupted one."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def _one_thread(one_thread):
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.job import build_components
+    from megatron_logra.rl.components import build_components
 
     cfg = small_cfg(tmp_path_factory.mktemp("anchor_resume") / "run", "sft.steps=2")
     with warnings.catch_warnings():

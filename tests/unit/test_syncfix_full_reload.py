@@ -205,7 +205,7 @@ def test_a_file_that_does_not_fit_the_engine_leaves_its_weights_and_version_unto
 def test_the_embedded_engine_takes_the_model_vocabulary_into_its_padded_rows_and_refuses_less(tmp_path):
     """The embedded engine holds the padded vocabulary: a file of the model's vocabulary fills its first rows
     (the padding rows stay), a file cut below the model's vocabulary is refused before anything is copied."""
-    from megatron_logra.overrides import parse_args_to_config
+    from megatron_logra.config import parse_args_to_config
     from megatron_logra.rollout.embedded import EmbeddedEngine
 
     cfg = parse_args_to_config("tiny", ["model.num_layers=1", "model.hidden_size=32", "model.ffn_hidden_size=64",

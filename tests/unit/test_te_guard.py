@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_logra.config import RECIPES
+from megatron_logra.config import RECIPES, apply_overrides, load_recipe
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.layout import canonical_param_name
 from megatron_logra.models.te import resolve_transformer_impl, te_installed, te_unavailable_reason
-from megatron_logra.overrides import apply_overrides, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +22,7 @@ cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU 
 
 GUARD = """
 import sys
-import megatron_logra, megatron_logra.config, megatron_logra.overrides
+import megatron_logra, megatron_logra.config
 import megatron_logra.sketch.capture, megatron_logra.sketch.fp8
 from megatron_logra.models.gpt import ModelConfig, build_gpt
 from megatron_logra.parallel import ParallelConfig, destroy_parallel, initialize_parallel

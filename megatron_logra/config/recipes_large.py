@@ -25,7 +25,8 @@ trained parameter.
 sequence parallelism use ``model.transformer_impl=transformer_engine model.sequence_parallel=true
 model.fp8=hybrid`` (see examples/); the KL probe then runs by finite differences (``kl.probe=auto``).
 
-Functions import :mod:`megatron_logra.config` lazily: ``config`` registers these recipes at import.
+The factories import the config sections when called; :mod:`megatron_logra.config.recipes` registers them
+in its ``RECIPES``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ _LAYOUTS = {
 
 def large_recipe(preset: str):
     """LoGRA RL recipe (a ``RunConfig``) for the model preset ``preset`` on GPUs."""
-    from megatron_logra.config import RunConfig, TrainConfig
+    from megatron_logra.config.run import RunConfig
+    from megatron_logra.config.train import TrainConfig
     from megatron_logra.kl.controller import KLConfig
     from megatron_logra.models.presets import get_preset
     from megatron_logra.optim.config import LograConfig, NativeConfig, OptimizerConfig

@@ -1,0 +1,63 @@
+"""The ``eval`` command: held-out accuracy (RL) or loss (LM) of a run's latest checkpoint, with the run's saved
+config (overrides on top), printed as JSON. It never writes into the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from megatron_logra.cli.errors import reporting_user_errors, user_error
+from megatron_logra.cli.launch import is_rank0
+from megatron_logra.cli.resume import check_resumed_architecture
+from megatron_logra.cli.run_dir import run_dir_config
+
+__all__ = ["run_eval"]
+
+
+def run_eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
+    """``megatron-logra eval RUN_DIR [OVERRIDE ...]``; ``rest`` is what follows ``eval``. Bad input (no run
+    directory, a run without a checkpoint or without a held-out set, ...) is reported through ``parser``
+    (``megatron-logra: error: ...``, exit status 2) before anything is built; then the checkpoint is evaluated,
+    the process group torn down, and rank 0 writes the result to stdout as JSON (``run_dir``, ``step``,
+    ``eval_accuracy``, ``num_eval`` for RL; :func:`megatron_logra.train.lm.evaluate_checkpoint`'s for LM).
+    Returns the exit status (0)."""
+    from megatron_logra.parallel import destroy_parallel
+
+    if not rest:
+        parser.error("eval needs a run directory")
+    run_dir = Path(rest[0])
+    try:
+        cfg = run_dir_config(run_dir, list(rest[1:]), command="eval", progress=False)
+        if cfg.job == "rl" and cfg.task.num_eval == 0:
+            raise ValueError(f"task.num_eval=0: {run_dir} has no held-out set to evaluate; give task.num_eval=N "
+                             f"(e.g. task.num_eval=200) to evaluate the run on N held-out problems")
+    except ValueError as exc:
+        user_error(parser, exc)
+    check_resumed_architecture(parser, cfg)
+
+    def evaluate() -> dict:
+        if cfg.job == "rl":
+            from megatron_logra.rl.job import build_components
+            from megatron_logra.rl.loop import evaluate_accuracy
+
+            comps, state, _ = build_components(cfg, for_eval=True)
+            return {"run_dir": str(run_dir), "step": state.step, "eval_accuracy": evaluate_accuracy(comps),
+                    "num_eval": len(comps.task.eval_problems())}
+        from megatron_logra.train.lm import evaluate_checkpoint
+
+        return evaluate_checkpoint(cfg)
+
+    succeeded = False
+    try:
+        result = reporting_user_errors(parser, evaluate)
+        succeeded = True
+    finally:
+        destroy_parallel(wait_for_peers=succeeded)
+    if is_rank0():
+        from megatron_logra.metrics import strict_dumps
+
+        sys.stdout.write(strict_dumps(result, indent=1) + "\n")
+    return 0

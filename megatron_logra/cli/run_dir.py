@@ -1,0 +1,111 @@
+"""A saved run's config, for the commands that name its directory: ``train --resume RUN_DIR`` (and ``config
+--resume RUN_DIR``), which continue the run, and ``eval RUN_DIR``, which evaluates its latest checkpoint.
+
+:func:`run_dir_config` reads ``RUN_DIR/config.yaml`` (or the latest checkpoint's copy), applies the overrides
+given on top and refuses, as a ``ValueError`` naming the form used, what that form cannot do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
+
+import yaml
+
+from megatron_logra.cli.launch import launch_world_size
+
+if TYPE_CHECKING:
+    from megatron_logra.config import RunConfig
+
+__all__ = ["check_saved_layout", "run_dir_config"]
+
+
+def check_saved_layout(cfg: RunConfig, saved: Mapping[str, Any], cfg_path: Path, named: str) -> None:
+    """``ValueError`` when ``cfg``'s TP × PP does not divide this launch's world size, naming the values that came
+    from ``cfg_path`` (a run saved at another layout) and the overrides that fit this launch."""
+    tp, pp, world = cfg.parallel.tp, cfg.parallel.pp, launch_world_size()
+    if world % (tp * pp) == 0:
+        return
+    saved_parallel = saved.get("parallel") if isinstance(saved.get("parallel"), Mapping) else {}
+    origins = [f"parallel.{name}={value} ({'from ' + str(cfg_path) if saved_parallel.get(name) == value else 'given'})"
+               for name, value in (("tp", tp), ("pp", pp)) if value > 1]
+    flags = [flag for flag, value in (("--tensor-model-parallel-size 1", tp), ("--pipeline-model-parallel-size 1", pp))
+             if value > 1]
+    dotted = [f"parallel.{name}=1" for name, value in (("tp", tp), ("pp", pp)) if value > 1]
+    launch = "this one process (no torchrun)" if world == 1 else f"{world} processes"
+    raise ValueError(f"{' and '.join(origins)}: tp × pp = {tp * pp} does not divide the world size {world} of "
+                     f"{launch}. {named} works at any TP / PP / DP layout: add {' '.join(flags)} (or "
+                     f"{' '.join(dotted)}), or launch a multiple of {tp * pp} processes "
+                     f"(torchrun --nproc-per-node {tp * pp} -m megatron_logra.cli ...)")
+
+
+def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: str = "train",
+                   progress: Optional[bool] = None) -> RunConfig:
+    """The config saved in ``RUN_DIR/config.yaml`` (checked against the latest checkpoint's copy:
+    :func:`~megatron_logra.checkpoint.run_dir.resume_config`), set to resume from its latest checkpoint, with
+    ``overrides`` (e.g. more steps, another parallel layout) applied on top. ``command`` is what reads it:
+    ``train`` / ``config`` (``--resume RUN_DIR``) or ``eval`` (``eval RUN_DIR``); errors name that form.
+    Bad input is a ``ValueError`` naming it (the caller reports it with :func:`~megatron_logra.cli.errors.user_error`):
+    ``config.yaml`` for the config, the broken file itself for a damaged checkpoint (``CheckpointError``, e.g. a
+    corrupt ``meta.json``); ``train.overwrite=true`` (it would delete the run); ``train.run_dir`` naming another
+    directory (the same one spelled otherwise is fine); and, for ``train`` and ``eval``, a saved TP × PP that
+    does not divide this launch's world size (naming the overrides that fit it)."""
+    from megatron_logra.checkpoint import latest_checkpoint
+    from megatron_logra.checkpoint.integrity import CheckpointError
+    from megatron_logra.checkpoint.run_dir import resume_config
+    from megatron_logra.config import RunConfig, from_dict
+    from megatron_logra.config import apply_overrides
+
+    evaluating = command == "eval"
+    run_dir = Path(run_dir)
+    named = f"eval {run_dir}" if evaluating else f"--resume {run_dir}"
+    cfg_path = run_dir / "config.yaml"
+    has_checkpoint = latest_checkpoint(run_dir) is not None
+    if not cfg_path.exists() and not has_checkpoint:
+        raise ValueError(f"{cfg_path} does not exist: is {run_dir} a run directory?")
+    if not has_checkpoint:
+        raise ValueError(f"{run_dir} has no checkpoint (no complete checkpoints/latest) to "
+                         f"{'evaluate' if evaluating else 'continue from'}")
+    if overrides and not overrides[0].startswith("-") and "=" not in overrides[0]:
+        raise ValueError(f"{named} takes its recipe from {cfg_path}; drop {overrides[0]!r}"
+                         f"{'' if evaluating else ' or start a new run'}")
+    # config.yaml, or the latest checkpoint's copy when config.yaml is missing or cut short; a broken checkpoint
+    # (CheckpointError: its meta.json, a shard, checkpoints/latest) names its own file and keeps its message
+    try:
+        saved = resume_config(run_dir)
+    except CheckpointError:
+        raise
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ValueError(str(exc) if str(exc).startswith(f"{cfg_path}:") else f"{cfg_path}: {exc}") from exc
+    # the saved values are type-checked here but validated once, after the overrides: an override can then fix
+    # a saved value that a check of this machine or version refuses (model.transformer_impl=local for a run
+    # trained with transformer_engine, on a machine without it)
+    try:
+        cfg = from_dict(RunConfig, saved, validate=False)
+    except ValueError as exc:
+        raise ValueError(f"{cfg_path}: {exc}") from exc
+    # the first launch's train.overwrite=true is saved with the run: it never applies to a resume
+    cfg.train.run_dir, cfg.train.resume, cfg.train.overwrite = str(run_dir), True, False
+    if progress is not None:
+        cfg.train.progress = progress
+    try:
+        cfg = apply_overrides(cfg, overrides)
+    except ValueError as exc:
+        raise ValueError(f"{cfg_path}{' with the overrides given' if overrides else ''}: {exc}") from exc
+    if Path(cfg.train.run_dir).resolve() != run_dir.resolve():
+        if evaluating:
+            raise ValueError(f"{named} evaluates the run in {run_dir}, but train.run_dir={cfg.train.run_dir!r} was "
+                             f"also given; drop train.run_dir")
+        raise ValueError(f"{named} continues the run in {run_dir}, but train.run_dir={cfg.train.run_dir!r} "
+                         f"was also given; drop train.run_dir (or start a new run there without --resume)")
+    cfg.train.run_dir = str(run_dir)
+    if cfg.train.overwrite:
+        if evaluating:
+            raise ValueError(f"train.overwrite=true with {named}: evaluation never writes into the run; drop "
+                             f"train.overwrite=true")
+        raise ValueError(f"train.overwrite=true with {named}: overwriting would delete the run that --resume "
+                         f"continues; drop train.overwrite=true to continue it, or start a new run (without "
+                         f"--resume) to replace it")
+    if command != "config":
+        check_saved_layout(cfg, saved, cfg_path, named)
+    return cfg

@@ -1,0 +1,91 @@
+"""The ``train`` and ``config`` commands, which resolve a config the same way: a recipe or YAML file with
+overrides, or a saved run's config (``--resume RUN_DIR``), checked before anything is built. ``config`` then
+prints it; ``train`` runs its job (RL or LM) and prints the run's summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import yaml
+
+from megatron_logra.cli.errors import reporting_user_errors, user_error
+from megatron_logra.cli.launch import is_rank0
+from megatron_logra.cli.resume import check_recipe_resume, check_resumed_architecture, split_resume_dir
+from megatron_logra.cli.run_dir import run_dir_config
+
+if TYPE_CHECKING:
+    from megatron_logra.config import RunConfig
+
+__all__ = ["job_check_config", "run_train_or_config", "split_recipe"]
+
+
+def split_recipe(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
+    """``[RECIPE, OVERRIDE ...]`` -> ``(RECIPE, [OVERRIDE ...])``: the first argument is the recipe (a name or a
+    YAML file) unless it is a flag or an override ``key=value``, in which case the recipe is None (the default)."""
+    if args and not args[0].startswith("-") and "=" not in args[0]:
+        return args[0], list(args[1:])
+    return None, list(args)
+
+
+def job_check_config(cfg: RunConfig) -> None:
+    """What ``megatron-logra config`` checks beyond the config's own validation: the configured job's start-time
+    checks that need no process group, model or GPU and write nothing (:func:`megatron_logra.rl.job.check_config`,
+    :func:`megatron_logra.train.lm.check_config`), which ``train`` runs too."""
+    if cfg.job == "rl":
+        from megatron_logra.rl.job import check_config
+    else:
+        from megatron_logra.train.lm import check_config
+    check_config(cfg)
+
+
+def run_train_or_config(parser: argparse.ArgumentParser, command: str, rest: Sequence[str]) -> int:
+    """``megatron-logra train|config [RECIPE | FILE.yaml | --resume RUN_DIR] [OVERRIDE ...]``; ``rest`` is what
+    follows the command. Bad input is reported through ``parser`` (``megatron-logra: error: ...``, exit status 2)
+    before anything is built. ``config`` writes the resolved config (credentials redacted) to stdout as YAML;
+    ``train`` runs the job, tears the process group down, and rank 0 writes the summary to stdout as JSON.
+    Returns the exit status (0)."""
+    from megatron_logra.config import parse_args_to_config
+
+    resume_dir, rest = split_resume_dir(rest)
+    try:
+        if resume_dir is not None:
+            cfg = run_dir_config(resume_dir, rest, command=command)
+        else:
+            recipe, overrides = split_recipe(rest)
+            cfg = parse_args_to_config(recipe, overrides)
+    except ValueError as exc:
+        user_error(parser, exc)
+    check_resumed_architecture(parser, cfg)
+    if resume_dir is None and cfg.train.resume:
+        reporting_user_errors(parser, lambda: check_recipe_resume(cfg))
+    if command == "config":
+        import copy
+
+        from megatron_logra.config import to_dict
+        from megatron_logra.rollout.sglang_setup import redact_config
+
+        # the job's own checks that build nothing (a copy: they may fill in what the job derives, as it does)
+        reporting_user_errors(parser, lambda: job_check_config(copy.deepcopy(cfg)))
+        sys.stdout.write(yaml.safe_dump(redact_config(to_dict(cfg)), sort_keys=False))  # output often goes to a file
+        return 0
+
+    from megatron_logra.parallel import destroy_parallel
+
+    if cfg.job == "rl":
+        from megatron_logra.rl.job import run_rl as run
+    else:
+        from megatron_logra.train.lm import run_lm as run
+    succeeded = False
+    try:
+        summary = reporting_user_errors(parser, lambda: run(cfg))
+        succeeded = True
+    finally:
+        destroy_parallel(wait_for_peers=succeeded)
+    if is_rank0():
+        from megatron_logra.metrics import strict_dumps
+
+        sys.stdout.write(strict_dumps(summary, indent=1) + "\n")  # as summary.json: null for a non-finite value
+    return 0

@@ -1,0 +1,99 @@
+"""The words of a command line's overrides -> :data:`Item` s (key, raw value, spelling), as
+:mod:`megatron_logra.config.overrides` applies them: ``key=value``, ``--key=value``, ``--key value`` and the
+Megatron-LM switches and flags of :mod:`megatron_logra.megatron_flags` (ignored ones logged, refused and
+unknown ones a ``ValueError``)."""
+
+from __future__ import annotations
+
+import logging
+import typing
+from typing import Any, Sequence
+
+from megatron_logra.config.dotted import _canonical, _field_type
+from megatron_logra.megatron_flags import (CONTEXT_FLAGS, IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, LOAD_FLAGS,
+                                           MEGATRON_ALIASES, MEGATRON_FLAGS, NEUTRAL_FLAGS, REFUSED_SWITCHES,
+                                           REFUSED_VALUE_FLAGS, neutral_flag, unknown_flag_error)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Item"]
+
+
+Item = tuple[str, Any, str]
+"""One override: (key: a dotted field, shortcut or Megatron-LM flag name; raw value; how the user spelled it)."""
+
+
+def _parse_overrides(overrides: Sequence[str]) -> list[Item]:
+    """Command-line overrides -> :data:`Item` s. ``key=value`` and ``--key=value`` are taken as they are; ``--key``
+    alone is a switch of :data:`~megatron_logra.megatron_flags.MEGATRON_FLAGS`, an ignored or refused Megatron-LM
+    flag (:mod:`megatron_logra.megatron_flags`), or a flag or field that takes the next argument as its value
+    (never one starting with ``--``). An unknown ``--name`` is a ``ValueError`` naming the closest flags and
+    fields; it never takes the next argument. Ignored flags log a warning saying why."""
+    items: list[Item] = []
+    i = 0
+    while i < len(overrides):
+        item = overrides[i]
+        i += 1
+        if not item.startswith("--"):
+            if "=" not in item:
+                after = _after_flag_value(items, overrides, i - 1)
+                raise ValueError(f"cannot parse override {item!r}: use key=value or --key value{after}")
+            key, raw = item.split("=", 1)
+            items.append((key, raw, item))
+            continue
+        name, has_value, raw = item[2:].partition("=")
+        if name in MEGATRON_FLAGS or name in IGNORED_SWITCHES or name in REFUSED_SWITCHES:
+            if name in REFUSED_SWITCHES:
+                raise ValueError(f"{item.split('=')[0]} is a Megatron-LM flag this trainer cannot honour: "
+                                 f"{REFUSED_SWITCHES[name]}")
+            if has_value:
+                field = MEGATRON_FLAGS.get(name, ("",))[0]
+                also = f", or set the field: {field}=VALUE" if "." in field else ""
+                raise ValueError(f"--{name} is a switch and takes no value: give --{name} alone{also}")
+            if name in IGNORED_SWITCHES:
+                logger.warning("--%s is accepted and ignored: %s", name, IGNORED_SWITCHES[name])
+            else:
+                items.append((*MEGATRON_FLAGS[name], item))
+            continue
+        if name in REFUSED_VALUE_FLAGS:
+            raise ValueError(f"--{name} is a Megatron-LM flag this trainer cannot honour: {REFUSED_VALUE_FLAGS[name]}")
+        if not _takes_value(name):
+            raise unknown_flag_error(name)
+        if not has_value:
+            if i >= len(overrides) or overrides[i].startswith("--"):
+                got = f" (the next argument is the option {overrides[i]})" if i < len(overrides) else ""
+                raise ValueError(f"option {item} needs a value{got}: give {item} VALUE or {item}=VALUE")
+            raw = overrides[i]
+            i += 1
+        spelling = item if has_value else f"{item} {raw}"
+        if name in IGNORED_VALUE_FLAGS:
+            logger.warning("%s is accepted and ignored: %s", spelling, IGNORED_VALUE_FLAGS[name])
+        elif name in NEUTRAL_FLAGS:
+            neutral_flag(name, raw)
+        else:
+            items.append((name, raw, spelling))
+    return items
+
+
+def _after_flag_value(items: list[Item], overrides: Sequence[str], index: int) -> str:
+    """A hint for a stray argument at ``overrides[index]`` that follows ``--flag VALUE`` of a list field: a flag
+    takes one value here (Megatron-LM's list flags, e.g. ``--profile-ranks 0 1``, take one comma-separated
+    value)."""
+    if not items or index < 2 or not overrides[index - 2].startswith("--") or "=" in overrides[index - 2]:
+        return ""
+    flag, value = overrides[index - 2], overrides[index - 1]
+    if items[-1][2] != f"{flag} {value}":
+        return ""
+    name = flag[2:]
+    if typing.get_origin(_field_type(_canonical(MEGATRON_ALIASES.get(name, name)))) not in (list, tuple):
+        return ""
+    return (f" ({overrides[index]!r} follows {flag} {value}, and a flag takes one value: for a list, separate "
+            f"the values with commas, {flag} {value},{overrides[index]})")
+
+
+def _takes_value(name: str) -> bool:
+    """Whether ``--name`` is a value flag (:mod:`megatron_logra.megatron_flags`) or a dotted config field."""
+    if (name in MEGATRON_ALIASES or name in CONTEXT_FLAGS or name in LOAD_FLAGS or name in IGNORED_VALUE_FLAGS
+            or name in NEUTRAL_FLAGS):
+        return True
+    return _field_type(_canonical(name)) is not None

@@ -1,0 +1,214 @@
+"""Command-line overrides of a :class:`~megatron_logra.config.run.RunConfig`: :func:`apply_overrides`
+(dotted fields and Megatron-LM flags, including the flag alias tables), then the cross-field checks of
+:mod:`megatron_logra.config.checks` and ``model.hf_path``'s architecture
+(:func:`~megatron_logra.config.checks.resolve_hf_model`). Values are parsed by the fields' annotated types
+with the rules of :mod:`megatron_logra.config.codec` (shared with its
+:func:`~megatron_logra.config.codec.from_dict`); recipe files set their fields the same way
+(:mod:`megatron_logra.config.recipe_files`).
+
+Overrides take any of these forms::
+
+    optimizer.logra.rank=64      --optimizer.logra.rank 64      --logra.rank=64
+    --tensor-model-parallel-size 2   --micro-batch-size 4   --bf16
+
+``logra.``, ``native.`` and ``schedule.`` are short for ``optimizer.logra.``, ``optimizer.native.`` and
+``optimizer.schedule.``.
+Every value is parsed by the field's annotated type and the whole config is re-validated.
+
+The Megatron-LM flags and what each one does here are the tables of :mod:`megatron_logra.megatron_flags`: a flag
+with a field of its own sets it; well-known switches whose setting is already in effect here
+(``--use-distributed-optimizer``, ``--use-mcore-models``, ``--group-query-attention``, the ``--no-*-fusion``
+switches, ...) are accepted and ignored with a logged warning saying why; flags this trainer cannot honour
+(``--data-path``, ``--tokenizer-type``, ``--finetune``, ...) are refused, naming what to use; any other ``--name``
+that is no config field is refused, naming the closest flags and fields, and never takes the next argument as its
+value. ``--load DIR`` is ``train.run_dir=DIR train.resume=true``.
+
+One field set on the command line to different values under two spellings (``--tensor-model-parallel-size 2
+parallel.tp=1``, ``logra.rank=8 optimizer.logra.rank=4``, ``--train-iters 5 rl.steps=7``) is refused, naming both;
+the same value twice is fine, and the same key repeated (overrides appended to a command line) takes its last value.
+With LoGRA, ``optimizer.logra.rank`` above the input width of a target layer is refused here, before anything is
+built.
+
+A few Megatron-LM flags set the field that the configured job reads
+(:func:`~megatron_logra.megatron_flags.resolve_alias`, after every other override, so ``job=...`` anywhere on the
+line counts): ``--train-iters``, ``--micro-batch-size`` and ``--eval-interval`` set ``train.*`` for ``job=lm`` and
+``rl.steps``, ``rl.micro_batch_size``, ``rl.eval_interval`` for ``job=rl``; ``--global-batch-size`` is
+``train.global_batch_size`` (lm) and refused for RL, whose step trains ``rl.prompts_per_step × rl.group_size``
+sequences. The optimizer flags (``--lr``, ``--weight-decay``, ``--clip-grad``, ``--adam-beta1/2``, ``--adam-eps``)
+follow ``optimizer.name`` and ``logra.recipe`` (:data:`~megatron_logra.megatron_flags.OPTIMIZER_ALIASES`); one the
+configured optimizer would not read is refused. ``--lr-warmup-init`` and ``--min-lr`` (absolute lrs) set
+``optimizer.schedule.warmup_init_lr`` / ``optimizer.schedule.min_lr`` as given
+(:data:`~megatron_logra.megatron_flags.SCHEDULE_RATIO_FLAGS`), resolved after every other override.
+``--max-position-embeddings`` only checks ``model.seq_length`` (:data:`~megatron_logra.megatron_flags.CHECK_FLAGS`).
+A field the configured job never reads, given at a value other than its default (``train.steps`` with job=rl,
+``rl.*`` / ``task.*`` / ``kl.*`` ... with job=lm), is refused, naming the job's own field
+(:data:`~megatron_logra.config.checks._LM_ONLY`, :data:`~megatron_logra.config.checks._RL_ONLY`).
+
+``task.datasets`` set without ``task.dataset_kwargs`` drops the kwargs (of the recipe, a base recipe file or the
+resumed run) of datasets it no longer lists: ``megatron-logra train tiny task.datasets=gcd`` needs no
+``task.dataset_kwargs={}`` for the recipe's chain_sum kwargs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+from megatron_logra.config.args import Item, _parse_overrides
+from megatron_logra.config.checks import (_check_logra_rank, _check_other_job_unused, _check_paper_unused,
+                                          resolve_hf_model)
+from megatron_logra.config.codec import _short
+from megatron_logra.config.dotted import _canonical, _get_dotted, set_dotted
+from megatron_logra.config.run import RunConfig
+from megatron_logra.megatron_flags import (CHECK_FLAGS, CHECK_SWITCHES, CONTEXT_FLAGS, LOAD_FLAGS, MEGATRON_ALIASES,
+                                           SCHEDULE_RATIO_FLAGS, SWITCH_DEFAULTS, check_flag, check_switch,
+                                           resolve_alias, schedule_ratio)
+from megatron_logra.optim.schedule import ABSOLUTE_LRS
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["apply_overrides"]
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two parsed field values are the same setting (NaN equals NaN)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _spelled(spelling: str, value: Any) -> str:
+    """``spelling`` with the parsed ``value`` it gave, unless the spelling shows it (``--bf16 (bfloat16)``)."""
+    shown = value if isinstance(value, str) else _short(value)
+    return spelling if str(shown) in spelling else f"{spelling} ({shown})"
+
+
+def _spelling_key(spelling: str) -> str:
+    """The key part of an override's spelling: ``--seq-length 64`` and ``seq-length=64`` -> ``seq-length``."""
+    return spelling.split(" ", 1)[0].split("=", 1)[0].removeprefix("--")
+
+
+class _FieldSetter:
+    """Sets dotted fields of a config, remembering which spelling set each one. One field set twice to different
+    values under two spellings (``--tensor-model-parallel-size 2 parallel.tp=1``, ``logra.rank=8
+    optimizer.logra.rank=4``, ``--bf16 model.params_dtype=float32``, ``--save A --load B``) is a ``ValueError``
+    naming both; the same value twice is fine. The same key repeated (``rl.steps=5 ... rl.steps=7``, as when
+    overrides are appended to a command line) sets the field to its last value."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.set_by: dict[str, tuple[str, Any]] = {}  # canonical field -> (spelling, parsed value)
+
+    def put(self, key: str, raw: Any, spelling: str, flag: Optional[str] = None) -> None:
+        """Set ``key`` (a dotted field or shortcut) from ``raw``, as ``spelling`` gave it; ``flag``: the
+        context-dependent Megatron-LM flag (without ``--``) that resolved to ``key``, named in the error."""
+        field = _canonical(key)
+        before = self.set_by.get(field)
+        set_dotted(self.cfg, key, raw)
+        value = _get_dotted(self.cfg, field)
+        if before is None or _spelling_key(before[0]) == _spelling_key(spelling):
+            self.set_by[field] = (spelling, value)
+            return
+        first, old = before
+        if _same_value(old, value):
+            return
+        pair = f"as {_spelled(first, old)} and as {_spelled(spelling, value)}"
+        hint = ""
+        if field == "train.run_dir" and "load" in (_spelling_key(first), _spelling_key(spelling)):
+            hint = (" (this trainer saves into the run directory it resumes from: --load DIR alone, or --resume DIR, "
+                    "continues the run in DIR)")
+        if flag is not None:
+            raise ValueError(f"--{flag} sets {field} here, which is also given with another value, {pair}: give "
+                             f"only one of them (or the same value){hint}")
+        raise ValueError(f"{field} is set twice with different values, {pair}: both spell the same field; give it "
+                         f"once{hint}")
+
+
+def _apply_items(cfg: RunConfig, items: Sequence[Item]) -> tuple[RunConfig, set[str]]:
+    """Set ``(key, value, spelling)`` items in order (a key may be a Megatron-LM flag name), then the flags whose
+    field depends on the rest of the config (:func:`resolve_alias`) against the config they leave. One field set
+    to different values under two spellings is a ``ValueError`` naming both (:class:`_FieldSetter`).
+    Returns the config and the dotted fields set."""
+    deferred: list[Item] = []
+    ratios: list[Item] = []  # after the peak lr (--lr, itself deferred) is known
+    setter = _FieldSetter(cfg)
+    for key, raw, spelling in items:
+        if key in SCHEDULE_RATIO_FLAGS:
+            ratios.append((key, raw, spelling))
+        elif key in CONTEXT_FLAGS:
+            deferred.append((key, raw, spelling))
+        elif key in LOAD_FLAGS:
+            for field, fixed in LOAD_FLAGS[key]:
+                setter.put(field, raw if fixed is None else fixed, spelling)
+        else:
+            setter.put(MEGATRON_ALIASES.get(key, key), raw, spelling)
+    for flag, raw, spelling in deferred:
+        if flag in CHECK_FLAGS:
+            check_flag(cfg, flag, raw)
+        elif flag in CHECK_SWITCHES:
+            check_switch(cfg, flag)
+        elif flag in SWITCH_DEFAULTS:
+            target, value = SWITCH_DEFAULTS[flag]
+            if target not in setter.set_by:
+                setter.put(target, value, spelling)
+        else:
+            setter.put(resolve_alias(cfg, flag), raw, spelling, flag)
+    for flag, raw, spelling in ratios:
+        target, value = schedule_ratio(cfg, flag, raw)
+        setter.put(target, value, spelling, flag)
+        ratio = ABSOLUTE_LRS[target.rpartition(".")[2]]
+        if f"optimizer.schedule.{ratio}" not in setter.set_by:
+            # the flag replaces the ratio of the config it overrides (a recipe file's, or a resumed run's saved
+            # before the absolute field existed, where the flag was kept as that ratio); given here too, both
+            # are refused
+            setattr(cfg.optimizer.schedule, ratio, 0.0)
+    given = set(setter.set_by)
+    _drop_unselected_dataset_kwargs(cfg, given)
+    return cfg, given
+
+
+def _drop_unselected_dataset_kwargs(cfg: RunConfig, given: set[str]) -> None:
+    """``task.datasets`` set (``given``) without ``task.dataset_kwargs``: the kwargs already in ``cfg`` (a named
+    recipe's, a base recipe file's, a resumed run's) belong to the datasets it listed, so those of datasets no
+    longer listed are dropped (logged) instead of refused, e.g. ``megatron-logra train tiny task.datasets=gcd``.
+    ``task.dataset_kwargs`` given as well is kept as given: one for a dataset not listed is still refused."""
+    if "task.datasets" not in given or "task.dataset_kwargs" in given:
+        return
+    kwargs, datasets = cfg.task.dataset_kwargs, cfg.task.datasets
+    if not isinstance(kwargs, dict) or not kwargs:
+        return
+    if isinstance(datasets, str):
+        datasets = datasets.split(",")
+    listed = {d.strip() for d in datasets if isinstance(d, str)}
+    dropped = sorted(name for name in kwargs if name not in listed)
+    if dropped:
+        logger.info("task.datasets=%s: dropping task.dataset_kwargs for %s (no longer listed)",
+                    list(datasets), ", ".join(dropped))
+        cfg.task.dataset_kwargs = {k: v for k, v in kwargs.items() if k in listed}
+
+
+def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
+    """Apply dotted overrides and Megatron-LM flags (see module docstring), then validate. ``cfg`` is taken
+    as the user's own (a run's saved config): its ``tokenizer.path`` stays, with ``model.hf_path`` too."""
+    return _apply_overrides(cfg, overrides, {})
+
+
+def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[str, str], *,
+                     from_recipe: bool = False) -> RunConfig:
+    """:func:`apply_overrides`, where ``given`` (dotted field -> where it was set) names the fields a recipe
+    file set, which :func:`resolve_hf_model` checks with those of the overrides; ``from_recipe``: the other
+    fields are a named recipe's (see :func:`resolve_hf_model`)."""
+    items = _parse_overrides(overrides)
+    cfg, mine = _apply_items(cfg, items)
+    given = {**given, **{key: "" for key in mine}}
+    _check_paper_unused(cfg, given)
+    _check_other_job_unused(cfg, given)
+    if "train.eval_sequences" in given and cfg.train.eval_batches is not None:
+        where = " (in the resumed run's config)" if "train.eval_batches" not in given else ""
+        raise ValueError(f"train.eval_sequences={cfg.train.eval_sequences} is given, but the deprecated "
+                         f"train.eval_batches={cfg.train.eval_batches}{where} replaces it; give train.eval_batches=null "
+                         f"as well to evaluate train.eval_sequences sequences")
+    cfg = resolve_hf_model(cfg.validate(), given, from_recipe=from_recipe)
+    _check_logra_rank(cfg, given)
+    return cfg
