@@ -32,7 +32,7 @@ vocab_size``, reported by the sync loader): ``E = padded_vocab_size`` for the in
 vocab_size`` for a server started from the Hugging Face checkpoint or the exported config. Every
 request carries a ``logit_bias`` of ``PADDED_LOGIT`` on the padded ids the engine has, ``[vocab_size,
 E)`` (SGLang's ``SamplingParams.verify`` refuses keys ``>= E``; probability ~0 on both sides), and
-:mod:`~megatron_logra.sync.sglang_protocol` cuts refits and dense delta entries of
+:mod:`~megatron_logra.sync.sglang_state` cuts refits and dense delta entries of
 ``embed_tokens``/``lm_head`` to ``E`` rows (SGLang's ``VocabParallelEmbedding.weight_loader``
 asserts exactly ``E``). ``E`` outside ``[vocab_size, padded_vocab_size]`` is refused when the
 engine is built. With ``E < padded_vocab_size`` the drift check compares the first ``E`` rows of

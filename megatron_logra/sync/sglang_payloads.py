@@ -6,8 +6,9 @@ dense refit into requests of bounded size, ``_precheck`` runs the weight-free ch
 ``apply.validate`` so a bad delta never reaches the engine, ``_replica_answers`` splits a
 ``get_weights_by_name`` answer into one answer per data-parallel replica, and ``_decode_json_param``
 decodes a loader parameter read back with it (raising :class:`SGLangError`). Used by
-:mod:`~megatron_logra.sync.sglang_protocol` and :mod:`~megatron_logra.sync.sglang_client`
-(which re-exports the public names).
+:mod:`~megatron_logra.sync.sglang_primitives`, :mod:`~megatron_logra.sync.sglang_state`,
+:mod:`~megatron_logra.sync.sglang_protocol` and :mod:`~megatron_logra.sync.sglang_client` (which
+re-exports the public names).
 
 HTTP payloads: ``serialized_named_tensors`` is a list with one base64 string per engine TP
 rank (each scheduler reads entry ``tp_rank``). ``serialization="pickle"`` (default) pickles

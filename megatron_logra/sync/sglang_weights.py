@@ -43,7 +43,7 @@ def engine_tp(model: nn.Module) -> tuple[int, int]:
 
     One position for the whole model: SGLang's data-parallel attention (``--dp-size > 1``), which splits
     attention and MLP over different TP groups, has none, and the client sends no deltas to it
-    (:meth:`~megatron_logra.sync.sglang_protocol._SGLangTarget.check_delta_sync`)."""
+    (:meth:`~megatron_logra.sync.sglang_primitives._SGLangPrimitives.check_delta_sync`)."""
     for module in model.modules():
         size, rank = getattr(module, "tp_size", None), getattr(module, "tp_rank", None)
         if isinstance(size, int) and isinstance(rank, int) and size >= 1:

@@ -62,24 +62,26 @@
   ``train.overwrite=true`` recreates its run directory, is ``unreadable``; a consumer whose reload cannot
   reach the deltas left waits for the trainer's next refit).
 
+The directory transport is assembled from its producer's half (:mod:`~megatron_logra.sync.directory_writer`:
+claim, publish, prune, clear), its consumer's half (:mod:`~megatron_logra.sync.directory_reader`: read,
+poll, consume, follow), the anchor markers and full-weights files (:mod:`~megatron_logra.sync.anchors`,
+:mod:`~megatron_logra.sync.anchor_markers`, :mod:`~megatron_logra.sync.anchor_full`) and the directory's file
+names (:mod:`~megatron_logra.sync.directory_files`).
+
 Imports only torch, safetensors (via the codec) and the standard library.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import uuid
-from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Union
 
-from megatron_logra.dirlock import LockUnsupported, lock_directory
-from megatron_logra.sync.anchors import (_ANCHOR_RE, _ANCHOR_TMP_RE, _FILE_RE, _FULL_RE, _FULL_TMP_RE, _TMP_RE,
-                                         AnchorDirectory, anchor_filename, delta_filename)
-from megatron_logra.sync.codec import SketchDelta, decode, encode
+from megatron_logra.sync.codec import SketchDelta, encode
+from megatron_logra.sync.directory_files import anchor_filename, delta_filename
+from megatron_logra.sync.directory_reader import _DirectoryReader
+from megatron_logra.sync.directory_writer import _DirectoryWriter
 from megatron_logra.sync.engine import DeltaConsumer
-from megatron_logra.sync.errors import SyncError
-from megatron_logra.sync.full_weights import FullWeightsWriter, full_filename, fsync_dir
+from megatron_logra.sync.full_weights import FullWeightsWriter, full_filename
 
 logger = logging.getLogger(__name__)
 
@@ -108,242 +110,7 @@ class InProcessTransport:
         return version
 
 
-class DirectoryTransport(AnchorDirectory):
+class DirectoryTransport(_DirectoryWriter, _DirectoryReader):
     """Deltas and anchor markers as files in ``directory`` (producer: ``claim``, ``publish``, ``write_anchor``;
     consumer: ``poll`` / ``consume`` / ``follow``, ``accept_anchor``). See the module docstring for the anchors;
     the markers and full-weights files are :class:`~megatron_logra.sync.anchors.AnchorDirectory`'s."""
-
-    def __init__(self, directory: Union[str, os.PathLike]) -> None:
-        super().__init__(directory)
-        self._reloaded: Optional[str] = None  # epoch of the anchor follow() last reloaded
-
-    def claim(self) -> None:
-        """Producer: take this directory's producer lock (an exclusive, non-blocking ``flock`` on the
-        directory, held until this process exits; idempotent within a process). Raises
-        ``SyncError("config")`` when another process holds it: two trainers must not write one chain (their
-        versions would collide and their anchors and prunes delete each other's files). The kernel drops the
-        lock of a process that dies, so a restarted or resumed trainer claims it again. Where the filesystem
-        cannot lock a directory, a warning is logged and the call returns."""
-        try:
-            taken = lock_directory(self.dir)
-        except LockUnsupported as exc:
-            logger.warning("cannot lock the delta directory %s (%s: %s): a second trainer writing there would not be "
-                           "detected", self.dir, type(exc).__name__, exc.strerror or exc)
-            return
-        except OSError as exc:
-            raise SyncError("config", f"cannot open the delta directory {self.dir} to lock it ({type(exc).__name__}: "
-                                      f"{exc.strerror or exc})") from None
-        if not taken:
-            raise SyncError("config", f"another process is already writing deltas into {self.dir} (it holds the "
-                                      "directory's producer lock): two trainers must not share a delta "
-                                      "directory; give this run its own sync.directory (or train.run_dir), or "
-                                      "stop the other run first")
-
-    def clear(self, above_version: Optional[int] = None) -> list[str]:
-        """Start a fresh chain (whose first anchor the producer writes next): delete the leftover temporary
-        files and every published delta, anchor marker and full-weights file of this transport, or with
-        ``above_version`` only those of versions above it (a trainer resuming at that version: the files up
-        to it are its own trajectory's, and a consumer behind it can still follow them up to its anchor).
-        Nothing else in the directory is touched. Returns the names removed."""
-        removed = []
-        for entry in sorted(self._entries()):
-            if _TMP_RE.match(entry) or _ANCHOR_TMP_RE.match(entry) or _FULL_TMP_RE.match(entry):
-                gone = True
-            else:
-                m = _FILE_RE.match(entry) or _ANCHOR_RE.match(entry) or _FULL_RE.match(entry)
-                gone = m is not None and (above_version is None or int(m.group(1)) > above_version)
-            if gone:
-                (self.dir / entry).unlink(missing_ok=True)
-                removed.append(entry)
-        return removed
-
-    # ------------------------------------------------------------------ producer
-    def publish(self, delta: Union[SketchDelta, bytes]) -> Path:
-        """Write one delta atomically; returns its path. Raises ``SyncError("exists")`` if that
-        version was already published with different bytes."""
-        if isinstance(delta, SketchDelta):
-            data, version = encode(delta), delta.new_version
-        else:
-            data = bytes(delta)
-            version = decode(data).new_version  # refuse to publish what a consumer would reject
-        final = self.dir / delta_filename(version)
-        tmp = self.dir / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-        try:
-            with open(tmp, "wb") as fh:  # a failed write (e.g. a full disk) leaves no partial file behind
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            try:
-                os.link(tmp, final)  # atomic and never clobbers
-            except FileExistsError:
-                if final.read_bytes() != data:
-                    raise SyncError("exists", f"{final.name} already holds a different delta for version {version}") from None
-                logger.info("%s already published (identical bytes)", final.name)
-            except OSError:  # filesystems without hard links
-                if final.exists():
-                    if final.read_bytes() != data:
-                        raise SyncError("exists", f"{final.name} already holds a different delta for version {version}") from None
-                else:
-                    os.replace(tmp, final)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        fsync_dir(self.dir)
-        logger.info("published %s (%d bytes)", final.name, len(data))
-        return final
-
-    def prune(self, below_version: int) -> list[int]:
-        """Delete published deltas with ``new_version < below_version``, and the anchor markers (with their
-        full-weights files) no consumer that can still extend the chain (at version ``>= below_version - 1``)
-        needs: those older than the newest anchor at or below ``below_version - 1``. A consumer further behind
-        then meets a ``gap`` naming the full weights to reload. Returns the delta versions removed."""
-        removed = [v for v in self.versions() if v < below_version]
-        for v in removed:
-            (self.dir / delta_filename(v)).unlink(missing_ok=True)
-        anchored = sorted(int(m.group(1)) for m in map(_ANCHOR_RE.match, self._entries()) if m)
-        keep_from = max((a for a in anchored if a <= below_version - 1), default=None)
-        for a in anchored:
-            if keep_from is not None and a < keep_from:
-                (self.dir / anchor_filename(a)).unlink(missing_ok=True)
-        for v in self.full_files():  # with its anchor
-            if keep_from is not None and v < keep_from:
-                (self.dir / full_filename(v)).unlink(missing_ok=True)
-        return removed
-
-    # ------------------------------------------------------------------ consumer
-    def read(self, version: int) -> SketchDelta:
-        """Decode the delta published as ``version`` (``SyncError`` names the file on corruption)."""
-        path = self.dir / delta_filename(version)
-        try:
-            data = path.read_bytes()
-        except OSError as exc:  # a folder or a dangling link in its place, permissions: unreadable, not a crash
-            raise SyncError("unreadable", f"{path.name}: cannot be read ({type(exc).__name__}: {exc.strerror})") from None
-        try:
-            return decode(data)
-        except SyncError as exc:
-            raise SyncError(exc.kind, f"{path.name}: {str(exc).removeprefix(f'[{exc.kind}] ')}") from None
-
-    def _chain(self, current_version: int, engine: Optional[DeltaConsumer] = None) -> Iterator[SketchDelta]:
-        """Yield the deltas after ``current_version`` in order, reading each file only when the
-        previous one has been taken (one decoded delta in memory at a time).
-
-        Raises at the first file that cannot extend the chain: unreadable or corrupt (the
-        decode's kind, naming the file), holding another version (``version``), or starting
-        below the chain (``version``: it forks from or overlaps the chain). At a missing
-        version (a file starting above the chain) it stops after a non-empty prefix (the
-        missing delta may still be published) and raises ``SyncError("gap")`` otherwise.
-
-        Before each delta the anchors are checked at its base version (:meth:`_check_anchor`):
-        ``engine`` is the consumer that applied every delta yielded so far (:meth:`consume`), so
-        it is fingerprinted at that version; without one (:meth:`poll`) an unverified anchor
-        raises at ``current_version`` and ends a non-empty prefix further on. With an ``engine`` and
-        no delta after ``current_version`` the anchor is checked at ``current_version`` all the same.
-
-        A directory holding ``rank<N>/`` chain directories and no chain is refused
-        (``SyncError("config")``: ``sync.directory`` itself, not a rank's directory). A listed delta
-        that is gone when it is read (pruned or cleared by the producer meanwhile) is a ``gap``.
-        """
-        expected = current_version
-        yielded = 0
-        entries = self._entries()
-        self._not_a_root(entries)
-        versions = sorted(int(m.group(1)) for m in map(_FILE_RE.match, entries) if m)
-        anchors = self.anchors()  # after the listing: an anchor written before a listed delta is seen
-        for v in versions:
-            if v <= current_version:
-                continue
-            try:
-                delta = self.read(v)
-            except SyncError:
-                if os.path.lexists(self.dir / delta_filename(v)):
-                    raise
-                msg = (f"{delta_filename(v)} was removed from {self.dir} while this consumer (at version {expected}) "
-                       f"read the chain (pruned, sync.keep_deltas, or cleared by a trainer restart)")
-                if yielded:
-                    logger.warning("%s; stopping after the %d deltas before it", msg, yielded)
-                    return
-                raise SyncError("gap", f"{msg}; this engine cannot catch up through deltas: "
-                                       f"{self._reload_advice(self.anchors())}") from None
-            if delta.new_version != v:
-                raise SyncError("version", f"{delta_filename(v)} holds version {delta.new_version}")
-            if delta.base_version < expected:
-                raise SyncError("version", f"{delta_filename(v)} is the delta {delta.base_version}->{v} but the chain is "
-                                           f"already at {expected}: it forks from or overlaps the chain")
-            if delta.base_version > expected:
-                msg = (f"{delta_filename(v)} starts at version {delta.base_version} but the chain is at {expected}: "
-                       f"the delta(s) for versions ({expected}, {delta.base_version}] are missing")
-                if yielded:  # the contiguous prefix was handed out; the next call raises
-                    logger.warning("%s; stopping after the %d deltas before the gap", msg, yielded)
-                    return
-                if v == versions[0]:  # nothing older is left: the producer deleted them, they will not come
-                    msg = (f"{delta_filename(v)} starts at version {delta.base_version} but the engine is at "
-                           f"{expected}: the delta(s) for versions ({expected}, {delta.base_version}] are no longer in {self.dir} "
-                           f"(pruned, sync.keep_deltas, or removed by a trainer restart); this engine cannot catch "
-                           f"up through deltas: {self._reload_advice(anchors, versions)}")
-                raise SyncError("gap", msg)
-            try:
-                self._check_anchor(expected, engine, anchors)
-            except SyncError as exc:
-                if yielded and engine is None:  # poll: the caller verifies the anchor at `expected` first
-                    logger.warning("%s; stopping after the %d deltas before it", exc, yielded)
-                    return
-                raise
-            yield delta
-            del delta  # not held while the next file is read
-            yielded += 1
-            expected = v
-        if not yielded and engine is not None:  # nothing new: is the engine still on the trainer's chain?
-            self._check_anchor(current_version, engine, anchors)
-
-    def poll(self, current_version: int) -> list[SketchDelta]:
-        """The chain of deltas after ``current_version``, in order (all decoded; :meth:`consume`
-        applies them one file at a time instead).
-
-        Each delta's ``base_version`` must be the previous one's ``new_version`` (the first:
-        ``current_version``). At a missing version the contiguous prefix is returned; with no
-        prefix, ``SyncError("gap")`` names the missing versions. A corrupt or unreadable file,
-        or one starting below the chain (``SyncError("version")``: it forks from or overlaps
-        it), raises. Deltas at or below ``current_version`` are skipped (already applied). An
-        anchor not yet verified at or below ``current_version`` raises ``SyncError("anchor")``
-        (verify it with :meth:`verify_anchor` or :meth:`accept_anchor`); one further along ends
-        the returned prefix at its version.
-        """
-        return list(self._chain(current_version))
-
-    def follow(self, engine: DeltaConsumer) -> list[int]:
-        """Consumer: one step of a consumer loop; returns the versions applied. :meth:`consume`, and when it is
-        refused with ``SyncError`` of kind ``anchor`` or ``gap``, :meth:`load_full` of the newest anchor and
-        :meth:`consume` again. The newest anchor is reloaded at most once by this object: when that did not get
-        the engine back on the chain (its deltas were pruned past it, or it has no full-weights file) the
-        refusal is raised as it is, until the trainer writes a newer anchor, so a loop does not re-read a
-        model-sized file at every poll. Every ``SyncError`` raised leaves the engine as the last successful
-        apply or reload left it; call again later."""
-        try:
-            return self.consume(engine)
-        except SyncError as exc:
-            if exc.kind not in ("anchor", "gap"):
-                raise
-            newest = self.anchors()
-            if not newest or newest[-1].get("full") is None or newest[-1]["epoch"] == self._reloaded:
-                raise
-        self._reloaded = self.load_full(engine)["epoch"]
-        return self.consume(engine)
-
-    def consume(self, engine: DeltaConsumer) -> list[int]:
-        """Apply the new deltas to ``engine`` in order, one file at a time (read, check its link
-        to the chain, apply, next); returns the versions applied.
-
-        Raises at the first file that cannot be applied (corrupt, unreadable, forking from the
-        chain, rejected by the engine; a missing version when nothing before it was applied; an
-        anchor the engine cannot verify, ``SyncError("anchor")``, see the module docstring):
-        deltas applied before it stay applied and the engine's ``weight_version`` says where to
-        resume. A missing version after applied deltas ends the call (see :meth:`poll`). With no new
-        delta the anchor at the engine's version is still checked, so an engine left on a trajectory the
-        trainer abandoned (it resumed from an earlier checkpoint, or refit) is refused at once rather than
-        when the trainer's chain passes its version. A missing directory is ``SyncError("unreadable")``.
-        """
-        applied = []
-        for delta in self._chain(engine.weight_version, engine):
-            applied.append(engine.apply_sketch_delta(delta))
-            del delta  # not held while the next file is read
-        return applied

@@ -131,7 +131,7 @@ def test_a_data_parallel_rank_that_missed_a_refit_is_named_and_the_next_refit_br
 
     # a client that connects now reads the version as unknown (-1) ...
     fresh = _target(transport, runtime, servers)
-    with caplog.at_level(logging.WARNING, logger="megatron_logra.sync.sglang_protocol"):
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.sync.sglang_state"):
         assert fresh.weight_version == -1
     assert "replicas disagree" in caplog.text
     # ... and a full refit brings every rank to one version and the same weights

@@ -325,7 +325,7 @@ def test_follow_reloads_once_per_anchor_and_a_late_consumer_waits_for_the_next_r
         trainer.step()
     trainer.t.prune(4)
     consumer, engine = DirectoryTransport(tmp_path), ModuleEngine(_HF(_state(seed=9)))
-    caplog.set_level("INFO", logger="megatron_logra.sync.anchors")
+    caplog.set_level("INFO", logger="megatron_logra.sync.anchor_full")
     for _ in range(3):
         with pytest.raises(SyncError, match=r"reload at the producer's next full refit") as exc:
             consumer.follow(engine)
