@@ -24,10 +24,10 @@ Patched:
 Patches of megatron-core that apply on GPUs as well live beside the code that needs them:
   * ``kl/forward_ad.py`` (``enable()``, on first use of the forward-AD KL probe): adds a ``jvp`` to
     megatron-core's tensor-parallel region mappings and frozen-weight linear ``autograd.Function``s.
-  * ``checkpoint/store.py`` (``_metadata_write_failures``, during each sharded save only): swaps
+  * ``checkpoint/dist_writer.py`` (``_metadata_write_failures``, during each sharded save only): swaps
     ``dist_checkpointing.strategies.torch.FileSystemWriterAsync`` for a subclass whose ``finish``
     collects a failed ``.metadata`` write, so every rank learns of it instead of blocking.
-  * ``checkpoint/store.py`` (``_in_process_write_results``, at every sharded save): sets
+  * ``checkpoint/dist_writer.py`` (``_in_process_write_results``, at every sharded save): sets
     ``dist_checkpointing.strategies.filesystem_async._results_queue`` to an in-process ``queue.Queue``
     instead of the queue of the spawned Manager process megatron-core starts at the first save (every
     save here is synchronous).

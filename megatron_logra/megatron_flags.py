@@ -154,6 +154,8 @@ MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
     "resume": ("train.resume", "true"),
     "profile": ("profile.enabled", "true"),
     "use-pytorch-profiler": ("profile.tool", "torch"),
+    "pytorch-profiler-collect-shapes": ("profile.record_shapes", "true"),
+    "pytorch-profiler-collect-callstack": ("profile.with_stack", "true"),
     "use-rope-scaling": ("use-rope-scaling", "true"),  # SWITCH_DEFAULTS
     "no-position-embedding": ("no-position-embedding", "true"),  # CHECK_SWITCHES
 }

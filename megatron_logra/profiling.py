@@ -39,7 +39,8 @@ TOOLS = ("torch", "nsys")
 @dataclass
 class ProfileConfig:
     """Which steps and ranks to profile, and with what (Megatron-LM: ``--profile``, ``--use-pytorch-profiler``,
-    ``--profile-step-start``, ``--profile-step-end``, ``--profile-ranks``)."""
+    ``--profile-step-start``, ``--profile-step-end``, ``--profile-ranks``, ``--pytorch-profiler-collect-shapes``,
+    ``--pytorch-profiler-collect-callstack``)."""
 
     enabled: bool = False
     """Profile the window ``[step_start, step_end)`` (--profile). Off, the loops pay only for the phase labels
@@ -56,11 +57,12 @@ class ProfileConfig:
     ranks: list[int] = field(default_factory=lambda: [0])
     """Global ranks that profile (--profile-ranks); each writes its own files."""
     record_shapes: bool = False
-    """Record the input shapes of every op (--profile-record-shapes); larger traces."""
+    """Record the input shapes of every op (--pytorch-profiler-collect-shapes); larger traces."""
     profile_memory: bool = False
     """Record tensor allocations and frees in the trace (``tool=torch``)."""
     with_stack: bool = False
-    """Record the Python stack of every op (``tool=torch``); much larger traces, slower steps."""
+    """Record the Python stack of every op (``tool=torch``; --pytorch-profiler-collect-callstack); much larger
+    traces, slower steps."""
 
     def __post_init__(self) -> None:
         for name in ("enabled", "record_shapes", "profile_memory", "with_stack"):
@@ -121,6 +123,22 @@ def job_profiler(cfg: ProfileConfig, run_dir: str | Path) -> StepProfiler:
 
 
 _nvtx_phases = False  # true while an nsys window is open: phases also push NVTX ranges
+_PHASE_NAMES: set[str] = set()  # every label phase() / Phases.next() has opened in this process
+
+
+def phase_table(averages, num_steps: int) -> str:
+    """The phases (:func:`phase`, :class:`Phases`) among ``torch.profiler`` ``key_averages()``, as a text table:
+    calls, total and per-step host wall time of each range, and its share of all phases' time (nested phases
+    count in both). Empty when no phase ran in the window."""
+    rows = sorted(((e.key, e.count, e.cpu_time_total / 1e3) for e in averages if e.key in _PHASE_NAMES),
+                  key=lambda row: -row[2])
+    if not rows:
+        return ""
+    total = sum(ms for _, _, ms in rows) or 1.0
+    lines = [f"phases (host wall time of each range, {num_steps} step(s)):",
+             f"{'phase':<28} {'calls':>6} {'ms total':>10} {'ms/step':>9} {'share':>7}"]
+    lines += [f"{name:<28} {calls:>6} {ms:>10.1f} {ms / num_steps:>9.1f} {ms / total:>7.1%}" for name, calls, ms in rows]
+    return "\n".join(lines) + "\n"
 
 
 @contextlib.contextmanager
@@ -129,6 +147,7 @@ def phase(name: str) -> Iterator[None]:
 
     A ``torch.profiler.record_function`` range (seen by ``tool=torch``), and an NVTX range while an nsys
     window is open. Costs a few microseconds when nothing profiles."""
+    _PHASE_NAMES.add(name)
     with torch.profiler.record_function(name):
         if _nvtx_phases:
             with torch.cuda.nvtx.range(name):
@@ -158,6 +177,7 @@ class Phases:
         """End the phase in progress (if any) and start ``PREFIX/name``."""
         self._end()
         label = f"{self.prefix}/{name}"
+        _PHASE_NAMES.add(label)
         self._range = torch.profiler.record_function(label)
         self._range.__enter__()
         if _nvtx_phases:
@@ -180,7 +200,8 @@ class StepProfiler:
     (it closes a window a run left early, writing what was recorded). Inactive (every call a no-op) when
     profiling is off or ``rank`` is not in ``cfg.ranks``. A window that lies wholly before the first step this
     process runs (a resumed run) is skipped with a warning; one that a resume enters midway profiles the
-    steps that are left of it.
+    steps that are left of it; one that starts after the last step this process ran (a run shorter than
+    ``cfg.step_start``, or stopped early) is reported by :meth:`close` with a warning.
     """
 
     def __init__(self, cfg: ProfileConfig, run_dir: str | Path, *, rank: int, device: torch.device) -> None:
@@ -193,15 +214,18 @@ class StepProfiler:
         self._nvtx: Optional[contextlib.AbstractContextManager] = None
         self._first: Optional[int] = None
         self._last: Optional[int] = None
+        self._ran: Optional[int] = None  # the last step this process ran, profiled or not
         self._done = False
 
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator[None]:
         """Profile step ``step`` (1-based) if it is in the window: the window opens before the first such
-        step and closes after the last one."""
+        step and closes after the last one, or after a step that raises (its files then hold the steps up to
+        and including the failed one)."""
         if not self.active or self._done:
             yield
             return
+        self._ran = step
         if self._first is None:
             if step >= self.cfg.step_end:
                 logger.warning("profile window [%d, %d) lies before step %d, where this run starts: nothing is "
@@ -212,14 +236,24 @@ class StepProfiler:
                 return
             if step >= self.cfg.step_start:
                 self._open(step)
-        yield
-        if self._first is not None:
-            self._last = step
-            if step + 1 >= self.cfg.step_end:
-                self.close()
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            if self._first is not None and not self._done:
+                self._last = step
+                if failed or step + 1 >= self.cfg.step_end:  # a step that raised: keep what led up to it
+                    self.close()
 
     def close(self) -> None:
-        """Close an open window and write its files (a no-op when none is open)."""
+        """Close an open window and write its files. With none open, a no-op, but for a warning when steps ran
+        and the window was never reached (it starts after the last of them)."""
+        if self._first is None and not self._done and self._ran is not None:
+            self._done = True
+            logger.warning("profile window [%d, %d) starts after step %d, the last this run ran: nothing is "
+                           "profiled (set profile.step_start to a step the run reaches, or raise its steps)",
+                           self.cfg.step_start, self.cfg.step_end, self._ran)
         if self._first is None or self._done:
             return
         self._done = True
@@ -268,9 +302,12 @@ class StepProfiler:
         trace = stem.with_name(stem.name + ".json.gz")
         self._prof.export_chrome_trace(str(trace))
         sort_by = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
-        table = self._prof.key_averages().table(sort_by=sort_by, row_limit=40)
+        averages = self._prof.key_averages()
+        table = averages.table(sort_by=sort_by, row_limit=40)
         table_path = stem.with_name(stem.name + ".txt")
-        table_path.write_text(f"steps {self._first}-{self._last}, rank {self.rank}, sorted by {sort_by}\n{table}\n",
+        num_steps = self._last - self._first + 1
+        table_path.write_text(f"steps {self._first}-{self._last}, rank {self.rank}\n\n"
+                              f"{phase_table(averages, num_steps)}\nops and ranges, sorted by {sort_by}:\n{table}\n",
                               encoding="utf-8")
         self.written = [trace, table_path]
         logger.info("rank %d: profile of steps %d-%d written to %s (open the .json.gz in https://ui.perfetto.dev) "

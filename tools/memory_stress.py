@@ -72,7 +72,7 @@ def model_config(args):
 
 def predicted(mcfg, kind: str, args, world: int) -> tuple[int, int]:
     """(trainer peak, optimizer state) bytes of one rank from the memory planner."""
-    from megatron_logra.memory.planner import PlanConfig, plan
+    from megatron_logra.memory import PlanConfig, plan
     from megatron_logra.memory.preflight import attention_kernel
 
     # the tool applies every step at α = 1 (no KL controller): LoGRA's native AdamW step copies no masters

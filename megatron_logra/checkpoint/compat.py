@@ -135,9 +135,9 @@ def check_compatible(saved: Any, current: Any, where: str, path: str = "", confi
 
 
 def architecture_problems(meta: Mapping[str, Any], model_config: Any) -> list[str]:
-    """``model.<field>`` differences between the architecture (``convert.spec.ARCH_FIELDS``) recorded in
+    """``model.<field>`` differences between the architecture (``convert.hf_config.ARCH_FIELDS``) recorded in
     ``meta`` (``config.model``, written by the jobs) and ``model_config``; none when nothing is recorded."""
-    from megatron_logra.convert.spec import ARCH_FIELDS
+    from megatron_logra.convert.hf_config import ARCH_FIELDS
 
     config = meta.get("config") if isinstance(meta, Mapping) else None
     saved = config.get("model") if isinstance(config, Mapping) else None

@@ -1,7 +1,7 @@
 """Durable writes and integrity checks of checkpoint files: fsync discipline, the CRC-32 of every
 file (hashed by all ranks together, each a share), and the checked reading of ``meta.json``.
 
-See :mod:`megatron_logra.checkpoint.store` for the on-disk format and the guarantees these serve.
+See :mod:`megatron_logra.checkpoint` for the on-disk format and the guarantees these serve.
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def check_resume_steps(run_dir: Union[str, Path], steps: int, field: str) -> Non
     rewrite ``config.yaml`` and ``summary.json`` of a run whose checkpoints and metrics stay at the
     later step. Equal is fine (nothing left to train). No checkpoint: nothing to check."""
     from megatron_logra.checkpoint.integrity import read_meta_json
-    from megatron_logra.checkpoint.store import latest_checkpoint
+    from megatron_logra.checkpoint.catalog import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
@@ -290,7 +290,7 @@ def resume_config(run_dir: Union[str, Path]) -> dict:
     ``CheckpointError`` (a ``ValueError``) for a broken ``checkpoints/latest`` or meta.json. Reads files only:
     callable before any process group exists (the command line's ``--resume RUN_DIR``)."""
     from megatron_logra.checkpoint.integrity import read_meta_json
-    from megatron_logra.checkpoint.store import latest_checkpoint
+    from megatron_logra.checkpoint.catalog import latest_checkpoint
 
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.yaml"

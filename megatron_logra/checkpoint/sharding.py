@@ -110,3 +110,19 @@ def optimizer_sharded_state(slots: list[ParamSlot], shardings: dict[int, tuple[s
         assert name not in out, f"duplicate optimizer slot {name}"
         out[name] = slot_sharded_tensor(slot, shardings[slot.param.data_ptr()][1])
     return out
+
+
+_DIST = "dist"
+"""The checkpoint's subdirectory holding megatron-core's sharded checkpoint (torch_dist backend)."""
+
+
+def _sharded_state(model, optimizer) -> tuple[dict, dict, list]:
+    """(sharded state dict for dist_checkpointing, optimizer scalars, ``[(slot name, slot)]``)."""
+    model_sd = model_sharded_state(model)
+    if optimizer is None:  # weights only (e.g. an export)
+        return dict(model_sd), {}, []
+    scalars, slots = optimizer.sharded_state()
+    shardings = param_shardings(model_sd)
+    sharded = dict(model_sd)
+    sharded["optimizer"] = optimizer_sharded_state(slots, shardings)
+    return sharded, scalars, [(slot_name(slot, shardings), slot) for slot in slots]

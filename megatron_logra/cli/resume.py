@@ -71,7 +71,7 @@ def check_resumed_architecture(parser: argparse.ArgumentParser, cfg: RunConfig) 
     if not cfg.train.resume:
         return
     from megatron_logra.checkpoint import latest_checkpoint
-    from megatron_logra.checkpoint.store import check_architecture
+    from megatron_logra.checkpoint.compat import check_architecture
 
     def check() -> None:
         ckpt = latest_checkpoint(cfg.train.run_dir)
@@ -93,11 +93,12 @@ RESUME_LAUNCH_FIELDS = frozenset({
 """Dotted fields that ``train.resume=true`` with a recipe may set to other values than the run's saved config:
 the run's length, where it runs and how it is launched, logged, evaluated, checkpointed and stopped, and the
 credentials a saved config never holds. Every ``parallel.*`` field is one too (a checkpoint resumes at any
-TP / PP / DP layout). Any other field must keep the run's value (:func:`check_recipe_resume`)."""
+TP / PP / DP layout), and so is every ``profile.*`` field (profiling changes nothing the run computes: a resumed
+run may profile other steps, or none). Any other field must keep the run's value (:func:`check_recipe_resume`)."""
 
 
 def _is_launch_field(name: str) -> bool:
-    return name in RESUME_LAUNCH_FIELDS or name.startswith("parallel.")
+    return name in RESUME_LAUNCH_FIELDS or name.startswith(("parallel.", "profile."))
 
 
 def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -113,8 +114,8 @@ def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def resume_differences(saved: Mapping[str, Any], cfg: RunConfig) -> list[tuple[str, Any, Any]]:
     """``(dotted field, saved value, value of cfg)`` for each field other than the launch settings
-    (:data:`RESUME_LAUNCH_FIELDS`, ``parallel.*``) whose value in ``cfg`` (a ``RunConfig``, compared as it
-    would be saved: credentials redacted, through YAML) differs from ``saved`` (a run's saved config, as
+    (:data:`RESUME_LAUNCH_FIELDS`, ``parallel.*``, ``profile.*``) whose value in ``cfg`` (a ``RunConfig``,
+    compared as it would be saved: credentials redacted, through YAML) differs from ``saved`` (a run's saved config, as
     :func:`~megatron_logra.checkpoint.run_dir.resume_config` reads it). A field only one of them has (a
     config saved by another version) is not compared. Sorted by field."""
     from megatron_logra.config import to_dict

@@ -140,7 +140,7 @@ def resolve_hf_model(cfg: RunConfig, given: Union[Sequence[str], Mapping[str, st
         return cfg
     if from_recipe and cfg.tokenizer.path and "tokenizer.path" not in given:
         cfg.tokenizer.path = ""
-    from megatron_logra.convert.spec import ARCH_FIELDS, model_config_from_hf
+    from megatron_logra.convert.hf_config import ARCH_FIELDS, model_config_from_hf
 
     where = given if isinstance(given, Mapping) else dict.fromkeys(given, "")
     mine = cfg.model

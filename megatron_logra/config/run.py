@@ -94,10 +94,10 @@ class RunConfig:
     def check_parallel_split(self) -> None:
         """``parallel.tp`` must divide ``model.num_attention_heads``, ``num_query_groups`` and
         ``ffn_hidden_size``, ``parallel.pp`` ``model.num_layers`` (megatron-core asserts them when it builds the
-        model): a ``ValueError`` naming the fields and the sizes that do (``memory.planner.check_split``). With
+        model): a ``ValueError`` naming the fields and the sizes that do (``memory.layout.check_split``). With
         ``model.hf_path`` (job=rl) it is checked once the checkpoint's architecture is read
         (``config.checks.resolve_hf_model``)."""
-        from megatron_logra.memory.planner import check_split
+        from megatron_logra.memory.layout import check_split
         from megatron_logra.models.te import fp8_weight_shape_problems
 
         check_split(self.model, self.parallel.tp, self.parallel.pp, tp_name="parallel.tp", pp_name="parallel.pp")

@@ -13,8 +13,10 @@ running code; megatron-core and transformers are not imported by the converters.
 """
 
 from megatron_logra.convert.convert import convert_hf_to_mcore, convert_mcore_to_hf, parse_size
+from megatron_logra.convert.hf_checks import check_hf_config
+from megatron_logra.convert.hf_config import model_config_from_hf
 from megatron_logra.convert.load import load_hf_into_model, load_mcore_into_model
-from megatron_logra.convert.spec import check_hf_config, megatron_plan, model_config_from_hf
+from megatron_logra.convert.tensor_plan import megatron_plan
 
 __all__ = ["convert_hf_to_mcore", "convert_mcore_to_hf", "parse_size", "load_hf_into_model", "load_mcore_into_model",
            "model_config_from_hf", "check_hf_config", "megatron_plan"]

@@ -50,18 +50,7 @@ from typing import Optional, Union
 
 import torch
 
-from megatron_logra.convert.checkpoints import (
-    HF_EXTRA_FILES,
-    INDEX_NAME,
-    MCORE_FORMAT,
-    MCORE_FORMAT_VERSION,
-    SINGLE_NAME,
-    HFCheckpoint,
-    McoreCheckpoint,
-    hf_tensor_not_imported,
-    rank_file_name,
-    resolve_mcore_dir,
-)
+from megatron_logra.convert.combine import build_full, split_to_hf
 from megatron_logra.convert.export_config import (
     config_source,
     copy_export_extras,
@@ -70,17 +59,19 @@ from megatron_logra.convert.export_config import (
     run_tokenizer_dir,
     tokenizer_special_ids,
 )
-from megatron_logra.convert.outdir import _finalize, _prepare_out, template_weight_map
-from megatron_logra.convert.spec import (
-    build_full,
-    hf_expected_shapes,
-    megatron_plan,
-    model_config_from_hf_dict_strict,
-    shard,
-    shard_shape,
-    split_to_hf,
+from megatron_logra.convert.hf_checkpoint import (
+    HF_EXTRA_FILES,
+    INDEX_NAME,
+    SINGLE_NAME,
+    HFCheckpoint,
+    hf_tensor_not_imported,
 )
+from megatron_logra.convert.hf_config import model_config_from_hf_dict_strict
+from megatron_logra.convert.mcore_checkpoint import MCORE_FORMAT, MCORE_FORMAT_VERSION, McoreCheckpoint, rank_file_name
+from megatron_logra.convert.mcore_path import resolve_mcore_dir
+from megatron_logra.convert.outdir import _finalize, _prepare_out, template_weight_map
 from megatron_logra.convert.st_io import SafetensorsWriter
+from megatron_logra.convert.tensor_plan import hf_expected_shapes, megatron_plan, shard, shard_shape
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +212,7 @@ def convert_mcore_to_hf(
     ``hf_template``: an HF directory of the same architecture whose ``config.json``, tokenizer files and
     shard assignment (``model.safetensors.index.json``) are reused. Index entries that HF -> megatron-core
     skips too (a tied model's ``lm_head.weight``, ``rotary_emb.inv_freq`` buffers:
-    :func:`~megatron_logra.convert.checkpoints.hf_tensor_not_imported`) are not written, and a template
+    :func:`~megatron_logra.convert.hf_checkpoint.hf_tensor_not_imported`) are not written, and a template
     shard that held only such entries is not written (the other shards keep the template's file names). Without one, the config source is
     ``mcore_dir/hf``, a trainer run's ``model.hf_path`` or a generated config.json
     (:func:`megatron_logra.convert.export_config.config_source`). A trainer checkpoint's tokenizer files
@@ -230,7 +221,7 @@ def convert_mcore_to_hf(
     rank files, the CRC-32 of every file of a trainer checkpoint (its ``meta.json`` and the file sizes are
     still checked). ``mcore_dir`` may also be a run directory ``RUN`` (or ``RUN/checkpoints``, or its
     ``latest`` marker): its latest complete checkpoint is exported
-    (:func:`~megatron_logra.convert.checkpoints.resolve_mcore_dir`). Returns the written index dict
+    (:func:`~megatron_logra.convert.mcore_path.resolve_mcore_dir`). Returns the written index dict
     (``weight_map`` and ``metadata``; one file -> ``{"weight_map": ..., "metadata": ...}`` as well), the
     files written (``files``) and the checkpoint directory read (``mcore``).
     """

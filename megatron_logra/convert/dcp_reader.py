@@ -1,6 +1,6 @@
 """Read tensors of a megatron-core ``torch_dist`` checkpoint, whole or one stacked layer at a time.
 
-Used by the Hugging Face export of trainer checkpoints (``convert.checkpoints``): megatron-core
+Used by the Hugging Face export of trainer checkpoints (``convert.mcore_checkpoint``): megatron-core
 stacks the layers of a parameter into one ``[num_layers, ...]`` key, and exporting layer by layer
 must not read the whole stack once per layer (28.7 GB per read for a 27B ``linear_fc1``).
 """

@@ -35,8 +35,9 @@ from typing import Optional
 
 import torch
 
-from megatron_logra.convert.checkpoints import HF_EXTRA_FILES, McoreCheckpoint
-from megatron_logra.convert.spec import check_same_architecture, model_config_from_hf_dict_strict
+from megatron_logra.convert.hf_checkpoint import HF_EXTRA_FILES
+from megatron_logra.convert.mcore_checkpoint import McoreCheckpoint
+from megatron_logra.convert.hf_config import check_same_architecture, model_config_from_hf_dict_strict
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.presets import read_json_object
 
@@ -91,7 +92,7 @@ def _checked_config(directory: Path, cfg: ModelConfig) -> str:
 def written_dtype(src: McoreCheckpoint) -> torch.dtype:
     """The dtype that holds most of ``src``'s parameters, as stored (read from file headers / checkpoint
     metadata): the dtype an export writes them in."""
-    from megatron_logra.convert.spec import megatron_plan
+    from megatron_logra.convert.tensor_plan import megatron_plan
 
     counts: dict[torch.dtype, int] = {}
     for entry in megatron_plan(src.cfg, src.tp, src.pp):

@@ -9,7 +9,7 @@ Usage (every rank of the job, after ``initialize_parallel``)::
 Each rank reads the checkpoint's headers (validating every shard and the index), then only the
 HF tensors of its own pipeline stage, one megatron parameter at a time. Row-split parameters (QKV,
 ``[gate; up]``, vocabulary) are assembled from only the HF rows this TP rank holds (1/t of their
-bytes at TP = t: ``spec.build_shard``); column-split and replicated ones are read whole, fused and
+bytes at TP = t: ``combine.build_shard``); column-split and replicated ones are read whole, fused and
 sliced. Shards are copied in (cast to the model's dtype). Peak extra memory is one shard, or one
 full column-split parameter. No collective is used; every rank reads the files itself.
 """
@@ -24,16 +24,11 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from megatron_logra.convert.checkpoints import HFCheckpoint, McoreCheckpoint, rank_file_name
-from megatron_logra.convert.spec import (
-    build_shard,
-    check_same_architecture,
-    hf_expected_shapes,
-    megatron_plan,
-    model_config_from_hf,
-    model_config_from_hf_dict_strict,
-    partition_of,
-)
+from megatron_logra.convert.combine import build_shard
+from megatron_logra.convert.hf_checkpoint import HFCheckpoint
+from megatron_logra.convert.hf_config import check_same_architecture, model_config_from_hf, model_config_from_hf_dict_strict
+from megatron_logra.convert.mcore_checkpoint import McoreCheckpoint, rank_file_name
+from megatron_logra.convert.tensor_plan import hf_expected_shapes, megatron_plan, partition_of
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.layout import global_param_names
 from megatron_logra.parallel import ParallelGroups

@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from megatron_logra.convert.checkpoints import HF_EXTRA_FILES, check_shard_name
+from megatron_logra.convert.hf_checkpoint import HF_EXTRA_FILES, check_shard_name
 from megatron_logra.models.presets import read_json_object
 
 logger = logging.getLogger(__name__)

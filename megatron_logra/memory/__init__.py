@@ -3,7 +3,9 @@ rollout engine) of a model at a parallel layout, dense AdamW vs LoGRA, before la
 
 See ``docs/memory.md``. :mod:`~megatron_logra.memory.count` builds the megatron model on the meta device
 for exact parameter counts; :mod:`~megatron_logra.memory.planner` is pure arithmetic on those counts
-(activation and logit formulas in :mod:`~megatron_logra.memory.activations`);
+(activation and logit formulas in :mod:`~megatron_logra.memory.activations`) for a
+:class:`~megatron_logra.memory.plan_config.PlanConfig` whose layout :mod:`~megatron_logra.memory.layout` checked,
+giving :mod:`~megatron_logra.memory.breakdown`'s per-rank ``RankMemory`` lines and the ``MemoryPlan`` verdict;
 :mod:`~megatron_logra.memory.units` parses sizes such as ``80GiB``; :mod:`~megatron_logra.memory.report`
 renders plans as rich or markdown tables; :mod:`~megatron_logra.memory.cli` is ``megatron-logra memory``.
 
@@ -14,8 +16,11 @@ renders plans as rich or markdown tables; :mod:`~megatron_logra.memory.cli` is `
     logra.verdict, logra.worst.total
 """
 
+from megatron_logra.memory.breakdown import MemoryPlan, RankMemory
 from megatron_logra.memory.count import ParamCounts, TargetShape, count_params
-from megatron_logra.memory.planner import MemoryPlan, PlanConfig, RankMemory, check_layout, compare, plan
+from megatron_logra.memory.layout import check_layout
+from megatron_logra.memory.plan_config import PlanConfig
+from megatron_logra.memory.planner import compare, plan
 from megatron_logra.memory.units import format_bytes, parse_bytes
 
 __all__ = ["ParamCounts", "TargetShape", "count_params", "MemoryPlan", "PlanConfig", "RankMemory", "check_layout",

@@ -127,7 +127,7 @@ def auto_tp(model, limit: int, gpus_per_stage: Optional[int] = None) -> int:
 def resolve_planned_model(name: str, *, seq_length: int):
     """The ``ModelConfig`` that ``--model name`` plans: a preset, or a Hugging Face ``config.json`` (or a
     directory holding one) read by the trainer's own loader for ``model.hf_path``
-    (``convert.spec.model_config_from_hf_dict_strict``: :func:`~megatron_logra.convert.spec.check_hf_config`,
+    (``convert.hf_config.model_config_from_hf_dict_strict``: :func:`~megatron_logra.convert.hf_checks.check_hf_config`,
     the field mapping, the HF-mapping support check), so a config ``train`` refuses is refused here with the
     same ``ValueError``. ``seq_length`` replaces the config's sequence length."""
     from megatron_logra.models.presets import resolve_model
@@ -165,7 +165,8 @@ def flag_message(message: str) -> str:
 
 
 def _plans(args: argparse.Namespace):
-    from megatron_logra.memory.planner import PlanConfig, plan
+    from megatron_logra.memory.plan_config import PlanConfig
+    from megatron_logra.memory.planner import plan
     from megatron_logra.memory.report import Scenario
 
     for option in ("pp", "dp", "gpus", "seq_len"):

@@ -7,7 +7,7 @@ plans it against the GPU the run is on (``train.memory_check``): the plan is log
 planner says does not fit gets a warning -- or, with ``train.memory_check=error``, a clear error --
 before minutes of model building and checkpoint loading end in an out-of-memory crash.
 
-What the run's config maps to (see :class:`~megatron_logra.memory.planner.PlanConfig`):
+What the run's config maps to (see :class:`~megatron_logra.memory.plan_config.PlanConfig`):
 
 * micro-batch: the sequences the trainer really puts in one micro-batch x ``model.seq_length`` (RL) or
   ``train.micro_batch_size`` x ``data.seq_length - 1`` (LM: the task's input tokens). An RL step splits
@@ -39,7 +39,9 @@ from typing import Any, Optional
 
 import torch
 
-from megatron_logra.memory.planner import OPTIMIZERS, MemoryPlan, PlanConfig, plan
+from megatron_logra.memory.breakdown import MemoryPlan
+from megatron_logra.memory.plan_config import OPTIMIZERS, PlanConfig
+from megatron_logra.memory.planner import plan
 from megatron_logra.memory.report import layout_text, verdict_line
 from megatron_logra.memory.units import format_bytes
 from megatron_logra.models.te import te_unavailable_reason

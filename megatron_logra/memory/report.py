@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from megatron_logra.memory.count import count_params
-from megatron_logra.memory.planner import MemoryPlan
+from megatron_logra.memory.breakdown import MemoryPlan
 from megatron_logra.memory.units import format_bytes
 
 logger = logging.getLogger(__name__)

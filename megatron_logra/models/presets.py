@@ -332,7 +332,7 @@ def load_hf_config(path: Union[str, Path], *, seq_length: Optional[int] = None, 
     """Read ``path`` (a ``config.json`` or a directory holding one) into a ``ModelConfig``.
 
     ``strict``: read it as the trainer reads ``model.hf_path``
-    (:func:`megatron_logra.convert.spec.model_config_from_hf_dict_strict`: sliding windows, scaled RoPE, MoE and
+    (:func:`megatron_logra.convert.hf_config.model_config_from_hf_dict_strict`: sliding windows, scaled RoPE, MoE and
     other configs the trainer cannot run are refused with its ``ValueError``); ``seq_length`` replaces the
     config's sequence length either way.
     """
@@ -343,7 +343,7 @@ def load_hf_config(path: Union[str, Path], *, seq_length: Optional[int] = None, 
         raise ValueError(f"model={str(path)!r}: no such config.json (give a preset name or a path to a config.json)")
     raw = read_json_object(p, prefix=f"model={str(path)!r}: ")
     if strict:
-        from megatron_logra.convert.spec import model_config_from_hf_dict_strict  # convert.spec imports this module
+        from megatron_logra.convert.hf_config import model_config_from_hf_dict_strict  # convert.hf_config imports this module
 
         return model_config_from_hf_dict_strict(raw, source=str(p), seq_length=seq_length)
     return model_config_from_hf_dict(raw, seq_length=seq_length, source=str(p))

@@ -29,18 +29,16 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron_logra.optim.config import LograConfig, NativeConfig
-from megatron_logra.optim.functional import (
-    apply_low_rank_update_,
-    reconstructed_norm2,
-    row_adam_direction,
-)
+from megatron_logra.optim.functional import reconstructed_norm2, row_adam_direction
+from megatron_logra.optim.logra_apply import LograApplyMixin
+from megatron_logra.optim.logra_lr import LograScheduleMixin
+from megatron_logra.optim.logra_norms import LograNormsMixin
 from megatron_logra.optim.logra_state import LograStateMixin
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
-from megatron_logra.optim.schedule import LRScheduleConfig, lr_multiplier, scheduled_lr
+from megatron_logra.optim.schedule import LRScheduleConfig
 from megatron_logra.optim.update import PreparedUpdate, module_params
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
 from megatron_logra.sketch.capture import SketchSet, SketchTarget, install_sketches
-from megatron_logra.sync.apply import StochasticRounding, low_rank_merge_, shard_rows
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +61,13 @@ def _check_rounding(cfg: LograConfig, targets: Sequence[SketchTarget]) -> None:
             f"or accept the loss with optimizer.logra.rounding=nearest")
 
 
-class LograOptimizer(LograStateMixin):
-    """LoGRA on the targets of ``model``; AdamW (or frozen) for the rest."""
+class LograOptimizer(LograApplyMixin, LograNormsMixin, LograScheduleMixin, LograStateMixin):
+    """LoGRA on the targets of ``model``; AdamW (or frozen) for the rest.
+
+    Built here: the sketches, the native AdamW, row moments and masters; :meth:`prepare` and :meth:`step`.
+    The rest of the class comes from mixins, one concern each: :meth:`apply` (:mod:`.logra_apply`), the
+    update norms and model-parallel sums (:mod:`.logra_norms`), the scheduled lrs (:mod:`.logra_lr`) and the
+    checkpoint contract (:mod:`.logra_state`)."""
 
     def __init__(
         self,
@@ -134,21 +137,6 @@ class LograOptimizer(LograStateMixin):
                 p.numel() * ((4 if p.dtype == torch.float32 else 4 + 4) + 8) for p in self.native.params
             ),
         }
-
-    def _replicated_on_tp(self, t: SketchTarget) -> bool:
-        return t.parallel == "none"
-
-    def _tp_sum_layers(self, values: torch.Tensor, replicated: list[bool]) -> torch.Tensor:
-        """Sum per-layer partial statistics over TP; rows flagged replicated are already full."""
-        tp = group_size(self.groups.tp)
-        if tp == 1:
-            return values
-        mask = torch.tensor(replicated, device=values.device)
-        values = torch.where(mask[:, None], values / tp, values)
-        return all_reduce_sum(values, self.groups.tp)
-
-    def _mp_sum(self, values: torch.Tensor) -> torch.Tensor:
-        return all_reduce_sum(values, self.groups.mp)
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()
@@ -224,35 +212,6 @@ class LograOptimizer(LograStateMixin):
                 d.mul_(lr)
         return update
 
-    def _lr_multiplier(self, step: int) -> float:
-        """The schedule's factor for 1-based ``step`` (1.0 without a schedule)."""
-        if self.schedule is None:
-            return 1.0
-        return lr_multiplier(step, self.schedule, self.total_steps, self._reference_lr())
-
-    def _reference_lr(self) -> float:
-        """The lr ``--lr`` sets, which an absolute ``optimizer.schedule.min_lr`` is the floor of: the targets' for
-        the optimizer recipe, else the non-target AdamW's (``OptimizerConfig.scheduled_lrs``)."""
-        return self.cfg.lr if self.cfg.recipe == "optimizer" else self.native.base_lr
-
-    def _scheduled(self, peak: float, step: int) -> float:
-        """The configured lr ``peak`` after the schedule at 1-based ``step`` (``peak`` without a schedule): at
-        the floor of the decay exactly the floor lr (:func:`~megatron_logra.optim.schedule.scheduled_lr`)."""
-        if self.schedule is None:
-            return peak
-        return scheduled_lr(peak, step, self.schedule, self.total_steps, self._reference_lr())
-
-    def step_lrs(self, update: PreparedUpdate) -> dict[str, Optional[float]]:
-        """The learning rates ``update`` is (or was) applied with, after the schedule, for a step's metrics
-        record: ``lr``, the native AdamW's (None when the non-targets are frozen), and ``logra_lr``, the
-        targets' (optimizer recipe; None for the paper recipe, whose step follows the KL controller). Both
-        None for a skipped update."""
-        if update.skipped:
-            return {"lr": None, "logra_lr": None}
-        native = self._scheduled(self.native.base_lr, update.step) if self.native.params else None
-        logra = self._scheduled(self.cfg.lr, update.step) if self.cfg.recipe == "optimizer" else None
-        return {"lr": native, "logra_lr": logra}
-
     def _paper_scale(self, update: PreparedUpdate, projs: dict[str, torch.Tensor]) -> None:
         """Per-layer ‖D‖_F = ‖S‖_F, then one global scale so ‖ΔW‖/‖W‖ = update_ratio over all targets."""
         targets = self.targets
@@ -298,185 +257,6 @@ class LograOptimizer(LograStateMixin):
                              "step size α: a KL prediction quadratic in α cannot cover it; set "
                              "optimizer.logra.scale_native=true or optimizer.native.freeze=true")
         return self.native.planned_deltas()
-
-    @torch.no_grad()
-    def relative_update_norm(self, update: PreparedUpdate, alpha: float = 1.0) -> float:
-        """``‖ΔW‖_F / ‖W‖_F`` over all targets for step size ``alpha`` (through the r×r Gram)."""
-        if update.skipped:
-            return 0.0
-        tp_rank = self.groups.tp_rank
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for t in self.targets:
-            if self._replicated_on_tp(t) and tp_rank != 0:
-                continue
-            proj_RI = self.sketches.projection_for(t, update.update_index)
-            totals[0] += reconstructed_norm2(update.directions[t.key], proj_RI)
-            weight = self.masters.get(t.key, t.weight)
-            totals[1] += weight.double().pow(2).sum()
-        totals = self._mp_sum(totals)
-        return abs(alpha) * math.sqrt(totals[0].item() / max(totals[1].item(), 1e-300))
-
-    @torch.no_grad()
-    def native_relative_update_norm(self, native: Sequence[tuple[nn.Parameter, torch.Tensor]]) -> float:
-        """``‖Δθ‖_F / ‖θ‖_F`` of the trained non-targets' α = 1 change ``native`` (:meth:`native_deltas`),
-        summed over the model-parallel group so every rank of it gets the same figure (collective: every
-        rank of the group calls, with or without parameters of its own); 0 when nothing is trained."""
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for param, delta in native:
-            totals[0] += delta.double().pow(2).sum()
-            totals[1] += param.double().pow(2).sum()
-        totals = self._mp_sum(totals)
-        return math.sqrt(totals[0].item() / totals[1].item()) if totals[1].item() > 0 else 0.0
-
-    @torch.no_grad()
-    def master_drift(self) -> float:
-        """``‖W − round(master)‖ / ‖round(master)‖`` over all targets with fp32 masters (0 without).
-
-        Under sketch-delta sync the compute weights replay the engine's low-precision merges
-        while the masters accumulate in fp32; this is how far the two have separated.
-        """
-        if not self.masters:
-            return 0.0
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for t in self.targets:
-            master = self.masters.get(t.key)
-            if master is None:
-                continue
-            rounded = master.to(t.weight.dtype)
-            totals[0] += (t.weight.double() - rounded.double()).pow(2).sum()
-            totals[1] += rounded.double().pow(2).sum()
-        totals = self._mp_sum(totals)
-        return math.sqrt(totals[0].item() / max(totals[1].item(), 1e-300))
-
-    @torch.no_grad()
-    def reanchor(self) -> None:
-        """Copy the fp32 masters (rounded to nearest) into the compute weights."""
-        for t in self.targets:
-            master = self.masters.get(t.key)
-            if master is not None:
-                t.weight.copy_(master)
-
-    def weight_decay_factor(self, update: Optional[PreparedUpdate] = None) -> float:
-        """``decay`` of ``W ← decay·W − ΔW`` for ``update`` (None: the next step to be prepared):
-        ``1 − lr_t·wd`` with ``lr_t`` the scheduled lr of its step (``lr·m``, the schedule's multiplier ``m``; exactly
-        ``schedule.min_lr`` at the floor: ``scheduled_lr``) for the optimizer recipe, or 1 (paper recipe)."""
-        cfg = self.cfg
-        if cfg.recipe != "optimizer":
-            return 1.0
-        step = update.step if update is not None else self.num_steps + 1
-        return 1.0 - self._scheduled(cfg.lr, step) * cfg.weight_decay
-
-    def _check_factors(self, factors: dict[str, torch.Tensor]) -> None:
-        missing = sorted(t.key for t in self.targets if t.key not in factors)
-        unknown = sorted(set(factors) - {t.key for t in self.targets})
-        if missing or unknown:
-            raise ValueError(f"factors do not match the targets: missing {missing[:4]}, unknown {unknown[:4]}")
-        for t in self.targets:
-            U = factors[t.key]
-            if U.dtype != torch.bfloat16 or tuple(U.shape) != (t.n_out_local, self.cfg.rank):
-                raise ValueError(f"factor of {t.key} is {U.dtype} {tuple(U.shape)}, expected bf16 "
-                                 f"{(t.n_out_local, self.cfg.rank)}")
-
-    def _check_finite_step(self, steps: dict[str, torch.Tensor], alpha: float, decay: float) -> None:
-        """Raise ``ValueError`` on every model-parallel rank when on any rank some ``alpha·steps[key]``
-        or the decay factor is not finite (no scaled copy is made: ``|α|·max|D|`` tells NaN, inf and overflow)."""
-        missing = [t.key for t in self.targets if t.key not in steps]
-        if missing:
-            raise ValueError(f"the update has no direction for targets {missing[:4]}")
-        bad = []
-        for t in self.targets:
-            x = steps[t.key]
-            # NaN fails the comparison; so does α·D overflowing D's dtype
-            if x.numel() and not (abs(alpha) * float(x.abs().max()) <= torch.finfo(x.dtype).max):
-                bad.append(t.key)
-        if reduce_flag_any(bool(bad) or not math.isfinite(decay), self.groups.mp, self.device):
-            where = (f"targets {bad[:4]}{'...' if len(bad) > 4 else ''}" if bad else
-                     f"the weight decay factor {decay}" if not math.isfinite(decay) else "another model-parallel rank")
-            raise ValueError(f"step {self.num_steps + 1}: the update is not finite ({where}); refusing to write it "
-                             "into the weights (nothing was modified)")
-
-    def merge_rounding(self) -> str:
-        """How the sketch-delta merge rounds bf16 weights, on this trainer and (through the delta's header)
-        on the engines: ``logra.rounding``, except ``nearest`` where a target is one HF-split piece of a
-        fused layer (``q_proj`` ...: its canonical rows need the attention layout, which is not kept here)."""
-        if self.cfg.rounding != "stochastic" or any(t.key != t.name for t in self.targets):
-            return "nearest"
-        return "stochastic"
-
-    def _merge_noise(self, t, step: int):
-        """Where target ``t``'s merge noise comes from: its canonical rows and first input column on this rank."""
-        rows = None
-        if t.parallel == "column":
-            rows = shard_rows(t.n_out_local, self.groups.tp_rank, self.groups.tp_size,
-                              int(getattr(t.weight, "partition_stride", 1)))
-        col_start = t.cols.start if t.cols is not None else 0
-        return StochasticRounding(self.cfg.seed, t.name, step, rows, col_start)
-
-    @torch.no_grad()
-    def apply(self, update: PreparedUpdate, alpha: float = 1.0, *,
-              factors: Optional[dict[str, torch.Tensor]] = None) -> None:
-        """``W ← decay·W − α·D·A`` for every target, native AdamW step, advance the projection.
-
-        The decoupled weight decay ``decay = 1 − lr_t·wd`` (optimizer recipe; ``lr_t`` the scheduled lr of this
-        step, ``lr·update.lr_multiplier`` except at the floor, where it is ``schedule.min_lr`` itself) does not scale with α: α scales the gradient
-        step only, as a step-size controller expects.
-
-        ``factors`` (opt-in, sketch-delta sync): target key -> this rank's bf16
-        ``U = quantize_factor(α·D)`` ``[n_out_local, r]`` (:func:`megatron_logra.sync.trainer.local_factors`).
-        The low-rank step is then :func:`megatron_logra.sync.apply.low_rank_merge_` with exactly
-        those factors -- the arithmetic the inference engine runs -- so trainer and engine weights
-        stay bitwise equal. A bf16 weight is rounded as :meth:`merge_rounding` says (stochastically by
-        default, with the noise the engine draws for the same canonical entry; see
-        :mod:`megatron_logra.sync.apply`). With fp32 masters the master takes the fp32 step ``α·D·A``
-        (not ``U``, whose bf16 rounding costs ~2⁻⁹ of each step) and the compute weight runs the
-        engine's own merge, so it still mirrors the engine bitwise; the two
-        drift apart by rounding (:meth:`master_drift`) until :meth:`reanchor` copies the masters back
-        (followed by a full engine refit). All factors are checked first.
-
-        Nothing is written unless everything the step writes is finite: α, the weight decay factor
-        and every target's ``α·D`` (or factor) on every model-parallel rank (agreed with one
-        collective, as :meth:`prepare` agrees on skips); otherwise every rank raises ``ValueError``
-        with weights, masters, native state and the projection index untouched. (The native
-        gradients were checked by :meth:`prepare`.)
-        """
-        if update.skipped:
-            return
-        if not math.isfinite(alpha):
-            raise ValueError(f"step size alpha={alpha} is not finite; refusing an uncontrolled step")
-        assert update.update_index == self.sketches.update, "update prepared with another projection index"
-        cfg = self.cfg
-        decay = self.weight_decay_factor(update)
-        tp_rank = self.groups.tp_rank
-        if factors is not None:
-            self._check_factors(factors)
-            stochastic = self.merge_rounding() == "stochastic"
-        self._check_finite_step(factors if factors is not None else update.directions,
-                                1.0 if factors is not None else alpha, decay)
-        for t in self.targets:
-            proj_RI = self.sketches.projection_for(t, update.update_index)
-            if factors is not None:
-                master = self.masters.get(t.key)
-                if master is not None:  # the exact fp32 step α·D·A (not the bf16 U), kept beside the engine mirror
-                    apply_low_rank_update_(master, update.directions[t.key] * alpha, proj_RI, decay=decay)
-                low_rank_merge_(t.weight, factors[t.key], proj_RI, decay=decay, distribution=cfg.distribution,
-                                rounding=self._merge_noise(t, update.step) if stochastic else None)
-                continue
-            factor = update.directions[t.key] if alpha == 1.0 else update.directions[t.key] * alpha
-            if t.key in self.masters or t.weight.dtype == torch.float32:  # one GEMM into fp32
-                apply_low_rank_update_(t.weight, factor, proj_RI, decay=decay, master=self.masters.get(t.key))
-                continue
-            # bf16/fp16 compute weights without masters: the merge kernel (large row chunks on
-            # accelerators, int32 noise into preallocated buffers) with the noise the sketch-delta merge
-            # uses, so this path rounds as the synced one does
-            noise = None
-            if t.weight.dtype == torch.bfloat16 and cfg.rounding == "stochastic":
-                noise = (self._merge_noise(t, update.step) if self.merge_rounding() == "stochastic" else
-                         StochasticRounding(cfg.seed, f"{t.key}|tp{tp_rank}", update.step))
-            low_rank_merge_(t.weight, factor, proj_RI, decay=decay, distribution=cfg.distribution, rounding=noise)
-        self.native.step(scale=alpha if self.cfg.scale_native else 1.0)
-        self.num_steps += 1
-        self.sketches.advance()
-        self.zero_grad()
 
     def step(self, num_tokens: Optional[int] = None) -> PreparedUpdate:
         """``prepare`` then ``apply`` with α = 1."""

@@ -266,7 +266,7 @@ class NativeAdamW:
         ``<prefix>.master`` slot), ``none`` when none has (float32 weights), which
         ``model.params_dtype`` decides; None without parameters (nothing to record). A checkpoint's
         is compared with the resumed run's before anything is loaded
-        (:func:`megatron_logra.checkpoint.store.load_checkpoint`)."""
+        (:func:`megatron_logra.checkpoint.load.load_checkpoint`)."""
         masters = None
         if self.params:
             masters = "fp32" if any(m is not p for p, m in zip(self.params, self.masters)) else "none"

@@ -13,7 +13,7 @@ from typing import Any
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint
 from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir
 from megatron_logra.config import RunConfig
-from megatron_logra.convert.spec import model_config_from_hf
+from megatron_logra.convert.hf_config import model_config_from_hf
 from megatron_logra.data.tokenizer import stop_token_ids
 from megatron_logra.kl.controller import KLController
 from megatron_logra.kl.probe import probe_method

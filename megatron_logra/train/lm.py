@@ -258,18 +258,20 @@ def run_lm(cfg: RunConfig) -> dict:
         for step in range(start + 1, cfg.train.steps + 1):
             reset_device_peaks(device)
             t0 = time.perf_counter()
-            with profiler.step(step), Phases("lm") as ph:
-                ph.next("data")
-                microbatches = [task.microbatch(step, groups.dp_rank * num_micro + i, cfg.train.micro_batch_size)
-                                for i in range(num_micro)]
-                ph.next("forward_backward")
-                optimizer.zero_grad()
-                result = forward_backward(model, microbatches, groups)
-                ph.next("prepare")
-                update = optimizer.prepare(num_tokens=result.num_tokens)
-                ph.next("apply")
-                optimizer.apply(update)
-            step_seconds = elapsed(t0, device)
+            with profiler.step(step):
+                with Phases("lm") as ph:
+                    ph.next("data")
+                    microbatches = [task.microbatch(step, groups.dp_rank * num_micro + i, cfg.train.micro_batch_size)
+                                    for i in range(num_micro)]
+                    ph.next("forward_backward")
+                    optimizer.zero_grad()
+                    result = forward_backward(model, microbatches, groups)
+                    ph.next("prepare")
+                    update = optimizer.prepare(num_tokens=result.num_tokens)
+                    ph.next("apply")
+                    optimizer.apply(update)
+                # before the window's last step closes it: writing the trace is not the step's time
+                step_seconds = elapsed(t0, device)
             if update.skipped and is_rank0() and not isinstance(optimizer, LograOptimizer):  # LoGRA warns itself
                 logger.warning("step %d skipped (%s): its update was not applied (metrics.jsonl: \"skipped\": true); "
                                "a run that keeps skipping has diverged: lower the lr (--lr)",

@@ -17,7 +17,7 @@ ends the job normally with its checkpoint written, instead of killing it.
 
 Slurm signals every process of a job step (and ``kill -TERM -PGID`` a whole process group): the save a
 stop asks for must not depend on a helper process outside this handler. The checkpoint writer has none
-(:func:`megatron_logra.checkpoint.store._in_process_write_results`).
+(:func:`megatron_logra.checkpoint.dist_writer._in_process_write_results`).
 """
 
 from __future__ import annotations

@@ -68,13 +68,13 @@ def run(out: Path) -> None:
         error = [type(exc).__name__, str(exc)]
     changed = any(not torch.equal(v, weights[k]) for k, v in fresh.state_dict().items() if k in weights)
 
-    from megatron_logra.checkpoint import store
+    from megatron_logra.checkpoint import save as save_module
 
     if rank == world - 1:
         def full_disk(*args, **kwargs):
             raise OSError(28, "No space left on device")
 
-        store.save_file = full_disk
+        save_module.save_file = full_disk
     save_error = None
     try:
         save_checkpoint(out / "run", 2, model, None, groups)

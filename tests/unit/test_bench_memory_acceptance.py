@@ -51,7 +51,7 @@ def test_memory_bad_input_is_one_line_naming_the_flag(tmp_path, capsys, argv, st
 
 
 def _plan(model: str, **kw):
-    from megatron_logra.memory.planner import PlanConfig, plan
+    from megatron_logra.memory import PlanConfig, plan
 
     return plan(resolve_planned_model(model, seq_length=4096), PlanConfig(**kw))
 

@@ -28,7 +28,8 @@ from transformers import (  # noqa: E402
     Qwen3Config,
 )
 
-from megatron_logra.convert.spec import check_hf_config, model_config_from_hf_dict_strict  # noqa: E402
+from megatron_logra.convert.hf_checks import check_hf_config  # noqa: E402
+from megatron_logra.convert.hf_config import model_config_from_hf_dict_strict  # noqa: E402
 
 FAMILIES = {"llama": (LlamaConfig, "LlamaForCausalLM"), "mistral": (MistralConfig, "MistralForCausalLM"),
             "qwen2": (Qwen2Config, "Qwen2ForCausalLM"), "qwen3": (Qwen3Config, "Qwen3ForCausalLM")}
@@ -175,7 +176,7 @@ def test_a_bad_max_window_layers_is_named(value):
 
 def test_stray_llama_window_keys_are_ignored_with_a_warning(caplog):
     raw = _raw("llama", dict(use_sliding_window=True, sliding_window=4))
-    with caplog.at_level(logging.WARNING, logger="megatron_logra.convert.spec"):
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.convert.hf_checks"):
         cfg = model_config_from_hf_dict_strict(raw)
     assert cfg.num_layers == 2
     assert "use_sliding_window=True" in caplog.text and "sliding_window=4" in caplog.text

@@ -54,7 +54,7 @@ def test_a_missing_latest_resumes_the_newest_complete_checkpoint(run, caplog):
     (which went on to replace the complete checkpoints as it reached their steps)."""
     (run / "checkpoints" / "latest").unlink()
     (run / "checkpoints" / "step_00000003.tmp").mkdir()  # an unfinished save is no checkpoint
-    with caplog.at_level(logging.WARNING, logger="megatron_logra.checkpoint.store"):
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.checkpoint.catalog"):
         found = latest_checkpoint(run)
     assert found is not None and found.name == "step_00000002"
     assert "latest is missing" in caplog.text and "step_00000002" in caplog.text

@@ -52,7 +52,7 @@ def test_pruning_never_deletes_the_checkpoint_latest_names(model, groups, tmp_pa
     save_checkpoint(run, 1, model, None, groups, keep_last=1)
     save_checkpoint(run, 3, model, None, groups, keep_last=5)
     (run / "checkpoints" / "latest").write_text("step_00000001")
-    with caplog.at_level(logging.WARNING, logger="megatron_logra.checkpoint.store"):
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.checkpoint.catalog"):
         save_checkpoint(run, 2, model, None, groups, keep_last=1)
     assert latest_checkpoint(run).name == "step_00000002"
     read_meta(run / "checkpoints" / "step_00000002")

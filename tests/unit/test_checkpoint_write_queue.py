@@ -1,5 +1,5 @@
 """A checkpoint save starts no helper process: megatron-core's torch_dist writer reports its write results
-through an in-process queue (``checkpoint.store._in_process_write_results``) instead of the queue of a
+through an in-process queue (``checkpoint.dist_writer._in_process_write_results``) instead of the queue of a
 spawned ``multiprocessing`` Manager, and the checkpoint it writes loads back bitwise."""
 
 from __future__ import annotations

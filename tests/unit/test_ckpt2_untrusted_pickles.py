@@ -82,7 +82,7 @@ def _copy(saved, tmp_path: Path) -> Path:
 
 
 def _refused_everywhere(ckpt: Path, marker: Path, groups, needle: str) -> None:
-    from megatron_logra.convert.checkpoints import McoreCheckpoint
+    from megatron_logra.convert.mcore_checkpoint import McoreCheckpoint
 
     fresh = _model(groups, seed=11)
     before = _weights(fresh)

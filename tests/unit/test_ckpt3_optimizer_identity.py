@@ -126,7 +126,7 @@ def test_freezing_the_native_parameters_resumes_with_a_warning(groups, tmp_path,
     ckpt = _save(groups, tmp_path, freeze=False, dtype="bfloat16")
     fresh = _model(groups, seed=11, dtype="bfloat16")
     optimizer = _optimizer(fresh, groups, freeze=True)
-    with caplog.at_level("WARNING", logger="megatron_logra.checkpoint.store"):
+    with caplog.at_level("WARNING", logger="megatron_logra.checkpoint.compat"):
         load_checkpoint(ckpt, fresh, optimizer, groups)
     assert "optimizer.native.freeze=false, this run has true" in caplog.text
 

@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from megatron_logra.checkpoint import CheckpointError, save_checkpoint
-from megatron_logra.checkpoint.store import load_checkpoint
+from megatron_logra.checkpoint.load import load_checkpoint
 from megatron_logra.cli import main
 from megatron_logra.models.gpt import build_gpt
 from support.run_fixtures import fake_run_dir

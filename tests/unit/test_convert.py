@@ -57,7 +57,7 @@ from megatron_logra.convert import (
     megatron_plan,
     model_config_from_hf,
 )
-from megatron_logra.convert.spec import partition_of
+from megatron_logra.convert.tensor_plan import partition_of
 from megatron_logra.models.gpt import PADDED_LOGIT, ModelConfig, build_gpt
 from megatron_logra.models.layout import shard_full
 
@@ -588,8 +588,9 @@ def test_row_split_shards_read_only_their_rows(hf_models, case):
     """``build_shard`` (what each TP rank loads) equals the shard of the whole fused tensor
     (``build_full`` then ``shard``) for every parameter at TP 1, 2 and 4, and for row-split
     parameters reads only the bytes of that rank's rows."""
-    from megatron_logra.convert.checkpoints import HFCheckpoint
-    from megatron_logra.convert.spec import build_full, build_shard, shard
+    from megatron_logra.convert.hf_checkpoint import HFCheckpoint
+    from megatron_logra.convert.combine import build_full, build_shard
+    from megatron_logra.convert.tensor_plan import shard
 
     hf_dir, _ = hf_models[case]
     cfg = model_config_from_hf(hf_dir, base=BASE)

@@ -29,7 +29,7 @@ from transformers import (
 
 from megatron_logra.convert import convert_hf_to_mcore, model_config_from_hf
 from megatron_logra.convert.cli import main as convert_main
-from megatron_logra.convert.spec import hf_expected_shapes
+from megatron_logra.convert.tensor_plan import hf_expected_shapes
 from megatron_logra.models.presets import load_hf_config, resolve_model
 
 SHAPE = dict(vocab_size=61, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

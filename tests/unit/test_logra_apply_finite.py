@@ -82,7 +82,7 @@ def test_nonfinite_sync_factor_writes_nothing():
 
 def test_a_flag_from_another_model_parallel_rank_refuses_the_step(monkeypatch):
     """Every rank raises when any rank saw a non-finite step (one collective, as prepare's skip)."""
-    import megatron_logra.optim.logra as logra
+    import megatron_logra.optim.logra_apply as logra_apply
 
     model, opt, update = _prepared(torch.float32)
     seen = []
@@ -91,7 +91,7 @@ def test_a_flag_from_another_model_parallel_rank_refuses_the_step(monkeypatch):
         seen.append(flag)
         return True
 
-    monkeypatch.setattr(logra, "reduce_flag_any", other_rank_saw_nan)
+    monkeypatch.setattr(logra_apply, "reduce_flag_any", other_rank_saw_nan)
     before = _snapshot(model, opt)
     with pytest.raises(ValueError, match="another model-parallel rank"):
         opt.apply(update, 1.0)

@@ -16,7 +16,7 @@ import pytest
 
 from megatron_logra.memory.activations import layer_activations
 from megatron_logra.memory.count import count_params
-from megatron_logra.memory.planner import PlanConfig, compare, plan
+from megatron_logra.memory import PlanConfig, compare, plan
 from megatron_logra.models.gpt import ModelConfig
 
 TINY = dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=192, vocab_size=128,

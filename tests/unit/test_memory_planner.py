@@ -14,7 +14,7 @@ import pytest
 
 from megatron_logra.memory.activations import layer_activations
 from megatron_logra.memory.count import count_params
-from megatron_logra.memory.planner import PlanConfig, compare, plan
+from megatron_logra.memory import PlanConfig, compare, plan
 from megatron_logra.memory.units import GiB, format_bytes, parse_bytes
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.presets import PRESETS, get_preset, load_hf_config, resolve_model

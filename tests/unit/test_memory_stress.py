@@ -109,7 +109,7 @@ def test_the_docstring_cpu_example_is_accepted(monkeypatch, tmp_path):
 @pytest.mark.parametrize("extra, chunk, loss", [([], 48, "logprob"), (["--chunk-tokens", "0"], 0, "logprob"),
                                                 (["--loss", "lm"], 48, "lm")])
 def test_dry_run_plans_the_chunking_and_loss_asked_for(tmp_path, extra, chunk, loss):
-    from megatron_logra.memory.planner import PlanConfig, plan
+    from megatron_logra.memory import PlanConfig, plan
     from megatron_logra.models.gpt import ModelConfig
 
     tool = _tool()
@@ -127,7 +127,7 @@ def test_the_prediction_plans_an_unscaled_native_step(tmp_path):
     optimizer phase is the peak)."""
     from dataclasses import replace
 
-    from megatron_logra.memory.planner import PlanConfig, plan
+    from megatron_logra.memory import PlanConfig, plan
 
     tool = _tool()
     # a large vocabulary and a short sequence: the native AdamW step (embedding, output layer) is the peak

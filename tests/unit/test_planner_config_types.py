@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_logra.memory.planner import PlanConfig, plan
+from megatron_logra.memory import PlanConfig, plan
 from megatron_logra.memory.units import GiB
 from megatron_logra.models.gpt import ModelConfig
 

@@ -1,5 +1,5 @@
 """``megatron-logra memory --model config.json`` refuses the configs ``train --model.hf_path`` refuses, with the
-trainer's own message (one loader: ``convert.spec.model_config_from_hf_dict_strict``)."""
+trainer's own message (one loader: ``convert.hf_config.model_config_from_hf_dict_strict``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from megatron_logra.convert.spec import model_config_from_hf
+from megatron_logra.convert.hf_config import model_config_from_hf
 from megatron_logra.memory.cli import main, resolve_planned_model
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4,

@@ -34,3 +34,23 @@ def test_a_stray_argument_after_a_scalar_flag_gets_no_list_hint():
     with pytest.raises(ValueError) as info:
         parse_args_to_config("tiny", ["--seed", "3", "junk"])
     assert "cannot parse override 'junk'" in str(info.value) and "commas" not in str(info.value)
+
+
+def test_megatron_profiler_collect_flags_set_shapes_and_stacks():
+    cfg = parse_args_to_config("tiny", ["--profile", "--pytorch-profiler-collect-shapes",
+                                        "--pytorch-profiler-collect-callstack"])
+    assert (cfg.profile.record_shapes, cfg.profile.with_stack, cfg.profile.profile_memory) == (True, True, False)
+
+
+def test_every_flag_the_profile_section_names_is_one_the_parser_accepts():
+    """The field docs (``megatron-logra config``, the API) name Megatron-LM flags; each must parse here."""
+    import inspect
+    import re
+
+    from megatron_logra.megatron_flags import known_flags
+    from megatron_logra.profiling import ProfileConfig
+
+    # "(--flag)", "; --flag)", "``--flag``": a flag of this trainer (not nsys's ``--capture-range=...``)
+    named = set(re.findall(r"(?:\(|; |``)--([a-z][a-z0-9-]+)(?=\)|``)", inspect.getsource(ProfileConfig)))
+    assert {"profile", "pytorch-profiler-collect-shapes"} <= named
+    assert not named - set(known_flags()), f"named but unknown: {sorted(named - set(known_flags()))}"

@@ -72,3 +72,17 @@ def test_rl_job_profiles_its_phases_and_trains_the_same(tmp_path, one_thread):
     keys = ("step", "reward_mean", "accuracy", "kl_predicted", "kl_actual", "alpha", "loss", "sync_bytes")
     plain, prof = _metrics(tmp_path / "plain"), _metrics(tmp_path / "prof")
     assert [{k: r.get(k) for k in keys} for r in plain] == [{k: r.get(k) for k in keys} for r in prof]
+
+
+def test_lm_step_time_leaves_out_writing_the_trace(tmp_path, one_thread):
+    """The window closes after its last step and writes the trace (seconds for a stack-recording one); that is
+    not the step's time: step_seconds / tokens_per_second of that step stay those of a profiled step, as in the
+    RL job's records."""
+    run = tmp_path / "prof"
+    _run_lm(["train.steps=4", "train.eval_interval=0", "train.progress=false", "train.eval_sequences=16",
+             f"train.run_dir={run}", "--profile", "--profile-step-start", "2", "--profile-step-end", "4",
+             "profile.with_stack=true", "profile.record_shapes=true"])
+    assert (run / "profile" / "rank0-steps2-3.json.gz").exists()
+    seconds = {r["step"]: r["step_seconds"] for r in _metrics(run)}
+    # step 3 closed the window (writing its trace took seconds here); step 2 was profiled alike, without writing
+    assert seconds[3] < 3 * seconds[2] + 0.5, seconds

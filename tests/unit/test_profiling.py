@@ -44,7 +44,12 @@ def test_window_records_exactly_its_steps(tmp_path):
     assert prof.written == [trace, table]
     assert _labelled_steps(_trace_names(trace)) == {2, 3}
     text = table.read_text(encoding="utf-8")
-    assert "aten::mm" in text and "test/step2" in text and "self_cpu_time_total" in text
+    assert "aten::mm" in text and "self_cpu_time_total" in text
+    phases, _, ops = text.partition("ops and ranges")
+    phase_rows = {line.split()[0]: line.split() for line in phases.splitlines() if line.startswith("test/")}
+    assert set(phase_rows) == {"test/step2", "test/step3"}  # one call each: the window's two steps only
+    assert all(row[1] == "1" for row in phase_rows.values())
+    assert "aten::mm" in ops and "aten::mm" not in phases
 
 
 def test_other_ranks_and_disabled_write_nothing(tmp_path):
@@ -133,7 +138,24 @@ def test_phases_are_consecutive_and_the_last_ends_on_an_exception(tmp_path):
                 ph.next("b")
                 (x @ x).sum()
                 raise RuntimeError("boom")
+    assert prof.written and prof.written[0].name == "rank0-steps1-1.json.gz"  # written as the step raised
     prof.close()
     spans = _ranges(prof.written[0])
     assert set(spans) == {"p/a", "p/b"}
     assert spans["p/a"][1] <= spans["p/b"][0]  # "a" ends before "b" starts: no nesting
+
+
+def test_run_that_ends_before_the_window_says_nothing_was_profiled(tmp_path, caplog):
+    """``--profile`` with the default window (10-12) on a shorter run: a warning, not silence."""
+    prof = StepProfiler(ProfileConfig(enabled=True), tmp_path, rank=0, device=CPU)
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.profiling"):
+        _run_steps(prof, range(1, 6))
+        prof.close()  # a second close says it once
+    assert prof.written == [] and not (tmp_path / "profile").exists()
+    assert caplog.text.count("profile window [10, 12) starts after step 5") == 1
+    caplog.clear()
+    quiet = StepProfiler(ProfileConfig(enabled=True), tmp_path, rank=1, device=CPU)  # not a profiled rank
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.profiling"):
+        _run_steps(quiet, range(1, 6))
+        StepProfiler(ProfileConfig(enabled=True), tmp_path, rank=0, device=CPU).close()  # no step ran
+    assert "profile window" not in caplog.text

@@ -29,15 +29,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from megatron_logra.convert.spec import (
-    build_full,
-    build_shard,
-    hf_expected_shapes,
-    megatron_plan,
-    place_shard,
-    shard,
-    split_to_hf,
-)
+from megatron_logra.convert.combine import build_full, build_shard, split_to_hf
+from megatron_logra.convert.tensor_plan import hf_expected_shapes, megatron_plan, place_shard, shard
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.models.hf import (
     fuse_qkv,

@@ -134,7 +134,7 @@ def test_example_scripts_parse_and_name_existing_recipes(script):
 def test_hf_checkpoint_keeps_the_runs_gpu_fields(tmp_path):
     import json
 
-    from megatron_logra.convert.spec import model_config_from_hf
+    from megatron_logra.convert.hf_config import model_config_from_hf
 
     (tmp_path / "config.json").write_text(json.dumps({
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,

@@ -1,0 +1,116 @@
+"""The checkpoints of a run: which one ``latest`` names, which are complete, which to prune.
+
+``RUN/checkpoints/`` holds ``step_XXXXXXXX`` directories (published only once complete), unfinished
+``step_XXXXXXXX.tmp`` saves and ``latest``, the name of the newest complete checkpoint. A ``latest`` that
+is missing is recovered from the newest complete checkpoint; one that names anything else is refused with
+the newest earlier checkpoint to continue from (:func:`earlier_checkpoint_hint`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Optional, Union
+
+from megatron_logra.checkpoint.collective import _global_rank
+from megatron_logra.checkpoint.integrity import CheckpointError, read_meta_json
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["latest_checkpoint", "earlier_checkpoint_hint"]
+
+_STEP_DIR = re.compile(r"step_(\d{8,})")
+
+
+def _prune(root: Path, step: int, keep_last: int) -> None:
+    """Delete all but the ``keep_last`` newest checkpoints up to ``step`` (the one just saved, which
+    ``latest`` names). Checkpoints of later steps are someone's earlier timeline (``latest`` was
+    rolled back): kept, and replaced when training reaches their step."""
+    saved = sorted((int(m.group(1)), p) for p in root.iterdir()
+                   if p.is_dir() and (m := _STEP_DIR.fullmatch(p.name)))
+    for _, old in [(s, p) for s, p in saved if s <= step][:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    later = [p.name for s, p in saved if s > step]
+    if later:
+        logger.warning("%s holds checkpoints of later steps than %d (%s): kept, not pruned; they are replaced "
+                       "when training reaches their step", root, step, ", ".join(later[:4]))
+
+
+def _complete_checkpoints(root: Path) -> list[Path]:
+    """The checkpoint directories ``step_XXXXXXXX`` of ``root`` whose meta.json reads and checks by itself
+    (:func:`~megatron_logra.checkpoint.integrity.read_meta_json`), oldest first. A save is renamed to its
+    final name only once complete, so these are the published ones (their shards are checked at load)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _STEP_DIR.fullmatch(p.name)
+        if m is None or not (p / "meta.json").is_file():
+            continue
+        try:
+            read_meta_json(p)
+        except (CheckpointError, OSError):
+            continue
+        found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
+
+
+def earlier_checkpoint_hint(root: Path, broken: Optional[Path] = None) -> str:
+    """What to do about a broken checkpoint in ``root`` (a run's ``checkpoints/``): the text after ``; ``
+    naming the newest other checkpoint there (older than ``broken``, when given) and how to resume from it
+    (write its name into ``root/latest``), or, when none is left, how to start over."""
+    before = _STEP_DIR.fullmatch(broken.name) if broken is not None else None
+    others = [p for p in _complete_checkpoints(root)
+              if before is None or int(_STEP_DIR.fullmatch(p.name).group(1)) < int(before.group(1))]
+    if others:
+        return (f"the newest {'earlier ' if before is not None else ''}checkpoint there is {others[-1].name}: to "
+                f"continue from it, write its name into {root / 'latest'} (echo {others[-1].name} > {root / 'latest'})")
+    return (f"no earlier checkpoint is left in {root}: restore its files, or start the run over "
+            f"(train.overwrite=true, or another train.run_dir)")
+
+
+_warned_missing_latest: set[str] = set()
+
+
+def latest_checkpoint(run_dir: Union[str, Path]) -> Optional[Path]:
+    """The newest complete checkpoint of a run, or None if it has none. Reads ``checkpoints/latest`` (and
+    checks only that the checkpoint it names has a meta.json: loading checks the rest).
+
+    * ``latest`` absent: None when ``checkpoints/`` holds no complete checkpoint; otherwise (a job killed
+      between publishing its first checkpoint and writing ``latest``, or ``latest`` deleted) the newest
+      complete one, with a warning (once per process), so that a resumed run never starts over on top of
+      it (and then replaces it when it reaches its step).
+    * ``latest`` that is empty, unreadable, or holds anything but the name of a checkpoint directory beside
+      it (``step_XXXXXXXX``: a path elsewhere would resume another run's checkpoint), or names one that is
+      missing or has no meta.json: :class:`CheckpointError` naming ``latest``, what it holds, and the
+      newest earlier checkpoint to continue from (:func:`earlier_checkpoint_hint`)."""
+    root = Path(run_dir) / "checkpoints"
+    marker = root / "latest"
+    if not marker.exists() and not marker.is_symlink():
+        complete = _complete_checkpoints(root)
+        if not complete:
+            return None
+        if str(complete[-1]) not in _warned_missing_latest:
+            _warned_missing_latest.add(str(complete[-1]))
+            if _global_rank() == 0:
+                logger.warning("%s is missing, but %s holds complete checkpoints (%s): using the newest, %s (a job "
+                               "killed right after publishing a checkpoint leaves this; write that name into %s if "
+                               "you meant to continue from another)", marker, root,
+                               ", ".join(p.name for p in complete[-4:]), complete[-1].name, marker)
+        return complete[-1]
+    try:
+        name = marker.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{marker} is unreadable ({type(exc).__name__}: {exc}); "
+                              f"{earlier_checkpoint_hint(root)}") from exc
+    if not _STEP_DIR.fullmatch(name):
+        held = "nothing (it is empty)" if not name else repr(name[:80])
+        raise CheckpointError(f"{marker} holds {held}, not the name of a checkpoint directory beside it "
+                              f"(step_XXXXXXXX); {earlier_checkpoint_hint(root)}")
+    path = root / name
+    if not (path / "meta.json").exists():
+        what = "has no meta.json (incomplete or damaged)" if path.is_dir() else "does not exist (deleted?)"
+        raise CheckpointError(f"{marker} names {name}, which {what}; {earlier_checkpoint_hint(root, path)}")
+    return path
