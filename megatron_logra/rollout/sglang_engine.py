@@ -91,7 +91,6 @@ from megatron_logra.rollout.sglang_api import (
 )
 from megatron_logra.rollout.sglang_setup import (ADMIN_API_KEY_ENV, ADMIN_KEY_FIELD, check_engine_gpus,
                                                  contiguous_run, resolve_api_key)
-from megatron_logra.sync.errors import SyncError
 
 logger = logging.getLogger(__name__)
 
