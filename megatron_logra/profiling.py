@@ -122,7 +122,6 @@ def job_profiler(cfg: ProfileConfig, run_dir: str | Path) -> StepProfiler:
     return StepProfiler(cfg, run_dir, rank=_rank_and_world()[0], device=device)
 
 
-_nvtx_phases = False  # true while an nsys window is open: phases also push NVTX ranges
 _PHASE_NAMES: set[str] = set()  # every label phase() / Phases.next() has opened in this process
 
 
@@ -145,15 +144,12 @@ def phase_table(averages, num_steps: int) -> str:
 def phase(name: str) -> Iterator[None]:
     """Label a phase of a step (``rl/rollout``, ``rl/backward``, ...) in a trace.
 
-    A ``torch.profiler.record_function`` range (seen by ``tool=torch``), and an NVTX range while an nsys
-    window is open. Costs a few microseconds when nothing profiles."""
+    A ``torch.profiler.record_function`` range: a range of the torch trace, and an NVTX range while an nsys
+    window is open (``emit_nvtx`` turns every ``record_function`` range into one). Costs a few microseconds when
+    nothing profiles."""
     _PHASE_NAMES.add(name)
     with torch.profiler.record_function(name):
-        if _nvtx_phases:
-            with torch.cuda.nvtx.range(name):
-                yield
-        else:
-            yield
+        yield
 
 
 class Phases:
@@ -165,7 +161,6 @@ class Phases:
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self._range: Optional[torch.profiler.record_function] = None
-        self._nvtx = False
 
     def __enter__(self) -> "Phases":
         return self
@@ -180,14 +175,8 @@ class Phases:
         _PHASE_NAMES.add(label)
         self._range = torch.profiler.record_function(label)
         self._range.__enter__()
-        if _nvtx_phases:
-            torch.cuda.nvtx.range_push(label)
-            self._nvtx = True
 
     def _end(self) -> None:
-        if self._nvtx:
-            torch.cuda.nvtx.range_pop()
-            self._nvtx = False
         if self._range is not None:
             self._range.__exit__(None, None, None)
             self._range = None
@@ -314,16 +303,12 @@ class StepProfiler:
                     "and %s", self.rank, self._first, self._last, trace, table_path.name)
 
     def _start_nsys(self) -> None:
-        global _nvtx_phases
         self._synchronize()
         torch.cuda.cudart().cudaProfilerStart()
         self._nvtx = torch.autograd.profiler.emit_nvtx(record_shapes=self.cfg.record_shapes)
-        self._nvtx.__enter__()
-        _nvtx_phases = True
+        self._nvtx.__enter__()  # NVTX ranges for every op and every record_function range, the phases among them
 
     def _stop_nsys(self) -> None:
-        global _nvtx_phases
-        _nvtx_phases = False
         self._synchronize()
         assert self._nvtx is not None
         self._nvtx.__exit__(None, None, None)
