@@ -100,7 +100,7 @@ def smoke_config(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_
 
     The trainer runs in bfloat16 (``model.params_dtype``; the tiny recipe is float32): an in-process
     engine runs in the trainer's dtype and SGLang's kernels are fp16/bf16 only
-    (``sglang_engine.check_engine_dtype``). fp32 masters keep the exact trajectory; the engine's
+    (``sglang_checks.check_engine_dtype``). fp32 masters keep the exact trajectory; the engine's
     fingerprint is compared in bf16, as ``tests/unit/test_rl_bf16_sync.py`` checks on the CPU."""
     from megatron_logra.config import load_recipe
 

@@ -35,7 +35,7 @@ from megatron_logra.kl.probe import (
     probe_logits,
 )
 from megatron_logra.parallel import ParallelGroups, group_size
-from megatron_logra.sketch.capture import SketchSet
+from megatron_logra.sketch.sketch_set import SketchSet
 
 logger = logging.getLogger(__name__)
 

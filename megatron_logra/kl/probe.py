@@ -37,7 +37,8 @@ from megatron_logra.kl import forward_ad
 from megatron_logra.kl.controller import PROBE_METHODS, KLControlError
 from megatron_logra.models.te import without_fp8
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, collective_device, group_size
-from megatron_logra.sketch.capture import SketchSet, SketchTarget
+from megatron_logra.sketch.sketch_set import SketchSet
+from megatron_logra.sketch.targets import SketchTarget
 
 logger = logging.getLogger(__name__)
 

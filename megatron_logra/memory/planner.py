@@ -137,7 +137,7 @@ def embedded_kv_cache_bytes(model: ModelConfig, sequences: int, seq_len: int, *,
     * while ``DynamicCache`` concatenates a token onto a layer: one layer's keys more, and the previous step's
       logits over the vocabulary (padded for the trainer's ``tp``) and their fp32 copy (``(B + 4)·V`` per
       sequence; ``4·V`` in fp32, where the copy is the same tensor);
-    * while sampling (``rollout.embedded.sample_next``, its top-p path, the largest): the logits and their fp32
+    * while sampling (``rollout.sampling.sample_next``, its top-p path, the largest): the logits and their fp32
       copy, the log-softmax, the sorted values and their int64 order, the probabilities, the nucleus mask and
       the nucleus, ``(B + 4 + 29)·V`` per sequence (``33·V`` in fp32); plain sampling takes ``(B + 12)·V``;
 

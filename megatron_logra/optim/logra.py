@@ -38,7 +38,9 @@ from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
 from megatron_logra.optim.schedule import LRScheduleConfig
 from megatron_logra.optim.update import PreparedUpdate, module_params
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum, group_size
-from megatron_logra.sketch.capture import SketchSet, SketchTarget, install_sketches
+from megatron_logra.sketch.capture import install_sketches
+from megatron_logra.sketch.sketch_set import SketchSet
+from megatron_logra.sketch.targets import SketchTarget
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from torch import nn
 from megatron_logra.optim.functional import reconstructed_norm2
 from megatron_logra.optim.update import PreparedUpdate
 from megatron_logra.parallel import all_reduce_sum, group_size
-from megatron_logra.sketch.capture import SketchTarget
+from megatron_logra.sketch.targets import SketchTarget
 
 __all__ = ["LograNormsMixin"]
 

@@ -28,7 +28,7 @@ from megatron_logra.rl.loop import RLComponents, RLState, check_prompt_fits, rl_
 from megatron_logra.rl.policy_sync import PolicySync
 from megatron_logra.rl.warm_start import run_tokenizer, save_run_tokenizer, warm_start
 from megatron_logra.rollout import build_engine
-from megatron_logra.rollout.sglang_engine import check_engine_dtype
+from megatron_logra.rollout.sglang_checks import check_engine_dtype
 
 logger = logging.getLogger(__name__)
 

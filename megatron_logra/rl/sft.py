@@ -28,8 +28,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from megatron_logra.models.gpt import weight_source_name
 from megatron_logra.models.layout import global_param_names, shard_full
+from megatron_logra.models.weights import weight_source_name
 from megatron_logra.rl.weights import gather_full_model
 
 from megatron_logra.optim import DenseAdamW, NativeConfig
@@ -76,7 +76,7 @@ def load_weights(model: nn.Module, groups: ParallelGroups, path: Path) -> None:
     """Load a file written by :func:`save_weights` into this rank's shard, at any TP/PP layout. Its
     recorded CRC-32 is checked first (files without one load unchecked); a mismatch is a
     ``ValueError`` naming the file, with nothing loaded. The last stage's copy of tied word
-    embeddings (PP > 1) takes the file's word embeddings (``models.gpt.weight_source_name``): a
+    embeddings (PP > 1) takes the file's word embeddings (``models.weights.weight_source_name``): a
     file saved at PP = 1 has no other, and the two copies must be equal."""
     path = Path(path)
     if not path.exists():

@@ -55,46 +55,32 @@ Ranks: SGLang runs its own tensor parallelism, so one process per engine talks t
   from generating before the update landed.
 
 An in-process engine starts without torchrun's variables in the environment its schedulers inherit
-(:func:`engine_start_environment`), and the trainer's environment is restored once it has started.
+(:func:`~megatron_logra.rollout.sglang_env.engine_start_environment`), and the trainer's environment is
+restored once it has started. How the engine is reached or started from the config is in
+:mod:`megatron_logra.rollout.sglang_launch`; the start-up checks (vocabulary, dtype) in
+:mod:`megatron_logra.rollout.sglang_checks`.
 
 Errors on the driving rank (a rejected delta, an HTTP failure) are re-raised on every rank of the
 group with the same type (``SyncError`` keeps its ``kind``), so ``PolicySync``'s fallback to a full
-refit runs on all ranks together. SGLang is imported lazily (:func:`require_sglang`).
+refit runs on all ranks together. SGLang is imported lazily (:func:`~megatron_logra.rollout.sglang_api.require_sglang`).
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import json
 import logging
-import os
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
-import torch.distributed as dist
 
-from megatron_logra.parallel import group_size
 from megatron_logra.rollout.driver import is_driver, share_from_driver
 from megatron_logra.rollout.engine import Rollout, SamplingParams
-from megatron_logra.rollout.sglang_api import (
-    build_generate_payload,
-    check_engine_kwargs,
-    check_logprob_convention,
-    engine_context_length,
-    engine_hf_config,
-    parse_generate_response,
-    require_sglang,
-    resolve_serialization,
-    sglang_mem_fraction,
-)
-from megatron_logra.rollout.sglang_setup import (ADMIN_API_KEY_ENV, ADMIN_KEY_FIELD, check_engine_gpus,
-                                                 contiguous_run, resolve_api_key)
+from megatron_logra.rollout.sglang_api import build_generate_payload, check_logprob_convention, parse_generate_response
+from megatron_logra.rollout.sglang_checks import check_engine_vocab
+from megatron_logra.rollout.sglang_launch import engine_arguments
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ENGINE_DTYPES", "SGLangEngine", "check_engine_dtype", "check_engine_vocab", "share_from_driver"]
+__all__ = ["SGLangEngine"]
 
 
 # --------------------------------------------------------------------------- one driver per group
@@ -230,194 +216,8 @@ class SGLangEngine:
     def from_config(cls, cfg: Any, groups: Any) -> "SGLangEngine":
         """The engine ``cfg.rl.rollout`` asks for (``sglang_url`` set: that server; else an in-process
         ``sglang.Engine`` per DP replica loading ``RUN/sglang_model/config.json`` with dummy weights, in
-        ``model.params_dtype``, which must be bfloat16 or float16: :func:`check_engine_dtype`). Sketch deltas
-        are expected (``deltas``, see the class) when ``sync.mode=delta`` and ``optimizer.name=logra``."""
-        from megatron_logra.sync.sglang_client import SGLangEngineTarget, SGLangServerTarget
-        from megatron_logra.sync.sglang_loader import LOADER_PATH
-
-        ro = cfg.rl.rollout
-        mp = groups.mp if group_size(groups.mp) > 1 else None
-        common = dict(vocab_size=cfg.model.vocab_size, padded_vocab_size=cfg.model.padded_vocab_size(groups.tp_size),
-                      send_seed=ro.sglang_sampling_seed,
-                      deltas=cfg.sync.mode == "delta" and cfg.optimizer.name == "logra")  # PolicySync's delta_mode
-        if ro.sglang_url:
-            serialization = resolve_serialization(ro.sglang_serialization, ro.sglang_url, torch.cuda.is_available())
-            world = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
-            api_key = resolve_api_key(ro.sglang_api_key)  # every rank: a key that cannot be sent is refused by all
-            admin_key = resolve_api_key(ro.sglang_admin_api_key, field=ADMIN_KEY_FIELD, env_var=ADMIN_API_KEY_ENV)
-
-            def server() -> SGLangServerTarget:
-                return SGLangServerTarget(ro.sglang_url, api_key=api_key, admin_api_key=admin_key,
-                                          timeout=ro.sglang_timeout, serialization=serialization)
-
-            gen_target = server() if is_driver(mp) else None
-            if gen_target is not None and ro.sglang_sampling_seed:
-                info = gen_target.server_info()
-                if not (isinstance(info, dict) and info.get("enable_deterministic_inference")):
-                    logger.warning("rl.rollout.sglang_sampling_seed: the server at %s was not started with "
-                                   "--enable-deterministic-inference, so SGLang ignores the per-request seeds",
-                                   ro.sglang_url)
-            sync_target = (gen_target or server()) if is_driver(world) else None
-            gen_fn = None
-            if gen_target is not None:
-                def gen_fn(payload: dict) -> Any:
-                    return gen_target.request("POST", "/generate", payload)[1]
-            logger.info("sglang engine: server %s (generation by mp rank 0, sync by global rank 0; %s payloads)",
-                        ro.sglang_url, serialization)
-            return cls(generate_fn=gen_fn, target=sync_target, gen_group=mp, sync_group=world, **common)
-
-        check_engine_dtype(cfg.model.params_dtype)  # every rank: all of them refuse together
-        gpus = {"tp_size": ro.sglang_tp or groups.tp_size, "base_gpu_id": 0}
-        if torch.cuda.is_available():  # the driver checks its replica's GPUs; every rank of the replica refuses
-            gpus["base_gpu_id"] = torch.cuda.current_device()
-            gpus.update((k, int(v)) for k, v in ro.sglang_engine_args.items() if k in gpus)
-            share_from_driver(lambda: check_engine_gpus(gpus["tp_size"], base_gpu_id=gpus["base_gpu_id"],
-                                                        device_count=torch.cuda.device_count(),
-                                                        replica_gpus=_replica_gpus(mp)), mp)
-        started: list = []  # the driver's engine (not picklable: kept here, only the outcome is shared)
-
-        def start() -> None:  # on the driver; its error (bad engine args, no memory) reaches every rank
-            sglang = require_sglang()
-            model_dir = Path(cfg.train.run_dir) / "sglang_model" / f"dp{groups.dp_rank}"
-            model_dir.mkdir(parents=True, exist_ok=True)
-            (model_dir / "config.json").write_text(json.dumps(engine_hf_config(cfg.model, groups.tp_size), indent=1))
-            fraction = ro.mem_fraction_static
-            if torch.cuda.is_available():  # the trainer's memory already in use counts against SGLang's fraction
-                fraction = sglang_mem_fraction(fraction, *torch.cuda.mem_get_info())
-            kwargs = dict(model_path=str(model_dir), load_format="dummy", dtype=str(cfg.model.params_dtype),
-                          **gpus, mem_fraction_static=fraction, skip_tokenizer_init=True,
-                          random_seed=cfg.train.seed, context_length=engine_context_length(cfg.model),
-                          custom_weight_loader=[LOADER_PATH], log_level="error")
-            if ro.sglang_sampling_seed:  # SGLang honours per-request seeds only in deterministic mode
-                kwargs["enable_deterministic_inference"] = True
-            kwargs.update(ro.sglang_engine_args)
-            check_engine_kwargs(kwargs, _server_arg_names(), str(getattr(sglang, "__version__", "?")))
-            with engine_start_environment():
-                engine = sglang.Engine(**kwargs)
-            atexit.register(engine.shutdown)
-            logger.info("sglang engine: in-process, tp_size=%d, share %.2f (SGLang mem_fraction_static %.2f), %s",
-                        kwargs["tp_size"], ro.mem_fraction_static, kwargs["mem_fraction_static"], model_dir)
-            started.append(engine)
-
-        share_from_driver(start, mp)
-        engine = started[0] if started else None
-        target = SGLangEngineTarget(engine) if engine is not None else None
-        gen_fn = (lambda payload: engine.generate(**payload)) if engine is not None else None
-        return cls(generate_fn=gen_fn, target=target, gen_group=mp, sync_group=mp,
-                   close_fn=engine.shutdown if engine is not None else None, **common)
-
-
-def _server_arg_names() -> Optional[set]:
-    """The field names of the installed ``sglang.srt.server_args.ServerArgs`` (None when they cannot be read)."""
-    try:
-        import dataclasses
-
-        from sglang.srt.server_args import ServerArgs
-
-        return {f.name for f in dataclasses.fields(ServerArgs)}
-    except Exception:  # not a dataclass any more, or not importable: let sglang.Engine decide
-        return None
-
-
-def _replica_gpus(mp: Any) -> int:
-    """GPUs from this rank's device up that its model replica (``mp``; None: this rank alone) uses."""
-    if mp is None:
-        return 1
-    return contiguous_run(dist.get_process_group_ranks(mp), dist.get_rank())
-
-
-def check_engine_vocab(engine_vocab: Optional[int], vocab_size: int, padded_vocab_size: int) -> int:
-    """The engine's vocabulary ``E`` (``padded_vocab_size`` when its loader does not say), refused
-    (``ValueError``) outside ``[vocab_size, padded_vocab_size]``: a smaller model lacks tokens the
-    trainer samples; a larger one has ids the trainer cannot score, and SGLang's embedding loader
-    takes exactly ``E`` rows, which the trainer's refits do not have."""
-    if engine_vocab is None:
-        return padded_vocab_size
-    if not vocab_size <= engine_vocab <= padded_vocab_size:
-        raise ValueError(
-            f"the SGLang engine's model has vocab_size={engine_vocab}, the trainer model.vocab_size={vocab_size} "
-            f"padded to {padded_vocab_size} (model.make_vocab_size_divisible_by x TP): the engine's vocabulary must "
-            f"lie in [{vocab_size}, {padded_vocab_size}]; serve a model whose config has vocab_size={vocab_size} "
-            f"(the Hugging Face checkpoint, or what `convert mcore-to-hf` writes) or {padded_vocab_size}, or set model.vocab_size "
-            "to the served model's")
-    return int(engine_vocab)
-
-
-ENGINE_DTYPES = ("bfloat16", "float16")
-"""``model.params_dtype`` values an in-process engine runs in."""
-
-
-def check_engine_dtype(params_dtype: str) -> None:
-    """Refuse a ``model.params_dtype`` an in-process ``sglang.Engine`` cannot run in (``ValueError``).
-
-    The engine is started in the trainer's dtype (sketch deltas merge bit for bit on both sides), and
-    SGLang's CUDA kernels (``sgl_kernel`` RMSNorm, fused RoPE) are dispatched for float16 / bfloat16
-    only: a float32 engine fails in its first forward, after start-up. A server (``rl.rollout.
-    sglang_url``) runs in the dtype it was started with and is not checked here.
-    """
-    if str(params_dtype) not in ENGINE_DTYPES:
-        raise ValueError(
-            f"model.params_dtype={params_dtype!r}: an in-process SGLang engine (rl.rollout.engine=sglang without "
-            f"rl.rollout.sglang_url) runs in the trainer's dtype, and SGLang's CUDA kernels are built for float16 "
-            f"and bfloat16 only; set model.params_dtype=bfloat16 (--bf16), or use rl.rollout.engine=embedded")
-
-
-_TRAINER_ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_NCCL_")
-"""Variables SGLang's start overwrites in the caller's process for its workers (restored afterwards)."""
-_LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                 "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
-_LAUNCHER_ENV_PREFIXES = ("TORCHELASTIC_",)
-"""What torchrun exports to its workers (hidden from SGLang's start, restored afterwards)."""
-
-
-def _is_launcher_variable(key: str) -> bool:
-    return key in _LAUNCHER_ENV or key.startswith(_LAUNCHER_ENV_PREFIXES)
-
-
-@contextlib.contextmanager
-def engine_start_environment() -> Iterator[None]:
-    """The environment an in-process ``sglang.Engine`` starts in, and the trainer's afterwards.
-
-    On entry, torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
-    ``GROUP_*``, ``ROLE_*``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_*``) are taken out of
-    this process's environment: the scheduler processes the constructor spawns inherit it, and their
-    own ``init_process_group("tcp://127.0.0.1:<port>")`` must not see torchrun's. With
-    ``TORCHELASTIC_USE_AGENT_STORE=True`` torch's rendezvous assumes torchrun's agent serves the
-    store and makes every rank a TCPStore *client* (``_torchelastic_use_agent_store`` in
-    ``torch/distributed/rendezvous.py``): nobody serves SGLang's store and the start hangs until
-    its timeout.
-
-    On exit (also when the constructor raises) they come back exactly as they were, absent ones
-    absent, and so do the ``CUDA_*``, ``NCCL_*`` and ``TORCH_NCCL_*`` variables: SGLang's engine
-    start (``_set_envs_and_config``) runs in the caller's process and overwrites
-    ``CUDA_DEVICE_MAX_CONNECTIONS`` (Megatron wants 1), ``NCCL_CUMEM_ENABLE``, ``NCCL_NVLS_ENABLE``
-    and ``TORCH_NCCL_AVOID_RECORD_STREAMS`` for its own workers. Those are started by the time the
-    constructor returns, so the trainer's values hold for everything the trainer creates later
-    (NCCL communicators, subprocesses). Other variables, SGLang's signal handlers and its
-    multiprocessing start method are left as SGLang set them: its shutdown path needs them.
-    """
-
-    def managed(key: str) -> bool:
-        return key.startswith(_TRAINER_ENV_PREFIXES) or _is_launcher_variable(key)
-
-    before = {k: v for k, v in os.environ.items() if managed(k)}
-    hidden = sorted(k for k in before if _is_launcher_variable(k))
-    for key in hidden:
-        del os.environ[key]
-    if hidden:
-        logger.info("sglang engine: starting without torchrun's %s (its schedulers run their own process group)",
-                    ", ".join(hidden))
-    try:
-        yield
-    finally:
-        changed = []
-        for key in [k for k in os.environ if managed(k) and k not in before]:
-            changed.append(key)
-            del os.environ[key]
-        for key, value in before.items():
-            if os.environ.get(key) != value:
-                if key not in hidden:
-                    changed.append(key)
-                os.environ[key] = value
-        if changed:
-            logger.info("sglang engine: restored the trainer's %s after the engine started", ", ".join(sorted(changed)))
+        ``model.params_dtype``, which must be bfloat16 or float16:
+        :func:`~megatron_logra.rollout.sglang_checks.check_engine_dtype`). Sketch deltas
+        are expected (``deltas``, see the class) when ``sync.mode=delta`` and ``optimizer.name=logra``.
+        Built from :func:`~megatron_logra.rollout.sglang_launch.engine_arguments` (a collective)."""
+        return cls(**engine_arguments(cfg, groups))

@@ -10,9 +10,13 @@ from megatron_logra.sketch.random_projection import DISTRIBUTIONS, projection
 __all__ = ["canonical_name", "strip_wrappers", "projection", "DISTRIBUTIONS", "install_sketches", "SketchSet", "SketchTarget"]
 
 
-def __getattr__(name):  # capture is imported lazily so engine processes stay light
-    if name in ("install_sketches", "SketchSet", "SketchTarget", "DEFAULT_TARGETS"):
-        from megatron_logra.sketch import capture
+_LAZY = {"install_sketches": "capture", "DEFAULT_TARGETS": "capture", "SketchSet": "sketch_set",
+         "SketchTarget": "targets"}
 
-        return getattr(capture, name)
+
+def __getattr__(name):  # capture is imported lazily so engine processes stay light
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"megatron_logra.sketch.{_LAZY[name]}"), name)
     raise AttributeError(name)

@@ -16,8 +16,9 @@ import torch.distributed as dist
 
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.rollout import SamplingParams
+from megatron_logra.rollout.driver import share_from_driver
 from megatron_logra.rollout.embedded import EmbeddedEngine
-from megatron_logra.rollout.sglang_engine import SGLangEngine, share_from_driver
+from megatron_logra.rollout.sglang_engine import SGLangEngine
 from megatron_logra.sync import SyncError
 from support.gloo import spawn_group
 from support.sglang_stand_ins import PADDED, VOCAB, FakeSGLang, FakeTarget

@@ -147,7 +147,8 @@ _CHILD = textwrap.dedent(
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
     print(json.dumps({
         "blocked_loaded": loaded,
-        "capture_loaded": "megatron_logra.sketch.capture" in sys.modules,
+        "capture_loaded": any(f"megatron_logra.sketch.{m}" in sys.modules
+                              for m in ("capture", "sketch_set", "targets")),
         "hashes": hashes,
     }))
     """

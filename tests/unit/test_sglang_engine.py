@@ -37,7 +37,9 @@ from megatron_logra.rollout.sglang_api import (
     require_sglang,
     sglang_mem_fraction,
 )
-from megatron_logra.rollout.sglang_engine import SGLangEngine, check_engine_dtype, engine_start_environment
+from megatron_logra.rollout.sglang_checks import check_engine_dtype
+from megatron_logra.rollout.sglang_engine import SGLangEngine
+from megatron_logra.rollout.sglang_env import engine_start_environment
 from megatron_logra.sync import SyncError
 from megatron_logra.sync.sglang_client import SGLangServerTarget
 from support.sglang_stand_ins import PADDED, VOCAB, FakeSGLang, FakeTarget
