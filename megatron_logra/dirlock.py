@@ -3,8 +3,11 @@ directory.
 
 A lock is a non-blocking ``flock`` on the directory itself (nothing is written into it), kept until
 :func:`release_directory` or the end of the process: the kernel releases it however the process ends (a
-SIGKILL included), so a restarted job takes it again. Standard library only (the delta directory's lock is
-taken by code that also runs inside inference servers).
+SIGKILL included), so a restarted job takes it again. A forked child (a checkpoint writer process, a
+DataLoader worker) closes its inherited copy of the descriptor at once: a flock belongs to the open file
+description, so a child that outlived a killed job, or was still being torn down, would otherwise keep the
+lock and refuse the restarted job. Standard library only (the delta directory's lock is taken by code that
+also runs inside inference servers).
 """
 
 from __future__ import annotations
@@ -18,6 +21,19 @@ __all__ = ["lock_directory", "release_directory", "LockUnsupported"]
 
 _HELD: dict[tuple[int, int], tuple[str, int]] = {}
 """Directories this process holds the lock of: ``(st_dev, st_ino)`` -> (absolute path, file descriptor)."""
+
+
+def _forget_in_child() -> None:
+    """After ``fork``, in the child: close the inherited lock descriptors (the parent keeps the locks)."""
+    for _, fd in _HELD.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class LockUnsupported(OSError):
