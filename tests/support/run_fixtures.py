@@ -46,22 +46,32 @@ def fake_run_dir(run: Path):
     return cfg
 
 
-def run_rl_recipe(recipe: str, overrides: list) -> dict:
-    """``run_rl`` of ``recipe`` with ``overrides`` in this process, warnings silenced, megatron's parallel
-    state destroyed afterwards (also on failure); returns the summary."""
+def run_recipe(recipe: str, overrides: list, *, check_resume: bool = False) -> dict:
+    """The job of ``recipe`` (``run_rl`` or ``run_lm``, by its ``job``) with ``overrides`` in this process,
+    warnings silenced, megatron's parallel state destroyed afterwards (also on failure); returns the summary.
+    ``check_resume``: first refuse what ``train`` refuses for a bare ``--resume`` (``check_recipe_resume``)."""
     import warnings
 
+    from megatron_logra.cli.resume import check_recipe_resume
     from megatron_logra.config import parse_args_to_config
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rl.job import run_rl
+    from megatron_logra.train.lm import run_lm
 
     cfg = parse_args_to_config(recipe, list(overrides))
+    if check_resume and cfg.train.resume:
+        check_recipe_resume(cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return run_rl(cfg)
+            return run_rl(cfg) if cfg.job == "rl" else run_lm(cfg)
         finally:
             destroy_parallel()
+
+
+def run_rl_recipe(recipe: str, overrides: list) -> dict:
+    """:func:`run_recipe` of an RL recipe."""
+    return run_recipe(recipe, overrides)
 
 
 def saved_with_ratios(recipe: str, overrides: list, ratios: dict) -> dict:

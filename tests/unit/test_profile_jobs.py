@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import warnings
 from pathlib import Path
 
 import pytest
 
-from megatron_logra.config import parse_args_to_config
-from megatron_logra.parallel import destroy_parallel
+from support.run_fixtures import run_recipe
 
 
 def _metrics(run: Path) -> list[dict]:
@@ -25,15 +23,7 @@ def _trace_names(path: Path) -> set[str]:
 
 
 def _run_lm(overrides: list[str]) -> dict:
-    from megatron_logra.train.lm import run_lm
-
-    cfg = parse_args_to_config("lm-tiny", overrides)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return run_lm(cfg)
-        finally:
-            destroy_parallel()
+    return run_recipe("lm-tiny", overrides)
 
 
 def test_lm_job_profiles_its_window_and_trains_the_same(tmp_path, one_thread):
@@ -58,11 +48,9 @@ def test_a_rank_the_job_lacks_is_refused_before_the_build(tmp_path, one_thread):
 
 
 def test_rl_job_profiles_its_phases_and_trains_the_same(tmp_path, one_thread):
-    from tests.support.run_fixtures import run_rl_recipe
-
     common = ["rl.steps=3", "rl.eval_interval=0", "task.num_eval=0", "train.progress=false"]
-    run_rl_recipe("tiny", common + [f"train.run_dir={tmp_path / 'plain'}"])
-    run_rl_recipe("tiny", common + [f"train.run_dir={tmp_path / 'prof'}", "profile.enabled=true",
+    run_recipe("tiny", common + [f"train.run_dir={tmp_path / 'plain'}"])
+    run_recipe("tiny", common + [f"train.run_dir={tmp_path / 'prof'}", "profile.enabled=true",
                                     "profile.step_start=2", "profile.step_end=3"])
     trace = tmp_path / "prof" / "profile" / "rank0-steps2-2.json.gz"
     names = _trace_names(trace)

@@ -3,13 +3,11 @@ may profile other steps than the run saved, or none, as ``--resume RUN_DIR profi
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
 from megatron_logra.cli.resume import check_recipe_resume, resume_differences
 from megatron_logra.config import parse_args_to_config, to_dict
-from megatron_logra.parallel import destroy_parallel
+from support.run_fixtures import run_recipe
 
 COMMON = ["train.eval_interval=0", "train.progress=false", "train.eval_sequences=16"]
 
@@ -25,20 +23,10 @@ def test_profile_fields_are_launch_settings_for_a_recipe_resume():
 
 
 def test_bare_resume_of_a_saved_run_profiles_the_steps_it_now_asks_for(tmp_path, one_thread):
-    from megatron_logra.train.lm import run_lm
-
     run = tmp_path / "run"
 
-    def train(overrides: list[str]) -> dict:
-        cfg = parse_args_to_config("lm-tiny", COMMON + [f"train.run_dir={run}"] + overrides)
-        if cfg.train.resume:
-            check_recipe_resume(cfg)  # what `train` checks before the job: no profile.* difference refused
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                return run_lm(cfg)
-            finally:
-                destroy_parallel()
+    def train(overrides: list[str]) -> dict:  # with what `train` checks before the job: no profile.* refused
+        return run_recipe("lm-tiny", COMMON + [f"train.run_dir={run}"] + overrides, check_resume=True)
 
     train(["train.steps=2"])
     summary = train(["train.steps=4", "--resume", "--profile", "--profile-step-start", "3", "--profile-step-end", "5"])
