@@ -58,7 +58,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 from megatron_logra.bench.outputs import refuse_unwritable  # noqa: E402
-from megatron_logra.bench.report import cpu_model  # noqa: E402
+from megatron_logra.bench.provenance import cpu_model  # noqa: E402
 from megatron_logra.bench.optimizer_memory_report import (  # noqa: E402
     MiB, NOTES, OPTIMIZERS, detail_lines, markdown, print_table, summarize, verdict_lines, verdicts,
 )

@@ -59,11 +59,12 @@ import torch
 
 from megatron_logra.argtypes import positive_int
 from megatron_logra.bench.outputs import refuse_unwritable
-from megatron_logra.bench.report import cpu_model
+from megatron_logra.bench.provenance import cpu_model
 from megatron_logra.sync import apply_delta_, decode, encode
 from megatron_logra.sync.apply import ProjectionCache, check_version
 from megatron_logra.sync.merge import _merge_prepared_, chunk_elems, merge_row_chunks
-from megatron_logra.sync.prepared import prepare, projection_matrices, structure_key
+from megatron_logra.sync.prepared import prepare, structure_key
+from megatron_logra.sync.projection_cache import projection_matrices
 from megatron_logra.sync.codec import SketchDelta
 from megatron_logra.sync.layout import plan_for
 from megatron_logra.sync.synthetic import DenseShape, random_delta

@@ -19,17 +19,21 @@ What each figure shows and which module makes it:
 data and seeds; both are optional (the ``bench`` extra) and a missing one is skipped and
 reported. :mod:`~megatron_logra.bench.config` holds the typed budget (``--quick`` vs full),
 :mod:`~megatron_logra.bench.report` writes ``docs/results.md`` with a verdict computed from
-the numbers, and :mod:`~megatron_logra.bench.cli` is the command line::
+the numbers (:mod:`~megatron_logra.bench.verdicts`), a header naming the command and machine
+(:mod:`~megatron_logra.bench.provenance`) and a file name naming the settings
+(:mod:`~megatron_logra.bench.report_names`). :mod:`~megatron_logra.bench.cli` is the command line;
+:mod:`~megatron_logra.bench.paper_run` runs the figures and :mod:`~megatron_logra.bench.rerender`
+rewrites a report from its JSON (:mod:`~megatron_logra.bench.results_file`)::
 
     megatron-logra bench paper --quick     # about 3 minutes on 2 cores
     megatron-logra bench paper             # about 20 minutes
 
     from megatron_logra.bench.config import PaperBenchConfig
-    from megatron_logra.bench.cli import run_paper
+    from megatron_logra.bench.paper_run import run_paper
     run_paper(PaperBenchConfig.preset(quick=True, figures=["cosine"]))  # writes docs/results-quick-cosine.md
 
 A run of some figures or with other settings writes a report named after them
-(:func:`~megatron_logra.bench.report.report_stem`) and never replaces the full ``docs/results.md``.
+(:func:`~megatron_logra.bench.report_names.report_stem`) and never replaces the full ``docs/results.md``.
 """
 
 import logging

@@ -22,7 +22,7 @@ def run_eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
     directory, a run without a checkpoint or without a held-out set, ...) is reported through ``parser``
     (``megatron-logra: error: ...``, exit status 2) before anything is built; then the checkpoint is evaluated,
     the process group torn down, and rank 0 writes the result to stdout as JSON (``run_dir``, ``step``,
-    ``eval_accuracy``, ``num_eval`` for RL; :func:`megatron_logra.train.lm.evaluate_checkpoint`'s for LM).
+    ``eval_accuracy``, ``num_eval`` for RL; :func:`megatron_logra.train.lm_eval.evaluate_checkpoint`'s for LM).
     Returns the exit status (0)."""
     from megatron_logra.parallel import destroy_parallel
 
@@ -46,7 +46,7 @@ def run_eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
             comps, state, _ = build_components(cfg, for_eval=True)
             return {"run_dir": str(run_dir), "step": state.step, "eval_accuracy": evaluate_accuracy(comps),
                     "num_eval": len(comps.task.eval_problems())}
-        from megatron_logra.train.lm import evaluate_checkpoint
+        from megatron_logra.train.lm_eval import evaluate_checkpoint
 
         return evaluate_checkpoint(cfg)
 

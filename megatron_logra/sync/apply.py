@@ -38,7 +38,9 @@ from megatron_logra.sync.merge import (
     shard_rows,
 )
 from megatron_logra.sync.precision import ieee_fp32
-from megatron_logra.sync.prepared import PreparedCommit, ProjectionCache, prepare, structure_key
+from megatron_logra.sync.prepared import prepare, structure_key
+from megatron_logra.sync.prepared_commit import PreparedCommit
+from megatron_logra.sync.projection_cache import ProjectionCache
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ import torch
 
 from megatron_logra.sync.codec import SketchDelta
 from megatron_logra.sync.merge import _Noise
-from megatron_logra.sync.prepared import PreparedCommit
+from megatron_logra.sync.prepared_commit import PreparedCommit
 
 logger = logging.getLogger(__name__)
 

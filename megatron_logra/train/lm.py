@@ -25,8 +25,8 @@ fields to TensorBoard (rank 0); counts are over the whole global batch (every DP
 * ``gpu_memory_peak_bytes`` / ``gpu_memory_reserved_peak_bytes`` — the step's peak accelerator memory held
   by tensors / reserved by the caching allocator, the largest over all ranks
   (:func:`~megatron_logra.metrics.device_peaks`); ``null`` off CUDA.
-* ``eval_loss`` — held-out loss per answer token (:func:`evaluate`) on steps that are multiples of
-  ``train.eval_interval``, else ``null``.
+* ``eval_loss`` — held-out loss per answer token (:func:`~megatron_logra.train.lm_eval.evaluate`) on steps
+  that are multiples of ``train.eval_interval``, else ``null``.
 
 The log line every ``train.log_interval`` steps shows ``loss``, ``grad_norm``, ``step_seconds`` and
 ``tokens_per_second`` (and the GPU memory peak).
@@ -34,16 +34,11 @@ The log line every ``train.log_interval`` steps shows ``loss``, ``grad_norm``, `
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
-from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-import torch
 import yaml
 
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -52,19 +47,21 @@ from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir,
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
 from megatron_logra.memory.preflight import memory_preflight
-from megatron_logra.metrics import (MetricsWriter, device_peaks, elapsed, is_rank0, json_safe, previous_summary_values,
+from megatron_logra.metrics import (MetricsWriter, device_peaks, elapsed, is_rank0, previous_summary_values,
                                     record_before_values, reset_device_peaks, strict_dumps)
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
 from megatron_logra.profiling import Phases, job_profiler
 from megatron_logra.rollout.sglang_setup import redact_config
+from megatron_logra.train.lm_eval import evaluate, warn_deprecated_eval_batches
+from megatron_logra.train.lm_progress import recorded_losses, run_summary, start_progress
 from megatron_logra.train.step import forward_backward, model_device
 from megatron_logra.train.stopping import EarlyStop
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_lm", "check_config", "evaluate", "evaluate_checkpoint", "eval_assignment", "eval_sequence_count"]
+__all__ = ["run_lm", "check_config"]
 
 
 def _num_microbatches(cfg: RunConfig, groups: ParallelGroups) -> int:
@@ -81,82 +78,6 @@ def _num_microbatches(cfg: RunConfig, groups: ParallelGroups) -> int:
     return cfg.train.global_batch_size // per_step
 
 
-def eval_assignment(num_batches: int, dp_size: int, dp_rank: int) -> list[Optional[int]]:
-    """Held-out micro-batches of DP rank ``dp_rank``: batch ``i`` goes to rank ``i % dp_size``, and a
-    rank with fewer than ``ceil(num_batches / dp_size)`` (at least one) is padded with ``None``
-    (an all-masked micro-batch), so every rank runs the same number and the DP ranks together
-    evaluate exactly batches ``0 .. num_batches - 1``."""
-    if num_batches < 1 or dp_size < 1 or not 0 <= dp_rank < dp_size:
-        raise ValueError(f"eval_assignment(num_batches={num_batches}, dp_size={dp_size}, dp_rank={dp_rank})")
-    per_rank = -(-num_batches // dp_size)
-    mine: list[Optional[int]] = list(range(dp_rank, num_batches, dp_size))
-    return mine + [None] * (per_rank - len(mine))
-
-
-def eval_sequence_count(cfg: RunConfig) -> int:
-    """Held-out sequences per evaluation: ``train.eval_sequences``, or, for a config that sets the deprecated
-    ``train.eval_batches``, ``train.eval_batches × train.micro_batch_size`` (what it always meant)."""
-    if cfg.train.eval_batches is not None:
-        return cfg.train.eval_batches * cfg.train.micro_batch_size
-    return cfg.train.eval_sequences
-
-
-def _warn_deprecated_eval_batches(cfg: RunConfig) -> None:
-    if cfg.train.eval_batches is not None:
-        logger.warning("train.eval_batches=%d is deprecated: it evaluates %d micro-batches of train.micro_batch_size="
-                       "%d (%d held-out sequences, a set that changes with the micro-batch size); give "
-                       "train.eval_batches=null train.eval_sequences=%d for the same sequences whatever the "
-                       "micro-batch size", cfg.train.eval_batches, cfg.train.eval_batches,
-                       cfg.train.micro_batch_size, eval_sequence_count(cfg), eval_sequence_count(cfg))
-
-
-@torch.no_grad()
-def evaluate(model, task: SyntheticTask, cfg: RunConfig, groups: ParallelGroups, optimizer: Any) -> float:
-    """Mean held-out loss per answer token over eval sequences ``0 .. n - 1`` (``n`` =
-    :func:`eval_sequence_count`, ``train.eval_sequences``): the same tokens whatever ``train.micro_batch_size``
-    and the DP layout. They run in micro-batches of ``train.micro_batch_size`` (the rows of the last one past
-    ``n`` are masked), spread over the DP ranks by :func:`eval_assignment` (padding micro-batches count no
-    tokens). The eval sequences are never trained on (the synthetic task's eval-only contents, see
-    ``data/synthetic.py``)."""
-    model.eval()
-    paused = optimizer.sketches.paused() if isinstance(optimizer, LograOptimizer) else nullcontext()
-    size = cfg.train.micro_batch_size
-    count = eval_sequence_count(cfg)
-    with paused:
-        mbs = []
-        for index in eval_assignment(-(-count // size), groups.dp_size, groups.dp_rank):
-            if index is None:  # padding: same shape, no token counts
-                pad = task.microbatch(0, 0, size, split="eval")
-                mbs.append(replace(pad, loss_mask=torch.zeros_like(pad.loss_mask)))
-                continue
-            mb = task.microbatch(0, index, size, split="eval")  # sequences index·size .. index·size + size - 1
-            beyond = (index + 1) * size - count
-            if beyond > 0:  # the last micro-batch: rows past sequence count - 1 count no tokens
-                mask = mb.loss_mask.clone()
-                mask[size - beyond:] = 0
-                mb = replace(mb, loss_mask=mask)
-            mbs.append(mb)
-        result = forward_backward(model, mbs, groups, forward_only=True)
-    model.train()
-    return result.loss
-
-
-def evaluate_checkpoint(cfg: RunConfig) -> dict:
-    """Held-out loss of the latest checkpoint in ``cfg.train.run_dir``."""
-    groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
-    if is_rank0():
-        _warn_deprecated_eval_batches(cfg)
-    model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
-    optimizer = build_optimizer(model, cfg.optimizer, groups, total_steps=cfg.train.steps)
-    ckpt = latest_checkpoint(cfg.train.run_dir)
-    if ckpt is None:
-        raise FileNotFoundError(f"{cfg.train.run_dir} has no checkpoint")
-    step = load_checkpoint(ckpt, model, optimizer, groups, checksums=cfg.train.checkpoint_checksums,
-                           model_config=cfg.model)["step"]
-    task = SyntheticTask(cfg.data, cfg.model.vocab_size)
-    return {"run_dir": cfg.train.run_dir, "step": step, "eval_loss": evaluate(model, task, cfg, groups, optimizer)}
-
-
 def check_config(cfg: RunConfig) -> None:
     """The start-time checks of the LM job that need no process group, model or GPU and write nothing, as
     ``megatron-logra config`` runs them: the synthetic task (``data.num_symbols`` against ``model.vocab_size``)
@@ -170,28 +91,11 @@ def check_config(cfg: RunConfig) -> None:
 
 @releasing_run_dir
 def run_lm(cfg: RunConfig) -> dict:
-    """Train ``cfg`` and return the run's summary, also written to ``RUN/summary.json`` as strict JSON: a loss
-    that is not finite (a diverged or overflowed run) is None / ``null`` there and in the returned dict, as in
-    ``metrics.jsonl``. ``RUN/config.yaml`` and ``summary.json`` are replaced atomically (a crash leaves the old
-    file or the new one).
-
-    The summary describes the whole run, also after ``--resume`` (the steps of earlier processes are read from
-    ``RUN/metrics.jsonl`` and the previous ``summary.json``):
-
-    * ``steps`` — the run's last step (every step of the run, whichever process trained it).
-    * ``first_loss`` / ``last_loss`` — the training loss of step 1 / of step ``steps``; a step trained by an
-      earlier process is read from its ``metrics.jsonl`` record (None when that record is missing).
-    * ``eval_loss_before`` — held-out loss before step 1: measured by a run that starts at step 0, carried
-      over from the previous ``summary.json`` by a resumed one, or from ``RUN/eval_before.json``, which the run
-      that started at step 0 writes as soon as it has measured it (None when neither has it).
-      ``eval_loss_after`` — held-out loss after step ``steps`` (None for a run stopped early). ``chance_loss`` — ``ln(data.num_symbols)``.
-    * ``stopped`` — why this process stopped early (None: it reached ``train.steps``).
-    * This process only: ``resumed_from_step`` (the checkpoint's step it started from, 0 for a new run),
-      ``segment_steps`` (the steps it trained, ``steps - resumed_from_step``), ``segment_eval_loss_before``
-      (held-out loss at ``resumed_from_step``) and ``segment_train_seconds`` (wall time of its training loop).
-
-    A resume with ``train.steps`` equal to the latest checkpoint's step trains nothing and writes the same
-    whole-run summary again (``segment_steps`` 0).
+    """Train ``cfg`` and return the run's summary (:func:`~megatron_logra.train.lm_progress.run_summary` lists
+    its fields: the whole run, also after ``--resume``), also written to ``RUN/summary.json`` as strict JSON: a
+    loss that is not finite (a diverged or overflowed run) is None / ``null`` there and in the returned dict, as
+    in ``metrics.jsonl``. ``RUN/config.yaml`` and ``summary.json`` are replaced atomically (a crash leaves the
+    old file or the new one).
 
     Every check that can refuse the run (the batch layout over the DP ranks, the data, the model and
     optimizer build) runs before ``train.overwrite=true`` deletes a previous run's outputs, so a refused
@@ -208,7 +112,7 @@ def run_lm(cfg: RunConfig) -> dict:
     num_micro = _num_microbatches(cfg, groups)
     task = SyntheticTask(cfg.data, cfg.model.vocab_size)
     if is_rank0():
-        _warn_deprecated_eval_batches(cfg)
+        warn_deprecated_eval_batches(cfg)
     memory_preflight(cfg, tp=groups.tp_size, pp=groups.pp_size, dp=groups.dp_size)  # on a GPU: fits? (before building)
     profiler = job_profiler(cfg.profile, cfg.train.run_dir)
     if not cfg.train.overwrite:  # refusing a run_dir that holds a run deletes nothing: before the (slow) build
@@ -229,7 +133,7 @@ def run_lm(cfg: RunConfig) -> dict:
                                     model_config=cfg.model)["step"]
             logger.info("resuming from %s at step %d", ckpt, start)
     # the steps of earlier processes, before this one's MetricsWriter drops the records past the checkpoint
-    recorded = _recorded_losses(run_dir / "metrics.jsonl", (1, start)) if start else {}
+    recorded = recorded_losses(run_dir / "metrics.jsonl", (1, start)) if start else {}
     eval_before_run = (previous_summary_values(run_dir / "summary.json", start, ("eval_loss_before",))
                        .get("eval_loss_before") if start else None)
     saved_config = redact_config(to_dict(cfg))  # what config.yaml and the checkpoints hold: no credentials
@@ -245,7 +149,7 @@ def run_lm(cfg: RunConfig) -> dict:
         record_before_values(run_dir, {"eval_loss_before": eval_before})
     first_loss: Optional[float] = recorded.get(1)
     last_loss: Optional[float] = recorded.get(start)
-    progress = _progress(cfg, start) if cfg.train.progress and is_rank0() else None
+    progress = start_progress(cfg, start) if cfg.train.progress and is_rank0() else None
     t_start = time.perf_counter()
     device = model_device(model)
     stop = EarlyStop(signal_handler=cfg.train.exit_signal_handler, duration_minutes=cfg.train.exit_duration_minutes,
@@ -329,59 +233,11 @@ def run_lm(cfg: RunConfig) -> dict:
             eval_after = evaluate(model, task, cfg, groups, optimizer)
             stopped = stop.check_after_training("the final evaluation")
         metrics.close()
-        summary = json_safe({
-            "optimizer": cfg.optimizer.name,
-            "first_loss": first_loss,
-            "last_loss": last_loss,
-            "eval_loss_before": eval_before_run,
-            "eval_loss_after": eval_after,
-            "chance_loss": math.log(cfg.data.num_symbols),
-            "steps": last,
-            "stopped": stopped,
-            "resumed_from_step": start,
-            "segment_steps": last - start,
-            "segment_eval_loss_before": eval_before,
-            "segment_train_seconds": train_seconds,
-        })
+        summary = run_summary(cfg, first_loss=first_loss, last_loss=last_loss, eval_before_run=eval_before_run,
+                              eval_after=eval_after, steps=last, stopped=stopped, start=start,
+                              eval_before=eval_before, train_seconds=train_seconds)
         if is_rank0():
             atomic_write_text(run_dir / "summary.json", strict_dumps(summary, indent=1))
             logger.info("done: %s", summary)
     return summary
 
-
-def _recorded_losses(path: Path, steps: tuple[int, ...]) -> dict[int, Optional[float]]:
-    """The ``loss`` of each of ``steps`` that ``path`` (a run's ``metrics.jsonl``) records, by step; a
-    recorded non-finite loss (``null``) is None, and a step without a record is absent. The file is read line
-    by line; a line that is not a JSON step record (a torn last line of a killed run) is skipped, as
-    resuming drops it."""
-    wanted, found = set(steps), {}
-    try:
-        with path.open() as fh:
-            for line in fh:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                step = record.get("step") if isinstance(record, dict) else None
-                if isinstance(step, int) and not isinstance(step, bool) and step in wanted:
-                    loss = record.get("loss")
-                    numeric = isinstance(loss, (int, float)) and not isinstance(loss, bool)
-                    found[step] = float(loss) if numeric else None
-    except FileNotFoundError:
-        if is_rank0():
-            logger.warning("%s does not exist: the summary's losses of the steps before this resume are null",
-                           path)
-    return found
-
-
-def _progress(cfg: RunConfig, start: int):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    progress = Progress(
-        TextColumn("[bold]train[/bold]"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("|g| {task.fields[gnorm]:.2f}"),
-        TimeElapsedColumn(), transient=False,
-    )
-    task_id = progress.add_task("train", total=cfg.train.steps, completed=start, loss=float("nan"), gnorm=float("nan"))
-    progress.start()
-    return progress, task_id

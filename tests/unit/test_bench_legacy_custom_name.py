@@ -13,7 +13,7 @@ import pytest
 from megatron_logra.bench.cli import build_parser, config_from_args
 from megatron_logra.bench.cli import main as bench_main
 from megatron_logra.bench.config import PaperBenchConfig
-from megatron_logra.bench.report import image_prefix, legacy_image_prefix, legacy_report_stem, report_stem
+from megatron_logra.bench.report_names import image_prefix, legacy_image_prefix, legacy_report_stem, report_stem
 from support.scripts import exit_code
 
 ROOT = Path(__file__).resolve().parents[2]

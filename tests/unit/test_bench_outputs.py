@@ -20,7 +20,8 @@ from megatron_logra.bench.cli import config_from_args
 from megatron_logra.bench.cli import main as bench_main
 from megatron_logra.bench.config import PaperBenchConfig
 from megatron_logra.bench.outputs import why_unwritable
-from megatron_logra.bench.report import SETTINGS_NAME_LIMIT, image_prefix, report_stem, write_report
+from megatron_logra.bench.report import write_report
+from megatron_logra.bench.report_names import SETTINGS_NAME_LIMIT, image_prefix, report_stem
 from megatron_logra.memory.cli import main as memory_main
 from support.scripts import exit_code
 

@@ -15,7 +15,9 @@ import pytest
 
 from megatron_logra.bench.cli import build_parser, config_from_args, main
 from megatron_logra.bench.config import PaperBenchConfig
-from megatron_logra.bench.report import command_line, environment, image_prefix, render_report, report_stem, write_report
+from megatron_logra.bench.provenance import command_line, environment
+from megatron_logra.bench.report import render_report, write_report
+from megatron_logra.bench.report_names import image_prefix, report_stem
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

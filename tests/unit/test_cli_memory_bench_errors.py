@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from megatron_logra import cli as top_cli
-from megatron_logra.bench.cli import ResultsFileError, load_results
 from megatron_logra.bench.cli import main as bench_main
+from megatron_logra.bench.results_file import ResultsFileError, load_results
 from megatron_logra.memory.cli import DEFAULT_AUTO_TP_GPUS
 from megatron_logra.memory.cli import main as memory_main
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import megatron_logra.train.lm as lm
+import megatron_logra.train.lm_eval as lm_eval
 from megatron_logra.config import lm_tiny
 from megatron_logra.data.synthetic import SyntheticTask
 
@@ -18,7 +18,7 @@ from megatron_logra.data.synthetic import SyntheticTask
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9])
 @pytest.mark.parametrize("dp", [1, 2, 3, 4, 8])
 def test_every_eval_batch_is_evaluated_once_and_ranks_run_alike(n, dp):
-    per_rank = [lm.eval_assignment(n, dp, r) for r in range(dp)]
+    per_rank = [lm_eval.eval_assignment(n, dp, r) for r in range(dp)]
     assert len({len(p) for p in per_rank}) == 1 and len(per_rank[0]) >= 1  # same count: collectives match
     real = sorted(i for p in per_rank for i in p if i is not None)
     assert real == list(range(n))
@@ -73,18 +73,18 @@ def test_eval_loss_is_the_masked_mean_cross_entropy_of_batches_0_to_n(lm_model, 
     assert abs(unmasked[0] / unmasked[1] - want_sum / want_tokens) > 1e-3 * (want_sum / want_tokens)
 
     calls = []
-    real = lm.forward_backward
+    real = lm_eval.forward_backward
 
     def spy(model_, mbs, groups_, **kwargs):
         result = real(model_, mbs, groups_, **kwargs)
         calls.append((mbs, kwargs, result))
         return result
 
-    monkeypatch.setattr(lm, "forward_backward", spy)
+    monkeypatch.setattr(lm_eval, "forward_backward", spy)
     model.train()
     losses = []
     for r in range(dp):
-        losses.append(lm.evaluate(model, task, cfg, dp_rank_view(groups, dp, r), optimizer))
+        losses.append(lm_eval.evaluate(model, task, cfg, dp_rank_view(groups, dp, r), optimizer))
         assert model.training  # back in training mode
     assert len(calls) == dp and all(kw.get("forward_only") for _, kw, _ in calls)
 
@@ -115,4 +115,4 @@ def test_eval_loss_is_the_masked_mean_cross_entropy_of_batches_0_to_n(lm_model, 
 
 def test_bad_assignments_are_refused():
     with pytest.raises(ValueError):
-        lm.eval_assignment(4, 2, 2)
+        lm_eval.eval_assignment(4, 2, 2)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import megatron_logra.train.lm as lm
+import megatron_logra.train.lm_eval as lm_eval
 from megatron_logra.config import lm_tiny
 from megatron_logra.data.synthetic import SyntheticTask
 
@@ -53,7 +53,7 @@ def test_the_held_out_loss_does_not_depend_on_the_micro_batch_size(lm_model, gro
     cfg, model, optimizer = lm_model
     task = SyntheticTask(cfg.data, cfg.model.vocab_size)
     want = reference_loss(model, task, count)
-    got = {mbs: lm.evaluate(model, task, _config(cfg, mbs, count), groups, optimizer) for mbs in (8, 16, 32)}
+    got = {mbs: lm_eval.evaluate(model, task, _config(cfg, mbs, count), groups, optimizer) for mbs in (8, 16, 32)}
     for mbs, loss in got.items():
         assert loss == pytest.approx(want, rel=2e-6), (mbs, got, want)
     # the eval sets of different sizes really differ (the check above can tell them apart)
@@ -66,11 +66,11 @@ def test_the_default_evaluates_the_sequences_lm_tiny_evaluated_before(lm_model, 
     cfg, model, optimizer = lm_model
     task = SyntheticTask(cfg.data, cfg.model.vocab_size)
     assert lm_tiny().train.eval_sequences == 64 and lm_tiny().train.eval_batches is None
-    default = lm.evaluate(model, task, _config(cfg, 16, lm_tiny().train.eval_sequences), groups, optimizer)
+    default = lm_eval.evaluate(model, task, _config(cfg, 16, lm_tiny().train.eval_sequences), groups, optimizer)
     legacy = _config(cfg, 16, 999)
     legacy.train.eval_batches = 4
-    assert lm.eval_sequence_count(legacy) == 64
-    assert lm.evaluate(model, task, legacy, groups, optimizer) == default
+    assert lm_eval.eval_sequence_count(legacy) == 64
+    assert lm_eval.evaluate(model, task, legacy, groups, optimizer) == default
 
 
 def test_a_bad_eval_size_names_the_field():

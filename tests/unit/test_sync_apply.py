@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import megatron_logra.sync.apply as apply_mod
-import megatron_logra.sync.prepared as prepared_mod
+import megatron_logra.sync.projection_cache as projection_cache_mod
 from megatron_logra.sketch.random_projection import projection
 from megatron_logra.sync.apply import (
     apply_delta_,
@@ -270,7 +270,7 @@ def test_failure_while_preparing_leaves_weights_untouched(monkeypatch, distribut
     weights = _hf_weights()
     calls = {"n": 0}
     name = "rademacher_projections" if distribution == "rademacher" else "projection"
-    real = getattr(prepared_mod, name)
+    real = getattr(projection_cache_mod, name)
     fail_at = 2 if distribution == "rademacher" else 9  # the second width's batch / the ninth layer's A
 
     def flaky(*args, **kw):
@@ -279,7 +279,7 @@ def test_failure_while_preparing_leaves_weights_untouched(monkeypatch, distribut
             raise RuntimeError("simulated out of memory")
         return real(*args, **kw)
 
-    monkeypatch.setattr(prepared_mod, name, flaky)
+    monkeypatch.setattr(projection_cache_mod, name, flaky)
     _rejected(weights, random_delta(SHAPE, RANK, distribution=distribution), 0, "apply", "failed before any write")
     assert calls["n"] == fail_at
 

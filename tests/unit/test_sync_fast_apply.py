@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import megatron_logra.sketch.random_projection as rp
-import megatron_logra.sync.prepared as prepared_mod
+import megatron_logra.sync.projection_cache as projection_cache_mod
 from megatron_logra.sync.apply import apply_delta_
 from megatron_logra.sync.factors import check_factor, check_factors, quantize_factor, rademacher_signs
 from megatron_logra.sync.layout import plan_for
@@ -214,13 +214,13 @@ def test_apply_computes_each_layers_projection_once_and_shares_nothing_after(mon
     plan = plan_for(delta, "hf")
     weights = _weights_for(plan, torch.float32, torch.Generator().manual_seed(0))
     batches = []
-    real = prepared_mod.rademacher_projections
+    real = projection_cache_mod.rademacher_projections
 
     def counting(seed, names, *args, **kw):
         batches.append(list(names))
         return real(seed, names, *args, **kw)
 
-    monkeypatch.setattr(prepared_mod, "rademacher_projections", counting)
+    monkeypatch.setattr(projection_cache_mod, "rademacher_projections", counting)
     apply_delta_(weights, delta, 0)
     # one batch per input width (hidden: q/k/v/o/gate/up; ffn: down), each layer's A once: 8, not 14
     assert len(plan.factors) == 14 and len(batches) == 2

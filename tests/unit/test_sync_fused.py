@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import megatron_logra.sync.prepared as prepared_mod
+import megatron_logra.sync.projection_cache as projection_cache_mod
 import megatron_logra.sync.fused as fused
 from megatron_logra.sketch.random_projection import projection
 from megatron_logra.sync.apply import ProjectionCache, StochasticRounding, apply_delta_, low_rank_merge_
@@ -164,8 +164,8 @@ def _weights(seed=0):
 
 def test_projection_cache_gives_the_uncached_bits_and_regenerates_only_on_a_new_projection(monkeypatch):
     made = []
-    real = prepared_mod._signs
-    monkeypatch.setattr(prepared_mod, "_signs", lambda *a: made.append(a[1:]) or real(*a))
+    real = projection_cache_mod._signs
+    monkeypatch.setattr(projection_cache_mod, "_signs", lambda *a: made.append(a[1:]) or real(*a))
     cache = ProjectionCache()
     cached, plain = _weights(), _weights()
     version = 0
@@ -189,8 +189,8 @@ def test_engines_keep_one_projection_cache(monkeypatch):
     from megatron_logra.sync.engine import ModuleEngine
 
     made = []
-    real = prepared_mod._signs
-    monkeypatch.setattr(prepared_mod, "_signs", lambda *a: made.append(1) or real(*a))
+    real = projection_cache_mod._signs
+    monkeypatch.setattr(projection_cache_mod, "_signs", lambda *a: made.append(1) or real(*a))
 
     engine = ModuleEngine(torch.nn.Module())
     weights = _weights()
