@@ -14,8 +14,8 @@ import shutil
 from pathlib import Path
 from typing import Optional, Union
 
-from megatron_logra.checkpoint.collective import _global_rank
 from megatron_logra.checkpoint.integrity import CheckpointError, read_meta_json
+from megatron_logra.parallel import group_rank, world_group
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def latest_checkpoint(run_dir: Union[str, Path]) -> Optional[Path]:
             return None
         if str(complete[-1]) not in _warned_missing_latest:
             _warned_missing_latest.add(str(complete[-1]))
-            if _global_rank() == 0:
+            if group_rank(world_group()) == 0:
                 logger.warning("%s is missing, but %s holds complete checkpoints (%s): using the newest, %s (a job "
                                "killed right after publishing a checkpoint leaves this; write that name into %s if "
                                "you meant to continue from another)", marker, root,

@@ -13,18 +13,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-import torch.distributed as dist
 
 from megatron_logra.checkpoint.integrity import CheckpointError
-from megatron_logra.parallel import all_gather_bytes, world_group
-
-
-def _global_rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+from megatron_logra.parallel import all_gather_bytes, group_rank, world_group
 
 
 def _shared_outcome(step: int, root: Path, what: str, error: Optional[BaseException]) -> None:
@@ -79,8 +70,8 @@ def _failure_reports(error: Optional[BaseException]) -> list[tuple[int, str]]:
         for r, failure in error.failures.items():
             exc = failure[0] if isinstance(failure, tuple) else failure
             reports.append((int(r), _one_line(exc) if isinstance(exc, BaseException) else str(exc)))
-        return reports or [(_global_rank(), "")]
-    return [(_global_rank(), f"{type(error).__name__}: {error}")]
+        return reports or [(group_rank(world_group()), "")]
+    return [(group_rank(world_group()), f"{type(error).__name__}: {error}")]
 
 
 def _on_every_rank(step: int, root: Path, what: str, fn) -> Any:

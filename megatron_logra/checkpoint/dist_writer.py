@@ -12,8 +12,9 @@ import contextlib
 import queue
 from pathlib import Path
 
-from megatron_logra.checkpoint.collective import _global_rank, _on_every_rank
+from megatron_logra.checkpoint.collective import _on_every_rank
 from megatron_logra.checkpoint.integrity import CheckpointError
+from megatron_logra.parallel import group_rank, world_group
 
 
 def _save_dist(step: int, root: Path, sharded: dict, out: Path) -> None:
@@ -46,7 +47,7 @@ def _save_dist(step: int, root: Path, sharded: dict, out: Path) -> None:
     _on_every_rank(step, root, "writing the sharded tensors", write_shards)
 
     def write_config() -> None:
-        if _global_rank() == 0:
+        if group_rank(world_group()) == 0:
             save_config(CheckpointingConfig(sharded_strategy.backend, sharded_strategy.version), str(out))
 
     _on_every_rank(step, root, "writing the checkpoint's metadata.json", write_config)

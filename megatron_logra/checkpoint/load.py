@@ -16,12 +16,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from megatron_logra.checkpoint.catalog import _STEP_DIR, earlier_checkpoint_hint
-from megatron_logra.checkpoint.collective import _global_rank, _one_line
+from megatron_logra.checkpoint.collective import _one_line
 from megatron_logra.checkpoint.compat import architecture_error, architecture_problems, check_compatible
 from megatron_logra.checkpoint.integrity import CheckpointError, read_meta, removed_while_read
 from megatron_logra.checkpoint.rng import restore_rng
 from megatron_logra.checkpoint.sharding import _DIST, _sharded_state
-from megatron_logra.parallel import ParallelGroups, world_group
+from megatron_logra.parallel import ParallelGroups, group_rank, world_group
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def load_checkpoint(
     if named_slots and "optimizer" not in loaded:
         raise CheckpointError(f"{path} holds weights only (no optimizer state) and cannot be resumed")
     same_layout = (meta["tp"], meta["pp"], meta["dp"]) == (groups.tp_size, groups.pp_size, groups.dp_size)
-    rng_path = path / f"rng_rank{_global_rank()}.safetensors"
+    rng_path = path / f"rng_rank{group_rank(world_group())}.safetensors"
     rng = None
     if same_layout and rng_path.exists():
         try:

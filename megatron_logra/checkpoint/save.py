@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from megatron_logra.checkpoint.catalog import _prune
-from megatron_logra.checkpoint.collective import _global_rank, _on_every_rank, _shared_outcome, _world_size
+from megatron_logra.checkpoint.collective import _on_every_rank, _shared_outcome
 from megatron_logra.checkpoint.dist_writer import _save_dist
 from megatron_logra.checkpoint.integrity import (
     FORMAT_VERSION,
@@ -32,7 +32,7 @@ from megatron_logra.checkpoint.integrity import (
 )
 from megatron_logra.checkpoint.rng import rng_state
 from megatron_logra.checkpoint.sharding import _DIST, _sharded_state
-from megatron_logra.parallel import ParallelGroups
+from megatron_logra.parallel import ParallelGroups, group_rank, group_size, world_group
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def save_checkpoint(
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:08d}"
     tmp = root / f"step_{step:08d}.tmp"
-    rank = _global_rank()
+    rank = group_rank(world_group())
     try:
         return _save(root, final, tmp, rank, step, model, optimizer, groups, extra, config, keep_last, checksums)
     except CheckpointError:
@@ -118,7 +118,7 @@ def _finish_save(root: Path, tmp: Path, final: Path, step: int, groups: Parallel
         "tp": groups.tp_size,
         "pp": groups.pp_size,
         "dp": groups.dp_size,
-        "world_size": _world_size(),
+        "world_size": group_size(world_group()),
         "state": scalars,
         "extra": extra or {},
         "config": config or {},

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
-import torch.distributed as dist
 
+from megatron_logra.parallel import group_rank, group_size, world_group
 from megatron_logra.profiling.config import ProfileConfig, check_profile
 from megatron_logra.profiling.phases import phase_table
 
@@ -19,17 +19,11 @@ logger = logging.getLogger(__name__)
 __all__ = ["StepProfiler", "check_job_profile", "job_profiler"]
 
 
-def _rank_and_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def check_job_profile(cfg: ProfileConfig) -> None:
     """:func:`check_profile` in a job: against the process group's world size (1 without one), CUDA when a
     device is present (the jobs train on it then). Call it before building the model, so a refused profile
     costs no build."""
-    check_profile(cfg, _rank_and_world()[1], cuda=torch.cuda.is_available())
+    check_profile(cfg, group_size(world_group()), cuda=torch.cuda.is_available())
 
 
 def job_profiler(cfg: ProfileConfig, run_dir: str | Path) -> StepProfiler:
@@ -38,7 +32,7 @@ def job_profiler(cfg: ProfileConfig, run_dir: str | Path) -> StepProfiler:
     check_job_profile(cfg)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    return StepProfiler(cfg, run_dir, rank=_rank_and_world()[0], device=device)
+    return StepProfiler(cfg, run_dir, rank=group_rank(world_group()), device=device)
 
 
 class StepProfiler:
