@@ -69,11 +69,17 @@ for name in ("megatron.core", "transformer_engine", "apex", "sglang", "reasoning
         print(f"{name:20s} {getattr(mod, '__version__', 'present')}")
     except Exception as exc:  # a broken optional package is reported, not fatal
         print(f"{name:20s} missing ({type(exc).__name__})")
-try:  # megatron-core hides a TE it cannot use (version drift) behind HAVE_TE = False
-    from megatron.core.models.gpt import gpt_layer_specs
-    print(f"{'mcore TE layer spec':20s} {'usable' if getattr(gpt_layer_specs, 'HAVE_TE', False) else 'NOT usable'}")
+try:  # megatron-core hides a TE it cannot use (version drift) behind two HAVE_TE flags: check both, with the reason
+    from megatron_logra.models.te import te_import_problem, te_installed
+    problem = te_import_problem() if te_installed() else "transformer_engine is not installed"
+    print(f"{'mcore TE layer spec':20s} {'usable' if problem is None else 'NOT usable: ' + problem}")
 except Exception as exc:
-    print(f"{'mcore TE layer spec':20s} unknown ({type(exc).__name__})")
+    print(f"{'mcore TE layer spec':20s} unknown ({type(exc).__name__}: {exc})")
+try:
+    import pytest
+    print(f"{'pytest':20s} {pytest.__version__}")
+except ImportError:
+    print(f"{'pytest':20s} missing: the gpu-marked tests cannot run (pip install -e '.[dev]')")
 EOF
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"

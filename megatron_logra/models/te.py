@@ -45,11 +45,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["TRANSFORMER_IMPLS", "FP8_FORMATS", "FP8_RECIPES", "te_installed", "te_unavailable_reason",
            "check_model_fields", "fp8_token_multiple", "fp8_weight_shape_problems", "sequence_multiple",
-           "resolve_transformer_impl", "te_import_problem", "layer_spec", "fp8_config_kwargs", "without_fp8"]
+           "resolve_transformer_impl", "te_import_problem", "layer_spec", "fp8_config_kwargs", "fp8_device_problem",
+           "without_fp8"]
 
 TRANSFORMER_IMPLS = ("local", "transformer_engine", "auto")
 FP8_FORMATS = ("hybrid", "e4m3")
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+FP8_MIN_CAPABILITY = {"delayed": (8, 9), "tensorwise": (8, 9), "blockwise": (9, 0), "mxfp8": (10, 0)}
+"""The lowest CUDA compute capability whose FP8 GEMMs TransformerEngine runs each recipe on: Ada (8.9) and
+newer for per-tensor scaling, Hopper (9.0) for 1x128 / 128x128 block scaling, Blackwell (10.0) for MXFP8."""
 
 
 def te_installed() -> bool:
@@ -237,11 +241,26 @@ def decoder_spec(impl: str, config: Any, *, normalization: str, qk_layernorm: bo
                                       layer_norm=WrappedTorchNorm)
 
 
+def fp8_device_problem(recipe: str, capability: tuple[int, int]) -> Optional[str]:
+    """Why ``model.fp8_recipe=recipe`` cannot run on a GPU of compute capability ``capability``, or None.
+
+    TransformerEngine accepts every recipe when the config is built and fails only in the first FP8 GEMM;
+    this says so before the model is built, with the recipes the GPU does run."""
+    need = FP8_MIN_CAPABILITY[recipe]
+    if tuple(capability) >= need:
+        return None
+    runs = [r for r in FP8_RECIPES if tuple(capability) >= FP8_MIN_CAPABILITY[r]]
+    fix = f"use model.fp8_recipe={' or '.join(runs)}" if runs else "set model.fp8=null"
+    return (f"model.fp8_recipe={recipe} needs a GPU of compute capability {need[0]}.{need[1]} or newer, but this "
+            f"one is {capability[0]}.{capability[1]}: {fix}")
+
+
 def fp8_config_kwargs(fp8: Optional[str], recipe: str, impl: str) -> dict[str, Any]:
     """``TransformerConfig`` keyword arguments of ``model.fp8`` / ``model.fp8_recipe`` (empty when off).
 
     Raises:
         RuntimeError: FP8 requested while the model is built with the local spec.
+        ValueError: the current CUDA device cannot run ``recipe`` (:func:`fp8_device_problem`).
     """
     if fp8 is None:
         return {}
@@ -249,6 +268,10 @@ def fp8_config_kwargs(fp8: Optional[str], recipe: str, impl: str) -> dict[str, A
         raise RuntimeError(f"model.fp8={fp8!r} needs the TransformerEngine spec, but the model is built with "
                            f"the {impl} spec: set model.transformer_impl=transformer_engine on a CUDA machine "
                            "with TransformerEngine, or model.fp8=null")
+    if torch.cuda.is_available():
+        problem = fp8_device_problem(recipe, torch.cuda.get_device_capability())
+        if problem:
+            raise ValueError(problem)
     # TE caches each weight's FP8 copy from the first micro-batch on; LoGRA merges updates into the
     # weights in place and the RL loop runs forwards outside megatron's schedules (which are what reset
     # the cache), so the cache is off: every forward casts the current weights.

@@ -237,3 +237,24 @@ def test_run_config_refuses_fp8_weight_shapes_naming_the_fields():
                                          r"linear_fc2 \[128, 200\] per rank .*model\.fp8=null"):
         RunConfig(job="rl", model=_model(ffn_hidden_size=200))
     RunConfig(job="rl", model=_model(), parallel=ParallelConfig(tp=2))
+
+
+FP8_RECIPE_NAMES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+
+
+@pytest.mark.parametrize("capability,runs", [
+    ((8, 0), set()),                                     # A100: no FP8 GEMMs
+    ((8, 9), {"delayed", "tensorwise"}),                 # L40S / Ada
+    ((9, 0), {"delayed", "tensorwise", "blockwise"}),    # H100
+    ((10, 0), set(FP8_RECIPE_NAMES)),                    # B200
+])
+def test_fp8_recipes_are_refused_on_gpus_that_cannot_run_them(capability, runs):
+    """TransformerEngine's own checks: FP8 needs 8.9 (check_fp8_support), block scaling 9.0
+    (check_fp8_block_scaling_support), MXFP8 10.0 (check_mxfp8_support)."""
+    for recipe in FP8_RECIPE_NAMES:
+        problem = te.fp8_device_problem(recipe, capability)
+        if recipe in runs:
+            assert problem is None, (recipe, capability)
+        else:
+            assert f"model.fp8_recipe={recipe}" in problem and f"{capability[0]}.{capability[1]}" in problem
+            assert ("model.fp8=null" in problem) if not runs else all(r in problem for r in runs), problem

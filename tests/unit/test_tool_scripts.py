@@ -33,6 +33,9 @@ def test_gpu_check_reports_without_cuda(tmp_path):
     report = (out / "env.txt").read_text()
     assert "torch" in report and "megatron.core" in report and "transformer_engine   missing" in report
     assert "mcore TE layer spec  NOT usable" in report  # without TE, megatron-core's TE spec is off
+    # the reason comes from models.te (both of megatron-core's HAVE_TE flags), and pytest's presence is reported
+    assert "NOT usable: transformer_engine is not installed" in report
+    assert re.search(r"^pytest\s+\d", report, re.M), report
     summary = (out / "summary.txt").read_text()
     assert "gpu-marked tests: exit 0 (-m 'gpu and not slow'" in summary and "skipped" in summary
     assert "deselected" in summary and "passed" not in summary  # the slow SGLang tests are left out
