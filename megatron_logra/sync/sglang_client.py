@@ -24,8 +24,7 @@ Generation is paused around updates when the engine can pause (HTTP ``/pause_gen
 cache flush after a weight update asserts that nothing is running). Without a pause, SGLang
 still serialises the update behind in-flight requests (its model-update writer lock).
 
-Imports only torch, safetensors (via the codec) and the standard library; SGLang is imported
-lazily and only for ``serialization="cuda_ipc"``.
+Imports only torch, safetensors (via the codec) and the standard library (never SGLang).
 """
 
 from __future__ import annotations

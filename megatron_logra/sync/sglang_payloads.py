@@ -18,7 +18,13 @@ cost of shipping the bytes (x4/3 for base64, x TP size). ``serialization="cuda_i
 CUDA tensors as IPC handles (``torch.multiprocessing`` reductions, as SGLang's own
 ``MultiprocessingSerializer`` does): zero-copy, but only for a server on the same host and
 GPU(s), and the tensors must stay alive until the request returns (they do: calls are
-synchronous). CPU tensors cannot use IPC (their shared-memory handles need the sender's
+synchronous). The handle names its GPU by UUID, not by index (:func:`_device_as_uuid`), as the
+senders SGLang expects do after ``sglang.srt.utils.patch_torch.monkey_patch_torch_reductions``:
+SGLang's receiving rebuild (``_rebuild_cuda_tensor_modified``) maps the UUID to its own index,
+and older releases assert a UUID; an index would name the wrong GPU (or none) in a server whose
+``CUDA_VISIBLE_DEVICES`` differs from the trainer's. ``MultiprocessingSerializer.serialize`` itself
+does not patch the reductions, so it is not used; the UUIDs are written by a local pickler, and
+torch's reductions in this process are left as they are. CPU tensors cannot use IPC (their shared-memory handles need the sender's
 multiprocessing authkey, which an independently started server does not have).
 
 Read-backs: SGLang's ``TokenizerManager.get_weights_by_name`` asks every data-parallel replica
@@ -26,8 +32,7 @@ and answers the bare parameter values at ``dp_size == 1`` and the list of every 
 (``None`` for a replica that could not read it) otherwise; :func:`_replica_answers` turns both
 shapes into one list per replica.
 
-Imports only torch and the standard library besides the sync package; SGLang is imported
-lazily and only for ``serialization="cuda_ipc"``.
+Imports only torch and the standard library besides the sync package (never SGLang).
 """
 
 from __future__ import annotations
@@ -78,8 +83,8 @@ def serialize_named_tensors(named_tensors: Sequence[tuple[str, torch.Tensor]], s
     """One base64 entry of ``serialized_named_tensors`` for SGLang's HTTP ``/update_weights_from_tensor``.
 
     ``pickle``: CPU copies pickled by value (any host). ``cuda_ipc``: CUDA tensors as IPC handles
-    via ``torch.multiprocessing``'s reductions (same host only); SGLang's serializer is used when
-    importable (it encodes the device by UUID), else a ``ForkingPickler`` with torch's reductions.
+    via ``torch.multiprocessing``'s reductions (same host only), each naming its GPU by UUID as
+    SGLang's receiving side expects (module docstring).
     """
     if serialization == "pickle":
         obj = [(name, _compact(t.cpu())) for name, t in named_tensors]
@@ -90,19 +95,49 @@ def serialize_named_tensors(named_tensors: Sequence[tuple[str, torch.Tensor]], s
             if not t.is_cuda:
                 raise SyncError("config", f"serialization='cuda_ipc' needs CUDA tensors; {name} is on {t.device}")
             obj.append((name, t.detach().contiguous()))
-        try:  # pragma: no cover - needs sglang
-            from sglang.srt.utils import MultiprocessingSerializer
-
-            return MultiprocessingSerializer.serialize(obj, output_str=True)
-        except ImportError:
-            from multiprocessing.reduction import ForkingPickler
-
-            import torch.multiprocessing  # noqa: F401  (registers the tensor reductions)
-
-            buf = io.BytesIO()
-            ForkingPickler(buf).dump(obj)
-            return base64.b64encode(buf.getvalue()).decode("ascii")
+        buf = io.BytesIO()
+        _uuid_pickler(buf).dump(obj)  # pragma: no cover - needs CUDA
+        return base64.b64encode(buf.getvalue()).decode("ascii")  # pragma: no cover
     raise SyncError("config", f"unknown serialization {serialization!r}; choose one of {SERIALIZATIONS}")
+
+
+CUDA_DEVICE_ARG = 6
+"""Index of the device in the arguments of torch's ``rebuild_cuda_tensor`` (``reduce_tensor`` of a CUDA
+tensor); SGLang's ``patch_torch`` rewrites the same slot."""
+
+
+def cuda_device_uuid(device: int) -> str:
+    """The UUID SGLang's ``patch_torch`` names CUDA device ``device`` by (``str`` of its properties' ``uuid``)."""
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def _device_as_uuid(reduction: Any, uuid_of: Any = cuda_device_uuid) -> Any:
+    """``reduction`` (a ``(rebuild, args)`` pair of ``torch.multiprocessing.reductions.reduce_tensor``) with
+    the CUDA device index at :data:`CUDA_DEVICE_ARG` replaced by ``uuid_of(index)``; anything else (a CPU
+    or meta tensor's shorter arguments, a device already named by UUID) unchanged."""
+    fn, args = reduction
+    if getattr(fn, "__name__", "") != "rebuild_cuda_tensor" or len(args) <= CUDA_DEVICE_ARG:
+        return reduction
+    device = args[CUDA_DEVICE_ARG]
+    if isinstance(device, bool) or not isinstance(device, int):
+        return reduction
+    return fn, (*args[:CUDA_DEVICE_ARG], uuid_of(device), *args[CUDA_DEVICE_ARG + 1:])
+
+
+def _uuid_pickler(buf: io.BytesIO) -> Any:
+    """A ``ForkingPickler`` on ``buf`` that reduces CUDA tensors with torch's ``reduce_tensor``, their
+    device named by UUID (:func:`_device_as_uuid`)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.multiprocessing import reductions
+
+    class _Pickler(ForkingPickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor) and obj.is_cuda:
+                return _device_as_uuid(reductions.reduce_tensor(obj))
+            return NotImplemented
+
+    return _Pickler(buf)
 
 
 def chunk_named_tensors(state: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
