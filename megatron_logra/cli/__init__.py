@@ -94,6 +94,27 @@ def _plot(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
     plot_args = plot_parser.parse_args(rest)
     try:
         sys.stdout.write(f"{plot_run(plot_args.run_dir, plot_args.out)}\n")
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        user_error(parser, _figure_write_error(exc, plot_args.run_dir, plot_args.out) or exc)
+    except ValueError as exc:
         user_error(parser, exc)
     return 0
+
+
+def _figure_write_error(exc: OSError, run_dir: str, out: Optional[str]) -> Optional[OSError]:
+    """``exc`` restated as a failure to write the figure (naming the path, the OS's reason and ``--out``) when
+    it was raised for the figure's path or a folder above it; None for any other error (reading the run)."""
+    import os
+    from pathlib import Path
+
+    if not exc.filename or not exc.strerror:
+        return None
+    figure = os.path.abspath(Path(out) if out else Path(run_dir) / "summary.png")
+    failed = os.path.abspath(exc.filename)
+    if not (figure == failed or figure.startswith(failed.rstrip(os.sep) + os.sep) or failed.startswith(figure)):
+        return None
+    reason = exc.strerror
+    if failed != figure and os.path.exists(failed) and not os.path.isdir(failed):
+        reason = f"{exc.filename} is a file, not a folder"
+    hint = "choose another --out" if out else "give --out FILE to write it elsewhere"
+    return type(exc)(f"cannot write the figure to {out or figure}: {reason}; {hint}")

@@ -69,12 +69,13 @@ def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: 
     if overrides and not overrides[0].startswith("-") and "=" not in overrides[0]:
         raise ValueError(f"{named} takes its recipe from {cfg_path}; drop {overrides[0]!r}"
                          f"{'' if evaluating else ' or start a new run'}")
+    _check_config_keys(cfg_path, named)
     # config.yaml, or the latest checkpoint's copy when config.yaml is missing or cut short; a broken checkpoint
     # (CheckpointError: its meta.json, a shard, checkpoints/latest) names its own file and keeps its message
     try:
         saved = resume_config(run_dir)
-    except CheckpointError:
-        raise
+    except CheckpointError as exc:
+        raise _with_earlier_hint(exc, run_dir) from exc
     except (ValueError, yaml.YAMLError) as exc:
         raise ValueError(str(exc) if str(exc).startswith(f"{cfg_path}:") else f"{cfg_path}: {exc}") from exc
     # the saved values are type-checked here but validated once, after the overrides: an override can then fix
@@ -109,3 +110,63 @@ def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: 
     if command != "config":
         check_saved_layout(cfg, saved, cfg_path, named)
     return cfg
+
+
+def _check_config_keys(cfg_path: Path, named: str) -> None:
+    """``ValueError`` when ``config.yaml`` holds a key that is no config field (``rl.stepz``): a hand edit (a file
+    cut short loses keys or fails to parse, but never gains one). Without this check, the field the edit
+    misspelt reads as missing, the whole file as cut short, and the run silently resumes with the checkpoint's
+    copy of the config, dropping every edit. An unreadable file is left to
+    :func:`~megatron_logra.checkpoint.run_dir.resume_config`."""
+    import dataclasses
+    import difflib
+    import typing
+
+    from megatron_logra.config import RunConfig
+    from megatron_logra.config.codec import _is_section, _section_type
+    from megatron_logra.yaml_unique import safe_load_unique
+
+    try:
+        data = safe_load_unique(cfg_path.read_text())
+    except Exception:  # missing, unreadable, not YAML, a repeated key: resume_config reports or falls back
+        return
+    if not isinstance(data, dict):
+        return
+    unknown: list[str] = []
+
+    def walk(section: dict, cls: Any, prefix: str) -> None:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        hints = typing.get_type_hints(cls)
+        for key, value in section.items():
+            name = f"{prefix}{key}"
+            if not isinstance(key, str) or key not in fields:
+                close = difflib.get_close_matches(str(key), sorted(fields), n=1)
+                unknown.append(f"{name!r}" + (f" (did you mean {prefix}{close[0]}?)" if close else ""))
+            elif isinstance(value, dict) and _is_section(hints[key]):
+                walk(value, _section_type(hints[key]), f"{name}.")
+
+    walk(data, RunConfig, "")
+    if unknown:
+        raise ValueError(f"{cfg_path} holds {'a key' if len(unknown) == 1 else 'keys'} that no config field has: "
+                         f"{', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''}; {named} reads "
+                         f"this file: fix or remove {'it' if len(unknown) == 1 else 'them'}")
+
+
+def _with_earlier_hint(exc: Exception, run_dir: Path) -> Exception:
+    """``exc`` (a ``CheckpointError`` met reading the latest checkpoint's ``meta.json``) with the newest earlier
+    checkpoint to continue from appended, as the other checks of a damaged checkpoint name it; unchanged when
+    its message already says what to do."""
+    from megatron_logra.checkpoint import latest_checkpoint
+    from megatron_logra.checkpoint.catalog import earlier_checkpoint_hint
+    from megatron_logra.checkpoint.integrity import CheckpointError
+
+    message = str(exc)
+    if "checkpoint there is" in message or "no earlier checkpoint" in message:
+        return exc
+    try:
+        broken = latest_checkpoint(run_dir)
+    except (CheckpointError, OSError):
+        return exc
+    if broken is None:
+        return exc
+    return CheckpointError(f"{message}; {earlier_checkpoint_hint(broken.parent, broken)}")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import yaml
 
-from megatron_logra.cli.errors import reporting_user_errors, user_error
+from megatron_logra.cli.errors import exit_with_error, reporting_user_errors, tracebacks_wanted, user_error
 from megatron_logra.cli.launch import is_rank0
 from megatron_logra.cli.resume import check_recipe_resume, check_resumed_architecture, split_resume_dir
 from megatron_logra.cli.run_dir import run_dir_config
@@ -19,7 +19,10 @@ from megatron_logra.cli.run_dir import run_dir_config
 if TYPE_CHECKING:
     from megatron_logra.config import RunConfig
 
-__all__ = ["job_check_config", "run_train_or_config", "split_recipe"]
+__all__ = ["INTERRUPTED_STATUS", "job_check_config", "run_train_or_config", "split_recipe"]
+
+INTERRUPTED_STATUS = 130
+"""Exit status of a ``train`` stopped by Ctrl-C (SIGINT), as a shell reports a process ended by SIGINT."""
 
 
 def split_recipe(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
@@ -78,14 +81,40 @@ def run_train_or_config(parser: argparse.ArgumentParser, command: str, rest: Seq
         from megatron_logra.rl.job import run_rl as run
     else:
         from megatron_logra.train.lm import run_lm as run
-    succeeded = False
+    succeeded = interrupted = False
     try:
         summary = reporting_user_errors(parser, lambda: run(cfg))
         succeeded = True
+    except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not a traceback from wherever it landed
+        if tracebacks_wanted():
+            raise
+        interrupted = True
     finally:
         destroy_parallel(wait_for_peers=succeeded)
+    if interrupted:
+        exit_with_error(INTERRUPTED_STATUS, f"{parser.prog}: interrupted (Ctrl-C, SIGINT); {_how_to_continue(cfg)}\n")
     if is_rank0():
         from megatron_logra.metrics import strict_dumps
 
         sys.stdout.write(strict_dumps(summary, indent=1) + "\n")  # as summary.json: null for a non-finite value
     return 0
+
+
+def _how_to_continue(cfg: RunConfig) -> str:
+    """What a user whose run was interrupted can do: resume from its latest checkpoint, or start it over."""
+    from megatron_logra.checkpoint import latest_checkpoint
+
+    run_dir = cfg.train.run_dir
+    try:
+        latest = latest_checkpoint(run_dir)
+    except (ValueError, OSError) as exc:  # a CheckpointError: what it says is what to do
+        return f"its checkpoints need attention: {exc}"
+    if latest is None:
+        from pathlib import Path
+
+        if any((Path(run_dir) / name).exists() for name in ("metrics.jsonl", "summary.json", "checkpoints")):
+            return (f"no checkpoint was saved in {run_dir}: start the run again with train.overwrite=true (which "
+                    f"replaces what it wrote there) or in another train.run_dir")
+        return "no checkpoint was saved, and nothing to continue: run the command again"
+    return (f"the run's latest checkpoint is {latest} (an unfinished save is discarded): continue with "
+            f"`megatron-logra train --resume {run_dir}`")

@@ -5,7 +5,9 @@ command line's overrides (:func:`parse_args_to_config`, as the CLI calls it; the
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import logging
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -21,6 +23,8 @@ from megatron_logra.megatron_flags import CONTEXT_FLAGS, MEGATRON_ALIASES
 from megatron_logra.yaml_unique import safe_load_unique
 
 __all__ = ["load_recipe", "parse_args_to_config"]
+
+logger = logging.getLogger(__name__)
 
 
 def load_recipe(name_or_path: str) -> RunConfig:
@@ -81,6 +85,13 @@ def _load_recipe(name_or_path: str, _including: tuple = ()) -> tuple[RunConfig, 
         # a blank base would silently fall back to the built-in defaults (an RL config)
         raise ValueError(f"recipe file {path}: 'recipe:' is empty: name a base recipe ({', '.join(sorted(RECIPES))}) "
                          f"or a .yaml file, or remove the key to start from the built-in defaults")
+    if "recipe" not in data:
+        unset = [f.name for f in dataclasses.fields(RunConfig) if f.name not in data]
+        if unset:  # not a whole config (`megatron-logra config RECIPE > FILE` writes every section)
+            logger.warning("recipe file %s names no base recipe: its fields apply over the built-in defaults "
+                           "(which no job runs as they are), not over the tiny recipe that `train` uses without "
+                           "a recipe; add 'recipe: tiny' (RL) or 'recipe: lm-tiny' (lm) to start from one "
+                           "(it leaves unset: %s)", path, ", ".join(unset))
     base = data.pop("recipe", None)
     if base is not None and not isinstance(base, str):
         raise ValueError(f"recipe file {path}: recipe={_short(base)} must be a recipe name "
