@@ -7,6 +7,7 @@ given on top and refuses, as a ``ValueError`` naming the form used, what that fo
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
@@ -89,6 +90,7 @@ def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: 
     cfg.train.run_dir, cfg.train.resume, cfg.train.overwrite = str(run_dir), True, False
     if progress is not None:
         cfg.train.progress = progress
+    saved_cfg = copy.deepcopy(cfg) if evaluating else None
     try:
         cfg = apply_overrides(cfg, overrides)
     except ValueError as exc:
@@ -107,9 +109,34 @@ def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: 
         raise ValueError(f"train.overwrite=true with {named}: overwriting would delete the run that --resume "
                          f"continues; drop train.overwrite=true to continue it, or start a new run (without "
                          f"--resume) to replace it")
+    if evaluating:
+        _check_eval_optimizer(cfg, apply_overrides(saved_cfg, []), named)
     if command != "config":
         check_saved_layout(cfg, saved, cfg_path, named)
     return cfg
+
+
+def _check_eval_optimizer(cfg: RunConfig, saved: RunConfig, named: str) -> None:
+    """``ValueError`` when an override changed ``optimizer.*`` for ``eval`` (``saved``: the run's config as
+    saved, validated the same way): evaluation reads the run's weights with the optimizer state saved beside
+    them, so the saved optimizer settings are the only ones that load, and no other one would change what is
+    evaluated."""
+    from megatron_logra.config.codec import to_dict
+
+    def flat(node: Any, prefix: str) -> dict[str, Any]:
+        if not isinstance(node, dict):
+            return {prefix: node}
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flat(value, f"{prefix}.{key}"))
+        return out
+
+    given, kept = flat(to_dict(cfg.optimizer), "optimizer"), flat(to_dict(saved.optimizer), "optimizer")
+    changed = sorted(key for key, value in given.items() if kept.get(key) != value)
+    if changed:
+        raise ValueError(f"{named} evaluates the run's saved weights; optimizer settings do not apply to it, "
+                         f"but the overrides change {', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}: "
+                         f"drop them")
 
 
 def _check_config_keys(cfg_path: Path, named: str) -> None:

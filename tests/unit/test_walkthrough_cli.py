@@ -172,3 +172,20 @@ def test_plot_to_an_unwritable_out_names_it(trained, tmp_path, capsys, out):
 def test_plot_of_a_run_without_metrics_still_names_the_run(tmp_path, capsys):
     err = _exit_2(["plot", str(tmp_path)], capsys)
     assert f"{tmp_path / 'metrics.jsonl'} does not exist: is {tmp_path} a run directory?" in err
+
+
+@pytest.mark.parametrize("override,field", [(["logra.rank=8"], "optimizer.logra.rank"),
+                                            (["--lr", "1e-3"], "optimizer.logra.lr")])
+def test_eval_refuses_optimizer_overrides_naming_them(trained, capsys, override, field):
+    """``eval`` loads the saved optimizer state with the weights; an optimizer override would otherwise be met as
+    a checkpoint mismatch whose advice is to resume or start a new run."""
+    err = _exit_2(["eval", str(trained), *override], capsys)
+    assert f"optimizer settings do not apply to it, but the overrides change {field}: drop them" in err, err
+    assert "resume" not in err
+
+
+def test_eval_with_only_non_optimizer_overrides_evaluates(trained, capsys):
+    capsys.readouterr()
+    assert main(["eval", str(trained), "parallel.tp=1", "train.progress=false"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip(), "eval printed no result"
