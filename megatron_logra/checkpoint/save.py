@@ -14,12 +14,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from safetensors.torch import save_file
 from torch import nn
 
 from megatron_logra.checkpoint.catalog import _prune
 from megatron_logra.checkpoint.collective import _on_every_rank, _shared_outcome
 from megatron_logra.checkpoint.dist_writer import _save_dist
+from megatron_logra.checkpoint.files import save_safetensors
 from megatron_logra.checkpoint.integrity import (
     FORMAT_VERSION,
     CheckpointError,
@@ -89,7 +89,7 @@ def _save(root: Path, final: Path, tmp: Path, rank: int, step: int, model, optim
     sharded, scalars, _ = _sharded_state(model, optimizer)
     _save_dist(step, root, sharded, tmp / _DIST)
     _on_every_rank(step, root, "writing the RNG states",
-                   lambda: save_file(rng_state(), str(tmp / f"rng_rank{rank}.safetensors")))
+                   lambda: save_safetensors(rng_state(), tmp / f"rng_rank{rank}.safetensors"))
 
     def list_and_sync() -> dict[str, int]:
         sizes = _file_sizes(tmp)

@@ -25,9 +25,9 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
+from megatron_logra.checkpoint.files import save_safetensors
 from megatron_logra.models.layout import global_param_names, shard_full
 from megatron_logra.models.weights import weight_source_name
 from megatron_logra.rl.weights import gather_full_model
@@ -65,7 +65,7 @@ def save_weights(model: nn.Module, groups: ParallelGroups, path: Path, meta: Opt
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
         tensors = {k: v.cpu().contiguous() for k, v in full.items()}
-        save_file(tensors, str(tmp), metadata={"megatron_logra": json.dumps(meta or {}),
+        save_safetensors(tensors, tmp, metadata={"megatron_logra": json.dumps(meta or {}),
                                                "crc32": tensors_crc32(tensors)})
         tmp.replace(path)
     if dist.is_initialized() and dist.get_world_size() > 1:
