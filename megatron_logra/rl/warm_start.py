@@ -8,6 +8,7 @@ import logging
 import time
 from pathlib import Path
 
+from megatron_logra.checkpoint import latest_checkpoint
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.convert.load import load_hf_into_model
 from megatron_logra.data.tokenizer import build_tokenizer, load_tokenizer, save_tokenizer
@@ -30,6 +31,7 @@ def run_tokenizer(cfg: RunConfig, task, run_dir: Path, *, will_save: bool):
     (evaluation never writes into the run directory). A resumed run whose ``RUN/tokenizer`` is
     missing gets one from the config as above, with a warning naming the missing directory and the source used
     (it is the run's tokenizer only if that source is unchanged since the run started).
+    A run started with ``train.resume=true`` but no checkpoint yet is a new run: no warning.
     A tokenizer with more tokens than ``model.vocab_size`` rows is a ValueError naming both, before it is saved."""
     saved = run_dir / "tokenizer"
     if cfg.train.resume and saved.exists():
@@ -43,7 +45,7 @@ def run_tokenizer(cfg: RunConfig, task, run_dir: Path, *, will_save: bool):
             tok = build_tokenizer(cfg.tokenizer, texts)
             source = (f"tokenizer.path={cfg.tokenizer.path!r}" if cfg.tokenizer.path
                       else f"the {cfg.tokenizer.kind} tokenizer built for the task (tokenizer.path empty)")
-        if cfg.train.resume and is_rank0():
+        if cfg.train.resume and is_rank0() and latest_checkpoint(run_dir) is not None:
             logger.warning("%s is missing: using %s instead, which is the run's tokenizer only if it has not "
                            "changed since the run started (restore %s to use the run's own)%s", saved, source, saved,
                            "" if will_save else "; not saved into the run directory")

@@ -142,3 +142,13 @@ def test_a_broken_checkpoint_is_reported_as_itself_not_as_config_yaml(kl_run, tm
     assert info.value.code == 2
     assert line.startswith(f"megatron-logra: error: {named}"), line
     assert "config.yaml" not in line
+
+
+def test_train_resume_true_in_a_new_run_dir_does_not_warn_of_a_missing_tokenizer(tmp_path, caplog):
+    """``train.resume=true`` where no checkpoint exists yet starts a new run, which writes its tokenizer: the
+    missing-tokenizer warning is for a resumed run only (tested above through eval)."""
+    torch.set_num_threads(1)
+    with caplog.at_level(logging.WARNING):
+        _train(tmp_path / "run", "train.resume=true")
+    assert not [r for r in caplog.records if "is missing" in r.getMessage()], caplog.text
+    assert (tmp_path / "run" / "tokenizer").is_dir()
