@@ -74,7 +74,7 @@ def run(out: Path) -> None:
         def full_disk(*args, **kwargs):
             raise OSError(28, "No space left on device")
 
-        save_module.save_file = full_disk
+        save_module.save_safetensors = full_disk
     save_error = None
     try:
         save_checkpoint(out / "run", 2, model, None, groups)
