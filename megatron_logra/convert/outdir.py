@@ -18,6 +18,7 @@ names must be plain ``*.safetensors`` names, so that the export writes inside it
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import shutil
@@ -192,3 +193,7 @@ def template_weight_map(index_path: Path) -> dict[str, str]:
         if not fname.endswith(".safetensors"):
             raise ValueError(f"{index_path}: shard file name {fname!r} does not end in .safetensors")
     return weight_map
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")

@@ -15,23 +15,26 @@ so memory figures for it are slightly conservative. 32 heads and 16 groups allow
 (``architectures`` / ``model_type``) as transformers reads it (its ``head_dim`` default, its RoPE-base
 precedence) and rejects anything else, a field ``ModelConfig`` cannot express (a non-SiLU MLP, ...) or
 a value of the wrong type (null, a string for a number or boolean), with a ``ValueError`` naming the
-field.
+field. Its typed field readers live in :mod:`megatron_logra.models.hf_fields` and its RoPE fields in
+:mod:`megatron_logra.models.hf_rope` (both importable from here).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Union
 
 from megatron_logra.models.gpt import ModelConfig
+from megatron_logra.models.hf_fields import _optional_int, _positive_number, _require, hf_bool, read_json_object
+from megatron_logra.models.hf_rope import LLAMA3_ROPE_FIELDS, hf_rope_scaling_factor, hf_rope_theta
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PRESETS", "get_preset", "load_hf_config", "resolve_model", "preset_names"]
+__all__ = ["PRESETS", "get_preset", "load_hf_config", "resolve_model", "preset_names",
+           # re-exported from models.hf_fields / models.hf_rope, where they live
+           "hf_bool", "read_json_object", "LLAMA3_ROPE_FIELDS", "hf_rope_scaling_factor", "hf_rope_theta"]
 
 DEFAULT_SEQ_LENGTH = 4096
 
@@ -115,47 +118,6 @@ def _family(raw: dict, source: str) -> str:
     return family
 
 
-def _require(raw: dict, key: str, source: str) -> int:
-    if key not in raw:
-        raise ValueError(f"{source}: the field {key!r} is missing (needed for the model shape)")
-    value = raw[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{source}: {key}={value!r} must be a positive integer")
-    return value
-
-
-def _optional_int(raw: dict, key: str, source: str) -> Optional[int]:
-    """``raw[key]`` as a positive integer, ``None`` when absent or null; ``ValueError`` naming the field otherwise."""
-    value = raw.get(key)
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"{source}: {key}={value!r} must be a positive integer (or be left out)")
-    return value
-
-
-def hf_bool(raw: dict, key: str, default: bool, source: str) -> bool:
-    """``raw[key]`` as a JSON boolean, ``default`` when absent. A string (``"false"``), number or null is a
-    ``ValueError`` naming the field and ``source``, never read by truthiness (transformers refuses them too)."""
-    if key not in raw:
-        return default
-    value = raw[key]
-    if not isinstance(value, bool):
-        raise ValueError(f"{source}: {key}={value!r} must be true or false (a JSON boolean, not a string or null)")
-    return value
-
-
-def _positive_number(raw: dict, key: str, default: float, source: str, label: str = "") -> float:
-    """``raw[key]`` as a positive finite number, ``default`` when absent; ``ValueError`` naming the field
-    (``label`` + ``key``) otherwise."""
-    if key not in raw:
-        return default
-    value = raw[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{source}: {label}{key}={value!r} must be a positive number (a JSON number such as 1e-06, "
-                         "not a string or null)")
-    return float(value)
-
-
-_DEFAULT_ROPE_THETA = 10000.0
 _KV_HEADS_DEFAULTS = {"mistral": 8, "qwen2": 32, "qwen3": 32}
 """transformers' ``num_key_value_heads`` of a config without the field (its config class's default); a Llama
 config without it has as many key/value heads as attention heads, and so has a ``null`` in any family but
@@ -168,80 +130,6 @@ has no biases, whatever its config.json says; Qwen3 has no MLP biases)."""
 _HEAD_DIM_DEFAULTS = {"qwen3": 128}
 """transformers' ``head_dim`` of a config without the field, where its config class has a default
 (``Qwen3Config.head_dim = 128``); other families derive hidden / heads."""
-
-
-LLAMA3_ROPE_FIELDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-"""The Llama 3 RoPE scaling constants megatron-core's ``rope_scaling`` implements (its ``factor`` is a field of
-``ModelConfig``); a ``rope_type: llama3`` config with other values is refused."""
-
-
-def _rope_object(raw: dict, source: str) -> tuple[str, Optional[dict]]:
-    """``(key, RoPE object)`` transformers (>= 5) reads from ``raw``
-    (``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict``): ``rope_scaling`` if set, else
-    ``rope_parameters`` (None when that is unset too). Not an object, or nested per layer type: a
-    ``ValueError`` naming the field (not supported)."""
-    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
-    rope = raw.get(key)
-    if rope is not None and not isinstance(rope, dict):
-        raise ValueError(f"{source}: {key}={rope!r} is not supported (expected an object)")
-    if isinstance(rope, dict) and any(isinstance(v, dict) for v in rope.values()):
-        raise ValueError(f"{source}: {key} is nested per layer type ({sorted(rope)}): not supported, give one "
-                         "RoPE object for all layers")
-    return key, rope
-
-
-def hf_rope_scaling_factor(raw: dict, source: str, *, strict: bool = True) -> Optional[float]:
-    """The Llama 3 RoPE scaling factor of ``raw`` (``model.rope_scaling_factor``), None for unscaled RoPE.
-
-    The RoPE object is the one transformers reads (``rope_scaling`` if set, else ``rope_parameters``, as
-    :func:`_rope_object`). ``rope_type: llama3`` must hold :data:`LLAMA3_ROPE_FIELDS` and a positive
-    ``factor``, and no other ``rope_type`` is implemented: a ``ValueError`` naming the field when ``strict``,
-    else a warning and None (the memory planner: shapes do not depend on it)."""
-    key, rope = _rope_object(raw, source)
-    if rope is None:
-        return None
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind == "default":
-        return None
-    problem = None
-    if kind != "llama3":
-        problem = (f"{key}.rope_type={kind!r} is not supported: the megatron model implements unscaled (default) "
-                   "and Llama 3 (llama3) RoPE")
-    for field, want in LLAMA3_ROPE_FIELDS.items() if problem is None else ():
-        got = rope.get(field)
-        if isinstance(got, bool) or not isinstance(got, (int, float)) or got != want:
-            problem = (f"{key}.{field}={got!r} is not supported: megatron-core's Llama 3 RoPE scaling is built "
-                       f"with {field}={want}")
-            break
-    factor = rope.get("factor")
-    if problem is None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
-                            or not math.isfinite(factor) or factor <= 0):
-        problem = f"{key}.factor={factor!r} must be a positive number (Llama 3.1: 8.0)"
-    if problem is None:
-        return float(factor)
-    if strict:
-        raise ValueError(f"{source}: {problem}")
-    logger.warning("%s: %s; ignored (RoPE scaling does not change shapes or memory)", source, problem)
-    return None
-
-
-def hf_rope_theta(raw: dict, source: str, *, warn: bool = True) -> float:
-    """The RoPE base transformers (>= 5) uses for ``raw``, validated as a positive number.
-
-    transformers' precedence (``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict``): the RoPE dict is
-    ``rope_scaling`` if set, else ``rope_parameters``; its ``rope_theta`` wins over the top-level
-    ``rope_theta``, which is used only when the dict has none; 10000 when neither is given. When both are
-    given and differ, the dict's value is used and (``warn``) a warning names both fields. A RoPE dict nested per
-    layer type is a ``ValueError`` (not supported)."""
-    key, rope = _rope_object(raw, source)
-    top = _positive_number(raw, "rope_theta", _DEFAULT_ROPE_THETA, source)
-    if not isinstance(rope, dict) or "rope_theta" not in rope:
-        return top
-    theta = _positive_number(rope, "rope_theta", top, source, label=f"{key}.")
-    if warn and "rope_theta" in raw and theta != top:
-        logger.warning("%s: rope_theta=%s and %s.rope_theta=%s differ: using %s.rope_theta, as transformers does",
-                       source, raw["rope_theta"], key, rope["rope_theta"], key)
-    return theta
 
 
 def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, source: str = "config.json") -> ModelConfig:
@@ -347,17 +235,6 @@ def load_hf_config(path: Union[str, Path], *, seq_length: Optional[int] = None, 
 
         return model_config_from_hf_dict_strict(raw, source=str(p), seq_length=seq_length)
     return model_config_from_hf_dict(raw, seq_length=seq_length, source=str(p))
-
-
-def read_json_object(path: Path, *, prefix: str = "") -> dict:
-    """The JSON object stored in ``path``; ``ValueError`` (``prefix`` + path) if it is not valid JSON or not an object."""
-    try:
-        raw = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{prefix}{path}: not valid JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{prefix}{path}: does not hold a JSON object")
-    return raw
 
 
 def resolve_model(spec: Union[str, Path, ModelConfig], *, seq_length: Optional[int] = None,

@@ -53,6 +53,8 @@ from megatron_logra.sync.sglang_wire import LOADER_PATH
 
 logger = logging.getLogger(__name__)
 
+_READ_ALL = 1 << 31  # truncate_size for get_weights_by_name: the whole (1-D) state parameter
+
 
 def _int_at_least_1(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1

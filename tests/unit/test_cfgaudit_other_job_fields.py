@@ -48,7 +48,26 @@ def test_every_recipe_loads(name):
 
 
 def test_example_yaml_loads():
+    """Every example YAML file loads, and the config it gives holds each value the file sets."""
     from pathlib import Path
 
-    for path in sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml")):
-        parse_args_to_config(str(path), [])
+    import yaml
+
+    def leaves(node, prefix=()):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                yield from leaves(value, (*prefix, key))
+            else:
+                yield (*prefix, key), value
+
+    paths = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+    assert paths, "no example YAML files found"
+    for path in paths:
+        cfg = parse_args_to_config(str(path), [])
+        given = [(keys, value) for keys, value in leaves(yaml.safe_load(path.read_text())) if keys != ("recipe",)]
+        assert given, path
+        for keys, value in given:
+            node = cfg
+            for key in keys:
+                node = getattr(node, key)
+            assert node == value, (path.name, ".".join(keys), node, value)

@@ -78,7 +78,7 @@ def test_a_damaged_config_yaml_gives_the_checkpoints_config(run, caplog, damage)
         path.unlink()
     else:
         path.write_text("kl: {mode: [\n")
-    with caplog.at_level(logging.WARNING, logger="megatron_logra.checkpoint.run_dir"):
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.checkpoint.resuming"):
         config = resume_config(run)
     assert config == RUN_CONFIG and _kl(config) == ("calibrated", 0.002, 60)
     assert "config.yaml is not usable" in caplog.text and "step_00000001" in caplog.text
@@ -87,7 +87,7 @@ def test_a_damaged_config_yaml_gives_the_checkpoints_config(run, caplog, damage)
 def test_config_yaml_with_other_values_wins_with_a_warning(run, caplog):
     changed = to_dict(RunConfig(kl=KLConfig(mode="calibrated", budget_start=0.002, horizon=90)))
     atomic_write_text(run / "config.yaml", yaml.safe_dump(changed, sort_keys=False))
-    with caplog.at_level(logging.WARNING, logger="megatron_logra.checkpoint.run_dir"):
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.checkpoint.resuming"):
         assert resume_config(run) == changed
     assert "kl.horizon: 90 there, 60 in the checkpoint" in caplog.text
 

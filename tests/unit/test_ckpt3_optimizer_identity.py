@@ -61,6 +61,35 @@ def _save(groups, tmp_path: Path, **settings) -> Path:
     return save_checkpoint(tmp_path / "run", 1, model, optimizer, groups, config=_config(dtype=dtype, **settings))
 
 
+def _save_with_state(groups, tmp_path: Path, **settings):
+    """:func:`_save` of a model and optimizer whose LoGRA row moments were filled with random values (a
+    fresh optimizer's are zeros, like the loading one's); returns the checkpoint, the saved weights and
+    the saved row moments, for a load to be compared with."""
+    model = _model(groups, seed=3)
+    optimizer = _optimizer(model, groups, **settings)
+    gen = torch.Generator().manual_seed(5)
+    for moment in optimizer.row_moments.values():
+        moment.copy_(torch.rand(moment.shape, generator=gen, dtype=moment.dtype))
+    ckpt = save_checkpoint(tmp_path / "run", 1, model, optimizer, groups, config=_config(**settings))
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    return ckpt, weights, {k: v.clone() for k, v in optimizer.row_moments.items()}
+
+
+def _load_and_check(ckpt: Path, model, optimizer, groups, weights: dict, moments: dict) -> None:
+    """Load ``ckpt`` into the fresh ``model`` and ``optimizer`` (whose weights differ from the saved ones)
+    and check that they then hold the saved weights and row moments."""
+    state = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    assert state.keys() == weights.keys()
+    assert not all(torch.equal(v, weights[k]) for k, v in state.items())  # the load has something to do
+    load_checkpoint(ckpt, model, optimizer, groups)
+    state = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    for key, value in weights.items():
+        assert torch.equal(state[key], value), key
+    assert moments and optimizer.row_moments.keys() == moments.keys()
+    for key, value in moments.items():
+        assert torch.equal(optimizer.row_moments[key], value), key
+
+
 def _refused(ckpt: Path, groups, *, dtype: str = "float32", **settings) -> str:
     """The message of the refused load into a fresh model and optimizer built with ``settings``; asserts
     that nothing was modified."""
@@ -107,10 +136,10 @@ def test_another_target_set_is_refused_by_name(groups, tmp_path):
 
 
 def test_the_same_targets_by_their_aliases_resume(groups, tmp_path):
-    ckpt = _save(groups, tmp_path)
+    ckpt, weights, moments = _save_with_state(groups, tmp_path)
     fresh = _model(groups, seed=11)
     optimizer = _optimizer(fresh, groups, targets=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
-    load_checkpoint(ckpt, fresh, optimizer, groups)
+    _load_and_check(ckpt, fresh, optimizer, groups, weights, moments)
 
 
 def test_unfreezing_the_native_parameters_is_refused_by_name(groups, tmp_path):
@@ -132,10 +161,10 @@ def test_freezing_the_native_parameters_resumes_with_a_warning(groups, tmp_path,
 
 
 def test_a_checkpoint_that_records_neither_still_loads_unchanged(groups, tmp_path):
-    ckpt = _save(groups, tmp_path, freeze=True)
+    ckpt, weights, moments = _save_with_state(groups, tmp_path, freeze=True)
     _forget(ckpt, "targets", "native_freeze", "native.masters")
     fresh = _model(groups, seed=11)
-    load_checkpoint(ckpt, fresh, _optimizer(fresh, groups, freeze=True), groups)
+    _load_and_check(ckpt, fresh, _optimizer(fresh, groups, freeze=True), groups, weights, moments)
 
 
 @pytest.mark.parametrize("name, masters", [("adam", "fp32"), ("logra", "none")])

@@ -68,16 +68,25 @@ def test_distinct_prompts_run_the_whole_batch(engine):
 
 
 def test_prompt_batch_tokenizes_each_problem_once(monkeypatch):
+    """The real tokenization (the tiny recipe's tokenizer and prompt template), spied on: once per problem,
+    each problem's ids repeated ``repeat`` times."""
+    from megatron_logra.config import parse_args_to_config
+    from megatron_logra.data.tokenizer import build_tokenizer
+
+    cfg = parse_args_to_config("tiny", [])
+    comps = SimpleNamespace(groups=SimpleNamespace(dp=None), cfg=cfg, tokenizer=build_tokenizer(cfg.tokenizer, []))
     calls = []
+    real = loop._prompt_ids
 
-    def fake_prompt_ids(c, text):
-        calls.append(text)
-        return [len(text), 1]
+    def spy(c, text):
+        calls.append((text, real(c, text)))
+        return calls[-1][1]
 
-    monkeypatch.setattr(loop, "_prompt_ids", fake_prompt_ids)
-    comps = SimpleNamespace(groups=SimpleNamespace(dp=None))
+    monkeypatch.setattr(loop, "_prompt_ids", spy)
     problems = [SimpleNamespace(prompt=p) for p in ("1 + 2 =", "3 + 45 =")]
     ids = loop._prompt_batch(comps, problems, 4)
-    assert calls == ["1 + 2 =", "3 + 45 ="]
-    assert ids == [[7, 1]] * 4 + [[8, 1]] * 4
+    assert [text for text, _ in calls] == ["1 + 2 =", "3 + 45 ="]
+    first, second = (list(one) for _, one in calls)
+    assert first != second and first and second
+    assert ids == [first] * 4 + [second] * 4
     assert len({id(x) for x in ids}) == len(ids)  # each row its own list

@@ -1,12 +1,13 @@
 """Rank 0 announcing its error report to the other ranks through the store torchrun's agent shares with every
-node (``megatron_logra.launch_store``), against a real ``TCPStore`` server in this process."""
+node (``megatron_logra.launch_store``), against a real ``TCPStore`` server in this process.
+
+How long a rank waits is checked on a virtual clock (:class:`_Clock`, the module's ``time``), never the wall
+clock: exact, and the same on a loaded machine."""
 
 from __future__ import annotations
 
 import datetime
 import socket
-import threading
-import time
 
 import pytest
 import torch.distributed as dist
@@ -18,6 +19,35 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class _Clock:
+    """Stands in for ``launch_store``'s ``time`` module: ``monotonic`` is virtual seconds since the start, ``sleep``
+    advances them (without waiting) and then runs the actions due by then (``at``: another rank doing something at
+    that time)."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.due: list = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.now += seconds
+        while self.due and self.due[0][0] <= self.now:
+            self.due.pop(0)[1]()
+
+    def at(self, when: float, action) -> None:
+        self.due = sorted([*self.due, (when, action)], key=lambda d: d[0])
+
+
+@pytest.fixture
+def clock(monkeypatch) -> _Clock:
+    clock = _Clock()
+    monkeypatch.setattr(launch_store, "time", clock)
+    return clock
 
 
 @pytest.fixture
@@ -32,12 +62,12 @@ def agent_store(monkeypatch):
     yield server
 
 
-def test_without_the_agent_store_the_others_wait_the_whole_time(monkeypatch):
+def test_without_the_agent_store_the_others_wait_the_whole_time(monkeypatch, clock):
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
     assert launch_store.announce_error_reported() is False
-    t0 = time.monotonic()
+    assert clock.now == 0.0
     assert launch_store.rank0_reported_error(0.3) is False
-    assert time.monotonic() - t0 >= 0.3
+    assert clock.now == pytest.approx(0.3)
 
 
 def test_unreachable_store_is_no_announcement(agent_store, monkeypatch):
@@ -45,11 +75,10 @@ def test_unreachable_store_is_no_announcement(agent_store, monkeypatch):
     assert launch_store.rank0_reported_error(0.5) is False
 
 
-def test_the_others_see_rank0s_announcement_at_once(agent_store):
+def test_the_others_see_rank0s_announcement_at_once(agent_store, clock):
     assert launch_store.announce_error_reported() is True
-    t0 = time.monotonic()
     assert launch_store.rank0_reported_error(10.0) is True
-    assert time.monotonic() - t0 < 5.0
+    assert clock.now == 0.0  # not a moment's wait
 
 
 def test_an_earlier_attempts_announcement_is_not_this_ones(agent_store, monkeypatch):
@@ -58,19 +87,17 @@ def test_an_earlier_attempts_announcement_is_not_this_ones(agent_store, monkeypa
     assert launch_store.rank0_reported_error(0.3) is False
 
 
-def test_rank0_waits_until_the_others_have_seen_it(agent_store):
+def test_rank0_waits_until_the_others_have_seen_it(agent_store, clock):
     """The first node's torchrun ends the store soon after rank 0 ends: rank 0 leaves once every other rank
     (WORLD_SIZE - 1 of them) has seen the announcement, not before, and not after."""
+    poll = launch_store._POLL_SECONDS
     seen = []
-    peer = threading.Thread(target=lambda: (time.sleep(0.5), seen.append(launch_store.rank0_reported_error(10.0))))
-    peer.start()
-    t0 = time.monotonic()
+    clock.at(0.5, lambda: seen.append(launch_store.rank0_reported_error(10.0)))  # the other rank looks at 0.5 s
     assert launch_store.announce_error_reported(wait_s=10.0) is True
-    waited = time.monotonic() - t0
-    peer.join()
-    assert seen == [True] and 0.4 <= waited < 5.0, waited
+    assert seen == [True]
+    assert 0.5 <= clock.now <= 0.5 + poll + 1e-9, clock.now
     # with no other rank looking it gives up after wait_s
     agent_store.delete_key(launch_store.reported_error_key() + "/seen")
-    t0 = time.monotonic()
-    launch_store.announce_error_reported(wait_s=0.3)
-    assert 0.3 <= time.monotonic() - t0 < 3.0
+    t0 = clock.now
+    assert launch_store.announce_error_reported(wait_s=0.3) is True
+    assert 0.3 <= clock.now - t0 <= 0.3 + poll + 1e-9, clock.now - t0
