@@ -31,7 +31,7 @@ from megatron_logra.convert.export_config import (
 )
 from megatron_logra.convert.hf_checkpoint import INDEX_NAME, SINGLE_NAME, hf_tensor_not_imported
 from megatron_logra.convert.mcore_checkpoint import McoreCheckpoint
-from megatron_logra.convert.mcore_path import resolve_mcore_dir
+from megatron_logra.convert.mcore_path import earlier_export_hint, resolve_mcore_dir
 from megatron_logra.convert.outdir import _finalize, _prepare_out, _write_json, template_weight_map
 from megatron_logra.convert.st_io import SafetensorsWriter
 from megatron_logra.convert.tensor_plan import hf_expected_shapes, megatron_plan
@@ -68,6 +68,14 @@ def _plan_shards(names: list[tuple[str, int]], max_bytes: int) -> list[list[str]
     return shards
 
 
+def _with_earlier_hint(exc: ValueError, mcore_dir: Path) -> ValueError:
+    """``exc`` with :func:`earlier_export_hint` appended, as a ``CheckpointError`` when it was one."""
+    from megatron_logra.checkpoint.integrity import CheckpointError
+
+    message = f"{exc}{earlier_export_hint(mcore_dir)}"
+    return CheckpointError(message) if isinstance(exc, CheckpointError) else ValueError(message)
+
+
 def convert_mcore_to_hf(
     mcore_dir: Union[str, Path],
     out_dir: Union[str, Path],
@@ -99,11 +107,17 @@ def convert_mcore_to_hf(
     mcore_dir, out_dir = resolve_mcore_dir(mcore_dir), Path(out_dir)
     template = Path(hf_template) if hf_template else None
     max_bytes = parse_size(max_shard_size)
-    src = McoreCheckpoint(mcore_dir, verify=verify)
+    try:
+        src = McoreCheckpoint(mcore_dir, verify=verify)
+    except ValueError as exc:  # a damaged meta.json: name the checkpoint to export instead
+        raise _with_earlier_hint(exc, mcore_dir) from exc
     try:
         cfg, tp, pp = src.cfg, src.tp, src.pp
         plan = megatron_plan(cfg, tp, pp)
-        src.validate(plan, verify=verify)
+        try:
+            src.validate(plan, verify=verify)
+        except ValueError as exc:  # a truncated or corrupt file (its size or CRC-32), a missing tensor
+            raise _with_earlier_hint(exc, mcore_dir) from exc
         tied = not cfg.untie_embeddings_and_output_weights
 
         # config.json (and the files that travel with it): see export_config

@@ -13,7 +13,7 @@ from typing import Union
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["resolve_mcore_dir"]
+__all__ = ["earlier_export_hint", "resolve_mcore_dir"]
 
 
 def resolve_mcore_dir(path: Union[str, Path]) -> Path:
@@ -60,3 +60,19 @@ def resolve_mcore_dir(path: Union[str, Path]) -> Path:
                          "train this one again")
     logger.info("--mcore %s: exporting the run's latest checkpoint %s", given, step)
     return step
+
+
+def earlier_export_hint(mcore_dir: Path) -> str:
+    """For a trainer checkpoint ``RUN/checkpoints/step_XXXXXXXX`` that cannot be read: the text after ``; ``
+    naming the run's newest earlier complete checkpoint and the ``--mcore`` that exports it (or that none is
+    left); empty for any other directory (a ``convert hf-to-mcore`` output has no earlier one)."""
+    from megatron_logra.checkpoint.catalog import _STEP_DIR, _complete_checkpoints
+
+    step = _STEP_DIR.fullmatch(mcore_dir.name)
+    if step is None or mcore_dir.parent.name != "checkpoints":
+        return ""
+    earlier = [p for p in _complete_checkpoints(mcore_dir.parent)
+               if int(_STEP_DIR.fullmatch(p.name).group(1)) < int(step.group(1))]
+    if not earlier:
+        return f"; no earlier checkpoint of the run is left in {mcore_dir.parent}"
+    return f"; the run's newest earlier checkpoint is {earlier[-1].name}: export it with --mcore {earlier[-1]}"

@@ -189,3 +189,24 @@ def test_eval_with_only_non_optimizer_overrides_evaluates(trained, capsys):
     assert main(["eval", str(trained), "parallel.tp=1", "train.progress=false"]) == 0
     out = capsys.readouterr().out
     assert out.strip(), "eval printed no result"
+
+
+@pytest.mark.parametrize("damage", ["meta", "shard"])
+def test_export_of_a_damaged_checkpoint_names_the_earlier_one(trained, tmp_path, capsys, damage):
+    """``convert mcore-to-hf --mcore RUN`` of a run whose latest checkpoint is damaged names the earlier checkpoint
+    and the ``--mcore`` that exports it; that export then works."""
+    run = shutil.copytree(trained, tmp_path / "run")
+    step4 = run / "checkpoints" / "step_00000004"
+    if damage == "meta":
+        (step4 / "meta.json").write_text("{\n")
+    else:
+        shard = sorted((step4 / "dist").glob("*.distcp"))[0]
+        shard.write_bytes(shard.read_bytes()[:100])
+    capsys.readouterr()
+    assert main(["convert", "mcore-to-hf", "--mcore", str(run), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    earlier = run / "checkpoints" / "step_00000002"
+    assert f"the run's newest earlier checkpoint is step_00000002: export it with --mcore {earlier}" in err, err
+    assert not (tmp_path / "hf").exists() or not any((tmp_path / "hf").iterdir())
+    assert main(["convert", "mcore-to-hf", "--mcore", str(earlier), "--out", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "config.json").is_file()
