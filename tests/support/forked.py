@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["usable", "context", "run_ranks", "rank_env", "apply_fresh_state", "Started", "start"]
+__all__ = ["usable", "context", "run_ranks", "rank_env", "apply_fresh_state", "Started", "start", "Python", "run_python"]
 
 # what a cold start of a test process spends its time importing; none reads the environment a
 # rank sets (RANK, MASTER_PORT, ...) at import time
@@ -97,7 +97,11 @@ def _run_target(target: Sequence[str], env: dict[str, str], cwd: str, out_path: 
         os.dup2(handle, fd)
         os.close(handle)
     apply_fresh_state(env, cwd)
-    if target[0] == "-m":
+    if target[0] == "-c":  # as ``python -c CODE args...``: argv[0] is "-c", the working directory first on the path
+        sys.argv = ["-c", *target[2:]]
+        sys.path.insert(0, "")
+        exec(compile(target[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    elif target[0] == "-m":
         sys.argv = [target[1], *target[2:]]
         sys.path.insert(0, cwd)
         runpy.run_module(target[1], run_name="__main__", alter_sys=True)
@@ -134,6 +138,81 @@ def start(target: Sequence[str], *, env: Mapping[str, str], cwd: str | os.PathLi
     p = context().Process(target=_run_target, args=(list(target), dict(env), str(cwd), str(log), str(log)))
     p.start()
     return Started(p)
+
+
+def _run_python(target: Sequence[str], env: dict[str, str], cwd: str, out_path: str, err_path: str) -> None:
+    """:func:`_run_target`, then the ``atexit`` handlers a cold interpreter runs at its exit (a forked child
+    leaves through ``os._exit``, which skips them)."""
+    import atexit
+
+    try:
+        _run_target(target, env, cwd, out_path, err_path)
+    finally:
+        atexit._run_exitfuncs()
+
+
+class Python:
+    """``subprocess.Popen([sys.executable, *target], stdout=PIPE, stderr=PIPE, text=True)`` forked from the
+    warm fork server instead (``target``: ``[script, args...]``, ``["-m", module, args...]`` or
+    ``["-c", code, args...]``): its own process, environment, working directory and output, none of a cold
+    interpreter's imports. ``communicate`` / ``poll`` / ``wait`` / ``kill`` / ``returncode`` as ``Popen``'s;
+    ``stdout_so_far()`` reads what it has printed while it runs."""
+
+    def __init__(self, target: Sequence[str], *, env: Mapping[str, str], cwd: str | os.PathLike | None = None) -> None:
+        self.args = ["<forked>", *target]
+        self._logs = Path(tempfile.mkdtemp(prefix="forked-"))
+        self._out, self._err = self._logs / "out", self._logs / "err"
+        self._out.write_text("")
+        self._err.write_text("")
+        self._process = context().Process(target=_run_python, args=(list(target), dict(env), str(cwd or os.getcwd()),
+                                                                    str(self._out), str(self._err)))
+        self._process.start()
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode  # killed by a signal: -N, as Popen reports it
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        _stop([self._process], signal.SIGKILL)
+
+    def stdout_so_far(self) -> str:
+        return self._out.read_text(errors="replace")
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        out, err = self._out.read_text(errors="replace"), self._err.read_text(errors="replace")
+        for path in (self._out, self._err):
+            path.unlink(missing_ok=True)
+        self._logs.rmdir()
+        return out, err
+
+
+def run_python(target: Sequence[str], *, env: Mapping[str, str], cwd: str | os.PathLike | None = None,
+               timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, *target], capture_output=True, text=True, timeout=timeout)`` with the
+    process forked warm (:class:`Python`); on timeout it is killed and ``subprocess.TimeoutExpired`` raised."""
+    proc = Python(target, env=env, cwd=cwd)
+    try:
+        out, err = proc.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _stop(procs: list, sig: int) -> None:

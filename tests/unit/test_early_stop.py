@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from support import forked
 
 from megatron_logra.train.stopping import STOP_SIGNAL, EarlyStop
 
@@ -91,9 +92,13 @@ def test_sigterm_stops_the_lm_job_after_a_step_with_its_checkpoint_and_resume_co
     from megatron_logra.cli import main
 
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "megatron_logra.cli", "train", "lm-tiny", f"train.run_dir={run}",
-                             "train.steps=100000", "train.exit_signal_handler=true", *LM_SMALL],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    argv = ["-m", "megatron_logra.cli", "train", "lm-tiny", f"train.run_dir={run}", "train.steps=100000",
+            "train.exit_signal_handler=true", *LM_SMALL]
+    if forked.usable():  # its own process, forked warm: none of a cold interpreter's imports
+        proc = forked.Python(argv, env=_env())
+    else:
+        proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=_env())
     try:
         deadline = time.monotonic() + 240
         while len(_records(run)) < 2:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import forked
 
 from megatron_logra.checkpoint import latest_checkpoint, read_meta
 
@@ -42,8 +43,11 @@ RL_SMALL = ["train.progress=false", "rl.prompts_per_step=2", "rl.group_size=4", 
 
 
 def _run(module: str, name: str, at: int, argv: list[str]) -> subprocess.CompletedProcess:
+    """``python -c DRIVER argv...`` in a process of its own, forked warm (:mod:`support.forked`) where it can be."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     code = _DRIVER.format(module=module, name=name, at=at)
+    if forked.usable():
+        return forked.run_python(["-c", code, *argv], env=env, cwd=ROOT, timeout=300)
     return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env,
                           timeout=300, cwd=ROOT)
 

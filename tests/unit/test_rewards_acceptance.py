@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from math_verify import parse, verify
 from reasoning_gym.utils import extract_answer
+from support import forked
 
 from megatron_logra.rewards import MathVerifyScorer, Problem, TaskConfig, build_task, extract_final_answer
 from megatron_logra.rewards.base import prompt_bucket
@@ -179,11 +180,14 @@ def test_jsonl_directory_is_named_as_a_directory(tmp_path):
 def test_cli_refuses_a_source_without_training_prompts_before_building_the_model(tmp_path):
     seed = next(s for s in range(1, 500) if _all_eval_only_chain_sum(s))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "megatron_logra.cli", "train", "tiny", "task.datasets=chain_sum",
-         f"task.dataset_kwargs={json.dumps(SIZE_ONE)}", f"task.seed={seed}", f"train.run_dir={tmp_path / 'run'}",
-         "rl.steps=1"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    argv = ["-m", "megatron_logra.cli", "train", "tiny", "task.datasets=chain_sum",
+            f"task.dataset_kwargs={json.dumps(SIZE_ONE)}", f"task.seed={seed}", f"train.run_dir={tmp_path / 'run'}",
+            "rl.steps=1"]
+    if forked.usable():  # its own process, forked warm: none of a cold interpreter's imports
+        proc = forked.run_python(argv, env=env, cwd=tmp_path, timeout=120)
+    else:
+        proc = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "megatron-logra: error: task.datasets: 'chain_sum' has no training prompts" in proc.stderr
     assert "Traceback" not in proc.stderr and "embedded engine" not in proc.stderr

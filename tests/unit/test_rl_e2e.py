@@ -26,12 +26,14 @@ import math
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from support import forked
 from support.merge_reference import rademacher_product_reference
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
@@ -523,10 +525,18 @@ def _env():
     return env
 
 
+def _python(target: list[str]):
+    """``python TARGET...`` in a process of its own: forked warm where it can be (:mod:`support.forked`: no
+    cold interpreter's imports), else started cold; stdout and stderr captured as text either way."""
+    if forked.usable():
+        return forked.Python(target, env=_env())
+    return subprocess.Popen([sys.executable, *target], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env())
+
+
 def _cli(*commands: list[str], timeout: int = 300) -> list[subprocess.CompletedProcess]:
-    """Run ``python -m megatron_logra.cli ARGS`` for each command, concurrently (imports dominate)."""
-    procs = [subprocess.Popen([sys.executable, "-m", "megatron_logra.cli", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=_env()) for args in commands]
+    """Run ``python -m megatron_logra.cli ARGS`` for each command, each its own process, concurrently."""
+    procs = [_python(["-m", "megatron_logra.cli", *args]) for args in commands]
     out = []
     try:
         for args, proc in zip(commands, procs):
@@ -611,14 +621,21 @@ time.sleep(300)
 def test_cli_eval_reads_a_run_that_a_job_is_training(run_dir):
     """``megatron-logra eval`` only reads: it evaluates a run whose directory a training job holds (its lock),
     where a second training job is refused."""
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_RUN_DIR, str(run_dir)], stdout=subprocess.PIPE,
-                              text=True, env=_env())
+    holder = _python(["-c", _HOLD_RUN_DIR, str(run_dir)])
     try:
-        assert holder.stdout.readline().strip() == "locked"
+        if isinstance(holder, forked.Python):
+            deadline = time.monotonic() + 120
+            while not holder.stdout_so_far() and holder.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert holder.stdout_so_far().strip() == "locked", holder.poll()
+        else:
+            assert holder.stdout.readline().strip() == "locked"
         ev, resume = _cli(["eval", str(run_dir)], ["train", "--resume", str(run_dir), "rl.steps=3"])
     finally:
         holder.kill()
         holder.wait(timeout=30)
+        if isinstance(holder, forked.Python):
+            holder.communicate(0)  # removes its output files
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert json.loads(ev.stdout)["step"] == 2
     assert resume.returncode == 2 and "in use by another running job" in resume.stderr
