@@ -636,8 +636,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(f"argument --corruptions: {args.corruptions} must be >= 0")
     if args.max_seconds is not None and not 0 < args.max_seconds < float("inf"):
         parser.error(f"argument --max-seconds: {args.max_seconds} must be a positive number of seconds")
-    if args.dump is not None and args.dump.exists() and not args.dump.is_dir():
-        parser.error(f"argument --dump: {args.dump} is a file; give a directory (created on the first failure)")
+    if args.dump is not None:  # checked now: a failure's bytes must not be lost to an unwritable --dump
+        from megatron_logra.bench.outputs import why_unwritable
+        problem = why_unwritable(args.dump, directory=True)
+        if problem:
+            parser.error(f"argument --dump: {problem}; give a directory (created on the first failure)")
     kinds = tuple(k for k in args.kinds.split(",") if k)
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from megatron_logra.argtypes import positive_int
+from megatron_logra.bench.outputs import why_unwritable
 
 ASSET_DIR = Path(__file__).resolve().parents[1] / "megatron_logra" / "assets" / "warm_start_tiny"
 
@@ -35,6 +36,9 @@ def main() -> int:
                              "(default: the package's shipped megatron_logra/assets/warm_start_tiny)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the tiny recipe, e.g. sft.lr=1e-3")
     args = parser.parse_args()
+    problem = why_unwritable(args.out, directory=True)  # refused now, not after the supervised steps
+    if problem:
+        parser.error(f"argument --out: {problem}; give a directory this process can create and write")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
     from megatron_logra.data.tokenizer import save_tokenizer

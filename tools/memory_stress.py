@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from optimizer_memory import ffn_size  # noqa: E402
 
+from megatron_logra.bench.outputs import why_unwritable  # noqa: E402
 from megatron_logra.memory.measure import LiveTensorTracker  # noqa: E402
 from megatron_logra.memory.measure import maxrss_bytes as _maxrss_bytes  # noqa: E402
 from megatron_logra.memory.measure import reset_peak_rss as _reset_peak_rss  # noqa: E402
@@ -354,8 +355,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                  "heads", "query_groups", "ffn"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:  # 0 would fall back to the default
             parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        parser.error(f"--out={args.out} is a file; give a directory (memory_stress.csv and .png are written there)")
+    problem = why_unwritable(args.out, directory=True)  # a file, or below one, or read-only: before anything runs
+    if problem:
+        parser.error(f"--out={args.out}: {problem}; give a directory (memory_stress.csv and .png are written there)")
     if args.chunk_tokens < 0:
         parser.error(f"--chunk-tokens={args.chunk_tokens} must be >= 0 (0 = unchunked)")
     try:

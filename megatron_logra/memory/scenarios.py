@@ -15,7 +15,7 @@ import re
 from dataclasses import replace
 from typing import Optional
 
-from megatron_logra.memory.units import parse_bytes
+from megatron_logra.memory.units import GiB, parse_bytes
 
 
 DEFAULT_AUTO_TP_GPUS = 8
@@ -115,6 +115,9 @@ def _plans(args: argparse.Namespace):
     for text, size in gpu_bytes.items():
         if size <= 0:
             raise ValueError(f"--gpu-memory {text}: give the memory of one GPU, more than 0 bytes (e.g. 80GiB)")
+        if size < GiB:  # 80MB for 80GB, 1B: a plan against it is meaningless (a headroom of -10^13 %)
+            raise ValueError(f"--gpu-memory {text} is {size} bytes, less than 1 GiB: give the memory of one GPU "
+                             f"with its unit, e.g. 80GiB or 141GB (a unit typo such as MB for GB?)")
     overhead_bytes = parse_bytes(args.overhead, name="--overhead", require_unit=True)
     scenarios = []
     for name in models:

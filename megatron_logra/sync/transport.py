@@ -60,7 +60,11 @@
   :class:`~megatron_logra.sync.engine.ModuleEngine` and the embedded engine do) once per anchor. Any ``SyncError`` it raises left
   the engine unchanged: log it and retry later (a directory that is missing, e.g. while a trainer with
   ``train.overwrite=true`` recreates its run directory, is ``unreadable``; a consumer whose reload cannot
-  reach the deltas left waits for the trainer's next refit).
+  reach the deltas left waits for the trainer's next refit). A consumer pointed at a directory that is not a
+  delta directory -- one holding none of a chain's files but other entries, such as the run directory itself
+  (``RUN_DIR`` instead of ``RUN_DIR/deltas/rank0``) -- is refused with ``SyncError("config")`` naming the
+  directory to use, instead of waiting forever; one whose directory did not exist (this object created it
+  empty) logs a warning once, so a mistyped path does not wait in silence.
 
 The directory transport is assembled from its producer's half (:mod:`~megatron_logra.sync.directory_writer`:
 claim, publish, prune, clear), its consumer's half (:mod:`~megatron_logra.sync.directory_reader`: read,
@@ -74,13 +78,16 @@ Imports only torch, safetensors (via the codec) and the standard library.
 from __future__ import annotations
 
 import logging
-from typing import Union
+import os
+from typing import Iterable, Union
 
 from megatron_logra.sync.codec import SketchDelta, encode
-from megatron_logra.sync.directory_files import anchor_filename, delta_filename
+from megatron_logra.sync.directory_files import (_ANCHOR_RE, _ANCHOR_TMP_RE, _FILE_RE, _FULL_RE, _FULL_TMP_RE,
+                                                  _TMP_RE, anchor_filename, delta_filename)
 from megatron_logra.sync.directory_reader import _DirectoryReader
 from megatron_logra.sync.directory_writer import _DirectoryWriter
 from megatron_logra.sync.engine import DeltaConsumer
+from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.full_weights import FullWeightsWriter, full_filename
 
 logger = logging.getLogger(__name__)
@@ -114,3 +121,41 @@ class DirectoryTransport(_DirectoryWriter, _DirectoryReader):
     """Deltas and anchor markers as files in ``directory`` (producer: ``claim``, ``publish``, ``write_anchor``;
     consumer: ``poll`` / ``consume`` / ``follow``, ``accept_anchor``). See the module docstring for the anchors;
     the markers and full-weights files are :class:`~megatron_logra.sync.anchors.AnchorDirectory`'s."""
+
+    def __init__(self, directory: Union[str, os.PathLike]) -> None:
+        existed = os.path.lexists(directory)
+        super().__init__(directory)
+        self._created_empty = not existed  # this object made the directory (a producer's first run, or a typo)
+        self._claimed = False
+
+    def claim(self) -> None:
+        super().claim()
+        self._claimed = True
+
+    def _not_a_root(self, entries: Iterable[str]) -> None:
+        """Consumer: besides ``sync.directory`` itself (the base class), refuse a directory that holds none of
+        a chain's files but other entries (a run directory, a checkpoint, anything else), where polling would
+        wait forever; warn once when this consumer created the directory it waits in."""
+        entries = list(entries)
+        super()._not_a_root(entries)
+        chain_res = (_FILE_RE, _ANCHOR_RE, _FULL_RE, _TMP_RE, _ANCHOR_TMP_RE, _FULL_TMP_RE)
+        if any(r.match(e) for e in entries for r in chain_res):
+            return
+        entries = [e for e in entries if not e.startswith(".")]  # NFS's .nfsXXXX of a pruned file still open, ...
+        if not entries:
+            if self._created_empty and not self._claimed:
+                self._created_empty = False  # warn once
+                logger.warning("delta directory %s did not exist and was created empty: this consumer waits for "
+                               "a trainer to write there; if the trainer is running, check the path (a rank's "
+                               "directory, <sync.directory>/rank<N>, default RUN_DIR/deltas/rank0)", self.dir)
+            return
+        others = sorted(entries)
+        shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+        if (self.dir / "deltas").is_dir():
+            fix = (f"this looks like a run directory: its deltas are in {self.dir / 'deltas'}/rank<N>, "
+                   f"e.g. {self.dir / 'deltas' / 'rank0'}")
+        else:
+            fix = "point the consumer at the directory of the rank it serves, <sync.directory>/rank<N> " \
+                  "(default RUN_DIR/deltas/rank0)"
+        raise SyncError("config", f"{self.dir} is not a delta directory: it holds no delta_*.safetensors, "
+                                  f"anchor_*.json or full_*.safetensors but other entries ({shown}); {fix}")
