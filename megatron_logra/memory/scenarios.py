@@ -71,6 +71,17 @@ def flag_message(message: str) -> str:
     return f"{_FLAGS[m.group(1)]}: {message}" if m else message
 
 
+def _comma_list(flag: str, text: str, what: str) -> list[str]:
+    """The items of ``text``, a comma list given to ``flag``; ``ValueError`` when it has none (``what`` says what
+    to give) or an empty item (a stray comma would otherwise drop a value silently)."""
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
+        raise ValueError(f"{flag} {text!r}: {what}")
+    if not all(items):
+        raise ValueError(f"{flag} {text!r}: an empty item in the comma list (a stray comma?): {what}")
+    return items
+
+
 def _plans(args: argparse.Namespace):
     from megatron_logra.memory.plan_config import PlanConfig
     from megatron_logra.memory.planner import plan
@@ -102,15 +113,9 @@ def _plans(args: argparse.Namespace):
     masters = args.masters if args.masters is not None else "fp32"
     targets = None
     if args.targets is not None:
-        targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
-        if not targets:
-            raise ValueError(f"--targets {args.targets!r}: name at least one target layer (e.g. linear_qkv)")
-    gpus_texts = [t.strip() for t in args.gpu_memory.split(",") if t.strip()]
-    if not gpus_texts:
-        raise ValueError(f"--gpu-memory {args.gpu_memory!r}: give a size such as 80GiB (comma list allowed)")
-    models = [m.strip() for m in args.model.split(",") if m.strip()]
-    if not models:
-        raise ValueError(f"--model {args.model!r}: give a preset or a config.json path (comma list allowed)")
+        targets = tuple(_comma_list("--targets", args.targets, "name at least one target layer (e.g. linear_qkv)"))
+    gpus_texts = _comma_list("--gpu-memory", args.gpu_memory, "give a size such as 80GiB (comma list allowed)")
+    models = _comma_list("--model", args.model, "give a preset or a config.json path (comma list allowed)")
     gpu_bytes = {t: parse_bytes(t, name="--gpu-memory", require_unit=True) for t in gpus_texts}
     for text, size in gpu_bytes.items():
         if size <= 0:
