@@ -46,8 +46,8 @@ with ``if __name__ == "__main__":`` (the ``megatron-logra`` CLI does).
 
 Modules: :mod:`.save` (writing), :mod:`.load` (restoring), :mod:`.catalog` (``latest``, pruning, what to
 resume from), :mod:`.collective` (one outcome on every rank), :mod:`.dist_writer` (megatron-core's save in
-phases), :mod:`.integrity` (fsync, CRC-32s, meta.json), :mod:`.compat` (architecture and optimizer settings
-against the run's), :mod:`.sharding` (sharded state dicts), :mod:`.rng`.
+phases), :mod:`.durable` (fsync), :mod:`.integrity` (CRC-32s, meta.json), :mod:`.compat` (architecture and
+optimizer settings against the run's), :mod:`.sharding` (sharded state dicts), :mod:`.rng`.
 """
 
 from megatron_logra.checkpoint.catalog import latest_checkpoint

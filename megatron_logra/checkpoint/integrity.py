@@ -1,17 +1,15 @@
-"""Durable writes and integrity checks of checkpoint files: fsync discipline, the CRC-32 of every
-file (hashed by all ranks together, each a share), and the checked reading of ``meta.json``.
+"""Integrity checks of checkpoint files: the CRC-32 of every file (hashed by all ranks together, each a
+share), and the checked reading of ``meta.json``. The durable writes (fsync discipline) are
+:mod:`megatron_logra.checkpoint.durable`, re-exported here.
 
 See :mod:`megatron_logra.checkpoint` for the on-disk format and the guarantees these serve.
 """
 
 from __future__ import annotations
 
-import errno
 import heapq
 import json
 import logging
-import os
-import re
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
 
 import torch.distributed as dist
 
+from megatron_logra.checkpoint.durable import atomic_write_text, fsync_path, sync_own_files, write_synced
 from megatron_logra.parallel import all_gather_bytes, group_rank, group_size, world_group
 
 logger = logging.getLogger(__name__)
@@ -31,70 +30,11 @@ _CRC_CHUNK = 16 << 20
 """Bytes read per ``zlib.crc32`` call: one buffer of this size per hashing thread."""
 _CRC_THREADS = 4
 """Hashing threads per rank."""
-_OWN_SHARD = re.compile(r"__(\d+)_\d+\.distcp")
-"""torch_dist shard files are named ``__{writing rank}_{n}.distcp``."""
 
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete, corrupt or incompatible with this run (bad input: the
     command line reports it as an error, without a traceback)."""
-
-
-def fsync_path(path: Path, *, directory: bool = False) -> None:
-    """Flush ``path`` (a file, or a directory's entries) to storage. File systems that cannot sync a
-    directory (EINVAL / ENOTSUP on some network file systems) are skipped; any other error raises."""
-    try:
-        fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    except OSError as exc:
-        if directory and exc.errno in (errno.EINVAL, errno.ENOTSUP, errno.EACCES):
-            return
-        raise
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if not (directory and exc.errno in (errno.EINVAL, errno.ENOTSUP, errno.EBADF)):
-            raise
-    finally:
-        os.close(fd)
-
-
-def write_synced(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` and flush it to storage before returning."""
-    with open(path, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def atomic_write_text(path: Union[str, Path], text: str) -> None:
-    """Replace ``path`` by a file holding ``text``, durably: write a synced temp file, rename, sync
-    the directory. A crash or a full disk at any moment leaves the old file or the new one, never a
-    partial one (``config.yaml``, ``summary.json``, ``checkpoints/latest``)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    write_synced(tmp, text)
-    os.replace(tmp, path)
-    fsync_path(path.parent, directory=True)
-
-
-def sync_own_files(tmp: Path, names: Sequence[str], rank: int) -> None:
-    """fsync every file ``names`` (relative to ``tmp``) that this rank wrote (on a network file system
-    a sync flushes the caller's own dirty pages only): its RNG file and torch_dist shards; rank 0 also
-    every file no other rank writes (torch_dist's metadata, megatron's common state) and the directories."""
-    for rel in names:
-        name = Path(rel).name
-        shard = _OWN_SHARD.fullmatch(name)
-        if name.startswith("rng_rank"):
-            mine = name == f"rng_rank{rank}.safetensors"
-        elif shard is not None:
-            mine = int(shard.group(1)) == rank
-        else:
-            mine = rank == 0
-        if mine:
-            fsync_path(tmp / rel)
-    if rank == 0:
-        for d in sorted({tmp, *((tmp / rel).parent for rel in names)}):
-            fsync_path(d, directory=True)
 
 
 def meta_crc32(meta: Mapping[str, Any]) -> str:

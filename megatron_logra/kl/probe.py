@@ -17,8 +17,8 @@ pipeline parallelism the probe is the finite-difference one.
 
 Kernels without forward-mode rules (TransformerEngine, FP8), sequence parallelism and pipeline
 parallelism take the finite-difference probe of :mod:`megatron_logra.kl.fd_probe` instead
-(:func:`probe_method` resolves ``kl.probe=auto``); both share the terms, the logits helpers
-and :func:`measure_kl` defined here.
+(:func:`probe_method` resolves ``kl.probe=auto``); both share the logits helpers and
+:func:`measure_kl` defined here, and the KL terms of :mod:`megatron_logra.kl.terms`.
 """
 
 from __future__ import annotations
@@ -35,15 +35,24 @@ from torch import nn
 
 from megatron_logra.kl import forward_ad
 from megatron_logra.kl.controller import PROBE_METHODS, KLControlError
+from megatron_logra.kl.terms import (
+    CHUNK_BYTES,
+    _global_mean,
+    chunk_rows,
+    exact_kl_terms,
+    mean_predicted,
+    predicted_kl_terms,
+)
 from megatron_logra.models.te import without_fp8
-from megatron_logra.parallel import ParallelGroups, all_reduce_sum, collective_device, group_size
+from megatron_logra.parallel import ParallelGroups, collective_device, group_size
 from megatron_logra.sketch.sketch_set import SketchSet
 from megatron_logra.sketch.targets import SketchTarget
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["NativeDeltas", "flat_valid", "output_hooks", "tangent_hooks", "predicted_kl_terms", "exact_kl_terms", "predicted_kl", "probe_method",
-           "probe_logits", "mean_predicted", "from_last_stage", "measure_kl", "ProbeBatch", "PROBE_METHODS"]
+           "probe_logits", "mean_predicted", "from_last_stage", "measure_kl", "ProbeBatch", "PROBE_METHODS",
+           "CHUNK_BYTES", "chunk_rows"]
 
 
 NativeDeltas = Sequence[tuple[torch.nn.Parameter, torch.Tensor]]
@@ -147,48 +156,6 @@ def probe_method(method: str, sketches: SketchSet, pp_size: int = 1) -> str:
     if method != "auto":
         return method
     return "finite_difference" if te or sp or pp_size > 1 else "jvp"
-
-
-def _softmax_stats(z_NV: torch.Tensor, tp_group) -> tuple[torch.Tensor, torch.Tensor]:
-    """Global (over the TP vocab shards) max and log-sum-exp of each row."""
-    zmax = z_NV.max(dim=-1).values
-    if group_size(tp_group) > 1:
-        dist.all_reduce(zmax, op=dist.ReduceOp.MAX, group=tp_group)
-    sumexp = torch.exp(z_NV - zmax[:, None]).sum(dim=-1)
-    all_reduce_sum(sumexp, tp_group)
-    return zmax, zmax + torch.log(sumexp)
-
-
-def predicted_kl_terms(z_NV: torch.Tensor, dz_NV: torch.Tensor, temperature: float, tp_group=None) -> torch.Tensor:
-    """Per-position ``½ Var_p(δz/τ)`` in float64 (``[N]``), vocab possibly sharded over TP."""
-    z = z_NV.double() / temperature
-    dz = dz_NV.double() / temperature
-    _, lse = _softmax_stats(z, tp_group)
-    p = torch.exp(z - lse[:, None])
-    moments = torch.stack([(p * dz).sum(-1), (p * dz * dz).sum(-1)])
-    all_reduce_sum(moments, tp_group)
-    return 0.5 * (moments[1] - moments[0] ** 2).clamp_min(0.0)
-
-
-def exact_kl_terms(old_NV: torch.Tensor, new_NV: torch.Tensor, temperature: float, tp_group=None) -> torch.Tensor:
-    """Per-position ``KL(softmax(old/τ) ‖ softmax(new/τ))`` in float64 (``[N]``)."""
-    zo = old_NV.double() / temperature
-    zn = new_NV.double() / temperature
-    _, lse_o = _softmax_stats(zo, tp_group)
-    _, lse_n = _softmax_stats(zn, tp_group)
-    logp_o = zo - lse_o[:, None]
-    logp_n = zn - lse_n[:, None]
-    kl = (torch.exp(logp_o) * (logp_o - logp_n)).sum(-1)
-    all_reduce_sum(kl, tp_group)
-    return kl
-
-
-def _global_mean(total: torch.Tensor, count: torch.Tensor, dp_group) -> float:
-    packed = torch.stack([total, count.double()])
-    all_reduce_sum(packed, dp_group)
-    if packed[1].item() <= 0:
-        raise KLControlError("the KL probe has no valid positions")
-    return (packed[0] / packed[1]).item()
 
 
 def flat_valid(x_bsV: torch.Tensor, mask_bs: torch.Tensor) -> torch.Tensor:
@@ -295,29 +262,6 @@ def from_last_stage(compute: Callable[[], float], groups: ParallelGroups, what: 
     if not math.isfinite(value):
         raise KLControlError(f"{what} is not finite ({value}) on the last pipeline stage")
     return value
-
-
-CHUNK_BYTES = 64 << 20
-"""Cap on one float64 ``[rows, V/tp]`` temporary of the KL terms (each chunk makes about six)."""
-
-
-def chunk_rows(chunk: int, vocab_local: int) -> int:
-    """Rows per chunk of the KL terms: at most ``chunk``, and few enough that one float64 row block
-    stays within :data:`CHUNK_BYTES` (at a 152k vocabulary on one rank, 1024 rows would be 1.2 GB
-    per temporary). The same on every TP rank (equal vocabulary shards), as the collectives need."""
-    return max(1, min(chunk, CHUNK_BYTES // (8 * max(vocab_local, 1))))
-
-
-def mean_predicted(z_NV: torch.Tensor, dz_NV: torch.Tensor, temperature: float, groups: ParallelGroups,
-                    chunk: int) -> float:
-    total = torch.zeros((), dtype=torch.float64, device=z_NV.device)
-    chunk = chunk_rows(chunk, z_NV.shape[-1])
-    for start in range(0, z_NV.shape[0], chunk):
-        total += predicted_kl_terms(z_NV[start : start + chunk], dz_NV[start : start + chunk], temperature, groups.tp).sum()
-    pred = _global_mean(total, torch.tensor(z_NV.shape[0], device=z_NV.device), groups.dp)
-    if not torch.isfinite(torch.tensor(pred)):
-        raise KLControlError(f"predicted KL is not finite ({pred})")
-    return pred
 
 
 @torch.no_grad()

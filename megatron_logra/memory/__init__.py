@@ -3,7 +3,8 @@ rollout engine) of a model at a parallel layout, dense AdamW vs LoGRA, before la
 
 See ``docs/memory.md``. :mod:`~megatron_logra.memory.count` builds the megatron model on the meta device
 for exact parameter counts; :mod:`~megatron_logra.memory.planner` is pure arithmetic on those counts
-(activation and logit formulas in :mod:`~megatron_logra.memory.activations`) for a
+(activation and logit formulas in :mod:`~megatron_logra.memory.activations`, one layer's saved tensors in
+:mod:`~megatron_logra.memory.saved_tensors`) for a
 :class:`~megatron_logra.memory.plan_config.PlanConfig` whose layout :mod:`~megatron_logra.memory.layout` checked,
 giving :mod:`~megatron_logra.memory.breakdown`'s per-rank ``RankMemory`` lines and the ``MemoryPlan`` verdict;
 :mod:`~megatron_logra.memory.units` parses sizes such as ``80GiB``; :mod:`~megatron_logra.memory.report`
