@@ -176,8 +176,8 @@ class LograOptimizer(LograApplyMixin, LograNormsMixin, LograScheduleMixin, Logra
             self.num_skipped += 1
             update.skipped, update.reason = True, "non-finite sketch or gradient"
             if self.groups.is_rank0:  # every rank skips together (the flag is reduced above)
-                logger.warning("step %d skipped: non-finite sketch or gradient (%d skipped so far)", update.step,
-                               self.num_skipped)
+                logger.warning("optimizer update %d skipped: non-finite sketch or gradient (%d skipped so far)",
+                               update.step, self.num_skipped)
             self.zero_grad()
             return update
 

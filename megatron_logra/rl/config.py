@@ -164,6 +164,9 @@ class RLConfig:
     """Sequences per trainer micro-batch."""
     eval_interval: int = 10
     """Updates between held-out evaluations (and one before the first, one after the last)."""
+    max_bad_steps: int = 5
+    """Stop with an error naming the step after this many RL steps in a row refused their update (a non-finite
+    loss, sketch or gradient; no completion token); 0 = never stop. A step of zero advantages does not count."""
     prompt_template: str = "{prompt}\n"
     """How a problem's text becomes the model prompt: ``{prompt}`` is replaced by it; other braces are literal
     (``"{prompt}\\nPut your final answer within \\\\boxed{}."``), not ``str.format`` fields."""
@@ -181,6 +184,8 @@ class RLConfig:
         for name in ("steps", "prompts_per_step", "group_size", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rl.{name}={getattr(self, name)} must be >= 1")
+        if self.max_bad_steps < 0:
+            raise ValueError(f"rl.max_bad_steps={self.max_bad_steps} must be >= 0 (0 = never stop)")
         if self.eval_interval < 0:
             raise ValueError(f"rl.eval_interval={self.eval_interval} must be >= 0")
         if not isinstance(self.prompt_template, str) or "{prompt}" not in self.prompt_template:

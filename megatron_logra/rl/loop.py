@@ -25,6 +25,8 @@ from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
 from megatron_logra.rl.batching import pack_sequences, split_microbatches
 from megatron_logra.rl.config import share_per_rank
 from megatron_logra.rl.losses import kl_penalty, rl_loss, token_logprobs, token_logprobs_and_entropy
+from megatron_logra.rl.step_guard import (check_measured_kl, kl_errors_name_step, refuse_update, score_rollouts,
+                                          update_applied)
 from megatron_logra.train.step import Batch, forward_backward, model_device
 
 logger = logging.getLogger(__name__)
@@ -42,6 +44,8 @@ class RLState:
     weight_version: int = 0
     """Version of the policy the engine holds."""
     baseline: EMABaseline = field(default_factory=EMABaseline)
+    bad_streak: int = 0
+    """RL steps in a row that refused their update (``rl.step_guard``); not checkpointed."""
 
     def state_dict(self) -> dict:
         return {"step": self.step, "weight_version": self.weight_version, "baseline": self.baseline.state_dict()}
@@ -250,7 +254,8 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
 
     # ---- reward
     ph.next("reward")
-    scored = [c.task.score(problems[i // rl.group_size], _decode(c, r.completion_ids)) for i, r in enumerate(rollouts)]
+    scored = score_rollouts(c.task, [p for p in problems for _ in range(rl.group_size)],
+                            [_decode(c, r.completion_ids) for r in rollouts], step, groups.dp)
     rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32)
     correct = torch.tensor([float(s[1]) for s in scored])
 
@@ -269,15 +274,22 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         "eval_accuracy": None, "response_length": stats[3].item() / stats[2].item(),
         "kl_predicted": None, "kl_actual": None, "alpha": None, "budget": None, "mismatch": c.controller.mismatch,
         "update_ratio": None, "lr": None, "logra_lr": None, "entropy": None, "ref_kl": None, "skipped": False,
+        "skip_reason": None,
         "rollout_seconds": rollout_seconds,
         "sync_bytes": 0, "sync_mode": None, "sync_drift": 0, "sync_master_drift": 0.0,
         "rollout_tokens_per_second": stats[3].item() / max(rollout_seconds, 1e-9), "train_tokens": 0,
         "train_tokens_per_second": None,
     }
     state.step = step
+    if stats[3].item() == 0.0:  # every completion empty (an engine fault): nothing to train on
+        refuse_update(state, step, "no completion token in the step", rl.max_bad_steps)
+        record.update(skipped=True, skip_reason="no completion tokens", step_seconds=elapsed(t0, device),
+                      **device_peaks(device))
+        return record
     if stats[4].item() == 0.0 and rl.loss.kl_coef == 0:  # with a KL penalty the step still pulls towards the reference
         logger.info("step %d: every advantage is zero (all groups uniform); no update", step)
-        record.update(skipped=True, step_seconds=elapsed(t0, device), **device_peaks(device))
+        record.update(skipped=True, skip_reason="zero advantages", step_seconds=elapsed(t0, device),
+                      **device_peaks(device))
         return record
 
     # ---- forward/backward
@@ -306,7 +318,9 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     record["train_tokens"] = result.global_tokens
     update = c.optimizer.prepare(num_tokens=result.num_tokens)
     if update.skipped:
-        record.update(skipped=True, step_seconds=elapsed(t0, device), **device_peaks(device))
+        refuse_update(state, step, update.reason or "non-finite sketch or gradient", rl.max_bad_steps)
+        record.update(skipped=True, skip_reason=update.reason or "non-finite gradient", loss=None, entropy=None,
+                      ref_kl=None, step_seconds=elapsed(t0, device), **device_peaks(device))
         return record
     step_lrs = getattr(c.optimizer, "step_lrs", None)  # a plugged-in optimizer (optimizer_factory) may lack it
     if step_lrs is not None:
@@ -327,16 +341,17 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     if logra and cfg.kl.mode != "none":
         probe = _probe_batch(batch, cfg.kl, device)
         native = c.optimizer.native_deltas(update)  # the trained non-targets' part of the step (empty when frozen)
-        if probe_method(cfg.kl.probe, c.optimizer.sketches, groups.pp_size) == "jvp":
-            pred, old_logits = predicted_kl(c.model, c.optimizer.sketches, update.directions, update.update_index,
-                                            probe, groups, temperature=rl.rollout.temperature, native=native)
-        else:
-            h, h_native = fd_steps(cfg.kl, c.optimizer, ratio_at_1, native)
-            pred, old_logits = predicted_kl_fd(c.model, c.optimizer.sketches, update.directions, probe, groups,
-                                               temperature=rl.rollout.temperature, step=h, native=native,
-                                               native_step=h_native)
+        with kl_errors_name_step(step):  # a non-finite prediction stops the run before anything is applied
+            if probe_method(cfg.kl.probe, c.optimizer.sketches, groups.pp_size) == "jvp":
+                pred, old_logits = predicted_kl(c.model, c.optimizer.sketches, update.directions, update.update_index,
+                                                probe, groups, temperature=rl.rollout.temperature, native=native)
+            else:
+                h, h_native = fd_steps(cfg.kl, c.optimizer, ratio_at_1, native)
+                pred, old_logits = predicted_kl_fd(c.model, c.optimizer.sketches, update.directions, probe, groups,
+                                                   temperature=rl.rollout.temperature, step=h, native=native,
+                                                   native_step=h_native)
+            alpha, budget = c.controller.step_size(pred, update_number)
         del native
-        alpha, budget = c.controller.step_size(pred, update_number)
     elif cfg.kl.measure_actual:
         probe = _probe_batch(batch, cfg.kl, device)
         with torch.no_grad():
@@ -354,8 +369,10 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     if probe is not None and cfg.kl.measure_actual:  # old_logits live on the last pipeline stage only
         ph.next("kl_measure")
         actual = measure_kl(c.model, probe, old_logits, groups, temperature=rl.rollout.temperature)
+        check_measured_kl(actual, step)
         c.controller.observe_actual(actual, alpha * alpha * pred if pred is not None else float("nan"))
     c.controller.finish_update()
+    update_applied(state)
 
     # ---- sync
     ph.next("sync")
@@ -387,9 +404,10 @@ def fd_steps(kl: KLConfig, optimizer: LograOptimizer, ratio_at_1: float, native:
 
 
 def _probe_batch(batch: Batch, kl_cfg, device: torch.device) -> ProbeBatch:
-    """The first ``kl.probe_sequences`` sequences, at most ``kl.probe_max_tokens`` valid positions, on ``device``."""
-    n = min(kl_cfg.probe_sequences, batch.tokens.shape[0])
-    tokens, pos, mask = batch.tokens[:n], batch.position_ids[:n], batch.loss_mask[:n].clone()
+    """The first ``kl.probe_sequences`` sequences with a completion token (an empty completion has no valid
+    position), at most ``kl.probe_max_tokens`` valid positions, on ``device``."""
+    rows = (batch.loss_mask.sum(dim=1) > 0).nonzero().flatten()[: kl_cfg.probe_sequences]
+    tokens, pos, mask = batch.tokens[rows], batch.position_ids[rows], batch.loss_mask[rows].clone()
     # cap the probe's token count
     flat = mask.reshape(-1)
     keep = torch.cumsum(flat, 0) <= kl_cfg.probe_max_tokens
