@@ -81,9 +81,12 @@ def run_train_or_config(parser: argparse.ArgumentParser, command: str, rest: Seq
         from megatron_logra.rl.job import run_rl as run
     else:
         from megatron_logra.train.lm import run_lm as run
+    from megatron_logra.train.stopping import catching_interrupts
+
     succeeded = interrupted = False
     try:
-        summary = reporting_user_errors(parser, lambda: run(cfg))
+        with catching_interrupts():
+            summary = reporting_user_errors(parser, lambda: run(cfg))
         succeeded = True
     except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not a traceback from wherever it landed
         if tracebacks_wanted():

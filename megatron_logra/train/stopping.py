@@ -22,12 +22,14 @@ stop asks for must not depend on a helper process outside this handler. The chec
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from types import FrameType
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -36,7 +38,7 @@ from megatron_logra.parallel import collective_device, group_size
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EarlyStop", "STOP_SIGNAL"]
+__all__ = ["EarlyStop", "STOP_SIGNAL", "catching_interrupts"]
 
 STOP_SIGNAL = signal.SIGTERM
 """What ``train.exit_signal_handler`` catches: Slurm sends it at a job's time limit and on preemption
@@ -47,6 +49,37 @@ SAME_NOTICE_SECONDS = 10.0
 """Repeats of :data:`STOP_SIGNAL` this soon after the first are the same notice: Slurm signals every
 process of a job step, and torchrun forwards its own copy to its workers at once. A later repeat ends
 the process at once (the user insisting)."""
+
+
+_interrupted = False
+"""A SIGINT reached :func:`catching_interrupts`' handler (reset on entry)."""
+
+
+def _on_interrupt(signum: int, frame: Optional[FrameType]) -> None:
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def catching_interrupts() -> Iterator[None]:
+    """Ctrl-C (SIGINT) inside raises ``KeyboardInterrupt`` as Python's own handler does, and is remembered.
+
+    Python drops an exception raised inside a finalizer (a weakref callback or ``__del__`` that the
+    collector runs: "Exception ignored in ..."), so a Ctrl-C landing there would leave the run training;
+    :meth:`EarlyStop.check`, which the jobs call after every step, raises it again. The previous handler is
+    restored on exit. Outside the main thread (where no signal handler can be set) it does nothing."""
+    global _interrupted
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _interrupted = False
+    previous = signal.signal(signal.SIGINT, _on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _interrupted = False
 
 
 class EarlyStop:
@@ -96,7 +129,10 @@ class EarlyStop:
 
     def check(self) -> Optional[str]:
         """Why every rank stops now (``"SIGTERM"`` or ``"exit_duration_minutes=M"``), or None to go on.
-        Collective over ``group`` whenever a condition is configured: every rank calls it after every step."""
+        Collective over ``group`` whenever a condition is configured: every rank calls it after every step.
+        A Ctrl-C that Python dropped (:func:`catching_interrupts`) is raised here as ``KeyboardInterrupt``."""
+        if _interrupted:
+            raise KeyboardInterrupt
         if not self.enabled:
             return None
         over = self.duration_minutes > 0 and (time.monotonic() - self.start) / 60 >= self.duration_minutes

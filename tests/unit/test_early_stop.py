@@ -157,3 +157,22 @@ def test_megatron_flags_and_bad_values():
     for bad in ("train.exit_duration_minutes=-1", "train.exit_duration_minutes=nan", "train.exit_duration_minutes=inf"):
         with pytest.raises(ValueError, match=r"train\.exit_duration_minutes="):
             parse_args_to_config("tiny", [bad])
+
+
+def test_a_ctrl_c_that_python_drops_in_a_finalizer_is_raised_at_the_next_check():
+    """A KeyboardInterrupt raised inside a finalizer is dropped by Python ("Exception ignored in ..."): a Ctrl-C
+    landing in one (a weakref callback during a checkpoint save, seen here) used to leave the run training."""
+    from megatron_logra.train.stopping import EarlyStop, catching_interrupts
+
+    class Finalized:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # its handler runs here, inside the finalizer
+
+    stop = EarlyStop(signal_handler=False, duration_minutes=0)
+    with catching_interrupts():
+        obj = Finalized()
+        del obj  # the KeyboardInterrupt is printed as ignored, and execution goes on
+        with pytest.raises(KeyboardInterrupt):
+            stop.check()
+    assert stop.check() is None  # outside, nothing is pending
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
