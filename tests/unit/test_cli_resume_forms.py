@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from megatron_logra.cli import main
+from support.cli import exit_2 as _exit_2
 from support.run_fixtures import fake_run_dir
 
 SMALL = ["train.progress=false", "train.eval_interval=0", "train.save_interval=0", "--num-layers", "1",
@@ -52,17 +53,6 @@ def _files(root: Path) -> dict[str, bytes]:
 def _copy(run: Path, dst: Path) -> Path:
     shutil.copytree(run, dst)
     return dst
-
-
-def _exit_2(argv: list[str], capsys) -> str:
-    """``main(argv)`` must exit with status 2; its stderr."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    err = capsys.readouterr().err
-    assert info.value.code == 2, err
-    assert "megatron-logra: error: " in err and "Traceback" not in err
-    return err
 
 
 # --- train.resume=true / bare --resume with a recipe ------------------------------------------------------------

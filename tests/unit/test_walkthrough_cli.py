@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from megatron_logra.cli import main
+from support.cli import exit_2 as _exit_2
 
 SMALL = ["train.progress=false", "train.eval_interval=0", "--num-layers", "1", "--hidden-size", "32",
          "--ffn-hidden-size", "64", "logra.rank=4"]
@@ -43,16 +44,6 @@ def trained(tmp_path_factory, one_thread) -> Path:
     assert main(["train", "lm-tiny", f"train.run_dir={run}", "train.steps=4", "train.save_interval=2", *SMALL]) == 0
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_00000002", "step_00000004"]
     return run
-
-
-def _exit_2(argv: list[str], capsys) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    err = capsys.readouterr().err
-    assert info.value.code == 2, err
-    assert "megatron-logra: error: " in err and "Traceback" not in err
-    return err
 
 
 def _cli(*args: str, **kwargs) -> subprocess.Popen:

@@ -1,0 +1,19 @@
+"""Running the ``megatron-logra`` command line in this process, as tests of its error reports need it."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def exit_2(argv: list[str], capsys) -> str:
+    """``megatron_logra.cli.main(argv)`` must exit with status 2, reporting ``megatron-logra: error: ...`` without
+    a traceback; its stderr."""
+    from megatron_logra.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert "megatron-logra: error: " in err and "Traceback" not in err
+    return err
