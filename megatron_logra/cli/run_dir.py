@@ -122,16 +122,9 @@ def _check_eval_optimizer(cfg: RunConfig, saved: RunConfig, named: str) -> None:
     them, so the saved optimizer settings are the only ones that load, and no other one would change what is
     evaluated."""
     from megatron_logra.config.codec import to_dict
+    from megatron_logra.config.recipe_files import _flatten
 
-    def flat(node: Any, prefix: str) -> dict[str, Any]:
-        if not isinstance(node, dict):
-            return {prefix: node}
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(flat(value, f"{prefix}.{key}"))
-        return out
-
-    given, kept = flat(to_dict(cfg.optimizer), "optimizer"), flat(to_dict(saved.optimizer), "optimizer")
+    given, kept = (dict(_flatten({"optimizer": to_dict(c.optimizer)})) for c in (cfg, saved))
     changed = sorted(key for key, value in given.items() if kept.get(key) != value)
     if changed:
         raise ValueError(f"{named} evaluates the run's saved weights; optimizer settings do not apply to it, "
