@@ -169,10 +169,11 @@ def test_a_ctrl_c_that_python_drops_in_a_finalizer_is_raised_at_the_next_check()
             signal.raise_signal(signal.SIGINT)  # its handler runs here, inside the finalizer
 
     stop = EarlyStop(signal_handler=False, duration_minutes=0)
+    before = signal.getsignal(signal.SIGINT)
     with catching_interrupts():
         obj = Finalized()
         del obj  # the KeyboardInterrupt is printed as ignored, and execution goes on
         with pytest.raises(KeyboardInterrupt):
             stop.check()
     assert stop.check() is None  # outside, nothing is pending
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is restored
