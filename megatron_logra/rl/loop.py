@@ -146,10 +146,11 @@ def check_prompt_fits(cfg, num_ids: int, text: str) -> None:
         f"{need} or more{lower}, or shorten the prompts (prompt starts {text[:60]!r})")
 
 
-def _prompt_batch(c: RLComponents, problems: list, repeat: int) -> list[list[int]]:
+def _prompt_batch(c: RLComponents, problems: list, repeat: int, step: Optional[int] = None) -> list[list[int]]:
     """:func:`_prompt_ids` of every problem, ``repeat`` times each, on every DP rank together: a prompt
     that does not fit on any rank is the same ``ValueError`` on all of them (a rank raising alone would
-    leave the others waiting in the step's next collective). Every DP rank must call."""
+    leave the others waiting in the step's next collective), naming the RL ``step`` when one is given (the
+    training prompts of a generated task are drawn step by step). Every DP rank must call."""
     ids: list[list[int]] = []
     error = ""
     try:
@@ -158,7 +159,7 @@ def _prompt_batch(c: RLComponents, problems: list, repeat: int) -> list[list[int
         error = str(exc)
     errors = [e.decode() for e in all_gather_bytes(error.encode(), c.groups.dp) if e]
     if errors:
-        raise ValueError(errors[0])
+        raise ValueError(errors[0] if step is None else f"RL step {step}: {errors[0]}")
     return ids
 
 
@@ -245,7 +246,7 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     per_rank = share_per_rank("rl.prompts_per_step", rl.prompts_per_step, groups.dp_size, "prompts")
     first = (step - 1) * rl.prompts_per_step + groups.dp_rank * per_rank
     problems = [c.task.train_problem(first + i) for i in range(per_rank)]
-    prompt_ids = _prompt_batch(c, problems, rl.group_size)
+    prompt_ids = _prompt_batch(c, problems, rl.group_size, step)
     params = SamplingParams(temperature=rl.rollout.temperature, top_p=rl.rollout.top_p,
                             max_new_tokens=rl.rollout.max_new_tokens, stop_token_ids=c.stop_token_ids(),
                             seed=cfg.train.seed * 1_000_003 + step * 1009 + groups.dp_rank)
