@@ -17,3 +17,11 @@ def exit_2(argv: list[str], capsys) -> str:
     assert info.value.code == 2, err
     assert "megatron-logra: error: " in err and "Traceback" not in err
     return err
+
+
+@pytest.fixture(autouse=True)
+def one_process_cli(monkeypatch):
+    """Every test of a module that imports this runs the CLI as one process: no torchrun environment, and errors
+    reported as exit status 2 (no re-raise)."""
+    for name in ("WORLD_SIZE", "RANK", "MEGATRON_LOGRA_TRACEBACK"):
+        monkeypatch.delenv(name, raising=False)

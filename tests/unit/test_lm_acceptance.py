@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from megatron_logra.cli import main
+from support.cli import exit_2
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
@@ -29,15 +30,6 @@ SMALL = ["train.progress=false", "train.eval_sequences=8", "train.eval_interval=
 
 def _records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def _refused(argv: list[str], capsys) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    err = capsys.readouterr().err
-    assert exc.value.code == 2, err
-    assert "megatron-logra: error:" in err and "Traceback" not in err
-    return err
 
 
 def test_gradient_accumulation_matches_one_micro_batch_per_step(tmp_path, one_thread):
@@ -117,7 +109,7 @@ def test_bad_recipe_files_are_refused_naming_the_file_and_field(tmp_path, capsys
     (tmp_path / "other.yaml").write_text("recipe: bad.yaml\n")
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
-    err = _refused(["config", str(bad)], capsys)
+    err = exit_2(["config", str(bad)], capsys)
     assert f"recipe file {bad}" in err
     for needle in needles:
         assert needle in err

@@ -25,16 +25,11 @@ import yaml
 
 from megatron_logra.cli import main
 from support.cli import exit_2 as _exit_2
+from support.cli import one_process_cli  # noqa: F401  (autouse fixture)
 
 SMALL = ["train.progress=false", "train.eval_interval=0", "--num-layers", "1", "--hidden-size", "32",
          "--ffn-hidden-size", "64", "logra.rank=4"]
 """A quick lm-tiny (well under a second a step on 2 CPU cores)."""
-
-
-@pytest.fixture(autouse=True)
-def _no_torchrun(monkeypatch):
-    for name in ("WORLD_SIZE", "RANK", "MEGATRON_LOGRA_TRACEBACK"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="module")
