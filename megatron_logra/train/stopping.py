@@ -26,10 +26,11 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from types import FrameType
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -67,18 +68,26 @@ def catching_interrupts() -> Iterator[None]:
 
     Python drops an exception raised inside a finalizer (a weakref callback or ``__del__`` that the
     collector runs: "Exception ignored in ..."), so a Ctrl-C landing there would leave the run training;
-    :meth:`EarlyStop.check`, which the jobs call after every step, raises it again. The previous handler is
+    :meth:`EarlyStop.check`, which the jobs call after every step, raises it again (and the dropped one is not
+    printed as "Exception ignored"). The previous handler and ``sys.unraisablehook`` are
     restored on exit. Outside the main thread (where no signal handler can be set) it does nothing."""
     global _interrupted
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _interrupted = False
-    previous = signal.signal(signal.SIGINT, _on_interrupt)
+    previous, previous_hook = signal.signal(signal.SIGINT, _on_interrupt), sys.unraisablehook
+
+    def quiet_dropped_interrupt(unraisable: Any) -> None:
+        if not (_interrupted and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            previous_hook(unraisable)  # the dropped Ctrl-C is raised again after the step: not worth a traceback
+
+    sys.unraisablehook = quiet_dropped_interrupt
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = previous_hook
         _interrupted = False
 
 
