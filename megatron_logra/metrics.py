@@ -173,6 +173,11 @@ def _step_of(line: str, last: int) -> bool:
     return isinstance(record, dict) and record.get("step", 0) <= last
 
 
+TEXT_FIELDS = ("skip_reason",)
+"""Record fields written to TensorBoard as text (at the steps where they hold a string): why a step applied no
+update. Other strings (``sync_mode``) are the same at most steps and stay in ``metrics.jsonl`` only."""
+
+
 class MetricsWriter:
     """Appends step records to ``RUN/metrics.jsonl`` and TensorBoard (if installed) on rank 0."""
 
@@ -210,8 +215,14 @@ class MetricsWriter:
         if self._tb is not None:
             step = record.get("step", 0)
             for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                if k == "step":
+                    continue
+                if isinstance(v, bool):  # a flag (``skipped``) is a 0/1 series, to see when it was set
+                    self._tb.add_scalar(k, int(v), step)
+                elif isinstance(v, (int, float)):
                     self._tb.add_scalar(k, v, step)
+                elif isinstance(v, str) and k in TEXT_FIELDS:
+                    self._tb.add_text(k, v, step)
 
     def close(self) -> None:
         if self._tb is not None:

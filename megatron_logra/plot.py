@@ -117,9 +117,18 @@ def _panel_rl_kl(ax, records) -> None:
         ax.set_yscale("log")
 
 
+def _skipped_steps(records: list[dict]) -> list[int]:
+    """The steps whose record says ``skipped``: no update applied (zero advantages, a refused update)."""
+    return [r["step"] for r in records if r.get("skipped") is True]
+
+
 def _panel_rl_alpha(ax, records) -> None:
     ax.set_title("step size α")
     _lines(ax, records, [("alpha", "α", {})])
+    skipped = _skipped_steps(records)
+    if skipped:  # α has no value there: a mark on the axis shows the gap is a skipped update, not missing data
+        ax.plot(skipped, [0.0] * len(skipped), linestyle="none", marker="x", color="tab:red",
+                label=f"no update ({len(skipped)} step{'s' if len(skipped) > 1 else ''})", clip_on=False)
     ax.set_ylabel("α")
     xs, ys = _series(records, "update_ratio")
     if xs:
@@ -129,6 +138,8 @@ def _panel_rl_alpha(ax, records) -> None:
         lines = ax.get_lines() + ax2.get_lines()
         if len(lines) > 1:  # two axes: one legend naming both series
             ax2.legend(lines, [line.get_label() for line in lines])
+    elif len(ax.get_lines()) > 1:
+        ax.legend()
 
 
 def _panel_rss(ax, records) -> None:
@@ -162,6 +173,8 @@ def _panel_lm_throughput(ax, records) -> None:
 
 
 def _has_data(records: list[dict], keys: tuple[str, ...]) -> bool:
+    if "skipped" in keys and _skipped_steps(records):
+        return True
     # memory_bytes 0 is what the RL job records without psutil: no measurement
     return any(_series([r for r in records if key != "memory_bytes" or r.get(key)], key)[0] for key in keys)
 
@@ -169,7 +182,7 @@ def _has_data(records: list[dict], keys: tuple[str, ...]) -> bool:
 _RL_PANELS = (
     (_panel_rl_reward, ("reward_mean", "accuracy", "eval_accuracy")),
     (_panel_rl_kl, ("kl_predicted", "kl_actual", "budget")),
-    (_panel_rl_alpha, ("alpha", "update_ratio")),
+    (_panel_rl_alpha, ("alpha", "update_ratio", "skipped")),
     (_panel_rss, ("memory_bytes",)),
     (_panel_gpu_memory, ("gpu_memory_peak_bytes", "gpu_memory_reserved_peak_bytes")),
 )
