@@ -8,10 +8,13 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from megatron_logra.wandb_log import WandbOptions
 
 logger = logging.getLogger(__name__)
 
@@ -181,10 +184,15 @@ update. Other strings (``sync_mode``) are the same at most steps and stay in ``m
 class MetricsWriter:
     """Appends step records to ``RUN/metrics.jsonl`` and TensorBoard (if installed) on rank 0."""
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, truncate_after: Optional[int] = None) -> None:
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, truncate_after: Optional[int] = None,
+                 wandb: Optional[WandbOptions] = None) -> None:
+        """``truncate_after``: a resume's checkpoint step (records after it are dropped); None: a new run.
+        ``wandb``: also log to Weights & Biases (:mod:`megatron_logra.wandb_log`; the package must be installed,
+        which :func:`~megatron_logra.wandb_log.check_wandb` checks on every rank before the job builds anything)."""
         self.enabled = is_rank0()
         self.path = Path(run_dir) / "metrics.jsonl"
         self._tb = None
+        self._wandb = None
         if not self.enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,6 +213,10 @@ class MetricsWriter:
                 self._tb = SummaryWriter(log_dir=str(self.path.parent / "tensorboard"), purge_step=purge)
             except ImportError:
                 logger.info("tensorboard is not installed; writing metrics.jsonl only")
+        if wandb is not None:
+            from megatron_logra.wandb_log import WandbRun
+
+            self._wandb = WandbRun(self.path.parent, wandb, resume=truncate_after is not None)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -223,7 +235,15 @@ class MetricsWriter:
                     self._tb.add_scalar(k, v, step)
                 elif isinstance(v, str) and k in TEXT_FIELDS:
                     self._tb.add_text(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(record)
 
-    def close(self) -> None:
+    def close(self, summary: Optional[dict[str, Any]] = None) -> None:
+        """Flush and close TensorBoard and W&B (which gets ``summary``, the run's ``summary.json``, as its
+        run summary). Closing twice is closing once."""
         if self._tb is not None:
             self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.close(json_safe(summary) if summary else None)
+            self._wandb = None

@@ -15,6 +15,7 @@ from megatron_logra.cli.errors import exit_with_error, reporting_user_errors, tr
 from megatron_logra.cli.launch import is_rank0
 from megatron_logra.cli.resume import check_recipe_resume, check_resumed_architecture, split_resume_dir
 from megatron_logra.cli.run_dir import run_dir_config
+from megatron_logra.wandb_log import check_wandb
 
 if TYPE_CHECKING:
     from megatron_logra.config import RunConfig
@@ -62,6 +63,7 @@ def run_train_or_config(parser: argparse.ArgumentParser, command: str, rest: Seq
     except ValueError as exc:
         user_error(parser, exc)
     check_resumed_architecture(parser, cfg)
+    reporting_user_errors(parser, lambda: check_wandb(cfg.train))  # before anything is built, on every rank
     if resume_dir is None and cfg.train.resume:
         reporting_user_errors(parser, lambda: check_recipe_resume(cfg))
     if command == "config":

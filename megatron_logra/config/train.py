@@ -72,6 +72,18 @@ class TrainConfig:
     exit_duration_minutes: float = 0.0
     """Stop the same way after the first step that ends this many minutes after the job started (set it
     below the scheduler's time limit minus the time a save takes); 0 = no budget (--exit-duration-in-mins)."""
+    wandb_project: str = ""
+    """Also log every step record (and the config and summary) to this Weights & Biases project from rank 0
+    (--wandb-project); empty: no W&B. Needs the wandb package (``pip install wandb``); W&B's environment
+    applies (``WANDB_MODE=offline`` on nodes without network, then ``wandb sync``). ``--resume`` continues the
+    W&B run whose id ``RUN/wandb_run_id`` holds."""
+    wandb_entity: str = ""
+    """The W&B team or user the run goes to (--wandb-entity); empty: the logged-in account's default."""
+    wandb_exp_name: str = ""
+    """The W&B run's name (--wandb-exp-name); empty: the run directory's name."""
+    wandb_save_dir: str = ""
+    """W&B writes its local files to ``wandb_save_dir/wandb`` (--wandb-save-dir); empty: ``RUN/wandb``. Never
+    deleted by a new run in the same run directory (an offline run there may not be synced yet)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "micro_batch_size", "global_batch_size", "log_interval", "eval_sequences", "keep_last"):
@@ -96,6 +108,16 @@ class TrainConfig:
                 or not math.isfinite(self.exit_duration_minutes) or self.exit_duration_minutes < 0:
             raise ValueError(f"train.exit_duration_minutes={self.exit_duration_minutes!r} must be a finite number of "
                              "minutes >= 0 (0 = no budget)")
+        for name in ("wandb_project", "wandb_entity", "wandb_exp_name", "wandb_save_dir"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"train.{name}={getattr(self, name)!r} must be a string")
+        if self.wandb_project and any(c in self.wandb_project for c in "/\\#?%:"):
+            raise ValueError(f"train.wandb_project={self.wandb_project!r}: W&B project names cannot hold / \\ # ? % "
+                             "or :; give the team in train.wandb_entity and the project alone")
+        given = [f"train.{name}" for name in ("wandb_entity", "wandb_exp_name", "wandb_save_dir") if getattr(self, name)]
+        if given and not self.wandb_project:
+            raise ValueError(f"{', '.join(given)} set without train.wandb_project: name the W&B project "
+                             "(--wandb-project NAME) to log to W&B, or leave them empty")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
             raise ValueError(f"train.seed={self.seed!r} must be an int in [0, 2**31) (the seeds derived from it, "
                              "SGLang's among them, are 32-bit); choose e.g. train.seed=1234")

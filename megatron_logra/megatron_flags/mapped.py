@@ -49,6 +49,10 @@ MEGATRON_ALIASES: dict[str, str] = {
     "profile-step-start": "profile.step_start",
     "profile-step-end": "profile.step_end",
     "profile-ranks": "profile.ranks",
+    "wandb-project": "train.wandb_project",
+    "wandb-entity": "train.wandb_entity",
+    "wandb-exp-name": "train.wandb_exp_name",
+    "wandb-save-dir": "train.wandb_save_dir",
 }
 """Megatron-LM flags (without ``--``) -> the dotted field they set, whatever the job; the flags of
 :data:`JOB_ALIASES` are resolved against the configured job by

@@ -29,6 +29,7 @@ from megatron_logra.rl.loop import evaluate_accuracy, rl_update
 from megatron_logra.rl.progress import bar_fields, previous_summary, progress_bar, rss_bytes, run_total
 from megatron_logra.rollout.sglang_setup import redact_config
 from megatron_logra.train.stopping import EarlyStop
+from megatron_logra.wandb_log import wandb_options
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     start_step = state.step
     # what earlier processes of the run did, read before this one's summary replaces theirs
     previous = previous_summary(run_dir / "summary.json", start_step) if start_step else {}
-    metrics = MetricsWriter(run_dir, truncate_after=state.step if cfg.train.resume else None)
+    metrics = MetricsWriter(run_dir, truncate_after=state.step if cfg.train.resume else None,
+                            wandb=wandb_options(cfg.train, saved_config))
     setup_seconds = time.perf_counter() - t_start
     eval_before = evaluate_accuracy(comps)
     if eval_before is None:
@@ -151,7 +153,6 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         else:
             eval_after = evaluate_accuracy(comps)
             stopped = stop.check_after_training("the final evaluation")
-        metrics.close()
         rl_seconds, total_seconds = time.perf_counter() - rl_start, time.perf_counter() - t_start
         eval_before_run = previous.get("eval_accuracy_before") if start_step else eval_before
         summary = {
@@ -167,6 +168,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         }
         if is_rank0():
             atomic_write_text(run_dir / "summary.json", strict_dumps(summary, indent=1))
+        metrics.close(summary)
+        if is_rank0():
             if stopped is None and eval_before_run is not None and eval_after is not None:
                 resumed = (f" ({eval_before:.3f} at step {start_step}, where this process resumed)"
                            if start_step and eval_before is not None else "")

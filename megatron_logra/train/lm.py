@@ -58,6 +58,7 @@ from megatron_logra.train.lm_eval import evaluate, warn_deprecated_eval_batches
 from megatron_logra.train.lm_progress import recorded_losses, run_summary, start_progress
 from megatron_logra.train.step import forward_backward, model_device
 from megatron_logra.train.stopping import EarlyStop
+from megatron_logra.wandb_log import wandb_options
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +141,8 @@ def run_lm(cfg: RunConfig) -> dict:
     if is_rank0():
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(saved_config, sort_keys=False))
-    metrics = MetricsWriter(run_dir, truncate_after=start if cfg.train.resume else None)
+    metrics = MetricsWriter(run_dir, truncate_after=start if cfg.train.resume else None,
+                            wandb=wandb_options(cfg.train, saved_config))
 
     eval_before = evaluate(model, task, cfg, groups, optimizer)
     if not start:
@@ -232,12 +234,13 @@ def run_lm(cfg: RunConfig) -> dict:
         if stopped is None:
             eval_after = evaluate(model, task, cfg, groups, optimizer)
             stopped = stop.check_after_training("the final evaluation")
-        metrics.close()
         summary = run_summary(cfg, first_loss=first_loss, last_loss=last_loss, eval_before_run=eval_before_run,
                               eval_after=eval_after, steps=last, stopped=stopped, start=start,
                               eval_before=eval_before, train_seconds=train_seconds)
         if is_rank0():
             atomic_write_text(run_dir / "summary.json", strict_dumps(summary, indent=1))
+        metrics.close(summary)
+        if is_rank0():
             logger.info("done: %s", summary)
     return summary
 

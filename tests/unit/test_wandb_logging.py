@@ -1,0 +1,110 @@
+"""Weights & Biases logging (``--wandb-project``, ``train.wandb_*``): what W&B records, read back from its
+offline transaction log (``tests/support/wandb_records.py``), equals ``metrics.jsonl``; ``--resume`` continues
+the same W&B run and a new run starts another without deleting the old one's files; a missing ``wandb``
+package and inconsistent settings are refused before anything is built."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from megatron_logra.cli import main
+from megatron_logra.config.train import TrainConfig
+from tests.support.cli import exit_2
+
+pytest.importorskip("wandb")
+from tests.support.wandb_records import offline_runs, read_offline_run  # noqa: E402 - needs wandb
+
+LM_SMALL = ["train.progress=false", "train.eval_sequences=4", "train.save_interval=2", "train.eval_interval=2",
+            "--num-layers", "1", "--hidden-size", "32", "--ffn-hidden-size", "64", "logra.rank=4"]
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+
+
+def _jsonl(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _logged(history, key):
+    return {h["step"]: h[key] for h in history if key in h}
+
+
+def test_the_wandb_run_holds_the_step_records_config_and_summary(tmp_path, capsys, one_thread, offline):
+    run = tmp_path / "run"
+    assert main(["train", "lm-tiny", f"train.run_dir={run}", "train.steps=4", *LM_SMALL,
+                 "--wandb-project", "logra-tests", "--wandb-exp-name", "tiny-lm"]) == 0
+    capsys.readouterr()
+    (files,) = offline_runs(run)
+    logged = read_offline_run(files)
+    run_id = (run / "wandb_run_id").read_text().strip()
+    assert logged["id"] == run_id and files.name.endswith(run_id)
+    assert logged["project"] == "logra-tests" and logged["name"] == "tiny-lm"
+    records = _jsonl(run)
+    assert [h["step"] for h in logged["history"]] == [r["step"] for r in records] == [1, 2, 3, 4]
+    for key in ("loss", "grad_norm", "tokens"):
+        assert _logged(logged["history"], key) == {r["step"]: r[key] for r in records}
+    assert _logged(logged["history"], "eval_loss") == {r["step"]: r["eval_loss"] for r in records
+                                                       if r["eval_loss"] is not None}
+    assert _logged(logged["history"], "skipped") == {r["step"]: int(r["skipped"]) for r in records}
+    assert logged["config"]["train"]["wandb_project"] == "logra-tests"
+    assert logged["config"]["model"]["num_layers"] == 1
+    summary = json.loads((run / "summary.json").read_text())
+    assert logged["summary"]["eval_loss_after"] == pytest.approx(summary["eval_loss_after"])
+    assert logged["summary"]["steps"] == 4
+
+
+def test_resume_continues_the_wandb_run_and_a_new_run_starts_another(tmp_path, capsys, one_thread, offline):
+    run = tmp_path / "run"
+    assert main(["train", "lm-tiny", f"train.run_dir={run}", "train.steps=4", *LM_SMALL,
+                 "--wandb-project", "logra-tests"]) == 0
+    first_id = (run / "wandb_run_id").read_text().strip()
+    assert main(["train", "--resume", str(run), "train.steps=6"]) == 0
+    assert (run / "wandb_run_id").read_text().strip() == first_id
+    first, second = offline_runs(run)
+    assert read_offline_run(second)["id"] == first_id
+    assert [h["step"] for h in read_offline_run(second)["history"]] == [5, 6]
+    assert read_offline_run(second)["name"] == run.name  # the run directory's name without --wandb-exp-name
+
+    assert main(["train", "lm-tiny", f"train.run_dir={run}", "train.steps=2", *LM_SMALL, "train.overwrite=true",
+                 "--wandb-project", "logra-tests"]) == 0
+    capsys.readouterr()
+    new_id = (run / "wandb_run_id").read_text().strip()
+    assert new_id != first_id
+    runs = offline_runs(run)
+    assert len(runs) == 3 and (first in runs and second in runs)  # an unsynced offline run is never deleted
+    assert read_offline_run(runs[-1])["id"] == new_id
+
+
+def test_wandb_save_dir_holds_the_files(tmp_path, capsys, one_thread, offline):
+    run, files = tmp_path / "run", tmp_path / "wandb-files"
+    assert main(["train", "lm-tiny", f"train.run_dir={run}", "train.steps=2", *LM_SMALL,
+                 "train.wandb_project=p", f"train.wandb_save_dir={files}"]) == 0
+    capsys.readouterr()
+    assert not offline_runs(run) and len(offline_runs(files)) == 1
+
+
+def test_a_missing_wandb_package_is_refused_before_anything_is_built(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as where it is not installed
+    run = tmp_path / "run"
+    err = exit_2(["train", "lm-tiny", f"train.run_dir={run}", "--wandb-project", "p"], capsys)
+    assert "train.wandb_project='p' needs the wandb package" in err and "pip install wandb" in err
+    assert not run.exists()
+    err = exit_2(["config", "lm-tiny", "--wandb-project", "p"], capsys)
+    assert "pip install wandb" in err
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"wandb_exp_name": "x"}, "train.wandb_exp_name set without train.wandb_project"),
+    ({"wandb_save_dir": "d", "wandb_entity": "team"}, "train.wandb_entity, train.wandb_save_dir set without"),
+    ({"wandb_project": "team/proj"}, "give the team in train.wandb_entity"),
+])
+def test_inconsistent_wandb_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**kwargs)
