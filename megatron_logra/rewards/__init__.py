@@ -20,7 +20,7 @@ from typing import Any
 from megatron_logra.rewards.base import Problem, ProblemSource, Scorer, prompt_bucket, stable_hash
 from megatron_logra.rewards.jsonl import JSONL_PREFIX, JsonlSource, join_jsonl_paths, load_jsonl_problems
 from megatron_logra.rewards.math import MathVerifyScorer, extract_final_answer, math_equal, parses_as_math
-from megatron_logra.rewards.plugins import PluginScorer, is_dotted_path, load_reward_fn
+from megatron_logra.rewards.plugins import PluginScorer, RewardTimeout, is_dotted_path, load_reward_fn
 from megatron_logra.rewards.task import Task
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "PluginScorer",
     "Problem",
     "ProblemSource",
+    "RewardTimeout",
     "Scorer",
     "Task",
     "TaskConfig",
@@ -88,6 +89,13 @@ class TaskConfig:
     math_timeout_s: int = 5
     """Seconds math-verify may spend per parse / verify on the main thread (0 = no timeout;
     off the main thread there is never a timeout, since math-verify uses signal.alarm)."""
+    reward_timeout_s: float = 60.0
+    """Seconds one call of a ``task.reward`` plugin may take for one completion (0 = no limit). Past it the
+    run stops with an error naming the RL step, the sample and this field, instead of hanging (a code sandbox,
+    a reward server, an endless loop); the checkpoint before the step is intact. The plugin then runs on a
+    daemon worker thread (no ``signal.alarm`` there: call math-verify with ``parsing_timeout=None`` /
+    ``timeout_seconds=None``, or set 0). Built-in scorers are not affected (math-verify has
+    ``math_timeout_s``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.datasets, str):
@@ -130,6 +138,16 @@ class TaskConfig:
             raise ValueError(f"task.eval_modulus={self.eval_modulus} must be >= 2 (1/eval_modulus is held out)")
         if self.math_timeout_s < 0:
             raise ValueError(f"task.math_timeout_s={self.math_timeout_s} must be >= 0 (0 = no timeout)")
+        self._check_reward_timeout()
+
+    def _check_reward_timeout(self) -> None:
+        value = self.reward_timeout_s
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not isfinite(value) or value < 0:
+            raise ValueError(
+                f"task.reward_timeout_s={value!r}: give a finite number of seconds >= 0 that one reward-plugin "
+                f"call may take, e.g. task.reward_timeout_s=60 (0 disables the limit)"
+            )
+        self.reward_timeout_s = float(value)
 
     def _check_weights(self) -> None:
         if isinstance(self.weights, str):
@@ -208,7 +226,7 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
     cfg.__post_init__()
     timeout = cfg.math_timeout_s or None
     math_scorer = MathVerifyScorer(timeout_s=timeout)
-    plugin = PluginScorer(cfg.reward) if is_dotted_path(cfg.reward) else None
+    plugin = PluginScorer(cfg.reward, timeout_s=cfg.reward_timeout_s) if is_dotted_path(cfg.reward) else None
     sources: list[ProblemSource] = []
     eval_sources: list[ProblemSource] = []
     scorers: dict[str, Scorer] = {}

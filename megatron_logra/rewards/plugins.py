@@ -5,6 +5,11 @@ the attribute); after a colon the attribute may itself be dotted (``"pkg.mod:Cla
 The function is called as ``fn(problem, completion)`` and must return a real number in ``[0, 1]``
 (1 = correct; :class:`~megatron_logra.rewards.task.Task` maps it to the configured rewards).
 Every error names the path and what was wrong.
+
+A call may be bounded in time (``task.reward_timeout_s``): :class:`PluginScorer` then raises
+:class:`~megatron_logra.rewards.deadline.RewardTimeout` when it has not returned in time, rather than letting a
+hung plugin (a code sandbox, an HTTP reward server, an endless loop) hang the run
+(:mod:`megatron_logra.rewards.deadline`: how).
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ import logging
 import math
 import numbers
 import re
-from typing import Callable
+import threading
+from typing import Any, Callable, Optional
 
 from megatron_logra.rewards.base import Problem
+from megatron_logra.rewards.deadline import (RewardTimeout, Worker, call_on_main_thread, main_thread_deadlines,
+                                               needs_main_thread)
 
-__all__ = ["PluginScorer", "is_dotted_path", "load_reward_fn"]
+__all__ = ["PluginScorer", "RewardTimeout", "is_dotted_path", "load_reward_fn"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,15 +104,40 @@ class PluginScorer:
     The function's return value must be a finite real number in ``[0, 1]`` (bools count as 0/1);
     anything else raises ValueError naming the path and the value. Exceptions raised by the
     function propagate: a bug in user code should stop the run, not read as a wrong answer.
+
+    ``timeout_s`` (``task.reward_timeout_s``; 0 or None: no limit, the function is simply called) bounds one
+    call: past it, :class:`~megatron_logra.rewards.deadline.RewardTimeout`. On the main thread (the RL loop's)
+    the function runs right there under a watchdog signal, so ``signal.alarm`` (math-verify's own timeouts)
+    works in it as without a limit; elsewhere it runs on a daemon worker thread and a hung call is abandoned
+    (:mod:`megatron_logra.rewards.deadline`). A timeout stops the run (the RL step turns it into a
+    ``RewardError`` on every rank) rather than scoring the sample as wrong: a reward that cannot be computed is
+    not a wrong answer, and silently training on it would hide a broken sandbox or reward server; the
+    checkpoint before the step is intact. The limit cannot interrupt C code that holds the GIL (a backtracking
+    ``re`` match): only a separate process could. Concurrent callers are served one at a time.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, timeout_s: Optional[float] = None) -> None:
         self.path = path
         self.fn = load_reward_fn(path)
+        self.timeout_s = float(timeout_s) if timeout_s else None
+        self._worker: Optional[Worker] = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:  # threads and locks do not copy: a copy starts its own worker
+        state = dict(self.__dict__)
+        state["_worker"], state["_lock"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def score(self, problem: Problem, completion: str) -> float:
-        """``fn(problem, completion)`` as a float in ``[0, 1]``."""
-        value = self.fn(problem, completion)
+        """``fn(problem, completion)`` as a float in ``[0, 1]``; :class:`RewardTimeout` past ``timeout_s``."""
+        if self.timeout_s is None:
+            value = self.fn(problem, completion)
+        else:
+            value = self._call_with_timeout(problem, completion)
         if not isinstance(value, numbers.Real):
             raise ValueError(
                 f"reward function {self.path!r} returned {value!r} ({type(value).__name__}); "
@@ -114,3 +147,50 @@ class PluginScorer:
         if not math.isfinite(value) or not 0.0 <= value <= 1.0:
             raise ValueError(f"reward function {self.path!r} returned {value!r}; expected a number in [0, 1]")
         return value
+
+    def _call_with_timeout(self, problem: Problem, completion: str) -> Any:
+        """The function's return value within ``timeout_s``: on this thread when it is the main thread, else on
+        the worker thread."""
+        assert self.timeout_s is not None
+        if main_thread_deadlines():
+            in_time, value = call_on_main_thread(self.fn, (problem, completion), self.timeout_s)
+            if not in_time:
+                raise self._timeout("the call was interrupted")
+            return value
+        with self._lock:
+            if self._worker is None:
+                self._worker = Worker(f"reward-fn {self.path}")
+            call = self._worker.submit(self.fn, problem, completion)
+            finished = False
+            try:
+                finished = call.done.acquire(timeout=self.timeout_s)
+            finally:
+                if not finished:  # timed out, or the wait itself was interrupted (KeyboardInterrupt)
+                    self._abandon()
+        if not finished:
+            raise self._timeout("the call was abandoned (Python cannot stop a thread: it goes on in a daemon thread)")
+        if call.error is not None:
+            if needs_main_thread(call.error):
+                raise ValueError(
+                    f"reward function {self.path!r} needs the main thread ({type(call.error).__name__}: "
+                    f"{call.error}): with task.reward_timeout_s={self.timeout_s:g} and called off the main thread, "
+                    f"it runs on a worker thread, where signal.alarm is unavailable. Call math-verify with "
+                    f"parsing_timeout=None / timeout_seconds=None (task.reward_timeout_s bounds the call), or set "
+                    f"task.reward_timeout_s=0 to call the function on the caller's thread without a limit"
+                ) from call.error
+            raise call.error
+        return call.value
+
+    def _timeout(self, what: str) -> RewardTimeout:
+        return RewardTimeout(
+            f"reward function {self.path!r} did not return within {self.timeout_s:g} s "
+            f"(task.reward_timeout_s={self.timeout_s:g}); {what}. Fix the function (a sandbox or HTTP call needs "
+            f"its own timeout), or raise task.reward_timeout_s if it is merely slow (0 disables the limit)")
+
+    def _abandon(self) -> None:
+        """Leave the hung worker to finish (or not) on its own; the next call starts a fresh one."""
+        if self._worker is not None:
+            logger.warning("reward function %r: abandoning its call after %g s (task.reward_timeout_s); thread %r "
+                           "goes on in the background", self.path, self.timeout_s, self._worker.thread.name)
+            self._worker.stop()
+            self._worker = None

@@ -5,11 +5,15 @@ Contracts
 * **Train stream** — ``train_problem(index)`` is a pure function of ``(seed, index)`` (and the
   sources' configuration): the source is picked with probability proportional to its weight by
   ``unit_uniform(seed, "mix", index)``, then raw indices ``stable_hash(seed, "train", source,
-  index, attempt) % size`` are tried for ``attempt = 0, 1, ...`` until the prompt is *not*
-  eval-only (after ``MAX_TRAIN_ATTEMPTS`` misses, a finite source of at most ``SCAN_LIMIT``
-  prompts is scanned in full from a hashed start; a source with no trainable prompt is a
-  ValueError, which ``check_trainable`` raises at start). Any process (any DP rank) computes the same problem for the same index; indices
-  need not be visited in order. Sources are sampled with replacement.
+  index, attempt) % size`` are tried for ``attempt = 0, 1, ...`` until the prompt is not eval-only
+  and passes the prompt filter, if any (``set_prompt_filter``; the RL job's: "fits the room
+  ``model.seq_length`` leaves for ``rl.rollout.max_new_tokens``"; refused prompts are counted in
+  ``overlong_skips``, one warning per source). After ``MAX_TRAIN_ATTEMPTS`` misses
+  (``MAX_FILTERED_ATTEMPTS`` with a filter), a finite source of at most ``SCAN_LIMIT`` prompts is
+  scanned in full from a hashed start; a source with no trainable prompt is a ValueError (eval-only
+  or over-long), which ``check_trainable`` raises at start. A pure function of ``(seed, index)``
+  and the filter (a function of the prompt text): any process (any DP rank) computes the same
+  problem for the same index; indices need not be visited in order. Sources are sampled with replacement.
 * **Held-out set** — a prompt is eval-only iff ``prompt_bucket(prompt, eval_modulus) == 0``
   (a blake2b hash of the prompt text). The train stream never returns such a prompt, and
   ``eval_problems()`` returns only such prompts, so the two are disjoint *by prompt text*, for
@@ -33,16 +37,20 @@ import math
 import random
 from bisect import bisect_right
 from itertools import accumulate
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from megatron_logra.rewards.base import Problem, ProblemSource, Scorer, prompt_bucket, stable_hash, unit_uniform
 
-__all__ = ["MAX_TRAIN_ATTEMPTS", "SCAN_LIMIT", "Task", "allocate_counts"]
+__all__ = ["MAX_FILTERED_ATTEMPTS", "MAX_TRAIN_ATTEMPTS", "SCAN_LIMIT", "Task", "allocate_counts"]
 
 logger = logging.getLogger(__name__)
 
 MAX_TRAIN_ATTEMPTS = 64
 """Raw indices tried per train index before giving up (each is eval-only with probability ≈ 1/eval_modulus)."""
+
+MAX_FILTERED_ATTEMPTS = 1024
+"""Raw indices tried per train index with a prompt filter installed: a source whose prompts mostly fail it
+(95% over-long, say) still serves every index (0.95**1024 ≈ 1e-23), rather than failing one mid-run."""
 
 EVAL_PATIENCE = 2000
 """Stop scanning a source for eval prompts after this many consecutive candidates gave no new one."""
@@ -50,6 +58,9 @@ EVAL_PATIENCE = 2000
 SCAN_LIMIT = 4096
 """Finite sources up to this size are scanned in full before a train index gives up: such a source
 yields a training problem for every index as long as one of its prompts is not eval-only."""
+
+CHECK_DRAWS = 8
+"""Train indices :meth:`Task.check_trainable` draws from each source of positive weight."""
 
 ENUMERATE_LIMIT = 1_000_000
 """Finite sources up to this size are scanned as a seeded permutation of all their raw indices."""
@@ -117,6 +128,10 @@ class Task:
         self.wrong_reward = float(wrong_reward)
         self.graded = bool(graded)
         self._eval: list[Problem] | None = None
+        self._fits: Callable[[str], bool] | None = None
+        self._describe: Callable[[str], str] | None = None
+        self.overlong_skips: dict[str, int] = {}
+        """Per source name: draws of this process that the prompt filter refused (skipped over-long prompts)."""
 
     # ------------------------------------------------------------------ partition
     @property
@@ -127,6 +142,38 @@ class Task:
     def is_eval_prompt(self, prompt: str) -> bool:
         """Whether ``prompt`` is reserved for evaluation (never produced by the train stream)."""
         return prompt_bucket(prompt, self.eval_modulus) == 0
+
+    def set_prompt_filter(self, fits: Callable[[str], bool] | None,
+                          describe: Callable[[str], str] | None = None) -> None:
+        """Make the train stream skip prompts ``fits`` refuses, as it skips eval-only ones (None: no filter).
+
+        ``fits``: a pure function of the prompt text (the same on every DP rank). ``describe(prompt)``: why
+        a refused prompt does not fit, for the warning and errors. The held-out set skips them too (it is
+        drawn again at its next use). Call :meth:`check_trainable` afterwards."""
+        self._fits, self._describe = fits, describe
+        self._eval = None
+
+    def _why(self, prompt: str) -> str:
+        return self._describe(prompt) if self._describe else f"prompt starts {prompt[:60]!r}"
+
+    def _trainable(self, source: ProblemSource, problem: Problem) -> bool:
+        """Not eval-only and accepted by the filter; a refused prompt is counted (one warning per source)."""
+        return not self.is_eval_prompt(problem.prompt) and self._passes(source, problem, "training")
+
+    def _passes(self, source: ProblemSource, problem: Problem, what: str) -> bool:
+        """Accepted by the prompt filter (or none is set); a refused prompt is counted in ``overlong_skips``
+        under ``source.name`` (held-out ones under ``"NAME (held-out)"``), with one warning per key."""
+        if self._fits is None or self._fits(problem.prompt):
+            return True
+        key = source.name if what == "training" else f"{source.name} (held-out)"
+        skipped = self.overlong_skips.get(key, 0)
+        self.overlong_skips[key] = skipped + 1
+        if not skipped:
+            logger.warning(
+                "%s: %s; %s prompts that do not fit are skipped (warned once per source) — raise "
+                "model.seq_length or lower rl.rollout.max_new_tokens to keep them",
+                source.name, self._why(problem.prompt), what)
+        return False
 
     # ------------------------------------------------------------------ train stream
     def source_index(self, index: int) -> int:
@@ -145,24 +192,41 @@ class Task:
             raise ValueError(f"train index must be an int >= 0, got {index!r}")
         return self._draw(self.sources[self.source_index(index)], index)
 
-    def _draw(self, source: ProblemSource, index: int) -> Problem:
-        """The first trainable problem of ``source`` for train ``index`` (see the module doc)."""
+    def _candidates(self, source: ProblemSource, index: int, attempts: int) -> Iterator[int]:
+        """Raw indices train ``index`` tries in order: ``attempts`` hashed ones, then a small source in full."""
         size = source.size
-        for attempt in range(MAX_TRAIN_ATTEMPTS):
+        for attempt in range(attempts):
             raw = stable_hash(self.seed, "train", source.name, index, attempt)
-            problem = source.problem(raw % size if size else raw)
-            if not self.is_eval_prompt(problem.prompt):
-                return problem
+            yield raw % size if size else raw
         if size is not None and size <= SCAN_LIMIT:  # a small space: look at every prompt before giving up
             start = stable_hash(self.seed, "train-scan", source.name, index) % size
-            for offset in range(size):
-                problem = source.problem((start + offset) % size)
-                if not self.is_eval_prompt(problem.prompt):
-                    return problem
-            what = f"all {size} of its prompts are eval-only"
+            yield from ((start + offset) % size for offset in range(size))
+
+    def _draw(self, source: ProblemSource, index: int) -> Problem:
+        """The first trainable problem of ``source`` for train ``index`` (see the module doc)."""
+        attempts = MAX_TRAIN_ATTEMPTS if self._fits is None else MAX_FILTERED_ATTEMPTS
+        long_prompt: str | None = None  # the last prompt the filter refused
+        for raw in self._candidates(source, index, attempts):
+            problem = source.problem(raw)
+            if self._trainable(source, problem):
+                return problem
+            if not self.is_eval_prompt(problem.prompt):
+                long_prompt = problem.prompt
+        size = source.size
+        if size is not None and size <= SCAN_LIMIT:
+            tried = f"all {size} of its prompts are {{}}"
         else:
-            what = f"it produced only eval-only prompts in {MAX_TRAIN_ATTEMPTS} draws (train index {index})"
-        fix = ("add rows to the file or choose another task.eval_modulus" if source.name.startswith("jsonl:")
+            tried = f"it produced only {{}} prompts in {attempts} draws (train index {index})"
+        jsonl = source.name.startswith("jsonl:")
+        if long_prompt is not None:
+            fix = ("shorten the file's prompts" if jsonl
+                   else f"make its prompts shorter via task.dataset_kwargs[{source.name!r}]")
+            raise ValueError(
+                f"task.datasets: {source.name!r} has no training prompts that fit: "
+                f"{tried.format('eval-only or over-long')}; the last one: {self._why(long_prompt)} — raise "
+                f"model.seq_length, lower rl.rollout.max_new_tokens or {fix}")
+        what = tried.format("eval-only")
+        fix = ("add rows to the file or choose another task.eval_modulus" if jsonl
                else f"enlarge it via task.dataset_kwargs[{source.name!r}] or choose another task.eval_modulus")
         raise ValueError(
             f"task.datasets: {source.name!r} has no training prompts: {what} (prompt hash % "
@@ -173,13 +237,16 @@ class Task:
     def check_trainable(self) -> None:
         """ValueError naming the source when a source of positive weight yields no training prompt.
 
-        Draws one problem from each such source; with :data:`SCAN_LIMIT` covering small finite
-        sources, a source that passes can serve every train index, so a run fails here, at start,
-        rather than mid-training.
+        Draws the first :data:`CHECK_DRAWS` train indices' problems from each such source; with
+        :data:`SCAN_LIMIT` covering small finite sources, a source that passes can serve every train
+        index, so a run fails here, at start, rather than mid-training. With a prompt filter installed, a
+        source whose draws are all over-long is refused here too, and one that yields some over-long
+        prompts most likely logs its warning here.
         """
         for source, weight in zip(self.sources, self.weights):
             if weight > 0:
-                self._draw(source, 0)
+                for index in range(CHECK_DRAWS):
+                    self._draw(source, index)
 
     # ------------------------------------------------------------------ eval set
     def _eval_candidates(self, k: int) -> Iterator[int]:
@@ -207,7 +274,8 @@ class Task:
                 break
             scanned += 1
             problem = source.problem(raw)
-            if problem.prompt in seen or not self.is_eval_prompt(problem.prompt):
+            if problem.prompt in seen or not self.is_eval_prompt(problem.prompt) \
+                    or not self._passes(source, problem, "held-out"):
                 misses += 1
                 continue
             misses = 0

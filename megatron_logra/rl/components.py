@@ -6,6 +6,7 @@ policy sync, resumed from the latest checkpoint when asked)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from megatron_logra.parallel import initialize_parallel, world_group
 from megatron_logra.profiling import check_job_profile
 from megatron_logra.rewards import build_task
 from megatron_logra.rl.config import check_rl_batch_layout
-from megatron_logra.rl.loop import RLComponents, RLState, check_prompt_fits, rl_prompt_ids
+from megatron_logra.rl.loop import RLComponents, RLState, check_prompt_fits, prompt_room, rl_prompt_ids
 from megatron_logra.rl.policy_sync import PolicySync
 from megatron_logra.rl.warm_start import run_tokenizer, save_run_tokenizer, warm_start
 from megatron_logra.rollout import build_engine
@@ -80,22 +81,50 @@ def _task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group
     """``(task, tokenizer, stop token ids)`` of the run, checked before any model is built: the task
     (:func:`~megatron_logra.rewards.build_task`: dataset names and kwargs, JSONL files, the reward plugin), the
     tokenizer (:func:`~megatron_logra.rl.warm_start.run_tokenizer`: ``tokenizer.path`` or ``model.hf_path``'s
-    tokenizer files, its size against ``model.vocab_size``), ``rl.chat_template``, the longest prompt against
-    ``model.seq_length`` and the stop tokens (``generation_config.json``). Nothing is written. ``group``: the
-    ranks that build the task together (the job: every rank), which keep the JSONL rows their rank 0 keeps
-    (:func:`~megatron_logra.rewards.build_task`)."""
+    tokenizer files, its size against ``model.vocab_size``), ``rl.chat_template``, the longest JSONL prompt
+    against ``model.seq_length`` (refused), the filter of over-long generated prompts from the train stream
+    and the held-out set (:func:`_filter_overlong_prompts`: skipped, or refused when all are) and the stop tokens
+    (``generation_config.json``). Nothing is written. ``group``: the ranks that build the task together (the
+    job: every rank), which keep the JSONL rows their rank 0 keeps (:func:`~megatron_logra.rewards.build_task`)."""
     task = build_task(cfg.task, group)
     tok = run_tokenizer(cfg, task, run_dir, will_save=will_save)
     if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
         rl_prompt_ids(tok, cfg.rl, "check")
-    # the same on every rank: a long prompt fails here, not mid-run; the longest one, so that the fix the
-    # error suggests fits every held-out prompt, and every prompt of a file (JSONL) source held in memory
-    prompts = [problem.prompt for problem in task.eval_problems()]
-    prompts += [problem.prompt for source in task.sources for problem in getattr(source, "problems", ())]
+    # the same on every rank: a long prompt of a file (JSONL) source fails here, not mid-run; the longest one,
+    # so that the fix the error suggests fits every prompt the user wrote. A generated source's are skipped.
+    prompts = [problem.prompt for source in task.sources for problem in getattr(source, "problems", ())]
     lengths = [(len(rl_prompt_ids(tok, cfg.rl, prompt)), prompt) for prompt in prompts]
     if lengths:
         check_prompt_fits(cfg, *max(lengths, key=lambda item: item[0]))
+    _filter_overlong_prompts(cfg, task, tok)
     return task, tok, stop_token_ids(tok, cfg.model.hf_path, cfg.tokenizer.path)
+
+
+PROMPT_LENGTH_CACHE = 4096
+"""Prompt texts whose token counts :func:`_filter_overlong_prompts` remembers (an LRU cache)."""
+
+
+def _filter_overlong_prompts(cfg: RunConfig, task: Any, tok: Any) -> None:
+    """Make ``task``'s train stream skip prompts longer than :func:`~megatron_logra.rl.loop.prompt_room`
+    (:meth:`~megatron_logra.rewards.task.Task.set_prompt_filter`: one warning per source, a pure function of
+    the prompt text, so every rank draws the same problems) and refuse, at start, a source whose draws are all
+    over-long (:meth:`~megatron_logra.rewards.task.Task.check_trainable`). A generated source's rare long prompt
+    is then skipped rather than failing the run at the step that draws it; the loop's own check stays. The
+    held-out set skips them too (and a held-out set left empty by the filter reads as none)."""
+    room = prompt_room(cfg)
+    fields = f"model.seq_length={cfg.model.seq_length}, rl.rollout.max_new_tokens={cfg.rl.rollout.max_new_tokens}"
+
+    @functools.lru_cache(maxsize=PROMPT_LENGTH_CACHE)
+    def num_tokens(prompt: str) -> int:
+        return len(rl_prompt_ids(tok, cfg.rl, prompt))
+
+    def describe(prompt: str) -> str:
+        needed = num_tokens(prompt) + cfg.rl.rollout.max_new_tokens - 1
+        return (f"a prompt of {num_tokens(prompt)} tokens does not fit the {max(room, 0)} tokens of room ({fields}; "
+                f"model.seq_length={needed} fits it; prompt starts {prompt[:60]!r})")
+
+    task.set_prompt_filter(lambda prompt: num_tokens(prompt) <= room, describe)
+    task.check_trainable()
 
 
 def check_config(cfg: RunConfig) -> None:

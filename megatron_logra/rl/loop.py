@@ -32,7 +32,7 @@ from megatron_logra.train.step import Batch, forward_backward, model_device
 logger = logging.getLogger(__name__)
 
 __all__ = ["RLState", "RLComponents", "rl_update", "evaluate_accuracy", "make_rl_loss_fn", "reinforce_advantages",
-           "check_prompt_fits"]
+           "check_prompt_fits", "prompt_room"]
 
 
 @dataclass
@@ -125,12 +125,17 @@ def _prompt_ids(c: RLComponents, text: str) -> list[int]:
     return ids
 
 
+def prompt_room(cfg: Any) -> int:
+    """The most prompt tokens that leave room for ``rl.rollout.max_new_tokens`` within ``model.seq_length + 1``
+    (the last sampled token is never fed back); <= 0 when no prompt fits."""
+    return cfg.model.seq_length + 1 - cfg.rl.rollout.max_new_tokens
+
+
 def check_prompt_fits(cfg, num_ids: int, text: str) -> None:
-    """A prompt of ``num_ids`` tokens must leave room for ``rl.rollout.max_new_tokens`` within
-    ``model.seq_length + 1`` (the last sampled token is never fed back); ``ValueError`` naming both fields
-    and the values that would fit this prompt."""
+    """A prompt of ``num_ids`` tokens must fit :func:`prompt_room`; ``ValueError`` naming
+    ``model.seq_length`` and ``rl.rollout.max_new_tokens`` and the values that would fit this prompt."""
     seq, new_tokens = cfg.model.seq_length, cfg.rl.rollout.max_new_tokens
-    room = seq + 1 - new_tokens
+    room = prompt_room(cfg)
     if num_ids <= room:
         return
     need = num_ids + new_tokens - 1
@@ -180,15 +185,17 @@ def evaluate_accuracy(c: RLComponents) -> Optional[float]:
     if not problems:  # the same list on every rank: all of them return here, before the collective
         return None
     mine = problems[c.groups.dp_rank :: c.groups.dp_size]
-    correct = 0
     k = rollout.eval_samples
     prompt_ids = _prompt_batch(c, mine, k)
+    completions: list[str] = []
     if mine:
         params = SamplingParams(temperature=rollout.eval_temperature, top_p=1.0, max_new_tokens=rollout.max_new_tokens,
                                 stop_token_ids=c.stop_token_ids(), seed=c.cfg.train.seed)
-        rollouts = c.engine.generate(prompt_ids, params)
-        correct = sum(int(c.task.score(p, _decode(c, r.completion_ids))[1])
-                      for p, r in zip((p for p in mine for _ in range(k)), rollouts))
+        completions = [_decode(c, r.completion_ids) for r in c.engine.generate(prompt_ids, params)]
+    # every DP rank scores (a rank without problems too): a failing or hung reward stops all of them together
+    scored = score_rollouts(c.task, [p for p in mine for _ in range(k)], completions, "the held-out evaluation",
+                            c.groups.dp)
+    correct = sum(int(ok) for _, ok in scored)
     counts = torch.tensor([float(correct), float(len(mine) * rollout.eval_samples)], dtype=torch.float64)
     all_reduce_sum(counts, c.groups.dp)
     return (counts[0] / counts[1]).item() if counts[1] > 0 else None

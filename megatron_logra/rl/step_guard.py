@@ -2,10 +2,11 @@
 that must not be applied, a KL prediction or measurement that cannot be trusted.
 
 * :func:`score_rollouts` scores a step's completions; a scorer that raises or returns something that is not a
-  reward (a ``task.reward`` plugin's NaN, ``None``, a string, an exception) stops the run with a
-  :class:`RewardError` naming the RL step, the sample, its problem (source and id) and the cause, on every
-  data-parallel rank together (a rank raising alone would leave the others waiting in the step's next
-  collective). A bug in user code stops the run rather than reading as a wrong answer.
+  reward (a ``task.reward`` plugin's NaN, ``None``, a string, an exception, a call past
+  ``task.reward_timeout_s``) stops the run with a :class:`RewardError` naming the RL step, the sample, its
+  problem (source and id) and the cause, on every data-parallel rank together (a rank raising alone would
+  leave the others waiting in the step's next collective). A bug in user code stops the run rather than
+  reading as a wrong answer.
 * :func:`refuse_update` records an update that is not applied (a non-finite loss, sketch or gradient; a step
   without a single completion token): a warning names the RL step and the cause, and after ``rl.max_bad_steps``
   such steps in a row the run stops with :class:`BadStepsError` instead of going on without training. Only
@@ -46,14 +47,17 @@ def _describe(problem: Any) -> str:
         f", prompt starts {prompt[:60]!r}"
 
 
-def score_rollouts(task: Any, problems: Sequence[Any], completions: Sequence[str], step: int,
+def score_rollouts(task: Any, problems: Sequence[Any], completions: Sequence[str], step: int | str,
                    dp_group: Any = None) -> list[tuple[float, bool]]:
     """``task.score(problem, completion)`` of every completion (``problems[i]`` for completion ``i``).
 
-    A scorer that raises (a plugin's own exception, or ``ValueError`` for a value outside ``[0, 1]``, NaN,
-    ``None``, a non-number) is a :class:`RewardError` on every rank of ``dp_group`` (every DP rank must call):
+    A scorer that raises (a plugin's own exception, ``ValueError`` for a value outside ``[0, 1]``, NaN,
+    ``None``, a non-number, or :class:`~megatron_logra.rewards.plugins.RewardTimeout` for a plugin call past
+    ``task.reward_timeout_s``, so that a hung plugin stops the run instead of leaving every other rank waiting in
+    the next collective) is a :class:`RewardError` on every rank of ``dp_group`` (every DP rank must call):
     ``RL step N: the reward of sample i (source ..., id ..., prompt starts ...) failed: <cause>``, chained to
-    the original exception on the rank that raised it."""
+    the original exception on the rank that raised it. ``step``: the RL step, or a string naming what is scored
+    instead (``"the held-out evaluation before RL step 5"``), which replaces ``RL step N`` in the message."""
     scored: list[tuple[float, bool]] = []
     error, cause = "", None
     for i, (problem, text) in enumerate(zip(problems, completions)):
@@ -63,7 +67,8 @@ def score_rollouts(task: Any, problems: Sequence[Any], completions: Sequence[str
             if not math.isfinite(reward):  # Task maps scores to rewards: a non-finite one is a bug there
                 raise ValueError(f"the reward {reward!r} is not finite")
         except Exception as exc:  # noqa: BLE001 - named and re-raised below, on every rank
-            error, cause = f"RL step {step}: the reward of sample {i} ({_describe(problem)}) failed: " \
+            where = step if isinstance(step, str) else f"RL step {step}"
+            error, cause = f"{where}: the reward of sample {i} ({_describe(problem)}) failed: " \
                            f"{type(exc).__name__}: {exc}", exc
             break
         scored.append((reward, bool(correct)))

@@ -65,21 +65,22 @@ def test_a_prompt_that_does_not_fit_names_values_that_do(seq_length, max_new_tok
         assert new_tokens is None
 
 
-def test_the_start_up_check_reports_the_longest_held_out_prompt(tmp_path, one_thread):
-    """With every held-out prompt too long, the error is about the longest (it was the first), so the
-    seq_length it suggests fits the whole held-out set."""
+def test_the_start_up_check_names_a_seq_length_that_fits(tmp_path, one_thread):
+    """With no generated prompt fitting (over-long ones are skipped, so only this is refused), the error names
+    the source, the room, and a model.seq_length that fits the prompt it shows; nothing is written."""
     from megatron_logra.data.tokenizer import build_tokenizer
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rewards import build_task
     from megatron_logra.rl.job import run_rl
     from megatron_logra.rl.loop import rl_prompt_ids
 
-    mixture = ["task.num_eval=16", "task.datasets=chain_sum,gcd"]  # short chain_sum prompts first, then gcd's
+    mixture = ["task.num_eval=16", "task.datasets=chain_sum,gcd"]
     base = parse_args_to_config("tiny", mixture)
     tok = build_tokenizer(base.tokenizer, [])
-    lengths = [len(rl_prompt_ids(tok, base.rl, p.prompt)) for p in build_task(base.task).eval_problems()]
-    assert lengths[0] < max(lengths)  # the first prompt is not the longest
-    seq_length = min(lengths) + base.rl.rollout.max_new_tokens - 2  # no held-out prompt fits
+    task = build_task(base.task)
+    lengths = [len(rl_prompt_ids(tok, base.rl, p.prompt)) for p in task.eval_problems()]
+    lengths += [len(rl_prompt_ids(tok, base.rl, task.train_problem(i).prompt)) for i in range(200)]
+    seq_length = min(lengths) + base.rl.rollout.max_new_tokens - 2  # leaves room for one token less than any
     cfg = parse_args_to_config("tiny", [*mixture, f"model.seq_length={seq_length}",
                                         f"train.run_dir={tmp_path / 'run'}", "train.progress=false"])
     destroy_parallel()
@@ -89,8 +90,12 @@ def test_the_start_up_check_reports_the_longest_held_out_prompt(tmp_path, one_th
             run_rl(cfg)
     finally:
         destroy_parallel()
-    assert str(exc.value).startswith(f"a prompt of {max(lengths)} tokens does not fit")
-    assert _fix_values(str(exc.value))[0] == max(lengths) + base.rl.rollout.max_new_tokens - 1
+    message = str(exc.value)
+    assert re.match(r"task\.datasets: '(chain_sum|gcd)' has no training prompts that fit", message), message
+    shown = int(re.search(r"the last one: a prompt of (\d+) tokens does not fit the (\d+) tokens of room", message)[1])
+    room = seq_length + 1 - base.rl.rollout.max_new_tokens
+    assert f"the {room} tokens of room" in message and shown > room
+    assert f"model.seq_length={shown + base.rl.rollout.max_new_tokens - 1} fits it" in message
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 

@@ -7,9 +7,10 @@ import pytest
 from megatron_logra.config import parse_args_to_config
 
 
-def test_an_eval_prompt_that_cannot_fit_is_refused_before_the_model_is_built(tmp_path, monkeypatch):
-    """The held-out prompts are tokenized at start-up: one that leaves no room for
-    ``rl.rollout.max_new_tokens`` fails there, not at the first evaluation after the warm start."""
+def test_prompts_that_cannot_fit_are_refused_before_the_model_is_built(tmp_path, monkeypatch):
+    """The prompts are tokenized at start-up: a generated source none of whose prompts leaves room for
+    ``rl.rollout.max_new_tokens`` fails there (over-long ones are otherwise skipped, from the held-out set too),
+    not at the first evaluation after the warm start."""
     from megatron_logra.data.tokenizer import build_tokenizer
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rewards import build_task
@@ -31,8 +32,8 @@ def test_an_eval_prompt_that_cannot_fit_is_refused_before_the_model_is_built(tmp
     monkeypatch.setattr(components, "build_gpt", no_model)
     destroy_parallel()
     try:
-        with pytest.raises(ValueError, match=rf"a prompt of {longest} tokens does not fit: model.seq_length=12 "
-                                             rf"leaves {room} tokens"):
+        with pytest.raises(ValueError, match=rf"'chain_sum' has no training prompts that fit: .* a prompt of \d+ "
+                                             rf"tokens does not fit the {room} tokens of room \(model.seq_length=12"):
             job.run_rl(cfg)
     finally:
         destroy_parallel()

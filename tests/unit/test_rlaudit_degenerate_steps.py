@@ -109,6 +109,20 @@ def test_a_failing_reward_function_names_the_step_and_the_sample(built, tmp_path
     assert state.step == step and _unchanged(comps, params)
 
 
+def test_a_reward_failing_in_the_held_out_evaluation_names_it(built, tmp_path, monkeypatch):
+    from megatron_logra.rewards.plugins import PluginScorer
+    from megatron_logra.rl.loop import evaluate_accuracy
+    from megatron_logra.rl.step_guard import RewardError
+
+    comps, _ = built
+    (tmp_path / "rlaudit_eval_reward.py").write_text("def reward(problem, completion):\n    return float('nan')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = comps.task.names[0]
+    monkeypatch.setitem(comps.task.scorers, source, PluginScorer("rlaudit_eval_reward:reward", timeout_s=5.0))
+    with pytest.raises(RewardError, match=rf"^the held-out evaluation: the reward of sample 0 \(source '{source}'"):
+        evaluate_accuracy(comps)
+
+
 class _EmptyFirst:
     """An engine that returns empty completions for the first ``n`` prompts (as a server may: SGLang does not
     run here), the embedded engine's rollouts for the rest."""
