@@ -135,7 +135,8 @@ def run(steps: int = 3, *, recipe: str = "tiny", url: str = "", engine_args: Opt
     """Build the job with SGLang rollouts, run ``steps`` updates, check 1-3 of the module docstring."""
     from megatron_logra.parallel import destroy_parallel
     from megatron_logra.rl.components import build_components
-    from megatron_logra.rl.loop import _prompt_ids, rl_update
+    from megatron_logra.rl.loop import rl_update
+    from megatron_logra.rl.prompts import _prompt_ids
     from megatron_logra.rollout.engine import SamplingParams
 
     cfg = smoke_config(steps, recipe=recipe, url=url, engine_args=engine_args, run_dir=run_dir)

@@ -82,7 +82,7 @@ def _setup(cfg: PaperBenchConfig):
 
 def _batches(cfg: PaperBenchConfig, job, task, tok) -> list:
     from megatron_logra.rl.batching import pack_sequences
-    from megatron_logra.rl.loop import rl_prompt_ids
+    from megatron_logra.rl.prompts import rl_prompt_ids
 
     out = []
     for t in range(cfg.cosine_steps):

@@ -21,10 +21,8 @@ Contracts
   fresh sample would repeat training prompts. (A different reasoning-gym seed alone is not a
   split: most datasets draw item ``i`` from ``Random(seed + i)``.) About ``1/eval_modulus`` of
   each prompt space is reserved for evaluation.
-* **Eval set** — ``num_eval`` distinct prompts split over sources by weight (largest
-  remainder), drawn from the eval sources (seeded by ``eval_seed``) in a fixed order; a source
-  whose eval-only prompt space is exhausted contributes fewer (logged as a warning). Computed
-  once and cached.
+* **Eval set** — ``num_eval`` distinct prompts split over sources by weight, drawn once and cached
+  (:mod:`megatron_logra.rewards.eval_set`).
 * **Rewards** — ``score`` returns ``(reward, correct)``: ``correct = score >= 1`` and
   ``reward = correct_reward`` if correct else ``wrong_reward + score * (correct_reward - wrong_reward)``
   (or plain ``wrong_reward`` when ``graded=False``).
@@ -34,12 +32,12 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 from bisect import bisect_right
 from itertools import accumulate
 from typing import Callable, Iterator, Mapping, Sequence
 
 from megatron_logra.rewards.base import Problem, ProblemSource, Scorer, prompt_bucket, stable_hash, unit_uniform
+from megatron_logra.rewards.eval_set import HeldOutSet, allocate_counts
 
 __all__ = ["MAX_FILTERED_ATTEMPTS", "MAX_TRAIN_ATTEMPTS", "SCAN_LIMIT", "Task", "allocate_counts"]
 
@@ -52,9 +50,6 @@ MAX_FILTERED_ATTEMPTS = 1024
 """Raw indices tried per train index with a prompt filter installed: a source whose prompts mostly fail it
 (95% over-long, say) still serves every index (0.95**1024 ≈ 1e-23), rather than failing one mid-run."""
 
-EVAL_PATIENCE = 2000
-"""Stop scanning a source for eval prompts after this many consecutive candidates gave no new one."""
-
 SCAN_LIMIT = 4096
 """Finite sources up to this size are scanned in full before a train index gives up: such a source
 yields a training problem for every index as long as one of its prompts is not eval-only."""
@@ -62,24 +57,8 @@ yields a training problem for every index as long as one of its prompts is not e
 CHECK_DRAWS = 8
 """Train indices :meth:`Task.check_trainable` draws from each source of positive weight."""
 
-ENUMERATE_LIMIT = 1_000_000
-"""Finite sources up to this size are scanned as a seeded permutation of all their raw indices."""
 
-
-def allocate_counts(total: int, weights: Sequence[float]) -> list[int]:
-    """Split ``total`` into integers proportional to ``weights`` (largest remainder; ties to the first)."""
-    wsum = float(sum(weights))
-    if total <= 0 or wsum <= 0:
-        return [0] * len(weights)
-    exact = [total * w / wsum for w in weights]
-    counts = [math.floor(x) for x in exact]
-    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in order[: total - sum(counts)]:
-        counts[i] += 1
-    return counts
-
-
-class Task:
+class Task(HeldOutSet):
     """Train stream, held-out eval set and reward mapping over weighted problem sources."""
 
     def __init__(
@@ -247,58 +226,6 @@ class Task:
             if weight > 0:
                 for index in range(CHECK_DRAWS):
                     self._draw(source, index)
-
-    # ------------------------------------------------------------------ eval set
-    def _eval_candidates(self, k: int) -> Iterator[int]:
-        source = self.eval_sources[k]
-        size = source.size
-        if size is not None and size <= ENUMERATE_LIMIT:
-            order = list(range(size))
-            random.Random(stable_hash(self.eval_seed, "eval-order", source.name)).shuffle(order)
-            yield from order
-            return
-        j = 0
-        while True:
-            raw = stable_hash(self.eval_seed, "eval", source.name, j)
-            yield raw % size if size else raw
-            j += 1
-
-    def _eval_for_source(self, k: int, count: int) -> list[Problem]:
-        source = self.eval_sources[k]
-        max_scan = max(10_000, 50 * self.eval_modulus * count)
-        seen: set[str] = set()
-        out: list[Problem] = []
-        misses = scanned = 0
-        for raw in self._eval_candidates(k):
-            if len(out) >= count or misses >= EVAL_PATIENCE or scanned >= max_scan:
-                break
-            scanned += 1
-            problem = source.problem(raw)
-            if problem.prompt in seen or not self.is_eval_prompt(problem.prompt) \
-                    or not self._passes(source, problem, "held-out"):
-                misses += 1
-                continue
-            misses = 0
-            seen.add(problem.prompt)
-            out.append(problem)
-        if len(out) < count:
-            logger.warning(
-                "%s: only %d distinct eval-only prompts found (asked for %d, scanned %d candidates); "
-                "its prompt space is small (a smaller task.eval_modulus holds out more of it)", source.name, len(out), count, scanned,
-            )
-        return out
-
-    def eval_problems(self) -> list[Problem]:
-        """The held-out problems (cached; a new list each call), disjoint from every train prompt."""
-        if self._eval is None:
-            counts = allocate_counts(self.num_eval, self.weights)
-            problems: list[Problem] = []
-            for k, count in enumerate(counts):
-                if count:
-                    problems.extend(self._eval_for_source(k, count))
-            self._eval = problems
-            logger.info("eval set: %d problems over %s", len(problems), dict(zip(self.names, counts)))
-        return list(self._eval)
 
     # ------------------------------------------------------------------ rewards
     def score(self, problem: Problem, completion: str) -> tuple[float, bool]:

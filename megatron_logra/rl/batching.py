@@ -76,7 +76,7 @@ def pack_sequences(
 
 def split_microbatches(batch: Batch, micro_batch_size: int) -> list[Batch]:
     """Consecutive row slices of ``batch`` (the last one may be smaller: fine for one pipeline stage; with
-    more, ``rl.config.check_rl_batch_layout`` refuses the layouts that would make one)."""
+    more, ``rl.batch_layout.check_rl_batch_layout`` refuses the layouts that would make one)."""
     n = batch.tokens.shape[0]
     out = []
     for start in range(0, n, micro_batch_size):

@@ -24,9 +24,10 @@ from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import initialize_parallel, world_group
 from megatron_logra.profiling import check_job_profile
 from megatron_logra.rewards import build_task
-from megatron_logra.rl.config import check_rl_batch_layout
-from megatron_logra.rl.loop import RLComponents, RLState, check_prompt_fits, prompt_room, rl_prompt_ids
+from megatron_logra.rl.batch_layout import check_rl_batch_layout
+from megatron_logra.rl.loop import RLComponents, RLState
 from megatron_logra.rl.policy_sync import PolicySync
+from megatron_logra.rl.prompts import check_prompt_fits, prompt_room, rl_prompt_ids
 from megatron_logra.rl.warm_start import run_tokenizer, save_run_tokenizer, warm_start
 from megatron_logra.rollout import build_engine
 from megatron_logra.rollout.sglang_checks import check_engine_dtype
@@ -105,7 +106,7 @@ PROMPT_LENGTH_CACHE = 4096
 
 
 def _filter_overlong_prompts(cfg: RunConfig, task: Any, tok: Any) -> None:
-    """Make ``task``'s train stream skip prompts longer than :func:`~megatron_logra.rl.loop.prompt_room`
+    """Make ``task``'s train stream skip prompts longer than :func:`~megatron_logra.rl.prompts.prompt_room`
     (:meth:`~megatron_logra.rewards.task.Task.set_prompt_filter`: one warning per source, a pure function of
     the prompt text, so every rank draws the same problems) and refuse, at start, a source whose draws are all
     over-long (:meth:`~megatron_logra.rewards.task.Task.check_trainable`). A generated source's rare long prompt

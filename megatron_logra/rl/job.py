@@ -25,7 +25,8 @@ from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.metrics import MetricsWriter, is_rank0, record_before_values, strict_dumps
 from megatron_logra.profiling import job_profiler
 from megatron_logra.rl.components import build_components, check_config
-from megatron_logra.rl.loop import evaluate_accuracy, rl_update
+from megatron_logra.rl.evaluation import evaluate_accuracy
+from megatron_logra.rl.loop import rl_update
 from megatron_logra.rl.progress import bar_fields, previous_summary, progress_bar, rss_bytes, run_total
 from megatron_logra.rollout.sglang_setup import redact_config
 from megatron_logra.train.stopping import EarlyStop

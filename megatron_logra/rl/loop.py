@@ -1,6 +1,10 @@
 """The RL training loop. One update reads top to bottom:
 
 rollout → reward → advantage → forward/backward → prepare update → KL control → apply → sync.
+
+Prompt tokenization and fit checks live in :mod:`megatron_logra.rl.prompts`, the loss function and the
+reference log-probs in :mod:`megatron_logra.rl.objective`, the KL probe's inputs in
+:mod:`megatron_logra.rl.kl_probe`, held-out accuracy in :mod:`megatron_logra.rl.evaluation`.
 """
 
 from __future__ import annotations
@@ -13,26 +17,29 @@ from typing import Any, Optional
 
 import torch
 
-from megatron_logra.data.tokenizer import prompt_token_ids
-from megatron_logra.kl.controller import KLConfig, KLController
-from megatron_logra.kl.fd_probe import fd_step, predicted_kl_fd
-from megatron_logra.kl.probe import NativeDeltas, ProbeBatch, measure_kl, predicted_kl, probe_logits, probe_method
+from megatron_logra.kl.controller import KLController
+from megatron_logra.kl.fd_probe import predicted_kl_fd
+from megatron_logra.kl.probe import measure_kl, predicted_kl, probe_logits, probe_method
 from megatron_logra.metrics import device_peaks, elapsed, reset_device_peaks
 from megatron_logra.optim import LograOptimizer
-from megatron_logra.parallel import ParallelGroups, all_gather_bytes, all_reduce_sum
+from megatron_logra.parallel import ParallelGroups, all_reduce_sum
 from megatron_logra.profiling import Phases
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
 from megatron_logra.rl.batching import pack_sequences, split_microbatches
-from megatron_logra.rl.config import share_per_rank
-from megatron_logra.rl.losses import kl_penalty, rl_loss, token_logprobs, token_logprobs_and_entropy
+from megatron_logra.rl.batch_layout import share_per_rank
+from megatron_logra.rl.evaluation import evaluate_accuracy
+from megatron_logra.rl.kl_probe import _probe_batch, fd_steps
+from megatron_logra.rl.objective import _reference_logprobs, make_rl_loss_fn
+from megatron_logra.rl.prompts import _decode, _prompt_batch, check_prompt_fits, prompt_room, rl_prompt_ids
 from megatron_logra.rl.step_guard import (check_measured_kl, kl_errors_name_step, refuse_update, score_rollouts,
                                           update_applied)
-from megatron_logra.train.step import Batch, forward_backward, model_device
+from megatron_logra.train.step import forward_backward, model_device
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RLState", "RLComponents", "rl_update", "evaluate_accuracy", "make_rl_loss_fn", "reinforce_advantages",
-           "check_prompt_fits", "prompt_room"]
+__all__ = ["RLState", "RLComponents", "rl_update", "reinforce_advantages",
+           # re-exported from their own modules (rl.evaluation, rl.objective, rl.prompts)
+           "evaluate_accuracy", "make_rl_loss_fn", "check_prompt_fits", "prompt_room", "rl_prompt_ids"]
 
 
 @dataclass
@@ -77,148 +84,6 @@ class RLComponents:
 
     def stop_token_ids(self) -> list[int]:
         return self.stop_ids or [self.tokenizer.eos_token_id]
-
-
-def make_rl_loss_fn(loss_cfg, temperature: float, tp_group):
-    """The per-micro-batch RL objective for ``forward_backward``; also reports the mismatch
-    ``Σ (rollout_logprob − trainer_logprob)`` over tokens of completed sequences and the summed
-    policy entropy at the sampling temperature over the loss tokens and, with ``ref_logprobs`` in the
-    batch, the summed KL to the reference by the penalty's estimator (``[0, 0]`` without)."""
-
-    def loss_fn(batch: Batch, logits: torch.Tensor):
-        logp, entropy = token_logprobs_and_entropy(logits, batch.labels, temperature, tp_group,
-                                                   loss_cfg.logprob_chunk_tokens)
-        mask = batch.loss_mask
-        ref = batch.extras.get("ref_logprobs")
-        loss = rl_loss(loss_cfg, logp, batch.extras["rollout_logprobs"], batch.extras["advantages"], mask, ref)
-        finished = batch.extras["finished"] * mask
-        # selected, not multiplied: a non-finite log-prob off the completed tokens must not reach the sum
-        gap = torch.where(finished > 0, batch.extras["rollout_logprobs"] - logp.detach(), 0.0).sum()
-        # the penalty's own estimator of KL(π_θ ‖ π_ref) over the loss tokens (0 tokens: no reference)
-        if ref is None:
-            ref_kl = logp.new_zeros(2, dtype=torch.float32)
-        else:
-            ref_kl = torch.stack([kl_penalty(logp.detach(), ref, mask, loss_cfg.kl_estimator).float(), mask.sum().float()])
-        report = {
-            "lm": torch.stack([loss.detach().float(), mask.sum()]),
-            "mismatch": torch.stack([gap.float(), finished.sum()]),
-            "entropy": torch.stack([(entropy.detach() * mask).sum().float(), mask.sum().float()]),
-            "ref_kl": ref_kl,
-        }
-        return loss, mask.sum().to(torch.int), report
-
-    loss_fn.report_names = ["mismatch", "entropy", "ref_kl"]
-    return loss_fn
-
-
-def rl_prompt_ids(tok: Any, rl_cfg: Any, text: str) -> list[int]:
-    """Token ids of a problem's prompt ``text``: ``rl.prompt_template`` around it (``{prompt}`` replaced by
-    ``text``; every other brace is literal, e.g. ``\\boxed{}``), then BOS when the tokenizer has one, or
-    the tokenizer's chat template with ``rl.chat_template`` (``prompt_token_ids``)."""
-    return prompt_token_ids(tok, rl_cfg.prompt_template.replace("{prompt}", text), chat=rl_cfg.chat_template)
-
-
-def _prompt_ids(c: RLComponents, text: str) -> list[int]:
-    """Token ids of a problem's prompt; a prompt that leaves no room for the response is an error."""
-    ids = rl_prompt_ids(c.tokenizer, c.cfg.rl, text)
-    check_prompt_fits(c.cfg, len(ids), text)
-    return ids
-
-
-def prompt_room(cfg: Any) -> int:
-    """The most prompt tokens that leave room for ``rl.rollout.max_new_tokens`` within ``model.seq_length + 1``
-    (the last sampled token is never fed back); <= 0 when no prompt fits."""
-    return cfg.model.seq_length + 1 - cfg.rl.rollout.max_new_tokens
-
-
-def check_prompt_fits(cfg, num_ids: int, text: str) -> None:
-    """A prompt of ``num_ids`` tokens must fit :func:`prompt_room`; ``ValueError`` naming
-    ``model.seq_length`` and ``rl.rollout.max_new_tokens`` and the values that would fit this prompt."""
-    seq, new_tokens = cfg.model.seq_length, cfg.rl.rollout.max_new_tokens
-    room = prompt_room(cfg)
-    if num_ids <= room:
-        return
-    need = num_ids + new_tokens - 1
-    fits = seq + 1 - num_ids  # the most new tokens this prompt leaves room for
-    lower = f", lower rl.rollout.max_new_tokens to {fits} or less" if fits >= 1 else ""
-    if room > 0:
-        what = f"leaves {room} tokens before rl.rollout.max_new_tokens={new_tokens}"
-    else:
-        what = (f"leaves no room for any prompt before rl.rollout.max_new_tokens={new_tokens} (a sequence holds the "
-                "prompt and all but the last of its new tokens)")
-    raise ValueError(
-        f"a prompt of {num_ids} tokens does not fit: model.seq_length={seq} {what}; raise model.seq_length to "
-        f"{need} or more{lower}, or shorten the prompts (prompt starts {text[:60]!r})")
-
-
-def _prompt_batch(c: RLComponents, problems: list, repeat: int, step: Optional[int] = None) -> list[list[int]]:
-    """:func:`_prompt_ids` of every problem, ``repeat`` times each, on every DP rank together: a prompt
-    that does not fit on any rank is the same ``ValueError`` on all of them (a rank raising alone would
-    leave the others waiting in the step's next collective), naming the RL ``step`` when one is given (the
-    training prompts of a generated task are drawn step by step). Every DP rank must call."""
-    ids: list[list[int]] = []
-    error = ""
-    try:
-        ids = [list(one) for one in (_prompt_ids(c, p.prompt) for p in problems) for _ in range(repeat)]
-    except ValueError as exc:
-        error = str(exc)
-    errors = [e.decode() for e in all_gather_bytes(error.encode(), c.groups.dp) if e]
-    if errors:
-        raise ValueError(errors[0] if step is None else f"RL step {step}: {errors[0]}")
-    return ids
-
-
-def _decode(c: RLComponents, ids: list[int]) -> str:
-    stop = set(c.stop_token_ids())
-    return c.tokenizer.decode([i for i in ids if i not in stop], skip_special_tokens=True)
-
-
-@torch.no_grad()
-def evaluate_accuracy(c: RLComponents) -> Optional[float]:
-    """Held-out accuracy of the engine's policy, shared over DP ranks: greedy by default, else
-    the mean over ``rl.rollout.eval_samples`` samples per problem at ``eval_temperature``. None (JSON
-    ``null``) without a held-out set (``task.num_eval=0``): nothing is generated."""
-    from megatron_logra.rollout.engine import SamplingParams
-
-    rollout = c.cfg.rl.rollout
-    problems = c.task.eval_problems()
-    if not problems:  # the same list on every rank: all of them return here, before the collective
-        return None
-    mine = problems[c.groups.dp_rank :: c.groups.dp_size]
-    k = rollout.eval_samples
-    prompt_ids = _prompt_batch(c, mine, k)
-    completions: list[str] = []
-    if mine:
-        params = SamplingParams(temperature=rollout.eval_temperature, top_p=1.0, max_new_tokens=rollout.max_new_tokens,
-                                stop_token_ids=c.stop_token_ids(), seed=c.cfg.train.seed)
-        completions = [_decode(c, r.completion_ids) for r in c.engine.generate(prompt_ids, params)]
-    # every DP rank scores (a rank without problems too): a failing or hung reward stops all of them together
-    scored = score_rollouts(c.task, [p for p in mine for _ in range(k)], completions, "the held-out evaluation",
-                            c.groups.dp)
-    correct = sum(int(ok) for _, ok in scored)
-    counts = torch.tensor([float(correct), float(len(mine) * rollout.eval_samples)], dtype=torch.float64)
-    all_reduce_sum(counts, c.groups.dp)
-    return (counts[0] / counts[1]).item() if counts[1] > 0 else None
-
-
-def _reference_logprobs(c: RLComponents, batch: Batch) -> Optional[torch.Tensor]:
-    """Per-token log-probs ``[b, s]`` of the reference model on the last pipeline stage (``None`` on the
-    others, whose micro-batches never reach the loss), one training micro-batch at a time through the
-    same pipeline schedule as the policy (the logits of the whole step's batch at once would be
-    ``[b, s, V/tp]``: tens of GB at scale)."""
-    parts: list[torch.Tensor] = []
-    temperature, chunk = c.cfg.rl.rollout.temperature, c.cfg.rl.loss.logprob_chunk_tokens
-
-    def capture(mb: Batch, logits: torch.Tensor):
-        parts.append(token_logprobs(logits, mb.labels, temperature, c.groups.tp, chunk))
-        tokens = mb.loss_mask.sum()
-        return logits.new_zeros((), dtype=torch.float32), tokens.to(torch.int), \
-            {"lm": torch.stack([tokens.new_zeros((), dtype=torch.float32), tokens.float()])}
-
-    with torch.no_grad():
-        forward_backward(c.ref_model, split_microbatches(batch, c.cfg.rl.micro_batch_size), c.groups,
-                         forward_only=True, loss_fn=capture)
-    return torch.cat(parts, dim=0).cpu() if parts else None
 
 
 def reinforce_advantages(baseline: EMABaseline, rewards: torch.Tensor,
@@ -397,27 +262,3 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     record["train_tokens_per_second"] = record["train_tokens"] / max(record["step_seconds"] - rollout_seconds, 1e-9)
     return record
 
-
-def fd_steps(kl: KLConfig, optimizer: LograOptimizer, ratio_at_1: float, native: NativeDeltas) -> tuple[float, float]:
-    """The finite-difference probe's steps ``(h, h')`` for the targets and the trained non-targets, each
-    sized by its own relative change at α = 1 (:func:`fd_step`): the natives' AdamW change is often far
-    larger than the targets' KL-controlled one, and the targets' ``h`` would carry it out of the range of
-    the second-order prediction. ``h' = h`` (one joint difference, three forwards) when no rank of the
-    model-parallel group trains natives or they do not move. Collective over the model-parallel group
-    (the natives' norm)."""
-    dtype = optimizer.targets[0].weight.dtype
-    h = fd_step(kl.fd_step, kl.fd_min_relative, ratio_at_1, dtype)
-    native_ratio = optimizer.native_relative_update_norm(native)  # 0 on every rank when no rank trains natives
-    return h, (fd_step(kl.fd_step, kl.fd_min_relative, native_ratio, dtype) if native_ratio > 0 else h)
-
-
-def _probe_batch(batch: Batch, kl_cfg, device: torch.device) -> ProbeBatch:
-    """The first ``kl.probe_sequences`` sequences with a completion token (an empty completion has no valid
-    position), at most ``kl.probe_max_tokens`` valid positions, on ``device``."""
-    rows = (batch.loss_mask.sum(dim=1) > 0).nonzero().flatten()[: kl_cfg.probe_sequences]
-    tokens, pos, mask = batch.tokens[rows], batch.position_ids[rows], batch.loss_mask[rows].clone()
-    # cap the probe's token count
-    flat = mask.reshape(-1)
-    keep = torch.cumsum(flat, 0) <= kl_cfg.probe_max_tokens
-    mask = (flat * keep).view_as(mask)
-    return ProbeBatch(tokens, pos, mask).to(device)

@@ -235,7 +235,7 @@ def sglang_mem_fraction(share: float, free_bytes: int, total_bytes: int, cap: fl
 
 def engine_context_length(model_cfg: Any) -> int:
     """SGLang's ``context_length`` (and the config's ``max_position_embeddings``): ``seq_length`` plus a little
-    headroom. A rollout holds at most ``seq_length + 1`` tokens (``rl.loop._prompt_ids`` enforces it), and
+    headroom. A rollout holds at most ``seq_length + 1`` tokens (``rl.prompts._prompt_ids`` enforces it), and
     SGLang rejects requests whose prompt plus ``max_new_tokens`` reach its context length; rope positions
     past ``seq_length`` are never used by the trainer, so the headroom changes nothing it computes."""
     return int(model_cfg.seq_length) + 8

@@ -12,7 +12,7 @@ import torch
 from megatron_logra.rollout.embedded import EmbeddedEngine
 from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.rollout import SamplingParams
-import megatron_logra.rl.loop as loop
+import megatron_logra.rl.prompts as prompts
 
 CFG = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
                   vocab_size=64, seq_length=64, init_std=0.1, layernorm_epsilon=1e-5)
@@ -76,15 +76,15 @@ def test_prompt_batch_tokenizes_each_problem_once(monkeypatch):
     cfg = parse_args_to_config("tiny", [])
     comps = SimpleNamespace(groups=SimpleNamespace(dp=None), cfg=cfg, tokenizer=build_tokenizer(cfg.tokenizer, []))
     calls = []
-    real = loop._prompt_ids
+    real = prompts._prompt_ids
 
     def spy(c, text):
         calls.append((text, real(c, text)))
         return calls[-1][1]
 
-    monkeypatch.setattr(loop, "_prompt_ids", spy)
+    monkeypatch.setattr(prompts, "_prompt_ids", spy)
     problems = [SimpleNamespace(prompt=p) for p in ("1 + 2 =", "3 + 45 =")]
-    ids = loop._prompt_batch(comps, problems, 4)
+    ids = prompts._prompt_batch(comps, problems, 4)
     assert [text for text, _ in calls] == ["1 + 2 =", "3 + 45 ="]
     first, second = (list(one) for _, one in calls)
     assert first != second and first and second

@@ -1,0 +1,74 @@
+"""The RL step's training objective: the per-micro-batch loss function and the reference model's log-probs.
+
+Contract: :func:`make_rl_loss_fn` builds the ``loss_fn`` ``forward_backward`` calls on each micro-batch
+(the RL loss, plus the rollout/trainer log-prob mismatch, the policy entropy and the KL to the reference as
+summed reports); :func:`_reference_logprobs` runs the frozen reference model through the same pipeline
+schedule, one training micro-batch at a time, and returns its per-token log-probs on the last pipeline stage.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from megatron_logra.rl.batching import split_microbatches
+from megatron_logra.rl.losses import kl_penalty, rl_loss, token_logprobs, token_logprobs_and_entropy
+from megatron_logra.train.step import Batch, forward_backward
+
+if TYPE_CHECKING:
+    from megatron_logra.rl.loop import RLComponents
+
+__all__ = ["make_rl_loss_fn"]
+
+
+def make_rl_loss_fn(loss_cfg, temperature: float, tp_group):
+    """The per-micro-batch RL objective for ``forward_backward``; also reports the mismatch
+    ``Σ (rollout_logprob − trainer_logprob)`` over tokens of completed sequences and the summed
+    policy entropy at the sampling temperature over the loss tokens and, with ``ref_logprobs`` in the
+    batch, the summed KL to the reference by the penalty's estimator (``[0, 0]`` without)."""
+
+    def loss_fn(batch: Batch, logits: torch.Tensor):
+        logp, entropy = token_logprobs_and_entropy(logits, batch.labels, temperature, tp_group,
+                                                   loss_cfg.logprob_chunk_tokens)
+        mask = batch.loss_mask
+        ref = batch.extras.get("ref_logprobs")
+        loss = rl_loss(loss_cfg, logp, batch.extras["rollout_logprobs"], batch.extras["advantages"], mask, ref)
+        finished = batch.extras["finished"] * mask
+        # selected, not multiplied: a non-finite log-prob off the completed tokens must not reach the sum
+        gap = torch.where(finished > 0, batch.extras["rollout_logprobs"] - logp.detach(), 0.0).sum()
+        # the penalty's own estimator of KL(π_θ ‖ π_ref) over the loss tokens (0 tokens: no reference)
+        if ref is None:
+            ref_kl = logp.new_zeros(2, dtype=torch.float32)
+        else:
+            ref_kl = torch.stack([kl_penalty(logp.detach(), ref, mask, loss_cfg.kl_estimator).float(), mask.sum().float()])
+        report = {
+            "lm": torch.stack([loss.detach().float(), mask.sum()]),
+            "mismatch": torch.stack([gap.float(), finished.sum()]),
+            "entropy": torch.stack([(entropy.detach() * mask).sum().float(), mask.sum().float()]),
+            "ref_kl": ref_kl,
+        }
+        return loss, mask.sum().to(torch.int), report
+
+    loss_fn.report_names = ["mismatch", "entropy", "ref_kl"]
+    return loss_fn
+
+
+def _reference_logprobs(c: RLComponents, batch: Batch) -> Optional[torch.Tensor]:
+    """Per-token log-probs ``[b, s]`` of the reference model on the last pipeline stage (``None`` on the
+    others, whose micro-batches never reach the loss), one training micro-batch at a time through the
+    same pipeline schedule as the policy (the logits of the whole step's batch at once would be
+    ``[b, s, V/tp]``: tens of GB at scale)."""
+    parts: list[torch.Tensor] = []
+    temperature, chunk = c.cfg.rl.rollout.temperature, c.cfg.rl.loss.logprob_chunk_tokens
+
+    def capture(mb: Batch, logits: torch.Tensor):
+        parts.append(token_logprobs(logits, mb.labels, temperature, c.groups.tp, chunk))
+        tokens = mb.loss_mask.sum()
+        return logits.new_zeros((), dtype=torch.float32), tokens.to(torch.int), \
+            {"lm": torch.stack([tokens.new_zeros((), dtype=torch.float32), tokens.float()])}
+
+    with torch.no_grad():
+        forward_backward(c.ref_model, split_microbatches(batch, c.cfg.rl.micro_batch_size), c.groups,
+                         forward_only=True, loss_fn=capture)
+    return torch.cat(parts, dim=0).cpu() if parts else None
