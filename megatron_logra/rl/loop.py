@@ -117,7 +117,9 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     ph.next("rollout")
     per_rank = share_per_rank("rl.prompts_per_step", rl.prompts_per_step, groups.dp_size, "prompts")
     first = (step - 1) * rl.prompts_per_step + groups.dp_rank * per_rank
+    skips_before = sum(getattr(c.task, "overlong_skips", {}).values())
     problems = [c.task.train_problem(first + i) for i in range(per_rank)]
+    prompts_skipped = sum(getattr(c.task, "overlong_skips", {}).values()) - skips_before  # over-long ones
     prompt_ids = _prompt_batch(c, problems, rl.group_size, step)
     params = SamplingParams(temperature=rl.rollout.temperature, top_p=rl.rollout.top_p,
                             max_new_tokens=rl.rollout.max_new_tokens, stop_token_ids=c.stop_token_ids(),
@@ -139,8 +141,8 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     else:
         advantages = reinforce_advantages(state.baseline, rewards, groups.dp)
     stats = torch.tensor([rewards.sum().item(), correct.sum().item(), float(len(rollouts)),
-                          float(sum(len(r.completion_ids) for r in rollouts)), advantages.abs().sum().item()],
-                         dtype=torch.float64)
+                          float(sum(len(r.completion_ids) for r in rollouts)), advantages.abs().sum().item(),
+                          float(prompts_skipped)], dtype=torch.float64)
     all_reduce_sum(stats, groups.dp)
     record: dict[str, Any] = {
         "step": step, "reward_mean": stats[0].item() / stats[2].item(), "accuracy": stats[1].item() / stats[2].item(),
@@ -151,7 +153,7 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         "rollout_seconds": rollout_seconds,
         "sync_bytes": 0, "sync_mode": None, "sync_drift": 0, "sync_master_drift": 0.0,
         "rollout_tokens_per_second": stats[3].item() / max(rollout_seconds, 1e-9), "train_tokens": 0,
-        "train_tokens_per_second": None,
+        "train_tokens_per_second": None, "prompts_skipped": int(stats[5].item()),
     }
     state.step = step
     if stats[3].item() == 0.0:  # every completion empty (an engine fault): nothing to train on

@@ -9,6 +9,7 @@ import itertools
 import logging
 import math
 import warnings
+import zlib
 
 import pytest
 import torch
@@ -107,6 +108,30 @@ def test_a_failing_reward_function_names_the_step_and_the_sample(built, tmp_path
     with pytest.raises(RewardError, match=rf"RL step {step + 1}: the reward of sample 0 \(source '{source}'.*{cause}"):
         rl_update(comps, state)
     assert state.step == step and _unchanged(comps, params)
+
+
+def test_the_step_record_counts_the_prompts_its_draws_skipped(built, alternating):
+    """``prompts_skipped``: the training prompts the prompt filter (over-long ones) refused while this step drew
+    its problems, summed over DP ranks; the same count as drawing those indices again on a fresh task."""
+    from megatron_logra.rewards import build_task
+    from megatron_logra.rl.loop import rl_update
+
+    comps, state = built
+    first, num = state.step * comps.cfg.rl.prompts_per_step, comps.cfg.rl.prompts_per_step
+    for salt in range(50):  # a filter (a pure function of the text, as the real one) that skips some here
+        fits = lambda prompt, k=salt: zlib.crc32(f"{k}:{prompt}".encode()) % 2 == 0  # noqa: E731
+        fresh = build_task(comps.cfg.task)
+        fresh.set_prompt_filter(fits)
+        drawn = [fresh.train_problem(first + i) for i in range(num)]
+        if sum(fresh.overlong_skips.values()):
+            break
+    assert all(fits(p.prompt) for p in drawn) and sum(fresh.overlong_skips.values()) > 0
+    comps.task.set_prompt_filter(fits)
+    try:
+        record = rl_update(comps, state)
+    finally:
+        comps.task.set_prompt_filter(None)
+    assert record["prompts_skipped"] == sum(fresh.overlong_skips.values())
 
 
 def test_a_reward_failing_in_the_held_out_evaluation_names_it(built, tmp_path, monkeypatch):
