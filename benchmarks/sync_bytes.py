@@ -22,7 +22,7 @@ workspace) and the whole merge kernel as apply runs it (fused GEMM-and-subtract 
 allows, which streams every target weight once, as the copy streams every weight once).
 ``encode`` (delta -> bytes) and ``decode`` (bytes -> verified delta) are timed too.
 ``--baseline-rev REV`` adds ``apply_delta_`` as of git revision REV (its projection, factors and
-apply modules) to the side-by-side loop, after checking that both give the same weights to within
+apply modules, with the modules split out of them where REV has them) to the side-by-side loop, after checking that both give the same weights to within
 rounding (the merge's definition changed with format 4, the stochastic-rounding noise with format 5),
 for a before/after table. bf16 weights are timed with both merge roundings: to nearest, and
 stochastic (the training default, ``optimizer.logra.rounding``).
@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import logging
+import re
 import statistics
 import sys
 import time
@@ -258,7 +259,21 @@ _BASELINE_FILES = {  # module name in the baseline package -> path; imports rewr
     "baseline_projection": "megatron_logra/sketch/random_projection.py",
     "baseline_factors": "megatron_logra/sync/factors.py",
     "baseline_apply": "megatron_logra/sync/apply.py",
+    # split out of the files above: a revision from before the split has their code in those files
+    "baseline_entry_hash": "megatron_logra/sketch/entry_hash.py",
+    "baseline_delta_checks": "megatron_logra/sync/delta_checks.py",
+    "baseline_staged_delta": "megatron_logra/sync/staged_delta.py",
 }
+_OPTIONAL_BASELINE_FILES = frozenset({"baseline_entry_hash", "baseline_delta_checks", "baseline_staged_delta"})
+"""Modules of :data:`_BASELINE_FILES` a revision may lack: skipped once the required files proved it a revision."""
+
+
+def _baseline_rewrites() -> list[tuple[re.Pattern[str], str]]:
+    """``(pattern of a dotted module name, baseline module name)`` for every file of :data:`_BASELINE_FILES`, the
+    longest dotted name first, each matched as a whole name (so no name is rewritten inside a longer one)."""
+    dotted = {path.removesuffix(".py").replace("/", "."): mod for mod, path in _BASELINE_FILES.items()}
+    return [(re.compile(r"(?<![\w.])" + re.escape(name) + r"(?![\w])"), dotted[name])
+            for name in sorted(dotted, key=len, reverse=True)]
 
 
 class BaselineError(Exception):
@@ -266,12 +281,14 @@ class BaselineError(Exception):
 
 
 def _load_baseline(rev: str) -> Callable[[], Callable[..., int]]:
-    """A factory of ``apply_delta_`` as of git revision ``rev`` (projection, factors and apply from that commit, the
-    rest current); each call gives one with a fresh projection cache where that revision has one, so it is timed as
-    an engine runs it, like the current apply.
+    """A factory of ``apply_delta_`` as of git revision ``rev`` (projection, factors and apply from that commit, with
+    the modules split out of them where ``rev`` has them: :data:`_BASELINE_FILES`; the rest current); each call
+    gives one with a fresh projection cache where that revision has one, so it is timed as an engine runs it, like
+    the current apply.
 
     Raises :class:`BaselineError` (one line, with git's message) when ``rev`` is not a revision of this
-    checkout, lacks one of the files, or its modules do not import; the scratch directory is then removed
+    checkout, lacks one of the required files (not those of :data:`_OPTIONAL_BASELINE_FILES`), or its modules
+    do not import; the scratch directory is then removed
     (otherwise when the process exits)."""
     import atexit
     import importlib
@@ -282,7 +299,12 @@ def _load_baseline(rev: str) -> Callable[[], Callable[..., int]]:
     root = Path(__file__).resolve().parent.parent
     tmp = Path(tempfile.mkdtemp(prefix="sync_baseline_"))
     try:
-        for mod, path in _BASELINE_FILES.items():
+        # the required files first: they prove ``rev`` a revision of this checkout, so that an optional file it
+        # lacks can be skipped (its code is then in the required files, as before the split)
+        for mod, path in sorted(_BASELINE_FILES.items(), key=lambda item: item[0] in _OPTIONAL_BASELINE_FILES):
+            if mod in _OPTIONAL_BASELINE_FILES and subprocess.run(
+                    ["git", "-C", str(root), "cat-file", "-e", f"{rev}:{path}"], capture_output=True).returncode:
+                continue
             try:
                 text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], check=True,
                                       capture_output=True, text=True).stdout
@@ -291,15 +313,20 @@ def _load_baseline(rev: str) -> Callable[[], Callable[..., int]]:
                 raise BaselineError(f"cannot read {path} at {rev!r}: {why}") from None
             except OSError as exc:
                 raise BaselineError(f"cannot run git: {exc}") from None
-            text = text.replace("megatron_logra.sketch.random_projection", "baseline_projection")
-            text = text.replace("megatron_logra.sync.factors", "baseline_factors")
+            for pattern, baseline_mod in _baseline_rewrites():
+                text = pattern.sub(baseline_mod, text)
             (tmp / f"{mod}.py").write_text(text)
+        for mod in _BASELINE_FILES:  # an earlier load's modules (another revision) must not stand in for these
+            sys.modules.pop(mod, None)
+        importlib.invalidate_caches()
         sys.path.insert(0, str(tmp))
         try:
             module = importlib.import_module("baseline_apply")
             fn = module.apply_delta_
         except (ImportError, AttributeError) as exc:
             sys.path.remove(str(tmp))
+            for mod in _BASELINE_FILES:
+                sys.modules.pop(mod, None)
             raise BaselineError(f"the modules at {rev!r} do not provide apply_delta_: {type(exc).__name__}: {exc}") \
                 from None
     except BaselineError:

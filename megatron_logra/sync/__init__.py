@@ -1,7 +1,7 @@
 """Sketch-delta policy sync (DESIGN §1 "Sketch-delta policy sync").
 
 Engine side (this package minus ``trainer``): imports only torch, safetensors, the standard
-library and ``megatron_logra.sketch.{random_projection, naming}`` -- never megatron-core or
+library and ``megatron_logra.sketch.{random_projection, entry_hash, naming}`` -- never megatron-core or
 transformers -- so rollout engines can import it. ``megatron_logra.sync.trainer`` (builds deltas
 from a ``LograOptimizer``) is trainer-only and is not imported here.
 """

@@ -15,19 +15,30 @@ the delta's structure and the engine's weights stay the same: such an apply chec
 version chain, the dense entries and the factors' finiteness (the per-weight names, shapes and dtypes
 passed for that structure and those very weights). What remains is the arithmetic itself: per target
 weight a rank-r GEMM (``2r`` flops) and one read-modify-write pass.
+
+This module keeps the layout-dependent validation (:func:`validate`) and the staging
+(:func:`stage_delta`, :func:`apply_delta_`); the structure-free checks (version chain, dense
+entries, finiteness) are :mod:`megatron_logra.sync.delta_checks`, the staged commit
+(:class:`StagedDelta`) is :mod:`megatron_logra.sync.staged_delta`; both are re-exported here, as are
+the merge's and the factors' names listed in ``__all__``.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 import torch
 
 from megatron_logra.sync.codec import SketchDelta
+from megatron_logra.sync.delta_checks import (  # noqa: F401  (check_version: re-exported)
+    _check_dense,
+    _first_nonfinite,
+    _require,
+    check_version,
+)
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.factors import off_grid_rows, quantize_factor, rademacher_scale
-from megatron_logra.sync.layout import DenseEntry, EnginePlan, dense_for, plan_for
+from megatron_logra.sync.layout import EnginePlan, dense_for, plan_for
 from megatron_logra.sync.merge import (
     MERGE_DTYPES,
     StochasticRounding,
@@ -41,51 +52,13 @@ from megatron_logra.sync.precision import ieee_fp32
 from megatron_logra.sync.prepared import prepare, structure_key
 from megatron_logra.sync.prepared_commit import PreparedCommit
 from megatron_logra.sync.projection_cache import ProjectionCache
-
-logger = logging.getLogger(__name__)
+from megatron_logra.sync.staged_delta import StagedDelta
 
 __all__ = [
     "low_rank_merge_", "merge_row_chunks", "quantize_factor", "off_grid_rows", "rademacher_scale",
     "validate", "apply_delta_", "check_version", "chunk_elems", "MERGE_DTYPES", "StochasticRounding",
     "shard_rows", "ProjectionCache", "noise_parts", "stage_delta", "StagedDelta",
 ]
-
-def check_version(delta: SketchDelta, current_version: int) -> None:
-    """Raise :class:`SyncError` unless ``delta.base_version == current_version``.
-
-    ``new_version <= current``: replay (``replay``); ``base > current``: missing deltas
-    (``gap``); otherwise the base diverged from the engine (``version``).
-    """
-    if delta.base_version == current_version:
-        return
-    if delta.new_version <= current_version:
-        raise SyncError("replay", f"delta {delta.base_version}->{delta.new_version} is already applied (engine at {current_version})")
-    if delta.base_version > current_version:
-        raise SyncError("gap", f"delta {delta.base_version}->{delta.new_version} skips versions: engine is at {current_version}")
-    raise SyncError("version", f"delta base {delta.base_version} != engine version {current_version}")
-
-
-def _first_nonfinite(tensors: list[torch.Tensor]) -> Optional[int]:
-    """Index of the first tensor holding a NaN or inf, or None: min/max of each (NaN propagates), read
-    back once per device rather than once per tensor."""
-    by_device: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(tensors):
-        if t.is_floating_point() and t.numel():
-            by_device.setdefault(t.device, []).append(i)
-    bad = []
-    for idx in by_device.values():
-        ends = torch.stack([torch.stack(torch.aminmax(tensors[i])).float() for i in idx])
-        finite = torch.isfinite(ends).all(dim=1).tolist()
-        bad += [i for i, ok in zip(idx, finite) if not ok]
-    return min(bad) if bad else None
-
-
-def _finite(t: torch.Tensor) -> bool:
-    """No NaN or inf in ``t``: one min/max pass (NaN propagates through both; a third of ``isfinite``'s work)."""
-    if not t.is_floating_point() or t.numel() == 0:
-        return True
-    lo, hi = torch.aminmax(t)
-    return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
 def validate(
@@ -138,99 +111,6 @@ def _validate_layout(delta: SketchDelta, weights: dict[str, torch.Tensor], layou
             raise SyncError("dtype", f"{f.param}: engine weight dtype {w.dtype} is not one of {MERGE_DTYPES}")
     _check_dense(plan.dense, [f.param for f in plan.factors], weights, tp_size)
     return plan
-
-
-def _require(params: list[str], weights: dict[str, torch.Tensor]) -> None:
-    """Raise ``SyncError("name")`` naming the first few of ``params`` the engine does not have."""
-    missing = [p for p in params if p not in weights]
-    if missing:
-        raise SyncError("name", f"engine has no parameters {missing[:6]}{'...' if len(missing) > 6 else ''}")
-
-
-def _check_dense(dense: list[DenseEntry], factor_params: list[str], weights: dict[str, torch.Tensor],
-                 tp_size: int) -> None:
-    """The dense entries' checks of :func:`validate` (and that no two entries share an engine parameter)."""
-    _require(sorted({d.param for d in dense}), weights)
-    for d in dense:
-        w = weights[d.param]
-        if d.split == "vocab":  # row blocks: both sides need a row dimension
-            ok = w.dim() >= 1 and d.tensor.dim() == w.dim()
-            if ok:
-                rows = w.shape[0] * tp_size
-                ok = tuple(w.shape[1:]) == tuple(d.tensor.shape[1:]) and rows >= d.tensor.shape[0] > rows - w.shape[0]
-        else:  # the whole tensor (any rank, 0-d included)
-            ok = tuple(w.shape) == tuple(d.tensor.shape)
-        if not ok:
-            raise SyncError("shape", f"dense {d.param}: engine {tuple(w.shape)} vs delta {tuple(d.tensor.shape)} (split={d.split})")
-        if not _finite(d.tensor):
-            raise SyncError("nonfinite", f"dense {d.param} has non-finite entries")
-    params = factor_params + [d.param for d in dense]
-    if len(set(params)) != len(params):
-        raise SyncError("name", "delta maps two entries onto one engine parameter")
-
-
-class StagedDelta:
-    """A delta validated and prepared against one engine's weights: everything of an apply but the writes.
-
-    :func:`stage_delta` makes it; :meth:`commit_` writes it (once). Between the two nothing may
-    write the staged weights or stage another delta through the same :class:`ProjectionCache` (its
-    fixed-address inputs are shared): :meth:`commit_` refuses a stage the cache has moved past. The
-    split lets a sharded engine agree across its TP ranks that every rank validated *and* allocated
-    (projections, ``V``, workspaces, dense casts) before any rank writes, so an allocation failure on
-    one rank leaves all of them untouched instead of some committed (see
-    :mod:`megatron_logra.sync.sglang_loader`).
-    """
-
-    def __init__(self, delta: SketchDelta, ws: list[torch.Tensor], prepared: PreparedCommit, static, V32, noises,
-                 dense: list[tuple[torch.Tensor, torch.Tensor]], cache: Optional[ProjectionCache],
-                 ticket: Optional[int]) -> None:
-        self.delta = delta
-        self._ws, self._prepared, self._static = ws, prepared, static
-        self._V32, self._noises, self._dense = V32, noises, dense
-        self._cache, self._ticket = cache, ticket
-        self._committed = False
-
-    @property
-    def num_tensors(self) -> int:
-        """Engine tensors the commit writes: factor merges and dense copies."""
-        return len(self._ws) + len(self._dense)
-
-    @torch.no_grad()
-    @ieee_fp32()
-    def commit_(self) -> int:
-        """Write the staged delta into the weights; returns ``delta.new_version``.
-
-        Raises ``SyncError("apply")`` without writing when this stage was committed already or the cache
-        staged another delta since; a failure during the writes (a kernel error, no allocation happens
-        here) raises ``SyncError("apply")`` saying the weights are partially written.
-        """
-        delta = self.delta
-        if self._committed:
-            raise SyncError("apply", f"delta {delta.base_version}->{delta.new_version} was already committed")
-        if self._cache is not None and not self._cache.is_current_stage(self._ticket):
-            raise SyncError("apply", f"delta {delta.base_version}->{delta.new_version} is stale: another delta was "
-                                     "staged through the same ProjectionCache since; stage it again")
-        self._committed = True
-        done = 0
-        try:
-            if self._static is not None:
-                self._static.commit_(self._ws, delta.decay == 1.0)
-                done += len(self._ws)
-            else:
-                for m, (w, V32_OR, noise) in enumerate(zip(self._ws, self._V32, self._noises)):
-                    self._prepared.merge_(m, w, V32_OR, noise, delta.decay)
-                    done += 1
-            for dst, src in self._dense:
-                dst.copy_(src)
-                done += 1
-        except Exception as exc:  # pragma: no cover - needs a failing in-place kernel
-            logger.critical("delta %d->%d partially applied (%d of %d tensors): reload a full anchor",
-                            delta.base_version, delta.new_version, done, self.num_tensors)
-            raise SyncError("apply", f"commit failed after {done} tensors; weights are partially written, "
-                                     "reload a full refit") from exc
-        logger.debug("applied delta %d->%d: %d factors, %d dense", delta.base_version, delta.new_version,
-                     len(self._ws), len(self._dense))
-        return delta.new_version
 
 
 @torch.no_grad()
