@@ -5,7 +5,8 @@ Owns the pure decisions :func:`megatron_logra.parallel.init_distributed` and
 rendezvous that waits out the collective timeout or a crash at the first collective: the rank and world size of
 a multi-process launch (:func:`launch_rank_and_world`: torchrun's ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` /
 ``MASTER_PORT``), the CUDA device each process takes (:func:`local_device_index`), pipeline parallelism a
-backend cannot carry (:func:`check_backend_layout`) and the message for a ``tp`` × ``pp`` that does not divide
+backend cannot carry (:func:`check_backend_layout`), a backend the machine cannot run
+(:func:`check_backend_available`) and the message for a ``tp`` × ``pp`` that does not divide
 the world (:func:`layout_error`). No torch.distributed or megatron-core state is read or made here; the names
 stay importable from :mod:`megatron_logra.parallel`.
 """
@@ -39,6 +40,17 @@ def check_backend_layout(backend: str, cuda: bool, pp: int) -> None:
     if backend == "gloo" and cuda and pp > 1:
         raise ValueError(f"parallel.backend=gloo with parallel.pp={pp} on a CUDA machine: gloo cannot send CUDA "
                          "activations between pipeline stages; use parallel.backend=nccl (or auto)")
+
+
+def check_backend_available(backend: str, cuda: bool, nccl_built: bool) -> None:
+    """Refuse ``parallel.backend=nccl`` where it cannot run (``ValueError`` naming the field and the fix): NCCL
+    communicates between CUDA devices, so it needs a visible CUDA device (``cuda``) and a torch built with it
+    (``nccl_built``); without, ``init_process_group`` fails with a traceback from inside torch."""
+    if backend != "nccl" or (cuda and nccl_built):
+        return
+    why = "this machine has no visible CUDA device" if not cuda else "this torch build has no NCCL"
+    raise ValueError(f"parallel.backend=nccl: {why}; use parallel.backend=auto (NCCL with CUDA GPUs, else gloo) "
+                     f"or parallel.backend=gloo")
 
 
 _LAUNCH_HINT = "torchrun --nproc-per-node N -m megatron_logra.cli ... sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT"

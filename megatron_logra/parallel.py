@@ -18,13 +18,14 @@ import torch
 import torch.distributed as dist
 
 from megatron_logra import cpu_shim
-from megatron_logra.launch_checks import check_backend_layout, launch_rank_and_world, layout_error, local_device_index
+from megatron_logra.launch_checks import (check_backend_available, check_backend_layout, launch_rank_and_world,
+                                          layout_error, local_device_index)
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ParallelConfig", "ParallelGroups", "init_distributed", "initialize_parallel", "destroy_parallel",
-           "local_device_index", "check_backend_layout", "cpu_group", "all_reduce_sum", "all_gather_bytes",
-           "group_size", "group_rank", "world_group", "launch_rank_and_world", "layout_error"]
+           "local_device_index", "check_backend_available", "check_backend_layout", "cpu_group", "all_reduce_sum",
+           "all_gather_bytes", "group_size", "group_rank", "world_group", "launch_rank_and_world", "layout_error"]
 
 
 @dataclass
@@ -189,6 +190,9 @@ class ParallelGroups:
 def init_distributed(backend: str = "auto", timeout_minutes: int = 30) -> None:
     """Initialise torch.distributed from torchrun's environment, or as a 1-process world.
 
+    ``backend=nccl`` where NCCL cannot run (no CUDA device) is a ValueError naming the field
+    (:func:`~megatron_logra.launch_checks.check_backend_available`).
+
     A single process without torchrun variables gets a gloo world of size 1 on a free
     loopback port, so megatron-core's parallel state can be built the same way.
     """
@@ -196,6 +200,7 @@ def init_distributed(backend: str = "auto", timeout_minutes: int = 30) -> None:
     if dist.is_initialized():
         return
     _TIMEOUT = datetime.timedelta(minutes=timeout_minutes)
+    check_backend_available(backend, torch.cuda.is_available(), dist.is_nccl_available())
     if not torch.cuda.is_available():
         cpu_shim.activate()
     if backend == "auto":

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from megatron_logra.cli.errors import reporting_user_errors, user_error
-from megatron_logra.cli.launch import is_rank0
+from megatron_logra.cli.launch import check_same_config_on_every_rank, is_rank0
 from megatron_logra.cli.resume import check_resumed_architecture
 from megatron_logra.cli.run_dir import run_dir_config
 
@@ -39,6 +39,7 @@ def run_eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
     check_resumed_architecture(parser, cfg)
 
     def evaluate() -> dict:
+        check_same_config_on_every_rank(cfg, "eval")  # a rank given other arguments fails here, not mid-load
         if cfg.job == "rl":
             from megatron_logra.rl.job import build_components
             from megatron_logra.rl.loop import evaluate_accuracy

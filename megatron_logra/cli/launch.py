@@ -8,12 +8,20 @@ Read from the environment before any process group exists (a process group's own
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import warnings
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-__all__ = ["is_rank0", "launch_rank", "launch_world_size", "peer_rank", "setup_logging"]
+if TYPE_CHECKING:
+    from megatron_logra.config import RunConfig
+
+__all__ = ["check_same_config_on_every_rank", "is_rank0", "launch_rank", "launch_world_size", "peer_rank",
+           "setup_logging"]
+
+_LISTED_DIFFERENCES = 4
+"""How many differing fields :func:`check_same_config_on_every_rank` names before it counts the rest."""
 
 
 def launch_rank() -> int:
@@ -66,3 +74,55 @@ def setup_logging() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
     # its Megatron-FSDP package announces itself at import (INFO); this trainer does not use FSDP
     logging.getLogger("megatron.core.distributed.fsdp").setLevel(logging.WARNING)
+
+
+def check_same_config_on_every_rank(cfg: RunConfig, command: str) -> None:
+    """Collective over every rank of a multi-process launch (nothing for one process): joins the process group
+    (``cfg.parallel``'s backend and timeout, as the job would) and compares every rank's resolved ``cfg`` with
+    rank 0's. A rank given other arguments or files (a per-node line of a launch script, another checkout or
+    recipe file on one node) would otherwise build another model or optimizer and fail deep inside a collective,
+    or wait there until ``parallel.timeout_minutes``. Raises ValueError, the same one on every rank, naming the
+    first rank that differs and up to four fields with both values; credentials are compared redacted, as
+    ``config.yaml`` holds them, and paths into this package's own files relative to where each rank has it
+    installed."""
+    if launch_world_size() <= 1:
+        return
+    from megatron_logra.config.codec import to_dict
+    from megatron_logra.config.recipe_files import _flatten
+    from megatron_logra.parallel import all_gather_bytes, init_distributed, world_group
+    from megatron_logra.rollout.sglang_setup import redact_config
+
+    init_distributed(cfg.parallel.backend, cfg.parallel.timeout_minutes)
+    mine = {key: _package_relative(value) for key, value in _flatten(redact_config(to_dict(cfg)))}
+    payloads = all_gather_bytes(json.dumps(mine, sort_keys=True, default=repr).encode(), world_group())
+    configs = [json.loads(p) for p in payloads]
+    missing = object()
+    for rank, other in enumerate(configs[1:], start=1):
+        keys = sorted(set(configs[0]) | set(other))
+        differ = [k for k in keys if configs[0].get(k, missing) != other.get(k, missing)]
+        if not differ:
+            continue
+        named = "; ".join(f"{k}={_shown(other, k)} on rank {rank}, {_shown(configs[0], k)} on rank 0"
+                          for k in differ[:_LISTED_DIFFERENCES])
+        more = f" (and {len(differ) - _LISTED_DIFFERENCES} more)" if len(differ) > _LISTED_DIFFERENCES else ""
+        raise ValueError(f"the ranks of this launch resolved different configs for {command}: {named}{more}; "
+                         f"start every rank with the same arguments, recipe files and run directory (check the "
+                         f"launch script's per-node lines and that every node has the same files)")
+
+
+def _package_relative(value: object) -> object:
+    """A path into this package's own files (the shipped recipes' ``tokenizer.path`` and ``sft.init_path``) as
+    ``<megatron_logra>/...``: nodes may install the package at other paths, and those files are the same."""
+    from pathlib import Path
+
+    import megatron_logra
+
+    root = str(Path(megatron_logra.__file__).resolve().parent)
+    if isinstance(value, str) and (value == root or value.startswith(root + os.sep)):
+        return "<megatron_logra>" + value[len(root):]
+    return value
+
+
+def _shown(flat: dict, key: str) -> str:
+    """``flat[key]`` as a config value is written (JSON), or ``(unset)``."""
+    return json.dumps(flat[key]) if key in flat else "(unset)"

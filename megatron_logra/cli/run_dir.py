@@ -91,10 +91,12 @@ def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: 
     if progress is not None:
         cfg.train.progress = progress
     saved_cfg = copy.deepcopy(cfg) if evaluating else None
+    saved_tokenizer = copy.deepcopy(cfg.tokenizer)
     try:
         cfg = apply_overrides(cfg, overrides)
     except ValueError as exc:
         raise ValueError(f"{cfg_path}{' with the overrides given' if overrides else ''}: {exc}") from exc
+    _check_saved_tokenizer(cfg, saved_tokenizer, run_dir, named)
     if Path(cfg.train.run_dir).resolve() != run_dir.resolve():
         if evaluating:
             raise ValueError(f"{named} evaluates the run in {run_dir}, but train.run_dir={cfg.train.run_dir!r} was "
@@ -114,6 +116,25 @@ def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: 
     if command != "config":
         check_saved_layout(cfg, saved, cfg_path, named)
     return cfg
+
+
+def _check_saved_tokenizer(cfg: RunConfig, saved: Any, run_dir: Path, named: str) -> None:
+    """``ValueError`` when an override changed ``tokenizer.*`` of an RL run that has its own ``RUN/tokenizer``:
+    a resumed or evaluated run always reads that one (its checkpoints were trained on its token ids), so the
+    override would be ignored while ``config.yaml`` recorded it as the run's tokenizer. A run whose
+    ``RUN/tokenizer`` is missing takes ``tokenizer.*`` (with a warning), so the overrides stay allowed there."""
+    from megatron_logra.config.codec import to_dict
+    from megatron_logra.config.recipe_files import _flatten
+
+    if cfg.job != "rl" or not (run_dir / "tokenizer").is_dir():
+        return
+    given, kept = (dict(_flatten({"tokenizer": to_dict(t)})) for t in (cfg.tokenizer, saved))
+    changed = sorted(key for key, value in given.items() if kept.get(key) != value)
+    if changed:
+        shown = ", ".join(f"{key}={given[key]!r} (saved: {kept.get(key)!r})" for key in changed)
+        raise ValueError(f"{named} reads the run's own tokenizer {run_dir / 'tokenizer'} (its checkpoints were "
+                         f"trained on its token ids), but the overrides change {shown}: drop them (or start a new "
+                         f"run to train with another tokenizer)")
 
 
 def _check_eval_optimizer(cfg: RunConfig, saved: RunConfig, named: str) -> None:

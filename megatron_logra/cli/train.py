@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import yaml
 
 from megatron_logra.cli.errors import exit_with_error, reporting_user_errors, tracebacks_wanted, user_error
-from megatron_logra.cli.launch import is_rank0
+from megatron_logra.cli.launch import check_same_config_on_every_rank, is_rank0
 from megatron_logra.cli.resume import check_recipe_resume, check_resumed_architecture, split_resume_dir
 from megatron_logra.cli.run_dir import run_dir_config
 from megatron_logra.wandb_log import check_wandb
@@ -85,10 +85,14 @@ def run_train_or_config(parser: argparse.ArgumentParser, command: str, rest: Seq
         from megatron_logra.train.lm import run_lm as run
     from megatron_logra.train.stopping import catching_interrupts
 
+    def checked_run() -> dict:
+        check_same_config_on_every_rank(cfg, command)  # a rank given other arguments fails here, not mid-step
+        return run(cfg)
+
     succeeded = interrupted = False
     try:
         with catching_interrupts():
-            summary = reporting_user_errors(parser, lambda: run(cfg))
+            summary = reporting_user_errors(parser, checked_run)
         succeeded = True
     except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not a traceback from wherever it landed
         if tracebacks_wanted():

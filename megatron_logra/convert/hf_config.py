@@ -9,6 +9,7 @@ checkpoint's field by field, so a mismatch is named instead of surfacing as a te
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -57,12 +58,43 @@ def model_config_from_hf_dict_strict(raw: dict, *, source: str = "config.json", 
 
 
 def read_hf_config(hf_dir: Union[str, Path]) -> tuple[dict, Path]:
+    """``(config.json's object, its path)`` of the Hugging Face checkpoint directory ``hf_dir``. ``ValueError``
+    when ``hf_dir`` is no directory or has no ``config.json``; for a directory this project wrote instead (a
+    ``convert hf-to-mcore`` output, a run directory or one of its checkpoints) the error says what it is and
+    which Hugging Face directory to give (:func:`_not_hf_hint`)."""
     path = Path(hf_dir) / "config.json"
     if not Path(hf_dir).is_dir():
         raise ValueError(f"{hf_dir}: not a directory (expected a Hugging Face checkpoint directory)")
     if not path.is_file():
-        raise ValueError(f"{hf_dir}: no config.json (expected a Hugging Face checkpoint directory)")
+        raise ValueError(f"{hf_dir}: no config.json (expected a Hugging Face checkpoint directory)"
+                         f"{_not_hf_hint(hf_dir)}")
     return read_json_object(path), path
+
+
+def _not_hf_hint(hf_dir: Union[str, Path]) -> str:
+    """What to give instead of ``hf_dir``, a directory without ``config.json``, when this project wrote it: for a
+    ``convert hf-to-mcore`` output (its ``meta.json`` names the source) the Hugging Face directory it was converted
+    from; for a run directory or a trainer checkpoint, ``convert mcore-to-hf`` to export it first. ``""`` for
+    anything else."""
+    directory = Path(hf_dir)
+    meta: object = None
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+    except (OSError, ValueError):
+        pass
+    if isinstance(meta, dict) and meta.get("format") == "megatron_logra.mcore":
+        source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+        origin = f"{source['path']}; " if isinstance(source.get("path"), str) else ""
+        return (f"; it is a megatron-core conversion written by `megatron-logra convert hf-to-mcore` (meta.json, "
+                f"model_tp*_pp*.safetensors), not a Hugging Face checkpoint: give the Hugging Face directory it was "
+                f"converted from ({origin}training shards it to its own TP / PP as it loads)")
+    checkpoint = isinstance(meta, dict) and "step" in meta
+    run_dir = (directory / "config.yaml").is_file() and (directory / "checkpoints").is_dir()
+    if checkpoint or run_dir:
+        return (f"; it is a run directory or checkpoint of this trainer: export it first with `megatron-logra convert "
+                f"mcore-to-hf --mcore {hf_dir} --out HF_DIR` and give HF_DIR (or continue the run with "
+                f"`megatron-logra train --resume RUN_DIR`)")
+    return ""
 
 
 def model_config_from_hf(hf_dir: Union[str, Path], base: Optional[ModelConfig] = None) -> ModelConfig:

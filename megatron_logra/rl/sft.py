@@ -29,7 +29,7 @@ from torch import nn
 
 from megatron_logra.checkpoint.files import save_safetensors
 from megatron_logra.models.layout import global_param_names, shard_full
-from megatron_logra.models.weights import weight_source_name
+from megatron_logra.models.weights import OUTPUT_WEIGHT, WORD_EMBEDDINGS, weight_source_name
 from megatron_logra.rl.weights import gather_full_model
 
 from megatron_logra.optim import DenseAdamW, NativeConfig
@@ -72,12 +72,18 @@ def save_weights(model: nn.Module, groups: ParallelGroups, path: Path, meta: Opt
         dist.barrier()
 
 
-def load_weights(model: nn.Module, groups: ParallelGroups, path: Path) -> None:
+def load_weights(model: nn.Module, groups: ParallelGroups, path: Path, vocab_size: Optional[int] = None) -> None:
     """Load a file written by :func:`save_weights` into this rank's shard, at any TP/PP layout. Its
     recorded CRC-32 is checked first (files without one load unchecked); a mismatch is a
     ``ValueError`` naming the file, with nothing loaded. The last stage's copy of tied word
     embeddings (PP > 1) takes the file's word embeddings (``models.weights.weight_source_name``): a
-    file saved at PP = 1 has no other, and the two copies must be equal."""
+    file saved at PP = 1 has no other, and the two copies must be equal.
+
+    The vocabulary is padded to a multiple of ``make_vocab_size_divisible_by × TP``, so a file saved at another
+    TP size may hold another number of word-embedding / output-layer rows. With ``vocab_size`` (the model's
+    ``model.vocab_size``) such a file loads when it holds at least ``vocab_size`` rows: its first
+    ``vocab_size`` rows are taken and the padding rows (never looked up, their logits masked) are zeros, as in
+    a converted Hugging Face checkpoint; without it, or with fewer rows, the shapes must match."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"warm-start weights {path} do not exist")
@@ -97,12 +103,28 @@ def load_weights(model: nn.Module, groups: ParallelGroups, path: Path) -> None:
         raise ValueError(f"{path} lacks parameters {missing[:4]} (saved for another model config?)")
     with torch.no_grad():
         for local, param in model.named_parameters():
-            full = state[names[local]]
+            full = _repadded_vocab(state[names[local]], names[local], param, groups.tp_size, vocab_size)
             shard = shard_full(full, names[local], param, groups.tp_rank, groups.tp_size)
             if shard.shape != param.shape:
                 raise ValueError(f"{path}: {names[local]} has shape {tuple(full.shape)}, which does not fit "
                                  f"{tuple(param.shape)} at tp={groups.tp_size}")
             param.copy_(shard)
+
+
+def _repadded_vocab(full: torch.Tensor, name: str, param: torch.Tensor, tp_size: int,
+                    vocab_size: Optional[int]) -> torch.Tensor:
+    """``full`` with its rows re-padded to ``param``'s padded vocabulary (``param``'s rows × ``tp_size``) when
+    ``name`` is a vocabulary tensor saved at another padding and ``full`` holds at least ``vocab_size`` rows:
+    the first ``vocab_size`` rows, then zeros. Anything else is returned as it is (its shape is checked by the
+    caller)."""
+    padded = param.shape[0] * tp_size
+    if (vocab_size is None or name not in (WORD_EMBEDDINGS, OUTPUT_WEIGHT) or full.dim() != 2
+            or full.shape[0] == padded or full.shape[0] < vocab_size or vocab_size > padded
+            or full.shape[1] != param.shape[1]):
+        return full
+    out = torch.zeros(padded, full.shape[1], dtype=full.dtype)
+    out[:vocab_size] = full[:vocab_size]
+    return out
 
 
 def run_sft(

@@ -75,7 +75,7 @@ def warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> None
         return
     if cfg.sft.init_path:
         try:
-            load_weights(model, groups, Path(cfg.sft.init_path))
+            load_weights(model, groups, Path(cfg.sft.init_path), vocab_size=cfg.model.vocab_size)
         except ValueError as exc:
             raise ValueError(f"sft.init_path={cfg.sft.init_path!r} does not load into this model: {exc}. A warm start "
                              f"fits only the model config it was made for; set sft.init_path= (empty) to train one "
@@ -94,7 +94,7 @@ def warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> None
     # and ranks that disagreed would run different collectives (the warm start's vs none)
     if cfg.sft.cache and share_from_driver(cache.exists, world_group()):
         logger.info("warm start: reusing %s", cache)
-        load_weights(model, groups, cache)
+        load_weights(model, groups, cache, vocab_size=cfg.model.vocab_size)
         return
 
     teacher = build_teacher(cfg.sft.teacher, cfg.sft.teacher_kwargs)

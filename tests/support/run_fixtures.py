@@ -29,12 +29,13 @@ def tiny_llama_dir(root: Path, *, tokenizer: bool = False) -> Path:
     return d
 
 
-def fake_run_dir(run: Path):
-    """A run directory of lm-tiny whose latest checkpoint (step 2) holds only ``meta.json``: enough for what
-    is read before a checkpoint's tensors (``config --resume``, the architecture check). Returns the config."""
+def fake_run_dir(run: Path, recipe: str = "lm-tiny"):
+    """A run directory of ``recipe`` (lm-tiny by default) whose latest checkpoint (step 2) holds only
+    ``meta.json``: enough for what is read before a checkpoint's tensors (``config --resume``, the architecture
+    check). Returns the config."""
     from megatron_logra.config import to_dict, load_recipe
 
-    cfg = load_recipe("lm-tiny")
+    cfg = load_recipe(recipe)
     cfg.train.run_dir = str(run)
     step = run / "checkpoints" / "step_00000002"
     step.mkdir(parents=True)

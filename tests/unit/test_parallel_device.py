@@ -35,3 +35,30 @@ def test_pipeline_parallelism_over_gloo_is_refused_only_with_cuda_models():
     check_backend_layout("gloo", False, 4)  # CPU tensors: what every distributed test here runs
     check_backend_layout("gloo", True, 1)
     check_backend_layout("nccl", True, 8)
+
+
+def test_nccl_is_refused_where_it_cannot_run():
+    """``parallel.backend=nccl`` on a machine without a CUDA device (a login node, a CPU test) was a RuntimeError
+    traceback from inside ``init_process_group`` on every rank."""
+    from megatron_logra.parallel import check_backend_available
+
+    with pytest.raises(ValueError, match="parallel.backend=nccl: this machine has no visible CUDA device; use "
+                                         "parallel.backend=auto"):
+        check_backend_available("nccl", False, True)
+    with pytest.raises(ValueError, match="parallel.backend=nccl: this torch build has no NCCL"):
+        check_backend_available("nccl", True, False)
+    check_backend_available("nccl", True, True)
+    check_backend_available("auto", False, False)
+    check_backend_available("gloo", False, False)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="NCCL can run on this machine")
+def test_train_with_nccl_on_a_cpu_machine_is_one_error_line(tmp_path, capsys, monkeypatch):
+    from support.cli import exit_2
+
+    for name in ("WORLD_SIZE", "RANK", "MEGATRON_LOGRA_TRACEBACK"):
+        monkeypatch.delenv(name, raising=False)
+    err = exit_2(["train", "lm-tiny", "train.steps=1", "parallel.backend=nccl", f"train.run_dir={tmp_path / 'run'}"],
+                 capsys)
+    assert "parallel.backend=nccl: this machine has no visible CUDA device" in err
+    assert not (tmp_path / "run").exists()
