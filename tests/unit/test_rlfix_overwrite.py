@@ -35,7 +35,7 @@ def test_a_refused_rl_run_keeps_the_run_that_overwrite_would_replace(tmp_path, c
         destroy_parallel()
     err = capsys.readouterr().err
     assert exit_.value.code == 2, err[-2000:]
-    assert "does not fit: model.seq_length=24" in err
+    assert "has no training prompts that fit" in err and "(model.seq_length=24," in err
     assert "removing the previous run" not in caplog.text
     for rel, content in PREVIOUS.items():
         assert (run / rel).read_text() == content, rel
