@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MetricsWriter", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "max_over_ranks", "elapsed",
+__all__ = ["MetricsWriter", "closing_metrics_on_error", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "max_over_ranks", "elapsed",
            "json_safe", "strict_dumps", "previous_summary_values", "record_before_values", "BEFORE_FILE"]
 
 BEFORE_FILE = "eval_before.json"
@@ -193,8 +194,13 @@ class MetricsWriter:
         self.path = Path(run_dir) / "metrics.jsonl"
         self._tb = None
         self._wandb = None
-        if not self.enabled:
-            return
+        if self.enabled:
+            self._open(tensorboard, truncate_after)
+        if wandb is not None:
+            self._start_wandb(wandb, resume=truncate_after is not None)
+
+    def _open(self, tensorboard: bool, truncate_after: Optional[int]) -> None:
+        _open_writers.append(self)  # closed as failed if the job raises (:func:`closing_metrics_on_error`)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if truncate_after is not None and self.path.exists():
             # resuming: drop records after the checkpoint so the file matches an uninterrupted run
@@ -213,10 +219,25 @@ class MetricsWriter:
                 self._tb = SummaryWriter(log_dir=str(self.path.parent / "tensorboard"), purge_step=purge)
             except ImportError:
                 logger.info("tensorboard is not installed; writing metrics.jsonl only")
-        if wandb is not None:
-            from megatron_logra.wandb_log import WandbRun
 
-            self._wandb = WandbRun(self.path.parent, wandb, resume=truncate_after is not None)
+    def _start_wandb(self, options: WandbOptions, *, resume: bool) -> None:
+        """Rank 0 starts the W&B run; every rank of a launch learns whether that failed and raises the same
+        ``ValueError`` (the others would otherwise go on into the job's next collective and wait there)."""
+        from megatron_logra.wandb_log import WandbRun
+
+        error = ""
+        if self.enabled:
+            try:
+                self._wandb = WandbRun(self.path.parent, options, resume=resume)
+            except ValueError as exc:
+                error = str(exc)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            from megatron_logra.parallel import all_gather_bytes
+
+            error = next((e.decode() for e in all_gather_bytes(error.encode(), dist.group.WORLD) if e), "")
+        if error:
+            self.close(failed=True)
+            raise ValueError(error)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -238,12 +259,37 @@ class MetricsWriter:
         if self._wandb is not None:
             self._wandb.log(record)
 
-    def close(self, summary: Optional[dict[str, Any]] = None) -> None:
+    def close(self, summary: Optional[dict[str, Any]] = None, *, failed: bool = False) -> None:
         """Flush and close TensorBoard and W&B (which gets ``summary``, the run's ``summary.json``, as its
-        run summary). Closing twice is closing once."""
+        run summary; ``failed``: the W&B run is marked failed, exit code 1). Closing twice is closing once."""
+        if self in _open_writers:
+            _open_writers.remove(self)
         if self._tb is not None:
             self._tb.close()
             self._tb = None
         if self._wandb is not None:
-            self._wandb.close(json_safe(summary) if summary else None)
-            self._wandb = None
+            wandb_run, self._wandb = self._wandb, None
+            wandb_run.close(json_safe(summary) if summary else None, exit_code=1 if failed else 0)
+
+
+_open_writers: list[MetricsWriter] = []
+"""The writers of this process not closed yet, oldest first."""
+
+
+def closing_metrics_on_error(job: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator of a job: a :class:`MetricsWriter` it opened and left open because it raised is closed (TensorBoard
+    flushed, the W&B run finished as failed), so that the W&B run does not stay open in this process, where the next
+    ``wandb.init`` would return it and log another job's records into it."""
+    @functools.wraps(job)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        opened_before = len(_open_writers)
+        try:
+            return job(*args, **kwargs)
+        except BaseException:
+            for writer in reversed(_open_writers[opened_before:]):
+                try:
+                    writer.close(failed=True)
+                except Exception:  # noqa: BLE001 - the job's own error is the one to raise
+                    logger.warning("closing %s after the job failed", writer.path, exc_info=True)
+            raise
+    return run

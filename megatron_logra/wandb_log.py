@@ -127,11 +127,11 @@ class WandbRun:
                 values[key] = value
         self.run.log(values)
 
-    def close(self, summary: Optional[dict[str, Any]] = None) -> None:
+    def close(self, summary: Optional[dict[str, Any]] = None, exit_code: int = 0) -> None:
         """Put the numbers and strings of ``summary`` (the run's ``summary.json``) into the W&B run's summary,
-        then finish the run (it waits for an online upload)."""
+        then finish the run (it waits for an online upload); a nonzero ``exit_code`` marks it failed."""
         if summary:
             for key, value in summary.items():
                 if _number(value) is not None or isinstance(value, str):
                     self.run.summary[key] = _number(value) if _number(value) is not None else value
-        self.run.finish()
+        self.run.finish(exit_code=exit_code)

@@ -92,10 +92,11 @@ class TaskConfig:
     reward_timeout_s: float = 60.0
     """Seconds one call of a ``task.reward`` plugin may take for one completion (0 = no limit). Past it the
     run stops with an error naming the RL step, the sample and this field, instead of hanging (a code sandbox,
-    a reward server, an endless loop); the checkpoint before the step is intact. The plugin then runs on a
-    daemon worker thread (no ``signal.alarm`` there: call math-verify with ``parsing_timeout=None`` /
-    ``timeout_seconds=None``, or set 0). Built-in scorers are not affected (math-verify has
-    ``math_timeout_s``)."""
+    a reward server, an endless loop); the checkpoint before the step is intact. On the main thread (the RL
+    loop's) the plugin runs there under a watchdog signal, so math-verify's own ``signal.alarm`` timeouts keep
+    working; called off the main thread it runs on a daemon worker thread (no ``signal.alarm`` there: call
+    math-verify with ``parsing_timeout=None`` / ``timeout_seconds=None``, or set 0). Built-in scorers are not
+    affected (math-verify has ``math_timeout_s``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.datasets, str):

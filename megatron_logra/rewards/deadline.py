@@ -42,7 +42,8 @@ class RewardTimeout(TimeoutError):
 
 class DeadlineExceeded(BaseException):
     """Raised inside the timed call by the watchdog's signal; a ``BaseException`` so that the function's own
-    ``except Exception`` does not swallow it. Never escapes :func:`call_on_main_thread`."""
+    ``except Exception`` does not swallow it. Never escapes the outermost :func:`call_on_main_thread` (a call
+    nested in another runs under the enclosing call's deadline)."""
 
 
 class _Deadline:
@@ -86,6 +87,8 @@ class _Watchdog:
 
     def call(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> tuple[bool, Any]:
         """``(in_time, value)``: ``fn(*args)``, and whether it ended within ``timeout_s``."""
+        if self.armed is not None:  # nested in a timed call (a plugin calling a timed plugin): that call's deadline
+            return True, fn(*args)  # bounds this one too; arming another would leave it unwatched once this one ends
         deadline = _Deadline(time.monotonic() + timeout_s)
         with self.cond:
             self.armed = deadline
@@ -98,6 +101,10 @@ class _Watchdog:
         except DeadlineExceeded:  # in the call, or just before the store above
             self.armed = None
             return False, None
+        except Exception:
+            if deadline.fired:  # the function turned the interrupt into an error of its own: still the limit
+                return False, None
+            raise
         return not deadline.fired, value
 
 

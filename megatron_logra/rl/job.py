@@ -22,7 +22,8 @@ from megatron_logra.checkpoint import latest_checkpoint, save_checkpoint
 from megatron_logra.checkpoint.integrity import atomic_write_text
 from megatron_logra.checkpoint.run_dir import releasing_run_dir
 from megatron_logra.config import RunConfig, to_dict
-from megatron_logra.metrics import MetricsWriter, is_rank0, record_before_values, strict_dumps
+from megatron_logra.metrics import (MetricsWriter, closing_metrics_on_error, is_rank0, record_before_values,
+                                    strict_dumps)
 from megatron_logra.profiling import job_profiler
 from megatron_logra.rl.components import build_components, check_config
 from megatron_logra.rl.evaluation import evaluate_accuracy
@@ -43,6 +44,7 @@ _LOGGED = ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual", "ste
 
 
 @releasing_run_dir
+@closing_metrics_on_error
 def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     """Warm start + RL; returns the summary, also written to ``RUN/summary.json`` as strict JSON (a value
     that was not measured, e.g. held-out accuracy with ``task.num_eval=0``, is ``null``).

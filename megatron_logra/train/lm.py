@@ -47,8 +47,8 @@ from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir,
 from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
 from megatron_logra.memory.preflight import memory_preflight
-from megatron_logra.metrics import (MetricsWriter, device_peaks, elapsed, is_rank0, previous_summary_values,
-                                    record_before_values, reset_device_peaks, strict_dumps)
+from megatron_logra.metrics import (MetricsWriter, closing_metrics_on_error, device_peaks, elapsed, is_rank0,
+                                    previous_summary_values, record_before_values, reset_device_peaks, strict_dumps)
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
@@ -91,6 +91,7 @@ def check_config(cfg: RunConfig) -> None:
 
 
 @releasing_run_dir
+@closing_metrics_on_error
 def run_lm(cfg: RunConfig) -> dict:
     """Train ``cfg`` and return the run's summary (:func:`~megatron_logra.train.lm_progress.run_summary` lists
     its fields: the whole run, also after ``--resume``), also written to ``RUN/summary.json`` as strict JSON: a

@@ -45,12 +45,13 @@ def offline_runs(save_dir: Path) -> list[Path]:
 
 
 def read_offline_run(run_dir: Path) -> dict[str, Any]:
-    """``{"id", "project", "name", "history": [dict per log call], "summary": dict, "config": dict}`` of one
-    offline run directory (values decoded from W&B's JSON)."""
+    """``{"id", "project", "name", "history": [dict per log call], "summary": dict, "config": dict, "exit_code"}``
+    of one offline run directory (values decoded from W&B's JSON; ``exit_code`` None while the run is not
+    finished)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     (path,) = Path(run_dir).glob("run-*.wandb")
-    out: dict[str, Any] = {"history": [], "summary": {}, "config": {}}
+    out: dict[str, Any] = {"history": [], "summary": {}, "config": {}, "exit_code": None}
     for raw in _chunks(path.read_bytes()):
         record = pb.Record()
         record.ParseFromString(raw)
@@ -63,6 +64,8 @@ def read_offline_run(run_dir: Path) -> dict[str, Any]:
         elif kind == "history":
             out["history"].append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
                                    for i in record.history.item})
+        elif kind == "exit":
+            out["exit_code"] = record.exit.exit_code
         elif kind == "summary":
             out["summary"].update({(u.key or "/".join(u.nested_key)): json.loads(u.value_json)
                                    for u in record.summary.update})

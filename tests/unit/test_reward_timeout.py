@@ -50,6 +50,16 @@ def math_verify_defaults(problem, completion):
     return 1.0 if parse("$" + completion + "$") else 0.0
 
 
+def rewraps(problem, completion):
+    """Hangs on "hang" and turns whatever interrupts it into an error of its own."""
+    try:
+        if completion == "hang":
+            time.sleep(30)
+        return 1.0
+    except BaseException as exc:
+        raise RuntimeError("sandbox failed") from exc
+
+
 def swallows(problem, completion):
     """Hangs on "hang" inside a catch-all, as a reward function that scores any error as wrong does."""
     try:
@@ -141,12 +151,58 @@ def test_a_catch_all_in_the_plugin_cannot_swallow_the_timeout(plugin):
     assert score_rollouts(task, problems, ["x", "y"], step=3) == [(1.0, True)] * 2
 
 
+NESTED = '''
+import time
+
+from megatron_logra.rewards import PluginScorer
+
+INNER = []
+
+
+def quick(problem, completion):
+    return 1.0
+
+
+def calls_a_timed_plugin_then_hangs(problem, completion):
+    """A reward that composes another timed plugin, then hangs past its own limit."""
+    if not INNER:
+        INNER.append(PluginScorer(__name__ + ":quick", timeout_s=30.0))
+    INNER[0].score(problem, completion)
+    time.sleep(30)
+    return 1.0
+'''
+
+
+def test_a_nested_timed_call_keeps_the_outer_limit(tmp_path, monkeypatch):
+    # the inner call's end must not disarm the outer call's deadline: the outer call still times out
+    name = f"mlogra_nested_plugin_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(NESTED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    task = _task(f"{name}:calls_a_timed_plugin_then_hangs", 0.3)
+    problem = task.train_problem(0)
+    start = time.monotonic()
+    with pytest.raises(RewardError, match=r"the reward of sample 0 .*RewardTimeout"):
+        score_rollouts(task, [problem], ["x"], step=4)
+    assert time.monotonic() - start < 5
+    assert score_rollouts(_task(f"{name}:quick", 0.3), [problem], ["x"], step=5) == [(1.0, True)]
+
+
 def test_plugin_errors_keep_their_cause_under_the_limit(plugin):
     task = _task(f"{plugin}:raises", 5.0)
     problem = task.train_problem(0)
     with pytest.raises(RewardError, match=r"RL step 3: the reward of sample 0 .*KeyError: 'no such field'") as err:
         score_rollouts(task, [problem], ["x"], step=3)
     assert isinstance(err.value.__cause__, KeyError)
+
+
+def test_an_error_the_plugin_raises_past_its_limit_is_the_timeout(plugin):
+    task = _task(f"{plugin}:rewraps", 0.3)
+    problems = [task.train_problem(i) for i in range(2)]
+    start = time.monotonic()
+    with pytest.raises(RewardError, match=r"the reward of sample 1 .*RewardTimeout: .*task\.reward_timeout_s=0\.3"):
+        score_rollouts(task, problems, ["x", "hang"], step=4)
+    assert time.monotonic() - start < 5
+    assert score_rollouts(task, problems, ["x", "y"], step=5) == [(1.0, True)] * 2
 
 
 def test_math_verify_timeouts_work_under_the_limit_on_the_main_thread(plugin):

@@ -82,6 +82,46 @@ def test_resume_continues_the_wandb_run_and_a_new_run_starts_another(tmp_path, c
     assert read_offline_run(runs[-1])["id"] == new_id
 
 
+RL_SMALL = ["train.progress=false", "rl.prompts_per_step=2", "rl.group_size=4", "rl.eval_interval=0", "task.num_eval=0",
+            "train.save_interval=0"]
+
+FAILING_REWARD = '''
+CALLS = [0]
+
+
+def fails_at_step_2(problem, completion):
+    """Scores the 8 completions of RL step 1 (2 prompts x 4), then fails: the reward server is gone."""
+    CALLS[0] += 1
+    if CALLS[0] > 8:
+        raise KeyError("reward server gone")
+    return 0.0
+'''
+
+
+def test_a_job_that_raises_finishes_its_wandb_run_as_failed(tmp_path, monkeypatch, capsys, one_thread, offline):
+    # a W&B run left open in the process would be returned by the next wandb.init: another job's records in it
+    from megatron_logra.rl.step_guard import RewardError
+
+    (tmp_path / "failing_reward_plugin.py").write_text(FAILING_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    failed = tmp_path / "failed"
+    with pytest.raises(RewardError, match="RL step 2"):
+        main(["train", "tiny", f"train.run_dir={failed}", "rl.steps=3", *RL_SMALL,
+              "task.reward=failing_reward_plugin:fails_at_step_2", "--wandb-project", "logra-tests"])
+    (files,) = offline_runs(failed)
+    logged = read_offline_run(files)
+    assert [h["step"] for h in logged["history"]] == [1] and logged["exit_code"] == 1  # finished, as failed
+    run = tmp_path / "run"
+    assert main(["train", "lm-tiny", f"train.run_dir={run}", "train.steps=2", *LM_SMALL,
+                 "--wandb-project", "logra-tests"]) == 0
+    capsys.readouterr()
+    (files,) = offline_runs(run)
+    logged = read_offline_run(files)
+    assert logged["id"] == (run / "wandb_run_id").read_text().strip() and logged["exit_code"] == 0
+    assert [h["step"] for h in logged["history"]] == [1, 2]
+    assert [h["step"] for h in read_offline_run(offline_runs(failed)[0])["history"]] == [1]
+
+
 def test_wandb_save_dir_holds_the_files(tmp_path, capsys, one_thread, offline):
     run, files = tmp_path / "run", tmp_path / "wandb-files"
     assert main(["train", "lm-tiny", f"train.run_dir={run}", "train.steps=2", *LM_SMALL,
