@@ -96,10 +96,9 @@ def check_same_config_on_every_rank(cfg: RunConfig, command: str) -> None:
     mine = {key: _package_relative(value) for key, value in _flatten(redact_config(to_dict(cfg)))}
     payloads = all_gather_bytes(json.dumps(mine, sort_keys=True, default=repr).encode(), world_group())
     configs = [json.loads(p) for p in payloads]
-    missing = object()
     for rank, other in enumerate(configs[1:], start=1):
         keys = sorted(set(configs[0]) | set(other))
-        differ = [k for k in keys if configs[0].get(k, missing) != other.get(k, missing)]
+        differ = [k for k in keys if _shown(configs[0], k) != _shown(other, k)]  # as text: NaN equals NaN
         if not differ:
             continue
         named = "; ".join(f"{k}={_shown(other, k)} on rank {rank}, {_shown(configs[0], k)} on rank 0"
