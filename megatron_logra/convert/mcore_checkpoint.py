@@ -65,6 +65,7 @@ class McoreCheckpoint:
             self.prefix = ""
             self._dist = None
             self.checksums = {k: v.get("sha256") for k, v in (meta.get("files") or {}).items()}
+            self.sizes = {k: v.get("bytes") for k, v in (meta.get("files") or {}).items()}
             self.kind = "converted"
         elif "step" in meta and isinstance(meta.get("config"), dict) and isinstance(meta["config"].get("model"), dict):
             from megatron_logra.checkpoint.integrity import read_meta
@@ -75,6 +76,7 @@ class McoreCheckpoint:
             self._dist: Optional[DistTensors] = DistTensors(self.dir / "dist")
             self.prefix = ""
             self.checksums = {}
+            self.sizes = {}
             self.kind = "trainer"
         else:
             raise ValueError(f"{meta_path}: neither a converted checkpoint (format={MCORE_FORMAT!r}) nor a trainer "
@@ -104,6 +106,11 @@ class McoreCheckpoint:
             expected = self.checksums.get(name)
             if self.kind == "converted" and expected is None:
                 raise ValueError(f"{self.dir / 'meta.json'}: no checksum for {name}")
+            size, recorded = path.stat().st_size, self.sizes.get(name)
+            if isinstance(recorded, int) and size != recorded:  # checked without reading it: even with verify off
+                what = "cut short (an interrupted copy?)" if size < recorded else "longer than written"
+                raise ValueError(f"{path}: {size} bytes, meta.json records {recorded}: the file is {what}; copy it "
+                                 "again from the conversion's output, or convert again")
             if verify and expected is not None:
                 actual = sha256_file(path)
                 if actual != expected:
