@@ -239,6 +239,21 @@ class MetricsWriter:
             self.close(failed=True)
             raise ValueError(error)
 
+    def write_before(self, values: dict[str, Optional[float]]) -> None:
+        """The held-out value measured before the first step (``{"eval_accuracy": 0.035}``) as step 0 of the
+        TensorBoard and W&B charts, so that a chart starts where training did. ``metrics.jsonl`` holds step
+        records only (``summary.json`` and ``eval_before.json`` keep this value); None values are left out."""
+        if not self.enabled:
+            return
+        values = {k: v for k, v in json_safe(values).items() if v is not None}
+        if not values:
+            return
+        if self._tb is not None:
+            for k, v in values.items():
+                self._tb.add_scalar(k, v, 0)
+        if self._wandb is not None:
+            self._wandb.log({"step": 0, **values})
+
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return

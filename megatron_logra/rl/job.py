@@ -106,6 +106,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         logger.info("held-out accuracy before RL: %.3f", eval_before)
     if not start_step:  # kept at once: a run killed before its summary.json still reports it when resumed
         record_before_values(run_dir, {"eval_accuracy_before": eval_before})
+        metrics.write_before({"eval_accuracy": eval_before})
     progress = progress_bar(cfg, state.step) if cfg.train.progress and is_rank0() else None
     record = {}
     if start_step >= cfg.rl.steps:

@@ -150,6 +150,7 @@ def run_lm(cfg: RunConfig) -> dict:
         eval_before_run = eval_before
         # kept at once: a run killed before its summary.json still reports it when resumed
         record_before_values(run_dir, {"eval_loss_before": eval_before})
+        metrics.write_before({"eval_loss": eval_before})
     first_loss: Optional[float] = recorded.get(1)
     last_loss: Optional[float] = recorded.get(start)
     progress = start_progress(cfg, start) if cfg.train.progress and is_rank0() else None

@@ -47,15 +47,22 @@ def test_the_wandb_run_holds_the_step_records_config_and_summary(tmp_path, capsy
     assert logged["id"] == run_id and files.name.endswith(run_id)
     assert logged["project"] == "logra-tests" and logged["name"] == "tiny-lm"
     records = _jsonl(run)
-    assert [h["step"] for h in logged["history"]] == [r["step"] for r in records] == [1, 2, 3, 4]
+    summary = json.loads((run / "summary.json").read_text())
+    assert [h["step"] for h in logged["history"]] == [0] + [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    # step 0: the held-out loss before training, in W&B and TensorBoard (metrics.jsonl holds step records only)
+    assert logged["history"][0]["eval_loss"] == pytest.approx(summary["eval_loss_before"])
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    events = event_accumulator.EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("eval_loss")][0] == \
+        (0, pytest.approx(summary["eval_loss_before"]))
     for key in ("loss", "grad_norm", "tokens"):
         assert _logged(logged["history"], key) == {r["step"]: r[key] for r in records}
-    assert _logged(logged["history"], "eval_loss") == {r["step"]: r["eval_loss"] for r in records
-                                                       if r["eval_loss"] is not None}
+    assert _logged(logged["history"], "eval_loss") == {0: summary["eval_loss_before"], **{
+        r["step"]: r["eval_loss"] for r in records if r["eval_loss"] is not None}}
     assert _logged(logged["history"], "skipped") == {r["step"]: int(r["skipped"]) for r in records}
     assert logged["config"]["train"]["wandb_project"] == "logra-tests"
     assert logged["config"]["model"]["num_layers"] == 1
-    summary = json.loads((run / "summary.json").read_text())
     assert logged["summary"]["eval_loss_after"] == pytest.approx(summary["eval_loss_after"])
     assert logged["summary"]["steps"] == 4
 
@@ -118,7 +125,7 @@ def test_a_job_that_raises_finishes_its_wandb_run_as_failed(tmp_path, monkeypatc
     (files,) = offline_runs(run)
     logged = read_offline_run(files)
     assert logged["id"] == (run / "wandb_run_id").read_text().strip() and logged["exit_code"] == 0
-    assert [h["step"] for h in logged["history"]] == [1, 2]
+    assert [h["step"] for h in logged["history"]] == [0, 1, 2]  # step 0: held-out loss before training
     assert [h["step"] for h in read_offline_run(offline_runs(failed)[0])["history"]] == [1]
 
 
