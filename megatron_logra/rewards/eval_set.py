@@ -67,24 +67,29 @@ class HeldOutSet:
         max_scan = max(10_000, 50 * self.eval_modulus * count)
         seen: set[str] = set()
         out: list[Problem] = []
-        misses = scanned = 0
+        misses = scanned = refused = 0
         for raw in self._eval_candidates(k):
             if len(out) >= count or misses >= EVAL_PATIENCE or scanned >= max_scan:
                 break
             scanned += 1
             problem = source.problem(raw)
-            if problem.prompt in seen or not self.is_eval_prompt(problem.prompt) \
-                    or not self._passes(source, problem, "held-out"):
+            if problem.prompt in seen or not self.is_eval_prompt(problem.prompt):
                 misses += 1
+                continue
+            if not self._passes(source, problem, "held-out"):
+                seen.add(problem.prompt)
+                misses += 1
+                refused += 1
                 continue
             misses = 0
             seen.add(problem.prompt)
             out.append(problem)
         if len(out) < count:
-            logger.warning(
-                "%s: only %d distinct eval-only prompts found (asked for %d, scanned %d candidates); "
-                "its prompt space is small (a smaller task.eval_modulus holds out more of it)", source.name, len(out), count, scanned,
-            )
+            why = (f"{refused} distinct eval-only prompts do not fit the sequence (raise model.seq_length or lower "
+                   f"rl.rollout.max_new_tokens)" if refused else
+                   "its prompt space is small (a smaller task.eval_modulus holds out more of it)")
+            logger.warning("%s: only %d distinct eval-only prompts found (asked for %d, scanned %d candidates); %s",
+                           source.name, len(out), count, scanned, why)
         return out
 
     def eval_problems(self) -> list[Problem]:

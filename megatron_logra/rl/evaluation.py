@@ -8,6 +8,7 @@ value, or None without a held-out set.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -17,9 +18,11 @@ from megatron_logra.rl.prompts import _decode, _prompt_batch
 from megatron_logra.rl.step_guard import score_rollouts
 
 if TYPE_CHECKING:
+    from megatron_logra.config import RunConfig
+    from megatron_logra.rewards.task import Task
     from megatron_logra.rl.loop import RLComponents
 
-__all__ = ["evaluate_accuracy"]
+__all__ = ["evaluate_accuracy", "no_held_out_reason"]
 
 
 @torch.no_grad()
@@ -48,3 +51,20 @@ def evaluate_accuracy(c: RLComponents) -> Optional[float]:
     counts = torch.tensor([float(correct), float(len(mine) * rollout.eval_samples)], dtype=torch.float64)
     all_reduce_sum(counts, c.groups.dp)
     return (counts[0] / counts[1]).item() if counts[1] > 0 else None
+
+
+def no_held_out_reason(cfg: RunConfig, task: Task) -> tuple[int, str]:
+    """Why a job has no held-out set, as ``(logging level, reason naming the fix)``: none asked for
+    (``task.num_eval=0``, info), every held-out prompt too long for the sequence (a warning naming
+    ``model.seq_length``), or none of the sources' prompts held out (a warning naming the data and
+    ``task.eval_modulus``)."""
+    if cfg.task.num_eval == 0:
+        return logging.INFO, "task.num_eval=0"
+    if any(key.endswith("(held-out)") for key in task.overlong_skips):
+        return logging.WARNING, (
+            f"task.num_eval={cfg.task.num_eval}, but no held-out prompt fits model.seq_length="
+            f"{cfg.model.seq_length} with rl.rollout.max_new_tokens={cfg.rl.rollout.max_new_tokens}; raise "
+            f"model.seq_length or lower rl.rollout.max_new_tokens")
+    return logging.WARNING, (
+        f"task.num_eval={cfg.task.num_eval}, but no prompt of the task's sources is held out (prompt hash % "
+        f"task.eval_modulus == 0); add prompts or choose another task.eval_modulus")

@@ -26,7 +26,7 @@ from megatron_logra.metrics import (MetricsWriter, closing_metrics_on_error, is_
                                     strict_dumps)
 from megatron_logra.profiling import job_profiler
 from megatron_logra.rl.components import build_components, check_config
-from megatron_logra.rl.evaluation import evaluate_accuracy
+from megatron_logra.rl.evaluation import evaluate_accuracy, no_held_out_reason
 from megatron_logra.rl.loop import rl_update
 from megatron_logra.rl.progress import bar_fields, previous_summary, progress_bar, rss_bytes, run_total
 from megatron_logra.rollout.sglang_setup import redact_config
@@ -93,13 +93,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     setup_seconds = time.perf_counter() - t_start
     eval_before = evaluate_accuracy(comps)
     if eval_before is None:
-        if cfg.task.num_eval == 0:
-            logger.info("no held-out evaluation (task.num_eval=0): eval_accuracy is null in metrics.jsonl and "
-                        "summary.json")
-        else:  # asked for, but no prompt of the sources is held out (a small file, task.eval_modulus)
-            logger.warning("no held-out evaluation: task.num_eval=%d, but no prompt of the task's sources is held "
-                           "out (prompt hash %% task.eval_modulus == 0): eval_accuracy is null in metrics.jsonl and "
-                           "summary.json; add prompts or choose another task.eval_modulus", cfg.task.num_eval)
+        level, why = no_held_out_reason(cfg, comps.task)
+        logger.log(level, "no held-out evaluation (%s): eval_accuracy is null in metrics.jsonl and summary.json", why)
     elif start_step:
         logger.info("held-out accuracy at RL step %d (resumed): %.3f", start_step, eval_before)
     else:

@@ -147,3 +147,31 @@ def test_a_filter_is_a_pure_function_of_the_prompt_and_none_restores_the_stream(
         task.check_trainable()
     task.set_prompt_filter(None)
     assert [task.train_problem(i).prompt for i in range(50)] == plain
+
+
+
+def test_a_held_out_set_emptied_by_the_filter_names_the_sequence_length_not_eval_modulus(tmp_path, caplog):
+    """When every held-out prompt is too long, the warnings name model.seq_length and max_new_tokens (the fix),
+    not task.eval_modulus (the held-out share is not what is short)."""
+    from megatron_logra.rewards import build_task
+    from megatron_logra.rl.evaluation import no_held_out_reason
+    from megatron_logra.rl.loop import prompt_room, rl_prompt_ids
+
+    cfg = parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "model.seq_length=30",
+                                        "task.num_eval=4", f"task.dataset_kwargs={LONGER}"])
+    task, tok = _filtered_task(cfg, tmp_path)
+    # the tokenizer's real length check, with held-out prompts refused (as if all were over-long)
+    task.set_prompt_filter(lambda prompt: not task.is_eval_prompt(prompt)
+                           and len(rl_prompt_ids(tok, cfg.rl, prompt)) <= prompt_room(cfg),
+                           lambda prompt: "too long")
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.rewards.eval_set"):
+        assert task.eval_problems() == []
+    (warned,) = [r.getMessage() for r in caplog.records if "eval-only prompts found" in r.getMessage()]
+    assert "do not fit the sequence" in warned and "model.seq_length" in warned, warned
+    assert "eval_modulus" not in warned, warned
+    level, why = no_held_out_reason(cfg, task)
+    assert level == logging.WARNING and "model.seq_length=30" in why and "eval_modulus" not in why, why
+    # without any refused prompt the reason is the data's held-out share, and num_eval=0 is no warning at all
+    assert "task.eval_modulus" in no_held_out_reason(cfg, build_task(cfg.task))[1]
+    cfg.task.num_eval = 0
+    assert no_held_out_reason(cfg, task) == (logging.INFO, "task.num_eval=0")
