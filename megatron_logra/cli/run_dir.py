@@ -8,6 +8,8 @@ given on top and refuses, as a ``ValueError`` naming the form used, what that fo
 from __future__ import annotations
 
 import copy
+import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
@@ -20,14 +22,28 @@ if TYPE_CHECKING:
 
 __all__ = ["check_saved_layout", "run_dir_config"]
 
+logger = logging.getLogger(__name__)
 
-def check_saved_layout(cfg: RunConfig, saved: Mapping[str, Any], cfg_path: Path, named: str) -> None:
+
+def check_saved_layout(cfg: RunConfig, saved: Mapping[str, Any], cfg_path: Path, named: str,
+                       adapt: bool = False) -> None:
     """``ValueError`` when ``cfg``'s TP × PP does not divide this launch's world size, naming the values that came
-    from ``cfg_path`` (a run saved at another layout) and the overrides that fit this launch."""
+    from ``cfg_path`` (a run saved at another layout) and the overrides that fit this launch.
+
+    ``adapt`` (evaluation, which writes nothing and can read the checkpoint at any layout): saved values
+    that do not fit are lowered to the largest divisors of their own that do (``gcd``; one process: TP = PP
+    = 1), with an info line; values given on the command line are never changed."""
     tp, pp, world = cfg.parallel.tp, cfg.parallel.pp, launch_world_size()
     if world % (tp * pp) == 0:
         return
     saved_parallel = saved.get("parallel") if isinstance(saved.get("parallel"), Mapping) else {}
+    if adapt and all(saved_parallel.get(name) == value for name, value in (("tp", tp), ("pp", pp)) if value > 1):
+        new_tp = math.gcd(tp, world)
+        new_pp = math.gcd(pp, world // new_tp)
+        logger.info("%s: the run's layout tp=%d × pp=%d does not fit %d process(es); evaluating at tp=%d × pp=%d "
+                    "(set parallel.tp / parallel.pp to choose)", named, tp, pp, world, new_tp, new_pp)
+        cfg.parallel.tp, cfg.parallel.pp = new_tp, new_pp
+        return
     origins = [f"parallel.{name}={value} ({'from ' + str(cfg_path) if saved_parallel.get(name) == value else 'given'})"
                for name, value in (("tp", tp), ("pp", pp)) if value > 1]
     flags = [flag for flag, value in (("--tensor-model-parallel-size 1", tp), ("--pipeline-model-parallel-size 1", pp))
@@ -49,8 +65,9 @@ def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: 
     Bad input is a ``ValueError`` naming it (the caller reports it with :func:`~megatron_logra.cli.errors.user_error`):
     ``config.yaml`` for the config, the broken file itself for a damaged checkpoint (``CheckpointError``, e.g. a
     corrupt ``meta.json``); ``train.overwrite=true`` (it would delete the run); ``train.run_dir`` naming another
-    directory (the same one spelled otherwise is fine); and, for ``train`` and ``eval``, a saved TP × PP that
-    does not divide this launch's world size (naming the overrides that fit it)."""
+    directory (the same one spelled otherwise is fine); and, for ``train``, a saved TP × PP that does not
+    divide this launch's world size (naming the overrides that fit it; ``eval`` lowers a saved layout to one
+    that fits, and refuses only one given on its command line)."""
     from megatron_logra.checkpoint import latest_checkpoint
     from megatron_logra.checkpoint.integrity import CheckpointError
     from megatron_logra.checkpoint.run_dir import resume_config
@@ -114,7 +131,7 @@ def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: 
     if evaluating:
         _check_eval_optimizer(cfg, apply_overrides(saved_cfg, []), named)
     if command != "config":
-        check_saved_layout(cfg, saved, cfg_path, named)
+        check_saved_layout(cfg, saved, cfg_path, named, adapt=evaluating)
     return cfg
 
 

@@ -6,13 +6,15 @@
   ``--load``);
 * ``--resume RUN_DIR`` takes a directory whose name holds ``=``, refuses ``train.overwrite=true``, accepts
   ``train.run_dir`` spelling the same directory otherwise, and names RUN_DIR/config.yaml and the overrides
-  that fit when the saved TP × PP does not fit this launch (``eval RUN_DIR`` too, whose errors name ``eval``);
+  that fit when the saved TP × PP does not fit this launch (``eval RUN_DIR`` lowers a saved layout to one
+  that fits, and its errors name ``eval``);
 * ``megatron-logra`` without a command and ``recipes`` with arguments are usage errors (exit status 2).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -169,10 +171,10 @@ def _tp2_pp2_run(run: Path) -> None:
     meta_path.write_text(json.dumps(meta))
 
 
-@pytest.mark.parametrize("argv", [["train", "--resume", "{run}"], ["eval", "{run}"]])
-def test_a_saved_layout_larger_than_the_launch_names_config_yaml_and_the_overrides(tmp_path, capsys, argv):
+def test_a_saved_layout_larger_than_the_launch_names_config_yaml_and_the_overrides(tmp_path, capsys):
     run = tmp_path / "run"
     _tp2_pp2_run(run)
+    argv = ["train", "--resume", "{run}"]
     err = _exit_2([a.format(run=run) for a in argv], capsys)
     cfg_path = run / "config.yaml"
     assert f"parallel.tp=2 (from {cfg_path}) and parallel.pp=2 (from {cfg_path})" in err
@@ -183,6 +185,25 @@ def test_a_saved_layout_larger_than_the_launch_names_config_yaml_and_the_overrid
     capsys.readouterr()
     err = _exit_2([*[a.format(run=run) for a in argv], "parallel.tp=1"], capsys)
     assert f"parallel.pp=2 (from {cfg_path})" in err and "parallel.tp=" not in err
+
+
+
+def test_eval_lowers_a_saved_layout_to_one_that_fits_but_not_a_given_one(tmp_path, caplog):
+    """``eval RUN`` in one process evaluates a run saved at TP2 × PP2 at TP1 × PP1 (it writes nothing and reads the
+    checkpoint at any layout); a layout given on its command line that does not fit is still refused."""
+    from megatron_logra.cli.run_dir import run_dir_config
+
+    run = tmp_path / "run"
+    _tp2_pp2_run(run)
+    with caplog.at_level(logging.INFO, logger="megatron_logra.cli.run_dir"):
+        cfg = run_dir_config(run, [], command="eval")
+    assert (cfg.parallel.tp, cfg.parallel.pp) == (1, 1)
+    assert any("evaluating at tp=1 × pp=1" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match=r"parallel.tp=4 \(given\)"):
+        run_dir_config(run, ["parallel.tp=4", "parallel.pp=1"], command="eval")
+    # resuming training never changes the layout by itself
+    with pytest.raises(ValueError, match="does not divide the world size 1"):
+        run_dir_config(run, [], command="train")
 
 
 def test_eval_errors_name_eval_not_resume(tmp_path, capsys):
