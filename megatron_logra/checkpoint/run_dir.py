@@ -42,6 +42,10 @@ RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "summary.png", "t
 is present (:func:`claim_run_dir`), so none of a previous run's can be taken for the new run's (the id of its
 W&B run among them; W&B's own files, ``RUN/wandb``, stay: an offline run there may not be synced yet)."""
 
+_CREATED: set[str] = set()
+"""Run directories (absolute paths) that :func:`claim_run_dir` created in this process: a job that fails removes
+its own while still empty (:func:`releasing_run_dir`), so a refused start leaves nothing behind."""
+
 _RUN_RESULTS = ("summary.json", "summary.png")
 """Files that only a run that trained (or was plotted) leaves: present, they count as a previous run."""
 
@@ -78,6 +82,8 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool, l
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"train.run_dir={str(run_dir)!r} exists and is not a directory; choose another train.run_dir")
+    if not run_dir.exists():
+        _CREATED.add(str(run_dir.absolute()))
     if not resume and not (dist.is_initialized() and dist.get_world_size() > 1):  # the collective check writes too
         problem = _unwritable(run_dir)
         if problem:
@@ -139,13 +145,25 @@ def release_run_dir(run_dir: Union[str, Path]) -> None:
 
 def releasing_run_dir(job: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator of a job ``job(cfg, ...)``: :func:`release_run_dir` of ``cfg.train.run_dir`` once it returns or
-    raises."""
+    raises; a job that raises also removes the run directory when :func:`claim_run_dir` created it and it is
+    still empty (a start refused by a later check leaves no empty directory; anything written there stays)."""
     @functools.wraps(job)
     def run(cfg, *args, **kwargs):
+        finished = False
         try:
-            return job(cfg, *args, **kwargs)
+            result = job(cfg, *args, **kwargs)
+            finished = True
+            return result
         finally:
             release_run_dir(cfg.train.run_dir)
+            created = str(Path(cfg.train.run_dir).absolute())
+            if created in _CREATED:
+                _CREATED.discard(created)
+                if not finished:
+                    try:
+                        Path(created).rmdir()  # only ever an empty directory
+                    except OSError:
+                        pass
     return run
 
 

@@ -154,3 +154,21 @@ def test_an_unreadable_delta_file_is_a_sync_error_naming_it_once(tmp_path):
         t.read(1)
     assert str(err.value).count(f"[{err.value.kind}]") == 1 and delta_filename(1) in str(err.value)
     assert err.value.kind == "truncated"
+
+
+def test_a_start_refused_after_the_claim_leaves_no_directory_it_created(tmp_path, capsys):
+    """A check after the run directory was claimed (here: the reward function cannot be imported) refuses the
+    start; the directory the job created goes again, while one that was there before stays."""
+    from megatron_logra.cli import main
+
+    created = tmp_path / "new" / "run"
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    for run in (created, existing):
+        with pytest.raises(SystemExit) as exc:
+            main(["train", "tiny", f"train.run_dir={run}", "rl.steps=1", "train.progress=false",
+                  "task.reward=no_such_reward_module:score"])
+        assert exc.value.code == 2
+        assert "cannot import module 'no_such_reward_module'" in capsys.readouterr().err
+    assert not created.exists() and created.parent.is_dir()
+    assert existing.is_dir() and not any(existing.iterdir())
