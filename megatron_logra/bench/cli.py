@@ -52,7 +52,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default="docs",
                    help="results.md (--quick: results-quick.md) goes here, PNGs and the JSON under OUT_DIR/results/; "
                         "a run of some --figures or with other settings writes a report named after them instead: "
-                        "results[-quick][-SETTING_VALUES...][-FIGURE...].md, e.g. results-seeds_1_2-cosine.md "
+                        "results[-quick][-SETTING_VALUES...][-FIGURE...].md, e.g. results-seeds_1_2-accuracy.md "
                         "(default docs)")
     p.add_argument("--run-root", default="runs/bench-paper", help="parent of the RL run directories (default runs/bench-paper)")
     p.add_argument("--figures", nargs="+", choices=["memory", "accuracy", "cosine", "kl"],
@@ -76,8 +76,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_USED_BY = {"seeds": ("accuracy",), "optimizers": ("memory", "accuracy"), "kl_modes": ("kl",),
+            "rl_steps": ("accuracy", "kl")}
+"""The figure groups that read each setting flag: one given while none of them runs is refused (it would change
+nothing but the report's name)."""
+
+
 def config_from_args(args: argparse.Namespace) -> PaperBenchConfig:
-    """``PaperBenchConfig.preset(args.quick)`` with the flags given on top (ValueError names a bad field)."""
+    """``PaperBenchConfig.preset(args.quick)`` with the flags given on top (ValueError names a bad field, or a
+    setting flag that none of the selected ``--figures`` reads)."""
+    figures = set(getattr(args, "figures", None) or ("memory", "accuracy", "cosine", "kl"))
+    for name, users in _USED_BY.items():
+        if getattr(args, name, None) is not None and not figures & set(users):
+            raise ValueError(f"{_FLAGS[name]} is read only by the {' and '.join(users)} figure"
+                             f"{'s' if len(users) > 1 else ''}, and --figures {' '.join(sorted(figures))} runs "
+                             f"none of them: drop {_FLAGS[name]} or add {' or '.join(users)} to --figures")
     overrides: dict[str, Any] = {"out_dir": args.out_dir, "run_root": args.run_root}
     for flag, name in (("figures", "figures"), ("optimizers", "optimizers"), ("kl_modes", "kl_modes"),
                        ("seeds", "seeds"), ("rl_steps", "rl_steps")):

@@ -2,7 +2,7 @@
 
 Only the complete preset runs are named ``results`` / ``results-quick``: a run of some figures or with
 other settings gets a stem that names them (:func:`report_stem`, e.g. ``results-cosine``,
-``results-quick-seeds_1_2-memory-kl``), so it never replaces the full report nor the report of a run
+``results-quick-seeds_1_2-accuracy-kl``), so it never replaces the full report nor the report of a run
 with other settings. Reports of custom runs written before they were named by their settings were all
 ``results[-quick]-custom[-FIGURE...]`` (:func:`legacy_report_stem`), which ``--render-only`` still finds.
 """

@@ -280,7 +280,7 @@ def test_paper_render_only_finds_its_own_custom_run(tmp_path, capsys):
 @pytest.mark.parametrize("argv, says", [
     (["--figures", "cosine", "--out-dir", "{file}/sub"], "--out-dir: {file} is not a directory"),
     (["--figures", "cosine", "--out-dir", "{file}"], "--out-dir: {file} is not a directory"),
-    (["--figures", "kl", "--optimizers", "logra", "--kl-modes", "none", "--out-dir", "{tmp}/out", "--run-root", "{file}"],
+    (["--figures", "kl", "--kl-modes", "none", "--out-dir", "{tmp}/out", "--run-root", "{file}"],
      "--run-root: {file} is not a directory"),
 ])
 def test_paper_unwritable_output_is_refused_before_running(tmp_path, capsys, argv, says):

@@ -72,14 +72,14 @@ def _render(cfg, env):
 
 def test_header_names_the_real_command_and_machine():
     """The header used to say "(full run)", the bare command and "shared 2-core machine" on any machine."""
-    cfg = _cfg("--figures", "cosine", "--seeds", "1")
+    cfg = _cfg("--figures", "accuracy", "--seeds", "1")
     env = environment(cfg.threads)
     assert env["cpu_count"] == os.cpu_count() and env["torch_threads"] == 1
     assert env["omp_num_threads"] == os.environ.get("OMP_NUM_THREADS", "unset")
     text = _render(cfg, env)
     title, _, header = text.splitlines()[:3]
-    assert title == "# Paper figures at small scale (full budget, cosine only, settings changed: see the command)"
-    assert header.startswith("Command: `megatron-logra bench paper --figures cosine --seeds 1` (")
+    assert title == "# Paper figures at small scale (full budget, accuracy only, settings changed: see the command)"
+    assert header.startswith("Command: `megatron-logra bench paper --figures accuracy --seeds 1` (")
     assert f"{env['cpu_count']} cores" in header and env["cpu"] in header and "shared 2-core" not in header
     assert f"OMP_NUM_THREADS={env['omp_num_threads']}, 1 torch thread(s)" in header
     assert _render(PaperBenchConfig.preset(False), env).startswith("# Paper figures at small scale (full run)\n")
@@ -130,3 +130,18 @@ def test_render_only_of_a_partial_run_uses_what_it_recorded(docs_copy):
         "thread(s), Some CPU (aarch64, 64 cores, load average 0.5 at the start), torch 9.9).")
     assert text.startswith("# Paper figures at small scale (quick budget, cosine only)\n")
     assert (docs_copy / "results-quick.md").read_bytes() == (DOCS / "results-quick.md").read_bytes()
+
+
+@pytest.mark.parametrize("argv, flag, add", [
+    (["--figures", "memory", "cosine", "--seeds", "1", "2"], "--seeds", "add accuracy to --figures"),
+    (["--figures", "cosine", "--rl-steps", "3"], "--rl-steps", "add accuracy or kl to --figures"),
+    (["--figures", "accuracy", "--kl-modes", "none"], "--kl-modes", "add kl to --figures"),
+    (["--figures", "cosine", "kl", "--optimizers", "adam"], "--optimizers", "add memory or accuracy to --figures"),
+])
+def test_a_setting_no_selected_figure_reads_is_refused(tmp_path, capsys, argv, flag, add):
+    """Such a flag used to be taken silently: it changed nothing but the report's name."""
+    assert main(["paper", *argv, "--out-dir", str(tmp_path / "docs"), "--run-root", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"megatron-logra bench paper: error: {flag} is read only by the ") and "--figures" in err
+    assert not (tmp_path / "docs").exists() and not (tmp_path / "runs").exists()
+    assert f"drop {flag} or {add}" in err, err
