@@ -29,7 +29,7 @@ def _cfg(*argv: str) -> PaperBenchConfig:
     (["--quick"], None),
     (["--quick", "--figures", "cosine"], None),
     (["--quick", "--rl-steps", "10"], "results-quick-custom"),
-    (["--seeds", "1", "--figures", "kl", "memory"], "results-custom-memory-kl"),
+    (["--seeds", "1", "--figures", "accuracy", "memory"], "results-custom-memory-accuracy"),
 ])
 def test_legacy_stem_is_the_old_custom_name(argv, legacy):
     cfg = _cfg(*argv)
