@@ -24,7 +24,12 @@ Equivalence (:func:`math_equal`): both strings are wrapped in ``\\boxed{...}`` a
 ``math_verify.parse`` (bare LaTeX such as ``\\frac{\\sqrt{3}}{2}`` is not found by math-verify
 without an anchor; ``\\boxed`` is the strongest one); when that yields no sympy expression (only
 strings, e.g. for ``**42**``) the unwrapped string is parsed instead and used if it gives one (or
-when the boxed parse gave nothing at all). Then ``math_verify.verify(gold, pred)``.
+when the boxed parse gave nothing at all). A *word answer* -- letters only, as words separated by single blanks,
+hyphens or apostrophes, with one word of two or more letters that is not a math word (``yes``, ``Paris``, ``no
+solution``; not ``x``, ``x y`` or ``pi``) -- is parsed as ``\\text{...}`` instead: math-verify reads a bare word as a
+product of one-letter variables, under which every anagram is equal (``on`` = ``no``, ``sey`` = ``yes``); as text it
+is one symbol, compared case-insensitively with blanks ignored (``New York`` = ``new york``). Then
+``math_verify.verify(gold, pred)``.
 math-verify 0.9.0 signatures: ``parse(pred, extraction_config=..., fallback_mode=...,
 extraction_mode=..., parsing_timeout=5, raise_on_error=False)`` and ``verify(gold, target,
 float_rounding=6, numeric_precision=15, strict=True, allow_set_relation_comp=False,
@@ -68,6 +73,7 @@ _MATH_WORDS = frozenset({
     "log", "ln", "lg", "exp", "pi", "inf", "infty", "infinity", "mod", "gcd", "lcm", "max", "min", "and", "or",
 })
 _EMPHASIS = "*_`"
+_WORD_ANSWER_RE = re.compile(r"[A-Za-z]+(?:[ '-][A-Za-z]+)*")
 
 
 def extract_boxed(text: str) -> str | None:
@@ -160,10 +166,19 @@ def _timeouts(timeout_s: int | None) -> tuple[int | None, int | None]:
     return timeout_s, timeout_s
 
 
+def _is_word_answer(text: str) -> bool:
+    """Whether ``text`` is a word answer (module docstring): letters in words, one of them a word of two or more
+    letters that is no math word."""
+    return _WORD_ANSWER_RE.fullmatch(text) is not None and any(
+        len(word) >= 2 and word.lower() not in _MATH_WORDS for word in re.split(r"[ '-]", text))
+
+
 def _parse(text: str, timeout_s: int | None) -> list[Any]:
     from math_verify import parse
 
     parsing_timeout, _ = _timeouts(timeout_s)
+    if _is_word_answer(text):  # one text symbol, not a product of letters whose anagrams would all be equal
+        return parse("\\boxed{\\text{" + text + "}}", parsing_timeout=parsing_timeout)
     parsed = parse("\\boxed{" + text + "}", parsing_timeout=parsing_timeout)
     if not any(_is_expression(p) for p in parsed):  # only strings (e.g. "**42**") or nothing
         unwrapped = parse(text, parsing_timeout=parsing_timeout)
