@@ -21,7 +21,7 @@ from megatron_logra.rollout.driver import share_from_driver
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_tokenizer", "save_run_tokenizer", "warm_start"]
+__all__ = ["TOKENIZER_DRAWS", "run_tokenizer", "save_run_tokenizer", "tokenizer_texts", "warm_start"]
 
 
 def run_tokenizer(cfg: RunConfig, task, run_dir: Path, *, will_save: bool):
@@ -41,8 +41,7 @@ def run_tokenizer(cfg: RunConfig, task, run_dir: Path, *, will_save: bool):
             tok = load_tokenizer(cfg.model.hf_path)
             source = f"the tokenizer of model.hf_path={cfg.model.hf_path!r}"
         else:
-            texts = [task.train_problem(i).prompt + " " + task.train_problem(i).answer for i in range(64)]
-            tok = build_tokenizer(cfg.tokenizer, texts)
+            tok = build_tokenizer(cfg.tokenizer, tokenizer_texts(task))
             source = (f"tokenizer.path={cfg.tokenizer.path!r}" if cfg.tokenizer.path
                       else f"the {cfg.tokenizer.kind} tokenizer built for the task (tokenizer.path empty)")
         if cfg.train.resume and is_rank0() and latest_checkpoint(run_dir) is not None:
@@ -55,6 +54,19 @@ def run_tokenizer(cfg: RunConfig, task, run_dir: Path, *, will_save: bool):
         raise ValueError(f"{source} has {len(tok)} tokens but model.vocab_size={cfg.model.vocab_size} (the model's "
                          f"embedding rows): token ids past it have no embedding; {fix}")
     return tok
+
+
+TOKENIZER_DRAWS = 64
+"""Train-stream problems whose text a tokenizer built for the task is made from (with every row of a file source)."""
+
+
+def tokenizer_texts(task) -> list[str]:
+    """The texts a tokenizer built for ``task`` is made from: prompt and answer of every row of its file (JSONL)
+    sources, train and held-out alike, so that no character of the user's own rows becomes ``<unk>``, and of the
+    first :data:`TOKENIZER_DRAWS` problems of the train stream (a generated source's are drawn, not listed)."""
+    rows = [problem for source in task.sources for problem in getattr(source, "problems", ())]
+    rows += [task.train_problem(i) for i in range(TOKENIZER_DRAWS)]
+    return [problem.prompt + " " + problem.answer for problem in rows]
 
 
 def save_run_tokenizer(cfg: RunConfig, tok, run_dir: Path) -> None:
