@@ -101,8 +101,9 @@ def load_reward_fn(path: str) -> RewardFn:
 class PluginScorer:
     """A :class:`~megatron_logra.rewards.base.Scorer` around a user reward function.
 
-    The function's return value must be a finite real number in ``[0, 1]`` (bools count as 0/1);
-    anything else raises ValueError naming the path and the value. Exceptions raised by the
+    The function's return value must be a finite real number in ``[0, 1]`` (bools count as 0/1; a numpy bool
+    or scalar, a 0-d array or a one-element tensor counts as its ``.item()``); anything else raises ValueError
+    naming the path and the value. Exceptions raised by the
     function propagate: a bug in user code should stop the run, not read as a wrong answer.
 
     ``timeout_s`` (``task.reward_timeout_s``; 0 or None: no limit, the function is simply called) bounds one
@@ -138,14 +139,29 @@ class PluginScorer:
             value = self.fn(problem, completion)
         else:
             value = self._call_with_timeout(problem, completion)
+        value = self._plain_number(value)
+        value = float(value)
+        if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"reward function {self.path!r} returned {value!r}; expected a number in [0, 1]")
+        return value
+
+    def _plain_number(self, value: Any) -> numbers.Real:
+        """``value`` as a real number: a Python or numpy real as it is; a numpy bool (``np.isclose(...)``) or
+        another one-element numpy / torch value (a 0-d array or tensor) as its ``.item()``. Anything else, an array
+        of several values included, is a ValueError naming the path and the value."""
+        module = type(value).__module__.split(".")[0]
+        has_item = callable(getattr(value, "item", None))
+        if not isinstance(value, numbers.Real) and module in ("numpy", "torch") and has_item:
+            count = value.numel() if callable(getattr(value, "numel", None)) else getattr(value, "size", 1)
+            if count != 1:
+                raise ValueError(f"reward function {self.path!r} returned {type(value).__name__} of {count} values; "
+                                 f"expected one number in [0, 1] per completion")
+            value = value.item()
         if not isinstance(value, numbers.Real):
             raise ValueError(
                 f"reward function {self.path!r} returned {value!r} ({type(value).__name__}); "
                 f"expected a number in [0, 1]"
             )
-        value = float(value)
-        if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-            raise ValueError(f"reward function {self.path!r} returned {value!r}; expected a number in [0, 1]")
         return value
 
     def _call_with_timeout(self, problem: Problem, completion: str) -> Any:
