@@ -93,10 +93,17 @@ def _task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group
         rl_prompt_ids(tok, cfg.rl, "check")
     # the same on every rank: a long prompt of a file (JSONL) source fails here, not mid-run; the longest one,
     # so that the fix the error suggests fits every prompt the user wrote. A generated source's are skipped.
-    prompts = [problem.prompt for source in task.sources for problem in getattr(source, "problems", ())]
-    lengths = [(len(rl_prompt_ids(tok, cfg.rl, prompt)), prompt) for prompt in prompts]
+    rows = [problem for source in task.sources for problem in getattr(source, "problems", ())]
+    lengths = [(len(rl_prompt_ids(tok, cfg.rl, problem.prompt)), problem) for problem in rows]
     if lengths:
-        check_prompt_fits(cfg, *max(lengths, key=lambda item: item[0]))
+        longest, problem = max(lengths, key=lambda item: item[0])
+        try:
+            check_prompt_fits(cfg, longest, problem.prompt)
+        except ValueError as exc:  # name the row, and how many more of the file's rows are too long
+            over = sum(n > prompt_room(cfg) for n, p in lengths if p.source == problem.source)
+            path, line = problem.source.removeprefix("jsonl:"), problem.metadata.get("line")
+            raise ValueError(f"{path}:{line}: {exc} ({over} of the {sum(p.source == problem.source for p in rows)} "
+                             f"prompts of {problem.source!r} do not fit; the longest is on this line)") from None
     _filter_overlong_prompts(cfg, task, tok)
     return task, tok, stop_token_ids(tok, cfg.model.hf_path, cfg.tokenizer.path)
 
