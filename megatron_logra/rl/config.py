@@ -163,6 +163,12 @@ class RLConfig:
     """Sequences per trainer micro-batch."""
     eval_interval: int = 10
     """Updates between held-out evaluations (and one before the first, one after the last)."""
+    dynamic_sampling_rounds: int = 0
+    """Dynamic sampling (DAPO): up to this many extra rollout rounds per step replace groups whose rewards are all
+    equal (GRPO advantage 0: no learning signal) by groups of fresh prompts whose rewards differ; each round
+    samples ``prompts_per_step`` new prompts over all DP ranks, and runs only while some rank's batch still
+    holds such a group. ``reward_mean`` / ``accuracy`` are then over every rollout generated;
+    ``groups_resampled`` / ``groups_uniform`` count the groups replaced and left. 0 = off (GRPO only)."""
     max_bad_steps: int = 5
     """Stop with an error naming the step after this many RL steps in a row refused their update (a non-finite
     loss, sketch or gradient; no completion token); 0 = never stop. A step of zero advantages does not count."""
@@ -183,6 +189,12 @@ class RLConfig:
         for name in ("steps", "prompts_per_step", "group_size", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rl.{name}={getattr(self, name)} must be >= 1")
+        if self.dynamic_sampling_rounds < 0:
+            raise ValueError(f"rl.dynamic_sampling_rounds={self.dynamic_sampling_rounds} must be >= 0 (0 = off)")
+        if self.dynamic_sampling_rounds and self.advantage.estimator != "grpo":
+            raise ValueError(f"rl.dynamic_sampling_rounds={self.dynamic_sampling_rounds} replaces groups of zero GRPO "
+                             f"advantage, but rl.advantage.estimator={self.advantage.estimator!r} gives them a "
+                             f"nonzero one: set rl.advantage.estimator=grpo or rl.dynamic_sampling_rounds=0")
         if self.max_bad_steps < 0:
             raise ValueError(f"rl.max_bad_steps={self.max_bad_steps} must be >= 0 (0 = never stop)")
         if self.eval_interval < 0:

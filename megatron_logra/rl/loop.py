@@ -26,13 +26,12 @@ from megatron_logra.parallel import ParallelGroups, all_reduce_sum
 from megatron_logra.profiling import Phases
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
 from megatron_logra.rl.batching import pack_sequences, split_microbatches
-from megatron_logra.rl.batch_layout import share_per_rank
 from megatron_logra.rl.evaluation import evaluate_accuracy
 from megatron_logra.rl.kl_probe import _probe_batch, fd_steps
 from megatron_logra.rl.objective import _reference_logprobs, make_rl_loss_fn
-from megatron_logra.rl.prompts import _decode, _prompt_batch, check_prompt_fits, prompt_room, rl_prompt_ids
-from megatron_logra.rl.step_guard import (check_measured_kl, kl_errors_name_step, refuse_update, score_rollouts,
-                                          update_applied)
+from megatron_logra.rl.prompts import check_prompt_fits, prompt_room, rl_prompt_ids
+from megatron_logra.rl.rollout_stage import collect_groups
+from megatron_logra.rl.step_guard import check_measured_kl, kl_errors_name_step, refuse_update, update_applied
 from megatron_logra.train.step import forward_backward, model_device
 
 logger = logging.getLogger(__name__)
@@ -105,34 +104,17 @@ def rl_update(c: RLComponents, state: RLState) -> dict:
 
 
 def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
-    from megatron_logra.rollout.engine import SamplingParams
-
     cfg, rl, groups = c.cfg, c.cfg.rl, c.groups
     step = state.step + 1
     device = model_device(c.model)
     reset_device_peaks(device)
     t0 = time.perf_counter()
 
-    # ---- rollout: this DP rank's prompts, G samples each, from the engine's current policy
-    ph.next("rollout")
-    per_rank = share_per_rank("rl.prompts_per_step", rl.prompts_per_step, groups.dp_size, "prompts")
-    first = (step - 1) * rl.prompts_per_step + groups.dp_rank * per_rank
-    skips_before = sum(getattr(c.task, "overlong_skips", {}).values())
-    problems = [c.task.train_problem(first + i) for i in range(per_rank)]
-    prompts_skipped = sum(getattr(c.task, "overlong_skips", {}).values()) - skips_before  # over-long ones
-    prompt_ids = _prompt_batch(c, problems, rl.group_size, step)
-    params = SamplingParams(temperature=rl.rollout.temperature, top_p=rl.rollout.top_p,
-                            max_new_tokens=rl.rollout.max_new_tokens, stop_token_ids=c.stop_token_ids(),
-                            seed=cfg.train.seed * 1_000_003 + step * 1009 + groups.dp_rank)
-    rollouts = c.engine.generate(prompt_ids, params)
-    rollout_seconds = time.perf_counter() - t0
-
-    # ---- reward
-    ph.next("reward")
-    scored = score_rollouts(c.task, [p for p in problems for _ in range(rl.group_size)],
-                            [_decode(c, r.completion_ids) for r in rollouts], step, groups.dp)
-    rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32)
-    correct = torch.tensor([float(s[1]) for s in scored])
+    # ---- rollout and reward: this DP rank's groups of G samples, from the engine's current policy (with dynamic
+    # sampling, groups of equal rewards are replaced by fresh prompts' groups: rl.rollout_stage)
+    collected = collect_groups(c, step, ph)
+    rollouts, rewards = collected.rollouts, collected.rewards_N
+    rollout_seconds = collected.generate_seconds
 
     # ---- advantage
     ph.next("advantage")
@@ -140,9 +122,10 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         advantages = grpo_advantages(rewards, rl.group_size, scale_by_std=rl.advantage.scale_by_std, eps=rl.advantage.eps)
     else:
         advantages = reinforce_advantages(state.baseline, rewards, groups.dp)
-    stats = torch.tensor([rewards.sum().item(), correct.sum().item(), float(len(rollouts)),
-                          float(sum(len(r.completion_ids) for r in rollouts)), advantages.abs().sum().item(),
-                          float(prompts_skipped)], dtype=torch.float64)
+    # generated: every rollout of the step (all rounds) — the policy's statistics, unbiased by the selection
+    stats = torch.cat([collected.generated_4, torch.tensor([
+        float(sum(len(r.completion_ids) for r in rollouts)), advantages.abs().sum().item(),
+        float(collected.prompts_skipped), float(collected.replaced), float(collected.uniform)], dtype=torch.float64)])
     all_reduce_sum(stats, groups.dp)
     record: dict[str, Any] = {
         "step": step, "reward_mean": stats[0].item() / stats[2].item(), "accuracy": stats[1].item() / stats[2].item(),
@@ -153,15 +136,17 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         "rollout_seconds": rollout_seconds,
         "sync_bytes": 0, "sync_mode": None, "sync_drift": 0, "sync_master_drift": 0.0,
         "rollout_tokens_per_second": stats[3].item() / max(rollout_seconds, 1e-9), "train_tokens": 0,
-        "train_tokens_per_second": None, "prompts_skipped": int(stats[5].item()),
+        "train_tokens_per_second": None, "prompts_skipped": int(stats[6].item()),
+        "resample_rounds": collected.extra_rounds, "groups_resampled": int(stats[7].item()),
+        "groups_uniform": int(stats[8].item()),
     }
     state.step = step
-    if stats[3].item() == 0.0:  # every completion empty (an engine fault): nothing to train on
+    if stats[4].item() == 0.0:  # every completion empty (an engine fault): nothing to train on
         refuse_update(state, step, "no completion token in the step", rl.max_bad_steps)
         record.update(skipped=True, skip_reason="no completion tokens", step_seconds=elapsed(t0, device),
                       **device_peaks(device))
         return record
-    if stats[4].item() == 0.0 and rl.loss.kl_coef == 0:  # with a KL penalty the step still pulls towards the reference
+    if stats[5].item() == 0.0 and rl.loss.kl_coef == 0:  # with a KL penalty the step still pulls towards the reference
         logger.info("step %d: every advantage is zero (all groups uniform); no update", step)
         record.update(skipped=True, skip_reason="zero advantages", step_seconds=elapsed(t0, device),
                       **device_peaks(device))

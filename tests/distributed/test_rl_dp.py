@@ -114,7 +114,7 @@ def _prompt_worker(rank: int, world: int, result_dir: str) -> None:
 
     from megatron_logra.data.tokenizer import build_tokenizer
     from megatron_logra.config import parse_args_to_config
-    from megatron_logra.rl.loop import _prompt_batch
+    from megatron_logra.rl.prompts import _prompt_batch
 
     cfg = parse_args_to_config("tiny", [])
     short, long = "1+2", "1+2" * cfg.model.seq_length  # only rank 1 draws the prompt that cannot fit

@@ -233,13 +233,13 @@ def test_a_training_prompt_too_long_mid_run_names_the_step():
 
     from megatron_logra.config import parse_args_to_config
     from megatron_logra.data.tokenizer import build_tokenizer
-    from megatron_logra.rl import loop
+    from megatron_logra.rl import prompts
 
     cfg = parse_args_to_config("tiny", [])
     short, long = "1+2", "1+2" * cfg.model.seq_length
     c = SimpleNamespace(cfg=cfg, tokenizer=build_tokenizer(cfg.tokenizer, [cfg.rl.prompt_template, short]),
                         groups=SimpleNamespace(dp=None))
-    assert len(loop._prompt_batch(c, [SimpleNamespace(prompt=short)], 2, step=7)) == 2
+    assert len(prompts._prompt_batch(c, [SimpleNamespace(prompt=short)], 2, step=7)) == 2
     with pytest.raises(ValueError) as exc:
-        loop._prompt_batch(c, [SimpleNamespace(prompt=long)], 2, step=7)
+        prompts._prompt_batch(c, [SimpleNamespace(prompt=long)], 2, step=7)
     assert str(exc.value).startswith("RL step 7: a prompt of ") and "does not fit" in str(exc.value)

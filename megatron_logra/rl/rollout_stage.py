@@ -1,0 +1,147 @@
+"""The rollout and reward stages of an RL step (:func:`collect_groups`), with dynamic sampling.
+
+Contract: every DP rank returns exactly ``rl.prompts_per_step / DP`` groups of ``rl.group_size`` rollouts with
+their rewards. Without dynamic sampling (``rl.dynamic_sampling_rounds=0``) these are the groups of the step's
+prompts: train indices ``(step - 1) * P + dp_rank * P/DP + i`` of the task's stream, as always.
+
+With ``rl.dynamic_sampling_rounds=R`` (DAPO's dynamic sampling), a group whose rewards are all equal (GRPO
+advantage 0: it adds nothing to the gradient) is *uniform*. While any DP rank's batch holds one and rounds are
+left, every DP rank samples one more round of ``P/DP`` fresh prompts (all ranks together, so that engines and
+the reward's collectives stay in step) and replaces its uniform groups, in order, by that round's informative
+groups, in order. Extra rounds draw from indices ``RESAMPLE_OFFSET + ((step - 1) * R + round - 1) * P +
+dp_rank * P/DP + i``: disjoint from the training stream and a pure function of (step, round, rank), so a
+resumed run draws the same prompts. Uniform groups left after ``R`` rounds stay (advantage 0).
+
+Statistics of what was *generated* (every round: reward sum, correct count, rollouts, completion tokens)
+are returned apart from the kept batch's: they estimate the policy without the selection's bias toward
+prompts of mixed outcome.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from megatron_logra.parallel import all_reduce_sum
+from megatron_logra.rl.batch_layout import share_per_rank
+from megatron_logra.rl.prompts import _decode, _prompt_batch
+from megatron_logra.rl.step_guard import score_rollouts
+
+if TYPE_CHECKING:
+    from megatron_logra.rl.loop import RLComponents
+    from megatron_logra.profiling import Phases
+    from megatron_logra.rollout.engine import Rollout
+
+__all__ = ["RESAMPLE_OFFSET", "StepGroups", "collect_groups"]
+
+RESAMPLE_OFFSET = 1 << 48
+"""First train index of the extra rounds' prompts (far past any index the training stream reaches)."""
+
+
+@dataclass
+class StepGroups:
+    """This DP rank's groups for one RL step (see the module doc)."""
+
+    problems: list[Any]
+    """One problem per group."""
+    rollouts: list[Rollout]
+    """``group_size`` rollouts per problem, group after group."""
+    rewards_N: torch.Tensor
+    """float32 reward of every rollout."""
+    correct_N: torch.Tensor
+    """1.0 where the rollout's answer is correct."""
+    generated_4: torch.Tensor
+    """float64 ``[reward sum, correct count, rollouts, completion tokens]`` over every rollout this rank
+    generated in the step (all rounds)."""
+    prompts_skipped: int
+    """Training prompts the prompt filter refused while this rank drew the step's prompts (all rounds)."""
+    extra_rounds: int
+    """Rounds of dynamic sampling run after the first (the same on every rank)."""
+    replaced: int
+    """Uniform groups this rank replaced by informative ones."""
+    uniform: int
+    """Uniform groups left in this rank's batch."""
+    generate_seconds: float
+    """Time spent in the engine's ``generate`` (all rounds)."""
+
+
+def _sample_round(c: RLComponents, step: int, first: int, count: int, round_: int, ph: Phases | None
+                  ) -> tuple[list[Any], list[Rollout], list[tuple[float, bool]], int, float]:
+    """Problems ``first .. first + count - 1`` of the task, ``group_size`` rollouts each, scored (every DP rank
+    together). Returns problems, rollouts, scores, prompts skipped by the filter and the generate time."""
+    from megatron_logra.rollout.engine import SamplingParams
+
+    cfg, rl, groups = c.cfg, c.cfg.rl, c.groups
+    if ph is not None:
+        ph.next("rollout")
+    skips_before = sum(getattr(c.task, "overlong_skips", {}).values())
+    problems = [c.task.train_problem(first + i) for i in range(count)]
+    skipped = sum(getattr(c.task, "overlong_skips", {}).values()) - skips_before
+    prompt_ids = _prompt_batch(c, problems, rl.group_size, step)
+    seed = cfg.train.seed * 1_000_003 + step * 1009 + groups.dp_rank
+    params = SamplingParams(temperature=rl.rollout.temperature, top_p=rl.rollout.top_p,
+                            max_new_tokens=rl.rollout.max_new_tokens, stop_token_ids=c.stop_token_ids(),
+                            seed=seed ^ (round_ << 40))
+    t0 = time.perf_counter()
+    rollouts = c.engine.generate(prompt_ids, params)
+    seconds = time.perf_counter() - t0
+    if ph is not None:
+        ph.next("reward")
+    scored = score_rollouts(c.task, [p for p in problems for _ in range(rl.group_size)],
+                            [_decode(c, r.completion_ids) for r in rollouts], step, groups.dp)
+    return problems, rollouts, scored, skipped, seconds
+
+
+def _generated(rollouts: list[Rollout], scored: list[tuple[float, bool]]) -> torch.Tensor:
+    return torch.tensor([sum(s[0] for s in scored), float(sum(s[1] for s in scored)), float(len(rollouts)),
+                         float(sum(len(r.completion_ids) for r in rollouts))], dtype=torch.float64)
+
+
+def collect_groups(c: RLComponents, step: int, ph: Phases | None = None) -> StepGroups:
+    """This DP rank's groups for RL step ``step`` (1-based), with dynamic sampling when
+    ``rl.dynamic_sampling_rounds`` > 0 (see the module doc). Every DP rank must call."""
+    rl, groups = c.cfg.rl, c.groups
+    size = rl.group_size
+    per_rank = share_per_rank("rl.prompts_per_step", rl.prompts_per_step, groups.dp_size, "prompts")
+    first = (step - 1) * rl.prompts_per_step + groups.dp_rank * per_rank
+    problems, rollouts, scored, skipped, seconds = _sample_round(c, step, first, per_rank, 0, ph)
+    generated = _generated(rollouts, scored)
+    # the batch as (problem, its rollouts, their scores) per group
+    batch = [(p, rollouts[i * size:(i + 1) * size], scored[i * size:(i + 1) * size]) for i, p in enumerate(problems)]
+
+    def is_uniform(group: tuple) -> bool:  # as grpo_advantages decides it: on the float32 rewards
+        rewards = torch.tensor([s[0] for s in group[2]], dtype=torch.float32)
+        return bool(rewards.amax() == rewards.amin())
+
+    extra = replaced = 0
+    for round_ in range(1, rl.dynamic_sampling_rounds + 1):
+        short = torch.tensor([float(sum(is_uniform(g) for g in batch))], dtype=torch.float64)
+        all_reduce_sum(short, groups.dp)
+        if short.item() == 0:
+            break
+        first = RESAMPLE_OFFSET + ((step - 1) * rl.dynamic_sampling_rounds + round_ - 1) * rl.prompts_per_step \
+            + groups.dp_rank * per_rank
+        new_problems, new_rollouts, new_scored, new_skipped, new_seconds = _sample_round(
+            c, step, first, per_rank, round_, ph)
+        extra, skipped, seconds = extra + 1, skipped + new_skipped, seconds + new_seconds
+        generated += _generated(new_rollouts, new_scored)
+        fresh = iter([g for g in ((p, new_rollouts[i * size:(i + 1) * size], new_scored[i * size:(i + 1) * size])
+                                  for i, p in enumerate(new_problems)) if not is_uniform(g)])
+        for k, group in enumerate(batch):
+            if is_uniform(group):
+                informative = next(fresh, None)
+                if informative is None:
+                    break
+                batch[k] = informative
+                replaced += 1
+    kept_scores = [s for g in batch for s in g[2]]
+    return StepGroups(
+        problems=[g[0] for g in batch], rollouts=[r for g in batch for r in g[1]],
+        rewards_N=torch.tensor([s[0] for s in kept_scores], dtype=torch.float32),
+        correct_N=torch.tensor([float(s[1]) for s in kept_scores]),
+        generated_4=generated, prompts_skipped=skipped, extra_rounds=extra, replaced=replaced,
+        uniform=sum(is_uniform(g) for g in batch), generate_seconds=seconds,
+    )

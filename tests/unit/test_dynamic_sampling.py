@@ -1,0 +1,154 @@
+"""Dynamic sampling (``rl.dynamic_sampling_rounds``) on the real CPU components (megatron GPT, LoGRA, embedded
+engine): groups of equal rewards are replaced by the informative groups of fresh prompts, drawn from indices
+past the training stream's and the same when the step is run again; the step's reward statistics cover
+every rollout generated; with nothing informative to find, the rounds run out and the step is skipped as before.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+
+P, G = 4, 4
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from megatron_logra.config import parse_args_to_config
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.rl.components import build_components
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cfg = parse_args_to_config("tiny", [
+        "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128", "sft.steps=5", "sft.init_path=",
+        "tokenizer.path=", "sft.cache=false", "rl.steps=4", f"rl.prompts_per_step={P}", f"rl.group_size={G}",
+        "rl.micro_batch_size=16", "task.num_eval=0", "rl.eval_interval=0", "rl.dynamic_sampling_rounds=2",
+        f"train.run_dir={tmp_path_factory.mktemp('dynsample') / 'run'}", "train.progress=false",
+    ])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        comps, state, _ = build_components(cfg)
+    try:
+        yield comps, state
+    finally:
+        destroy_parallel()
+        torch.set_num_threads(before)
+
+
+class Scorer:
+    """Reward 0 for every sample of a prompt in ``uniform``; else 1, 0, 1, 0, ... in scoring order (mixed
+    groups). Records every reward it returns, per prompt."""
+
+    def __init__(self, uniform) -> None:
+        self.uniform, self.calls, self.returned = set(uniform), 0, []
+
+    def __call__(self, problem, completion):
+        if problem.prompt in self.uniform:
+            reward = 0.0
+        else:
+            reward, self.calls = float(self.calls % 2 == 0), self.calls + 1
+        self.returned.append((problem.prompt, reward))
+        return reward, reward == 1.0
+
+
+@pytest.fixture
+def scoring(built, monkeypatch):
+    comps, _ = built
+
+    def use(uniform) -> Scorer:
+        scorer = Scorer(uniform)
+        monkeypatch.setattr(comps.task, "score", scorer)
+        return scorer
+
+    return use
+
+
+def _drawn(task, first: int, count: int) -> list[str]:
+    return [task.train_problem(first + i).prompt for i in range(count)]
+
+
+def test_uniform_groups_are_replaced_by_fresh_informative_ones_in_order(built, scoring):
+    from megatron_logra.rl.rollout_stage import RESAMPLE_OFFSET, collect_groups
+
+    comps, state = built
+    step, rounds = state.step + 1, comps.cfg.rl.dynamic_sampling_rounds
+    planned = _drawn(comps.task, (step - 1) * P, P)
+    extra = _drawn(comps.task, RESAMPLE_OFFSET + (step - 1) * rounds * P, P)  # the step's first extra round
+    assert extra != _drawn(comps.task, step * P, P)  # not the next step's prompts
+    scoring({planned[0], planned[2]})
+    got = collect_groups(comps, step)
+    assert [p.prompt for p in got.problems] == [extra[0], planned[1], extra[1], planned[3]]
+    assert (got.extra_rounds, got.replaced, got.uniform) == (1, 2, 0)
+    assert len(got.rollouts) == P * G and got.rewards_N.shape == (P * G,)
+    for k, problem in enumerate(got.problems):  # each group's rollouts come from its own prompt
+        ids = comps.tokenizer(comps.cfg.rl.prompt_template.replace("{prompt}", problem.prompt))["input_ids"]
+        assert all(r.prompt_ids[-len(ids):] == ids for r in got.rollouts[k * G:(k + 1) * G])
+        assert len(set(got.rewards_N[k * G:(k + 1) * G].tolist())) == 2
+    # generated: both rounds, every rollout
+    assert got.generated_4[2].item() == 2 * P * G
+    # the same step again (a resumed run) draws and keeps the same prompts
+    assert [p.prompt for p in collect_groups(comps, step).problems] == [p.prompt for p in got.problems]
+
+
+def test_the_step_record_reports_every_rollout_generated_and_the_groups(built, scoring):
+    from megatron_logra.rl.loop import rl_update
+
+    comps, state = built
+    step = state.step + 1
+    planned = _drawn(comps.task, (step - 1) * P, P)
+    scorer = scoring({planned[1]})
+    record = rl_update(comps, state)
+    rewards = [r for _, r in scorer.returned]
+    assert len(rewards) == 2 * P * G  # one extra round
+    assert record["reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
+    assert record["accuracy"] == pytest.approx(sum(r == 1.0 for r in rewards) / len(rewards))
+    assert (record["resample_rounds"], record["groups_resampled"], record["groups_uniform"]) == (1, 1, 0)
+    assert not record["skipped"] and record["alpha"] is not None
+
+
+def test_without_informative_prompts_the_rounds_run_out_and_the_step_is_skipped(built, scoring):
+    from megatron_logra.rl.loop import rl_update
+
+    comps, state = built
+    params = {n: p.detach().clone() for n, p in comps.model.named_parameters()}
+
+    class Everything:
+        def __contains__(self, prompt):
+            return True
+
+    scorer = scoring(())
+    scorer.uniform = Everything()
+    rounds = comps.cfg.rl.dynamic_sampling_rounds
+    record = rl_update(comps, state)
+    assert len(scorer.returned) == (1 + rounds) * P * G
+    assert (record["resample_rounds"], record["groups_resampled"], record["groups_uniform"]) == (rounds, 0, P)
+    assert record["skipped"] and record["skip_reason"] == "zero advantages"
+    assert all(torch.equal(p.detach(), params[n]) for n, p in comps.model.named_parameters())
+
+
+def test_off_keeps_the_planned_prompts_and_counts_uniform_groups(built, scoring, monkeypatch):
+    from megatron_logra.rl.rollout_stage import collect_groups
+
+    comps, state = built
+    monkeypatch.setattr(comps.cfg.rl, "dynamic_sampling_rounds", 0)
+    step = state.step + 1
+    planned = _drawn(comps.task, (step - 1) * P, P)
+    scorer = scoring({planned[0]})
+    got = collect_groups(comps, step)
+    assert [p.prompt for p in got.problems] == planned
+    assert (got.extra_rounds, got.replaced, got.uniform) == (0, 0, 1) and len(scorer.returned) == P * G
+
+
+def test_dynamic_sampling_needs_grpo():
+    from megatron_logra.config import parse_args_to_config
+
+    with pytest.raises(ValueError, match="rl.dynamic_sampling_rounds=2 replaces groups of zero GRPO advantage.*"
+                                         "rl.advantage.estimator=grpo"):
+        parse_args_to_config("tiny", ["rl.dynamic_sampling_rounds=2", "rl.advantage.estimator=reinforce"])
+    with pytest.raises(ValueError, match="rl.dynamic_sampling_rounds=-1 must be >= 0"):
+        parse_args_to_config("tiny", ["rl.dynamic_sampling_rounds=-1"])
