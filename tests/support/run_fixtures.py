@@ -1,9 +1,11 @@
-"""Small on-disk inputs several test files need: a tiny Llama ``config.json`` and a run directory with an
-(empty) latest checkpoint whose ``config.yaml`` and ``meta.json`` record lm-tiny's config."""
+"""Small inputs several test files need: a tiny Llama ``config.json``, a run directory with an (empty) latest
+checkpoint whose ``config.yaml`` and ``meta.json`` record lm-tiny's config, and small RL components."""
 
 from __future__ import annotations
 
 import json
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -89,3 +91,31 @@ def saved_with_ratios(recipe: str, overrides: list, ratios: dict) -> dict:
         del schedule[name]
         schedule[ABSOLUTE_LRS[name]] = ratio
     return saved
+
+
+SMALL_RL = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128", "sft.steps=5", "sft.init_path=",
+            "tokenizer.path=", "sft.cache=false", "rl.eval_interval=0", "train.progress=false"]
+"""Overrides of the ``tiny`` recipe for RL components built in a test: a 2-layer model, a 5-step warm start."""
+
+
+@contextmanager
+def rl_components(run_dir: Path, overrides: list):
+    """``(components, state)`` of the ``tiny`` recipe with :data:`SMALL_RL` and ``overrides`` in ``run_dir``,
+    built in this process with one torch thread; the parallel state is torn down on exit."""
+    import torch
+
+    from megatron_logra.config import parse_args_to_config
+    from megatron_logra.parallel import destroy_parallel
+    from megatron_logra.rl.components import build_components
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cfg = parse_args_to_config("tiny", [*SMALL_RL, *overrides, f"train.run_dir={run_dir}"])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            comps, state, _ = build_components(cfg)
+        yield comps, state
+    finally:
+        destroy_parallel()
+        torch.set_num_threads(before)

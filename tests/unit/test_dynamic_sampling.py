@@ -6,8 +6,6 @@ every rollout generated; with nothing informative to find, the rounds run out an
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -18,26 +16,12 @@ P, G = 4, 4
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from megatron_logra.config import parse_args_to_config
-    from megatron_logra.parallel import destroy_parallel
-    from megatron_logra.rl.components import build_components
+    from support.run_fixtures import rl_components
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    cfg = parse_args_to_config("tiny", [
-        "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128", "sft.steps=5", "sft.init_path=",
-        "tokenizer.path=", "sft.cache=false", "rl.steps=4", f"rl.prompts_per_step={P}", f"rl.group_size={G}",
-        "rl.micro_batch_size=16", "task.num_eval=0", "rl.eval_interval=0", "rl.dynamic_sampling_rounds=2",
-        f"train.run_dir={tmp_path_factory.mktemp('dynsample') / 'run'}", "train.progress=false",
-    ])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        comps, state, _ = build_components(cfg)
-    try:
-        yield comps, state
-    finally:
-        destroy_parallel()
-        torch.set_num_threads(before)
+    with rl_components(tmp_path_factory.mktemp("dynsample") / "run", [
+            "rl.steps=4", f"rl.prompts_per_step={P}", f"rl.group_size={G}", "rl.micro_batch_size=16",
+            "task.num_eval=0", "rl.dynamic_sampling_rounds=2"]) as built:
+        yield built
 
 
 class Scorer:
