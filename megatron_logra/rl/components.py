@@ -27,7 +27,7 @@ from megatron_logra.rewards import build_task
 from megatron_logra.rl.batch_layout import check_rl_batch_layout
 from megatron_logra.rl.loop import RLComponents, RLState
 from megatron_logra.rl.policy_sync import PolicySync
-from megatron_logra.rl.prompts import check_prompt_fits, prompt_room, rl_prompt_ids
+from megatron_logra.rl.prompts import check_prompt_fits, prompt_room, rl_prompt_ids, warn_unknown_characters
 from megatron_logra.rl.warm_start import run_tokenizer, save_run_tokenizer, warm_start
 from megatron_logra.rollout import build_engine
 from megatron_logra.rollout.sglang_checks import check_engine_dtype
@@ -104,6 +104,7 @@ def _task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group
             path, line = problem.source.removeprefix("jsonl:"), problem.metadata.get("line")
             raise ValueError(f"{path}:{line}: {exc} ({over} of the {sum(p.source == problem.source for p in rows)} "
                              f"prompts of {problem.source!r} do not fit; the longest is on this line)") from None
+    warn_unknown_characters(tok, rows, cfg)  # a JSONL row's characters the tokenizer does not have
     _filter_overlong_prompts(cfg, task, tok)
     return task, tok, stop_token_ids(tok, cfg.model.hf_path, cfg.tokenizer.path)
 

@@ -10,15 +10,22 @@ the stop tokens.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+import logging
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from megatron_logra.data.tokenizer import prompt_token_ids
+from megatron_logra.metrics import is_rank0
 from megatron_logra.parallel import all_gather_bytes
 
 if TYPE_CHECKING:
     from megatron_logra.rl.loop import RLComponents
 
-__all__ = ["rl_prompt_ids", "prompt_room", "check_prompt_fits"]
+__all__ = ["rl_prompt_ids", "prompt_room", "check_prompt_fits", "warn_unknown_characters"]
+
+logger = logging.getLogger(__name__)
+
+_SHOWN = 5
+"""How many characters and lines a warning of :func:`warn_unknown_characters` names."""
 
 
 def rl_prompt_ids(tok: Any, rl_cfg: Any, text: str) -> list[int]:
@@ -59,6 +66,43 @@ def check_prompt_fits(cfg, num_ids: int, text: str) -> None:
     raise ValueError(
         f"a prompt of {num_ids} tokens does not fit: model.seq_length={seq} {what}; raise model.seq_length to "
         f"{need} or more{lower}, or shorten the prompts (prompt starts {text[:60]!r})")
+
+
+def warn_unknown_characters(tok: Any, rows: Sequence[Any], cfg: Any) -> dict[str, list[int]]:
+    """Warn (rank 0), once per source, of the rows (a JSONL file's problems) whose prompt or answer holds
+    characters ``tok`` (the run's tokenizer of ``cfg``) has no token for: they reach the policy as ``<unk>`` (a
+    prompt) or can never be generated (an answer), and nothing else says so. Names the file, the count, the first
+    characters and lines, and where the tokenizer comes from. Returns the lines of such rows by source (empty
+    without an ``<unk>`` token, as byte-level tokenizers have a token for every text, and on other ranks)."""
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is None or not is_rank0():
+        return {}
+    where = (f"tokenizer.path={cfg.tokenizer.path!r}" if cfg.tokenizer.path else
+             f"the tokenizer of model.hf_path={cfg.model.hf_path!r}" if cfg.model.hf_path else
+             "the tokenizer built for the task")
+    unknown: dict[str, bool] = {}
+
+    def is_unknown(ch: str) -> bool:
+        if ch not in unknown:
+            unknown[ch] = unk in tok(ch, add_special_tokens=False)["input_ids"]
+        return unknown[ch]
+
+    lines: dict[str, list[int]] = {}
+    chars: dict[str, set[str]] = {}
+    for problem in rows:
+        text = problem.prompt + problem.answer
+        if unk in tok(text, add_special_tokens=False)["input_ids"]:
+            lines.setdefault(problem.source, []).append(problem.metadata.get("line"))
+            chars.setdefault(problem.source, set()).update(ch for ch in set(text) if is_unknown(ch))
+    for source, found in lines.items():
+        total = sum(problem.source == source for problem in rows)
+        shown = sorted(chars[source])[:_SHOWN]
+        logger.warning("%s: %d of its %d rows hold characters %s has no token for (%s; lines %s): a prompt reaches "
+                       "the policy with <unk> in their place and an answer can never be generated; give a tokenizer "
+                       "that has them (tokenizer.path, or model.hf_path's own)", source, len(found), total,
+                       where, ", ".join(map(repr, shown)) + (", ..." if len(chars[source]) > _SHOWN else ""),
+                       ", ".join(map(str, found[:_SHOWN])) + (", ..." if len(found) > _SHOWN else ""))
+    return lines
 
 
 def _prompt_batch(c: RLComponents, problems: list, repeat: int, step: Optional[int] = None) -> list[list[int]]:
