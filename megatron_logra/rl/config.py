@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from megatron_logra.rl.advantages import AdvantageConfig
@@ -169,6 +170,12 @@ class RLConfig:
     samples ``prompts_per_step`` new prompts over all DP ranks, and runs only while some rank's batch still
     holds such a group. ``reward_mean`` / ``accuracy`` are then over every rollout generated;
     ``groups_resampled`` / ``groups_uniform`` count the groups replaced and left. 0 = off (GRPO only)."""
+    overlong_buffer: int = 0
+    """DAPO's soft over-long penalty: a completion longer than ``rl.rollout.max_new_tokens − overlong_buffer``
+    tokens loses reward linearly with its length, up to ``overlong_penalty`` at ``max_new_tokens`` (one cut at
+    the limit loses all of it); held-out accuracy is not affected. 0 = off."""
+    overlong_penalty: float = 1.0
+    """The reward a completion of ``max_new_tokens`` tokens loses (``overlong_buffer`` > 0)."""
     max_bad_steps: int = 5
     """Stop with an error naming the step after this many RL steps in a row refused their update (a non-finite
     loss, sketch or gradient; no completion token); 0 = never stop. A step of zero advantages does not count."""
@@ -195,6 +202,11 @@ class RLConfig:
             raise ValueError(f"rl.dynamic_sampling_rounds={self.dynamic_sampling_rounds} replaces groups of zero GRPO "
                              f"advantage, but rl.advantage.estimator={self.advantage.estimator!r} gives them a "
                              f"nonzero one: set rl.advantage.estimator=grpo or rl.dynamic_sampling_rounds=0")
+        if not 0 <= self.overlong_buffer <= self.rollout.max_new_tokens:
+            raise ValueError(f"rl.overlong_buffer={self.overlong_buffer} must lie in [0, rl.rollout.max_new_tokens="
+                             f"{self.rollout.max_new_tokens}] (0 = off)")
+        if not (math.isfinite(self.overlong_penalty) and self.overlong_penalty >= 0):
+            raise ValueError(f"rl.overlong_penalty={self.overlong_penalty} must be a finite number >= 0")
         if self.max_bad_steps < 0:
             raise ValueError(f"rl.max_bad_steps={self.max_bad_steps} must be >= 0 (0 = never stop)")
         if self.eval_interval < 0:

@@ -1,4 +1,4 @@
-"""The rollout and reward stages of an RL step (:func:`collect_groups`), with dynamic sampling.
+"""The rollout and reward stages of an RL step (:func:`collect_groups`): dynamic sampling, over-long penalty.
 
 Contract: every DP rank returns exactly ``rl.prompts_per_step / DP`` groups of ``rl.group_size`` rollouts with
 their rewards. Without dynamic sampling (``rl.dynamic_sampling_rounds=0``) these are the groups of the step's
@@ -11,6 +11,9 @@ the reward's collectives stay in step) and replaces its uniform groups, in order
 groups, in order. Extra rounds draw from indices ``RESAMPLE_OFFSET + ((step - 1) * R + round - 1) * P +
 dp_rank * P/DP + i``: disjoint from the training stream and a pure function of (step, round, rank), so a
 resumed run draws the same prompts. Uniform groups left after ``R`` rounds stay (advantage 0).
+
+With ``rl.overlong_buffer`` > 0 every reward first loses DAPO's soft over-long penalty
+(:func:`overlong_penalty`), so that a group whose samples differ only in length is informative too.
 
 Statistics of what was *generated* (every round: reward sum, correct count, rollouts, completion tokens)
 are returned apart from the kept batch's: they estimate the policy without the selection's bias toward
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
     from megatron_logra.profiling import Phases
     from megatron_logra.rollout.engine import Rollout
 
-__all__ = ["RESAMPLE_OFFSET", "StepGroups", "collect_groups"]
+__all__ = ["RESAMPLE_OFFSET", "StepGroups", "collect_groups", "overlong_penalty"]
 
 RESAMPLE_OFFSET = 1 << 48
 """First train index of the extra rounds' prompts (far past any index the training stream reaches)."""
@@ -68,6 +71,15 @@ class StepGroups:
     """Time spent in the engine's ``generate`` (all rounds)."""
 
 
+def overlong_penalty(length: int, max_new_tokens: int, buffer: int, penalty: float) -> float:
+    """DAPO's soft over-long punishment of a completion of ``length`` tokens: 0 up to ``max_new_tokens − buffer``
+    tokens, then ``penalty`` × the fraction of the ``buffer`` it uses, ``penalty`` at ``max_new_tokens`` and
+    beyond (``buffer`` 0: no penalty)."""
+    if buffer <= 0:
+        return 0.0
+    return penalty * min(1.0, max(0, length - (max_new_tokens - buffer)) / buffer)
+
+
 def _sample_round(c: RLComponents, step: int, first: int, count: int, round_: int, ph: Phases | None
                   ) -> tuple[list[Any], list[Rollout], list[tuple[float, bool]], int, float]:
     """Problems ``first .. first + count - 1`` of the task, ``group_size`` rollouts each, scored (every DP rank
@@ -92,6 +104,10 @@ def _sample_round(c: RLComponents, step: int, first: int, count: int, round_: in
         ph.next("reward")
     scored = score_rollouts(c.task, [p for p in problems for _ in range(rl.group_size)],
                             [_decode(c, r.completion_ids) for r in rollouts], step, groups.dp)
+    if rl.overlong_buffer:
+        scored = [(reward - overlong_penalty(len(r.completion_ids), rl.rollout.max_new_tokens, rl.overlong_buffer,
+                                             rl.overlong_penalty), correct)
+                  for (reward, correct), r in zip(scored, rollouts)]
     return problems, rollouts, scored, skipped, seconds
 
 

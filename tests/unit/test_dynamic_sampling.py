@@ -2,6 +2,7 @@
 engine): groups of equal rewards are replaced by the informative groups of fresh prompts, drawn from indices
 past the training stream's and the same when the step is run again; the step's reward statistics cover
 every rollout generated; with nothing informative to find, the rounds run out and the step is skipped as before.
+The over-long penalty (``rl.overlong_buffer``) is DAPO's soft punishment, applied to the rewards of the rollouts.
 """
 
 from __future__ import annotations
@@ -136,3 +137,40 @@ def test_dynamic_sampling_needs_grpo():
         parse_args_to_config("tiny", ["rl.dynamic_sampling_rounds=2", "rl.advantage.estimator=reinforce"])
     with pytest.raises(ValueError, match="rl.dynamic_sampling_rounds=-1 must be >= 0"):
         parse_args_to_config("tiny", ["rl.dynamic_sampling_rounds=-1"])
+
+
+def _dapo_length_reward(length: int, l_max: int, l_cache: int) -> float:
+    """DAPO's R_length (its eq. 13), written out: 0, then linear down to −1 over the last ``l_cache`` tokens."""
+    if length <= l_max - l_cache:
+        return 0.0
+    if length <= l_max:
+        return ((l_max - l_cache) - length) / l_cache
+    return -1.0
+
+
+@pytest.mark.parametrize("max_new, buffer, penalty", [(10, 4, 1.0), (10, 10, 0.5), (6, 1, 2.0)])
+def test_overlong_penalty_is_dapos_soft_punishment(max_new, buffer, penalty):
+    from megatron_logra.rl.rollout_stage import overlong_penalty
+
+    for length in range(max_new + 3):
+        assert overlong_penalty(length, max_new, buffer, penalty) == \
+            pytest.approx(-penalty * _dapo_length_reward(length, max_new, buffer))
+    assert overlong_penalty(max_new + 5, max_new, 0, penalty) == 0.0
+
+
+def test_the_overlong_penalty_lowers_the_rewards_of_long_completions(built, monkeypatch):
+    from megatron_logra.rl.rollout_stage import collect_groups
+
+    comps, state = built
+    rl = comps.cfg.rl
+    monkeypatch.setattr(rl, "overlong_buffer", rl.rollout.max_new_tokens)
+    monkeypatch.setattr(rl, "overlong_penalty", 0.5)
+    monkeypatch.setattr(comps.task, "score", lambda problem, completion: (1.0, True))  # all correct
+    # a third of the vocabulary ends a completion: the barely trained model's completions get several lengths
+    monkeypatch.setattr(comps, "stop_ids", sorted(set(comps.stop_ids) | set(range(0, len(comps.tokenizer), 3))))
+    got = collect_groups(comps, state.step + 1)
+    lengths = [len(r.completion_ids) for r in got.rollouts]
+    assert len(set(lengths)) > 1  # the case this is about: completions of several lengths
+    expected = [1.0 + 0.5 * _dapo_length_reward(n, rl.rollout.max_new_tokens, rl.overlong_buffer) for n in lengths]
+    assert got.rewards_N.tolist() == pytest.approx(expected)
+    assert got.correct_N.tolist() == [1.0] * len(lengths)  # accuracy is not shaped
