@@ -43,6 +43,7 @@ def load_checkpoint(
     *,
     checksums: bool = True,
     model_config: Any = None,
+    training: bool = True,
 ) -> dict:
     """Restore model, optimizer (``load_sharded_state``) and, for an unchanged layout, RNG
     states from ``path`` — saved under any TP/PP/DP layout. Returns the meta dict. Collective:
@@ -53,7 +54,8 @@ def load_checkpoint(
     share of the files — every rank raises the same CheckpointError naming a corrupt file), then,
     given the run's ``model_config`` (``ModelConfig``), its architecture against the checkpoint's
     (:func:`~megatron_logra.checkpoint.compat.check_architecture`: a CheckpointError naming the field, not a tensor shape mismatch).
-    Given an ``optimizer``, a weights-only checkpoint is a CheckpointError saying so."""
+    Given an ``optimizer``, a weights-only checkpoint is a CheckpointError saying so. ``training=False`` (held-out
+    evaluation): a load at another layout is an info line, not a warning (no RNG stream is continued)."""
     from megatron.core import dist_checkpointing
 
     path = Path(path)
@@ -110,9 +112,12 @@ def load_checkpoint(
     if rng is not None:
         restore_rng(rng, str(path))
     elif not same_layout and groups.is_rank0:
-        logger.warning("%s was saved at tp=%d pp=%d dp=%d; this run has tp=%d pp=%d dp=%d: weights and optimizer "
-                       "state are resharded, RNG states start fresh", path, meta["tp"], meta["pp"], meta["dp"],
-                       groups.tp_size, groups.pp_size, groups.dp_size)
+        # training on: the RNG streams differ from the uninterrupted run's; evaluation: nothing is lost
+        logger.log(logging.WARNING if training else logging.INFO,
+                   "%s was saved at tp=%d pp=%d dp=%d; this run has tp=%d pp=%d dp=%d: %s", path, meta["tp"],
+                   meta["pp"], meta["dp"], groups.tp_size, groups.pp_size, groups.dp_size,
+                   "weights and optimizer state are resharded, RNG states start fresh" if training
+                   else "weights are resharded")
     if groups.is_rank0:
         logger.info("loaded checkpoint %s (step %d)", path, meta["step"])
     return meta

@@ -215,7 +215,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     bundle = _OptimizerWithRL(optimizer, controller, state)
     if resume_from is not None:
         load_checkpoint(resume_from, model, bundle, groups, checksums=cfg.train.checkpoint_checksums,
-                        model_config=cfg.model)
+                        model_config=cfg.model, training=not for_eval)
         logger.info("%s %s at RL step %d", "evaluating" if for_eval else "resumed from", resume_from, state.step)
     engine = build_engine(cfg, model, groups)
 

@@ -103,7 +103,7 @@ def evaluate_checkpoint(cfg: RunConfig) -> dict:
     if ckpt is None:
         raise FileNotFoundError(f"{cfg.train.run_dir} has no checkpoint")
     step = load_checkpoint(ckpt, model, optimizer, groups, checksums=cfg.train.checkpoint_checksums,
-                           model_config=cfg.model)["step"]
+                           model_config=cfg.model, training=False)["step"]
     task = SyntheticTask(cfg.data, cfg.model.vocab_size)
     return {"run_dir": cfg.train.run_dir, "step": step, "eval_loss": evaluate(model, task, cfg, groups, optimizer)}
 
