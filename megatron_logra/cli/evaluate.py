@@ -42,11 +42,12 @@ def run_eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
         check_same_config_on_every_rank(cfg, "eval")  # a rank given other arguments fails here, not mid-load
         if cfg.job == "rl":
             from megatron_logra.rl.job import build_components
-            from megatron_logra.rl.loop import evaluate_accuracy
+            from megatron_logra.rl.evaluation import evaluate_held_out
 
             comps, state, _ = build_components(cfg, for_eval=True)
-            return {"run_dir": str(run_dir), "step": state.step, "eval_accuracy": evaluate_accuracy(comps),
-                    "num_eval": len(comps.task.eval_problems())}
+            accuracy, by_source = evaluate_held_out(comps)  # a mixture: also eval_accuracy/SOURCE per source
+            return {"run_dir": str(run_dir), "step": state.step, "eval_accuracy": accuracy,
+                    "num_eval": len(comps.task.eval_problems()), **by_source}
         from megatron_logra.train.lm_eval import evaluate_checkpoint
 
         return evaluate_checkpoint(cfg)

@@ -15,6 +15,7 @@ import torch
 
 from megatron_logra.parallel import all_reduce_sum
 from megatron_logra.rl.prompts import _decode, _prompt_batch
+from megatron_logra.rl.source_metrics import source_fields, source_sums
 from megatron_logra.rl.step_guard import score_rollouts
 
 if TYPE_CHECKING:
@@ -22,20 +23,26 @@ if TYPE_CHECKING:
     from megatron_logra.rewards.task import Task
     from megatron_logra.rl.loop import RLComponents
 
-__all__ = ["evaluate_accuracy", "no_held_out_reason"]
+__all__ = ["evaluate_accuracy", "evaluate_held_out", "no_held_out_reason"]
 
 
-@torch.no_grad()
 def evaluate_accuracy(c: RLComponents) -> Optional[float]:
     """Held-out accuracy of the engine's policy, shared over DP ranks: greedy by default, else
     the mean over ``rl.rollout.eval_samples`` samples per problem at ``eval_temperature``. None (JSON
     ``null``) without a held-out set (``task.num_eval=0``): nothing is generated."""
+    return evaluate_held_out(c)[0]
+
+
+@torch.no_grad()
+def evaluate_held_out(c: RLComponents) -> tuple[Optional[float], dict[str, Optional[float]]]:
+    """:func:`evaluate_accuracy` and, for a task mixture, the accuracy per source
+    (``{"eval_accuracy/gcd": 0.4, ...}``; ``{}`` for one source or without a held-out set)."""
     from megatron_logra.rollout.engine import SamplingParams
 
     rollout = c.cfg.rl.rollout
     problems = c.task.eval_problems()
     if not problems:  # the same list on every rank: all of them return here, before the collective
-        return None
+        return None, {}
     mine = problems[c.groups.dp_rank :: c.groups.dp_size]
     k = rollout.eval_samples
     prompt_ids = _prompt_batch(c, mine, k)
@@ -50,7 +57,11 @@ def evaluate_accuracy(c: RLComponents) -> Optional[float]:
     correct = sum(int(ok) for _, ok in scored)
     counts = torch.tensor([float(correct), float(len(mine) * rollout.eval_samples)], dtype=torch.float64)
     all_reduce_sum(counts, c.groups.dp)
-    return (counts[0] / counts[1]).item() if counts[1] > 0 else None
+    by_source: dict[str, Optional[float]] = {}
+    if len(c.task.names) > 1:  # the same decision on every rank
+        sums = all_reduce_sum(source_sums(c.task.names, [p for p in mine for _ in range(k)], scored), c.groups.dp)
+        by_source = source_fields(c.task.names, sums, accuracy="eval_accuracy")
+    return ((counts[0] / counts[1]).item() if counts[1] > 0 else None), by_source
 
 
 def no_held_out_reason(cfg: RunConfig, task: Task) -> tuple[int, str]:

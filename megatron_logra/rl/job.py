@@ -26,7 +26,7 @@ from megatron_logra.metrics import (MetricsWriter, closing_metrics_on_error, is_
                                     strict_dumps)
 from megatron_logra.profiling import job_profiler
 from megatron_logra.rl.components import build_components, check_config
-from megatron_logra.rl.evaluation import evaluate_accuracy, no_held_out_reason
+from megatron_logra.rl.evaluation import evaluate_held_out, no_held_out_reason
 from megatron_logra.rl.loop import rl_update
 from megatron_logra.rl.progress import bar_fields, previous_summary, progress_bar, rss_bytes, run_total
 from megatron_logra.rollout.sglang_setup import redact_config
@@ -59,7 +59,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     * ``eval_accuracy_before`` — held-out accuracy before update 1: measured by a run that starts at step 0,
       carried over from the previous ``summary.json`` by a resumed one, or from ``RUN/eval_before.json``, which
       the run that started at step 0 writes as soon as it has measured it (None when neither has it).
-      ``eval_accuracy_after`` — held-out accuracy after update ``steps`` (None for a run stopped early).
+      ``eval_accuracy_after`` — held-out accuracy after update ``steps`` (None for a run stopped early); for a
+      task mixture also ``eval_accuracy_after/SOURCE`` per source (:mod:`megatron_logra.rl.source_metrics`).
     * ``setup_seconds`` / ``rl_seconds`` / ``total_seconds`` — the sums of the processes' ``segment_*``
       times over the run; None when an earlier process's are unknown (the previous ``summary.json`` is
       missing or does not end at the step this process resumed from, e.g. that process was killed).
@@ -91,7 +92,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     metrics = MetricsWriter(run_dir, truncate_after=state.step if cfg.train.resume else None,
                             wandb=wandb_options(cfg.train, saved_config))
     setup_seconds = time.perf_counter() - t_start
-    eval_before = evaluate_accuracy(comps)
+    eval_before, before_by_source = evaluate_held_out(comps)
     if eval_before is None:
         level, why = no_held_out_reason(cfg, comps.task)
         logger.log(level, "no held-out evaluation (%s): eval_accuracy is null in metrics.jsonl and summary.json", why)
@@ -101,7 +102,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         logger.info("held-out accuracy before RL: %.3f", eval_before)
     if not start_step:  # kept at once: a run killed before its summary.json still reports it when resumed
         record_before_values(run_dir, {"eval_accuracy_before": eval_before})
-        metrics.write_before({"eval_accuracy": eval_before})
+        metrics.write_before({"eval_accuracy": eval_before, **before_by_source})
     progress = progress_bar(cfg, state.step) if cfg.train.progress and is_rank0() else None
     record = {}
     if start_step >= cfg.rl.steps:
@@ -118,7 +119,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             with profiler.step(state.step + 1):
                 record = rl_update(comps, state)
             if cfg.rl.eval_interval and (state.step % cfg.rl.eval_interval == 0 or state.step == cfg.rl.steps):
-                record["eval_accuracy"] = evaluate_accuracy(comps)
+                record["eval_accuracy"], by_source = evaluate_held_out(comps)
+                record.update(by_source)
             record["memory_bytes"] = rss_bytes()
             metrics.write(record)
             if progress is not None:
@@ -143,14 +145,16 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
                             keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
         if stopped is None:  # a stop asked for during that save: no final evaluation
             stopped = stop.check_after_training("the final save")
+        after_by_source: dict = {}
         if stopped is not None:
             eval_after = None
         elif record.get("eval_accuracy") is not None:
             eval_after = record["eval_accuracy"]
+            after_by_source = {k: v for k, v in record.items() if k.startswith("eval_accuracy/")}
         elif state.step == start_step:  # nothing trained: the policy evaluated before the loop
-            eval_after = eval_before
+            eval_after, after_by_source = eval_before, before_by_source
         else:
-            eval_after = evaluate_accuracy(comps)
+            eval_after, after_by_source = evaluate_held_out(comps)
             stopped = stop.check_after_training("the final evaluation")
         rl_seconds, total_seconds = time.perf_counter() - rl_start, time.perf_counter() - t_start
         eval_before_run = previous.get("eval_accuracy_before") if start_step else eval_before
@@ -164,6 +168,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             "resumed_from_step": start_step, "segment_steps": state.step - start_step,
             "segment_eval_accuracy_before": eval_before, "segment_setup_seconds": setup_seconds,
             "segment_rl_seconds": rl_seconds, "segment_total_seconds": total_seconds,
+            # a mixture: the final held-out accuracy per source ("eval_accuracy_after/gcd")
+            **{k.replace("eval_accuracy/", "eval_accuracy_after/", 1): v for k, v in after_by_source.items()},
         }
         if is_rank0():
             atomic_write_text(run_dir / "summary.json", strict_dumps(summary, indent=1))

@@ -31,6 +31,7 @@ from megatron_logra.rl.kl_probe import _probe_batch, fd_steps
 from megatron_logra.rl.objective import _reference_logprobs, make_rl_loss_fn
 from megatron_logra.rl.prompts import check_prompt_fits, prompt_room, rl_prompt_ids
 from megatron_logra.rl.rollout_stage import collect_groups
+from megatron_logra.rl.source_metrics import source_fields
 from megatron_logra.rl.step_guard import check_measured_kl, kl_errors_name_step, refuse_update, update_applied
 from megatron_logra.train.step import forward_backward, model_device
 
@@ -140,6 +141,9 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         "resample_rounds": collected.extra_rounds, "groups_resampled": int(stats[7].item()),
         "groups_uniform": int(stats[8].item()),
     }
+    if len(c.task.names) > 1:  # a mixture: reward and accuracy per source too (the same decision on every rank)
+        by_source = all_reduce_sum(collected.by_source_S3, groups.dp)
+        record.update(source_fields(c.task.names, by_source, reward="reward_mean", accuracy="accuracy"))
     state.step = step
     if stats[4].item() == 0.0:  # every completion empty (an engine fault): nothing to train on
         refuse_update(state, step, "no completion token in the step", rl.max_bad_steps)

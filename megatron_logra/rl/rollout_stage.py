@@ -31,6 +31,7 @@ import torch
 from megatron_logra.parallel import all_reduce_sum
 from megatron_logra.rl.batch_layout import share_per_rank
 from megatron_logra.rl.prompts import _decode, _prompt_batch
+from megatron_logra.rl.source_metrics import source_sums
 from megatron_logra.rl.step_guard import score_rollouts
 
 if TYPE_CHECKING:
@@ -69,6 +70,9 @@ class StepGroups:
     """Uniform groups left in this rank's batch."""
     generate_seconds: float
     """Time spent in the engine's ``generate`` (all rounds)."""
+    by_source_S3: torch.Tensor
+    """float64 ``[num_sources, 3]``: reward sum, correct count and rollouts per task source, over every rollout
+    this rank generated (:func:`~megatron_logra.rl.source_metrics.source_sums`)."""
 
 
 def overlong_penalty(length: int, max_new_tokens: int, buffer: int, penalty: float) -> float:
@@ -125,6 +129,8 @@ def collect_groups(c: RLComponents, step: int, ph: Phases | None = None) -> Step
     first = (step - 1) * rl.prompts_per_step + groups.dp_rank * per_rank
     problems, rollouts, scored, skipped, seconds = _sample_round(c, step, first, per_rank, 0, ph)
     generated = _generated(rollouts, scored)
+    names = c.task.names
+    by_source = source_sums(names, [p for p in problems for _ in range(size)], scored)
     # the batch as (problem, its rollouts, their scores) per group
     batch = [(p, rollouts[i * size:(i + 1) * size], scored[i * size:(i + 1) * size]) for i, p in enumerate(problems)]
 
@@ -144,6 +150,7 @@ def collect_groups(c: RLComponents, step: int, ph: Phases | None = None) -> Step
             c, step, first, per_rank, round_, ph)
         extra, skipped, seconds = extra + 1, skipped + new_skipped, seconds + new_seconds
         generated += _generated(new_rollouts, new_scored)
+        by_source += source_sums(names, [p for p in new_problems for _ in range(size)], new_scored)
         fresh = iter([g for g in ((p, new_rollouts[i * size:(i + 1) * size], new_scored[i * size:(i + 1) * size])
                                   for i, p in enumerate(new_problems)) if not is_uniform(g)])
         for k, group in enumerate(batch):
@@ -159,5 +166,5 @@ def collect_groups(c: RLComponents, step: int, ph: Phases | None = None) -> Step
         rewards_N=torch.tensor([s[0] for s in kept_scores], dtype=torch.float32),
         correct_N=torch.tensor([float(s[1]) for s in kept_scores]),
         generated_4=generated, prompts_skipped=skipped, extra_rounds=extra, replaced=replaced,
-        uniform=sum(is_uniform(g) for g in batch), generate_seconds=seconds,
+        uniform=sum(is_uniform(g) for g in batch), generate_seconds=seconds, by_source_S3=by_source,
     )
