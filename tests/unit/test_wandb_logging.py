@@ -86,7 +86,9 @@ def test_resume_continues_the_wandb_run_and_a_new_run_starts_another(tmp_path, c
     assert new_id != first_id
     runs = offline_runs(run)
     assert len(runs) == 3 and (first in runs and second in runs)  # an unsynced offline run is never deleted
-    assert read_offline_run(runs[-1])["id"] == new_id
+    # by id, not by position: directories named in the same second sort by their random ids
+    (newest,) = [r for r in runs if r not in (first, second)]
+    assert read_offline_run(newest)["id"] == new_id
 
 
 RL_SMALL = ["train.progress=false", "rl.prompts_per_step=2", "rl.group_size=4", "rl.eval_interval=0", "task.num_eval=0",
