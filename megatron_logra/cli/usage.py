@@ -42,7 +42,7 @@ def command_help(command: str) -> str:
     from megatron_logra.megatron_flags import (CHECK_FLAGS, IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, JOB_ALIASES,
                                                LOAD_FLAGS, MEGATRON_ALIASES, MEGATRON_FLAGS, NEUTRAL_FLAGS,
                                                OPTIMIZER_ALIASES, REFUSED_SWITCHES, REFUSED_VALUE_FLAGS,
-                                               SCHEDULE_RATIO_FLAGS)
+                                               SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS)
 
     def flags(names) -> str:
         return textwrap.fill(", ".join(f"--{n}" for n in names), width=100, initial_indent="    ",
@@ -67,9 +67,11 @@ def command_help(command: str) -> str:
            "                              aside: steps, TP/PP/DP, logging, checkpointing); no checkpoint: step 0"]
           if command in ("train", "config") else []),
         "",
-        "Megatron-LM flags (each sets one field):",
+        "Megatron-LM flags (each sets one field; slime's --num-rollout, --rollout-batch-size,",
+        "  --n-samples-per-prompt, --rollout-max-response-len, ... set the RL job's rl.* fields of that meaning):",
         flags(MEGATRON_ALIASES),
-        "  by job (rl.* for job=rl, train.* for job=lm; --global-batch-size: lm only):",
+        "  by job (rl.* for job=rl, train.* for job=lm; --global-batch-size: lm; with job=rl only a check that it",
+        "  equals rl.prompts_per_step × rl.group_size, the sequences of one RL step):",
         flags(JOB_ALIASES),
         "  by optimizer (optimizer.native.* for optimizer.name=adam, else optimizer.logra.* / the non-target AdamW;",
         "  refused where the optimizer would not read them):",
@@ -77,6 +79,8 @@ def command_help(command: str) -> str:
         "  absolute lrs of the schedule of the peak lr that --lr sets (after every other override), kept as given:",
         "  --lr-warmup-init -> optimizer.schedule.warmup_init_lr, --min-lr -> optimizer.schedule.min_lr:",
         flags(SCHEDULE_RATIO_FLAGS),
+        "  warmup as a fraction of the decay length (--lr-decay-iters, else the job's steps), whole steps only:",
+        flags(STEP_FRACTION_FLAGS),
         "  checks only (model.seq_length is --seq-length):",
         flags(CHECK_FLAGS),
         "  switches (no value):",

@@ -33,12 +33,16 @@ A few Megatron-LM flags set the field that the configured job reads
 (:func:`~megatron_logra.megatron_flags.resolve_alias`, after every other override, so ``job=...`` anywhere on the
 line counts): ``--train-iters``, ``--micro-batch-size`` and ``--eval-interval`` set ``train.*`` for ``job=lm`` and
 ``rl.steps``, ``rl.micro_batch_size``, ``rl.eval_interval`` for ``job=rl``; ``--global-batch-size`` is
-``train.global_batch_size`` (lm) and refused for RL, whose step trains ``rl.prompts_per_step × rl.group_size``
-sequences. The optimizer flags (``--lr``, ``--weight-decay``, ``--clip-grad``, ``--adam-beta1/2``, ``--adam-eps``)
-follow ``optimizer.name`` and ``logra.recipe`` (:data:`~megatron_logra.megatron_flags.OPTIMIZER_ALIASES`); one the
+``train.global_batch_size`` (lm); for RL, whose step trains ``rl.prompts_per_step × rl.group_size`` sequences,
+it is only checked against that product (slime's launch lines give it) and refused at any other value. The
+optimizer flags (``--lr``, ``--weight-decay``, ``--clip-grad``, ``--adam-beta1/2``, ``--adam-eps``) follow
+``optimizer.name`` and ``logra.recipe`` (:data:`~megatron_logra.megatron_flags.OPTIMIZER_ALIASES`); one the
 configured optimizer would not read is refused. ``--lr-warmup-init`` and ``--min-lr`` (absolute lrs) set
 ``optimizer.schedule.warmup_init_lr`` / ``optimizer.schedule.min_lr`` as given
 (:data:`~megatron_logra.megatron_flags.SCHEDULE_RATIO_FLAGS`), resolved after every other override.
+``--lr-warmup-fraction F`` sets ``optimizer.schedule.warmup_steps`` to ``F`` × the decay length
+(``optimizer.schedule.decay_steps``, else the job's steps), as Megatron-LM does, refused where that is no whole
+number of steps (:data:`~megatron_logra.megatron_flags.STEP_FRACTION_FLAGS`).
 ``--max-position-embeddings`` only checks ``model.seq_length`` (:data:`~megatron_logra.megatron_flags.CHECK_FLAGS`).
 A field the configured job never reads, given at a value other than its default (``train.steps`` with job=rl,
 ``rl.*`` / ``task.*`` / ``kl.*`` ... with job=lm), is refused, naming the job's own field
@@ -62,8 +66,8 @@ from megatron_logra.config.codec import _short
 from megatron_logra.config.dotted import _canonical, _get_dotted, set_dotted
 from megatron_logra.config.run import RunConfig
 from megatron_logra.megatron_flags import (CHECK_FLAGS, CHECK_SWITCHES, CONTEXT_FLAGS, LOAD_FLAGS, MEGATRON_ALIASES,
-                                           SCHEDULE_RATIO_FLAGS, SWITCH_DEFAULTS, check_flag, check_switch,
-                                           resolve_alias, schedule_ratio)
+                                           SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS, SWITCH_DEFAULTS, check_flag,
+                                           check_switch, resolve_alias, schedule_ratio, step_fraction)
 from megatron_logra.optim.schedule import ABSOLUTE_LRS
 
 logger = logging.getLogger(__name__)
@@ -134,7 +138,7 @@ def _apply_items(cfg: RunConfig, items: Sequence[Item]) -> tuple[RunConfig, set[
     ratios: list[Item] = []  # after the peak lr (--lr, itself deferred) is known
     setter = _FieldSetter(cfg)
     for key, raw, spelling in items:
-        if key in SCHEDULE_RATIO_FLAGS:
+        if key in SCHEDULE_RATIO_FLAGS or key in STEP_FRACTION_FLAGS:
             ratios.append((key, raw, spelling))
         elif key in CONTEXT_FLAGS:
             deferred.append((key, raw, spelling))
@@ -153,8 +157,13 @@ def _apply_items(cfg: RunConfig, items: Sequence[Item]) -> tuple[RunConfig, set[
             if target not in setter.set_by:
                 setter.put(target, value, spelling)
         else:
-            setter.put(resolve_alias(cfg, flag), raw, spelling, flag)
+            target = resolve_alias(cfg, flag, raw)
+            if target is not None:  # None: a check only (--global-batch-size of the RL job)
+                setter.put(target, raw, spelling, flag)
     for flag, raw, spelling in ratios:
+        if flag in STEP_FRACTION_FLAGS:  # after --train-iters (deferred) is known
+            setter.put(*step_fraction(cfg, flag, raw), spelling, flag)
+            continue
         target, value = schedule_ratio(cfg, flag, raw)
         setter.put(target, value, spelling, flag)
         ratio = ABSOLUTE_LRS[target.rpartition(".")[2]]

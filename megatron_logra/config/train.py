@@ -24,7 +24,8 @@ class TrainConfig:
     seed: int = 1234
     """Seed of the model init, the parallel RNGs and (RL) the warm start and rollout sampling (--seed), an int in
     [0, 2**31); the data have their own seeds: data.seed (lm job's synthetic task), task.seed / task.eval_seed
-    (RL problems)."""
+    (RL problems), and so do LoGRA's projections and stochastic rounding (optimizer.logra.seed), which --seed
+    leaves as they are: vary it too for independent repeats."""
     log_interval: int = 10
     """Steps between log lines (--log-interval). The lm job logs every log_interval steps; the RL job only with
     train.progress=false (with the progress bar on, the bar shows each step instead and this has no effect)."""

@@ -3,7 +3,8 @@
 Every flag is in exactly one table (without its ``--``):
 
 * :data:`MEGATRON_ALIASES`: a value flag that sets one dotted field, whatever the rest of the config;
-* :data:`JOB_ALIASES`, :data:`OPTIMIZER_ALIASES`, :data:`SCHEDULE_RATIO_FLAGS`, :data:`CHECK_FLAGS`: value flags
+* :data:`JOB_ALIASES`, :data:`OPTIMIZER_ALIASES`, :data:`SCHEDULE_RATIO_FLAGS`, :data:`STEP_FRACTION_FLAGS`,
+  :data:`CHECK_FLAGS`: value flags
   resolved against the rest of the config after every other override (:func:`resolve_alias`);
 * :data:`LOAD_FLAGS`: ``--load DIR``, which sets two fields;
 * :data:`MEGATRON_FLAGS`: switches (no value) that set a field (or, for :data:`SWITCH_DEFAULTS` and
@@ -24,7 +25,8 @@ package imports this one while it loads):
 * :mod:`~megatron_logra.megatron_flags.mapped`: the tables of flags that set or check config fields, and
   :data:`CONTEXT_FLAGS`;
 * :mod:`~megatron_logra.megatron_flags.unmapped`: the ignored, neutral and refused flags;
-* :mod:`~megatron_logra.megatron_flags.resolve`: :func:`resolve_alias`, :func:`schedule_ratio`, :func:`check_flag`,
+* :mod:`~megatron_logra.megatron_flags.resolve`: :func:`resolve_alias`, :func:`schedule_ratio`,
+  :func:`step_fraction`, :func:`check_flag`,
   :func:`check_switch`, :func:`neutral_flag`;
 * :mod:`~megatron_logra.megatron_flags.suggest`: :func:`known_flags`, :func:`suggestions`,
   :func:`unknown_flag_error`.
@@ -32,14 +34,15 @@ package imports this one while it loads):
 
 from megatron_logra.megatron_flags.mapped import (CHECK_FLAGS, CHECK_SWITCHES, CONTEXT_FLAGS, JOB_ALIASES, LOAD_FLAGS,
                                                   MEGATRON_ALIASES, MEGATRON_FLAGS, OPTIMIZER_ALIASES,
-                                                  SCHEDULE_RATIO_FLAGS, SWITCH_DEFAULTS)
+                                                  SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS, SWITCH_DEFAULTS)
 from megatron_logra.megatron_flags.unmapped import (IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, NEUTRAL_FLAGS,
                                                     REFUSED_SWITCHES, REFUSED_VALUE_FLAGS)
-from megatron_logra.megatron_flags.resolve import check_flag, check_switch, neutral_flag, resolve_alias, schedule_ratio
+from megatron_logra.megatron_flags.resolve import (check_flag, check_switch, neutral_flag, resolve_alias,
+                                                   schedule_ratio, step_fraction)
 from megatron_logra.megatron_flags.suggest import known_flags, suggestions, unknown_flag_error
 
-__all__ = ["MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "SCHEDULE_RATIO_FLAGS", "CHECK_FLAGS",
-           "SWITCH_DEFAULTS", "CHECK_SWITCHES", "MEGATRON_FLAGS", "LOAD_FLAGS", "IGNORED_SWITCHES",
+__all__ = ["MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "SCHEDULE_RATIO_FLAGS", "STEP_FRACTION_FLAGS",
+           "CHECK_FLAGS", "SWITCH_DEFAULTS", "CHECK_SWITCHES", "MEGATRON_FLAGS", "LOAD_FLAGS", "IGNORED_SWITCHES",
            "IGNORED_VALUE_FLAGS", "NEUTRAL_FLAGS", "REFUSED_SWITCHES", "REFUSED_VALUE_FLAGS", "CONTEXT_FLAGS",
-           "resolve_alias", "schedule_ratio", "check_flag", "check_switch", "neutral_flag", "known_flags",
-           "suggestions", "unknown_flag_error"]
+           "resolve_alias", "schedule_ratio", "step_fraction", "check_flag", "check_switch", "neutral_flag",
+           "known_flags", "suggestions", "unknown_flag_error"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-__all__ = ["MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "SCHEDULE_RATIO_FLAGS", "CHECK_FLAGS",
-           "SWITCH_DEFAULTS", "CHECK_SWITCHES", "LOAD_FLAGS", "MEGATRON_FLAGS", "CONTEXT_FLAGS"]
+__all__ = ["MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "SCHEDULE_RATIO_FLAGS", "STEP_FRACTION_FLAGS",
+           "CHECK_FLAGS", "SWITCH_DEFAULTS", "CHECK_SWITCHES", "LOAD_FLAGS", "MEGATRON_FLAGS", "CONTEXT_FLAGS"]
 
 MEGATRON_ALIASES: dict[str, str] = {
     "tensor-model-parallel-size": "parallel.tp",
@@ -53,10 +53,26 @@ MEGATRON_ALIASES: dict[str, str] = {
     "wandb-entity": "train.wandb_entity",
     "wandb-exp-name": "train.wandb_exp_name",
     "wandb-save-dir": "train.wandb_save_dir",
+    "vocab-size": "model.vocab_size",
+    # slime's rollout flags (RL job; one optimizer step per rollout, as slime's --num-steps-per-rollout 1)
+    "num-rollout": "rl.steps",
+    "rollout-batch-size": "rl.prompts_per_step",
+    "n-samples-per-prompt": "rl.group_size",
+    "rollout-max-response-len": "rl.rollout.max_new_tokens",
+    "rollout-temperature": "rl.rollout.temperature",
+    "rollout-top-p": "rl.rollout.top_p",
+    "n-samples-per-eval-prompt": "rl.rollout.eval_samples",
+    "eval-temperature": "rl.rollout.eval_temperature",
 }
 """Megatron-LM flags (without ``--``) -> the dotted field they set, whatever the job; the flags of
 :data:`JOB_ALIASES` are resolved against the configured job by
-:func:`~megatron_logra.megatron_flags.resolve_alias`."""
+:func:`~megatron_logra.megatron_flags.resolve_alias`. slime's rollout flags set the RL job's fields of the same
+meaning (an RL step is one rollout of ``rl.prompts_per_step`` prompts × ``rl.group_size`` samples and one optimizer
+step): ``--num-rollout`` ``rl.steps``, ``--rollout-batch-size`` ``rl.prompts_per_step`` (prompts per step over
+all DP ranks), ``--n-samples-per-prompt`` ``rl.group_size``, ``--rollout-max-response-len``
+``rl.rollout.max_new_tokens``, ``--rollout-temperature`` / ``--rollout-top-p`` the sampling, and
+``--n-samples-per-eval-prompt`` / ``--eval-temperature`` the held-out evaluation's; with ``job=lm`` they are
+refused as every ``rl.*`` field is."""
 
 JOB_ALIASES: dict[str, dict[str, Optional[str]]] = {
     "train-iters": {"lm": "train.steps", "rl": "rl.steps"},
@@ -65,7 +81,9 @@ JOB_ALIASES: dict[str, dict[str, Optional[str]]] = {
     "eval-interval": {"lm": "train.eval_interval", "rl": "rl.eval_interval"},
 }
 """Megatron-LM flags whose field depends on ``job``: the lm job's loop reads ``train.*``, the RL job
-``rl.*`` (None: no RL field; the flag is refused)."""
+``rl.*`` (None: no RL field; :func:`~megatron_logra.megatron_flags.resolve_alias` accepts ``--global-batch-size``
+there only as a check that it equals ``rl.prompts_per_step × rl.group_size``, the sequences each RL step trains,
+as slime's ``--global-batch-size`` with one step per rollout, and refuses any other value)."""
 
 OPTIMIZER_ALIASES: tuple[str, ...] = ("lr", "weight-decay", "clip-grad", "adam-beta1", "adam-beta2", "adam-eps")
 """Megatron-LM optimizer flags, resolved against ``optimizer.name`` / ``logra.recipe`` /
@@ -92,6 +110,15 @@ own peak. Each flag clears the ratio field its lr replaces (``warmup_init_ratio`
 field is given too (both are then refused). Resolved after every other override, so the order of ``--lr`` /
 ``--min-lr`` on the line does not matter; a peak lr of 0, a value above the peak or a configuration where no lr
 follows a schedule is refused."""
+
+STEP_FRACTION_FLAGS: dict[str, str] = {"lr-warmup-fraction": "optimizer.schedule.warmup_steps"}
+"""Megatron-LM flags giving a number of optimizer steps as a fraction of the schedule's decay length -> the
+field they set (:func:`~megatron_logra.megatron_flags.step_fraction`): ``--lr-warmup-fraction F`` is
+``optimizer.schedule.warmup_steps = F × L``, L being ``optimizer.schedule.decay_steps`` (``--lr-decay-iters``) or,
+when null, the job's steps (``train.steps`` / ``rl.steps``, ``--train-iters``), as Megatron-LM computes it.
+Resolved after every other override; refused where ``F × L`` is no whole number of steps (Megatron-LM would
+warm up over a fractional step count, which ``warmup_steps`` cannot hold), naming the nearest
+``--lr-warmup-iters``."""
 
 CHECK_FLAGS: tuple[str, ...] = ("max-position-embeddings",)
 """Megatron-LM flags without a field of their own, accepted as a check
@@ -138,9 +165,11 @@ MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
     "pytorch-profiler-collect-callstack": ("profile.with_stack", "true"),
     "use-rope-scaling": ("use-rope-scaling", "true"),  # SWITCH_DEFAULTS
     "no-position-embedding": ("no-position-embedding", "true"),  # CHECK_SWITCHES
+    "apply-chat-template": ("rl.chat_template", "true"),  # slime
 }
 """Megatron-LM switches (no value) -> the (dotted field, value) they set."""
 
 CONTEXT_FLAGS = (frozenset(JOB_ALIASES) | frozenset(OPTIMIZER_ALIASES) | frozenset(CHECK_FLAGS)
-                 | frozenset(SWITCH_DEFAULTS) | frozenset(SCHEDULE_RATIO_FLAGS) | frozenset(CHECK_SWITCHES))
+                 | frozenset(SWITCH_DEFAULTS) | frozenset(SCHEDULE_RATIO_FLAGS) | frozenset(CHECK_SWITCHES)
+                 | frozenset(STEP_FRACTION_FLAGS))
 """Flags set (or checked) after the other overrides, against the config they leave."""

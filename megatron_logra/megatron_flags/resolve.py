@@ -8,9 +8,10 @@ fails before the run starts rather than training with a flag that has no effect.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
-from megatron_logra.megatron_flags.mapped import JOB_ALIASES, OPTIMIZER_ALIASES, SCHEDULE_RATIO_FLAGS
+from megatron_logra.megatron_flags.mapped import (JOB_ALIASES, OPTIMIZER_ALIASES, SCHEDULE_RATIO_FLAGS,
+                                                  STEP_FRACTION_FLAGS)
 from megatron_logra.megatron_flags.unmapped import NEUTRAL_FLAGS
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 # the functions import megatron_logra.config's modules when called: that package imports this package (its
 # overrides read the tables) while it loads
 
-__all__ = ["resolve_alias", "schedule_ratio", "check_flag", "check_switch", "neutral_flag"]
+__all__ = ["resolve_alias", "schedule_ratio", "step_fraction", "check_flag", "check_switch", "neutral_flag"]
 
 
 def neutral_flag(flag: str, raw: Any) -> None:
@@ -33,22 +34,42 @@ def neutral_flag(flag: str, raw: Any) -> None:
         raise ValueError(f"--{flag}={value}: {why}; drop --{flag} (only {neutral} is accepted)")
 
 
-def resolve_alias(cfg: RunConfig, flag: str) -> str:
+def resolve_alias(cfg: RunConfig, flag: str, raw: Any = None) -> Optional[str]:
     """The dotted field that the context-dependent Megatron-LM flag ``flag`` (without ``--``) sets in
-    ``cfg``; a ``ValueError`` naming the field to use instead when the flag would have no effect."""
+    ``cfg``; None when the flag has no field here and its value ``raw`` only checks ``cfg``
+    (``--global-batch-size`` of the RL job); a ``ValueError`` naming the field to use instead when the flag would
+    have no effect."""
     if flag in JOB_ALIASES:
         target = JOB_ALIASES[flag].get(cfg.job)
         if target is None:
-            rl = cfg.rl
-            raise ValueError(
-                f"--{flag} has no field in the RL job (job=rl): each RL step trains rl.prompts_per_step × "
-                f"rl.group_size = {rl.prompts_per_step} × {rl.group_size} = {rl.prompts_per_step * rl.group_size} "
-                f"sequences (in micro-batches of rl.micro_batch_size); set rl.prompts_per_step (and rl.group_size) "
-                f"instead")
+            _check_rl_sequences_per_step(cfg, flag, raw)
+            return None
         return target
     if flag in OPTIMIZER_ALIASES:
         return _optimizer_alias(cfg, flag)
     raise ValueError(f"--{flag} is not a context-dependent flag")
+
+
+def _check_rl_sequences_per_step(cfg: RunConfig, flag: str, raw: Any) -> None:
+    """``--global-batch-size N`` (a Megatron-LM / slime launch line) with job=rl: each RL step is one rollout
+    and one optimizer step over its ``rl.prompts_per_step × rl.group_size`` sequences, so N is accepted when it
+    is that product (slime's ``--global-batch-size`` with one step per rollout) and refused otherwise."""
+    from megatron_logra.config.codec import _coerce
+
+    rl = cfg.rl
+    per_step = rl.prompts_per_step * rl.group_size
+    how = (f"rl.prompts_per_step × rl.group_size = {rl.prompts_per_step} × {rl.group_size} = {per_step} sequences "
+           f"(in micro-batches of rl.micro_batch_size)")
+    if raw is None:
+        raise ValueError(f"--{flag} has no field in the RL job (job=rl): each RL step trains {how}; set "
+                         f"rl.prompts_per_step (and rl.group_size) instead")
+    value = _coerce(raw, int, f"--{flag}")
+    if value != per_step:
+        raise ValueError(
+            f"--{flag} {value}: each RL step (job=rl) is one rollout and one optimizer step, training {how}; "
+            f"several optimizer steps per rollout (slime's --global-batch-size below --rollout-batch-size × "
+            f"--n-samples-per-prompt) are not supported. Set rl.prompts_per_step (--rollout-batch-size) and "
+            f"rl.group_size (--n-samples-per-prompt) whose product is {value}, or drop --{flag}")
 
 
 _NATIVE_FIELDS = {"lr": "lr", "weight-decay": "weight_decay", "adam-beta1": "beta1", "adam-beta2": "beta2",
@@ -108,6 +129,33 @@ def schedule_ratio(cfg: RunConfig, flag: str, raw: Any) -> tuple[str, float]:
         raise ValueError(f"--{flag}={value} exceeds the peak lr {peak_field}={peak} (--lr): a schedule runs from "
                          f"and down to fractions of the peak; lower --{flag} or raise --lr")
     return target, value
+
+
+def step_fraction(cfg: RunConfig, flag: str, raw: Any) -> tuple[str, int]:
+    """``(field, steps)`` for the flag ``flag`` of :data:`~megatron_logra.megatron_flags.STEP_FRACTION_FLAGS`:
+    the fraction ``raw`` of the schedule's decay length in ``cfg``; ``ValueError`` naming the flag and
+    ``--lr-warmup-iters`` when that is no whole number of steps."""
+    from megatron_logra.config.codec import _coerce
+
+    target = STEP_FRACTION_FLAGS[flag]
+    fraction = _coerce(raw, float, f"--{flag}")
+    if not (math.isfinite(fraction) and 0 <= fraction <= 1):
+        raise ValueError(f"--{flag}={fraction} must be a fraction in [0, 1] of the schedule's decay length")
+    decay = cfg.optimizer.schedule.decay_steps
+    if decay is not None:
+        length, named = decay, f"optimizer.schedule.decay_steps={decay} (--lr-decay-iters)"
+    else:
+        field = "rl.steps" if cfg.job == "rl" else "train.steps"
+        length = cfg.rl.steps if cfg.job == "rl" else cfg.train.steps
+        named = f"{field}={length} (--train-iters; optimizer.schedule.decay_steps is null)"
+    steps = fraction * length
+    whole = round(steps)
+    if abs(steps - whole) > 1e-9 * max(1.0, steps):
+        low, high = math.floor(steps), math.ceil(steps)
+        raise ValueError(f"--{flag}={fraction} of {named} is {steps:g} steps, not a whole number: {target} counts "
+                         f"optimizer steps; give --lr-warmup-iters {low} or {high} instead (or a fraction that "
+                         f"makes whole steps)")
+    return target, int(whole)
 
 
 def check_flag(cfg: RunConfig, flag: str, raw: Any) -> None:

@@ -12,7 +12,8 @@ import typing
 from typing import Any
 
 from megatron_logra.megatron_flags.mapped import (CHECK_FLAGS, JOB_ALIASES, LOAD_FLAGS, MEGATRON_ALIASES,
-                                                  MEGATRON_FLAGS, OPTIMIZER_ALIASES, SCHEDULE_RATIO_FLAGS)
+                                                  MEGATRON_FLAGS, OPTIMIZER_ALIASES, SCHEDULE_RATIO_FLAGS,
+                                                  STEP_FRACTION_FLAGS)
 from megatron_logra.megatron_flags.unmapped import (IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, NEUTRAL_FLAGS,
                                                     REFUSED_SWITCHES, REFUSED_VALUE_FLAGS)
 
@@ -26,8 +27,8 @@ def known_flags() -> list[str]:
     """Every Megatron-LM flag name (without ``--``) of the tables of :mod:`~megatron_logra.megatron_flags`,
     sorted."""
     names: set[str] = set()
-    for table in (MEGATRON_ALIASES, JOB_ALIASES, OPTIMIZER_ALIASES, SCHEDULE_RATIO_FLAGS, CHECK_FLAGS,
-                  LOAD_FLAGS, MEGATRON_FLAGS, IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, NEUTRAL_FLAGS,
+    for table in (MEGATRON_ALIASES, JOB_ALIASES, OPTIMIZER_ALIASES, SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS,
+                  CHECK_FLAGS, LOAD_FLAGS, MEGATRON_FLAGS, IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, NEUTRAL_FLAGS,
                   REFUSED_SWITCHES, REFUSED_VALUE_FLAGS):
         names.update(table)
     return sorted(names)

@@ -29,6 +29,8 @@ IGNORED_SWITCHES: dict[str, str] = {
     "overlap-grad-reduce": "gradients are all-reduced once after the backward pass here (no DDP buckets to overlap)",
     "overlap-param-gather": "this trainer has no sharded optimizer whose parameters would be gathered",
     "log-throughput": "every step's metrics record holds tokens_per_second",
+    "attention-softmax-in-fp32": "megatron-core's attention computes its softmax in fp32 here (the default of "
+                                 "its TransformerConfig, which models/gpt.py keeps)",
     "no-masked-softmax-fusion": _FUSIONS_OFF,
     "no-bias-gelu-fusion": _FUSIONS_OFF,
     "no-bias-swiglu-fusion": _FUSIONS_OFF,
@@ -52,6 +54,8 @@ NEUTRAL_FLAGS: dict[str, tuple[type, Any, str]] = {
     "recompute-num-layers": (int, 1, "full recompute (--recompute-granularity full) recomputes one layer at a time"),
     "rotary-percent": (float, 1.0, "RoPE rotates every channel of a head here"),
     "ckpt-format": (str, "torch_dist", "checkpoints are megatron-core torch_dist checkpoints"),
+    "num-steps-per-rollout": (int, 1, "each RL step is one rollout and one optimizer step over its "
+                                      "rl.prompts_per_step × rl.group_size sequences"),
 }
 """Megatron-LM value flags accepted (and ignored) at the one value that matches this trainer:
 ``(type, value, why other values are refused)``."""
@@ -81,7 +85,20 @@ REFUSED_VALUE_FLAGS: dict[str, str] = {
     "vocab-file": _TOKENIZER,
     "merge-file": _TOKENIZER,
     "eval-iters": "the held-out set is train.eval_sequences sequences (job=lm) or task.num_eval problems (job=rl)",
-    "lr-warmup-fraction": "give the warmup in steps: --lr-warmup-iters N (optimizer.schedule.warmup_steps)",
+    "train-samples": ("give the run's length in optimizer steps: --train-iters N (job=lm: train.steps, N = samples / "
+                      "--global-batch-size; job=rl: rl.steps, each step training rl.prompts_per_step × "
+                      "rl.group_size sequences)"),
+    "lr-warmup-samples": "give the warmup in optimizer steps: --lr-warmup-iters N (optimizer.schedule.warmup_steps)",
+    "lr-decay-samples": "give the decay in optimizer steps: --lr-decay-iters N (optimizer.schedule.decay_steps)",
+    "exit-interval": ("to stop after step N and continue later, give --train-iters N with --lr-decay-iters TOTAL "
+                      "(optimizer.schedule.decay_steps keeps the schedule of the whole run), then --resume RUN_DIR "
+                      "--train-iters TOTAL; a time limit is --exit-duration-in-mins (train.exit_duration_minutes)"),
+    "hf-checkpoint": ("give model.hf_path=DIR (job=rl): the run reads the Hugging Face checkpoint's architecture, "
+                      "tokenizer and initial weights from it (slime's --hf-checkpoint only seeds SGLang and the "
+                      "tokenizer, its weights coming from --ref-load / --load)"),
+    "ref-load": ("the initial and reference policy is model.hf_path's weights (a Hugging Face directory; "
+                 "`megatron-logra convert mcore-to-hf` writes one from a torch_dist checkpoint); "
+                 "to continue a run of this trainer give --load RUN_DIR"),
     "num-experts": "mixture-of-experts models are not supported (dense GPT only)",
     "num-layers-per-virtual-pipeline-stage": "interleaved (virtual) pipeline schedules are not supported",
     "virtual-pipeline-model-parallel-size": "interleaved (virtual) pipeline schedules are not supported",
