@@ -8,11 +8,14 @@ config are not "given": only :class:`~megatron_logra.config.run.RunConfig`'s own
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Mapping, Sequence, Union
 
 from megatron_logra.config.codec import _short
 from megatron_logra.config.run import RunConfig
 from megatron_logra.optim.config import LograConfig
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["resolve_hf_model"]
 
@@ -121,6 +124,20 @@ def _check_other_job_unused(cfg: RunConfig, given: Mapping[str, str]) -> None:
         where = f" in {given[key]}" if given[key] else ""
         raise ValueError(f"{key}={_short(value)} is set{where}, but the {cfg.job} job does not read it ({key} is the "
                          f"{'lm' if cfg.job == 'rl' else 'RL'} job's; {why}); remove {key}")
+
+
+def _warn_log_interval_unread(cfg: RunConfig, given: Mapping[str, str]) -> None:
+    """``train.log_interval`` (``--log-interval``) given for the RL job while ``train.progress`` is on: the RL
+    loop then shows each step on its progress bar and writes no log lines, so the interval has no effect; a
+    warning says so and how to get the lines (``train.progress=false``). A warning, not an error: a pasted
+    Megatron-LM launch line holds ``--log-interval`` whatever the job."""
+    if cfg.job != "rl" or not cfg.train.progress or "train.log_interval" not in given:
+        return
+    where = f" (in {given['train.log_interval']})" if given["train.log_interval"] else ""
+    logger.warning("train.log_interval=%d (--log-interval)%s has no effect here: the RL job shows each step on its "
+                   "progress bar and writes log lines only with train.progress=false; give train.progress=false for "
+                   "a log line every %d steps (every step's record is in RUN/metrics.jsonl either way)",
+                   cfg.train.log_interval, where, cfg.train.log_interval)
 
 
 def resolve_hf_model(cfg: RunConfig, given: Union[Sequence[str], Mapping[str, str]] = (), *,

@@ -61,7 +61,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from megatron_logra.config.args import Item, _parse_overrides
 from megatron_logra.config.checks import (_check_logra_rank, _check_other_job_unused, _check_paper_unused,
-                                          resolve_hf_model)
+                                          _warn_log_interval_unread, resolve_hf_model)
 from megatron_logra.config.codec import _short
 from megatron_logra.config.dotted import _canonical, _get_dotted, set_dotted
 from megatron_logra.config.run import RunConfig
@@ -213,6 +213,7 @@ def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[st
     given = {**given, **{key: "" for key in mine}}
     _check_paper_unused(cfg, given)
     _check_other_job_unused(cfg, given)
+    _warn_log_interval_unread(cfg, given)
     if "train.eval_sequences" in given and cfg.train.eval_batches is not None:
         where = " (in the resumed run's config)" if "train.eval_batches" not in given else ""
         raise ValueError(f"train.eval_sequences={cfg.train.eval_sequences} is given, but the deprecated "

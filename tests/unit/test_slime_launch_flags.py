@@ -148,3 +148,30 @@ def test_help_names_the_new_flags(capsys):
                  "--apply-chat-template", "--lr-warmup-fraction", "--num-steps-per-rollout", "--exit-interval",
                  "--hf-checkpoint", "--attention-softmax-in-fp32"):
         assert flag in out, flag
+
+
+# ---------------------------------------------------------------------------- --log-interval of the RL job
+
+
+def _log_interval_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "megatron_logra.config.checks" and "train.log_interval" in r.getMessage()]
+
+
+def test_log_interval_with_the_rl_progress_bar_warns_that_it_has_no_effect(caplog):
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.config.checks"):
+        cfg = parse_args_to_config("tiny", ["--log-interval", "1"])
+    assert cfg.train.log_interval == 1 and cfg.train.progress
+    (message,) = _log_interval_warnings(caplog)
+    assert "--log-interval" in message and "train.progress=false" in message
+
+
+@pytest.mark.parametrize("recipe, args", [
+    ("tiny", ["--log-interval", "1", "train.progress=false"]),  # the RL job logs every step
+    ("lm-tiny", ["--log-interval", "1"]),  # the lm job logs with its bar on
+    ("tiny", []),  # the recipe's own interval is not the user's
+])
+def test_log_interval_that_takes_effect_does_not_warn(recipe, args, caplog):
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.config.checks"):
+        parse_args_to_config(recipe, args)
+    assert not _log_interval_warnings(caplog)
