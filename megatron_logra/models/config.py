@@ -145,6 +145,10 @@ class ModelConfig:
             raise ValueError(f"model.position_embedding_type={self.position_embedding_type!r}: choose rope or learned_absolute")
         if self.params_dtype not in _DTYPES:
             raise ValueError(f"model.params_dtype={self.params_dtype!r}: choose one of {sorted(_DTYPES)}")
+        if self.recompute == "selective":
+            raise ValueError("model.recompute='selective' (--recompute-granularity selective): selective recompute "
+                             "of the attention core is not supported; choose full (model.recompute=full, "
+                             "--recompute-granularity full: every layer's activations recomputed) or none")
         if self.recompute not in ("none", "full"):
             raise ValueError(f"model.recompute={self.recompute!r}: choose none or full")
         check_model_fields(self.transformer_impl, self.fp8, self.fp8_recipe, self.sequence_parallel)

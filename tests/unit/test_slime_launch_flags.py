@@ -175,3 +175,9 @@ def test_log_interval_that_takes_effect_does_not_warn(recipe, args, caplog):
     with caplog.at_level(logging.WARNING, logger="megatron_logra.config.checks"):
         parse_args_to_config(recipe, args)
     assert not _log_interval_warnings(caplog)
+
+
+def test_selective_recompute_is_refused_naming_full():
+    with pytest.raises(ValueError, match=r"selective recompute .* not supported; choose full \(model\.recompute=full"):
+        parse_args_to_config("tiny", ["--recompute-granularity", "selective"])
+    assert parse_args_to_config("tiny", ["--recompute-granularity", "full"]).model.recompute == "full"
