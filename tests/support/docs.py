@@ -1,5 +1,6 @@
 """Where the user documentation lives: the top-level ``README.md`` and the pages under ``docs/`` it links to
-(``usage.md``, ``how-it-works.md``, ``gpu.md``, ``cpu.md``, ``benchmarks.md``, ``testing.md``, ``memory.md``, ...).
+(``usage.md``, ``data.md``, ``checkpoints.md``, ``how-it-works.md``, ``gpu.md``, ``cpu.md``, ``benchmarks.md``,
+``testing.md``, ``memory.md``, ...).
 Tests that check what the documentation says read the page that now holds the text."""
 
 from __future__ import annotations
