@@ -46,9 +46,9 @@ class RolloutConfig:
     present, else ``pickle``)."""
     mem_fraction_static: float = 0.3
     """Share of each GPU's memory the in-process SGLang engine reserves for itself (weights + KV cache);
-    the trainer lives in the rest (``megatron-logra memory --engine-fraction`` plans it). Memory the
-    trainer already holds when the engine starts is added before it becomes SGLang's own
-    ``mem_fraction_static`` (which counts everything in use on the GPU)."""
+    the trainer lives in the rest (``megatron-logra memory --engine-fraction`` plans it). SGLang's own
+    ``mem_fraction_static`` is a fraction of the memory free when the engine starts, so the engine is
+    given ``share * total / free`` (``rollout.sglang_api.sglang_mem_fraction``)."""
     sglang_tp: int = 0
     """Tensor-parallel size of the in-process engine; 0 = the trainer's ``parallel.tp`` (its GPUs). Its GPUs
     ``[current device, + sglang_tp)`` must exist and be this DP replica's own (checked when the engine is built:

@@ -216,21 +216,19 @@ def resolve_serialization(choice: str, url: str, cuda_available: bool) -> str:
 
 
 def sglang_mem_fraction(share: float, free_bytes: int, total_bytes: int, cap: float = 0.95) -> float:
-    """SGLang's ``mem_fraction_static`` that leaves the engine ``share`` of the GPU for itself.
+    """SGLang's ``mem_fraction_static`` giving the engine ``share`` of the whole GPU (weights + KV cache).
 
-    SGLang sizes its KV cache as ``free_after_weights - total * (1 - mem_fraction_static)``: memory
-    already in use when it starts (the colocated trainer's weights and optimizer state) counts against
-    its fraction. ``rl.rollout.mem_fraction_static`` means the engine's own share (weights + KV cache,
-    as the memory planner's ``--engine-fraction``), so the memory in use now is added; capped at ``cap``.
-    Raises ValueError when the GPU has less than ``share`` free.
+    SGLang's fraction is of the memory free when it starts (``ModelRunner``: KV cache =
+    ``free_after_weights - pre_model_load_free * (1 - mem_fraction_static)``), so this is
+    ``share * total / free``, capped at ``cap``. ValueError when less than ``share`` is free.
     """
     if total_bytes <= 0 or not 0 < share < 1:
         raise ValueError(f"share={share} must lie in (0, 1) and total_bytes={total_bytes} be > 0")
-    used = (total_bytes - free_bytes) / total_bytes
-    if share > 1 - used:
-        raise ValueError(f"rl.rollout.mem_fraction_static={share} but only {1 - used:.2f} of the GPU is free "
+    free = max(0, min(free_bytes, total_bytes)) / total_bytes
+    if share > free:
+        raise ValueError(f"rl.rollout.mem_fraction_static={share} but only {free:.2f} of the GPU is free "
                          "when the SGLang engine starts")
-    return min(cap, share + used)
+    return min(cap, share / free)
 
 
 def engine_context_length(model_cfg: Any) -> int:

@@ -218,10 +218,13 @@ def test_engine_hf_config_names_the_architecture():
     json.dumps(hf)
 
 
-def test_mem_fraction_adds_the_memory_in_use():
+def test_mem_fraction_is_of_the_memory_free_at_engine_start():
+    # SGLang's ModelRunner: KV = free_after_weights - pre_model_load_free * (1 - f), so the engine takes
+    # pre_model_load_free * f; a 0.3 share of an 80 GiB GPU with 60 GiB free is f = 24 / 60 = 0.4
     gib = 1 << 30
     assert sglang_mem_fraction(0.3, free_bytes=80 * gib, total_bytes=80 * gib) == pytest.approx(0.3)
-    assert sglang_mem_fraction(0.3, free_bytes=60 * gib, total_bytes=80 * gib) == pytest.approx(0.55)
+    assert sglang_mem_fraction(0.3, free_bytes=60 * gib, total_bytes=80 * gib) == pytest.approx(0.4)
+    assert 60 * sglang_mem_fraction(0.3, free_bytes=60 * gib, total_bytes=80 * gib) == pytest.approx(0.3 * 80)
     assert sglang_mem_fraction(0.3, free_bytes=24 * gib, total_bytes=80 * gib) == pytest.approx(0.95)  # capped
     with pytest.raises(ValueError, match="only 0.25 of the GPU is free"):
         sglang_mem_fraction(0.3, free_bytes=20 * gib, total_bytes=80 * gib)
