@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["usable", "context", "run_ranks", "rank_env", "apply_fresh_state", "Started", "start", "Python", "run_python"]
+__all__ = ["usable", "context", "run_ranks", "rank_env", "apply_fresh_state", "Started", "start", "Python", "run_python",
+           "python"]
 
 # what a cold start of a test process spends its time importing; none reads the environment a
 # rank sets (RANK, MASTER_PORT, ...) at import time
@@ -213,6 +214,17 @@ def run_python(target: Sequence[str], *, env: Mapping[str, str], cwd: str | os.P
         proc.wait(30)
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def python(target: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
+           timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, *target], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)``:
+    forked warm (:func:`run_python`) where ranks may be forked (:func:`usable`), else started cold. For tests of a
+    command's outputs and exit status, not of what a fresh interpreter imports. ``env``: ``os.environ`` if None."""
+    env = dict(os.environ if env is None else env)
+    if usable():
+        return run_python(target, env=env, cwd=cwd, timeout=timeout)
+    return subprocess.run([sys.executable, *target], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
 def _stop(procs: list, sig: int) -> None:

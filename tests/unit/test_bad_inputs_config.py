@@ -3,10 +3,9 @@ or file and the fix, never a traceback from deep inside training."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
+from support import forked
 import yaml
 
 from megatron_logra.config import RunConfig, from_dict, to_dict, load_recipe, parse_args_to_config
@@ -47,8 +46,7 @@ def test_from_dict_section_set_to_a_value_is_refused():
 
 
 def test_cli_config_with_a_section_override_exits_2_with_a_message():
-    proc = subprocess.run([sys.executable, "-m", "megatron_logra.cli", "config", "tiny", "rl.rollout=3"],
-                          capture_output=True, text=True, timeout=300)
+    proc = forked.python(["-m", "megatron_logra.cli", "config", "tiny", "rl.rollout=3"], timeout=300)
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert "rl.rollout is a section" in proc.stderr and "rl.rollout.<field>=" in proc.stderr
     assert "Traceback" not in proc.stderr

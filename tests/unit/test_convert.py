@@ -20,12 +20,11 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
+from support import forked
 import torch
 
 import torch.utils._device
@@ -492,8 +491,8 @@ def test_rejects_bad_mcore_and_outputs(hf_models, tmp_path):
 
 # ------------------------------------------------------------------------------------------ CLI and memory
 def _run(*args, timeout=120, **env):
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    """``python ARGS...`` in a process of its own (forked warm where it can be), from the checkout."""
+    return forked.python(list(args), timeout=timeout, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
 
 
 def test_cli_subprocess(hf_models, tmp_path):

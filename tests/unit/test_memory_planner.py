@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from support import forked
 
 from megatron_logra.memory.activations import layer_activations
 from megatron_logra.memory.count import count_params
@@ -282,10 +281,10 @@ def test_cli_compare_subprocess(tmp_path):
            "num_key_value_heads": 2, "intermediate_size": 640, "vocab_size": 1000, "torch_dtype": "bfloat16"}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     env = dict(os.environ, COLUMNS="160")
-    proc = subprocess.run(
-        [sys.executable, "-m", "megatron_logra.cli", "memory", "--model", str(tmp_path / "config.json"), "--tp", "2",
+    proc = forked.python(
+        ["-m", "megatron_logra.cli", "memory", "--model", str(tmp_path / "config.json"), "--tp", "2",
          "--rank", "16", "--seq-len", "512", "--gpu-memory", "1GiB", "--engine-fraction", "0.3", "--compare"],
-        capture_output=True, text=True, env=env, timeout=120, cwd=REPO,
+        env=env, timeout=120, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout

@@ -5,11 +5,11 @@ from __future__ import annotations
 import csv
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import forked
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "memory_stress.py"
@@ -33,8 +33,8 @@ def test_two_cpu_steps_of_each_optimizer(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    proc = subprocess.run([sys.executable, str(TOOL), "--device", "cpu", *TINY, "--steps", "2", "--out", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = forked.python([str(TOOL), "--device", "cpu", *TINY, "--steps", "2", "--out", str(tmp_path)],
+                         cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = _read(tmp_path)
     assert list(rows[0]) == _tool().COLUMNS

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from support import forked
 from support.docs import doc_pages
 from support.scripts import run_script
 
@@ -119,9 +120,8 @@ def test_refit_memory_of_other_sizes_leaves_the_committed_table(tmp_path):
     directory: the committed table when run from the checkout)."""
     committed = ROOT / "benchmarks" / "results" / "refit_memory.md"
     before = committed.read_bytes()
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "refit_memory.py"), "--sizes", "64x1",
-                           "--repeats", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = forked.python([str(ROOT / "benchmarks" / "refit_memory.py"), "--sizes", "64x1", "--repeats", "1"],
+                         cwd=tmp_path, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert committed.read_bytes() == before
     assert not (tmp_path / "benchmarks").exists()
@@ -216,9 +216,8 @@ def test_make_warm_start_replaces_the_asset_whole_and_leaves_no_scratch(tmp_path
     (out / "README").write_text("kept")
     (tmp_path / "runs" / ".make_warm_start").mkdir(parents=True)  # a directory of the user's, never touched
     (tmp_path / "runs" / ".make_warm_start" / "mine").write_text("mine")
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "make_warm_start.py"), "--steps", "2", "--out",
-                           str(out), "task.num_eval=4"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = forked.python([str(ROOT / "tools" / "make_warm_start.py"), "--steps", "2", "--out", str(out),
+                          "task.num_eval=4"], cwd=tmp_path, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["README", "info.json", "model.safetensors", "tokenizer"]
     assert not (out / "tokenizer" / "stale.json").exists() and (out / "README").read_text() == "kept"

@@ -4,11 +4,10 @@ failing messages' bytes when the first failure is written."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import forked
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,8 +21,7 @@ def test_an_output_directory_below_a_file_is_refused_before_the_work(tmp_path, s
     plain = tmp_path / "plain"
     plain.write_text("a file, not a directory")
     argv = [a.replace("{below}", str(plain / "sub")) for a in args]
-    proc = subprocess.run([sys.executable, str(ROOT / script), *argv], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
+    proc = forked.python([str(ROOT / script), *argv], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from megatron_logra.cli import main
+from support import forked
 from support.cli import exit_2 as _exit_2
 from support.cli import one_process_cli  # noqa: F401  (autouse fixture)
 
@@ -41,13 +42,24 @@ def trained(tmp_path_factory, one_thread) -> Path:
     return run
 
 
-def _cli(*args: str, **kwargs) -> subprocess.Popen:
+_CLI_WITH_CTRL_C = """
+import runpy, signal
+signal.signal(signal.SIGINT, signal.default_int_handler)  # what a fresh python installs for a SIGINT not ignored
+runpy.run_module("megatron_logra.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def _cli(*args: str) -> subprocess.Popen | forked.Python:
+    """``python -m megatron_logra.cli ARGS...`` in a process of its own (forked warm where it can be), which Ctrl-C
+    (SIGINT) interrupts: a child of a shell's background job inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt; so may the fork server."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MEGATRON_LOGRA_TRACEBACK")}
     env["OMP_NUM_THREADS"] = "1"
-    # a child of a shell's background job inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
+    if forked.usable():
+        return forked.Python(["-c", _CLI_WITH_CTRL_C, *args], env=env)
     return subprocess.Popen([sys.executable, "-m", "megatron_logra.cli", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_ctrl_c_mid_run_says_how_to_resume_without_a_traceback(tmp_path):
