@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from support import forked
 
 from megatron_logra.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from megatron_logra.checkpoint import integrity
@@ -211,8 +212,9 @@ sys.exit(0 if lock_run_dir(sys.argv[1]) is None else 3)
 
 
 def _other_process_can_lock(run) -> bool:
-    proc = subprocess.run([sys.executable, "-c", _TRY_LOCK, str(run)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    # another process (forked warm where it can be: a child of the fork server, holding none of this process's files)
+    proc = forked.python(["-c", _TRY_LOCK, str(run)], timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.returncode in (0, 3), proc.stderr[-2000:]
     return proc.returncode == 0
 
