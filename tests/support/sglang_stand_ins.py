@@ -48,6 +48,9 @@ __all__ = ["D", "F", "G", "H", "HID", "PADDED", "SHAPE", "V", "VOCAB", "DataPara
 
 ADMIN_OPTIONAL_ROUTES = frozenset({"/update_weights_from_tensor", "/update_weight_version", "/get_weights_by_name"})
 """Routes SGLang's ``http_server.py`` marks ``@auth_level(AuthLevel.ADMIN_OPTIONAL)`` (among those the client uses)."""
+ADMIN_OPTIONAL_CONTROL_ROUTES = frozenset({"/pause_generation", "/continue_generation", "/flush_cache"})
+"""Control routes newer SGLang also marks ``ADMIN_OPTIONAL`` (with both keys set they take only the admin key);
+``FakeServer(admin_routes=ADMIN_OPTIONAL_ROUTES | ADMIN_OPTIONAL_CONTROL_ROUTES)`` serves them that way."""
 
 DP_UPDATE_ASSERT = "dp_size must be 1 or dp attention must be enabled for update weights from tensor"
 """``TokenizerManager.update_weights_from_tensor``'s assertion message."""
@@ -289,7 +292,8 @@ class FakeServer:
 
     ``requests`` holds each request's ``method``, ``path``, JSON ``body`` and ``headers`` (names lowercased);
     ``paths()`` its paths. Keys as SGLang's ``--api-key`` / ``--admin-api-key`` (``decide_request_auth``): the
-    routes in :data:`ADMIN_OPTIONAL_ROUTES` take ``admin_api_key`` when it is set, else ``api_key``; every other
+    routes in ``admin_routes`` (default :data:`ADMIN_OPTIONAL_ROUTES`) take ``admin_api_key`` when it is set, else
+    ``api_key``; every other
     route takes ``api_key``; a route with no key to check is open; a wrong or missing key gets 401.
     ``info_paths`` (default: ``/server_info`` and ``/get_server_info``, as newer servers; older ones have only
     ``/get_server_info``) answer ``server_info`` (default: the server arguments ``tp_size``, ``dp_size``,
@@ -305,8 +309,9 @@ class FakeServer:
     """
 
     def __init__(self, runtime, *, tp_size=1, api_key=None, admin_api_key=None, server_info=None, fail_update=None,
-                 info_paths=("/server_info", "/get_server_info")):
+                 info_paths=("/server_info", "/get_server_info"), admin_routes=ADMIN_OPTIONAL_ROUTES):
         self.runtime, self.tp_size, self.api_key, self.admin_api_key = runtime, tp_size, api_key, admin_api_key
+        self.admin_routes = frozenset(admin_routes)
         self.info_paths = info_paths
         self.server_info = server_info if server_info is not None else {
             "tp_size": tp_size, "dp_size": getattr(runtime, "dp_size", 1),
@@ -341,7 +346,7 @@ class FakeServer:
     def authorized(self, path, header):
         if path.startswith("/health") or path.startswith("/metrics"):
             return True
-        key = (self.admin_api_key or self.api_key) if path in ADMIN_OPTIONAL_ROUTES else self.api_key
+        key = (self.admin_api_key or self.api_key) if path in self.admin_routes else self.api_key
         return not key or header == "Bearer " + key
 
     def route(self, method, path, body):
