@@ -11,10 +11,12 @@ to one full refit together (no hang). Mode ``owned``: every rank syncs its own e
 last rank's engine is corrupted before update 3 and left at an unknown version before update 4, and
 every rank must take the same refits (a rank refitting alone would hang the others' collectives).
 
-Launch: ``torchrun --nproc-per-node N driver_sync_worker.py OUT TP PP [driven|owned] [float32|bfloat16]``
-(bfloat16: the merges round stochastically, with noise keyed by canonical rows and columns, which a TP- or
-PP-sharded trainer and the TP=1 engine must draw alike). Every rank writes
-``OUT/rank{r}.json``; the test asserts on them. Reference for the engine's weights: the
+Launch: ``torchrun --nproc-per-node N driver_sync_worker.py OUT CASE...``, each ``CASE`` ``TP,PP,MODE,DTYPE``
+(``MODE`` ``driven`` or ``owned``; ``DTYPE`` ``float32`` or ``bfloat16``: the merges round stochastically, with noise
+keyed by canonical rows and columns, which a TP- or PP-sharded trainer and the TP=1 engine must draw alike). The
+cases run one after the other in the launch (each on megatron groups built anew, its model, optimizer and engines
+its own; the default process group is kept), saving a launch's start-up per case. For each case every rank writes
+``OUT/CASE/rank{r}.json``; the test asserts on them. Reference for the engine's weights: the
 trainer's full weights streamed by ``rl.weights.iter_hf_params`` (compared bit for bit).
 """
 
@@ -42,11 +44,11 @@ def _lm_batch(step: int, cfg, rows: int = 4):
     return Batch(seq[:, :-1].contiguous(), seq[:, 1:].contiguous(), torch.ones(rows, cfg.seq_length), pos)
 
 
-def main(out: str, tp: int, pp: int, mode: str = "driven", dtype: str = "float32") -> None:
-    torch.set_num_threads(1)
+def run_case(out: str, tp: int, pp: int, mode: str = "driven", dtype: str = "float32") -> None:
+    Path(out).mkdir(parents=True, exist_ok=True)  # every rank: the case's run directory
     from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
     from megatron_logra.models.gpt import ModelConfig, build_gpt
-    from megatron_logra.parallel import ParallelConfig, destroy_parallel, initialize_parallel
+    from megatron_logra.parallel import ParallelConfig, initialize_parallel
     from megatron_logra.rl.policy_sync import PolicySync
     from megatron_logra.rl.weights import iter_hf_params
     from megatron_logra.rollout.embedded import EmbeddedEngine
@@ -108,8 +110,17 @@ def main(out: str, tp: int, pp: int, mode: str = "driven", dtype: str = "float32
               "target_version": target.weight_version if driver else None}
     (Path(out) / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
     dist.barrier()
+
+
+def main(out: str, cases: list[str]) -> None:
+    from megatron_logra.parallel import destroy_parallel
+
+    torch.set_num_threads(1)
+    for case in cases:
+        tp, pp, mode, dtype = case.split(",")
+        run_case(str(Path(out) / case), int(tp), int(pp), mode, dtype)
     destroy_parallel()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6])
+    main(sys.argv[1], sys.argv[2:])
