@@ -61,7 +61,7 @@ def test_a_repeat_after_the_same_notice_window_ends_the_process():
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
             "    time.sleep(5)\n"
             "print('survived', flush=True)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    proc = forked.python(["-c", code], env=_env(), timeout=120)  # its own process (forked warm where it can be)
     assert proc.returncode == -signal.SIGTERM and proc.stdout.split() == ["alive"], (proc.returncode, proc.stdout,
                                                                                    proc.stderr[-2000:])
 

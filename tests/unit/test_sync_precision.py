@@ -10,10 +10,9 @@ exact-sum grid) subtracted with one fp32 rounding.
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
 
 import pytest
+from support import forked
 import torch
 
 from megatron_logra.sketch.random_projection import projection
@@ -120,8 +119,9 @@ print(before == read(), before)
 @pytest.mark.parametrize("how", ["allow_tf32", "medium", "new_api"])
 def test_a_process_reads_back_its_own_settings_with_its_own_api(how):
     """torch refuses to answer the legacy getters once the legacy and per-backend APIs were mixed; the
-    switch must leave a process that used either API readable with it (a fresh process each)."""
-    out = subprocess.run([sys.executable, "-c", _LEGACY_USER, how], capture_output=True, text=True, timeout=120)
+    switch must leave a process that used either API readable with it (a process of its own each, forked warm
+    where it can be: the fork server imported torch and the libraries but set none of these settings)."""
+    out = forked.python(["-c", _LEGACY_USER, how], timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("True"), out.stdout
 
