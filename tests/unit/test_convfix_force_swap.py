@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from safetensors.torch import load_file
 
 from megatron_logra.convert import convert_hf_to_mcore, convert_mcore_to_hf
 from megatron_logra.convert import outdir
+from support import forked
 from support.convert_fixtures import snapshot, tiny_llama_checkpoint
 
 
@@ -57,8 +56,7 @@ os.replace, shutil.rmtree = replace, rmtree
 convert_hf_to_mcore({str(hf)!r}, {str(out)!r}, tp={tp}, force=True)
 sys.exit(0)
 """
-    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = forked.python(["-c", child], timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})  # forked warm
     assert proc.returncode == 9, proc.stderr
 
 
