@@ -78,7 +78,7 @@ def test_sigterm_during_the_lm_jobs_final_save_or_evaluation_ends_it_normally_wi
 
 def test_sigterm_during_the_rl_jobs_final_evaluation_ends_it_normally_with_its_checkpoint(tmp_path):
     run = tmp_path / "run"
-    proc = _run("megatron_logra.rl.job", "evaluate_accuracy", 2,  # before RL, then the final evaluation
+    proc = _run("megatron_logra.rl.job", "evaluate_held_out", 2,  # before RL, then the final evaluation
                 ["train", "tiny", f"train.run_dir={run}", "rl.steps=2", "train.exit_signal_handler=true", *RL_SMALL])
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
     summary = _summary(proc)
