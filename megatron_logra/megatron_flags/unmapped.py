@@ -99,6 +99,12 @@ REFUSED_VALUE_FLAGS: dict[str, str] = {
     "ref-load": ("the initial and reference policy is model.hf_path's weights (a Hugging Face directory; "
                  "`megatron-logra convert mcore-to-hf` writes one from a torch_dist checkpoint); "
                  "to continue a run of this trainer give --load RUN_DIR"),
+    "dynamic-sampling-filter-path": (
+        "dynamic sampling is rl.dynamic_sampling_rounds=N: up to N extra rollout rounds per step replace the groups "
+        "whose rewards are all equal (slime's check_reward_nonzero_std filter) by fresh prompts' groups"),
+    "over-sampling-batch-size": (
+        "each extra round of dynamic sampling draws rl.prompts_per_step fresh prompts; give "
+        "rl.dynamic_sampling_rounds=N for up to N rounds"),
     "num-experts": "mixture-of-experts models are not supported (dense GPT only)",
     "num-layers-per-virtual-pipeline-stage": "interleaved (virtual) pipeline schedules are not supported",
     "virtual-pipeline-model-parallel-size": "interleaved (virtual) pipeline schedules are not supported",
