@@ -6,8 +6,11 @@
 #   bash tools/gpu_check.sh [OUT_DIR=runs/gpu-check] [WHEEL_DIR=wheelhouse]
 #   GPU_CHECK_SLOW=1 bash tools/gpu_check.sh          # also the slow-marked GPU tests (up to 35 minutes)
 #
+# OUT_DIR and WHEEL_DIR are relative to the directory the script is run from (the defaults: to the checkout).
 # WHEEL_DIR (from tools/offline_wheels.sh), when it exists, is installed into a private site directory
-# first, for images that hold CUDA PyTorch but not megatron-core / reasoning-gym / math-verify. Logs go to
+# first, for images that hold CUDA PyTorch but not megatron-core / reasoning-gym / math-verify (a WHEEL_DIR
+# given but missing is named on stderr); env.txt reports these and the package's other requirements
+# (transformers, tokenizers, safetensors, ...), which the image must hold. Logs go to
 # OUT_DIR (env.txt, pytest.txt, smoke.txt, sync_apply.txt, summary.txt); exit status 1 when a test, the smoke
 # check or the sync timing failed, ran out of time, or could not run because a file it needs is missing
 # (named in its log and the summary). Without a CUDA device it still writes every file: the gpu-marked
@@ -30,8 +33,12 @@ set -uo pipefail
 OUT=${1:-runs/gpu-check}
 WHEELS=${2:-wheelhouse}
 PY=${PYTHON:-python3}
-cd "$(dirname "$0")/.."
-mkdir -p "$OUT"
+# OUT_DIR and WHEEL_DIR given on the command line are relative to where the script is run from; the
+# defaults to the checkout (the script works from there)
+[[ $# -ge 1 && "$OUT" != /* ]] && OUT="$PWD/$OUT"
+[[ $# -ge 2 && "$WHEELS" != /* ]] && WHEELS="$PWD/$WHEELS"
+cd "$(dirname "$0")/.." || exit 2
+mkdir -p "$OUT" || exit 2
 SECONDS=0
 
 if [[ "${GPU_CHECK_SLOW:-0}" == 1 ]]; then
@@ -49,6 +56,8 @@ if [[ -d "$WHEELS" ]]; then
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" "$WHEELS"/* \
     || { echo "installing $WHEELS failed" >&2; exit 2; }
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+elif [[ $# -ge 2 ]]; then
+  echo "WHEEL_DIR $WHEELS does not exist: nothing installed from it" >&2
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
@@ -63,7 +72,8 @@ import importlib, sys
 import torch
 print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda,
       "| devices", torch.cuda.device_count(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
-for name in ("megatron.core", "transformer_engine", "apex", "sglang", "reasoning_gym", "math_verify", "pynvml"):
+for name in ("megatron.core", "transformer_engine", "apex", "sglang", "reasoning_gym", "math_verify", "pynvml",
+             "transformers", "tokenizers", "safetensors", "yaml", "rich", "tensorboard", "psutil"):
     try:
         mod = importlib.import_module(name)
         print(f"{name:20s} {getattr(mod, '__version__', 'present')}")

@@ -4,12 +4,15 @@
 # packages they need that such images usually lack, for the node's Python version.
 #
 #   bash tools/offline_wheels.sh [DIR=wheelhouse] [PYTHON_VERSION=3.12]
-#   # copy DIR next to the checkout on the node, then:
+#   # copy DIR to the node, then, from the checkout:
 #   bash tools/gpu_check.sh runs/gpu-check DIR      # installs DIR into a private site dir and runs the GPU checks
+#   # (DIR relative to where gpu_check.sh is run from, or absolute)
 #
 # Binary wheels for the target Python where the index has them; pure-Python sdists are built into
 # py3-none-any wheels here; C-extension sdists stay sdists and compile on the node (needs a C compiler).
-# TransformerEngine, apex and SGLang are not fetched: they come with the CUDA image (docker/Dockerfile).
+# TransformerEngine, apex and SGLang are not fetched: they come with the CUDA image (docker/Dockerfile); nor
+# are transformers / tokenizers / safetensors / rich / pyyaml / tensorboard / psutil, which the image must
+# hold too (gpu_check.sh's env.txt lists each as present or missing).
 # Env: PYTHON_BUILD, an interpreter of PYTHON_VERSION to compile C-extension sdists with (default pythonX.Y).
 set -euo pipefail
 
@@ -40,7 +43,7 @@ for pkg in "${PKGS[@]}"; do
     echo "wheel  $pkg"
     continue
   fi
-  rm -rf "$scratch"/*
+  rm -rf "${scratch:?}"/*
   if ! "${PIP[@]}" download -q --no-deps --no-binary=:all: -d "$scratch" "$pkg" >/dev/null 2>&1; then
     echo "MISSING $pkg (no wheel for Python $PY and no sdist)" >&2
     failed+=("$pkg")

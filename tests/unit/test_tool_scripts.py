@@ -37,6 +37,9 @@ def test_gpu_check_reports_without_cuda(tmp_path):
     # the reason comes from models.te (both of megatron-core's HAVE_TE flags), and pytest's presence is reported
     assert "NOT usable: transformer_engine is not installed" in report
     assert re.search(r"^pytest\s+\d", report, re.M), report
+    # the package's own requirements, which a CUDA image may lack (tools/offline_wheels.sh does not fetch them)
+    for module in ("transformers", "tokenizers", "safetensors", "yaml", "rich"):
+        assert re.search(rf"^{module}\s+\S", report, re.M), report
     summary = (out / "summary.txt").read_text()
     assert "gpu-marked tests: exit 0 (-m 'gpu and not slow'" in summary and "skipped" in summary
     assert "deselected" in summary and "passed" not in summary  # the slow SGLang tests are left out
@@ -165,3 +168,30 @@ def test_gpu_check_stages_share_one_budget(tmp_path):
     assert rc == 1
     assert summary.count("not run: CHECK_BUDGET=5s spent") == 3, summary
     assert not [c for c in calls if c[:2] == ["-m", "pytest"] or "tools/gpu_smoke.py" in c]
+
+
+def test_gpu_check_paths_are_relative_to_where_it_is_run(tmp_path):
+    """``bash tools/gpu_check.sh OUT WHEELS`` run from another directory (the wheelhouse copied beside the
+    checkout, as tools/offline_wheels.sh says): both name paths there. They were taken relative to the checkout,
+    so the report landed inside it and the wheels were skipped without a word."""
+    root, py = _stub_checkout(tmp_path, "tests/gpu", "tools/gpu_smoke.py", "benchmarks/sync_bytes.py")
+    here = tmp_path / "here"
+    (here / "wheels").mkdir(parents=True)
+    (here / "wheels" / "x-1.0-py3-none-any.whl").write_text("")
+    proc = subprocess.run(["bash", str(root / "tools" / "gpu_check.sh"), "report", "wheels"], cwd=here,
+                          env=dict(os.environ, PYTHON=str(py)), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (here / "report" / "summary.txt").is_file() and not (root / "report").exists()
+    calls = [c.strip("\n").split("\n") for c in (py.parent / "calls.txt").read_text().split("---\n") if c.strip()]
+    (install,) = [c for c in calls if c[:3] == ["-m", "pip", "install"]]
+    assert str(here / "wheels" / "x-1.0-py3-none-any.whl") in install
+
+
+def test_gpu_check_says_when_the_named_wheel_dir_is_missing(tmp_path):
+    root, py = _stub_checkout(tmp_path, "tests/gpu", "tools/gpu_smoke.py", "benchmarks/sync_bytes.py")
+    proc = subprocess.run(["bash", str(root / "tools" / "gpu_check.sh"), str(tmp_path / "out"), "nowhere"],
+                          cwd=tmp_path, env=dict(os.environ, PYTHON=str(py)), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and f"WHEEL_DIR {tmp_path / 'nowhere'} does not exist" in proc.stderr
+    calls = (py.parent / "calls.txt").read_text()
+    assert "--target" not in calls
