@@ -51,3 +51,27 @@ def test_without_fp8_the_spec_is_unchanged(tmp_path, script):
     assert out.returncode == 0 and "model.transformer_impl" not in out.stdout and "model.fp8" not in out.stdout
     te = _launch(tmp_path, script, IMPL="transformer_engine")
     assert "model.transformer_impl=transformer_engine" in te.stdout and "model.fp8" not in te.stdout
+
+
+def test_the_multinode_launcher_takes_its_layout_from_slurm(tmp_path):
+    """``srun bash examples/train_7b_multinode.sh`` inside an sbatch job: NNODES, NODE_RANK and MASTER_ADDR
+    default to the job's node count, this node's index and its first host; variables given still win."""
+    _launch(tmp_path, "train_1.5b_1gpu.sh")  # writes the torchrun stub
+    stub = tmp_path / "bin"
+    (stub / "scontrol").write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames gpu[07-08]" ] && printf "gpu07\\ngpu08\\n"\n')
+    (stub / "scontrol").chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if k not in ("IMPL", "FP8", "NNODES", "NODE_RANK", "MASTER_ADDR")}
+    base.update(PATH=f"{stub}{os.pathsep}{os.environ.get('PATH', '')}", HF_PATH="/ckpt/x")
+    slurm = dict(SLURM_JOB_ID="42", SLURM_NNODES="2", SLURM_NODEID="1", SLURM_JOB_NODELIST="gpu[07-08]")
+
+    def run(**env):
+        return subprocess.run(["bash", str(EXAMPLES / "train_7b_multinode.sh")], env=dict(base, **env),
+                              capture_output=True, text=True, timeout=60)
+
+    out = run(**slurm)
+    assert out.returncode == 0, out.stderr
+    assert "--nnodes 2 --node-rank 1 --master-addr gpu07 --master-port 29500" in out.stdout
+    given = run(**slurm, NODE_RANK="0", MASTER_ADDR="10.1.1.1")
+    assert "--nnodes 2 --node-rank 0 --master-addr 10.1.1.1" in given.stdout
+    bare = run()
+    assert bare.returncode != 0 and "set NNODES" in bare.stderr  # outside Slurm they stay required
