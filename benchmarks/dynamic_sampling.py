@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from megatron_logra.bench.outputs import refuse_unwritable
+
 RESULTS = Path(__file__).resolve().parent / "results"
 DOCUMENTED = {"seeds": [1, 2, 3], "steps": 60, "rounds": 2, "overrides": []}
 """The settings of the committed ``results/dynamic_sampling.{md,json}``."""
@@ -78,8 +80,13 @@ def render(rows: list[dict], rounds: int) -> tuple[str, dict]:
 
 
 def output_stem(args: argparse.Namespace) -> Path:
+    """Where ``STEM.md`` / ``STEM.json`` go (see the module doc; a trailing ``.md`` / ``.json`` of ``--out`` is
+    dropped)."""
     if args.out:
-        return Path(args.out[:-3] if args.out.endswith(".md") else args.out)
+        for ext in (".md", ".json"):
+            if args.out.endswith(ext) and len(Path(args.out).name) > len(ext):
+                return Path(args.out[: -len(ext)])
+        return Path(args.out)
     given = {"seeds": list(args.seeds), "steps": args.steps, "rounds": args.rounds, "overrides": list(args.overrides)}
     return RESULTS / "dynamic_sampling" if given == DOCUMENTED else Path(args.run_root) / "dynamic_sampling"
 
@@ -97,19 +104,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.steps < 1 or args.rounds < 1:
-        raise SystemExit("--steps and --rounds must be >= 1")
+        parser.error("--steps and --rounds must be >= 1")
+    stem = output_stem(args)
+    md, js = stem.with_name(stem.name + ".md"), stem.with_name(stem.name + ".json")
+    refuse_unwritable(parser, "--out", md, js)  # before the runs, not after them
     run_root = Path(args.run_root)
     rows = [run_one(seed, r, args.steps, run_root, args.overrides) for seed in args.seeds for r in (0, args.rounds)]
     text, table = render(rows, args.rounds)
     command = shlex.join(["python", "benchmarks/dynamic_sampling.py", *argv])
     print(text)
-    stem = output_stem(args)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".md").write_text(f"# Dynamic sampling (seeds {args.seeds}, {args.steps} updates)\n\n"
-                                       f"Command: `{command}`\n\n{text}\n")
-    stem.with_suffix(".json").write_text(json.dumps({"command": command, "rows": rows, "table": table}, indent=1))
+    md.write_text(f"# Dynamic sampling (seeds {args.seeds}, {args.steps} updates)\n\nCommand: `{command}`\n\n{text}\n")
+    js.write_text(json.dumps({"command": command, "rows": rows, "table": table}, indent=1))
     return 0
 
 

@@ -41,7 +41,16 @@ def test_the_table_holds_means_sds_and_ratios_to_the_run_without(bench):
     (["--seeds", "1", "--steps", "2"], "runs/bench-dynamic-sampling/dynamic_sampling"),
     (["--rounds", "3", "--run-root", "R"], "R/dynamic_sampling"),
     (["--out", "x/ds.md"], "x/ds"),
+    (["--out", "x/ds.v2.json"], "x/ds.v2"),
 ])
 def test_only_the_documented_run_writes_the_committed_results(bench, argv, stem):
     want = bench.RESULTS / "dynamic_sampling" if stem == "COMMITTED" else Path(stem)
     assert bench.output_stem(bench.build_parser().parse_args(argv)) == want
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_run(bench, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--out", str(tmp_path / "file" / "ds"), "--run-root", str(tmp_path / "runs")])
+    assert exc.value.code == 2 and "argument --out" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
