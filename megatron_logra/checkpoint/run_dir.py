@@ -63,7 +63,8 @@ def _previous_run(run_dir: Path) -> list[str]:
     return found
 
 
-def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool, lock: bool = True) -> None:
+def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool, lock: bool = True,
+                  writes: bool = True) -> None:
     """Make ``run_dir`` ready for a run; every rank calls it (it synchronises when distributed).
 
     ``resume``: the directory is continued as it is. Otherwise a directory holding a previous run (a
@@ -76,19 +77,21 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool, l
     run's with ``overwrite`` (a warning names it), else what a start that never finished a step left (its
     ``config.yaml``, empty TensorBoard events, tokenizer). Other files in the directory stay. A path that
     exists but is not a directory is a ``ValueError`` too, and so is one that cannot be created or written
-    (checked by writing a file into it, before the model is built: a job would otherwise fail at its first
-    save).
+    (checked by writing a file into it, before the model is built, resumed or not: a job would otherwise fail
+    at its first save, or a resumed one writing ``config.yaml``). ``writes=False`` (held-out evaluation) writes
+    nothing and checks neither that nor shared storage: a read-only run directory can be evaluated.
     """
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"train.run_dir={str(run_dir)!r} exists and is not a directory; choose another train.run_dir")
     if not run_dir.exists():
         _CREATED.add(str(run_dir.absolute()))
-    if not resume and not (dist.is_initialized() and dist.get_world_size() > 1):  # the collective check writes too
-        problem = _unwritable(run_dir)
+    if writes and not (dist.is_initialized() and dist.get_world_size() > 1):  # the collective check writes too
+        problem = _fix_for(_unwritable(run_dir), resume)
         if problem:
             raise ValueError(problem)
-    check_shared_storage(run_dir)
+    if writes:
+        check_shared_storage(run_dir, resume=resume)
     if lock:
         _lock_everywhere(run_dir)
     if resume:
@@ -178,6 +181,11 @@ def _lock_everywhere(run_dir: Path) -> None:
         raise ValueError(problem[0])
 
 
+_NEW_RUN_FIX = "choose a directory this job can create and write"
+_RESUME_FIX = ("a resumed run writes its config.yaml, metrics and checkpoints there: make it writable, or copy the "
+               "run elsewhere and resume the copy")
+
+
 def _unwritable(run_dir: Path) -> Optional[str]:
     """Create ``run_dir`` and write a file into it; None, or why that failed (naming the field and the fix)."""
     probe = run_dir / f".write-check-{secrets.token_hex(4)}"
@@ -187,11 +195,16 @@ def _unwritable(run_dir: Path) -> Optional[str]:
         probe.unlink()
     except OSError as exc:
         return (f"train.run_dir={str(run_dir)!r} cannot be written: {exc.strerror or exc!r} "
-                f"({exc.filename or run_dir}); choose a directory this job can create and write")
+                f"({exc.filename or run_dir}); {_NEW_RUN_FIX}")
     return None
 
 
-def check_shared_storage(run_dir: Path, *, wait_s: float = 5.0) -> None:
+def _fix_for(problem: Optional[str], resume: bool) -> Optional[str]:
+    """:func:`_unwritable`'s message with the fix for a resumed run when ``resume``."""
+    return problem.replace(_NEW_RUN_FIX, _RESUME_FIX) if problem and resume else problem
+
+
+def check_shared_storage(run_dir: Path, *, wait_s: float = 5.0, resume: bool = False) -> None:
     """Every rank must see what rank 0 writes in ``run_dir`` (collective; no-op in one process).
 
     Checkpoints are written by every rank into one directory and finished by rank 0, so a run
@@ -207,7 +220,7 @@ def check_shared_storage(run_dir: Path, *, wait_s: float = 5.0) -> None:
     rank = dist.get_rank()
     token = [secrets.token_hex(8) if rank == 0 else None, None]  # [the probe's contents, rank 0's failure]
     if rank == 0:
-        token[1] = _unwritable(run_dir)
+        token[1] = _fix_for(_unwritable(run_dir), resume)
         if token[1] is None:
             (run_dir / f".shared-storage-check-{token[0]}").write_text(token[0])
     dist.broadcast_object_list(token, src=0)  # rank 0's failure to write reaches every rank: none waits for it
@@ -223,7 +236,7 @@ def check_shared_storage(run_dir: Path, *, wait_s: float = 5.0) -> None:
         if seen or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    problem = _unwritable(run_dir) if rank != 0 and seen else None  # every rank writes checkpoint shards
+    problem = _fix_for(_unwritable(run_dir), resume) if rank != 0 and seen else None  # every rank writes checkpoint shards
     views: list = [None] * dist.get_world_size()
     dist.all_gather_object(views, (seen, socket.gethostname(), problem))
     dist.barrier()

@@ -178,7 +178,8 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     run_dir = Path(cfg.train.run_dir)
     # every check that can refuse the run comes before train.overwrite deletes the previous run's outputs
     if not cfg.train.overwrite:  # refusing a run_dir that holds a run deletes nothing: before the (slow) build
-        claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=False, lock=not for_eval)  # eval only reads
+        claim_run_dir(run_dir, resume=cfg.train.resume, overwrite=False, lock=not for_eval,
+                      writes=not for_eval)  # eval only reads (a read-only run directory too)
     if cfg.train.resume:
         check_resume_steps(run_dir, cfg.rl.steps, "rl.steps")
     task, tok, stop_ids = _task_and_tokenizer(cfg, run_dir, will_save=not for_eval, group=world_group())
