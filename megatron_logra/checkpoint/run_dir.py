@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import secrets
 import shutil
 import socket
@@ -33,7 +34,7 @@ from megatron_logra.wandb_log import WANDB_ID_FILE
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["claim_run_dir", "lock_run_dir", "release_run_dir", "releasing_run_dir", "check_resume_steps",
+__all__ = ["claim_run_dir", "has_checkpoint", "restart_command", "lock_run_dir", "release_run_dir", "releasing_run_dir", "check_resume_steps",
            "check_shared_storage", "resume_config", "RUN_OUTPUTS"]
 
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "summary.png", "tensorboard", "config.yaml", "tokenizer",
@@ -98,6 +99,9 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool, l
         return
     found = _previous_run(run_dir)
     if found and not overwrite:
+        if not has_checkpoint(run_dir):  # --resume would refuse it: restarting is the only way to continue
+            raise ValueError(f"train.run_dir={str(run_dir)!r} already holds a run ({', '.join(found)}) {_RESTART}"
+                             f"{restart_command(run_dir)}, or choose a new train.run_dir")
         raise ValueError(f"train.run_dir={str(run_dir)!r} already holds a run ({', '.join(found)}); continue it with "
                          f"--resume {run_dir}, choose a new train.run_dir, or replace it with train.overwrite=true")
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
@@ -116,6 +120,23 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool, l
                 path.unlink()
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+_RESTART = ("that stopped before its first checkpoint (its train.save_interval), so there is nothing to continue "
+            "with --resume; start it again from step 0, replacing it, with train.overwrite=true")
+
+
+def has_checkpoint(run_dir: Union[str, Path]) -> bool:
+    """Whether ``run_dir/checkpoints`` holds a finished save (``step_XXXXXXXX/meta.json``; not a ``.tmp`` one)."""
+    ckpts = Path(run_dir) / "checkpoints"
+    return ckpts.is_dir() and any(re.fullmatch(r"step_\d+", p.name) and (p / "meta.json").is_file()
+                                  for p in ckpts.iterdir())
+
+
+def restart_command(run_dir: Union[str, Path]) -> str:
+    """The command that restarts the run with its ``config.yaml``, in parentheses (nothing without one)."""
+    cfg_path = Path(run_dir) / "config.yaml"
+    return f" (megatron-logra train {cfg_path} train.overwrite=true repeats its config)" if cfg_path.is_file() else ""
 
 
 def lock_run_dir(run_dir: Union[str, Path]) -> Optional[str]:

@@ -82,8 +82,13 @@ def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: 
     if not cfg_path.exists() and not has_checkpoint:
         raise ValueError(f"{cfg_path} does not exist: is {run_dir} a run directory?")
     if not has_checkpoint:
+        from megatron_logra.checkpoint.run_dir import restart_command
+
+        restart = "" if evaluating else (": the run stopped before its first checkpoint (its train.save_interval); "
+                                         "start it again from step 0, replacing it, with train.overwrite=true"
+                                         f"{restart_command(run_dir)}")
         raise ValueError(f"{run_dir} has no checkpoint (no complete checkpoints/latest) to "
-                         f"{'evaluate' if evaluating else 'continue from'}")
+                         f"{'evaluate' if evaluating else 'continue from'}{restart}")
     if overrides and not overrides[0].startswith("-") and "=" not in overrides[0]:
         raise ValueError(f"{named} takes its recipe from {cfg_path}; drop {overrides[0]!r}"
                          f"{'' if evaluating else ' or start a new run'}")
