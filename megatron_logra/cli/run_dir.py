@@ -44,11 +44,14 @@ def check_saved_layout(cfg: RunConfig, saved: Mapping[str, Any], cfg_path: Path,
                     "(set parallel.tp / parallel.pp to choose)", named, tp, pp, world, new_tp, new_pp)
         cfg.parallel.tp, cfg.parallel.pp = new_tp, new_pp
         return
-    origins = [f"parallel.{name}={value} ({'from ' + str(cfg_path) if saved_parallel.get(name) == value else 'given'})"
-               for name, value in (("tp", tp), ("pp", pp)) if value > 1]
-    flags = [flag for flag, value in (("--tensor-model-parallel-size 1", tp), ("--pipeline-model-parallel-size 1", pp))
-             if value > 1]
-    dotted = [f"parallel.{name}=1" for name, value in (("tp", tp), ("pp", pp)) if value > 1]
+    sizes = [(name, value, saved_parallel.get(name) == value) for name, value in (("tp", tp), ("pp", pp)) if value > 1]
+    origins = [f"parallel.{name}={value} ({'from ' + str(cfg_path) if saved else 'given'})"
+               for name, value, saved in sizes]
+    # the sizes given on the command line stay when lowering the saved ones alone fits this launch
+    keep_given = world % math.prod(value for _, value, saved in sizes if not saved) == 0
+    lowered = [name for name, _, saved in sizes if saved or not keep_given]
+    flags = [f"--{'tensor' if name == 'tp' else 'pipeline'}-model-parallel-size 1" for name in lowered]
+    dotted = [f"parallel.{name}=1" for name in lowered]
     launch = "this one process (no torchrun)" if world == 1 else f"{world} processes"
     raise ValueError(f"{' and '.join(origins)}: tp × pp = {tp * pp} does not divide the world size {world} of "
                      f"{launch}. {named} works at any TP / PP / DP layout: add {' '.join(flags)} (or "
