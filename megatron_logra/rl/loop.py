@@ -97,6 +97,13 @@ def reinforce_advantages(baseline: EMABaseline, rewards: torch.Tensor,
     return baseline.advantages(rewards, totals[0].item(), int(totals[1].item()))
 
 
+def _dp_sums(group: Any, **values: float) -> dict[str, float]:
+    """``values`` summed over the DP ranks (one all-reduce; every DP rank must call with the same names)."""
+    totals = torch.tensor(list(values.values()), dtype=torch.float64)
+    all_reduce_sum(totals, group)
+    return dict(zip(values, totals.tolist()))
+
+
 def rl_update(c: RLComponents, state: RLState) -> dict:
     """One RL update; returns its metrics record. Each phase is a named range (``rl/rollout``, ...) in a
     profile (:mod:`megatron_logra.profiling`)."""
@@ -124,33 +131,33 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     else:
         advantages = reinforce_advantages(state.baseline, rewards, groups.dp)
     # generated: every rollout of the step (all rounds) — the policy's statistics, unbiased by the selection
-    stats = torch.cat([collected.generated_4, torch.tensor([
-        float(sum(len(r.completion_ids) for r in rollouts)), advantages.abs().sum().item(),
-        float(collected.prompts_skipped), float(collected.replaced), float(collected.uniform)], dtype=torch.float64)])
-    all_reduce_sum(stats, groups.dp)
+    generated = dict(zip(("reward", "correct", "samples", "tokens"), collected.generated_4.tolist()))
+    sums = _dp_sums(groups.dp, **generated, batch_tokens=float(sum(len(r.completion_ids) for r in rollouts)),
+                    abs_advantage=advantages.abs().sum().item(), prompts_skipped=float(collected.prompts_skipped),
+                    resampled=float(collected.replaced), uniform=float(collected.uniform))
     record: dict[str, Any] = {
-        "step": step, "reward_mean": stats[0].item() / stats[2].item(), "accuracy": stats[1].item() / stats[2].item(),
-        "eval_accuracy": None, "response_length": stats[3].item() / stats[2].item(),
+        "step": step, "reward_mean": sums["reward"] / sums["samples"], "accuracy": sums["correct"] / sums["samples"],
+        "eval_accuracy": None, "response_length": sums["tokens"] / sums["samples"],
         "kl_predicted": None, "kl_actual": None, "alpha": None, "budget": None, "mismatch": c.controller.mismatch,
         "update_ratio": None, "lr": None, "logra_lr": None, "entropy": None, "ref_kl": None, "skipped": False,
         "skip_reason": None,
         "rollout_seconds": rollout_seconds,
         "sync_bytes": 0, "sync_mode": None, "sync_drift": 0, "sync_master_drift": 0.0,
-        "rollout_tokens_per_second": stats[3].item() / max(rollout_seconds, 1e-9), "train_tokens": 0,
-        "train_tokens_per_second": None, "prompts_skipped": int(stats[6].item()),
-        "resample_rounds": collected.extra_rounds, "groups_resampled": int(stats[7].item()),
-        "groups_uniform": int(stats[8].item()),
+        "rollout_tokens_per_second": sums["tokens"] / max(rollout_seconds, 1e-9), "train_tokens": 0,
+        "train_tokens_per_second": None, "prompts_skipped": int(sums["prompts_skipped"]),
+        "resample_rounds": collected.extra_rounds, "groups_resampled": int(sums["resampled"]),
+        "groups_uniform": int(sums["uniform"]),
     }
     if len(c.task.names) > 1:  # a mixture: reward and accuracy per source too (the same decision on every rank)
         by_source = all_reduce_sum(collected.by_source_S3, groups.dp)
         record.update(source_fields(c.task.names, by_source, reward="reward_mean", accuracy="accuracy"))
     state.step = step
-    if stats[4].item() == 0.0:  # every completion empty (an engine fault): nothing to train on
+    if sums["batch_tokens"] == 0.0:  # every completion empty (an engine fault): nothing to train on
         refuse_update(state, step, "no completion token in the step", rl.max_bad_steps)
         record.update(skipped=True, skip_reason="no completion tokens", step_seconds=elapsed(t0, device),
                       **device_peaks(device))
         return record
-    if stats[5].item() == 0.0 and rl.loss.kl_coef == 0:  # with a KL penalty the step still pulls towards the reference
+    if sums["abs_advantage"] == 0.0 and rl.loss.kl_coef == 0:  # with a KL penalty the step still pulls towards the reference
         logger.info("step %d: every advantage is zero (all groups uniform); no update", step)
         record.update(skipped=True, skip_reason="zero advantages", step_seconds=elapsed(t0, device),
                       **device_peaks(device))
