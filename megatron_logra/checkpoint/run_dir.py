@@ -34,7 +34,8 @@ from megatron_logra.wandb_log import WANDB_ID_FILE
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["claim_run_dir", "has_checkpoint", "restart_command", "lock_run_dir", "release_run_dir", "releasing_run_dir", "check_resume_steps",
+__all__ = ["claim_run_dir", "has_checkpoint", "restart_command", "lock_run_dir", "release_run_dir",
+           "releasing_run_dir", "check_resume_steps",
            "check_shared_storage", "resume_config", "RUN_OUTPUTS"]
 
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "summary.png", "tensorboard", "config.yaml", "tokenizer",
@@ -127,7 +128,7 @@ _RESTART = ("that stopped before its first checkpoint (its train.save_interval),
 
 
 def has_checkpoint(run_dir: Union[str, Path]) -> bool:
-    """Whether ``run_dir/checkpoints`` holds a finished save (``step_XXXXXXXX/meta.json``; not a ``.tmp`` one)."""
+    """Whether ``run_dir/checkpoints`` holds a finished save (``step_XXXXXXXX/meta.json``; not ``.tmp``)."""
     ckpts = Path(run_dir) / "checkpoints"
     return ckpts.is_dir() and any(re.fullmatch(r"step_\d+", p.name) and (p / "meta.json").is_file()
                                   for p in ckpts.iterdir())
@@ -156,8 +157,8 @@ def lock_run_dir(run_dir: Union[str, Path]) -> Optional[str]:
     if taken:
         return None
     return (f"train.run_dir={str(run_dir)!r} is in use by another running job (it holds the directory's lock); "
-            f"wait for that job to end (or stop it) before resuming, or choose another train.run_dir: two jobs in "
-            f"one run directory would delete each other's checkpoints")
+            f"wait for that job to end (or stop it) before starting another there, or choose another "
+            f"train.run_dir: two jobs in one run directory would delete each other's checkpoints")
 
 
 def release_run_dir(run_dir: Union[str, Path]) -> None:
@@ -221,7 +222,7 @@ def _unwritable(run_dir: Path) -> Optional[str]:
 
 
 def _fix_for(problem: Optional[str], resume: bool) -> Optional[str]:
-    """:func:`_unwritable`'s message with the fix for a resumed run when ``resume``."""
+    """:func:`_unwritable`'s message, with a resumed run's fix."""
     return problem.replace(_NEW_RUN_FIX, _RESUME_FIX) if problem and resume else problem
 
 
@@ -257,7 +258,8 @@ def check_shared_storage(run_dir: Path, *, wait_s: float = 5.0, resume: bool = F
         if seen or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    problem = _fix_for(_unwritable(run_dir), resume) if rank != 0 and seen else None  # every rank writes checkpoint shards
+    # every rank writes checkpoint shards
+    problem = _fix_for(_unwritable(run_dir), resume) if rank != 0 and seen else None
     views: list = [None] * dist.get_world_size()
     dist.all_gather_object(views, (seen, socket.gethostname(), problem))
     dist.barrier()
