@@ -117,9 +117,16 @@ def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: 
         cfg.train.progress = progress
     saved_cfg = copy.deepcopy(cfg) if evaluating else None
     saved_tokenizer = copy.deepcopy(cfg.tokenizer)
+    hf_path = cfg.model.hf_path if cfg.job == "rl" else ""
     try:
         cfg = apply_overrides(cfg, overrides)
     except ValueError as exc:
+        if hf_path and not Path(hf_path).is_dir() and f"model.hf_path={hf_path!r}" in str(exc):
+            # a job moved to another machine or cluster: the saved checkpoint path is not there
+            raise ValueError(f"{cfg_path}: model.hf_path={hf_path!r}, the Hugging Face checkpoint the run started "
+                             f"from, is not there (moved, or not on this machine); {named} reads it again (its "
+                             f"architecture and stop tokens, the KL reference's weights): give its location with "
+                             f"model.hf_path=DIR") from exc
         raise ValueError(f"{cfg_path}{' with the overrides given' if overrides else ''}: {exc}") from exc
     _check_saved_tokenizer(cfg, saved_tokenizer, run_dir, named)
     if Path(cfg.train.run_dir).resolve() != run_dir.resolve():
@@ -136,7 +143,8 @@ def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: 
         raise ValueError(f"train.overwrite=true with {named}: overwriting would delete the run that --resume "
                          f"continues; drop train.overwrite=true to continue it, or start a new run (without "
                          f"--resume) to replace it")
-    if evaluating:
+    if evaluating:  # the saved config as read here: its checkpoint where model.hf_path says it is now
+        saved_cfg.model.hf_path = cfg.model.hf_path
         _check_eval_optimizer(cfg, apply_overrides(saved_cfg, []), named)
     if command != "config":
         check_saved_layout(cfg, saved, cfg_path, named, adapt=evaluating)
