@@ -60,11 +60,18 @@ def lock_directory(path: Union[str, os.PathLike]) -> bool:
     return True
 
 
-def release_directory(path: Union[str, os.PathLike]) -> None:
-    """Release this process's lock on ``path`` (by the path it was taken with), if it holds one; never raises."""
+def release_directory(path: Union[str, os.PathLike], *, remove_if_empty: bool = False) -> None:
+    """Release this process's lock on ``path`` (by the path it was taken with), if it holds one; never raises.
+    ``remove_if_empty``: remove the directory first when it is empty and this process holds its lock (a process
+    refused the lock never removes a directory that another one is using)."""
     wanted = os.path.abspath(path)
     for key, (held, fd) in list(_HELD.items()):
         if held == wanted:
+            if remove_if_empty:
+                try:
+                    os.rmdir(held)  # only ever an empty directory
+                except OSError:
+                    pass
             del _HELD[key]
             try:
                 os.close(fd)

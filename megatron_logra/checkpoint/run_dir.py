@@ -45,8 +45,7 @@ is present (:func:`claim_run_dir`), so none of a previous run's can be taken for
 W&B run among them; W&B's own files, ``RUN/wandb``, stay: an offline run there may not be synced yet)."""
 
 _CREATED: set[str] = set()
-"""Run directories (absolute paths) that :func:`claim_run_dir` created in this process: a job that fails removes
-its own while still empty (:func:`releasing_run_dir`), so a refused start leaves nothing behind."""
+"""Run directories (absolute paths) :func:`claim_run_dir` created in this process (see :func:`release_run_dir`)."""
 
 _RUN_RESULTS = ("summary.json", "summary.png")
 """Files that only a run that trained (or was plotted) leaves: present, they count as a previous run."""
@@ -161,17 +160,22 @@ def lock_run_dir(run_dir: Union[str, Path]) -> Optional[str]:
             f"train.run_dir: two jobs in one run directory would delete each other's checkpoints")
 
 
-def release_run_dir(run_dir: Union[str, Path]) -> None:
+def release_run_dir(run_dir: Union[str, Path], *, failed: bool = False) -> None:
     """Release this process's lock on ``run_dir`` (:func:`lock_run_dir`), if it holds one: a job calls it as it
     ends, so that another job of the same process (a script running several, a test) or a later process may
-    take the directory. Never raises."""
-    release_directory(run_dir)
+    take the directory. ``failed``: a directory :func:`claim_run_dir` created and this process locked is removed
+    while still empty. Never raises."""
+    created = str(Path(run_dir).absolute())
+    remove = failed and created in _CREATED
+    _CREATED.discard(created)
+    release_directory(run_dir, remove_if_empty=remove)
 
 
 def releasing_run_dir(job: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator of a job ``job(cfg, ...)``: :func:`release_run_dir` of ``cfg.train.run_dir`` once it returns or
-    raises; a job that raises also removes the run directory when :func:`claim_run_dir` created it and it is
-    still empty (a start refused by a later check leaves no empty directory; anything written there stays)."""
+    raises; a job that raises also removes the run directory when :func:`claim_run_dir` created it, this process
+    holds its lock and it is still empty (a start refused by a later check leaves no empty directory; anything
+    written there stays, and so does a directory another job holds)."""
     @functools.wraps(job)
     def run(cfg, *args, **kwargs):
         finished = False
@@ -180,15 +184,7 @@ def releasing_run_dir(job: Callable[..., Any]) -> Callable[..., Any]:
             finished = True
             return result
         finally:
-            release_run_dir(cfg.train.run_dir)
-            created = str(Path(cfg.train.run_dir).absolute())
-            if created in _CREATED:
-                _CREATED.discard(created)
-                if not finished:
-                    try:
-                        Path(created).rmdir()  # only ever an empty directory
-                    except OSError:
-                        pass
+            release_run_dir(cfg.train.run_dir, failed=not finished)
     return run
 
 

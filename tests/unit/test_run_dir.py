@@ -172,3 +172,28 @@ def test_a_start_refused_after_the_claim_leaves_no_directory_it_created(tmp_path
         assert "cannot import module 'no_such_reward_module'" in capsys.readouterr().err
     assert not created.exists() and created.parent.is_dir()
     assert existing.is_dir() and not any(existing.iterdir())
+
+
+def test_a_job_refused_the_lock_never_removes_the_directory_another_job_holds(tmp_path):
+    """Two jobs started at once on a directory that did not exist: both saw it missing, one created and locked
+    it; the other, refused, must not remove that (still empty) directory from under it."""
+    import subprocess
+    import sys
+
+    from megatron_logra.checkpoint import run_dir as run_dir_module
+
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; os.mkdir(sys.argv[1]); fd = os.open(sys.argv[1], "
+         "os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(120)", str(run)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        run_dir_module._CREATED.add(str(run.absolute()))  # this job, too, found no directory there
+        with pytest.raises(ValueError, match="in use by another running job"):
+            claim_run_dir(run, resume=False, overwrite=False)
+        run_dir_module.release_run_dir(run, failed=True)
+        assert run.is_dir()
+    finally:
+        holder.kill()
+        holder.wait()
