@@ -120,41 +120,43 @@ def _generated(rollouts: list[Rollout], scored: list[tuple[float, bool]]) -> tor
                          float(sum(len(r.completion_ids) for r in rollouts))], dtype=torch.float64)
 
 
+def _is_uniform(group: tuple) -> bool:
+    """All rewards of the group equal, as :func:`~megatron_logra.rl.advantages.grpo_advantages` decides it (on
+    the float32 rewards)."""
+    rewards = torch.tensor([s[0] for s in group[2]], dtype=torch.float32)
+    return bool(rewards.amax() == rewards.amin())
+
+
 def collect_groups(c: RLComponents, step: int, ph: Phases | None = None) -> StepGroups:
     """This DP rank's groups for RL step ``step`` (1-based), with dynamic sampling when
     ``rl.dynamic_sampling_rounds`` > 0 (see the module doc). Every DP rank must call."""
-    rl, groups = c.cfg.rl, c.groups
-    size = rl.group_size
+    rl, groups, names = c.cfg.rl, c.groups, c.task.names
+    size, rounds = rl.group_size, rl.dynamic_sampling_rounds
     per_rank = share_per_rank("rl.prompts_per_step", rl.prompts_per_step, groups.dp_size, "prompts")
-    first = (step - 1) * rl.prompts_per_step + groups.dp_rank * per_rank
-    problems, rollouts, scored, skipped, seconds = _sample_round(c, step, first, per_rank, 0, ph)
-    generated = _generated(rollouts, scored)
-    names = c.task.names
-    by_source = source_sums(names, [p for p in problems for _ in range(size)], scored)
-    # the batch as (problem, its rollouts, their scores) per group
-    batch = [(p, rollouts[i * size:(i + 1) * size], scored[i * size:(i + 1) * size]) for i, p in enumerate(problems)]
+    generated = torch.zeros(4, dtype=torch.float64)
+    by_source = torch.zeros(len(names), 3, dtype=torch.float64)
+    totals = {"skipped": 0, "seconds": 0.0}
 
-    def is_uniform(group: tuple) -> bool:  # as grpo_advantages decides it: on the float32 rewards
-        rewards = torch.tensor([s[0] for s in group[2]], dtype=torch.float32)
-        return bool(rewards.amax() == rewards.amin())
+    def sample(first: int, round_: int) -> list[tuple]:
+        """One round's groups, as (problem, its rollouts, their scores); everything generated is tallied."""
+        problems, rollouts, scored, skipped, seconds = _sample_round(c, step, first, per_rank, round_, ph)
+        totals["skipped"] += skipped
+        totals["seconds"] += seconds
+        generated.add_(_generated(rollouts, scored))
+        by_source.add_(source_sums(names, [p for p in problems for _ in range(size)], scored))
+        return [(p, rollouts[i * size:(i + 1) * size], scored[i * size:(i + 1) * size]) for i, p in enumerate(problems)]
 
+    batch = sample((step - 1) * rl.prompts_per_step + groups.dp_rank * per_rank, 0)
     extra = replaced = 0
-    for round_ in range(1, rl.dynamic_sampling_rounds + 1):
-        short = torch.tensor([float(sum(is_uniform(g) for g in batch))], dtype=torch.float64)
-        all_reduce_sum(short, groups.dp)
-        if short.item() == 0:
+    for round_ in range(1, rounds + 1):
+        short = torch.tensor([float(sum(_is_uniform(g) for g in batch))], dtype=torch.float64)
+        if all_reduce_sum(short, groups.dp).item() == 0:  # the same decision on every rank
             break
-        first = RESAMPLE_OFFSET + ((step - 1) * rl.dynamic_sampling_rounds + round_ - 1) * rl.prompts_per_step \
-            + groups.dp_rank * per_rank
-        new_problems, new_rollouts, new_scored, new_skipped, new_seconds = _sample_round(
-            c, step, first, per_rank, round_, ph)
-        extra, skipped, seconds = extra + 1, skipped + new_skipped, seconds + new_seconds
-        generated += _generated(new_rollouts, new_scored)
-        by_source += source_sums(names, [p for p in new_problems for _ in range(size)], new_scored)
-        fresh = iter([g for g in ((p, new_rollouts[i * size:(i + 1) * size], new_scored[i * size:(i + 1) * size])
-                                  for i, p in enumerate(new_problems)) if not is_uniform(g)])
+        extra += 1
+        first = RESAMPLE_OFFSET + ((step - 1) * rounds + round_ - 1) * rl.prompts_per_step + groups.dp_rank * per_rank
+        fresh = iter([g for g in sample(first, round_) if not _is_uniform(g)])
         for k, group in enumerate(batch):
-            if is_uniform(group):
+            if _is_uniform(group):
                 informative = next(fresh, None)
                 if informative is None:
                     break
@@ -165,6 +167,6 @@ def collect_groups(c: RLComponents, step: int, ph: Phases | None = None) -> Step
         problems=[g[0] for g in batch], rollouts=[r for g in batch for r in g[1]],
         rewards_N=torch.tensor([s[0] for s in kept_scores], dtype=torch.float32),
         correct_N=torch.tensor([float(s[1]) for s in kept_scores]),
-        generated_4=generated, prompts_skipped=skipped, extra_rounds=extra, replaced=replaced,
-        uniform=sum(is_uniform(g) for g in batch), generate_seconds=seconds, by_source_S3=by_source,
+        generated_4=generated, prompts_skipped=totals["skipped"], extra_rounds=extra, replaced=replaced,
+        uniform=sum(_is_uniform(g) for g in batch), generate_seconds=totals["seconds"], by_source_S3=by_source,
     )
