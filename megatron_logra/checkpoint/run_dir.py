@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import secrets
 import shutil
 import socket
@@ -27,6 +26,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch.distributed as dist
 
+from megatron_logra.checkpoint.catalog import _complete_checkpoints
 from megatron_logra.checkpoint.resuming import check_resume_steps, resume_config
 from megatron_logra.dirlock import lock_directory, release_directory
 from megatron_logra.metrics import BEFORE_FILE
@@ -100,7 +100,7 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool, l
     found = _previous_run(run_dir)
     if found and not overwrite:
         if not has_checkpoint(run_dir):  # --resume would refuse it: restarting is the only way to continue
-            raise ValueError(f"train.run_dir={str(run_dir)!r} already holds a run ({', '.join(found)}) {_RESTART}"
+            raise ValueError(f"train.run_dir={str(run_dir)!r} already holds a run ({', '.join(found)}) that "
                              f"{restart_command(run_dir)}, or choose a new train.run_dir")
         raise ValueError(f"train.run_dir={str(run_dir)!r} already holds a run ({', '.join(found)}); continue it with "
                          f"--resume {run_dir}, choose a new train.run_dir, or replace it with train.overwrite=true")
@@ -122,21 +122,18 @@ def claim_run_dir(run_dir: Union[str, Path], *, resume: bool, overwrite: bool, l
         dist.barrier()
 
 
-_RESTART = ("that stopped before its first checkpoint (its train.save_interval), so there is nothing to continue "
-            "with --resume; start it again from step 0, replacing it, with train.overwrite=true")
-
-
 def has_checkpoint(run_dir: Union[str, Path]) -> bool:
-    """Whether ``run_dir/checkpoints`` holds a finished save (``step_XXXXXXXX/meta.json``; not ``.tmp``)."""
-    ckpts = Path(run_dir) / "checkpoints"
-    return ckpts.is_dir() and any(re.fullmatch(r"step_\d+", p.name) and (p / "meta.json").is_file()
-                                  for p in ckpts.iterdir())
+    """Whether ``run_dir/checkpoints`` holds a published save (what ``--resume`` can continue from)."""
+    return bool(_complete_checkpoints(Path(run_dir) / "checkpoints"))
 
 
 def restart_command(run_dir: Union[str, Path]) -> str:
-    """The command that restarts the run with its ``config.yaml``, in parentheses (nothing without one)."""
+    """Why a run without a checkpoint cannot be continued and how to start it again, with the command that
+    repeats its ``config.yaml`` when it has one (a phrase: "the run {restart_command(RUN)}")."""
     cfg_path = Path(run_dir) / "config.yaml"
-    return f" (megatron-logra train {cfg_path} train.overwrite=true repeats its config)" if cfg_path.is_file() else ""
+    command = f" (megatron-logra train {cfg_path} train.overwrite=true repeats its config)" if cfg_path.is_file() else ""
+    return ("stopped before its first checkpoint (its train.save_interval), so there is nothing to continue with "
+            f"--resume; start it again from step 0, replacing it, with train.overwrite=true{command}")
 
 
 def lock_run_dir(run_dir: Union[str, Path]) -> Optional[str]:

@@ -87,9 +87,7 @@ def run_dir_config(run_dir: Union[str, Path], overrides: list[str], *, command: 
     if not has_checkpoint:
         from megatron_logra.checkpoint.run_dir import restart_command
 
-        restart = "" if evaluating else (": the run stopped before its first checkpoint (its train.save_interval); "
-                                         "start it again from step 0, replacing it, with train.overwrite=true"
-                                         f"{restart_command(run_dir)}")
+        restart = "" if evaluating else f": the run {restart_command(run_dir)}"
         raise ValueError(f"{run_dir} has no checkpoint (no complete checkpoints/latest) to "
                          f"{'evaluate' if evaluating else 'continue from'}{restart}")
     if overrides and not overrides[0].startswith("-") and "=" not in overrides[0]:
