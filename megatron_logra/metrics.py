@@ -6,7 +6,6 @@ import functools
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -204,10 +203,10 @@ class MetricsWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if truncate_after is not None and self.path.exists():
             # resuming: drop records after the checkpoint so the file matches an uninterrupted run
+            from megatron_logra.checkpoint.durable import atomic_write_text
+
             kept = [line for line in self.path.read_text().splitlines() if _step_of(line, truncate_after)]
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.path)  # a kill now leaves the old or the new file, never half of one
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))  # the old file or the new one
         elif truncate_after is None and self.path.exists():
             self.path.unlink()
         if tensorboard:
@@ -273,6 +272,20 @@ class MetricsWriter:
                     self._tb.add_text(k, v, step)
         if self._wandb is not None:
             self._wandb.log(record)
+
+    def sync(self) -> None:
+        """Flush ``metrics.jsonl`` and the TensorBoard events to storage. The jobs call this before each checkpoint
+        save, so that once a checkpoint is on storage so are the records of every step up to it: a run resumed after a
+        power loss or a node crash then has no gap in its metrics (records are appended unsynced between saves, and
+        those after the checkpoint are dropped by the resume anyway)."""
+        if not self.enabled:
+            return
+        if self._tb is not None:
+            self._tb.flush()
+        if self.path.exists():
+            from megatron_logra.checkpoint.durable import fsync_path
+
+            fsync_path(self.path)
 
     def close(self, summary: Optional[dict[str, Any]] = None, *, failed: bool = False) -> None:
         """Flush and close TensorBoard and W&B (which gets ``summary``, the run's ``summary.json``, as its

@@ -129,6 +129,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
                 logger.info("rl step %d %s", state.step,
                             {k: record.get(k) for k in _LOGGED if record.get(k) is not None})
             if cfg.train.save_interval and state.step % cfg.train.save_interval == 0 and state.step != cfg.rl.steps:
+                metrics.sync()  # the records up to the checkpoint are on storage before it
                 save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=saved_config,
                                 keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
                 saved = state.step
@@ -141,6 +142,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             progress[0].stop()
         profiler.close()  # a window the run left early (a stop) writes what it recorded
         if state.step > saved:  # the last step's checkpoint, before the final evaluation (not again if already saved)
+            metrics.sync()  # the records up to the checkpoint are on storage before it
             save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=saved_config,
                             keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
         if stopped is None:  # a stop asked for during that save: no final evaluation

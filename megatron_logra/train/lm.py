@@ -216,6 +216,7 @@ def run_lm(cfg: RunConfig) -> dict:
                             "" if memory is None else f" peak {memory / 2**30:.2f} GiB")
             last = step
             if cfg.train.save_interval and step % cfg.train.save_interval == 0 and step != cfg.train.steps:
+                metrics.sync()  # the records up to the checkpoint are on storage before it
                 save_checkpoint(run_dir, step, model, optimizer, groups, config=saved_config,
                                 keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
                 saved = step
@@ -228,6 +229,7 @@ def run_lm(cfg: RunConfig) -> dict:
         profiler.close()  # a window the run left early (a stop) writes what it recorded
         train_seconds = time.perf_counter() - t_start
         if last > saved:  # the last step's checkpoint, before the final evaluation (not again if already saved)
+            metrics.sync()  # the records up to the checkpoint are on storage before it
             save_checkpoint(run_dir, last, model, optimizer, groups, config=saved_config,
                             keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
         if stopped is None:  # a stop asked for during that save: no final evaluation
