@@ -42,8 +42,9 @@ class RolloutConfig:
     sglang_serialization: str = "auto"
     """How dense tensors travel to a server: ``pickle`` (by value, base64 in JSON, once per server TP
     rank: any host, but a 27B refit is hundreds of GB of JSON), ``cuda_ipc`` (CUDA IPC handles: a
-    server on the same host) or ``auto`` (``cuda_ipc`` for a loopback ``sglang_url`` when CUDA is
-    present, else ``pickle``)."""
+    server on the same host whose ``CUDA_VISIBLE_DEVICES`` includes the trainer's GPUs; its schedulers open
+    CUDA contexts there) or ``auto`` (``pickle``: whether a server sees the trainer's GPUs cannot be told
+    from its URL or arguments, ``rollout.sglang_api.resolve_serialization``)."""
     mem_fraction_static: float = 0.3
     """Share of each GPU's memory the in-process SGLang engine reserves for itself (weights + KV cache);
     the trainer lives in the rest (``megatron-logra memory --engine-fraction`` plans it). SGLang's own

@@ -203,16 +203,18 @@ def parse_generate_response(response: Any, prompts: Sequence[Sequence[int]], wei
 
 
 def resolve_serialization(choice: str, url: str, cuda_available: bool) -> str:
-    """The payload serialization for a server at ``url``: ``choice`` unless it is ``auto``, which picks
-    ``cuda_ipc`` (handles, no copy through JSON) for a loopback server when CUDA is present and
-    ``pickle`` (bytes by value) otherwise."""
-    if choice != "auto":
-        return choice
-    from urllib.parse import urlparse
+    """The payload serialization for a server at ``url``: ``choice`` unless it is ``auto``, which is ``pickle``
+    (bytes by value) for every server, loopback ones included.
 
-    host = (urlparse(url).hostname or "").lower()
-    local = host in ("localhost", "::1") or host.startswith("127.")
-    return "cuda_ipc" if local and cuda_available else "pickle"
+    ``cuda_ipc`` hands the server handles to memory on the trainer's GPU: each of its schedulers must see that
+    GPU (SGLang's patched reductions map the handle's device UUID to one of *its* visible devices and raise
+    for any other) and opens a CUDA context there. A server on GPUs of its own, started under a
+    ``CUDA_VISIBLE_DEVICES`` that leaves out the trainer's (as docs/gpu.md starts one), sees none of them, and
+    neither the URL nor the server's arguments tell the two cases apart; so ``cuda_ipc`` is only ever what
+    ``rl.rollout.sglang_serialization=cuda_ipc`` asks for. ``url`` and ``cuda_available`` do not change
+    ``auto``'s answer (kept for the callers)."""
+    del url, cuda_available
+    return "pickle" if choice == "auto" else choice
 
 
 def sglang_mem_fraction(share: float, free_bytes: int, total_bytes: int, cap: float = 0.95) -> float:

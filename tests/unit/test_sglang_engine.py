@@ -84,17 +84,20 @@ def test_rollout_config_accepts_sglang_and_validates_its_fields():
             RolloutConfig(**kwargs)
 
 
-def test_auto_serialization_sends_handles_to_a_local_server_and_bytes_to_a_remote_one():
+def test_auto_serialization_sends_bytes_to_every_server_and_handles_only_when_asked():
+    """``auto`` never picks CUDA IPC, not even for a loopback server on a CUDA machine: a server started on GPUs
+    of its own (``CUDA_VISIBLE_DEVICES=7 python -m sglang.launch_server ...``, docs/gpu.md) cannot open a
+    handle to memory on the trainer's GPU (SGLang ``srt/utils/patch_torch.py``, 0.5.x: ``_device_from_maybe_uuid``
+    looks the handle's device UUID up among the server's visible devices and raises for one it does not see)."""
     from megatron_logra.rollout.sglang_api import resolve_serialization
 
     assert RolloutConfig().sglang_serialization == "auto"
-    for url in ("http://127.0.0.1:30000", "http://localhost:8000/", "http://[::1]:30000"):
-        assert resolve_serialization("auto", url, cuda_available=True) == "cuda_ipc", url
-        assert resolve_serialization("auto", url, cuda_available=False) == "pickle", url
-    for url in ("http://10.0.0.7:30000", "https://sglang.cluster.internal:443"):
-        assert resolve_serialization("auto", url, cuda_available=True) == "pickle", url
+    for url in ("http://127.0.0.1:30000", "http://localhost:8000/", "http://[::1]:30000", "http://10.0.0.7:30000",
+                "https://sglang.cluster.internal:443"):
+        for cuda in (True, False):
+            assert resolve_serialization("auto", url, cuda_available=cuda) == "pickle", (url, cuda)
     assert resolve_serialization("pickle", "http://127.0.0.1:1", cuda_available=True) == "pickle"
-    assert resolve_serialization("cuda_ipc", "http://10.0.0.7:1", cuda_available=False) == "cuda_ipc"
+    assert resolve_serialization("cuda_ipc", "http://127.0.0.1:1", cuda_available=True) == "cuda_ipc"
 
 
 def test_large_recipes_roll_out_with_sglang():
