@@ -72,6 +72,10 @@ def setup_logging() -> None:
     )
     # megatron-core warns at import and build time that TE/apex are absent (expected on CPU)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+    # megatron-core's checkpoint loading calls torch.distributed.checkpoint APIs torch has deprecated (ShardedTensor,
+    # load_state_dict): three FutureWarnings per load that no setting here can act on
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r"(Please use DTensor instead|`load_state_dict` is deprecated)")
     # its Megatron-FSDP package announces itself at import (INFO); this trainer does not use FSDP
     logging.getLogger("megatron.core.distributed.fsdp").setLevel(logging.WARNING)
 
