@@ -1,21 +1,26 @@
-"""The process environment an in-process ``sglang.Engine`` starts in (:func:`engine_start_environment`).
+"""The process environment an in-process ``sglang.Engine`` starts in (:func:`engine_start_environment`), and
+the trainer's SIGTERM handler kept while it runs (:class:`TrainerSignalEngine`).
 
 ``sglang.Engine`` spawns its scheduler processes from this process, which inherit its environment, and
 its start-up rewrites some of this process's variables for its workers. The trainer runs under torchrun
 and owns both: this module hides torchrun's variables while the engine starts (SGLang's schedulers run
 their own process group) and puts the trainer's ``CUDA_*``/``NCCL_*`` values back once it has started.
+The engine's first request also takes SIGTERM for SGLang's own shutdown (which ends the whole process);
+every engine call made through :class:`TrainerSignalEngine` hands it back to the trainer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
-from typing import Iterator
+import signal
+from typing import Any, Iterator
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["engine_start_environment"]
+__all__ = ["engine_start_environment", "reclaim_signal", "TrainerSignalEngine"]
 
 
 _TRAINER_ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_NCCL_")
@@ -77,3 +82,56 @@ def engine_start_environment() -> Iterator[None]:
                 os.environ[key] = value
         if changed:
             logger.info("sglang engine: restored the trainer's %s after the engine started", ", ".join(sorted(changed)))
+
+
+def reclaim_signal(loop: Any, signum: int, handler: Any) -> bool:
+    """Take ``signum`` back from the asyncio event loop ``loop`` and reinstall ``handler`` for it.
+
+    True when ``loop`` had a handler of its own for ``signum`` (``loop.add_signal_handler``), which is then
+    removed (``loop.remove_signal_handler``: the loop no longer acts on it) and ``handler`` (a
+    ``signal.getsignal`` value; None, a handler not set from Python, becomes ``SIG_DFL``) put back; False,
+    changing nothing, otherwise (no such handler, no loop, or not the main thread, where no handler can be
+    set). The loop's other signals stay as they are."""
+    remove = getattr(loop, "remove_signal_handler", None)
+    if remove is None:
+        return False
+    try:
+        if not remove(signum):
+            return False
+        signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread, or a closed loop
+        return False
+    return True
+
+
+class TrainerSignalEngine:
+    """An in-process ``sglang.Engine`` whose calls leave the trainer's SIGTERM handler in place.
+
+    SGLang's ``TokenizerManager.auto_create_handle_loop`` (run by the engine's first request: generate,
+    weight update or read; ``sglang/srt/managers/tokenizer_manager.py``, 0.4 to 0.5.x) registers, from the main
+    thread, ``loop.add_signal_handler(SIGTERM, ...)`` on the engine's event loop: that replaces the process's
+    SIGTERM handler (``train.exit_signal_handler``'s, which finishes the step and saves a checkpoint), and a
+    SIGTERM then sets SGLang's ``gracefully_exit``, whose watchdog, the next time the engine's loop runs,
+    kills the whole process tree, the trainer included, without a checkpoint. Each call through this wrapper
+    records the SIGTERM handler before it and, after it, takes SIGTERM back from the engine's loop
+    (:func:`reclaim_signal`). SGLang's SIGQUIT handler (its schedulers' crash notice) is kept. Attributes that
+    are not callables (``server_args``) are the engine's own."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.engine, name)
+        if not callable(value):
+            return value
+
+        @functools.wraps(value)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            before = signal.getsignal(signal.SIGTERM)
+            try:
+                return value(*args, **kwargs)
+            finally:
+                if reclaim_signal(getattr(self.engine, "loop", None), signal.SIGTERM, before):
+                    logger.info("sglang engine: SIGTERM handed back to the trainer after %s", name)
+
+        return call

@@ -36,7 +36,7 @@ from megatron_logra.rollout.sglang_api import (
     sglang_mem_fraction,
 )
 from megatron_logra.rollout.sglang_checks import check_engine_dtype
-from megatron_logra.rollout.sglang_env import engine_start_environment
+from megatron_logra.rollout.sglang_env import TrainerSignalEngine, engine_start_environment
 from megatron_logra.rollout.sglang_setup import (ADMIN_API_KEY_ENV, ADMIN_KEY_FIELD, check_engine_gpus,
                                                  contiguous_run, resolve_api_key)
 
@@ -113,7 +113,7 @@ def engine_arguments(cfg: Any, groups: Any) -> dict[str, Any]:
         kwargs.update(ro.sglang_engine_args)
         check_engine_kwargs(kwargs, _server_arg_names(), str(getattr(sglang, "__version__", "?")))
         with engine_start_environment():
-            engine = sglang.Engine(**kwargs)
+            engine = TrainerSignalEngine(sglang.Engine(**kwargs))  # SIGTERM stays the trainer's
         atexit.register(engine.shutdown)
         logger.info("sglang engine: in-process, tp_size=%d, share %.2f (SGLang mem_fraction_static %.2f), %s",
                     kwargs["tp_size"], ro.mem_fraction_static, kwargs["mem_fraction_static"], model_dir)
