@@ -116,3 +116,22 @@ def test_rl_updates_with_sglang_rollouts(tmp_path):
     pytest.importorskip("sglang")
     res = _load_tool("sglang_rollout_smoke").run(2, run_dir=tmp_path / "run")
     assert res["passed"], res["failures"]
+
+
+def test_engine_calls_leave_the_trainers_sigterm_handler(served):
+    """A real engine's requests register SGLang's SIGTERM handler on its event loop (its tokenizer manager's
+    first request); through ``TrainerSignalEngine`` (how ``sglang_launch`` starts it) the trainer's stays."""
+    import signal
+
+    from megatron_logra.rollout.sglang_env import TrainerSignalEngine
+
+    smoke, path, state, driver = served
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        mine = signal.getsignal(signal.SIGTERM)
+        engine = TrainerSignalEngine(driver.engine)
+        out = engine.generate(input_ids=PROMPTS[:1], sampling_params={"temperature": 0.0, "max_new_tokens": 2})
+        assert out and signal.getsignal(signal.SIGTERM) is mine
+        assert driver.engine.loop.remove_signal_handler(signal.SIGTERM) is False  # SGLang's was taken back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
