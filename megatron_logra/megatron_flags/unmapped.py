@@ -102,6 +102,11 @@ REFUSED_VALUE_FLAGS: dict[str, str] = {
     "dynamic-sampling-filter-path": (
         "dynamic sampling is rl.dynamic_sampling_rounds=N: up to N extra rollout rounds per step replace the groups "
         "whose rewards are all equal (slime's check_reward_nonzero_std filter) by fresh prompts' groups"),
+    "prompt-data": ("the RL job's prompts are task.datasets: jsonl:PATH for a file of prompt / answer rows (several, "
+                    "comma-separated, mixed by task.weights) or reasoning-gym names"),
+    "eval-prompt-data": ("held-out benchmarks are task.eval_datasets=jsonl:PATH[,jsonl:PATH2] (slime's NAME PATH "
+                         "pairs without the names: each file is reported as eval_accuracy/jsonl:FILE), up to "
+                         "task.num_eval rows of each"),
     "over-sampling-batch-size": (
         "each extra round of dynamic sampling draws rl.prompts_per_step fresh prompts; give "
         "rl.dynamic_sampling_rounds=N for up to N rounds"),

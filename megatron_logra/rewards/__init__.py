@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from math import isfinite  # not `import math`: the submodule rewards.math shadows it here
@@ -58,6 +59,13 @@ class TaskConfig:
     :func:`~megatron_logra.rewards.jsonl.join_jsonl_paths`)."""
     weights: list[float] = field(default_factory=list)
     """Mixture weights, one per dataset (>= 0, positive sum); empty = uniform."""
+    eval_datasets: list[str] = field(default_factory=list)
+    """Held-out benchmarks of their own, as slime's ``--eval-prompt-data`` and verl's ``data.val_files``:
+    reasoning-gym names or ``jsonl:PATH`` (e.g. ``jsonl:/data/math500.jsonl``), written as ``datasets`` is. Empty:
+    the held-out set is split from ``datasets`` by ``eval_modulus``. Given: the held-out set is up to ``num_eval``
+    problems of each (a file's rows in file order, a reasoning-gym dataset's drawn with ``eval_seed``), evaluated
+    with its own per-source accuracy, and training uses every prompt of ``datasets`` except those (by text), so
+    the two stay disjoint. A file may not be in both lists."""
     dataset_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per reasoning-gym dataset config kwargs, e.g. ``{"chain_sum": {"min_terms": 2, "max_terms": 2,
     "min_digits": 1, "max_digits": 1}}``; ``size`` sets the dataset's (virtual) size. A JSON string is
@@ -76,9 +84,9 @@ class TaskConfig:
     score < 1 earn wrong_reward (binary rewards: reasoning-gym grants partial credit, e.g. chain_sum
     scores an answer that merely contains the oracle by the length ratio)."""
     num_eval: int = 200
-    """Held-out eval problems (split over datasets by weight); 0 disables the eval set (the eval-only
-    prompts of ``eval_modulus`` are still never trained on, so that the split is the same for every
-    ``num_eval``)."""
+    """Held-out eval problems (split over datasets by weight; with ``eval_datasets``, per benchmark); 0 disables
+    the eval set (the eval-only prompts of ``eval_modulus`` are still never trained on, so that the split is the
+    same for every ``num_eval``)."""
     seed: int = 1234
     """Seed of the train stream (and of the datasets that produce it)."""
     eval_seed: int = 4321
@@ -99,25 +107,22 @@ class TaskConfig:
     affected (math-verify has ``math_timeout_s``)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.datasets, str):
-            self.datasets = [s.strip() for s in self.datasets.split(",") if s.strip()]
-        self.datasets = join_jsonl_paths(list(self.datasets))
+        self.datasets = _source_specs(self.datasets, "datasets")
         if not self.datasets:
             raise ValueError("task.datasets is empty: name at least one dataset, e.g. ['chain_sum']")
-        for i, spec in enumerate(self.datasets):
-            if not isinstance(spec, str):
-                raise ValueError(f"task.datasets[{i}]={spec!r} must be a string")
-            if spec.startswith(JSONL_PREFIX):
-                if not spec[len(JSONL_PREFIX) :].strip():
-                    raise ValueError(f"task.datasets[{i}]={spec!r}: give a file path after 'jsonl:'")
-            elif not _GYM_NAME_RE.match(spec):
-                raise ValueError(
-                    f"task.datasets[{i}]={spec!r}: expected a reasoning-gym name (lowercase, e.g. chain_sum) "
-                    f"or 'jsonl:PATH'"
-                )
         dupes = sorted({d for d in self.datasets if self.datasets.count(d) > 1})
         if dupes:
             raise ValueError(f"task.datasets lists {dupes} more than once; list each once and use task.weights")
+        self.eval_datasets = _source_specs(self.eval_datasets, "eval_datasets")
+        dupes = sorted({d for d in self.eval_datasets if self.eval_datasets.count(d) > 1})
+        if dupes:
+            raise ValueError(f"task.eval_datasets lists {dupes} more than once; list each once")
+        trained = {_file_key(spec) for spec in self.datasets if spec.startswith(JSONL_PREFIX)}
+        both = [spec for spec in self.eval_datasets if spec.startswith(JSONL_PREFIX) and _file_key(spec) in trained]
+        if both:
+            raise ValueError(
+                f"task.eval_datasets: {both[0]!r} is also in task.datasets; a benchmark of its own must be another "
+                f"file (leave task.eval_datasets empty to hold out 1/task.eval_modulus of the training file)")
         self._check_weights()
         self._check_kwargs()
         if not isinstance(self.reward, str) or not (
@@ -176,9 +181,10 @@ class TaskConfig:
         if not isinstance(self.dataset_kwargs, dict):
             raise ValueError(f"task.dataset_kwargs must map dataset names to dicts, got {self.dataset_kwargs!r}")
         for name, kwargs in self.dataset_kwargs.items():
-            if name not in self.datasets or name.startswith(JSONL_PREFIX):
+            if name not in self.datasets + self.eval_datasets or name.startswith(JSONL_PREFIX):
                 raise ValueError(
-                    f"task.dataset_kwargs[{name!r}]: not a reasoning-gym dataset of task.datasets {self.datasets}; "
+                    f"task.dataset_kwargs[{name!r}]: not a reasoning-gym dataset of task.datasets {self.datasets}"
+                    f"{f' or task.eval_datasets {self.eval_datasets}' if self.eval_datasets else ''}; "
                     f"drop {name!r} from task.dataset_kwargs (task.dataset_kwargs={{}} clears them all) or list it "
                     f"in task.datasets"
                 )
@@ -191,6 +197,30 @@ class TaskConfig:
         weights = self.weights or [1.0] * len(self.datasets)
         total = sum(weights)
         return [w / total for w in weights]
+
+
+def _source_specs(value: Any, name: str) -> list[str]:
+    """``task.NAME`` (``datasets`` / ``eval_datasets``) as a checked list of source specs: a comma-separated
+    string is split, ``jsonl:`` paths holding commas are joined back, and each entry must be a reasoning-gym name
+    or ``jsonl:PATH``."""
+    if isinstance(value, str):
+        value = [s.strip() for s in value.split(",") if s.strip()]
+    specs = join_jsonl_paths(list(value))
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, str):
+            raise ValueError(f"task.{name}[{i}]={spec!r} must be a string")
+        if spec.startswith(JSONL_PREFIX):
+            if not spec[len(JSONL_PREFIX) :].strip():
+                raise ValueError(f"task.{name}[{i}]={spec!r}: give a file path after 'jsonl:'")
+        elif not _GYM_NAME_RE.match(spec):
+            raise ValueError(
+                f"task.{name}[{i}]={spec!r}: expected a reasoning-gym name (lowercase, e.g. chain_sum) or 'jsonl:PATH'")
+    return specs
+
+
+def _file_key(spec: str) -> str:
+    """A ``jsonl:PATH`` spec's file, resolved, so that two spellings of one file compare equal."""
+    return os.path.realpath(os.path.expanduser(spec[len(JSONL_PREFIX) :]))
 
 
 def _seed_for(seed: int, name: str, split: str) -> int:
@@ -230,30 +260,46 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
     plugin = PluginScorer(cfg.reward, timeout_s=cfg.reward_timeout_s) if is_dotted_path(cfg.reward) else None
     sources: list[ProblemSource] = []
     eval_sources: list[ProblemSource] = []
+    benchmarks: list[ProblemSource] = []
     scorers: dict[str, Scorer] = {}
+
+    def file_source(spec: str) -> JsonlSource:
+        source = JsonlSource(spec[len(JSONL_PREFIX) :], source=spec)
+        if plugin is None:  # scored with math-verify: a gold answer it cannot parse never earns a reward
+            source.drop_unparsable_answers(lambda answer: parses_as_math(answer, timeout_s=timeout), group)
+        return source
+
+    def gym_source(spec: str, seed: int, split: str) -> ProblemSource:
+        from megatron_logra.rewards.gym import GymScorer, GymSource
+
+        source = GymSource(spec, _seed_for(seed, spec, split), cfg.dataset_kwargs.get(spec, {}))
+        scorers.setdefault(spec, plugin or (math_scorer if cfg.reward == "math_verify" else
+                                            GymScorer(source.dataset, spec)))
+        return source
+
     for spec in cfg.datasets:
         if spec.startswith(JSONL_PREFIX):
-            source = JsonlSource(spec[len(JSONL_PREFIX) :], source=spec)
-            if plugin is None:  # scored with math-verify: a gold answer it cannot parse never earns a reward
-                source.drop_unparsable_answers(lambda answer: parses_as_math(answer, timeout_s=timeout), group)
-            _check_trainable(source, cfg)
+            source = file_source(spec)
+            if not cfg.eval_datasets:
+                _check_trainable(source, cfg)
             sources.append(source)
             eval_sources.append(source)
-            own: Scorer = math_scorer
+            scorers[spec] = plugin or math_scorer
         else:
-            from megatron_logra.rewards.gym import GymScorer, GymSource
-
-            kwargs = cfg.dataset_kwargs.get(spec, {})
-            source = GymSource(spec, _seed_for(cfg.seed, spec, "train"), kwargs)
-            sources.append(source)
-            eval_sources.append(GymSource(spec, _seed_for(cfg.eval_seed, spec, "eval"), kwargs))
-            own = GymScorer(source.dataset, spec)
-        scorers[spec] = plugin or (math_scorer if cfg.reward == "math_verify" else own)
+            sources.append(gym_source(spec, cfg.seed, "train"))
+            eval_sources.append(gym_source(spec, cfg.eval_seed, "eval"))
+    for spec in cfg.eval_datasets:
+        if spec.startswith(JSONL_PREFIX):
+            benchmarks.append(file_source(spec))
+            scorers[spec] = plugin or math_scorer
+        else:
+            benchmarks.append(gym_source(spec, cfg.eval_seed, "eval"))
     task = Task(
         sources,
         scorers,
         cfg.weights or None,
         eval_sources=eval_sources,
+        benchmarks=benchmarks,
         seed=cfg.seed,
         eval_seed=cfg.eval_seed,
         num_eval=cfg.num_eval,

@@ -7,8 +7,15 @@ Contract
   order; a source whose eval-only prompt space is exhausted contributes fewer (logged as a warning).
   Computed once and cached. Only eval-only prompts (``is_eval_prompt``) that pass the task's prompt filter
   are taken, so the set is disjoint from every train prompt.
-* The host class provides ``eval_sources``, ``eval_seed``, ``eval_modulus``, ``num_eval``, ``weights``,
-  ``names``, ``_eval`` (the cache, None until drawn), ``is_eval_prompt`` and ``_passes`` (the prompt filter).
+* **Benchmarks** (``task.eval_datasets``) — when the host has ``benchmarks``, the held-out set is theirs instead:
+  up to ``num_eval`` problems of each, a file's rows in file order (a file cut short is warned of), a generated
+  dataset's first distinct prompts in its seeded order; prompts the filter refuses are skipped.
+  :meth:`HeldOutSet.held_out_prompts` (the texts of those problems, before the filter) is what the train stream
+  then skips, so that train and held-out stay disjoint by prompt text.
+* The host class provides ``eval_sources``, ``benchmarks``, ``eval_seed``, ``eval_modulus``, ``num_eval``,
+  ``weights``, ``names``, ``_eval`` and ``_held_out`` (the caches, None until drawn; ``_held_out_prompts`` is
+  set with ``_held_out``), ``is_eval_prompt`` and
+  ``_passes`` (the prompt filter).
 """
 
 from __future__ import annotations
@@ -48,8 +55,8 @@ class HeldOutSet:
     """The held-out problems of a task over weighted sources (a mixin; see the module doc for what the host
     provides)."""
 
-    def _eval_candidates(self, k: int) -> Iterator[int]:
-        source = self.eval_sources[k]
+    def _eval_candidates(self, source) -> Iterator[int]:
+        """Raw indices of ``source`` in the held-out set's seeded order."""
         size = source.size
         if size is not None and size <= ENUMERATE_LIMIT:
             order = list(range(size))
@@ -68,7 +75,7 @@ class HeldOutSet:
         seen: set[str] = set()
         out: list[Problem] = []
         misses = scanned = refused = 0
-        for raw in self._eval_candidates(k):
+        for raw in self._eval_candidates(source):
             if len(out) >= count or misses >= EVAL_PATIENCE or scanned >= max_scan:
                 break
             scanned += 1
@@ -92,8 +99,51 @@ class HeldOutSet:
                            source.name, len(out), count, scanned, why)
         return out
 
+    def _benchmark_problems(self, source) -> list[Problem]:
+        """Up to ``num_eval`` problems of a benchmark, before the prompt filter (see the module doc)."""
+        rows = getattr(source, "problems", None)
+        if rows is not None:  # a file: its rows in file order
+            if len(rows) > self.num_eval:
+                logger.warning("%s: evaluating its first %d of %d rows (task.num_eval=%d per task.eval_datasets "
+                               "entry; raise it to evaluate them all)", source.name, self.num_eval, len(rows),
+                               self.num_eval)
+            return list(rows[: self.num_eval])
+        out: list[Problem] = []
+        seen: set[str] = set()
+        misses = 0
+        for raw in self._eval_candidates(source):
+            if len(out) >= self.num_eval or misses >= EVAL_PATIENCE:
+                break
+            problem = source.problem(raw)
+            if problem.prompt in seen:
+                misses += 1
+                continue
+            misses = 0
+            seen.add(problem.prompt)
+            out.append(problem)
+        return out
+
+    def benchmark_problems(self) -> list[Problem]:
+        """The benchmarks' held-out problems before the prompt filter (cached; a new list each call; empty without
+        benchmarks)."""
+        if self._held_out is None:
+            self._held_out = [p for source in self.benchmarks for p in self._benchmark_problems(source)]
+            self._held_out_prompts = frozenset(p.prompt for p in self._held_out)
+        return list(self._held_out)
+
+    def held_out_prompts(self) -> frozenset[str]:
+        """The prompt texts of :meth:`benchmark_problems`, which the train stream skips."""
+        self.benchmark_problems()
+        return self._held_out_prompts
+
     def eval_problems(self) -> list[Problem]:
         """The held-out problems (cached; a new list each call), disjoint from every train prompt."""
+        if self._eval is None and self.benchmarks:
+            by_name = {source.name: source for source in self.benchmarks}
+            problems = [p for p in self.benchmark_problems() if self._passes(by_name[p.source], p, "held-out")]
+            self._eval = problems
+            logger.info("eval set: %d problems over %s", len(problems),
+                        {name: sum(p.source == name for p in problems) for name in self.eval_names})
         if self._eval is None:
             counts = allocate_counts(self.num_eval, self.weights)
             problems: list[Problem] = []

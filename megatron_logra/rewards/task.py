@@ -23,6 +23,9 @@ Contracts
   each prompt space is reserved for evaluation.
 * **Eval set** — ``num_eval`` distinct prompts split over sources by weight, drawn once and cached
   (:mod:`megatron_logra.rewards.eval_set`).
+* **Benchmarks** — with ``benchmarks`` (``task.eval_datasets``: held-out sources of their own) the held-out set
+  is theirs, and a prompt is eval-only iff it is the prompt of one of their held-out problems (by text, not by
+  hash): the train stream then uses every other prompt of its sources, and the two stay disjoint.
 * **Rewards** — ``score`` returns ``(reward, correct)``: ``correct = score >= 1`` and
   ``reward = correct_reward`` if correct else ``wrong_reward + score * (correct_reward - wrong_reward)``
   (or plain ``wrong_reward`` when ``graded=False``).
@@ -68,6 +71,7 @@ class Task(HeldOutSet):
         weights: Sequence[float] | None = None,
         *,
         eval_sources: Sequence[ProblemSource] | None = None,
+        benchmarks: Sequence[ProblemSource] | None = None,
         seed: int = 0,
         eval_seed: int = 1,
         num_eval: int = 200,
@@ -87,7 +91,13 @@ class Task(HeldOutSet):
         eval_sources = list(eval_sources) if eval_sources is not None else list(sources)
         if [s.name for s in eval_sources] != names:
             raise ValueError("eval_sources must match sources one to one (same names, same order)")
-        missing = [n for n in names if n not in scorers]
+        self.benchmarks = list(benchmarks or [])
+        """Held-out sources of their own (``task.eval_datasets``); empty: the held-out set is split from ``sources``
+        by ``eval_modulus``."""
+        bench_names = [s.name for s in self.benchmarks]
+        if len(set(bench_names)) != len(bench_names):
+            raise ValueError(f"task.eval_datasets: duplicate sources {bench_names}")
+        missing = [n for n in dict.fromkeys(names + bench_names) if n not in scorers]
         if missing:
             raise ValueError(f"task.reward: no scorer for sources {missing}")
         if eval_modulus < 2:
@@ -107,6 +117,8 @@ class Task(HeldOutSet):
         self.wrong_reward = float(wrong_reward)
         self.graded = bool(graded)
         self._eval: list[Problem] | None = None
+        self._held_out: list[Problem] | None = None
+        self._held_out_prompts: frozenset[str] = frozenset()
         self._fits: Callable[[str], bool] | None = None
         self._describe: Callable[[str], str] | None = None
         self.overlong_skips: dict[str, int] = {}
@@ -118,8 +130,16 @@ class Task(HeldOutSet):
         """Source names in configuration order."""
         return [s.name for s in self.sources]
 
+    @property
+    def eval_names(self) -> list[str]:
+        """The held-out set's source names: the benchmarks' (``task.eval_datasets``), else :attr:`names`."""
+        return [s.name for s in self.benchmarks] if self.benchmarks else self.names
+
     def is_eval_prompt(self, prompt: str) -> bool:
-        """Whether ``prompt`` is reserved for evaluation (never produced by the train stream)."""
+        """Whether ``prompt`` is reserved for evaluation (never produced by the train stream): one of the
+        benchmarks' held-out prompts when there are benchmarks, else by its hash and ``eval_modulus``."""
+        if self.benchmarks:
+            return prompt in self.held_out_prompts()
         return prompt_bucket(prompt, self.eval_modulus) == 0
 
     def set_prompt_filter(self, fits: Callable[[str], bool] | None,
@@ -205,6 +225,11 @@ class Task(HeldOutSet):
                 f"{tried.format('eval-only or over-long')}; the last one: {self._why(long_prompt)} — raise "
                 f"model.seq_length, lower rl.rollout.max_new_tokens or {fix}")
         what = tried.format("eval-only")
+        if self.benchmarks:
+            raise ValueError(
+                f"task.datasets: {source.name!r} has no training prompts: {what} (prompts of the held-out problems of "
+                f"task.eval_datasets {self.eval_names}, which training skips); train on other data than the "
+                f"benchmark, or lower task.num_eval")
         fix = ("add rows to the file or choose another task.eval_modulus" if jsonl
                else f"enlarge it via task.dataset_kwargs[{source.name!r}] or choose another task.eval_modulus")
         raise ValueError(

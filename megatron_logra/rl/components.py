@@ -93,7 +93,7 @@ def _task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group
         rl_prompt_ids(tok, cfg.rl, "check")
     # the same on every rank: a long prompt of a file (JSONL) source fails here, not mid-run; the longest one,
     # so that the fix the error suggests fits every prompt the user wrote. A generated source's are skipped.
-    rows = [problem for source in task.sources for problem in getattr(source, "problems", ())]
+    rows = [problem for source in task.sources + task.benchmarks for problem in getattr(source, "problems", ())]
     lengths = [(len(rl_prompt_ids(tok, cfg.rl, problem.prompt)), problem) for problem in rows]
     if lengths:
         longest, problem = max(lengths, key=lambda item: item[0])

@@ -58,9 +58,10 @@ def evaluate_held_out(c: RLComponents) -> tuple[Optional[float], dict[str, Optio
     counts = torch.tensor([float(correct), float(len(mine) * rollout.eval_samples)], dtype=torch.float64)
     all_reduce_sum(counts, c.groups.dp)
     by_source: dict[str, Optional[float]] = {}
-    if len(c.task.names) > 1:  # the same decision on every rank
-        sums = all_reduce_sum(source_sums(c.task.names, [p for p in mine for _ in range(k)], scored), c.groups.dp)
-        by_source = source_fields(c.task.names, sums, accuracy="eval_accuracy")
+    names = c.task.eval_names
+    if len(names) > 1:  # the same decision on every rank
+        sums = all_reduce_sum(source_sums(names, [p for p in mine for _ in range(k)], scored), c.groups.dp)
+        by_source = source_fields(names, sums, accuracy="eval_accuracy")
     return ((counts[0] / counts[1]).item() if counts[1] > 0 else None), by_source
 
 
@@ -76,6 +77,8 @@ def no_held_out_reason(cfg: RunConfig, task: Task) -> tuple[int, str]:
             f"task.num_eval={cfg.task.num_eval}, but no held-out prompt fits model.seq_length="
             f"{cfg.model.seq_length} with rl.rollout.max_new_tokens={cfg.rl.rollout.max_new_tokens}; raise "
             f"model.seq_length or lower rl.rollout.max_new_tokens")
+    if cfg.task.eval_datasets:
+        return logging.WARNING, f"task.num_eval={cfg.task.num_eval}, but task.eval_datasets holds no problem"
     return logging.WARNING, (
         f"task.num_eval={cfg.task.num_eval}, but no prompt of the task's sources is held out (prompt hash % "
         f"task.eval_modulus == 0); add prompts or choose another task.eval_modulus")

@@ -62,10 +62,11 @@ TOKENIZER_DRAWS = 64
 
 def tokenizer_texts(task) -> list[str]:
     """The texts a tokenizer built for ``task`` is made from: prompt and answer of every row of its file (JSONL)
-    sources, train and held-out alike, so that no character of the user's own rows becomes ``<unk>``, and of the
-    first :data:`TOKENIZER_DRAWS` problems of the train stream (a generated source's are drawn, not listed)."""
-    rows = [problem for source in task.sources for problem in getattr(source, "problems", ())]
-    rows += [task.train_problem(i) for i in range(TOKENIZER_DRAWS)]
+    sources, train and held-out alike, so that no character of the user's own rows becomes ``<unk>``, of every
+    held-out problem of its benchmarks (``task.eval_datasets``) and of the first :data:`TOKENIZER_DRAWS` problems
+    of the train stream (a generated source's are drawn, not listed)."""
+    rows = [problem for source in task.sources + task.benchmarks for problem in getattr(source, "problems", ())]
+    rows += task.benchmark_problems() + [task.train_problem(i) for i in range(TOKENIZER_DRAWS)]
     return [problem.prompt + " " + problem.answer for problem in rows]
 
 
