@@ -17,7 +17,8 @@ jumps, not the derivative; and the rollout engine samples the 16-bit policy anyw
 This module owns what FP8 asks of a run (recipes and the GPUs that run them, the ``TransformerConfig``
 arguments, token and weight-shard multiples) and the context that turns it off; whether TE is available and
 which layer spec is built stay with :mod:`megatron_logra.models.te`. Like it, nothing here imports
-``transformer_engine``.
+``transformer_engine`` at import time; only :func:`te_recipe_verdicts` does, when a model with FP8 is built on a
+CUDA machine (asking TransformerEngine which recipes this GPU and CUDA run).
 """
 
 from __future__ import annotations
@@ -28,14 +29,21 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-__all__ = ["FP8_FORMATS", "FP8_RECIPES", "FP8_MIN_CAPABILITY", "fp8_token_multiple", "fp8_weight_shape_problems",
-           "sequence_multiple", "fp8_device_problem", "fp8_config_kwargs", "without_fp8"]
+__all__ = ["FP8_FORMATS", "FP8_RECIPES", "FP8_MIN_CAPABILITY", "TE_RECIPE_CHECKS", "fp8_token_multiple",
+           "fp8_weight_shape_problems", "sequence_multiple", "fp8_device_problem", "te_recipe_verdicts",
+           "fp8_config_kwargs", "without_fp8"]
 
 FP8_FORMATS = ("hybrid", "e4m3")
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 FP8_MIN_CAPABILITY = {"delayed": (8, 9), "tensorwise": (8, 9), "blockwise": (9, 0), "mxfp8": (10, 0)}
 """The lowest CUDA compute capability whose FP8 GEMMs TransformerEngine runs each recipe on: Ada (8.9) and
 newer for per-tensor scaling, Hopper (9.0) for 1x128 / 128x128 block scaling, Blackwell (10.0) for MXFP8."""
+TE_RECIPE_CHECKS = {"delayed": "is_fp8_available", "tensorwise": "is_fp8_available",
+                    "blockwise": "is_fp8_block_scaling_available", "mxfp8": "is_mxfp8_available"}
+"""The ``FP8GlobalStateManager`` class method (``transformer_engine.pytorch.fp8``) through which TransformerEngine
+says whether this GPU and CUDA run each recipe, as ``(supported, reason)``. Its conditions go beyond the
+capability alone and change between releases: block scaling also needs CUDA >= 12.9 (and, in earlier
+releases, a Hopper, not a Blackwell), MXFP8 is refused on 12.0+ (consumer / workstation Blackwell)."""
 
 
 def fp8_token_multiple(fp8_recipe: str) -> int:
@@ -81,18 +89,54 @@ def sequence_multiple(fp8: Optional[str], sequence_parallel: bool, tp_size: int,
     return math.lcm(8, sp)
 
 
-def fp8_device_problem(recipe: str, capability: tuple[int, int]) -> Optional[str]:
+def fp8_device_problem(recipe: str, capability: tuple[int, int],
+                       te_verdicts: Optional[dict[str, tuple[bool, str]]] = None) -> Optional[str]:
     """Why ``model.fp8_recipe=recipe`` cannot run on a GPU of compute capability ``capability``, or None.
 
     TransformerEngine accepts every recipe when the config is built and fails only in the first FP8 GEMM;
-    this says so before the model is built, with the recipes the GPU does run."""
-    need = FP8_MIN_CAPABILITY[recipe]
-    if tuple(capability) >= need:
+    this says so before the model is built, with the recipes the GPU does run. ``te_verdicts``: the installed
+    TransformerEngine's own ``(supported, reason)`` per recipe (:func:`te_recipe_verdicts`); a recipe it
+    answers for is judged by it, one it does not by :data:`FP8_MIN_CAPABILITY`."""
+    verdicts = te_verdicts or {}
+
+    def runs(name: str) -> bool:
+        if name in verdicts:
+            return bool(verdicts[name][0])
+        return tuple(capability) >= FP8_MIN_CAPABILITY[name]
+
+    if runs(recipe):
         return None
-    runs = [r for r in FP8_RECIPES if tuple(capability) >= FP8_MIN_CAPABILITY[r]]
-    fix = f"use model.fp8_recipe={' or '.join(runs)}" if runs else "set model.fp8=null"
+    others = [r for r in FP8_RECIPES if runs(r)]
+    fix = f"use model.fp8_recipe={' or '.join(others)}" if others else "set model.fp8=null"
+    cc = f"{capability[0]}.{capability[1]}"
+    if recipe in verdicts:
+        reason = str(verdicts[recipe][1]).strip() or "no reason given"
+        return f"model.fp8_recipe={recipe} cannot run on this GPU (compute capability {cc}): TransformerEngine " \
+               f"says: {reason}; {fix}"
+    need = FP8_MIN_CAPABILITY[recipe]
     return (f"model.fp8_recipe={recipe} needs a GPU of compute capability {need[0]}.{need[1]} or newer, but this "
-            f"one is {capability[0]}.{capability[1]}: {fix}")
+            f"one is {cc}: {fix}")
+
+
+def te_recipe_verdicts() -> dict[str, tuple[bool, str]]:
+    """The installed TransformerEngine's ``(supported, reason)`` for each recipe on the current CUDA device
+    (:data:`TE_RECIPE_CHECKS`); recipes whose check this release lacks (or that fails) are left out. Imports
+    ``transformer_engine`` (call it only for the TE spec, on a CUDA machine)."""
+    try:
+        from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
+    except Exception:  # noqa: BLE001 - no usable TE: the capability table decides
+        return {}
+    out: dict[str, tuple[bool, str]] = {}
+    for recipe, method in TE_RECIPE_CHECKS.items():
+        check = getattr(FP8GlobalStateManager, method, None)
+        if check is None:
+            continue
+        try:
+            ok, reason = check()
+        except Exception:  # noqa: BLE001 - a check that cannot answer leaves the table to decide
+            continue
+        out[recipe] = (bool(ok), str(reason))
+    return out
 
 
 def fp8_config_kwargs(fp8: Optional[str], recipe: str, impl: str) -> dict[str, Any]:
@@ -109,7 +153,7 @@ def fp8_config_kwargs(fp8: Optional[str], recipe: str, impl: str) -> dict[str, A
                            f"the {impl} spec: set model.transformer_impl=transformer_engine on a CUDA machine "
                            "with TransformerEngine, or model.fp8=null")
     if torch.cuda.is_available():
-        problem = fp8_device_problem(recipe, torch.cuda.get_device_capability())
+        problem = fp8_device_problem(recipe, torch.cuda.get_device_capability(), te_recipe_verdicts())
         if problem:
             raise ValueError(problem)
     # TE caches each weight's FP8 copy from the first micro-batch on; LoGRA merges updates into the

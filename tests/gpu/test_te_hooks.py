@@ -102,3 +102,18 @@ def test_fp8_extra_state_passes_the_checkpoint_check(groups, recipe):
     state = m.get_extra_state()
     assert isinstance(state, torch.Tensor) and state.dtype == torch.uint8
     check_extra_state([state.cpu()], f"TE {recipe} extra state")  # raises CheckpointError for a refused global
+
+
+def test_fp8_recipe_refusals_follow_the_installed_transformer_engine():
+    """TransformerEngine answers for every recipe on this GPU (``FP8GlobalStateManager.is_*_available``), and a
+    model built with a recipe it refuses is refused before any GEMM, with TE's reason."""
+    from megatron_logra.models.fp8 import FP8_RECIPES, fp8_config_kwargs, fp8_device_problem, te_recipe_verdicts
+
+    verdicts = te_recipe_verdicts()
+    assert set(verdicts) == set(FP8_RECIPES), verdicts
+    capability = torch.cuda.get_device_capability()
+    for recipe, (ok, reason) in verdicts.items():
+        assert (fp8_device_problem(recipe, capability, verdicts) is None) == ok, (recipe, reason)
+        if not ok:
+            with pytest.raises(ValueError, match=f"model.fp8_recipe={recipe}"):
+                fp8_config_kwargs("hybrid", recipe, "transformer_engine")

@@ -258,3 +258,28 @@ def test_fp8_recipes_are_refused_on_gpus_that_cannot_run_them(capability, runs):
         else:
             assert f"model.fp8_recipe={recipe}" in problem and f"{capability[0]}.{capability[1]}" in problem
             assert ("model.fp8=null" in problem) if not runs else all(r in problem for r in runs), problem
+
+
+# TransformerEngine's own answers, as ``FP8GlobalStateManager.is_*_available()`` returns them
+# (``transformer_engine/pytorch/quantization.py``, TE 2.x: ``_compute_mxfp8_support`` refuses 12.0+,
+# ``_compute_fp8_block_scaling_support`` needs CUDA >= 12.9 besides 9.0).
+_TE_ON_SM120 = {"delayed": (True, ""), "tensorwise": (True, ""), "blockwise": (True, ""),
+                "mxfp8": (False, "MXFP8 (for all gemm layouts) is not supported on 12.0+ architectures yet.")}
+_TE_ON_H100_CUDA_12_8 = {"delayed": (True, ""), "tensorwise": (True, ""), "mxfp8": (
+    False, "Device compute capability 10.0 or higher required for MXFP8 execution."), "blockwise": (
+    False, "FP8 block scaled GEMM requires compute capability 9.0 or higher and CUDA >= 12.9.")}
+
+
+@pytest.mark.parametrize("capability,verdicts,refused,runs", [
+    ((12, 0), _TE_ON_SM120, "mxfp8", {"delayed", "tensorwise", "blockwise"}),
+    ((9, 0), _TE_ON_H100_CUDA_12_8, "blockwise", {"delayed", "tensorwise"}),
+])
+def test_fp8_recipes_follow_transformer_engines_own_verdict(capability, verdicts, refused, runs):
+    """Where the installed TE says, its verdict decides, also against the capability table (which lets MXFP8
+    through on 12.0 and block scaling on any Hopper): the refusal quotes TE's reason and names what runs."""
+    problem = te.fp8_device_problem(refused, capability, verdicts)
+    assert problem is not None and f"model.fp8_recipe={refused}" in problem and verdicts[refused][1] in problem
+    assert all(r in problem for r in runs), problem
+    for recipe in runs:
+        assert te.fp8_device_problem(recipe, capability, verdicts) is None
+    assert te.fp8_device_problem(refused, capability, {}) is None  # the table alone would have let it through
