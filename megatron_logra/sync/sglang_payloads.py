@@ -16,8 +16,9 @@ CPU tensors by value (``torch._utils._rebuild_tensor_v2`` + ``torch.storage._loa
 both inside SGLang's unpickling allow-list), so it works with a server on another host at the
 cost of shipping the bytes (x4/3 for base64, x TP size). ``serialization="cuda_ipc"`` sends
 CUDA tensors as IPC handles (``torch.multiprocessing`` reductions, as SGLang's own
-``MultiprocessingSerializer`` does): zero-copy, but only for a server on the same host and
-GPU(s), and the tensors must stay alive until the request returns (they do: calls are
+``MultiprocessingSerializer`` does): zero-copy, but only for a server on the same host that sees
+the trainer's GPU (its ``CUDA_VISIBLE_DEVICES`` includes it; each scheduler opens the handle, and a CUDA
+context, there), and the tensors must stay alive until the request returns (they do: calls are
 synchronous). The handle names its GPU by UUID, not by index (:func:`_device_as_uuid`), as the
 senders SGLang expects do after ``sglang.srt.utils.patch_torch.monkey_patch_torch_reductions``:
 SGLang's receiving rebuild (``_rebuild_cuda_tensor_modified``) maps the UUID to its own index,
