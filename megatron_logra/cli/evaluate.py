@@ -47,7 +47,7 @@ def run_eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
             comps, state, _ = build_components(cfg, for_eval=True)
             accuracy, by_source = evaluate_held_out(comps)  # a mixture: also eval_accuracy/SOURCE per source
             return {"run_dir": str(run_dir), "step": state.step, "eval_accuracy": accuracy,
-                    "num_eval": len(comps.task.eval_problems()), **by_source}
+                    "num_eval": len(comps.task.eval_problems()), "eval_sources": comps.task.eval_names, **by_source}
         from megatron_logra.train.lm_eval import evaluate_checkpoint
 
         return evaluate_checkpoint(cfg)

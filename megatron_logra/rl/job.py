@@ -162,6 +162,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         eval_before_run = previous.get("eval_accuracy_before") if start_step else eval_before
         summary = {
             "optimizer": cfg.optimizer.name, "task": cfg.task.datasets, "steps": state.step,
+            **({"eval_datasets": cfg.task.eval_datasets} if cfg.task.eval_datasets else {}),
             "eval_accuracy_before": eval_before_run, "eval_accuracy_after": eval_after,
             "setup_seconds": run_total(previous, "setup_seconds", setup_seconds, start_step),
             "rl_seconds": run_total(previous, "rl_seconds", rl_seconds, start_step),

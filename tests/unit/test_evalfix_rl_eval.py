@@ -152,3 +152,20 @@ def test_train_resume_true_in_a_new_run_dir_does_not_warn_of_a_missing_tokenizer
         _train(tmp_path / "run", "train.resume=true")
     assert not [r for r in caplog.records if "is missing" in r.getMessage()], caplog.text
     assert (tmp_path / "run" / "tokenizer").is_dir()
+
+
+def test_eval_scores_the_run_on_a_benchmark_it_never_saw(kl_run, tmp_path, capsys):
+    """``eval RUN task.eval_datasets=jsonl:FILE`` evaluates on that file's rows (not the run's own held-out set),
+    names it in the output and changes nothing the run wrote."""
+    rows = [(f"State the final answer to the following arithmetic problem: {a} + {b} =", str(a + b))
+            for a in range(3) for b in range(2)]
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in rows))
+    before = _files(kl_run)
+    _eval(kl_run, f"task.eval_datasets=jsonl:{bench}", "task.num_eval=100")  # the run's own num_eval is 4
+    out = _strict_json(capsys.readouterr().out)
+    assert out["num_eval"] == len(rows) and out["eval_sources"] == [f"jsonl:{bench}"]
+    assert 0 <= out["eval_accuracy"] <= 1 and out["eval_accuracy"] * len(rows) == round(out["eval_accuracy"] * len(rows))
+    assert _files(kl_run) == before
+    _eval(kl_run)
+    assert _strict_json(capsys.readouterr().out)["eval_sources"] == ["chain_sum"]
