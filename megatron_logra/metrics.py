@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["MetricsWriter", "closing_metrics_on_error", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "max_over_ranks", "elapsed",
-           "json_safe", "strict_dumps", "previous_summary_values", "record_before_values", "BEFORE_FILE"]
+           "json_safe", "strict_dumps", "previous_summary_values", "record_before_values", "BEFORE_FILE",
+           "keep_records_until"]
 
 BEFORE_FILE = "eval_before.json"
 """The file in a run directory that holds the values a run measured before step 1 (the held-out score then), written
@@ -176,6 +177,18 @@ def _step_of(line: str, last: int) -> bool:
     return isinstance(record, dict) and record.get("step", 0) <= last
 
 
+def keep_records_until(path: Path, last: int) -> None:
+    """Drop the records of steps after ``last`` (a resume's checkpoint step) from the JSON-lines file ``path``, so
+    that it matches an uninterrupted run; a torn final line of a killed run goes too. Replaced atomically and
+    durably (a crash leaves the old file or the new one); a missing file stays missing."""
+    if not path.exists():
+        return
+    from megatron_logra.checkpoint.durable import atomic_write_text
+
+    kept = [line for line in path.read_text().splitlines() if _step_of(line, last)]
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
 TEXT_FIELDS = ("skip_reason",)
 """Record fields written to TensorBoard as text (at the steps where they hold a string): why a step applied no
 update. Other strings (``sync_mode``) are the same at most steps and stay in ``metrics.jsonl`` only."""
@@ -201,13 +214,9 @@ class MetricsWriter:
     def _open(self, tensorboard: bool, truncate_after: Optional[int]) -> None:
         _open_writers.append(self)  # closed as failed if the job raises (:func:`closing_metrics_on_error`)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if truncate_after is not None and self.path.exists():
-            # resuming: drop records after the checkpoint so the file matches an uninterrupted run
-            from megatron_logra.checkpoint.durable import atomic_write_text
-
-            kept = [line for line in self.path.read_text().splitlines() if _step_of(line, truncate_after)]
-            atomic_write_text(self.path, "".join(line + "\n" for line in kept))  # the old file or the new one
-        elif truncate_after is None and self.path.exists():
+        if truncate_after is not None:
+            keep_records_until(self.path, truncate_after)
+        elif self.path.exists():
             self.path.unlink()
         if tensorboard:
             try:

@@ -177,6 +177,12 @@ class RLConfig:
     the limit loses all of it); held-out accuracy is not affected. 0 = off."""
     overlong_penalty: float = 1.0
     """The reward a completion of ``max_new_tokens`` tokens loses (``overlong_buffer`` > 0)."""
+    log_samples: int = 0
+    """Write what the policy generated to ``RUN/samples.jsonl`` (rank 0), to read its answers as training goes:
+    each step the first ``log_samples`` rollouts of DP rank 0's batch (prompt, completion, gold answer, reward,
+    correct, advantage, tokens, finished) and at each held-out evaluation (step 0 before training) the completions
+    of DP rank 0's first ``log_samples`` held-out problems. 0 = none. A resume drops the records after its
+    checkpoint, as ``metrics.jsonl`` does."""
     max_bad_steps: int = 5
     """Stop with an error naming the step after this many RL steps in a row refused their update (a non-finite
     loss, sketch or gradient; no completion token); 0 = never stop. A step of zero advantages does not count."""
@@ -212,6 +218,9 @@ class RLConfig:
             raise ValueError(f"rl.max_bad_steps={self.max_bad_steps} must be >= 0 (0 = never stop)")
         if self.eval_interval < 0:
             raise ValueError(f"rl.eval_interval={self.eval_interval} must be >= 0")
+        if isinstance(self.log_samples, bool) or not isinstance(self.log_samples, int) or self.log_samples < 0:
+            raise ValueError(f"rl.log_samples={self.log_samples!r} must be a whole number >= 0 (the rollouts written "
+                             f"to RUN/samples.jsonl per step; 0 = none)")
         if not isinstance(self.prompt_template, str) or "{prompt}" not in self.prompt_template:
             raise ValueError(f"rl.prompt_template={self.prompt_template!r} must contain {{prompt}}, which is replaced "
                              "by the problem's text: add it, e.g. '{prompt}\\n'")

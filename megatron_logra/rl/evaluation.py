@@ -15,6 +15,7 @@ import torch
 
 from megatron_logra.parallel import all_reduce_sum
 from megatron_logra.rl.prompts import _decode, _prompt_batch
+from megatron_logra.rl.sample_log import sample_records
 from megatron_logra.rl.source_metrics import source_fields, source_sums
 from megatron_logra.rl.step_guard import score_rollouts
 
@@ -34,9 +35,11 @@ def evaluate_accuracy(c: RLComponents) -> Optional[float]:
 
 
 @torch.no_grad()
-def evaluate_held_out(c: RLComponents) -> tuple[Optional[float], dict[str, Optional[float]]]:
+def evaluate_held_out(c: RLComponents, step: Optional[int] = None) -> tuple[Optional[float], dict[str, Optional[float]]]:
     """:func:`evaluate_accuracy` and, for a task mixture, the accuracy per source
-    (``{"eval_accuracy/gcd": 0.4, ...}``; ``{}`` for one source or without a held-out set)."""
+    (``{"eval_accuracy/gcd": 0.4, ...}``; ``{}`` for one source or without a held-out set). ``step``: the RL step
+    the evaluation belongs to, under which the run's sample log (``c.sample_log``) records its completions (None:
+    none are recorded)."""
     from megatron_logra.rollout.engine import SamplingParams
 
     rollout = c.cfg.rl.rollout
@@ -47,13 +50,19 @@ def evaluate_held_out(c: RLComponents) -> tuple[Optional[float], dict[str, Optio
     k = rollout.eval_samples
     prompt_ids = _prompt_batch(c, mine, k)
     completions: list[str] = []
+    generated: list = []
     if mine:
         params = SamplingParams(temperature=rollout.eval_temperature, top_p=1.0, max_new_tokens=rollout.max_new_tokens,
                                 stop_token_ids=c.stop_token_ids(), seed=c.cfg.train.seed)
-        completions = [_decode(c, r.completion_ids) for r in c.engine.generate(prompt_ids, params)]
+        generated = c.engine.generate(prompt_ids, params)
+        completions = [_decode(c, r.completion_ids) for r in generated]
     # every DP rank scores (a rank without problems too): a failing or hung reward stops all of them together
     scored = score_rollouts(c.task, [p for p in mine for _ in range(k)], completions, "the held-out evaluation",
                             c.groups.dp)
+    if step is not None and c.sample_log is not None:  # the first held-out problems' completions (all k of each)
+        limit = c.sample_log.limit * k
+        c.sample_log.write(sample_records(step, "eval", [p for p in mine for _ in range(k)], completions[:limit],
+                                          generated, scored))
     correct = sum(int(ok) for _, ok in scored)
     counts = torch.tensor([float(correct), float(len(mine) * rollout.eval_samples)], dtype=torch.float64)
     all_reduce_sum(counts, c.groups.dp)

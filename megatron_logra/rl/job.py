@@ -28,6 +28,7 @@ from megatron_logra.profiling import job_profiler
 from megatron_logra.rl.components import build_components, check_config
 from megatron_logra.rl.evaluation import evaluate_held_out, no_held_out_reason
 from megatron_logra.rl.loop import rl_update
+from megatron_logra.rl.sample_log import SampleLog
 from megatron_logra.rl.progress import bar_fields, previous_summary, progress_bar, rss_bytes, run_total
 from megatron_logra.rollout.sglang_setup import redact_config
 from megatron_logra.train.stopping import EarlyStop
@@ -92,7 +93,17 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     metrics = MetricsWriter(run_dir, truncate_after=state.step if cfg.train.resume else None,
                             wandb=wandb_options(cfg.train, saved_config))
     setup_seconds = time.perf_counter() - t_start
-    eval_before, before_by_source = evaluate_held_out(comps)
+    if cfg.rl.log_samples:
+        comps.sample_log = SampleLog(run_dir, cfg.rl.log_samples, truncate_after=state.step if cfg.train.resume else None)
+
+    def sync_logs() -> None:
+        """The records up to a checkpoint are on storage before it is."""
+        metrics.sync()
+        if comps.sample_log is not None:
+            comps.sample_log.sync()
+
+    # a resumed run's evaluation at its checkpoint's step is in the sample log already (when that step had one)
+    eval_before, before_by_source = evaluate_held_out(comps, None if start_step else 0)
     if eval_before is None:
         level, why = no_held_out_reason(cfg, comps.task)
         logger.log(level, "no held-out evaluation (%s): eval_accuracy is null in metrics.jsonl and summary.json", why)
@@ -119,7 +130,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             with profiler.step(state.step + 1):
                 record = rl_update(comps, state)
             if cfg.rl.eval_interval and (state.step % cfg.rl.eval_interval == 0 or state.step == cfg.rl.steps):
-                record["eval_accuracy"], by_source = evaluate_held_out(comps)
+                record["eval_accuracy"], by_source = evaluate_held_out(comps, state.step)
                 record.update(by_source)
             record["memory_bytes"] = rss_bytes()
             metrics.write(record)
@@ -129,7 +140,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
                 logger.info("rl step %d %s", state.step,
                             {k: record.get(k) for k in _LOGGED if record.get(k) is not None})
             if cfg.train.save_interval and state.step % cfg.train.save_interval == 0 and state.step != cfg.rl.steps:
-                metrics.sync()  # the records up to the checkpoint are on storage before it
+                sync_logs()
                 save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=saved_config,
                                 keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
                 saved = state.step
@@ -142,7 +153,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             progress[0].stop()
         profiler.close()  # a window the run left early (a stop) writes what it recorded
         if state.step > saved:  # the last step's checkpoint, before the final evaluation (not again if already saved)
-            metrics.sync()  # the records up to the checkpoint are on storage before it
+            sync_logs()
             save_checkpoint(run_dir, state.step, comps.model, bundle, comps.groups, config=saved_config,
                             keep_last=cfg.train.keep_last, checksums=cfg.train.checkpoint_checksums)
         if stopped is None:  # a stop asked for during that save: no final evaluation
@@ -156,7 +167,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         elif state.step == start_step:  # nothing trained: the policy evaluated before the loop
             eval_after, after_by_source = eval_before, before_by_source
         else:
-            eval_after, after_by_source = evaluate_held_out(comps)
+            eval_after, after_by_source = evaluate_held_out(comps, state.step)
             stopped = stop.check_after_training("the final evaluation")
         rl_seconds, total_seconds = time.perf_counter() - rl_start, time.perf_counter() - t_start
         eval_before_run = previous.get("eval_accuracy_before") if start_step else eval_before

@@ -29,8 +29,9 @@ from megatron_logra.rl.batching import pack_sequences, split_microbatches
 from megatron_logra.rl.evaluation import evaluate_accuracy
 from megatron_logra.rl.kl_probe import _probe_batch, fd_steps
 from megatron_logra.rl.objective import _reference_logprobs, make_rl_loss_fn
-from megatron_logra.rl.prompts import check_prompt_fits, prompt_room, rl_prompt_ids
+from megatron_logra.rl.prompts import _decode, check_prompt_fits, prompt_room, rl_prompt_ids
 from megatron_logra.rl.rollout_stage import collect_groups
+from megatron_logra.rl.sample_log import sample_records
 from megatron_logra.rl.source_metrics import source_fields
 from megatron_logra.rl.step_guard import check_measured_kl, kl_errors_name_step, refuse_update, update_applied
 from megatron_logra.train.step import forward_backward, model_device
@@ -81,6 +82,9 @@ class RLComponents:
     ref_model: Optional[torch.nn.Module] = None
     stop_ids: list[int] = field(default_factory=list)
     """Token ids that end a completion (``data.tokenizer.stop_token_ids``); empty: the tokenizer's EOS."""
+    sample_log: Any = None
+    """The run's :class:`~megatron_logra.rl.sample_log.SampleLog` (``rl.log_samples``), set by the job; None:
+    nothing is logged (``megatron-logra eval``, ``rl.log_samples=0``)."""
 
     def stop_token_ids(self) -> list[int]:
         return self.stop_ids or [self.tokenizer.eos_token_id]
@@ -130,6 +134,12 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         advantages = grpo_advantages(rewards, rl.group_size, scale_by_std=rl.advantage.scale_by_std, eps=rl.advantage.eps)
     else:
         advantages = reinforce_advantages(state.baseline, rewards, groups.dp)
+    if c.sample_log is not None and c.sample_log.enabled:  # the first rollouts of the batch, as trained on
+        shown = rollouts[: c.sample_log.limit]
+        c.sample_log.write(sample_records(
+            step, "train", [p for p in collected.problems for _ in range(rl.group_size)],
+            [_decode(c, r.completion_ids) for r in shown], shown,
+            list(zip(rewards.tolist(), collected.correct_N.bool().tolist())), advantages.tolist()))
     # generated: every rollout of the step (all rounds) — the policy's statistics, unbiased by the selection
     generated = dict(zip(("reward", "correct", "samples", "tokens"), collected.generated_4.tolist()))
     sums = _dp_sums(groups.dp, **generated, batch_tokens=float(sum(len(r.completion_ids) for r in rollouts)),
