@@ -51,11 +51,14 @@ class AnchorDirectory(_FullWeightsFiles):
         newest = anchors[-1]
         v = newest["version"]
         after = [x for x in (self.versions() if versions is None else versions) if x > v]
-        if after and after[0] != v + 1:
-            return (f"the newest anchor's weights (version {v}) are older than the deltas left (the oldest is "
-                    f"{delta_filename(after[0])}), so the chain cannot be followed from any file here: reload at the "
-                    f"producer's next full refit, the newest anchor then (sync.anchor_interval <= sync.keep_deltas "
-                    f"keeps a reloadable anchor in reach)")
+        present = set(after)
+        missing = next((x for x in range(v + 1, max(after, default=v)) if x not in present), None)
+        if missing is not None:
+            gone = (f"are older than the deltas left (the oldest is {delta_filename(after[0])})" if missing == v + 1
+                    else f"are followed by a hole in the deltas ({delta_filename(missing)} is missing)")
+            return (f"the newest anchor's weights (version {v}) {gone}, so the chain cannot be followed from any file "
+                    f"here: reload at the producer's next full refit, the newest anchor then (sync.anchor_interval <= "
+                    f"sync.keep_deltas keeps a reloadable anchor in reach)")
         if newest.get("full") is not None:
             return (f"reload the trainer's full weights at version {v} from {self._full_path(newest['full'])} "
                     f"with DirectoryTransport.load_full(engine) (it accepts the anchor)")

@@ -49,6 +49,13 @@ class _DirectoryReader(AnchorDirectory):
         except SyncError as exc:
             raise SyncError(exc.kind, f"{path.name}: {str(exc).removeprefix(f'[{exc.kind}] ')}") from None
 
+    def _reachable(self, anchor: dict, versions: Optional[list[int]] = None) -> bool:
+        """Whether the chain can be followed from ``anchor``'s weights: the delta files after its version are
+        contiguous from the next version (none yet counts: the next one may still be published)."""
+        v = anchor["version"]
+        after = [x for x in (self.versions() if versions is None else versions) if x > v]
+        return after == list(range(v + 1, v + 1 + len(after)))
+
     def _chain(self, current_version: int, engine: Optional[DeltaConsumer] = None) -> Iterator[SketchDelta]:
         """Yield the deltas after ``current_version`` in order, reading each file only when the
         previous one has been taken (one decoded delta in memory at a time).
@@ -106,6 +113,9 @@ class _DirectoryReader(AnchorDirectory):
                            f"{expected}: the delta(s) for versions ({expected}, {delta.base_version}] are no longer in {self.dir} "
                            f"(pruned, sync.keep_deltas, or removed by a trainer restart); this engine cannot catch "
                            f"up through deltas: {self._reload_advice(anchors, versions)}")
+                else:  # a later file is there: the trainer publishes in version order, the missing ones will not come
+                    msg = (f"{msg} (removed from {self.dir}, or versions the trainer reached by a full refit); this "
+                           f"engine cannot catch up through deltas: {self._reload_advice(anchors, versions)}")
                 raise SyncError("gap", msg)
             try:
                 self._check_anchor(expected, engine, anchors)
@@ -138,22 +148,53 @@ class _DirectoryReader(AnchorDirectory):
 
     def follow(self, engine: DeltaConsumer) -> list[int]:
         """Consumer: one step of a consumer loop; returns the versions applied. :meth:`consume`, and when it is
-        refused with ``SyncError`` of kind ``anchor`` or ``gap``, :meth:`load_full` of the newest anchor and
-        :meth:`consume` again. The newest anchor is reloaded at most once by this object: when that did not get
-        the engine back on the chain (its deltas were pruned past it, or it has no full-weights file) the
-        refusal is raised as it is, until the trainer writes a newer anchor, so a loop does not re-read a
-        model-sized file at every poll. Every ``SyncError`` raised leaves the engine as the last successful
-        apply or reload left it; call again later."""
+        refused, :meth:`load_full` of the newest anchor and :meth:`consume` again, where that reload can help:
+
+        * ``anchor`` (the engine passed a refit or trainer restart it has not verified): always;
+        * ``gap`` (the deltas it needs were pruned or removed): when the newest anchor is past the engine's
+          version and the delta files after it are contiguous, so the chain can be followed from it; or when the
+          engine's weights are not verified at its version (a fresh engine). An engine on the chain is not taken
+          back to an older anchor whose deltas were pruned past it.
+
+        The newest anchor is reloaded at most once by this object: when that did not get the engine back on the
+        chain the refusal is raised as it is, until the trainer writes a newer anchor, so a loop does not
+        re-read a model-sized file at every poll. Every ``SyncError`` raised leaves the engine as the last
+        successful apply or reload left it; call again later."""
         try:
             return self.consume(engine)
         except SyncError as exc:
-            if exc.kind not in ("anchor", "gap"):
-                raise
-            newest = self.anchors()
-            if not newest or newest[-1].get("full") is None or newest[-1]["epoch"] == self._reloaded:
+            if not self._reload_helps(exc, engine):
                 raise
         self._reloaded = self.load_full(engine)["epoch"]
         return self.consume(engine)
+
+    def _reload_helps(self, exc: SyncError, engine: DeltaConsumer) -> bool:
+        """Whether :meth:`follow` reloads the newest anchor's full weights after :meth:`consume` raised ``exc``."""
+        if exc.kind not in ("anchor", "gap"):
+            return False
+        try:
+            anchors = self.anchors()
+            if not anchors or anchors[-1].get("full") is None or anchors[-1]["epoch"] == self._reloaded:
+                return False
+            newest = anchors[-1]
+            if exc.kind == "anchor" or (newest["version"] > engine.weight_version and self._reachable(newest)):
+                return True
+            return not self._on_chain(engine, anchors)
+        except SyncError:  # the directory or a marker is unreadable now: raise the refusal itself
+            return False
+
+    def _on_chain(self, engine: DeltaConsumer, anchors: list[dict]) -> bool:
+        """Whether the engine's weights are the trainer's at its version (the anchor at or below it is verified,
+        by fingerprint if need be): reloading an anchor the chain cannot be followed from would only take them
+        back to older weights. An engine at no anchor's chain, or whose last reload failed, is not."""
+        version = engine.weight_version
+        if version < 0 or not any(a["version"] <= version for a in anchors):
+            return False
+        try:
+            self._check_anchor(version, engine, anchors)
+        except SyncError:
+            return False
+        return True
 
     def consume(self, engine: DeltaConsumer) -> list[int]:
         """Apply the new deltas to ``engine`` in order, one file at a time (read, check its link
