@@ -14,7 +14,7 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ENGINE_DTYPES", "check_engine_dtype", "check_engine_vocab"]
+__all__ = ["ENGINE_DTYPES", "check_engine_dtype", "check_engine_vocab", "engine_dtype_mismatch"]
 
 
 def check_engine_vocab(engine_vocab: Optional[int], vocab_size: int, padded_vocab_size: int) -> int:
@@ -44,10 +44,25 @@ def check_engine_dtype(params_dtype: str) -> None:
     The engine is started in the trainer's dtype (sketch deltas merge bit for bit on both sides), and
     SGLang's CUDA kernels (``sgl_kernel`` RMSNorm, fused RoPE) are dispatched for float16 / bfloat16
     only: a float32 engine fails in its first forward, after start-up. A server (``rl.rollout.
-    sglang_url``) runs in the dtype it was started with and is not checked here.
+    sglang_url``) runs in the dtype it was started with: :func:`engine_dtype_mismatch` names a difference.
     """
     if str(params_dtype) not in ENGINE_DTYPES:
         raise ValueError(
             f"model.params_dtype={params_dtype!r}: an in-process SGLang engine (rl.rollout.engine=sglang without "
             f"rl.rollout.sglang_url) runs in the trainer's dtype, and SGLang's CUDA kernels are built for float16 "
             f"and bfloat16 only; set model.params_dtype=bfloat16 (--bf16), or use rl.rollout.engine=embedded")
+
+
+def engine_dtype_mismatch(engine_dtype: Optional[str], trainer_dtype: Optional[str]) -> Optional[str]:
+    """Why an engine whose weights are ``engine_dtype`` (as its sync loader reports them; None: not known) cannot
+    stay bitwise equal to a trainer in ``trainer_dtype`` (``model.params_dtype``), or None when they agree.
+
+    Refits and sketch deltas reach the engine cast to its own dtype, while the drift check compares its
+    weights with the trainer's in the trainer's dtype: with different dtypes every check finds drift and
+    refits densely (a server keeps the dtype it was started with, ``--dtype``)."""
+    if engine_dtype is None or trainer_dtype is None or str(engine_dtype) == str(trainer_dtype):
+        return None
+    return (f"the SGLang engine holds its weights in {engine_dtype}, the trainer in model.params_dtype={trainer_dtype}: "
+            f"its weights cannot match the trainer's bit for bit, so every drift check (sync.check_interval) will "
+            f"find drift and refit densely; start the server with --dtype {trainer_dtype}, or set "
+            f"model.params_dtype={engine_dtype}")

@@ -75,7 +75,7 @@ import torch
 from megatron_logra.rollout.driver import is_driver, share_from_driver
 from megatron_logra.rollout.engine import Rollout, SamplingParams
 from megatron_logra.rollout.sglang_api import build_generate_payload, check_logprob_convention, parse_generate_response
-from megatron_logra.rollout.sglang_checks import check_engine_vocab
+from megatron_logra.rollout.sglang_checks import check_engine_vocab, engine_dtype_mismatch
 from megatron_logra.rollout.sglang_launch import engine_arguments
 
 logger = logging.getLogger(__name__)
@@ -103,12 +103,15 @@ class SGLangEngine:
     the engine's version on the sync driver and shares it (a collective: every rank constructs).
     ``deltas``: sketch deltas will be sent (``sync.mode=delta`` with LoGRA); the constructor then has the
     target refuse an engine that cannot apply them (its ``check_delta_sync``: pipeline stages, data-parallel
-    attention), on every rank, before the first update instead of at every one.
+    attention), on every rank, before the first update instead of at every one. ``trainer_dtype``
+    (``model.params_dtype``): an engine whose loader reports weights in another dtype (a server started with
+    another ``--dtype``) is named in a warning (:func:`~megatron_logra.rollout.sglang_checks.engine_dtype_mismatch`).
     """
 
     def __init__(self, *, generate_fn: Optional[Callable[[dict], Any]], target: Any, vocab_size: int,
                  padded_vocab_size: int, gen_group: Any = None, sync_group: Any = None, send_seed: bool = False,
-                 close_fn: Optional[Callable[[], None]] = None, deltas: bool = True) -> None:
+                 close_fn: Optional[Callable[[], None]] = None, deltas: bool = True,
+                 trainer_dtype: Optional[str] = None) -> None:
         if is_driver(gen_group) and generate_fn is None:
             raise ValueError("the generation driver (rank 0 of gen_group) needs generate_fn")
         if is_driver(sync_group) and target is None:
@@ -117,15 +120,19 @@ class SGLangEngine:
         self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
         self.gen_group, self.sync_group, self.send_seed = gen_group, sync_group, send_seed
         self._close_fn = close_fn
-        def start() -> tuple[int, Optional[int]]:
+        def start() -> tuple[int, Optional[int], Optional[str]]:
             check = getattr(self.target, "check_delta_sync", None)
             if deltas and callable(check):
                 check()
-            return int(self.target.weight_version), getattr(self.target, "vocab_size", None)
+            return (int(self.target.weight_version), getattr(self.target, "vocab_size", None),
+                    getattr(self.target, "weight_dtype", None))
 
-        version, engine_vocab = share_from_driver(start, sync_group)
+        version, engine_vocab, self.engine_dtype = share_from_driver(start, sync_group)
         self._version = int(version)
         self.engine_vocab_size = check_engine_vocab(engine_vocab, vocab_size, padded_vocab_size)
+        mismatch = engine_dtype_mismatch(self.engine_dtype, trainer_dtype)
+        if mismatch and is_driver(sync_group):
+            logger.warning("sglang engine: %s", mismatch)
 
     # ------------------------------------------------------------------ weights (sync_client, driver only)
 

@@ -57,7 +57,7 @@ def engine_arguments(cfg: Any, groups: Any) -> dict[str, Any]:
     ro = cfg.rl.rollout
     mp = groups.mp if group_size(groups.mp) > 1 else None
     common = dict(vocab_size=cfg.model.vocab_size, padded_vocab_size=cfg.model.padded_vocab_size(groups.tp_size),
-                  send_seed=ro.sglang_sampling_seed,
+                  send_seed=ro.sglang_sampling_seed, trainer_dtype=str(cfg.model.params_dtype),
                   deltas=cfg.sync.mode == "delta" and cfg.optimizer.name == "logra")  # PolicySync's delta_mode
     if ro.sglang_url:
         serialization = resolve_serialization(ro.sglang_serialization, ro.sglang_url, torch.cuda.is_available())

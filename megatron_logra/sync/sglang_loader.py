@@ -60,6 +60,7 @@ from megatron_logra.sync.sglang_weights import (
     _ATTENTION_ATTR,
     _own_weights,
     engine_hf_view,
+    engine_dtype,
     engine_tp,
     engine_version,
     engine_vocab_size,
@@ -204,10 +205,10 @@ def sync_loader(model: nn.Module, named_tensors: list[tuple[str, torch.Tensor]])
 
     Applies a delta (:data:`TENSOR_NAME`) and/or runs a command (:data:`COMMAND_NAME`), then
     writes the outcome to :data:`STATE_PARAM`: ``{"format", "seq", "nonce", "op", "ok",
-    "error", "error_kind", "version", "tp_size", "tp_rank", "vocab_size", "fingerprint_version",
+    "error", "error_kind", "version", "tp_size", "tp_rank", "vocab_size", "dtype", "fingerprint_version",
     "fingerprint_error"}`` (``vocab_size``: the served model's vocabulary,
     :func:`~megatron_logra.sync.sglang_weights.engine_vocab_size`, which clients trim the trainer's
-    padded vocabulary rows to). Rejections leave the weights and the version untouched. A fingerprint
+    padded vocabulary rows to; ``dtype``: its weights' dtype, :func:`~megatron_logra.sync.sglang_weights.engine_dtype`). Rejections leave the weights and the version untouched. A fingerprint
     (``op="fingerprint"`` or ``"fingerprint": true``) runs on every rank or on none (``error``
     is the same on every rank: each gets the same request and ``apply`` agrees over the group),
     since at TP > 1 it is collective; it samples the rows of the engine's weight version (the salt) and
@@ -225,7 +226,7 @@ def sync_loader(model: nn.Module, named_tensors: list[tuple[str, torch.Tensor]])
                              "fingerprint_version": None, "fingerprint_error": None}
     try:
         size, rank = engine_tp(model)
-        state.update(tp_size=size, tp_rank=rank, vocab_size=engine_vocab_size(model))
+        state.update(tp_size=size, tp_rank=rank, vocab_size=engine_vocab_size(model), dtype=engine_dtype(model))
         error: Optional[SyncError] = None
         try:
             delta_tensors, command = _split_request(named_tensors)

@@ -71,6 +71,7 @@ class _SGLangPrimitives:
         self.chunk_bytes = chunk_bytes
         self._version: Optional[int] = None
         self._vocab: Optional[int] = None
+        self._dtype: Optional[str] = None
         self._vocab_read = False
         self._checked = False
         self._dp_size: Optional[int] = None

@@ -146,6 +146,15 @@ class _SGLangLoaderState(_SGLangPrimitives):
         size = state.get("vocab_size")
         if isinstance(size, int) and not isinstance(size, bool) and size > 0:
             self._vocab, self._vocab_read = size, True
+        if isinstance(state.get("dtype"), str):
+            self._dtype = state["dtype"]
+
+    @property
+    def weight_dtype(self) -> Optional[str]:
+        """The dtype of the served model's weights (``"bfloat16"``, ...) as its loader reports it with the
+        vocabulary (read with :attr:`vocab_size`), None when the loader does not say."""
+        self.vocab_size  # noqa: B018 - one status command the first time
+        return self._dtype
 
     @property
     def vocab_size(self) -> Optional[int]:

@@ -31,7 +31,7 @@ from megatron_logra.sync.layout import VOCAB_PARALLEL, sglang_gate_up_rows, sgla
 from megatron_logra.sync.sglang_wire import FINGERPRINT_PARAM, STATE_PARAM
 
 __all__ = ["VERSION_ATTR", "VOCAB_PARALLEL", "Piece", "engine_tp", "engine_version", "engine_vocab_size",
-           "engine_hf_view", "engine_pieces"]
+           "engine_dtype", "engine_hf_view", "engine_pieces"]
 
 VERSION_ATTR = "_logra_weight_version"
 _ATTENTION_ATTR = "_logra_attention"
@@ -77,6 +77,16 @@ def engine_vocab_size(model: nn.Module) -> Optional[int]:
     org = getattr(embed, "org_vocab_size", None)
     if isinstance(org, int) and org > 0 and engine_tp(model)[0] == 1:
         return org
+    return None
+
+
+def engine_dtype(model: nn.Module) -> Optional[str]:
+    """The dtype the engine's linear weights are held in (``"bfloat16"``, ...; the first 2-D floating
+    parameter's), None when it has none: what sketch deltas merge into and refits are cast to. Bitwise
+    agreement with the trainer, which the drift check compares, needs the trainer's ``model.params_dtype``."""
+    for w in _own_weights(model).values():
+        if w.dim() == 2 and w.is_floating_point():
+            return str(w.dtype).removeprefix("torch.")
     return None
 
 
