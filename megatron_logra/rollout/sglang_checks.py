@@ -62,7 +62,9 @@ def engine_dtype_mismatch(engine_dtype: Optional[str], trainer_dtype: Optional[s
     refits densely (a server keeps the dtype it was started with, ``--dtype``)."""
     if engine_dtype is None or trainer_dtype is None or str(engine_dtype) == str(trainer_dtype):
         return None
+    fix = f"set model.params_dtype={engine_dtype}"
+    if str(trainer_dtype) in ENGINE_DTYPES:  # SGLang's CUDA kernels run 16-bit weights only
+        fix = f"start the server with --dtype {trainer_dtype}, or {fix}"
     return (f"the SGLang engine holds its weights in {engine_dtype}, the trainer in model.params_dtype={trainer_dtype}: "
             f"its weights cannot match the trainer's bit for bit, so every drift check (sync.check_interval) will "
-            f"find drift and refit densely; start the server with --dtype {trainer_dtype}, or set "
-            f"model.params_dtype={engine_dtype}")
+            f"find drift and refit densely; {fix}")

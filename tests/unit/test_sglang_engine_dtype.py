@@ -53,7 +53,8 @@ def test_a_trainer_in_another_dtype_is_warned_about_at_start(transport, servers,
                              trainer_dtype="float32")
     assert built.engine_dtype == "bfloat16" and target.weight_dtype == "bfloat16"
     warned = [r.getMessage() for r in caplog.records if "holds its weights in bfloat16" in r.getMessage()]
-    assert len(warned) == 1 and "model.params_dtype=float32" in warned[0] and "--dtype float32" in warned[0]
+    assert len(warned) == 1 and "model.params_dtype=float32" in warned[0] and "model.params_dtype=bfloat16" in warned[0]
+    assert "--dtype" not in warned[0]  # SGLang's kernels have no float32 path: not a fix to suggest
 
 
 @pytest.mark.parametrize("transport", ["engine", "http"])
