@@ -36,8 +36,10 @@ def evaluate_accuracy(c: RLComponents) -> Optional[float]:
 
 @torch.no_grad()
 def evaluate_held_out(c: RLComponents, step: Optional[int] = None) -> tuple[Optional[float], dict[str, Optional[float]]]:
-    """:func:`evaluate_accuracy` and, for a task mixture, the accuracy per source
-    (``{"eval_accuracy/gcd": 0.4, ...}``; ``{}`` for one source or without a held-out set). ``step``: the RL step
+    """:func:`evaluate_accuracy` and its other fields: for a task mixture, the accuracy per source
+    (``{"eval_accuracy/gcd": 0.4, ...}``), and with ``rl.rollout.eval_samples=k`` > 1, ``eval_pass_at_k``, the share
+    of problems with at least one correct answer among their ``k`` (``eval_accuracy`` is then the mean over the ``k``,
+    avg@k); ``{}`` for one source and one sample, or without a held-out set. ``step``: the RL step
     the evaluation belongs to, under which the run's sample log (``c.sample_log``) records its completions (None:
     none are recorded)."""
     from megatron_logra.rollout.engine import SamplingParams
@@ -64,13 +66,16 @@ def evaluate_held_out(c: RLComponents, step: Optional[int] = None) -> tuple[Opti
         c.sample_log.write(sample_records(step, "eval", [p for p in mine for _ in range(k)], completions[:limit],
                                           generated, scored))
     correct = sum(int(ok) for _, ok in scored)
-    counts = torch.tensor([float(correct), float(len(mine) * rollout.eval_samples)], dtype=torch.float64)
+    solved = sum(any(ok for _, ok in scored[i * k:(i + 1) * k]) for i in range(len(mine)))
+    counts = torch.tensor([float(correct), float(len(mine) * k), float(solved), float(len(mine))], dtype=torch.float64)
     all_reduce_sum(counts, c.groups.dp)
     by_source: dict[str, Optional[float]] = {}
+    if k > 1:
+        by_source["eval_pass_at_k"] = (counts[2] / counts[3]).item() if counts[3] > 0 else None
     names = c.task.eval_names
     if len(names) > 1:  # the same decision on every rank
         sums = all_reduce_sum(source_sums(names, [p for p in mine for _ in range(k)], scored), c.groups.dp)
-        by_source = source_fields(names, sums, accuracy="eval_accuracy")
+        by_source.update(source_fields(names, sums, accuracy="eval_accuracy"))
     return ((counts[0] / counts[1]).item() if counts[1] > 0 else None), by_source
 
 

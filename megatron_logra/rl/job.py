@@ -44,6 +44,14 @@ _LOGGED = ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual", "ste
 """Record fields of the rank-0 log line every ``train.log_interval`` updates (without a progress bar)."""
 
 
+def _after_name(field: str) -> str:
+    """The summary's name of a held-out field of the final evaluation: ``eval_accuracy/gcd`` →
+    ``eval_accuracy_after/gcd``, ``eval_pass_at_k`` → ``eval_pass_at_k_after``."""
+    if field.startswith("eval_accuracy/"):
+        return field.replace("eval_accuracy/", "eval_accuracy_after/", 1)
+    return f"{field}_after"
+
+
 @releasing_run_dir
 @closing_metrics_on_error
 def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
@@ -163,7 +171,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             eval_after = None
         elif record.get("eval_accuracy") is not None:
             eval_after = record["eval_accuracy"]
-            after_by_source = {k: v for k, v in record.items() if k.startswith("eval_accuracy/")}
+            after_by_source = {k: v for k, v in record.items() if k.startswith("eval_accuracy/") or k == "eval_pass_at_k"}
         elif state.step == start_step:  # nothing trained: the policy evaluated before the loop
             eval_after, after_by_source = eval_before, before_by_source
         else:
@@ -182,8 +190,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             "resumed_from_step": start_step, "segment_steps": state.step - start_step,
             "segment_eval_accuracy_before": eval_before, "segment_setup_seconds": setup_seconds,
             "segment_rl_seconds": rl_seconds, "segment_total_seconds": total_seconds,
-            # a mixture: the final held-out accuracy per source ("eval_accuracy_after/gcd")
-            **{k.replace("eval_accuracy/", "eval_accuracy_after/", 1): v for k, v in after_by_source.items()},
+            # a mixture: the final held-out accuracy per source ("eval_accuracy_after/gcd"); k samples: pass@k
+            **{_after_name(k): v for k, v in after_by_source.items()},
         }
         if is_rank0():
             atomic_write_text(run_dir / "summary.json", strict_dumps(summary, indent=1))

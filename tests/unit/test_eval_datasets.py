@@ -129,3 +129,28 @@ def test_the_held_out_accuracy_is_reported_per_benchmark(benchmarked, monkeypatc
     assert sorted(seen) == sorted([comps.task.eval_names[0]] * 6 + [comps.task.eval_names[1]] * 3)
     assert by_source == {"eval_accuracy/jsonl:easy.jsonl": 1.0, "eval_accuracy/jsonl:hard.jsonl": 0.0}
     assert accuracy == pytest.approx(6 / 9)
+
+
+def test_several_samples_per_problem_report_pass_at_k(benchmarked, monkeypatch):
+    """``rl.rollout.eval_samples=3``: ``eval_accuracy`` is the mean over the 3 (avg@3) and ``eval_pass_at_k`` the share
+    of problems with a correct one among them."""
+    from collections import Counter
+
+    from megatron_logra.rl.evaluation import evaluate_held_out
+
+    comps, _ = benchmarked
+    monkeypatch.setattr(comps.cfg.rl.rollout, "eval_samples", 3)
+    calls: Counter = Counter()
+
+    def score(problem, completion):  # the second sample of each easy problem is right, every other one wrong
+        calls[problem.prompt] += 1
+        right = problem.source.endswith("easy.jsonl") and calls[problem.prompt] == 2
+        return (1.0, True) if right else (0.0, False)
+
+    monkeypatch.setattr(comps.task, "score", score)
+    accuracy, fields = evaluate_held_out(comps)
+    assert set(calls.values()) == {3} and len(calls) == 9
+    assert accuracy == pytest.approx(6 / 27) and fields["eval_pass_at_k"] == pytest.approx(6 / 9)
+    assert fields["eval_accuracy/jsonl:easy.jsonl"] == pytest.approx(1 / 3)
+    monkeypatch.setattr(comps.cfg.rl.rollout, "eval_samples", 1)
+    assert "eval_pass_at_k" not in evaluate_held_out(comps)[1]

@@ -16,7 +16,8 @@ from support.run_fixtures import run_rl_recipe
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
 STEPS = ["rl.steps=3", "rl.eval_interval=2", "train.save_interval=2", "rl.log_samples=4", "rl.group_size=2",
-         "rl.prompts_per_step=4", "rl.micro_batch_size=8", "task.num_eval=6", "train.progress=false"]
+         "rl.prompts_per_step=4", "rl.micro_batch_size=8", "task.num_eval=4", "rl.rollout.eval_samples=2",
+         "rl.rollout.eval_temperature=1.0", "train.progress=false"]
 
 
 def _records(run) -> list[dict]:
@@ -26,17 +27,23 @@ def _records(run) -> list[dict]:
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory):
     run = tmp_path_factory.mktemp("samples") / "run"
-    run_rl_recipe("tiny", [f"train.run_dir={run}", *STEPS])
-    return run
+    summary = run_rl_recipe("tiny", [f"train.run_dir={run}", *STEPS])
+    return run, summary
 
 
 def test_each_step_and_evaluation_is_logged(logged):
-    records = _records(logged)
+    run, summary = logged
+    records = _records(run)
     counts = Counter((r["step"], r["split"]) for r in records)
-    # 4 rollouts per step; the held-out evaluations before training, at step 2 (rl.eval_interval) and after the last
-    assert counts == {(1, "train"): 4, (2, "train"): 4, (3, "train"): 4, (0, "eval"): 4, (2, "eval"): 4,
-                      (3, "eval"): 4}
+    # 4 rollouts per step; 2 samples of each of the 4 held-out problems before training, at step 2
+    # (rl.eval_interval) and after the last
+    assert counts == {(1, "train"): 4, (2, "train"): 4, (3, "train"): 4, (0, "eval"): 8, (2, "eval"): 8,
+                      (3, "eval"): 8}
     assert all(("advantage" in r) == (r["split"] == "train") for r in records)
+    final = [r for r in records if r["split"] == "eval" and r["step"] == 3]  # every held-out answer: the summary's
+    assert summary["eval_accuracy_after"] == pytest.approx(sum(r["correct"] for r in final) / 8)
+    solved = {r["prompt"] for r in final if r["correct"]}
+    assert summary["eval_pass_at_k_after"] == pytest.approx(len(solved) / 4)
 
 
 def test_rewards_and_advantages_match_an_independent_scoring(logged):
@@ -46,7 +53,7 @@ def test_rewards_and_advantages_match_an_independent_scoring(logged):
     task = build_task(parse_args_to_config("tiny", STEPS).task)
     problems = {p.prompt: p for p in task.eval_problems()}
     problems.update({p.prompt: p for p in (task.train_problem(i) for i in range(12))})  # the steps' prompts
-    records = _records(logged)
+    records = _records(logged[0])
     for r in records:
         problem = problems[r["prompt"]]
         assert (r["source"], r["answer"]) == (problem.source, problem.answer)
@@ -64,11 +71,11 @@ def test_rewards_and_advantages_match_an_independent_scoring(logged):
 
 def test_a_resume_from_an_earlier_checkpoint_leaves_an_uninterrupted_runs_file(logged, tmp_path):
     run = tmp_path / "run"
-    shutil.copytree(logged, run)
+    shutil.copytree(logged[0], run)
     (run / "checkpoints" / "latest").write_text("step_00000002")  # back to step 2: step 3 is trained again
     shutil.rmtree(run / "checkpoints" / "step_00000003")
     run_rl_recipe("tiny", [f"train.run_dir={run}", *STEPS, "train.resume=true"])
-    assert _records(run) == _records(logged)
+    assert _records(run) == _records(logged[0])
 
 
 def test_log_samples_is_checked():
