@@ -75,7 +75,8 @@ class RolloutConfig:
     eval_temperature: float = 0.0
     """Temperature of held-out evaluation (0 = greedy)."""
     eval_samples: int = 1
-    """Samples per held-out problem; accuracy is their mean (mean@k, "pass@1 over k samples")."""
+    """Samples per held-out problem; accuracy is their mean (mean@k, "pass@1 over k samples"), and above 1 the
+    records also hold ``eval_pass_at_k`` (the share of problems with a correct one among the k)."""
 
     def __post_init__(self) -> None:
         check_finite_fields("rl.rollout", self)
