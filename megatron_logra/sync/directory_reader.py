@@ -43,11 +43,11 @@ class _DirectoryReader(AnchorDirectory):
         try:
             data = path.read_bytes()
         except OSError as exc:  # a folder or a dangling link in its place, permissions: unreadable, not a crash
-            raise SyncError("unreadable", f"{path.name}: cannot be read ({type(exc).__name__}: {exc.strerror})") from None
+            raise SyncError("unreadable", f"{path}: cannot be read ({type(exc).__name__}: {exc.strerror})") from None
         try:
             return decode(data)
         except SyncError as exc:
-            raise SyncError(exc.kind, f"{path.name}: {str(exc).removeprefix(f'[{exc.kind}] ')}") from None
+            raise SyncError(exc.kind, f"{path}: {str(exc).removeprefix(f'[{exc.kind}] ')}") from None
 
     def _reachable(self, anchor: dict, versions: Optional[list[int]] = None) -> bool:
         """Whether the chain can be followed from ``anchor``'s weights: the delta files after its version are
@@ -55,6 +55,22 @@ class _DirectoryReader(AnchorDirectory):
         v = anchor["version"]
         after = [x for x in (self.versions() if versions is None else versions) if x > v]
         return after == list(range(v + 1, v + 1 + len(after)))
+
+    def _bad_file(self, exc: SyncError, v: int, expected: int, anchors: list[dict], versions: list[int]) -> SyncError:
+        """``exc`` (a delta file that cannot extend the chain: corrupt, unreadable, holding another version or
+        forking from the chain) with what the consumer can do about it appended."""
+        path = self.dir / delta_filename(v)
+        newest = anchors[-1] if anchors else None
+        if (newest is not None and newest.get("full") is not None and newest["version"] >= v
+                and self._reachable(newest, versions)):
+            how = (f"the newest anchor (version {newest['version']}) is past it: follow(engine) reloads its full "
+                   f"weights, {self._full_path(newest['full'])}, and goes on from there")
+        else:
+            how = (f"the trainer never rewrites a published delta: put the trainer's own {path.name} back in its "
+                   "place, or wait for the trainer's next full refit past it (sync.anchor_interval), whose full "
+                   "weights follow(engine) reloads")
+        return SyncError(exc.kind, f"{str(exc).removeprefix(f'[{exc.kind}] ')}; this engine stays at version "
+                                   f"{expected} (the deltas before {path.name} stay applied); {how}")
 
     def _chain(self, current_version: int, engine: Optional[DeltaConsumer] = None) -> Iterator[SketchDelta]:
         """Yield the deltas after ``current_version`` in order, reading each file only when the
@@ -87,9 +103,9 @@ class _DirectoryReader(AnchorDirectory):
                 continue
             try:
                 delta = self.read(v)
-            except SyncError:
+            except SyncError as exc:
                 if os.path.lexists(self.dir / delta_filename(v)):
-                    raise
+                    raise self._bad_file(exc, v, expected, anchors, versions) from None
                 msg = (f"{delta_filename(v)} was removed from {self.dir} while this consumer (at version {expected}) "
                        f"read the chain (pruned, sync.keep_deltas, or cleared by a trainer restart)")
                 if yielded:
@@ -98,10 +114,15 @@ class _DirectoryReader(AnchorDirectory):
                 raise SyncError("gap", f"{msg}; this engine cannot catch up through deltas: "
                                        f"{self._reload_advice(self.anchors())}") from None
             if delta.new_version != v:
-                raise SyncError("version", f"{delta_filename(v)} holds version {delta.new_version}")
+                raise self._bad_file(SyncError("version", f"{self.dir / delta_filename(v)} holds the delta "
+                                                          f"{delta.base_version}->{delta.new_version}, not version {v} "
+                                                          "(renamed or copied there)"),
+                                     v, expected, anchors, versions)
             if delta.base_version < expected:
-                raise SyncError("version", f"{delta_filename(v)} is the delta {delta.base_version}->{v} but the chain is "
-                                           f"already at {expected}: it forks from or overlaps the chain")
+                raise self._bad_file(SyncError("version", f"{self.dir / delta_filename(v)} is the delta "
+                                                          f"{delta.base_version}->{v} but the chain is already at "
+                                                          f"{expected}: it forks from or overlaps the chain"),
+                                     v, expected, anchors, versions)
             if delta.base_version > expected:
                 msg = (f"{delta_filename(v)} starts at version {delta.base_version} but the chain is at {expected}: "
                        f"the delta(s) for versions ({expected}, {delta.base_version}] are missing")
@@ -151,10 +172,11 @@ class _DirectoryReader(AnchorDirectory):
         refused, :meth:`load_full` of the newest anchor and :meth:`consume` again, where that reload can help:
 
         * ``anchor`` (the engine passed a refit or trainer restart it has not verified): always;
-        * ``gap`` (the deltas it needs were pruned or removed): when the newest anchor is past the engine's
-          version and the delta files after it are contiguous, so the chain can be followed from it; or when the
-          engine's weights are not verified at its version (a fresh engine). An engine on the chain is not taken
-          back to an older anchor whose deltas were pruned past it.
+        * ``gap`` (the deltas it needs were pruned or removed), or a delta file that cannot extend the chain
+          (corrupt, unreadable, another version, refused by the engine): when the newest anchor is past the
+          engine's version and the delta files after it are contiguous, so the chain can be followed from it;
+          or when the engine's weights are not verified at its version (a fresh engine). An engine on the chain
+          is not taken back to an older anchor whose deltas were pruned past it.
 
         The newest anchor is reloaded at most once by this object: when that did not get the engine back on the
         chain the refusal is raised as it is, until the trainer writes a newer anchor, so a loop does not
@@ -170,7 +192,7 @@ class _DirectoryReader(AnchorDirectory):
 
     def _reload_helps(self, exc: SyncError, engine: DeltaConsumer) -> bool:
         """Whether :meth:`follow` reloads the newest anchor's full weights after :meth:`consume` raised ``exc``."""
-        if exc.kind not in ("anchor", "gap"):
+        if exc.kind == "config":  # not a delta directory: nothing here to reload
             return False
         try:
             anchors = self.anchors()

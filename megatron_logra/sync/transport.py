@@ -55,12 +55,14 @@
 
   **A consumer loop.** Point the transport at the directory of the rank the engine serves
   (``<sync.directory>/rank<N>/``) and call :meth:`DirectoryTransport.follow` repeatedly: it consumes,
-  and on ``SyncError`` of kind ``anchor`` or ``gap`` reloads the newest anchor's full weights
+  and on ``SyncError`` of kind ``anchor``, on a ``gap``, or at a delta file that cannot extend the chain
+  (corrupt, unreadable, another version: it stays refused, naming its path, since a published delta is
+  never rewritten) reloads the newest anchor's full weights where the chain can be followed from them
   (:meth:`DirectoryTransport.load_full`; the engine must accept a reload at an earlier version, as
   :class:`~megatron_logra.sync.engine.ModuleEngine` and the embedded engine do) once per anchor. Any ``SyncError`` it raises left
   the engine unchanged: log it and retry later (a directory that is missing, e.g. while a trainer with
   ``train.overwrite=true`` recreates its run directory, is ``unreadable``; a consumer whose reload cannot
-  reach the deltas left waits for the trainer's next refit). A consumer pointed at a directory that is not a
+  reach the deltas left, or stopped at a bad file, waits for the trainer's next refit). A consumer pointed at a directory that is not a
   delta directory -- one holding none of a chain's files but other entries, such as the run directory itself
   (``RUN_DIR`` instead of ``RUN_DIR/deltas/rank0``) -- is refused with ``SyncError("config")`` naming the
   directory to use, instead of waiting forever; one whose directory did not exist (this object created it

@@ -1,6 +1,6 @@
-"""``DirectoryTransport.follow`` as a consumer loop meets a chain it cannot extend by its deltas: a consumer that
-fell behind the pruned deltas sees an anchor it cannot follow from, and a delta is missing from the middle of the
-chain. Real files, a real :class:`ModuleEngine` and a producer
+"""``DirectoryTransport.follow`` as a consumer loop meets a chain it cannot extend by its deltas: a delta file that
+is corrupt (or holds another version) stays in the directory for good, and a consumer that fell behind the
+pruned deltas sees an anchor it cannot follow from. Real files, a real :class:`ModuleEngine` and a producer
 driven as ``PolicySync`` drives one (a refit writes full weights and an anchor, each update publishes a delta)."""
 
 from __future__ import annotations
@@ -47,6 +47,55 @@ class _Trainer:
 
 def _equal(engine, weights):
     return all(torch.equal(t, weights[name]) for name, t in engine.weights().items())
+
+
+def _corrupt(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_delta_is_refused_until_a_newer_anchor_is_reloaded_past_it(tmp_path):
+    """A flipped byte in delta 5 is refused with the file's path and what to do, the engine left at 4; once the
+    trainer refits at 6, follow() reloads those weights and goes on (it used to raise the checksum error at every
+    poll for as long as the file was there, though the full weights past it were in the directory)."""
+    trainer = _Trainer(tmp_path)
+    trainer.step(3)
+    consumer, engine = DirectoryTransport(tmp_path), ModuleEngine(_HF(_state(seed=9)))
+    assert consumer.follow(engine) == [1, 2, 3]
+    trainer.step(3)
+    _corrupt(tmp_path / delta_filename(5))
+    for _ in range(2):
+        with pytest.raises(SyncError) as exc:
+            consumer.follow(engine)
+        assert exc.value.kind == "checksum" and engine.weight_version == 4 and _equal(engine, trainer.at[4])
+        message = str(exc.value)
+        assert str(tmp_path / delta_filename(5)) in message and "stays at version 4" in message
+        assert "put the trainer's own delta_00000005.safetensors back" in message and "full refit" in message
+
+    trainer.refit()  # at 6, past the corrupt file
+    trainer.step(2)
+    with pytest.raises(SyncError, match=r"newest anchor \(version 6\) is past it: follow\(engine\) reloads"):
+        consumer.consume(engine)  # consume alone does not reload, and says that follow would
+    assert consumer.follow(engine) == [7, 8]
+    assert engine.weight_version == 8 and _equal(engine, trainer.weights)
+    assert consumer.follow(engine) == []
+
+
+def test_a_delta_holding_another_version_is_passed_by_reloading_a_newer_anchor(tmp_path):
+    """A delta of another version copied over delta 3 (a replayed file): refused naming both versions, then
+    passed by reloading the anchor the trainer wrote after it."""
+    trainer = _Trainer(tmp_path)
+    trainer.step(4)
+    (tmp_path / delta_filename(3)).write_bytes((tmp_path / delta_filename(2)).read_bytes())
+    consumer, engine = DirectoryTransport(tmp_path), ModuleEngine(_HF(_state(seed=9)))
+    with pytest.raises(SyncError, match=r"delta_00000003\.safetensors holds the delta 1->2, not version 3") as exc:
+        consumer.follow(engine)  # reloads the anchor at 0, applies 1 and 2, refuses 3
+    assert exc.value.kind == "version" and engine.weight_version == 2 and _equal(engine, trainer.at[2])
+    trainer.refit()
+    trainer.step(1)
+    assert consumer.follow(engine) == [5]
+    assert _equal(engine, trainer.weights)
 
 
 def test_a_consumer_behind_the_pruned_deltas_keeps_its_weights_until_a_reachable_anchor(tmp_path):
