@@ -102,7 +102,7 @@ def test_gym_scores_agree_with_reasoning_gym_score_answer(name):
 
 def _all_eval_only_chain_sum(seed: int) -> bool:
     """Whether ``task.seed=seed`` with ``chain_sum`` of ``size`` 1 makes its only prompt eval-only (modulus 16)."""
-    from megatron_logra.rewards import _seed_for
+    from megatron_logra.rewards.build import _seed_for
 
     source = GymSource("chain_sum", _seed_for(seed, "chain_sum", "train"), {"size": 1})
     return prompt_bucket(source.problem(0).prompt, 16) == 0

@@ -1,0 +1,105 @@
+"""Building a :class:`~megatron_logra.rewards.task.Task` from its :class:`~megatron_logra.rewards.config.TaskConfig`:
+the train sources, the held-out sources (split by ``task.eval_modulus``, or the benchmarks of ``task.eval_datasets``)
+and a scorer per source."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from megatron_logra.rewards.base import ProblemSource, Scorer, prompt_bucket, stable_hash
+from megatron_logra.rewards.config import TaskConfig
+from megatron_logra.rewards.jsonl import JSONL_PREFIX, JsonlSource
+from megatron_logra.rewards.math import MathVerifyScorer, parses_as_math
+from megatron_logra.rewards.plugins import PluginScorer, is_dotted_path
+from megatron_logra.rewards.task import Task
+
+__all__ = ["build_task"]
+
+
+def _seed_for(seed: int, name: str, split: str) -> int:
+    return stable_hash(seed, split, name) % (2**31 - 1)
+
+
+def _check_trainable(source: JsonlSource, cfg: TaskConfig) -> None:
+    """ValueError naming the file when every prompt of ``source`` is eval-only (the train stream would have none)."""
+    rows = len(source.problems)
+    if any(prompt_bucket(p.prompt, cfg.eval_modulus) != 0 for p in source.problems):
+        return
+    raise ValueError(
+        f"{source.path}: all {rows} prompt(s) of task.datasets entry {source.name!r} are eval-only (prompt hash % "
+        f"task.eval_modulus={cfg.eval_modulus} == 0, about 1 in {cfg.eval_modulus} prompts, whatever task.num_eval), "
+        f"which leaves no training rows; add rows to the file or choose another task.eval_modulus"
+    )
+
+
+def build_task(cfg: TaskConfig, group: Any = None) -> Task:
+    """Build the sources, eval sources and scorers of ``cfg``.
+
+    Raises ValueError for unknown reasoning-gym names (listing valid ones), bad dataset kwargs, an
+    unloadable reward plugin, a source of positive weight with no training prompt (every prompt it
+    yields is eval-only: a JSONL file of such rows, a reasoning-gym dataset made tiny by ``size``), and
+    FileNotFoundError / ValueError for missing or malformed JSONL files. The rows of a JSONL file scored with
+    math-verify whose gold answer it cannot parse are dropped with one warning (a file of no other rows is a
+    ValueError): :meth:`~megatron_logra.rewards.jsonl.JsonlSource.drop_unparsable_answers`.
+
+    ``group``: the ranks that build this task together (a process group, ``dist.group.WORLD``, or None: this
+    rank alone; every rank of it must call): its rank 0 decides which JSONL rows math-verify can parse and the
+    others keep the same rows, so that a parse near math-verify's time limit cannot leave the ranks with
+    different datasets.
+    """
+    cfg.__post_init__()
+    timeout = cfg.math_timeout_s or None
+    math_scorer = MathVerifyScorer(timeout_s=timeout)
+    plugin = PluginScorer(cfg.reward, timeout_s=cfg.reward_timeout_s) if is_dotted_path(cfg.reward) else None
+    sources: list[ProblemSource] = []
+    eval_sources: list[ProblemSource] = []
+    benchmarks: list[ProblemSource] = []
+    scorers: dict[str, Scorer] = {}
+
+    def file_source(spec: str) -> JsonlSource:
+        source = JsonlSource(spec[len(JSONL_PREFIX) :], source=spec)
+        if plugin is None:  # scored with math-verify: a gold answer it cannot parse never earns a reward
+            source.drop_unparsable_answers(lambda answer: parses_as_math(answer, timeout_s=timeout), group)
+        return source
+
+    def gym_source(spec: str, seed: int, split: str) -> ProblemSource:
+        from megatron_logra.rewards.gym import GymScorer, GymSource
+
+        source = GymSource(spec, _seed_for(seed, spec, split), cfg.dataset_kwargs.get(spec, {}))
+        scorers.setdefault(spec, plugin or (math_scorer if cfg.reward == "math_verify" else
+                                            GymScorer(source.dataset, spec)))
+        return source
+
+    for spec in cfg.datasets:
+        if spec.startswith(JSONL_PREFIX):
+            source = file_source(spec)
+            if not cfg.eval_datasets:
+                _check_trainable(source, cfg)
+            sources.append(source)
+            eval_sources.append(source)
+            scorers[spec] = plugin or math_scorer
+        else:
+            sources.append(gym_source(spec, cfg.seed, "train"))
+            eval_sources.append(gym_source(spec, cfg.eval_seed, "eval"))
+    for spec in cfg.eval_datasets:
+        if spec.startswith(JSONL_PREFIX):
+            benchmarks.append(file_source(spec))
+            scorers[spec] = plugin or math_scorer
+        else:
+            benchmarks.append(gym_source(spec, cfg.eval_seed, "eval"))
+    task = Task(
+        sources,
+        scorers,
+        cfg.weights or None,
+        eval_sources=eval_sources,
+        benchmarks=benchmarks,
+        seed=cfg.seed,
+        eval_seed=cfg.eval_seed,
+        num_eval=cfg.num_eval,
+        eval_modulus=cfg.eval_modulus,
+        correct_reward=cfg.correct_reward,
+        wrong_reward=cfg.wrong_reward,
+        graded=cfg.graded,
+    )
+    task.check_trainable()
+    return task

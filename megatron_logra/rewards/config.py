@@ -1,0 +1,194 @@
+"""The RL task's config (:class:`TaskConfig`): which problems to train on, how to hold out eval problems and how to
+reward answers, checked when it is built (a ``ValueError`` naming the field and the fix)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from math import isfinite
+from typing import Any
+
+from megatron_logra.rewards.jsonl import JSONL_PREFIX, join_jsonl_paths
+from megatron_logra.rewards.plugins import is_dotted_path
+
+__all__ = ["TaskConfig"]
+
+_GYM_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass
+class TaskConfig:
+    """RL task: which problems to train on, how to hold out eval problems and how to reward answers."""
+
+    datasets: list[str] = field(default_factory=lambda: ["chain_sum"])
+    """Problem sources: reasoning-gym dataset names (e.g. chain_sum, gcd, spell_backward) or
+    ``jsonl:PATH`` for a local JSONL file (``prompt``/``answer`` or MATH-500 keys). A comma-separated
+    string is accepted too; a ``jsonl:`` path may hold commas (``jsonl:/data/a,b.jsonl``: a piece after it that is
+    no dataset name of its own, or that makes it an existing file, belongs to the path:
+    :func:`~megatron_logra.rewards.jsonl.join_jsonl_paths`)."""
+    weights: list[float] = field(default_factory=list)
+    """Mixture weights, one per dataset (>= 0, positive sum); empty = uniform."""
+    eval_datasets: list[str] = field(default_factory=list)
+    """Held-out benchmarks of their own, as slime's ``--eval-prompt-data`` and verl's ``data.val_files``:
+    reasoning-gym names or ``jsonl:PATH`` (e.g. ``jsonl:/data/math500.jsonl``), written as ``datasets`` is. Empty:
+    the held-out set is split from ``datasets`` by ``eval_modulus``. Given: the held-out set is up to ``num_eval``
+    problems of each (a file's rows in file order, a reasoning-gym dataset's drawn with ``eval_seed``), evaluated
+    with its own per-source accuracy, and training uses every prompt of ``datasets`` except those (by text), so
+    the two stay disjoint. A file may not be in both lists."""
+    dataset_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per reasoning-gym dataset config kwargs, e.g. ``{"chain_sum": {"min_terms": 2, "max_terms": 2,
+    "min_digits": 1, "max_digits": 1}}``; ``size`` sets the dataset's (virtual) size. A JSON string is
+    accepted too. Every key must be a reasoning-gym dataset of ``datasets``; an override (or recipe file) that
+    sets ``datasets`` alone drops the kwargs of datasets it no longer lists (a recipe's kwargs belong to its
+    datasets)."""
+    reward: str = "auto"
+    """auto (each gym dataset's own scorer, math-verify for JSONL), math_verify (for every source),
+    or a dotted path ``package.module:function`` of ``fn(problem, completion) -> score in [0, 1]``."""
+    correct_reward: float = 1.0
+    """Reward of a correct answer (score >= 1)."""
+    wrong_reward: float = -0.01
+    """Reward of a wrong answer (score 0); graded scores interpolate linearly up to correct_reward."""
+    graded: bool = True
+    """Graded scores in (0, 1) interpolate between wrong_reward and correct_reward; False makes every
+    score < 1 earn wrong_reward (binary rewards: reasoning-gym grants partial credit, e.g. chain_sum
+    scores an answer that merely contains the oracle by the length ratio)."""
+    num_eval: int = 200
+    """Held-out eval problems (split over datasets by weight; with ``eval_datasets``, per benchmark); 0 disables
+    the eval set (the eval-only prompts of ``eval_modulus`` are still never trained on, so that the split is the
+    same for every ``num_eval``)."""
+    seed: int = 1234
+    """Seed of the train stream (and of the datasets that produce it)."""
+    eval_seed: int = 4321
+    """Seed of the eval set; fixed by default so runs with different ``seed`` share one eval set."""
+    eval_modulus: int = 16
+    """Prompts whose text hash % eval_modulus == 0 are eval-only (about 1/eval_modulus of every
+    prompt space); the train stream skips them, guaranteeing train/eval disjointness."""
+    math_timeout_s: int = 5
+    """Seconds math-verify may spend per parse / verify on the main thread (0 = no timeout;
+    off the main thread there is never a timeout, since math-verify uses signal.alarm)."""
+    reward_timeout_s: float = 60.0
+    """Seconds one call of a ``task.reward`` plugin may take for one completion (0 = no limit). Past it the
+    run stops with an error naming the RL step, the sample and this field, instead of hanging (a code sandbox,
+    a reward server, an endless loop); the checkpoint before the step is intact. On the main thread (the RL
+    loop's) the plugin runs there under a watchdog signal, so math-verify's own ``signal.alarm`` timeouts keep
+    working; called off the main thread it runs on a daemon worker thread (no ``signal.alarm`` there: call
+    math-verify with ``parsing_timeout=None`` / ``timeout_seconds=None``, or set 0). Built-in scorers are not
+    affected (math-verify has ``math_timeout_s``)."""
+
+    def __post_init__(self) -> None:
+        self.datasets = _source_specs(self.datasets, "datasets")
+        if not self.datasets:
+            raise ValueError("task.datasets is empty: name at least one dataset, e.g. ['chain_sum']")
+        dupes = sorted({d for d in self.datasets if self.datasets.count(d) > 1})
+        if dupes:
+            raise ValueError(f"task.datasets lists {dupes} more than once; list each once and use task.weights")
+        self.eval_datasets = _source_specs(self.eval_datasets, "eval_datasets")
+        dupes = sorted({d for d in self.eval_datasets if self.eval_datasets.count(d) > 1})
+        if dupes:
+            raise ValueError(f"task.eval_datasets lists {dupes} more than once; list each once")
+        trained = {_file_key(spec) for spec in self.datasets if spec.startswith(JSONL_PREFIX)}
+        both = [spec for spec in self.eval_datasets if spec.startswith(JSONL_PREFIX) and _file_key(spec) in trained]
+        if both:
+            raise ValueError(
+                f"task.eval_datasets: {both[0]!r} is also in task.datasets; a benchmark of its own must be another "
+                f"file (leave task.eval_datasets empty to hold out 1/task.eval_modulus of the training file)")
+        self._check_weights()
+        self._check_kwargs()
+        if not isinstance(self.reward, str) or not (
+            self.reward in ("auto", "math_verify") or is_dotted_path(self.reward)
+        ):
+            raise ValueError(
+                f"task.reward={self.reward!r}: use auto, math_verify or a dotted path 'package.module:function'"
+            )
+        for name in ("correct_reward", "wrong_reward"):
+            if not isfinite(float(getattr(self, name))):
+                raise ValueError(f"task.{name}={getattr(self, name)!r} must be finite")
+        if not self.correct_reward > self.wrong_reward:
+            raise ValueError(
+                f"task.correct_reward={self.correct_reward} must exceed task.wrong_reward={self.wrong_reward}"
+            )
+        if self.num_eval < 0:
+            raise ValueError(f"task.num_eval={self.num_eval} must be >= 0")
+        if self.eval_modulus < 2:
+            raise ValueError(f"task.eval_modulus={self.eval_modulus} must be >= 2 (1/eval_modulus is held out)")
+        if self.math_timeout_s < 0:
+            raise ValueError(f"task.math_timeout_s={self.math_timeout_s} must be >= 0 (0 = no timeout)")
+        self._check_reward_timeout()
+
+    def _check_reward_timeout(self) -> None:
+        value = self.reward_timeout_s
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not isfinite(value) or value < 0:
+            raise ValueError(
+                f"task.reward_timeout_s={value!r}: give a finite number of seconds >= 0 that one reward-plugin "
+                f"call may take, e.g. task.reward_timeout_s=60 (0 disables the limit)"
+            )
+        self.reward_timeout_s = float(value)
+
+    def _check_weights(self) -> None:
+        if isinstance(self.weights, str):
+            self.weights = [s for s in self.weights.split(",") if s.strip()]
+        try:
+            self.weights = [float(w) for w in self.weights]
+        except (TypeError, ValueError):
+            raise ValueError(f"task.weights={self.weights!r}: every weight must be a number") from None
+        if not self.weights:
+            return
+        if len(self.weights) != len(self.datasets):
+            raise ValueError(
+                f"task.weights has {len(self.weights)} entries for {len(self.datasets)} datasets: "
+                f"give one weight per dataset or none (uniform)"
+            )
+        if any(not isfinite(w) or w < 0 for w in self.weights) or sum(self.weights) <= 0:
+            raise ValueError(f"task.weights={self.weights}: weights must be finite, >= 0, with a positive sum")
+
+    def _check_kwargs(self) -> None:
+        if isinstance(self.dataset_kwargs, str):
+            try:
+                self.dataset_kwargs = json.loads(self.dataset_kwargs) if self.dataset_kwargs.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"task.dataset_kwargs: not valid JSON ({exc.msg})") from None
+        if not isinstance(self.dataset_kwargs, dict):
+            raise ValueError(f"task.dataset_kwargs must map dataset names to dicts, got {self.dataset_kwargs!r}")
+        for name, kwargs in self.dataset_kwargs.items():
+            if name not in self.datasets + self.eval_datasets or name.startswith(JSONL_PREFIX):
+                raise ValueError(
+                    f"task.dataset_kwargs[{name!r}]: not a reasoning-gym dataset of task.datasets {self.datasets}"
+                    f"{f' or task.eval_datasets {self.eval_datasets}' if self.eval_datasets else ''}; "
+                    f"drop {name!r} from task.dataset_kwargs (task.dataset_kwargs={{}} clears them all) or list it "
+                    f"in task.datasets"
+                )
+            if not isinstance(kwargs, dict):
+                raise ValueError(f"task.dataset_kwargs[{name!r}]={kwargs!r} must be a dict of config kwargs")
+
+    @property
+    def normalized_weights(self) -> list[float]:
+        """Weights summing to 1 (uniform when ``weights`` is empty)."""
+        weights = self.weights or [1.0] * len(self.datasets)
+        total = sum(weights)
+        return [w / total for w in weights]
+
+
+def _source_specs(value: Any, name: str) -> list[str]:
+    """``task.NAME`` (``datasets`` / ``eval_datasets``) as a checked list of source specs: a comma-separated
+    string is split, ``jsonl:`` paths holding commas are joined back, and each entry must be a reasoning-gym name
+    or ``jsonl:PATH``."""
+    if isinstance(value, str):
+        value = [s.strip() for s in value.split(",") if s.strip()]
+    specs = join_jsonl_paths(list(value))
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, str):
+            raise ValueError(f"task.{name}[{i}]={spec!r} must be a string")
+        if spec.startswith(JSONL_PREFIX):
+            if not spec[len(JSONL_PREFIX) :].strip():
+                raise ValueError(f"task.{name}[{i}]={spec!r}: give a file path after 'jsonl:'")
+        elif not _GYM_NAME_RE.match(spec):
+            raise ValueError(
+                f"task.{name}[{i}]={spec!r}: expected a reasoning-gym name (lowercase, e.g. chain_sum) or 'jsonl:PATH'")
+    return specs
+
+
+def _file_key(spec: str) -> str:
+    """A ``jsonl:PATH`` spec's file, resolved, so that two spellings of one file compare equal."""
+    return os.path.realpath(os.path.expanduser(spec[len(JSONL_PREFIX) :]))
