@@ -40,11 +40,14 @@ class _AnchorMarkers:
         self.dir = Path(directory)
         if self.dir.exists() and not self.dir.is_dir():
             raise SyncError("config", f"delta directory {self.dir} exists and is not a directory")
+        # a producer's claim() raises this; a consumer (read-only access suffices) waits for a trainer to create it
+        self._uncreatable: Optional[str] = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # a read-only or full filesystem, no permission
-            raise SyncError("config", f"cannot create the delta directory {self.dir} ({type(exc).__name__}: "
-                                      f"{exc.strerror or exc}): create it, or choose a writable sync.directory") from None
+            self._uncreatable = (f"cannot create the delta directory {self.dir} ({type(exc).__name__}: "
+                                 f"{exc.strerror or exc}): create it, or choose a writable sync.directory")
+            logger.warning("%s; a consumer of it waits until a trainer creates it", self._uncreatable)
         self._verified: set[str] = set()  # epochs of the anchors this object's consumer verified (or wrote)
         self._verified_limit = _VERIFIED_SWEEP
 

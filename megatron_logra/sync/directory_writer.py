@@ -41,7 +41,10 @@ class _DirectoryWriter(AnchorDirectory):
         ``SyncError("config")`` when another process holds it: two trainers must not write one chain (their
         versions would collide and their anchors and prunes delete each other's files). The kernel drops the
         lock of a process that dies, so a restarted or resumed trainer claims it again. Where the filesystem
-        cannot lock a directory, a warning is logged and the call returns."""
+        cannot lock a directory, a warning is logged and the call returns. A directory that could not be created
+        (a read-only filesystem, no permission) is ``SyncError("config")`` naming it."""
+        if self._uncreatable is not None and not self.dir.is_dir():
+            raise SyncError("config", self._uncreatable)
         try:
             taken = lock_directory(self.dir)
         except LockUnsupported as exc:
