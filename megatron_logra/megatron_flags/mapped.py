@@ -63,6 +63,8 @@ MEGATRON_ALIASES: dict[str, str] = {
     "rollout-top-p": "rl.rollout.top_p",
     "n-samples-per-eval-prompt": "rl.rollout.eval_samples",
     "eval-temperature": "rl.rollout.eval_temperature",
+    "input-key": "task.jsonl_prompt_key",
+    "label-key": "task.jsonl_answer_key",
 }
 """Megatron-LM flags (without ``--``) -> the dotted field they set, whatever the job; the flags of
 :data:`JOB_ALIASES` are resolved against the configured job by
@@ -71,8 +73,9 @@ meaning (an RL step is one rollout of ``rl.prompts_per_step`` prompts × ``rl.gr
 step): ``--num-rollout`` ``rl.steps``, ``--rollout-batch-size`` ``rl.prompts_per_step`` (prompts per step over
 all DP ranks), ``--n-samples-per-prompt`` ``rl.group_size``, ``--rollout-max-response-len``
 ``rl.rollout.max_new_tokens``, ``--rollout-temperature`` / ``--rollout-top-p`` the sampling, and
-``--n-samples-per-eval-prompt`` / ``--eval-temperature`` the held-out evaluation's; with ``job=lm`` they are
-refused as every ``rl.*`` field is."""
+``--n-samples-per-eval-prompt`` / ``--eval-temperature`` the held-out evaluation's, ``--input-key`` /
+``--label-key`` the keys of a ``jsonl:`` file's prompt and answer; with ``job=lm`` they are refused as every
+``rl.*`` and ``task.*`` field is."""
 
 JOB_ALIASES: dict[str, dict[str, Optional[str]]] = {
     "train-iters": {"lm": "train.steps", "rl": "rl.steps"},

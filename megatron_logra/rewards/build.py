@@ -57,7 +57,8 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
     scorers: dict[str, Scorer] = {}
 
     def file_source(spec: str) -> JsonlSource:
-        source = JsonlSource(spec[len(JSONL_PREFIX) :], source=spec)
+        source = JsonlSource(spec[len(JSONL_PREFIX) :], source=spec, prompt_key=cfg.jsonl_prompt_key,
+                             answer_key=cfg.jsonl_answer_key)
         if plugin is None:  # scored with math-verify: a gold answer it cannot parse never earns a reward
             source.drop_unparsable_answers(lambda answer: parses_as_math(answer, timeout_s=timeout), group)
         return source

@@ -43,6 +43,14 @@ class TaskConfig:
     accepted too. Every key must be a reasoning-gym dataset of ``datasets``; an override (or recipe file) that
     sets ``datasets`` alone drops the kwargs of datasets it no longer lists (a recipe's kwargs belong to its
     datasets)."""
+    jsonl_prompt_key: str = ""
+    """The key of a ``jsonl:`` file's rows that holds the prompt (slime's ``--input-key``; a dotted key reaches into
+    an object); empty: the first present of ``prompt``, ``problem``, ``question``. A string, or one user message
+    ``[{"role": "user", "content": ...}]``."""
+    jsonl_answer_key: str = ""
+    """The key of a ``jsonl:`` file's rows that holds the gold answer (slime's ``--label-key``; dotted for nested
+    objects, e.g. ``reward_model.ground_truth``); empty: the first present of ``answer``, ``label``,
+    ``reward_model.ground_truth``, else the last ``\\boxed{...}`` of ``solution``."""
     reward: str = "auto"
     """auto (each gym dataset's own scorer, math-verify for JSONL), math_verify (for every source),
     or a dotted path ``package.module:function`` of ``fn(problem, completion) -> score in [0, 1]``."""
@@ -94,6 +102,13 @@ class TaskConfig:
             raise ValueError(
                 f"task.eval_datasets: {both[0]!r} is also in task.datasets; a benchmark of its own must be another "
                 f"file (leave task.eval_datasets empty to hold out 1/task.eval_modulus of the training file)")
+        for name in ("jsonl_prompt_key", "jsonl_answer_key"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value != value.strip() or ".." in value or value.startswith(".") \
+                    or value.endswith("."):
+                raise ValueError(f"task.{name}={value!r}: give a key of the rows (e.g. task.{name}="
+                                 f"{'prompt' if 'prompt' in name else 'label'}), dotted for a nested object, or leave "
+                                 f"it empty for the usual keys")
         self._check_weights()
         self._check_kwargs()
         if not isinstance(self.reward, str) or not (

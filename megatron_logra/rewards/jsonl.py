@@ -2,9 +2,11 @@
 
 Format: one JSON object per line (blank lines are skipped).
 
-* prompt: the first present of ``"prompt"``, ``"problem"``, ``"question"`` (a non-empty string);
-* answer: ``"answer"`` (a string or a finite number), else the last ``\\boxed{...}`` of
-  ``"solution"``. A number becomes its plain decimal text (``1e-7`` -> ``"0.0000001"``, ``1e20`` ->
+* prompt: the first present of ``"prompt"``, ``"problem"``, ``"question"`` (a non-empty string, or one user
+  message ``[{"role": "user", "content": ...}]``), or the key ``task.jsonl_prompt_key`` names;
+* answer: ``"answer"``, ``"label"`` or ``"reward_model.ground_truth"`` (a string or a finite number; a GSM8K
+  solution ending in ``#### 72`` gives ``72``), else the last ``\\boxed{...}`` of ``"solution"``, or the key
+  ``task.jsonl_answer_key`` names. A number becomes its plain decimal text (``1e-7`` -> ``"0.0000001"``, ``1e20`` ->
   ``"100000000000000000000"``): math-verify reads ``1e-07`` as Euler's number minus 7;
 * optional ``"id"`` (or ``"unique_id"``, as in MATH-500; a non-empty string or an integer) and
   ``"metadata"`` (an object);
@@ -85,8 +87,11 @@ def _is_gym_name(spec: str) -> bool:
     return re.fullmatch(r"[a-z][a-z0-9_]*", spec) is not None
 
 
-def load_jsonl_problems(path: str | Path, source: str | None = None) -> list[Problem]:
-    """All problems of a JSONL file, in file order; ``source`` defaults to ``"jsonl:" + path``.
+def load_jsonl_problems(path: str | Path, source: str | None = None, *, prompt_key: str = "",
+                        answer_key: str = "") -> list[Problem]:
+    """All problems of a JSONL file, in file order; ``source`` defaults to ``"jsonl:" + path``; ``prompt_key`` /
+    ``answer_key``: the keys ``task.jsonl_prompt_key`` / ``task.jsonl_answer_key`` name (empty: the usual ones,
+    :mod:`megatron_logra.rewards.jsonl_rows`).
 
     Raises FileNotFoundError for a missing path, IsADirectoryError for a directory and ValueError
     (``PATH:LINE: ...``) for bytes that are not UTF-8, a malformed line (a key repeated within one
@@ -113,7 +118,7 @@ def load_jsonl_problems(path: str | Path, source: str | None = None) -> list[Pro
         except _DuplicateKey as exc:
             raise ValueError(f"{where}: key {exc.args[0]!r} appears twice in one object (JSON keeps only the last, "
                              f"silently); keep one of the two") from None
-        problem = _problem_of(obj, source, where, line_no)
+        problem = _problem_of(obj, source, where, line_no, prompt_key, answer_key)
         pid = problem.metadata["id"]
         if pid in id_lines:
             raise ValueError(f"{where}: id {pid!r} repeats line {id_lines[pid]}; ids must be unique (give one "
@@ -177,10 +182,11 @@ def _decided_once(decide: Callable[[], list[bool]], group: Any) -> list[bool]:
 class JsonlSource:
     """A finite problem source over a JSONL file; ``problem(i)`` is the ``i % size``-th line's problem."""
 
-    def __init__(self, path: str | Path, source: str | None = None) -> None:
+    def __init__(self, path: str | Path, source: str | None = None, *, prompt_key: str = "",
+                 answer_key: str = "") -> None:
         self.path = Path(path)
         self.name = source if source is not None else f"{JSONL_PREFIX}{path}"
-        self.problems = load_jsonl_problems(self.path, self.name)
+        self.problems = load_jsonl_problems(self.path, self.name, prompt_key=prompt_key, answer_key=answer_key)
         self.size: int | None = len(self.problems)
 
     def drop_unparsable_answers(self, parses: Callable[[str], bool], group: Any = None) -> int:
