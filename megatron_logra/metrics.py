@@ -20,7 +20,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["MetricsWriter", "closing_metrics_on_error", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "max_over_ranks", "elapsed",
            "json_safe", "strict_dumps", "previous_summary_values", "record_before_values", "BEFORE_FILE",
-           "keep_records_until"]
+           "SAMPLES_FILE", "keep_records_until"]
+
+SAMPLES_FILE = "samples.jsonl"
+"""The file in a run directory that holds the rollouts and held-out answers ``rl.log_samples`` logs
+(:mod:`megatron_logra.rl.sample_log`)."""
 
 BEFORE_FILE = "eval_before.json"
 """The file in a run directory that holds the values a run measured before step 1 (the held-out score then), written

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from megatron_logra.checkpoint.catalog import _complete_checkpoints
 from megatron_logra.checkpoint.resuming import check_resume_steps, resume_config
 from megatron_logra.dirlock import lock_directory, release_directory
-from megatron_logra.metrics import BEFORE_FILE
+from megatron_logra.metrics import BEFORE_FILE, SAMPLES_FILE
 from megatron_logra.wandb_log import WANDB_ID_FILE
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ __all__ = ["claim_run_dir", "has_checkpoint", "restart_command", "lock_run_dir",
            "check_shared_storage", "resume_config", "RUN_OUTPUTS"]
 
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "summary.png", "tensorboard", "config.yaml", "tokenizer",
-               "deltas", "sglang_model", "profile", BEFORE_FILE, WANDB_ID_FILE)
+               "deltas", "sglang_model", "profile", BEFORE_FILE, SAMPLES_FILE, WANDB_ID_FILE)
 """What a run writes into its run directory, or is derived from it there: a new run removes each of them that
 is present (:func:`claim_run_dir`), so none of a previous run's can be taken for the new run's (the id of its
 W&B run among them; W&B's own files, ``RUN/wandb``, stay: an offline run there may not be synced yet)."""

@@ -16,12 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from megatron_logra.metrics import is_rank0, keep_records_until, strict_dumps
+from megatron_logra.metrics import SAMPLES_FILE, is_rank0, keep_records_until, strict_dumps
 
 __all__ = ["SAMPLES_FILE", "SampleLog", "sample_records"]
-
-SAMPLES_FILE = "samples.jsonl"
-"""The file in a run directory that :class:`SampleLog` appends to."""
 
 
 def _problem_id(problem: Any) -> Any:

@@ -19,6 +19,7 @@ def _previous_run(root: Path) -> dict[str, bytes]:
     (root / "checkpoints" / "latest").write_text("step_00000002")
     (root / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     (root / "summary.json").write_text("{}")
+    (root / "samples.jsonl").write_text('{"step": 1, "split": "train"}\n')  # rl.log_samples
     (root / "notes.txt").write_text("mine")
     return _files(root)
 
