@@ -19,18 +19,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["MetricsWriter", "closing_metrics_on_error", "is_rank0", "log_rank0", "reset_device_peaks", "device_peaks", "max_over_ranks", "elapsed",
-           "json_safe", "strict_dumps", "previous_summary_values", "record_before_values", "BEFORE_FILE",
-           "SAMPLES_FILE", "keep_records_until"]
+           "json_safe", "strict_dumps", "SAMPLES_FILE", "keep_records_until"]
 
 SAMPLES_FILE = "samples.jsonl"
 """The file in a run directory that holds the rollouts and held-out answers ``rl.log_samples`` logs
 (:mod:`megatron_logra.rl.sample_log`)."""
-
-BEFORE_FILE = "eval_before.json"
-"""The file in a run directory that holds the values a run measured before step 1 (the held-out score then), written
-as soon as they are measured (:func:`record_before_values`): a run killed before it writes ``summary.json`` keeps
-them, and a resumed run's summary still reports them (:func:`previous_summary_values`)."""
-
 
 def is_rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
@@ -111,62 +104,6 @@ def strict_dumps(value: Any, **kwargs: Any) -> str:
     ``Infinity``, which jq, JavaScript and strict parsers reject), for every file a run writes and every JSON
     the command line prints."""
     return json.dumps(json_safe(value), allow_nan=False, **kwargs)
-
-
-def previous_summary_values(path: Path, start: int, carried: tuple[str, ...],
-                            if_ending_here: tuple[str, ...] = ()) -> dict[str, float]:
-    """The numbers a resumed job (at step ``start`` > 0) carries over from the run's previous ``summary.json``
-    (``path``) into its whole-run summary: ``carried`` (values measured before step 1, e.g. the held-out score
-    then) and, only when that summary ends at ``start`` (so it accounts for every earlier process),
-    ``if_ending_here`` (totals the new summary adds to). A value that is missing, ``null`` or not a number is
-    absent; a missing, torn or non-object file gives ``{}``. A summary without ``resumed_from_step`` (written
-    when summaries described one process) counts only when it ends at ``start``: only then did its process
-    start at step 0. A ``carried`` value the summary does not give (no summary yet: every earlier process was
-    killed before writing one) comes from ``BEFORE_FILE`` beside it, which the run that started at step 0
-    wrote as soon as it measured the value (:func:`record_before_values`)."""
-    before = {k: v for k, v in _read_numbers(path.with_name(BEFORE_FILE)).items() if k in carried}
-    previous = _read_object(path)
-    if previous is None:
-        return before
-    ends_here = _number(previous.get("steps")) == start
-    if "resumed_from_step" not in previous and not ends_here:
-        return before
-    keys = carried + (if_ending_here if ends_here else ())
-    return {**before, **{k: _number(previous.get(k)) for k in keys if _number(previous.get(k)) is not None}}
-
-
-def record_before_values(run_dir: str | Path, values: dict[str, Optional[float]]) -> None:
-    """Write ``values`` (measured before step 1 by a run that starts at step 0, e.g. ``{"eval_accuracy_before":
-    0.31}``; None for one not measured) to ``RUN_DIR/`` :data:`BEFORE_FILE` at once, replacing the file atomically
-    (a kill leaves the old file or the new one). :func:`previous_summary_values` falls back to them for its
-    ``carried`` values, so a run killed before its first ``summary.json`` does not lose them. Rank 0 writes; the
-    other ranks do nothing."""
-    if not is_rank0():
-        return
-    from megatron_logra.checkpoint.integrity import atomic_write_text
-
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / BEFORE_FILE, strict_dumps(values, indent=1))
-
-
-def _number(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _read_object(path: Path) -> Optional[dict]:
-    """The JSON object in ``path``; None for a missing, torn or non-object file."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _read_numbers(path: Path) -> dict[str, float]:
-    """The numeric values of the JSON object in ``path`` (``{}`` for a missing, torn or non-object file)."""
-    data = _read_object(path) or {}
-    return {k: _number(v) for k, v in data.items() if _number(v) is not None}
 
 
 def _step_of(line: str, last: int) -> bool:

@@ -29,7 +29,8 @@ import torch.distributed as dist
 from megatron_logra.checkpoint.catalog import _complete_checkpoints
 from megatron_logra.checkpoint.resuming import check_resume_steps, resume_config
 from megatron_logra.dirlock import lock_directory, release_directory
-from megatron_logra.metrics import BEFORE_FILE, SAMPLES_FILE
+from megatron_logra.metrics import SAMPLES_FILE
+from megatron_logra.run_summary import BEFORE_FILE
 from megatron_logra.wandb_log import WANDB_ID_FILE
 
 logger = logging.getLogger(__name__)

@@ -22,14 +22,14 @@ from megatron_logra.checkpoint import latest_checkpoint, save_checkpoint
 from megatron_logra.checkpoint.integrity import atomic_write_text
 from megatron_logra.checkpoint.run_dir import releasing_run_dir
 from megatron_logra.config import RunConfig, to_dict
-from megatron_logra.metrics import (MetricsWriter, closing_metrics_on_error, is_rank0, record_before_values,
-                                    strict_dumps)
+from megatron_logra.metrics import MetricsWriter, closing_metrics_on_error, is_rank0, strict_dumps
 from megatron_logra.profiling import job_profiler
+from megatron_logra.run_summary import record_before_values
 from megatron_logra.rl.components import build_components, check_config
 from megatron_logra.rl.evaluation import evaluate_held_out, no_held_out_reason
 from megatron_logra.rl.loop import rl_update
-from megatron_logra.rl.sample_log import SampleLog
 from megatron_logra.rl.progress import bar_fields, previous_summary, progress_bar, rss_bytes, run_total
+from megatron_logra.rl.sample_log import SampleLog
 from megatron_logra.rollout.sglang_setup import redact_config
 from megatron_logra.train.stopping import EarlyStop
 from megatron_logra.wandb_log import wandb_options

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from megatron_logra.config import RunConfig
-from megatron_logra.metrics import previous_summary_values
+from megatron_logra.run_summary import previous_summary_values
 
 __all__ = ["previous_summary", "run_total", "rss_bytes", "bar_fields", "progress_bar"]
 
@@ -17,7 +17,7 @@ def previous_summary(path: Path, start: int) -> dict:
     """What the run's previous ``summary.json`` (``path``) says about the run before step ``start`` (the step
     this process resumed from): ``eval_accuracy_before`` (the held-out accuracy before update 1) and, when that
     summary ends at ``start``, ``setup_seconds`` / ``rl_seconds`` / ``total_seconds``
-    (:func:`~megatron_logra.metrics.previous_summary_values`)."""
+    (:func:`~megatron_logra.run_summary.previous_summary_values`)."""
     return previous_summary_values(path, start, ("eval_accuracy_before",),
                                    ("setup_seconds", "rl_seconds", "total_seconds"))
 

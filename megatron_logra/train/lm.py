@@ -48,11 +48,12 @@ from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.data.synthetic import SyntheticTask
 from megatron_logra.memory.preflight import memory_preflight
 from megatron_logra.metrics import (MetricsWriter, closing_metrics_on_error, device_peaks, elapsed, is_rank0,
-                                    previous_summary_values, record_before_values, reset_device_peaks, strict_dumps)
+                                    reset_device_peaks, strict_dumps)
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import ParallelGroups, initialize_parallel
 from megatron_logra.profiling import Phases, job_profiler
+from megatron_logra.run_summary import previous_summary_values, record_before_values
 from megatron_logra.rollout.sglang_setup import redact_config
 from megatron_logra.train.lm_eval import evaluate, warn_deprecated_eval_batches
 from megatron_logra.train.lm_progress import recorded_losses, run_summary, start_progress

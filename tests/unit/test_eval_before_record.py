@@ -1,7 +1,7 @@
 """The held-out score before training survives a run killed before it writes ``summary.json``.
 
 The run that starts at step 0 writes ``RUN/eval_before.json`` as soon as it has measured the score, and a
-resumed run's whole-run summary reports it (``metrics.previous_summary_values`` falls back to it).
+resumed run's whole-run summary reports it (``run_summary.previous_summary_values`` falls back to it).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_logra.metrics import BEFORE_FILE, previous_summary_values, record_before_values
+from megatron_logra.run_summary import BEFORE_FILE, previous_summary_values, record_before_values
 from support.run_fixtures import run_rl_recipe
 
 SMALL = ["rl.prompts_per_step=4", "rl.group_size=4", "task.num_eval=8", "rl.eval_interval=0",
