@@ -106,7 +106,8 @@ def _lines(ax, records: list[dict], series, scale: float = 1.0) -> None:
 def _panel_rl_reward(ax, records) -> None:
     ax.set_title("reward and accuracy")
     _lines(ax, records, [("reward_mean", "reward", {}), ("accuracy", "train accuracy", {}),
-                         ("eval_accuracy", "held-out accuracy", {"marker": "o"})])
+                         ("eval_accuracy", "held-out accuracy", {"marker": "o"}),
+                         ("eval_pass_at_k", "held-out pass@k", {"marker": "^", "linestyle": ":"})])
 
 
 def _panel_rl_kl(ax, records) -> None:

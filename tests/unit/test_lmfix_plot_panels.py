@@ -90,3 +90,13 @@ def test_records_with_nothing_to_plot_are_an_error(tmp_path):
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": None}) + "\n")
     with pytest.raises(ValueError, match=r"metrics\.jsonl: no step record has a value to plot"):
         plot.plot_run(run)
+
+
+def test_pass_at_k_is_drawn_beside_held_out_accuracy(tmp_path, drawn):
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [_rl_record(s, eval_accuracy=0.2 * s, eval_pass_at_k=0.3 * s) for s in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    _plot_quietly(run)
+    (panels,) = drawn
+    assert panels[0] == ("reward and accuracy", 4, True)  # reward, train and held-out accuracy, pass@k
