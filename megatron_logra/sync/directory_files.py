@@ -23,11 +23,14 @@ from megatron_logra.sync.full_weights import full_filename
 
 __all__ = ["delta_filename", "anchor_filename", "full_filename"]
 
-_FILE_RE = re.compile(r"^delta_(\d{8,})\.safetensors$")
+# a version as the producer spells it, ``{:08d}``: eight digits, or more without a leading zero, so that a stray
+# ``delta_000000007.safetensors`` is not taken for version 7 (whose file is ``delta_00000007.safetensors``)
+_VERSION = r"(\d{8}|[1-9]\d{8,})"
+_FILE_RE = re.compile(rf"^delta_{_VERSION}\.safetensors$")
 _TMP_RE = re.compile(r"^\.delta_\d{8,}\.safetensors\..+\.tmp$")
-_ANCHOR_RE = re.compile(r"^anchor_(\d{8,})\.json$")
+_ANCHOR_RE = re.compile(rf"^anchor_{_VERSION}\.json$")
 _ANCHOR_TMP_RE = re.compile(r"^\.anchor_\d{8,}\.json\..+\.tmp$")
-_FULL_RE = re.compile(r"^full_(\d{8,})\.safetensors$")
+_FULL_RE = re.compile(rf"^full_{_VERSION}\.safetensors$")
 _FULL_TMP_RE = re.compile(r"^\.full_\d{8,}\.safetensors\..+\.tmp$")
 _ANCHOR_KEYS = {"version", "epoch", "fingerprint"}
 _ANCHOR_OPTIONAL = {"full"}
