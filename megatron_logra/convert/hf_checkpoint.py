@@ -3,7 +3,9 @@
 :class:`HFCheckpoint` — a Hugging Face directory: ``config.json`` plus ``model.safetensors`` or
 shards listed by ``model.safetensors.index.json``. Every shard's header is read and validated on
 open (truncation, offsets, the index agreeing with the files); tensors are then read one at a
-time. ``pytorch_model.bin`` is never read (no pickle).
+time. ``pytorch_model.bin`` is never read (no pickle). A directory holding both ``model.safetensors`` and an
+index naming other shards (two saves of the weights) is refused: transformers reads the single file, loaders
+that follow the index the shards.
 """
 
 from __future__ import annotations
@@ -64,6 +66,15 @@ class HFCheckpoint:
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise ValueError(f"{index_path}: no weight_map object of tensor name -> shard file")
             files = sorted(set(weight_map.values()))
+            if single.is_file() and files != [SINGLE_NAME]:
+                # save_pretrained of a sharded model into a directory holding a single-file save (or the other
+                # way round) leaves the other one behind; readers disagree on which one is the model
+                raise ValueError(
+                    f"{self.dir}: holds both {SINGLE_NAME} and {INDEX_NAME} (naming {len(files)} shard "
+                    f"files), two different saves of the weights: transformers' from_pretrained reads "
+                    f"{SINGLE_NAME} and ignores the index, loaders that follow the index read the shards. One is "
+                    f"left over from an earlier save_pretrained into this directory: remove it ({SINGLE_NAME}, or "
+                    f"{INDEX_NAME} and its shards), or save the model into an empty directory")
             for fname in files:
                 check_shard_name(fname, index_path)
                 if not (self.dir / fname).is_file():
