@@ -65,6 +65,13 @@ class AnchorDirectory(_FullWeightsFiles):
         return (f"reload the trainer's full weights at version {v} into the engine and call accept_anchor({v}) "
                 f"(the anchor at {v} has no full-weights file here)")
 
+    def _reachable(self, anchor: dict, versions: Optional[list[int]] = None) -> bool:
+        """Whether the chain can be followed from ``anchor``'s weights: the delta files after its version are
+        contiguous from the next version (none yet counts: the next one may still be published)."""
+        v = anchor["version"]
+        after = [x for x in (self.versions() if versions is None else versions) if x > v]
+        return after == list(range(v + 1, v + 1 + len(after)))
+
     # ------------------------------------------------------------------ verifying anchors
     def verify_anchor(self, engine: DeltaConsumer) -> None:
         """Check that ``engine`` may extend the chain from its ``weight_version`` (what :meth:`consume`
@@ -106,3 +113,16 @@ class AnchorDirectory(_FullWeightsFiles):
                                       f"{mismatched[0]}): the trainer refit or restarted there; {how}")
         self._remember(anchor["epoch"])
         logger.info("anchor at version %d verified by fingerprint", version)
+
+    def _on_chain(self, engine: DeltaConsumer, anchors: list[dict]) -> bool:
+        """Whether the engine's weights are the trainer's at its version (the anchor at or below it is verified,
+        by fingerprint if need be): reloading an anchor the chain cannot be followed from would only take them
+        back to older weights. An engine at no anchor's chain, or whose last reload failed, is not."""
+        version = engine.weight_version
+        if version < 0 or not any(a["version"] <= version for a in anchors):
+            return False
+        try:
+            self._check_anchor(version, engine, anchors)
+        except SyncError:
+            return False
+        return True

@@ -49,13 +49,6 @@ class _DirectoryReader(AnchorDirectory):
         except SyncError as exc:
             raise SyncError(exc.kind, f"{path}: {str(exc).removeprefix(f'[{exc.kind}] ')}") from None
 
-    def _reachable(self, anchor: dict, versions: Optional[list[int]] = None) -> bool:
-        """Whether the chain can be followed from ``anchor``'s weights: the delta files after its version are
-        contiguous from the next version (none yet counts: the next one may still be published)."""
-        v = anchor["version"]
-        after = [x for x in (self.versions() if versions is None else versions) if x > v]
-        return after == list(range(v + 1, v + 1 + len(after)))
-
     def _bad_file(self, exc: SyncError, v: int, expected: int, anchors: list[dict], versions: list[int]) -> SyncError:
         """``exc`` (a delta file that cannot extend the chain: corrupt, unreadable, holding another version or
         forking from the chain) with what the consumer can do about it appended."""
@@ -185,38 +178,31 @@ class _DirectoryReader(AnchorDirectory):
         try:
             return self.consume(engine)
         except SyncError as exc:
-            if not self._reload_helps(exc, engine):
+            anchor = self._reload_target(exc, engine)
+            if anchor is None:
                 raise
-        self._reloaded = self.load_full(engine)["epoch"]
+        try:
+            self._reloaded = self.load_full(engine, anchor["version"])["epoch"]
+        except SyncError as exc:
+            if exc.kind in ("shape", "layout", "config"):  # the engine cannot take this file: not at every poll
+                self._reloaded = anchor["epoch"]
+            raise
         return self.consume(engine)
 
-    def _reload_helps(self, exc: SyncError, engine: DeltaConsumer) -> bool:
-        """Whether :meth:`follow` reloads the newest anchor's full weights after :meth:`consume` raised ``exc``."""
+    def _reload_target(self, exc: SyncError, engine: DeltaConsumer) -> Optional[dict]:
+        """The newest anchor, when :meth:`follow` reloads its full weights after :meth:`consume` raised ``exc``."""
         if exc.kind == "config":  # not a delta directory: nothing here to reload
-            return False
+            return None
         try:
             anchors = self.anchors()
             if not anchors or anchors[-1].get("full") is None or anchors[-1]["epoch"] == self._reloaded:
-                return False
+                return None
             newest = anchors[-1]
             if exc.kind == "anchor" or (newest["version"] > engine.weight_version and self._reachable(newest)):
-                return True
-            return not self._on_chain(engine, anchors)
+                return newest
+            return None if self._on_chain(engine, anchors) else newest
         except SyncError:  # the directory or a marker is unreadable now: raise the refusal itself
-            return False
-
-    def _on_chain(self, engine: DeltaConsumer, anchors: list[dict]) -> bool:
-        """Whether the engine's weights are the trainer's at its version (the anchor at or below it is verified,
-        by fingerprint if need be): reloading an anchor the chain cannot be followed from would only take them
-        back to older weights. An engine at no anchor's chain, or whose last reload failed, is not."""
-        version = engine.weight_version
-        if version < 0 or not any(a["version"] <= version for a in anchors):
-            return False
-        try:
-            self._check_anchor(version, engine, anchors)
-        except SyncError:
-            return False
-        return True
+            return None
 
     def consume(self, engine: DeltaConsumer) -> list[int]:
         """Apply the new deltas to ``engine`` in order, one file at a time (read, check its link

@@ -133,3 +133,24 @@ def test_a_hole_in_the_chain_names_no_anchor_that_cannot_be_followed(tmp_path):
     with pytest.raises(SyncError, match=r"versions \(2, 3\] are missing \(removed from .*"
                                         r"hole in the deltas \(delta_00000003\.safetensors is missing\)"):
         DirectoryTransport(tmp_path).poll(2)
+
+
+def test_full_weights_the_engine_cannot_hold_are_not_reread_at_every_poll(tmp_path):
+    """An engine without one of the trainer's tensors stops at a corrupt delta; the newest anchor's file is tried
+    once and refused by shape, and the next polls raise the delta's own error without reading the model-sized
+    file again (here it is corrupted after the first try: a second read would fail on its checksum instead)."""
+    trainer = _Trainer(tmp_path)
+    trainer.step(4)
+    trainer.refit()
+    partial = {k: v.clone() for k, v in trainer.at[0].items() if k != "model.norm.weight"}
+    consumer, engine = DirectoryTransport(tmp_path), ModuleEngine(_HF(partial))
+    consumer.accept_anchor(0)  # this engine was loaded with the trainer's weights by other means
+    _corrupt(tmp_path / delta_filename(3))
+    with pytest.raises(SyncError, match=r"model\.norm\.weight") as exc:
+        consumer.follow(engine)
+    assert exc.value.kind == "shape" and engine.weight_version == 2
+    _corrupt(tmp_path / "full_00000004.safetensors")
+    for _ in range(2):
+        with pytest.raises(SyncError, match=r"delta_00000003\.safetensors: sha256 mismatch") as exc:
+            consumer.follow(engine)
+        assert exc.value.kind == "checksum" and engine.weight_version == 2
