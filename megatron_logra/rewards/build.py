@@ -8,7 +8,7 @@ from typing import Any
 
 from megatron_logra.rewards.base import ProblemSource, Scorer, prompt_bucket, stable_hash
 from megatron_logra.rewards.config import TaskConfig
-from megatron_logra.rewards.jsonl import JSONL_PREFIX, JsonlSource
+from megatron_logra.rewards.jsonl import JsonlSource, file_spec_path
 from megatron_logra.rewards.math import MathVerifyScorer, parses_as_math
 from megatron_logra.rewards.plugins import PluginScorer, is_dotted_path
 from megatron_logra.rewards.task import Task
@@ -57,7 +57,7 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
     scorers: dict[str, Scorer] = {}
 
     def file_source(spec: str) -> JsonlSource:
-        source = JsonlSource(spec[len(JSONL_PREFIX) :], source=spec, prompt_key=cfg.jsonl_prompt_key,
+        source = JsonlSource(file_spec_path(spec), source=spec, prompt_key=cfg.jsonl_prompt_key,
                              answer_key=cfg.jsonl_answer_key)
         if plugin is None:  # scored with math-verify: a gold answer it cannot parse never earns a reward
             source.drop_unparsable_answers(lambda answer: parses_as_math(answer, timeout_s=timeout), group)
@@ -72,7 +72,7 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
         return source
 
     for spec in cfg.datasets:
-        if spec.startswith(JSONL_PREFIX):
+        if file_spec_path(spec) is not None:
             source = file_source(spec)
             if not cfg.eval_datasets:
                 _check_trainable(source, cfg)
@@ -83,7 +83,7 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
             sources.append(gym_source(spec, cfg.seed, "train"))
             eval_sources.append(gym_source(spec, cfg.eval_seed, "eval"))
     for spec in cfg.eval_datasets:
-        if spec.startswith(JSONL_PREFIX):
+        if file_spec_path(spec) is not None:
             benchmarks.append(file_source(spec))
             scorers[spec] = plugin or math_scorer
         else:

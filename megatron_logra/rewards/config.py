@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any
 
-from megatron_logra.rewards.jsonl import JSONL_PREFIX, join_jsonl_paths
+from megatron_logra.rewards.jsonl import file_spec_path, join_jsonl_paths
 from megatron_logra.rewards.plugins import is_dotted_path
 
 __all__ = ["TaskConfig"]
@@ -24,7 +24,8 @@ class TaskConfig:
 
     datasets: list[str] = field(default_factory=lambda: ["chain_sum"])
     """Problem sources: reasoning-gym dataset names (e.g. chain_sum, gcd, spell_backward) or
-    ``jsonl:PATH`` for a local JSONL file (``prompt``/``answer`` or MATH-500 keys). A comma-separated
+    ``jsonl:PATH`` for a local JSONL file (``prompt``/``answer`` or MATH-500 keys), ``parquet:PATH`` for a Parquet
+    file of such rows (verl's prepared datasets; needs pyarrow). A comma-separated
     string is accepted too; a ``jsonl:`` path may hold commas (``jsonl:/data/a,b.jsonl``: a piece after it that is
     no dataset name of its own, or that makes it an existing file, belongs to the path:
     :func:`~megatron_logra.rewards.jsonl.join_jsonl_paths`)."""
@@ -96,8 +97,8 @@ class TaskConfig:
         dupes = sorted({d for d in self.eval_datasets if self.eval_datasets.count(d) > 1})
         if dupes:
             raise ValueError(f"task.eval_datasets lists {dupes} more than once; list each once")
-        trained = {_file_key(spec) for spec in self.datasets if spec.startswith(JSONL_PREFIX)}
-        both = [spec for spec in self.eval_datasets if spec.startswith(JSONL_PREFIX) and _file_key(spec) in trained]
+        trained = {_file_key(spec) for spec in self.datasets if file_spec_path(spec) is not None}
+        both = [spec for spec in self.eval_datasets if file_spec_path(spec) is not None and _file_key(spec) in trained]
         if both:
             raise ValueError(
                 f"task.eval_datasets: {both[0]!r} is also in task.datasets; a benchmark of its own must be another "
@@ -167,7 +168,7 @@ class TaskConfig:
         if not isinstance(self.dataset_kwargs, dict):
             raise ValueError(f"task.dataset_kwargs must map dataset names to dicts, got {self.dataset_kwargs!r}")
         for name, kwargs in self.dataset_kwargs.items():
-            if name not in self.datasets + self.eval_datasets or name.startswith(JSONL_PREFIX):
+            if name not in self.datasets + self.eval_datasets or file_spec_path(name) is not None:
                 raise ValueError(
                     f"task.dataset_kwargs[{name!r}]: not a reasoning-gym dataset of task.datasets {self.datasets}"
                     f"{f' or task.eval_datasets {self.eval_datasets}' if self.eval_datasets else ''}; "
@@ -195,15 +196,18 @@ def _source_specs(value: Any, name: str) -> list[str]:
     for i, spec in enumerate(specs):
         if not isinstance(spec, str):
             raise ValueError(f"task.{name}[{i}]={spec!r} must be a string")
-        if spec.startswith(JSONL_PREFIX):
-            if not spec[len(JSONL_PREFIX) :].strip():
-                raise ValueError(f"task.{name}[{i}]={spec!r}: give a file path after 'jsonl:'")
+        path = file_spec_path(spec)
+        if path is not None:
+            if not path.strip():
+                raise ValueError(f"task.{name}[{i}]={spec!r}: give a file path after {spec.split(':', 1)[0] + ':'!r}")
         elif not _GYM_NAME_RE.match(spec):
             raise ValueError(
-                f"task.{name}[{i}]={spec!r}: expected a reasoning-gym name (lowercase, e.g. chain_sum) or 'jsonl:PATH'")
+                f"task.{name}[{i}]={spec!r}: expected a reasoning-gym name (lowercase, e.g. chain_sum), 'jsonl:PATH' or "
+                f"'parquet:PATH'")
     return specs
 
 
 def _file_key(spec: str) -> str:
-    """A ``jsonl:PATH`` spec's file, resolved, so that two spellings of one file compare equal."""
-    return os.path.realpath(os.path.expanduser(spec[len(JSONL_PREFIX) :]))
+    """A file spec's (``jsonl:PATH``, ``parquet:PATH``) file, resolved, so that two spellings of one file compare
+    equal."""
+    return os.path.realpath(os.path.expanduser(file_spec_path(spec) or ""))

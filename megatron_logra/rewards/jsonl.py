@@ -47,12 +47,28 @@ from typing import Any, Callable
 from megatron_logra.rewards.base import Problem
 from megatron_logra.rewards.jsonl_rows import _problem_of
 
-__all__ = ["JSONL_PREFIX", "JsonlSource", "load_jsonl_problems", "join_jsonl_paths"]
+__all__ = ["JSONL_PREFIX", "PARQUET_PREFIX", "FILE_PREFIXES", "JsonlSource", "file_spec_path", "load_jsonl_problems",
+           "join_jsonl_paths"]
 
 logger = logging.getLogger(__name__)
 
 JSONL_PREFIX = "jsonl:"
 """Prefix of a dataset spec that names a local JSONL file: ``jsonl:PATH``."""
+
+PARQUET_PREFIX = "parquet:"
+"""Prefix of a dataset spec that names a local Parquet file (verl's prepared datasets): ``parquet:PATH``. Its rows
+are read as a JSONL file's objects are (needs ``pyarrow``)."""
+
+FILE_PREFIXES = (JSONL_PREFIX, PARQUET_PREFIX)
+"""The prefixes of dataset specs that name a file of problems."""
+
+
+def file_spec_path(spec: str) -> str | None:
+    """The path of a file spec (``jsonl:PATH`` / ``parquet:PATH``); None for another spec (a reasoning-gym name)."""
+    for prefix in FILE_PREFIXES:
+        if spec.startswith(prefix):
+            return spec[len(prefix):]
+    return None
 
 _SHOWN = 5
 """How many of the dropped rows a warning names."""
@@ -71,10 +87,10 @@ def join_jsonl_paths(specs: list[str]) -> list[str]:
     out: list[str] = []
     for spec in specs:
         prev = out[-1] if out else None
-        if prev is not None and isinstance(prev, str) and isinstance(spec, str) and prev.startswith(JSONL_PREFIX):
+        if prev is not None and isinstance(prev, str) and isinstance(spec, str) and file_spec_path(prev) is not None:
             joined = f"{prev},{spec}"
-            own_spec = spec.startswith(JSONL_PREFIX) or _is_gym_name(spec)
-            path, joined_path = Path(prev[len(JSONL_PREFIX):]), Path(joined[len(JSONL_PREFIX):])
+            own_spec = file_spec_path(spec) is not None or _is_gym_name(spec)
+            path, joined_path = Path(file_spec_path(prev)), Path(file_spec_path(joined))
             if not own_spec or (joined_path.is_file() and not path.is_file()):
                 out[-1] = joined
                 continue
@@ -99,25 +115,18 @@ def load_jsonl_problems(path: str | Path, source: str | None = None, *, prompt_k
     """
     path = Path(path)
     source = source if source is not None else f"{JSONL_PREFIX}{path}"
+    parquet = source.startswith(PARQUET_PREFIX)
+    kind, example = ("Parquet", "problems.parquet") if parquet else ("JSONL", "problems.jsonl")
     if path.is_dir():
-        raise IsADirectoryError(f"{path}: is a directory, not a JSONL problem file (dataset spec {source!r}); "
-                                f"name the file itself, e.g. jsonl:{path / 'problems.jsonl'}")
+        raise IsADirectoryError(f"{path}: is a directory, not a {kind} problem file (dataset spec {source!r}); "
+                                f"name the file itself, e.g. {source.split(':', 1)[0]}:{path / example}")
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: JSONL problem file not found (dataset spec {source!r})")
+        raise FileNotFoundError(f"{path}: {kind} problem file not found (dataset spec {source!r})")
     problems: list[Problem] = []
     id_lines: dict[str, int] = {}
     prompt_lines: dict[str, tuple[int, str]] = {}
-    for line_no, raw in enumerate(io.StringIO(_read_utf8(path), newline=None), start=1):
-        if not raw.strip():
-            continue
+    for line_no, obj in (_parquet_rows(path) if parquet else _json_lines(path)):
         where = f"{path}:{line_no}"
-        try:
-            obj = json.loads(raw, object_pairs_hook=_unique_keys)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
-        except _DuplicateKey as exc:
-            raise ValueError(f"{where}: key {exc.args[0]!r} appears twice in one object (JSON keeps only the last, "
-                             f"silently); keep one of the two") from None
         problem = _problem_of(obj, source, where, line_no, prompt_key, answer_key)
         pid = problem.metadata["id"]
         if pid in id_lines:
@@ -136,6 +145,36 @@ def load_jsonl_problems(path: str | Path, source: str | None = None, *, prompt_k
         raise ValueError(f"{path}: no problems (the file is empty)")
     logger.info("loaded %d problems from %s", len(problems), path)
     return problems
+
+
+def _json_lines(path: Path):
+    """``(line number, JSON object)`` of each non-blank line; ``ValueError`` naming ``PATH:LINE`` for invalid JSON
+    or a key repeated within one object."""
+    for line_no, raw in enumerate(io.StringIO(_read_utf8(path), newline=None), start=1):
+        if not raw.strip():
+            continue
+        try:
+            yield line_no, json.loads(raw, object_pairs_hook=_unique_keys)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{line_no}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
+        except _DuplicateKey as exc:
+            raise ValueError(f"{path}:{line_no}: key {exc.args[0]!r} appears twice in one object (JSON keeps only the "
+                             f"last, silently); keep one of the two") from None
+
+
+def _parquet_rows(path: Path):
+    """``(row number from 1, row as a dict)`` of a Parquet file (nested structs as dicts, lists as lists), read with
+    pyarrow; ``ValueError`` naming the file when pyarrow is missing or cannot read it."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(f"{path}: reading a parquet: dataset needs pyarrow (pip install pyarrow), or convert the file "
+                         f"to JSON lines and give it as jsonl:PATH") from None
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... for a file that is not Parquet
+        raise ValueError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    yield from enumerate(rows, start=1)
 
 
 class _DuplicateKey(Exception):
@@ -180,7 +219,8 @@ def _decided_once(decide: Callable[[], list[bool]], group: Any) -> list[bool]:
 
 
 class JsonlSource:
-    """A finite problem source over a JSONL file; ``problem(i)`` is the ``i % size``-th line's problem."""
+    """A finite problem source over a JSONL file, or a Parquet one when ``source`` starts with ``parquet:``;
+    ``problem(i)`` is the ``i % size``-th row's problem."""
 
     def __init__(self, path: str | Path, source: str | None = None, *, prompt_key: str = "",
                  answer_key: str = "") -> None:

@@ -216,7 +216,7 @@ class Task(HeldOutSet):
             tried = f"all {size} of its prompts are {{}}"
         else:
             tried = f"it produced only {{}} prompts in {attempts} draws (train index {index})"
-        jsonl = source.name.startswith("jsonl:")
+        jsonl = source.name.startswith(("jsonl:", "parquet:"))  # a file of the user's
         if long_prompt is not None:
             fix = ("shorten the file's prompts" if jsonl
                    else f"make its prompts shorter via task.dataset_kwargs[{source.name!r}]")

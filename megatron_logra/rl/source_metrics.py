@@ -5,8 +5,8 @@ it all).
 
 Contract: :func:`source_sums` is this rank's ``[num_sources, 3]`` float64 sums (reward, correct, samples) in the
 task's source order; the caller all-reduces them over DP and :func:`source_fields` names them. A source without a
-sample in the step (a small weight) is ``null``. A source's field name is its name with a ``jsonl:`` file reduced
-to the file's name (``jsonl:/data/math500.jsonl`` → ``jsonl:math500.jsonl``; the whole path, ``/`` as ``_``,
+sample in the step (a small weight) is ``null``. A source's field name is its name with a ``jsonl:`` (or
+``parquet:``) file reduced to the file's name (``jsonl:/data/math500.jsonl`` → ``jsonl:math500.jsonl``; the whole path, ``/`` as ``_``,
 when two files share a name), so that dashboards that group fields by ``/`` keep one group per metric.
 """
 
@@ -21,9 +21,10 @@ __all__ = ["field_names", "source_fields", "source_sums"]
 
 def field_names(names: Sequence[str]) -> list[str]:
     """The field-name form of each source name (see the module doc)."""
-    short = [name.rsplit("/", 1)[-1] if name.startswith("jsonl:") else name for name in names]
-    short = [f"jsonl:{s}" if name.startswith("jsonl:") and not s.startswith("jsonl:") else s
-             for name, s in zip(names, short)]
+    short = []
+    for name in names:
+        kind, _, path = name.partition(":")
+        short.append(f"{kind}:{path.rsplit('/', 1)[-1]}" if kind in ("jsonl", "parquet") and path else name)
     if len(set(short)) != len(short):
         return [name.replace("/", "_") for name in names]
     return short
