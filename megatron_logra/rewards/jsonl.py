@@ -224,7 +224,7 @@ class JsonlSource:
 
     def __init__(self, path: str | Path, source: str | None = None, *, prompt_key: str = "",
                  answer_key: str = "") -> None:
-        self.path = Path(path)
+        self.path = Path(path).expanduser()  # task.datasets=jsonl:~/data/x.jsonl: no shell expands that "~"
         self.name = source if source is not None else f"{JSONL_PREFIX}{path}"
         self.problems = load_jsonl_problems(self.path, self.name, prompt_key=prompt_key, answer_key=answer_key)
         self.size: int | None = len(self.problems)

@@ -87,3 +87,10 @@ def test_parquet_specs_are_checked_and_named_by_file_in_metrics():
     with pytest.raises(ValueError, match=r"task\.datasets\[0\]='parquet:': give a file path after 'parquet:'"):
         TaskConfig(datasets=["parquet:"])
     assert field_names(["parquet:/data/gsm8k/test.parquet", "gcd"]) == ["parquet:test.parquet", "gcd"]
+
+
+def test_a_home_relative_path_is_expanded(twins, monkeypatch):
+    parquet, _ = twins
+    monkeypatch.setenv("HOME", str(parquet.parent))
+    task = build_task(TaskConfig(datasets=["parquet:~/train.parquet"]))
+    assert task.sources[0].path == parquet and len(task.sources[0].problems) == 48
