@@ -110,6 +110,15 @@ def _family(raw: dict, source: str) -> str:
             f"{', '.join(sorted(_ARCHITECTURES))} (Llama / Mistral / Qwen2 / Qwen3 decoder-only models)"
         )
     family = _ARCHITECTURES[known[0]] if known else raw.get("model_type")
+    if known and "model_type" in raw and raw["model_type"] != family:
+        # transformers' AutoModelForCausalLM builds the class of model_type and ignores architectures; serving
+        # stacks (vLLM, SGLang) build the class architectures names: the two would be different models
+        raise ValueError(
+            f"{source}: architectures={archs} names a {family} model but model_type={raw['model_type']!r}: "
+            f"transformers builds the model of model_type (it ignores architectures), serving stacks the one of "
+            f"architectures, so the checkpoint means two different models; set \"model_type\": \"{family}\" in "
+            "config.json if the weights are that model's"
+        )
     if family not in _MODEL_TYPES:
         raise ValueError(
             f"{source}: model_type={raw.get('model_type')!r} is not supported: choose a config.json whose "
