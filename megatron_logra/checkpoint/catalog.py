@@ -19,7 +19,7 @@ from megatron_logra.parallel import group_rank, world_group
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["latest_checkpoint", "earlier_checkpoint_hint"]
+__all__ = ["latest_checkpoint", "checkpoint_at_step", "earlier_checkpoint_hint"]
 
 _STEP_DIR = re.compile(r"step_(\d{8,})")
 
@@ -55,6 +55,21 @@ def _complete_checkpoints(root: Path) -> list[Path]:
             continue
         found.append((int(m.group(1)), p))
     return [p for _, p in sorted(found)]
+
+
+def checkpoint_at_step(run_dir: Union[str, Path], step: int) -> Path:
+    """The complete checkpoint of ``run_dir`` saved at ``step`` (``checkpoints/step_XXXXXXXX``); ``ValueError``
+    naming the steps that have one when it has none there (pruned by ``train.keep_last``, never saved, or
+    unfinished)."""
+    root = Path(run_dir) / "checkpoints"
+    complete = _complete_checkpoints(root)
+    for path in complete:
+        if int(_STEP_DIR.fullmatch(path.name).group(1)) == step:
+            return path
+    steps = [int(_STEP_DIR.fullmatch(p.name).group(1)) for p in complete]
+    have = f"its checkpoints are at steps {', '.join(map(str, steps))}" if steps else "it has no complete checkpoint"
+    raise ValueError(f"{root} has no complete checkpoint of step {step}: {have} (train.keep_last keeps the newest "
+                     f"few, every train.save_interval steps)")
 
 
 def earlier_checkpoint_hint(root: Path, broken: Optional[Path] = None) -> str:

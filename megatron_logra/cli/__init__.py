@@ -2,7 +2,7 @@
 
     megatron-logra train [RECIPE|file.yaml] [overrides...]     # default recipe: tiny (RL)
     megatron-logra train --resume RUN_DIR [overrides...]        # continue a run (its config.yaml; any TP/PP/DP)
-    megatron-logra eval RUN_DIR [overrides...]                 # held-out accuracy of a run's latest checkpoint
+    megatron-logra eval RUN_DIR [--ckpt-step N] [overrides...] # held-out accuracy of a run's latest checkpoint
     megatron-logra plot RUN_DIR [--out FILE]                   # PNG: reward/accuracy, KL, α, memory (lm: loss, ...)
     megatron-logra recipes                                     # list recipes
     megatron-logra config [RECIPE] [overrides...]              # print the resolved config

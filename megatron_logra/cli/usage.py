@@ -17,9 +17,10 @@ SYNOPSES = {
               "partial config whose `recipe: NAME_OR_FILE` names its base), or continue the run in RUN_DIR from its "
               "latest checkpoint (its config.yaml, with the overrides on top; any TP/PP/DP layout). Launch "
               "multi-process runs with `torchrun --nproc-per-node N -m megatron_logra.cli train ...`."),
-    "eval": ("megatron-logra eval RUN_DIR [OVERRIDE ...]",
-             "Evaluate the latest checkpoint of RUN_DIR with its config.yaml (overrides on top): held-out accuracy "
-             "(RL) or loss (lm), printed as JSON."),
+    "eval": ("megatron-logra eval RUN_DIR [--ckpt-step N] [OVERRIDE ...]",
+             "Evaluate the latest checkpoint of RUN_DIR (--ckpt-step N: the one saved at step N, as Megatron-LM's "
+             "--ckpt-step) with its config.yaml (overrides on top): held-out accuracy (RL) or loss (lm), printed as "
+             "JSON."),
     "config": ("megatron-logra config [RECIPE | FILE.yaml] [OVERRIDE ...]\n"
                "       megatron-logra config --resume RUN_DIR [OVERRIDE ...]",
                "Print the resolved config as YAML (default recipe: tiny): every field with its value, after the "

@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint
 from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir
@@ -149,8 +149,8 @@ def check_config(cfg: RunConfig) -> None:
     _task_and_tokenizer(cfg, Path(cfg.train.run_dir), will_save=False)
 
 
-def build_components(cfg: RunConfig, optimizer_factory=None, *,
-                     for_eval: bool = False) -> tuple[RLComponents, RLState, _OptimizerWithRL]:
+def build_components(cfg: RunConfig, optimizer_factory=None, *, for_eval: bool = False,
+                     checkpoint: Optional[Path] = None) -> tuple[RLComponents, RLState, _OptimizerWithRL]:
     """Everything the loop needs, warm-started (and resumed when asked).
 
     ``optimizer_factory(model, cfg.optimizer, groups)``, when given, replaces ``build_optimizer``
@@ -161,7 +161,8 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     is changed: a missing ``RUN/tokenizer`` is rebuilt from the config with a warning, not saved, and the
     engine is synced in process whatever ``sync.transport`` says (a directory transport would prune the
     run's delta files and write anchors). An in-process SGLang engine still writes its scratch model
-    config under ``RUN/sglang_model``."""
+    config under ``RUN/sglang_model``. ``checkpoint``: the checkpoint a resume (or evaluation) loads instead of the
+    latest one (``megatron-logra eval RUN --ckpt-step N``)."""
     _check_settings(cfg, native_step_control=optimizer_factory is None)
     if cfg.rl.rollout.engine == "sglang" and not cfg.rl.rollout.sglang_url:
         from megatron_logra.rollout.sglang_api import require_sglang
@@ -183,7 +184,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *,
     if cfg.train.resume:
         check_resume_steps(run_dir, cfg.rl.steps, "rl.steps")
     task, tok, stop_ids = _task_and_tokenizer(cfg, run_dir, will_save=not for_eval, group=world_group())
-    resume_from = latest_checkpoint(run_dir) if cfg.train.resume else None
+    resume_from = (checkpoint or latest_checkpoint(run_dir)) if cfg.train.resume else None
     # every weight is loaded next (HF checkpoint or resumed state): skip the random initialisation
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed,
                       initialize=not (cfg.model.hf_path or resume_from is not None))

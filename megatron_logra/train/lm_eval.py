@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from contextlib import nullcontext
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -92,14 +93,14 @@ def evaluate(model, task: SyntheticTask, cfg: RunConfig, groups: ParallelGroups,
     return result.loss
 
 
-def evaluate_checkpoint(cfg: RunConfig) -> dict:
-    """Held-out loss of the latest checkpoint in ``cfg.train.run_dir``."""
+def evaluate_checkpoint(cfg: RunConfig, checkpoint: Optional[Path] = None) -> dict:
+    """Held-out loss of ``checkpoint`` (default: the latest one in ``cfg.train.run_dir``)."""
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
     if is_rank0():
         warn_deprecated_eval_batches(cfg)
     model = build_gpt(cfg.model, groups, seed=cfg.train.seed)
     optimizer = build_optimizer(model, cfg.optimizer, groups, total_steps=cfg.train.steps)
-    ckpt = latest_checkpoint(cfg.train.run_dir)
+    ckpt = checkpoint or latest_checkpoint(cfg.train.run_dir)
     if ckpt is None:
         raise FileNotFoundError(f"{cfg.train.run_dir} has no checkpoint")
     step = load_checkpoint(ckpt, model, optimizer, groups, checksums=cfg.train.checkpoint_checksums,
