@@ -52,7 +52,8 @@ def build_parser(prog: str = "megatron-logra convert") -> argparse.ArgumentParse
     a.add_argument("--pp", type=int, default=1, help="pipeline-parallel size of the output (default 1)")
     a.add_argument("--make-vocab-size-divisible-by", type=int, default=None,
                    help="vocabulary padding multiple per TP rank (default: ModelConfig's, 16)")
-    a.add_argument("--force", action="store_true", help="replace a previous conversion in --out")
+    a.add_argument("--force", action="store_true",
+                   help="replace an earlier hf-to-mcore output in --out (never a Hugging Face checkpoint)")
     b = sub.add_parser("mcore-to-hf", help="per-rank megatron-core files (or a trainer checkpoint) -> Hugging Face")
     b.add_argument("--mcore", required=True,
                    help="converted directory, trainer checkpoint step directory (RUN/checkpoints/step_XXXXXXXX) or run "

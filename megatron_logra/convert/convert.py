@@ -95,7 +95,7 @@ def convert_hf_to_mcore(
             dtypes[e] = found.pop()
         order = sorted(plan, key=lambda e: min(ckpt.position(s) for s in e.sources))
 
-        tmp = _prepare_out(out_dir, force, (hf_dir,))
+        tmp = _prepare_out(out_dir, force, (hf_dir,), mcore=True)
         writers: dict[tuple[int, int], SafetensorsWriter] = {}
         try:
             for p in range(pp):

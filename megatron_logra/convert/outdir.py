@@ -1,9 +1,10 @@
 """Output directories of the converters: checked apart from the inputs, built aside, renamed into place.
 
 :func:`_prepare_out` refuses an ``--out`` that is an input, lies inside one or holds one (with or
-without ``force``: ``force`` deletes ``--out``), a non-empty ``--out`` without ``force`` and one holding
-files a conversion does not write; only then is the sibling ``.NAME.partial`` build directory
-(re)created. :func:`_finalize` swaps it onto ``--out`` by renames only, so that a complete output exists
+without ``force``: ``force`` deletes ``--out``), a non-empty ``--out`` without ``force``, one holding
+files a conversion does not write and, for ``hf-to-mcore``, anything but an earlier ``hf-to-mcore`` output
+(a Hugging Face checkpoint there is never replaced by megatron-core files); only then is the sibling
+``.NAME.partial`` build directory (re)created. :func:`_finalize` swaps it onto ``--out`` by renames only, so that a complete output exists
 at every instant, even if the process is killed mid-swap: the previous output is renamed aside to the
 sibling ``.NAME.old``, the build directory onto ``--out``, then ``.NAME.old`` is deleted. The next
 conversion to the same ``--out`` finishes an interrupted swap first (:func:`_recover_aside`): killed
@@ -126,11 +127,24 @@ def _check_out_apart(out: Path, tmp: Path, inputs: tuple[Optional[Path], ...]) -
                 raise ValueError(f"{what} {path} is inside the input {src}: choose an --out outside the inputs")
 
 
-def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...]) -> Path:
+def _earlier_mcore_output(out: Path) -> bool:
+    """Whether ``out`` holds the ``meta.json`` of an earlier ``convert hf-to-mcore`` output."""
+    from megatron_logra.convert.mcore_checkpoint import MCORE_FORMAT
+
+    try:
+        meta = json.loads((out / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == MCORE_FORMAT
+
+
+def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...], *, mcore: bool = False) -> Path:
     """The empty build directory (sibling ``.NAME.partial``) of ``out``, after every check: ``out`` apart from
     the ``inputs`` (:func:`_check_out_apart`), and, when not empty, replaceable (``force``, only conversion
-    files in it). Nothing is deleted or written before the checks pass, except that the previous output of
-    a swap killed between its renames is first renamed back onto ``out`` (:func:`_recover_aside`)."""
+    files in it; for an ``hf-to-mcore`` output, ``mcore``, only an earlier ``hf-to-mcore`` output: a Hugging
+    Face checkpoint there is not replaced by megatron-core files). Nothing is deleted or written before the
+    checks pass, except that the previous output of a swap killed between its renames is first renamed back
+    onto ``out`` (:func:`_recover_aside`)."""
     out = out.resolve()
     tmp = _build_dir(out)
     _check_out_apart(out, tmp, inputs)
@@ -141,6 +155,12 @@ def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...]) -> 
         if any(out.iterdir()):
             if not force:
                 raise ValueError(f"--out {out} exists and is not empty (pass --force to replace a previous conversion)")
+            if mcore and not _earlier_mcore_output(out):
+                held = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir())
+                what = " (a Hugging Face checkpoint?)" if (out / "config.json").is_file() else ""
+                raise ValueError(f"--out {out} is not an earlier `convert hf-to-mcore` output (no meta.json of one; it "
+                                 f"holds {held[:5]}{what}): --force replaces only such an output and would delete "
+                                 "these files; choose another --out")
             if not ((out / "meta.json").is_file() or (out / "config.json").is_file()):
                 raise ValueError(f"--out {out} is not empty and holds no meta.json or config.json: refusing to "
                                  "replace a directory that does not look like a checkpoint")
