@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import uuid
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Union
@@ -29,6 +30,9 @@ from megatron_logra.sync.full_weights import full_filename, fsync_dir
 logger = logging.getLogger(__name__)
 
 _VERIFIED_SWEEP = 64
+_UNREADABLE_MARKER = ("a consumer does not pass an anchor it cannot read (it may announce a refit or a trainer "
+                      "restart): the trainer's next full refit writes a newer one, which DirectoryTransport.follow "
+                      "reloads")
 """Verified epochs an :class:`AnchorDirectory` keeps before it drops those of markers no longer in the directory."""
 
 
@@ -111,7 +115,7 @@ class _AnchorMarkers:
         return Path(os.path.normpath(self.dir / full["file"]))
 
     def _anchor_for(self, version: Optional[int]) -> dict:
-        anchors = self.anchors()
+        anchors = self.anchors(since=sys.maxsize if version is None else version)
         if not anchors:
             self._not_a_root(self._entries())
             raise SyncError("anchor", f"no anchor markers in {self.dir}")
@@ -163,28 +167,37 @@ class _AnchorMarkers:
                     f", full weights {full['file']}" if full else "")
         return marker
 
-    def anchors(self) -> list[dict]:
+    def anchors(self, since: Optional[int] = None) -> list[dict]:
         """The anchor markers in the directory (``version``, ``epoch``, ``fingerprint``), ascending by
         version. An unreadable or malformed marker raises ``SyncError("anchor")`` naming it: a consumer
-        does not guess past an anchor."""
+        does not guess past an anchor.
+
+        ``since``: only the markers a consumer at that version still asks about, the newest at or below it and
+        those above (the versions come from the file names): the older ones are not read, so a marker no
+        consumer needs any more (corrupt, say) stops nobody, and a directory holding many does not make every
+        poll read them all. Past every marker (e.g. ``sys.maxsize``): the newest alone."""
+        found = sorted((int(m.group(1)), entry) for m, entry in ((_ANCHOR_RE.match(e), e) for e in self._entries())
+                       if m)
+        start = max((v for v, _ in found if v <= since), default=None) if since is not None else None
         out = []
-        for entry in sorted(self._entries()):
-            m = _ANCHOR_RE.match(entry)
-            if not m:
+        for version, entry in found:
+            if start is not None and version < start:
                 continue
             try:
                 marker = json.loads((self.dir / entry).read_bytes())
             except FileNotFoundError:  # removed by a producer's clear/prune meanwhile
+                if version == start:  # the consumer's own anchor: the ones below it count again
+                    return self.anchors()
                 continue
             except (OSError, ValueError) as exc:
-                raise SyncError("anchor", f"{entry}: cannot be read as an anchor marker "
-                                          f"({type(exc).__name__})") from None
-            if not _valid_marker(marker) or marker["version"] != int(m.group(1)):
-                raise SyncError("anchor", f"{entry} is not an anchor marker of version {int(m.group(1))} "
+                raise SyncError("anchor", f"{self.dir / entry}: cannot be read as an anchor marker "
+                                          f"({type(exc).__name__}); {_UNREADABLE_MARKER}") from None
+            if not _valid_marker(marker) or marker["version"] != version:
+                raise SyncError("anchor", f"{self.dir / entry} is not an anchor marker of version {version} "
                                           f"(a JSON object with exactly {sorted(_ANCHOR_KEYS)}, optionally "
-                                          f"{sorted(_ANCHOR_OPTIONAL)})")
+                                          f"{sorted(_ANCHOR_OPTIONAL)}); {_UNREADABLE_MARKER}")
             out.append(marker)
-        return sorted(out, key=lambda a: a["version"])
+        return out
 
     def accept_anchor(self, version: int) -> dict:
         """Consumer: the engine now holds the trainer's full weights of the anchor at ``version``

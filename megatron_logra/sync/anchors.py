@@ -77,7 +77,7 @@ class AnchorDirectory(_FullWeightsFiles):
         """Check that ``engine`` may extend the chain from its ``weight_version`` (what :meth:`consume`
         does before every delta; call it before :meth:`poll` to verify by fingerprint). Raises
         ``SyncError("anchor")`` as described in the module docstring."""
-        self._check_anchor(engine.weight_version, engine, self.anchors())
+        self._check_anchor(engine.weight_version, engine, self.anchors(since=engine.weight_version))
 
     def _check_anchor(self, version: int, engine: Optional[DeltaConsumer], anchors: list[dict]) -> None:
         """Pass if the newest anchor at or below ``version`` is verified, or is at ``version`` and the

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Iterator, Optional, Union
 
 from megatron_logra.sync.anchors import AnchorDirectory
@@ -90,7 +91,8 @@ class _DirectoryReader(AnchorDirectory):
         entries = self._entries()
         self._not_a_root(entries)
         versions = sorted(int(m.group(1)) for m in map(_FILE_RE.match, entries) if m)
-        anchors = self.anchors()  # after the listing: an anchor written before a listed delta is seen
+        # after the listing: an anchor written before a listed delta is seen; from the engine's own anchor on
+        anchors = self.anchors(since=current_version)
         for v in versions:
             if v <= current_version:
                 continue
@@ -105,7 +107,7 @@ class _DirectoryReader(AnchorDirectory):
                     logger.warning("%s; stopping after the %d deltas before it", msg, yielded)
                     return
                 raise SyncError("gap", f"{msg}; this engine cannot catch up through deltas: "
-                                       f"{self._reload_advice(self.anchors())}") from None
+                                       f"{self._reload_advice(self.anchors(since=expected))}") from None
             if delta.new_version != v:
                 raise self._bad_file(SyncError("version", f"{self.dir / delta_filename(v)} holds the delta "
                                                           f"{delta.base_version}->{delta.new_version}, not version {v} "
@@ -194,15 +196,19 @@ class _DirectoryReader(AnchorDirectory):
         if exc.kind == "config":  # not a delta directory: nothing here to reload
             return None
         try:
-            anchors = self.anchors()
-            if not anchors or anchors[-1].get("full") is None or anchors[-1]["epoch"] == self._reloaded:
+            newest = self.anchors(since=sys.maxsize)
+            if not newest or newest[-1].get("full") is None or newest[-1]["epoch"] == self._reloaded:
                 return None
-            newest = anchors[-1]
+            newest = newest[-1]
             if exc.kind == "anchor" or (newest["version"] > engine.weight_version and self._reachable(newest)):
                 return newest
-            return None if self._on_chain(engine, anchors) else newest
-        except SyncError:  # the directory or a marker is unreadable now: raise the refusal itself
+        except SyncError:  # the directory or the newest marker is unreadable now: raise the refusal itself
             return None
+        try:
+            anchors = self.anchors(since=engine.weight_version)
+        except SyncError:  # the engine's own anchor cannot be read: it is not known to be on the chain
+            return newest
+        return None if self._on_chain(engine, anchors) else newest
 
     def consume(self, engine: DeltaConsumer) -> list[int]:
         """Apply the new deltas to ``engine`` in order, one file at a time (read, check its link
