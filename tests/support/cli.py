@@ -19,6 +19,22 @@ def exit_2(argv: list[str], capsys) -> str:
     return err
 
 
+def eval_ok(run, *args: str) -> None:
+    """``megatron-logra eval RUN ARGS...`` in this process must succeed (its JSON goes to stdout); warnings
+    silenced, megatron's parallel state destroyed afterwards (also on failure)."""
+    import warnings
+
+    from megatron_logra.cli import main
+    from megatron_logra.parallel import destroy_parallel
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert main(["eval", str(run), *args]) == 0
+    finally:
+        destroy_parallel()
+
+
 @pytest.fixture(autouse=True)
 def one_process_cli(monkeypatch):
     """Every test of a module that imports this runs the CLI as one process: no torchrun environment, and errors

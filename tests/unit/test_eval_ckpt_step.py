@@ -5,26 +5,13 @@ and the RL job; a step without a complete checkpoint is refused naming the steps
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 
-from support.cli import exit_2, one_process_cli  # noqa: F401
+from support.cli import eval_ok as _eval, exit_2, one_process_cli  # noqa: F401
 from support.run_fixtures import run_recipe
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
-
-
-def _eval(run, *args) -> dict:
-    from megatron_logra.cli import main
-    from megatron_logra.parallel import destroy_parallel
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            assert main(["eval", str(run), *args]) == 0
-    finally:
-        destroy_parallel()
 
 
 def _recorded(run, field: str) -> dict[int, float]:

@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
+from support.cli import eval_ok as _eval
 from support.run_fixtures import run_rl_recipe
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
@@ -55,18 +55,6 @@ def kl_run(tmp_path_factory):
     _train(run, "rl.loss.kl_coef=0.05", "sync.transport=directory")  # delta files and anchors in RUN/deltas
     yield run
     torch.set_num_threads(before)
-
-
-def _eval(run: Path, *overrides: str) -> dict:
-    from megatron_logra.cli import main
-    from megatron_logra.parallel import destroy_parallel
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            assert main(["eval", str(run), *overrides]) == 0
-    finally:
-        destroy_parallel()
 
 
 def _files(root: Path) -> dict:
