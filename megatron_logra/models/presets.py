@@ -198,9 +198,10 @@ def model_config_from_hf_dict(raw: dict, *, seq_length: Optional[int] = None, so
         qkv_bias, bias_linear = False, True
     else:
         qkv_bias, bias_linear = False, False
-    dtype_name = str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16").replace("torch.", "")
+    dtype_key = "dtype" if raw.get("dtype") else "torch_dtype"  # transformers 5 reads torch_dtype only without dtype
+    dtype_name = str(raw.get(dtype_key) or "bfloat16").replace("torch.", "")
     if dtype_name not in _TORCH_DTYPES:
-        raise ValueError(f"{source}: torch_dtype={dtype_name!r}: choose bfloat16, float16 or float32")
+        raise ValueError(f"{source}: {dtype_key}={dtype_name!r}: choose bfloat16, float16 or float32")
     rope_scaling_factor = hf_rope_scaling_factor(raw, source, strict=False)
     return ModelConfig(
         num_layers=layers,
