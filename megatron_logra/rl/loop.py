@@ -143,11 +143,13 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     # generated: every rollout of the step (all rounds) — the policy's statistics, unbiased by the selection
     generated = dict(zip(("reward", "correct", "samples", "tokens"), collected.generated_4.tolist()))
     sums = _dp_sums(groups.dp, **generated, batch_tokens=float(sum(len(r.completion_ids) for r in rollouts)),
+                    batch=float(len(rollouts)), truncated=float(sum(not r.finished for r in rollouts)),
                     abs_advantage=advantages.abs().sum().item(), prompts_skipped=float(collected.prompts_skipped),
                     resampled=float(collected.replaced), uniform=float(collected.uniform))
     record: dict[str, Any] = {
         "step": step, "reward_mean": sums["reward"] / sums["samples"], "accuracy": sums["correct"] / sums["samples"],
         "eval_accuracy": None, "response_length": sums["tokens"] / sums["samples"],
+        "response_clip_ratio": sums["truncated"] / sums["batch"],
         "kl_predicted": None, "kl_actual": None, "alpha": None, "budget": None, "mismatch": c.controller.mismatch,
         "update_ratio": None, "lr": None, "logra_lr": None, "entropy": None, "ref_kl": None, "skipped": False,
         "skip_reason": None,

@@ -15,7 +15,7 @@ from support.run_fixtures import run_rl_recipe
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
-STEPS = ["rl.steps=3", "rl.eval_interval=2", "train.save_interval=2", "rl.log_samples=4", "rl.group_size=2",
+STEPS = ["rl.steps=3", "rl.eval_interval=2", "train.save_interval=2", "rl.log_samples=8", "rl.group_size=2",
          "rl.prompts_per_step=4", "rl.micro_batch_size=8", "task.num_eval=4", "rl.rollout.eval_samples=2",
          "rl.rollout.eval_temperature=1.0", "train.progress=false"]
 
@@ -35,9 +35,9 @@ def test_each_step_and_evaluation_is_logged(logged):
     run, summary = logged
     records = _records(run)
     counts = Counter((r["step"], r["split"]) for r in records)
-    # 4 rollouts per step; 2 samples of each of the 4 held-out problems before training, at step 2
+    # all 8 rollouts of each step; 2 samples of each of the 4 held-out problems before training, at step 2
     # (rl.eval_interval) and after the last
-    assert counts == {(1, "train"): 4, (2, "train"): 4, (3, "train"): 4, (0, "eval"): 8, (2, "eval"): 8,
+    assert counts == {(1, "train"): 8, (2, "train"): 8, (3, "train"): 8, (0, "eval"): 8, (2, "eval"): 8,
                       (3, "eval"): 8}
     assert all(("advantage" in r) == (r["split"] == "train") for r in records)
     final = [r for r in records if r["split"] == "eval" and r["step"] == 3]  # every held-out answer: the summary's
@@ -83,3 +83,13 @@ def test_log_samples_is_checked():
 
     with pytest.raises(ValueError, match=r"rl\.log_samples=-1 must be a whole number >= 0"):
         parse_args_to_config("tiny", ["rl.log_samples=-1"])
+
+
+def test_the_step_records_length_and_clip_ratio_of_the_logged_batch(logged):
+    run, _ = logged
+    metrics = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    train = [r for r in _records(run) if r["split"] == "train"]
+    for step in (1, 2, 3):
+        batch = [r for r in train if r["step"] == step]  # the whole batch (one DP rank, 8 rollouts)
+        assert metrics[step]["response_length"] == pytest.approx(sum(r["completion_tokens"] for r in batch) / 8)
+        assert metrics[step]["response_clip_ratio"] == pytest.approx(sum(not r["finished"] for r in batch) / 8)
