@@ -51,7 +51,6 @@ class _AnchorMarkers:
         except OSError as exc:  # a read-only or full filesystem, no permission
             self._uncreatable = (f"cannot create the delta directory {self.dir} ({type(exc).__name__}: "
                                  f"{exc.strerror or exc}): create it, or choose a writable sync.directory")
-            logger.warning("%s; a consumer of it waits until a trainer creates it", self._uncreatable)
         self._verified: set[str] = set()  # epochs of the anchors this object's consumer verified (or wrote)
         self._verified_limit = _VERIFIED_SWEEP
 
