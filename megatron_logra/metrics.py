@@ -237,6 +237,12 @@ class MetricsWriter:
 
             fsync_path(self.path)
 
+    def log_table(self, name: str, step: int, rows: list[dict[str, Any]]) -> None:
+        """``rows`` as the W&B table ``name`` at ``step`` when logging to W&B (nothing otherwise, and for no rows):
+        the samples :mod:`megatron_logra.rl.sample_log` writes."""
+        if self._wandb is not None and rows:
+            self._wandb.log_table(name, step, json_safe(rows))
+
     def close(self, summary: Optional[dict[str, Any]] = None, *, failed: bool = False) -> None:
         """Flush and close TensorBoard and W&B (which gets ``summary``, the run's ``summary.json``, as its
         run summary; ``failed``: the W&B run is marked failed, exit code 1). Closing twice is closing once."""

@@ -127,6 +127,15 @@ class WandbRun:
                 values[key] = value
         self.run.log(values)
 
+    def log_table(self, name: str, step: int, rows: list[dict[str, Any]]) -> None:
+        """Log ``rows`` (dicts with the same keys) as a W&B table ``name`` at ``step`` (the generations a run logs,
+        as verl's validation generations table)."""
+        import wandb
+
+        columns = list(rows[0])
+        self.run.log({"step": step, name: wandb.Table(columns=columns, data=[[row.get(c) for c in columns]
+                                                                              for row in rows])})
+
     def close(self, summary: Optional[dict[str, Any]] = None, exit_code: int = 0) -> None:
         """Put the numbers and strings of ``summary`` (the run's ``summary.json``) into the W&B run's summary,
         then finish the run (it waits for an online upload); a nonzero ``exit_code`` marks it failed."""

@@ -102,7 +102,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
                             wandb=wandb_options(cfg.train, saved_config))
     setup_seconds = time.perf_counter() - t_start
     if cfg.rl.log_samples:
-        comps.sample_log = SampleLog(run_dir, cfg.rl.log_samples, truncate_after=state.step if cfg.train.resume else None)
+        comps.sample_log = SampleLog(run_dir, cfg.rl.log_samples, truncate_after=state.step if cfg.train.resume else None,
+                                     table=metrics.log_table)
 
     def sync_logs() -> None:
         """The records up to a checkpoint are on storage before it is."""

@@ -14,7 +14,7 @@ and :meth:`SampleLog.sync` makes the file durable with each checkpoint, as for `
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from megatron_logra.metrics import SAMPLES_FILE, is_rank0, keep_records_until, strict_dumps
 
@@ -52,10 +52,14 @@ def sample_records(step: int, split: str, problems: Sequence[Any], completions: 
 class SampleLog:
     """Appends :func:`sample_records` to ``RUN/samples.jsonl`` on global rank 0 (a no-op elsewhere)."""
 
-    def __init__(self, run_dir: str | Path, limit: int, *, truncate_after: Optional[int] = None) -> None:
+    def __init__(self, run_dir: str | Path, limit: int, *, truncate_after: Optional[int] = None,
+                 table: Optional[Callable[[str, int, list[dict]], None]] = None) -> None:
         """``limit``: ``rl.log_samples``. ``truncate_after``: a resume's checkpoint step (records after it are
-        dropped); None: a new run (an old file is removed)."""
+        dropped); None: a new run (an old file is removed). ``table(name, step, rows)``: also gets each write, one
+        table per split and step (``samples/train``, ``samples/eval``; the job passes
+        :meth:`~megatron_logra.metrics.MetricsWriter.log_table`, which logs it to W&B)."""
         self.limit = limit
+        self.table = table
         self.enabled = is_rank0()
         self.path = Path(run_dir) / SAMPLES_FILE
         if not self.enabled:
@@ -71,6 +75,8 @@ class SampleLog:
             return
         with self.path.open("a") as fh:
             fh.write("".join(strict_dumps(record, ensure_ascii=False) + "\n" for record in records))
+        if self.table is not None:
+            self.table(f"samples/{records[0]['split']}", records[0]["step"], list(records))
 
     def sync(self) -> None:
         """Flush the file to storage (before a checkpoint save)."""

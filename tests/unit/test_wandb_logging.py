@@ -157,3 +157,24 @@ def test_a_missing_wandb_package_is_refused_before_anything_is_built(tmp_path, c
 def test_inconsistent_wandb_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**kwargs)
+
+
+def test_logged_samples_are_wandb_tables_holding_samples_jsonl(tmp_path, capsys, one_thread, offline):
+    run = tmp_path / "run"
+    assert main(["train", "tiny", f"train.run_dir={run}", "rl.steps=1", "train.progress=false", "rl.prompts_per_step=2",
+                 "rl.group_size=2", "task.num_eval=3", "train.save_interval=0", "rl.log_samples=3",
+                 "--wandb-project", "logra-tests"]) == 0
+    capsys.readouterr()
+    (files,) = offline_runs(run)
+    logged = read_offline_run(files)
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    # a table in a history record: its reference's fields under nested keys (samples/eval/_type, .../path)
+    tables = [(h["step"], key, h[f"{key}/path"]) for h in logged["history"]
+              for key in ("samples/train", "samples/eval") if h.get(f"{key}/_type") == "table-file"]
+    # before training (eval), the step's rollouts (train), after the last step (eval)
+    assert [(step, key) for step, key, _ in tables] == [(0, "samples/eval"), (1, "samples/train"), (1, "samples/eval")]
+    for step, key, path in tables:
+        table = json.loads((files / "files" / path).read_text())
+        rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+        want = [r for r in samples if r["step"] == step and r["split"] == key.split("/")[1]]
+        assert rows == want and len(want) == 3
