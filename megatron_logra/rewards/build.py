@@ -87,6 +87,9 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
             benchmarks.append(file_source(spec))
             scorers[spec] = plugin or math_scorer
         else:
+            from megatron_logra.rewards.gym import validate_gym_name
+
+            validate_gym_name(spec, "task.eval_datasets")
             benchmarks.append(gym_source(spec, cfg.eval_seed, "eval"))
     task = Task(
         sources,

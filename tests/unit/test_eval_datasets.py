@@ -154,3 +154,9 @@ def test_several_samples_per_problem_report_pass_at_k(benchmarked, monkeypatch):
     assert fields["eval_accuracy/jsonl:easy.jsonl"] == pytest.approx(1 / 3)
     monkeypatch.setattr(comps.cfg.rl.rollout, "eval_samples", 1)
     assert "eval_pass_at_k" not in evaluate_held_out(comps)[1]
+
+
+def test_an_unknown_benchmark_name_is_refused_naming_its_field(files):
+    with pytest.raises(ValueError, match=r"task\.eval_datasets: 'chain_summ' is not a reasoning-gym dataset\. "
+                                         r"Did you mean chain_sum"):
+        build_task(TaskConfig(datasets=[files[0]], eval_datasets=["chain_summ"]))
