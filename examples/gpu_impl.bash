@@ -4,6 +4,8 @@
 # Env: IMPL=local (default) | transformer_engine (the KL probe runs by finite differences there);
 #      FP8=hybrid | e4m3: FP8 training GEMMs, which are TransformerEngine's: FP8 alone selects
 #      IMPL=transformer_engine, and FP8 with IMPL=local is refused (exit 2).
+#      DATA=jsonl:/data/train.jsonl (task.datasets: jsonl:/parquet: files or reasoning-gym names, comma-separated)
+#      and EVAL_DATA=jsonl:/data/math500.jsonl (task.eval_datasets: held-out benchmarks of their own).
 # Call `gpu_impl_args 1` where TP > 1 allows sequence parallelism.
 gpu_impl_args() {
   local sequence_parallel="${1:-0}"
@@ -24,5 +26,7 @@ gpu_impl_args() {
       ;;
     *) echo "IMPL=$IMPL: choose local or transformer_engine" >&2; exit 2 ;;
   esac
+  if [[ -n "${DATA:-}" ]]; then EXTRA+=("task.datasets=$DATA"); fi
+  if [[ -n "${EVAL_DATA:-}" ]]; then EXTRA+=("task.eval_datasets=$EVAL_DATA"); fi
   export CUDA_DEVICE_MAX_CONNECTIONS=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
 }

@@ -10,7 +10,8 @@
 #   HF_PATH=/ckpt/Qwen2.5-1.5B-Instruct bash examples/train_1.5b_1gpu.sh [extra overrides...]
 #
 # Env: HF_PATH (required), GPUS (default 1), RUN_DIR (default runs/qwen2_5-1.5b),
-#      IMPL / FP8 as in examples/train_27b_8gpu.sh (FP8 alone selects IMPL=transformer_engine).
+#      IMPL / FP8 as in examples/train_27b_8gpu.sh (FP8 alone selects IMPL=transformer_engine),
+#      DATA / EVAL_DATA: task.datasets / task.eval_datasets (examples/gpu_impl.bash).
 set -euo pipefail
 : "${HF_PATH:?set HF_PATH to a local Hugging Face checkpoint directory}"
 GPUS="${GPUS:-1}"

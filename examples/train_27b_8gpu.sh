@@ -17,6 +17,8 @@
 #             sequence parallelism; the KL probe runs by finite differences, kl.probe=auto)
 #   FP8       hybrid or e4m3 FP8 training GEMMs (H100 / H200); TE only: FP8 alone selects
 #             IMPL=transformer_engine, FP8 with IMPL=local is refused
+#   DATA      task.datasets (jsonl:/data/train.jsonl, parquet:..., reasoning-gym names; comma-separated)
+#   EVAL_DATA task.eval_datasets: held-out benchmarks of their own (jsonl:/data/math500.jsonl, ...)
 # Check the plan first (the recipe's micro-batch, engine share and frozen non-targets on 80 GB GPUs; the
 # run's own preflight plans the same):
 #   megatron-logra memory --model "$HF_PATH/config.json" --tp 8 --gpus 8 --micro-batch 2 --seq-len 4096 \

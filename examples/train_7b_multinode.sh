@@ -20,6 +20,7 @@
 #   HF_PATH        local Hugging Face checkpoint on every node (same path); required
 #   RUN_DIR        run directory, on storage every node can write (default runs/qwen2_5-7b)
 #   IMPL / FP8     as in examples/train_27b_8gpu.sh (FP8 alone selects IMPL=transformer_engine)
+#   DATA / EVAL_DATA  task.datasets / task.eval_datasets, as in examples/train_27b_8gpu.sh (same paths on every node)
 set -euo pipefail
 if [[ -n "${SLURM_JOB_ID:-}" ]]; then
   NNODES="${NNODES:-${SLURM_NNODES:-}}" NODE_RANK="${NODE_RANK:-${SLURM_NODEID:-}}"

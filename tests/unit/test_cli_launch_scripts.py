@@ -24,7 +24,7 @@ def _launch(tmp_path, script, **env):
     stub.mkdir(exist_ok=True)
     (stub / "torchrun").write_text('#!/bin/sh\necho "torchrun $*"\n')
     (stub / "torchrun").chmod(0o755)
-    full = {k: v for k, v in os.environ.items() if k not in ("IMPL", "FP8")}
+    full = {k: v for k, v in os.environ.items() if k not in ("IMPL", "FP8", "DATA", "EVAL_DATA")}
     full.update(PATH=f"{stub}{os.pathsep}{os.environ.get('PATH', '')}", HF_PATH="/ckpt/x", **SCRIPTS[script], **env)
     return subprocess.run(["bash", str(EXAMPLES / script)], env=full, capture_output=True, text=True, timeout=60)
 
@@ -51,6 +51,15 @@ def test_without_fp8_the_spec_is_unchanged(tmp_path, script):
     assert out.returncode == 0 and "model.transformer_impl" not in out.stdout and "model.fp8" not in out.stdout
     te = _launch(tmp_path, script, IMPL="transformer_engine")
     assert "model.transformer_impl=transformer_engine" in te.stdout and "model.fp8" not in te.stdout
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_data_and_eval_data_set_the_task(tmp_path, script):
+    out = _launch(tmp_path, script, DATA="jsonl:/data/train.jsonl,gcd", EVAL_DATA="parquet:/data/test.parquet")
+    assert out.returncode == 0, out.stderr
+    assert "task.datasets=jsonl:/data/train.jsonl,gcd" in out.stdout
+    assert "task.eval_datasets=parquet:/data/test.parquet" in out.stdout
+    assert "task." not in _launch(tmp_path, script).stdout
 
 
 def test_the_multinode_launcher_takes_its_layout_from_slurm(tmp_path):
