@@ -155,15 +155,15 @@ def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...], *, 
         if any(out.iterdir()):
             if not force:
                 raise ValueError(f"--out {out} exists and is not empty (pass --force to replace a previous conversion)")
+            if not ((out / "meta.json").is_file() or (out / "config.json").is_file()):
+                raise ValueError(f"--out {out} is not empty and holds no meta.json or config.json: refusing to "
+                                 "replace a directory that does not look like a checkpoint")
             if mcore and not _earlier_mcore_output(out):
                 held = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir())
                 what = " (a Hugging Face checkpoint?)" if (out / "config.json").is_file() else ""
                 raise ValueError(f"--out {out} is not an earlier `convert hf-to-mcore` output (no meta.json of one; it "
                                  f"holds {held[:5]}{what}): --force replaces only such an output and would delete "
                                  "these files; choose another --out")
-            if not ((out / "meta.json").is_file() or (out / "config.json").is_file()):
-                raise ValueError(f"--out {out} is not empty and holds no meta.json or config.json: refusing to "
-                                 "replace a directory that does not look like a checkpoint")
             foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if not _conversion_output(p))
             if foreign:
                 raise ValueError(f"--out {out} also holds {foreign[:5]}, which a conversion does not write: "
