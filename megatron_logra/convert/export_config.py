@@ -82,9 +82,11 @@ def run_tokenizer_dir(src: McoreCheckpoint) -> Optional[Path]:
 
 
 def _checked_config(directory: Path, cfg: ModelConfig) -> str:
-    """config.json text of ``directory``; ValueError unless it describes ``cfg``'s architecture."""
+    """config.json text of ``directory``; ValueError unless it describes ``cfg``'s architecture (read at
+    ``cfg.seq_length``, the checkpoint's: a sliding window no sequence of the run reached past is accepted, as
+    when the run started from it)."""
     path = directory / "config.json"
-    hf_cfg = model_config_from_hf_dict_strict(read_json_object(path), source=str(path))
+    hf_cfg = model_config_from_hf_dict_strict(read_json_object(path), source=str(path), base=cfg)
     check_same_architecture(cfg, hf_cfg, str(path))
     return path.read_text()
 

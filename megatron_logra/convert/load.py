@@ -77,7 +77,9 @@ def load_hf_into_model(model: nn.Module, groups: ParallelGroups, hf_dir: Union[s
     hf_dir = Path(hf_dir)
     ckpt = HFCheckpoint(hf_dir)
     try:
-        hf_cfg = model_config_from_hf_dict_strict(ckpt.config, source=str(ckpt.config_path))
+        # the run's own fields (model.seq_length) decide, as when the run's config was read: a sliding window no
+        # sequence of the run reaches past is accepted there, whatever the checkpoint's max_position_embeddings
+        hf_cfg = model_config_from_hf_dict_strict(ckpt.config, source=str(ckpt.config_path), base=model_cfg)
         check_same_architecture(model_cfg, hf_cfg, str(ckpt.config_path))
         tied = not model_cfg.untie_embeddings_and_output_weights
         ckpt.validate(hf_expected_shapes(model_cfg), tied=tied)
