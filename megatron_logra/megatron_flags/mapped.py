@@ -65,6 +65,7 @@ MEGATRON_ALIASES: dict[str, str] = {
     "eval-temperature": "rl.rollout.eval_temperature",
     "input-key": "task.jsonl_prompt_key",
     "label-key": "task.jsonl_answer_key",
+    "rm-url": "task.reward",
 }
 """Megatron-LM flags (without ``--``) -> the dotted field they set, whatever the job; the flags of
 :data:`JOB_ALIASES` are resolved against the configured job by
@@ -74,7 +75,8 @@ step): ``--num-rollout`` ``rl.steps``, ``--rollout-batch-size`` ``rl.prompts_per
 all DP ranks), ``--n-samples-per-prompt`` ``rl.group_size``, ``--rollout-max-response-len``
 ``rl.rollout.max_new_tokens``, ``--rollout-temperature`` / ``--rollout-top-p`` the sampling, and
 ``--n-samples-per-eval-prompt`` / ``--eval-temperature`` the held-out evaluation's, ``--input-key`` /
-``--label-key`` the keys of a ``jsonl:`` file's prompt and answer; with ``job=lm`` they are refused as every
+``--label-key`` the keys of a ``jsonl:`` file's prompt and answer, ``--rm-url`` a reward server
+(``task.reward``); with ``job=lm`` they are refused as every
 ``rl.*`` and ``task.*`` field is."""
 
 JOB_ALIASES: dict[str, dict[str, Optional[str]]] = {

@@ -11,6 +11,7 @@ from megatron_logra.rewards.config import TaskConfig
 from megatron_logra.rewards.jsonl import JsonlSource, file_spec_path
 from megatron_logra.rewards.math import MathVerifyScorer, parses_as_math
 from megatron_logra.rewards.plugins import PluginScorer, is_dotted_path
+from megatron_logra.rewards.remote import RemoteScorer, is_reward_url
 from megatron_logra.rewards.task import Task
 
 __all__ = ["build_task"]
@@ -50,7 +51,11 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
     cfg.__post_init__()
     timeout = cfg.math_timeout_s or None
     math_scorer = MathVerifyScorer(timeout_s=timeout)
-    plugin = PluginScorer(cfg.reward, timeout_s=cfg.reward_timeout_s) if is_dotted_path(cfg.reward) else None
+    plugin: Scorer | None = None  # the user's scorer of every source: a function or a reward server
+    if is_dotted_path(cfg.reward):
+        plugin = PluginScorer(cfg.reward, timeout_s=cfg.reward_timeout_s)
+    elif is_reward_url(cfg.reward):
+        plugin = RemoteScorer(cfg.reward, timeout_s=cfg.reward_timeout_s)
     sources: list[ProblemSource] = []
     eval_sources: list[ProblemSource] = []
     benchmarks: list[ProblemSource] = []

@@ -12,6 +12,7 @@ from typing import Any
 
 from megatron_logra.rewards.jsonl import file_spec_path, join_jsonl_paths
 from megatron_logra.rewards.plugins import is_dotted_path
+from megatron_logra.rewards.remote import is_reward_url
 
 __all__ = ["TaskConfig"]
 
@@ -53,8 +54,9 @@ class TaskConfig:
     objects, e.g. ``reward_model.ground_truth``); empty: the first present of ``answer``, ``label``,
     ``reward_model.ground_truth``, else the last ``\\boxed{...}`` of ``solution``."""
     reward: str = "auto"
-    """auto (each gym dataset's own scorer, math-verify for JSONL), math_verify (for every source),
-    or a dotted path ``package.module:function`` of ``fn(problem, completion) -> score in [0, 1]``."""
+    """auto (each gym dataset's own scorer, math-verify for JSONL), math_verify (for every source), a dotted
+    path ``package.module:function`` of ``fn(problem, completion) -> score in [0, 1]``, or the URL of a reward
+    server, ``http://HOST:PORT/PATH`` (slime's ``--rm-url``; :mod:`megatron_logra.rewards.remote`)."""
     correct_reward: float = 1.0
     """Reward of a correct answer (score >= 1)."""
     wrong_reward: float = -0.01
@@ -113,10 +115,11 @@ class TaskConfig:
         self._check_weights()
         self._check_kwargs()
         if not isinstance(self.reward, str) or not (
-            self.reward in ("auto", "math_verify") or is_dotted_path(self.reward)
+            self.reward in ("auto", "math_verify") or is_dotted_path(self.reward) or is_reward_url(self.reward)
         ):
             raise ValueError(
-                f"task.reward={self.reward!r}: use auto, math_verify or a dotted path 'package.module:function'"
+                f"task.reward={self.reward!r}: use auto, math_verify, a dotted path 'package.module:function' or a "
+                f"reward server's http:// URL"
             )
         for name in ("correct_reward", "wrong_reward"):
             if not isfinite(float(getattr(self, name))):
