@@ -76,7 +76,8 @@ def convert_hf_to_mcore(
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     ckpt = HFCheckpoint(hf_dir)
     try:
-        cfg = model_config_from_hf_dict_strict(ckpt.config, source=str(ckpt.config_path))
+        cfg = model_config_from_hf_dict_strict(ckpt.config, source=str(ckpt.config_path),
+                                               seq_field="max_position_embeddings")
         if make_vocab_size_divisible_by is not None:
             if make_vocab_size_divisible_by < 1:
                 raise ValueError(f"make_vocab_size_divisible_by={make_vocab_size_divisible_by} must be >= 1")

@@ -27,13 +27,15 @@ __all__ = ["check_hf_config"]
 _MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
 
 
-def check_hf_config(raw: dict, source: str = "config.json", seq_length: Optional[int] = None) -> None:
+def check_hf_config(raw: dict, source: str = "config.json", seq_length: Optional[int] = None, *,
+                    seq_field: str = "model.seq_length") -> None:
     """Reject HF config fields whose model the megatron GPT would not reproduce (``ValueError`` naming the field).
 
     The architecture is checked first, so an unsupported family (Gemma, say) is named as such rather
     than by one of its fields. Sliding-window attention is refused exactly when transformers would run
     some layer with a window that a sequence of ``seq_length`` tokens (the run's ``model.seq_length``;
-    None: unknown) can exceed (:func:`_check_full_attention`)."""
+    None: unknown) can exceed (:func:`_check_full_attention`); ``seq_field`` names where ``seq_length`` came
+    from in that message (``max_position_embeddings`` for a conversion, which has no run)."""
     family = _family(raw, source)
     for key in ("rope_scaling", "rope_parameters"):
         rope = raw.get(key)
@@ -54,7 +56,7 @@ def check_hf_config(raw: dict, source: str = "config.json", seq_length: Optional
     theta = hf_rope_theta(raw, source, warn=False)  # transformers' choice between rope_parameters and rope_theta
     if theta != int(theta):
         raise ValueError(f"{source}: RoPE theta {theta!r} is not supported (model.rotary_base is a positive integer)")
-    _check_full_attention(raw, family, source, seq_length)
+    _check_full_attention(raw, family, source, seq_length, seq_field)
     for key in _MOE_FIELDS:
         if raw.get(key):
             raise ValueError(f"{source}: {key}={raw[key]} (mixture of experts) is not supported: dense models only")
@@ -79,7 +81,8 @@ def _within_window(window: Any, seq_length: Optional[int]) -> bool:
             and 0 < seq_length <= window)
 
 
-def _check_full_attention(raw: dict, family: str, source: str, seq_length: Optional[int] = None) -> None:
+def _check_full_attention(raw: dict, family: str, source: str, seq_length: Optional[int] = None,
+                          seq_field: str = "model.seq_length") -> None:
     """``ValueError`` unless transformers runs every layer of this config with full (unwindowed) attention, or
     with a window no sequence of ``seq_length`` tokens (the run's ``model.seq_length``) exceeds: then the
     windowed and the full model are the same function, and the config is accepted with an info line (the
@@ -130,7 +133,7 @@ def _check_full_attention(raw: dict, family: str, source: str, seq_length: Optio
                              f"transformers' MistralForCausalLM applies it to every layer{ignored}; a Mistral "
                              'config with "sliding_window": null (full attention) is loaded, and so is this one '
                              f"for a run whose model.seq_length is at most {window} (no sequence reaches past "
-                             f"the window){_seq_note(seq_length)}")
+                             f"the window){_seq_note(seq_length, seq_field)}")
         return
     # qwen2 / qwen3
     window = raw.get("sliding_window", _HF_SLIDING_WINDOW_DEFAULT)
@@ -148,8 +151,13 @@ def _check_full_attention(raw: dict, family: str, source: str, seq_length: Optio
                          f"max_window_layers={first} gives layers {first}..{layers - 1} a sliding window, which is not supported (full "
                          f"attention only; max_window_layers >= num_hidden_layers={layers} or "
                          f"use_sliding_window=false would be full attention, and a run whose model.seq_length is at "
-                         f"most {window} computes the same model{_seq_note(seq_length)})")
+                         f"most {window} computes the same model{_seq_note(seq_length, seq_field)})")
 
 
-def _seq_note(seq_length: Optional[int]) -> str:
-    return "" if seq_length is None else f"; this one has model.seq_length={seq_length}"
+def _seq_note(seq_length: Optional[int], seq_field: str = "model.seq_length") -> str:
+    if seq_length is None:
+        return ""
+    if seq_field == "model.seq_length":
+        return f"; this one has model.seq_length={seq_length}"
+    return (f"; without a run it is read at its {seq_field}={seq_length}: train from the directory itself "
+            "(--model.hf_path DIR) with such a model.seq_length instead")

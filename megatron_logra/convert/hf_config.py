@@ -31,17 +31,20 @@ ARCH_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name no
 
 
 def model_config_from_hf_dict_strict(raw: dict, *, source: str = "config.json", base: Optional[ModelConfig] = None,
-                                     seq_length: Optional[int] = None) -> ModelConfig:
+                                     seq_length: Optional[int] = None,
+                                     seq_field: str = "model.seq_length") -> ModelConfig:
     """:func:`check_hf_config`, then the presets loader, then the HF-mapping support check.
 
     Architecture fields come from ``raw``; :data:`TRAINING_FIELDS` from ``base`` when given
     (else ``seq_length`` = ``max_position_embeddings``, dtype from the config, ModelConfig defaults).
+    ``seq_field`` names the sequence length in a sliding-window refusal (``max_position_embeddings`` for
+    ``hf-to-mcore``, which has no run).
     """
     run_length = base.seq_length if base is not None else seq_length
     if run_length is None:  # the model's own context, as below
         mpe = raw.get("max_position_embeddings")
         run_length = mpe if isinstance(mpe, int) and not isinstance(mpe, bool) else None
-    check_hf_config(raw, source, seq_length=run_length)
+    check_hf_config(raw, source, seq_length=run_length, seq_field=seq_field)
     if seq_length is None and base is None:
         mpe = raw.get("max_position_embeddings")
         if "max_position_embeddings" in raw and (not isinstance(mpe, int) or isinstance(mpe, bool) or mpe < 1):

@@ -102,3 +102,18 @@ def test_the_export_of_such_a_run_keeps_the_checkpoints_config(mistral, groups, 
     tokens = _tokens()
     with torch.no_grad():
         _close(exported(input_ids=tokens).logits, hf(input_ids=tokens).logits)
+
+
+def test_hf_to_mcore_names_max_position_embeddings_and_the_way_to_train(mistral, tmp_path, capsys):
+    """A conversion has no run: it reads the checkpoint at its max_position_embeddings, and its refusal says so
+    (it used to name a model.seq_length the user never gave) and how to use the checkpoint instead."""
+    from megatron_logra.convert.cli import main
+
+    hf_dir, _ = mistral
+    assert main(["hf-to-mcore", "--hf", str(hf_dir), "--out", str(tmp_path / "mc")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"sliding_window={WINDOW} is not supported" in err
+    assert "read at its max_position_embeddings=256" in err and "--model.hf_path DIR" in err
+    assert "this one has model.seq_length" not in err
+    assert not (tmp_path / "mc").exists()
