@@ -73,6 +73,11 @@ def build_parser(prog: str = "megatron-logra convert") -> argparse.ArgumentParse
 def main(argv: Optional[Sequence[str]] = None, prog: str = "megatron-logra convert") -> int:
     parser = build_parser(prog)
     ns = parser.parse_args(argv)
+    for flag in ("hf", "mcore", "out"):  # "" would be the working directory (an unset $OUT)
+        value = getattr(ns, flag, None)
+        if value is not None and not value.strip():
+            parser.error(f"--{flag.replace('_', '-')} is empty: give a directory (an empty value would stand for the "
+                         "working directory)")
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                             datefmt="%H:%M:%S")
