@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 from typing import Mapping, Sequence, Union
 
 from megatron_logra.config.codec import _short
@@ -155,6 +156,11 @@ def resolve_hf_model(cfg: RunConfig, given: Union[Sequence[str], Mapping[str, st
     config) ``tokenizer.path`` is left as it is."""
     if cfg.job != "rl" or not cfg.model.hf_path:
         return cfg
+    run_dir, hf_dir = Path(cfg.train.run_dir).expanduser().resolve(), Path(cfg.model.hf_path).expanduser().resolve()
+    if run_dir == hf_dir:
+        raise ValueError(f"train.run_dir={cfg.train.run_dir!r} is the directory of model.hf_path={cfg.model.hf_path!r}: "
+                         f"the run's checkpoints, metrics and config would land among the checkpoint's files; give "
+                         f"the run a directory of its own (e.g. train.run_dir=runs/{hf_dir.name})")
     if from_recipe and cfg.tokenizer.path and "tokenizer.path" not in given:
         cfg.tokenizer.path = ""
     from megatron_logra.convert.hf_config import ARCH_FIELDS, model_config_from_hf

@@ -140,3 +140,18 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_at_start(tmp_p
     with pytest.raises(ValueError, match=rf"model\.hf_path='{hf}' has {VOCAB} tokens but model\.vocab_size=160"):
         _build(cfg)
     assert not (tmp_path / "run2" / "tokenizer").exists()  # refused before it is saved
+
+
+def test_a_run_directory_that_is_the_checkpoints_own_is_refused(tmp_path, capsys, monkeypatch):
+    hf = tiny_llama_dir(tmp_path, tokenizer=True)
+    before = sorted(p.name for p in hf.iterdir())
+    monkeypatch.chdir(tmp_path)
+    for spelling in (str(hf), "hf/", "./hf"):
+        with pytest.raises(ValueError, match=r"train\.run_dir=.* is the directory of model\.hf_path=.*give the run a "
+                                             r"directory of its own \(e\.g\. train\.run_dir=runs/hf\)"):
+            parse_args_to_config("tiny", [f"model.hf_path={hf}", f"train.run_dir={spelling}"])
+    with pytest.raises(SystemExit):
+        main(["train", "tiny", f"model.hf_path={hf}", f"train.run_dir={hf}", "model.seq_length=96"])
+    assert "is the directory of model.hf_path" in capsys.readouterr().err
+    assert sorted(p.name for p in hf.iterdir()) == before  # nothing written into the checkpoint
+    assert parse_args_to_config("tiny", [f"model.hf_path={hf}", f"train.run_dir={tmp_path / 'run'}"])
