@@ -4,14 +4,11 @@ that checkpoint with the export. ``--hf`` and ``--mcore`` are refused empty too;
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from megatron_logra.convert import convert_hf_to_mcore
 from megatron_logra.convert.cli import main
+from support.convert_fixtures import tiny_llama_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -20,14 +17,7 @@ def _one_thread(one_thread):
 
 
 def _save(path, seed: int):
-    config = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
-    config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
-    return path
+    return tiny_llama_checkpoint(path.parent, name=path.name, seed=seed)
 
 
 @pytest.mark.parametrize("direction", ["hf-to-mcore", "mcore-to-hf"])

@@ -10,15 +10,14 @@ still replaces an earlier export."""
 from __future__ import annotations
 
 import filecmp
-import warnings
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from megatron_logra.convert import convert_hf_to_mcore, convert_mcore_to_hf
 from megatron_logra.convert.cli import main
+from support.convert_fixtures import tiny_llama_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -27,15 +26,7 @@ def _one_thread(one_thread):
 
 
 def _save(path, seed: int):
-    config = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
-    config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
-    (path / "tokenizer.json").write_text("{}")
-    return path
+    return tiny_llama_checkpoint(path.parent, name=path.name, seed=seed, tokenizer_stub=True)
 
 
 def _snapshot(path):
