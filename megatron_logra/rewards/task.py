@@ -41,6 +41,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from megatron_logra.rewards.base import Problem, ProblemSource, Scorer, prompt_bucket, stable_hash, unit_uniform
 from megatron_logra.rewards.eval_set import HeldOutSet, allocate_counts
+from megatron_logra.rewards.jsonl import file_spec_path
 
 __all__ = ["MAX_FILTERED_ATTEMPTS", "MAX_TRAIN_ATTEMPTS", "SCAN_LIMIT", "Task", "allocate_counts"]
 
@@ -216,7 +217,7 @@ class Task(HeldOutSet):
             tried = f"all {size} of its prompts are {{}}"
         else:
             tried = f"it produced only {{}} prompts in {attempts} draws (train index {index})"
-        jsonl = source.name.startswith(("jsonl:", "parquet:"))  # a file of the user's
+        jsonl = file_spec_path(source.name) is not None  # a file of the user's
         if long_prompt is not None:
             fix = ("shorten the file's prompts" if jsonl
                    else f"make its prompts shorter via task.dataset_kwargs[{source.name!r}]")

@@ -24,6 +24,7 @@ from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import initialize_parallel, world_group
 from megatron_logra.profiling import check_job_profile
 from megatron_logra.rewards import build_task
+from megatron_logra.rewards.jsonl import file_spec_path
 from megatron_logra.rl.batch_layout import check_rl_batch_layout
 from megatron_logra.rl.loop import RLComponents, RLState
 from megatron_logra.rl.policy_sync import PolicySync
@@ -101,7 +102,7 @@ def _task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group
             check_prompt_fits(cfg, longest, problem.prompt)
         except ValueError as exc:  # name the row, and how many more of the file's rows are too long
             over = sum(n > prompt_room(cfg) for n, p in lengths if p.source == problem.source)
-            path, line = problem.source.split(":", 1)[1], problem.metadata.get("line")
+            path, line = file_spec_path(problem.source), problem.metadata.get("line")
             raise ValueError(f"{path}:{line}: {exc} ({over} of the {sum(p.source == problem.source for p in rows)} "
                              f"prompts of {problem.source!r} do not fit; the longest is on this line)") from None
     warn_unknown_characters(tok, rows, cfg)  # a JSONL row's characters the tokenizer does not have

@@ -61,7 +61,7 @@ def evaluate_held_out(c: RLComponents, step: Optional[int] = None) -> tuple[Opti
     # every DP rank scores (a rank without problems too): a failing or hung reward stops all of them together
     scored = score_rollouts(c.task, [p for p in mine for _ in range(k)], completions, "the held-out evaluation",
                             c.groups.dp)
-    if step is not None and c.sample_log is not None:  # the first held-out problems' completions (all k of each)
+    if step is not None and c.sample_log is not None and c.sample_log.enabled:  # the first problems' k answers
         limit = c.sample_log.limit * k
         c.sample_log.write(sample_records(step, "eval", [p for p in mine for _ in range(k)], completions[:limit],
                                           generated, scored))

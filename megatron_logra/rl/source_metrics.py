@@ -16,6 +16,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from megatron_logra.rewards.jsonl import file_spec_path
+
 __all__ = ["field_names", "source_fields", "source_sums"]
 
 
@@ -23,8 +25,8 @@ def field_names(names: Sequence[str]) -> list[str]:
     """The field-name form of each source name (see the module doc)."""
     short = []
     for name in names:
-        kind, _, path = name.partition(":")
-        short.append(f"{kind}:{path.rsplit('/', 1)[-1]}" if kind in ("jsonl", "parquet") and path else name)
+        path = file_spec_path(name)
+        short.append(name[: len(name) - len(path)] + path.rsplit("/", 1)[-1] if path else name)
     if len(set(short)) != len(short):
         return [name.replace("/", "_") for name in names]
     return short
