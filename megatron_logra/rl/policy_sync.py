@@ -136,7 +136,7 @@ class PolicySync(FullRefit):
                     if not self._chain_started:  # no refit yet: the chain starts here, anchored without weights
                         self._start_chain(base_version)
                         self.transport.write_anchor(base_version, None, own_engine=True)
-                    self.transport.publish(payload())
+                    sent[0] = self.transport.publish(payload()).stat().st_size  # as written: it names its chain
                 except OSError as exc:  # a full disk, a read-only filesystem: not the engine's rejection
                     unwritable = self._unwritable(f"the delta {base_version}->{new_version}", exc)
                     raise unwritable from None

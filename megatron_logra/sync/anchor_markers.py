@@ -53,6 +53,7 @@ class _AnchorMarkers:
                                  f"{exc.strerror or exc}): create it, or choose a writable sync.directory")
         self._verified: set[str] = set()  # epochs of the anchors this object's consumer verified (or wrote)
         self._verified_limit = _VERIFIED_SWEEP
+        self._written: Optional[tuple[int, str]] = None  # (version, epoch) of the newest marker this producer wrote
 
     def _remember(self, epoch: str) -> None:
         """Count the anchor of ``epoch`` as verified. Only markers still in the directory can be asked about
@@ -156,6 +157,7 @@ class _AnchorMarkers:
                                       f"'../<directory>/{full_filename(version)}'), 'sha256': hex}}")
         _write_atomically(self.dir / anchor_filename(version), json.dumps(marker, sort_keys=True).encode())
         fsync_dir(self.dir)
+        self._written = (version, marker["epoch"])
         if own_engine:
             self._remember(marker["epoch"])
         own = full is not None and full["file"] == full_filename(version)

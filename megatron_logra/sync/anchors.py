@@ -34,7 +34,25 @@ from megatron_logra.sync.fingerprint import drift, fingerprint_salt
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AnchorDirectory", "delta_filename", "anchor_filename", "full_filename"]
+__all__ = ["AnchorDirectory", "delta_filename", "anchor_filename", "full_filename", "newest_epoch", "other_chain"]
+
+
+def newest_epoch(anchors: list[dict], version: int) -> Optional[str]:
+    """The epoch of the newest of ``anchors`` (markers, ascending) at or below ``version``: the chain a delta from
+    ``version`` continues (None without one)."""
+    below = [a for a in anchors if a["version"] <= version]
+    return below[-1]["epoch"] if below else None
+
+
+def other_chain(delta, version: int, anchors: list[dict]) -> str:
+    """Why ``delta`` (from ``version``) does not continue the chain of ``anchors``: it names another anchor epoch
+    than the newest anchor at or below ``version`` (a delta of another run, or of an abandoned trajectory, whose
+    versions happen to fit); ``""`` when it does, or when it or the directory names no chain."""
+    epoch = newest_epoch(anchors, version)
+    if delta.chain is None or epoch is None or delta.chain == epoch:
+        return ""
+    return (f"continues the chain of anchor epoch {delta.chain}, but the chain here runs from the anchor at or below "
+            f"version {version} (epoch {epoch}): a delta of another run or of an abandoned trajectory")
 
 
 class AnchorDirectory(_FullWeightsFiles):

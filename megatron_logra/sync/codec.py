@@ -101,6 +101,10 @@ class SketchDelta:
     trainer and every engine layout draw the same)."""
     attention: Optional[AttentionDims] = None
     """Required when a ``qkv_interleaved`` target is present."""
+    chain: Optional[str] = None
+    """The chain this delta continues: the epoch of the delta directory's newest anchor marker at or below
+    ``base_version`` (set by :meth:`~megatron_logra.sync.transport.DirectoryTransport.publish`); None where no
+    anchor applies (in process, SGLang). A consumer refuses a delta whose chain is not its anchor's."""
     format_version: int = FORMAT_VERSION
     checksum: Optional[str] = None
     """sha256 hex of the encoded message (set by ``encode`` and ``decode``)."""
@@ -133,6 +137,7 @@ class SketchDelta:
                         for t in self.targets],
             "dense": [{"name": k, "dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
                       for k, v in sorted(self.dense.items())],
+            "chain": self.chain,
         }
 
     def check_structure(self) -> None:
@@ -269,5 +274,5 @@ def decode(data: bytes) -> SketchDelta:
         update_index=header["update_index"], rank=header["rank"], distribution=header["distribution"],
         targets=targets, dense=dense, decay=header["decay"], step=header["step"], rounding=header["rounding"],
         attention=None if att is None else AttentionDims(att["num_heads"], att["num_kv_heads"], att["head_dim"]),
-        format_version=header["format_version"], checksum=digest,
+        chain=header["chain"], format_version=header["format_version"], checksum=digest,
     )

@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Iterator, Optional, Union
 
-from megatron_logra.sync.anchors import AnchorDirectory
+from megatron_logra.sync.anchors import AnchorDirectory, other_chain
 from megatron_logra.sync.codec import SketchDelta, decode
 from megatron_logra.sync.directory_files import _FILE_RE, delta_filename
 from megatron_logra.sync.engine import DeltaConsumer
@@ -71,8 +71,9 @@ class _DirectoryReader(AnchorDirectory):
         previous one has been taken (one decoded delta in memory at a time).
 
         Raises at the first file that cannot extend the chain: unreadable or corrupt (the
-        decode's kind, naming the file), holding another version (``version``), or starting
-        below the chain (``version``: it forks from or overlaps the chain). At a missing
+        decode's kind, naming the file), holding another version (``version``), starting
+        below the chain (``version``: it forks from or overlaps the chain), or naming another chain than the
+        newest anchor at or below its base version (``version``: another run's delta whose versions fit). At a missing
         version (a file starting above the chain) it stops after a non-empty prefix (the
         missing delta may still be published) and raises ``SyncError("gap")`` otherwise.
 
@@ -140,6 +141,10 @@ class _DirectoryReader(AnchorDirectory):
                     logger.warning("%s; stopping after the %d deltas before it", exc, yielded)
                     return
                 raise
+            foreign = other_chain(delta, expected, anchors)
+            if foreign:
+                raise self._bad_file(SyncError("version", f"{self.dir / delta_filename(v)} {foreign}"), v, expected,
+                                     anchors, versions)
             yield delta
             del delta  # not held while the next file is read
             yielded += 1

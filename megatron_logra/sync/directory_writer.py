@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from megatron_logra.dirlock import LockUnsupported, lock_directory
-from megatron_logra.sync.anchors import AnchorDirectory
+from megatron_logra.sync.anchors import AnchorDirectory, newest_epoch
 from megatron_logra.sync.codec import SketchDelta, decode, encode
 from megatron_logra.sync.directory_files import (_ANCHOR_RE, _ANCHOR_TMP_RE, _FILE_RE, _FULL_RE, _FULL_TMP_RE,
                                                  _TMP_RE, anchor_filename, delta_filename)
@@ -81,12 +81,21 @@ class _DirectoryWriter(AnchorDirectory):
     # ------------------------------------------------------------------ producer
     def publish(self, delta: Union[SketchDelta, bytes]) -> Path:
         """Write one delta atomically; returns its path. Raises ``SyncError("exists")`` if that
-        version was already published with different bytes."""
-        if isinstance(delta, SketchDelta):
-            data, version = encode(delta), delta.new_version
-        else:
-            data = bytes(delta)
-            version = decode(data).new_version  # refuse to publish what a consumer would reject
+        version was already published with different bytes.
+
+        The delta is written naming its ``chain``: the epoch of this directory's newest anchor marker at or below
+        its base version (None without one), which a consumer checks against the anchor it follows (a
+        :class:`SketchDelta` given gets its ``chain`` and ``checksum`` set). A delta that already names another chain
+        is refused (``SyncError("version")``)."""
+        if not isinstance(delta, SketchDelta):
+            delta = decode(bytes(delta))  # refuse to publish what a consumer would reject
+        chain = self._chain_at(delta.base_version)
+        if delta.chain is not None and delta.chain != chain:
+            raise SyncError("version", f"the delta {delta.base_version}->{delta.new_version} continues the chain of "
+                                       f"anchor epoch {delta.chain}, but {self.dir}'s chain at version "
+                                       f"{delta.base_version} runs from epoch {chain}")
+        delta.chain = chain
+        data, version = encode(delta), delta.new_version  # sets delta.checksum
         final = self.dir / delta_filename(version)
         tmp = self.dir / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
         try:
@@ -112,6 +121,17 @@ class _DirectoryWriter(AnchorDirectory):
         fsync_dir(self.dir)
         logger.info("published %s (%d bytes)", final.name, len(data))
         return final
+
+    def _chain_at(self, version: int) -> Optional[str]:
+        """The epoch of the newest anchor at or below ``version``: the one this producer wrote last (it writes one
+        at every refit and when its chain starts), else the directory's (None without one, or when its markers
+        cannot be read: the delta then names no chain, and consumers check versions only)."""
+        if self._written is not None and self._written[0] <= version:
+            return self._written[1]
+        try:
+            return newest_epoch(self.anchors(since=version), version)
+        except SyncError:
+            return None
 
     def prune(self, below_version: int) -> list[int]:
         """Delete published deltas with ``new_version < below_version``, and the anchor markers (with their

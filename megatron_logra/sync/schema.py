@@ -19,8 +19,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["FORMAT_VERSION", "MAGIC", "LAYOUTS", "DENSE_DTYPES", "HEADER_KEYS", "ROUNDINGS", "expected_layout",
            "check_header"]
 
-FORMAT_VERSION = 5
-"""5: the stochastic-rounding noise of entry ``(i, j)`` is a row hash XOR a column hash (4 hashed every
+FORMAT_VERSION = 6
+"""6: the header names the ``chain`` it continues (a delta directory's anchor epoch, or null), so that a consumer
+refuses a delta of another run or an abandoned trajectory whose versions happen to fit; 5: the stochastic-rounding noise of entry ``(i, j)`` is a row hash XOR a column hash (4 hashed every
 entry twice: the same statistics at ~25 passes over the weight more); 4: a Rademacher merge subtracts ``grid(s·U)·sign(A)`` (the scale folded into the factor, so one BLAS
 call can do the merge; 3 subtracted ``s·(U·sign(A))``: other bits); 3: the header carries the optimizer ``step``, which keys the stochastic-rounding noise (2 keyed it by
 the projection's update index, which repeats without ``logra.refresh``); 2: the header names the merge's ``rounding`` of bf16 weights (1 had
@@ -51,7 +52,7 @@ def _is_int(x) -> bool:
 
 
 HEADER_KEYS = frozenset({"format", "format_version", "base_version", "new_version", "seed", "update_index", "step",
-                         "rank", "distribution", "decay", "rounding", "attention", "targets", "dense"})
+                         "rank", "distribution", "decay", "rounding", "attention", "targets", "dense", "chain"})
 ROUNDINGS = ("nearest", "stochastic")
 """How the merge rounds a bf16 weight (fp16 weights: always to nearest; fp32: no rounding)."""
 ATTENTION_KEYS = frozenset({"num_heads", "num_kv_heads", "head_dim"})
@@ -89,6 +90,10 @@ def check_header(h: dict) -> None:
         raise SyncError("keys", f"unknown distribution {h.get('distribution')!r}; expected one of {DISTRIBUTIONS}")
     if not isinstance(h.get("decay"), float) or not (0.0 < h["decay"] <= 1.0):
         raise SyncError("keys", f"decay={h.get('decay')!r} must be a float in (0, 1]")
+    chain = h.get("chain")
+    if chain is not None and (not isinstance(chain, str) or not chain or len(chain) > 64 or not chain.isalnum()):
+        raise SyncError("keys", f"chain={str(chain)[:80]!r} must be null or an anchor epoch id (up to 64 letters "
+                                f"and digits)")
     if not isinstance(h.get("rounding"), str) or h["rounding"] not in ROUNDINGS:
         raise SyncError("keys", f"unknown rounding {h.get('rounding')!r}; expected one of {ROUNDINGS}")
     att = h["attention"]

@@ -24,7 +24,10 @@
   :mod:`megatron_logra.sync.fingerprint`) with the marker's, or by :meth:`DirectoryTransport.
   accept_anchor` after the engine reloaded those full weights; a consumer past an anchor it
   has not verified (its weights may come from another trajectory) is refused with
-  ``SyncError("anchor")`` naming the full weights to reload.
+  ``SyncError("anchor")`` naming the full weights to reload. Each delta names the chain it continues (its
+  header's ``chain``: the epoch of the producer's newest anchor at or below its base version, set by
+  ``publish``), and a delta naming another chain than the consumer's anchor is refused (``SyncError("version")``):
+  a delta of another run copied into the directory fits the version chain, but not this one.
 
   **Full weights.** With a refit's anchor the producer also writes the refit's full weights,
   ``full_{version:08d}.safetensors`` (:meth:`DirectoryTransport.full_writer`; the file format is
