@@ -93,6 +93,8 @@ _DENSE_NAMES = ("model.norm.weight", "lm_head.weight", "model.embed_tokens.weigh
                 "model.layers.1.mlp.down_proj.bias", "naïve/ünïcode ☃", "quote\"back\\slash", "tab\tnew\nline")
 _SPECIAL = (0.0, -0.0, 1.0, -1.5, float("inf"), float("-inf"), float("nan"), 1e-40, 3e38, 2.0**-126)
 _ILL_TYPED = (None, True, False, "x", [], {}, 1.5, [1], {"name": 1}, -0.0)
+_NULLABLE = {("chain",): (type(None), str), ("attention",): (type(None), dict)}
+"""Header fields that take null or a value of one type: an ill-typed edit of one is neither of them."""
 
 
 # --------------------------------------------------------------------------- random valid deltas
@@ -147,6 +149,7 @@ def random_delta(rng: random.Random) -> SketchDelta:
         update_index=rng.choice((0, rng.randint(0, 2**31))), step=rng.choice((0, rng.randint(1, 2**40))), rank=rank, distribution=rng.choice(DISTRIBUTIONS),
         targets=targets, dense=dense, decay=rng.choice((1.0, 1.0 - 2.0**-24, rng.random() or 1.0, 5e-324)),
         rounding=rng.choice(("nearest", "stochastic")), attention=attention,
+        chain=rng.choice((None, f"{rng.getrandbits(128):032x}")),
     )
 
 
@@ -280,7 +283,8 @@ def _edit_header(rng: random.Random, header: dict, how: str) -> str:
         if rng.random() < 0.4:
             del parent[leaf]
             return f"remove {path}"
-        new = rng.choice([v for v in _ILL_TYPED if type(v) is not type(parent[leaf])])
+        allowed = _NULLABLE.get(path, (type(parent[leaf]),))  # a value of another type the field takes is no error
+        new = rng.choice([v for v in _ILL_TYPED if type(v) not in allowed])
     elif path in (("targets",), ("dense",)):
         entries = parent[leaf]
         if len(entries) >= 2 and rng.random() < 0.5:

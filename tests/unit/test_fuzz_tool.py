@@ -65,8 +65,8 @@ def lax_decode(data: bytes) -> SketchDelta:
         step=h["step"], rank=h["rank"], distribution=h["distribution"],
         targets=[TargetFactor(t["name"], tensors[f"U/{t['name']}"], t["n_in"], t["layout"]) for t in h["targets"]],
         dense={d["name"]: tensors[f"dense/{d['name']}"] for d in h["dense"]}, decay=h["decay"],
-        rounding=h["rounding"], attention=None if att is None else AttentionDims(**att), format_version=h["format_version"],
-        checksum=outer["sha256"],
+        rounding=h["rounding"], attention=None if att is None else AttentionDims(**att), chain=h.get("chain"),
+        format_version=h["format_version"], checksum=outer["sha256"],
     )
 
 

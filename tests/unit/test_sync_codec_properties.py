@@ -160,6 +160,7 @@ def sketch_deltas(draw: st.DrawFn) -> SketchDelta:
         decay=draw(st.one_of(st.just(1.0), st.floats(0.0, 1.0, exclude_min=True))),
         rounding=draw(st.sampled_from(("nearest", "stochastic"))),
         attention=attention,
+        chain=draw(st.one_of(st.none(), st.text("0123456789abcdef", min_size=32, max_size=32))),
     )
     delta.check_structure()
     return delta
