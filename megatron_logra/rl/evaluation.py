@@ -58,13 +58,12 @@ def evaluate_held_out(c: RLComponents, step: Optional[int] = None) -> tuple[Opti
                                 stop_token_ids=c.stop_token_ids(), seed=c.cfg.train.seed)
         generated = c.engine.generate(prompt_ids, params)
         completions = [_decode(c, r.completion_ids) for r in generated]
+    asked = [p for p in mine for _ in range(k)]  # the problem of each completion
     # every DP rank scores (a rank without problems too): a failing or hung reward stops all of them together
-    scored = score_rollouts(c.task, [p for p in mine for _ in range(k)], completions, "the held-out evaluation",
-                            c.groups.dp)
+    scored = score_rollouts(c.task, asked, completions, "the held-out evaluation", c.groups.dp)
     if step is not None and c.sample_log is not None and c.sample_log.enabled:  # the first problems' k answers
         limit = c.sample_log.limit * k
-        c.sample_log.write(sample_records(step, "eval", [p for p in mine for _ in range(k)], completions[:limit],
-                                          generated, scored))
+        c.sample_log.write(sample_records(step, "eval", asked, completions[:limit], generated, scored))
     correct = sum(int(ok) for _, ok in scored)
     solved = sum(any(ok for _, ok in scored[i * k:(i + 1) * k]) for i in range(len(mine)))
     counts = torch.tensor([float(correct), float(len(mine) * k), float(solved), float(len(mine))], dtype=torch.float64)
@@ -74,7 +73,7 @@ def evaluate_held_out(c: RLComponents, step: Optional[int] = None) -> tuple[Opti
         by_source["eval_pass_at_k"] = (counts[2] / counts[3]).item() if counts[3] > 0 else None
     names = c.task.eval_names
     if len(names) > 1:  # the same decision on every rank
-        sums = all_reduce_sum(source_sums(names, [p for p in mine for _ in range(k)], scored), c.groups.dp)
+        sums = all_reduce_sum(source_sums(names, asked, scored), c.groups.dp)
         by_source.update(source_fields(names, sums, accuracy="eval_accuracy"))
     return ((counts[0] / counts[1]).item() if counts[1] > 0 else None), by_source
 

@@ -31,13 +31,12 @@ def _problem_id(problem: Any) -> Any:
 
 def sample_records(step: int, split: str, problems: Sequence[Any], completions: Sequence[str],
                    rollouts: Sequence[Any], scored: Sequence[tuple[float, bool]],
-                   advantages: Optional[Sequence[float]] = None, limit: Optional[int] = None) -> list[dict]:
-    """The records of the first ``limit`` (all: None) samples: ``problems[i]`` answered by ``completions[i]``
-    (``rollouts[i]``'s decoded text), scored ``scored[i] = (reward, correct)``, with ``advantages[i]`` for training
-    samples (see the module doc)."""
-    count = len(completions) if limit is None else min(limit, len(completions))
+                   advantages: Optional[Sequence[float]] = None) -> list[dict]:
+    """The records of the samples ``completions`` holds (the first ones of the other lists): ``problems[i]``
+    answered by ``completions[i]`` (``rollouts[i]``'s decoded text), scored ``scored[i] = (reward, correct)``, with
+    ``advantages[i]`` for training samples (see the module doc)."""
     out = []
-    for i in range(count):
+    for i in range(len(completions)):
         problem, rollout, (reward, correct) = problems[i], rollouts[i], scored[i]
         record = {"step": step, "split": split, "source": problem.source, "id": _problem_id(problem),
                   "prompt": problem.prompt, "completion": completions[i], "answer": problem.answer,
