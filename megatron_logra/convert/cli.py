@@ -2,7 +2,7 @@
 
     megatron-logra convert hf-to-mcore --hf DIR --out DIR [--tp N] [--pp M] [--make-vocab-size-divisible-by K] [--force]
     megatron-logra convert mcore-to-hf --mcore DIR --out DIR [--hf-template DIR] [--max-shard-size 5GB]
-                                       [--no-verify] [--force]
+                                       [--dtype bfloat16] [--no-verify] [--force]
 
 ``hf-to-mcore`` writes one ``model_tp{t}_pp{p}.safetensors`` per model-parallel rank (the parameter names
 and TP shards of megatron-core's GPTModel as this trainer builds it at that TP / PP), ``meta.json`` and
@@ -32,6 +32,8 @@ from typing import Optional, Sequence
 from megatron_logra.cli import USER_ERRORS
 
 __all__ = ["main", "build_parser"]
+
+_DTYPE_NAMES = ("bfloat16", "float16", "float32")
 
 
 def build_parser(prog: str = "megatron-logra convert") -> argparse.ArgumentParser:
@@ -66,7 +68,11 @@ def build_parser(prog: str = "megatron-logra convert") -> argparse.ArgumentParse
     b.add_argument("--no-verify", action="store_true",
                    help="skip the checksum pass over --mcore: the sha256 of a converted directory's rank files, the "
                         "CRC-32 of every file of a trainer checkpoint (file sizes and meta.json are still checked)")
-    b.add_argument("--force", action="store_true", help="replace a previous conversion in --out")
+    b.add_argument("--dtype", choices=_DTYPE_NAMES, default=None,
+                   help="write every tensor in this dtype, as save_pretrained of a model in it does (default: as "
+                        "stored; a bf16 run keeps its norm weights in fp32 and config.json names bfloat16)")
+    b.add_argument("--force", action="store_true",
+                   help="replace an earlier mcore-to-hf output in --out (never another Hugging Face checkpoint)")
     return parser
 
 
@@ -81,6 +87,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "megatron-logra conve
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                             datefmt="%H:%M:%S")
+    import torch
+
     from megatron_logra.convert.convert import convert_hf_to_mcore, convert_mcore_to_hf
     from megatron_logra.convert.outdir import write_error_message
 
@@ -90,7 +98,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "megatron-logra conve
                                       make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by, force=ns.force)
         else:
             index = convert_mcore_to_hf(ns.mcore, ns.out, hf_template=ns.hf_template,
-                                        max_shard_size=ns.max_shard_size, force=ns.force, verify=not ns.no_verify)
+                                        max_shard_size=ns.max_shard_size, force=ns.force, verify=not ns.no_verify,
+                                        dtype=getattr(torch, ns.dtype) if ns.dtype else None)
             out = {"out": ns.out, "mcore": index["mcore"], "files": index["files"], "metadata": index["metadata"],
                    "num_tensors": len(index["weight_map"])}
     except USER_ERRORS as exc:  # bad input (a path, a field, a tensor): one line, as the main CLI reports it

@@ -10,8 +10,9 @@ Which ``config.json`` an export writes (:func:`config_source`), first that appli
    ``max_position_embeddings``, token ids, ``rope_scaling`` etc. are the original model's.
 
    "Verbatim" but for the dtype: the ``torch_dtype`` / ``dtype`` fields the copied config.json has are
-   set to the dtype of the exported tensors (:func:`written_dtype`; an export never casts), e.g. a bf16
-   run started from an fp32 checkpoint (a notice names the change).
+   set to the dtype of the exported tensors (:func:`written_dtype`, the dtype most are stored in; or
+   ``--dtype``, which casts every tensor), e.g. a bf16 run started from an fp32 checkpoint (a notice names
+   the change).
 4. Otherwise (``generated``) :func:`generated_hf_config`: built from the model config, with the fields
    serving stacks need — ``architectures`` (vLLM refuses a config without it), a top-level ``rope_theta``
    (transformers 4.x reads only that one and would silently use 10000), ``torch_dtype`` next to
@@ -117,9 +118,10 @@ def _with_dtype(text: str, dtype: torch.dtype, where: Path) -> str:
     return json.dumps(data, indent=2) + "\n"
 
 
-def config_source(src: McoreCheckpoint, template: Optional[Path]) -> ConfigSource:
+def config_source(src: McoreCheckpoint, template: Optional[Path], dtype: Optional[torch.dtype] = None) -> ConfigSource:
     """The config.json source of exporting ``src`` (module docstring); logs which one is used. A copied
-    config.json's ``torch_dtype`` / ``dtype`` name the dtype of the exported tensors (:func:`written_dtype`).
+    config.json's ``torch_dtype`` / ``dtype`` name ``dtype``, the dtype of the exported tensors (by default
+    :func:`written_dtype`).
 
     An explicit ``template`` without config.json, or whose config.json is of another architecture, is a
     ValueError; the run's ``model.hf_path`` is only used when it exists and matches (else a warning)."""
@@ -127,7 +129,7 @@ def config_source(src: McoreCheckpoint, template: Optional[Path]) -> ConfigSourc
     if source.config_text is None:
         return source
     assert source.dir is not None
-    text = _with_dtype(source.config_text, written_dtype(src), source.dir / "config.json")
+    text = _with_dtype(source.config_text, dtype or written_dtype(src), source.dir / "config.json")
     return dataclasses.replace(source, config_text=text)
 
 

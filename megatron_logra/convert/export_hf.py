@@ -28,11 +28,12 @@ from megatron_logra.convert.export_config import (
     generated_hf_config,
     run_tokenizer_dir,
     tokenizer_special_ids,
+    written_dtype,
 )
 from megatron_logra.convert.hf_checkpoint import INDEX_NAME, SINGLE_NAME, hf_tensor_not_imported
 from megatron_logra.convert.mcore_checkpoint import McoreCheckpoint
 from megatron_logra.convert.mcore_path import earlier_export_hint, resolve_mcore_dir
-from megatron_logra.convert.outdir import _finalize, _prepare_out, _write_json, template_weight_map
+from megatron_logra.convert.outdir import EXPORT_MARK, _finalize, _prepare_out, _write_json, template_weight_map
 from megatron_logra.convert.st_io import SafetensorsWriter
 from megatron_logra.convert.tensor_plan import hf_expected_shapes, megatron_plan
 
@@ -84,6 +85,7 @@ def convert_mcore_to_hf(
     max_shard_size: Union[str, int] = "5GB",
     force: bool = False,
     verify: bool = True,
+    dtype: Optional[torch.dtype] = None,
 ) -> dict:
     """Convert per-rank megatron-core files (converter output or a trainer checkpoint) to an HF checkpoint.
 
@@ -102,8 +104,15 @@ def convert_mcore_to_hf(
     (:func:`~megatron_logra.convert.mcore_path.resolve_mcore_dir`). Returns the written index dict
     (``weight_map`` and ``metadata``; one file -> ``{"weight_map": ..., "metadata": ...}`` as well), the
     files written (``files``) and the checkpoint directory read (``mcore``).
+
+    Tensors are written in the dtype they are stored in (a bf16 run's fp32 norm weights stay fp32; config.json
+    names the dtype of most parameters), or all in ``dtype`` when given (``--dtype``), as ``save_pretrained``
+    of a model in that dtype writes them. Every shard's ``__metadata__`` carries
+    :data:`~megatron_logra.convert.outdir.EXPORT_MARK`, by which ``force`` tells an earlier export it may replace.
     """
     t0 = time.perf_counter()
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype} is not a floating-point dtype: give bfloat16, float16 or float32")
     mcore_dir, out_dir = resolve_mcore_dir(mcore_dir), Path(out_dir)
     template = Path(hf_template) if hf_template else None
     max_bytes = parse_size(max_shard_size)
@@ -121,7 +130,8 @@ def convert_mcore_to_hf(
         tied = not cfg.untie_embeddings_and_output_weights
 
         # config.json (and the files that travel with it): see export_config
-        source = config_source(src, template)
+        stored = written_dtype(src)
+        source = config_source(src, template, dtype or stored)
         config_text = source.config_text
         tokenizer_dir = run_tokenizer_dir(src)  # RUN/tokenizer of a trainer checkpoint: its files win
         special_ids = tokenizer_special_ids(tokenizer_dir) if config_text is None else {}
@@ -131,9 +141,14 @@ def convert_mcore_to_hf(
         sources = [e for e in plan if not (tied and e.name == "output_layer.weight")]
         hf_entries: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
         for e in sources:
-            dtype = src.dtype(e)  # from file headers / checkpoint metadata: no tensor is read
+            e_dtype = dtype or src.dtype(e)  # from file headers / checkpoint metadata: no tensor is read
             for name in e.sources:
-                hf_entries.append((name, dtype, tuple(expected[name])))
+                hf_entries.append((name, e_dtype, tuple(expected[name])))
+        others = sorted({str(d).replace("torch.", "") for _, d, _ in hf_entries if d != stored})
+        if others:
+            logger.info("writing tensors as stored: most are %s (config.json says so), some %s (e.g. norm weights "
+                        "kept in fp32); --dtype %s writes all in one dtype", str(stored).replace("torch.", ""),
+                        others, str(stored).replace("torch.", ""))
         itemsize = {d: torch.empty((), dtype=d).element_size() for _, d, _ in hf_entries}
         nbytes = {n: itemsize[d] * int(torch.Size(s).numel()) for n, d, s in hf_entries}
 
@@ -167,12 +182,12 @@ def convert_mcore_to_hf(
                 file_names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
             assignment = {n: file_names[i] for i, g in enumerate(groups) for n in g}
 
-        tmp = _prepare_out(out_dir, force, (mcore_dir, source.dir, template, tokenizer_dir))
+        tmp = _prepare_out(out_dir, force, (mcore_dir, source.dir, template, tokenizer_dir), export=True)
         writers: dict[str, SafetensorsWriter] = {}
         try:
             for fname in file_names:
                 entries = [x for x in hf_entries if assignment[x[0]] == fname]
-                writers[fname] = SafetensorsWriter(tmp / fname, entries, metadata={"format": "pt"})
+                writers[fname] = SafetensorsWriter(tmp / fname, entries, metadata={"format": "pt", EXPORT_MARK[0]: EXPORT_MARK[1]})
             results: dict[str, dict] = {}
             embedding_digest: Optional[str] = None
             for e in plan:
@@ -187,7 +202,7 @@ def convert_mcore_to_hf(
                     embedding_digest = hashlib.sha256(full.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()
                 for name, tensor in split_to_hf(e, full, cfg):
                     w = writers[assignment[name]]
-                    w.write(name, tensor.contiguous())
+                    w.write(name, tensor.to(dtype or tensor.dtype).contiguous())
                     del tensor
                     if w.done:
                         results[assignment[name]] = w.close()
@@ -205,7 +220,7 @@ def convert_mcore_to_hf(
                 _write_json(tmp / INDEX_NAME, index)
             copied = copy_export_extras(source, tokenizer_dir, tmp)
             if config_text is None:
-                generated = generated_hf_config(cfg, hf_entries[0][1], special_ids)
+                generated = generated_hf_config(cfg, dtype or stored, special_ids)
                 config_text = json.dumps(generated, indent=2, sort_keys=True) + "\n"
             (tmp / "config.json").write_text(config_text)  # last
             _finalize(tmp, out_dir)

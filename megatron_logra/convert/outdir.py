@@ -31,7 +31,7 @@ from megatron_logra.models.presets import read_json_object
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["template_weight_map", "write_error_message"]
+__all__ = ["EXPORT_MARK", "template_weight_map", "write_error_message"]
 
 WRITE_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EFBIG", "EDQUOT", "EROFS") if hasattr(errno, name))
 """``OSError`` numbers that only a write raises: a full disk or quota, a file over the size limit, a read-only
@@ -138,11 +138,38 @@ def _earlier_mcore_output(out: Path) -> bool:
     return isinstance(meta, dict) and meta.get("format") == MCORE_FORMAT
 
 
-def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...], *, mcore: bool = False) -> Path:
+EXPORT_MARK = ("converted_by", "megatron-logra mcore-to-hf")
+"""The ``__metadata__`` entry every safetensors file of a ``convert mcore-to-hf`` output carries: what tells an
+earlier export, which ``--force`` may replace, from any other Hugging Face checkpoint."""
+
+
+def _unmarked_weights(out: Path) -> Optional[str]:
+    """``None`` when ``out`` holds safetensors files and each carries :data:`EXPORT_MARK`; else the name of one
+    that does not (or ``"no *.safetensors"``)."""
+    from megatron_logra.convert.st_header import read_header
+
+    files = sorted(out.glob("*.safetensors"))
+    if not files:
+        return "no *.safetensors"
+    key, value = EXPORT_MARK
+    for path in files:
+        try:
+            _, metadata, _ = read_header(path)
+        except (OSError, ValueError):
+            return path.name
+        if metadata.get(key) != value:
+            return path.name
+    return None
+
+
+def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...], *, mcore: bool = False,
+                 export: bool = False) -> Path:
     """The empty build directory (sibling ``.NAME.partial``) of ``out``, after every check: ``out`` apart from
     the ``inputs`` (:func:`_check_out_apart`), and, when not empty, replaceable (``force``, only conversion
     files in it; for an ``hf-to-mcore`` output, ``mcore``, only an earlier ``hf-to-mcore`` output: a Hugging
-    Face checkpoint there is not replaced by megatron-core files). Nothing is deleted or written before the
+    Face checkpoint there is not replaced by megatron-core files; for an ``mcore-to-hf`` output, ``export``,
+    only an earlier export, whose weight files carry :data:`EXPORT_MARK`: a Hugging Face checkpoint of another
+    origin, e.g. the model a run started from, is not replaced). Nothing is deleted or written before the
     checks pass, except that the previous output of a swap killed between its renames is first renamed back
     onto ``out`` (:func:`_recover_aside`)."""
     out = out.resolve()
@@ -164,6 +191,12 @@ def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...], *, 
                 raise ValueError(f"--out {out} is not an earlier `convert hf-to-mcore` output (no meta.json of one; it "
                                  f"holds {held[:5]}{what}): --force replaces only such an output and would delete "
                                  "these files; choose another --out")
+            unmarked = _unmarked_weights(out) if export else None
+            if unmarked is not None:
+                raise ValueError(f"--out {out} is not an earlier `convert mcore-to-hf` output ({unmarked} does not carry "
+                                 f"its {EXPORT_MARK[0]!r} mark; a Hugging Face checkpoint of another origin?): --force "
+                                 "replaces only such an output and would delete it; choose another --out (an export of "
+                                 "a release before the mark: delete it yourself first)")
             foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if not _conversion_output(p))
             if foreign:
                 raise ValueError(f"--out {out} also holds {foreign[:5]}, which a conversion does not write: "

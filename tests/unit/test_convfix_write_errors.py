@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_logra.convert import convert_hf_to_mcore
+from megatron_logra.convert import convert_hf_to_mcore, convert_mcore_to_hf
 from support.convert_fixtures import snapshot, tiny_llama_checkpoint
 
 LIMIT = 16 * 1024  # bytes: the configs and meta.json fit, no weight file does
@@ -62,9 +62,7 @@ def test_mcore_to_hf_with_force_on_a_full_disk_keeps_the_previous_output(hf_dir,
     mc = tmp_path / "mc"
     convert_hf_to_mcore(hf_dir, mc)
     out = tmp_path / "hf_out"
-    out.mkdir()
-    (out / "config.json").write_text("{}\n")  # a previous (small) conversion in --out
-    (out / "model.safetensors").write_bytes(b"previous")
+    convert_mcore_to_hf(mc, out)  # a previous conversion in --out
     before = snapshot(out)
     proc = _run_with_full_disk(["mcore-to-hf", "--mcore", str(mc), "--out", str(out), "--force"])
     _check_one_line(proc, out, "mcore-to-hf")
