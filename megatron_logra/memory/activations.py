@@ -19,8 +19,9 @@ sets). The last stage adds the final norm's saved set (as a layer's norm) and it
 Logits (last stage), with the trainer's chunked log-probs (:mod:`megatron_logra.rl.logprobs`,
 ``chunk`` tokens at a time): the 16-bit output ``[T, V/t]`` saved for backward and its 16-bit
 gradient (``2 + 2`` bytes per entry), plus a working set of two fp32 ``[chunk, V/t]`` buffers
-(``8·chunk·V/t``). Without chunking (``chunk = 0``) the whole batch is upcast: an fp32 copy of
-the logits (``2 + 4`` bytes per entry) and a working set of ``8·T·V/t``.
+(``8·chunk·V/t``). Without chunking (``chunk = 0``, or a chunk of at least ``T`` tokens) the same
+code runs one chunk of the whole batch: the working set is ``8·T·V/t``, the logits and their gradient
+the same ``4·T·V/t`` (no other fp32 copy of the logits exists).
 
 The LM job (``loss="lm"``) computes megatron's ``vocab_parallel_cross_entropy`` over the whole
 logits: the 16-bit output (``B`` bytes per entry) and one fp32 ``[T, V/t]`` buffer that the loss
@@ -90,6 +91,5 @@ def logit_bytes(model: ModelConfig, counts: ParamCounts, *, tp: int, micro_batch
         return _element_bytes(model) * tokens * vocab, 4 * tokens * vocab
     if loss != "logprob":
         raise ValueError(f"loss={loss!r}: choose logprob or lm")
-    if chunk_tokens <= 0 or chunk_tokens >= tokens:
-        return (_element_bytes(model) + 4) * tokens * vocab, 8 * tokens * vocab
-    return 2 * _element_bytes(model) * tokens * vocab, 8 * chunk_tokens * vocab
+    chunk = tokens if chunk_tokens <= 0 else min(chunk_tokens, tokens)  # 0: the whole batch is one chunk
+    return 2 * _element_bytes(model) * tokens * vocab, 8 * chunk * vocab

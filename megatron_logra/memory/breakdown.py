@@ -49,7 +49,7 @@ class RankMemory:
     activations: int = 0
     """Saved activations of the micro-batches in flight (see :mod:`~megatron_logra.memory.planner`)."""
     logits: int = 0
-    """Output logits: 16-bit [T, V/tp] and its gradient, or its fp32 copy when unchunked (last stage only)."""
+    """Output logits: 16-bit [T, V/tp] and its 16-bit gradient (last stage only)."""
     logprob_working: int = 0
     """Log-prob / cross-entropy working set: two more fp32 [T, V/tp] (last stage only)."""
     grad_working: int = 0

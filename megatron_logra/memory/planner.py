@@ -23,7 +23,7 @@ Persistent state (lives across steps)
 Transient state of a step (formulas in :mod:`megatron_logra.memory.activations`)
   * activations: saved activations of the micro-batches in flight.
   * logits (last stage): 16-bit output + its 16-bit gradient ``(2 + 2)·T·V/t``; chunked
-    log-prob working set ``8·chunk·V/t`` (unchunked: fp32 copy ``(2 + 4)·T·V/t``, ``8·T·V/t``);
+    log-prob working set ``8·chunk·V/t`` (unchunked: one chunk of all ``T`` tokens, ``8·T·V/t``);
     LM job (``loss="lm"``, megatron's vocab-parallel cross entropy): ``(B + 4)·T·V/t``.
   * gradient reduction and norm (after backward, before the step; parameters stepped by AdamW,
     ``N`` of them): at DP > 1 the data-parallel all-reduce copies every fp32 gradient into one
