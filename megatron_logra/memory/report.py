@@ -33,9 +33,12 @@ class Scenario:
 
 def _label(p: MemoryPlan) -> str:
     c = p.config
+    # the distributed optimizer changes the plan at any DP size (at DP 1 its fused step has no foreach or
+    # grad-norm temporaries), so a plan of it is always labelled as one
     if c.optimizer == "adam":
-        return LABELS["adam"] + (" (dist. opt.)" if c.distributed_optimizer and c.dp > 1 else "")
-    return f"{LABELS['logra']} r={c.rank}" + (", bf16-only" if c.masters == "none" else "")
+        return LABELS["adam"] + (" (dist. opt.)" if c.distributed_optimizer else "")
+    return (f"{LABELS['logra']} r={c.rank}" + (", bf16-only" if c.masters == "none" else "")
+            + (", dist. opt." if c.distributed_optimizer else ""))
 
 
 def layout_text(p: MemoryPlan) -> str:
