@@ -22,7 +22,8 @@ from megatron_logra.checkpoint import latest_checkpoint, save_checkpoint
 from megatron_logra.checkpoint.integrity import atomic_write_text
 from megatron_logra.checkpoint.run_dir import releasing_run_dir
 from megatron_logra.config import RunConfig, to_dict
-from megatron_logra.metrics import MetricsWriter, closing_metrics_on_error, is_rank0, strict_dumps
+from megatron_logra.metrics import (SAMPLES_FILE, MetricsWriter, closing_metrics_on_error, is_rank0, keep_records_until,
+                                    strict_dumps)
 from megatron_logra.profiling import job_profiler
 from megatron_logra.run_summary import record_before_values
 from megatron_logra.rl.components import build_components, check_config
@@ -104,6 +105,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     if cfg.rl.log_samples:
         comps.sample_log = SampleLog(run_dir, cfg.rl.log_samples, truncate_after=state.step if cfg.train.resume else None,
                                      table=metrics.log_table)
+    elif cfg.train.resume and is_rank0():  # logging now off: an earlier process's records still end at the checkpoint
+        keep_records_until(run_dir / SAMPLES_FILE, state.step)
 
     def sync_logs() -> None:
         """The records up to a checkpoint are on storage before it is."""
