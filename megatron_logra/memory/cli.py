@@ -19,8 +19,9 @@ then starts with a line saying so (``GPUs: 8 (default; set --gpus) ...``). The d
 ``megatron-logra train`` runs: AdamW states whole on every DP rank (``--distributed-optimizer`` plans Megatron-LM's
 sharded optimizer instead), trained non-targets whose AdamW step a KL controller scales
 (``--freeze-native``: ``optimizer.native.freeze=true``; ``--no-kl-control``: ``kl.mode=none``).
-Flags that set what only LoGRA has (``--rank``, ``--masters``, ``--freeze-native``, ``--no-kl-control``,
-``--no-cache-projections``) are refused with ``--optimizer adam`` unless ``--compare`` plans LoGRA beside it.
+Flags that set what only LoGRA has (``--rank``, ``--masters``, ``--targets``, ``--freeze-native``,
+``--no-kl-control``, ``--no-cache-projections``) are refused with ``--optimizer adam`` unless ``--compare``
+plans LoGRA beside it.
 ``--strict`` exits with status 2 if any planned configuration does not fit.
 """
 
@@ -82,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep AdamW masters and moments whole on every DP rank, as this trainer does (the default)")
     p.add_argument("--targets", default=None,
                    help="LoGRA target layers, comma-separated, as optimizer.logra.targets (default: linear_qkv, "
-                        "linear_proj, linear_fc1, linear_fc2; HF aliases and output_layer are accepted)")
+                        "linear_proj, linear_fc1, linear_fc2; HF aliases and output_layer are accepted); LoGRA "
+                        "only: refused with --optimizer adam unless --compare")
     p.add_argument("--freeze-native", action="store_true",
                    help="LoGRA: non-target parameters frozen (optimizer.native.freeze=true): no grads, masters "
                         "or AdamW state for them")

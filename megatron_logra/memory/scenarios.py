@@ -27,9 +27,11 @@ DEFAULT_RANK = 256
 
 _LOGRA_ONLY = (("rank", "--rank", "the sketch rank"), ("masters", "--masters", "the target masters"),
                ("no_cache_projections", "--no-cache-projections", "the projection cache"),
-               ("no_kl_control", "--no-kl-control", "the KL-scaled native step"))
+               ("no_kl_control", "--no-kl-control", "the KL-scaled native step"),
+               ("targets", "--targets", "the LoGRA target layers"))
 """Flags that set what only a LoGRA plan has (``args`` attribute, flag, what it sets): dense AdamW has
-no sketches, target masters apart from its own, projections or KL-scaled step, so its plan ignores them."""
+no sketches, target masters apart from its own, projections, KL-scaled step or target layers (it trains every
+parameter alike), so its plan ignores them."""
 
 
 def auto_tp(model, limit: int, gpus_per_stage: Optional[int] = None) -> int:
