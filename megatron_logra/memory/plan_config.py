@@ -112,7 +112,8 @@ class PlanConfig:
                 or self.rollout_sequences < 0:
             raise ValueError(f"rollout_sequences={self.rollout_sequences!r} must be an integer >= 0 (0 = no embedded "
                              f"rollout engine)")
-        if not isinstance(self.logprob_chunk_tokens, int) or self.logprob_chunk_tokens < 0:
+        if isinstance(self.logprob_chunk_tokens, bool) or not isinstance(self.logprob_chunk_tokens, int) \
+                or self.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens={self.logprob_chunk_tokens!r} must be an integer >= 0 (0 = unchunked)")
         self.overhead_bytes = _size_field("overhead_bytes", self.overhead_bytes, example="2 * 2**30 or '2GiB'")
         for name in ("distributed_optimizer", "freeze_native", "scaled_native_step", "cache_projections", "policy_sync",
