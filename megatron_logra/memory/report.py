@@ -64,8 +64,11 @@ def _fraction(limit: float) -> str:
 
 
 def breakdown_rows(plans: Sequence[MemoryPlan]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: one line per memory item, one column per plan (its worst rank)."""
-    header = ["per rank"] + [_label(p) for p in plans]
+    """Header and rows: one line per memory item, one column per plan (its worst rank). Under pipeline
+    parallelism the header names each column's stage: the worst stages of two plans may differ (dense AdamW's
+    last stage with the logits beside LoGRA's first stage with the most micro-batches in flight)."""
+    header = ["per rank"] + [_label(p) + (f" (pipeline stage {p.worst.stage})" if p.config.pp > 1 else "")
+                             for p in plans]
     ranks = [p.worst for p in plans]
     rows = []
     for i, (name, _) in enumerate(ranks[0].items()):
