@@ -89,7 +89,9 @@ def load_checkpoint(
     rng = None
     if same_layout and rng_path.exists():
         try:
-            rng = load_file(str(rng_path))
+            # copies: safetensors maps the file, and megatron's RNG tracker keeps the tensors it is given, which
+            # would hold the checkpoint's file mapped (a pruned checkpoint's space, an unmountable share) for good
+            rng = {name: t.clone() for name, t in load_file(str(rng_path)).items()}
         except Exception as exc:  # safetensors raises its own error types for truncation
             raise CheckpointError(f"{rng_path} is unreadable (truncated or corrupt?): {exc}") from exc
 

@@ -46,4 +46,7 @@ def read_only(directory: Path):
             pytest.skip("a read-only bind mount is still writable here")
         yield
     finally:
-        _run("umount", str(directory))
+        if not _run("umount", str(directory)):  # busy: this process (or a child) still holds a file of it
+            _run("umount", "-l", str(directory))  # detached, so that no mount outlives the test
+            raise AssertionError(f"{directory} was still in use after the read-only block: a file of it is held "
+                                 "open or mapped (see /proc/self/maps)")
