@@ -256,6 +256,10 @@ def resolve_model(spec: Union[str, Path, ModelConfig], *, seq_length: Optional[i
     text = str(spec).strip()
     if text.lower() in PRESETS:
         return get_preset(text, seq_length=seq_length)
+    if text.lower().endswith((".yaml", ".yml")):
+        raise ValueError(f"model={text!r} is a YAML file, not a model: give a preset ({', '.join(PRESETS)}) or a "
+                         "Hugging Face config.json (or its directory); a YAML recipe's model is planned by "
+                         "`megatron-logra train RECIPE.yaml` on a GPU")
     if text.endswith(".json") or "/" in text or Path(text).exists():
         return load_hf_config(text, seq_length=seq_length, strict=strict)
     raise ValueError(f"model={text!r} is neither a preset ({', '.join(PRESETS)}) nor a path to a config.json")
