@@ -28,7 +28,8 @@ from megatron_logra.rewards.jsonl import file_spec_path
 from megatron_logra.rl.batch_layout import check_rl_batch_layout
 from megatron_logra.rl.loop import RLComponents, RLState
 from megatron_logra.rl.policy_sync import PolicySync
-from megatron_logra.rl.prompts import check_prompt_fits, prompt_room, rl_prompt_ids, warn_unknown_characters
+from megatron_logra.rl.prompts import (check_benchmarks_fit, check_prompt_fits, prompt_room, rl_prompt_ids,
+                                       warn_unknown_characters)
 from megatron_logra.rl.warm_start import run_tokenizer, save_run_tokenizer, warm_start
 from megatron_logra.rollout import build_engine
 from megatron_logra.rollout.sglang_checks import check_engine_dtype
@@ -120,7 +121,7 @@ def _filter_overlong_prompts(cfg: RunConfig, task: Any, tok: Any) -> None:
     the prompt text, so every rank draws the same problems) and refuse, at start, a source whose draws are all
     over-long (:meth:`~megatron_logra.rewards.task.Task.check_trainable`). A generated source's rare long prompt
     is then skipped rather than failing the run at the step that draws it; the loop's own check stays. The
-    held-out set skips them too (and a held-out set left empty by the filter reads as none)."""
+    held-out set skips them too; a benchmark none of whose prompts fits is refused (``check_benchmarks_fit``)."""
     room = prompt_room(cfg)
     fields = f"model.seq_length={cfg.model.seq_length}, rl.rollout.max_new_tokens={cfg.rl.rollout.max_new_tokens}"
 
@@ -135,6 +136,7 @@ def _filter_overlong_prompts(cfg: RunConfig, task: Any, tok: Any) -> None:
 
     task.set_prompt_filter(lambda prompt: num_tokens(prompt) <= room, describe)
     task.check_trainable()
+    check_benchmarks_fit(cfg, task, num_tokens)
 
 
 def check_config(cfg: RunConfig) -> None:

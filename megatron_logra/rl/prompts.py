@@ -3,7 +3,7 @@
 Contract: a problem's prompt becomes token ids by ``rl.prompt_template`` (or the tokenizer's chat template)
 (:func:`rl_prompt_ids`); a prompt must leave room for ``rl.rollout.max_new_tokens`` within
 ``model.seq_length + 1`` (:func:`prompt_room`, :func:`check_prompt_fits`: a ``ValueError`` naming the fix
-otherwise). :func:`_prompt_batch` tokenizes one batch of problems on every DP rank together, so a prompt that
+otherwise); a held-out benchmark none of whose prompts fits is refused at start (:func:`check_benchmarks_fit`). :func:`_prompt_batch` tokenizes one batch of problems on every DP rank together, so a prompt that
 does not fit is the same error on all of them. :func:`_decode` turns completion ids back into text without
 the stop tokens.
 """
@@ -11,7 +11,7 @@ the stop tokens.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from megatron_logra.data.tokenizer import prompt_token_ids
 from megatron_logra.metrics import is_rank0
@@ -20,7 +20,7 @@ from megatron_logra.parallel import all_gather_bytes
 if TYPE_CHECKING:
     from megatron_logra.rl.loop import RLComponents
 
-__all__ = ["rl_prompt_ids", "prompt_room", "check_prompt_fits", "warn_unknown_characters"]
+__all__ = ["rl_prompt_ids", "prompt_room", "check_prompt_fits", "check_benchmarks_fit", "warn_unknown_characters"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,35 @@ def check_prompt_fits(cfg, num_ids: int, text: str) -> None:
     raise ValueError(
         f"a prompt of {num_ids} tokens does not fit: model.seq_length={seq} {what}; raise model.seq_length to "
         f"{need} or more{lower}, or shorten the prompts (prompt starts {text[:60]!r})")
+
+
+def check_benchmarks_fit(cfg: Any, task: Any, num_tokens: Callable[[str], int]) -> None:
+    """Refuse a held-out benchmark (``task.eval_datasets``) none of whose held-out prompts fits
+    :func:`prompt_room`, by the rule the training datasets' prompts follow (``num_tokens``: a prompt text's
+    tokens by :func:`rl_prompt_ids`): a ``ValueError`` naming it, how many of its prompts do not fit and the
+    ``model.seq_length`` (or ``rl.rollout.max_new_tokens``) that fits them all, rather than an evaluation that
+    skips them all and reports ``null``. A benchmark some of whose prompts fit keeps its others skipped (one
+    warning, at its first evaluation)."""
+    room = prompt_room(cfg)
+    seq, new_tokens = cfg.model.seq_length, cfg.rl.rollout.max_new_tokens
+    problems = task.benchmark_problems()
+    for source in task.benchmarks:
+        lengths = [num_tokens(p.prompt) for p in problems if p.source == source.name]
+        if not lengths or min(lengths) <= room:
+            continue
+        shortest, longest = min(lengths), max(lengths)
+        fits = seq + 1 - longest  # the most new tokens that leave room for every prompt
+        lower = f" or lower rl.rollout.max_new_tokens to {fits} or less" if fits >= 1 else ""
+        span, some = f"{longest} tokens", ""
+        if shortest < longest:
+            span = f"{shortest} to {longest} tokens"
+            some = f" (model.seq_length={shortest + new_tokens - 1} fits the shortest)"
+        raise ValueError(
+            f"task.eval_datasets: {source.name!r} has no held-out prompt that fits: all {len(lengths)} of its "
+            f"prompts ({span}) do not fit the {max(room, 0)} tokens of room that model.seq_length={seq} leaves "
+            f"before rl.rollout.max_new_tokens={new_tokens}, so it could never be evaluated; raise "
+            f"model.seq_length to {longest + new_tokens - 1} or more{lower} to fit them all{some}, or drop it "
+            f"from task.eval_datasets")
 
 
 def warn_unknown_characters(tok: Any, rows: Sequence[Any], cfg: Any) -> dict[str, list[int]]:
