@@ -43,7 +43,7 @@ def command_help(command: str) -> str:
     from megatron_logra.megatron_flags import (CHECK_FLAGS, IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, JOB_ALIASES,
                                                LOAD_FLAGS, MEGATRON_ALIASES, MEGATRON_FLAGS, NEUTRAL_FLAGS,
                                                OPTIMIZER_ALIASES, REFUSED_SWITCHES, REFUSED_VALUE_FLAGS,
-                                               SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS)
+                                               SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS, VALUE_MAPS)
 
     def flags(names) -> str:
         return textwrap.fill(", ".join(f"--{n}" for n in names), width=100, initial_indent="    ",
@@ -84,6 +84,8 @@ def command_help(command: str) -> str:
         flags(STEP_FRACTION_FLAGS),
         "  checks only (model.seq_length is --seq-length):",
         flags(CHECK_FLAGS),
+        "  slime's KL loss type (k2 / k3 -> rl.loss.kl_estimator; low_var_kl and k1 refused, naming k3 / k2):",
+        flags(VALUE_MAPS),
         "  switches (no value):",
         flags(MEGATRON_FLAGS),
         *(f"  --{name} DIR: " + " ".join(f"{field}={'DIR' if value is None else value}" for field, value in fields)

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from megatron_logra.config.dotted import _canonical, _field_type
 from megatron_logra.megatron_flags import (CONTEXT_FLAGS, IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, LOAD_FLAGS,
                                            MEGATRON_ALIASES, MEGATRON_FLAGS, NEUTRAL_FLAGS, REFUSED_SWITCHES,
-                                           REFUSED_VALUE_FLAGS, neutral_flag, unknown_flag_error)
+                                           REFUSED_VALUE_FLAGS, VALUE_MAPS, neutral_flag, unknown_flag_error)
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,6 @@ def _after_flag_value(items: list[Item], overrides: Sequence[str], index: int) -
 def _takes_value(name: str) -> bool:
     """Whether ``--name`` is a value flag (:mod:`megatron_logra.megatron_flags`) or a dotted config field."""
     if (name in MEGATRON_ALIASES or name in CONTEXT_FLAGS or name in LOAD_FLAGS or name in IGNORED_VALUE_FLAGS
-            or name in NEUTRAL_FLAGS):
+            or name in NEUTRAL_FLAGS or name in VALUE_MAPS):
         return True
     return _field_type(_canonical(name)) is not None

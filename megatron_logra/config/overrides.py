@@ -66,8 +66,9 @@ from megatron_logra.config.codec import _short
 from megatron_logra.config.dotted import _canonical, _get_dotted, set_dotted
 from megatron_logra.config.run import RunConfig
 from megatron_logra.megatron_flags import (CHECK_FLAGS, CHECK_SWITCHES, CONTEXT_FLAGS, LOAD_FLAGS, MEGATRON_ALIASES,
-                                           SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS, SWITCH_DEFAULTS, check_flag,
-                                           check_switch, resolve_alias, schedule_ratio, step_fraction)
+                                           SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS, SWITCH_DEFAULTS, VALUE_MAPS,
+                                           check_flag, check_switch, map_value, note_kl_loss_coef, resolve_alias,
+                                           schedule_ratio, step_fraction)
 from megatron_logra.optim.schedule import ABSOLUTE_LRS
 
 logger = logging.getLogger(__name__)
@@ -145,13 +146,15 @@ def _apply_items(cfg: RunConfig, items: Sequence[Item]) -> tuple[RunConfig, set[
         elif key in LOAD_FLAGS:
             for field, fixed in LOAD_FLAGS[key]:
                 setter.put(field, raw if fixed is None else fixed, spelling)
+        elif key in VALUE_MAPS:
+            setter.put(*map_value(key, raw), spelling, key)
         else:
             setter.put(MEGATRON_ALIASES.get(key, key), raw, spelling)
     for flag, raw, spelling in deferred:
         if flag in CHECK_FLAGS:
             check_flag(cfg, flag, raw)
         elif flag in CHECK_SWITCHES:
-            check_switch(cfg, flag)
+            check_switch(cfg, flag, set(setter.set_by))
         elif flag in SWITCH_DEFAULTS:
             target, value = SWITCH_DEFAULTS[flag]
             if target not in setter.set_by:
@@ -173,6 +176,7 @@ def _apply_items(cfg: RunConfig, items: Sequence[Item]) -> tuple[RunConfig, set[
             # are refused
             setattr(cfg.optimizer.schedule, ratio, 0.0)
     given = set(setter.set_by)
+    note_kl_loss_coef(cfg, [key for key, _, _ in items])
     _drop_unselected_dataset_kwargs(cfg, given)
     return cfg, given
 

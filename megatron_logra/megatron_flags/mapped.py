@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 __all__ = ["MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "SCHEDULE_RATIO_FLAGS", "STEP_FRACTION_FLAGS",
-           "CHECK_FLAGS", "SWITCH_DEFAULTS", "CHECK_SWITCHES", "LOAD_FLAGS", "MEGATRON_FLAGS", "CONTEXT_FLAGS"]
+           "CHECK_FLAGS", "SWITCH_DEFAULTS", "CHECK_SWITCHES", "LOAD_FLAGS", "MEGATRON_FLAGS", "VALUE_MAPS",
+           "CONTEXT_FLAGS"]
 
 MEGATRON_ALIASES: dict[str, str] = {
     "tensor-model-parallel-size": "parallel.tp",
@@ -66,6 +67,7 @@ MEGATRON_ALIASES: dict[str, str] = {
     "input-key": "task.jsonl_prompt_key",
     "label-key": "task.jsonl_answer_key",
     "rm-url": "task.reward",
+    "kl-loss-coef": "rl.loss.kl_coef",
 }
 """Megatron-LM flags (without ``--``) -> the dotted field they set, whatever the job; the flags of
 :data:`JOB_ALIASES` are resolved against the configured job by
@@ -76,7 +78,8 @@ all DP ranks), ``--n-samples-per-prompt`` ``rl.group_size``, ``--rollout-max-res
 ``rl.rollout.max_new_tokens``, ``--rollout-temperature`` / ``--rollout-top-p`` the sampling, and
 ``--n-samples-per-eval-prompt`` / ``--eval-temperature`` the held-out evaluation's, ``--input-key`` /
 ``--label-key`` the keys of a ``jsonl:`` file's prompt and answer, ``--rm-url`` a reward server
-(``task.reward``); with ``job=lm`` they are refused as every
+(``task.reward``), ``--kl-loss-coef`` the weight of the KL penalty, ``rl.loss.kl_coef`` (on when > 0, with or
+without slime's ``--use-kl-loss``: :mod:`~megatron_logra.megatron_flags.kl_loss`); with ``job=lm`` they are refused as every
 ``rl.*`` and ``task.*`` field is."""
 
 JOB_ALIASES: dict[str, dict[str, Optional[str]]] = {
@@ -137,11 +140,19 @@ SWITCH_DEFAULTS: dict[str, tuple[str, Any]] = {"use-rope-scaling": ("model.rope_
 ``--use-rope-scaling`` sets ``model.rope_scaling_factor`` to Megatron-LM's default factor 8 unless
 ``--rope-scaling-factor`` (or the field) gives one."""
 
-CHECK_SWITCHES: tuple[str, ...] = ("no-position-embedding",)
+CHECK_SWITCHES: tuple[str, ...] = ("no-position-embedding", "use-kl-loss")
 """Megatron-LM switches accepted as a check of the final config
 (:func:`~megatron_logra.megatron_flags.check_switch`):
 ``--no-position-embedding`` (no learned position table) holds with ``model.position_embedding_type=rope``, the
-default here, and is refused with ``learned_absolute``, which is such a table."""
+default here, and is refused with ``learned_absolute``, which is such a table. slime's ``--use-kl-loss`` is accepted
+(with a note) where ``rl.loss.kl_coef`` is above 0 or given, the penalty being on when ``rl.loss.kl_coef > 0``, and
+refused alone, naming ``rl.loss.kl_coef`` (:func:`~megatron_logra.megatron_flags.kl_loss.check_use_kl_loss`)."""
+
+VALUE_MAPS: dict[str, str] = {"kl-loss-type": "rl.loss.kl_estimator"}
+"""Value flags whose values are spelt otherwise here -> the dotted field they set, by
+:func:`~megatron_logra.megatron_flags.map_value`: slime's ``--kl-loss-type`` ``k2`` / ``k3`` set
+``rl.loss.kl_estimator`` (the same estimators); ``low_var_kl`` (k3 clamped) is refused naming ``k3``, ``k1`` naming
+``k2`` (:func:`~megatron_logra.megatron_flags.kl_loss.kl_loss_type`)."""
 
 LOAD_FLAGS: dict[str, tuple[tuple[str, Optional[str]], ...]] = {
     "load": (("train.run_dir", None), ("train.resume", "true")),
@@ -171,6 +182,7 @@ MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
     "use-rope-scaling": ("use-rope-scaling", "true"),  # SWITCH_DEFAULTS
     "no-position-embedding": ("no-position-embedding", "true"),  # CHECK_SWITCHES
     "apply-chat-template": ("rl.chat_template", "true"),  # slime
+    "use-kl-loss": ("use-kl-loss", "true"),  # slime; CHECK_SWITCHES
 }
 """Megatron-LM switches (no value) -> the (dotted field, value) they set."""
 

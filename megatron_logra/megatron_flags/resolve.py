@@ -8,10 +8,11 @@ fails before the run starts rather than training with a flag that has no effect.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Collection, Optional
 
+from megatron_logra.megatron_flags.kl_loss import check_use_kl_loss, kl_loss_type
 from megatron_logra.megatron_flags.mapped import (JOB_ALIASES, OPTIMIZER_ALIASES, SCHEDULE_RATIO_FLAGS,
-                                                  STEP_FRACTION_FLAGS)
+                                                  STEP_FRACTION_FLAGS, VALUE_MAPS)
 from megatron_logra.megatron_flags.unmapped import NEUTRAL_FLAGS
 
 if TYPE_CHECKING:
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 # the functions import megatron_logra.config's modules when called: that package imports this package (its
 # overrides read the tables) while it loads
 
-__all__ = ["resolve_alias", "schedule_ratio", "step_fraction", "check_flag", "check_switch", "neutral_flag"]
+__all__ = ["resolve_alias", "schedule_ratio", "step_fraction", "check_flag", "check_switch", "neutral_flag",
+           "map_value"]
 
 
 def neutral_flag(flag: str, raw: Any) -> None:
@@ -173,8 +175,21 @@ def check_flag(cfg: RunConfig, flag: str, raw: Any) -> None:
                          f"model.seq_length={seq} positions; set --seq-length {value} to size it (or drop --{flag})")
 
 
-def check_switch(cfg: RunConfig, flag: str) -> None:
-    """See :data:`~megatron_logra.megatron_flags.CHECK_SWITCHES`."""
+def map_value(flag: str, raw: Any) -> tuple[str, str]:
+    """``(field, value)`` that the flag ``flag`` of :data:`~megatron_logra.megatron_flags.VALUE_MAPS` sets for
+    its value ``raw``; a ``ValueError`` naming the nearest accepted value where this trainer has none of that
+    meaning."""
+    if flag != "kl-loss-type":
+        raise ValueError(f"--{flag} is not a flag of VALUE_MAPS")
+    return VALUE_MAPS[flag], kl_loss_type(raw)
+
+
+def check_switch(cfg: RunConfig, flag: str, given: Collection[str] = ()) -> None:
+    """See :data:`~megatron_logra.megatron_flags.CHECK_SWITCHES`; ``given``: the dotted fields the command line
+    set."""
+    if flag == "use-kl-loss":
+        check_use_kl_loss(cfg, given)
+        return
     kind = cfg.model.position_embedding_type
     if kind != "rope":
         raise ValueError(f"--{flag} asks for no learned position table, but model.position_embedding_type={kind} is "

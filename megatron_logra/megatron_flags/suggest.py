@@ -13,7 +13,7 @@ from typing import Any
 
 from megatron_logra.megatron_flags.mapped import (CHECK_FLAGS, JOB_ALIASES, LOAD_FLAGS, MEGATRON_ALIASES,
                                                   MEGATRON_FLAGS, OPTIMIZER_ALIASES, SCHEDULE_RATIO_FLAGS,
-                                                  STEP_FRACTION_FLAGS)
+                                                  STEP_FRACTION_FLAGS, VALUE_MAPS)
 from megatron_logra.megatron_flags.unmapped import (IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, NEUTRAL_FLAGS,
                                                     REFUSED_SWITCHES, REFUSED_VALUE_FLAGS)
 
@@ -29,7 +29,7 @@ def known_flags() -> list[str]:
     names: set[str] = set()
     for table in (MEGATRON_ALIASES, JOB_ALIASES, OPTIMIZER_ALIASES, SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS,
                   CHECK_FLAGS, LOAD_FLAGS, MEGATRON_FLAGS, IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, NEUTRAL_FLAGS,
-                  REFUSED_SWITCHES, REFUSED_VALUE_FLAGS):
+                  REFUSED_SWITCHES, REFUSED_VALUE_FLAGS, VALUE_MAPS):
         names.update(table)
     return sorted(names)
 
