@@ -110,6 +110,8 @@ REFUSED_VALUE_FLAGS: dict[str, str] = {
     "over-sampling-batch-size": (
         "each extra round of dynamic sampling draws rl.prompts_per_step fresh prompts; give "
         "rl.dynamic_sampling_rounds=N for up to N rounds"),
+    "kl-coef": ("a KL penalty in the reward is not supported: the KL to the initial policy is a loss term, "
+                "rl.loss.kl_coef=C (slime's --use-kl-loss --kl-loss-coef C), with rl.loss.kl_estimator k3 or k2"),
     "num-experts": "mixture-of-experts models are not supported (dense GPT only)",
     "num-layers-per-virtual-pipeline-stage": "interleaved (virtual) pipeline schedules are not supported",
     "virtual-pipeline-model-parallel-size": "interleaved (virtual) pipeline schedules are not supported",

@@ -132,6 +132,7 @@ def test_lr_warmup_fraction_and_other_warmup_iters_are_refused_naming_both():
     (["--over-sampling-batch-size", "64"], r"rl\.dynamic_sampling_rounds=N"),
     (["--prompt-data", "/data/dapo.jsonl"], r"task\.datasets: jsonl:PATH"),
     (["--eval-prompt-data", "aime", "/data/aime.jsonl"], r"task\.eval_datasets=jsonl:PATH\[,jsonl:PATH2\]"),
+    (["--kl-coef", "0.01"], r"KL penalty in the reward is not supported.*rl\.loss\.kl_coef=C"),
 ])
 def test_a_well_known_flag_without_a_counterpart_is_refused_naming_what_to_use(args, match):
     with pytest.raises(ValueError, match=match) as err:
