@@ -84,7 +84,7 @@ def command_help(command: str) -> str:
         flags(STEP_FRACTION_FLAGS),
         "  checks only (model.seq_length is --seq-length):",
         flags(CHECK_FLAGS),
-        "  slime's KL loss type (k2 / k3 -> rl.loss.kl_estimator; low_var_kl and k1 refused, naming k3 / k2):",
+        "  slime's KL loss type (k2 / k3 / low_var_kl -> rl.loss.kl_estimator; k1 refused, naming k2):",
         flags(VALUE_MAPS),
         "  switches (no value):",
         flags(MEGATRON_FLAGS),

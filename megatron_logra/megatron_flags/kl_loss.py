@@ -11,10 +11,10 @@ slime adds ``--kl-loss-coef`` × its per-token KL estimator (``--kl-loss-type``)
   ``rl.loss.kl_coef=0`` given with it (off, as slime's loss; slime would still log the KL, which needs the
   reference model this trainer builds only for a penalty). Alone it is refused, naming ``rl.loss.kl_coef``: the
   switch cannot turn a penalty of weight 0 on.
-* ``--kl-loss-type`` (:func:`kl_loss_type`) sets ``rl.loss.kl_estimator`` where slime's estimator is this
-  trainer's: ``k2`` (``(log π_θ − log π_ref)²/2``) and ``k3`` (``exp(x) − x − 1``, x = ``log π_ref − log π_θ``).
-  ``low_var_kl`` (slime's k3 clamped to [−10, 10] per token) is refused naming ``k3``, the same estimator
-  without the clamp, and ``k1`` (slime's default, ``log π_θ − log π_ref``) naming ``k2``: as a loss term k1's
+* ``--kl-loss-type`` (:func:`kl_loss_type`) sets ``rl.loss.kl_estimator``, slime's estimators being this
+  trainer's of the same names: ``k2`` (``(log π_θ − log π_ref)²/2``), ``k3`` (``exp(x) − x − 1``, x =
+  ``log π_ref − log π_θ``) and ``low_var_kl`` (k3 clamped to [−10, 10] per token). ``k1`` (slime's default,
+  ``log π_θ − log π_ref``) is refused naming ``k2``: as a loss term k1's
   expected gradient on the policy's own samples is zero, so this trainer refuses it (README), and k2's gradient
   is that of KL(π_θ ‖ π_ref), which k1 estimates.
 """
@@ -31,7 +31,7 @@ __all__ = ["kl_loss_type", "check_use_kl_loss", "note_kl_loss_coef"]
 
 logger = logging.getLogger(__name__)
 
-_SAME = ("k2", "k3")
+_SAME = ("k2", "k3", "low_var_kl")
 """slime's ``--kl-loss-type`` values whose estimator is this trainer's ``rl.loss.kl_estimator`` of that name."""
 
 
@@ -41,19 +41,14 @@ def kl_loss_type(raw: Any) -> str:
     value = str(raw).strip()
     if value in _SAME:
         return value
-    if value == "low_var_kl":
-        raise ValueError(
-            "--kl-loss-type low_var_kl is slime's k3 estimator clamped to [-10, 10] per token, which this trainer "
-            "does not compute (the clamp drops the gradient of a token whose k3 exceeds 10); the nearest is "
-            "--kl-loss-type k3 (rl.loss.kl_estimator=k3, the default), the same estimator without the clamp")
     if value == "k1":
         raise ValueError(
             "--kl-loss-type k1 (slime's default, log π_θ - log π_ref) is refused here: as a loss term its expected "
             "gradient on the policy's own samples is zero, so it regularises nothing; the nearest is --kl-loss-type "
             "k2 (rl.loss.kl_estimator=k2: the gradient of KL(π_θ ‖ π_ref), which k1 estimates), or k3 (the default: "
-            "the gradient of KL(π_ref ‖ π_θ))")
-    raise ValueError(f"--kl-loss-type {value!r}: slime's values are k1, k2, k3 and low_var_kl; this trainer takes k2 "
-                     f"or k3 (rl.loss.kl_estimator)")
+            "the gradient of KL(π_ref ‖ π_θ)) and low_var_kl (k3 clamped)")
+    raise ValueError(f"--kl-loss-type {value!r}: slime's values are k1, k2, k3 and low_var_kl; this trainer takes k2, "
+                     f"k3 or low_var_kl (rl.loss.kl_estimator)")
 
 
 def check_use_kl_loss(cfg: RunConfig, given: Collection[str]) -> None:

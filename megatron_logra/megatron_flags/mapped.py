@@ -150,9 +150,8 @@ refused alone, naming ``rl.loss.kl_coef`` (:func:`~megatron_logra.megatron_flags
 
 VALUE_MAPS: dict[str, str] = {"kl-loss-type": "rl.loss.kl_estimator"}
 """Value flags whose values are spelt otherwise here -> the dotted field they set, by
-:func:`~megatron_logra.megatron_flags.map_value`: slime's ``--kl-loss-type`` ``k2`` / ``k3`` set
-``rl.loss.kl_estimator`` (the same estimators); ``low_var_kl`` (k3 clamped) is refused naming ``k3``, ``k1`` naming
-``k2`` (:func:`~megatron_logra.megatron_flags.kl_loss.kl_loss_type`)."""
+:func:`~megatron_logra.megatron_flags.map_value`: slime's ``--kl-loss-type`` ``k2`` / ``k3`` / ``low_var_kl``
+set ``rl.loss.kl_estimator`` (the same estimators); ``k1`` is refused naming ``k2`` (:func:`~megatron_logra.megatron_flags.kl_loss.kl_loss_type`)."""
 
 LOAD_FLAGS: dict[str, tuple[tuple[str, Optional[str]], ...]] = {
     "load": (("train.run_dir", None), ("train.resume", "true")),

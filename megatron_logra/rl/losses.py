@@ -10,7 +10,9 @@ and return the *sum* over masked tokens; the optimizer divides by the global tok
 * KL penalty to a frozen reference, one of Schulman's per-token estimators on the policy's own samples,
   with ``x = log π_ref − log π_θ``: k2 ``x²/2`` or k3 ``exp(x) − x − 1``. As loss terms (the samples
   held fixed, the gradient through ``log π_θ`` only) their expected gradients differ: k2's is that of
-  KL(π_θ ‖ π_ref), k3's that of the reverse KL(π_ref ‖ π_θ) (the GRPO / DeepSeek choice). k1 ``−x`` is
+  KL(π_θ ‖ π_ref), k3's that of the reverse KL(π_ref ‖ π_θ) (the GRPO / DeepSeek choice). ``low_var_kl``
+  is k3 clamped to at most :data:`LOW_VAR_KL_MAX` per token (slime's and verl's ``kl_loss_type=low_var_kl``):
+  k3's gradient wherever a token's k3 is below the clamp, none where a token has drifted past it. k1 ``−x`` is
   unbiased for KL(π_θ ‖ π_ref) as a *value* but its expected gradient is zero on-policy, so it regularises
   nothing as a loss: :func:`kl_penalty` computes it (a metric), the loss refuses it.
 
@@ -28,7 +30,13 @@ import torch
 from megatron_logra.rl.checks import check_finite_fields
 from megatron_logra.rl.logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs_and_entropy, chunked_token_logprobs
 
-__all__ = ["LossConfig", "tis_pg_loss", "ppo_clip_loss", "kl_penalty", "token_logprobs", "token_logprobs_and_entropy"]
+LOW_VAR_KL_MAX = 10.0
+"""The per-token cap of the ``low_var_kl`` estimator (k3 clamped to [−10, 10], as slime and verl clamp it; k3 ≥ 0)."""
+
+KL_ESTIMATORS = ("k2", "k3", "low_var_kl")
+"""The estimators ``rl.loss.kl_estimator`` takes as a loss term."""
+
+__all__ = ["LossConfig", "KL_ESTIMATORS", "LOW_VAR_KL_MAX", "tis_pg_loss", "ppo_clip_loss", "kl_penalty", "token_logprobs", "token_logprobs_and_entropy"]
 
 
 @dataclass
@@ -47,8 +55,9 @@ class LossConfig:
     """Weight of the KL penalty to the initial (reference) policy; 0 disables it."""
     kl_estimator: str = "k3"
     """k3 (``exp(x) − x − 1``, x = log π_ref − log π_θ: pulls along the gradient of KL(π_ref ‖ π_θ)) or k2
-    (``x²/2``: the gradient of KL(π_θ ‖ π_ref)); see the module docstring (k1 is refused: zero expected
-    gradient). The metrics' ``ref_kl`` uses the same estimator."""
+    (``x²/2``: the gradient of KL(π_θ ‖ π_ref)) or low_var_kl (k3 clamped to at most 10 per token, slime's and
+    verl's); see the module docstring (k1 is refused: zero expected gradient). The metrics' ``ref_kl`` uses
+    the same estimator."""
     logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     """Tokens per chunk when turning logits into log-probs and entropy: the fp32 working set is two
     ``[chunk, V/tp]`` buffers in forward and in backward instead of several ``[tokens, V/tp]`` ones;
@@ -69,9 +78,9 @@ class LossConfig:
         if self.kl_estimator == "k1":
             raise ValueError("rl.loss.kl_estimator=k1 has an expected gradient of zero on the policy's own samples: as "
                              "a loss term it adds noise and pulls nowhere; choose k2 (the gradient of KL(π_θ ‖ π_ref)) "
-                             "or k3 (the default: the gradient of KL(π_ref ‖ π_θ))")
-        if self.kl_estimator not in ("k2", "k3"):
-            raise ValueError(f"rl.loss.kl_estimator={self.kl_estimator!r}: choose k2 or k3")
+                             "or k3 (the default: the gradient of KL(π_ref ‖ π_θ)), or low_var_kl (k3 clamped)")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"rl.loss.kl_estimator={self.kl_estimator!r}: choose k2, k3 or low_var_kl")
         if isinstance(self.logprob_chunk_tokens, bool) or not isinstance(self.logprob_chunk_tokens, int) \
                 or self.logprob_chunk_tokens < 0:
             raise ValueError(f"rl.loss.logprob_chunk_tokens={self.logprob_chunk_tokens!r} must be an integer >= 0 "
@@ -107,16 +116,19 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
     """Σ over masked tokens of Schulman's per-token KL estimator ``k1`` (−x), ``k2`` (x²/2) or ``k3``
-    (exp(x) − x − 1), x = ``ref_logp − logp`` (see the module docstring for their gradients)."""
+    (exp(x) − x − 1), x = ``ref_logp − logp``, or ``low_var_kl`` (k3 clamped to at most
+    :data:`LOW_VAR_KL_MAX`); see the module docstring for their gradients."""
     log_ratio = ref_logp - logp
     if estimator == "k1":
         per_token = -log_ratio
     elif estimator == "k2":
         per_token = 0.5 * log_ratio * log_ratio
-    elif estimator == "k3":
+    elif estimator in ("k3", "low_var_kl"):
         per_token = torch.exp(log_ratio) - log_ratio - 1.0
+        if estimator == "low_var_kl":
+            per_token = per_token.clamp(max=LOW_VAR_KL_MAX)
     else:
-        raise ValueError(f"estimator={estimator!r}: choose k1, k2 or k3")
+        raise ValueError(f"estimator={estimator!r}: choose k1, k2, k3 or low_var_kl")
     return (per_token * mask).sum()
 
 

@@ -1,8 +1,8 @@
 """slime's KL-loss flags on a launch line: ``--kl-loss-coef`` sets ``rl.loss.kl_coef``; ``--use-kl-loss`` (slime's
 switch for the KL loss, which is on here whenever ``rl.loss.kl_coef > 0``) is accepted with a note where the
 config gives the penalty a weight and refused alone, naming ``rl.loss.kl_coef``; ``--kl-loss-type`` sets
-``rl.loss.kl_estimator`` where slime's estimator is this trainer's (``k2``, ``k3``) and refuses the others naming
-the nearest one (``low_var_kl``: ``k3``; ``k1``, refused here on purpose: ``k2``)."""
+``rl.loss.kl_estimator`` to slime's estimator of the same name (``k2``, ``k3``, ``low_var_kl``: k3 clamped, checked
+against slime's formula, values and gradients) and refuses ``k1`` (refused here on purpose) naming ``k2``."""
 
 from __future__ import annotations
 
@@ -65,14 +65,14 @@ def test_use_kl_loss_with_the_lm_job_is_refused():
         parse_args_to_config("lm-tiny", ["--use-kl-loss", "job=lm"])
 
 
-@pytest.mark.parametrize("value", ["k2", "k3"])
+@pytest.mark.parametrize("value", ["k2", "k3", "low_var_kl"])
 def test_kl_loss_type_of_the_same_estimator_sets_it(value):
     cfg = parse_args_to_config("tiny", ["--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", value])
     assert cfg.rl.loss.kl_estimator == value
     assert parse_args_to_config("tiny", [f"--kl-loss-type={value}"]).rl.loss.kl_estimator == value
 
 
-@pytest.mark.parametrize("value, nearest", [("low_var_kl", "k3"), ("k1", "k2")])
+@pytest.mark.parametrize("value, nearest", [("k1", "k2")])
 def test_kl_loss_type_of_another_estimator_is_refused_naming_the_nearest(value, nearest):
     with pytest.raises(ValueError) as err:
         parse_args_to_config("tiny", ["--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", value])
@@ -83,7 +83,7 @@ def test_kl_loss_type_of_another_estimator_is_refused_naming_the_nearest(value, 
 
 def test_an_unknown_kl_loss_type_is_refused_listing_both_sides():
     with pytest.raises(ValueError, match=r"--kl-loss-type 'k4': slime's values are k1, k2, k3 and low_var_kl; "
-                                         r"this trainer takes k2 or k3"):
+                                         r"this trainer takes k2, k3 or low_var_kl"):
         parse_args_to_config("tiny", ["--kl-loss-type", "k4"])
 
 
@@ -101,16 +101,28 @@ def _slime_kl(logp: torch.Tensor, ref: torch.Tensor, kind: str) -> torch.Tensor:
     return k3.clamp(-10, 10) if kind == "low_var_kl" else k3
 
 
-def test_the_mapped_estimators_are_slimes_and_low_var_kl_is_not_k3():
-    """k2 and k3 are slime's estimators of those names; low_var_kl differs from k3 where the clamp cuts it."""
+def test_the_mapped_estimators_are_slimes_values_and_gradients():
+    """k2, k3 and low_var_kl are slime's estimators of those names, values and gradients; low_var_kl differs from
+    k3 where the clamp cuts it, and passes no gradient through the token it cuts."""
     from megatron_logra.rl.losses import kl_penalty
 
-    logp = torch.tensor([[-0.1, -2.0, -15.0, -0.7]], dtype=torch.float64)
     ref = torch.tensor([[-0.3, -1.0, -1.0, -0.7]], dtype=torch.float64)  # the third token's k3 is past 10
-    mask = torch.ones_like(logp)
-    for kind in ("k2", "k3"):
-        assert torch.allclose(kl_penalty(logp, ref, mask, kind), _slime_kl(logp, ref, kind).sum())
-    assert not torch.allclose(_slime_kl(logp, ref, "low_var_kl").sum(), kl_penalty(logp, ref, mask, "k3"))
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]], dtype=torch.float64)
+    for kind in ("k2", "k3", "low_var_kl"):
+        mine = torch.tensor([[-0.1, -2.0, -15.0, -0.7]], dtype=torch.float64, requires_grad=True)
+        theirs = mine.detach().clone().requires_grad_(True)
+        value = kl_penalty(mine, ref, mask, kind)
+        expected = (_slime_kl(theirs, ref, kind) * mask).sum()
+        assert torch.allclose(value, expected), kind
+        value.backward()
+        expected.backward()
+        assert torch.allclose(mine.grad, theirs.grad), kind
+        if kind == "low_var_kl":
+            assert mine.grad[0, 2] == 0 and mine.grad[0, 1] != 0
+    logp = torch.tensor([[-0.1, -2.0, -15.0, -0.7]], dtype=torch.float64)
+    assert not torch.allclose(kl_penalty(logp, ref, mask, "low_var_kl"), kl_penalty(logp, ref, mask, "k3"))
+    assert torch.allclose(kl_penalty(logp[:, :2], ref[:, :2], mask[:, :2], "low_var_kl"),
+                          kl_penalty(logp[:, :2], ref[:, :2], mask[:, :2], "k3"))
 
 
 def test_the_help_lists_the_kl_flags():
