@@ -6,19 +6,22 @@ update with the budget, step size α (and ‖ΔW‖/‖W‖), process memory (RS
 peaks. An lm run: train and held-out loss, gradient norm, throughput (tokens processed per second)
 and, on GPUs, the memory peaks. A legend is drawn only for a panel with several series. The held-out
 curve starts at step 0 with the value before training that the run's ``summary.json`` holds
-(``eval_accuracy_before`` / ``eval_loss_before``: the whole run's, also after ``--resume``), when it does.
+(``eval_accuracy_before`` / ``eval_loss_before``: the whole run's, also after ``--resume``), when it does,
+and ends with the final evaluation's value (``eval_*_after``) when the last step's record has none. A run
+evaluated on several sources (``task.eval_datasets``, a task mixture) also gets a held-out curve per source.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["held_out_before", "read_metrics", "plot_run", "pyplot", "save_figure", "summary_figure"]
+__all__ = ["held_out_after", "held_out_before", "read_metrics", "plot_run", "pyplot", "save_figure", "summary_figure"]
 
 
 def pyplot():
@@ -52,7 +55,11 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     warning, as ``--resume`` drops it; any other line that is not a step record is an error naming the file
     and line."""
     path = Path(run_dir) / "metrics.jsonl"
+    started = (Path(run_dir) / "config.yaml").is_file()  # a run's folder, metrics or not
     if not path.exists():
+        if started:
+            raise FileNotFoundError(f"{path} does not exist: the run in {run_dir} has recorded no step (it stopped, "
+                                    f"or is still starting, before its first step); plot it once it has one")
         raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run directory?")
     text = path.read_text()
     lines = text.splitlines()
@@ -76,15 +83,16 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
             raise ValueError(f"{path}:{lineno} has no numeric 'step' (got {step!r}); is this a run's metrics file?")
         records.append(record)
     if not records:
-        raise ValueError(f"{path} has no records")
+        raise ValueError(f"{path} has no records" + (": the run has recorded no step (it stopped, or is still "
+                                                      "starting, before its first step)" if started else ""))
     return records
 
 
 def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     xs, ys = [], []
     for r in records:
-        v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        v = r.get(key)  # NaN / ±Infinity (not written by the jobs, which write null): no value, as null
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             xs.append(r["step"])
             ys.append(float(v))
     return xs, ys
@@ -103,10 +111,23 @@ def _lines(ax, records: list[dict], series, scale: float = 1.0) -> None:
         ax.legend()
 
 
+def _sources(records: list[dict]) -> list[str]:
+    """The held-out sources that the records report one by one (``eval_accuracy/NAME``: the benchmarks of
+    ``task.eval_datasets`` or the sources of a task mixture), in the order they first appear."""
+    names: dict[str, None] = {}
+    for r in records:
+        names.update((k, None) for k in r if k.startswith("eval_accuracy/"))
+    return list(names)
+
+
 def _panel_rl_reward(ax, records) -> None:
     ax.set_title("reward and accuracy")
+    sources = _sources(records)
+    by_source = [(k, f"held-out {k.split('/', 1)[1]}", {"marker": ".", "linestyle": "--"})
+                 for k in sources] if len(sources) > 1 else []  # one source: the same values as held-out accuracy
     _lines(ax, records, [("reward_mean", "reward", {}), ("accuracy", "train accuracy", {}),
-                         ("eval_accuracy", "held-out accuracy", {"marker": "o"}),
+                         ("eval_accuracy", "held-out accuracy" + (" (all)" if by_source else ""), {"marker": "o"}),
+                         *by_source,
                          ("eval_pass_at_k", "held-out pass@k", {"marker": "^", "linestyle": ":"})])
 
 
@@ -244,10 +265,43 @@ def held_out_before(run_dir: str | Path, records: list[dict]) -> Optional[dict]:
     return {"step": 0, key: float(value)}
 
 
+def _held_out_field(name: str) -> Optional[str]:
+    """The record's field of a summary's final held-out value: ``eval_loss_after`` -> ``eval_loss``,
+    ``eval_accuracy_after/gcd`` -> ``eval_accuracy/gcd``, ``eval_pass_at_k_after`` -> ``eval_pass_at_k``."""
+    for field in ("eval_loss", "eval_accuracy", "eval_pass_at_k"):
+        if name == f"{field}_after" or name.startswith(f"{field}_after/"):
+            return field + name[len(field) + len("_after"):]
+    return None
+
+
+def held_out_after(run_dir: str | Path, records: list[dict]) -> dict:
+    """The held-out values of the final evaluation (``summary.json``'s ``eval_*_after`` fields) that the last
+    step's record lacks, under the record's names: a run evaluates after its last step also when that step is
+    no multiple of the evaluation interval (``train.eval_interval``, ``rl.eval_interval=0``), and records
+    that value in ``summary.json`` only. Empty unless the summary ends at the records' last step."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    last = records[-1]
+    if not isinstance(summary, dict) or summary.get("steps") != last["step"] or summary.get("stopped"):
+        return {}
+    after = {}
+    for name, value in summary.items():
+        field = _held_out_field(name)
+        if field and _series([{"step": 0, "v": value}], "v")[0] and not _series([last], field)[0]:
+            after[field] = float(value)
+    return after
+
+
 def plot_run(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:
     """Write the summary PNG (default ``RUN_DIR/summary.png``; :func:`summary_figure` of the step records,
-    preceded by :func:`held_out_before`'s step-0 record when there is one) and return its path."""
+    preceded by :func:`held_out_before`'s step-0 record when there is one, the last one completed by
+    :func:`held_out_after`) and return its path."""
     records = read_metrics(run_dir)
+    after = held_out_after(run_dir, records)
+    if after:
+        records = [*records[:-1], {**records[-1], **after}]
     before = held_out_before(run_dir, records)
     if before is not None:
         records = [before, *records]
