@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -55,6 +56,9 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     warning, as ``--resume`` drops it; any other line that is not a step record is an error naming the file
     and line."""
     path = Path(run_dir) / "metrics.jsonl"
+    if Path(run_dir).is_file():
+        raise FileNotFoundError(f"{run_dir} is a file, not a run directory: give the folder holding "
+                                f"metrics.jsonl ({Path(run_dir).parent})")
     started = (Path(run_dir) / "config.yaml").is_file()  # a run's folder, metrics or not
     if not path.exists():
         if started:
@@ -275,10 +279,9 @@ def _held_out_field(name: str) -> Optional[str]:
 
 
 def held_out_after(run_dir: str | Path, records: list[dict]) -> dict:
-    """The held-out values of the final evaluation (``summary.json``'s ``eval_*_after`` fields) that the last
-    step's record lacks, under the record's names: a run evaluates after its last step also when that step is
-    no multiple of the evaluation interval (``train.eval_interval``, ``rl.eval_interval=0``), and records
-    that value in ``summary.json`` only. Empty unless the summary ends at the records' last step."""
+    """The final evaluation's values (``summary.json``'s ``eval_*_after``) that the last step's record lacks
+    (its step is no multiple of the eval interval), under the record's names; empty unless the summary ends
+    at the records' last step."""
     try:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
     except (OSError, ValueError):
@@ -305,6 +308,8 @@ def plot_run(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:
     before = held_out_before(run_dir, records)
     if before is not None:
         records = [before, *records]
+    if out and (str(out).endswith(("/", os.sep)) or Path(out).is_dir()):  # a folder: the figure goes in it
+        out = Path(out) / "summary.png"
     out = Path(out) if out else Path(run_dir) / "summary.png"
     try:
         fig = summary_figure(records, str(run_dir))

@@ -89,8 +89,8 @@ def _plot(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
 
     plot_parser = argparse.ArgumentParser(prog="megatron-logra plot")
     plot_parser.add_argument("run_dir", help="run directory (holds metrics.jsonl)")
-    plot_parser.add_argument("--out", help="image to write (default RUN_DIR/summary.png; .png is added "
-                                           "when the name has no image suffix)")
+    plot_parser.add_argument("--out", help="image to write (default RUN_DIR/summary.png; a folder: "
+                                           "FOLDER/summary.png; .png is added when the name has no image suffix)")
     plot_args = plot_parser.parse_args(rest)
     try:
         sys.stdout.write(f"{plot_run(plot_args.run_dir, plot_args.out)}\n")
