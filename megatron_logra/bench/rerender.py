@@ -89,6 +89,9 @@ def _adopt_legacy_images(results_dir: Path, old_prefix: str, new_prefix: str) ->
 
 def _settings_differ(wanted: PaperBenchConfig, recorded: PaperBenchConfig) -> str:
     """The settings (output and run directories aside) in which ``recorded`` differs from ``wanted``, as
-    ``name: recorded -> wanted``; empty when they agree."""
+    ``name: recorded -> wanted``; empty when they agree. The figure groups are compared as a set: a run draws
+    them in report order whatever the order of ``--figures``, and their order names no other report."""
     a, b = json.loads(json.dumps(asdict(wanted))), json.loads(json.dumps(asdict(recorded)))
+    if sorted(a["figures"]) == sorted(b["figures"]):
+        b["figures"] = a["figures"]
     return ", ".join(f"{k}: {b[k]!r} -> {a[k]!r}" for k in a if k not in ("out_dir", "run_root") and a[k] != b[k])
