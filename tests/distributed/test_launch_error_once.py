@@ -7,6 +7,8 @@ stderr exactly once, the other ranks stopping without a word.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytestmark = pytest.mark.distributed
@@ -23,8 +25,10 @@ def test_post_init_error_under_torchrun_is_printed_once(launcher, tmp_path):
     message = "megatron-logra: error: parallel.timeout_minutes=0 must be a finite number of minutes"
     assert proc.stderr.count(message) == 1, proc.stderr[-3000:]
     assert proc.stderr.count("usage: megatron-logra") == 1, proc.stderr[-3000:]
-    # torchrun's failure report: rank 0 failed first, and rank 1 exited with the same status (not by the signal)
-    assert proc.stderr.count("exitcode  : 2") == 2, proc.stderr[-3000:]
+    # torchrun's failure report: the rank that failed first exited with status 2; the other exited with 2 as well,
+    # or, when torchrun saw the first exit before the other rank's own, was stopped by torchrun's SIGTERM
+    codes = re.findall(r"exitcode  : (-?\d+)", proc.stderr)
+    assert len(codes) == 2 and "2" in codes and set(codes) <= {"2", "-15"}, proc.stderr[-3000:]
 
 
 def test_bad_override_on_two_ranks_is_printed_once_and_both_exit_2(launcher, tmp_path):
