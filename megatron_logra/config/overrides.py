@@ -208,12 +208,17 @@ def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
 
 
 def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[str, str], *,
-                     from_recipe: bool = False) -> RunConfig:
+                     from_recipe: bool = False, pending: Sequence = ()) -> RunConfig:
     """:func:`apply_overrides`, where ``given`` (dotted field -> where it was set) names the fields a recipe
     file set, which :func:`resolve_hf_model` checks with those of the overrides; ``from_recipe``: the other
-    fields are a named recipe's (see :func:`resolve_hf_model`)."""
+    fields are a named recipe's (see :func:`resolve_hf_model`); ``pending``: the recipe files' context flags,
+    resolved again against the overrides' config (:func:`~megatron_logra.config.recipe_context.resolve_pending`)."""
     items = _parse_overrides(overrides)
     cfg, mine = _apply_items(cfg, items)
+    if pending:
+        from megatron_logra.config.recipe_context import resolve_pending
+
+        resolve_pending(cfg, pending, items, mine)
     given = {**given, **{key: "" for key in mine}}
     _check_paper_unused(cfg, given)
     _check_other_job_unused(cfg, given)

@@ -17,6 +17,7 @@ from megatron_logra.config.checks import resolve_hf_model
 from megatron_logra.config.codec import _is_section, _short
 from megatron_logra.config.dotted import _canonical, _field_type, _is_mapping_type
 from megatron_logra.config.overrides import _apply_items, _apply_overrides
+from megatron_logra.config.recipe_context import Pending, pending_items, resolve_pending
 from megatron_logra.config.recipes import RECIPES
 from megatron_logra.config.run import RunConfig
 from megatron_logra.megatron_flags import CONTEXT_FLAGS, MEGATRON_ALIASES
@@ -38,18 +39,19 @@ def load_recipe(name_or_path: str) -> RunConfig:
     (:func:`resolve_hf_model`). Every problem is a ``ValueError`` naming the file. With ``model.hf_path``, a
     ``tokenizer.path`` that no file of the chain sets (a named recipe's) yields to the checkpoint's tokenizer.
     """
-    cfg, given = _load_recipe(name_or_path)
+    cfg, given, _ = _load_recipe(name_or_path)
     return resolve_hf_model(cfg, given, from_recipe=True)
 
 
-def _load_recipe(name_or_path: str, _including: tuple = ()) -> tuple[RunConfig, dict[str, str]]:
-    """:func:`load_recipe` without ``model.hf_path``'s resolution: the config and the dotted fields the
-    recipe files of the chain set, each mapped to ``"recipe file PATH"`` (empty for a named recipe)."""
+def _load_recipe(name_or_path: str, _including: tuple = ()) -> tuple[RunConfig, dict[str, str], list[Pending]]:
+    """:func:`load_recipe` without ``model.hf_path``'s resolution: the config, the dotted fields the
+    recipe files of the chain set, each mapped to ``"recipe file PATH"`` (empty for a named recipe), and the
+    files' context flags that the command line's config resolves again (:mod:`~megatron_logra.config.recipe_context`)."""
     if not isinstance(name_or_path, str):
         raise ValueError(f"recipe={_short(name_or_path)}: give a recipe name ({', '.join(sorted(RECIPES))}) "
                          "or a .yaml file")
     if name_or_path in RECIPES:
-        return RECIPES[name_or_path](), {}
+        return RECIPES[name_or_path](), {}, []
     path = Path(name_or_path)
     if path.suffix.lower() not in (".yaml", ".yml"):
         close = difflib.get_close_matches(name_or_path, sorted(RECIPES), n=1)
@@ -103,11 +105,12 @@ def _load_recipe(name_or_path: str, _including: tuple = ()) -> tuple[RunConfig, 
         raise ValueError(f"recipe file {path}: key {dashed[0]!r} starts with '-': a recipe's keys are fields or "
                          f"Megatron-LM flag names without the dashes ({dashed[0].lstrip('-')!r})")
     try:
-        cfg, given = _load_recipe(base, (*_including, resolved)) if base else (RunConfig(), {})
+        cfg, given, pending = _load_recipe(base, (*_including, resolved)) if base else (RunConfig(), {}, [])
         items = [(key, value, key) for key, value in _flatten(data)]
         _check_spelled_twice(items)
         cfg, mine = _apply_items(cfg, items)
-        return cfg.validate(), {**given, **{key: f"recipe file {path}" for key in mine}}
+        pending = resolve_pending(cfg, pending, items, mine) + pending_items(items, f"recipe file {path}")
+        return cfg.validate(), {**given, **{key: f"recipe file {path}" for key in mine}}, pending
     except ValueError as exc:
         raise ValueError(f"recipe file {path}: {exc}") from None
 
@@ -155,5 +158,5 @@ def parse_args_to_config(recipe: Optional[str], overrides: Sequence[str]) -> Run
     """Recipe (default ``tiny``) plus overrides; with ``model.hf_path``, an architecture field set by a recipe
     file or an override that the checkpoint would replace is refused, and the checkpoint's tokenizer replaces
     a named recipe's ``tokenizer.path`` unless the user gave one (:func:`resolve_hf_model`)."""
-    cfg, given = _load_recipe(recipe or "tiny")
-    return _apply_overrides(cfg, overrides, given, from_recipe=True)
+    cfg, given, pending = _load_recipe(recipe or "tiny")
+    return _apply_overrides(cfg, overrides, given, from_recipe=True, pending=pending)
