@@ -31,20 +31,19 @@ Malformed input (not UTF-8, invalid JSON, a key repeated within one object, a mi
 field, a non-finite number answer, a null, repeated or mistyped id, a repeated prompt) raises
 ValueError naming ``PATH:LINE`` (and, for repeats, the earlier line) and what is wrong; a missing
 file raises FileNotFoundError and a directory IsADirectoryError, naming the path. What one row becomes (its
-keys, answer text and metadata) is :mod:`megatron_logra.rewards.jsonl_rows`.
+keys, answer text and metadata) is :mod:`megatron_logra.rewards.jsonl_rows`; reading the lines,
+:mod:`megatron_logra.rewards.jsonl_read`.
 """
 
 from __future__ import annotations
 
-import codecs
-import io
-import json
 import logging
 import re
 from pathlib import Path
 from typing import Any, Callable
 
 from megatron_logra.rewards.base import Problem
+from megatron_logra.rewards.jsonl_read import json_lines, parquet_rows
 from megatron_logra.rewards.jsonl_rows import _problem_of
 
 __all__ = ["JSONL_PREFIX", "PARQUET_PREFIX", "FILE_PREFIXES", "JsonlSource", "file_spec_path", "load_jsonl_problems",
@@ -125,7 +124,7 @@ def load_jsonl_problems(path: str | Path, source: str | None = None, *, prompt_k
     problems: list[Problem] = []
     id_lines: dict[str, int] = {}
     prompt_lines: dict[str, tuple[int, str]] = {}
-    for line_no, obj in (_parquet_rows(path) if parquet else _json_lines(path)):
+    for line_no, obj in (parquet_rows(path) if parquet else json_lines(path)):
         where = f"{path}:{line_no}"
         problem = _problem_of(obj, source, where, line_no, prompt_key, answer_key)
         pid = problem.metadata["id"]
@@ -145,65 +144,6 @@ def load_jsonl_problems(path: str | Path, source: str | None = None, *, prompt_k
         raise ValueError(f"{path}: no problems (the file is empty)")
     logger.info("loaded %d problems from %s", len(problems), path)
     return problems
-
-
-def _json_lines(path: Path):
-    """``(line number, JSON object)`` of each non-blank line; ``ValueError`` naming ``PATH:LINE`` for invalid JSON
-    or a key repeated within one object."""
-    for line_no, raw in enumerate(io.StringIO(_read_utf8(path), newline=None), start=1):
-        if not raw.strip():
-            continue
-        try:
-            yield line_no, json.loads(raw, object_pairs_hook=_unique_keys)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{line_no}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
-        except _DuplicateKey as exc:
-            raise ValueError(f"{path}:{line_no}: key {exc.args[0]!r} appears twice in one object (JSON keeps only the "
-                             f"last, silently); keep one of the two") from None
-
-
-def _parquet_rows(path: Path):
-    """``(row number from 1, row as a dict)`` of a Parquet file (nested structs as dicts, lists as lists), read with
-    pyarrow; ``ValueError`` naming the file when pyarrow is missing or cannot read it."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ValueError(f"{path}: reading a parquet: dataset needs pyarrow (pip install pyarrow), or convert the file "
-                         f"to JSON lines and give it as jsonl:PATH") from None
-    try:
-        rows = pq.read_table(path).to_pylist()
-    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... for a file that is not Parquet
-        raise ValueError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
-    yield from enumerate(rows, start=1)
-
-
-class _DuplicateKey(Exception):
-    """A key repeated within one JSON object (``args[0]`` is the key)."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json`` object hook: the object as a dict, raising :class:`_DuplicateKey` for a repeated key."""
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise _DuplicateKey(key)
-        obj[key] = value
-    return obj
-
-
-def _read_utf8(path: Path) -> str:
-    """The file's text (a leading UTF-8 byte-order mark dropped); bytes that are not UTF-8 raise
-    ValueError naming ``PATH:LINE`` and the byte's column."""
-    data = path.read_bytes()
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8) :]
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line_no = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise ValueError(f"{path}:{line_no}: not UTF-8 ({exc.reason}, byte 0x{data[exc.start]:02x} at byte column "
-                         f"{column}); re-save the file as UTF-8") from None
 
 
 def _decided_once(decide: Callable[[], list[bool]], group: Any) -> list[bool]:
