@@ -98,6 +98,13 @@ def load_reward_fn(path: str) -> RewardFn:
     return obj  # type: ignore[return-value]
 
 
+def _shown(number: numbers.Real) -> str:
+    """``number`` for an error message: an integer too long for ``repr`` (past 4300 digits) by its size."""
+    if isinstance(number, int) and abs(number).bit_length() > 1000:
+        return f"an integer of about {int(abs(number).bit_length() * math.log10(2)) + 1} digits"
+    return f"{number!r} ({type(number).__name__})"
+
+
 class PluginScorer:
     """A :class:`~megatron_logra.rewards.base.Scorer` around a user reward function.
 
@@ -139,8 +146,12 @@ class PluginScorer:
             value = self.fn(problem, completion)
         else:
             value = self._call_with_timeout(problem, completion)
-        value = self._plain_number(value)
-        value = float(value)
+        number = self._plain_number(value)
+        try:
+            value = float(number)
+        except (OverflowError, ValueError, TypeError):  # an int past float's range (10**400): no float, no NaN
+            raise ValueError(f"reward function {self.path!r} returned {_shown(number)}; expected a number in "
+                             f"[0, 1]") from None
         if not math.isfinite(value) or not 0.0 <= value <= 1.0:
             raise ValueError(f"reward function {self.path!r} returned {value!r}; expected a number in [0, 1]")
         return value
