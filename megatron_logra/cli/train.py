@@ -6,6 +6,7 @@ prints it; ``train`` runs its job (RL or LM) and prints the run's summary.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -16,6 +17,14 @@ from megatron_logra.cli.launch import check_same_config_on_every_rank, is_rank0
 from megatron_logra.cli.resume import check_recipe_resume, check_resumed_architecture, split_resume_dir
 from megatron_logra.cli.run_dir import run_dir_config
 from megatron_logra.wandb_log import check_wandb
+
+logger = logging.getLogger(__name__)
+
+FLOAT16_WARNING = (
+    "model.params_dtype=float16 (--fp16) trains without loss scaling: Megatron-LM's --fp16 scales the loss "
+    "dynamically, this trainer does not, so gradients below float16's range (about 6e-8) are lost to zero; "
+    "bfloat16 (--bf16) has float32's range and needs no scaling")
+"""Logged (rank 0) by ``train`` and ``config`` for a float16 run."""
 
 if TYPE_CHECKING:
     from megatron_logra.config import RunConfig
@@ -63,6 +72,8 @@ def run_train_or_config(parser: argparse.ArgumentParser, command: str, rest: Seq
     except ValueError as exc:
         user_error(parser, exc)
     check_resumed_architecture(parser, cfg)
+    if cfg.model.params_dtype == "float16" and is_rank0():
+        logger.warning(FLOAT16_WARNING)
     reporting_user_errors(parser, lambda: check_wandb(cfg.train))  # before anything is built, on every rank
     if resume_dir is None and cfg.train.resume:
         reporting_user_errors(parser, lambda: check_recipe_resume(cfg))
