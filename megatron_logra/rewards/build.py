@@ -4,7 +4,7 @@ and a scorer per source."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from megatron_logra.rewards.base import ProblemSource, Scorer, prompt_bucket, stable_hash
 from megatron_logra.rewards.config import TaskConfig
@@ -15,6 +15,9 @@ from megatron_logra.rewards.remote import RemoteScorer, is_reward_url
 from megatron_logra.rewards.task import Task
 
 __all__ = ["build_task"]
+
+MATH_PROBES = 8
+"""Problems of a reasoning-gym dataset checked for a reference answer math-verify parses (``task.reward=math_verify``)."""
 
 
 def _seed_for(seed: int, name: str, split: str) -> int:
@@ -31,6 +34,22 @@ def _check_trainable(source: JsonlSource, cfg: TaskConfig) -> None:
         f"task.eval_modulus={cfg.eval_modulus} == 0, about 1 in {cfg.eval_modulus} prompts, whatever task.num_eval), "
         f"which leaves no training rows; add rows to the file or choose another task.eval_modulus"
     )
+
+
+def _check_math_answers(source: ProblemSource, parses: Callable[[str], bool]) -> None:
+    """ValueError naming the reasoning-gym dataset when none of its first :data:`MATH_PROBES` problems has a reference
+    answer math-verify can parse (``task.reward=math_verify``): no completion could ever be rewarded, as for a JSONL
+    file of only such rows (graph_color, propositional_logic: no single oracle answer)."""
+    probes = [source.problem(i) for i in range(MATH_PROBES)]
+    if any(p.has_answer and parses(p.answer) for p in probes):
+        return
+    answers = [p.answer for p in probes if p.has_answer]
+    what = (f"e.g. {answers[0][:80]!r}, which math-verify cannot parse" if answers else
+            "it gives no single oracle answer")
+    raise ValueError(
+        f"task.reward=math_verify: reasoning-gym dataset {source.name!r} has no reference answer math-verify can parse "
+        f"in its first {MATH_PROBES} problems ({what}), so no completion could ever be rewarded; score it with its own "
+        f"score_answer (task.reward=auto) or a task.reward plugin")
 
 
 def build_task(cfg: TaskConfig, group: Any = None) -> Task:
@@ -72,6 +91,8 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
         from megatron_logra.rewards.gym import GymScorer, GymSource
 
         source = GymSource(spec, _seed_for(seed, spec, split), cfg.dataset_kwargs.get(spec, {}))
+        if spec not in scorers and plugin is None and cfg.reward == "math_verify":
+            _check_math_answers(source, lambda answer: parses_as_math(answer, timeout_s=timeout))
         scorers.setdefault(spec, plugin or (math_scorer if cfg.reward == "math_verify" else
                                             GymScorer(source.dataset, spec)))
         return source
