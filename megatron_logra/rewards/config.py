@@ -206,8 +206,22 @@ def _source_specs(value: Any, name: str) -> list[str]:
         elif not _GYM_NAME_RE.match(spec):
             raise ValueError(
                 f"task.{name}[{i}]={spec!r}: expected a reasoning-gym name (lowercase, e.g. chain_sum), 'jsonl:PATH' or "
-                f"'parquet:PATH'")
+                f"'parquet:PATH'{_close_gym_names(spec)}")
     return specs
+
+
+def _close_gym_names(spec: str) -> str:
+    """`` (did you mean chain_sum?)`` for a misspelt reasoning-gym name (``Chain_Sum``, ``chain-sum``), else ``""``."""
+    import difflib
+
+    from megatron_logra.rewards.gym import list_gym_datasets
+
+    try:
+        names = list_gym_datasets()
+    except ImportError:  # no reasoning-gym: nothing to suggest
+        return ""
+    close = difflib.get_close_matches(re.sub(r"[\s-]+", "_", spec.strip().lower()), names, n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 def _file_key(spec: str) -> str:
