@@ -263,10 +263,14 @@ def held_out_before(run_dir: str | Path, records: list[dict]) -> Optional[dict]:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    value = summary.get(_BEFORE[key]) if isinstance(summary, dict) else None
+    if not isinstance(summary, dict):
+        return None
+    value = summary.get(_BEFORE[key])
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
-    return {"step": 0, key: float(value)}
+    prefix = _BEFORE[key] + "/"  # per source: eval_accuracy_before/gcd -> eval_accuracy/gcd
+    return {"step": 0, key: float(value), **{f"{key}/{k[len(prefix):]}": float(v) for k, v in summary.items()
+                                             if k.startswith(prefix) and _series([{"step": 0, "v": v}], "v")[0]}}
 
 
 def _held_out_field(name: str) -> Optional[str]:

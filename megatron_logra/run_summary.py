@@ -5,6 +5,7 @@ time totals of earlier processes)."""
 from __future__ import annotations
 
 import json
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Optional
 
@@ -22,14 +23,14 @@ def previous_summary_values(path: Path, start: int, carried: tuple[str, ...],
                             if_ending_here: tuple[str, ...] = ()) -> dict[str, float]:
     """The numbers a resumed job (at step ``start`` > 0) carries over from the run's previous ``summary.json``
     (``path``) into its whole-run summary: ``carried`` (values measured before step 1, e.g. the held-out score
-    then) and, only when that summary ends at ``start`` (so it accounts for every earlier process),
+    then; a name may be a pattern, ``"eval_accuracy_before/*"`` for the score of every source) and, only when that summary ends at ``start`` (so it accounts for every earlier process),
     ``if_ending_here`` (totals the new summary adds to). A value that is missing, ``null`` or not a number is
     absent; a missing, torn or non-object file gives ``{}``. A summary without ``resumed_from_step`` (written
     when summaries described one process) counts only when it ends at ``start``: only then did its process
     start at step 0. A ``carried`` value the summary does not give (no summary yet: every earlier process was
     killed before writing one) comes from ``BEFORE_FILE`` beside it, which the run that started at step 0
     wrote as soon as it measured the value (:func:`record_before_values`)."""
-    before = {k: v for k, v in _read_numbers(path.with_name(BEFORE_FILE)).items() if k in carried}
+    before = {k: v for k, v in _read_numbers(path.with_name(BEFORE_FILE)).items() if _named(k, carried)}
     previous = _read_object(path)
     if previous is None:
         return before
@@ -37,7 +38,11 @@ def previous_summary_values(path: Path, start: int, carried: tuple[str, ...],
     if "resumed_from_step" not in previous and not ends_here:
         return before
     keys = carried + (if_ending_here if ends_here else ())
-    return {**before, **{k: _number(previous.get(k)) for k in keys if _number(previous.get(k)) is not None}}
+    return {**before, **{k: _number(v) for k, v in previous.items() if _named(k, keys) and _number(v) is not None}}
+
+
+def _named(key: str, names: tuple[str, ...]) -> bool:
+    return any(fnmatchcase(key, name) if "*" in name else key == name for name in names)
 
 
 def record_before_values(run_dir: str | Path, values: dict[str, Optional[float]]) -> None:

@@ -45,6 +45,14 @@ _LOGGED = ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual", "ste
 """Record fields of the rank-0 log line every ``train.log_interval`` updates (without a progress bar)."""
 
 
+def _before_name(field: str) -> str:
+    """The summary's name of a held-out field measured before update 1: ``eval_accuracy/gcd`` →
+    ``eval_accuracy_before/gcd``, ``eval_pass_at_k`` → ``eval_pass_at_k_before``."""
+    if field.startswith("eval_accuracy/"):
+        return field.replace("eval_accuracy/", "eval_accuracy_before/", 1)
+    return f"{field}_before"
+
+
 def _after_name(field: str) -> str:
     """The summary's name of a held-out field of the final evaluation: ``eval_accuracy/gcd`` →
     ``eval_accuracy_after/gcd``, ``eval_pass_at_k`` → ``eval_pass_at_k_after``."""
@@ -68,7 +76,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     * ``steps`` — the run's last RL update (whichever process made it).
     * ``eval_accuracy_before`` — held-out accuracy before update 1: measured by a run that starts at step 0,
       carried over from the previous ``summary.json`` by a resumed one, or from ``RUN/eval_before.json``, which
-      the run that started at step 0 writes as soon as it has measured it (None when neither has it).
+      the run that started at step 0 writes as soon as it has measured it (None when neither has it); for a
+      task mixture or held-out benchmarks also ``eval_accuracy_before/SOURCE`` per source (kept the same way).
       ``eval_accuracy_after`` — held-out accuracy after update ``steps`` (None for a run stopped early); for a
       task mixture also ``eval_accuracy_after/SOURCE`` per source (:mod:`megatron_logra.rl.source_metrics`).
     * ``setup_seconds`` / ``rl_seconds`` / ``total_seconds`` — the sums of the processes' ``segment_*``
@@ -124,7 +133,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     else:
         logger.info("held-out accuracy before RL: %.3f", eval_before)
     if not start_step:  # kept at once: a run killed before its summary.json still reports it when resumed
-        record_before_values(run_dir, {"eval_accuracy_before": eval_before})
+        record_before_values(run_dir, {"eval_accuracy_before": eval_before,
+                                       **{_before_name(k): v for k, v in before_by_source.items()}})
         metrics.write_before({"eval_accuracy": eval_before, **before_by_source})
     progress = progress_bar(cfg, state.step) if cfg.train.progress and is_rank0() else None
     record = {}
@@ -183,6 +193,9 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             stopped = stop.check_after_training("the final evaluation")
         rl_seconds, total_seconds = time.perf_counter() - rl_start, time.perf_counter() - t_start
         eval_before_run = previous.get("eval_accuracy_before") if start_step else eval_before
+        before_by_source_run = ({k: v for k, v in previous.items() if k.startswith(("eval_accuracy_before/",
+                                                                                     "eval_pass_at_k_before"))}
+                                if start_step else {_before_name(k): v for k, v in before_by_source.items()})
         summary = {
             "optimizer": cfg.optimizer.name, "task": cfg.task.datasets, "steps": state.step,
             **({"eval_datasets": cfg.task.eval_datasets} if cfg.task.eval_datasets else {}),
@@ -194,7 +207,8 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             "resumed_from_step": start_step, "segment_steps": state.step - start_step,
             "segment_eval_accuracy_before": eval_before, "segment_setup_seconds": setup_seconds,
             "segment_rl_seconds": rl_seconds, "segment_total_seconds": total_seconds,
-            # a mixture: the final held-out accuracy per source ("eval_accuracy_after/gcd"); k samples: pass@k
+            # a mixture: the held-out accuracy per source before and after ("eval_accuracy_after/gcd"); pass@k
+            **before_by_source_run,
             **{_after_name(k): v for k, v in after_by_source.items()},
         }
         if is_rank0():

@@ -10,15 +10,21 @@ from typing import Optional
 from megatron_logra.config import RunConfig
 from megatron_logra.run_summary import previous_summary_values
 
-__all__ = ["previous_summary", "run_total", "rss_bytes", "bar_fields", "progress_bar"]
+__all__ = ["BEFORE_FIELDS", "previous_summary", "run_total", "rss_bytes", "bar_fields", "progress_bar"]
+
+
+BEFORE_FIELDS = ("eval_accuracy_before", "eval_accuracy_before/*", "eval_pass_at_k_before")
+"""The summary's held-out values before update 1: overall, per source (a mixture or ``task.eval_datasets``) and
+pass@k; kept in ``eval_before.json`` and carried into a resumed run's summary."""
 
 
 def previous_summary(path: Path, start: int) -> dict:
     """What the run's previous ``summary.json`` (``path``) says about the run before step ``start`` (the step
-    this process resumed from): ``eval_accuracy_before`` (the held-out accuracy before update 1) and, when that
+    this process resumed from): ``eval_accuracy_before`` (the held-out accuracy before update 1), its value per
+    source (``eval_accuracy_before/SOURCE``) and ``eval_pass_at_k_before``, and, when that
     summary ends at ``start``, ``setup_seconds`` / ``rl_seconds`` / ``total_seconds``
     (:func:`~megatron_logra.run_summary.previous_summary_values`)."""
-    return previous_summary_values(path, start, ("eval_accuracy_before",),
+    return previous_summary_values(path, start, BEFORE_FIELDS,
                                    ("setup_seconds", "rl_seconds", "total_seconds"))
 
 
