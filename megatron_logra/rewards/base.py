@@ -29,6 +29,7 @@ __all__ = [
     "Scorer",
     "extract_tagged_answer",
     "prompt_bucket",
+    "same_prompt_key",
     "stable_hash",
     "unit_uniform",
 ]
@@ -104,6 +105,13 @@ def prompt_bucket(prompt: str, modulus: int) -> int:
         raise ValueError(f"modulus={modulus} must be >= 1")
     digest = hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=8, person=b"mlogra-eval")
     return int.from_bytes(digest.digest(), "little") % modulus
+
+
+def same_prompt_key(prompt: str) -> str:
+    """``prompt`` with its whitespace normalised (stripped, every run of whitespace one blank): the form in which two
+    prompts count as the same prompt (a ``jsonl:`` file's repeated prompt, a benchmark's held-out prompt that
+    training skips). The text the model sees is unchanged; the ``task.eval_modulus`` split hashes the text as is."""
+    return " ".join(prompt.split())
 
 
 _TAG_RE_CACHE: dict[str, re.Pattern[str]] = {}

@@ -10,8 +10,8 @@ Contract
 * **Benchmarks** (``task.eval_datasets``) — when the host has ``benchmarks``, the held-out set is theirs instead:
   up to ``num_eval`` problems of each, a file's rows in file order (a file cut short is warned of), a generated
   dataset's first distinct prompts in its seeded order; prompts the filter refuses are skipped.
-  :meth:`HeldOutSet.held_out_prompts` (the texts of those problems, before the filter) is what the train stream
-  then skips, so that train and held-out stay disjoint by prompt text.
+  :meth:`HeldOutSet.held_out_prompts` (the texts of those problems, before the filter, whitespace normalised) is
+  what the train stream then skips, so that train and held-out stay disjoint by prompt text.
 * The host class provides ``eval_sources``, ``benchmarks``, ``eval_seed``, ``eval_modulus``, ``num_eval``,
   ``weights``, ``names``, ``_eval`` and ``_held_out`` (the caches, None until drawn; ``_held_out_prompts`` is
   set with ``_held_out``), ``is_eval_prompt`` and
@@ -25,7 +25,7 @@ import math
 import random
 from typing import Iterator, Sequence
 
-from megatron_logra.rewards.base import Problem, stable_hash
+from megatron_logra.rewards.base import Problem, same_prompt_key, stable_hash
 
 __all__ = ["HeldOutSet", "allocate_counts"]
 
@@ -128,13 +128,20 @@ class HeldOutSet:
         benchmarks)."""
         if self._held_out is None:
             self._held_out = [p for source in self.benchmarks for p in self._benchmark_problems(source)]
-            self._held_out_prompts = frozenset(p.prompt for p in self._held_out)
+            self._held_out_prompts = frozenset(same_prompt_key(p.prompt) for p in self._held_out)
         return list(self._held_out)
 
     def held_out_prompts(self) -> frozenset[str]:
-        """The prompt texts of :meth:`benchmark_problems`, which the train stream skips."""
+        """The prompt texts of :meth:`benchmark_problems` with their whitespace normalised
+        (:func:`~megatron_logra.rewards.base.same_prompt_key`): the train stream skips a prompt whose normalised
+        text is one of them."""
         self.benchmark_problems()
         return self._held_out_prompts
+
+    def is_held_out(self, prompt: str) -> bool:
+        """Whether ``prompt`` is one of :meth:`held_out_prompts` once its whitespace is normalised: a training row
+        ``"What is 2+2? "`` is the benchmark's ``"What is  2+2?"``."""
+        return same_prompt_key(prompt) in self.held_out_prompts()
 
     def eval_problems(self) -> list[Problem]:
         """The held-out problems (cached; a new list each call), disjoint from every train prompt."""

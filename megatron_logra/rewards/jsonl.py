@@ -14,7 +14,8 @@ Format: one JSON object per line (blank lines are skipped).
   with ``"line"`` (1-based line number) and ``"id"`` (``"jsonl:PATH:LINE"`` when the row has none).
 
 The file must be UTF-8 (a leading byte-order mark is accepted). Ids must be unique and each prompt
-text may appear on one line only — also when both lines give the same answer: the prompt is the
+text may appear on one line only — also when both lines give the same answer, and also when the two texts differ
+only in whitespace (:func:`~megatron_logra.rewards.base.same_prompt_key`): the prompt is the
 unit of the train/eval split, a repeated one would be sampled twice as often, and two answers for
 it would reward and penalise the same completion.
 
@@ -42,7 +43,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from megatron_logra.rewards.base import Problem
+from megatron_logra.rewards.base import Problem, same_prompt_key
 from megatron_logra.rewards.jsonl_read import json_lines, parquet_rows
 from megatron_logra.rewards.jsonl_rows import _problem_of
 
@@ -123,7 +124,7 @@ def load_jsonl_problems(path: str | Path, source: str | None = None, *, prompt_k
         raise FileNotFoundError(f"{path}: {kind} problem file not found (dataset spec {source!r})")
     problems: list[Problem] = []
     id_lines: dict[str, int] = {}
-    prompt_lines: dict[str, tuple[int, str]] = {}
+    prompt_lines: dict[str, tuple[int, str, str]] = {}  # by the whitespace-normalised prompt
     for line_no, obj in (parquet_rows(path) if parquet else json_lines(path)):
         where = f"{path}:{line_no}"
         problem = _problem_of(obj, source, where, line_no, prompt_key, answer_key)
@@ -131,14 +132,16 @@ def load_jsonl_problems(path: str | Path, source: str | None = None, *, prompt_k
         if pid in id_lines:
             raise ValueError(f"{where}: id {pid!r} repeats line {id_lines[pid]}; ids must be unique (give one "
                              f"of the two rows another id)")
-        if problem.prompt in prompt_lines:
-            first, answer = prompt_lines[problem.prompt]
+        key = same_prompt_key(problem.prompt)  # "What is  2+2? " repeats "What is 2+2?"
+        if key in prompt_lines:
+            first, answer, text = prompt_lines[key]
             what = ("with the same answer" if answer == problem.answer
                     else f"with another answer ({answer!r} there, {problem.answer!r} here)")
-            raise ValueError(f"{where}: the prompt repeats line {first} {what}; each prompt may appear once "
+            spaced = "" if text == problem.prompt else " (the same text but for whitespace)"
+            raise ValueError(f"{where}: the prompt repeats line {first}{spaced} {what}; each prompt may appear once "
                              f"(remove one of the two lines)")
         id_lines[pid] = line_no
-        prompt_lines[problem.prompt] = (line_no, problem.answer)
+        prompt_lines[key] = (line_no, problem.answer, problem.prompt)
         problems.append(problem)
     if not problems:
         raise ValueError(f"{path}: no problems (the file is empty)")

@@ -24,8 +24,8 @@ Contracts
 * **Eval set** — ``num_eval`` distinct prompts split over sources by weight, drawn once and cached
   (:mod:`megatron_logra.rewards.eval_set`).
 * **Benchmarks** — with ``benchmarks`` (``task.eval_datasets``: held-out sources of their own) the held-out set
-  is theirs, and a prompt is eval-only iff it is the prompt of one of their held-out problems (by text, not by
-  hash): the train stream then uses every other prompt of its sources, and the two stay disjoint.
+  is theirs, and a prompt is eval-only iff it is the prompt of one of their held-out problems (by text, blanks
+  normalised): the train stream then uses every other prompt of its sources, and the two stay disjoint.
 * **Rewards** — ``score`` returns ``(reward, correct)``: ``correct = score >= 1`` and
   ``reward = correct_reward`` if correct else ``wrong_reward + score * (correct_reward - wrong_reward)``
   (or plain ``wrong_reward`` when ``graded=False``).
@@ -138,9 +138,9 @@ class Task(HeldOutSet):
 
     def is_eval_prompt(self, prompt: str) -> bool:
         """Whether ``prompt`` is reserved for evaluation (never produced by the train stream): one of the
-        benchmarks' held-out prompts when there are benchmarks, else by its hash and ``eval_modulus``."""
+        benchmarks' held-out prompts when there are benchmarks (``is_held_out``), else by hash and ``eval_modulus``."""
         if self.benchmarks:
-            return prompt in self.held_out_prompts()
+            return self.is_held_out(prompt)
         return prompt_bucket(prompt, self.eval_modulus) == 0
 
     def set_prompt_filter(self, fits: Callable[[str], bool] | None,
