@@ -68,7 +68,8 @@ class TaskConfig:
     num_eval: int = 200
     """Held-out eval problems (split over datasets by weight; with ``eval_datasets``, per benchmark); 0 disables
     the eval set (the eval-only prompts of ``eval_modulus`` are still never trained on, so that the split is the
-    same for every ``num_eval``)."""
+    same for every ``num_eval``; with ``eval_datasets`` nothing is held out, so training may use their prompts, and
+    a warning says so)."""
     seed: int = 1234
     """Seed of the train stream (and of the datasets that produce it)."""
     eval_seed: int = 4321

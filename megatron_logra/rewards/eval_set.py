@@ -9,7 +9,8 @@ Contract
   are taken, so the set is disjoint from every train prompt.
 * **Benchmarks** (``task.eval_datasets``) — when the host has ``benchmarks``, the held-out set is theirs instead:
   up to ``num_eval`` problems of each, a file's rows in file order (a file cut short is warned of), a generated
-  dataset's first distinct prompts in its seeded order; prompts the filter refuses are skipped.
+  dataset's first distinct prompts in its seeded order; prompts the filter refuses are skipped. ``num_eval=0``
+  holds out none (evaluation is off; one warning says so and that training may then use the benchmarks' prompts).
   :meth:`HeldOutSet.held_out_prompts` (the texts of those problems, before the filter, whitespace normalised) is
   what the train stream then skips, so that train and held-out stay disjoint by prompt text.
 * The host class provides ``eval_sources``, ``benchmarks``, ``eval_seed``, ``eval_modulus``, ``num_eval``,
@@ -101,6 +102,8 @@ class HeldOutSet:
 
     def _benchmark_problems(self, source) -> list[Problem]:
         """Up to ``num_eval`` problems of a benchmark, before the prompt filter (see the module doc)."""
+        if self.num_eval == 0:  # evaluation off: nothing held out (benchmark_problems says so once)
+            return []
         rows = getattr(source, "problems", None)
         if rows is not None:  # a file: its rows in file order
             if len(rows) > self.num_eval:
@@ -127,6 +130,10 @@ class HeldOutSet:
         """The benchmarks' held-out problems before the prompt filter (cached; a new list each call; empty without
         benchmarks)."""
         if self._held_out is None:
+            if self.benchmarks and self.num_eval == 0:
+                logger.warning("task.num_eval=0: held-out evaluation is off, so task.eval_datasets %s are not "
+                               "evaluated and none of their prompts is kept out of training; give task.num_eval=N to "
+                               "evaluate up to N problems of each (and never train on them)", self.eval_names)
             self._held_out = [p for source in self.benchmarks for p in self._benchmark_problems(source)]
             self._held_out_prompts = frozenset(same_prompt_key(p.prompt) for p in self._held_out)
         return list(self._held_out)
