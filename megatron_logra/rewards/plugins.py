@@ -14,6 +14,7 @@ hung plugin (a code sandbox, an HTTP reward server, an endless loop) hang the ru
 
 from __future__ import annotations
 
+import decimal
 import importlib
 import inspect
 import logging
@@ -108,7 +109,8 @@ def _shown(number: numbers.Real) -> str:
 class PluginScorer:
     """A :class:`~megatron_logra.rewards.base.Scorer` around a user reward function.
 
-    The function's return value must be a finite real number in ``[0, 1]`` (bools count as 0/1; a numpy bool
+    The function's return value must be a finite real number in ``[0, 1]`` (``Fraction`` and ``Decimal`` too;
+    bools count as 0/1; a numpy bool
     or scalar, a 0-d array or a one-element tensor counts as its ``.item()``); anything else raises ValueError
     naming the path and the value. Exceptions raised by the
     function propagate: a bug in user code should stop the run, not read as a wrong answer.
@@ -153,13 +155,17 @@ class PluginScorer:
             raise ValueError(f"reward function {self.path!r} returned {_shown(number)}; expected a number in "
                              f"[0, 1]") from None
         if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-            raise ValueError(f"reward function {self.path!r} returned {value!r}; expected a number in [0, 1]")
+            # a Decimal as itself: Decimal('1E+400') is no "inf"
+            shown = _shown(number) if isinstance(number, decimal.Decimal) else repr(value)
+            raise ValueError(f"reward function {self.path!r} returned {shown}; expected a number in [0, 1]")
         return value
 
-    def _plain_number(self, value: Any) -> numbers.Real:
-        """``value`` as a real number: a Python or numpy real as it is; a numpy bool (``np.isclose(...)``) or
-        another one-element numpy / torch value (a 0-d array or tensor) as its ``.item()``. Anything else, an array
-        of several values included, is a ValueError naming the path and the value."""
+    def _plain_number(self, value: Any) -> numbers.Real | decimal.Decimal:
+        """``value`` as a real number: a Python or numpy real (``Fraction`` included) or a ``decimal.Decimal`` (no
+        ``numbers.Real``, yet a real number: a NaN or infinite one is refused by the caller's range check) as it
+        is; a numpy bool (``np.isclose(...)``) or another one-element numpy / torch value (a 0-d array or tensor) as
+        its ``.item()``. Anything else, an array of several values or a complex number included, is a ValueError
+        naming the path and the value."""
         module = type(value).__module__.split(".")[0]
         has_item = callable(getattr(value, "item", None))
         if not isinstance(value, numbers.Real) and module in ("numpy", "torch") and has_item:
@@ -168,7 +174,7 @@ class PluginScorer:
                 raise ValueError(f"reward function {self.path!r} returned {type(value).__name__} of {count} values; "
                                  f"expected one number in [0, 1] per completion")
             value = value.item()
-        if not isinstance(value, numbers.Real):
+        if not isinstance(value, (numbers.Real, decimal.Decimal)):
             raise ValueError(
                 f"reward function {self.path!r} returned {value!r} ({type(value).__name__}); "
                 f"expected a number in [0, 1]"
