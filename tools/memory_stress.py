@@ -27,11 +27,10 @@ writes ``OUT/memory_stress.{csv,png}`` (``--out``, default ``runs/memory_stress`
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import logging
+import os
 import sys
-import threading
 import time
 import warnings
 from contextlib import nullcontext
@@ -46,18 +45,15 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from optimizer_memory import ffn_size  # noqa: E402
 
 from megatron_logra.bench.outputs import why_unwritable  # noqa: E402
+from megatron_logra.cli.errors import tracebacks_wanted  # noqa: E402
 from megatron_logra.memory.measure import LiveTensorTracker  # noqa: E402
 from megatron_logra.memory.measure import maxrss_bytes as _maxrss_bytes  # noqa: E402
 from megatron_logra.memory.measure import reset_peak_rss as _reset_peak_rss  # noqa: E402
-from megatron_logra.plot import pyplot, save_figure  # noqa: E402
+from megatron_logra.memory.stress_setup import host_shortfall, make_batch, optimizer_state_bytes, out_of_memory, predicted  # noqa: E402,E501
+from megatron_logra.memory.stress_report import COLUMNS, MEASURED, GiB, NvmlSampler, fmt, plot, report, unit_of  # noqa: E402,F401
 
 logger = logging.getLogger("memory_stress")
-
-COLUMNS = ["optimizer", "step", "device", "world", "tp", "tokens_per_step", "peak_allocated_bytes",
-           "peak_reserved_bytes", "nvml_peak_used_bytes", "live_tensor_peak_bytes", "peak_rss_bytes",
-           "optimizer_state_bytes", "predicted_peak_bytes", "predicted_optimizer_state_bytes", "step_seconds", "loss"]
-MEASURED = COLUMNS[6:12] + ["step_seconds"]
-GiB = 2 ** 30
+SIZES = "--hidden, --layers, --vocab, --micro-batch or --seq-len (or a smaller --model)"
 
 
 def model_config(args):
@@ -71,111 +67,10 @@ def model_config(args):
                        vocab_size=args.vocab, seq_length=args.seq_len, params_dtype=args.dtype, swiglu=True)
 
 
-def predicted(mcfg, kind: str, args, world: int) -> tuple[int, int]:
-    """(trainer peak, optimizer state) bytes of one rank from the memory planner."""
-    from megatron_logra.memory import PlanConfig, plan
-    from megatron_logra.memory.preflight import attention_kernel
-
-    # the tool applies every step at α = 1 (no KL controller): LoGRA's native AdamW step copies no masters
-    p = plan(mcfg, PlanConfig(tp=args.tp, dp=max(1, world // args.tp), optimizer=kind, rank=args.rank,
-                              masters=args.masters, micro_batch=args.micro_batch, seq_len=args.seq_len,
-                              recompute=args.recompute, distributed_optimizer=False, overhead_bytes=0,
-                              logprob_chunk_tokens=args.chunk_tokens, loss="lm" if args.loss == "lm" else "logprob",
-                              policy_sync=False, attention=attention_kernel(mcfg), scaled_native_step=False))
-    w = p.worst
-    return w.trainer_peak, w.grads + w.masters + w.moments + w.sketches + w.row_moments
-
-
-def optimizer_state_bytes(opt) -> int:
-    """Bytes of the unique storages the optimizer keeps across steps (weights excluded)."""
-    seen, total = set(), 0
-
-    def add(t) -> None:
-        nonlocal total
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            st = t.untyped_storage()
-            if st.data_ptr() not in seen:
-                seen.add(st.data_ptr())
-                total += st.nbytes()
-
-    native = opt.native
-    for p, m in zip(native.params, native.masters):
-        add(p.grad)
-        add(getattr(p, "main_grad", None))
-        if m is not p:
-            add(m)
-    if native.inner is not None:
-        for state in native.inner.state.values():
-            for v in state.values():
-                add(v)
-    if hasattr(opt, "sketches"):
-        add(opt.sketches.flat)
-        for v in list(opt.row_moments.values()) + list(opt.masters.values()):
-            add(v)
-    return total
-
-
-class NvmlSampler:
-    """Peak device memory in use during a region, sampled every ``interval`` s (None without NVML)."""
-
-    def __init__(self, interval: float = 0.005) -> None:
-        self.handle, self.interval, self.peak = None, interval, None
-        try:
-            import pynvml
-        except ImportError:
-            logger.warning("nvidia-ml-py (pynvml) is not installed: no NVML readings (pip install nvidia-ml-py)")
-            return
-        try:
-            pynvml.nvmlInit()
-            props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            try:  # by PCI id: CUDA_VISIBLE_DEVICES renumbers CUDA devices, not NVML's
-                pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-                self.handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci.encode())
-            except (AttributeError, pynvml.NVMLError):
-                self.handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-            self._info = pynvml.nvmlDeviceGetMemoryInfo
-        except pynvml.NVMLError as exc:  # NVMLError_LibraryNotFound without a driver, and friends
-            logger.warning("NVML unavailable (%s): no NVML readings", exc)
-            self.handle = None
-
-    def __enter__(self):
-        self.peak, self._stop = None, threading.Event()
-        if self.handle is not None:
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while True:
-            used = self._info(self.handle).used
-            self.peak = used if self.peak is None else max(self.peak, used)
-            if self._stop.wait(self.interval):
-                return
-
-    def __exit__(self, *exc) -> None:
-        if self.handle is not None:
-            self._stop.set()
-            self._thread.join()
-
-
-def make_batch(mcfg, args, device, seed: int):
-    from megatron_logra.train.step import Batch
-
-    gen = torch.Generator().manual_seed(seed)
-    b, s = args.micro_batch, args.seq_len
-    tokens = torch.randint(0, mcfg.vocab_size, (b, s), generator=gen)
-    mask = torch.ones(b, s)
-    mask[:, : s // 4] = 0.0  # a prompt part outside the loss
-    extras = {"advantages": torch.randn(b, 1, generator=gen).expand(b, s).contiguous(),
-              "rollout_logprobs": torch.full((b, s), -2.0), "finished": torch.ones(b, s)}
-    return Batch(tokens.to(device), torch.roll(tokens, -1, dims=1).to(device), mask.to(device),
-                 torch.arange(s)[None].expand(b, s).contiguous().to(device), {k: v.to(device) for k, v in extras.items()})
-
-
-def run_kind(kind: str, mcfg, args, device: torch.device, world: int, groups) -> list[dict]:
+def run_kind(kind: str, mcfg, args, device: torch.device, world: int, groups, into: Optional[list] = None) -> list[dict]:
     """Steps of one optimizer ``kind`` on ``groups`` (made once for every kind: megatron's teardown keeps the
     process groups, so making them again per kind would leave the earlier NCCL communicators' buffers in the
-    next kind's memory peak)."""
+    next kind's memory peak). Each step's row is appended to ``into`` (kept if a later step fails) too."""
     import torch.distributed as dist
 
     from megatron_logra.models.gpt import build_gpt
@@ -195,7 +90,7 @@ def run_kind(kind: str, mcfg, args, device: torch.device, world: int, groups) ->
     pred_peak, pred_state = predicted(mcfg, kind, args, world)
     cuda = device.type == "cuda"
     nvml = NvmlSampler() if cuda else None
-    rows = []
+    rows = [] if into is None else into
     for step in range(1, args.steps + 1):
         batches = [make_batch(mcfg, args, device, 1000 * step + i) for i in range(args.micro_batches)]
         gc.collect()
@@ -238,74 +133,6 @@ def run_kind(kind: str, mcfg, args, device: torch.device, world: int, groups) ->
     if cuda:
         torch.cuda.empty_cache()
     return rows
-
-
-def unit_of(rows: list[dict]) -> tuple[str, int]:
-    """GiB when any reading reaches 1 GiB, else MiB."""
-    keys = [k for k in COLUMNS if k.endswith("_bytes")]
-    big = max((r[k] for r in rows for k in keys if r.get(k) is not None), default=0)
-    return ("GiB", GiB) if big >= GiB else ("MiB", 2 ** 20)
-
-
-def fmt(v, scale: int) -> str:
-    return "-" if v in (None, "") else f"{int(v) / scale:.3f}"
-
-
-def report(rows: list[dict], out: Path, title: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "memory_stress.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
-    unit, scale = unit_of(rows)
-    head = ["optimizer", "step", "allocated", "reserved", "NVML used", "live tensors", "RSS", "predicted peak",
-            "opt state", "predicted opt state", "step s"]
-    print(f"{title}\n(peaks per step, worst rank, {unit})")
-    print(" | ".join(head))
-    keys = ["peak_allocated_bytes", "peak_reserved_bytes", "nvml_peak_used_bytes", "live_tensor_peak_bytes",
-            "peak_rss_bytes", "predicted_peak_bytes", "optimizer_state_bytes", "predicted_optimizer_state_bytes"]
-    for r in rows:
-        print(" | ".join([r["optimizer"], str(r["step"]), *(fmt(r.get(k), scale) for k in keys),
-                          "-" if r.get("step_seconds") is None else f"{r['step_seconds']:.2f}"]))
-    plot(rows, out / "memory_stress.png", title)
-    print(f"wrote {out / 'memory_stress.csv'} and {out / 'memory_stress.png'}")
-
-
-def plot(rows: list[dict], path: Path, title: str) -> None:
-    plt = pyplot()
-
-    unit, scale = unit_of(rows)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ax_rss = None
-    kinds = list(dict.fromkeys(r["optimizer"] for r in rows))
-    series = (("peak_allocated_bytes", "-o", "allocated"), ("peak_reserved_bytes", "--s", "reserved"),
-              ("nvml_peak_used_bytes", ":^", "NVML used"), ("live_tensor_peak_bytes", "-o", "live tensors"),
-              ("peak_rss_bytes", ":s", "process RSS (right axis)"))
-    for i, kind in enumerate(kinds):
-        rs, colour = [r for r in rows if r["optimizer"] == kind], f"C{i}"
-        for key, style, what in series:
-            pts = [(r["step"], r[key] / scale) for r in rs if r.get(key) is not None]
-            if pts:  # RSS is the whole process, imports included: its own axis
-                ax = (ax_rss := ax_rss or ax1.twinx()) if key == "peak_rss_bytes" else ax1
-                ax.plot(*zip(*pts), style, color=colour, label=f"{kind} {what}")
-        ax1.axhline(rs[0]["predicted_peak_bytes"] / scale, color=colour, alpha=0.5, lw=1, label=f"{kind} predicted")
-        ax2.bar(i - 0.2, (rs[-1].get("optimizer_state_bytes") or 0) / scale, 0.4, color=colour,
-                label="measured" if i == 0 else None)
-        ax2.bar(i + 0.2, rs[0]["predicted_optimizer_state_bytes"] / scale, 0.4, color=colour, alpha=0.4,
-                hatch="//", label="predicted" if i == 0 else None)
-    ax1.set(xlabel="step", ylabel=f"{unit} (worst rank)", title="peak memory per step", ylim=(0, None))
-    ax1.xaxis.get_major_locator().set_params(integer=True)
-    handles, labels = ax1.get_legend_handles_labels()
-    if ax_rss is not None:
-        ax_rss.set_ylabel(f"process RSS {unit}")
-        handles, labels = handles + ax_rss.get_legend_handles_labels()[0], labels + ax_rss.get_legend_handles_labels()[1]
-    ax1.legend(handles, labels, fontsize=7)
-    ax2.set_xticks(range(len(kinds)), kinds)
-    ax2.set(ylabel=f"{unit} (worst rank)", title="optimizer state")
-    ax2.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    save_figure(fig, path, dpi=110)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -355,7 +182,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                  "heads", "query_groups", "ffn"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:  # 0 would fall back to the default
             parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
-    problem = why_unwritable(args.out, directory=True)  # a file, or below one, or read-only: before anything runs
+    problem = why_unwritable(args.out, directory=True) if args.out.strip() else "an empty path"  # before anything runs
     if problem:
         parser.error(f"--out={args.out}: {problem}; give a directory (memory_stress.csv and .png are written there)")
     if args.chunk_tokens < 0:
@@ -379,6 +206,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     use_cuda = torch.cuda.is_available()
     if args.device != "auto" and use_cuda != (args.device == "cuda"):  # the CPU shim is active only without CUDA
         parser.error(f"--device {args.device}: CUDA is {'' if use_cuda else 'not '}available")
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; checked before any process group is made
+    if world % args.tp:
+        parser.error(f"--tp={args.tp} does not divide the world size {world}{' (one process: no torchrun)' * (world == 1)}"
+                     f": launch a multiple of {args.tp} processes (torchrun --nproc-per-node {args.tp} ...) or give "
+                     f"a --tp that divides {world}")
+    problem = None if use_cuda else host_shortfall(max(predicted(mcfg, k, args, world)[0] for k in kinds))
+    if problem:  # on CUDA a failed allocation raises; on the CPU the OOM killer ends the process without a word
+        parser.error(f"{problem}: reduce {SIZES}")
     from megatron_logra.parallel import ParallelConfig, destroy_parallel, init_distributed, initialize_parallel
 
     init_distributed("nccl" if use_cuda else "gloo")
@@ -386,15 +221,38 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     world, rank0 = dist.get_world_size(), dist.get_rank() == 0
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    rows: list[dict] = []
+    kind, failure = kinds[0], None
     try:
         groups = initialize_parallel(ParallelConfig(tp=args.tp), seed=1)
-        rows = [row for kind in kinds for row in run_kind(kind, mcfg, args, device, world, groups)]
+        for kind in kinds:
+            run_kind(kind, mcfg, args, device, world, groups, into=rows)
+    except (KeyboardInterrupt, MemoryError, RuntimeError) as exc:  # one line and the steps measured so far
+        if tracebacks_wanted() or not (isinstance(exc, KeyboardInterrupt) or out_of_memory(exc)):
+            raise
+        where = f"{kind} step {sum(r['optimizer'] == kind for r in rows) + 1}"
+        if isinstance(exc, KeyboardInterrupt):
+            failure = (130, "interrupted (Ctrl-C, SIGINT)", where)
+        else:
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            failure = (1, "out of memory", f"{where} ({why}); the planner predicts a "
+                          f"{predicted(mcfg, kind, args, world)[0] / GiB:.2f} GiB peak per rank: reduce {SIZES}")
     finally:
-        destroy_parallel()
-    if rank0:
-        report(rows, Path(args.out), title)
+        destroy_parallel(wait_for_peers=failure is None)
+    if rank0 and rows:
+        report(rows, Path(args.out), title + (f" ({failure[1]} at {failure[2].split(' (')[0]})" if failure else ""))
+    if failure:
+        kept = f"; {len(rows)} measured step(s) written to {args.out}" if rows else "; no step was measured"
+        sys.stderr.write(f"{parser.prog}: error: {failure[1]} at {failure[2]}{kept}\n")
+        return failure[0]
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before the steps (imports, planning, process groups): nothing measured
+        if tracebacks_wanted():
+            raise
+        sys.stderr.write("memory_stress.py: error: interrupted (Ctrl-C, SIGINT) before any step was measured\n")
+        sys.exit(130)

@@ -8,7 +8,7 @@ allocator overhead). Linux ``/proc`` is read for RSS.
 
 from __future__ import annotations
 
-__all__ = ["rss_bytes", "maxrss_bytes", "reset_peak_rss", "LiveTensorTracker"]
+__all__ = ["rss_bytes", "maxrss_bytes", "reset_peak_rss", "available_bytes", "LiveTensorTracker"]
 
 
 def rss_bytes() -> int:
@@ -36,6 +36,25 @@ def reset_peak_rss() -> bool:
     except OSError:
         return False
 
+
+def available_bytes() -> "int | None":
+    """Host memory this process can still take: ``MemAvailable`` of ``/proc/meminfo``, or less where the
+    cgroup (v2 ``memory.max`` or v1 ``memory.limit_in_bytes``) allows less above its current use; None when
+    neither can be read."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit, used in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit) as f, open(used) as g:
+                found.append(int(f.read()) - int(g.read()))  # "max" (no limit) is not an int
+        except (OSError, ValueError):
+            continue
+    return max(0, min(found)) if found else None
 
 
 class LiveTensorTracker:
