@@ -16,6 +16,7 @@
 # (named in its log and the summary). Without a CUDA device it still writes every file: the gpu-marked
 # tests skip, the smoke check and the sync timing are not started, and the summary's first line says that
 # nothing was checked on a GPU (exit status 0: the environment report and test collection worked).
+# A PYTHON that cannot import torch is named in the summary's first line (NOT CHECKED), exit status 1.
 #
 # Env:
 #   PYTHON          interpreter (default python3)
@@ -122,8 +123,9 @@ tail -n 25 "$OUT/pytest.txt"
 
 smoke_rc=0 smoke_note="no CUDA device: not run"
 sync_rc=0 sync_note="no CUDA device: not run"
-cuda=0
-"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" && cuda=1
+cuda=0 torch_ok=1
+"$PY" -c "import torch" > /dev/null 2>&1 || torch_ok=0  # not "no CUDA device": nothing could look for one
+"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" > /dev/null 2>&1 && cuda=1
 if (( cuda )); then
   stage "${SMOKE_TIMEOUT:-240}" "$OUT/smoke.txt" tools/gpu_smoke.py "$PY" tools/gpu_smoke.py
   smoke_rc=$rc smoke_note=$note
@@ -133,12 +135,18 @@ if (( cuda )); then
   sync_rc=$rc sync_note=$note
   tail -n 8 "$OUT/sync_apply.txt"
 else
-  echo "no CUDA device: smoke benchmark not run" | tee "$OUT/smoke.txt"
-  echo "no CUDA device: sync timing not run" | tee "$OUT/sync_apply.txt"
+  why="no CUDA device"
+  (( torch_ok )) || why="$PY cannot import torch"
+  smoke_note="$why: not run" sync_note="$why: not run"
+  echo "$why: smoke benchmark not run" | tee "$OUT/smoke.txt"
+  echo "$why: sync timing not run" | tee "$OUT/sync_apply.txt"
 fi
 
 {
-  if (( ! cuda )); then
+  if (( ! torch_ok )); then
+    echo "NOT CHECKED: $PY cannot import torch (env.txt says why), so whether this machine has a CUDA device is"
+    echo "unknown; set PYTHON to the interpreter of the environment the project is installed in (PYTHON=.venv/bin/python)."
+  elif (( ! cuda )); then
     echo "NO CUDA DEVICE: nothing was checked on a GPU. The gpu-marked tests skip, the smoke benchmark and the sync"
     echo "timing are not started; exit 0 here only means the environment report and test collection worked."
   fi
@@ -147,4 +155,4 @@ fi
   echo "sync apply vs copy on the GPU: exit $sync_rc ($sync_note)"
   echo "total: ${SECONDS}s of CHECK_BUDGET=${BUDGET}s"
 } | tee "$OUT/summary.txt"
-[[ $tests_rc -eq 0 && $smoke_rc -eq 0 && $sync_rc -eq 0 ]]
+[[ $torch_ok -eq 1 && $tests_rc -eq 0 && $smoke_rc -eq 0 && $sync_rc -eq 0 ]]
