@@ -5,19 +5,14 @@ evaluate them all"."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
 
 from megatron_logra.rewards import TaskConfig, build_task
+from support.jsonl_rows import write_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
-
-
-def _write(path, rows) -> str:
-    path.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in rows))
-    return f"jsonl:{path}"
 
 
 @pytest.fixture
@@ -25,7 +20,7 @@ def files(tmp_path):
     """A training file of 30 rows and a benchmark of 10, 4 of which are training rows."""
     train = [(f"how much is {i} and two", str(i + 2)) for i in range(30)]
     bench = train[:4] + [(f"how much is {i} and two", str(i + 2)) for i in range(200, 206)]
-    return _write(tmp_path / "train.jsonl", train), _write(tmp_path / "bench.jsonl", bench), train, bench
+    return write_rows(tmp_path / "train.jsonl", train), write_rows(tmp_path / "bench.jsonl", bench), train, bench
 
 
 def test_num_eval_zero_turns_benchmark_evaluation_off_and_says_so_once(files, caplog):

@@ -5,19 +5,14 @@ a benchmark prompt, so the two stay disjoint by text."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
 
 from megatron_logra.rewards import TaskConfig, build_task, prompt_bucket
+from support.jsonl_rows import write_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
-
-
-def _write(path, rows) -> str:
-    path.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in rows))
-    return f"jsonl:{path}"
 
 
 @pytest.fixture
@@ -25,7 +20,7 @@ def files(tmp_path):
     """A training file of 64 rows and a benchmark of 12 rows, 6 of which are also training rows."""
     train = [(f"what is {i} plus one", str(i + 1)) for i in range(64)]
     bench = train[:6] + [(f"what is {i} plus one", str(i + 1)) for i in range(100, 106)]
-    return _write(tmp_path / "train.jsonl", train), _write(tmp_path / "bench.jsonl", bench), train, bench
+    return write_rows(tmp_path / "train.jsonl", train), write_rows(tmp_path / "bench.jsonl", bench), train, bench
 
 
 def _train_prompts(task, n: int = 3000) -> set[str]:
@@ -70,7 +65,7 @@ def test_num_eval_caps_each_benchmark_and_says_so(files, caplog):
 
 def test_a_training_file_that_is_all_benchmark_is_refused(tmp_path):
     rows = [(f"what is {i} plus one", str(i + 1)) for i in range(8)]
-    train, bench = _write(tmp_path / "a.jsonl", rows), _write(tmp_path / "b.jsonl", rows + [("what is 9", "9")])
+    train, bench = write_rows(tmp_path / "a.jsonl", rows), write_rows(tmp_path / "b.jsonl", rows + [("what is 9", "9")])
     with pytest.raises(ValueError, match=r"has no training prompts: all 8 of its prompts are eval-only .*"
                                          r"task\.eval_datasets"):
         build_task(TaskConfig(datasets=[train], eval_datasets=[bench]))
@@ -105,9 +100,9 @@ def benchmarked(tmp_path_factory):
     from support.run_fixtures import rl_components
 
     root = tmp_path_factory.mktemp("benchmarked")
-    train = _write(root / "train.jsonl", [(f"a {i} a", str(i)) for i in range(64)])
-    easy = _write(root / "easy.jsonl", [(f"a {i} a", str(i)) for i in range(100, 106)])
-    hard = _write(root / "hard.jsonl", [(f"a {i} a", str(i)) for i in range(200, 203)])
+    train = write_rows(root / "train.jsonl", [(f"a {i} a", str(i)) for i in range(64)])
+    easy = write_rows(root / "easy.jsonl", [(f"a {i} a", str(i)) for i in range(100, 106)])
+    hard = write_rows(root / "hard.jsonl", [(f"a {i} a", str(i)) for i in range(200, 203)])
     with rl_components(root / "run", ["rl.steps=1", "rl.prompts_per_step=4", "rl.group_size=2",
                                       "rl.micro_batch_size=8", f"task.datasets={train}",
                                       f"task.eval_datasets={easy},{hard}", "model.seq_length=32"]) as built:

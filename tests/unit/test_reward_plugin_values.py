@@ -8,13 +8,10 @@ own scoring (``score_rollouts``); the expected rewards are the task's mapping of
 
 from __future__ import annotations
 
-import json
-import uuid
-
 import pytest
 
-from megatron_logra.rewards import TaskConfig, build_task
 from megatron_logra.rl.step_guard import RewardError, score_rollouts
+from support.jsonl_rows import plugin_and_file, plugin_task
 
 PLUGIN = '''
 import numpy as np
@@ -50,17 +47,11 @@ CORRECT, WRONG = 1.0, -0.01  # TaskConfig's correct_reward / wrong_reward
 
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
-    name = f"mlogra_values_plugin_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(PLUGIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    data = tmp_path / "p.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(40)))
-    return name, data
+    return plugin_and_file(tmp_path, monkeypatch, PLUGIN, "mlogra_values_plugin")
 
 
 def _task(plugin, fn: str):
-    name, data = plugin
-    return build_task(TaskConfig(datasets=[f"jsonl:{data}"], reward=f"{name}:{fn}", num_eval=0))
+    return plugin_task(plugin, fn)
 
 
 @pytest.mark.parametrize("fn", ["np_isclose", "np_zero_d", "torch_scalar"])
