@@ -86,8 +86,10 @@ def test_sglang_smoke_without_sglang_says_so_and_fails(script, monkeypatch, caps
 
 
 STUB_PYTHON = """#!/usr/bin/env bash
-# gpu_check.sh's interpreter: records each call; "-c" is its CUDA probe, answered "no CUDA"
+# gpu_check.sh's interpreter: records each call; "-c import torch" succeeds, any other "-c" is its CUDA probe,
+# answered "no CUDA"
 printf '%s\\n' "$@" --- >> "$(dirname "$0")/calls.txt"
+[[ "$1" == -c && "$2" == "import torch" ]] && exit 0
 [[ "$1" == -c ]] && exit 1
 exit 0
 """
