@@ -53,6 +53,10 @@ from megatron_logra.memory.stress_setup import host_shortfall, make_batch, optim
 from megatron_logra.memory.stress_report import COLUMNS, MEASURED, GiB, NvmlSampler, fmt, plot, report, unit_of  # noqa: E402,F401
 
 logger = logging.getLogger("memory_stress")
+MODEL_SIZE_FLAGS = ("hidden", "layers", "heads", "query_groups", "ffn", "vocab", "dtype")
+"""The flags that size the model built without ``--model`` (refused with it, which has sizes of its own)."""
+MODEL_SIZE_DEFAULTS = {"hidden": 256, "layers": 2, "vocab": 32000, "dtype": "bfloat16"}
+
 SIZES = "--hidden, --layers, --vocab, --micro-batch or --seq-len (or a smaller --model)"
 
 
@@ -62,9 +66,11 @@ def model_config(args):
 
     if args.model:
         return resolve_model(args.model, seq_length=args.seq_len)
-    return ModelConfig(num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads or max(1, args.hidden // 64),
-                       num_query_groups=args.query_groups, ffn_hidden_size=args.ffn or ffn_size(args.hidden),
-                       vocab_size=args.vocab, seq_length=args.seq_len, params_dtype=args.dtype, swiglu=True)
+    size = {f: getattr(args, f) if getattr(args, f) is not None else d for f, d in MODEL_SIZE_DEFAULTS.items()}
+    hidden = size["hidden"]
+    return ModelConfig(num_layers=size["layers"], hidden_size=hidden, num_attention_heads=args.heads or max(1, hidden // 64),
+                       num_query_groups=args.query_groups, ffn_hidden_size=args.ffn or ffn_size(hidden),
+                       vocab_size=size["vocab"], seq_length=args.seq_len, params_dtype=size["dtype"], swiglu=True)
 
 
 def run_kind(kind: str, mcfg, args, device: torch.device, world: int, groups, into: Optional[list] = None) -> list[dict]:
@@ -140,11 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add("--model", default=None, help="preset (qwen2.5-1.5b, qwen2.5-7b, 27b) or config.json; else the sizes below")
     for flag, default, what in (
-            ("--hidden", 256, "hidden size (default 256)"), ("--layers", 2, "layers (default 2)"),
+            ("--hidden", None, "hidden size (default 256)"), ("--layers", None, "layers (default 2)"),
             ("--heads", None, "attention heads (default hidden // 64)"),
             ("--query-groups", None, "query groups (default: one per head)"),
             ("--ffn", None, "MLP width (default: optimizer_memory.py's ffn_size of --hidden)"),
-            ("--vocab", 32000, "vocabulary (default 32000)"),
+            ("--vocab", None, "vocabulary (default 32000)"),
             ("--micro-batch", 1, "sequences per micro-batch (default 1)"),
             ("--micro-batches", 1, "micro-batches per step (default 1)"),
             ("--seq-len", 512, "tokens per sequence (default 512)"),
@@ -153,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
             ("--chunk-tokens", 1024, "tokens per log-prob chunk of the RL loss, 0 = one chunk (default 1024)"),
             ("--steps", 3, "steps per optimizer (default 3)")):
         add(flag, type=int, default=default, help=what)
-    add("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    add("--dtype", default=None, choices=["bfloat16", "float32", "float16"], help="parameter dtype (default bfloat16)")
     add("--masters", choices=["fp32", "none"], default="fp32")
     add("--recompute", choices=["none", "full"], default="none")
     add("--loss", choices=["rl", "lm"], default="rl", help="RL loss (chunked log-probs) or megatron's LM loss")
@@ -182,6 +188,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                  "heads", "query_groups", "ffn"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:  # 0 would fall back to the default
             parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
+    given = [f"--{f.replace('_', '-')}" for f in MODEL_SIZE_FLAGS if getattr(args, f) is not None]
+    if args.model and given:  # the preset's / config.json's own sizes would silently win
+        parser.error(f"--model {args.model} takes its sizes and dtype from the preset or config.json, so {', '.join(given)} "
+                     "would be ignored: drop them, or drop --model to build a model of those sizes")
+    for flag, default in MODEL_SIZE_DEFAULTS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, default)
     problem = why_unwritable(args.out, directory=True) if args.out.strip() else "an empty path"  # before anything runs
     if problem:
         parser.error(f"--out={args.out}: {problem}; give a directory (memory_stress.csv and .png are written there)")
