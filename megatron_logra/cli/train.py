@@ -95,10 +95,16 @@ def run_train_or_config(parser: argparse.ArgumentParser, command: str, rest: Seq
     else:
         from megatron_logra.train.lm import run_lm as run
     from megatron_logra.train.stopping import catching_interrupts
+    from megatron_logra.train.stopping import interrupted as ctrl_c_received
 
     def checked_run() -> dict:
         check_same_config_on_every_rank(cfg, command)  # a rank given other arguments fails here, not mid-step
-        return run(cfg)
+        try:
+            return run(cfg)
+        except Exception:
+            if ctrl_c_received():  # Ctrl-C that code under way (a save) turned into an error of its own: still Ctrl-C
+                raise KeyboardInterrupt from None
+            raise
 
     succeeded = interrupted = False
     try:

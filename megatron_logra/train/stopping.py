@@ -39,7 +39,7 @@ from megatron_logra.parallel import collective_device, group_size
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EarlyStop", "STOP_SIGNAL", "catching_interrupts"]
+__all__ = ["EarlyStop", "STOP_SIGNAL", "catching_interrupts", "interrupted"]
 
 STOP_SIGNAL = signal.SIGTERM
 """What ``train.exit_signal_handler`` catches: Slurm sends it at a job's time limit and on preemption
@@ -60,6 +60,13 @@ def _on_interrupt(signum: int, frame: Optional[FrameType]) -> None:
     global _interrupted
     _interrupted = True
     raise KeyboardInterrupt
+
+
+def interrupted() -> bool:
+    """Whether a Ctrl-C (SIGINT) has reached :func:`catching_interrupts`' handler in the block now running: an
+    error raised after it is its consequence (the ``KeyboardInterrupt`` landed inside library code that turned it
+    into an error of its own, e.g. a checkpoint writer releasing a lock it no longer held)."""
+    return _interrupted
 
 
 @contextlib.contextmanager
