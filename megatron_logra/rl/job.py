@@ -45,20 +45,12 @@ _LOGGED = ("reward_mean", "accuracy", "alpha", "kl_predicted", "kl_actual", "ste
 """Record fields of the rank-0 log line every ``train.log_interval`` updates (without a progress bar)."""
 
 
-def _before_name(field: str) -> str:
-    """The summary's name of a held-out field measured before update 1: ``eval_accuracy/gcd`` →
-    ``eval_accuracy_before/gcd``, ``eval_pass_at_k`` → ``eval_pass_at_k_before``."""
+def _summary_name(field: str, when: str) -> str:
+    """The summary's name of a held-out field measured ``when`` (``"before"`` update 1 or ``"after"`` the last):
+    ``eval_accuracy/gcd`` → ``eval_accuracy_after/gcd``, ``eval_pass_at_k`` → ``eval_pass_at_k_after``."""
     if field.startswith("eval_accuracy/"):
-        return field.replace("eval_accuracy/", "eval_accuracy_before/", 1)
-    return f"{field}_before"
-
-
-def _after_name(field: str) -> str:
-    """The summary's name of a held-out field of the final evaluation: ``eval_accuracy/gcd`` →
-    ``eval_accuracy_after/gcd``, ``eval_pass_at_k`` → ``eval_pass_at_k_after``."""
-    if field.startswith("eval_accuracy/"):
-        return field.replace("eval_accuracy/", "eval_accuracy_after/", 1)
-    return f"{field}_after"
+        return field.replace("eval_accuracy/", f"eval_accuracy_{when}/", 1)
+    return f"{field}_{when}"
 
 
 @releasing_run_dir
@@ -125,6 +117,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
 
     # a resumed run's evaluation at its checkpoint's step is in the sample log already (when that step had one)
     eval_before, before_by_source = evaluate_held_out(comps, None if start_step else 0)
+    before_named = {_summary_name(k, "before"): v for k, v in before_by_source.items()}  # summary / eval_before.json
     if eval_before is None:
         level, why = no_held_out_reason(cfg, comps.task)
         logger.log(level, "no held-out evaluation (%s): eval_accuracy is null in metrics.jsonl and summary.json", why)
@@ -133,8 +126,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     else:
         logger.info("held-out accuracy before RL: %.3f", eval_before)
     if not start_step:  # kept at once: a run killed before its summary.json still reports it when resumed
-        record_before_values(run_dir, {"eval_accuracy_before": eval_before,
-                                       **{_before_name(k): v for k, v in before_by_source.items()}})
+        record_before_values(run_dir, {"eval_accuracy_before": eval_before, **before_named})
         metrics.write_before({"eval_accuracy": eval_before, **before_by_source})
     progress = progress_bar(cfg, state.step) if cfg.train.progress and is_rank0() else None
     record = {}
@@ -195,7 +187,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
         eval_before_run = previous.get("eval_accuracy_before") if start_step else eval_before
         before_by_source_run = ({k: v for k, v in previous.items() if k.startswith(("eval_accuracy_before/",
                                                                                      "eval_pass_at_k_before"))}
-                                if start_step else {_before_name(k): v for k, v in before_by_source.items()})
+                                if start_step else before_named)
         summary = {
             "optimizer": cfg.optimizer.name, "task": cfg.task.datasets, "steps": state.step,
             **({"eval_datasets": cfg.task.eval_datasets} if cfg.task.eval_datasets else {}),
@@ -209,7 +201,7 @@ def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
             "segment_rl_seconds": rl_seconds, "segment_total_seconds": total_seconds,
             # a mixture: the held-out accuracy per source before and after ("eval_accuracy_after/gcd"); pass@k
             **before_by_source_run,
-            **{_after_name(k): v for k, v in after_by_source.items()},
+            **{_summary_name(k, "after"): v for k, v in after_by_source.items()},
         }
         if is_rank0():
             atomic_write_text(run_dir / "summary.json", strict_dumps(summary, indent=1))
