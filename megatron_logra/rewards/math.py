@@ -9,7 +9,10 @@ Extraction rule (:func:`extract_final_answer`), first match wins:
    content itself (``Evelyn``, ``x = 3``, ``\\frac{1}{2}``);
 3. else the text after the last ``answer:`` / ``answer is`` / ``answer is:`` (case-insensitive) up to the end of
    that line (or the next non-empty line when that line is empty) or the first sentence end (a
-   period followed by whitespace);
+   period followed by whitespace), and before the prose that may follow it outside brackets
+   (:func:`_cut_trailing_prose`): a comma or semicolon followed by a lowercase word
+   (``2, because 1+1=2`` gives ``2``) or a connective such as ``because`` / ``since``
+   (``2 because ...``); ``1,000``, ``3.5``, ``(1, 2)``, ``x = 3, y = 4`` and ``1, 2, and 3`` stay whole;
 4. else the last number in the text (integers, decimals, ``1,234`` thousands, ``a/b`` fractions,
    an optional leading minus sign unless it follows a letter, digit or ``)``);
 5. else None (scored as wrong).
@@ -73,6 +76,17 @@ _MATH_WORDS = frozenset({
     "log", "ln", "lg", "exp", "pi", "inf", "infty", "infinity", "mod", "gcd", "lcm", "max", "min", "and", "or",
 })
 _EMPHASIS = "*_`"
+_PROSE_AFTER_COMMA_RE = re.compile(r"\s+([a-z][A-Za-z]*)(?=$|[\s,.;:!?])")
+_CONNECTIVE_RE = re.compile(r"\s+([A-Za-z]+)(?=$|[\s,])")
+_CONNECTIVES = frozenset({
+    "because", "since", "as", "so", "which", "hence", "thus", "therefore", "given", "where", "when",
+})
+"""Words that end a marked answer when they follow it after a blank (``the answer is 2 because ...``)."""
+_SHORT_PROSE_WORDS = frozenset({
+    "so", "as", "if", "it", "is", "no", "we", "to", "by", "in", "at", "on", "of", "be", "do", "my", "an",
+})
+"""Two-letter words that are prose after a comma; other two-letter words (``xy``, ``ab``) may be variables."""
+_OPENERS, _CLOSERS = "([{", ")]}"
 _WORD_ANSWER_RE = re.compile(r"[A-Za-z]+(?:[ '-][A-Za-z]+)*")
 
 
@@ -102,6 +116,40 @@ def _clean(candidate: str) -> str:
     return candidate.strip()
 
 
+def _is_prose_word(word: str) -> bool:
+    """Whether ``word`` (letters only) is an English word rather than a variable or a math word."""
+    if word.lower() in _MATH_WORDS:
+        return False
+    return len(word) >= 3 or word.lower() in _SHORT_PROSE_WORDS
+
+
+def _cut_trailing_prose(candidate: str) -> str:
+    """``candidate`` up to the prose that follows its answer, outside any brackets.
+
+    The cut falls before the first ``,`` or ``;`` (not the LaTeX space ``\\,``) that is followed by a
+    lowercase prose word (:func:`_is_prose_word`), and before the first blank that is followed by a
+    connective (:data:`_CONNECTIVES`). Commas between numbers (``1,000``), inside brackets (``(1, 2)``,
+    ``\\{1, 2\\}``) or before a variable or math word (``x = 3, y = 4``, ``1, 2, and 3``) do not cut.
+    """
+    depth = 0
+    for pos, ch in enumerate(candidate):
+        if ch in _OPENERS:
+            depth += 1
+        elif ch in _CLOSERS:
+            depth = max(0, depth - 1)
+        elif depth:
+            continue
+        elif ch in ",;" and (pos == 0 or candidate[pos - 1] != "\\"):
+            match = _PROSE_AFTER_COMMA_RE.match(candidate, pos + 1)
+            if match and _is_prose_word(match.group(1)):
+                return candidate[:pos]
+        elif ch.isspace() and (pos == 0 or not candidate[pos - 1].isspace()):
+            match = _CONNECTIVE_RE.match(candidate, pos)
+            if match and match.group(1).lower() in _CONNECTIVES:
+                return candidate[:pos]
+    return candidate
+
+
 def _after_marker(text: str) -> str | None:
     matches = list(_ANSWER_MARKER_RE.finditer(text))
     if not matches:
@@ -111,7 +159,7 @@ def _after_marker(text: str) -> str | None:
     candidate = _clean(lines[0])
     if not candidate:
         candidate = next((_clean(line) for line in lines[1:] if _clean(line)), "")
-    candidate = _clean(_SENTENCE_END_RE.split(candidate, maxsplit=1)[0])
+    candidate = _clean(_cut_trailing_prose(_SENTENCE_END_RE.split(candidate, maxsplit=1)[0]))
     return candidate or None
 
 
