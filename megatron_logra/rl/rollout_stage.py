@@ -54,7 +54,9 @@ class StepGroups:
     rollouts: list[Rollout]
     """``group_size`` rollouts per problem, group after group."""
     rewards_N: torch.Tensor
-    """float32 reward of every rollout."""
+    """float64 reward of every rollout: the task's Python floats exactly, so that what is logged (``samples.jsonl``)
+    is the reward the task gave (float32 would log -0.005 as -0.004999999888); the advantages computed from them
+    are cast to float32 where the loss takes them."""
     correct_N: torch.Tensor
     """1.0 where the rollout's answer is correct."""
     generated_4: torch.Tensor
@@ -122,8 +124,8 @@ def _generated(rollouts: list[Rollout], scored: list[tuple[float, bool]]) -> tor
 
 def _is_uniform(group: tuple) -> bool:
     """All rewards of the group equal, as :func:`~megatron_logra.rl.advantages.grpo_advantages` decides it (on
-    the float32 rewards)."""
-    rewards = torch.tensor([s[0] for s in group[2]], dtype=torch.float32)
+    the float64 rewards of :attr:`StepGroups.rewards_N`)."""
+    rewards = torch.tensor([s[0] for s in group[2]], dtype=torch.float64)
     return bool(rewards.amax() == rewards.amin())
 
 
@@ -165,7 +167,7 @@ def collect_groups(c: RLComponents, step: int, ph: Phases | None = None) -> Step
     kept_scores = [s for g in batch for s in g[2]]
     return StepGroups(
         problems=[g[0] for g in batch], rollouts=[r for g in batch for r in g[1]],
-        rewards_N=torch.tensor([s[0] for s in kept_scores], dtype=torch.float32),
+        rewards_N=torch.tensor([s[0] for s in kept_scores], dtype=torch.float64),
         correct_N=torch.tensor([float(s[1]) for s in kept_scores]),
         generated_4=generated, prompts_skipped=totals["skipped"], extra_rounds=extra, replaced=replaced,
         uniform=sum(_is_uniform(g) for g in batch), generate_seconds=totals["seconds"], by_source_S3=by_source,
