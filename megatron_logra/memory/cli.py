@@ -14,8 +14,9 @@ a config the trainer refuses (sliding-window attention, scaled RoPE, mixture of 
 here with the same message; ``--gpu-memory`` sizes with a unit, like 80GiB, 141GB, 81559MiB (comma lists plan every
 combination). ``--tp auto`` takes the largest TP size <= GPUs / PP that shards the model (with ``--gpus``,
 one that also divides GPUs / PP); with ``--gpus`` the DP size is GPUs / (TP x PP). Without ``--gpus``,
-``--tp auto`` assumes 8 GPUs (one 8-GPU node: TP <= 8 / PP) and DP is ``--dp`` (default 1); the output
-then starts with a line saying so (``GPUs: 8 (default; set --gpus) ...``). The defaults plan what
+``--tp auto`` keeps each TP x PP group within one 8-GPU node (TP <= 8 / PP) and DP is ``--dp`` (default 1); the
+output then starts with a line giving the GPU count this layout implies and what was assumed
+(``GPUs: 16 = TP 8 x PP 1 x DP 2 (no --gpus: ...``). The defaults plan what
 ``megatron-logra train`` runs: AdamW states whole on every DP rank (``--distributed-optimizer`` plans Megatron-LM's
 sharded optimizer instead), trained non-targets whose AdamW step a KL controller scales
 (``--freeze-native``: ``optimizer.native.freeze=true``; ``--no-kl-control``: ``kl.mode=none``).
@@ -30,10 +31,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from megatron_logra.memory.scenarios import (DEFAULT_AUTO_TP_GPUS, DEFAULT_RANK, _plans, auto_tp, flag_message,
                                              resolve_planned_model)
+
+if TYPE_CHECKING:
+    from megatron_logra.memory.report import Scenario
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
     p.add_argument("--dp", type=int, default=None, help="data-parallel size (default 1, or GPUs / (TP x PP) with --gpus)")
     p.add_argument("--gpus", type=int, default=None,
-                   help=f"GPUs in the job (sets DP; bounds --tp auto). Not given: --tp auto assumes "
-                        f"{DEFAULT_AUTO_TP_GPUS} (TP <= {DEFAULT_AUTO_TP_GPUS} / PP), DP is --dp, and the output "
-                        f"says so")
+                   help=f"GPUs in the job (sets DP; bounds --tp auto). Not given: --tp auto keeps TP x PP within "
+                        f"one {DEFAULT_AUTO_TP_GPUS}-GPU node (TP <= {DEFAULT_AUTO_TP_GPUS} / PP), DP is --dp, and "
+                        f"the output states the GPU count, TP x PP x DP, this implies")
     p.add_argument("--optimizer", choices=["adam", "logra"], default="logra")
     p.add_argument("--compare", action="store_true", help="plan dense AdamW and LoGRA side by side")
     p.add_argument("--rank", type=int, default=None,
@@ -103,15 +107,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def assumed_gpus_note(args: argparse.Namespace) -> Optional[str]:
-    """The line the output starts with when ``--tp auto`` runs without ``--gpus`` (it then assumes
-    :data:`DEFAULT_AUTO_TP_GPUS` GPUs), naming the default and the flag that sets it; None otherwise."""
+def assumed_gpus_note(args: argparse.Namespace, scenarios: Sequence[Scenario]) -> Optional[str]:
+    """The line the output starts with when ``--tp auto`` runs without ``--gpus``; None otherwise.
+
+    It gives the GPUs the planned layout occupies, TP x PP x DP of ``scenarios`` (per model when their layouts
+    differ), and what was assumed: TP at most :data:`DEFAULT_AUTO_TP_GPUS` / PP (one node per TP x PP group),
+    DP from ``--dp`` or its default 1. ``--gpus`` plans a given count instead."""
     if args.tp != "auto" or args.gpus is not None:
         return None
+    layouts: dict[str, tuple[int, int, int]] = {}
+    for sc in scenarios:
+        c = sc.plans[0].config
+        layouts.setdefault(sc.model_name, (c.tp, c.pp, c.dp))
+    if len(set(layouts.values())) == 1:
+        tp, pp, dp = next(iter(layouts.values()))
+        gpus = f"{tp * pp * dp} = TP {tp} x PP {pp} x DP {dp}"
+    else:
+        gpus = ", ".join(f"{tp * pp * dp} for {name} (TP {tp} x PP {pp} x DP {dp})"
+                         for name, (tp, pp, dp) in layouts.items())
     n = DEFAULT_AUTO_TP_GPUS
-    dp = f"DP {args.dp} (--dp)" if args.dp is not None else "DP 1 (default; set --dp)"
-    return (f"GPUs: {n} (default; set --gpus) — --tp auto took the largest TP <= {n} / PP = {max(1, n // args.pp)} "
-            f"that shards the model; {dp}")
+    dp_source = f"DP {args.dp} from --dp" if args.dp is not None else "DP 1 (default; set --dp)"
+    return (f"GPUs: {gpus} (no --gpus: {n}-GPU nodes assumed, --tp auto took the largest TP <= {n} / PP = "
+            f"{max(1, n // args.pp)} that shards the model; {dp_source}; set --gpus to plan a given count)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -125,7 +142,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_logra.memory.report import (breakdown_rows, breakdown_table, layout_text, markdown, summary_rows,
                                               summary_table, verdict_line)
 
-    note = assumed_gpus_note(args)
+    note = assumed_gpus_note(args, scenarios)
     if args.markdown:
         out = [note, ""] if note else []
         if len(scenarios) > 1:

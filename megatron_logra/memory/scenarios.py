@@ -19,7 +19,8 @@ from megatron_logra.memory.units import GiB, parse_bytes
 
 
 DEFAULT_AUTO_TP_GPUS = 8
-"""GPUs that ``--tp auto`` assumes when ``--gpus`` is not given (one 8-GPU node); the output says so."""
+"""GPUs of the node that bounds a TP x PP group under ``--tp auto`` when ``--gpus`` is not given (TP <= 8 / PP);
+the output then states the GPU count the planned layout implies."""
 
 DEFAULT_RANK = 256
 """LoGRA sketch rank planned when ``--rank`` is not given."""

@@ -1,4 +1,4 @@
-"""``megatron-logra memory --tp auto`` without ``--gpus`` says the GPU count it assumed; ``megatron-logra
+"""``megatron-logra memory --tp auto`` without ``--gpus`` says the GPU count its layout implies and what it assumed; ``megatron-logra
 bench paper --render-only`` with a missing or malformed results file ends with a one-line
 ``megatron-logra bench paper: error: ...`` naming the file, exit status 2, no traceback."""
 
@@ -31,7 +31,7 @@ def test_tp_auto_without_gpus_states_the_assumed_gpus(capsys, style):
     assert memory_main(MODEL + ["--tp", "auto"] + style) == 0
     out = capsys.readouterr().out
     first = out.lstrip().splitlines()[0]
-    assert first.startswith("GPUs: 8 (default; set --gpus)"), first
+    assert first.startswith("GPUs: 2 = TP 2 x PP 1 x DP 1 (no --gpus: 8-GPU nodes assumed"), first
     assert "TP <= 8 / PP = 8" in first and "DP 1 (default; set --dp)" in first
     assert "TP2 PP1 DP1" in out  # the layout planned: 1.5B shards at most 2 ways (2 KV heads)
 
@@ -39,8 +39,8 @@ def test_tp_auto_without_gpus_states_the_assumed_gpus(capsys, style):
 def test_tp_auto_note_follows_pp_and_dp(capsys):
     assert memory_main(MODEL + ["--tp", "auto", "--pp", "2", "--dp", "3", "--markdown"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("GPUs: 8 (default; set --gpus)")
-    assert "TP <= 8 / PP = 4" in first and "DP 3 (--dp)" in first
+    assert first.startswith("GPUs: 12 = TP 2 x PP 2 x DP 3 (no --gpus: 8-GPU nodes assumed"), first
+    assert "TP <= 8 / PP = 4" in first and "DP 3 from --dp" in first
 
 
 @pytest.mark.parametrize("argv", [["--tp", "auto", "--gpus", "8"], ["--tp", "2"], []])
@@ -54,8 +54,8 @@ def test_help_documents_the_default(capsys):
         memory_main(["--help"])
     assert info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "Without ``--gpus``, ``--tp auto`` assumes 8 GPUs" in text
-    assert "Not given: --tp auto assumes 8" in text
+    assert "Without ``--gpus``, ``--tp auto`` keeps each TP x PP group within one 8-GPU node" in text
+    assert "Not given: --tp auto keeps TP x PP within one 8-GPU node" in text
 
 
 # --- bench paper --render-only: bad results files --------------------------------------------------
