@@ -131,8 +131,13 @@ def _warn_log_interval_unread(cfg: RunConfig, given: Mapping[str, str]) -> None:
     """``train.log_interval`` (``--log-interval``) given for the RL job while ``train.progress`` is on: the RL
     loop then shows each step on its progress bar and writes no log lines, so the interval has no effect; a
     warning says so and how to get the lines (``train.progress=false``). A warning, not an error: a pasted
-    Megatron-LM launch line holds ``--log-interval`` whatever the job."""
+    Megatron-LM launch line holds ``--log-interval`` whatever the job. A recipe file that states
+    ``train.progress`` as well has chosen the bar with its interval: a whole config (a run's ``config.yaml``,
+    ``megatron-logra config RECIPE > FILE``) states every field."""
     if cfg.job != "rl" or not cfg.train.progress or "train.log_interval" not in given:
+        return
+    source = given["train.log_interval"]
+    if source and given.get("train.progress") == source:
         return
     where = f" (in {given['train.log_interval']})" if given["train.log_interval"] else ""
     logger.warning("train.log_interval=%d (--log-interval)%s has no effect here: the RL job shows each step on its "
