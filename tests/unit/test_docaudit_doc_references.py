@@ -149,3 +149,10 @@ def test_the_path_scan_finds_paths():
 def test_quoted_repository_paths_exist(page):
     missing = sorted(p for p in quoted_paths(page.read_text()) if not (ROOT / p).exists())
     assert not missing, f"{page.relative_to(ROOT)} quotes paths that do not exist: {missing}"
+
+
+def test_the_readme_links_every_page():
+    readme = doc_pages()[0]
+    linked = {(readme.parent / link.partition("#")[0]).resolve() for link in _links(readme)}
+    unlinked = [p.name for p in doc_pages()[1:] if p.resolve() not in linked]
+    assert not unlinked, f"README.md links no docs page {unlinked}"
