@@ -21,10 +21,10 @@ from megatron_logra.wandb_log import check_wandb
 logger = logging.getLogger(__name__)
 
 FLOAT16_WARNING = (
-    "model.params_dtype=float16 (--fp16) trains without loss scaling: Megatron-LM's --fp16 scales the loss "
-    "dynamically, this trainer does not, so gradients below float16's range (about 6e-8) are lost to zero; "
-    "bfloat16 (--bf16) has float32's range and needs no scaling")
-"""Logged (rank 0) by ``train`` and ``config`` for a float16 run."""
+    "model.params_dtype=float16 (--fp16) with optimizer.loss_scale.mode=none trains without loss scaling: "
+    "gradients below float16's range (about 6e-8) are lost to zero; drop optimizer.loss_scale.mode=none for "
+    "dynamic loss scaling (as Megatron-LM's --fp16), or train in bfloat16 (--bf16), which has float32's range")
+"""Logged (rank 0) by ``train`` and ``config`` for a float16 run whose loss scaling is turned off."""
 
 if TYPE_CHECKING:
     from megatron_logra.config import RunConfig
@@ -72,7 +72,7 @@ def run_train_or_config(parser: argparse.ArgumentParser, command: str, rest: Seq
     except ValueError as exc:
         user_error(parser, exc)
     check_resumed_architecture(parser, cfg)
-    if cfg.model.params_dtype == "float16" and is_rank0():
+    if cfg.model.params_dtype == "float16" and cfg.optimizer.loss_scale.mode == "none" and is_rank0():
         logger.warning(FLOAT16_WARNING)
     reporting_user_errors(parser, lambda: check_wandb(cfg.train))  # before anything is built, on every rank
     if resume_dir is None and cfg.train.resume:

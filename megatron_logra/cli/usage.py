@@ -36,6 +36,11 @@ SYNOPSES = {
 """Subcommands that take a recipe and overrides: their synopsis and description (``-h`` / ``--help``)."""
 
 
+def _metavar(flag: str) -> str:
+    """The value a several-field flag's help line shows: ``--load DIR``, ``--loss-scale S``."""
+    return "DIR" if flag == "load" else "S"
+
+
 def command_help(command: str) -> str:
     """Usage of ``train`` / ``eval`` / ``config``: synopsis, override syntax, Megatron-LM flags, fields."""
     import textwrap
@@ -88,8 +93,10 @@ def command_help(command: str) -> str:
         flags(VALUE_MAPS),
         "  switches (no value):",
         flags(MEGATRON_FLAGS),
-        *(f"  --{name} DIR: " + " ".join(f"{field}={'DIR' if value is None else value}" for field, value in fields)
-          + " (a --save naming another directory is refused)" for name, fields in LOAD_FLAGS.items()),
+        *(f"  --{name} {_metavar(name)}: " + " ".join(f"{field}={_metavar(name) if value is None else value}"
+                                                     for field, value in fields)
+          + (" (a --save naming another directory is refused)" if name == "load" else "")
+          for name, fields in LOAD_FLAGS.items()),
         "  accepted and ignored, with a warning saying why (already in effect here):",
         flags([*IGNORED_SWITCHES, *IGNORED_VALUE_FLAGS]),
         "  accepted only at the value this trainer runs (--context-parallel-size 1, --ckpt-format torch_dist, ...):",

@@ -6,7 +6,7 @@ Every flag is in exactly one table (without its ``--``):
 * :data:`JOB_ALIASES`, :data:`OPTIMIZER_ALIASES`, :data:`SCHEDULE_RATIO_FLAGS`, :data:`STEP_FRACTION_FLAGS`,
   :data:`CHECK_FLAGS`: value flags
   resolved against the rest of the config after every other override (:func:`resolve_alias`);
-* :data:`LOAD_FLAGS`: ``--load DIR``, which sets two fields;
+* :data:`LOAD_FLAGS`: ``--load DIR`` and ``--loss-scale S``, which set two fields each;
 * :data:`VALUE_MAPS`: value flags whose values are spelt otherwise here (slime's ``--kl-loss-type``), mapped by
   :func:`map_value`;
 * :data:`MEGATRON_FLAGS`: switches (no value) that set a field (or, for :data:`SWITCH_DEFAULTS` and

@@ -68,6 +68,10 @@ MEGATRON_ALIASES: dict[str, str] = {
     "label-key": "task.jsonl_answer_key",
     "rm-url": "task.reward",
     "kl-loss-coef": "rl.loss.kl_coef",
+    "initial-loss-scale": "optimizer.loss_scale.initial",
+    "min-loss-scale": "optimizer.loss_scale.min_scale",
+    "loss-scale-window": "optimizer.loss_scale.window",
+    "hysteresis": "optimizer.loss_scale.hysteresis",
 }
 """Megatron-LM flags (without ``--``) -> the dotted field they set, whatever the job; the flags of
 :data:`JOB_ALIASES` are resolved against the configured job by
@@ -155,11 +159,14 @@ set ``rl.loss.kl_estimator`` (the same estimators); ``k1`` is refused naming ``k
 
 LOAD_FLAGS: dict[str, tuple[tuple[str, Optional[str]], ...]] = {
     "load": (("train.run_dir", None), ("train.resume", "true")),
+    "loss-scale": (("optimizer.loss_scale.mode", "static"), ("optimizer.loss_scale.initial", None)),
 }
 """Megatron-LM value flags that set several fields (None: the flag's value): ``--load DIR`` continues the run
 in DIR, ``train.run_dir=DIR train.resume=true`` (from DIR's latest checkpoint; from step 0 when DIR holds none,
 as Megatron-LM's ``--load`` does). This trainer saves into the directory it resumes from, so a ``--save``
-naming another directory is refused (one field given twice)."""
+naming another directory is refused (one field given twice). ``--loss-scale S`` scales the loss by S always,
+``optimizer.loss_scale.mode=static optimizer.loss_scale.initial=S`` (with ``--initial-loss-scale`` at another
+value it is refused: one field given twice)."""
 
 MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
     "exit-signal-handler": ("train.exit_signal_handler", "true"),

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from megatron_logra.optim.loss_scale import LossScaleConfig
 from megatron_logra.optim.schedule import LRScheduleConfig
 from megatron_logra.sketch.capture import DEFAULT_TARGETS
 from megatron_logra.sketch.naming import TARGET_ALIASES
 from megatron_logra.sketch.random_projection import DISTRIBUTIONS
 
-__all__ = ["LograConfig", "NativeConfig", "OptimizerConfig", "LRScheduleConfig"]
+__all__ = ["LograConfig", "LossScaleConfig", "NativeConfig", "OptimizerConfig", "LRScheduleConfig"]
 
 
 def _check_number(name: str, value: float, *, positive: bool) -> None:
@@ -151,6 +152,9 @@ class OptimizerConfig:
     schedule: LRScheduleConfig = field(default_factory=LRScheduleConfig)
     """Warmup and decay of every lr above (``optim/schedule.py``): ``logra.lr`` (optimizer recipe: update
     scale and weight decay) and ``native.lr``; the paper recipe's targets follow the KL controller, not it."""
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    """Loss scaling of float16 models (``optim/loss_scale.py``; dynamic by default for ``--fp16``, off for
+    bfloat16 and float32)."""
 
     def __post_init__(self) -> None:
         if self.name not in ("logra", "adam"):

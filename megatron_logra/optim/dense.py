@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from megatron_logra.optim.config import NativeConfig
+from megatron_logra.optim.loss_scale import LossScaleConfig, build_loss_scaler, restore_scaler, scaler_fields, skip_reason
 from megatron_logra.optim.update import PreparedUpdate, module_params
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
 from megatron_logra.optim.schedule import LRScheduleConfig, lr_multiplier, scheduled_lr
@@ -39,9 +40,11 @@ class DenseAdamW:
         clip_grad: float = 1.0,
         schedule: Optional[LRScheduleConfig] = None,
         total_steps: Optional[int] = None,
+        loss_scale: Optional[LossScaleConfig] = None,
     ) -> None:
         """``schedule`` (None: the lr stays as set) with ``total_steps``, the job's optimizer steps that a
-        schedule without ``decay_steps`` decays over (``ValueError`` when it needs them and they are missing)."""
+        schedule without ``decay_steps`` decays over (``ValueError`` when it needs them and they are missing);
+        ``loss_scale`` (None: unscaled) for float16 models (:mod:`megatron_logra.optim.loss_scale`)."""
         params = [p for p in module_params(model) if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters for dense AdamW")
@@ -55,6 +58,7 @@ class DenseAdamW:
         self.native = NativeAdamW(
             params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay, groups=groups
         )
+        self.scaler = build_loss_scaler(loss_scale, params)
         self.num_steps = 0
         self.num_skipped = 0
 
@@ -66,19 +70,34 @@ class DenseAdamW:
         low = sum(p.numel() for p in self.native.params if p.dtype != torch.float32)
         return {"grads": n * 4, "masters": low * 4, "moments": n * 8}
 
+    @property
+    def loss_scale(self) -> float:
+        """What the next backward multiplies the loss by (``forward_backward(grad_scale=...)``); 1.0 unscaled."""
+        return self.scaler.scale if self.scaler is not None else 1.0
+
     @torch.no_grad()
     def prepare(self, num_tokens: Optional[int] = None) -> PreparedUpdate:
         update = PreparedUpdate(step=self.num_steps + 1, update_index=self.num_steps)
         self.native.reduce_gradients(average=num_tokens is None)
+        factor = 1.0
         if num_tokens is not None:
             total = all_reduce_sum(torch.tensor([float(num_tokens)], dtype=torch.float64, device=self.device), self.groups.dp)
             if total.item() <= 0:
                 raise ValueError("no valid tokens in this step (num_tokens summed over data parallel ranks is 0)")
             update.num_tokens = int(total.item())
-            self.native.scale_grads_(1.0 / total.item())
-        if reduce_flag_any(not self.native.all_finite(), self.groups.mp, self.device):
+            factor = 1.0 / total.item()
+        if self.scaler is not None:  # the backward ran on the loss times this scale
+            update.loss_scale = self.loss_scale
+            factor /= update.loss_scale
+        if factor != 1.0:
+            self.native.scale_grads_(factor)
+        bad = reduce_flag_any(not self.native.all_finite(), self.groups.mp, self.device)
+        update.overflow = bad and self.scaler is not None and not self.scaler.at_minimum
+        if self.scaler is not None:
+            self.scaler.update(bad)
+        if bad:
             self.num_skipped += 1
-            update.skipped, update.reason = True, "non-finite gradient"
+            update.skipped, update.reason = True, skip_reason(update, self.scaler, "non-finite gradient")
             self.zero_grad()
             return update
         norm2 = all_reduce_sum(self.native.local_norm2(self.device).reshape(1), self.groups.mp)
@@ -115,13 +134,13 @@ class DenseAdamW:
 
     def state_dict(self) -> dict:
         return {"kind": "adam", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
-                "native": self.native.state_dict()}
+                "native": self.native.state_dict(), **scaler_fields(self.scaler)}
 
     def sharded_state(self) -> SlotState:
         """AdamW moments and masters as parameter-shaped slots (:mod:`megatron_logra.optim.state`)."""
         native_scalars, slots = self.native.sharded_state("native")
         return {"kind": "adam", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
-                "native": native_scalars}, slots
+                "native": native_scalars, **scaler_fields(self.scaler)}, slots
 
     def load_sharded_state(self, scalars: dict, slots: list) -> None:
         if scalars.get("kind") != "adam":
@@ -129,6 +148,7 @@ class DenseAdamW:
         self.native.load_sharded_state(scalars["native"], slots)
         self.num_steps = int(scalars["num_steps"])
         self.num_skipped = int(scalars.get("num_skipped", 0))
+        restore_scaler(self.scaler, scalars)
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("kind") != "adam":
@@ -136,3 +156,4 @@ class DenseAdamW:
         self.native.load_state_dict(state["native"])
         self.num_steps = int(state["num_steps"])
         self.num_skipped = int(state.get("num_skipped", 0))
+        restore_scaler(self.scaler, state)

@@ -34,6 +34,7 @@ from megatron_logra.optim.logra_apply import LograApplyMixin
 from megatron_logra.optim.logra_lr import LograScheduleMixin
 from megatron_logra.optim.logra_norms import LograNormsMixin
 from megatron_logra.optim.logra_state import LograStateMixin
+from megatron_logra.optim.loss_scale import LossScaleConfig, build_loss_scaler, skip_reason
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
 from megatron_logra.optim.schedule import LRScheduleConfig
 from megatron_logra.optim.update import PreparedUpdate, module_params
@@ -80,9 +81,11 @@ class LograOptimizer(LograApplyMixin, LograNormsMixin, LograScheduleMixin, Logra
         *,
         schedule: Optional[LRScheduleConfig] = None,
         total_steps: Optional[int] = None,
+        loss_scale: Optional[LossScaleConfig] = None,
     ) -> None:
         """``schedule`` (None: constant lrs) with ``total_steps``, the job's optimizer steps that a schedule
-        without ``decay_steps`` decays over (``ValueError`` when it needs them and they are missing)."""
+        without ``decay_steps`` decays over (``ValueError`` when it needs them and they are missing);
+        ``loss_scale`` (None: unscaled) for float16 models (:mod:`megatron_logra.optim.loss_scale`)."""
         if schedule is not None and (total_steps is None or total_steps > 0):  # (a job of 0 steps takes none)
             schedule.resolve_decay_steps(total_steps)  # refuse a schedule that cannot be evaluated, before building
         self.cfg = cfg
@@ -116,8 +119,14 @@ class LograOptimizer(LograApplyMixin, LograNormsMixin, LograScheduleMixin, Logra
             for t in self.targets:
                 if t.weight.dtype != torch.float32:
                     self.masters[t.key] = t.weight.detach().float().clone()
+        self.scaler = build_loss_scaler(loss_scale, module_params(model))
         self.num_steps = 0
         self.num_skipped = 0
+
+    @property
+    def loss_scale(self) -> float:
+        """What the next backward multiplies the loss by (``forward_backward(grad_scale=...)``); 1.0 unscaled."""
+        return self.scaler.scale if self.scaler is not None else 1.0
 
     @property
     def targets(self) -> list[SketchTarget]:
@@ -160,24 +169,34 @@ class LograOptimizer(LograApplyMixin, LograNormsMixin, LograScheduleMixin, Logra
         if dp > 1:
             dist.all_reduce(ss.flat, group=self.groups.dp)
         self.native.reduce_gradients(average=not by_tokens)
+        sketch_divisor, native_factor = float(dp), 1.0  # native grads were averaged over DP above
         if by_tokens:
             total = torch.tensor([float(num_tokens)], dtype=torch.float64, device=self.device)
             all_reduce_sum(total, self.groups.dp)
             if total.item() <= 0:
                 raise ValueError("no valid tokens in this step (num_tokens summed over data parallel ranks is 0)")
             update.num_tokens = int(total.item())
-            ss.flat.div_(total.item())
-            self.native.scale_grads_(1.0 / total.item())
-        elif dp > 1:
-            ss.flat.div_(dp)
+            sketch_divisor, native_factor = total.item(), 1.0 / total.item()
+        if self.scaler is not None:  # the backward ran on the loss times this scale
+            update.loss_scale = self.loss_scale
+            sketch_divisor, native_factor = sketch_divisor * update.loss_scale, native_factor / update.loss_scale
+        if sketch_divisor != 1.0:
+            ss.flat.div_(sketch_divisor)
+        if native_factor != 1.0:
+            self.native.scale_grads_(native_factor)
 
         bad = not (bool(torch.isfinite(ss.flat).all()) and self.native.all_finite())
-        if reduce_flag_any(bad, self.groups.mp, self.device):
+        bad = reduce_flag_any(bad, self.groups.mp, self.device)
+        update.overflow = bad and self.scaler is not None and not self.scaler.at_minimum
+        if self.scaler is not None:
+            self.scaler.update(bad)
+        if bad:
             self.num_skipped += 1
-            update.skipped, update.reason = True, "non-finite sketch or gradient"
+            update.skipped, update.reason = True, skip_reason(update, self.scaler)
             if self.groups.is_rank0:  # every rank skips together (the flag is reduced above)
-                logger.warning("optimizer update %d skipped: non-finite sketch or gradient (%d skipped so far)",
-                               update.step, self.num_skipped)
+                (logger.info if update.overflow else logger.warning)(
+                    "optimizer update %d skipped: %s (%d skipped so far)", update.step, update.reason,
+                    self.num_skipped)
             self.zero_grad()
             return update
 

@@ -14,6 +14,7 @@ accepted).
 
 from __future__ import annotations
 
+from megatron_logra.optim.loss_scale import restore_scaler, scaler_fields
 from megatron_logra.optim.state import ParamSlot, SlotState
 from megatron_logra.sketch.naming import TARGET_ALIASES
 
@@ -22,7 +23,7 @@ __all__ = ["LograStateMixin"]
 
 class LograStateMixin:
     """``state_dict`` / ``sharded_state`` and their loaders; needs ``cfg``, ``targets``, ``sketches``,
-    ``native``, ``row_moments``, ``masters``, ``num_steps`` and ``num_skipped`` on the optimizer."""
+    ``native``, ``row_moments``, ``masters``, ``num_steps``, ``num_skipped`` and ``scaler`` on the optimizer."""
 
     def state_dict(self) -> dict:
         """Everything needed to resume; projections are regenerated, never stored. ``settings`` records
@@ -37,6 +38,7 @@ class LograStateMixin:
             "row_moments": {k: v.clone() for k, v in self.row_moments.items()},
             "masters": {k: m.clone() for k, m in self.masters.items()},
             "native": self.native.state_dict(),
+            **scaler_fields(self.scaler),
         }
 
     def sharded_state(self) -> SlotState:
@@ -52,7 +54,7 @@ class LograStateMixin:
                 slots.append(ParamSlot("logra.master", t.weight, self.masters[t.key]))
         scalars = {"kind": "logra", "num_steps": self.num_steps, "num_skipped": self.num_skipped,
                    **self._projection_fields(), **self._update_fields(), **self._slot_fields(),
-                   "native": native_scalars}
+                   "native": native_scalars, **scaler_fields(self.scaler)}
         return scalars, slots
 
     def _slot_fields(self) -> dict:
@@ -134,6 +136,7 @@ class LograStateMixin:
     def _restore_counters(self, state: dict) -> None:
         self.num_steps = int(state["num_steps"])
         self.num_skipped = int(state.get("num_skipped", 0))
+        restore_scaler(self.scaler, state)
         self.sketches.seek(self.num_steps)
 
 

@@ -22,6 +22,11 @@ class PreparedUpdate:
     skipped: bool = False
     """True when the step must not be applied (reason says why)."""
     reason: Optional[str] = None
+    overflow: bool = False
+    """True when the step was skipped for a float16 overflow that a smaller loss scale cures (the scale was
+    lowered or is on its way down: routine, not a bad step); False for every other skip."""
+    loss_scale: Optional[float] = None
+    """The loss scale this step's backward ran at (:mod:`megatron_logra.optim.loss_scale`); None unscaled."""
     directions: dict[str, torch.Tensor] = field(default_factory=dict)
     """Target key -> scaled direction ``D`` ``[n_out_local, r]``."""
     grad_norm: float = float("nan")

@@ -25,16 +25,16 @@ from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import ParallelGroups, all_reduce_sum
 from megatron_logra.profiling import Phases
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
-from megatron_logra.rl.batching import pack_sequences, split_microbatches
+from megatron_logra.rl.batching import pack_sequences
 from megatron_logra.rl.evaluation import evaluate_accuracy
 from megatron_logra.rl.kl_probe import _probe_batch, fd_steps
-from megatron_logra.rl.objective import _reference_logprobs, make_rl_loss_fn
+from megatron_logra.rl.objective import _reference_logprobs, backward_and_prepare, make_rl_loss_fn
 from megatron_logra.rl.prompts import _decode, check_prompt_fits, prompt_room, rl_prompt_ids
 from megatron_logra.rl.rollout_stage import collect_groups
 from megatron_logra.rl.sample_log import sample_records
 from megatron_logra.rl.source_metrics import source_fields
 from megatron_logra.rl.step_guard import check_measured_kl, kl_errors_name_step, refuse_update, update_applied
-from megatron_logra.train.step import forward_backward, model_device
+from megatron_logra.train.step import model_device
 
 logger = logging.getLogger(__name__)
 
@@ -188,18 +188,18 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         if ref_logprobs is not None:  # only the last pipeline stage computes the loss
             batch.extras["ref_logprobs"] = ref_logprobs
     loss_fn = make_rl_loss_fn(rl.loss, rl.rollout.temperature, groups.tp)
-    c.optimizer.zero_grad()
-    result = forward_backward(c.model, split_microbatches(batch, rl.micro_batch_size), groups, loss_fn=loss_fn)
+    result, update, overflow_retries = backward_and_prepare(c, batch, loss_fn, step, ph)
     gap_sum, gap_tokens = result.reports["mismatch"].tolist()
     entropy_sum, entropy_tokens = result.reports["entropy"].tolist()
     record["entropy"] = entropy_sum / entropy_tokens if entropy_tokens > 0 else None
     ref_kl_sum, ref_kl_tokens = result.reports["ref_kl"].tolist()
     record["ref_kl"] = ref_kl_sum / ref_kl_tokens if ref_kl_tokens > 0 else None
 
-    # ---- prepare update (a non-finite sketch or gradient skips the step, before anything reads the forward)
-    ph.next("prepare")
+    # ---- prepare update (above, after the backward: a non-finite sketch or gradient skips the step, before
+    # anything reads the forward; a float16 overflow re-ran the forward/backward at a smaller loss scale)
     record["train_tokens"] = result.global_tokens
-    update = c.optimizer.prepare(num_tokens=result.num_tokens)
+    if getattr(update, "loss_scale", None) is not None:
+        record.update(loss_scale=update.loss_scale, overflow_retries=overflow_retries)
     if update.skipped:
         refuse_update(state, step, update.reason or "non-finite sketch or gradient", rl.max_bad_steps)
         record.update(skipped=True, skip_reason=update.reason or "non-finite gradient", loss=None, entropy=None,

@@ -3,12 +3,15 @@
 Contract: :func:`make_rl_loss_fn` builds the ``loss_fn`` ``forward_backward`` calls on each micro-batch
 (the RL loss, plus the rollout/trainer log-prob mismatch, the policy entropy and the KL to the reference as
 summed reports); :func:`_reference_logprobs` runs the frozen reference model through the same pipeline
-schedule, one training micro-batch at a time, and returns its per-token log-probs on the last pipeline stage.
+schedule, one training micro-batch at a time, and returns its per-token log-probs on the last pipeline stage;
+:func:`backward_and_prepare` runs the step's forward/backward and prepares the update, at the optimizer's loss
+scale, again on the same batch for as long as a float16 overflow lowers the scale.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+import logging
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -18,8 +21,11 @@ from megatron_logra.train.step import Batch, forward_backward
 
 if TYPE_CHECKING:
     from megatron_logra.rl.loop import RLComponents
+    from megatron_logra.train.step import StepResult
 
-__all__ = ["make_rl_loss_fn"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["backward_and_prepare", "make_rl_loss_fn"]
 
 
 def make_rl_loss_fn(loss_cfg, temperature: float, tp_group):
@@ -72,3 +78,31 @@ def _reference_logprobs(c: RLComponents, batch: Batch) -> Optional[torch.Tensor]
         forward_backward(c.ref_model, split_microbatches(batch, c.cfg.rl.micro_batch_size), c.groups,
                          forward_only=True, loss_fn=capture)
     return torch.cat(parts, dim=0).cpu() if parts else None
+
+
+def backward_and_prepare(c: RLComponents, batch: Batch, loss_fn, step: int, phases: Any) -> tuple[StepResult, Any, int]:
+    """Forward/backward of ``batch`` at the optimizer's loss scale, then ``optimizer.prepare``; returns the
+    result, the prepared update and how many times it was re-run. ``phases`` (a ``Phases``) names the profiler
+    ranges ``forward_backward`` and ``prepare``.
+
+    A float16 overflow (``update.overflow``: the loss scale came down or is on its way) re-runs the
+    forward/backward on the same batch rather than skipping the step: the rollouts are the expensive part
+    of an RL step, and the same sequences at a smaller scale are a valid step. Each overflow counts towards
+    the scaler's hysteresis, so the scale halves every ``optimizer.loss_scale.hysteresis`` re-runs until the
+    step fits or the scale reaches ``min_scale``, where an overflow is a non-finite update like any other
+    (returned skipped, without ``overflow``)."""
+    micro = split_microbatches(batch, c.cfg.rl.micro_batch_size)
+    retries = 0
+    while True:
+        phases.next("forward_backward")
+        c.optimizer.zero_grad()
+        result = forward_backward(c.model, micro, c.groups, loss_fn=loss_fn,
+                                  grad_scale=getattr(c.optimizer, "loss_scale", 1.0))
+        phases.next("prepare")
+        update = c.optimizer.prepare(num_tokens=result.num_tokens)
+        if not (update.skipped and getattr(update, "overflow", False)):
+            break
+        retries += 1
+        if c.groups.is_rank0:
+            logger.info("step %d: %s; the forward/backward runs again on the same rollouts", step, update.reason)
+    return result, update, retries

@@ -32,7 +32,7 @@ from megatron_logra.models.layout import global_param_names, shard_full
 from megatron_logra.models.weights import OUTPUT_WEIGHT, WORD_EMBEDDINGS, weight_source_name
 from megatron_logra.rl.weights import gather_full_model
 
-from megatron_logra.optim import DenseAdamW, NativeConfig
+from megatron_logra.optim import DenseAdamW, LossScaleConfig, NativeConfig
 from megatron_logra.parallel import ParallelGroups
 from megatron_logra.rl.batching import pack_sequences, split_microbatches
 from megatron_logra.rl.config import share_per_rank
@@ -150,7 +150,8 @@ def run_sft(
     ``final_lr_ratio·lr`` at the last step.
     """
     per_rank = share_per_rank("sft.batch_size", batch_size, groups.dp_size, "demonstrations per warm-start step")
-    opt = DenseAdamW(model, NativeConfig(lr=lr, weight_decay=0.0), groups, clip_grad=1.0)
+    opt = DenseAdamW(model, NativeConfig(lr=lr, weight_decay=0.0), groups, clip_grad=1.0,
+                     loss_scale=LossScaleConfig())  # float16 models get a dynamic loss scale, as in the RL steps
     loss = float("nan")
     for step in range(steps):
         progress = step / max(1, steps - 1)
@@ -163,7 +164,8 @@ def run_sft(
             finished=[True] * len(pairs), pad_id=pad_id, max_length=max_length, multiple=multiple,
         )
         opt.zero_grad()
-        result = forward_backward(model, split_microbatches(batch, micro_batch_size), groups)
+        result = forward_backward(model, split_microbatches(batch, micro_batch_size), groups,
+                                  grad_scale=opt.loss_scale)
         opt.step(num_tokens=result.num_tokens)
         loss = result.loss
         if log is not None:

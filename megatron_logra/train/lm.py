@@ -174,14 +174,15 @@ def run_lm(cfg: RunConfig) -> dict:
                                     for i in range(num_micro)]
                     ph.next("forward_backward")
                     optimizer.zero_grad()
-                    result = forward_backward(model, microbatches, groups)
+                    result = forward_backward(model, microbatches, groups, grad_scale=optimizer.loss_scale)
                     ph.next("prepare")
                     update = optimizer.prepare(num_tokens=result.num_tokens)
                     ph.next("apply")
                     optimizer.apply(update)
                 # before the window's last step closes it: writing the trace is not the step's time
                 step_seconds = elapsed(t0, device)
-            if update.skipped and is_rank0() and not isinstance(optimizer, LograOptimizer):  # LoGRA warns itself
+            if update.skipped and not update.overflow and is_rank0() and not isinstance(optimizer, LograOptimizer):
+                # (LoGRA warns itself; a float16 overflow is routine: the loss scale comes down)
                 logger.warning("step %d skipped (%s): its update was not applied (metrics.jsonl: \"skipped\": true); "
                                "a run that keeps skipping has diverged: lower the lr (--lr)",
                                step, update.reason or "non-finite gradient")
@@ -198,6 +199,7 @@ def run_lm(cfg: RunConfig) -> dict:
                 "clip_coef": update.clip_coef,
                 "skipped": update.skipped,
                 **optimizer.step_lrs(update),
+                **({"loss_scale": update.loss_scale} if update.loss_scale is not None else {}),
                 "tokens": processed,
                 "tokens_per_second": processed / max(step_seconds, 1e-9),
                 "loss_tokens": result.global_tokens,

@@ -89,6 +89,10 @@ def _custom_forward_step(loss_fn: LossFn, data_iterator: Iterator[Batch], model:
     return logits, partial(loss_fn, batch)
 
 
+def _scale_loss(scale: float, loss: torch.Tensor) -> torch.Tensor:
+    return loss * scale
+
+
 def forward_backward(
     model: Union[nn.Module, Sequence[nn.Module]],
     microbatches: Sequence[Batch],
@@ -96,12 +100,16 @@ def forward_backward(
     *,
     forward_only: bool = False,
     loss_fn: Optional[LossFn] = None,
+    grad_scale: float = 1.0,
 ) -> StepResult:
     """Run every micro-batch forward (and backward unless ``forward_only``).
 
     Without ``loss_fn`` the loss is the masked next-token cross entropy (megatron's fused
-    path); with it, ``loss_fn`` turns the logits into the loss (RL objectives)."""
+    path); with it, ``loss_fn`` turns the logits into the loss (RL objectives). ``grad_scale``: backward
+    runs on the loss times it (the optimizer's ``loss_scale`` for float16 models, megatron-core's
+    ``grad_scale_func``), so sketches and gradients come out multiplied by it; the reported losses are not."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.utils import get_model_config
 
     if not microbatches:
         raise ValueError("forward_backward needs at least one micro-batch")
@@ -110,15 +118,22 @@ def forward_backward(
     microbatches = [b.to(device) for b in microbatches]  # data is built on the host
     mb, seq = microbatches[0].tokens.shape
     fb = get_forward_backward_func()
-    outputs = fb(
-        forward_step_func=_lm_forward_step if loss_fn is None else partial(_custom_forward_step, loss_fn),
-        data_iterator=iter(microbatches),
-        model=chunks if len(chunks) > 1 else chunks[0],
-        num_microbatches=len(microbatches),
-        seq_length=seq,
-        micro_batch_size=mb,
-        forward_only=forward_only,
-    )
+    config = get_model_config(chunks[0])
+    unscaled = config.grad_scale_func
+    if grad_scale != 1.0 and not forward_only:
+        config.grad_scale_func = partial(_scale_loss, grad_scale)
+    try:
+        outputs = fb(
+            forward_step_func=_lm_forward_step if loss_fn is None else partial(_custom_forward_step, loss_fn),
+            data_iterator=iter(microbatches),
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=len(microbatches),
+            seq_length=seq,
+            micro_batch_size=mb,
+            forward_only=forward_only,
+        )
+    finally:
+        config.grad_scale_func = unscaled
     num_tokens = int(sum(int(b.loss_mask.sum()) for b in microbatches))
     device = microbatches[0].tokens.device
     keys = sorted(outputs[0].keys()) if groups.pp_last and outputs else ["lm"]

@@ -1,5 +1,6 @@
-"""A float16 run is told at start that it trains without loss scaling (Megatron-LM's ``--fp16`` always scales the
-loss; this trainer has no scaler), by ``train`` and ``config`` alike; bfloat16 and float32 runs are not."""
+"""A float16 run whose loss scaling is turned off (``optimizer.loss_scale.mode=none``) is told at start that it
+trains without it, by ``train`` and ``config`` alike; a float16 run with the default (dynamic) scaling, and
+bfloat16 and float32 runs, are not."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import torch
 from megatron_logra.cli import main
 
 
-@pytest.mark.parametrize("args, warned", [(["--fp16"], True), (["model.params_dtype=float16"], True),
-                                          (["--bf16"], False), ([], False)])
+@pytest.mark.parametrize("args, warned", [(["--fp16", "optimizer.loss_scale.mode=none"], True),
+                                          (["model.params_dtype=float16", "optimizer.loss_scale.mode=none"], True),
+                                          (["--fp16"], False), (["--fp16", "--loss-scale", "1024"], False),
+                                          (["--bf16", "optimizer.loss_scale.mode=none"], False), ([], False)])
 def test_float16_is_warned_about_loss_scaling(args, warned, caplog, capsys):
     with caplog.at_level(logging.WARNING, logger="megatron_logra.cli.train"):
         assert main(["config", "lm-tiny", *args]) == 0
@@ -20,7 +23,7 @@ def test_float16_is_warned_about_loss_scaling(args, warned, caplog, capsys):
     lines = [r.getMessage() for r in caplog.records if "loss scaling" in r.getMessage()]
     assert len(lines) == int(warned), lines
     if warned:
-        assert "--bf16" in lines[0] and "6e-8" in lines[0]
+        assert "--bf16" in lines[0] and "6e-8" in lines[0] and "optimizer.loss_scale.mode=none" in lines[0]
 
 
 def test_the_stated_limit_is_float16s():
