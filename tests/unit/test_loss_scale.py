@@ -230,6 +230,29 @@ def test_the_rl_loop_reruns_an_overflowing_backward_on_the_same_rollouts(tmp_pat
     assert summary["steps"] == 3
 
 
+def _lm_records(run) -> list[dict]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "step" in r and "loss" in r]
+
+
+def test_a_resumed_float16_run_continues_at_the_checkpointed_scale(tmp_path):
+    """The LM job skips an overflowing step (as Megatron-LM); the scale it came down to is checkpointed, so a run
+    resumed after step 3 runs steps 4..6 exactly as the uninterrupted run (a fresh scaler would start over at
+    ``initial`` and overflow again)."""
+    common = ["--fp16", f"optimizer.loss_scale.initial={2.0**17}", "optimizer.loss_scale.hysteresis=1",
+              "train.eval_interval=0", "train.progress=false", "train.eval_sequences=16"]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    run_recipe("lm-tiny", [*common, f"train.run_dir={whole}", "train.steps=6"])
+    run_recipe("lm-tiny", [*common, f"train.run_dir={split}", "train.steps=3", "train.save_interval=3"])
+    run_recipe("lm-tiny", [*common, f"train.run_dir={split}", "train.steps=6", "train.resume=true"])
+    expected = _lm_records(whole)
+    assert expected[0]["skipped"] and expected[0]["loss_scale"] == 2.0**17  # 2**17 overflows float16 at once
+    assert expected[3]["loss_scale"] < 2.0**17
+    resumed = [r for r in _lm_records(split) if r["step"] > 3][-3:]
+    keys = ("step", "loss", "loss_scale", "skipped")
+    assert [{k: r[k] for k in keys} for r in resumed] == [{k: r[k] for k in keys} for r in expected[3:]]
+
+
 # --------------------------------------------------------------------------- flags
 
 def test_megatron_flags_set_the_fields():
