@@ -132,9 +132,24 @@ def restart_command(run_dir: Union[str, Path]) -> str:
     """Why a run without a checkpoint cannot be continued and how to start it again, with the command that
     repeats its ``config.yaml`` when it has one (a phrase: "the run {restart_command(RUN)}")."""
     cfg_path = Path(run_dir) / "config.yaml"
-    command = f" (megatron-logra train {cfg_path} train.overwrite=true repeats its config)" if cfg_path.is_file() else ""
+    # a run started by a bare --resume recorded train.resume: true, which train.overwrite=true is refused with
+    fresh = " train.resume=false" if cfg_path.is_file() and _records_resume(cfg_path) else ""
+    command = f" (megatron-logra train {cfg_path}{fresh} train.overwrite=true repeats its config)" \
+        if cfg_path.is_file() else ""
     return ("stopped before its first checkpoint (its train.save_interval), so there is nothing to continue with "
             f"--resume; start it again from step 0, replacing it, with train.overwrite=true{command}")
+
+
+def _records_resume(cfg_path: Path) -> bool:
+    """Whether the run's ``config.yaml`` holds ``train.resume: true`` (False when it cannot be read)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(cfg_path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    train = data.get("train") if isinstance(data, dict) else None
+    return isinstance(train, dict) and train.get("resume") is True
 
 
 def lock_run_dir(run_dir: Union[str, Path]) -> Optional[str]:

@@ -48,3 +48,23 @@ def test_a_run_with_a_checkpoint_is_still_pointed_at_resume(tmp_path, capsys):
     run_recipe("lm-tiny", [f"train.run_dir={run}", "train.steps=2", "train.progress=false"])
     err = exit_2(["train", "lm-tiny", f"train.run_dir={run}"], capsys)
     assert f"continue it with --resume {run}" in err and "stopped before its first checkpoint" not in err, err
+
+
+def test_the_named_restart_of_a_run_started_by_a_bare_resume_works(tmp_path, capsys):
+    """A run started with ``train.resume=true`` (``--load DIR`` on an empty directory) records it in its
+    ``config.yaml``; the restart named for it must turn it off, since ``train.resume=true`` with
+    ``train.overwrite=true`` is refused. The command is run exactly as the message gives it."""
+    import re
+    import shlex
+
+    from megatron_logra.cli import main
+
+    run = tmp_path / "run"
+    run_recipe("lm-tiny", [f"train.run_dir={run}", "train.steps=2", "train.progress=false", "train.resume=true"])
+    shutil.rmtree(run / "checkpoints")
+    (run / "summary.json").unlink()
+    err = exit_2(["train", "--resume", str(run)], capsys)
+    named = re.search(r"\(megatron-logra (train .*?) repeats its config\)", err)
+    assert named and "train.resume=false" in named.group(1), err
+    assert main([*shlex.split(named.group(1)), "train.progress=false"]) == 0
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000002"
