@@ -39,6 +39,19 @@ def test_rl_job_runs_on_gpu(tmp_path):
     assert all(0 < r["gpu_memory_peak_bytes"] <= r["gpu_memory_reserved_peak_bytes"] for r in records)
 
 
+def test_float16_rl_job_scales_its_loss_on_gpu(tmp_path):
+    """``--fp16`` on CUDA: the loss scale starts at ``optimizer.loss_scale.initial``, every applied step records the
+    scale it ran at (the first after its overflow re-runs, if any), and the steps train."""
+    summary = _train(tmp_path, "tiny", "--fp16", "rl.steps=3", "rl.eval_interval=0",
+                     f"optimizer.loss_scale.initial={2.0**17}")  # 2**17 overflows float16 at once
+    assert summary["steps"] == 3
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 3 and not any(r["skipped"] for r in records)
+    first = records[0]
+    assert first["overflow_retries"] >= 1 and first["loss_scale"] < 2.0**17
+    assert all(r["loss_scale"] <= first["loss_scale"] for r in records[1:])
+
+
 def test_elapsed_waits_for_the_kernels_queued_on_the_device():
     """A step's time includes its last kernels, which still run when the host has queued them."""
     import time
