@@ -51,10 +51,11 @@ from megatron_logra.metrics import (MetricsWriter, closing_metrics_on_error, dev
                                     reset_device_peaks, strict_dumps)
 from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
-from megatron_logra.parallel import ParallelGroups, initialize_parallel
+from megatron_logra.parallel import initialize_parallel
 from megatron_logra.profiling import Phases, job_profiler
 from megatron_logra.run_summary import previous_summary_values, record_before_values
 from megatron_logra.rollout.sglang_setup import redact_config
+from megatron_logra.train.lm_checks import check_config, num_microbatches
 from megatron_logra.train.lm_eval import evaluate, warn_deprecated_eval_batches
 from megatron_logra.train.lm_progress import recorded_losses, run_summary, start_progress
 from megatron_logra.train.step import forward_backward, model_device
@@ -64,31 +65,6 @@ from megatron_logra.wandb_log import wandb_options
 logger = logging.getLogger(__name__)
 
 __all__ = ["run_lm", "check_config"]
-
-
-def _num_microbatches(cfg: RunConfig, groups: ParallelGroups) -> int:
-    """Micro-batches per rank and step; ``ValueError`` naming the fields when ``train.global_batch_size`` does
-    not split into micro-batches of ``train.micro_batch_size`` over the DP ranks."""
-    per_step = cfg.train.micro_batch_size * groups.dp_size
-    if cfg.train.global_batch_size % per_step:
-        raise ValueError(
-            f"train.global_batch_size={cfg.train.global_batch_size} is not a multiple of "
-            f"train.micro_batch_size × dp = {cfg.train.micro_batch_size} × {groups.dp_size} (dp = world size / "
-            f"(parallel.tp × parallel.pp)): set train.global_batch_size to a multiple of {per_step}, or a smaller "
-            f"train.micro_batch_size"
-        )
-    return cfg.train.global_batch_size // per_step
-
-
-def check_config(cfg: RunConfig) -> None:
-    """The start-time checks of the LM job that need no process group, model or GPU and write nothing, as
-    ``megatron-logra config`` runs them: the synthetic task (``data.num_symbols`` against ``model.vocab_size``)
-    and a resumed run's ``train.steps`` against its latest checkpoint. What they refuse, the job refuses with the
-    same error. Not checked here: the micro-batches of the launch's DP ranks, the memory plan, ``train.run_dir``'s
-    state and the model build."""
-    SyntheticTask(cfg.data, cfg.model.vocab_size)
-    if cfg.train.resume:
-        check_resume_steps(cfg.train.run_dir, cfg.train.steps, "train.steps")
 
 
 @releasing_run_dir
@@ -112,7 +88,7 @@ def run_lm(cfg: RunConfig) -> dict:
     job_start = time.monotonic()
     groups = initialize_parallel(cfg.parallel, seed=cfg.train.seed)
     # every check that can refuse the run comes before train.overwrite deletes the previous run's outputs
-    num_micro = _num_microbatches(cfg, groups)
+    num_micro = num_microbatches(cfg, groups)
     task = SyntheticTask(cfg.data, cfg.model.vocab_size)
     if is_rank0():
         warn_deprecated_eval_batches(cfg)
