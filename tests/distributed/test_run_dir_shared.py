@@ -48,7 +48,7 @@ def test_a_run_dir_rank_0_cannot_write_is_refused_on_every_rank_without_waiting(
 
 
 def _one_rank_cannot_write_worker(rank: int, world: int, path: str, out: str) -> None:
-    from megatron_logra.checkpoint import run_dir as run_dir_mod
+    from megatron_logra.checkpoint import run_dir_storage as run_dir_mod
 
     if rank == 1:  # a read-only mount on this rank's node (root writes anywhere here, so the failure is injected)
         run_dir_mod._unwritable = lambda d: f"train.run_dir={str(d)!r} cannot be written: Read-only file system"
