@@ -27,13 +27,10 @@ writes ``OUT/memory_stress.{csv,png}`` (``--out``, default ``runs/memory_stress`
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import sys
-import time
 import warnings
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -46,11 +43,9 @@ from optimizer_memory import ffn_size  # noqa: E402
 
 from megatron_logra.bench.outputs import why_unwritable  # noqa: E402
 from megatron_logra.cli.errors import tracebacks_wanted  # noqa: E402
-from megatron_logra.memory.measure import LiveTensorTracker  # noqa: E402
-from megatron_logra.memory.measure import maxrss_bytes as _maxrss_bytes  # noqa: E402
-from megatron_logra.memory.measure import reset_peak_rss as _reset_peak_rss  # noqa: E402
-from megatron_logra.memory.stress_setup import host_shortfall, make_batch, optimizer_state_bytes, out_of_memory, predicted  # noqa: E402,E501
+from megatron_logra.memory.stress_setup import host_shortfall, out_of_memory, predicted  # noqa: E402
 from megatron_logra.memory.stress_report import COLUMNS, MEASURED, GiB, NvmlSampler, fmt, plot, report, unit_of  # noqa: E402,F401
+from megatron_logra.memory.stress_steps import run_kind  # noqa: E402
 
 logger = logging.getLogger("memory_stress")
 MODEL_SIZE_FLAGS = ("hidden", "layers", "heads", "query_groups", "ffn", "vocab", "dtype")
@@ -71,74 +66,6 @@ def model_config(args):
     return ModelConfig(num_layers=size["layers"], hidden_size=hidden, num_attention_heads=args.heads or max(1, hidden // 64),
                        num_query_groups=args.query_groups, ffn_hidden_size=args.ffn or ffn_size(hidden),
                        vocab_size=size["vocab"], seq_length=args.seq_len, params_dtype=size["dtype"], swiglu=True)
-
-
-def run_kind(kind: str, mcfg, args, device: torch.device, world: int, groups, into: Optional[list] = None) -> list[dict]:
-    """Steps of one optimizer ``kind`` on ``groups`` (made once for every kind: megatron's teardown keeps the
-    process groups, so making them again per kind would leave the earlier NCCL communicators' buffers in the
-    next kind's memory peak). Each step's row is appended to ``into`` (kept if a later step fails) too."""
-    import torch.distributed as dist
-
-    from megatron_logra.models.gpt import build_gpt
-    from megatron_logra.optim import LograConfig, NativeConfig, OptimizerConfig, build_optimizer
-    from megatron_logra.rl.loop import make_rl_loss_fn
-    from megatron_logra.rl.losses import LossConfig
-    from megatron_logra.train.step import forward_backward
-
-    model = build_gpt(mcfg, groups, seed=1)
-    if device.type == "cuda":
-        model = model.cuda()
-    ocfg = OptimizerConfig(name="adam" if kind == "adam" else "logra", native=NativeConfig(lr=1e-5),
-                           logra=LograConfig(rank=args.rank, masters=args.masters, lr=1e-5))
-    opt = build_optimizer(model, ocfg, groups)
-    loss_fn = make_rl_loss_fn(LossConfig(logprob_chunk_tokens=args.chunk_tokens), 1.0, groups.tp) \
-        if args.loss == "rl" else None
-    pred_peak, pred_state = predicted(mcfg, kind, args, world)
-    cuda = device.type == "cuda"
-    nvml = NvmlSampler() if cuda else None
-    rows = [] if into is None else into
-    for step in range(1, args.steps + 1):
-        batches = [make_batch(mcfg, args, device, 1000 * step + i) for i in range(args.micro_batches)]
-        gc.collect()
-        tracker = LiveTensorTracker() if (not cuda and args.track_tensors) else None
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        else:
-            _reset_peak_rss()
-        t0 = time.perf_counter()
-        with nvml or nullcontext(), tracker or nullcontext():
-            opt.zero_grad()
-            res = forward_backward(model, batches, groups, loss_fn=loss_fn)
-            opt.apply(opt.prepare(num_tokens=res.num_tokens))
-            if cuda:
-                torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
-        vals = {
-            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved() if cuda else None,
-            "nvml_peak_used_bytes": nvml.peak if nvml is not None else None,
-            "live_tensor_peak_bytes": tracker.peak if tracker is not None else None,
-            "peak_rss_bytes": None if cuda else _maxrss_bytes(),
-            "optimizer_state_bytes": optimizer_state_bytes(opt),
-            "step_seconds": seconds,
-        }
-        # worst rank: the maximum of each reading over the world (-1 = not measured)
-        t = torch.tensor([float(-1 if vals[k] is None else vals[k]) for k in MEASURED], dtype=torch.float64,
-                         device=device)
-        if world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        vals = {k: (None if v < 0 else (v if k == "step_seconds" else int(v))) for k, v in zip(MEASURED, t.tolist())}
-        rows.append({"optimizer": kind, "step": step, "device": device.type, "world": world, "tp": args.tp,
-                     "tokens_per_step": args.micro_batch * args.seq_len * args.micro_batches * max(1, world // args.tp),
-                     **vals, "predicted_peak_bytes": pred_peak, "predicted_optimizer_state_bytes": pred_state,
-                     "loss": res.loss})
-        logger.info("%s step %d: %s", kind, step, {k: v for k, v in vals.items() if v is not None})
-    del model, opt, loss_fn
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
-    return rows
 
 
 def build_parser() -> argparse.ArgumentParser:
