@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Optional
+
+from megatron_logra.plot_records import finite_series, held_out_after, held_out_before
 
 logger = logging.getLogger(__name__)
 
@@ -92,22 +93,12 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return records
 
 
-def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
-    xs, ys = [], []
-    for r in records:
-        v = r.get(key)  # NaN / ±Infinity (not written by the jobs, which write null): no value, as null
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            xs.append(r["step"])
-            ys.append(float(v))
-    return xs, ys
-
-
 def _lines(ax, records: list[dict], series, scale: float = 1.0) -> None:
     """Plot each ``(key, label, style)`` of ``series`` that has values (times ``scale``); a legend when
     several were drawn."""
     drawn = 0
     for key, label, style in series:
-        xs, ys = _series(records, key)
+        xs, ys = finite_series(records, key)
         if xs:
             ax.plot(xs, [y * scale for y in ys], label=label, **style)
             drawn += 1
@@ -139,7 +130,7 @@ def _panel_rl_kl(ax, records) -> None:
     ax.set_title("KL per update")
     _lines(ax, records, [("kl_predicted", "predicted KL", {}), ("kl_actual", "actual KL", {}),
                          ("budget", "budget", {"linestyle": "--"})])
-    if any(y > 0 for y in _series(records, "kl_actual")[1]):
+    if any(y > 0 for y in finite_series(records, "kl_actual")[1]):
         ax.set_yscale("log")
 
 
@@ -156,7 +147,7 @@ def _panel_rl_alpha(ax, records) -> None:
         ax.plot(skipped, [0.0] * len(skipped), linestyle="none", marker="x", color="tab:red",
                 label=f"no update ({len(skipped)} step{'s' if len(skipped) > 1 else ''})", clip_on=False)
     ax.set_ylabel("α")
-    xs, ys = _series(records, "update_ratio")
+    xs, ys = finite_series(records, "update_ratio")
     if xs:
         ax2 = ax.twinx()
         ax2.plot(xs, ys, color="tab:orange", label="‖ΔW‖/‖W‖")
@@ -202,7 +193,7 @@ def _has_data(records: list[dict], keys: tuple[str, ...]) -> bool:
     if "skipped" in keys and _skipped_steps(records):
         return True
     # memory_bytes 0 is what the RL job records without psutil: no measurement
-    return any(_series([r for r in records if key != "memory_bytes" or r.get(key)], key)[0] for key in keys)
+    return any(finite_series([r for r in records if key != "memory_bytes" or r.get(key)], key)[0] for key in keys)
 
 
 _RL_PANELS = (
@@ -246,59 +237,6 @@ def summary_figure(records: list[dict], title: str = ""):
     if title:
         fig.suptitle(title)
     return fig
-
-
-_BEFORE = {"eval_accuracy": "eval_accuracy_before", "eval_loss": "eval_loss_before"}
-"""The held-out field of the step records -> the summary field holding its value before training."""
-
-
-def held_out_before(run_dir: str | Path, records: list[dict]) -> Optional[dict]:
-    """A step-0 record with the held-out value before training from ``RUN_DIR/summary.json`` (the field of
-    :data:`_BEFORE` of the run's job: RL when a record has ``reward_mean``); None when the file is missing or
-    unreadable, holds no such number, or ``records`` already have a step 0."""
-    if any(r["step"] == 0 for r in records):
-        return None
-    key = "eval_accuracy" if any("reward_mean" in r for r in records) else "eval_loss"
-    try:
-        summary = json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(summary, dict):
-        return None
-    value = summary.get(_BEFORE[key])
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return None
-    prefix = _BEFORE[key] + "/"  # per source: eval_accuracy_before/gcd -> eval_accuracy/gcd
-    return {"step": 0, key: float(value), **{f"{key}/{k[len(prefix):]}": float(v) for k, v in summary.items()
-                                             if k.startswith(prefix) and _series([{"step": 0, "v": v}], "v")[0]}}
-
-
-def _held_out_field(name: str) -> Optional[str]:
-    """The record's field of a summary's final held-out value: ``eval_loss_after`` -> ``eval_loss``,
-    ``eval_accuracy_after/gcd`` -> ``eval_accuracy/gcd``, ``eval_pass_at_k_after`` -> ``eval_pass_at_k``."""
-    for field in ("eval_loss", "eval_accuracy", "eval_pass_at_k"):
-        if name == f"{field}_after" or name.startswith(f"{field}_after/"):
-            return field + name[len(field) + len("_after"):]
-    return None
-
-
-def held_out_after(run_dir: str | Path, records: list[dict]) -> dict:
-    """The final evaluation's values (``summary.json``'s ``eval_*_after``) that the last step's record lacks
-    (its step is no multiple of the eval interval), under the record's names; empty unless the summary ends
-    at the records' last step."""
-    try:
-        summary = json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    last = records[-1]
-    if not isinstance(summary, dict) or summary.get("steps") != last["step"] or summary.get("stopped"):
-        return {}
-    after = {}
-    for name, value in summary.items():
-        field = _held_out_field(name)
-        if field and _series([{"step": 0, "v": value}], "v")[0] and not _series([last], field)[0]:
-            after[field] = float(value)
-    return after
 
 
 def plot_run(run_dir: str | Path, out: Optional[str | Path] = None) -> Path:
