@@ -4,8 +4,8 @@ A consumer reads one delta file at a time (one decoded delta in memory), checks 
 (``version``: it forks from or overlaps it; ``gap``: a missing version with nothing before it), and checks
 the anchors at each delta's base version before handing it out (``anchor``: see
 :mod:`megatron_logra.sync.anchors`). :meth:`_DirectoryReader.consume` applies the deltas to an engine;
-:meth:`_DirectoryReader.follow` is one step of a consumer loop, reloading the newest anchor's full weights
-at most once per anchor when the chain refuses the engine. Any ``SyncError`` leaves the engine as the last
+:meth:`_DirectoryReader.follow` (:mod:`megatron_logra.sync.directory_follow`) is one step of a consumer loop,
+reloading the newest anchor's full weights at most once per anchor when the chain refuses the engine. Any ``SyncError`` leaves the engine as the last
 successful apply or reload left it. The whole protocol is described in
 :mod:`megatron_logra.sync.transport`'s docstring.
 
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import Iterator, Optional, Union
 
 from megatron_logra.sync.anchors import AnchorDirectory, other_chain
 from megatron_logra.sync.codec import SketchDelta, decode
+from megatron_logra.sync.directory_follow import AnchorFollower
 from megatron_logra.sync.directory_files import _FILE_RE, delta_filename
 from megatron_logra.sync.engine import DeltaConsumer
 from megatron_logra.sync.errors import SyncError
@@ -28,10 +28,11 @@ from megatron_logra.sync.errors import SyncError
 logger = logging.getLogger(__name__)
 
 
-class _DirectoryReader(AnchorDirectory):
-    """The consumer's side of a delta directory: ``read``, ``poll``, ``consume``, ``follow`` (and, from
+class _DirectoryReader(AnchorFollower, AnchorDirectory):
+    """The consumer's side of a delta directory: ``read``, ``poll``, ``consume``, ``follow`` (from
+    :class:`~megatron_logra.sync.directory_follow.AnchorFollower`) and, from
     :class:`~megatron_logra.sync.anchors.AnchorDirectory`, ``verify_anchor``, ``accept_anchor``,
-    ``load_full``)."""
+    ``load_full``."""
 
     def __init__(self, directory: Union[str, os.PathLike]) -> None:
         super().__init__(directory)
@@ -166,54 +167,6 @@ class _DirectoryReader(AnchorDirectory):
         the returned prefix at its version.
         """
         return list(self._chain(current_version))
-
-    def follow(self, engine: DeltaConsumer) -> list[int]:
-        """Consumer: one step of a consumer loop; returns the versions applied. :meth:`consume`, and when it is
-        refused, :meth:`load_full` of the newest anchor and :meth:`consume` again, where that reload can help:
-
-        * ``anchor`` (the engine passed a refit or trainer restart it has not verified): always;
-        * ``gap`` (the deltas it needs were pruned or removed), or a delta file that cannot extend the chain
-          (corrupt, unreadable, another version, refused by the engine): when the newest anchor is past the
-          engine's version and the delta files after it are contiguous, so the chain can be followed from it;
-          or when the engine's weights are not verified at its version (a fresh engine). An engine on the chain
-          is not taken back to an older anchor whose deltas were pruned past it.
-
-        The newest anchor is reloaded at most once by this object: when that did not get the engine back on the
-        chain the refusal is raised as it is, until the trainer writes a newer anchor, so a loop does not
-        re-read a model-sized file at every poll. Every ``SyncError`` raised leaves the engine as the last
-        successful apply or reload left it; call again later."""
-        try:
-            return self.consume(engine)
-        except SyncError as exc:
-            anchor = self._reload_target(exc, engine)
-            if anchor is None:
-                raise
-        try:
-            self._reloaded = self.load_full(engine, anchor["version"])["epoch"]
-        except SyncError as exc:
-            if exc.kind in ("shape", "layout", "config"):  # the engine cannot take this file: not at every poll
-                self._reloaded = anchor["epoch"]
-            raise
-        return self.consume(engine)
-
-    def _reload_target(self, exc: SyncError, engine: DeltaConsumer) -> Optional[dict]:
-        """The newest anchor, when :meth:`follow` reloads its full weights after :meth:`consume` raised ``exc``."""
-        if exc.kind == "config":  # not a delta directory: nothing here to reload
-            return None
-        try:
-            newest = self.anchors(since=sys.maxsize)
-            if not newest or newest[-1].get("full") is None or newest[-1]["epoch"] == self._reloaded:
-                return None
-            newest = newest[-1]
-            if exc.kind == "anchor" or (newest["version"] > engine.weight_version and self._reachable(newest)):
-                return newest
-        except SyncError:  # the directory or the newest marker is unreadable now: raise the refusal itself
-            return None
-        try:
-            anchors = self.anchors(since=engine.weight_version)
-        except SyncError:  # the engine's own anchor cannot be read: it is not known to be on the chain
-            return newest
-        return None if self._on_chain(engine, anchors) else newest
 
     def consume(self, engine: DeltaConsumer) -> list[int]:
         """Apply the new deltas to ``engine`` in order, one file at a time (read, check its link
