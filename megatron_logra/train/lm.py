@@ -174,6 +174,7 @@ def run_lm(cfg: RunConfig) -> dict:
                 "grad_norm": update.grad_norm,
                 "clip_coef": update.clip_coef,
                 "skipped": update.skipped,
+                **({"skip_reason": update.reason or "non-finite gradient"} if update.skipped else {}),
                 **optimizer.step_lrs(update),
                 **({"loss_scale": update.loss_scale} if update.loss_scale is not None else {}),
                 "tokens": processed,

@@ -247,6 +247,8 @@ def test_a_resumed_float16_run_continues_at_the_checkpointed_scale(tmp_path):
     run_recipe("lm-tiny", [*common, f"train.run_dir={split}", "train.steps=6", "train.resume=true"])
     expected = _lm_records(whole)
     assert expected[0]["skipped"] and expected[0]["loss_scale"] == 2.0**17  # 2**17 overflows float16 at once
+    assert "float16 overflow at loss scale 131072" in expected[0]["skip_reason"]
+    assert all("skip_reason" not in r for r in expected if not r["skipped"])
     assert expected[3]["loss_scale"] < 2.0**17
     resumed = [r for r in _lm_records(split) if r["step"] > 3][-3:]
     keys = ("step", "loss", "loss_scale", "skipped")
