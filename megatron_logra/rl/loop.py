@@ -2,8 +2,9 @@
 
 rollout → reward → advantage → forward/backward → prepare update → KL control → apply → sync.
 
-Prompt tokenization and fit checks live in :mod:`megatron_logra.rl.prompts`, the loss function and the
-reference log-probs in :mod:`megatron_logra.rl.objective`, the KL probe's inputs in
+The state an update carries and the objects it works on (:class:`RLState`, :class:`RLComponents`) live in
+:mod:`megatron_logra.rl.loop_state`, prompt tokenization and fit checks in :mod:`megatron_logra.rl.prompts`,
+the loss function and the reference log-probs in :mod:`megatron_logra.rl.objective`, the KL probe's inputs in
 :mod:`megatron_logra.rl.kl_probe`, held-out accuracy in :mod:`megatron_logra.rl.evaluation`.
 """
 
@@ -12,22 +13,21 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
-from megatron_logra.kl.controller import KLController
 from megatron_logra.kl.fd_probe import predicted_kl_fd
 from megatron_logra.kl.probe import measure_kl, predicted_kl, probe_logits, probe_method
 from megatron_logra.metrics import device_peaks, elapsed, reset_device_peaks
 from megatron_logra.optim import LograOptimizer
-from megatron_logra.parallel import ParallelGroups, all_reduce_sum
+from megatron_logra.parallel import all_reduce_sum
 from megatron_logra.profiling import Phases
 from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
 from megatron_logra.rl.batching import pack_sequences
 from megatron_logra.rl.evaluation import evaluate_accuracy
 from megatron_logra.rl.kl_probe import _probe_batch, fd_steps
+from megatron_logra.rl.loop_state import RLComponents, RLState
 from megatron_logra.rl.objective import _reference_logprobs, backward_and_prepare, make_rl_loss_fn
 from megatron_logra.rl.prompts import _decode, check_prompt_fits, prompt_room, rl_prompt_ids
 from megatron_logra.rl.rollout_stage import collect_groups
@@ -39,55 +39,8 @@ from megatron_logra.train.step import model_device
 logger = logging.getLogger(__name__)
 
 __all__ = ["RLState", "RLComponents", "rl_update", "reinforce_advantages",
-           # re-exported from their own modules (rl.evaluation, rl.objective, rl.prompts)
+           # re-exported from their own modules (rl.loop_state, rl.evaluation, rl.objective, rl.prompts)
            "evaluate_accuracy", "make_rl_loss_fn", "check_prompt_fits", "prompt_room", "rl_prompt_ids"]
-
-
-@dataclass
-class RLState:
-    """Everything the loop itself must checkpoint."""
-
-    step: int = 0
-    """Completed RL updates."""
-    weight_version: int = 0
-    """Version of the policy the engine holds."""
-    baseline: EMABaseline = field(default_factory=EMABaseline)
-    bad_streak: int = 0
-    """RL steps in a row that refused their update (``rl.step_guard``); not checkpointed."""
-
-    def state_dict(self) -> dict:
-        return {"step": self.step, "weight_version": self.weight_version, "baseline": self.baseline.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
-        self.weight_version = int(state["weight_version"])
-        self.baseline.load_state_dict(state["baseline"])
-
-
-@dataclass
-class RLComponents:
-    """The live objects an update works on (built by ``rl.components.build_components``)."""
-
-    cfg: Any
-    """RunConfig."""
-    groups: ParallelGroups
-    model: torch.nn.Module
-    optimizer: Any
-    controller: KLController
-    engine: Any
-    task: Any
-    tokenizer: Any
-    sync: Any
-    """``PolicySync`` that brings the engine to the trainer's new weights after each update."""
-    ref_model: Optional[torch.nn.Module] = None
-    stop_ids: list[int] = field(default_factory=list)
-    """Token ids that end a completion (``data.tokenizer.stop_token_ids``); empty: the tokenizer's EOS."""
-    sample_log: Any = None
-    """The run's :class:`~megatron_logra.rl.sample_log.SampleLog` (``rl.log_samples``), set by the job; None:
-    nothing is logged (``megatron-logra eval``, ``rl.log_samples=0``)."""
-
-    def stop_token_ids(self) -> list[int]:
-        return self.stop_ids or [self.tokenizer.eos_token_id]
 
 
 def reinforce_advantages(baseline: EMABaseline, rewards: torch.Tensor,
