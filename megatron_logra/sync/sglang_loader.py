@@ -12,9 +12,9 @@ custom loader without a ``try`` (model runner, TP worker and scheduler all let e
 through), so a loader that raises takes the scheduler process -- and the server -- down.
 :func:`sync_loader` never raises: it records the outcome (ok / rejected and why, the weight
 version, a per-call nonce) as JSON bytes in a small CPU parameter :data:`STATE_PARAM` on the
-model, which a client reads back with SGLang's ``get_weights_by_name`` (supplied on the model
-instance for classes that lack it, such as Qwen2/Qwen3)
-(:mod:`megatron_logra.sync.sglang_client`). :func:`load_sketch_delta` is the raising core it wraps
+model, which a client (:mod:`megatron_logra.sync.sglang_client`) reads back with SGLang's
+``get_weights_by_name`` (supplied on the model instance for classes that lack it, such as Qwen2/Qwen3, by
+:mod:`megatron_logra.sync.sglang_readback`). :func:`load_sketch_delta` is the raising core it wraps
 (used directly by tests and in-process engines).
 
 Requests (see :mod:`~megatron_logra.sync.sglang_wire`) carry an encoded delta and/or a JSON
@@ -55,6 +55,7 @@ from megatron_logra.sync.apply import ProjectionCache, StagedDelta, apply_delta_
 from megatron_logra.sync.codec import decode
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.sglang_fingerprint import engine_fingerprint
+from megatron_logra.sync.sglang_readback import serve_records
 from megatron_logra.sync.sglang_weights import (
     VERSION_ATTR,
     _ATTENTION_ATTR,
@@ -177,29 +178,6 @@ def _apply(model: nn.Module, delta_tensors: list, size: int, rank: int) -> tuple
     return new_version, None
 
 
-def _serve_records(model: nn.Module) -> None:
-    """Make :data:`STATE_PARAM` and :data:`FINGERPRINT_PARAM` readable through SGLang on every model class.
-
-    SGLang's ``ModelRunner.get_weights_by_name`` delegates to ``model.get_weights_by_name(name,
-    truncate_size, tp_size=...)`` and returns None when that raises. Only some model classes
-    define it (``LlamaForCausalLM`` does; ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM`` do not),
-    so without this the client could never read the loader's outcome back from a Qwen engine.
-    Where neither the class nor the instance has the method, the instance gets one that serves
-    these two records (fp32 byte values, truncated like SGLang's own) and nothing else.
-    """
-    if callable(getattr(model, "get_weights_by_name", None)):
-        return
-
-    def get_weights_by_name(name: str, truncate_size: int = 100, tp_size: int = 1) -> list:
-        if name not in (STATE_PARAM, FINGERPRINT_PARAM):
-            raise KeyError(f"{type(model).__name__} has no get_weights_by_name; the sync loader serves only "
-                           f"{STATE_PARAM!r} and {FINGERPRINT_PARAM!r}, not {name!r}")
-        param = dict(model.named_parameters())[name]  # KeyError before the first record: SGLang returns None
-        return param.detach().to(device="cpu", dtype=torch.float32).tolist()[:truncate_size]
-
-    model.__dict__["get_weights_by_name"] = get_weights_by_name
-
-
 def sync_loader(model: nn.Module, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
     """The custom weight loader to register with SGLang (:data:`LOADER_PATH`); never raises.
 
@@ -216,7 +194,7 @@ def sync_loader(model: nn.Module, named_tensors: list[tuple[str, torch.Tensor]])
     ``fingerprint_error``, never failing the sync.
     """
     try:
-        _serve_records(model)
+        serve_records(model)
     except Exception:  # pragma: no cover - never fail an update over the read-back path
         logger.exception("sync_loader could not make its records readable")
     seq = int(getattr(model, _SEQ_ATTR, 0)) + 1
