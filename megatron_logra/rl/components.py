@@ -1,21 +1,20 @@
 """What the RL loop works on, built and checked: the start-time checks of the config
 (:func:`check_config`, also run by ``megatron-logra config``) and :func:`build_components` (process groups,
 task, tokenizer, model and its warm start, reference model, optimizer, KL controller, rollout engine and
-policy sync, resumed from the latest checkpoint when asked)."""
+policy sync, resumed from the latest checkpoint when asked). The task, tokenizer and stop tokens are built and
+checked by :mod:`megatron_logra.rl.task_setup`."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from megatron_logra.checkpoint import latest_checkpoint, load_checkpoint
 from megatron_logra.checkpoint.run_dir import check_resume_steps, claim_run_dir
 from megatron_logra.config import RunConfig
 from megatron_logra.convert.hf_config import model_config_from_hf
-from megatron_logra.data.tokenizer import stop_token_ids
 from megatron_logra.kl.controller import KLController
 from megatron_logra.kl.probe import probe_method
 from megatron_logra.memory.preflight import memory_preflight
@@ -23,14 +22,11 @@ from megatron_logra.models.gpt import build_gpt
 from megatron_logra.optim import LograOptimizer, build_optimizer
 from megatron_logra.parallel import initialize_parallel, world_group
 from megatron_logra.profiling import check_job_profile
-from megatron_logra.rewards import build_task
-from megatron_logra.rewards.jsonl import file_spec_path
 from megatron_logra.rl.batch_layout import check_rl_batch_layout
 from megatron_logra.rl.loop import RLComponents, RLState
 from megatron_logra.rl.policy_sync import PolicySync
-from megatron_logra.rl.prompts import (check_benchmarks_fit, check_prompt_fits, prompt_room, rl_prompt_ids,
-                                       warn_unknown_characters)
-from megatron_logra.rl.warm_start import run_tokenizer, save_run_tokenizer, warm_start
+from megatron_logra.rl.task_setup import task_and_tokenizer as _task_and_tokenizer
+from megatron_logra.rl.warm_start import save_run_tokenizer, warm_start
 from megatron_logra.rollout import build_engine
 from megatron_logra.rollout.sglang_checks import check_engine_dtype
 
@@ -80,72 +76,13 @@ def _check_settings(cfg: RunConfig, *, native_step_control: bool = True) -> None
         check_engine_dtype(cfg.model.params_dtype)  # an in-process engine: refused before anything is loaded
 
 
-def _task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group: Any = None) -> tuple:
-    """``(task, tokenizer, stop token ids)`` of the run, checked before any model is built: the task
-    (:func:`~megatron_logra.rewards.build_task`: dataset names and kwargs, JSONL files, the reward plugin), the
-    tokenizer (:func:`~megatron_logra.rl.warm_start.run_tokenizer`: ``tokenizer.path`` or ``model.hf_path``'s
-    tokenizer files, its size against ``model.vocab_size``), ``rl.chat_template``, the longest JSONL prompt
-    against ``model.seq_length`` (refused), the filter of over-long generated prompts from the train stream
-    and the held-out set (:func:`_filter_overlong_prompts`: skipped, or refused when all are) and the stop tokens
-    (``generation_config.json``). Nothing is written. ``group``: the ranks that build the task together (the
-    job: every rank), which keep the JSONL rows their rank 0 keeps (:func:`~megatron_logra.rewards.build_task`)."""
-    task = build_task(cfg.task, group)
-    tok = run_tokenizer(cfg, task, run_dir, will_save=will_save)
-    if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
-        rl_prompt_ids(tok, cfg.rl, "check")
-    # the same on every rank: a long prompt of a file (JSONL) source fails here, not mid-run; the longest one,
-    # so that the fix the error suggests fits every prompt the user wrote. A generated source's are skipped.
-    rows = [problem for source in task.sources + task.benchmarks for problem in getattr(source, "problems", ())]
-    lengths = [(len(rl_prompt_ids(tok, cfg.rl, problem.prompt)), problem) for problem in rows]
-    if lengths:
-        longest, problem = max(lengths, key=lambda item: item[0])
-        try:
-            check_prompt_fits(cfg, longest, problem.prompt)
-        except ValueError as exc:  # name the row, and how many more of the file's rows are too long
-            over = sum(n > prompt_room(cfg) for n, p in lengths if p.source == problem.source)
-            path, line = file_spec_path(problem.source), problem.metadata.get("line")
-            raise ValueError(f"{path}:{line}: {exc} ({over} of the {sum(p.source == problem.source for p in rows)} "
-                             f"prompts of {problem.source!r} do not fit; the longest is on this line)") from None
-    warn_unknown_characters(tok, rows, cfg)  # a JSONL row's characters the tokenizer does not have
-    _filter_overlong_prompts(cfg, task, tok)
-    return task, tok, stop_token_ids(tok, cfg.model.hf_path, cfg.tokenizer.path)
-
-
-PROMPT_LENGTH_CACHE = 4096
-"""Prompt texts whose token counts :func:`_filter_overlong_prompts` remembers (an LRU cache)."""
-
-
-def _filter_overlong_prompts(cfg: RunConfig, task: Any, tok: Any) -> None:
-    """Make ``task``'s train stream skip prompts longer than :func:`~megatron_logra.rl.prompts.prompt_room`
-    (:meth:`~megatron_logra.rewards.task.Task.set_prompt_filter`: one warning per source, a pure function of
-    the prompt text, so every rank draws the same problems) and refuse, at start, a source whose draws are all
-    over-long (:meth:`~megatron_logra.rewards.task.Task.check_trainable`). A generated source's rare long prompt
-    is then skipped rather than failing the run at the step that draws it; the loop's own check stays. The
-    held-out set skips them too; a benchmark none of whose prompts fits is refused (``check_benchmarks_fit``)."""
-    room = prompt_room(cfg)
-    fields = f"model.seq_length={cfg.model.seq_length}, rl.rollout.max_new_tokens={cfg.rl.rollout.max_new_tokens}"
-
-    @functools.lru_cache(maxsize=PROMPT_LENGTH_CACHE)
-    def num_tokens(prompt: str) -> int:
-        return len(rl_prompt_ids(tok, cfg.rl, prompt))
-
-    def describe(prompt: str) -> str:
-        needed = num_tokens(prompt) + cfg.rl.rollout.max_new_tokens - 1
-        return (f"a prompt of {num_tokens(prompt)} tokens does not fit the {max(room, 0)} tokens of room ({fields}; "
-                f"model.seq_length={needed} fits it; prompt starts {prompt[:60]!r})")
-
-    task.set_prompt_filter(lambda prompt: num_tokens(prompt) <= room, describe)
-    task.check_trainable()
-    check_benchmarks_fit(cfg, task, num_tokens)
-
-
 def check_config(cfg: RunConfig) -> None:
     """The start-time checks of the RL job that need no process group, model or GPU and write nothing, as
     ``megatron-logra config`` runs them (``cfg`` is changed as the job changes it: take a copy to keep it):
     :func:`_check_settings`, a resumed run's ``rl.steps`` against its latest checkpoint, and
-    :func:`_task_and_tokenizer`. What they refuse, the job refuses with the same error. Not checked here: the
-    batch layout over the launch's DP / PP ranks, SGLang's presence, the memory plan, ``train.run_dir``'s
-    state, the model build, the weights and the KL probe."""
+    :func:`~megatron_logra.rl.task_setup.task_and_tokenizer`. What they refuse, the job refuses with the same
+    error. Not checked here: the batch layout over the launch's DP / PP ranks, SGLang's presence, the memory
+    plan, ``train.run_dir``'s state, the model build, the weights and the KL probe."""
     _check_settings(cfg)
     if cfg.train.resume:
         check_resume_steps(cfg.train.run_dir, cfg.rl.steps, "rl.steps")
