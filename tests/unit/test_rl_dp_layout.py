@@ -132,13 +132,15 @@ def test_build_components_refuses_before_building_anything(monkeypatch, tmp_path
     """The check runs right after the process groups exist, on every rank, before the memory
     preflight, the run directory or any model."""
     import megatron_logra.rl.components as job
+    import megatron_logra.rl.task_setup as task_setup
 
     def too_far(*args, **kwargs):
         raise AssertionError("build_components went past the batch layout check")
 
     monkeypatch.setattr(job, "initialize_parallel", lambda *a, **k: SimpleNamespace(dp_size=2, pp_size=1, tp_size=1))
-    for name in ("memory_preflight", "claim_run_dir", "build_gpt", "build_task"):
+    for name in ("memory_preflight", "claim_run_dir", "build_gpt"):
         monkeypatch.setattr(job, name, too_far)
+    monkeypatch.setattr(task_setup, "build_task", too_far)  # the task is built by rl.task_setup
     cfg = _cfg(prompts=3)
     cfg.train.run_dir = str(tmp_path / "run")
     with pytest.raises(ValueError, match=r"^rl\.prompts_per_step=3 is not divisible by the data-parallel size 2"):
