@@ -1,4 +1,5 @@
-"""Configuration of the RL job (the layout checks of its batch sizes: :mod:`megatron_logra.rl.batch_layout`)."""
+"""Configuration of the RL job (the layout checks of its batch sizes: :mod:`megatron_logra.rl.batch_layout`; the
+rollout engine's settings, ``rl.rollout``: :mod:`megatron_logra.rl.rollout_config`)."""
 
 from __future__ import annotations
 
@@ -9,111 +10,11 @@ from megatron_logra.rl.advantages import AdvantageConfig
 from megatron_logra.rl.batch_layout import check_rl_batch_layout, share_per_rank
 from megatron_logra.rl.checks import check_finite_fields
 from megatron_logra.rl.losses import LossConfig
-from megatron_logra.rollout.sglang_setup import REDACTED_API_KEY
+from megatron_logra.rl.rollout_config import RolloutConfig
 
 __all__ = ["RolloutConfig", "SFTConfig", "RLConfig",
            # re-exported from megatron_logra.rl.batch_layout
            "check_rl_batch_layout", "share_per_rank"]
-
-
-@dataclass
-class RolloutConfig:
-    """Sampling of the rollout engine."""
-
-    engine: str = "embedded"
-    """``embedded`` (a transformers copy of the policy in this process; CPU recipes) or ``sglang``
-    (``megatron_logra.rollout.sglang_engine``: an in-process ``sglang.Engine`` per DP replica, or the
-    server at ``sglang_url``; GPU only)."""
-    sglang_url: str = ""
-    """Base URL of a running SGLang server (started with ``--custom-weight-loader
-    megatron_logra.sync.sglang_loader.sync_loader``); empty: start an in-process ``sglang.Engine``."""
-    sglang_api_key: str = ""
-    """The server's ``--api-key`` (sent as a bearer token); empty: the environment variable ``SGLANG_API_KEY``,
-    or none when that is unset too. Never written to disk: saved configs (``RUN/config.yaml``, checkpoints)
-    hold ``"***"`` instead, and ``"***"`` read back (``train --resume RUN``) counts as empty, so a resumed
-    run takes the key from ``SGLANG_API_KEY`` or from ``rl.rollout.sglang_api_key=...`` given again."""
-    sglang_admin_api_key: str = ""
-    """The server's ``--admin-api-key`` (newer SGLang), sent instead of ``sglang_api_key`` on its weight routes
-    (``update_weights_from_tensor``, ``get_weights_by_name``, ``update_weight_version``), which with both keys
-    set take only this one; empty: the environment variable ``SGLANG_ADMIN_API_KEY``, or none. Kept off disk
-    like ``sglang_api_key``."""
-    sglang_timeout: float = 600.0
-    """Seconds each HTTP request to the server may take (generation and weight updates)."""
-    sglang_serialization: str = "auto"
-    """How dense tensors travel to a server: ``pickle`` (by value, base64 in JSON, once per server TP
-    rank: any host, but a 27B refit is hundreds of GB of JSON), ``cuda_ipc`` (CUDA IPC handles: a
-    server on the same host whose ``CUDA_VISIBLE_DEVICES`` includes the trainer's GPUs; its schedulers open
-    CUDA contexts there) or ``auto`` (``pickle``: whether a server sees the trainer's GPUs cannot be told
-    from its URL or arguments, ``rollout.sglang_api.resolve_serialization``)."""
-    mem_fraction_static: float = 0.3
-    """Share of each GPU's memory the in-process SGLang engine reserves for itself (weights + KV cache);
-    the trainer lives in the rest (``megatron-logra memory --engine-fraction`` plans it). SGLang's own
-    ``mem_fraction_static`` is a fraction of the memory free when the engine starts, so the engine is
-    given ``share * total / free`` (``rollout.sglang_api.sglang_mem_fraction``)."""
-    sglang_tp: int = 0
-    """Tensor-parallel size of the in-process engine; 0 = the trainer's ``parallel.tp`` (its GPUs). Its GPUs
-    ``[current device, + sglang_tp)`` must exist and be this DP replica's own (checked when the engine is built:
-    ``rollout.sglang_setup.check_engine_gpus``)."""
-    sglang_sampling_seed: bool = False
-    """Send a per-request ``sampling_seed`` (reproducible rollouts on SGLang versions that support it).
-    Request ``i`` of a call takes the ``i``-th output of a splitmix64 stream seeded with the call's sampling
-    seed, cut to 31 bits (``rollout.sglang_api.request_seeds``): seeds fit SGLang's int32, are distinct within
-    a call, and those of different DP ranks and steps coincide only by chance, never systematically.
-    SGLang honours it only in deterministic mode: the in-process engine is started with
-    ``enable_deterministic_inference=True`` (it needs a deterministic attention backend such as
-    ``flashinfer``, ``fa3`` or ``triton``); a server must be started with
-    ``--enable-deterministic-inference`` (a warning says when it was not). Off: SGLang samples from
-    its own generator (seeded once with ``train.seed``)."""
-    sglang_engine_args: dict = field(default_factory=dict)
-    """Extra ``sglang.Engine`` keyword arguments (ServerArgs), e.g. ``{"attention_backend": "triton"}``."""
-    temperature: float = 1.0
-    """Sampling temperature τ (also the temperature of trainer log-probs and the KL probe)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    max_new_tokens: int = 8
-    """Completion length cap."""
-    eval_temperature: float = 0.0
-    """Temperature of held-out evaluation (0 = greedy)."""
-    eval_samples: int = 1
-    """Samples per held-out problem; accuracy is their mean (mean@k, "pass@1 over k samples"), and above 1 the
-    records also hold ``eval_pass_at_k`` (the share of problems with a correct one among the k)."""
-
-    def __post_init__(self) -> None:
-        check_finite_fields("rl.rollout", self)
-        for key_field, env in (("sglang_api_key", "SGLANG_API_KEY"), ("sglang_admin_api_key", "SGLANG_ADMIN_API_KEY")):
-            if not isinstance(getattr(self, key_field), str):
-                raise ValueError(f"rl.rollout.{key_field} must be a string (or empty: the {env} variable)")
-            if getattr(self, key_field) == REDACTED_API_KEY:  # a saved config's placeholder, not a key
-                setattr(self, key_field, "")
-        if self.engine not in ("embedded", "sglang"):
-            raise ValueError(f"rl.rollout.engine={self.engine!r}: choose embedded or sglang")
-        if self.sglang_url and self.engine != "sglang":
-            raise ValueError(f"rl.rollout.sglang_url={self.sglang_url!r} needs rl.rollout.engine=sglang")
-        if self.sglang_url and not self.sglang_url.startswith(("http://", "https://")):
-            raise ValueError(f"rl.rollout.sglang_url={self.sglang_url!r} must start with http:// or https://")
-        if not self.sglang_timeout > 0:
-            raise ValueError(f"rl.rollout.sglang_timeout={self.sglang_timeout} must be > 0")
-        if self.sglang_serialization not in ("auto", "pickle", "cuda_ipc"):
-            raise ValueError(f"rl.rollout.sglang_serialization={self.sglang_serialization!r}: "
-                             "choose auto, pickle or cuda_ipc")
-        if not 0 < self.mem_fraction_static < 1:
-            raise ValueError(f"rl.rollout.mem_fraction_static={self.mem_fraction_static} must lie in (0, 1)")
-        if isinstance(self.sglang_tp, bool) or not isinstance(self.sglang_tp, int) or self.sglang_tp < 0:
-            raise ValueError(f"rl.rollout.sglang_tp={self.sglang_tp!r} must be an int >= 0 (0 = parallel.tp)")
-        if not isinstance(self.sglang_engine_args, dict):
-            raise ValueError(f"rl.rollout.sglang_engine_args must be a mapping, got {self.sglang_engine_args!r}")
-        if self.temperature <= 0:
-            raise ValueError(f"rl.rollout.temperature={self.temperature} must be > 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"rl.rollout.top_p={self.top_p} must lie in (0, 1]")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"rl.rollout.max_new_tokens={self.max_new_tokens} must be >= 1")
-        if self.eval_temperature < 0:
-            raise ValueError(f"rl.rollout.eval_temperature={self.eval_temperature} must be >= 0")
-        if self.eval_samples < 1:
-            raise ValueError(f"rl.rollout.eval_samples={self.eval_samples} must be >= 1")
-        if self.eval_samples > 1 and self.eval_temperature == 0:
-            raise ValueError("rl.rollout.eval_samples > 1 needs rl.rollout.eval_temperature > 0 (greedy samples are identical)")
 
 
 @dataclass
