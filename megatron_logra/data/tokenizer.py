@@ -18,17 +18,19 @@ A character outside the vocabulary encodes to ``<unk>`` (and cannot round-trip).
 Loading (:func:`load_tokenizer`): a directory saved by ``save_pretrained`` (ours or any local HF
 tokenizer) via ``AutoTokenizer.from_pretrained(path, local_files_only=True)``, or a bare
 ``tokenizer.json`` file. Tokenizers without a pad token get ``pad_token = eos_token``.
-Importing this module does not import transformers; the functions do.
+A prompt's token ids and the ids that end a completion (:func:`prompt_token_ids`, :func:`stop_token_ids`) come from
+:mod:`megatron_logra.data.token_ids`. Importing this module does not import transformers; the functions do.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
+
+from megatron_logra.data.token_ids import prompt_token_ids, stop_token_ids
 
 if TYPE_CHECKING:  # transformers takes seconds to import; only the functions need it
     from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -43,7 +45,9 @@ __all__ = [
     "build_char_tokenizer",
     "build_tokenizer",
     "load_tokenizer",
+    "prompt_token_ids",
     "save_tokenizer",
+    "stop_token_ids",
 ]
 
 logger = logging.getLogger(__name__)
@@ -226,54 +230,6 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
             f"expected files written by save_pretrained (tokenizer.json / tokenizer_config.json)"
         ) from exc
     return _ensure_pad(tok, str(p))
-
-
-def prompt_token_ids(tok: PreTrainedTokenizerBase, text: str, *, chat: bool = False) -> list[int]:
-    """``text`` tokenised as a prompt: the BOS token first when the tokenizer has one (Llama does;
-    Qwen's has none), then the text without special tokens. With ``chat``, the tokenizer's chat
-    template renders ``text`` as one user message followed by the opened assistant turn (the
-    template decides BOS). ValueError for an empty result (a completion needs at least one token
-    before it) or ``chat`` without a template."""
-    if chat:
-        if not getattr(tok, "chat_template", None):
-            raise ValueError("rl.chat_template=true but the tokenizer has no chat template (a base checkpoint?): "
-                             "set rl.chat_template=false")
-        ids = list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=False))
-    else:
-        ids = ([tok.bos_token_id] if tok.bos_token_id is not None else []) + list(
-            tok(text, add_special_tokens=False)["input_ids"])
-    if not ids:
-        raise ValueError(f"the prompt {text[:60]!r} tokenises to nothing and the tokenizer has no BOS token: "
-                         "give rl.prompt_template some text")
-    return ids
-
-
-def stop_token_ids(tok: PreTrainedTokenizerBase, *checkpoint_dirs: str | Path) -> list[int]:
-    """Token ids that end a completion: the tokenizer's EOS and every ``eos_token_id`` of the
-    ``generation_config.json`` in each existing ``checkpoint_dirs`` entry.
-
-    Instruct checkpoints stop on more than their tokenizer's EOS (Qwen2.5-Instruct: ``<|im_end|>``
-    and ``<|endoftext|>``; Llama-3.1-Instruct: three ids); stopping on the tokenizer's alone lets
-    rollouts run on to ``max_new_tokens`` past the model's own end. A malformed file is a ValueError.
-    """
-    ids = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    for d in checkpoint_dirs:
-        path = Path(d).expanduser() / "generation_config.json" if str(d).strip() else None
-        if path is None or not path.is_file():
-            continue
-        try:
-            eos = json.loads(path.read_text()).get("eos_token_id")
-        except (ValueError, AttributeError) as exc:
-            raise ValueError(f"{path} is not a JSON object: {exc}") from exc
-        extra = eos if isinstance(eos, list) else [eos] if eos is not None else []
-        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(tok) for i in extra):
-            raise ValueError(f"{path}: eos_token_id={eos!r} must be token ids of this tokenizer (< {len(tok)})")
-        ids += extra
-    if not ids:
-        raise ValueError("the tokenizer has no EOS token and no generation_config.json names one: completions "
-                         "could never stop before rl.rollout.max_new_tokens")
-    return sorted(set(ids))
 
 
 def build_tokenizer(cfg: TokenizerConfig, texts: Iterable[str] | None = None) -> PreTrainedTokenizerBase:
