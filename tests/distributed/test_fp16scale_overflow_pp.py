@@ -2,9 +2,9 @@
 
 A loss scale of 2**17 overflows float16 at once (the loss is a sum over the step's tokens). With
 ``optimizer.loss_scale.window=1`` and ``hysteresis=1`` the scale halves at every overflow and doubles after every
-step that fits, so after coming down it keeps probing its limit, and near the limit only the last stage (the
-loss, the output layer) overflows: each stage's optimizer must reduce the overflow flag over the model-parallel
-group, so that both skip the update and lower the scale together. A stage that decided alone would apply an update
+step that fits, so after coming down it keeps probing its limit, and near the limit one stage overflows alone
+(measured: the last stage in the LM jobs, the first in the RL job): each stage's optimizer must reduce the
+overflow flag over the model-parallel group, so that both skip the update and lower the scale together. A stage that decided alone would apply an update
 the other skipped (the LM job) or leave the RL job's re-run loop while the other runs the forward/backward again,
 and the next collective would hang (the jobs run with ``parallel.timeout_minutes=2``, so a hang fails the launch
 instead of the test session).
@@ -65,7 +65,7 @@ def _follows_the_rules(calls: list[dict]) -> None:
 
 
 def _one_stage_only(runs, label: str) -> int:
-    """How many prepares overflowed on some stage but not on all (under PP the last stage is the last rank)."""
+    """How many prepares overflowed on some rank but not on all (before the flag's reduction)."""
     ranks = runs.prepares(label)
     return sum(len({r[i]["local_overflow"] for r in ranks}) > 1 for i in range(len(ranks[0])))
 
