@@ -83,10 +83,12 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
 
     # ---- advantage
     ph.next("advantage")
+    rewards_f32 = rewards.float()  # the exact rewards are logged; the advantages come from their float32 values
     if rl.advantage.estimator == "grpo":
-        advantages = grpo_advantages(rewards, rl.group_size, scale_by_std=rl.advantage.scale_by_std, eps=rl.advantage.eps)
+        advantages = grpo_advantages(rewards_f32, rl.group_size, scale_by_std=rl.advantage.scale_by_std,
+                                     eps=rl.advantage.eps)
     else:
-        advantages = reinforce_advantages(state.baseline, rewards, groups.dp)
+        advantages = reinforce_advantages(state.baseline, rewards_f32, groups.dp)
     if c.sample_log is not None and c.sample_log.enabled:  # the first rollouts of the batch, as trained on
         shown = rollouts[: c.sample_log.limit]
         c.sample_log.write(sample_records(

@@ -55,8 +55,8 @@ class StepGroups:
     """``group_size`` rollouts per problem, group after group."""
     rewards_N: torch.Tensor
     """float64 reward of every rollout: the task's Python floats exactly, so that what is logged (``samples.jsonl``)
-    is the reward the task gave (float32 would log -0.005 as -0.004999999888); the advantages computed from them
-    are cast to float32 where the loss takes them."""
+    is the reward the task gave (float32 would log -0.005 as -0.004999999888); the advantages are computed from
+    their float32 values, as before they were logged exactly."""
     correct_N: torch.Tensor
     """1.0 where the rollout's answer is correct."""
     generated_4: torch.Tensor
@@ -124,8 +124,8 @@ def _generated(rollouts: list[Rollout], scored: list[tuple[float, bool]]) -> tor
 
 def _is_uniform(group: tuple) -> bool:
     """All rewards of the group equal, as :func:`~megatron_logra.rl.advantages.grpo_advantages` decides it (on
-    the float64 rewards of :attr:`StepGroups.rewards_N`)."""
-    rewards = torch.tensor([s[0] for s in group[2]], dtype=torch.float64)
+    the float32 rewards)."""
+    rewards = torch.tensor([s[0] for s in group[2]], dtype=torch.float32)
     return bool(rewards.amax() == rewards.amin())
 
 
