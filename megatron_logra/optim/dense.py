@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from megatron_logra.optim.config import NativeConfig
-from megatron_logra.optim.loss_scale import LossScaleConfig, build_loss_scaler, restore_scaler, scaler_fields, skip_reason
+from megatron_logra.optim.loss_scale import (LossScaleConfig, account_step, build_loss_scaler, restore_scaler,
+                                             scaler_fields, skip_reason)
 from megatron_logra.optim.update import PreparedUpdate, module_params
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
 from megatron_logra.optim.schedule import LRScheduleConfig, lr_multiplier, scheduled_lr
@@ -92,9 +93,7 @@ class DenseAdamW:
         if factor != 1.0:
             self.native.scale_grads_(factor)
         bad = reduce_flag_any(not self.native.all_finite(), self.groups.mp, self.device)
-        update.overflow = bad and self.scaler is not None and not self.scaler.at_minimum
-        if self.scaler is not None:
-            self.scaler.update(bad)
+        update.overflow = account_step(self.scaler, bad)
         if bad:
             self.num_skipped += 1
             update.skipped, update.reason = True, skip_reason(update, self.scaler, "non-finite gradient")

@@ -34,7 +34,7 @@ from megatron_logra.optim.logra_apply import LograApplyMixin
 from megatron_logra.optim.logra_lr import LograScheduleMixin
 from megatron_logra.optim.logra_norms import LograNormsMixin
 from megatron_logra.optim.logra_state import LograStateMixin
-from megatron_logra.optim.loss_scale import LossScaleConfig, build_loss_scaler, skip_reason
+from megatron_logra.optim.loss_scale import LossScaleConfig, account_step, build_loss_scaler, skip_reason
 from megatron_logra.optim.native import NativeAdamW, reduce_flag_any
 from megatron_logra.optim.schedule import LRScheduleConfig
 from megatron_logra.optim.update import PreparedUpdate, module_params
@@ -187,9 +187,7 @@ class LograOptimizer(LograApplyMixin, LograNormsMixin, LograScheduleMixin, Logra
 
         bad = not (bool(torch.isfinite(ss.flat).all()) and self.native.all_finite())
         bad = reduce_flag_any(bad, self.groups.mp, self.device)
-        update.overflow = bad and self.scaler is not None and not self.scaler.at_minimum
-        if self.scaler is not None:
-            self.scaler.update(bad)
+        update.overflow = account_step(self.scaler, bad)
         if bad:
             self.num_skipped += 1
             update.skipped, update.reason = True, skip_reason(update, self.scaler)

@@ -21,7 +21,8 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-__all__ = ["LossScaleConfig", "LossScaler", "build_loss_scaler", "restore_scaler", "scaler_fields", "skip_reason"]
+__all__ = ["LossScaleConfig", "LossScaler", "account_step", "build_loss_scaler", "restore_scaler", "scaler_fields",
+           "skip_reason"]
 
 MODES = ("auto", "dynamic", "static", "none")
 
@@ -134,6 +135,17 @@ def build_loss_scaler(cfg: Optional[LossScaleConfig], params: Iterable[torch.Ten
     if cfg is None or not cfg.enabled_for(params):
         return None
     return LossScaler(cfg)
+
+
+def account_step(scaler: Optional[LossScaler], found_inf: bool) -> bool:
+    """Account an optimizer step whose non-finite flag (reduced over every rank that must agree) is ``found_inf``
+    with ``scaler``; returns whether it is an overflow a smaller scale cures (``PreparedUpdate.overflow``): a
+    non-finite value with the scale above its minimum. False without a scaler."""
+    if scaler is None:
+        return False
+    overflow = found_inf and not scaler.at_minimum
+    scaler.update(found_inf)
+    return overflow
 
 
 def skip_reason(update: Any, scaler: Optional[LossScaler], what: str = "non-finite sketch or gradient") -> str:
