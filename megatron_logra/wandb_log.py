@@ -57,6 +57,8 @@ class WandbOptions:
     """The run's display name (train.wandb_exp_name); empty: the run directory's name."""
     save_dir: str = ""
     """W&B's local files go to ``save_dir/wandb`` (train.wandb_save_dir); empty: the run directory."""
+    group: str = ""
+    """The W&B group of the run (train.wandb_group); empty: none."""
     config: dict[str, Any] = field(default_factory=dict)
     """The run's resolved config, credentials redacted (what ``config.yaml`` holds)."""
 
@@ -76,7 +78,8 @@ def wandb_options(train_cfg: Any, config: dict[str, Any]) -> Optional[WandbOptio
     if not train_cfg.wandb_project:
         return None
     return WandbOptions(project=train_cfg.wandb_project, entity=train_cfg.wandb_entity,
-                        name=train_cfg.wandb_exp_name, save_dir=train_cfg.wandb_save_dir, config=config)
+                        name=train_cfg.wandb_exp_name, save_dir=train_cfg.wandb_save_dir, config=config,
+                        group=train_cfg.wandb_group)
 
 
 def _number(value: Any) -> Any:
@@ -106,7 +109,8 @@ class WandbRun:
         try:
             self.run = wandb.init(project=options.project, entity=options.entity or None,
                                   name=options.name or run_dir.resolve().name, dir=str(save_dir),
-                                  config=options.config, id=run_id, resume="allow")
+                                  config=options.config, id=run_id, resume="allow",
+                                  group=options.group or None)
         except Exception as exc:  # noqa: BLE001 - W&B raises its own types (UsageError, CommError, ...)
             raise ValueError(f"train.wandb_project={options.project!r}: W&B could not start its run "
                              f"({type(exc).__name__}: {exc}); log in (wandb login, or WANDB_API_KEY), or log "

@@ -49,6 +49,7 @@ def command_help(command: str) -> str:
                                                LOAD_FLAGS, MEGATRON_ALIASES, MEGATRON_FLAGS, NEUTRAL_FLAGS,
                                                OPTIMIZER_ALIASES, REFUSED_SWITCHES, REFUSED_VALUE_FLAGS,
                                                SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS, VALUE_MAPS)
+    from megatron_logra.megatron_flags.slime import CLIP_FLAGS
 
     def flags(names) -> str:
         return textwrap.fill(", ".join(f"--{n}" for n in names), width=100, initial_indent="    ",
@@ -73,8 +74,9 @@ def command_help(command: str) -> str:
            "                              aside: steps, TP/PP/DP, logging, checkpointing); no checkpoint: step 0"]
           if command in ("train", "config") else []),
         "",
-        "Megatron-LM flags (each sets one field; slime's --num-rollout, --rollout-batch-size,",
-        "  --n-samples-per-prompt, --rollout-max-response-len, ... set the RL job's rl.* fields of that meaning):",
+        "Megatron-LM and slime flags (each sets one field; slime's --num-rollout, --rollout-batch-size,",
+        "  --n-samples-per-prompt, --rollout-max-response-len, ... set the RL job's rl.* fields of that meaning;",
+        "  every refused flag of a line is reported in one error):",
         flags(MEGATRON_ALIASES),
         "  by job (rl.* for job=rl, train.* for job=lm; --global-batch-size: lm; with job=rl only a check that it",
         "  equals rl.prompts_per_step × rl.group_size, the sequences of one RL step):",
@@ -89,8 +91,12 @@ def command_help(command: str) -> str:
         flags(STEP_FRACTION_FLAGS),
         "  checks only (model.seq_length is --seq-length):",
         flags(CHECK_FLAGS),
-        "  slime's KL loss type (k2 / k3 / low_var_kl -> rl.loss.kl_estimator; k1 refused, naming k2):",
+        "  values spelt otherwise here: slime's --kl-loss-type (k2 / k3 / low_var_kl -> rl.loss.kl_estimator; k1",
+        "  refused), --advantage-estimator grpo, --rm-type math / deepscaler / dapo (task.reward=math_verify),",
+        "  --attention-backend (flash / fused: model.transformer_impl=transformer_engine; unfused / local: local):",
         flags(VALUE_MAPS),
+        "  slime's PPO clip range (rl.loss.clip_low / clip_high; rl.loss.kind=ppo unless --use-tis chooses tis):",
+        flags(CLIP_FLAGS),
         "  switches (no value):",
         flags(MEGATRON_FLAGS),
         *(f"  --{name} {_metavar(name)}: " + " ".join(f"{field}={_metavar(name) if value is None else value}"

@@ -15,13 +15,12 @@ Overrides take any of these forms::
 ``optimizer.schedule.``.
 Every value is parsed by the field's annotated type and the whole config is re-validated.
 
-The Megatron-LM flags and what each one does here are the tables of :mod:`megatron_logra.megatron_flags`: a flag
-with a field of its own sets it; well-known switches whose setting is already in effect here
-(``--use-distributed-optimizer``, ``--use-mcore-models``, ``--group-query-attention``, the ``--no-*-fusion``
-switches, ...) are accepted and ignored with a logged warning saying why; flags this trainer cannot honour
-(``--data-path``, ``--tokenizer-type``, ``--finetune``, ...) are refused, naming what to use; any other ``--name``
-that is no config field is refused, naming the closest flags and fields, and never takes the next argument as its
-value. ``--load DIR`` is ``train.run_dir=DIR train.resume=true``.
+The Megatron-LM (and slime) flags and what each one does here are the tables of
+:mod:`megatron_logra.megatron_flags`: a flag with a field of its own sets it; one whose setting is already in effect
+here (``--use-distributed-optimizer``, the ``--no-*-fusion`` switches, ...) is accepted with a logged warning
+saying why; one this trainer cannot honour (``--data-path``, ``--finetune``, ...) is refused, naming what to use;
+any other ``--name`` that is no config field is refused, naming the closest flags and fields. Every refused word
+of a line is reported in one error. ``--load DIR`` is ``train.run_dir=DIR train.resume=true``.
 
 One field set on the command line to different values under two spellings (``--tensor-model-parallel-size 2
 parallel.tp=1``, ``logra.rank=8 optimizer.logra.rank=4``, ``--train-iters 5 rl.steps=7``) is refused, naming both;
@@ -48,9 +47,8 @@ A field the configured job never reads, given at a value other than its default 
 ``rl.*`` / ``task.*`` / ``kl.*`` ... with job=lm), is refused, naming the job's own field
 (:data:`~megatron_logra.config.checks._LM_ONLY`, :data:`~megatron_logra.config.checks._RL_ONLY`).
 
-``task.datasets`` set without ``task.dataset_kwargs`` drops the kwargs (of the recipe, a base recipe file or the
-resumed run) of datasets it no longer lists: ``megatron-logra train tiny task.datasets=gcd`` needs no
-``task.dataset_kwargs={}`` for the recipe's chain_sum kwargs.
+``task.datasets`` set without ``task.dataset_kwargs`` drops the kwargs of datasets it no longer lists
+(:func:`_drop_unselected_dataset_kwargs`).
 """
 
 from __future__ import annotations
@@ -59,7 +57,7 @@ import logging
 import math
 from typing import Any, Mapping, Optional, Sequence
 
-from megatron_logra.config.args import Item, _parse_overrides
+from megatron_logra.config.args import Collector, Item, _parse_overrides, raise_errors
 from megatron_logra.config.checks import (_check_logra_rank, _check_other_job_unused, _check_paper_unused,
                                           _warn_log_interval_unread, resolve_hf_model)
 from megatron_logra.config.codec import _short
@@ -69,6 +67,8 @@ from megatron_logra.megatron_flags import (CHECK_FLAGS, CHECK_SWITCHES, CONTEXT_
                                            SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS, SWITCH_DEFAULTS, VALUE_MAPS,
                                            check_flag, check_switch, map_value, note_kl_loss_coef, resolve_alias,
                                            schedule_ratio, step_fraction)
+from megatron_logra.megatron_flags.slime import CLIP_FLAGS
+from megatron_logra.megatron_flags.slime_resolve import resolve_clip
 from megatron_logra.optim.schedule import ABSOLUTE_LRS
 
 logger = logging.getLogger(__name__)
@@ -130,55 +130,71 @@ class _FieldSetter:
                          f"once{hint}")
 
 
-def _apply_items(cfg: RunConfig, items: Sequence[Item]) -> tuple[RunConfig, set[str]]:
+def _apply_items(cfg: RunConfig, items: Sequence[Item],
+                 errors: Optional[list[ValueError]] = None) -> tuple[RunConfig, set[str]]:
     """Set ``(key, value, spelling)`` items in order (a key may be a Megatron-LM flag name), then the flags whose
     field depends on the rest of the config (:func:`resolve_alias`) against the config they leave. One field set
     to different values under two spellings is a ``ValueError`` naming both (:class:`_FieldSetter`).
+    ``errors``: where given, each item's ``ValueError`` is appended to it and the others are still applied.
     Returns the config and the dotted fields set."""
     deferred: list[Item] = []
     ratios: list[Item] = []  # after the peak lr (--lr, itself deferred) is known
     setter = _FieldSetter(cfg)
+    collect = Collector(errors)
     for key, raw, spelling in items:
-        if key in SCHEDULE_RATIO_FLAGS or key in STEP_FRACTION_FLAGS:
-            ratios.append((key, raw, spelling))
-        elif key in CONTEXT_FLAGS:
-            deferred.append((key, raw, spelling))
-        elif key in LOAD_FLAGS:
-            for field, fixed in LOAD_FLAGS[key]:
-                setter.put(field, raw if fixed is None else fixed, spelling)
-        elif key in VALUE_MAPS:
-            setter.put(*map_value(key, raw), spelling, key)
-        else:
-            setter.put(MEGATRON_ALIASES.get(key, key), raw, spelling)
+        with collect:
+            if key in SCHEDULE_RATIO_FLAGS or key in STEP_FRACTION_FLAGS:
+                ratios.append((key, raw, spelling))
+            elif key in CONTEXT_FLAGS:
+                deferred.append((key, raw, spelling))
+            elif key in LOAD_FLAGS:
+                for field, fixed in LOAD_FLAGS[key]:
+                    setter.put(field, raw if fixed is None else fixed, spelling)
+            elif key in VALUE_MAPS:
+                setter.put(*map_value(key, raw), spelling, key)
+            else:
+                setter.put(MEGATRON_ALIASES.get(key, key), raw, spelling)
     for flag, raw, spelling in deferred:
-        if flag in CHECK_FLAGS:
-            check_flag(cfg, flag, raw)
-        elif flag in CHECK_SWITCHES:
-            check_switch(cfg, flag, set(setter.set_by))
-        elif flag in SWITCH_DEFAULTS:
-            target, value = SWITCH_DEFAULTS[flag]
-            if target not in setter.set_by:
-                setter.put(target, value, spelling)
-        else:
-            target = resolve_alias(cfg, flag, raw)
-            if target is not None:  # None: a check only (--global-batch-size of the RL job)
-                setter.put(target, raw, spelling, flag)
+        with collect:
+            _apply_deferred(cfg, setter, flag, raw, spelling)
     for flag, raw, spelling in ratios:
-        if flag in STEP_FRACTION_FLAGS:  # after --train-iters (deferred) is known
-            setter.put(*step_fraction(cfg, flag, raw), spelling, flag)
-            continue
-        target, value = schedule_ratio(cfg, flag, raw)
-        setter.put(target, value, spelling, flag)
-        ratio = ABSOLUTE_LRS[target.rpartition(".")[2]]
-        if f"optimizer.schedule.{ratio}" not in setter.set_by:
-            # the flag replaces the ratio of the config it overrides (a recipe file's, or a resumed run's saved
-            # before the absolute field existed, where the flag was kept as that ratio); given here too, both
-            # are refused
-            setattr(cfg.optimizer.schedule, ratio, 0.0)
+        with collect:
+            if flag in STEP_FRACTION_FLAGS:  # after --train-iters (deferred) is known
+                setter.put(*step_fraction(cfg, flag, raw), spelling, flag)
+                continue
+            target, value = schedule_ratio(cfg, flag, raw)
+            setter.put(target, value, spelling, flag)
+            ratio = ABSOLUTE_LRS[target.rpartition(".")[2]]
+            if f"optimizer.schedule.{ratio}" not in setter.set_by:
+                # the flag replaces the ratio of the config it overrides (a recipe file's, or a resumed run's saved
+                # before the absolute field existed, where the flag was kept as that ratio); given here too, both
+                # are refused
+                setattr(cfg.optimizer.schedule, ratio, 0.0)
     given = set(setter.set_by)
     note_kl_loss_coef(cfg, [key for key, _, _ in items])
     _drop_unselected_dataset_kwargs(cfg, given)
     return cfg, given
+
+
+def _apply_deferred(cfg: RunConfig, setter: _FieldSetter, flag: str, raw: Any, spelling: str) -> None:
+    """Apply one flag of :data:`CONTEXT_FLAGS` against the config the other overrides left."""
+    if flag in CHECK_FLAGS:
+        check_flag(cfg, flag, raw)
+    elif flag in CHECK_SWITCHES:
+        check_switch(cfg, flag, set(setter.set_by))
+    elif flag in SWITCH_DEFAULTS:
+        target, value = SWITCH_DEFAULTS[flag]
+        if target not in setter.set_by:
+            setter.put(target, value, spelling)
+    elif flag in CLIP_FLAGS:
+        kind = resolve_clip(cfg, flag, setter.set_by)
+        setter.put(CLIP_FLAGS[flag], raw, spelling, flag)
+        if kind is not None:
+            setter.put("rl.loss.kind", kind, spelling, flag)
+    else:
+        target = resolve_alias(cfg, flag, raw)
+        if target is not None:  # None: a check only (--global-batch-size of the RL job)
+            setter.put(target, raw, spelling, flag)
 
 
 def _drop_unselected_dataset_kwargs(cfg: RunConfig, given: set[str]) -> None:
@@ -213,8 +229,10 @@ def _apply_overrides(cfg: RunConfig, overrides: Sequence[str], given: Mapping[st
     file set, which :func:`resolve_hf_model` checks with those of the overrides; ``from_recipe``: the other
     fields are a named recipe's (see :func:`resolve_hf_model`); ``pending``: the recipe files' context flags,
     resolved again against the overrides' config (:func:`~megatron_logra.config.recipe_context.resolve_pending`)."""
-    items = _parse_overrides(overrides)
-    cfg, mine = _apply_items(cfg, items)
+    errors: list[ValueError] = []
+    items = _parse_overrides(overrides, errors)
+    cfg, mine = _apply_items(cfg, items, errors)
+    raise_errors(errors)
     if pending:
         from megatron_logra.config.recipe_context import resolve_pending
 

@@ -82,6 +82,8 @@ class TrainConfig:
     """The W&B team or user the run goes to (--wandb-entity); empty: the logged-in account's default."""
     wandb_exp_name: str = ""
     """The W&B run's name (--wandb-exp-name); empty: the run directory's name."""
+    wandb_group: str = ""
+    """The W&B group the run joins (slime's --wandb-group), e.g. the runs of one sweep; empty: none."""
     wandb_save_dir: str = ""
     """W&B writes its local files to ``wandb_save_dir/wandb`` (--wandb-save-dir); empty: ``RUN/wandb``. Never
     deleted by a new run in the same run directory (an offline run there may not be synced yet)."""
@@ -109,13 +111,14 @@ class TrainConfig:
                 or not math.isfinite(self.exit_duration_minutes) or self.exit_duration_minutes < 0:
             raise ValueError(f"train.exit_duration_minutes={self.exit_duration_minutes!r} must be a finite number of "
                              "minutes >= 0 (0 = no budget)")
-        for name in ("wandb_project", "wandb_entity", "wandb_exp_name", "wandb_save_dir"):
+        for name in ("wandb_project", "wandb_entity", "wandb_exp_name", "wandb_group", "wandb_save_dir"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"train.{name}={getattr(self, name)!r} must be a string")
         if self.wandb_project and any(c in self.wandb_project for c in "/\\#?%:"):
             raise ValueError(f"train.wandb_project={self.wandb_project!r}: W&B project names cannot hold / \\ # ? % "
                              "or :; give the team in train.wandb_entity and the project alone")
-        given = [f"train.{name}" for name in ("wandb_entity", "wandb_exp_name", "wandb_save_dir") if getattr(self, name)]
+        given = [f"train.{name}" for name in ("wandb_entity", "wandb_exp_name", "wandb_group", "wandb_save_dir")
+                 if getattr(self, name)]
         if given and not self.wandb_project:
             raise ValueError(f"{', '.join(given)} set without train.wandb_project: name the W&B project "
                              "(--wandb-project NAME) to log to W&B, or leave them empty")

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from megatron_logra.megatron_flags.slime import (CLIP_FLAGS, EVAL_LENGTH_FLAG, SLIME_ALIASES, SLIME_CHECK_SWITCHES,
+                                                 SLIME_SWITCHES, SLIME_VALUE_MAPS)
+
 __all__ = ["MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "SCHEDULE_RATIO_FLAGS", "STEP_FRACTION_FLAGS",
            "CHECK_FLAGS", "SWITCH_DEFAULTS", "CHECK_SWITCHES", "LOAD_FLAGS", "MEGATRON_FLAGS", "VALUE_MAPS",
            "CONTEXT_FLAGS"]
@@ -72,6 +75,7 @@ MEGATRON_ALIASES: dict[str, str] = {
     "min-loss-scale": "optimizer.loss_scale.min_scale",
     "loss-scale-window": "optimizer.loss_scale.window",
     "hysteresis": "optimizer.loss_scale.hysteresis",
+    **SLIME_ALIASES,
 }
 """Megatron-LM flags (without ``--``) -> the dotted field they set, whatever the job; the flags of
 :data:`JOB_ALIASES` are resolved against the configured job by
@@ -132,7 +136,7 @@ Resolved after every other override; refused where ``F × L`` is no whole number
 warm up over a fractional step count, which ``warmup_steps`` cannot hold), naming the nearest
 ``--lr-warmup-iters``."""
 
-CHECK_FLAGS: tuple[str, ...] = ("max-position-embeddings",)
+CHECK_FLAGS: tuple[str, ...] = ("max-position-embeddings", EVAL_LENGTH_FLAG)
 """Megatron-LM flags without a field of their own, accepted as a check
 (:func:`~megatron_logra.megatron_flags.check_flag`):
 ``--max-position-embeddings N`` needs ``N >= model.seq_length`` (positions run up to ``model.seq_length``;
@@ -144,7 +148,7 @@ SWITCH_DEFAULTS: dict[str, tuple[str, Any]] = {"use-rope-scaling": ("model.rope_
 ``--use-rope-scaling`` sets ``model.rope_scaling_factor`` to Megatron-LM's default factor 8 unless
 ``--rope-scaling-factor`` (or the field) gives one."""
 
-CHECK_SWITCHES: tuple[str, ...] = ("no-position-embedding", "use-kl-loss")
+CHECK_SWITCHES: tuple[str, ...] = ("no-position-embedding", "use-kl-loss", *SLIME_CHECK_SWITCHES)
 """Megatron-LM switches accepted as a check of the final config
 (:func:`~megatron_logra.megatron_flags.check_switch`):
 ``--no-position-embedding`` (no learned position table) holds with ``model.position_embedding_type=rope``, the
@@ -152,10 +156,11 @@ default here, and is refused with ``learned_absolute``, which is such a table. s
 (with a note) where ``rl.loss.kl_coef`` is above 0 or given, the penalty being on when ``rl.loss.kl_coef > 0``, and
 refused alone, naming ``rl.loss.kl_coef`` (:func:`~megatron_logra.megatron_flags.kl_loss.check_use_kl_loss`)."""
 
-VALUE_MAPS: dict[str, str] = {"kl-loss-type": "rl.loss.kl_estimator"}
+VALUE_MAPS: dict[str, str] = {"kl-loss-type": "rl.loss.kl_estimator", **SLIME_VALUE_MAPS}
 """Value flags whose values are spelt otherwise here -> the dotted field they set, by
 :func:`~megatron_logra.megatron_flags.map_value`: slime's ``--kl-loss-type`` ``k2`` / ``k3`` / ``low_var_kl``
-set ``rl.loss.kl_estimator`` (the same estimators); ``k1`` is refused naming ``k2`` (:func:`~megatron_logra.megatron_flags.kl_loss.kl_loss_type`)."""
+set ``rl.loss.kl_estimator`` (the same estimators); ``k1`` is refused naming ``k2`` (:func:`~megatron_logra.megatron_flags.kl_loss.kl_loss_type`);
+the others are :data:`~megatron_logra.megatron_flags.slime.SLIME_VALUE_MAPS`."""
 
 LOAD_FLAGS: dict[str, tuple[tuple[str, Optional[str]], ...]] = {
     "load": (("train.run_dir", None), ("train.resume", "true")),
@@ -189,10 +194,11 @@ MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
     "no-position-embedding": ("no-position-embedding", "true"),  # CHECK_SWITCHES
     "apply-chat-template": ("rl.chat_template", "true"),  # slime
     "use-kl-loss": ("use-kl-loss", "true"),  # slime; CHECK_SWITCHES
+    **SLIME_SWITCHES,
 }
 """Megatron-LM switches (no value) -> the (dotted field, value) they set."""
 
 CONTEXT_FLAGS = (frozenset(JOB_ALIASES) | frozenset(OPTIMIZER_ALIASES) | frozenset(CHECK_FLAGS)
                  | frozenset(SWITCH_DEFAULTS) | frozenset(SCHEDULE_RATIO_FLAGS) | frozenset(CHECK_SWITCHES)
-                 | frozenset(STEP_FRACTION_FLAGS))
+                 | frozenset(STEP_FRACTION_FLAGS) | frozenset(CLIP_FLAGS))
 """Flags set (or checked) after the other overrides, against the config they leave."""

@@ -11,6 +11,8 @@ import math
 from typing import TYPE_CHECKING, Any, Collection, Optional
 
 from megatron_logra.megatron_flags.kl_loss import check_use_kl_loss, kl_loss_type
+from megatron_logra.megatron_flags.slime import EVAL_LENGTH_FLAG, SLIME_VALUE_MAPS
+from megatron_logra.megatron_flags.slime_resolve import check_eval_length, check_use_wandb, slime_value
 from megatron_logra.megatron_flags.mapped import (JOB_ALIASES, OPTIMIZER_ALIASES, SCHEDULE_RATIO_FLAGS,
                                                   STEP_FRACTION_FLAGS, VALUE_MAPS)
 from megatron_logra.megatron_flags.unmapped import NEUTRAL_FLAGS
@@ -164,6 +166,10 @@ def check_flag(cfg: RunConfig, flag: str, raw: Any) -> None:
     """See :data:`~megatron_logra.megatron_flags.CHECK_FLAGS`."""
     from megatron_logra.config.codec import _coerce
 
+    if flag == EVAL_LENGTH_FLAG:
+        check_eval_length(cfg, raw)
+        return
+
     value = _coerce(raw, int, f"--{flag}")
     seq, kind = cfg.model.seq_length, cfg.model.position_embedding_type
     if value < seq:
@@ -179,6 +185,8 @@ def map_value(flag: str, raw: Any) -> tuple[str, str]:
     """``(field, value)`` that the flag ``flag`` of :data:`~megatron_logra.megatron_flags.VALUE_MAPS` sets for
     its value ``raw``; a ``ValueError`` naming the nearest accepted value where this trainer has none of that
     meaning."""
+    if flag in SLIME_VALUE_MAPS:
+        return slime_value(flag, raw)
     if flag != "kl-loss-type":
         raise ValueError(f"--{flag} is not a flag of VALUE_MAPS")
     return VALUE_MAPS[flag], kl_loss_type(raw)
@@ -189,6 +197,9 @@ def check_switch(cfg: RunConfig, flag: str, given: Collection[str] = ()) -> None
     set."""
     if flag == "use-kl-loss":
         check_use_kl_loss(cfg, given)
+        return
+    if flag == "use-wandb":
+        check_use_wandb(cfg, given)
         return
     kind = cfg.model.position_embedding_type
     if kind != "rope":

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron_logra.megatron_flags.slime import (SLIME_IGNORED_SWITCHES, SLIME_IGNORED_VALUE_FLAGS, SLIME_NEUTRAL_FLAGS,
+                                                 SLIME_REFUSED_SWITCHES, SLIME_REFUSED_VALUE_FLAGS)
+
 __all__ = ["IGNORED_SWITCHES", "IGNORED_VALUE_FLAGS", "NEUTRAL_FLAGS", "REFUSED_SWITCHES", "REFUSED_VALUE_FLAGS"]
 
 _FUSIONS_OFF = "megatron-core's fused kernels are always off here (models/gpt.py), so this is already in effect"
@@ -38,12 +41,14 @@ IGNORED_SWITCHES: dict[str, str] = {
     "no-rope-fusion": _FUSIONS_OFF,
     "no-gradient-accumulation-fusion": _FUSIONS_OFF,
     "no-persist-layer-norm": _FUSIONS_OFF,
+    **SLIME_IGNORED_SWITCHES,
 }
 """Megatron-LM switches accepted and ignored, each with why (logged as a warning)."""
 
 IGNORED_VALUE_FLAGS: dict[str, str] = {
     "num-workers": "the training data are generated in the training process (there are no DataLoader workers)",
     "tensorboard-dir": "TensorBoard events go to RUN/tensorboard, RUN being train.run_dir (--save)",
+    **SLIME_IGNORED_VALUE_FLAGS,
 }
 """Megatron-LM value flags accepted (with their value) and ignored, each with why (logged as a warning)."""
 
@@ -56,6 +61,7 @@ NEUTRAL_FLAGS: dict[str, tuple[type, Any, str]] = {
     "ckpt-format": (str, "torch_dist", "checkpoints are megatron-core torch_dist checkpoints"),
     "num-steps-per-rollout": (int, 1, "each RL step is one rollout and one optimizer step over its "
                                       "rl.prompts_per_step × rl.group_size sequences"),
+    **SLIME_NEUTRAL_FLAGS,
 }
 """Megatron-LM value flags accepted (and ignored) at the one value that matches this trainer:
 ``(type, value, why other values are refused)``."""
@@ -68,6 +74,7 @@ REFUSED_SWITCHES: dict[str, str] = {
                       "start the optimizer afresh"),
     "no-load-rng": "a resumed run restores the RNG states; start a new run (another train.run_dir) instead",
     "use-checkpoint-args": "--resume RUN_DIR already takes the run's saved config (RUN_DIR/config.yaml)",
+    **SLIME_REFUSED_SWITCHES,
 }
 """Megatron-LM switches this trainer cannot honour: refused, with what to do instead."""
 
@@ -115,5 +122,6 @@ REFUSED_VALUE_FLAGS: dict[str, str] = {
     "num-experts": "mixture-of-experts models are not supported (dense GPT only)",
     "num-layers-per-virtual-pipeline-stage": "interleaved (virtual) pipeline schedules are not supported",
     "virtual-pipeline-model-parallel-size": "interleaved (virtual) pipeline schedules are not supported",
+    **SLIME_REFUSED_VALUE_FLAGS,
 }
 """Megatron-LM value flags this trainer cannot honour: refused, with what to use instead."""

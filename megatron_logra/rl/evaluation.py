@@ -54,7 +54,8 @@ def evaluate_held_out(c: RLComponents, step: Optional[int] = None) -> tuple[Opti
     completions: list[str] = []
     generated: list = []
     if mine:
-        params = SamplingParams(temperature=rollout.eval_temperature, top_p=1.0, max_new_tokens=rollout.max_new_tokens,
+        params = SamplingParams(temperature=rollout.eval_temperature, top_p=rollout.eval_top_p,
+                                max_new_tokens=rollout.max_new_tokens,
                                 stop_token_ids=c.stop_token_ids(), seed=c.cfg.train.seed)
         generated = c.engine.generate(prompt_ids, params)
         completions = [_decode(c, r.completion_ids) for r in generated]

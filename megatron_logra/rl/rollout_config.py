@@ -75,6 +75,8 @@ class RolloutConfig:
     """Completion length cap."""
     eval_temperature: float = 0.0
     """Temperature of held-out evaluation (0 = greedy)."""
+    eval_top_p: float = 1.0
+    """Nucleus sampling mass of held-out evaluation (slime's ``--eval-top-p``); no effect when greedy."""
     eval_samples: int = 1
     """Samples per held-out problem; accuracy is their mean (mean@k, "pass@1 over k samples"), and above 1 the
     records also hold ``eval_pass_at_k`` (the share of problems with a correct one among the k)."""
@@ -109,9 +111,16 @@ class RolloutConfig:
             raise ValueError(f"rl.rollout.top_p={self.top_p} must lie in (0, 1]")
         if self.max_new_tokens < 1:
             raise ValueError(f"rl.rollout.max_new_tokens={self.max_new_tokens} must be >= 1")
+        if not _is_fraction(self.eval_top_p):
+            raise ValueError(f"rl.rollout.eval_top_p={self.eval_top_p!r} must lie in (0, 1] (1 = no nucleus cut)")
         if self.eval_temperature < 0:
             raise ValueError(f"rl.rollout.eval_temperature={self.eval_temperature} must be >= 0")
         if self.eval_samples < 1:
             raise ValueError(f"rl.rollout.eval_samples={self.eval_samples} must be >= 1")
         if self.eval_samples > 1 and self.eval_temperature == 0:
             raise ValueError("rl.rollout.eval_samples > 1 needs rl.rollout.eval_temperature > 0 (greedy samples are identical)")
+
+
+def _is_fraction(value: object) -> bool:
+    """A number in (0, 1] (bools, NaN and strings are not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1

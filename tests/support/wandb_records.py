@@ -45,7 +45,7 @@ def offline_runs(save_dir: Path) -> list[Path]:
 
 
 def read_offline_run(run_dir: Path) -> dict[str, Any]:
-    """``{"id", "project", "name", "history": [dict per log call], "summary": dict, "config": dict, "exit_code"}``
+    """``{"id", "project", "name", "group", "history": [dict per log call], "summary": dict, "config": dict, "exit_code"}``
     of one offline run directory (values decoded from W&B's JSON; ``exit_code`` None while the run is not
     finished)."""
     from wandb.proto import wandb_internal_pb2 as pb
@@ -57,7 +57,8 @@ def read_offline_run(run_dir: Path) -> dict[str, Any]:
         record.ParseFromString(raw)
         kind = record.WhichOneof("record_type")
         if kind == "run":
-            out.update(id=record.run.run_id, project=record.run.project, name=record.run.display_name)
+            out.update(id=record.run.run_id, project=record.run.project, name=record.run.display_name,
+                       group=record.run.run_group)
             out["config"].update({u.key: json.loads(u.value_json) for u in record.run.config.update})
         elif kind == "config":
             out["config"].update({u.key: json.loads(u.value_json) for u in record.config.update})

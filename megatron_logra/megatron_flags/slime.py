@@ -1,0 +1,149 @@
+"""slime's own flags (its launch scripts' rollout, GRPO, evaluation, SGLang, W&B and cluster arguments): what each
+one does here.
+
+A slime launch line (``ROLLOUT_ARGS``, ``GRPO_ARGS``, ``SGLANG_ARGS``, ... of its ``scripts/run-*.sh``) pasted after
+``megatron-logra train RECIPE`` is applied flag by flag as Megatron-LM's flags are: these tables are merged into
+those of :mod:`~megatron_logra.megatron_flags.mapped` and :mod:`~megatron_logra.megatron_flags.unmapped`, so every
+flag is in exactly one table. The loss flags follow from each RL step being one rollout and one optimizer step
+(slime's ``--num-steps-per-rollout 1``): slime's PPO ratio ``π_θ / π_old`` is 1 at that step, so
+
+* without ``--use-tis`` slime's loss is PPO-clip, which ``--eps-clip`` / ``--eps-clip-high`` select here too
+  (``rl.loss.kind=ppo``, its ratio taken against the rollout engine's log-probs, whose weights this trainer keeps
+  bitwise equal to its own);
+* with ``--use-tis`` it is the policy gradient weighted by the rollout's importance weight truncated at
+  ``--tis-clip`` (default 2, as here), this trainer's ``rl.loss.kind=tis``; the clip range is then stored but
+  never acts (:func:`~megatron_logra.megatron_flags.slime_resolve.resolve_clip`).
+
+Plain tables, importing nothing of this project; :mod:`~megatron_logra.megatron_flags.slime_resolve` resolves the
+flags that depend on the config or on their value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SLIME_ALIASES", "SLIME_SWITCHES", "SLIME_CHECK_SWITCHES", "SLIME_VALUE_MAPS", "SLIME_IGNORED_SWITCHES",
+           "SLIME_IGNORED_VALUE_FLAGS", "SLIME_NEUTRAL_FLAGS", "SLIME_REFUSED_SWITCHES", "SLIME_REFUSED_VALUE_FLAGS",
+           "CLIP_FLAGS", "EVAL_LENGTH_FLAG"]
+
+SLIME_ALIASES: dict[str, str] = {
+    "rollout-seed": "task.seed",
+    "tis-clip": "rl.loss.tis_cap",
+    "eval-top-p": "rl.rollout.eval_top_p",
+    "sglang-mem-fraction-static": "rl.rollout.mem_fraction_static",
+    "rollout-num-gpus-per-engine": "rl.rollout.sglang_tp",
+    "wandb-group": "train.wandb_group",
+    "wandb-team": "train.wandb_entity",
+}
+"""slime value flags -> the dotted field they set: ``--rollout-seed`` the seed of the prompt stream (``task.seed``;
+the held-out set keeps ``task.eval_seed``), ``--tis-clip`` the importance weight's cap, ``--eval-top-p`` the
+held-out sampling's nucleus mass, ``--sglang-mem-fraction-static`` the share of each GPU the in-process SGLang
+engine reserves, ``--rollout-num-gpus-per-engine`` that engine's tensor-parallel size, ``--wandb-group`` /
+``--wandb-team`` the W&B run's group and team."""
+
+SLIME_SWITCHES: dict[str, tuple[str, str]] = {
+    "use-tis": ("rl.loss.kind", "tis"),
+    "disable-grpo-std-normalization": ("rl.advantage.scale_by_std", "false"),
+    "use-wandb": ("use-wandb", "true"),  # SLIME_CHECK_SWITCHES
+}
+"""slime switches -> the (dotted field, value) they set: ``--use-tis`` the truncated-importance-sampling loss,
+``--disable-grpo-std-normalization`` GRPO advantages not divided by the group's std (Dr. GRPO)."""
+
+SLIME_CHECK_SWITCHES: tuple[str, ...] = ("use-wandb",)
+"""slime switches accepted as a check of the final config: ``--use-wandb`` needs ``train.wandb_project``
+(:func:`~megatron_logra.megatron_flags.slime_resolve.check_use_wandb`)."""
+
+CLIP_FLAGS: dict[str, str] = {"eps-clip": "rl.loss.clip_low", "eps-clip-high": "rl.loss.clip_high"}
+"""slime's PPO clip range -> its field; resolved after the other overrides by :func:`~megatron_logra.megatron_flags.slime_resolve.resolve_clip`, which also
+chooses ``rl.loss.kind``."""
+
+EVAL_LENGTH_FLAG = "eval-max-response-len"
+"""slime's held-out response limit, accepted as a check (:func:`~megatron_logra.megatron_flags.slime_resolve.check_eval_length`)."""
+
+SLIME_VALUE_MAPS: dict[str, str] = {"advantage-estimator": "rl.advantage.estimator", "rm-type": "task.reward",
+                                    "attention-backend": "model.transformer_impl"}
+"""Value flags whose values are spelt otherwise here -> the field they set, by :func:`~megatron_logra.megatron_flags.slime_resolve.slime_value`:
+``--advantage-estimator grpo``; ``--rm-type`` math / deepscaler / dapo score with math-verify
+(``task.reward=math_verify``); Megatron-LM's ``--attention-backend`` flash / fused is TransformerEngine's attention
+(``model.transformer_impl=transformer_engine``), unfused / local megatron-core's (``local``), auto ``auto``."""
+
+_ONE_STEP = ("each RL step is one rollout and one optimizer step over its rl.prompts_per_step × rl.group_size "
+             "sequences")
+_COLOCATED = ("the in-process SGLang engine runs on the trainer's own GPUs (rl.rollout.mem_fraction_static of each, "
+              "--sglang-mem-fraction-static; `megatron-logra memory --engine-fraction` plans the rest)")
+_GPUS = ("the trainer's GPUs are torchrun's (--nnodes × --nproc-per-node), and " + _COLOCATED)
+_MICRO = ("micro-batches hold rl.micro_batch_size sequences (--micro-batch-size) whatever their lengths, and the "
+          "loss is summed over tokens and divided by the step's token count, so packing changes memory and speed "
+          "only; lower rl.micro_batch_size (or rl.loss.logprob_chunk_tokens) if a step runs out of memory")
+
+SLIME_IGNORED_SWITCHES: dict[str, str] = {
+    "rollout-shuffle": "the prompt stream draws its prompts at random already (seeded by task.seed, --rollout-seed)",
+    "colocate": "this is already in effect: " + _COLOCATED,
+    "offload": ("the trainer keeps its weights on the GPU while the engine generates (LoGRA's optimizer state is a "
+                "few percent of dense Adam's); " + _COLOCATED),
+    "offload-train": "the trainer keeps its weights on the GPU while the engine generates; " + _COLOCATED,
+    "offload-rollout": "the engine keeps its weights on the GPU while the trainer steps; " + _COLOCATED,
+    "no-offload-train": "this is already in effect: the trainer keeps its weights on the GPU while the engine generates",
+    "no-offload-rollout": "this is already in effect: the engine keeps its weights on the GPU while the trainer steps",
+    "balance-data": ("every DP rank trains rl.prompts_per_step / DP whole groups of the step; there is no "
+                     "token balancing across DP ranks, which changes speed only"),
+    "use-dynamic-batch-size": _MICRO,
+    "calculate-per-token-loss": ("this is already in effect: the loss is summed over the completion tokens and "
+                                 "divided by the step's token count over every DP rank"),
+    "use-rollout-logprobs": ("this is already in effect: the importance weight (rl.loss.kind=tis) and the PPO "
+                             "ratio (rl.loss.kind=ppo) are taken against the rollout engine's log-probs"),
+    "keep-old-actor": _ONE_STEP + ", so no old actor is kept: the rollout engine's log-probs are π_old",
+    "rollout-global-dataset": "the prompt stream is one dataset for the whole run already (task.datasets)",
+}
+"""slime switches accepted and ignored, each with why (logged as a warning)."""
+
+SLIME_IGNORED_VALUE_FLAGS: dict[str, str] = {
+    "max-tokens-per-gpu": _MICRO,
+    "actor-num-nodes": _GPUS,
+    "actor-num-gpus-per-node": _GPUS,
+    "num-gpus-per-node": _GPUS,
+    "rollout-num-gpus": _GPUS,
+}
+"""slime value flags accepted (with their value) and ignored, each with why (logged as a warning)."""
+
+SLIME_NEUTRAL_FLAGS: dict[str, tuple[type, Any, str]] = {
+    "entropy-coef": (float, 0.0, "an entropy bonus is not supported (the metrics record the policy's entropy)"),
+    "train-backend": (str, "megatron", "the trainer is megatron-core's (there is no FSDP backend)"),
+    "expert-tensor-parallel-size": (int, 1, "mixture-of-experts models are not supported (dense GPT only)"),
+}
+"""slime value flags accepted (and ignored) at the one value that matches this trainer."""
+
+SLIME_REFUSED_SWITCHES: dict[str, str] = {
+    "partial-rollout": ("every rollout of a step completes within the step (responses stop at "
+                        "rl.rollout.max_new_tokens, --rollout-max-response-len); none is carried to the next step"),
+    "normalize-advantages": ("advantages are normalised within each prompt's group only (rl.advantage.estimator="
+                             "grpo, by the group's std unless rl.advantage.scale_by_std=false); there is no "
+                             "whitening over the batch"),
+    "disable-rewards-normalization": ("GRPO always subtracts the group's mean reward; for advantages without the "
+                                      "std division give --disable-grpo-std-normalization "
+                                      "(rl.advantage.scale_by_std=false)"),
+    "use-opsm": "off-policy sequence masking is not supported: " + _ONE_STEP,
+    "use-routing-replay": "mixture-of-experts models are not supported (dense GPT only)",
+}
+"""slime switches this trainer cannot honour: refused, with what to use instead."""
+
+SLIME_REFUSED_VALUE_FLAGS: dict[str, str] = {
+    "custom-rm-path": ("slime's reward functions take (args, sample); here a reward function is "
+                       "task.reward=package.module:function, called as fn(problem, completion) -> score in [0, 1] "
+                       "(docs/data.md), or a reward server, task.reward=http://HOST:PORT/PATH (--rm-url)"),
+    "rollout-function-path": ("rollouts come from the configured engine (rl.rollout.engine: embedded or sglang); "
+                              "a custom rollout function is not supported"),
+    "custom-generate-function-path": ("rollouts come from the configured engine (rl.rollout.engine); a custom "
+                                      "generate function is not supported"),
+    "eps-clip-c": "dual-clip PPO is not supported; the clip range is --eps-clip / --eps-clip-high",
+    "tis-clip-low": ("the importance weight is truncated from above only (rl.loss.tis_cap, --tis-clip); a lower "
+                     "bound is not supported"),
+    "custom-tis-function-path": ("the importance weight is min(π_θ / μ, rl.loss.tis_cap) (--tis-clip); a custom "
+                                 "weighting is not supported"),
+    "wandb-key": ("W&B reads its key from WANDB_API_KEY (or `wandb login`); a key given on the command line would "
+                  "be written to config.yaml and the launch logs"),
+    "wandb-host": "W&B reads its server from WANDB_BASE_URL (or `wandb login --host URL`)",
+    "loss-type": ("the RL job's loss is rl.loss.kind (tis or ppo, --use-tis / --eps-clip) with the KL penalty "
+                  "rl.loss.kl_coef; the LM job's is the language-model loss (job=lm)"),
+}
+"""slime value flags this trainer cannot honour: refused, with what to use instead."""

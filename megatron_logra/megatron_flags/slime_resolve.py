@@ -1,0 +1,119 @@
+"""Resolving slime's flags that depend on their value or on the rest of the config
+(:mod:`~megatron_logra.megatron_flags.slime` holds the tables): each function returns what the flag sets or raises
+a ``ValueError`` naming the flag and what to give instead."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Collection, Optional
+
+from megatron_logra.megatron_flags.slime import CLIP_FLAGS, EVAL_LENGTH_FLAG
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["slime_value", "resolve_clip", "check_eval_length", "check_use_wandb", "sglang_flag_error"]
+
+_RM_TYPES = {"math": "math_verify", "deepscaler": "math_verify", "dapo": "math_verify"}
+"""slime's math graders -> ``task.reward`` scoring the same answers with math-verify."""
+
+_ATTENTION = {"flash": "transformer_engine", "fused": "transformer_engine", "unfused": "local", "local": "local",
+              "auto": "auto"}
+"""Megatron-LM's ``--attention-backend`` -> ``model.transformer_impl`` (flash / fused attention is
+TransformerEngine's; megatron-core's local spec computes unfused attention)."""
+
+
+def slime_value(flag: str, raw: Any) -> tuple[str, str]:
+    """``(field, value)`` that ``--flag raw`` of :data:`SLIME_VALUE_MAPS` sets; a ``ValueError`` naming what to give
+    where this trainer has nothing of that meaning."""
+    value = str(raw).strip()
+    if flag == "advantage-estimator":
+        if value == "grpo":
+            return "rl.advantage.estimator", "grpo"
+        raise ValueError(f"--advantage-estimator {value}: this trainer's estimators are grpo (--advantage-estimator "
+                         f"grpo) and an EMA-baseline REINFORCE (rl.advantage.estimator=reinforce); slime's gspo, "
+                         f"ppo (a value critic) and reinforce_plus_plus(_baseline) are not supported")
+    if flag == "rm-type":
+        if value in _RM_TYPES:
+            logger.warning("--rm-type %s: answers are scored by math-verify (task.reward=math_verify), which parses "
+                           "the final answer (\\boxed{...} included) and compares it symbolically; slime's %s grader "
+                           "may score edge cases differently", value, value)
+            return "task.reward", _RM_TYPES[value]
+        if value == "remote_rm":
+            raise ValueError("--rm-type remote_rm: give the reward server's URL, --rm-url http://HOST:PORT/PATH "
+                             "(task.reward)")
+        raise ValueError(f"--rm-type {value}: this trainer scores math answers (--rm-type math, deepscaler or dapo: "
+                         f"task.reward=math_verify), each reasoning-gym dataset by its own scorer (task.reward=auto), "
+                         f"a Python function (task.reward=package.module:function) or a reward server (--rm-url)")
+    if flag == "attention-backend":
+        if value in _ATTENTION:
+            return "model.transformer_impl", _ATTENTION[value]
+        raise ValueError(f"--attention-backend {value}: choose flash or fused (TransformerEngine's attention, "
+                         f"model.transformer_impl=transformer_engine), unfused / local (megatron-core's, "
+                         f"model.transformer_impl=local) or auto")
+    raise ValueError(f"--{flag} is not a flag of SLIME_VALUE_MAPS")
+
+
+def resolve_clip(cfg: Any, flag: str, set_by: dict[str, tuple[str, Any]]) -> Optional[str]:
+    """The ``rl.loss.kind`` that ``--eps-clip`` / ``--eps-clip-high`` imply, against the config the other overrides
+    leave (``set_by``: dotted field -> (spelling, value) of the fields the command line set): ``ppo`` when the line
+    does not choose the loss; None (keep it) where ``--use-tis`` chose ``tis``, logged, since the clip never acts
+    at the one optimizer step of a rollout; a ``ValueError`` where the line gives ``rl.loss.kind=tis`` itself."""
+    if cfg.job != "rl":
+        raise ValueError(f"--{flag} sets the RL job's PPO clip range, which job={cfg.job} does not have; drop --{flag}")
+    chosen = set_by.get("rl.loss.kind")
+    if chosen is None:
+        return "ppo"
+    spelling, kind = chosen
+    if kind == "ppo":
+        return None
+    if spelling.split("=")[0] == "--use-tis":
+        logger.warning("--%s is accepted with --use-tis and stored in %s, which the loss does not read: the loss is "
+                       "rl.loss.kind=tis, the policy gradient weighted by the rollout's importance weight truncated at "
+                       "rl.loss.tis_cap (--tis-clip), as slime's PPO loss with --use-tis is when each rollout makes "
+                       "one optimizer step (its ratio is 1 at that step, so its clip never acts)", flag,
+                       CLIP_FLAGS[flag])
+        return None
+    raise ValueError(f"--{flag} sets {CLIP_FLAGS[flag]}, the clip range of rl.loss.kind=ppo, but the loss is given as "
+                     f"{spelling}, which does not read it: drop --{flag}, or give rl.loss.kind=ppo (slime's PPO-clip "
+                     f"loss)")
+
+
+def check_eval_length(cfg: Any, raw: Any) -> None:
+    """``--eval-max-response-len N``: the held-out evaluation generates up to ``rl.rollout.max_new_tokens``, as
+    training does, so N is accepted at that value and refused at any other."""
+    from megatron_logra.config.codec import _coerce
+
+    value = _coerce(raw, int, f"--{EVAL_LENGTH_FLAG}")
+    if cfg.job != "rl":
+        raise ValueError(f"--{EVAL_LENGTH_FLAG} limits the RL job's held-out responses; job={cfg.job} has none")
+    limit = cfg.rl.rollout.max_new_tokens
+    if value != limit:
+        raise ValueError(f"--{EVAL_LENGTH_FLAG} {value}: the held-out evaluation generates up to "
+                         f"rl.rollout.max_new_tokens={limit} tokens (--rollout-max-response-len), as training does; "
+                         f"give the same value to both, or drop --{EVAL_LENGTH_FLAG}")
+
+
+def check_use_wandb(cfg: Any, given: Collection[str]) -> None:
+    """slime's ``--use-wandb``: W&B logging is on here when ``train.wandb_project`` is set, so the switch is accepted
+    with a project and refused alone."""
+    if not cfg.train.wandb_project:
+        raise ValueError("--use-wandb: W&B logging is on when train.wandb_project is set (no switch turns it on): give "
+                         "--wandb-project NAME, or drop --use-wandb")
+
+
+_SLIME_OWN_SGLANG = ("sglang-router-", "sglang-server-concurrency")
+"""slime's ``--sglang-*`` flags that configure slime itself (its router, its request concurrency), not SGLang."""
+
+
+def sglang_flag_error(flag: str) -> Optional[ValueError]:
+    """The error for slime's ``--sglang-NAME`` flags that no table maps: slime passes them to SGLang's server
+    arguments, which are ``rl.rollout.sglang_engine_args`` here; None for other flags."""
+    if not flag.startswith("sglang-"):
+        return None
+    if flag.startswith(_SLIME_OWN_SGLANG):
+        return ValueError(f"--{flag} configures slime's router and request scheduling, which this trainer does not "
+                          f"have: the in-process SGLang engine is sent each step's requests at once; drop --{flag}")
+    name = flag[len("sglang-"):].replace("-", "_")
+    return ValueError(f"--{flag}: slime passes --sglang-* flags to SGLang's server arguments; here they are "
+                      f"rl.rollout.sglang_engine_args, e.g. 'rl.rollout.sglang_engine_args={{{name}: VALUE}}' (an "
+                      f"argument of sglang.Engine, checked when the engine starts)")
