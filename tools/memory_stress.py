@@ -22,6 +22,10 @@ Beside them: the memory planner's prediction (``megatron_logra.memory``, counts 
 the meta device; no distributed optimizer, engine or CUDA overhead): trainer peak and optimizer
 state. ``--dry-run`` builds and runs nothing: the table and the files hold the prediction only. Rank 0
 writes ``OUT/memory_stress.{csv,png}`` (``--out``, default ``runs/memory_stress``).
+
+A bad value ends with one ``error:`` line, exit status 2, before anything is built; it names this script's flags
+with the values given (``--hidden=63 is not divisible by --heads=4``, not the trainer's ``model.hidden_size``;
+:mod:`megatron_logra.memory.stress_flags`) and a fix these flags can make.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from optimizer_memory import ffn_size  # noqa: E402
 
 from megatron_logra.bench.outputs import why_unwritable  # noqa: E402
 from megatron_logra.cli.errors import tracebacks_wanted  # noqa: E402
+from megatron_logra.memory.stress_flags import flag_error  # noqa: E402
 from megatron_logra.memory.stress_setup import host_shortfall, out_of_memory, predicted  # noqa: E402
 from megatron_logra.memory.stress_report import COLUMNS, MEASURED, GiB, NvmlSampler, fmt, plot, report, unit_of  # noqa: E402,F401
 from megatron_logra.memory.stress_steps import run_kind  # noqa: E402
@@ -109,8 +114,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.getLogger("megatron").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
     kinds = [k.strip() for k in args.optimizers.split(",") if k.strip()]
-    if not kinds or any(k not in ("logra", "adam") for k in kinds) or args.steps < 1:
-        parser.error(f"--optimizers={args.optimizers!r} (logra and/or adam), --steps={args.steps} (>= 1)")
+    if not kinds or any(k not in ("logra", "adam") for k in kinds):
+        parser.error(f"--optimizers={args.optimizers!r}: give logra and/or adam, comma-separated (e.g. logra,adam)")
+    if args.steps < 1:
+        parser.error(f"--steps={args.steps} must be >= 1")
     for flag in ("micro_batch", "micro_batches", "seq_len", "tp", "rank", "layers", "hidden", "vocab",
                  "heads", "query_groups", "ffn"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:  # 0 would fall back to the default
@@ -119,6 +126,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.model and given:  # the preset's / config.json's own sizes would silently win
         parser.error(f"--model {args.model} takes its sizes and dtype from the preset or config.json, so {', '.join(given)} "
                      "would be ignored: drop them, or drop --model to build a model of those sizes")
+    # what the user gave: an error marks the other values it shows as the script's defaults
+    typed = {f for f in MODEL_SIZE_FLAGS if getattr(args, f) is not None}
+    if args.rank != parser.get_default("rank"):
+        typed.add("rank")
     for flag, default in MODEL_SIZE_DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, default)
@@ -131,8 +142,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         mcfg = replace(model_config(args), recompute=args.recompute)
         for k in kinds:  # the planner's layout checks (TP divides the model, LoGRA rank <= every target's n_in)
             predicted(mcfg, k, args, args.tp)
-    except ValueError as exc:
-        parser.error(str(exc))
+    except ValueError as exc:  # the shared checks name config fields: say it in this script's flags
+        parser.error(flag_error(str(exc), args, typed))
     title = (f"{args.model or f'hidden {args.hidden} x {args.layers} layers, vocab {args.vocab}'}; micro-batch "
              f"{args.micro_batch} x seq {args.seq_len} x {args.micro_batches}, TP {args.tp}, LoGRA rank {args.rank} "
              f"({args.masters} masters), recompute {args.recompute}, loss {args.loss}")

@@ -4,6 +4,7 @@
         --gpu-memory 80GiB --engine-fraction 0.3
     megatron-logra memory --model qwen2.5-7b --tp 4 --dp 2 --compare
     megatron-logra memory --model path/to/config.json --tp auto --gpus 8 --compare
+    megatron-logra memory --model 27b --tp auto --gpus 16            # TP 8 within each node, DP 2 across two
     megatron-logra memory --model qwen2.5-1.5b,qwen2.5-7b,27b --tp auto --gpus 8 \\
         --gpu-memory 81559MiB,143771MiB --compare --rank 128 --recompute full \\
         --engine-fraction 0.3 --markdown                      # the node table of docs/memory.md
@@ -12,11 +13,15 @@
 ``config.json`` (or its directory), read and checked as ``megatron-logra train --model.hf_path`` reads it:
 a config the trainer refuses (sliding-window attention, scaled RoPE, mixture of experts, ...) is refused
 here with the same message; ``--gpu-memory`` sizes with a unit, like 80GiB, 141GB, 81559MiB (comma lists plan every
-combination). ``--tp auto`` takes the largest TP size <= GPUs / PP that shards the model (with ``--gpus``,
-one that also divides GPUs / PP); with ``--gpus`` the DP size is GPUs / (TP x PP). Without ``--gpus``,
-``--tp auto`` keeps each TP x PP group within one 8-GPU node (TP <= 8 / PP) and DP is ``--dp`` (default 1); the
-output then starts with a line giving the GPU count this layout implies and what was assumed
-(``GPUs: 16 = TP 8 x PP 1 x DP 2 (no --gpus: ...``). The defaults plan what
+combination). ``--tp auto`` takes the largest TP size <= min(GPUs / PP, GPUs per node) that shards the model:
+TP stays within one node (``--gpus-per-node``, default 8), as Megatron-LM lays a job out, because TP all-reduces
+activations in every layer and needs the node's NVLink, while PP and DP span nodes. With ``--gpus`` TP also
+divides GPUs / PP (and the node size when the job spans nodes) and DP is GPUs / (TP x PP): ``--model 27b
+--tp auto --gpus 16`` plans TP 8 x DP 2 on two 8-GPU nodes. Without ``--gpus``,
+``--tp auto`` keeps each TP x PP group within one 8-GPU node (TP <= 8 / PP; ``--gpus-per-node`` sets the node)
+and DP is ``--dp`` (default 1); the output then starts with a line giving the GPU count this layout implies and
+what was assumed (``GPUs: 16 = TP 8 x PP 1 x DP 2 (no --gpus: ...``). A fixed ``--tp`` is planned as given; when
+its TP groups span nodes (``--tp 16 --gpus 16``) the output says so in a ``Note:`` line. The defaults plan what
 ``megatron-logra train`` runs: AdamW states whole on every DP rank (``--distributed-optimizer`` plans Megatron-LM's
 sharded optimizer instead), trained non-targets whose AdamW step a KL controller scales
 (``--freeze-native``: ``optimizer.native.freeze=true``; ``--no-kl-control``: ``kl.mode=none``).
@@ -33,8 +38,8 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from megatron_logra.memory.scenarios import (DEFAULT_AUTO_TP_GPUS, DEFAULT_RANK, _plans, auto_tp, flag_message,
-                                             resolve_planned_model)
+from megatron_logra.memory.scenarios import (DEFAULT_AUTO_TP_GPUS, DEFAULT_RANK, _plans, auto_tp, auto_tp_for_job,
+                                             flag_message, resolve_planned_model, tp_spans_nodes)
 
 if TYPE_CHECKING:
     from megatron_logra.memory.report import Scenario
@@ -42,8 +47,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # auto_tp, resolve_planned_model, flag_message and the defaults live in memory.scenarios (re-exported here)
-__all__ = ["main", "build_parser", "auto_tp", "resolve_planned_model", "DEFAULT_AUTO_TP_GPUS", "DEFAULT_RANK",
-           "assumed_gpus_note", "flag_message"]
+__all__ = ["main", "build_parser", "auto_tp", "auto_tp_for_job", "resolve_planned_model", "DEFAULT_AUTO_TP_GPUS",
+           "DEFAULT_RANK", "assumed_gpus_note", "tp_nodes_note", "flag_message"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,14 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="preset(s) or config.json path(s), comma-separated")
     p.add_argument("--tp", default="1",
-                   help=f"tensor-parallel size, or auto: the largest that shards the model within --gpus / PP "
-                        f"({DEFAULT_AUTO_TP_GPUS} GPUs when --gpus is not given) (default 1)")
+                   help="tensor-parallel size, or auto: the largest that shards the model with TP <= min(--gpus / PP, "
+                        "--gpus-per-node) and dividing --gpus / PP; without --gpus, TP <= --gpus-per-node / PP "
+                        "(default 1)")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
     p.add_argument("--dp", type=int, default=None, help="data-parallel size (default 1, or GPUs / (TP x PP) with --gpus)")
     p.add_argument("--gpus", type=int, default=None,
                    help=f"GPUs in the job (sets DP; bounds --tp auto). Not given: --tp auto keeps TP x PP within "
-                        f"one {DEFAULT_AUTO_TP_GPUS}-GPU node (TP <= {DEFAULT_AUTO_TP_GPUS} / PP), DP is --dp, and "
-                        f"the output states the GPU count, TP x PP x DP, this implies")
+                        f"one {DEFAULT_AUTO_TP_GPUS}-GPU node (--gpus-per-node; TP <= {DEFAULT_AUTO_TP_GPUS} / PP), "
+                        f"DP is --dp, and the output states the GPU count, TP x PP x DP, this implies")
+    p.add_argument("--gpus-per-node", type=int, default=DEFAULT_AUTO_TP_GPUS,
+                   help=f"GPUs of one node (default {DEFAULT_AUTO_TP_GPUS}). TP stays within a node, as Megatron-LM "
+                        "runs it (its all-reduces need NVLink); PP and DP span nodes: --tp auto takes TP <= this, "
+                        "and a fixed --tp whose groups span nodes is planned with a note saying so")
     p.add_argument("--optimizer", choices=["adam", "logra"], default="logra")
     p.add_argument("--compare", action="store_true", help="plan dense AdamW and LoGRA side by side")
     p.add_argument("--rank", type=int, default=None,
@@ -111,8 +121,8 @@ def assumed_gpus_note(args: argparse.Namespace, scenarios: Sequence[Scenario]) -
     """The line the output starts with when ``--tp auto`` runs without ``--gpus``; None otherwise.
 
     It gives the GPUs the planned layout occupies, TP x PP x DP of ``scenarios`` (per model when their layouts
-    differ), and what was assumed: TP at most :data:`DEFAULT_AUTO_TP_GPUS` / PP (one node per TP x PP group),
-    DP from ``--dp`` or its default 1. ``--gpus`` plans a given count instead."""
+    differ), and what was assumed: TP at most ``--gpus-per-node`` / PP (one node per TP x PP group; default
+    :data:`DEFAULT_AUTO_TP_GPUS`), DP from ``--dp`` or its default 1. ``--gpus`` plans a given count instead."""
     if args.tp != "auto" or args.gpus is not None:
         return None
     layouts: dict[str, tuple[int, int, int]] = {}
@@ -125,10 +135,32 @@ def assumed_gpus_note(args: argparse.Namespace, scenarios: Sequence[Scenario]) -
     else:
         gpus = ", ".join(f"{tp * pp * dp} for {name} (TP {tp} x PP {pp} x DP {dp})"
                          for name, (tp, pp, dp) in layouts.items())
-    n = DEFAULT_AUTO_TP_GPUS
+    n = args.gpus_per_node
     dp_source = f"DP {args.dp} from --dp" if args.dp is not None else "DP 1 (default; set --dp)"
     return (f"GPUs: {gpus} (no --gpus: {n}-GPU nodes assumed, --tp auto took the largest TP <= {n} / PP = "
             f"{max(1, n // args.pp)} that shards the model; {dp_source}; set --gpus to plan a given count)")
+
+
+def tp_nodes_note(args: argparse.Namespace, scenarios: Sequence[Scenario]) -> Optional[str]:
+    """The ``Note:`` line the output carries when a planned TP group spans nodes of ``--gpus-per-node`` GPUs
+    (:func:`~megatron_logra.memory.scenarios.tp_spans_nodes`); None otherwise.
+
+    Only a fixed ``--tp`` can do so (``--tp auto`` stays within a node). The plan is still made, since the memory
+    per GPU does not depend on where the GPUs are, but such a layout puts TP's per-layer all-reduces on the
+    inter-node network, which Megatron-LM avoids; the note says so and what keeps TP inside a node."""
+    node = args.gpus_per_node
+    spanning = sorted({sc.plans[0].config.tp for sc in scenarios
+                       if tp_spans_nodes(sc.plans[0].config.tp, args.gpus, node)})
+    if not spanning:
+        return None
+    tp = spanning[-1]
+    how = (f"a TP group of {tp} GPUs is larger than one node of {node}" if tp > node else
+           f"TP {tp} does not divide the {node} GPUs of a node, so with --gpus {args.gpus} some TP groups "
+           f"straddle two nodes")
+    return (f"Note: TP {tp} spans nodes (--gpus-per-node {node}): {how}; the TP all-reduces of every layer would "
+            f"cross the inter-node network instead of NVLink. Megatron-LM keeps TP within a node and spans nodes "
+            f"with PP and DP: choose a --tp that divides {node} (--tp auto does), or set --gpus-per-node to your "
+            f"nodes' size.")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -142,9 +174,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_logra.memory.report import (breakdown_rows, breakdown_table, layout_text, markdown, summary_rows,
                                               summary_table, verdict_line)
 
-    note = assumed_gpus_note(args, scenarios)
+    notes = [n for n in (assumed_gpus_note(args, scenarios), tp_nodes_note(args, scenarios)) if n]
     if args.markdown:
-        out = [note, ""] if note else []
+        out = [line for n in notes for line in (n, "")]  # a paragraph each
         if len(scenarios) > 1:
             out += [markdown(*summary_rows(scenarios)), ""]
         for sc in scenarios:
@@ -155,7 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from rich.console import Console
 
         console = Console(width=max(100, Console().width))
-        if note:
+        for note in notes:
             console.print(note, soft_wrap=True, markup=False, highlight=False)
         for sc in scenarios:
             title = f"{sc.model_name} on {sc.gpu_text} GPUs — {layout_text(sc.plans[0])}"

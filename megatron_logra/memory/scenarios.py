@@ -2,9 +2,10 @@
 
 Owns the step from an ``argparse`` namespace to :class:`~megatron_logra.memory.report.Scenario` objects
 (:func:`_plans`): checking the flags against each other, resolving each ``--model`` as the trainer reads it
-(:func:`resolve_planned_model`), choosing ``--tp auto`` (:func:`auto_tp`), one ``PlanConfig`` per model and GPU
-size, and naming the flag behind a planner field in an error (:func:`flag_message`). The parser, the output and
-the exit status stay in :mod:`megatron_logra.memory.cli`, from which these names remain importable.
+(:func:`resolve_planned_model`), choosing ``--tp auto`` (:func:`auto_tp`, bounded to one node by
+:func:`auto_tp_for_job`), one ``PlanConfig`` per model and GPU size, and naming the flag behind a planner field in
+an error (:func:`flag_message`). The parser, the output and the exit status stay in
+:mod:`megatron_logra.memory.cli`, from which these names remain importable.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from megatron_logra.memory.units import GiB, parse_bytes
 
 
 DEFAULT_AUTO_TP_GPUS = 8
-"""GPUs of the node that bounds a TP x PP group under ``--tp auto`` when ``--gpus`` is not given (TP <= 8 / PP);
-the output then states the GPU count the planned layout implies."""
+"""GPUs of one node when ``--gpus-per-node`` is not given. ``--tp auto`` keeps TP within a node (Megatron-LM
+practice: TP all-reduces twice per layer and needs the node's NVLink; PP and DP span nodes), so TP <= 8; without
+``--gpus`` the whole TP x PP group stays in one node (TP <= 8 / PP) and the output states the GPU count the
+planned layout implies."""
 
 DEFAULT_RANK = 256
 """LoGRA sketch rank planned when ``--rank`` is not given."""
@@ -45,6 +48,31 @@ def auto_tp(model, limit: int, gpus_per_stage: Optional[int] = None) -> int:
     return max(d for d in range(1, max(1, limit) + 1) if g % d == 0)
 
 
+def auto_tp_for_job(model, *, pp: int, gpus: Optional[int], gpus_per_node: int) -> int:
+    """The TP that ``--tp auto`` plans for ``model``: the largest that shards it and keeps every TP group inside one
+    node of ``gpus_per_node`` GPUs, because a TP group all-reduces activations twice per layer and needs the node's
+    NVLink, while PP and DP traffic can cross nodes (Megatron-LM's layout).
+
+    With ``gpus`` (the job's count) TP <= min(gpus / pp, gpus_per_node) and divides gpus / pp (whole TP groups per
+    stage); when the job is more than one node, TP also divides ``gpus_per_node``, so that consecutive TP groups
+    line up with node boundaries instead of straddling two nodes. Without ``gpus`` the whole TP x PP group stays
+    in one node: TP <= gpus_per_node / pp (at least 1)."""
+    if gpus is None:
+        return auto_tp(model, gpus_per_node // pp)
+    per_stage = gpus // pp
+    whole = per_stage if gpus <= gpus_per_node else math.gcd(per_stage, gpus_per_node)
+    return auto_tp(model, min(per_stage, gpus_per_node), whole)
+
+
+def tp_spans_nodes(tp: int, gpus: Optional[int], gpus_per_node: int) -> bool:
+    """Whether TP groups of ``tp`` GPUs cross a node boundary in a job of ``gpus`` GPUs (None: not given) on nodes of
+    ``gpus_per_node``: a group larger than a node always does; in a job of more than one node, so does a ``tp``
+    that does not divide the node (Megatron-LM places TP ranks consecutively, so groups then straddle nodes)."""
+    if tp > gpus_per_node:
+        return True
+    return gpus is not None and gpus > gpus_per_node and gpus_per_node % tp != 0
+
+
 def resolve_planned_model(name: str, *, seq_length: int):
     """The ``ModelConfig`` that ``--model name`` plans: a preset, or a Hugging Face ``config.json`` (or a
     directory holding one) read by the trainer's own loader for ``model.hf_path``
@@ -56,7 +84,8 @@ def resolve_planned_model(name: str, *, seq_length: int):
     return resolve_model(name, seq_length=seq_length, strict=True)
 
 
-_FLAGS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "gpus": "--gpus", "rank": "--rank", "masters": "--masters",
+_FLAGS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "gpus": "--gpus", "gpus_per_node": "--gpus-per-node",
+          "rank": "--rank", "masters": "--masters",
           "micro_batch": "--micro-batch", "seq_len": "--seq-len", "recompute": "--recompute",
           "attention": "--attention", "engine_fraction": "--engine-fraction",
           "rollout_sequences": "--rollout-sequences", "logprob_chunk_tokens": "--logprob-chunk-tokens",
@@ -90,7 +119,7 @@ def _plans(args: argparse.Namespace):
     from megatron_logra.memory.planner import plan
     from megatron_logra.memory.report import Scenario
 
-    for option in ("pp", "dp", "gpus", "seq_len"):
+    for option in ("pp", "dp", "gpus", "gpus_per_node", "seq_len"):
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ValueError(f"{option}={value} must be an integer >= 1")
@@ -137,8 +166,7 @@ def _plans(args: argparse.Namespace):
                 raise
             raise ValueError(f"--model {text}" if text.startswith(name) else f"--model {name}: {text}") from exc
         if args.tp == "auto":
-            per_stage = (args.gpus if args.gpus is not None else DEFAULT_AUTO_TP_GPUS) // args.pp
-            tp = auto_tp(model, per_stage, per_stage if args.gpus is not None else None)
+            tp = auto_tp_for_job(model, pp=args.pp, gpus=args.gpus, gpus_per_node=args.gpus_per_node)
         else:
             tp = tp_fixed
         if args.gpus is not None:

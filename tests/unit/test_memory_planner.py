@@ -376,15 +376,16 @@ def test_the_reference_model_is_the_built_models_weights_once_more(groups, one_t
     assert dict(ref.items())["reference model"] == built
 
 
-@pytest.mark.parametrize("name, gpus, pp", [("qwen2.5-7b", 6, 1), ("qwen2.5-7b", 12, 2), ("27b", 6, 1), ("27b", 8, 1)])
+@pytest.mark.parametrize("name, gpus, pp", [("qwen2.5-7b", 6, 1), ("qwen2.5-7b", 12, 2), ("27b", 6, 1), ("27b", 8, 1),
+                                           ("27b", 16, 1)])
 def test_cli_auto_tp_splits_the_gpus_into_whole_groups(capsys, name, gpus, pp):
     from megatron_logra.memory.cli import main
 
     model = get_preset(name)
     heads, groups = model.num_attention_heads, model.num_query_groups or model.num_attention_heads
     per_stage = gpus // pp
-    # independently: the largest TP that shards the model and splits this stage's GPUs evenly
-    want = max(t for t in range(1, per_stage + 1)
+    # independently: the largest TP that shards the model, splits this stage's GPUs evenly and stays in an 8-GPU node
+    want = max(t for t in range(1, min(per_stage, 8) + 1)
                if heads % t == 0 and groups % t == 0 and model.ffn_hidden_size % t == 0 and per_stage % t == 0)
     assert main(["--model", name, "--tp", "auto", "--gpus", str(gpus), "--pp", str(pp), "--gpu-memory", "141GB",
                  "--markdown"]) in (0, 2)
