@@ -11,10 +11,11 @@ from megatron_logra.rewards.config import TaskConfig
 from megatron_logra.rewards.jsonl import JsonlSource, file_spec_path
 from megatron_logra.rewards.math import MathVerifyScorer, parses_as_math
 from megatron_logra.rewards.plugins import PluginScorer, is_dotted_path
+from megatron_logra.rewards.process_pool import RewardProcessPool
 from megatron_logra.rewards.remote import RemoteScorer, is_reward_url
 from megatron_logra.rewards.task import Task
 
-__all__ = ["build_task"]
+__all__ = ["build_scorers", "build_task"]
 
 MATH_PROBES = 8
 """Problems of a reasoning-gym dataset checked for a reference answer math-verify parses (``task.reward=math_verify``)."""
@@ -52,6 +53,48 @@ def _check_math_answers(source: ProblemSource, parses: Callable[[str], bool]) ->
         f"score_answer (task.reward=auto) or a task.reward plugin")
 
 
+def _plugin_scorer(cfg: TaskConfig, plugin_timeout_s: float | None) -> Scorer | None:
+    """The user's scorer of every source (``task.reward``: a function by dotted path, or a reward server), or None
+    for the built-in ones. ``plugin_timeout_s`` bounds a function's calls in this process (None: no limit)."""
+    if is_dotted_path(cfg.reward):
+        return PluginScorer(cfg.reward, timeout_s=plugin_timeout_s)
+    if is_reward_url(cfg.reward):
+        return RemoteScorer(cfg.reward, timeout_s=cfg.reward_timeout_s)
+    return None
+
+
+def _source_scorer(cfg: TaskConfig, spec: str, plugin: Scorer | None, math_scorer: Scorer,
+                   dataset: Callable[[], Any]) -> Scorer:
+    """The scorer of source ``spec``: the plugin, else math-verify for a file (or ``task.reward=math_verify``), else
+    the reasoning-gym dataset's own (``dataset()``: the dataset the scorer asks)."""
+    if plugin is not None:
+        return plugin
+    if file_spec_path(spec) is not None or cfg.reward == "math_verify":
+        return math_scorer
+    from megatron_logra.rewards.gym import GymScorer
+
+    return GymScorer(dataset(), spec)
+
+
+def build_scorers(cfg: TaskConfig) -> dict[str, Scorer]:
+    """The scorer of every source of ``cfg`` (``task.datasets`` and ``task.eval_datasets``), made from the config
+    alone exactly as :func:`build_task` makes them (the same plugin loader, a reasoning-gym dataset of the same
+    seed and kwargs), without loading any file: what a reward worker process (``task.reward_workers``) scores with.
+    A plugin function is called without a limit of its own: the worker's caller bounds the call
+    (:mod:`megatron_logra.rewards.process_pool`)."""
+    from megatron_logra.rewards.gym import create_gym_dataset
+
+    plugin = _plugin_scorer(cfg, None)
+    math_scorer = MathVerifyScorer(timeout_s=cfg.math_timeout_s or None)
+    scorers: dict[str, Scorer] = {}
+    for spec in dict.fromkeys(cfg.datasets + cfg.eval_datasets):
+        # build_task's scorer asks the first dataset it builds for the spec: the train one, else the eval one
+        seed, split = (cfg.seed, "train") if spec in cfg.datasets else (cfg.eval_seed, "eval")
+        scorers[spec] = _source_scorer(cfg, spec, plugin, math_scorer, lambda: create_gym_dataset(
+            spec, _seed_for(seed, spec, split), cfg.dataset_kwargs.get(spec, {})))
+    return scorers
+
+
 def build_task(cfg: TaskConfig, group: Any = None) -> Task:
     """Build the sources, eval sources and scorers of ``cfg``.
 
@@ -70,11 +113,7 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
     cfg.__post_init__()
     timeout = cfg.math_timeout_s or None
     math_scorer = MathVerifyScorer(timeout_s=timeout)
-    plugin: Scorer | None = None  # the user's scorer of every source: a function or a reward server
-    if is_dotted_path(cfg.reward):
-        plugin = PluginScorer(cfg.reward, timeout_s=cfg.reward_timeout_s)
-    elif is_reward_url(cfg.reward):
-        plugin = RemoteScorer(cfg.reward, timeout_s=cfg.reward_timeout_s)
+    plugin = _plugin_scorer(cfg, cfg.reward_timeout_s)  # the user's scorer of every source: a function or a server
     sources: list[ProblemSource] = []
     eval_sources: list[ProblemSource] = []
     benchmarks: list[ProblemSource] = []
@@ -88,13 +127,13 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
         return source
 
     def gym_source(spec: str, seed: int, split: str) -> ProblemSource:
-        from megatron_logra.rewards.gym import GymScorer, GymSource
+        from megatron_logra.rewards.gym import GymSource
 
         source = GymSource(spec, _seed_for(seed, spec, split), cfg.dataset_kwargs.get(spec, {}))
         if spec not in scorers and plugin is None and cfg.reward == "math_verify":
             _check_math_answers(source, lambda answer: parses_as_math(answer, timeout_s=timeout))
-        scorers.setdefault(spec, plugin or (math_scorer if cfg.reward == "math_verify" else
-                                            GymScorer(source.dataset, spec)))
+        if spec not in scorers:
+            scorers[spec] = _source_scorer(cfg, spec, plugin, math_scorer, lambda: source.dataset)
         return source
 
     for spec in cfg.datasets:
@@ -104,14 +143,14 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
                 _check_trainable(source, cfg)
             sources.append(source)
             eval_sources.append(source)
-            scorers[spec] = plugin or math_scorer
+            scorers[spec] = _source_scorer(cfg, spec, plugin, math_scorer, lambda: None)
         else:
             sources.append(gym_source(spec, cfg.seed, "train"))
             eval_sources.append(gym_source(spec, cfg.eval_seed, "eval"))
     for spec in cfg.eval_datasets:
         if file_spec_path(spec) is not None:
             benchmarks.append(file_source(spec))
-            scorers[spec] = plugin or math_scorer
+            scorers[spec] = _source_scorer(cfg, spec, plugin, math_scorer, lambda: None)
         else:
             from megatron_logra.rewards.gym import validate_gym_name
 
@@ -130,6 +169,7 @@ def build_task(cfg: TaskConfig, group: Any = None) -> Task:
         correct_reward=cfg.correct_reward,
         wrong_reward=cfg.wrong_reward,
         graded=cfg.graded,
+        pool=RewardProcessPool(cfg) if cfg.reward_workers else None,
     )
     task.check_trainable()
     return task

@@ -87,7 +87,15 @@ class TaskConfig:
     loop's) the plugin runs there under a watchdog signal, so math-verify's own ``signal.alarm`` timeouts keep
     working; called off the main thread it runs on a daemon worker thread (no ``signal.alarm`` there: call
     math-verify with ``parsing_timeout=None`` / ``timeout_seconds=None``, or set 0). Built-in scorers are not
-    affected (math-verify has ``math_timeout_s``)."""
+    affected (math-verify has ``math_timeout_s``), except with ``reward_workers``, where it bounds every call."""
+    reward_workers: int = 0
+    """Worker processes that score rewards (0: the trainer's own process). N >= 1: each process that scores
+    (every data-parallel rank scores its own completions) starts N ``spawn`` workers at its first scoring; they
+    rebuild the task's scorers and score N completions at a time, bit-identically. A call past
+    ``reward_timeout_s`` has its worker killed and replaced (the run stops as for any timed-out reward), also in C
+    code that holds the GIL (a backtracking regex), which no limit stops in-process; a reward function that
+    crashes its worker (``os._exit``, a segfault) stops the run naming it. Costs seconds and memory per worker
+    (:mod:`megatron_logra.rewards.process_pool`)."""
 
     def __post_init__(self) -> None:
         self.datasets = _source_specs(self.datasets, "datasets")
@@ -136,6 +144,11 @@ class TaskConfig:
         if self.math_timeout_s < 0:
             raise ValueError(f"task.math_timeout_s={self.math_timeout_s} must be >= 0 (0 = no timeout)")
         self._check_reward_timeout()
+        value = self.reward_workers
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(
+                f"task.reward_workers={value!r}: give a whole number of reward worker processes >= 0, e.g. "
+                f"task.reward_workers=4 (0 scores the rewards in the trainer's own process)")
 
     def _check_reward_timeout(self) -> None:
         value = self.reward_timeout_s

@@ -10,7 +10,9 @@ Python cannot stop a running function from outside, so the limit is enforced in 
   ``verify`` returns False on any error) cannot swallow it; the signal is sent again every second until the
   call ends. A call that ends after its limit is a :class:`RewardTimeout` even if it returned a value (a
   swallowed interrupt leaves a made-up score). This interrupts sleeps, socket waits and Python loops; not C
-  code that holds the GIL (a catastrophic ``re`` backtrack), which only a separate process could stop.
+  code that holds the GIL (a catastrophic ``re`` backtrack, a huge sympy simplification): for that, set
+  ``task.reward_workers`` to score in worker processes, where a call past its limit has its process killed
+  (:mod:`megatron_logra.rewards.process_pool`; this module is then not used).
 * **On any other thread**, or where that signal is taken by someone else: the function runs on a daemon
   worker thread and the caller waits for it; a call past its limit is abandoned (it goes on in the
   background; a daemon thread never keeps the process from exiting) and the next call gets a fresh worker.

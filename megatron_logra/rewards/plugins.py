@@ -123,7 +123,8 @@ class PluginScorer:
     ``RewardError`` on every rank) rather than scoring the sample as wrong: a reward that cannot be computed is
     not a wrong answer, and silently training on it would hide a broken sandbox or reward server; the
     checkpoint before the step is intact. The limit cannot interrupt C code that holds the GIL (a backtracking
-    ``re`` match): only a separate process could. Concurrent callers are served one at a time.
+    ``re`` match): ``task.reward_workers`` scores in worker processes, whose calls it can stop
+    (:mod:`megatron_logra.rewards.process_pool`). Concurrent callers are served one at a time.
     """
 
     def __init__(self, path: str, timeout_s: Optional[float] = None) -> None:

@@ -28,7 +28,8 @@ Contracts
   normalised): the train stream then uses every other prompt of its sources, and the two stay disjoint.
 * **Rewards** — ``score`` returns ``(reward, correct)``: ``correct = score >= 1`` and
   ``reward = correct_reward`` if correct else ``wrong_reward + score * (correct_reward - wrong_reward)``
-  (or plain ``wrong_reward`` when ``graded=False``).
+  (or plain ``wrong_reward`` when ``graded=False``). ``score_each`` scores a batch, in worker processes when the
+  task has a pool (``task.reward_workers``: the same rewards; :mod:`megatron_logra.rewards.process_pool`).
 """
 
 from __future__ import annotations
@@ -36,11 +37,14 @@ from __future__ import annotations
 import logging
 import math
 from itertools import accumulate
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequence
 
 from megatron_logra.rewards.base import Problem, ProblemSource, Scorer, prompt_bucket
 from megatron_logra.rewards.eval_set import HeldOutSet, allocate_counts
 from megatron_logra.rewards.train_stream import MAX_FILTERED_ATTEMPTS, MAX_TRAIN_ATTEMPTS, SCAN_LIMIT, TrainStream
+
+if TYPE_CHECKING:
+    from megatron_logra.rewards.process_pool import RewardProcessPool
 
 __all__ = ["MAX_FILTERED_ATTEMPTS", "MAX_TRAIN_ATTEMPTS", "SCAN_LIMIT", "Task", "allocate_counts"]
 
@@ -65,6 +69,7 @@ class Task(TrainStream, HeldOutSet):
         correct_reward: float = 1.0,
         wrong_reward: float = -0.01,
         graded: bool = True,
+        pool: Optional[RewardProcessPool] = None,
     ) -> None:
         if not sources:
             raise ValueError("task.datasets: at least one problem source is required")
@@ -102,6 +107,8 @@ class Task(TrainStream, HeldOutSet):
         self.correct_reward = float(correct_reward)
         self.wrong_reward = float(wrong_reward)
         self.graded = bool(graded)
+        self.pool = pool
+        """Worker processes that score in place of this process (``task.reward_workers``), or None."""
         self._eval: list[Problem] | None = None
         self._held_out: list[Problem] | None = None
         self._held_out_prompts: frozenset[str] = frozenset()
@@ -163,10 +170,43 @@ class Task(TrainStream, HeldOutSet):
     # ------------------------------------------------------------------ rewards
     def score(self, problem: Problem, completion: str) -> tuple[float, bool]:
         """``(reward, correct)`` of ``completion`` for ``problem`` (see module doc for the mapping)."""
+        if self.pool is not None:
+            return next(self.score_each([problem], [completion]))
+        return self._reward(problem, self._scorer(problem).score(problem, completion))
+
+    def score_each(self, problems: Sequence[Problem], completions: Sequence[str]) -> Iterator[tuple[float, bool]]:
+        """:meth:`score` of each ``(problem, completion)`` pair, in order, raising the first failing pair's
+        exception when the iteration reaches it, as calling :meth:`score` pair by pair would. Without a pool the
+        pairs are scored one by one as they are asked for; with one (``task.reward_workers``) the batch is scored
+        first, concurrently in the workers, up to its first failure, with the same rewards (the scores cross the
+        process boundary as the floats the scorers returned)."""
+        pairs = list(zip(problems, completions))
+        if self.pool is None:
+            for problem, completion in pairs:
+                yield self.score(problem, completion)
+            return
+        known = next((i for i, (problem, _) in enumerate(pairs) if problem.source not in self.scorers), len(pairs))
+        outcomes = self.pool.score_many([(p.source, p, c) for p, c in pairs[:known]])
+        for (problem, _), outcome in zip(pairs, outcomes):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            yield self._reward(problem, outcome)
+        if known < len(pairs):
+            self._scorer(pairs[known][0])  # raises: a source of no scorer
+
+    def close(self) -> None:
+        """Stop the reward worker processes, if any (a later score starts fresh ones)."""
+        if self.pool is not None:
+            self.pool.close()
+
+    def _scorer(self, problem: Problem) -> Scorer:
         scorer = self.scorers.get(problem.source)
         if scorer is None:
             raise ValueError(f"problem.source={problem.source!r} is not one of this task's sources {self.names}")
-        value = float(scorer.score(problem, completion))
+        return scorer
+
+    def _reward(self, problem: Problem, score: float) -> tuple[float, bool]:
+        value = float(score)
         if not math.isfinite(value) or not 0.0 <= value <= 1.0:
             raise ValueError(f"scorer for {problem.source!r} returned {value!r}; scores must lie in [0, 1]")
         correct = value >= 1.0

@@ -25,6 +25,7 @@ from megatron_logra.config import RunConfig, to_dict
 from megatron_logra.metrics import (SAMPLES_FILE, MetricsWriter, closing_metrics_on_error, is_rank0, keep_records_until,
                                     strict_dumps)
 from megatron_logra.profiling import job_profiler
+from megatron_logra.rewards.process_pool import closing_reward_workers
 from megatron_logra.run_summary import record_before_values
 from megatron_logra.rl.components import build_components, check_config
 from megatron_logra.rl.evaluation import evaluate_held_out, no_held_out_reason
@@ -55,6 +56,7 @@ def _summary_name(field: str, when: str) -> str:
 
 @releasing_run_dir
 @closing_metrics_on_error
+@closing_reward_workers
 def run_rl(cfg: RunConfig, optimizer_factory=None) -> dict:
     """Warm start + RL; returns the summary, also written to ``RUN/summary.json`` as strict JSON (a value
     that was not measured, e.g. held-out accuracy with ``task.num_eval=0``, is ``null``).

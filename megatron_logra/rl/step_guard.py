@@ -49,7 +49,8 @@ def _describe(problem: Any) -> str:
 
 def score_rollouts(task: Any, problems: Sequence[Any], completions: Sequence[str], step: int | str,
                    dp_group: Any = None) -> list[tuple[float, bool]]:
-    """``task.score(problem, completion)`` of every completion (``problems[i]`` for completion ``i``).
+    """``task.score(problem, completion)`` of every completion (``problems[i]`` for completion ``i``); with reward
+    worker processes (``task.reward_workers``) ``task.score_each`` of the whole batch, the same rewards and errors.
 
     A scorer that raises (a plugin's own exception, ``ValueError`` for a value outside ``[0, 1]``, NaN,
     ``None``, a non-number, or :class:`~megatron_logra.rewards.plugins.RewardTimeout` for a plugin call past
@@ -60,9 +61,11 @@ def score_rollouts(task: Any, problems: Sequence[Any], completions: Sequence[str
     instead (``"the held-out evaluation before RL step 5"``), which replaces ``RL step N`` in the message."""
     scored: list[tuple[float, bool]] = []
     error, cause = "", None
+    # with reward worker processes (task.reward_workers) the batch is scored at once, concurrently
+    batch = task.score_each(problems, completions) if getattr(task, "pool", None) is not None else None
     for i, (problem, text) in enumerate(zip(problems, completions)):
         try:
-            reward, correct = task.score(problem, text)
+            reward, correct = next(batch) if batch is not None else task.score(problem, text)
             reward = float(reward)
             if not math.isfinite(reward):  # Task maps scores to rewards: a non-finite one is a bug there
                 raise ValueError(f"the reward {reward!r} is not finite")
