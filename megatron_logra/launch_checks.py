@@ -7,7 +7,7 @@ a multi-process launch (:func:`launch_rank_and_world`: torchrun's ``RANK`` / ``W
 ``MASTER_PORT``), the CUDA device each process takes (:func:`local_device_index`), pipeline parallelism a
 backend cannot carry (:func:`check_backend_layout`), a backend the machine cannot run
 (:func:`check_backend_available`) and the message for a ``tp`` × ``pp`` that does not divide
-the world (:func:`layout_error`). No torch.distributed or megatron-core state is read or made here; the names
+the world (:func:`layout_error`), and tensor-parallel groups that cross nodes (:func:`tp_spans_nodes`). No torch.distributed or megatron-core state is read or made here; the names
 stay importable from :mod:`megatron_logra.parallel`.
 """
 
@@ -113,3 +113,20 @@ def layout_error(tp: int, pp: int, world: int) -> str:
     return (f"parallel.tp={tp} × parallel.pp={pp} = {tp * pp} does not divide the world size {world} ({launched}): "
             f"set {fields} ({spelled}) for this launch, or launch a multiple of {tp * pp} processes "
             f"(torchrun --nproc-per-node {tp * pp} -m megatron_logra.cli ...)")
+
+
+def tp_spans_nodes(tp: int, world: int, local_world: Optional[int]) -> Optional[str]:
+    """A warning when the tensor-parallel groups of a multi-node launch cross nodes; None otherwise.
+
+    megatron-core makes each TP group of ``tp`` consecutive ranks, and torchrun numbers the ranks node by node
+    (``local_world`` = ``LOCAL_WORLD_SIZE`` per node), so a group stays inside a node exactly when ``tp`` divides
+    ``local_world``. A group that crosses nodes runs every layer's all-reduces over the network instead of
+    NVLink: it trains correctly, many times slower, which is why Megatron-LM layouts keep TP within a node and let
+    PP and DP span nodes."""
+    if not local_world or local_world < 1 or world <= local_world or local_world % tp == 0:
+        return None
+    fits = max(d for d in range(1, min(tp, local_world) + 1) if local_world % d == 0 and tp % d == 0)
+    return (f"parallel.tp={tp} spans nodes: torchrun runs {local_world} processes per node (LOCAL_WORLD_SIZE) and "
+            f"{world} in all, so each TP group's all-reduces cross the network; keep parallel.tp a divisor of "
+            f"{local_world} (e.g. --tensor-model-parallel-size {fits}) and spread the rest over "
+            f"--pipeline-model-parallel-size and data parallelism")

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from megatron_logra import cpu_shim
 from megatron_logra.launch_checks import (check_backend_available, check_backend_layout, launch_rank_and_world,
-                                          layout_error, local_device_index)
+                                          layout_error, local_device_index, tp_spans_nodes)
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +241,9 @@ def initialize_parallel(cfg: ParallelConfig, seed: int = 1234) -> ParallelGroups
     world = dist.get_world_size()
     if world % (cfg.tp * cfg.pp) != 0:
         raise ValueError(layout_error(cfg.tp, cfg.pp, world))
+    spans = tp_spans_nodes(cfg.tp, world, _local_world_size())
+    if spans and dist.get_rank() == 0:
+        logger.warning(spans)
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp,
@@ -257,6 +260,14 @@ def initialize_parallel(cfg: ParallelConfig, seed: int = 1234) -> ParallelGroups
     )
     logger.info("parallel layout: tp=%d pp=%d dp=%d", groups.tp_size, groups.pp_size, groups.dp_size)
     return groups
+
+
+def _local_world_size() -> Optional[int]:
+    """torchrun's processes per node (``LOCAL_WORLD_SIZE``); None outside torchrun or when unreadable."""
+    try:
+        return int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
 
 
 def destroy_parallel(wait_for_peers: bool = False) -> None:
