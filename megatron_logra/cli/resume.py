@@ -89,6 +89,7 @@ RESUME_LAUNCH_FIELDS = frozenset({
     "train.save_interval", "train.keep_last", "train.checkpoint_checksums", "train.memory_check",
     "train.exit_signal_handler", "train.exit_duration_minutes",
     "rl.rollout.sglang_api_key", "rl.rollout.sglang_admin_api_key",  # redacted in the saved config
+    "task.reward_workers",  # where rewards are scored: the same rewards in process or in workers
 })
 """Dotted fields that ``train.resume=true`` with a recipe may set to other values than the run's saved config:
 the run's length, where it runs and how it is launched, logged, evaluated, checkpointed and stopped, and the

@@ -184,3 +184,16 @@ def test_workers_end_with_the_interpreter_and_with_a_killed_trainer(plugin, tmp_
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_reward_workers_is_a_launch_setting_of_a_recipe_resume():
+    """Scoring in worker processes gives the same rewards as in process, so a bare ``--resume`` may change it; the
+    reward itself may not change."""
+    from megatron_logra.cli import resume_differences
+    from megatron_logra.config import parse_args_to_config, to_dict
+
+    saved = to_dict(parse_args_to_config("tiny", []))
+    cfg = parse_args_to_config("tiny", ["task.reward_workers=2", "train.resume=true"])
+    assert resume_differences(saved, cfg) == []
+    cfg = parse_args_to_config("tiny", ["task.reward_workers=2", "task.wrong_reward=-1"])
+    assert [name for name, _, _ in resume_differences(saved, cfg)] == ["task.wrong_reward"]
