@@ -6,18 +6,31 @@
   before this batch, then ``b ← (1 − w)·b + w·mean(r)``. Under data parallelism ``mean(r)`` is the
   mean of the whole global batch: the caller sums the rewards and their count over the DP group and
   passes them in (``rl.loop.reinforce_advantages``), so every DP rank holds the same ``b``.
+* Whitening (``normalize``, slime's and verl's ``--normalize-advantages``): after either estimator the step's
+  advantages become ``(A − μ) / sqrt(σ² + 1e-8)``, with ``μ`` and ``σ²`` (unbiased) over the step's *loss tokens*:
+  each sequence's advantage counted once per completion token, over every DP rank (:func:`whiten_advantages`:
+  one float64 all-reduce of ``[Σ n·A, Σ n·A², Σ n]``). Tokens of zero advantage (uniform GRPO groups) take part
+  and come out at ``−μ / σ``, as in slime, whose mask is the loss mask alone; the groups' bookkeeping
+  (``groups_uniform``, dynamic sampling) reads the rewards, before, and is unchanged. Advantages all equal
+  (every group uniform) whiten to exact zeros, so such a step is still one of zero advantages.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import torch
 
+from megatron_logra.parallel import all_reduce_sum
 from megatron_logra.rl.checks import check_finite_fields
 
-__all__ = ["grpo_advantages", "EMABaseline", "AdvantageConfig"]
+__all__ = ["grpo_advantages", "EMABaseline", "AdvantageConfig", "WHITEN_EPS", "whiten_statistics", "whiten_moments",
+           "masked_whiten", "whiten_advantages"]
+
+WHITEN_EPS = 1e-8
+"""Added to the variance before its square root when whitening (slime's ``distributed_masked_whiten`` epsilon)."""
 
 
 @dataclass
@@ -32,9 +45,17 @@ class AdvantageConfig:
     """GRPO: added to the group std."""
     baseline_weight: float = 0.1
     """REINFORCE: EMA weight w of the batch mean reward."""
+    normalize: bool = False
+    """Whiten the step's advantages after the estimator (slime's / verl's ``--normalize-advantages``): subtract
+    their mean and divide by their std (unbiased, + 1e-8 under the root), both over the step's loss tokens of
+    every DP rank (each sequence's advantage once per completion token). Zero-advantage tokens of uniform groups
+    count and move to ``−mean / std``, as in slime; advantages all equal become 0 (a step of zero advantages)."""
 
     def __post_init__(self) -> None:
         check_finite_fields("rl.advantage", self)  # first: nan passes the comparisons below
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"rl.advantage.normalize={self.normalize!r} must be true or false (whiten the step's "
+                             f"advantages over its loss tokens, slime's --normalize-advantages)")
         if self.estimator not in ("grpo", "reinforce"):
             raise ValueError(f"rl.advantage.estimator={self.estimator!r}: choose grpo or reinforce")
         if not 0.0 < self.baseline_weight <= 1.0:
@@ -99,3 +120,57 @@ class EMABaseline:
     def load_state_dict(self, state: dict) -> None:
         self.value = float(state["value"])
         self.initialised = bool(state["initialised"])
+
+
+def whiten_statistics(values: torch.Tensor, token_counts: Union[torch.Tensor, Sequence[int]]) -> torch.Tensor:
+    """float64 ``[Σ n_i·a_i, Σ n_i·a_i², Σ n_i]`` of per-sequence ``values`` ``a_i`` counted over ``token_counts``
+    ``n_i`` loss tokens each. Summed over shards (a DP all-reduce) they are the whole batch's, which is why the
+    whitening takes them rather than the tokens. ``n·a`` of a float32 ``a`` and ``n < 2**29`` is exact in float64,
+    so equal values sum to exactly ``N·a`` in any order: their mean is ``a`` itself."""
+    a = values.detach().double().reshape(-1)
+    n = torch.as_tensor(token_counts, dtype=torch.float64).reshape(-1)
+    if n.numel() != a.numel():
+        raise ValueError(f"{a.numel()} values but {n.numel()} token counts")
+    if bool((n < 0).any()):
+        raise ValueError("token counts must be >= 0")
+    weighted = n * a
+    return torch.stack([weighted.sum(), (weighted * a).sum(), n.sum()])
+
+
+def whiten_moments(stats: torch.Tensor) -> tuple[float, float, float]:
+    """``(mean, variance, tokens)`` of :func:`whiten_statistics`' sums: the token-weighted mean and the unbiased
+    (``N − 1``) variance, as slime's; one token has variance 0, none has mean and variance 0. The variance from
+    sums of squares can round below 0 for equal values: clamped at 0."""
+    total, squares, count = (float(x) for x in stats.double().reshape(-1).tolist())
+    if count <= 0:
+        return 0.0, 0.0, 0.0
+    mean = total / count
+    var = max(squares - total * mean, 0.0) / (count - 1) if count > 1 else 0.0
+    return mean, var, count
+
+
+def masked_whiten(values: torch.Tensor, token_counts: Union[torch.Tensor, Sequence[int]],
+                  stats: Optional[torch.Tensor] = None, *, eps: float = WHITEN_EPS) -> torch.Tensor:
+    """``(a − μ) / sqrt(σ² + eps)`` for every per-sequence value ``a``, in ``values``' dtype, with ``μ`` and ``σ²``
+    from ``stats`` (:func:`whiten_statistics` summed over the DP group: the global batch's) or, without, from
+    these values over their ``token_counts`` tokens. The mean is not added back (slime's ``shift_mean``). A
+    sequence of no token is whitened too (it trains on nothing). No token at all: ``values`` unchanged (such a
+    step has nothing to train on and is refused); all tokens of one value: exact zeros, not NaN."""
+    if stats is None:
+        stats = whiten_statistics(values, token_counts)
+    mean, var, count = whiten_moments(stats)
+    if count <= 0:
+        return values.clone()
+    return ((values.double() - mean) / math.sqrt(var + eps)).to(values.dtype)
+
+
+def whiten_advantages(advantages: torch.Tensor, token_counts: Sequence[int],
+                      dp_group: Optional[torch.distributed.ProcessGroup],
+                      eps: float = WHITEN_EPS) -> tuple[torch.Tensor, Optional[float]]:
+    """This DP rank's ``advantages`` whitened over the loss tokens of every rank of ``dp_group`` (one float64
+    all-reduce of the sums; ``None`` or one rank: these alone), with the token-weighted std they had before
+    (``None`` when the step has no loss token). Every DP rank must call; the result equals one process's on all
+    ranks' sequences (up to the order of the float64 sums)."""
+    stats = all_reduce_sum(whiten_statistics(advantages, token_counts), dp_group)
+    _, var, count = whiten_moments(stats)
+    return masked_whiten(advantages, token_counts, stats, eps=eps), (math.sqrt(var) if count > 0 else None)

@@ -23,7 +23,7 @@ from megatron_logra.metrics import device_peaks, elapsed, reset_device_peaks
 from megatron_logra.optim import LograOptimizer
 from megatron_logra.parallel import all_reduce_sum
 from megatron_logra.profiling import Phases
-from megatron_logra.rl.advantages import EMABaseline, grpo_advantages
+from megatron_logra.rl.advantages import EMABaseline, grpo_advantages, whiten_advantages
 from megatron_logra.rl.batching import pack_sequences
 from megatron_logra.rl.evaluation import evaluate_accuracy
 from megatron_logra.rl.kl_probe import _probe_batch, fd_steps
@@ -89,6 +89,9 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
                                      eps=rl.advantage.eps)
     else:
         advantages = reinforce_advantages(state.baseline, rewards_f32, groups.dp)
+    raw_std = None  # rl.advantage.normalize: whitened over the loss tokens of every DP rank (rl.advantages)
+    if rl.advantage.normalize:
+        advantages, raw_std = whiten_advantages(advantages, [len(r.completion_ids) for r in rollouts], groups.dp)
     if c.sample_log is not None and c.sample_log.enabled:  # the first rollouts of the batch, as trained on
         shown = rollouts[: c.sample_log.limit]
         c.sample_log.write(sample_records(
@@ -113,7 +116,7 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         "rollout_tokens_per_second": sums["tokens"] / max(rollout_seconds, 1e-9), "train_tokens": 0,
         "train_tokens_per_second": None, "prompts_skipped": int(sums["prompts_skipped"]),
         "resample_rounds": collected.extra_rounds, "groups_resampled": int(sums["resampled"]),
-        "groups_uniform": int(sums["uniform"]),
+        "groups_uniform": int(sums["uniform"]), "advantage_std_raw": raw_std,
     }
     if len(c.task.names) > 1:  # a mixture: reward and accuracy per source too (the same decision on every rank)
         by_source = all_reduce_sum(collected.by_source_S3, groups.dp)
