@@ -10,9 +10,10 @@ from megatron_logra.rewards.base import ProblemSource, Scorer, prompt_bucket, st
 from megatron_logra.rewards.config import TaskConfig
 from megatron_logra.rewards.jsonl import JsonlSource, file_spec_path
 from megatron_logra.rewards.math import MathVerifyScorer, parses_as_math
-from megatron_logra.rewards.plugins import PluginScorer, is_dotted_path
+from megatron_logra.rewards.plugins import PluginScorer, is_dotted_path, is_slime_path
 from megatron_logra.rewards.process_pool import RewardProcessPool
 from megatron_logra.rewards.remote import RemoteScorer, is_reward_url
+from megatron_logra.rewards.slime_rm import SlimeScorer, slime_args
 from megatron_logra.rewards.task import Task
 
 __all__ = ["build_scorers", "build_task"]
@@ -54,8 +55,11 @@ def _check_math_answers(source: ProblemSource, parses: Callable[[str], bool]) ->
 
 
 def _plugin_scorer(cfg: TaskConfig, plugin_timeout_s: float | None) -> Scorer | None:
-    """The user's scorer of every source (``task.reward``: a function by dotted path, or a reward server), or None
-    for the built-in ones. ``plugin_timeout_s`` bounds a function's calls in this process (None: no limit)."""
+    """The user's scorer of every source (``task.reward``: a function by dotted path, a slime reward function, or a
+    reward server), or None for the built-in ones. ``plugin_timeout_s`` bounds a function's calls in this process
+    (None: no limit)."""
+    if is_slime_path(cfg.reward):  # its args: what the config (and the RL job, slime_rm.with_run_args) tells
+        return SlimeScorer(cfg.reward, timeout_s=plugin_timeout_s, args=slime_args(cfg))
     if is_dotted_path(cfg.reward):
         return PluginScorer(cfg.reward, timeout_s=plugin_timeout_s)
     if is_reward_url(cfg.reward):

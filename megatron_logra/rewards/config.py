@@ -4,19 +4,16 @@ reward answers, checked when it is built (a ``ValueError`` naming the field and 
 from __future__ import annotations
 
 import json
-import os
-import re
 from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any
 
-from megatron_logra.rewards.jsonl import file_spec_path, join_jsonl_paths
-from megatron_logra.rewards.plugins import is_dotted_path
+from megatron_logra.rewards.jsonl import file_spec_path
+from megatron_logra.rewards.plugins import SLIME_PREFIX, is_dotted_path, is_slime_path
 from megatron_logra.rewards.remote import is_reward_url
+from megatron_logra.rewards.source_specs import file_key, source_specs
 
 __all__ = ["TaskConfig"]
-
-_GYM_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 @dataclass
@@ -55,10 +52,15 @@ class TaskConfig:
     ``reward_model.ground_truth``, else the last ``\\boxed{...}`` of ``solution``."""
     reward: str = "auto"
     """auto (each gym dataset's own scorer, math-verify for JSONL), math_verify (for every source), a dotted
-    path ``package.module:function`` of ``fn(problem, completion) -> score in [0, 1]``, or the URL of a reward
-    server, ``http://HOST:PORT/PATH`` (slime's ``--rm-url``; :mod:`megatron_logra.rewards.remote`)."""
+    path ``package.module:function`` of ``fn(problem, completion) -> score in [0, 1]``, the URL of a reward
+    server, ``http://HOST:PORT/PATH`` (slime's ``--rm-url``; :mod:`megatron_logra.rewards.remote`), or a slime
+    reward function as it is, ``slime:package.module:function`` (or slime's ``--custom-rm-path`` spelling
+    ``slime:package.module.function``): ``[async] def rm(args, sample) -> float``, whose float is the reward
+    itself (:mod:`megatron_logra.rewards.slime_rm`)."""
     correct_reward: float = 1.0
-    """Reward of a correct answer (score >= 1)."""
+    """Reward of a correct answer (score >= 1). With a slime reward function (``task.reward=slime:...``), whose
+    float is the reward itself, the threshold of a correct answer instead: a reward >= ``correct_reward`` counts as
+    correct (the accuracy); ``wrong_reward`` and ``graded`` are then unused."""
     wrong_reward: float = -0.01
     """Reward of a wrong answer (score 0); graded scores interpolate linearly up to correct_reward."""
     graded: bool = True
@@ -98,18 +100,18 @@ class TaskConfig:
     (:mod:`megatron_logra.rewards.process_pool`)."""
 
     def __post_init__(self) -> None:
-        self.datasets = _source_specs(self.datasets, "datasets")
+        self.datasets = source_specs(self.datasets, "datasets")
         if not self.datasets:
             raise ValueError("task.datasets is empty: name at least one dataset, e.g. ['chain_sum']")
         dupes = sorted({d for d in self.datasets if self.datasets.count(d) > 1})
         if dupes:
             raise ValueError(f"task.datasets lists {dupes} more than once; list each once and use task.weights")
-        self.eval_datasets = _source_specs(self.eval_datasets, "eval_datasets")
+        self.eval_datasets = source_specs(self.eval_datasets, "eval_datasets")
         dupes = sorted({d for d in self.eval_datasets if self.eval_datasets.count(d) > 1})
         if dupes:
             raise ValueError(f"task.eval_datasets lists {dupes} more than once; list each once")
-        trained = {_file_key(spec) for spec in self.datasets if file_spec_path(spec) is not None}
-        both = [spec for spec in self.eval_datasets if file_spec_path(spec) is not None and _file_key(spec) in trained]
+        trained = {file_key(spec) for spec in self.datasets if file_spec_path(spec) is not None}
+        both = [spec for spec in self.eval_datasets if file_spec_path(spec) is not None and file_key(spec) in trained]
         if both:
             raise ValueError(
                 f"task.eval_datasets: {both[0]!r} is also in task.datasets; a benchmark of its own must be another "
@@ -123,12 +125,17 @@ class TaskConfig:
                                  f"it empty for the usual keys")
         self._check_weights()
         self._check_kwargs()
-        if not isinstance(self.reward, str) or not (
-            self.reward in ("auto", "math_verify") or is_dotted_path(self.reward) or is_reward_url(self.reward)
-        ):
+        reward = self.reward
+        if isinstance(reward, str) and reward.startswith(SLIME_PREFIX) and not is_slime_path(reward):
             raise ValueError(
-                f"task.reward={self.reward!r}: use auto, math_verify, a dotted path 'package.module:function' or a "
-                f"reward server's http:// URL"
+                f"task.reward={reward!r}: name a slime reward function 'slime:package.module:function' (or in "
+                f"--custom-rm-path's spelling 'slime:package.module.function'; Python identifiers), e.g. "
+                f"task.reward=slime:my_rewards:rm")
+        if not isinstance(reward, str) or not (reward in ("auto", "math_verify") or is_dotted_path(reward)
+                                               or is_slime_path(reward) or is_reward_url(reward)):
+            raise ValueError(
+                f"task.reward={reward!r}: use auto, math_verify, a dotted path 'package.module:function', a slime "
+                f"reward function 'slime:package.module:function' or a reward server's http:// URL"
             )
         for name in ("correct_reward", "wrong_reward"):
             if not isfinite(float(getattr(self, name))):
@@ -202,43 +209,3 @@ class TaskConfig:
         total = sum(weights)
         return [w / total for w in weights]
 
-
-def _source_specs(value: Any, name: str) -> list[str]:
-    """``task.NAME`` (``datasets`` / ``eval_datasets``) as a checked list of source specs: a comma-separated
-    string is split, ``jsonl:`` paths holding commas are joined back, and each entry must be a reasoning-gym name
-    or ``jsonl:PATH``."""
-    if isinstance(value, str):
-        value = [s.strip() for s in value.split(",") if s.strip()]
-    specs = join_jsonl_paths(list(value))
-    for i, spec in enumerate(specs):
-        if not isinstance(spec, str):
-            raise ValueError(f"task.{name}[{i}]={spec!r} must be a string")
-        path = file_spec_path(spec)
-        if path is not None:
-            if not path.strip():
-                raise ValueError(f"task.{name}[{i}]={spec!r}: give a file path after {spec.split(':', 1)[0] + ':'!r}")
-        elif not _GYM_NAME_RE.match(spec):
-            raise ValueError(
-                f"task.{name}[{i}]={spec!r}: expected a reasoning-gym name (lowercase, e.g. chain_sum), 'jsonl:PATH' or "
-                f"'parquet:PATH'{_close_gym_names(spec)}")
-    return specs
-
-
-def _close_gym_names(spec: str) -> str:
-    """`` (did you mean chain_sum?)`` for a misspelt reasoning-gym name (``Chain_Sum``, ``chain-sum``), else ``""``."""
-    import difflib
-
-    from megatron_logra.rewards.gym import list_gym_datasets
-
-    try:
-        names = list_gym_datasets()
-    except ImportError:  # no reasoning-gym: nothing to suggest
-        return ""
-    close = difflib.get_close_matches(re.sub(r"[\s-]+", "_", spec.strip().lower()), names, n=3, cutoff=0.6)
-    return f"; did you mean {', '.join(close)}?" if close else ""
-
-
-def _file_key(spec: str) -> str:
-    """A file spec's (``jsonl:PATH``, ``parquet:PATH``) file, resolved, so that two spellings of one file compare
-    equal."""
-    return os.path.realpath(os.path.expanduser(file_spec_path(spec) or ""))

@@ -6,6 +6,10 @@ The function is called as ``fn(problem, completion)`` and must return a real num
 (1 = correct; :class:`~megatron_logra.rewards.task.Task` maps it to the configured rewards).
 Every error names the path and what was wrong.
 
+``slime:`` before either spelling names a slime reward function (``slime:package.module.function`` is how slime's
+``--custom-rm-path`` is written): the same loader imports it, checked to take ``(args, sample)``;
+:mod:`megatron_logra.rewards.slime_rm` calls it.
+
 A call may be bounded in time (``task.reward_timeout_s``): :class:`PluginScorer` then raises
 :class:`~megatron_logra.rewards.deadline.RewardTimeout` when it has not returned in time, rather than letting a
 hung plugin (a code sandbox, an HTTP reward server, an endless loop) hang the run
@@ -28,7 +32,7 @@ from megatron_logra.rewards.base import Problem
 from megatron_logra.rewards.deadline import (RewardTimeout, Worker, call_on_main_thread, main_thread_deadlines,
                                                needs_main_thread)
 
-__all__ = ["PluginScorer", "RewardTimeout", "is_dotted_path", "load_reward_fn"]
+__all__ = ["PluginScorer", "RewardTimeout", "SLIME_PREFIX", "is_dotted_path", "is_slime_path", "load_reward_fn"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +42,25 @@ _PATH_RE = re.compile(rf"^(?:{_DOTTED}:{_DOTTED}|{_IDENT}(?:\.{_IDENT})+)$")
 
 RewardFn = Callable[[Problem, str], float]
 
+SLIME_PREFIX = "slime:"
+"""What starts the path of a slime reward function (``task.reward=slime:package.module:function``)."""
+
 
 def is_dotted_path(path: str) -> bool:
-    """Whether ``path`` has the form ``pkg.module:function`` or ``pkg.module.function``."""
-    return bool(_PATH_RE.match(path))
+    """Whether ``path`` has the form ``pkg.module:function`` or ``pkg.module.function`` (not ``slime:...``, which
+    :func:`is_slime_path` names)."""
+    return isinstance(path, str) and not path.startswith(SLIME_PREFIX) and bool(_PATH_RE.match(path))
+
+
+def is_slime_path(path: str) -> bool:
+    """Whether ``path`` is ``slime:`` followed by a dotted path (a slime reward function)."""
+    return isinstance(path, str) and path.startswith(SLIME_PREFIX) and is_dotted_path(path[len(SLIME_PREFIX):])
 
 
 def _split(path: str) -> tuple[str, str]:
-    if not is_dotted_path(path):
+    if is_slime_path(path):
+        path = path[len(SLIME_PREFIX):]
+    elif not is_dotted_path(path):
         raise ValueError(
             f"reward function {path!r}: expected 'package.module:function' or 'package.module.function' "
             f"(Python identifiers separated by dots)"
@@ -58,7 +73,8 @@ def _split(path: str) -> tuple[str, str]:
 
 
 def load_reward_fn(path: str) -> RewardFn:
-    """Import and return the callable at ``path``; check it accepts ``(problem, completion)``.
+    """Import and return the callable at ``path``; check it accepts ``(problem, completion)`` (a slime function
+    at ``slime:...``: ``(args, sample)``).
 
     Raises ValueError naming ``path`` when the path is malformed, the module cannot be imported
     (or raises while importing), the attribute is missing, is not callable, or its signature
@@ -91,7 +107,8 @@ def load_reward_fn(path: str) -> RewardFn:
         inspect.signature(obj).bind(None, "")
     except TypeError as exc:
         raise ValueError(
-            f"reward function {path!r}: must accept (problem, completion) positionally; "
+            f"reward function {path!r}: must accept "
+            f"{'(args, sample)' if is_slime_path(path) else '(problem, completion)'} positionally; "
             f"its signature is {inspect.signature(obj)} ({exc})"
         ) from exc
     except ValueError:  # builtins without a signature: trust them
@@ -127,12 +144,21 @@ class PluginScorer:
     (:mod:`megatron_logra.rewards.process_pool`). Concurrent callers are served one at a time.
     """
 
+    _RANGE = (0.0, 1.0)
+    """The values the function may return (a subclass whose function returns rewards widens it)."""
+    _EXPECTED = "a number in [0, 1]"
+    """What the function must return, for error messages."""
+
     def __init__(self, path: str, timeout_s: Optional[float] = None) -> None:
         self.path = path
-        self.fn = load_reward_fn(path)
+        self.fn = self._load(path)
         self.timeout_s = float(timeout_s) if timeout_s else None
         self._worker: Optional[Worker] = None
         self._lock = threading.Lock()
+
+    def _load(self, path: str) -> Callable[[Problem, str], Any]:
+        """The callable :meth:`score` calls as ``fn(problem, completion)``: the function at ``path``."""
+        return load_reward_fn(path)
 
     def __getstate__(self) -> dict[str, Any]:  # threads and locks do not copy: a copy starts its own worker
         state = dict(self.__dict__)
@@ -144,7 +170,8 @@ class PluginScorer:
         self._lock = threading.Lock()
 
     def score(self, problem: Problem, completion: str) -> float:
-        """``fn(problem, completion)`` as a float in ``[0, 1]``; :class:`RewardTimeout` past ``timeout_s``."""
+        """``fn(problem, completion)`` as a float in ``[0, 1]`` (``_RANGE``); :class:`RewardTimeout` past
+        ``timeout_s``."""
         if self.timeout_s is None:
             value = self.fn(problem, completion)
         else:
@@ -153,12 +180,12 @@ class PluginScorer:
         try:
             value = float(number)
         except (OverflowError, ValueError, TypeError):  # an int past float's range (10**400): no float, no NaN
-            raise ValueError(f"reward function {self.path!r} returned {_shown(number)}; expected a number in "
-                             f"[0, 1]") from None
-        if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"reward function {self.path!r} returned {_shown(number)}; expected "
+                             f"{self._EXPECTED}") from None
+        if not math.isfinite(value) or not self._RANGE[0] <= value <= self._RANGE[1]:
             # a Decimal as itself: Decimal('1E+400') is no "inf"
             shown = _shown(number) if isinstance(number, decimal.Decimal) else repr(value)
-            raise ValueError(f"reward function {self.path!r} returned {shown}; expected a number in [0, 1]")
+            raise ValueError(f"reward function {self.path!r} returned {shown}; expected {self._EXPECTED}")
         return value
 
     def _plain_number(self, value: Any) -> numbers.Real | decimal.Decimal:
@@ -173,12 +200,12 @@ class PluginScorer:
             count = value.numel() if callable(getattr(value, "numel", None)) else getattr(value, "size", 1)
             if count != 1:
                 raise ValueError(f"reward function {self.path!r} returned {type(value).__name__} of {count} values; "
-                                 f"expected one number in [0, 1] per completion")
+                                 f"expected {self._EXPECTED} per completion")
             value = value.item()
         if not isinstance(value, (numbers.Real, decimal.Decimal)):
             raise ValueError(
                 f"reward function {self.path!r} returned {value!r} ({type(value).__name__}); "
-                f"expected a number in [0, 1]"
+                f"expected {self._EXPECTED}"
             )
         return value
 

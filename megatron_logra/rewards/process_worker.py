@@ -26,7 +26,7 @@ from typing import Any
 
 from megatron_logra.rewards.config import TaskConfig
 from megatron_logra.rewards.jsonl import file_spec_path
-from megatron_logra.rewards.plugins import is_dotted_path
+from megatron_logra.rewards.plugins import is_dotted_path, is_slime_path
 from megatron_logra.rewards.remote import is_reward_url
 
 __all__ = ["RewardWorkerDied", "describe_scorer", "signal_name", "with_remote_traceback", "worker_main"]
@@ -65,7 +65,7 @@ def signal_name(signum: int) -> str:
 
 def describe_scorer(cfg: TaskConfig, spec: str) -> str:
     """What scores source ``spec`` under ``cfg``, for messages (``reward function 'pkg.mod:fn'``)."""
-    if is_dotted_path(cfg.reward):
+    if is_dotted_path(cfg.reward) or is_slime_path(cfg.reward):
         return f"reward function {cfg.reward!r}"
     if is_reward_url(cfg.reward):
         return f"reward server {cfg.reward}"

@@ -28,7 +28,10 @@ Contracts
   normalised): the train stream then uses every other prompt of its sources, and the two stay disjoint.
 * **Rewards** — ``score`` returns ``(reward, correct)``: ``correct = score >= 1`` and
   ``reward = correct_reward`` if correct else ``wrong_reward + score * (correct_reward - wrong_reward)``
-  (or plain ``wrong_reward`` when ``graded=False``). ``score_each`` scores a batch, in worker processes when the
+  (or plain ``wrong_reward`` when ``graded=False``). A scorer whose ``raw_rewards`` is true (a slime reward
+  function, ``task.reward=slime:...``: :mod:`megatron_logra.rewards.slime_rm`) returns the reward itself, any finite
+  number: ``reward = score`` and ``correct = reward >= correct_reward``, as slime uses its function's float and the
+  correct reward is what a correct answer earns. ``score_each`` scores a batch, in worker processes when the
   task has a pool (``task.reward_workers``: the same rewards; :mod:`megatron_logra.rewards.process_pool`).
 """
 
@@ -207,6 +210,10 @@ class Task(TrainStream, HeldOutSet):
 
     def _reward(self, problem: Problem, score: float) -> tuple[float, bool]:
         value = float(score)
+        if getattr(self.scorers.get(problem.source), "raw_rewards", False):  # the reward itself (slime's)
+            if not math.isfinite(value):
+                raise ValueError(f"scorer for {problem.source!r} returned the reward {value!r}; rewards must be finite")
+            return value, value >= self.correct_reward
         if not math.isfinite(value) or not 0.0 <= value <= 1.0:
             raise ValueError(f"scorer for {problem.source!r} returned {value!r}; scores must lie in [0, 1]")
         correct = value >= 1.0

@@ -18,6 +18,7 @@ from megatron_logra.config import RunConfig
 from megatron_logra.data.tokenizer import stop_token_ids
 from megatron_logra.rewards import build_task
 from megatron_logra.rewards.jsonl import file_spec_path
+from megatron_logra.rewards.slime_rm import with_run_args
 from megatron_logra.rl.prompts import (check_benchmarks_fit, check_prompt_fits, prompt_room, rl_prompt_ids,
                                        warn_unknown_characters)
 from megatron_logra.rl.warm_start import run_tokenizer
@@ -34,7 +35,8 @@ def task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group:
     and the held-out set (:func:`filter_overlong_prompts`: skipped, or refused when all are) and the stop tokens
     (``generation_config.json``). Nothing is written. ``group``: the ranks that build the task together (the
     job: every rank), which keep the JSONL rows their rank 0 keeps (:func:`~megatron_logra.rewards.build_task`)."""
-    task = build_task(cfg.task, group)
+    # a slime reward function's args name RL fields too (n_samples_per_prompt: rl.group_size); its workers' too
+    task = build_task(with_run_args(cfg.task, cfg.rl), group)
     tok = run_tokenizer(cfg, task, run_dir, will_save=will_save)
     if cfg.rl.chat_template:  # refuse a tokenizer without a chat template before building anything
         rl_prompt_ids(tok, cfg.rl, "check")
