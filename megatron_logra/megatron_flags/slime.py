@@ -44,10 +44,12 @@ engine reserves, ``--rollout-num-gpus-per-engine`` that engine's tensor-parallel
 SLIME_SWITCHES: dict[str, tuple[str, str]] = {
     "use-tis": ("rl.loss.kind", "tis"),
     "disable-grpo-std-normalization": ("rl.advantage.scale_by_std", "false"),
+    "normalize-advantages": ("rl.advantage.normalize", "true"),
     "use-wandb": ("use-wandb", "true"),  # SLIME_CHECK_SWITCHES
 }
 """slime switches -> the (dotted field, value) they set: ``--use-tis`` the truncated-importance-sampling loss,
-``--disable-grpo-std-normalization`` GRPO advantages not divided by the group's std (Dr. GRPO)."""
+``--disable-grpo-std-normalization`` GRPO advantages not divided by the group's std (Dr. GRPO),
+``--normalize-advantages`` the advantages whitened over the step's loss tokens of every DP rank."""
 
 SLIME_CHECK_SWITCHES: tuple[str, ...] = ("use-wandb",)
 """slime switches accepted as a check of the final config: ``--use-wandb`` needs ``train.wandb_project``
@@ -61,10 +63,11 @@ EVAL_LENGTH_FLAG = "eval-max-response-len"
 """slime's held-out response limit, accepted as a check (:func:`~megatron_logra.megatron_flags.slime_resolve.check_eval_length`)."""
 
 SLIME_VALUE_MAPS: dict[str, str] = {"advantage-estimator": "rl.advantage.estimator", "rm-type": "task.reward",
-                                    "attention-backend": "model.transformer_impl"}
+                                    "custom-rm-path": "task.reward", "attention-backend": "model.transformer_impl"}
 """Value flags whose values are spelt otherwise here -> the field they set, by :func:`~megatron_logra.megatron_flags.slime_resolve.slime_value`:
 ``--advantage-estimator grpo``; ``--rm-type`` math / deepscaler / dapo score with math-verify
-(``task.reward=math_verify``); Megatron-LM's ``--attention-backend`` flash / fused is TransformerEngine's attention
+(``task.reward=math_verify``); ``--custom-rm-path a.b.fn`` runs slime's own reward function,
+``task.reward=slime:a.b.fn``; Megatron-LM's ``--attention-backend`` flash / fused is TransformerEngine's attention
 (``model.transformer_impl=transformer_engine``), unfused / local megatron-core's (``local``), auto ``auto``."""
 
 _ONE_STEP = ("each RL step is one rollout and one optimizer step over its rl.prompts_per_step × rl.group_size "
@@ -116,9 +119,6 @@ SLIME_NEUTRAL_FLAGS: dict[str, tuple[type, Any, str]] = {
 SLIME_REFUSED_SWITCHES: dict[str, str] = {
     "partial-rollout": ("every rollout of a step completes within the step (responses stop at "
                         "rl.rollout.max_new_tokens, --rollout-max-response-len); none is carried to the next step"),
-    "normalize-advantages": ("advantages are normalised within each prompt's group only (rl.advantage.estimator="
-                             "grpo, by the group's std unless rl.advantage.scale_by_std=false); there is no "
-                             "whitening over the batch"),
     "disable-rewards-normalization": ("GRPO always subtracts the group's mean reward; for advantages without the "
                                       "std division give --disable-grpo-std-normalization "
                                       "(rl.advantage.scale_by_std=false)"),
@@ -128,9 +128,6 @@ SLIME_REFUSED_SWITCHES: dict[str, str] = {
 """slime switches this trainer cannot honour: refused, with what to use instead."""
 
 SLIME_REFUSED_VALUE_FLAGS: dict[str, str] = {
-    "custom-rm-path": ("slime's reward functions take (args, sample); here a reward function is "
-                       "task.reward=package.module:function, called as fn(problem, completion) -> score in [0, 1] "
-                       "(docs/data.md), or a reward server, task.reward=http://HOST:PORT/PATH (--rm-url)"),
     "rollout-function-path": ("rollouts come from the configured engine (rl.rollout.engine: embedded or sglang); "
                               "a custom rollout function is not supported"),
     "custom-generate-function-path": ("rollouts come from the configured engine (rl.rollout.engine); a custom "

@@ -44,6 +44,10 @@ def slime_value(flag: str, raw: Any) -> tuple[str, str]:
         raise ValueError(f"--rm-type {value}: this trainer scores math answers (--rm-type math, deepscaler or dapo: "
                          f"task.reward=math_verify), each reasoning-gym dataset by its own scorer (task.reward=auto), "
                          f"a Python function (task.reward=package.module:function) or a reward server (--rm-url)")
+    if flag == "custom-rm-path":
+        if not value:
+            raise ValueError("--custom-rm-path needs the reward function's path, e.g. --custom-rm-path my_pkg.rm.score")
+        return "task.reward", f"slime:{value}"
     if flag == "attention-backend":
         if value in _ATTENTION:
             return "model.transformer_impl", _ATTENTION[value]

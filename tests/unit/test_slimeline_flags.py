@@ -73,6 +73,8 @@ def test_eps_clip_against_a_tis_loss_given_on_the_line_is_refused_naming_both():
 
 @pytest.mark.parametrize("args, field, value", [
     (["--disable-grpo-std-normalization"], ("rl", "advantage", "scale_by_std"), False),
+    (["--normalize-advantages"], ("rl", "advantage", "normalize"), True),
+    (["--custom-rm-path", "my_pkg.rm.score"], ("task", "reward"), "slime:my_pkg.rm.score"),
     (["--rm-type", "math"], ("task", "reward"), "math_verify"),
     (["--rm-type", "dapo"], ("task", "reward"), "math_verify"),
     (["--attention-backend", "local"], ("model", "transformer_impl"), "local"),
@@ -100,7 +102,7 @@ def test_a_slime_flag_sets_its_field(args, field, value):
     (["--wandb-key", "abc"], r"WANDB_API_KEY"),
     (["--eval-max-response-len", "16"], r"rl\.rollout\.max_new_tokens=\d+ tokens .*give the same value"),
     (["--eval-top-p", "0"], r"rl\.rollout\.eval_top_p=0.*\(0, 1\]"),
-    (["--custom-rm-path", "my.rm"], r"a slime flag.*fn\(problem, completion\)"),
+    (["--custom-rm-path", ""], r"needs the reward function's path"),
     (["--partial-rollout"], r"a slime flag.*completes within the step"),
     (["--sglang-enable-dp-attention"], r"rl\.rollout\.sglang_engine_args=\{enable_dp_attention: VALUE\}"),
     (["--sglang-router-ip", "1.2.3.4"], r"slime's router"),
