@@ -127,7 +127,8 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         record.update(skipped=True, skip_reason="no completion tokens", step_seconds=elapsed(t0, device),
                       **device_peaks(device))
         return record
-    if sums["abs_advantage"] == 0.0 and rl.loss.kl_coef == 0:  # with a KL penalty the step still pulls towards the reference
+    # with a KL penalty (entropy bonus) the step still pulls towards the reference (higher entropy)
+    if sums["abs_advantage"] == 0.0 and rl.loss.kl_coef == 0 and rl.loss.entropy_coef == 0:
         logger.info("step %d: every advantage is zero (all groups uniform); no update", step)
         record.update(skipped=True, skip_reason="zero advantages", step_seconds=elapsed(t0, device),
                       **device_peaks(device))

@@ -15,6 +15,11 @@ and return the *sum* over masked tokens; the optimizer divides by the global tok
   k3's gradient wherever a token's k3 is below the clamp, none where a token has drifted past it. k1 ``−x`` is
   unbiased for KL(π_θ ‖ π_ref) as a *value* but its expected gradient is zero on-policy, so it regularises
   nothing as a loss: :func:`kl_penalty` computes it (a metric), the loss refuses it.
+* Entropy bonus (slime's and verl's ``entropy_coef``): ``−c·Σ_t H_t`` over the masked tokens, ``H_t`` the
+  entropy of the whole next-token distribution ``softmax(z_t/τ)`` at the sampling temperature, summed with the
+  same token normalisation as the policy-gradient term. Its gradient is exact (``∂H/∂z_v = −p_v(log p_v + H)/τ``,
+  computed chunk by chunk with the log-prob's by :mod:`megatron_logra.rl.logprobs`, vocabulary-parallel); at
+  ``c = 0`` the term is not built, so the loss, its graph and its backward are those without it.
 
 Per-token log-probs come from vocabulary-parallel logits through :mod:`megatron_logra.rl.logprobs`
 (chunks of ``LossConfig.logprob_chunk_tokens`` tokens, no fp32 ``[tokens, vocab]`` tensor for the batch).
@@ -22,6 +27,7 @@ Per-token log-probs come from vocabulary-parallel logits through :mod:`megatron_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -36,7 +42,8 @@ LOW_VAR_KL_MAX = 10.0
 KL_ESTIMATORS = ("k2", "k3", "low_var_kl")
 """The estimators ``rl.loss.kl_estimator`` takes as a loss term."""
 
-__all__ = ["LossConfig", "KL_ESTIMATORS", "LOW_VAR_KL_MAX", "tis_pg_loss", "ppo_clip_loss", "kl_penalty", "token_logprobs", "token_logprobs_and_entropy"]
+__all__ = ["LossConfig", "KL_ESTIMATORS", "LOW_VAR_KL_MAX", "tis_pg_loss", "ppo_clip_loss", "kl_penalty", "entropy_bonus", "token_logprobs",
+           "token_logprobs_and_entropy"]
 
 
 @dataclass
@@ -58,6 +65,11 @@ class LossConfig:
     (``x²/2``: the gradient of KL(π_θ ‖ π_ref)) or low_var_kl (k3 clamped to at most 10 per token, slime's and
     verl's); see the module docstring (k1 is refused: zero expected gradient). The metrics' ``ref_kl`` uses
     the same estimator."""
+    entropy_coef: float = 0.0
+    """Weight ``c`` of the entropy bonus (slime's / verl's ``--entropy-coef``): ``−c·Σ H_t`` over the loss tokens
+    is added to the summed loss, ``H_t`` the entropy of the full next-token distribution at the sampling
+    temperature, to keep exploration up; 0 (default) leaves the loss and its compute exactly as without it, and
+    the ``entropy`` metric is logged either way."""
     logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     """Tokens per chunk when turning logits into log-probs and entropy: the fp32 working set is two
     ``[chunk, V/tp]`` buffers in forward and in backward instead of several ``[tokens, V/tp]`` ones;
@@ -75,6 +87,10 @@ class LossConfig:
             raise ValueError(f"rl.loss.clip_high={self.clip_high} must be >= 0")
         if self.kl_coef < 0:
             raise ValueError(f"rl.loss.kl_coef={self.kl_coef} must be >= 0")
+        if isinstance(self.entropy_coef, bool) or not isinstance(self.entropy_coef, (int, float)) \
+                or not math.isfinite(self.entropy_coef) or self.entropy_coef < 0:
+            raise ValueError(f"rl.loss.entropy_coef={self.entropy_coef!r} must be a finite number >= 0 "
+                             "(0 = no entropy bonus)")
         if self.kl_estimator == "k1":
             raise ValueError("rl.loss.kl_estimator=k1 has an expected gradient of zero on the policy's own samples: as "
                              "a loss term it adds noise and pulls nowhere; choose k2 (the gradient of KL(π_θ ‖ π_ref)) "
@@ -132,9 +148,18 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, e
     return (per_token * mask).sum()
 
 
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``Σ_t H_t`` over the masked tokens (``entropy``, ``mask``: ``[b, s]``); the loss subtracts it times
+    ``entropy_coef``."""
+    return (entropy * mask).sum()
+
+
 def rl_loss(cfg: LossConfig, logp: torch.Tensor, rollout_logp: torch.Tensor, advantages: torch.Tensor,
-            mask: torch.Tensor, ref_logp: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The configured objective (sum over masked tokens)."""
+            mask: torch.Tensor, ref_logp: Optional[torch.Tensor] = None,
+            entropy: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The configured objective (sum over masked tokens): the policy-gradient term, ``+ kl_coef·KL`` with
+    ``ref_logp`` and ``− entropy_coef·Σ H`` with ``entropy`` (``[b, s]``, differentiable: the per-token entropy
+    of :func:`token_logprobs_and_entropy`). Each term is built only when its coefficient is above 0."""
     if cfg.kind == "tis":
         loss = tis_pg_loss(logp, rollout_logp, advantages, mask, cfg.tis_cap)
     else:
@@ -143,4 +168,8 @@ def rl_loss(cfg: LossConfig, logp: torch.Tensor, rollout_logp: torch.Tensor, adv
         if ref_logp is None:
             raise ValueError("rl.loss.kl_coef > 0 needs reference log-probs")
         loss = loss + cfg.kl_coef * kl_penalty(logp, ref_logp, mask, cfg.kl_estimator)
+    if cfg.entropy_coef > 0:
+        if entropy is None:
+            raise ValueError("rl.loss.entropy_coef > 0 needs the per-token entropy")
+        loss = loss - cfg.entropy_coef * entropy_bonus(entropy, mask)
     return loss

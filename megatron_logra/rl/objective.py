@@ -32,14 +32,18 @@ def make_rl_loss_fn(loss_cfg, temperature: float, tp_group):
     """The per-micro-batch RL objective for ``forward_backward``; also reports the mismatch
     ``Σ (rollout_logprob − trainer_logprob)`` over tokens of completed sequences and the summed
     policy entropy at the sampling temperature over the loss tokens and, with ``ref_logprobs`` in the
-    batch, the summed KL to the reference by the penalty's estimator (``[0, 0]`` without)."""
+    batch, the summed KL to the reference by the penalty's estimator (``[0, 0]`` without). With
+    ``rl.loss.entropy_coef > 0`` the loss carries the entropy bonus through the same chunked pass (the entropy's
+    gradient flows into the logits' backward with the log-probs'); the reported ``entropy`` is the same
+    quantity either way, and ``lm`` is the whole objective."""
 
     def loss_fn(batch: Batch, logits: torch.Tensor):
         logp, entropy = token_logprobs_and_entropy(logits, batch.labels, temperature, tp_group,
                                                    loss_cfg.logprob_chunk_tokens)
         mask = batch.loss_mask
         ref = batch.extras.get("ref_logprobs")
-        loss = rl_loss(loss_cfg, logp, batch.extras["rollout_logprobs"], batch.extras["advantages"], mask, ref)
+        loss = rl_loss(loss_cfg, logp, batch.extras["rollout_logprobs"], batch.extras["advantages"], mask, ref,
+                       entropy=entropy)
         finished = batch.extras["finished"] * mask
         # selected, not multiplied: a non-finite log-prob off the completed tokens must not reach the sum
         gap = torch.where(finished > 0, batch.extras["rollout_logprobs"] - logp.detach(), 0.0).sum()
