@@ -10,6 +10,8 @@ Contracts shared by every module of ``megatron_logra.rewards``:
 * A :class:`ProblemSource` produces problems by *raw index*: procedural sources
   (``size is None``) are infinite and pure functions of the index, finite sources (JSONL files)
   hold ``size`` problems.
+* A :class:`PromptFilter` says which prompts fit a completion length cap (the RL job's length rule), and
+  which field's cap a refused prompt's warning names.
 * :func:`stable_hash` is the only hash used for sampling and for the train/eval partition: it is
   blake2b over a canonical encoding, so it is identical in every process, on every machine and
   independent of ``PYTHONHASHSEED``.
@@ -21,11 +23,12 @@ import hashlib
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 __all__ = [
     "Problem",
     "ProblemSource",
+    "PromptFilter",
     "Scorer",
     "extract_tagged_answer",
     "prompt_bucket",
@@ -55,6 +58,17 @@ class Problem:
     """False when the source has no single reference answer (reasoning-gym items whose oracle is None:
     graph_color, boxnet, ...); ``answer`` is then ``""``. An empty ``answer`` with ``has_answer=True``
     is a real answer: the empty string."""
+
+
+@dataclass(frozen=True)
+class PromptFilter:
+    """Which prompts fit a completion length cap: ``fits(prompt)``, a pure function of the prompt text (the same on
+    every DP rank, so every rank draws the same problems); ``describe(prompt)``, why a refused one does not fit (for
+    warnings and errors); ``limit``, the field of the cap it leaves room for, which a warning names as the fix."""
+
+    fits: Callable[[str], bool]
+    describe: Optional[Callable[[str], str]] = None
+    limit: str = "rl.rollout.max_new_tokens"
 
 
 @runtime_checkable

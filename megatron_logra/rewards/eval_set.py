@@ -15,8 +15,8 @@ Contract
   what the train stream then skips, so that train and held-out stay disjoint by prompt text.
 * The host class provides ``eval_sources``, ``benchmarks``, ``eval_seed``, ``eval_modulus``, ``num_eval``,
   ``weights``, ``names``, ``_eval`` and ``_held_out`` (the caches, None until drawn; ``_held_out_prompts`` is
-  set with ``_held_out``), ``is_eval_prompt`` and
-  ``_passes`` (the prompt filter).
+  set with ``_held_out``), ``is_eval_prompt``, ``_passes`` (the prompt filter) and ``held_out_limit`` (the field
+  of the cap the held-out prompts leave room for, which a warning names).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class HeldOutSet:
             out.append(problem)
         if len(out) < count:
             why = (f"{refused} distinct eval-only prompts do not fit the sequence (raise model.seq_length or lower "
-                   f"rl.rollout.max_new_tokens)" if refused else
+                   f"{self.held_out_limit})" if refused else
                    "its prompt space is small (a smaller task.eval_modulus holds out more of it)")
             logger.warning("%s: only %d distinct eval-only prompts found (asked for %d, scanned %d candidates); %s",
                            source.name, len(out), count, scanned, why)

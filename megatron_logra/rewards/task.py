@@ -7,13 +7,14 @@ Contracts
   ``unit_uniform(seed, "mix", index)``, then raw indices ``stable_hash(seed, "train", source,
   index, attempt) % size`` are tried for ``attempt = 0, 1, ...`` until the prompt is not eval-only
   and passes the prompt filter, if any (``set_prompt_filter``; the RL job's: "fits the room
-  ``model.seq_length`` leaves for ``rl.rollout.max_new_tokens``"; refused prompts are counted in
-  ``overlong_skips``, one warning per source). After ``MAX_TRAIN_ATTEMPTS`` misses
-  (``MAX_FILTERED_ATTEMPTS`` with a filter), a finite source of at most ``SCAN_LIMIT`` prompts is
-  scanned in full from a hashed start; a source with no trainable prompt is a ValueError (eval-only
-  or over-long), which ``check_trainable`` raises at start. A pure function of ``(seed, index)``
-  and the filter (a function of the prompt text): any process (any DP rank) computes the same
-  problem for the same index; indices need not be visited in order. Sources are sampled with replacement.
+  ``model.seq_length`` leaves for ``rl.rollout.max_new_tokens``"; the held-out set's may be one of its own, for
+  ``rl.rollout.eval_max_new_tokens``; refused prompts are counted in ``overlong_skips``, one warning per
+  source). After ``MAX_TRAIN_ATTEMPTS`` misses (``MAX_FILTERED_ATTEMPTS`` with a filter), a finite source
+  of at most ``SCAN_LIMIT`` prompts is scanned in full from a hashed start; a source with no trainable
+  prompt is a ValueError (eval-only or over-long), which ``check_trainable`` raises at start. A pure
+  function of ``(seed, index)`` and the filter (a function of the prompt text): any process (any DP rank)
+  computes the same problem for the same index; indices need not be visited in order. Sources are sampled
+  with replacement.
 * **Held-out set** — a prompt is eval-only iff ``prompt_bucket(prompt, eval_modulus) == 0``
   (a blake2b hash of the prompt text). The train stream never returns such a prompt, and
   ``eval_problems()`` returns only such prompts, so the two are disjoint *by prompt text*, for
@@ -42,7 +43,7 @@ import math
 from itertools import accumulate
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequence
 
-from megatron_logra.rewards.base import Problem, ProblemSource, Scorer, prompt_bucket
+from megatron_logra.rewards.base import Problem, ProblemSource, PromptFilter, Scorer, prompt_bucket
 from megatron_logra.rewards.eval_set import HeldOutSet, allocate_counts
 from megatron_logra.rewards.train_stream import MAX_FILTERED_ATTEMPTS, MAX_TRAIN_ATTEMPTS, SCAN_LIMIT, TrainStream
 
@@ -117,6 +118,7 @@ class Task(TrainStream, HeldOutSet):
         self._held_out_prompts: frozenset[str] = frozenset()
         self._fits: Callable[[str], bool] | None = None
         self._describe: Callable[[str], str] | None = None
+        self._held_out_filter: PromptFilter | None = None
         self.overlong_skips: dict[str, int] = {}
         """Per source name: draws of this process that the prompt filter refused (skipped over-long prompts)."""
 
@@ -138,15 +140,22 @@ class Task(TrainStream, HeldOutSet):
             return self.is_held_out(prompt)
         return prompt_bucket(prompt, self.eval_modulus) == 0
 
-    def set_prompt_filter(self, fits: Callable[[str], bool] | None,
-                          describe: Callable[[str], str] | None = None) -> None:
+    def set_prompt_filter(self, fits: Callable[[str], bool] | None, describe: Callable[[str], str] | None = None, *,
+                          held_out: PromptFilter | None = None) -> None:
         """Make the train stream skip prompts ``fits`` refuses, as it skips eval-only ones (None: no filter).
 
         ``fits``: a pure function of the prompt text (the same on every DP rank). ``describe(prompt)``: why
         a refused prompt does not fit, for the warning and errors. The held-out set skips them too (it is
-        drawn again at its next use). Call :meth:`check_trainable` afterwards."""
-        self._fits, self._describe = fits, describe
+        drawn again at its next use), or, given ``held_out``, the prompts that filter refuses instead: its
+        prompts are generated under a cap of their own (``rl.rollout.eval_max_new_tokens``), which its warning
+        names. Call :meth:`check_trainable` afterwards."""
+        self._fits, self._describe, self._held_out_filter = fits, describe, held_out
         self._eval = None
+
+    @property
+    def held_out_limit(self) -> str:
+        """The field of the cap the held-out prompts leave room for: the one a warning about them names."""
+        return self._held_out_filter.limit if self._held_out_filter is not None else "rl.rollout.max_new_tokens"
 
     def _why(self, prompt: str) -> str:
         return self._describe(prompt) if self._describe else f"prompt starts {prompt[:60]!r}"
@@ -156,9 +165,13 @@ class Task(TrainStream, HeldOutSet):
         return not self.is_eval_prompt(problem.prompt) and self._passes(source, problem, "training")
 
     def _passes(self, source: ProblemSource, problem: Problem, what: str) -> bool:
-        """Accepted by the prompt filter (or none is set); a refused prompt is counted in ``overlong_skips``
-        under ``source.name`` (held-out ones under ``"NAME (held-out)"``), with one warning per key."""
-        if self._fits is None or self._fits(problem.prompt):
+        """Accepted by the prompt filter of ``what`` (``"training"``, or ``"held-out"``: the held-out set's own
+        when one is set), or none is set; a refused prompt is counted in ``overlong_skips`` under ``source.name``
+        (held-out ones under ``"NAME (held-out)"``), with one warning per key."""
+        own = self._held_out_filter if what != "training" else None
+        fits, why, limit = (self._fits, self._why, "rl.rollout.max_new_tokens") if own is None else \
+            (own.fits, own.describe or self._why, own.limit)
+        if fits is None or fits(problem.prompt):
             return True
         key = source.name if what == "training" else f"{source.name} (held-out)"
         skipped = self.overlong_skips.get(key, 0)
@@ -166,8 +179,7 @@ class Task(TrainStream, HeldOutSet):
         if not skipped:
             logger.warning(
                 "%s: %s; %s prompts that do not fit are skipped (warned once per source) — raise "
-                "model.seq_length or lower rl.rollout.max_new_tokens to keep them",
-                source.name, self._why(problem.prompt), what)
+                "model.seq_length or lower %s to keep them", source.name, why(problem.prompt), what, limit)
         return False
 
     # ------------------------------------------------------------------ rewards

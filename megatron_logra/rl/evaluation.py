@@ -1,9 +1,9 @@
 """Held-out accuracy of the engine's policy (:func:`evaluate_accuracy`).
 
 Contract: the task's held-out problems are shared over DP ranks, generated greedily by default (or
-``rl.rollout.eval_samples`` samples each at ``eval_temperature``), scored on every DP rank together (a
-failing or hung reward stops all of them), and the accuracy is all-reduced: every rank returns the same
-value, or None without a held-out set.
+``rl.rollout.eval_samples`` samples each at ``eval_temperature``) up to ``rl.rollout.eval_max_new_tokens`` tokens
+each (0: ``max_new_tokens``, as training), scored on every DP rank together (a failing or hung reward stops all of
+them), and the accuracy is all-reduced: every rank returns the same value, or None without a held-out set.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 
 from megatron_logra.parallel import all_reduce_sum
 from megatron_logra.rl.prompts import _decode, _prompt_batch
+from megatron_logra.rl.rollout_config import eval_new_tokens, new_tokens_limit
 from megatron_logra.rl.sample_log import sample_records
 from megatron_logra.rl.source_metrics import source_fields, source_sums
 from megatron_logra.rl.step_guard import score_rollouts
@@ -50,12 +51,12 @@ def evaluate_held_out(c: RLComponents, step: Optional[int] = None) -> tuple[Opti
         return None, {}
     mine = problems[c.groups.dp_rank :: c.groups.dp_size]
     k = rollout.eval_samples
-    prompt_ids = _prompt_batch(c, mine, k)
+    prompt_ids = _prompt_batch(c, mine, k, held_out=True)  # room for the evaluation's own cap
     completions: list[str] = []
     generated: list = []
     if mine:
         params = SamplingParams(temperature=rollout.eval_temperature, top_p=rollout.eval_top_p,
-                                max_new_tokens=rollout.max_new_tokens,
+                                max_new_tokens=eval_new_tokens(rollout),
                                 stop_token_ids=c.stop_token_ids(), seed=c.cfg.train.seed)
         generated = c.engine.generate(prompt_ids, params)
         completions = [_decode(c, r.completion_ids) for r in generated]
@@ -82,15 +83,15 @@ def evaluate_held_out(c: RLComponents, step: Optional[int] = None) -> tuple[Opti
 def no_held_out_reason(cfg: RunConfig, task: Task) -> tuple[int, str]:
     """Why a job has no held-out set, as ``(logging level, reason naming the fix)``: none asked for
     (``task.num_eval=0``, info), every held-out prompt too long for the sequence (a warning naming
-    ``model.seq_length``), or none of the sources' prompts held out (a warning naming the data and
-    ``task.eval_modulus``)."""
+    ``model.seq_length`` and the evaluation's cap: ``rl.rollout.eval_max_new_tokens`` where set), or none of the
+    sources' prompts held out (a warning naming the data and ``task.eval_modulus``)."""
     if cfg.task.num_eval == 0:
         return logging.INFO, "task.num_eval=0"
     if any(key.endswith("(held-out)") for key in task.overlong_skips):
+        new_tokens, field = new_tokens_limit(cfg.rl.rollout, held_out=True)  # the evaluation's cap
         return logging.WARNING, (
             f"task.num_eval={cfg.task.num_eval}, but no held-out prompt fits model.seq_length="
-            f"{cfg.model.seq_length} with rl.rollout.max_new_tokens={cfg.rl.rollout.max_new_tokens}; raise "
-            f"model.seq_length or lower rl.rollout.max_new_tokens")
+            f"{cfg.model.seq_length} with {field}={new_tokens}; raise model.seq_length or lower {field}")
     if cfg.task.eval_datasets:
         return logging.WARNING, f"task.num_eval={cfg.task.num_eval}, but task.eval_datasets holds no problem"
     return logging.WARNING, (

@@ -1,11 +1,14 @@
 """Prompt tokenization for RL rollouts and the check that a prompt fits the sequence.
 
 Contract: a problem's prompt becomes token ids by ``rl.prompt_template`` (or the tokenizer's chat template)
-(:func:`rl_prompt_ids`); a prompt must leave room for ``rl.rollout.max_new_tokens`` within
-``model.seq_length + 1`` (:func:`prompt_room`, :func:`check_prompt_fits`: a ``ValueError`` naming the fix
-otherwise); a held-out benchmark none of whose prompts fits is refused at start (:func:`check_benchmarks_fit`). :func:`_prompt_batch` tokenizes one batch of problems on every DP rank together, so a prompt that
-does not fit is the same error on all of them. :func:`_decode` turns completion ids back into text without
-the stop tokens.
+(:func:`rl_prompt_ids`); a prompt must leave room for its completion within ``model.seq_length + 1``: a training
+prompt for ``rl.rollout.max_new_tokens``, a held-out one for the evaluation's cap (``rl.rollout.eval_max_new_tokens``
+where set: :func:`~megatron_logra.rl.rollout_config.new_tokens_limit`) (:func:`prompt_room`,
+:func:`check_prompt_fits`: a ``ValueError`` naming the fix otherwise); a held-out benchmark none of whose prompts
+fits, or an evaluation cap that leaves no room for any prompt, is refused at start (:func:`check_benchmarks_fit`,
+:func:`check_held_out_room`). :func:`_prompt_batch` tokenizes one batch of problems on every DP rank together, so
+a prompt that does not fit is the same error on all of them. :func:`_decode` turns completion ids back into text
+without the stop tokens.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 from megatron_logra.data.tokenizer import prompt_token_ids
 from megatron_logra.metrics import is_rank0
 from megatron_logra.parallel import all_gather_bytes
+from megatron_logra.rl.rollout_config import EVAL_MAX_NEW_TOKENS_FIELD, new_tokens_limit
 
 if TYPE_CHECKING:
     from megatron_logra.rl.loop import RLComponents
 
-__all__ = ["rl_prompt_ids", "prompt_room", "check_prompt_fits", "check_benchmarks_fit", "warn_unknown_characters"]
+__all__ = ["rl_prompt_ids", "prompt_room", "check_prompt_fits", "check_benchmarks_fit", "check_held_out_room",
+           "warn_unknown_characters"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,33 +40,38 @@ def rl_prompt_ids(tok: Any, rl_cfg: Any, text: str) -> list[int]:
     return prompt_token_ids(tok, rl_cfg.prompt_template.replace("{prompt}", text), chat=rl_cfg.chat_template)
 
 
-def _prompt_ids(c: RLComponents, text: str) -> list[int]:
-    """Token ids of a problem's prompt; a prompt that leaves no room for the response is an error."""
+def _prompt_ids(c: RLComponents, text: str, held_out: bool = False) -> list[int]:
+    """Token ids of a problem's prompt; a prompt that leaves no room for the response (a held-out one's:
+    ``held_out``) is an error."""
     ids = rl_prompt_ids(c.tokenizer, c.cfg.rl, text)
-    check_prompt_fits(c.cfg, len(ids), text)
+    check_prompt_fits(c.cfg, len(ids), text, held_out=held_out)
     return ids
 
 
-def prompt_room(cfg: Any) -> int:
-    """The most prompt tokens that leave room for ``rl.rollout.max_new_tokens`` within ``model.seq_length + 1``
-    (the last sampled token is never fed back); <= 0 when no prompt fits."""
-    return cfg.model.seq_length + 1 - cfg.rl.rollout.max_new_tokens
+def prompt_room(cfg: Any, *, held_out: bool = False) -> int:
+    """The most prompt tokens that leave room for ``rl.rollout.max_new_tokens`` (``held_out``: the evaluation's
+    cap, :func:`~megatron_logra.rl.rollout_config.new_tokens_limit`) within ``model.seq_length + 1`` (the last
+    sampled token is never fed back); <= 0 when no prompt fits."""
+    return cfg.model.seq_length + 1 - new_tokens_limit(cfg.rl.rollout, held_out=held_out)[0]
 
 
-def check_prompt_fits(cfg, num_ids: int, text: str) -> None:
-    """A prompt of ``num_ids`` tokens must fit :func:`prompt_room`; ``ValueError`` naming
-    ``model.seq_length`` and ``rl.rollout.max_new_tokens`` and the values that would fit this prompt."""
-    seq, new_tokens = cfg.model.seq_length, cfg.rl.rollout.max_new_tokens
-    room = prompt_room(cfg)
+def check_prompt_fits(cfg: Any, num_ids: int, text: str, *, held_out: bool = False) -> None:
+    """A prompt of ``num_ids`` tokens must fit :func:`prompt_room` (``held_out``: a held-out prompt, room for the
+    evaluation's cap); ``ValueError`` naming ``model.seq_length`` and the cap's field (``rl.rollout.max_new_tokens``,
+    or ``rl.rollout.eval_max_new_tokens`` for a held-out prompt where that is set) and the values that would fit
+    this prompt."""
+    seq = cfg.model.seq_length
+    new_tokens, field = new_tokens_limit(cfg.rl.rollout, held_out=held_out)
+    room = prompt_room(cfg, held_out=held_out)
     if num_ids <= room:
         return
     need = num_ids + new_tokens - 1
     fits = seq + 1 - num_ids  # the most new tokens this prompt leaves room for
-    lower = f", lower rl.rollout.max_new_tokens to {fits} or less" if fits >= 1 else ""
+    lower = f", lower {field} to {fits} or less" if fits >= 1 else ""
     if room > 0:
-        what = f"leaves {room} tokens before rl.rollout.max_new_tokens={new_tokens}"
+        what = f"leaves {room} tokens before {field}={new_tokens}"
     else:
-        what = (f"leaves no room for any prompt before rl.rollout.max_new_tokens={new_tokens} (a sequence holds the "
+        what = (f"leaves no room for any prompt before {field}={new_tokens} (a sequence holds the "
                 "prompt and all but the last of its new tokens)")
     raise ValueError(
         f"a prompt of {num_ids} tokens does not fit: model.seq_length={seq} {what}; raise model.seq_length to "
@@ -70,13 +80,14 @@ def check_prompt_fits(cfg, num_ids: int, text: str) -> None:
 
 def check_benchmarks_fit(cfg: Any, task: Any, num_tokens: Callable[[str], int]) -> None:
     """Refuse a held-out benchmark (``task.eval_datasets``) none of whose held-out prompts fits
-    :func:`prompt_room`, by the rule the training datasets' prompts follow (``num_tokens``: a prompt text's
-    tokens by :func:`rl_prompt_ids`): a ``ValueError`` naming it, how many of its prompts do not fit and the
-    ``model.seq_length`` (or ``rl.rollout.max_new_tokens``) that fits them all, rather than an evaluation that
-    skips them all and reports ``null``. A benchmark some of whose prompts fit keeps its others skipped (one
-    warning, at its first evaluation)."""
-    room = prompt_room(cfg)
-    seq, new_tokens = cfg.model.seq_length, cfg.rl.rollout.max_new_tokens
+    :func:`prompt_room` for the evaluation's cap, by the rule the training datasets' prompts follow (``num_tokens``: a
+    prompt text's tokens by :func:`rl_prompt_ids`): a ``ValueError`` naming it, how many of its prompts do not fit
+    and the ``model.seq_length`` (or the cap: ``rl.rollout.max_new_tokens``, or ``rl.rollout.eval_max_new_tokens``
+    where set) that fits them all, rather than an evaluation that skips them all and reports ``null``. A benchmark
+    some of whose prompts fit keeps its others skipped (one warning, at its first evaluation)."""
+    room = prompt_room(cfg, held_out=True)
+    seq = cfg.model.seq_length
+    new_tokens, field = new_tokens_limit(cfg.rl.rollout, held_out=True)
     problems = task.benchmark_problems()
     for source in task.benchmarks:
         lengths = [num_tokens(p.prompt) for p in problems if p.source == source.name]
@@ -84,7 +95,7 @@ def check_benchmarks_fit(cfg: Any, task: Any, num_tokens: Callable[[str], int]) 
             continue
         shortest, longest = min(lengths), max(lengths)
         fits = seq + 1 - longest  # the most new tokens that leave room for every prompt
-        lower = f" or lower rl.rollout.max_new_tokens to {fits} or less" if fits >= 1 else ""
+        lower = f" or lower {field} to {fits} or less" if fits >= 1 else ""
         span, some = f"{longest} tokens", ""
         if shortest < longest:
             span = f"{shortest} to {longest} tokens"
@@ -92,9 +103,25 @@ def check_benchmarks_fit(cfg: Any, task: Any, num_tokens: Callable[[str], int]) 
         raise ValueError(
             f"task.eval_datasets: {source.name!r} has no held-out prompt that fits: all {len(lengths)} of its "
             f"prompts ({span}) do not fit the {max(room, 0)} tokens of room that model.seq_length={seq} leaves "
-            f"before rl.rollout.max_new_tokens={new_tokens}, so it could never be evaluated; raise "
+            f"before {field}={new_tokens}, so it could never be evaluated; raise "
             f"model.seq_length to {longest + new_tokens - 1} or more{lower} to fit them all{some}, or drop it "
             f"from task.eval_datasets")
+
+
+def check_held_out_room(cfg: Any) -> None:
+    """Refuse a run that evaluates (``task.num_eval`` > 0) with an ``rl.rollout.eval_max_new_tokens`` that leaves no
+    room for any held-out prompt within ``model.seq_length`` (:func:`prompt_room` <= 0): a ``ValueError`` naming both
+    fields and the values that would leave room, as a training cap that leaves none is refused, rather than a run
+    that skips every held-out prompt and reports ``null``. Without the field the training cap's checks apply."""
+    new_tokens, field = new_tokens_limit(cfg.rl.rollout, held_out=True)
+    if cfg.task.num_eval == 0 or field != EVAL_MAX_NEW_TOKENS_FIELD or prompt_room(cfg, held_out=True) > 0:
+        return
+    seq = cfg.model.seq_length
+    raise ValueError(
+        f"{field}={new_tokens} leaves no room for any held-out prompt: model.seq_length={seq} holds a prompt of P "
+        f"tokens and all but the last of its new tokens, P + {new_tokens - 1} <= {seq} (task.num_eval="
+        f"{cfg.task.num_eval}); raise model.seq_length to {new_tokens - 1} + the held-out prompts' length or more, "
+        f"or lower {field} to {seq} - their length or less (0: rl.rollout.max_new_tokens)")
 
 
 def warn_unknown_characters(tok: Any, rows: Sequence[Any], cfg: Any) -> dict[str, list[int]]:
@@ -134,15 +161,17 @@ def warn_unknown_characters(tok: Any, rows: Sequence[Any], cfg: Any) -> dict[str
     return lines
 
 
-def _prompt_batch(c: RLComponents, problems: list, repeat: int, step: Optional[int] = None) -> list[list[int]]:
+def _prompt_batch(c: RLComponents, problems: list, repeat: int, step: Optional[int] = None, *,
+                  held_out: bool = False) -> list[list[int]]:
     """:func:`_prompt_ids` of every problem, ``repeat`` times each, on every DP rank together: a prompt
     that does not fit on any rank is the same ``ValueError`` on all of them (a rank raising alone would
     leave the others waiting in the step's next collective), naming the RL ``step`` when one is given (the
-    training prompts of a generated task are drawn step by step). Every DP rank must call."""
+    training prompts of a generated task are drawn step by step). ``held_out``: the held-out evaluation's problems,
+    which need room for its own cap. Every DP rank must call."""
     ids: list[list[int]] = []
     error = ""
     try:
-        ids = [list(one) for one in (_prompt_ids(c, p.prompt) for p in problems) for _ in range(repeat)]
+        ids = [list(one) for one in (_prompt_ids(c, p.prompt, held_out) for p in problems) for _ in range(repeat)]
     except ValueError as exc:
         error = str(exc)
     errors = [e.decode() for e in all_gather_bytes(error.encode(), c.groups.dp) if e]

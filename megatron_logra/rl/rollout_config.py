@@ -4,6 +4,8 @@ Which engine samples (the embedded transformers copy, or SGLang in process or at
 reached and started (API keys, timeout, serialization, memory share, TP size, seeds, engine arguments) and the
 sampling of training and held-out rollouts. An invalid value is a ``ValueError`` naming its ``rl.rollout.*``
 field; an API key is never kept from a saved config (its ``"***"`` placeholder reads back as empty).
+:func:`new_tokens_limit` is the one place that says how many tokens a training or held-out completion may have
+(the evaluation's own ``eval_max_new_tokens``, or ``max_new_tokens``) and which field sets it.
 Importable from :mod:`megatron_logra.rl.config`.
 """
 
@@ -14,7 +16,10 @@ from dataclasses import dataclass, field
 from megatron_logra.rl.checks import check_finite_fields
 from megatron_logra.rollout.sglang_setup import REDACTED_API_KEY
 
-__all__ = ["RolloutConfig"]
+__all__ = ["EVAL_MAX_NEW_TOKENS_FIELD", "MAX_NEW_TOKENS_FIELD", "RolloutConfig", "eval_new_tokens", "new_tokens_limit"]
+
+MAX_NEW_TOKENS_FIELD = "rl.rollout.max_new_tokens"
+EVAL_MAX_NEW_TOKENS_FIELD = "rl.rollout.eval_max_new_tokens"
 
 
 @dataclass
@@ -80,6 +85,10 @@ class RolloutConfig:
     eval_samples: int = 1
     """Samples per held-out problem; accuracy is their mean (mean@k, "pass@1 over k samples"), and above 1 the
     records also hold ``eval_pass_at_k`` (the share of problems with a correct one among the k)."""
+    eval_max_new_tokens: int = 0
+    """Completion length cap of held-out evaluation (slime's ``--eval-max-response-len``); 0 = ``max_new_tokens``.
+    A held-out prompt must leave room for it within ``model.seq_length`` (training prompts for ``max_new_tokens``),
+    so evaluating longer answers than training generates may need a longer ``model.seq_length``."""
 
     def __post_init__(self) -> None:
         check_finite_fields("rl.rollout", self)
@@ -117,8 +126,27 @@ class RolloutConfig:
             raise ValueError(f"rl.rollout.eval_temperature={self.eval_temperature} must be >= 0")
         if self.eval_samples < 1:
             raise ValueError(f"rl.rollout.eval_samples={self.eval_samples} must be >= 1")
+        if isinstance(self.eval_max_new_tokens, bool) or not isinstance(self.eval_max_new_tokens, int) \
+                or self.eval_max_new_tokens < 0:
+            raise ValueError(f"rl.rollout.eval_max_new_tokens={self.eval_max_new_tokens!r} must be an int >= 0 "
+                             "(0 = rl.rollout.max_new_tokens)")
         if self.eval_samples > 1 and self.eval_temperature == 0:
             raise ValueError("rl.rollout.eval_samples > 1 needs rl.rollout.eval_temperature > 0 (greedy samples are identical)")
+
+
+def eval_new_tokens(rollout: RolloutConfig) -> int:
+    """The most tokens a held-out evaluation generates per completion: ``rl.rollout.eval_max_new_tokens``, or
+    ``rl.rollout.max_new_tokens`` when that is 0 (the default: evaluation generates as training does)."""
+    return rollout.eval_max_new_tokens or rollout.max_new_tokens
+
+
+def new_tokens_limit(rollout: RolloutConfig, *, held_out: bool = False) -> tuple[int, str]:
+    """``(tokens, field)``: the completion length cap of training rollouts (``held_out=False``) or of the held-out
+    evaluation, and the field that sets it, for the messages that name the fix: the evaluation's is
+    ``rl.rollout.eval_max_new_tokens`` only where that is set, so that a config without it reads as before."""
+    if held_out and rollout.eval_max_new_tokens:
+        return rollout.eval_max_new_tokens, EVAL_MAX_NEW_TOKENS_FIELD
+    return rollout.max_new_tokens, MAX_NEW_TOKENS_FIELD
 
 
 def _is_fraction(value: object) -> bool:

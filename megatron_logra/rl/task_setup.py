@@ -2,25 +2,29 @@
 (:func:`task_and_tokenizer`, run by :func:`~megatron_logra.rl.components.check_config` and
 :func:`~megatron_logra.rl.components.build_components`).
 
-Every prompt of a file (JSONL) source must fit ``model.seq_length`` with room for ``rl.rollout.max_new_tokens``:
-the longest is checked and a misfit refused, naming its file and line. A generated source's over-long prompts are
-skipped by the train stream and the held-out set instead (:func:`filter_overlong_prompts`), and a source or
-benchmark none of whose prompts fits is refused. Nothing here writes to the run directory.
+Every prompt of a file (JSONL) source must fit ``model.seq_length`` with room for ``rl.rollout.max_new_tokens``,
+or, a prompt the held-out evaluation generates from (a benchmark's, or a held-out row of a training file), for
+``rl.rollout.eval_max_new_tokens`` where that is set: the longest is checked and a misfit refused, naming its file
+and line. A generated source's over-long prompts are skipped by the train stream and the held-out set instead
+(:func:`filter_overlong_prompts`, each set by its own cap), and a source or benchmark none of whose prompts fits,
+or an evaluation cap that leaves no room for any prompt, is refused. Nothing here writes to the run directory.
 """
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from megatron_logra.config import RunConfig
 from megatron_logra.data.tokenizer import stop_token_ids
 from megatron_logra.rewards import build_task
 from megatron_logra.rewards.jsonl import file_spec_path
 from megatron_logra.rewards.slime_rm import with_run_args
-from megatron_logra.rl.prompts import (check_benchmarks_fit, check_prompt_fits, prompt_room, rl_prompt_ids,
-                                       warn_unknown_characters)
+from megatron_logra.rewards.base import PromptFilter
+from megatron_logra.rl.prompts import (check_benchmarks_fit, check_held_out_room, check_prompt_fits, prompt_room,
+                                       rl_prompt_ids, warn_unknown_characters)
+from megatron_logra.rl.rollout_config import new_tokens_limit
 from megatron_logra.rl.warm_start import run_tokenizer
 
 __all__ = ["PROMPT_LENGTH_CACHE", "filter_overlong_prompts", "task_and_tokenizer"]
@@ -35,6 +39,7 @@ def task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group:
     and the held-out set (:func:`filter_overlong_prompts`: skipped, or refused when all are) and the stop tokens
     (``generation_config.json``). Nothing is written. ``group``: the ranks that build the task together (the
     job: every rank), which keep the JSONL rows their rank 0 keeps (:func:`~megatron_logra.rewards.build_task`)."""
+    check_held_out_room(cfg)  # an evaluation cap that leaves no room for any prompt: before anything is built
     # a slime reward function's args name RL fields too (n_samples_per_prompt: rl.group_size); its workers' too
     task = build_task(with_run_args(cfg.task, cfg.rl), group)
     tok = run_tokenizer(cfg, task, run_dir, will_save=will_save)
@@ -44,18 +49,38 @@ def task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group:
     # so that the fix the error suggests fits every prompt the user wrote. A generated source's are skipped.
     rows = [problem for source in task.sources + task.benchmarks for problem in getattr(source, "problems", ())]
     lengths = [(len(rl_prompt_ids(tok, cfg.rl, problem.prompt)), problem) for problem in rows]
-    if lengths:
-        longest, problem = max(lengths, key=lambda item: item[0])
-        try:
-            check_prompt_fits(cfg, longest, problem.prompt)
-        except ValueError as exc:  # name the row, and how many more of the file's rows are too long
-            over = sum(n > prompt_room(cfg) for n, p in lengths if p.source == problem.source)
-            path, line = file_spec_path(problem.source), problem.metadata.get("line")
-            raise ValueError(f"{path}:{line}: {exc} ({over} of the {sum(p.source == problem.source for p in rows)} "
-                             f"prompts of {problem.source!r} do not fit; the longest is on this line)") from None
+    held_out = _held_out_rows(cfg, task)
+    for part in (False, True):  # training rows for the training cap, then held-out rows for the evaluation's
+        _check_longest([(n, p) for n, p in lengths if held_out(p) == part], cfg, held_out=part)
     warn_unknown_characters(tok, rows, cfg)  # a JSONL row's characters the tokenizer does not have
     filter_overlong_prompts(cfg, task, tok)
     return task, tok, stop_token_ids(tok, cfg.model.hf_path, cfg.tokenizer.path)
+
+
+def _held_out_rows(cfg: RunConfig, task: Any) -> Callable[[Any], bool]:
+    """Which JSONL rows the evaluation generates from under its own cap (``rl.rollout.eval_max_new_tokens`` set
+    and ``task.num_eval`` > 0): a benchmark's rows and a training file's eval-only ones. Without the field every
+    row is checked against the training cap, as when the two caps were one."""
+    if not cfg.rl.rollout.eval_max_new_tokens or cfg.task.num_eval == 0:
+        return lambda problem: False
+    benchmarks = {source.name for source in task.benchmarks}
+    return lambda problem: problem.source in benchmarks or task.is_eval_prompt(problem.prompt)
+
+
+def _check_longest(lengths: list, cfg: RunConfig, *, held_out: bool) -> None:
+    """Refuse the longest of ``lengths`` (``(tokens, problem)`` of JSONL rows) when it does not fit the training
+    cap (``held_out``: the evaluation's), naming its file and line and how many of its file's rows do not fit."""
+    if not lengths:
+        return
+    longest, problem = max(lengths, key=lambda item: item[0])
+    try:
+        check_prompt_fits(cfg, longest, problem.prompt, held_out=held_out)
+    except ValueError as exc:  # name the row, and how many more of the file's rows are too long
+        room, which = prompt_room(cfg, held_out=held_out), "held-out prompts" if held_out else "prompts"
+        over = sum(n > room for n, p in lengths if p.source == problem.source)
+        path, line = file_spec_path(problem.source), problem.metadata.get("line")
+        raise ValueError(f"{path}:{line}: {exc} ({over} of the {sum(p.source == problem.source for _, p in lengths)} "
+                         f"{which} of {problem.source!r} do not fit; the longest is on this line)") from None
 
 
 PROMPT_LENGTH_CACHE = 4096
@@ -68,19 +93,28 @@ def filter_overlong_prompts(cfg: RunConfig, task: Any, tok: Any) -> None:
     the prompt text, so every rank draws the same problems) and refuse, at start, a source whose draws are all
     over-long (:meth:`~megatron_logra.rewards.task.Task.check_trainable`). A generated source's rare long prompt
     is then skipped rather than failing the run at the step that draws it; the loop's own check stays. The
-    held-out set skips them too; a benchmark none of whose prompts fits is refused (``check_benchmarks_fit``)."""
-    room = prompt_room(cfg)
-    fields = f"model.seq_length={cfg.model.seq_length}, rl.rollout.max_new_tokens={cfg.rl.rollout.max_new_tokens}"
+    held-out set skips them too, or, with ``rl.rollout.eval_max_new_tokens`` set, those that leave no room for that
+    cap (a filter of its own, whose warning names it); a benchmark none of whose prompts fits is refused
+    (``check_benchmarks_fit``)."""
 
     @functools.lru_cache(maxsize=PROMPT_LENGTH_CACHE)
     def num_tokens(prompt: str) -> int:
         return len(rl_prompt_ids(tok, cfg.rl, prompt))
 
-    def describe(prompt: str) -> str:
-        needed = num_tokens(prompt) + cfg.rl.rollout.max_new_tokens - 1
-        return (f"a prompt of {num_tokens(prompt)} tokens does not fit the {max(room, 0)} tokens of room ({fields}; "
-                f"model.seq_length={needed} fits it; prompt starts {prompt[:60]!r})")
+    def length_filter(held_out: bool) -> PromptFilter:
+        room = prompt_room(cfg, held_out=held_out)
+        new_tokens, field = new_tokens_limit(cfg.rl.rollout, held_out=held_out)
+        fields = f"model.seq_length={cfg.model.seq_length}, {field}={new_tokens}"
 
-    task.set_prompt_filter(lambda prompt: num_tokens(prompt) <= room, describe)
+        def describe(prompt: str) -> str:
+            needed = num_tokens(prompt) + new_tokens - 1
+            return (f"a prompt of {num_tokens(prompt)} tokens does not fit the {max(room, 0)} tokens of room "
+                    f"({fields}; model.seq_length={needed} fits it; prompt starts {prompt[:60]!r})")
+
+        return PromptFilter(lambda prompt: num_tokens(prompt) <= room, describe, field)
+
+    training = length_filter(False)
+    own = length_filter(True) if cfg.rl.rollout.eval_max_new_tokens else None  # else the held-out set's is training's
+    task.set_prompt_filter(training.fits, training.describe, held_out=own)
     task.check_trainable()
     check_benchmarks_fit(cfg, task, num_tokens)
