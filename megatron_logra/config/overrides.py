@@ -54,14 +54,12 @@ A field the configured job never reads, given at a value other than its default 
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Mapping, Optional, Sequence
 
 from megatron_logra.config.args import Collector, Item, _parse_overrides, raise_errors
 from megatron_logra.config.checks import (_check_logra_rank, _check_other_job_unused, _check_paper_unused,
                                           _warn_log_interval_unread, resolve_hf_model)
-from megatron_logra.config.codec import _short
-from megatron_logra.config.dotted import _canonical, _get_dotted, set_dotted
+from megatron_logra.config.field_setter import FieldSetter
 from megatron_logra.config.run import RunConfig
 from megatron_logra.megatron_flags import (CHECK_FLAGS, CHECK_SWITCHES, CONTEXT_FLAGS, LOAD_FLAGS, MEGATRON_ALIASES,
                                            SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS, SWITCH_DEFAULTS, VALUE_MAPS,
@@ -76,70 +74,16 @@ logger = logging.getLogger(__name__)
 __all__ = ["apply_overrides"]
 
 
-def _same_value(a: Any, b: Any) -> bool:
-    """Whether two parsed field values are the same setting (NaN equals NaN)."""
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return a == b
-
-
-def _spelled(spelling: str, value: Any) -> str:
-    """``spelling`` with the parsed ``value`` it gave, unless the spelling shows it (``--bf16 (bfloat16)``)."""
-    shown = value if isinstance(value, str) else _short(value)
-    return spelling if str(shown) in spelling else f"{spelling} ({shown})"
-
-
-def _spelling_key(spelling: str) -> str:
-    """The key part of an override's spelling: ``--seq-length 64`` and ``seq-length=64`` -> ``seq-length``."""
-    return spelling.split(" ", 1)[0].split("=", 1)[0].removeprefix("--")
-
-
-class _FieldSetter:
-    """Sets dotted fields of a config, remembering which spelling set each one. One field set twice to different
-    values under two spellings (``--tensor-model-parallel-size 2 parallel.tp=1``, ``logra.rank=8
-    optimizer.logra.rank=4``, ``--bf16 model.params_dtype=float32``, ``--save A --load B``) is a ``ValueError``
-    naming both; the same value twice is fine. The same key repeated (``rl.steps=5 ... rl.steps=7``, as when
-    overrides are appended to a command line) sets the field to its last value."""
-
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
-        self.set_by: dict[str, tuple[str, Any]] = {}  # canonical field -> (spelling, parsed value)
-
-    def put(self, key: str, raw: Any, spelling: str, flag: Optional[str] = None) -> None:
-        """Set ``key`` (a dotted field or shortcut) from ``raw``, as ``spelling`` gave it; ``flag``: the
-        context-dependent Megatron-LM flag (without ``--``) that resolved to ``key``, named in the error."""
-        field = _canonical(key)
-        before = self.set_by.get(field)
-        set_dotted(self.cfg, key, raw)
-        value = _get_dotted(self.cfg, field)
-        if before is None or _spelling_key(before[0]) == _spelling_key(spelling):
-            self.set_by[field] = (spelling, value)
-            return
-        first, old = before
-        if _same_value(old, value):
-            return
-        pair = f"as {_spelled(first, old)} and as {_spelled(spelling, value)}"
-        hint = ""
-        if field == "train.run_dir" and "load" in (_spelling_key(first), _spelling_key(spelling)):
-            hint = (" (this trainer saves into the run directory it resumes from: --load DIR alone, or --resume DIR, "
-                    "continues the run in DIR)")
-        if flag is not None:
-            raise ValueError(f"--{flag} sets {field} here, which is also given with another value, {pair}: give "
-                             f"only one of them (or the same value){hint}")
-        raise ValueError(f"{field} is set twice with different values, {pair}: both spell the same field; give it "
-                         f"once{hint}")
-
-
 def _apply_items(cfg: RunConfig, items: Sequence[Item],
                  errors: Optional[list[ValueError]] = None) -> tuple[RunConfig, set[str]]:
     """Set ``(key, value, spelling)`` items in order (a key may be a Megatron-LM flag name), then the flags whose
     field depends on the rest of the config (:func:`resolve_alias`) against the config they leave. One field set
-    to different values under two spellings is a ``ValueError`` naming both (:class:`_FieldSetter`).
+    to different values under two spellings is a ``ValueError`` naming both (:class:`~megatron_logra.config.field_setter.FieldSetter`).
     ``errors``: where given, each item's ``ValueError`` is appended to it and the others are still applied.
     Returns the config and the dotted fields set."""
     deferred: list[Item] = []
     ratios: list[Item] = []  # after the peak lr (--lr, itself deferred) is known
-    setter = _FieldSetter(cfg)
+    setter = FieldSetter(cfg)
     collect = Collector(errors)
     for key, raw, spelling in items:
         with collect:
@@ -176,7 +120,7 @@ def _apply_items(cfg: RunConfig, items: Sequence[Item],
     return cfg, given
 
 
-def _apply_deferred(cfg: RunConfig, setter: _FieldSetter, flag: str, raw: Any, spelling: str) -> None:
+def _apply_deferred(cfg: RunConfig, setter: FieldSetter, flag: str, raw: Any, spelling: str) -> None:
     """Apply one flag of :data:`CONTEXT_FLAGS` against the config the other overrides left."""
     if flag in CHECK_FLAGS:
         check_flag(cfg, flag, raw)

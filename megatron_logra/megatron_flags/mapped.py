@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from megatron_logra.megatron_flags.slime import (CLIP_FLAGS, EVAL_LENGTH_FLAG, SLIME_ALIASES, SLIME_CHECK_SWITCHES,
+from megatron_logra.megatron_flags.slime import (CLIP_FLAGS, SLIME_ALIASES, SLIME_CHECK_SWITCHES,
                                                  SLIME_SWITCHES, SLIME_VALUE_MAPS)
 
 __all__ = ["MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "SCHEDULE_RATIO_FLAGS", "STEP_FRACTION_FLAGS",
@@ -136,7 +136,7 @@ Resolved after every other override; refused where ``F × L`` is no whole number
 warm up over a fractional step count, which ``warmup_steps`` cannot hold), naming the nearest
 ``--lr-warmup-iters``."""
 
-CHECK_FLAGS: tuple[str, ...] = ("max-position-embeddings", EVAL_LENGTH_FLAG)
+CHECK_FLAGS: tuple[str, ...] = ("max-position-embeddings",)
 """Megatron-LM flags without a field of their own, accepted as a check
 (:func:`~megatron_logra.megatron_flags.check_flag`):
 ``--max-position-embeddings N`` needs ``N >= model.seq_length`` (positions run up to ``model.seq_length``;

@@ -11,8 +11,8 @@ import math
 from typing import TYPE_CHECKING, Any, Collection, Optional
 
 from megatron_logra.megatron_flags.kl_loss import check_use_kl_loss, kl_loss_type
-from megatron_logra.megatron_flags.slime import EVAL_LENGTH_FLAG, SLIME_VALUE_MAPS
-from megatron_logra.megatron_flags.slime_resolve import check_eval_length, check_use_wandb, slime_value
+from megatron_logra.megatron_flags.slime import SLIME_VALUE_MAPS
+from megatron_logra.megatron_flags.slime_resolve import check_use_wandb, slime_value
 from megatron_logra.megatron_flags.mapped import (JOB_ALIASES, OPTIMIZER_ALIASES, SCHEDULE_RATIO_FLAGS,
                                                   STEP_FRACTION_FLAGS, VALUE_MAPS)
 from megatron_logra.megatron_flags.unmapped import NEUTRAL_FLAGS
@@ -166,9 +166,6 @@ def check_flag(cfg: RunConfig, flag: str, raw: Any) -> None:
     """See :data:`~megatron_logra.megatron_flags.CHECK_FLAGS`."""
     from megatron_logra.config.codec import _coerce
 
-    if flag == EVAL_LENGTH_FLAG:
-        check_eval_length(cfg, raw)
-        return
 
     value = _coerce(raw, int, f"--{flag}")
     seq, kind = cfg.model.seq_length, cfg.model.position_embedding_type

@@ -24,20 +24,23 @@ from typing import Any
 
 __all__ = ["SLIME_ALIASES", "SLIME_SWITCHES", "SLIME_CHECK_SWITCHES", "SLIME_VALUE_MAPS", "SLIME_IGNORED_SWITCHES",
            "SLIME_IGNORED_VALUE_FLAGS", "SLIME_NEUTRAL_FLAGS", "SLIME_REFUSED_SWITCHES", "SLIME_REFUSED_VALUE_FLAGS",
-           "CLIP_FLAGS", "EVAL_LENGTH_FLAG"]
+           "CLIP_FLAGS"]
 
 SLIME_ALIASES: dict[str, str] = {
     "rollout-seed": "task.seed",
     "tis-clip": "rl.loss.tis_cap",
+    "entropy-coef": "rl.loss.entropy_coef",
     "eval-top-p": "rl.rollout.eval_top_p",
+    "eval-max-response-len": "rl.rollout.eval_max_new_tokens",
     "sglang-mem-fraction-static": "rl.rollout.mem_fraction_static",
     "rollout-num-gpus-per-engine": "rl.rollout.sglang_tp",
     "wandb-group": "train.wandb_group",
     "wandb-team": "train.wandb_entity",
 }
 """slime value flags -> the dotted field they set: ``--rollout-seed`` the seed of the prompt stream (``task.seed``;
-the held-out set keeps ``task.eval_seed``), ``--tis-clip`` the importance weight's cap, ``--eval-top-p`` the
-held-out sampling's nucleus mass, ``--sglang-mem-fraction-static`` the share of each GPU the in-process SGLang
+the held-out set keeps ``task.eval_seed``), ``--tis-clip`` the importance weight's cap, ``--entropy-coef`` the
+entropy bonus, ``--eval-top-p`` / ``--eval-max-response-len`` the held-out sampling's nucleus mass and completion
+length, ``--sglang-mem-fraction-static`` the share of each GPU the in-process SGLang
 engine reserves, ``--rollout-num-gpus-per-engine`` that engine's tensor-parallel size, ``--wandb-group`` /
 ``--wandb-team`` the W&B run's group and team."""
 
@@ -58,9 +61,6 @@ SLIME_CHECK_SWITCHES: tuple[str, ...] = ("use-wandb",)
 CLIP_FLAGS: dict[str, str] = {"eps-clip": "rl.loss.clip_low", "eps-clip-high": "rl.loss.clip_high"}
 """slime's PPO clip range -> its field; resolved after the other overrides by :func:`~megatron_logra.megatron_flags.slime_resolve.resolve_clip`, which also
 chooses ``rl.loss.kind``."""
-
-EVAL_LENGTH_FLAG = "eval-max-response-len"
-"""slime's held-out response limit, accepted as a check (:func:`~megatron_logra.megatron_flags.slime_resolve.check_eval_length`)."""
 
 SLIME_VALUE_MAPS: dict[str, str] = {"advantage-estimator": "rl.advantage.estimator", "rm-type": "task.reward",
                                     "custom-rm-path": "task.reward", "attention-backend": "model.transformer_impl"}
@@ -110,7 +110,6 @@ SLIME_IGNORED_VALUE_FLAGS: dict[str, str] = {
 """slime value flags accepted (with their value) and ignored, each with why (logged as a warning)."""
 
 SLIME_NEUTRAL_FLAGS: dict[str, tuple[type, Any, str]] = {
-    "entropy-coef": (float, 0.0, "an entropy bonus is not supported (the metrics record the policy's entropy)"),
     "train-backend": (str, "megatron", "the trainer is megatron-core's (there is no FSDP backend)"),
     "expert-tensor-parallel-size": (int, 1, "mixture-of-experts models are not supported (dense GPT only)"),
 }

@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Collection, Optional
 
-from megatron_logra.megatron_flags.slime import CLIP_FLAGS, EVAL_LENGTH_FLAG
+from megatron_logra.megatron_flags.slime import CLIP_FLAGS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["slime_value", "resolve_clip", "check_eval_length", "check_use_wandb", "sglang_flag_error"]
+__all__ = ["slime_value", "resolve_clip", "check_use_wandb", "sglang_flag_error"]
 
 _RM_TYPES = {"math": "math_verify", "deepscaler": "math_verify", "dapo": "math_verify"}
 """slime's math graders -> ``task.reward`` scoring the same answers with math-verify."""
@@ -80,21 +80,6 @@ def resolve_clip(cfg: Any, flag: str, set_by: dict[str, tuple[str, Any]]) -> Opt
     raise ValueError(f"--{flag} sets {CLIP_FLAGS[flag]}, the clip range of rl.loss.kind=ppo, but the loss is given as "
                      f"{spelling}, which does not read it: drop --{flag}, or give rl.loss.kind=ppo (slime's PPO-clip "
                      f"loss)")
-
-
-def check_eval_length(cfg: Any, raw: Any) -> None:
-    """``--eval-max-response-len N``: the held-out evaluation generates up to ``rl.rollout.max_new_tokens``, as
-    training does, so N is accepted at that value and refused at any other."""
-    from megatron_logra.config.codec import _coerce
-
-    value = _coerce(raw, int, f"--{EVAL_LENGTH_FLAG}")
-    if cfg.job != "rl":
-        raise ValueError(f"--{EVAL_LENGTH_FLAG} limits the RL job's held-out responses; job={cfg.job} has none")
-    limit = cfg.rl.rollout.max_new_tokens
-    if value != limit:
-        raise ValueError(f"--{EVAL_LENGTH_FLAG} {value}: the held-out evaluation generates up to "
-                         f"rl.rollout.max_new_tokens={limit} tokens (--rollout-max-response-len), as training does; "
-                         f"give the same value to both, or drop --{EVAL_LENGTH_FLAG}")
 
 
 def check_use_wandb(cfg: Any, given: Collection[str]) -> None:
