@@ -71,17 +71,10 @@ def _case(dtype_name: str, tau: float, chunk: int, vocab: int, padded: int, rank
 
 
 def worker(out: str) -> None:
-    import torch.distributed as dist
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
+    from support.case_worker import run_cases
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
-    group = dist.new_group(list(range(world)))
-    results = [_case(*case, rank, world, group) for case in CASES]
-    if rank == 0:
-        Path(out).write_text(json.dumps(results, indent=1))
-    dist.barrier()
-    dist.destroy_process_group()
+    run_cases(_case, CASES, out)
 
 
 def test_tp2_matches_unsplit(launcher, tmp_path):

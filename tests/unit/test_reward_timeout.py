@@ -18,6 +18,7 @@ import pytest
 
 from megatron_logra.rewards import PluginScorer, RewardTimeout, TaskConfig, build_task
 from megatron_logra.rl.step_guard import RewardError, score_rollouts
+from support.threads import in_thread
 
 TINY_SUM = {"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}
 
@@ -102,25 +103,6 @@ def test_a_hung_plugin_stops_the_step_naming_step_sample_and_field(plugin):
     assert time.monotonic() - start < 2 and scored == [(1.0, True)] * 3
 
 
-def _in_thread(fn):
-    """``fn()`` run on a new (non-main) thread; its value, or its exception raised here."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join(60)
-    assert not thread.is_alive()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def test_a_plugin_within_the_limit_scores_as_without_it_on_the_main_thread(plugin):
     import importlib
 
@@ -137,7 +119,7 @@ def test_a_plugin_within_the_limit_scores_as_without_it_on_the_main_thread(plugi
     assert set(module.THREADS) == {threading.main_thread()}
     # off the main thread the function runs on one long-lived daemon worker
     module.THREADS.clear()
-    assert _in_thread(lambda: score_rollouts(limited, problems, completions, step=1)) == without
+    assert in_thread(lambda: score_rollouts(limited, problems, completions, step=1)) == without
     (worker,) = set(module.THREADS)
     assert worker.daemon and worker is not threading.main_thread()
 
@@ -210,7 +192,7 @@ def test_math_verify_timeouts_work_under_the_limit_on_the_main_thread(plugin):
     assert PluginScorer(path, timeout_s=5.0).score(None, "1") == 1.0  # type: ignore[arg-type]
     # off the main thread signal.alarm is unavailable: the error names both fixes
     with pytest.raises(ValueError, match=r"needs the main thread.*parsing_timeout=None.*task\.reward_timeout_s=0"):
-        _in_thread(lambda: PluginScorer(path, timeout_s=5.0).score(None, "1"))  # type: ignore[arg-type]
+        in_thread(lambda: PluginScorer(path, timeout_s=5.0).score(None, "1"))  # type: ignore[arg-type]
     assert PluginScorer(path, timeout_s=0).score(None, "1") == 1.0  # type: ignore[arg-type]
 
 
@@ -265,7 +247,7 @@ def test_a_copied_scorer_starts_its_own_worker(plugin):
 
     problem = Problem("What is 1 + 1?", "2", "s", {})
     scorer = PluginScorer(f"{plugin}:hangs_on_hang", timeout_s=5.0)
-    assert _in_thread(lambda: scorer.score(problem, "2")) == 1.0
+    assert in_thread(lambda: scorer.score(problem, "2")) == 1.0
     clone = copy.deepcopy(scorer)
-    assert _in_thread(lambda: clone.score(problem, "3")) == 0.0
+    assert in_thread(lambda: clone.score(problem, "3")) == 0.0
     assert clone._worker is not None and clone._worker is not scorer._worker

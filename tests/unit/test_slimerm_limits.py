@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import struct
-import threading
 import time
 import uuid
 
@@ -18,6 +17,7 @@ import pytest
 
 from megatron_logra.rewards import RewardTimeout, TaskConfig, build_task
 from megatron_logra.rl.step_guard import RewardError, score_rollouts
+from support.threads import in_thread
 
 SLIME_RM = '''
 import asyncio
@@ -59,24 +59,6 @@ def _cfg(slime_module, fn: str, **kwargs) -> TaskConfig:
     return TaskConfig(datasets=[f"jsonl:{data}"], reward=f"slime:{name}:{fn}", num_eval=0, **kwargs)
 
 
-def _in_thread(fn):
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join(60)
-    assert not thread.is_alive()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def test_a_hanging_async_function_times_out_and_its_loop_is_kept(slime_module):
     import importlib
 
@@ -99,9 +81,9 @@ def test_a_hanging_async_function_times_out_and_its_loop_is_kept(slime_module):
     # off the main thread the call runs on a worker thread's own loop, under the same limit
     start = time.monotonic()
     with pytest.raises(RewardError, match="RewardTimeout"):
-        _in_thread(lambda: score_rollouts(task, problems, ["hang"], step=8))
+        in_thread(lambda: score_rollouts(task, problems, ["hang"], step=8))
     assert time.monotonic() - start < 5
-    assert _in_thread(lambda: score_rollouts(task, problems, ["x", problems[1].answer], step=9)) == [
+    assert in_thread(lambda: score_rollouts(task, problems, ["x", problems[1].answer], step=9)) == [
         (-1.0, False), (1.0, True)]
 
 
