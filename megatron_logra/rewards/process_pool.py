@@ -52,11 +52,11 @@ GRACE_S = 0.5
 """Seconds :meth:`RewardProcessPool.close` lets a worker exit on its own before it is killed."""
 
 START_TIMEOUT_S = 300.0
-"""Seconds a worker may take to start and build its scorers before it is given up as failed."""
+"""Seconds a worker may take to start and build its scorers."""
 
 
 class _Worker:
-    """One worker process, its pipe and what it is doing: ``starting``, ``idle`` or ``busy`` with ``index``."""
+    """A worker process, its pipe and its state: ``starting``, ``idle`` or ``busy`` (call ``index``)."""
 
     def __init__(self, process: Any, conn: Any) -> None:
         self.process, self.conn = process, conn
@@ -141,14 +141,14 @@ class RewardProcessPool:
         """The outcome of each ``(source spec, problem, completion)`` in ``calls``, in order: the score (a float,
         as the source's scorer returned it) or the exception of a call that failed (raised in the worker,
         :class:`~megatron_logra.rewards.deadline.RewardTimeout`, :class:`RewardWorkerDied`). Calls after the
-        first failure are not scored (None), as a caller scoring in order stops at the first error."""
+        first failure are not scored (None; a worker still in one is replaced), as in process."""
         if not calls:
             return []
         with self._lock:
             batch = _Batch(calls)
             try:
                 self._run(batch)
-            except BaseException:  # interrupted (KeyboardInterrupt): a busy worker's answer would be stale
+            except BaseException:  # KeyboardInterrupt: a busy worker's answer is stale
                 for slot, w in enumerate(self._workers):
                     if w is not None and w.state == "busy":
                         w.kill()
@@ -180,6 +180,9 @@ class RewardProcessPool:
             for slot, w in enumerate(self._workers):
                 if batch.next < batch.end and w is not None and w.state == "idle":
                     self._send(slot, w, batch)
+                elif w is not None and w.state == "busy" and w.index >= batch.end:  # past a failure: unused
+                    w.kill()
+                    self._start(slot)
             live = [w for w in self._workers if w is not None]
             if not any(w.state == "busy" for w in live) and batch.next >= batch.end:
                 return
@@ -216,7 +219,7 @@ class RewardProcessPool:
                 self._receive(slot, w, batch)
         now = time.monotonic()
         for slot, w in enumerate(self._workers):
-            # not one that answered since the wait returned: the next wait reads that answer
+            # not one that answered since the wait: the next wait reads it
             if w is not None and w.deadline is not None and now >= w.deadline and not w.conn.poll(0):
                 self._expired(slot, w, batch)
 
@@ -244,7 +247,7 @@ class RewardProcessPool:
             w.state, w.deadline = "idle", None
 
     def _died(self, slot: int, w: _Worker, batch: _Batch) -> None:
-        """``w`` ended or failed to start: report it; a fresh worker replaces it unless it never started."""
+        """``w`` ended or failed to start: report it; a fresh worker replaces one that had started."""
         w.process.join(GRACE_S)
         w.kill()
         code = w.process.exitcode
@@ -287,8 +290,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def closing_reward_workers(fn: F) -> F:
-    """Decorate a job: the reward worker pools that start during a call of ``fn`` are closed when it returns or
-    raises (a pool started before the call is left to its owner)."""
+    """Decorate a job: the reward worker pools started during a call of ``fn`` are closed when it ends."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -304,6 +306,6 @@ def closing_reward_workers(fn: F) -> F:
 
 @atexit.register
 def _close_all() -> None:
-    """At interpreter exit, before multiprocessing's own handler, which would wait for every child to end."""
+    """At interpreter exit, before multiprocessing's handler, which waits for every child."""
     for pool in list(_RUNNING):
         pool.close()
