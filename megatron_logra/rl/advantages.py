@@ -154,14 +154,18 @@ def masked_whiten(values: torch.Tensor, token_counts: Union[torch.Tensor, Sequen
     """``(a − μ) / sqrt(σ² + eps)`` for every per-sequence value ``a``, in ``values``' dtype, with ``μ`` and ``σ²``
     from ``stats`` (:func:`whiten_statistics` summed over the DP group: the global batch's) or, without, from
     these values over their ``token_counts`` tokens. The mean is not added back (slime's ``shift_mean``). A
-    sequence of no token is whitened too (it trains on nothing). No token at all: ``values`` unchanged (such a
-    step has nothing to train on and is refused); all tokens of one value: exact zeros, not NaN."""
+    sequence of no token, outside the statistics, gets 0 (it trains on nothing; whitened, its value could be
+    arbitrarily large where the others are nearly equal, and would hide a step of zero advantages). No token at
+    all: ``values`` unchanged (such a step has nothing to train on and is refused); all tokens of one value: exact
+    zeros, not NaN."""
     if stats is None:
         stats = whiten_statistics(values, token_counts)
     mean, var, count = whiten_moments(stats)
     if count <= 0:
         return values.clone()
-    return ((values.double() - mean) / math.sqrt(var + eps)).to(values.dtype)
+    whitened = (values.double() - mean) / math.sqrt(var + eps)
+    counts = torch.as_tensor(token_counts, dtype=torch.float64, device=values.device)
+    return torch.where(counts > 0, whitened, torch.zeros_like(whitened)).to(values.dtype)
 
 
 def whiten_advantages(advantages: torch.Tensor, token_counts: Sequence[int],

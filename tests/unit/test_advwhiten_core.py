@@ -15,11 +15,13 @@ from megatron_logra.rl.advantages import (WHITEN_EPS, AdvantageConfig, grpo_adva
 
 def _naive(values: torch.Tensor, counts: list[int], eps: float = WHITEN_EPS) -> torch.Tensor:
     """Each value repeated over its tokens; mean and Bessel-corrected std of those tokens, as slime's
-    ``distributed_masked_whiten`` on one rank with the loss mask."""
+    ``distributed_masked_whiten`` on one rank with the loss mask; a sequence of no token (no loss token to whiten)
+    gets 0."""
     tokens = torch.cat([values[i].double().repeat(n) for i, n in enumerate(counts)])
     mean = tokens.mean()
     var = tokens.var(unbiased=True) if tokens.numel() > 1 else torch.zeros((), dtype=torch.float64)
-    return ((values.double() - mean) / torch.sqrt(var + eps)).to(values.dtype)
+    whitened = ((values.double() - mean) / torch.sqrt(var + eps)).to(values.dtype)
+    return torch.tensor([w if n > 0 else 0.0 for w, n in zip(whitened.tolist(), counts)], dtype=values.dtype)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -48,6 +50,15 @@ def test_sequences_without_tokens_do_not_count():
     values = torch.tensor([2.0, -5.0, 4.0, 100.0])
     got = masked_whiten(values, [2, 0, 2, 0])
     torch.testing.assert_close(got[[0, 2]], masked_whiten(values[[0, 2]], [2, 2]))
+    assert got[[1, 3]].tolist() == [0.0, 0.0]
+
+
+def test_a_sequence_without_tokens_does_not_hide_a_step_of_equal_advantages():
+    """The sequences with tokens share one advantage and an empty completion differs: whitening gives exact zeros
+    (the step is one of zero advantages, skipped as such), not a huge value for the sequence that trains on
+    nothing."""
+    got = masked_whiten(torch.tensor([0.1, 0.1, 0.1, 0.7]), [3, 5, 7, 0])
+    assert got.tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
 def test_pre_reduced_statistics_of_shards_equal_the_whole_batch():
