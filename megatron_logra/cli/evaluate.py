@@ -13,6 +13,7 @@ from megatron_logra.cli.errors import reporting_user_errors, user_error
 from megatron_logra.cli.launch import check_same_config_on_every_rank, is_rank0
 from megatron_logra.cli.resume import check_resumed_architecture
 from megatron_logra.cli.run_dir import run_dir_config
+from megatron_logra.rewards.process_pool import closing_reward_workers
 
 __all__ = ["run_eval"]
 
@@ -66,6 +67,7 @@ def run_eval(parser: argparse.ArgumentParser, rest: Sequence[str]) -> int:
         user_error(parser, exc)
     check_resumed_architecture(parser, cfg)
 
+    @closing_reward_workers  # task.reward_workers started by the held-out scoring end with the command
     def evaluate() -> dict:
         check_same_config_on_every_rank(cfg, "eval")  # a rank given other arguments fails here, not mid-load
         if cfg.job == "rl":
