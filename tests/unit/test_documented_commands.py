@@ -24,7 +24,8 @@ pytestmark = pytest.mark.usefixtures("one_process")
 
 LAUNCHERS = {"train_1.5b_1gpu.sh": {}, "train_27b_8gpu.sh": {},
              "train_7b_multinode.sh": {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1"},
-             "train_tiny_tp2.sh": {}, "train_tiny_pp2_dp2.sh": {}}
+             "train_tiny_tp2.sh": {}, "train_tiny_pp2_dp2.sh": {},
+             "train_slime_args.sh": {"DATA": "{slime_jsonl}"}}
 
 
 @pytest.fixture
@@ -105,7 +106,15 @@ def test_launcher_arguments_are_accepted(script, inputs, tmp_path, capsys, monke
     (stub / "torchrun").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     (stub / "torchrun").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("IMPL", "FP8")}
-    env.update(PATH=f"{stub}{os.pathsep}{env.get('PATH', '')}", HF_PATH=str(inputs[0]), **LAUNCHERS[script])
+    if script == "train_slime_args.sh":  # --apply-chat-template: the instruct checkpoint's tokenizer has a template
+        tokenizer_config = inputs[0] / "tokenizer_config.json"
+        settings = json.loads(tokenizer_config.read_text())
+        settings["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        tokenizer_config.write_text(json.dumps(settings))
+    slime_jsonl = tmp_path / "dapo.jsonl"  # slime's rows: prompt / label (its --input-key / --label-key)
+    slime_jsonl.write_text("".join(json.dumps({"prompt": f"{i}+1=", "label": str(i + 1)}) + "\n" for i in range(4)))
+    env.update(PATH=f"{stub}{os.pathsep}{env.get('PATH', '')}", HF_PATH=str(inputs[0]),
+               **{k: v.format(slime_jsonl=slime_jsonl) for k, v in LAUNCHERS[script].items()})
     proc = subprocess.run(["bash", str(ROOT / "examples" / script)], env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
