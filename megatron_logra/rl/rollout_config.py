@@ -137,7 +137,7 @@ class RolloutConfig:
 def eval_new_tokens(rollout: RolloutConfig) -> int:
     """The most tokens a held-out evaluation generates per completion: ``rl.rollout.eval_max_new_tokens``, or
     ``rl.rollout.max_new_tokens`` when that is 0 (the default: evaluation generates as training does)."""
-    return rollout.eval_max_new_tokens or rollout.max_new_tokens
+    return new_tokens_limit(rollout, held_out=True)[0]
 
 
 def new_tokens_limit(rollout: RolloutConfig, *, held_out: bool = False) -> tuple[int, str]:
