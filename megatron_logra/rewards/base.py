@@ -58,6 +58,10 @@ class Problem:
     """False when the source has no single reference answer (reasoning-gym items whose oracle is None:
     graph_color, boxnet, ...); ``answer`` is then ``""``. An empty ``answer`` with ``has_answer=True``
     is a real answer: the empty string."""
+    raw_answer: Any = None
+    """The reference answer as a file row gave it where that is not its text: a JSON number (``42`` for the
+    ``answer`` ``"42"``); None otherwise. Scorers read ``answer``; a slime reward function receives this as
+    ``sample.label``, as slime passes the row's JSON value."""
 
 
 @dataclass(frozen=True)

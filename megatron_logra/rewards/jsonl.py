@@ -214,4 +214,4 @@ class JsonlSource:
         """The problem at ``raw_index % size`` (a shallow copy, so callers may edit it)."""
         p = self.problems[raw_index % len(self.problems)]
         return Problem(prompt=p.prompt, answer=p.answer, source=p.source, metadata=dict(p.metadata),
-                       has_answer=p.has_answer)
+                       has_answer=p.has_answer, raw_answer=p.raw_answer)

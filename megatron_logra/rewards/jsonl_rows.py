@@ -69,24 +69,30 @@ def _answer_text(answer: Any, key: str, where: str) -> str:
     return text
 
 
-def _answer_of(obj: dict[str, Any], where: str, answer_key: str = "") -> str:
+def _answer_of(obj: dict[str, Any], where: str, answer_key: str = "") -> tuple[str, Any]:
+    """The row's reference answer: its text, and the JSON number it was where it was one (else None)."""
     if answer_key:
         present, answer = _lookup(obj, answer_key)
         if not present or answer is None:
             raise ValueError(f"{where}: no {answer_key!r} (task.jsonl_answer_key); keys present: {sorted(obj)}")
-        return _answer_text(answer, answer_key, where)
+        return _answer_text(answer, answer_key, where), _number_or_none(answer)
     for key in _ANSWER_KEYS:
         present, answer = _lookup(obj, key)
         if present and answer is not None:
-            return _answer_text(answer, key, where)
+            return _answer_text(answer, key, where), _number_or_none(answer)
     solution = obj.get("solution")
     if isinstance(solution, str):
         boxed = extract_boxed(solution)
         if boxed:
-            return boxed
+            return boxed, None
         raise ValueError(f"{where}: no 'answer' key and 'solution' has no \\boxed{{...}} final answer")
     raise ValueError(f"{where}: missing 'answer' (or 'label', 'reward_model.ground_truth', a 'solution' with "
                      f"\\boxed{{...}}, or the key task.jsonl_answer_key names); keys present: {sorted(obj)}")
+
+
+def _number_or_none(answer: Any) -> Any:
+    """A JSON number answer as it was (``_answer_text`` already refused bools and non-finite numbers), else None."""
+    return answer if isinstance(answer, (int, float)) and not isinstance(answer, bool) else None
 
 
 def _prompt_text(prompt: Any, key: str, where: str) -> str:
@@ -123,7 +129,7 @@ def _problem_of(obj: Any, source: str, where: str, line: int, prompt_key: str = 
                              f"names); keys present: {sorted(obj)}")
         prompt = obj[key]
     prompt = _prompt_text(prompt, key, where)
-    answer = _answer_of(obj, where, answer_key)
+    answer, raw_answer = _answer_of(obj, where, answer_key)
     meta = obj.get("metadata", {})
     if not isinstance(meta, dict):
         raise ValueError(f"{where}: 'metadata' must be a JSON object, got {type(meta).__name__}")
@@ -138,4 +144,4 @@ def _problem_of(obj: Any, source: str, where: str, line: int, prompt_key: str = 
                              f"fix it or drop the key (the id then defaults to {source}:{line})")
     metadata["id"] = str(obj[id_key]) if id_key is not None else f"{source}:{line}"
     metadata["line"] = line
-    return Problem(prompt=prompt, answer=answer, source=source, metadata=metadata)
+    return Problem(prompt=prompt, answer=answer, source=source, metadata=metadata, raw_answer=raw_answer)

@@ -6,8 +6,8 @@ a function runs here unchanged, :class:`SlimeScorer` calls it once per completio
 
 * ``sample``: a :class:`SlimeSample`, the attributes of slime's ``Sample`` a reward function reads, under slime's
   names: ``prompt`` (the problem's text as its source gives it, before ``rl.prompt_template`` and the chat
-  template), ``response`` (the completion), ``label`` (the reference answer as text; None where the source has
-  none), ``metadata`` (a copy of the problem's metadata, for a JSONL row its ``metadata`` object and other keys,
+  template), ``response`` (the completion), ``label`` (the reference answer as the row gave it: a JSON number stays a
+  number, as slime passes it; text otherwise; None where the source has none), ``metadata`` (a copy of the problem's metadata, for a JSONL row its ``metadata`` object and other keys,
   with ``source``: the ``task.datasets`` entry, where the row has none of its own), ``status`` (``Sample.Status.COMPLETED``: the scorer is not told
   whether a completion was cut at ``rl.rollout.max_new_tokens``), ``reward`` (None) and ``index`` /
   ``group_index`` (None). Token-level fields (``tokens``, ``response_length``, ``loss_mask``, ...) are not
@@ -117,7 +117,7 @@ class SlimeSample:
     index: Optional[int] = None
     prompt: Union[str, list] = ""
     response: str = ""
-    label: Optional[str] = None
+    label: Optional[Union[str, int, float]] = None
     reward: Optional[float] = None
     status: SlimeSample.Status = Status.COMPLETED
     metadata: dict = field(default_factory=dict)
@@ -146,7 +146,14 @@ def sample_of(problem: Problem, completion: str) -> SlimeSample:
     metadata = copy.deepcopy(problem.metadata)
     metadata.setdefault("source", problem.source)
     return SlimeSample(prompt=problem.prompt, response=completion,
-                       label=problem.answer if problem.has_answer else None, metadata=metadata)
+                       label=_label(problem), metadata=metadata)
+
+
+def _label(problem: Problem) -> Optional[Union[str, int, float]]:
+    """slime's ``Sample.label``: the row's JSON value (a number stays one), else the answer text; None without one."""
+    if not problem.has_answer:
+        return None
+    return problem.raw_answer if problem.raw_answer is not None else problem.answer
 
 
 def run_args(rl: Any) -> dict[str, Any]:
