@@ -196,7 +196,7 @@ def check_switch(cfg: RunConfig, flag: str, given: Collection[str] = ()) -> None
         check_use_kl_loss(cfg, given)
         return
     if flag == "use-wandb":
-        check_use_wandb(cfg, given)
+        check_use_wandb(cfg)
         return
     kind = cfg.model.position_embedding_type
     if kind != "rope":

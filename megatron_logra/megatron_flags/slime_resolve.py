@@ -5,7 +5,7 @@ a ``ValueError`` naming the flag and what to give instead."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Collection, Optional
+from typing import Any, Optional
 
 from megatron_logra.megatron_flags.slime import CLIP_FLAGS
 
@@ -82,7 +82,7 @@ def resolve_clip(cfg: Any, flag: str, set_by: dict[str, tuple[str, Any]]) -> Opt
                      f"loss)")
 
 
-def check_use_wandb(cfg: Any, given: Collection[str]) -> None:
+def check_use_wandb(cfg: Any) -> None:
     """slime's ``--use-wandb``: W&B logging is on here when ``train.wandb_project`` is set, so the switch is accepted
     with a project and refused alone."""
     if not cfg.train.wandb_project:
