@@ -100,7 +100,12 @@ class AnchorDirectory(_FullWeightsFiles):
     def _check_anchor(self, version: int, engine: Optional[DeltaConsumer], anchors: list[dict]) -> None:
         """Pass if the newest anchor at or below ``version`` is verified, or is at ``version`` and the
         engine's fingerprint equals the marker's (then it counts as verified); ``engine=None`` verifies
-        nothing new. No anchor at or below ``version``: nothing to verify."""
+        nothing new. No anchor at or below ``version``: nothing to verify. A negative ``version`` (an engine
+        whose full load failed part-way, ``weight_version = -1``) is refused while there is an anchor to reload."""
+        if version < 0 and anchors:
+            raise SyncError("anchor", f"the engine's weight version is {version} (unknown: a full-weights load "
+                                      f"failed part-way and left its weights partly replaced); "
+                                      f"{self._reload_advice(anchors)}")
         below = [a for a in anchors if a["version"] <= version]
         if not below or below[-1]["epoch"] in self._verified:
             return
