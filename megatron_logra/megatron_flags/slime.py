@@ -47,11 +47,13 @@ engine reserves, ``--rollout-num-gpus-per-engine`` that engine's tensor-parallel
 SLIME_SWITCHES: dict[str, tuple[str, str]] = {
     "use-tis": ("rl.loss.kind", "tis"),
     "disable-grpo-std-normalization": ("rl.advantage.scale_by_std", "false"),
+    "disable-rewards-normalization": ("rl.advantage.baseline", "none"),
     "normalize-advantages": ("rl.advantage.normalize", "true"),
     "use-wandb": ("use-wandb", "true"),  # SLIME_CHECK_SWITCHES
 }
 """slime switches -> the (dotted field, value) they set: ``--use-tis`` the truncated-importance-sampling loss,
 ``--disable-grpo-std-normalization`` GRPO advantages not divided by the group's std (Dr. GRPO),
+``--disable-rewards-normalization`` no group normalisation at all: the raw rewards are the advantages,
 ``--normalize-advantages`` the advantages whitened over the step's loss tokens of every DP rank."""
 
 SLIME_CHECK_SWITCHES: tuple[str, ...] = ("use-wandb",)
@@ -118,9 +120,6 @@ SLIME_NEUTRAL_FLAGS: dict[str, tuple[type, Any, str]] = {
 SLIME_REFUSED_SWITCHES: dict[str, str] = {
     "partial-rollout": ("every rollout of a step completes within the step (responses stop at "
                         "rl.rollout.max_new_tokens, --rollout-max-response-len); none is carried to the next step"),
-    "disable-rewards-normalization": ("GRPO always subtracts the group's mean reward; for advantages without the "
-                                      "std division give --disable-grpo-std-normalization "
-                                      "(rl.advantage.scale_by_std=false)"),
     "use-opsm": "off-policy sequence masking is not supported: " + _ONE_STEP,
     "use-routing-replay": "mixture-of-experts models are not supported (dense GPT only)",
 }

@@ -1,7 +1,10 @@
 """Advantage estimators (pure functions on per-sequence rewards).
 
 * GRPO: rewards are grouped per prompt (``group_size`` samples each) and normalised by the
-  group mean and standard deviation; ``scale_by_std=False`` is Dr.GRPO (mean only).
+  group mean and standard deviation; ``scale_by_std=False`` is Dr.GRPO (mean only). ``baseline="none"``
+  (slime's ``--disable-rewards-normalization``) skips the group normalisation: the raw rewards are the
+  advantages, so a group of equal nonzero rewards is trained on (not zero), and only a step whose every
+  reward is 0 (or, whitened, whose rewards are all equal) is one of zero advantages.
 * REINFORCE with an EMA baseline (the paper's recipe): ``A = r − b`` with the baseline taken
   before this batch, then ``b ← (1 − w)·b + w·mean(r)``. Under data parallelism ``mean(r)`` is the
   mean of the whole global batch: the caller sums the rewards and their count over the DP group and
@@ -26,8 +29,11 @@ import torch
 from megatron_logra.parallel import all_reduce_sum
 from megatron_logra.rl.checks import check_finite_fields
 
-__all__ = ["grpo_advantages", "EMABaseline", "AdvantageConfig", "WHITEN_EPS", "whiten_statistics", "whiten_moments",
-           "masked_whiten", "whiten_advantages"]
+__all__ = ["grpo_advantages", "EMABaseline", "AdvantageConfig", "BASELINES", "WHITEN_EPS", "whiten_statistics",
+           "whiten_moments", "masked_whiten", "whiten_advantages"]
+
+BASELINES = ("group_mean", "none")
+"""The values of ``rl.advantage.baseline``."""
 
 WHITEN_EPS = 1e-8
 """Added to the variance before its square root when whitening (slime's ``distributed_masked_whiten`` epsilon)."""
@@ -39,6 +45,15 @@ class AdvantageConfig:
 
     estimator: str = "grpo"
     """grpo (group-normalised) or reinforce (EMA baseline)."""
+    baseline: str = "group_mean"
+    """GRPO: what each reward is measured against. ``group_mean``: its group's mean reward (then divided by the
+    group's std, ``scale_by_std``); a group of equal rewards gets advantage 0. ``none``: nothing, the raw rewards
+    are the advantages (slime's ``--disable-rewards-normalization``): ``scale_by_std`` and ``eps`` are not read
+    (slime's ``--disable-grpo-std-normalization`` acts within that normalisation only), a group of equal rewards
+    is trained on with its reward (a step is one of zero advantages only where every reward is 0), ``normalize``
+    still whitens, and dynamic sampling still replaces groups of equal rewards, as slime's nonzero-std filter
+    drops them whatever the normalisation. ``rl.advantage.estimator=reinforce`` subtracts its EMA baseline and
+    takes ``group_mean`` only."""
     scale_by_std: bool = True
     """GRPO: divide by the group std (False = Dr.GRPO)."""
     eps: float = 1e-6
@@ -58,28 +73,43 @@ class AdvantageConfig:
                              f"advantages over its loss tokens, slime's --normalize-advantages)")
         if self.estimator not in ("grpo", "reinforce"):
             raise ValueError(f"rl.advantage.estimator={self.estimator!r}: choose grpo or reinforce")
+        if self.baseline not in BASELINES:
+            raise ValueError(f"rl.advantage.baseline={self.baseline!r}: choose group_mean (GRPO's group-mean "
+                             f"baseline) or none (the raw rewards are the advantages, slime's "
+                             f"--disable-rewards-normalization)")
+        if self.baseline == "none" and self.estimator != "grpo":
+            raise ValueError(f"rl.advantage.baseline=none (slime's --disable-rewards-normalization) applies to "
+                             f"rl.advantage.estimator=grpo, but the estimator is {self.estimator!r}, which subtracts "
+                             f"its EMA baseline: set rl.advantage.estimator=grpo or rl.advantage.baseline=group_mean")
         if not 0.0 < self.baseline_weight <= 1.0:
             raise ValueError(f"rl.advantage.baseline_weight={self.baseline_weight} must lie in (0, 1]")
         if self.eps < 0:
             raise ValueError(f"rl.advantage.eps={self.eps} must be >= 0")
 
 
-def grpo_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+def grpo_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6,
+                    baseline: str = "group_mean") -> torch.Tensor:
     """``[n]`` rewards laid out as consecutive groups of ``group_size`` -> ``[n]`` advantages.
 
     The std is the population std of the group. A group of identical rewards gets exactly 0
     whatever ``eps`` (its mean can differ from the rewards by a rounding error, which divided by
     a rounding-sized std would be ±1), so a step of uniform groups is recognised as one.
+    ``baseline="none"``: the rewards themselves (a copy; ``scale_by_std`` and ``eps`` are not read).
     """
     if group_size < 1 or rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline={baseline!r}: choose one of {', '.join(BASELINES)}")
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    if baseline == "none":
+        return rewards.detach().reshape(-1).to(out_dtype).clone()
     r = rewards.double().view(-1, group_size)
     centred = r - r.mean(dim=1, keepdim=True)
     if scale_by_std:
         centred = centred / (r.std(dim=1, unbiased=False, keepdim=True) + eps)
     uniform = r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True)
     centred = torch.where(uniform, torch.zeros_like(centred), centred)
-    return centred.reshape(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+    return centred.reshape(-1).to(out_dtype)
 
 
 class EMABaseline:

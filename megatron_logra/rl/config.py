@@ -126,8 +126,13 @@ class RLConfig:
         if not isinstance(self.prompt_template, str) or "{prompt}" not in self.prompt_template:
             raise ValueError(f"rl.prompt_template={self.prompt_template!r} must contain {{prompt}}, which is replaced "
                              "by the problem's text: add it, e.g. '{prompt}\\n'")
-        if self.group_size == 1 and self.advantage.estimator == "grpo":
+        if self.group_size == 1 and self.dynamic_sampling_rounds:
+            raise ValueError(f"rl.dynamic_sampling_rounds={self.dynamic_sampling_rounds} replaces groups whose rewards "
+                             f"are all equal, and with rl.group_size=1 every group is one: set rl.group_size >= 2 or "
+                             f"rl.dynamic_sampling_rounds=0")
+        if self.group_size == 1 and self.advantage.estimator == "grpo" and self.advantage.baseline != "none":
             raise ValueError("rl.group_size=1 with rl.advantage.estimator=grpo gives every sample an advantage of 0 "
                              "(a group of one is its own mean), so nothing is learned: set rl.group_size >= 2 or "
-                             "rl.advantage.estimator=reinforce")
+                             "rl.advantage.estimator=reinforce (or rl.advantage.baseline=none: the raw rewards are "
+                             "the advantages)")
 

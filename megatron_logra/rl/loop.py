@@ -86,7 +86,7 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     rewards_f32 = rewards.float()  # the exact rewards are logged; the advantages come from their float32 values
     if rl.advantage.estimator == "grpo":
         advantages = grpo_advantages(rewards_f32, rl.group_size, scale_by_std=rl.advantage.scale_by_std,
-                                     eps=rl.advantage.eps)
+                                     eps=rl.advantage.eps, baseline=rl.advantage.baseline)
     else:
         advantages = reinforce_advantages(state.baseline, rewards_f32, groups.dp)
     raw_std = None  # rl.advantage.normalize: whitened over the loss tokens of every DP rank (rl.advantages)
@@ -129,7 +129,9 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         return record
     # with a KL penalty (entropy bonus) the step still pulls towards the reference (higher entropy)
     if sums["abs_advantage"] == 0.0 and rl.loss.kl_coef == 0 and rl.loss.entropy_coef == 0:
-        logger.info("step %d: every advantage is zero (all groups uniform); no update", step)
+        logger.info("step %d: every advantage is zero (%s); no update", step,
+                    "every reward is 0" if rl.advantage.baseline == "none" and not rl.advantage.normalize
+                    else "all rewards equal" if rl.advantage.baseline == "none" else "all groups uniform")
         record.update(skipped=True, skip_reason="zero advantages", step_seconds=elapsed(t0, device),
                       **device_peaks(device))
         return record
