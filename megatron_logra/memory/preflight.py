@@ -70,11 +70,15 @@ def rl_micro_batch(cfg: Any, dp: int) -> int:
     """Sequences in the largest micro-batch of RL run ``cfg`` on one of ``dp`` data-parallel ranks:
     ``rl.micro_batch_size``, or fewer when a rank has fewer rows per step to split (its
     ``rl.prompts_per_step / dp x rl.group_size`` rollouts; a supervised warm start that trains, its
-    ``sft.batch_size / dp`` demonstrations), as ``rl.batching.split_microbatches`` cuts them."""
-    rows = -(-cfg.rl.prompts_per_step // dp) * cfg.rl.group_size
+    ``sft.batch_size / dp`` demonstrations), as ``rl.batching.split_microbatches`` cuts them. With
+    ``rl.max_tokens_per_micro_batch`` an RL step's micro-batch holds at most that many positions, or one
+    sequence: planned as the budget's worth of ``model.seq_length`` sequences, rounded up."""
+    step_rows = -(-cfg.rl.prompts_per_step // dp) * cfg.rl.group_size
+    budget = cfg.rl.max_tokens_per_micro_batch
+    step = min(step_rows, max(1, -(-budget // cfg.model.seq_length)) if budget else cfg.rl.micro_batch_size)
     if cfg.sft.steps > 0 and not cfg.model.hf_path and not cfg.sft.init_path:  # the warm start trains
-        rows = max(rows, -(-cfg.sft.batch_size // dp))
-    return min(cfg.rl.micro_batch_size, rows)
+        step = max(step, min(cfg.rl.micro_batch_size, -(-cfg.sft.batch_size // dp)))
+    return step
 
 
 def embedded_rollout_sequences(cfg: Any, dp: int) -> int:
@@ -141,7 +145,11 @@ def fit_hint(cfg: Any, pcfg: PlanConfig) -> str:
     if pcfg.micro_batch > 1:
         configured = cfg.rl.micro_batch_size if rl else cfg.train.micro_batch_size
         runs = f", {pcfg.micro_batch} sequences per micro-batch" if pcfg.micro_batch != configured else ""
-        options.append(f"lower the micro-batch ({'rl' if rl else 'train'}.micro_batch_size={configured}{runs})")
+        if rl and cfg.rl.max_tokens_per_micro_batch:
+            options.append(f"lower the micro-batch token budget (rl.max_tokens_per_micro_batch="
+                           f"{cfg.rl.max_tokens_per_micro_batch}{runs})")
+        else:
+            options.append(f"lower the micro-batch ({'rl' if rl else 'train'}.micro_batch_size={configured}{runs})")
     if pcfg.recompute != "full":
         options.append(f"set model.recompute=full (now {pcfg.recompute})")
     options.append(f"raise the tensor/pipeline-parallel size (now TP {pcfg.tp}, PP {pcfg.pp})")

@@ -46,6 +46,7 @@ def check_rl_batch_layout(cfg: "RunConfig", dp_size: int, pp_size: int) -> None:
     naming the field and the fix); a pure function of the config and the sizes, the same on every rank.
 
     * ``rl.prompts_per_step`` must divide over the ``dp_size`` data-parallel ranks (``share_per_rank``).
+    * ``rl.max_tokens_per_micro_batch`` (micro-batches of different shapes) needs ``pp_size == 1``.
     * With ``pp_size > 1`` each rank's ``rl.prompts_per_step / dp × rl.group_size`` sequences must be one
       micro-batch or whole micro-batches of ``rl.micro_batch_size`` (at ``pp_size == 1`` a smaller last
       micro-batch is fine).
@@ -57,6 +58,11 @@ def check_rl_batch_layout(cfg: "RunConfig", dp_size: int, pp_size: int) -> None:
         raise ValueError(f"data-parallel size {dp_size} and pipeline-parallel size {pp_size} must be >= 1")
     rl, sft = cfg.rl, cfg.sft
     prompts = share_per_rank("rl.prompts_per_step", rl.prompts_per_step, dp_size, "prompts")
+    if rl.max_tokens_per_micro_batch and pp_size > 1:
+        raise ValueError(
+            f"rl.max_tokens_per_micro_batch={rl.max_tokens_per_micro_batch} makes micro-batches of different "
+            f"shapes, which pipeline parallelism (pipeline-parallel size {pp_size}) cannot pass between stages: "
+            f"set rl.max_tokens_per_micro_batch=0 (fixed micro-batches of rl.micro_batch_size) or parallel.pp=1")
     _check_pipeline_microbatches(
         prompts * rl.group_size,
         f"rl.prompts_per_step={rl.prompts_per_step} / data-parallel size {dp_size} × rl.group_size={rl.group_size}",

@@ -4,19 +4,27 @@ A sequence ``prompt + completion`` becomes ``tokens = seq[:-1]``, ``labels = seq
 loss mask covers the positions whose label is a completion token. Per-token advantages and
 rollout log-probs are aligned with the labels. Sequences are right-padded with ``pad_id``
 to a common length (a multiple of 8, or of what FP8 and sequence parallelism need; at most
-``max_length``), so every micro-batch of a step
-has the same shape (pipeline schedules need that).
+``max_length``).
+
+The step's batch then splits into micro-batches (:func:`plan_microbatches`): either consecutive rows of
+``rl.micro_batch_size`` at the batch's length, so every micro-batch has one shape (what pipeline schedules
+need), or, with a token budget (``rl.max_tokens_per_micro_batch``, slime's ``--use-dynamic-batch-size
+--max-tokens-per-gpu``), rows grouped by length, each micro-batch cut to its own longest sequence, so a
+step of a few long completions and many short ones does not pad every row to the longest. The loss is a sum
+over tokens divided by the step's token count, so how the rows split changes only the order of the sums.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from megatron_logra.train.step import Batch
 
-__all__ = ["pack_sequences", "split_microbatches"]
+__all__ = ["MicroSlice", "pack_sequences", "plan_microbatches", "scatter_rows", "split_microbatches",
+           "take_microbatch"]
 
 
 def pack_sequences(
@@ -74,15 +82,84 @@ def pack_sequences(
                  extras={"advantages": adv, "rollout_logprobs": old_lp, "finished": done})
 
 
-def split_microbatches(batch: Batch, micro_batch_size: int) -> list[Batch]:
-    """Consecutive row slices of ``batch`` (the last one may be smaller: fine for one pipeline stage; with
-    more, ``rl.batch_layout.check_rl_batch_layout`` refuses the layouts that would make one)."""
-    n = batch.tokens.shape[0]
-    out = []
-    for start in range(0, n, micro_batch_size):
-        sl = slice(start, start + micro_batch_size)
-        out.append(Batch(
-            tokens=batch.tokens[sl], labels=batch.labels[sl], loss_mask=batch.loss_mask[sl],
-            position_ids=batch.position_ids[sl], extras={k: v[sl] for k, v in batch.extras.items()},
-        ))
+@dataclass(frozen=True)
+class MicroSlice:
+    """One micro-batch of a step's batch: its rows (indices into the batch, in order) and its length (the
+    first ``length`` positions of each row; every loss position of those rows lies within them)."""
+
+    rows: tuple[int, ...]
+    length: int
+
+
+def sequence_ends(loss_mask_NS: torch.Tensor) -> list[int]:
+    """Per row, one past its last loss position (0 for a row without one). Positions after it never reach the
+    loss: attention is causal, so cutting them changes no logit the loss reads."""
+    s = loss_mask_NS.shape[1]
+    pos_S = torch.arange(1, s + 1, dtype=torch.long)
+    return ((loss_mask_NS > 0).long() * pos_S).amax(dim=1).tolist() if s else [0] * loss_mask_NS.shape[0]
+
+
+def plan_microbatches(batch: Batch, micro_batch_size: int, max_tokens: int = 0, multiple: int = 8) -> list[MicroSlice]:
+    """How ``batch`` splits into micro-batches.
+
+    ``max_tokens == 0``: consecutive rows of ``micro_batch_size`` at the batch's full length (the last one may
+    be smaller: fine for one pipeline stage; with more, ``rl.batch_layout.check_rl_batch_layout`` refuses the
+    layouts that would make one).
+
+    ``max_tokens > 0`` (a token budget; ``micro_batch_size`` is not read): each row's length is its last loss
+    position rounded up to ``multiple`` (at most the batch's length); rows are taken longest first (ties in row
+    order) and each micro-batch holds as many as fit ``rows × its first row's length <= max_tokens``. A row
+    longer than the budget is a micro-batch of its own. Deterministic: a pure function of the mask."""
+    n, s = batch.tokens.shape
+    if max_tokens < 0 or micro_batch_size < 1 or multiple < 1:
+        raise ValueError(f"max_tokens={max_tokens} must be >= 0 and micro_batch_size={micro_batch_size}, "
+                         f"multiple={multiple} >= 1")
+    if max_tokens == 0:
+        return [MicroSlice(tuple(range(start, min(n, start + micro_batch_size))), s)
+                for start in range(0, n, micro_batch_size)]
+    lengths = [min(s, max(multiple, -(-end // multiple) * multiple)) for end in sequence_ends(batch.loss_mask)]
+    order = sorted(range(n), key=lambda i: (-lengths[i], i))
+    plan: list[MicroSlice] = []
+    start = 0
+    while start < n:
+        length = lengths[order[start]]
+        rows = max(1, max_tokens // length)
+        chosen = order[start : start + rows]
+        plan.append(MicroSlice(tuple(sorted(chosen)), length))
+        start += len(chosen)
+    return plan
+
+
+def take_microbatch(batch: Batch, part: MicroSlice) -> Batch:
+    """The rows and positions of ``part`` as a ``Batch`` (views where the rows are consecutive)."""
+    rows = part.rows
+    if rows and rows == tuple(range(rows[0], rows[0] + len(rows))):
+        index = slice(rows[0], rows[0] + len(rows))
+    else:
+        index = torch.tensor(rows, dtype=torch.long)
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        t = t[index]
+        return t if t.shape[1] == part.length else t[:, : part.length]
+
+    return Batch(tokens=cut(batch.tokens), labels=cut(batch.labels), loss_mask=cut(batch.loss_mask),
+                 position_ids=cut(batch.position_ids), extras={k: cut(v) for k, v in batch.extras.items()})
+
+
+def scatter_rows(parts: Sequence[torch.Tensor], plan: Sequence[MicroSlice], shape: tuple[int, int]) -> torch.Tensor:
+    """Per-micro-batch ``[rows, length]`` tensors (in ``plan``'s order) put back at their rows and first
+    positions of a zero ``shape`` tensor: the inverse of :func:`take_microbatch` for per-token values."""
+    if len(parts) != len(plan):
+        raise ValueError(f"{len(parts)} micro-batch results for a plan of {len(plan)} micro-batches")
+    out = parts[0].new_zeros(shape) if parts else torch.zeros(shape)
+    for part, piece in zip(plan, parts):
+        if tuple(piece.shape) != (len(part.rows), part.length):
+            raise ValueError(f"a micro-batch result of shape {tuple(piece.shape)} for "
+                             f"{len(part.rows)} rows of {part.length} positions")
+        out[torch.tensor(part.rows, dtype=torch.long), : part.length] = piece
     return out
+
+
+def split_microbatches(batch: Batch, micro_batch_size: int, max_tokens: int = 0, multiple: int = 8) -> list[Batch]:
+    """``batch`` as the micro-batches of :func:`plan_microbatches`."""
+    return [take_microbatch(batch, part) for part in plan_microbatches(batch, micro_batch_size, max_tokens, multiple)]

@@ -64,7 +64,15 @@ class RLConfig:
     group_size: int = 8
     """Samples per prompt (G)."""
     micro_batch_size: int = 32
-    """Sequences per trainer micro-batch."""
+    """Sequences per trainer micro-batch (the RL step's, unless ``max_tokens_per_micro_batch`` is set, and the
+    warm start's)."""
+    max_tokens_per_micro_batch: int = 0
+    """Dynamic micro-batches (slime's ``--use-dynamic-batch-size --max-tokens-per-gpu N``): each rank's
+    sequences of an RL step are grouped by length into micro-batches of at most this many positions (rows ×
+    the micro-batch's longest sequence, rounded to the sequence multiple), each cut to its own longest, so
+    short completions are not padded to the step's longest; a sequence longer than the budget is a
+    micro-batch of its own. The same update up to the order of float sums. Needs ``parallel.pp=1``.
+    0 = fixed micro-batches of ``micro_batch_size`` sequences padded to the step's longest."""
     eval_interval: int = 10
     """Updates between held-out evaluations (and one before the first, one after the last)."""
     dynamic_sampling_rounds: int = 0
@@ -105,6 +113,11 @@ class RLConfig:
         for name in ("steps", "prompts_per_step", "group_size", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rl.{name}={getattr(self, name)} must be >= 1")
+        if isinstance(self.max_tokens_per_micro_batch, bool) or not isinstance(self.max_tokens_per_micro_batch, int) \
+                or self.max_tokens_per_micro_batch < 0:
+            raise ValueError(f"rl.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch!r} must be a whole "
+                             f"number >= 0 (positions per dynamic micro-batch; 0 = fixed micro-batches of "
+                             f"rl.micro_batch_size sequences)")
         if self.dynamic_sampling_rounds < 0:
             raise ValueError(f"rl.dynamic_sampling_rounds={self.dynamic_sampling_rounds} must be >= 0 (0 = off)")
         if self.dynamic_sampling_rounds and self.advantage.estimator != "grpo":

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from megatron_logra.rl.batching import split_microbatches
+from megatron_logra.rl.batching import MicroSlice, plan_microbatches, scatter_rows, take_microbatch
 from megatron_logra.rl.losses import kl_penalty, rl_loss, token_logprobs, token_logprobs_and_entropy
 from megatron_logra.train.step import Batch, forward_backward
 
@@ -78,10 +78,18 @@ def _reference_logprobs(c: RLComponents, batch: Batch) -> Optional[torch.Tensor]
         return logits.new_zeros((), dtype=torch.float32), tokens.to(torch.int), \
             {"lm": torch.stack([tokens.new_zeros((), dtype=torch.float32), tokens.float()])}
 
+    plan = step_plan(c, batch)
     with torch.no_grad():
-        forward_backward(c.ref_model, split_microbatches(batch, c.cfg.rl.micro_batch_size), c.groups,
+        forward_backward(c.ref_model, [take_microbatch(batch, part) for part in plan], c.groups,
                          forward_only=True, loss_fn=capture)
-    return torch.cat(parts, dim=0).cpu() if parts else None
+    return scatter_rows([p.cpu() for p in parts], plan, tuple(batch.tokens.shape)) if parts else None
+
+
+def step_plan(c: RLComponents, batch: Batch) -> list[MicroSlice]:
+    """The step's micro-batches: ``rl.micro_batch_size`` rows each, or by ``rl.max_tokens_per_micro_batch``
+    (:func:`~megatron_logra.rl.batching.plan_microbatches`); the reference and the policy take the same."""
+    rl = c.cfg.rl
+    return plan_microbatches(batch, rl.micro_batch_size, rl.max_tokens_per_micro_batch, c.cfg.sequence_multiple())
 
 
 def backward_and_prepare(c: RLComponents, batch: Batch, loss_fn, step: int, phases: Any) -> tuple[StepResult, Any, int]:
@@ -95,7 +103,7 @@ def backward_and_prepare(c: RLComponents, batch: Batch, loss_fn, step: int, phas
     the scaler's hysteresis, so the scale halves every ``optimizer.loss_scale.hysteresis`` re-runs until the
     step fits or the scale reaches ``min_scale``, where an overflow is a non-finite update like any other
     (returned skipped, without ``overflow``)."""
-    micro = split_microbatches(batch, c.cfg.rl.micro_batch_size)
+    micro = [take_microbatch(batch, part) for part in step_plan(c, batch)]
     retries = 0
     while True:
         phases.next("forward_backward")
