@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence, Union, 
 import torch
 from torch import nn
 
-from megatron_logra.sync.apply import ProjectionCache, apply_delta_
+from megatron_logra.sync.apply import ProjectionCache, stage_delta
 from megatron_logra.sync.codec import SketchDelta, decode
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.fingerprint import fingerprint
@@ -118,10 +118,17 @@ class ModuleEngine:
         return {n: tuple(t.shape) for n, t in self.weights().items()}
 
     def apply_sketch_delta(self, delta: Union[SketchDelta, bytes]) -> int:
-        """Validate and apply one delta; returns (and records) the new version. Raises ``SyncError``."""
+        """Validate and apply one delta; returns (and records) the new version. Raises ``SyncError``: a rejection
+        leaves the weights and the version untouched; a commit that fails after its first write (a kernel error)
+        leaves ``weight_version = -1`` (unknown: every delta is refused until a full load succeeds)."""
         d = as_delta(delta)
-        self._version = apply_delta_(self.weights(), d, self._version, layout=self.layout,
-                                     tp_size=self.tp_size, tp_rank=self.tp_rank, cache=self._projections)
+        staged = stage_delta(self.weights(), d, self._version, layout=self.layout, tp_size=self.tp_size,
+                             tp_rank=self.tp_rank, cache=self._projections)
+        try:
+            self._version = staged.commit_()
+        except BaseException:
+            self._version = -1  # partly written: the delta must not be applied again on top of it
+            raise
         logger.info("engine weights now at version %d", self._version)
         return self._version
 
