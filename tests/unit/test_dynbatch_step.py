@@ -8,7 +8,6 @@ trains."""
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
@@ -26,61 +25,27 @@ def built(tmp_path_factory):
         yield built
 
 
-def _skewed_batch(comps):
-    """Twelve sequences: two near the context length, the rest a few tokens; random advantages and log-probs."""
-    from megatron_logra.rl.batching import pack_sequences
-
-    gen = random.Random(0)
-    vocab = len(comps.tokenizer)
-    lengths = [40, 3, 2, 5, 1, 36, 4, 3, 0, 6, 2, 4]
-    prompts = [[gen.randrange(1, vocab) for _ in range(gen.randrange(2, 6))] for _ in lengths]
-    completions = [[gen.randrange(1, vocab) for _ in range(n)] for n in lengths]
-    return pack_sequences(prompts, completions, rollout_logprobs=[[-gen.uniform(0.5, 5) for _ in c] for c in completions],
-                          advantages=[gen.uniform(-1, 1) for _ in lengths], finished=[n % 3 > 0 for n in lengths],
-                          pad_id=comps.tokenizer.pad_token_id, max_length=comps.cfg.model.seq_length,
-                          multiple=comps.cfg.sequence_multiple())
-
-
-def _step_parts(comps, batch, budget: int):
-    from megatron_logra.profiling.phases import Phases
-    from megatron_logra.rl.objective import _reference_logprobs, backward_and_prepare, make_rl_loss_fn, step_plan
-
-    comps.cfg.rl.max_tokens_per_micro_batch = budget
-    try:
-        batch = type(batch)(batch.tokens, batch.labels, batch.loss_mask, batch.position_ids, dict(batch.extras))
-        ref = _reference_logprobs(comps, batch)
-        batch.extras["ref_logprobs"] = ref
-        positions = sum(len(p.rows) * p.length for p in step_plan(comps, batch))
-        loss_fn = make_rl_loss_fn(comps.cfg.rl.loss, comps.cfg.rl.rollout.temperature, comps.groups.tp)
-        with Phases("test") as ph:
-            result, update, _ = backward_and_prepare(comps, batch, loss_fn, 1, ph)
-        sketches = {t.key: t.sketch.clone() for t in comps.optimizer.targets}
-        return ref, result, update, positions, sketches
-    finally:
-        comps.cfg.rl.max_tokens_per_micro_batch = 0
-
-
 def test_a_token_budget_gives_the_fixed_micro_batches_update(built):
+    from support.dynbatch import largest_sketch_difference, skewed_batch, step_parts
+
     comps, _ = built
-    batch = _skewed_batch(comps)
-    ref_fixed, fixed, update_fixed, positions_fixed, sketch_fixed = _step_parts(comps, batch, 0)
-    ref_dyn, dyn, update_dyn, positions_dyn, sketch_dyn = _step_parts(comps, batch, 64)
-    assert positions_dyn < positions_fixed / 2
+    batch = skewed_batch(comps, [40, 3, 2, 5, 1, 36, 4, 3, 0, 6, 2, 4])  # two near the context length
+    fixed, dyn = step_parts(comps, batch, 0), step_parts(comps, batch, 64)
+    assert dyn["positions"] < fixed["positions"] / 2
+    assert dyn["micro_batches"] != fixed["micro_batches"]
 
     mask = batch.loss_mask > 0
-    torch.testing.assert_close(ref_dyn[mask], ref_fixed[mask], rtol=1e-5, atol=1e-5)
-    assert fixed.num_tokens == dyn.num_tokens == int(batch.loss_mask.sum())
-    assert set(fixed.reports) == set(dyn.reports) == {"lm", "mismatch", "entropy", "ref_kl"}
-    for name in fixed.reports:
-        torch.testing.assert_close(dyn.reports[name], fixed.reports[name], rtol=1e-5, atol=1e-5)
-    assert fixed.reports["ref_kl"][1] > 0  # the reference took part
-    assert not update_fixed.skipped and not update_dyn.skipped
-    assert set(sketch_fixed) == set(sketch_dyn) and sketch_fixed
-    for key, d in sketch_fixed.items():
-        scale = d.abs().max().item()
-        assert scale > 0
-        torch.testing.assert_close(sketch_dyn[key], d, rtol=1e-4, atol=1e-5 * scale)
-    assert update_dyn.grad_norm == pytest.approx(update_fixed.grad_norm, rel=1e-4)
+    torch.testing.assert_close(dyn["ref"][mask], fixed["ref"][mask], rtol=1e-5, atol=1e-5)
+    assert fixed["result"].num_tokens == dyn["result"].num_tokens == int(batch.loss_mask.sum())
+    reports_fixed, reports_dyn = fixed["result"].reports, dyn["result"].reports
+    assert set(reports_fixed) == set(reports_dyn) == {"lm", "mismatch", "entropy", "ref_kl"}
+    for name in reports_fixed:
+        torch.testing.assert_close(reports_dyn[name], reports_fixed[name], rtol=1e-5, atol=1e-5)
+    assert reports_fixed["ref_kl"][1] > 0  # the reference took part
+    assert not fixed["update"].skipped and not dyn["update"].skipped
+    assert all(s.abs().max() > 0 for s in fixed["sketches"].values())
+    assert largest_sketch_difference(fixed["sketches"], dyn["sketches"]) < 1e-4
+    assert dyn["update"].grad_norm == pytest.approx(fixed["update"].grad_norm, rel=1e-4)
 
 
 def test_a_whole_step_with_a_token_budget_trains(built, monkeypatch):
