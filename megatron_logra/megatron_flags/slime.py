@@ -49,12 +49,14 @@ SLIME_SWITCHES: dict[str, tuple[str, str]] = {
     "disable-grpo-std-normalization": ("rl.advantage.scale_by_std", "false"),
     "disable-rewards-normalization": ("rl.advantage.baseline", "none"),
     "normalize-advantages": ("rl.advantage.normalize", "true"),
+    "group-rm": ("task.reward_group", "true"),
     "use-wandb": ("use-wandb", "true"),  # SLIME_CHECK_SWITCHES
 }
 """slime switches -> the (dotted field, value) they set: ``--use-tis`` the truncated-importance-sampling loss,
 ``--disable-grpo-std-normalization`` GRPO advantages not divided by the group's std (Dr. GRPO),
 ``--disable-rewards-normalization`` no group normalisation at all: the raw rewards are the advantages,
-``--normalize-advantages`` the advantages whitened over the step's loss tokens of every DP rank."""
+``--normalize-advantages`` the advantages whitened over the step's loss tokens of every DP rank, ``--group-rm`` the
+slime reward function (``--custom-rm-path``) called once per prompt with the list of its samples."""
 
 SLIME_CHECK_SWITCHES: tuple[str, ...] = ("use-wandb",)
 """slime switches accepted as a check of the final config: ``--use-wandb`` needs ``train.wandb_project``

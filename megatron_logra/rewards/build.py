@@ -13,6 +13,7 @@ from megatron_logra.rewards.math import MathVerifyScorer, parses_as_math
 from megatron_logra.rewards.plugins import PluginScorer, is_dotted_path, is_slime_path
 from megatron_logra.rewards.process_pool import RewardProcessPool
 from megatron_logra.rewards.remote import RemoteScorer, is_reward_url
+from megatron_logra.rewards.slime_group import SlimeGroupScorer
 from megatron_logra.rewards.slime_rm import SlimeScorer, slime_args
 from megatron_logra.rewards.task import Task
 
@@ -59,7 +60,8 @@ def _plugin_scorer(cfg: TaskConfig, plugin_timeout_s: float | None) -> Scorer | 
     reward server), or None for the built-in ones. ``plugin_timeout_s`` bounds a function's calls in this process
     (None: no limit)."""
     if is_slime_path(cfg.reward):  # its args: what the config (and the RL job, slime_rm.with_run_args) tells
-        return SlimeScorer(cfg.reward, timeout_s=plugin_timeout_s, args=slime_args(cfg))
+        scorer = SlimeGroupScorer if cfg.reward_group else SlimeScorer  # --group-rm: a prompt's samples at once
+        return scorer(cfg.reward, timeout_s=plugin_timeout_s, args=slime_args(cfg))
     if is_dotted_path(cfg.reward):
         return PluginScorer(cfg.reward, timeout_s=plugin_timeout_s)
     if is_reward_url(cfg.reward):

@@ -9,8 +9,7 @@ from math import isfinite
 from typing import Any
 
 from megatron_logra.rewards.jsonl import file_spec_path
-from megatron_logra.rewards.plugins import SLIME_PREFIX, is_dotted_path, is_slime_path
-from megatron_logra.rewards.remote import is_reward_url
+from megatron_logra.rewards.reward_checks import check_reward_fields
 from megatron_logra.rewards.source_specs import file_key, source_specs
 
 __all__ = ["TaskConfig"]
@@ -98,6 +97,13 @@ class TaskConfig:
     code that holds the GIL (a backtracking regex), which no limit stops in-process; a reward function that
     crashes its worker (``os._exit``, a segfault) stops the run naming it. Costs seconds and memory per worker
     (:mod:`megatron_logra.rewards.process_pool`)."""
+    reward_group: bool = False
+    """Call the slime reward function (``task.reward=slime:...``) once per prompt with the list of that prompt's
+    samples, as slime's ``--group-rm``: ``[async] def rm(args, samples) -> list[float]``, one reward per sample in
+    their order (a training step's ``rl.group_size``; at a held-out evaluation a problem's
+    ``rl.rollout.eval_samples``, which slime, refusing ``--group-rm`` there, never calls). ``task.reward_timeout_s``
+    then bounds one call, a whole group, in process and in ``reward_workers`` alike
+    (:mod:`megatron_logra.rewards.slime_group`)."""
 
     def __post_init__(self) -> None:
         self.datasets = source_specs(self.datasets, "datasets")
@@ -125,46 +131,13 @@ class TaskConfig:
                                  f"it empty for the usual keys")
         self._check_weights()
         self._check_kwargs()
-        reward = self.reward
-        if isinstance(reward, str) and reward.startswith(SLIME_PREFIX) and not is_slime_path(reward):
-            raise ValueError(
-                f"task.reward={reward!r}: name a slime reward function 'slime:package.module:function' (or in "
-                f"--custom-rm-path's spelling 'slime:package.module.function'; Python identifiers), e.g. "
-                f"task.reward=slime:my_rewards:rm")
-        if not isinstance(reward, str) or not (reward in ("auto", "math_verify") or is_dotted_path(reward)
-                                               or is_slime_path(reward) or is_reward_url(reward)):
-            raise ValueError(
-                f"task.reward={reward!r}: use auto, math_verify, a dotted path 'package.module:function', a slime "
-                f"reward function 'slime:package.module:function' or a reward server's http:// URL"
-            )
-        for name in ("correct_reward", "wrong_reward"):
-            if not isfinite(float(getattr(self, name))):
-                raise ValueError(f"task.{name}={getattr(self, name)!r} must be finite")
-        if not self.correct_reward > self.wrong_reward:
-            raise ValueError(
-                f"task.correct_reward={self.correct_reward} must exceed task.wrong_reward={self.wrong_reward}"
-            )
         if self.num_eval < 0:
             raise ValueError(f"task.num_eval={self.num_eval} must be >= 0")
         if self.eval_modulus < 2:
             raise ValueError(f"task.eval_modulus={self.eval_modulus} must be >= 2 (1/eval_modulus is held out)")
         if self.math_timeout_s < 0:
             raise ValueError(f"task.math_timeout_s={self.math_timeout_s} must be >= 0 (0 = no timeout)")
-        self._check_reward_timeout()
-        value = self.reward_workers
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(
-                f"task.reward_workers={value!r}: give a whole number of reward worker processes >= 0, e.g. "
-                f"task.reward_workers=4 (0 scores the rewards in the trainer's own process)")
-
-    def _check_reward_timeout(self) -> None:
-        value = self.reward_timeout_s
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not isfinite(value) or value < 0:
-            raise ValueError(
-                f"task.reward_timeout_s={value!r}: give a finite number of seconds >= 0 that one reward-plugin "
-                f"call may take, e.g. task.reward_timeout_s=60 (0 disables the limit)"
-            )
-        self.reward_timeout_s = float(value)
+        check_reward_fields(self)
 
     def _check_weights(self) -> None:
         if isinstance(self.weights, str):

@@ -176,35 +176,40 @@ class PluginScorer:
             value = self.fn(problem, completion)
         else:
             value = self._call_with_timeout(problem, completion)
-        number = self._plain_number(value)
+        return self._checked(value)
+
+    def _checked(self, value: Any, where: str = "") -> float:
+        """``value`` as a float in ``_RANGE``, else a ValueError naming the path, the value and ``where`` it was
+        (`` at index 2 of its list``; empty: the function's return value itself)."""
+        number = self._plain_number(value, where)
         try:
             value = float(number)
         except (OverflowError, ValueError, TypeError):  # an int past float's range (10**400): no float, no NaN
-            raise ValueError(f"reward function {self.path!r} returned {_shown(number)}; expected "
+            raise ValueError(f"reward function {self.path!r} returned {_shown(number)}{where}; expected "
                              f"{self._EXPECTED}") from None
         if not math.isfinite(value) or not self._RANGE[0] <= value <= self._RANGE[1]:
             # a Decimal as itself: Decimal('1E+400') is no "inf"
             shown = _shown(number) if isinstance(number, decimal.Decimal) else repr(value)
-            raise ValueError(f"reward function {self.path!r} returned {shown}; expected {self._EXPECTED}")
+            raise ValueError(f"reward function {self.path!r} returned {shown}{where}; expected {self._EXPECTED}")
         return value
 
-    def _plain_number(self, value: Any) -> numbers.Real | decimal.Decimal:
+    def _plain_number(self, value: Any, where: str = "") -> numbers.Real | decimal.Decimal:
         """``value`` as a real number: a Python or numpy real (``Fraction`` included) or a ``decimal.Decimal`` (no
         ``numbers.Real``, yet a real number: a NaN or infinite one is refused by the caller's range check) as it
         is; a numpy bool (``np.isclose(...)``) or another one-element numpy / torch value (a 0-d array or tensor) as
         its ``.item()``. Anything else, an array of several values or a complex number included, is a ValueError
-        naming the path and the value."""
+        naming the path, the value and ``where`` (:meth:`_checked`)."""
         module = type(value).__module__.split(".")[0]
         has_item = callable(getattr(value, "item", None))
         if not isinstance(value, numbers.Real) and module in ("numpy", "torch") and has_item:
             count = value.numel() if callable(getattr(value, "numel", None)) else getattr(value, "size", 1)
             if count != 1:
-                raise ValueError(f"reward function {self.path!r} returned {type(value).__name__} of {count} values; "
-                                 f"expected {self._EXPECTED} per completion")
+                raise ValueError(f"reward function {self.path!r} returned {type(value).__name__} of {count} values"
+                                 f"{where}; expected {self._EXPECTED} per completion")
             value = value.item()
         if not isinstance(value, (numbers.Real, decimal.Decimal)):
             raise ValueError(
-                f"reward function {self.path!r} returned {value!r} ({type(value).__name__}); "
+                f"reward function {self.path!r} returned {value!r} ({type(value).__name__}){where}; "
                 f"expected {self._EXPECTED}"
             )
         return value

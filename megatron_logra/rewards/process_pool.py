@@ -139,7 +139,8 @@ class RewardProcessPool:
 
     def score_many(self, calls: Sequence[tuple[str, Any, str]]) -> list[Any]:
         """The outcome of each ``(source spec, problem, completion)`` in ``calls``, in order: the score (a float,
-        as the source's scorer returned it) or the exception of a call that failed (raised in the worker,
+        as the source's scorer returned it; for a list of completions, a problem's samples scored together under
+        ``task.reward_group``, the list of their scores) or the exception of a call that failed (raised in the worker,
         :class:`~megatron_logra.rewards.deadline.RewardTimeout`, :class:`RewardWorkerDied`). Calls after the
         first failure are not scored (None; a worker still in one is replaced), as in process."""
         if not calls:

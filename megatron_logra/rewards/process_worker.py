@@ -5,7 +5,8 @@ starts with ``spawn``. It receives the picklable :class:`~megatron_logra.rewards
 task's scorers from it with :func:`~megatron_logra.rewards.build.build_scorers` (the same ``task.reward`` loader and
 reasoning-gym datasets as the trainer's task; no scorer object is sent, only the config), and then
 scores one ``(call id, source spec, problem, completion)`` message at a time on its main thread, where
-math-verify's ``signal.alarm`` timeouts work. A score goes back as the float the scorer returned; an ``Exception``
+math-verify's ``signal.alarm`` timeouts work (a list of completions, the samples of one problem, is one call of a
+scorer of groups, ``task.reward_group``). A score goes back as the float the scorer returned (a group's as a list); an ``Exception``
 goes back with its traceback, to be raised by the trainer where the in-process call would have raised it.
 ``SystemExit`` (``sys.exit`` in a reward function) ends the process, which the pool reports as a death.
 
@@ -122,6 +123,9 @@ def worker_main(conn: Any, cfg: TaskConfig, parent_pid: int, die_with_parent: bo
             return
         call_id, spec, problem, completion = message
         try:
-            conn.send(("ok", call_id, float(scorers[spec].score(problem, completion))))
+            if isinstance(completion, list):  # a problem's samples, scored together (task.reward_group)
+                conn.send(("ok", call_id, [float(v) for v in scorers[spec].score_group(problem, completion)]))
+            else:
+                conn.send(("ok", call_id, float(scorers[spec].score(problem, completion))))
         except Exception as exc:  # noqa: BLE001 - the caller raises it where the in-process call would
             conn.send(("error", call_id, _sendable(exc), traceback.format_exc()[-TRACEBACK_CHARS:]))

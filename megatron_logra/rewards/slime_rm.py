@@ -15,9 +15,12 @@ a function runs here unchanged, :class:`SlimeScorer` calls it once per completio
 * ``args``: a :class:`SlimeArgs` (an ``argparse.Namespace``) of slime's names for what this trainer knows
   (:func:`slime_args`): ``custom_rm_path``, ``input_key`` / ``label_key`` (``task.jsonl_prompt_key`` /
   ``task.jsonl_answer_key``, None when empty), ``metadata_key``, ``rollout_seed`` (``task.seed``), ``rm_type`` /
-  ``rm_url`` / ``reward_key`` (None), ``group_rm`` (False) and, where the RL job builds the task, the fields of
-  :data:`RUN_FIELDS` (``n_samples_per_prompt`` from ``rl.group_size``, ...). Another field raises an
-  AttributeError naming it (``getattr(args, name, default)`` works as in slime).
+  ``rm_url`` / ``reward_key`` (None), ``group_rm`` (``task.reward_group``) and, where the RL job builds the task,
+  the fields of :data:`RUN_FIELDS` (``n_samples_per_prompt`` from ``rl.group_size``, ...). The same ``args`` at a
+  held-out evaluation, as slime's: ``rollout_max_response_len`` is the training cap there too, and
+  ``eval_max_response_len`` the evaluation's (``rl.rollout.eval_max_new_tokens``; None where that is 0, as for
+  slime's unset ``--eval-max-response-len``: the evaluation then generates as training does). Another field
+  raises an AttributeError naming it (``getattr(args, name, default)`` works as in slime).
 
 A coroutine (the function is ``async``, or returns an awaitable) runs to completion on an event loop private to
 the calling thread and kept from call to call, as slime's rollout keeps one: an ``aiohttp`` session a function
@@ -28,8 +31,9 @@ wait, and the call's task is cancelled), and in reward worker processes (``task.
 **Rewards.** The function's float is the reward, as in slime (1 / 0, -1 / 1, any scale): it is not a score in
 ``[0, 1]``. A reward >= ``task.correct_reward`` counts as correct (the accuracy metrics); ``task.wrong_reward``
 and ``task.graded`` are not used (:class:`~megatron_logra.rewards.task.Task`). A non-finite value, a non-number, a
-list (a function written for slime's ``--group-rm``, which takes the samples of a prompt together and is not
-supported) or a dict (slime's ``--reward-key``) is a ``ValueError`` naming the function and the value.
+list (a function written for slime's ``--group-rm``, which takes the samples of a prompt together: it is called
+so with ``task.reward_group=true``, :mod:`megatron_logra.rewards.slime_group`) or a dict (slime's
+``--reward-key``) is a ``ValueError`` naming the function and the value.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ import copy
 import inspect
 import logging
 import math
-import re
 import threading
 from dataclasses import dataclass, field
 from enum import Enum
@@ -64,6 +67,8 @@ RUN_FIELDS: dict[str, str] = {
     "rollout_temperature": "rl.rollout.temperature",
     "rollout_top_p": "rl.rollout.top_p",
     "apply_chat_template": "rl.chat_template",
+    "n_samples_per_eval_prompt": "rl.rollout.eval_samples",
+    "eval_max_response_len": "rl.rollout.eval_max_new_tokens",
 }
 """slime's ``args`` fields the RL job fills from its own config (slime's flag ``--n-samples-per-prompt`` is
 ``rl.group_size`` here, ...): known where the task is built for an RL run (:func:`with_run_args`)."""
@@ -77,7 +82,6 @@ CANCEL_WAIT_S = 1.0
 
 _UNAVAILABLE = ("tokens", "response_length", "effective_response_length", "loss_mask", "rollout_log_probs",
                 "multimodal_inputs", "weight_versions", "teacher_log_probs")
-_GROUP_NOTE = re.compile(r"^['\"]?(typing\.|collections\.abc\.)?(list|List|Sequence|Iterable|tuple|Tuple)\b")
 _loops = threading.local()
 
 
@@ -132,7 +136,7 @@ class SlimeSample:
     def _not_a_list(self, *_: Any) -> Any:
         raise _NotAList("sample is one slime Sample, not a list: task.reward=slime:... calls rm(args, sample) once "
                         "per completion; a function written for slime's --group-rm (rm(args, samples) -> list) is "
-                        "not supported: score one sample per call")
+                        "called so with task.reward_group=true (--group-rm)")
 
     __iter__ = __len__ = __getitem__ = _not_a_list
 
@@ -164,6 +168,8 @@ def run_args(rl: Any) -> dict[str, Any]:
         for part in dotted.split(".")[1:]:
             value = getattr(value, part)
         values[name] = value
+    if not values["eval_max_response_len"]:  # 0: the evaluation's cap is training's, as slime's unset flag (None)
+        values["eval_max_response_len"] = None
     return values
 
 
@@ -182,7 +188,8 @@ def slime_args(cfg: TaskConfig) -> SlimeArgs:
     path = cfg.reward[len(SLIME_PREFIX):] if is_slime_path(cfg.reward) else None
     return SlimeArgs(custom_rm_path=path.replace(":", ".") if path else None, input_key=cfg.jsonl_prompt_key or None,
                      label_key=cfg.jsonl_answer_key or None, metadata_key="metadata", rollout_seed=cfg.seed,
-                     rm_type=None, rm_url=None, reward_key=None, group_rm=False, **getattr(cfg, RUN_ARGS_ATTR, {}))
+                     rm_type=None, rm_url=None, reward_key=None, group_rm=bool(getattr(cfg, "reward_group", False)),
+                     **getattr(cfg, RUN_ARGS_ATTR, {}))
 
 
 def run_awaitable(awaitable: Awaitable[Any]) -> Any:
@@ -220,28 +227,12 @@ class _SlimeCall:
         if isinstance(value, (list, tuple)):
             raise ValueError(f"reward function {self.path!r} returned a {type(value).__name__} of {len(value)} "
                              f"values; expected one reward (a number) per call: a function written for slime's "
-                             f"--group-rm (rm(args, samples) -> list[float]) is not supported, write one that "
-                             f"scores one sample")
+                             f"--group-rm (rm(args, samples) -> list[float]) is called so with "
+                             f"task.reward_group=true (--group-rm)")
         if isinstance(value, dict):
             raise ValueError(f"reward function {self.path!r} returned a dict (keys {sorted(map(str, value))[:8]}); "
                              f"slime's --reward-key is not supported: return the reward as a number")
         return value
-
-
-def _refuse_group_rm(path: str, fn: Callable[..., Any]) -> None:
-    """ValueError when ``fn``'s second parameter is annotated as a list of samples (slime's ``--group-rm``)."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return
-    if len(params) < 2 or params[1].annotation is inspect.Parameter.empty:
-        return
-    note = params[1].annotation
-    text = note if isinstance(note, str) else note.__name__ if isinstance(note, type) else repr(note)
-    if _GROUP_NOTE.match(text.strip()):
-        raise ValueError(f"reward function {path!r}: its {params[1].name!r} is annotated {text!r}, a list of samples: "
-                         f"a function written for slime's --group-rm (rm(args, samples) -> list[float]) is not "
-                         f"supported; task.reward=slime:... calls rm(args, sample) once per completion")
 
 
 class SlimeScorer(PluginScorer):
@@ -261,6 +252,8 @@ class SlimeScorer(PluginScorer):
     def _load(self, path: str) -> Callable[[Problem, str], Any]:
         if not is_slime_path(path):
             raise ValueError(f"reward function {path!r}: a slime reward function is 'slime:package.module:function'")
+        from megatron_logra.rewards.slime_group import refuse_group_rm
+
         fn = load_reward_fn(path)
-        _refuse_group_rm(path, fn)
+        refuse_group_rm(path, fn)
         return _SlimeCall(path, fn, self.args)

@@ -33,7 +33,8 @@ Contracts
   function, ``task.reward=slime:...``: :mod:`megatron_logra.rewards.slime_rm`) returns the reward itself, any finite
   number: ``reward = score`` and ``correct = reward >= correct_reward``, as slime uses its function's float and the
   correct reward is what a correct answer earns. ``score_each`` scores a batch, in worker processes when the
-  task has a pool (``task.reward_workers``: the same rewards; :mod:`megatron_logra.rewards.process_pool`).
+  task has a pool (``task.reward_workers``: the same rewards; :mod:`megatron_logra.rewards.process_pool`), with
+  ``task.reward_group`` one call per problem's ``group_size`` samples.
 """
 
 from __future__ import annotations
@@ -183,18 +184,31 @@ class Task(TrainStream, HeldOutSet):
         return False
 
     # ------------------------------------------------------------------ rewards
+    @property
+    def scores_groups(self) -> bool:
+        """Whether a scorer takes a problem's samples together (``task.reward_group``)."""
+        return any(getattr(scorer, "scores_groups", False) for scorer in self.scorers.values())
+
     def score(self, problem: Problem, completion: str) -> tuple[float, bool]:
         """``(reward, correct)`` of ``completion`` for ``problem`` (see module doc for the mapping)."""
-        if self.pool is not None:
+        if self.pool is not None or self.scores_groups:
             return next(self.score_each([problem], [completion]))
         return self._reward(problem, self._scorer(problem).score(problem, completion))
 
-    def score_each(self, problems: Sequence[Problem], completions: Sequence[str]) -> Iterator[tuple[float, bool]]:
+    def score_each(self, problems: Sequence[Problem], completions: Sequence[str],
+                   group_size: int = 1) -> Iterator[tuple[float, bool]]:
         """:meth:`score` of each ``(problem, completion)`` pair, in order, raising the first failing pair's
         exception when the iteration reaches it, as calling :meth:`score` pair by pair would. Without a pool the
         pairs are scored one by one as they are asked for; with one (``task.reward_workers``) the batch is scored
         first, concurrently in the workers, up to its first failure, with the same rewards (the scores cross the
-        process boundary as the floats the scorers returned)."""
+        process boundary as the floats the scorers returned). With :attr:`scores_groups`, each ``group_size``
+        consecutive pairs (one problem's samples) are one call (:mod:`megatron_logra.rewards.slime_group`)."""
+        if self.scores_groups:
+            from megatron_logra.rewards.slime_group import group_rewards
+
+            for problem, score in zip(problems, group_rewards(self, problems, completions, group_size)):
+                yield self._reward(problem, score)
+            return
         pairs = list(zip(problems, completions))
         if self.pool is None:
             for problem, completion in pairs:

@@ -3,7 +3,8 @@
 Contract: the task's held-out problems are shared over DP ranks, generated greedily by default (or
 ``rl.rollout.eval_samples`` samples each at ``eval_temperature``) up to ``rl.rollout.eval_max_new_tokens`` tokens
 each (0: ``max_new_tokens``, as training), scored on every DP rank together (a failing or hung reward stops all of
-them), and the accuracy is all-reduced: every rank returns the same value, or None without a held-out set.
+them; with ``task.reward_group`` a problem's samples in one call), and the accuracy is all-reduced: every rank
+returns the same value, or None without a held-out set.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def evaluate_held_out(c: RLComponents, step: Optional[int] = None) -> tuple[Opti
         generated = c.engine.generate(prompt_ids, params)
         completions = [_decode(c, r.completion_ids) for r in generated]
     asked = [p for p in mine for _ in range(k)]  # the problem of each completion
-    # every DP rank scores (a rank without problems too): a failing or hung reward stops all of them together
-    scored = score_rollouts(c.task, asked, completions, "the held-out evaluation", c.groups.dp)
+    # every DP rank scores (a rank without problems too): a failing or hung reward stops all of them together;
+    # a reward function of a prompt's samples (task.reward_group) takes each problem's k completions together
+    scored = score_rollouts(c.task, asked, completions, "the held-out evaluation", c.groups.dp, k)
     if step is not None and c.sample_log is not None and c.sample_log.enabled:  # the first problems' k answers
         limit = c.sample_log.limit * k
         c.sample_log.write(sample_records(step, "eval", asked, completions[:limit], generated, scored))

@@ -109,7 +109,7 @@ def _sample_round(c: RLComponents, step: int, first: int, count: int, round_: in
     if ph is not None:
         ph.next("reward")
     scored = score_rollouts(c.task, [p for p in problems for _ in range(rl.group_size)],
-                            [_decode(c, r.completion_ids) for r in rollouts], step, groups.dp)
+                            [_decode(c, r.completion_ids) for r in rollouts], step, groups.dp, rl.group_size)
     if rl.overlong_buffer:
         scored = [(reward - overlong_penalty(len(r.completion_ids), rl.rollout.max_new_tokens, rl.overlong_buffer,
                                              rl.overlong_penalty), correct)

@@ -48,9 +48,11 @@ def _describe(problem: Any) -> str:
 
 
 def score_rollouts(task: Any, problems: Sequence[Any], completions: Sequence[str], step: int | str,
-                   dp_group: Any = None) -> list[tuple[float, bool]]:
+                   dp_group: Any = None, group_size: int = 1) -> list[tuple[float, bool]]:
     """``task.score(problem, completion)`` of every completion (``problems[i]`` for completion ``i``); with reward
-    worker processes (``task.reward_workers``) ``task.score_each`` of the whole batch, the same rewards and errors.
+    worker processes (``task.reward_workers``) ``task.score_each`` of the whole batch, the same rewards and errors;
+    with a reward function of a prompt's samples (``task.reward_group``) ``task.score_each`` of the batch as groups
+    of ``group_size`` consecutive completions (one problem's), a failing group failing at its first sample.
 
     A scorer that raises (a plugin's own exception, ``ValueError`` for a value outside ``[0, 1]``, NaN,
     ``None``, a non-number, or :class:`~megatron_logra.rewards.plugins.RewardTimeout` for a plugin call past
@@ -62,7 +64,11 @@ def score_rollouts(task: Any, problems: Sequence[Any], completions: Sequence[str
     scored: list[tuple[float, bool]] = []
     error, cause = "", None
     # with reward worker processes (task.reward_workers) the batch is scored at once, concurrently
-    batch = task.score_each(problems, completions) if getattr(task, "pool", None) is not None else None
+    batch = None
+    if getattr(task, "scores_groups", False):  # task.reward_group: one call per problem's group_size samples
+        batch = task.score_each(problems, completions, group_size)
+    elif getattr(task, "pool", None) is not None:
+        batch = task.score_each(problems, completions)
     for i, (problem, text) in enumerate(zip(problems, completions)):
         try:
             reward, correct = next(batch) if batch is not None else task.score(problem, text)
