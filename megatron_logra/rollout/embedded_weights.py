@@ -3,7 +3,8 @@
 :class:`~megatron_logra.rollout.embedded.EmbeddedEngine` takes these methods from this mixin; they
 act on the engine's ``transformers`` model in place. The contract policy sync relies on: a full
 refit is checked before (a mapping) or while (a stream) copying, and a stream is always consumed to
-its end, since its producer may be running collectives; a sketch delta is all-or-nothing; the
+its end, since its producer may be running collectives; a sketch delta is validated and staged whole before
+its first write, and a commit that fails after that leaves ``weight_version = -1`` until a full refit; the
 fingerprint covers the same rows the trainer's drift check fingerprints.
 """
 
@@ -133,17 +134,24 @@ class EmbeddedWeights:
 
     def apply_sketch_delta(self, delta) -> int:
         """Validate and apply one sketch delta (``SketchDelta`` or its encoded bytes) to the
-        engine's weights; returns the new ``weight_version``. All-or-nothing: on any
-        ``SyncError`` (checksum, version gap or replay, names, shapes, values) nothing changed."""
-        from megatron_logra.sync.apply import ProjectionCache, apply_delta_
+        engine's weights; returns the new ``weight_version``. Raises ``SyncError``: a rejection
+        (checksum, version gap or replay, names, shapes, values, an allocation failing while the
+        delta is staged) leaves the weights and the version untouched; a commit that fails after
+        its first write (a kernel error) leaves ``weight_version = -1`` (unknown: every delta,
+        the same one included, is refused until :meth:`update_weights_full` succeeds)."""
+        from megatron_logra.sync.apply import ProjectionCache, stage_delta
         from megatron_logra.sync.engine import as_delta
 
         d = as_delta(delta)
         weights = {name: p.data for name, p in self.model.named_parameters()}
         if self._projections is None:
             self._projections = ProjectionCache()
-        self._version = apply_delta_(weights, d, self._version, layout="hf", tp_size=1, tp_rank=0,
-                                     cache=self._projections)
+        staged = stage_delta(weights, d, self._version, layout="hf", tp_size=1, tp_rank=0, cache=self._projections)
+        try:
+            self._version = staged.commit_()
+        except BaseException:
+            self._version = -1  # partly written: the delta must not be applied again on top of it
+            raise
         return self._version
 
     def fingerprint(self, rows_per_tensor: int = 4) -> dict[str, str]:
