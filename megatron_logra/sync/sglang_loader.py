@@ -51,7 +51,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from megatron_logra.sync.apply import ProjectionCache, StagedDelta, apply_delta_, stage_delta
+from megatron_logra.sync.apply import ProjectionCache, StagedDelta, stage_delta
 from megatron_logra.sync.codec import decode
 from megatron_logra.sync.errors import SyncError
 from megatron_logra.sync.sglang_fingerprint import engine_fingerprint
@@ -107,14 +107,22 @@ def load_sketch_delta(model: nn.Module, named_tensors: list[tuple[str, torch.Ten
 
     ``model`` holds SGLang's fused parameter names (``model.layers.{i}.self_attn.qkv_proj.weight``,
     ``...o_proj.weight``, ``...mlp.gate_up_proj.weight``, ``...mlp.down_proj.weight``, norms,
-    embeddings) sharded for one TP rank. Raises :class:`SyncError` and leaves the model
-    untouched when anything does not fit (version, names, shapes, dtypes, non-finite values).
+    embeddings) sharded for one TP rank. Raises :class:`SyncError`: when anything does not fit
+    (version, names, shapes, dtypes, non-finite values, an allocation failing while the delta is
+    staged) the model is untouched, weights and version; a commit that fails after its first write
+    (a kernel error) leaves the weight version -1 (unknown: every delta, the same one included, is
+    refused until a full refit sets the version, ``set_version``).
     """
     delta = decode(_payload(named_tensors))
     size, rank = engine_tp(model) if tp_size is None or tp_rank is None else (tp_size, tp_rank)
     weights = {n: p.data for n, p in model.named_parameters()}
-    new_version = apply_delta_(weights, delta, engine_version(model), layout="sglang", tp_size=size, tp_rank=rank,
-                               cache=_projections(model))
+    staged = stage_delta(weights, delta, engine_version(model), layout="sglang", tp_size=size, tp_rank=rank,
+                         cache=_projections(model))
+    try:
+        new_version = staged.commit_()
+    except BaseException:
+        setattr(model, VERSION_ATTR, -1)  # partly written: the delta must not be applied again on top of it
+        raise
     setattr(model, VERSION_ATTR, new_version)
     logger.info("sglang rank %d/%d: sketch delta applied, weight version %d", rank, size, new_version)
 
