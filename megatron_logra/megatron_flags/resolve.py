@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Collection, Optional
 
 from megatron_logra.megatron_flags.kl_loss import check_use_kl_loss, kl_loss_type
 from megatron_logra.megatron_flags.slime import SLIME_VALUE_MAPS
-from megatron_logra.megatron_flags.slime_resolve import check_use_wandb, slime_value
+from megatron_logra.megatron_flags.slime_resolve import check_dynamic_batch, check_use_wandb, slime_value
 from megatron_logra.megatron_flags.mapped import (JOB_ALIASES, OPTIMIZER_ALIASES, SCHEDULE_RATIO_FLAGS,
                                                   STEP_FRACTION_FLAGS, VALUE_MAPS)
 from megatron_logra.megatron_flags.unmapped import NEUTRAL_FLAGS
@@ -197,6 +197,9 @@ def check_switch(cfg: RunConfig, flag: str, given: Collection[str] = ()) -> None
         return
     if flag == "use-wandb":
         check_use_wandb(cfg)
+        return
+    if flag == "use-dynamic-batch-size":
+        check_dynamic_batch(cfg)
         return
     kind = cfg.model.position_embedding_type
     if kind != "rope":

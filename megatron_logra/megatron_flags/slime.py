@@ -36,13 +36,16 @@ SLIME_ALIASES: dict[str, str] = {
     "rollout-num-gpus-per-engine": "rl.rollout.sglang_tp",
     "wandb-group": "train.wandb_group",
     "wandb-team": "train.wandb_entity",
+    "max-tokens-per-gpu": "rl.max_tokens_per_micro_batch",
 }
 """slime value flags -> the dotted field they set: ``--rollout-seed`` the seed of the prompt stream (``task.seed``;
 the held-out set keeps ``task.eval_seed``), ``--tis-clip`` the importance weight's cap, ``--entropy-coef`` the
 entropy bonus, ``--eval-top-p`` / ``--eval-max-response-len`` the held-out sampling's nucleus mass and completion
 length, ``--sglang-mem-fraction-static`` the share of each GPU the in-process SGLang
 engine reserves, ``--rollout-num-gpus-per-engine`` that engine's tensor-parallel size, ``--wandb-group`` /
-``--wandb-team`` the W&B run's group and team."""
+``--wandb-team`` the W&B run's group and team, ``--max-tokens-per-gpu`` the positions of a dynamic
+micro-batch (slime reads it with ``--use-dynamic-batch-size``; here it turns dynamic micro-batches on by itself,
+since they give the same update as fixed ones)."""
 
 SLIME_SWITCHES: dict[str, tuple[str, str]] = {
     "use-tis": ("rl.loss.kind", "tis"),
@@ -51,6 +54,7 @@ SLIME_SWITCHES: dict[str, tuple[str, str]] = {
     "normalize-advantages": ("rl.advantage.normalize", "true"),
     "group-rm": ("task.reward_group", "true"),
     "use-wandb": ("use-wandb", "true"),  # SLIME_CHECK_SWITCHES
+    "use-dynamic-batch-size": ("use-dynamic-batch-size", "true"),  # SLIME_CHECK_SWITCHES
 }
 """slime switches -> the (dotted field, value) they set: ``--use-tis`` the truncated-importance-sampling loss,
 ``--disable-grpo-std-normalization`` GRPO advantages not divided by the group's std (Dr. GRPO),
@@ -58,9 +62,11 @@ SLIME_SWITCHES: dict[str, tuple[str, str]] = {
 ``--normalize-advantages`` the advantages whitened over the step's loss tokens of every DP rank, ``--group-rm`` the
 slime reward function (``--custom-rm-path``) called once per prompt with the list of its samples."""
 
-SLIME_CHECK_SWITCHES: tuple[str, ...] = ("use-wandb",)
+SLIME_CHECK_SWITCHES: tuple[str, ...] = ("use-wandb", "use-dynamic-batch-size")
 """slime switches accepted as a check of the final config: ``--use-wandb`` needs ``train.wandb_project``
-(:func:`~megatron_logra.megatron_flags.slime_resolve.check_use_wandb`)."""
+(:func:`~megatron_logra.megatron_flags.slime_resolve.check_use_wandb`), ``--use-dynamic-batch-size`` needs
+``rl.max_tokens_per_micro_batch`` (``--max-tokens-per-gpu``;
+:func:`~megatron_logra.megatron_flags.slime_resolve.check_dynamic_batch`)."""
 
 CLIP_FLAGS: dict[str, str] = {"eps-clip": "rl.loss.clip_low", "eps-clip-high": "rl.loss.clip_high"}
 """slime's PPO clip range -> its field; resolved after the other overrides by :func:`~megatron_logra.megatron_flags.slime_resolve.resolve_clip`, which also
@@ -79,9 +85,6 @@ _ONE_STEP = ("each RL step is one rollout and one optimizer step over its rl.pro
 _COLOCATED = ("the in-process SGLang engine runs on the trainer's own GPUs (rl.rollout.mem_fraction_static of each, "
               "--sglang-mem-fraction-static; `megatron-logra memory --engine-fraction` plans the rest)")
 _GPUS = ("the trainer's GPUs are torchrun's (--nnodes × --nproc-per-node), and " + _COLOCATED)
-_MICRO = ("micro-batches hold rl.micro_batch_size sequences (--micro-batch-size) whatever their lengths, and the "
-          "loss is summed over tokens and divided by the step's token count, so packing changes memory and speed "
-          "only; lower rl.micro_batch_size (or rl.loss.logprob_chunk_tokens) if a step runs out of memory")
 
 SLIME_IGNORED_SWITCHES: dict[str, str] = {
     "rollout-shuffle": "the prompt stream draws its prompts at random already (seeded by task.seed, --rollout-seed)",
@@ -94,7 +97,6 @@ SLIME_IGNORED_SWITCHES: dict[str, str] = {
     "no-offload-rollout": "this is already in effect: the engine keeps its weights on the GPU while the trainer steps",
     "balance-data": ("every DP rank trains rl.prompts_per_step / DP whole groups of the step; there is no "
                      "token balancing across DP ranks, which changes speed only"),
-    "use-dynamic-batch-size": _MICRO,
     "calculate-per-token-loss": ("this is already in effect: the loss is summed over the completion tokens and "
                                  "divided by the step's token count over every DP rank"),
     "use-rollout-logprobs": ("this is already in effect: the importance weight (rl.loss.kind=tis) and the PPO "
@@ -105,7 +107,6 @@ SLIME_IGNORED_SWITCHES: dict[str, str] = {
 """slime switches accepted and ignored, each with why (logged as a warning)."""
 
 SLIME_IGNORED_VALUE_FLAGS: dict[str, str] = {
-    "max-tokens-per-gpu": _MICRO,
     "actor-num-nodes": _GPUS,
     "actor-num-gpus-per-node": _GPUS,
     "num-gpus-per-node": _GPUS,

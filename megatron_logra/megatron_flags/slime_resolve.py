@@ -11,7 +11,7 @@ from megatron_logra.megatron_flags.slime import CLIP_FLAGS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["slime_value", "resolve_clip", "check_use_wandb", "sglang_flag_error"]
+__all__ = ["slime_value", "resolve_clip", "check_use_wandb", "check_dynamic_batch", "sglang_flag_error"]
 
 _RM_TYPES = {"math": "math_verify", "deepscaler": "math_verify", "dapo": "math_verify"}
 """slime's math graders -> ``task.reward`` scoring the same answers with math-verify."""
@@ -88,6 +88,16 @@ def check_use_wandb(cfg: Any) -> None:
     if not cfg.train.wandb_project:
         raise ValueError("--use-wandb: W&B logging is on when train.wandb_project is set (no switch turns it on): give "
                          "--wandb-project NAME, or drop --use-wandb")
+
+
+def check_dynamic_batch(cfg: Any) -> None:
+    """slime's ``--use-dynamic-batch-size``: micro-batches by a token budget, which is ``rl.max_tokens_per_micro_batch``
+    here (``--max-tokens-per-gpu`` sets it), so the switch is accepted with a budget and refused without one, as
+    slime refuses it without ``--max-tokens-per-gpu``."""
+    if not cfg.rl.max_tokens_per_micro_batch:
+        raise ValueError("--use-dynamic-batch-size needs a token budget: give --max-tokens-per-gpu N "
+                         "(rl.max_tokens_per_micro_batch=N, the positions of one micro-batch), or drop "
+                         "--use-dynamic-batch-size")
 
 
 _SLIME_OWN_SGLANG = ("sglang-router-", "sglang-server-concurrency")
