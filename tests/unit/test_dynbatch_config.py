@@ -47,3 +47,13 @@ def test_a_training_warm_start_still_plans_its_own_micro_batches():
                                         "rl.micro_batch_size=16", "rl.max_tokens_per_micro_batch=1"])
     assert not cfg.model.hf_path
     assert rl_micro_batch(cfg, 1) == 16
+
+
+def test_slimes_dynamic_batch_flags_set_the_budget():
+    cfg = parse_args_to_config("tiny", ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096"])
+    assert cfg.rl.max_tokens_per_micro_batch == 4096
+    assert parse_args_to_config("tiny", ["--max-tokens-per-gpu", "2048"]).rl.max_tokens_per_micro_batch == 2048
+    with pytest.raises(ValueError, match="--use-dynamic-batch-size needs a token budget: give --max-tokens-per-gpu"):
+        parse_args_to_config("tiny", ["--use-dynamic-batch-size"])
+    with pytest.raises(ValueError, match="max_tokens_per_micro_batch"):
+        parse_args_to_config("tiny", ["--max-tokens-per-gpu", "-5"])
