@@ -120,10 +120,18 @@ class McoreCheckpoint:
         return self._readers[key]
 
     def _trainer_key(self, entry: TensorPlan) -> tuple[str, Optional[int]]:
-        """Global checkpoint key of ``entry`` and its index along the stacked-layer axis."""
+        """Global checkpoint key of ``entry`` and its index along the stacked-layer axis. A tied model
+        (``untie_embeddings_and_output_weights`` false) stores ``output_layer.weight`` once, as the embeddings,
+        which it then reads; an untied model without ``output_layer.weight`` is a ``ValueError`` naming the
+        tensor and the checkpoint."""
         m = _LAYER.match(entry.name)
         if m is None:
             if entry.name == "output_layer.weight" and self._dist is not None and entry.name not in self._dist:
+                if self.cfg.untie_embeddings_and_output_weights:
+                    raise ValueError(f"{self.dir}: the checkpoint has no tensor 'output_layer.weight', but its config "
+                                     "(config.model.untie_embeddings_and_output_weights=true) says the output layer "
+                                     "is separate from the embeddings: the checkpoint is incomplete or its config "
+                                     "does not match its weights; refusing to export the embeddings as lm_head")
                 return "embedding.word_embeddings.weight", None  # tied: stored once, as the embedding
             return entry.name, None
         key = m.group(1) + m.group(3)
