@@ -14,8 +14,10 @@ through), so a loader that raises takes the scheduler process -- and the server 
 version, a per-call nonce) as JSON bytes in a small CPU parameter :data:`STATE_PARAM` on the
 model, which a client (:mod:`megatron_logra.sync.sglang_client`) reads back with SGLang's
 ``get_weights_by_name`` (supplied on the model instance for classes that lack it, such as Qwen2/Qwen3, by
-:mod:`megatron_logra.sync.sglang_readback`). :func:`load_sketch_delta` is the raising core it wraps
-(used directly by tests and in-process engines).
+:mod:`megatron_logra.sync.sglang_readback`). :func:`load_sketch_delta` raises instead of recording (for
+in-process callers); both apply a delta through the same function, so they change the same weights (the
+model's own, never the loader's record parameters), the version and the recorded attention dims alike, and
+fail with the same error.
 
 Requests (see :mod:`~megatron_logra.sync.sglang_wire`) carry an encoded delta and/or a JSON
 command (``apply``, ``status``, ``set_version``, ``fingerprint``). Every rank
@@ -100,31 +102,26 @@ def _projections(model: nn.Module) -> ProjectionCache:
     return cache
 
 
-@torch.no_grad()
 def load_sketch_delta(model: nn.Module, named_tensors: list[tuple[str, torch.Tensor]],
                       *, tp_size: Optional[int] = None, tp_rank: Optional[int] = None) -> None:
-    """SGLang custom weight loader: decode, validate and apply one sketch delta to ``model``.
+    """Decode, validate and apply one sketch delta to ``model``; raises where :func:`sync_loader` records.
 
     ``model`` holds SGLang's fused parameter names (``model.layers.{i}.self_attn.qkv_proj.weight``,
     ``...o_proj.weight``, ``...mlp.gate_up_proj.weight``, ``...mlp.down_proj.weight``, norms,
-    embeddings) sharded for one TP rank. Raises :class:`SyncError`: when anything does not fit
+    embeddings) sharded for one TP rank (``tp_size``/``tp_rank``, default: read from the model).
+    ``named_tensors`` is exactly ``[(TENSOR_NAME, encoded delta)]``. The delta goes through the same
+    apply as :func:`sync_loader`'s (:func:`_apply`): it may name only the model's weights, not the
+    loader's record parameters; on success the version and the delta's attention dims are recorded.
+    Raises :class:`SyncError` (the error :func:`sync_loader` would record): when anything does not fit
     (version, names, shapes, dtypes, non-finite values, an allocation failing while the delta is
     staged) the model is untouched, weights and version; a commit that fails after its first write
     (a kernel error) leaves the weight version -1 (unknown: every delta, the same one included, is
     refused until a full refit sets the version, ``set_version``).
     """
-    delta = decode(_payload(named_tensors))
     size, rank = engine_tp(model) if tp_size is None or tp_rank is None else (tp_size, tp_rank)
-    weights = {n: p.data for n, p in model.named_parameters()}
-    staged = stage_delta(weights, delta, engine_version(model), layout="sglang", tp_size=size, tp_rank=rank,
-                         cache=_projections(model))
-    try:
-        new_version = staged.commit_()
-    except BaseException:
-        setattr(model, VERSION_ATTR, -1)  # partly written: the delta must not be applied again on top of it
-        raise
-    setattr(model, VERSION_ATTR, new_version)
-    logger.info("sglang rank %d/%d: sketch delta applied, weight version %d", rank, size, new_version)
+    _, error = _apply(model, named_tensors, size, rank)
+    if error is not None:
+        raise error
 
 
 # --------------------------------------------------------------------------- the SGLang entry point
@@ -152,11 +149,15 @@ def _tp_all(ok: bool) -> bool:
 
 @torch.no_grad()
 def _apply(model: nn.Module, delta_tensors: list, size: int, rank: int) -> tuple[int, Optional[SyncError]]:
-    """Stage on every rank, agree, commit, agree. Returns ``(version, error)``; never raises.
+    """Apply one delta (``delta_tensors``: ``[(TENSOR_NAME, encoded delta)]``) to the model's own weights
+    (not the loader's record parameters): stage on every rank, agree, commit, agree. Returns ``(version,
+    error)`` and raises nothing but a ``BaseException`` that is no ``Exception`` (after marking the version
+    -1 when it stopped a commit); the one path of :func:`load_sketch_delta` and :func:`sync_loader`.
 
     Staging validates and allocates everything the commit needs (:func:`stage_delta`), so the first
     agreement covers a rank that ran out of memory preparing as well as one that rejected the delta:
-    either way no rank writes.
+    either way no rank writes, and the weights and the version stay. A commit that fails on some rank
+    sets the version -1 (unknown); a successful one records the new version and the delta's attention dims.
     """
     version = engine_version(model)
     error: Optional[SyncError] = None
@@ -176,13 +177,18 @@ def _apply(model: nn.Module, delta_tensors: list, size: int, rank: int) -> tuple
         error = exc
     except Exception as exc:  # pragma: no cover - commit_ maps its own failures to SyncError
         error = SyncError("apply", f"applying the delta failed: {exc!r}")
+    except BaseException:  # interrupted part-way: the delta must not be applied again on top of it
+        setattr(model, VERSION_ATTR, -1)
+        raise
     if not _tp_all(error is None):  # some rank may have committed: the engine as a whole is inconsistent
-        reason = error or "another TP rank failed to apply the delta after this one committed"
+        reason = (str(error).removeprefix(f"[{error.kind}] ") if error is not None
+                  else "another TP rank failed to apply the delta after this one committed")
         setattr(model, VERSION_ATTR, -1)
         return -1, SyncError("apply", f"{reason} -- engine weights may differ across TP ranks; "
                                       "a full refit must set the version")
     setattr(model, VERSION_ATTR, new_version)
     setattr(model, _ATTENTION_ATTR, staged.delta.attention or getattr(model, _ATTENTION_ATTR, None))
+    logger.info("sglang rank %d/%d: sketch delta applied, weight version %d", rank, size, new_version)
     return new_version, None
 
 
