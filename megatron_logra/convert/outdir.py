@@ -6,7 +6,8 @@ files a conversion does not write and, for ``hf-to-mcore``, anything but an earl
 (a Hugging Face checkpoint there is never replaced by megatron-core files); only then is the sibling
 ``.NAME.partial`` build directory (re)created. :func:`_finalize` swaps it onto ``--out`` by renames only, so that a complete output exists
 at every instant, even if the process is killed mid-swap: the previous output is renamed aside to the
-sibling ``.NAME.old``, the build directory onto ``--out``, then ``.NAME.old`` is deleted. The next
+sibling ``.NAME.old``, the build directory onto ``--out``, then ``.NAME.old`` is deleted; every file and directory
+of the build directory is synced to storage before the renames, and the parent directory after them. The next
 conversion to the same ``--out`` finishes an interrupted swap first (:func:`_recover_aside`): killed
 between the two renames, ``.NAME.old`` is the only complete copy and is renamed back onto ``--out`` (the
 interrupted replacement never reported success, so the previous output stays); killed after them, the
@@ -48,18 +49,37 @@ def _aside_dir(out: Path) -> Path:
     return out.parent / f".{out.name}.old"
 
 
+def _fsync_path(path: Path, *, directory: bool = False) -> None:
+    """:func:`megatron_logra.checkpoint.durable.fsync_path` (imported on first use: converting needs nothing
+    else of the checkpoint package)."""
+    from megatron_logra.checkpoint.durable import fsync_path
+
+    fsync_path(path, directory=directory)
+
+
 def _fsync_dir(path: Path) -> None:
     """Make the renames inside directory ``path`` durable (best effort: not every file system allows it)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
+        _fsync_path(path, directory=True)
     except OSError:
         pass
-    finally:
-        os.close(fd)
+
+
+def _sync_tree(root: Path) -> None:
+    """Flush every file below ``root`` (weights, ``meta.json``, ``config.json``, the index, tokenizer and
+    generation-config files) and then every directory, deepest first, ``root`` last, to storage
+    (:func:`~megatron_logra.checkpoint.durable.fsync_path`; an error syncing a file raises): after a power loss
+    a directory renamed into place afterwards holds complete files, never empty or partial ones."""
+    dirs = [root]
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            continue
+        if path.is_dir():
+            dirs.append(path)
+        elif path.is_file():
+            _fsync_path(path)
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        _fsync_path(d, directory=True)
 
 
 def _recover_aside(out: Path) -> Optional[Path]:
@@ -210,13 +230,15 @@ def _prepare_out(out: Path, force: bool, inputs: tuple[Optional[Path], ...], *, 
 
 
 def _finalize(tmp: Path, out: Path) -> None:
-    """Swap the finished build directory ``tmp`` onto ``out``: rename the previous ``out`` aside to
-    ``.NAME.old``, rename ``tmp`` onto ``out``, delete ``.NAME.old``. Only renames in one directory, so a
-    complete output exists at every instant: a kill between the renames leaves ``.NAME.old``, which the next
+    """Swap the finished build directory ``tmp`` onto ``out``: sync every file and directory of ``tmp`` to
+    storage (:func:`_sync_tree`), rename the previous ``out`` aside to ``.NAME.old``, rename ``tmp`` onto ``out``,
+    sync the parent directory, delete ``.NAME.old``. Only renames in one directory, so a complete output exists
+    at every instant, also after a power loss: a kill between the renames leaves ``.NAME.old``, which the next
     conversion to ``out`` restores (:func:`_recover_aside`); an exception there renames it back at once. The
     final deletion is best effort (what it leaves, the next conversion deletes)."""
     out = out.resolve()
     old = _aside_dir(out)
+    _sync_tree(tmp)
     if out.exists():
         if old.exists():  # _prepare_out deleted any earlier one; something recreated it since
             shutil.rmtree(old)
@@ -226,13 +248,13 @@ def _finalize(tmp: Path, out: Path) -> None:
         except BaseException:
             os.replace(old, out)
             raise
-        _fsync_dir(out.parent)
+        _fsync_path(out.parent, directory=True)
         shutil.rmtree(old, ignore_errors=True)
         if old.exists():
             logger.warning("could not delete the replaced output %s: the next conversion to %s deletes it", old, out)
     else:
         os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        _fsync_path(out.parent, directory=True)
 
 
 def template_weight_map(index_path: Path) -> dict[str, str]:
