@@ -138,7 +138,9 @@ class SGLangEngine:
 
     @property
     def weight_version(self) -> int:
-        """Version of the engine's weights (shared from the sync driver after every update)."""
+        """Version of the engine's weights, shared from the sync driver after every update: the version it
+        reached, or after a failed one the version read back from the engine (:meth:`_read_back_version`),
+        -1 (unknown: deltas are refused until a full refit) when it cannot be read."""
         return self._version
 
     @property
@@ -148,20 +150,44 @@ class SGLangEngine:
         return is_driver(self.sync_group)
 
     def _synced(self, fn: Callable[[], Any]) -> Any:
-        result, self._version = share_from_driver(lambda: (fn(), int(self.target.weight_version)), self.sync_group)
+        """Run the update ``fn`` on the sync driver; every rank gets its result and the engine's new version,
+        or its error and the version read back from the engine (a second collective: the error reached every
+        rank, so every rank takes part)."""
+        try:
+            result, self._version = share_from_driver(lambda: (fn(), int(self.target.weight_version)),
+                                                      self.sync_group)
+        except Exception:
+            self._version = share_from_driver(self._read_back_version, self.sync_group)
+            raise
         return result
+
+    def _read_back_version(self) -> int:
+        """The engine's version after a failed update (driver): read from the engine itself (the target's
+        ``refresh()``, which reads the loader's record back; a target without one: its ``weight_version``),
+        or -1 (unknown) when it cannot be read. Never raises."""
+        try:
+            refresh = getattr(self.target, "refresh", None)
+            return int(refresh() if callable(refresh) else self.target.weight_version)
+        except Exception as exc:  # noqa: BLE001 - the update's own error is the one raised
+            logger.warning("sglang engine: cannot read its weight version back after a failed update (%s); "
+                           "treating it as unknown (-1) until a full refit", exc)
+            return -1
 
     def apply_sketch_delta(self, delta: Any) -> int:
         """Send one sketch delta through ``sglang_client`` (driver; other ranks' ``delta`` is unused and
-        may be None); every rank gets the new version or the same ``SyncError`` (the engine kept its
-        weights). ``delta`` may be a zero-argument callable that builds it: the driver calls it inside
+        may be None); every rank gets the new version or the same error (``SyncError`` for a delta the
+        engine or the client refused). After an error :attr:`weight_version` is the version read back
+        from the engine: the one it kept when it refused the delta before any write, -1 when its commit
+        failed after a first write, the new one when only the answer was lost; -1 when it cannot be read.
+        ``delta`` may be a zero-argument callable that builds it: the driver calls it inside
         the shared outcome, so a failure while building reaches every rank too."""
         self._synced(lambda: self.target.apply_sketch_delta(delta() if callable(delta) else delta))
         return self._version
 
     def update_weights_full(self, hf_state: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
                             version: int) -> None:
-        """Dense refit (HF names, full tensors) through ``sglang_client``; then ``weight_version = version``.
+        """Dense refit (HF names, full tensors) through ``sglang_client``; then ``weight_version = version``
+        (after a failure: the version read back from the engine, -1 for a refit that stopped part-way).
 
         ``hf_state`` may be a stream (``rl.weights.iter_hf_params``) whose producer runs TP/PP
         collectives: every rank consumes its stream to the end -- the driver while sending, the
