@@ -14,7 +14,9 @@ A checkpoint ``RUN/checkpoints/step_XXXXXXXX/`` holds
   when saved with ``checksums=False``; checkpoints of older versions hold plain sizes, which
   still load, with sizes checked only).
 
-A save goes to ``step_XXXXXXXX.tmp`` and is renamed when complete; ``RUN/checkpoints/latest``
+A save goes to ``step_XXXXXXXX.tmp`` and is renamed when complete (a checkpoint of the same step already there
+is renamed aside to ``step_XXXXXXXX.old-PID`` first and deleted only after ``latest`` is written:
+:mod:`.catalog`); ``RUN/checkpoints/latest``
 names the newest complete checkpoint and is replaced atomically after the rename, so a kill at
 any moment (including mid-save) leaves the previous checkpoint usable. Every file is fsync'ed by
 the rank that wrote it, and meta.json, ``latest`` and the directories by rank 0, before the save

@@ -1,19 +1,25 @@
 """The checkpoints of a run: which one ``latest`` names, which are complete, which to prune.
 
 ``RUN/checkpoints/`` holds ``step_XXXXXXXX`` directories (published only once complete), unfinished
-``step_XXXXXXXX.tmp`` saves and ``latest``, the name of the newest complete checkpoint. A ``latest`` that
-is missing is recovered from the newest complete checkpoint; one that names anything else is refused with
-the newest earlier checkpoint to continue from (:func:`earlier_checkpoint_hint`).
+``step_XXXXXXXX.tmp`` saves and ``latest``, the name of the newest complete checkpoint. A save of a step that
+already has a checkpoint renames the old one aside to ``step_XXXXXXXX.old-PID`` until the new one is in place
+(:func:`aside_name`); such a directory is never listed, counted or pruned as a checkpoint, is read only when
+``latest`` names its step and the step's directory is missing (a kill between the two renames), and the next
+save restores or deletes it (:func:`settle_asides`). A ``latest`` that is missing is recovered from the newest
+complete checkpoint; one that names anything else is refused with the newest earlier checkpoint to continue
+from (:func:`earlier_checkpoint_hint`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
 from typing import Optional, Union
 
+from megatron_logra.checkpoint.durable import fsync_path
 from megatron_logra.checkpoint.integrity import CheckpointError, read_meta_json
 from megatron_logra.parallel import group_rank, world_group
 
@@ -22,6 +28,48 @@ logger = logging.getLogger(__name__)
 __all__ = ["latest_checkpoint", "checkpoint_at_step", "earlier_checkpoint_hint"]
 
 _STEP_DIR = re.compile(r"step_(\d{8,})")
+_ASIDE_DIR = re.compile(r"(step_\d{8,})\.old-\d+")
+"""A replaced checkpoint while its replacement is renamed in: ``step_XXXXXXXX.old-PID`` (never a checkpoint name)."""
+
+
+def aside_name(final: Path) -> Path:
+    """Where a save renames the existing checkpoint ``final`` (``step_XXXXXXXX``) while it renames the new one
+    in: the sibling ``step_XXXXXXXX.old-PID``."""
+    return final.with_name(f"{final.name}.old-{os.getpid()}")
+
+
+def _asides_of(root: Path, name: Optional[str] = None) -> list[Path]:
+    """The aside directories of ``root`` (of checkpoint ``name`` only, when given), sorted by name."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir()
+                  if p.is_dir() and (m := _ASIDE_DIR.fullmatch(p.name)) and (name is None or m.group(1) == name))
+
+
+def _readable_aside(root: Path, name: str) -> Optional[Path]:
+    """An aside directory of checkpoint ``name`` whose meta.json reads and checks, or None."""
+    for aside in _asides_of(root, name):
+        try:
+            read_meta_json(aside)
+        except (CheckpointError, OSError):
+            continue
+        return aside
+    return None
+
+
+def settle_asides(root: Path) -> None:
+    """Finish replacements of a checkpoint that a kill interrupted (rank 0, before a save): an aside
+    ``step_XXXXXXXX.old-PID`` whose ``step_XXXXXXXX`` exists was superseded and is deleted; one whose
+    ``step_XXXXXXXX`` is missing (killed between the renames) is the only copy of that published checkpoint and
+    is renamed back (when its meta.json checks; otherwise deleted)."""
+    for aside in _asides_of(root):
+        final = root / _ASIDE_DIR.fullmatch(aside.name).group(1)
+        if not final.exists() and not final.is_symlink() and _readable_aside(root, final.name) == aside:
+            os.replace(aside, final)
+            fsync_path(root, directory=True)
+            logger.warning("restored checkpoint %s from %s: a save replacing it was interrupted", final, aside.name)
+        else:
+            shutil.rmtree(aside)
 
 
 def _prune(root: Path, step: int, keep_last: int) -> None:
@@ -100,7 +148,9 @@ def latest_checkpoint(run_dir: Union[str, Path]) -> Optional[Path]:
     * ``latest`` that is empty, unreadable, or holds anything but the name of a checkpoint directory beside
       it (``step_XXXXXXXX``: a path elsewhere would resume another run's checkpoint), or names one that is
       missing or has no meta.json: :class:`CheckpointError` naming ``latest``, what it holds, and the
-      newest earlier checkpoint to continue from (:func:`earlier_checkpoint_hint`)."""
+      newest earlier checkpoint to continue from (:func:`earlier_checkpoint_hint`).
+    * ``latest`` naming a missing ``step_XXXXXXXX`` whose aside copy ``step_XXXXXXXX.old-PID`` is there (a save
+      replacing that step killed between its two renames): that copy, with a warning."""
     root = Path(run_dir) / "checkpoints"
     marker = root / "latest"
     if not marker.exists() and not marker.is_symlink():
@@ -125,6 +175,13 @@ def latest_checkpoint(run_dir: Union[str, Path]) -> Optional[Path]:
         raise CheckpointError(f"{marker} holds {held}, not the name of a checkpoint directory beside it "
                               f"(step_XXXXXXXX); {earlier_checkpoint_hint(root)}")
     path = root / name
+    if not path.exists() and not path.is_symlink():
+        aside = _readable_aside(root, name)
+        if aside is not None:  # a save replacing it was killed between its renames: the previous copy
+            if group_rank(world_group()) == 0:
+                logger.warning("%s names %s, which is missing, but %s holds it (a save replacing it was "
+                               "interrupted): using it; the next save restores it", marker, name, aside.name)
+            return aside
     if not (path / "meta.json").exists():
         what = "has no meta.json (incomplete or damaged)" if path.is_dir() else "does not exist (deleted?)"
         raise CheckpointError(f"{marker} names {name}, which {what}; {earlier_checkpoint_hint(root, path)}")

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence, Union
 
 from torch import nn
 
-from megatron_logra.checkpoint.catalog import _prune
+from megatron_logra.checkpoint.catalog import _prune, aside_name, settle_asides
 from megatron_logra.checkpoint.collective import _on_every_rank, _shared_outcome
 from megatron_logra.checkpoint.dist_writer import _save_dist
 from megatron_logra.checkpoint.files import save_safetensors
@@ -83,6 +83,7 @@ def _save(root: Path, final: Path, tmp: Path, rank: int, step: int, model, optim
             root.mkdir(parents=True, exist_ok=True)
             for unfinished in root.glob("step_*.tmp"):  # killed saves: never a checkpoint
                 shutil.rmtree(unfinished)
+            settle_asides(root)  # replacements of a checkpoint that a kill interrupted
             (tmp / _DIST).mkdir(parents=True)
 
     _on_every_rank(step, root, "preparing its directory", prepare)
@@ -111,7 +112,13 @@ def _save(root: Path, final: Path, tmp: Path, rank: int, step: int, model, optim
 
 def _finish_save(root: Path, tmp: Path, final: Path, step: int, groups: ParallelGroups, scalars: dict,
                  extra: Optional[dict], config: Optional[dict], files: dict, keep_last: int) -> None:
-    """Rank 0: write meta.json last, rename the save into place, point ``latest`` at it, prune."""
+    """Rank 0: write meta.json last, rename the save into place, point ``latest`` at it, prune.
+
+    A checkpoint of the same step already there is never deleted before the new one is in place: it is
+    renamed aside (:func:`~megatron_logra.checkpoint.catalog.aside_name`), the save renamed in (on a failure
+    there the old one is renamed back), ``latest`` written, and only then the aside copy deleted (best effort:
+    the next save deletes what is left). A kill between the renames leaves the aside copy, which
+    :func:`~megatron_logra.checkpoint.catalog.latest_checkpoint` reads and the next save restores."""
     meta = {
         "format_version": FORMAT_VERSION,
         "step": step,
@@ -127,10 +134,25 @@ def _finish_save(root: Path, tmp: Path, final: Path, step: int, groups: Parallel
     meta["meta_crc32"] = meta_crc32(meta)
     write_synced(tmp / "meta.json", json.dumps(meta, indent=1))
     fsync_path(tmp, directory=True)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    aside = None
+    if final.exists() or final.is_symlink():
+        aside = aside_name(final)
+        if aside.exists():
+            shutil.rmtree(aside)
+        os.replace(final, aside)
+    try:
+        os.replace(tmp, final)
+    except BaseException:
+        if aside is not None:
+            os.replace(aside, final)  # the previous checkpoint of this step back under its name
+        raise
     fsync_path(root, directory=True)
     atomic_write_text(root / "latest", final.name)
     _prune(root, step, keep_last)
+    if aside is not None:
+        try:
+            shutil.rmtree(aside)
+        except OSError as exc:
+            logger.warning("could not delete the replaced checkpoint %s (%s): it is never loaded, and the next "
+                           "save deletes it", aside, exc)
     logger.info("saved checkpoint %s", final)
