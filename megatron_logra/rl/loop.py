@@ -28,7 +28,7 @@ from megatron_logra.rl.batching import pack_sequences
 from megatron_logra.rl.evaluation import evaluate_accuracy
 from megatron_logra.rl.kl_probe import _probe_batch, fd_steps
 from megatron_logra.rl.loop_state import RLComponents, RLState
-from megatron_logra.rl.objective import _reference_logprobs, backward_and_prepare, make_rl_loss_fn
+from megatron_logra.rl.objective import _reference_logprobs, backward_and_prepare, make_rl_loss_fn, step_plan
 from megatron_logra.rl.prompts import _decode, check_prompt_fits, prompt_room, rl_prompt_ids
 from megatron_logra.rl.rollout_stage import collect_groups
 from megatron_logra.rl.sample_log import sample_records
@@ -114,6 +114,7 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         "rollout_seconds": rollout_seconds,
         "sync_bytes": 0, "sync_mode": None, "sync_drift": 0, "sync_master_drift": 0.0,
         "rollout_tokens_per_second": sums["tokens"] / max(rollout_seconds, 1e-9), "train_tokens": 0,
+        "train_positions": 0, "padding_share": None,
         "train_tokens_per_second": None, "prompts_skipped": int(sums["prompts_skipped"]),
         "resample_rounds": collected.extra_rounds, "groups_resampled": int(sums["resampled"]),
         "groups_uniform": int(sums["uniform"]), "advantage_std_raw": raw_std,
@@ -144,6 +145,9 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         finished=[r.finished for r in rollouts], pad_id=c.tokenizer.pad_token_id, max_length=cfg.model.seq_length,
         multiple=cfg.sequence_multiple(),
     )
+    layout = _dp_sums(groups.dp, positions=float(sum(len(p.rows) * p.length for p in step_plan(c, batch))),
+                      filled=float(sum(len(r.prompt_ids) + len(r.completion_ids) - 1 for r in rollouts)))
+    record.update(train_positions=int(layout["positions"]), padding_share=1.0 - layout["filled"] / layout["positions"])
     if c.ref_model is not None:
         ref_logprobs = _reference_logprobs(c, batch)
         if ref_logprobs is not None:  # only the last pipeline stage computes the loss
