@@ -29,6 +29,7 @@ __all__ = ["SLIME_ALIASES", "SLIME_SWITCHES", "SLIME_CHECK_SWITCHES", "SLIME_VAL
 SLIME_ALIASES: dict[str, str] = {
     "rollout-seed": "task.seed",
     "tis-clip": "rl.loss.tis_cap",
+    "tis-clip-low": "rl.loss.tis_floor",
     "entropy-coef": "rl.loss.entropy_coef",
     "eval-top-p": "rl.rollout.eval_top_p",
     "eval-max-response-len": "rl.rollout.eval_max_new_tokens",
@@ -39,8 +40,8 @@ SLIME_ALIASES: dict[str, str] = {
     "max-tokens-per-gpu": "rl.max_tokens_per_micro_batch",
 }
 """slime value flags -> the dotted field they set: ``--rollout-seed`` the seed of the prompt stream (``task.seed``;
-the held-out set keeps ``task.eval_seed``), ``--tis-clip`` the importance weight's cap, ``--entropy-coef`` the
-entropy bonus, ``--eval-top-p`` / ``--eval-max-response-len`` the held-out sampling's nucleus mass and completion
+the held-out set keeps ``task.eval_seed``), ``--tis-clip`` / ``--tis-clip-low`` the importance weight's cap and
+floor, ``--entropy-coef`` the entropy bonus, ``--eval-top-p`` / ``--eval-max-response-len`` the held-out sampling's nucleus mass and completion
 length, ``--sglang-mem-fraction-static`` the share of each GPU the in-process SGLang
 engine reserves, ``--rollout-num-gpus-per-engine`` that engine's tensor-parallel size, ``--wandb-group`` /
 ``--wandb-team`` the W&B run's group and team, ``--max-tokens-per-gpu`` the positions of a dynamic
@@ -68,8 +69,9 @@ SLIME_CHECK_SWITCHES: tuple[str, ...] = ("use-wandb", "use-dynamic-batch-size")
 ``rl.max_tokens_per_micro_batch`` (``--max-tokens-per-gpu``;
 :func:`~megatron_logra.megatron_flags.slime_resolve.check_dynamic_batch`)."""
 
-CLIP_FLAGS: dict[str, str] = {"eps-clip": "rl.loss.clip_low", "eps-clip-high": "rl.loss.clip_high"}
-"""slime's PPO clip range -> its field; resolved after the other overrides by :func:`~megatron_logra.megatron_flags.slime_resolve.resolve_clip`, which also
+CLIP_FLAGS: dict[str, str] = {"eps-clip": "rl.loss.clip_low", "eps-clip-high": "rl.loss.clip_high",
+                              "eps-clip-c": "rl.loss.clip_c"}
+"""slime's PPO clip range and dual clip -> their fields; resolved after the other overrides by :func:`~megatron_logra.megatron_flags.slime_resolve.resolve_clip`, which also
 chooses ``rl.loss.kind``."""
 
 SLIME_VALUE_MAPS: dict[str, str] = {"advantage-estimator": "rl.advantage.estimator", "rm-type": "task.reward",
@@ -133,9 +135,6 @@ SLIME_REFUSED_VALUE_FLAGS: dict[str, str] = {
                               "a custom rollout function is not supported"),
     "custom-generate-function-path": ("rollouts come from the configured engine (rl.rollout.engine); a custom "
                                       "generate function is not supported"),
-    "eps-clip-c": "dual-clip PPO is not supported; the clip range is --eps-clip / --eps-clip-high",
-    "tis-clip-low": ("the importance weight is truncated from above only (rl.loss.tis_cap, --tis-clip); a lower "
-                     "bound is not supported"),
     "custom-tis-function-path": ("the importance weight is min(π_θ / μ, rl.loss.tis_cap) (--tis-clip); a custom "
                                  "weighting is not supported"),
     "wandb-key": ("W&B reads its key from WANDB_API_KEY (or `wandb login`); a key given on the command line would "

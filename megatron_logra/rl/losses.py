@@ -4,9 +4,11 @@ All take ``[b, s]`` tensors aligned with the labels and a 0/1 ``mask`` of comple
 and return the *sum* over masked tokens; the optimizer divides by the global token count
 (token-level normalisation).
 
-* TIS: ``−w·A·log π_θ`` with ``w = min(exp(log π_θ − log μ), cap)`` detached, where ``μ`` is
-  the rollout engine's policy (truncated importance sampling against rollout log-probs).
-* PPO-clip with clip-higher: ``−min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)``, ``ρ = π_θ / π_old``.
+* TIS: ``−w·A·log π_θ`` with ``w = clamp(exp(log π_θ − log μ), floor, cap)`` detached, where ``μ`` is
+  the rollout engine's policy (truncated importance sampling against rollout log-probs; ``floor`` 0 by default,
+  slime's ``--tis-clip-low``).
+* PPO-clip with clip-higher: ``−min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)``, ``ρ = π_θ / π_old``; with dual clip
+  (``c > 1``, slime's ``--eps-clip-c``) a token of negative advantage loses at most ``−c·A``, however large ``ρ``.
 * KL penalty to a frozen reference, one of Schulman's per-token estimators on the policy's own samples,
   with ``x = log π_ref − log π_θ``: k2 ``x²/2`` or k3 ``exp(x) − x − 1``. As loss terms (the samples
   held fixed, the gradient through ``log π_θ`` only) their expected gradients differ: k2's is that of
@@ -54,10 +56,15 @@ class LossConfig:
     """tis (policy gradient with truncated importance sampling) or ppo (PPO-clip)."""
     tis_cap: float = 2.0
     """TIS: cap on the importance weight π_θ / μ."""
+    tis_floor: float = 0.0
+    """TIS: lower bound of the importance weight (slime's ``--tis-clip-low``); 0 = none (the weight is positive)."""
     clip_low: float = 0.2
     """PPO: ε_low."""
     clip_high: float = 0.28
     """PPO: ε_high (clip-higher)."""
+    clip_c: float = 0.0
+    """PPO: dual clip (slime's ``--eps-clip-c``): a token of negative advantage A contributes at most ``−c·A`` to the
+    loss, bounding the step a very unlikely token can take; must be > 1 where set; 0 = off. TIS does not read it."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the initial (reference) policy; 0 disables it."""
     kl_estimator: str = "k3"
@@ -81,6 +88,12 @@ class LossConfig:
             raise ValueError(f"rl.loss.kind={self.kind!r}: choose tis or ppo")
         if self.tis_cap <= 0:
             raise ValueError(f"rl.loss.tis_cap={self.tis_cap} must be > 0")
+        if not 0 <= self.tis_floor < self.tis_cap:
+            raise ValueError(f"rl.loss.tis_floor={self.tis_floor} must lie in [0, rl.loss.tis_cap={self.tis_cap}) "
+                             f"(0 = no lower bound)")
+        if self.clip_c != 0 and not self.clip_c > 1:
+            raise ValueError(f"rl.loss.clip_c={self.clip_c}: PPO's dual clip must be > 1 (e.g. 3, as in the dual-clip "
+                             f"PPO paper), or 0 for none")
         if not 0 <= self.clip_low < 1:
             raise ValueError(f"rl.loss.clip_low={self.clip_low} must lie in [0, 1)")
         if self.clip_high < 0:
@@ -117,17 +130,23 @@ def token_logprobs_and_entropy(logits_bsV: torch.Tensor, labels_bs: torch.Tensor
 
 
 def tis_pg_loss(logp: torch.Tensor, rollout_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                cap: float) -> torch.Tensor:
+                cap: float, floor: float = 0.0) -> torch.Tensor:
     weight = torch.exp(logp.detach() - rollout_logp).clamp(max=cap)
+    if floor > 0:
+        weight = weight.clamp(min=floor)
     return -(weight * advantages * logp * mask).sum()
 
 
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                  clip_low: float, clip_high: float) -> torch.Tensor:
+                  clip_low: float, clip_high: float, clip_c: float = 0.0) -> torch.Tensor:
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
-    return -(torch.minimum(unclipped, clipped) * mask).sum()
+    if clip_c <= 0:
+        return -(torch.minimum(unclipped, clipped) * mask).sum()
+    per_token = -torch.minimum(unclipped, clipped)
+    per_token = torch.where(advantages < 0, torch.minimum(per_token, -clip_c * advantages), per_token)
+    return (per_token * mask).sum()
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
@@ -161,9 +180,9 @@ def rl_loss(cfg: LossConfig, logp: torch.Tensor, rollout_logp: torch.Tensor, adv
     ``ref_logp`` and ``− entropy_coef·Σ H`` with ``entropy`` (``[b, s]``, differentiable: the per-token entropy
     of :func:`token_logprobs_and_entropy`). Each term is built only when its coefficient is above 0."""
     if cfg.kind == "tis":
-        loss = tis_pg_loss(logp, rollout_logp, advantages, mask, cfg.tis_cap)
+        loss = tis_pg_loss(logp, rollout_logp, advantages, mask, cfg.tis_cap, cfg.tis_floor)
     else:
-        loss = ppo_clip_loss(logp, rollout_logp, advantages, mask, cfg.clip_low, cfg.clip_high)
+        loss = ppo_clip_loss(logp, rollout_logp, advantages, mask, cfg.clip_low, cfg.clip_high, cfg.clip_c)
     if cfg.kl_coef > 0:
         if ref_logp is None:
             raise ValueError("rl.loss.kl_coef > 0 needs reference log-probs")
