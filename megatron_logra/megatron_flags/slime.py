@@ -77,7 +77,7 @@ chooses ``rl.loss.kind``."""
 SLIME_VALUE_MAPS: dict[str, str] = {"advantage-estimator": "rl.advantage.estimator", "rm-type": "task.reward",
                                     "custom-rm-path": "task.reward", "attention-backend": "model.transformer_impl"}
 """Value flags whose values are spelt otherwise here -> the field they set, by :func:`~megatron_logra.megatron_flags.slime_resolve.slime_value`:
-``--advantage-estimator grpo``; ``--rm-type`` math / deepscaler / dapo score with math-verify
+``--advantage-estimator grpo`` (``gspo``: ``rl.loss.kind=gspo``, GSPO's loss on GRPO's advantages); ``--rm-type`` math / deepscaler / dapo score with math-verify
 (``task.reward=math_verify``); ``--custom-rm-path a.b.fn`` runs slime's own reward function,
 ``task.reward=slime:a.b.fn``; Megatron-LM's ``--attention-backend`` flash / fused is TransformerEngine's attention
 (``model.transformer_impl=transformer_engine``), unfused / local megatron-core's (``local``), auto ``auto``."""
@@ -140,7 +140,8 @@ SLIME_REFUSED_VALUE_FLAGS: dict[str, str] = {
     "wandb-key": ("W&B reads its key from WANDB_API_KEY (or `wandb login`); a key given on the command line would "
                   "be written to config.yaml and the launch logs"),
     "wandb-host": "W&B reads its server from WANDB_BASE_URL (or `wandb login --host URL`)",
-    "loss-type": ("the RL job's loss is rl.loss.kind (tis or ppo, --use-tis / --eps-clip) with the KL penalty "
+    "loss-type": ("the RL job's loss is rl.loss.kind (tis, ppo or gspo, --use-tis / --eps-clip / "
+                  "--advantage-estimator gspo) with the KL penalty "
                   "rl.loss.kl_coef; the LM job's is the language-model loss (job=lm)"),
 }
 """slime value flags this trainer cannot honour: refused, with what to use instead."""

@@ -29,9 +29,12 @@ def slime_value(flag: str, raw: Any) -> tuple[str, str]:
     if flag == "advantage-estimator":
         if value == "grpo":
             return "rl.advantage.estimator", "grpo"
+        if value == "gspo":  # GRPO's advantages (the default estimator) with the sequence-level ratio's loss
+            return "rl.loss.kind", "gspo"
         raise ValueError(f"--advantage-estimator {value}: this trainer's estimators are grpo (--advantage-estimator "
-                         f"grpo) and an EMA-baseline REINFORCE (rl.advantage.estimator=reinforce); slime's gspo, "
-                         f"ppo (a value critic) and reinforce_plus_plus(_baseline) are not supported")
+                         f"grpo), gspo (GRPO's advantages, the loss rl.loss.kind=gspo) and an EMA-baseline REINFORCE "
+                         f"(rl.advantage.estimator=reinforce); slime's ppo (a value critic) and "
+                         f"reinforce_plus_plus(_baseline) are not supported")
     if flag == "rm-type":
         if value in _RM_TYPES:
             logger.warning("--rm-type %s: answers are scored by math-verify (task.reward=math_verify), which parses "
@@ -58,9 +61,10 @@ def slime_value(flag: str, raw: Any) -> tuple[str, str]:
 
 
 def resolve_clip(cfg: Any, flag: str, set_by: dict[str, tuple[str, Any]]) -> Optional[str]:
-    """The ``rl.loss.kind`` that ``--eps-clip`` / ``--eps-clip-high`` imply, against the config the other overrides
-    leave (``set_by``: dotted field -> (spelling, value) of the fields the command line set): ``ppo`` when the line
-    does not choose the loss; None (keep it) where ``--use-tis`` chose ``tis``, logged, since the clip never acts
+    """The ``rl.loss.kind`` that ``--eps-clip`` / ``--eps-clip-high`` / ``--eps-clip-c`` imply, against the config the
+    other overrides leave (``set_by``: dotted field -> (spelling, value) of the fields the command line set): ``ppo``
+    when the line does not choose the loss; None (keep it) where it chose ``ppo`` or ``gspo``
+    (``--advantage-estimator gspo``), which read the clip range; None (keep it) where ``--use-tis`` chose ``tis``, logged, since the clip never acts
     at the one optimizer step of a rollout; a ``ValueError`` where the line gives ``rl.loss.kind=tis`` itself."""
     if cfg.job != "rl":
         raise ValueError(f"--{flag} sets the RL job's PPO clip range, which job={cfg.job} does not have; drop --{flag}")
@@ -68,7 +72,7 @@ def resolve_clip(cfg: Any, flag: str, set_by: dict[str, tuple[str, Any]]) -> Opt
     if chosen is None:
         return "ppo"
     spelling, kind = chosen
-    if kind == "ppo":
+    if kind in ("ppo", "gspo"):
         return None
     if spelling.split("=")[0] == "--use-tis":
         logger.warning("--%s is accepted with --use-tis and stored in %s, which the loss does not read: the loss is "

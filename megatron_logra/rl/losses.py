@@ -9,6 +9,10 @@ and return the *sum* over masked tokens; the optimizer divides by the global tok
   slime's ``--tis-clip-low``).
 * PPO-clip with clip-higher: ``−min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)``, ``ρ = π_θ / π_old``; with dual clip
   (``c > 1``, slime's ``--eps-clip-c``) a token of negative advantage loses at most ``−c·A``, however large ``ρ``.
+* GSPO (Zheng et al. 2025, slime's ``--advantage-estimator gspo``): the same clipped surrogate on every token of a
+  completion with its sequence-level ratio ``s = exp(mean_t (log π_θ − log π_old))`` over the completion's loss
+  tokens, so a completion is clipped as a whole; its gradient on each token is ``s·A·∇log π_θ``. Sequence ratios
+  stay much closer to 1 than token ratios: the GSPO paper clips at ε ≈ 3e-4 / 4e-4, not 0.2 / 0.28.
 * KL penalty to a frozen reference, one of Schulman's per-token estimators on the policy's own samples,
   with ``x = log π_ref − log π_θ``: k2 ``x²/2`` or k3 ``exp(x) − x − 1``. As loss terms (the samples
   held fixed, the gradient through ``log π_θ`` only) their expected gradients differ: k2's is that of
@@ -44,8 +48,8 @@ LOW_VAR_KL_MAX = 10.0
 KL_ESTIMATORS = ("k2", "k3", "low_var_kl")
 """The estimators ``rl.loss.kl_estimator`` takes as a loss term."""
 
-__all__ = ["LossConfig", "KL_ESTIMATORS", "LOW_VAR_KL_MAX", "tis_pg_loss", "ppo_clip_loss", "kl_penalty", "entropy_bonus", "token_logprobs",
-           "token_logprobs_and_entropy"]
+__all__ = ["LossConfig", "KL_ESTIMATORS", "LOW_VAR_KL_MAX", "tis_pg_loss", "ppo_clip_loss", "gspo_loss", "kl_penalty",
+           "entropy_bonus", "token_logprobs", "token_logprobs_and_entropy"]
 
 
 @dataclass
@@ -53,17 +57,18 @@ class LossConfig:
     """The RL objective."""
 
     kind: str = "tis"
-    """tis (policy gradient with truncated importance sampling) or ppo (PPO-clip)."""
+    """tis (policy gradient with truncated importance sampling), ppo (PPO-clip) or gspo (PPO-clip on each
+    completion's sequence-level ratio; set clip_low / clip_high to GSPO's scale, e.g. 3e-4 / 4e-4)."""
     tis_cap: float = 2.0
     """TIS: cap on the importance weight π_θ / μ."""
     tis_floor: float = 0.0
     """TIS: lower bound of the importance weight (slime's ``--tis-clip-low``); 0 = none (the weight is positive)."""
     clip_low: float = 0.2
-    """PPO: ε_low."""
+    """PPO / GSPO: ε_low."""
     clip_high: float = 0.28
-    """PPO: ε_high (clip-higher)."""
+    """PPO / GSPO: ε_high (clip-higher)."""
     clip_c: float = 0.0
-    """PPO: dual clip (slime's ``--eps-clip-c``): a token of negative advantage A contributes at most ``−c·A`` to the
+    """PPO / GSPO: dual clip (slime's ``--eps-clip-c``): a token of negative advantage A contributes at most ``−c·A`` to the
     loss, bounding the step a very unlikely token can take; must be > 1 where set; 0 = off. TIS does not read it."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the initial (reference) policy; 0 disables it."""
@@ -84,8 +89,8 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         check_finite_fields("rl.loss", self)  # first: nan passes the comparisons below
-        if self.kind not in ("tis", "ppo"):
-            raise ValueError(f"rl.loss.kind={self.kind!r}: choose tis or ppo")
+        if self.kind not in ("tis", "ppo", "gspo"):
+            raise ValueError(f"rl.loss.kind={self.kind!r}: choose tis, ppo or gspo")
         if self.tis_cap <= 0:
             raise ValueError(f"rl.loss.tis_cap={self.tis_cap} must be > 0")
         if not 0 <= self.tis_floor < self.tis_cap:
@@ -139,7 +144,24 @@ def tis_pg_loss(logp: torch.Tensor, rollout_logp: torch.Tensor, advantages: torc
 
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                   clip_low: float, clip_high: float, clip_c: float = 0.0) -> torch.Tensor:
-    ratio = torch.exp(logp - old_logp)
+    return _clipped_surrogate(torch.exp(logp - old_logp), advantages, mask, clip_low, clip_high, clip_c)
+
+
+def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              clip_low: float, clip_high: float, clip_c: float = 0.0) -> torch.Tensor:
+    """GSPO: :func:`ppo_clip_loss` with each row's sequence-level ratio ``exp(Σ_t m_t (log π_θ − log π_old) /
+    Σ_t m_t)`` on every token of the row (differentiable through every token's log-prob); a row without loss
+    tokens contributes 0. Rows are whole completions: micro-batches never split one."""
+    log_ratio = torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp))
+    tokens = mask.sum(dim=1, keepdim=True).clamp(min=1)
+    ratio = torch.exp(log_ratio.sum(dim=1, keepdim=True) / tokens).expand_as(logp)
+    return _clipped_surrogate(ratio, advantages, mask, clip_low, clip_high, clip_c)
+
+
+def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_low: float,
+                       clip_high: float, clip_c: float) -> torch.Tensor:
+    """``Σ −min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)`` over the masked tokens, each token of negative advantage at
+    most ``−c·A`` with a dual clip ``c > 0``."""
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
     if clip_c <= 0:
@@ -181,6 +203,8 @@ def rl_loss(cfg: LossConfig, logp: torch.Tensor, rollout_logp: torch.Tensor, adv
     of :func:`token_logprobs_and_entropy`). Each term is built only when its coefficient is above 0."""
     if cfg.kind == "tis":
         loss = tis_pg_loss(logp, rollout_logp, advantages, mask, cfg.tis_cap, cfg.tis_floor)
+    elif cfg.kind == "gspo":
+        loss = gspo_loss(logp, rollout_logp, advantages, mask, cfg.clip_low, cfg.clip_high, cfg.clip_c)
     else:
         loss = ppo_clip_loss(logp, rollout_logp, advantages, mask, cfg.clip_low, cfg.clip_high, cfg.clip_c)
     if cfg.kl_coef > 0:
