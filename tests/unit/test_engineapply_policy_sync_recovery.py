@@ -15,6 +15,8 @@ import torch
 
 from megatron_logra.sync import SyncError
 
+from support.engine_weights import engine_differs_from_trainer
+
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
 MAX_UPDATES = 8
@@ -26,21 +28,6 @@ def _two_threads():
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(before)
-
-
-def _engine_differs_from_trainer(comps) -> list[str]:
-    """Names of engine tensors that differ (bitwise) from the trainer's full weights."""
-    from megatron_logra.rl.weights import iter_hf_params
-
-    engine = dict(comps.engine.model.named_parameters())
-    seen, differ = set(), []
-    for name, full in iter_hf_params(comps.model, comps.groups, comps.cfg.model):
-        seen.add(name)
-        mine = engine[name].detach()
-        if mine.shape != full.shape or not torch.equal(mine, full.to(mine.dtype)):
-            differ.append(name)
-    assert seen == set(engine), sorted(set(engine) ^ seen)
-    return differ
 
 
 @pytest.mark.parametrize("transport", ["inprocess", "directory"])
@@ -90,13 +77,13 @@ def test_a_delta_whose_commit_fails_part_way_is_not_applied_twice_and_a_refit_re
                 params[broken].data = own
 
         engine.apply_sketch_delta = apply_failing_once
-        assert _engine_differs_from_trainer(comps) == []
+        assert engine_differs_from_trainer(comps) == []
         records = []
         while len(records) < MAX_UPDATES and not (faults and any(r["sync_mode"] == "delta" for r in records)):
             record = rl_update(comps, state)
             records.append(record)
             assert engine.weight_version == state.weight_version, record
-            assert _engine_differs_from_trainer(comps) == [], f"update {state.step} ({record['sync_mode']})"
+            assert engine_differs_from_trainer(comps) == [], f"update {state.step} ({record['sync_mode']})"
     finally:
         destroy_parallel()
 

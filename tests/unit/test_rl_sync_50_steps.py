@@ -20,6 +20,8 @@ import warnings
 import pytest
 import torch
 
+from support.engine_weights import engine_differs_from_trainer
+
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
 NUM_UPDATES = 50
@@ -31,21 +33,6 @@ def _two_threads():
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(before)
-
-
-def _engine_equals_trainer(comps) -> list[str]:
-    """Names of engine tensors that differ (bitwise) from the trainer's full weights."""
-    from megatron_logra.rl.weights import iter_hf_params
-
-    engine = dict(comps.engine.model.named_parameters())
-    seen, differ = set(), []
-    for name, full in iter_hf_params(comps.model, comps.groups, comps.cfg.model):
-        seen.add(name)
-        mine = engine[name].detach()
-        if mine.shape != full.shape or not torch.equal(mine, full.to(mine.dtype)):
-            differ.append(name)
-    assert seen == set(engine), sorted(set(engine) ^ seen)
-    return differ
 
 
 def test_50_updates_keep_the_delta_engine_bitwise_equal_and_rollouts_equal_to_full_refits(tmp_path):
@@ -73,7 +60,7 @@ def test_50_updates_keep_the_delta_engine_bitwise_equal_and_rollouts_equal_to_fu
                                           comps.engine.weight_version)
 
         refit_reference()
-        assert _engine_equals_trainer(comps) == []
+        assert engine_differs_from_trainer(comps) == []
         delta_generate = comps.engine.generate
         compared = []
 
@@ -97,7 +84,7 @@ def test_50_updates_keep_the_delta_engine_bitwise_equal_and_rollouts_equal_to_fu
                 modes.append(record["sync_mode"])
                 sync_bytes.append(record["sync_bytes"])
             assert comps.engine.weight_version == state.weight_version
-            assert _engine_equals_trainer(comps) == [], f"update {state.step}"
+            assert engine_differs_from_trainer(comps) == [], f"update {state.step}"
             refit_reference()
     finally:
         destroy_parallel()
