@@ -28,20 +28,13 @@ def built(tmp_path_factory):
 @pytest.fixture
 def trained_on(built, monkeypatch):
     """Each step's (completions, advantages) as handed to ``pack_sequences``; completions of several lengths."""
-    import megatron_logra.rl.loop as loop
+    from support.step_spies import record_packing
 
     comps, _ = built
-    seen: list[tuple[list, list]] = []
-    real = loop.pack_sequences
-
-    def spy(prompts, completions, **kw):
-        seen.append(([list(c) for c in completions], list(kw["advantages"])))
-        return real(prompts, completions, **kw)
-
-    monkeypatch.setattr(loop, "pack_sequences", spy)
+    calls = record_packing(monkeypatch)
     # a third of the vocabulary ends a completion: the barely trained model's completions get several lengths
     monkeypatch.setattr(comps, "stop_ids", sorted(set(comps.stop_ids) | set(range(0, len(comps.tokenizer), 3))))
-    return seen
+    return calls
 
 
 def _score(comps, monkeypatch, uniform) -> list[float]:
@@ -66,7 +59,8 @@ def test_the_step_trains_on_grpo_advantages_whitened_over_the_loss_tokens(built,
     rewards = _score(comps, monkeypatch, lambda prompt: prompt == first)
     params = {n: p.detach().clone() for n, p in comps.model.named_parameters()}
     record = rl_update(comps, state)
-    (completions, advantages), = trained_on
+    (call,) = trained_on
+    completions, advantages = call["completions"], call["advantages"]
     counts = [len(c) for c in completions]
     assert len(set(counts)) > 1  # token weighting differs from sequence weighting
     raw = grpo_advantages(torch.tensor(rewards, dtype=torch.float32), G).double()

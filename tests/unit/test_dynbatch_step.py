@@ -61,24 +61,19 @@ def test_a_whole_step_with_a_token_budget_trains(built, monkeypatch):
         return reward, reward == 1.0
 
     monkeypatch.setattr(comps.task, "score", score)
-    import megatron_logra.rl.loop as loop
+    from support.step_spies import record_packing
+
     from megatron_logra.rl.batching import plan_microbatches
 
-    seen, packed, real = [], [], loop.pack_sequences
-
-    def spy(prompts, completions, **kw):
-        seen.extend([list(prompts), list(completions)])
-        packed.append(real(prompts, completions, **kw))
-        return packed[-1]
-
-    monkeypatch.setattr(loop, "pack_sequences", spy)
+    calls = record_packing(monkeypatch)
     params = {n: p.detach().clone() for n, p in comps.model.named_parameters()}
     record = rl_update(comps, state)
     assert not record["skipped"] and math.isfinite(record["loss"])
     # the positions the micro-batches computed and the padding among them, from the step's samples
-    (batch,) = packed
+    (call,) = calls
+    batch = call["batch"]
     plan = plan_microbatches(batch, 4, 48, comps.cfg.sequence_multiple())
     assert record["train_positions"] == sum(len(p.rows) * p.length for p in plan) < batch.tokens.numel()
-    filled = sum(min(len(p) + len(c), comps.cfg.model.seq_length + 1) - 1 for p, c in zip(*seen))
+    filled = sum(len(p) + len(c) - 1 for p, c in zip(call["prompts"], call["completions"]))
     assert record["padding_share"] == pytest.approx(1 - filled / record["train_positions"])
     assert any(not torch.equal(p.detach(), params[n]) for n, p in comps.model.named_parameters())

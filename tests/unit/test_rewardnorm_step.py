@@ -50,17 +50,10 @@ def built(tmp_path_factory):
 @pytest.fixture
 def trained_on(built, monkeypatch):
     """Each step's (completions, advantages) as the real step hands them to ``pack_sequences``."""
-    import megatron_logra.rl.loop as loop
+    from support.step_spies import record_packing
 
-    seen: list[tuple[list, list]] = []
-    real = loop.pack_sequences
-
-    def spy(prompts, completions, **kw):
-        seen.append(([list(c) for c in completions], list(kw["advantages"])))
-        return real(prompts, completions, **kw)
-
-    monkeypatch.setattr(loop, "pack_sequences", spy)
-    return seen
+    calls = record_packing(monkeypatch)
+    return calls
 
 
 def _expected(comps, state, scale: float) -> list[float]:
@@ -83,7 +76,8 @@ def test_uniform_groups_train_on_their_raw_rewards(built, trained_on):
     assert all(w > 0 for w in want)
     before = _params(comps)
     record = rl_update(comps, state)
-    (_, advantages), = trained_on
+    (call,) = trained_on
+    advantages = call["advantages"]
     assert advantages == want  # exact: the float32 rewards themselves
     assert record["groups_uniform"] == P and not record["skipped"] and math.isfinite(record["loss"])
     assert any(not torch.equal(p.detach(), before[n]) for n, p in comps.model.named_parameters())
@@ -97,7 +91,8 @@ def test_whitened_raw_rewards_are_centred_over_the_loss_tokens(built, trained_on
     monkeypatch.setattr(comps.cfg.rl.advantage, "normalize", True)
     want = _expected(comps, state, 1.0)
     record = rl_update(comps, state)
-    (completions, advantages), = trained_on
+    (call,) = trained_on
+    completions, advantages = call["completions"], call["advantages"]
     tokens = torch.cat([torch.tensor(w, dtype=torch.float64).repeat(len(c)) for w, c in zip(want, completions)])
     assert len(set(want)) > 1  # the step's problems differ (rewards all equal would whiten to 0)
     mean, std = tokens.mean().item(), tokens.std().item()
