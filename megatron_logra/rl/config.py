@@ -64,14 +64,14 @@ class RLConfig:
     group_size: int = 8
     """Samples per prompt (G)."""
     micro_batch_size: int = 32
-    """Sequences per trainer micro-batch (the RL step's, unless ``max_tokens_per_micro_batch`` is set, and the
-    warm start's)."""
+    """Sequences per trainer micro-batch (the RL steps' and the supervised warm start's), unless
+    ``max_tokens_per_micro_batch`` is set."""
     max_tokens_per_micro_batch: int = 0
     """Dynamic micro-batches (slime's ``--use-dynamic-batch-size --max-tokens-per-gpu N``): each rank's
-    sequences of an RL step are grouped by length into micro-batches of at most this many positions (rows ×
-    the micro-batch's longest sequence, rounded to the sequence multiple), each cut to its own longest, so
-    short completions are not padded to the step's longest; a sequence longer than the budget is a
-    micro-batch of its own. The same update up to the order of float sums. Needs ``parallel.pp=1``.
+    sequences of an RL step (and of a supervised warm start's step) are grouped by length into micro-batches of at
+    most this many positions (rows × the micro-batch's longest sequence, rounded to the sequence multiple), each cut
+    to its own longest, so short completions are not padded to the step's longest; a sequence longer than the
+    budget is a micro-batch of its own. The same update up to the order of float sums. Needs ``parallel.pp=1``.
     0 = fixed micro-batches of ``micro_batch_size`` sequences padded to the step's longest."""
     eval_interval: int = 10
     """Updates between held-out evaluations (and one before the first, one after the last)."""

@@ -141,13 +141,15 @@ def run_sft(
     multiple: int = 8,
     log: Optional[Callable[[int, float], None]] = None,
     final_lr_ratio: float = 1.0,
+    max_tokens: int = 0,
 ) -> float:
     """Train ``model`` on demonstrations ``demos(index) -> (prompt_ids, answer_ids)``; returns the last loss.
 
     Each DP rank takes its share of every global batch of ``batch_size`` (``sft.batch_size``), which
     must divide evenly over the DP ranks (else ``ValueError``); indices are global, so any layout
     trains on the same data. The learning rate follows a cosine from ``lr`` to
-    ``final_lr_ratio·lr`` at the last step.
+    ``final_lr_ratio·lr`` at the last step. Micro-batches: ``micro_batch_size`` demonstrations, or with
+    ``max_tokens`` (``rl.max_tokens_per_micro_batch``) the dynamic ones of ``rl.batching.plan_microbatches``.
     """
     per_rank = share_per_rank("sft.batch_size", batch_size, groups.dp_size, "demonstrations per warm-start step")
     opt = DenseAdamW(model, NativeConfig(lr=lr, weight_decay=0.0), groups, clip_grad=1.0,
@@ -164,7 +166,7 @@ def run_sft(
             finished=[True] * len(pairs), pad_id=pad_id, max_length=max_length, multiple=multiple,
         )
         opt.zero_grad()
-        result = forward_backward(model, split_microbatches(batch, micro_batch_size), groups,
+        result = forward_backward(model, split_microbatches(batch, micro_batch_size, max_tokens, multiple), groups,
                                   grad_scale=opt.loss_scale)
         opt.step(num_tokens=result.num_tokens)
         loss = result.loss

@@ -125,7 +125,8 @@ def warm_start(cfg: RunConfig, model, groups: ParallelGroups, task, tok) -> None
             logger.info("warm start step %d/%d loss %.4f", step, cfg.sft.steps, loss)
 
     loss = run_sft(model, groups, demo, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
-                   micro_batch_size=cfg.rl.micro_batch_size, pad_id=tok.pad_token_id,
+                   micro_batch_size=cfg.rl.micro_batch_size, max_tokens=cfg.rl.max_tokens_per_micro_batch,
+                   pad_id=tok.pad_token_id,
                    max_length=cfg.model.seq_length, multiple=cfg.sequence_multiple(),
                    log=log, final_lr_ratio=cfg.sft.final_lr_ratio)
     logger.info("warm start done in %.0fs (loss %.4f)", time.perf_counter() - t0, loss)

@@ -42,11 +42,15 @@ def test_the_preflight_plans_the_budget_in_full_length_sequences():
     assert f"rl.max_tokens_per_micro_batch={3 * seq}" in fit_hint(cfg, pcfg)
 
 
-def test_a_training_warm_start_still_plans_its_own_micro_batches():
-    cfg = parse_args_to_config("tiny", ["sft.steps=10", "sft.init_path=", "sft.batch_size=32",
-                                        "rl.micro_batch_size=16", "rl.max_tokens_per_micro_batch=1"])
+def test_a_training_warm_start_is_planned_by_the_budget_too():
+    cfg = parse_args_to_config("tiny", ["sft.steps=10", "sft.init_path=", "sft.batch_size=32", "rl.prompts_per_step=2",
+                                        "rl.group_size=2", "rl.micro_batch_size=16"])
     assert not cfg.model.hf_path
-    assert rl_micro_batch(cfg, 1) == 16
+    assert rl_micro_batch(cfg, 1) == 16  # the warm start's 32 demonstrations, in micro-batches of 16
+    cfg.rl.max_tokens_per_micro_batch = 1
+    assert rl_micro_batch(cfg, 1) == 1
+    cfg.rl.max_tokens_per_micro_batch = 6 * cfg.model.seq_length  # more than the RL step's 4 rows
+    assert rl_micro_batch(cfg, 1) == 6
 
 
 def test_slimes_dynamic_batch_flags_set_the_budget():

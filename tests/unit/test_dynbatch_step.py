@@ -77,3 +77,23 @@ def test_a_whole_step_with_a_token_budget_trains(built, monkeypatch):
     filled = sum(len(p) + len(c) - 1 for p, c in zip(call["prompts"], call["completions"]))
     assert record["padding_share"] == pytest.approx(1 - filled / record["train_positions"])
     assert any(not torch.equal(p.detach(), params[n]) for n, p in comps.model.named_parameters())
+
+
+def test_the_warm_start_with_a_token_budget_trains_the_fixed_micro_batches_weights(tmp_path):
+    """The supervised warm start (5 steps of ``sft.batch_size`` demonstrations) takes the same budget: its weights
+    equal those of fixed micro-batches up to the order of float sums."""
+    from support.run_fixtures import rl_components
+
+    weights = []
+    for budget in (0, 40):
+        with rl_components(tmp_path / f"run{budget}", ["sft.batch_size=12", "rl.micro_batch_size=4",
+                                                       "task.num_eval=0", f"rl.max_tokens_per_micro_batch={budget}"]
+                           ) as (comps, _):
+            weights.append({n: p.detach().clone() for n, p in comps.model.named_parameters()})
+    fixed, dynamic = weights
+    assert fixed.keys() == dynamic.keys()
+    moved = 0
+    for name, w in fixed.items():
+        torch.testing.assert_close(dynamic[name], w, rtol=1e-4, atol=1e-5)
+        moved += not torch.equal(dynamic[name], w)
+    assert moved  # the micro-batches did differ (float order), so the comparison is not of one computation
