@@ -49,7 +49,7 @@ def command_help(command: str) -> str:
                                                LOAD_FLAGS, MEGATRON_ALIASES, MEGATRON_FLAGS, NEUTRAL_FLAGS,
                                                OPTIMIZER_ALIASES, REFUSED_SWITCHES, REFUSED_VALUE_FLAGS,
                                                SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS, VALUE_MAPS)
-    from megatron_logra.megatron_flags.slime import CLIP_FLAGS
+    from megatron_logra.megatron_flags.slime import CLIP_FLAGS, SLIME_SAMPLING_FLAGS
 
     def flags(names) -> str:
         return textwrap.fill(", ".join(f"--{n}" for n in names), width=100, initial_indent="    ",
@@ -97,6 +97,9 @@ def command_help(command: str) -> str:
         flags(VALUE_MAPS),
         "  slime's PPO clip range (rl.loss.clip_low / clip_high; rl.loss.kind=ppo unless --use-tis chooses tis):",
         flags(CLIP_FLAGS),
+        "  slime's dynamic sampling (its nonzero-std filter: rl.dynamic_sampling_rounds, 4 unless given; the",
+        "  over-sampling size is checked against rl.prompts_per_step):",
+        flags(SLIME_SAMPLING_FLAGS),
         "  switches (no value):",
         flags(MEGATRON_FLAGS),
         *(f"  --{name} {_metavar(name)}: " + " ".join(f"{field}={_metavar(name) if value is None else value}"

@@ -43,6 +43,8 @@ configured optimizer would not read is refused. ``--lr-warmup-init`` and ``--min
 (``optimizer.schedule.decay_steps``, else the job's steps), as Megatron-LM does, refused where that is no whole
 number of steps (:data:`~megatron_logra.megatron_flags.STEP_FRACTION_FLAGS`).
 ``--max-position-embeddings`` only checks ``model.seq_length`` (:data:`~megatron_logra.megatron_flags.CHECK_FLAGS`).
+slime's ``--dynamic-sampling-filter-path`` and ``--over-sampling-batch-size`` are resolved last, against
+``rl.dynamic_sampling_rounds`` (:mod:`~megatron_logra.megatron_flags.dynamic_sampling`).
 A field the configured job never reads, given at a value other than its default (``train.steps`` with job=rl,
 ``rl.*`` / ``task.*`` / ``kl.*`` ... with job=lm), is refused, naming the job's own field
 (:data:`~megatron_logra.config.checks._LM_ONLY`, :data:`~megatron_logra.config.checks._RL_ONLY`).
@@ -65,7 +67,8 @@ from megatron_logra.megatron_flags import (CHECK_FLAGS, CHECK_SWITCHES, CONTEXT_
                                            SCHEDULE_RATIO_FLAGS, STEP_FRACTION_FLAGS, SWITCH_DEFAULTS, VALUE_MAPS,
                                            check_flag, check_switch, map_value, note_kl_loss_coef, resolve_alias,
                                            schedule_ratio, step_fraction)
-from megatron_logra.megatron_flags.slime import CLIP_FLAGS
+from megatron_logra.megatron_flags.dynamic_sampling import resolve_sampling, sampling_order
+from megatron_logra.megatron_flags.slime import CLIP_FLAGS, SLIME_SAMPLING_FLAGS
 from megatron_logra.megatron_flags.slime_resolve import resolve_clip
 from megatron_logra.optim.schedule import ABSOLUTE_LRS
 
@@ -83,12 +86,15 @@ def _apply_items(cfg: RunConfig, items: Sequence[Item],
     Returns the config and the dotted fields set."""
     deferred: list[Item] = []
     ratios: list[Item] = []  # after the peak lr (--lr, itself deferred) is known
+    sampling: list[Item] = []  # slime's dynamic sampling: after every field it reads (rl.*, job) is set
     setter = FieldSetter(cfg)
     collect = Collector(errors)
     for key, raw, spelling in items:
         with collect:
             if key in SCHEDULE_RATIO_FLAGS or key in STEP_FRACTION_FLAGS:
                 ratios.append((key, raw, spelling))
+            elif key in SLIME_SAMPLING_FLAGS:
+                sampling.append((key, raw, spelling))
             elif key in CONTEXT_FLAGS:
                 deferred.append((key, raw, spelling))
             elif key in LOAD_FLAGS:
@@ -114,6 +120,9 @@ def _apply_items(cfg: RunConfig, items: Sequence[Item],
                 # before the absolute field existed, where the flag was kept as that ratio); given here too, both
                 # are refused
                 setattr(cfg.optimizer.schedule, ratio, 0.0)
+    for flag, raw, spelling in sorted(sampling, key=lambda item: sampling_order(item[0])):  # the filter first
+        with collect:
+            resolve_sampling(cfg, setter, flag, raw, spelling)
     given = set(setter.set_by)
     note_kl_loss_coef(cfg, [key for key, _, _ in items])
     _drop_unselected_dataset_kwargs(cfg, given)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from megatron_logra.megatron_flags.slime import (CLIP_FLAGS, SLIME_ALIASES, SLIME_CHECK_SWITCHES,
-                                                 SLIME_SWITCHES, SLIME_VALUE_MAPS)
+                                                 SLIME_SAMPLING_FLAGS, SLIME_SWITCHES, SLIME_VALUE_MAPS)
 
 __all__ = ["MEGATRON_ALIASES", "JOB_ALIASES", "OPTIMIZER_ALIASES", "SCHEDULE_RATIO_FLAGS", "STEP_FRACTION_FLAGS",
            "CHECK_FLAGS", "SWITCH_DEFAULTS", "CHECK_SWITCHES", "LOAD_FLAGS", "MEGATRON_FLAGS", "VALUE_MAPS",
@@ -63,6 +63,7 @@ MEGATRON_ALIASES: dict[str, str] = {
     "rollout-batch-size": "rl.prompts_per_step",
     "n-samples-per-prompt": "rl.group_size",
     "rollout-max-response-len": "rl.rollout.max_new_tokens",
+    "rollout-max-prompt-len": "task.max_prompt_tokens",
     "rollout-temperature": "rl.rollout.temperature",
     "rollout-top-p": "rl.rollout.top_p",
     "n-samples-per-eval-prompt": "rl.rollout.eval_samples",
@@ -83,7 +84,8 @@ MEGATRON_ALIASES: dict[str, str] = {
 meaning (an RL step is one rollout of ``rl.prompts_per_step`` prompts × ``rl.group_size`` samples and one optimizer
 step): ``--num-rollout`` ``rl.steps``, ``--rollout-batch-size`` ``rl.prompts_per_step`` (prompts per step over
 all DP ranks), ``--n-samples-per-prompt`` ``rl.group_size``, ``--rollout-max-response-len``
-``rl.rollout.max_new_tokens``, ``--rollout-temperature`` / ``--rollout-top-p`` the sampling, and
+``rl.rollout.max_new_tokens``, ``--rollout-max-prompt-len`` ``task.max_prompt_tokens`` (longer training prompts are
+skipped), ``--rollout-temperature`` / ``--rollout-top-p`` the sampling, and
 ``--n-samples-per-eval-prompt`` / ``--eval-temperature`` the held-out evaluation's, ``--input-key`` /
 ``--label-key`` the keys of a ``jsonl:`` file's prompt and answer, ``--rm-url`` a reward server
 (``task.reward``), ``--kl-loss-coef`` the weight of the KL penalty, ``rl.loss.kl_coef`` (on when > 0, with or
@@ -200,5 +202,5 @@ MEGATRON_FLAGS: dict[str, tuple[str, str]] = {
 
 CONTEXT_FLAGS = (frozenset(JOB_ALIASES) | frozenset(OPTIMIZER_ALIASES) | frozenset(CHECK_FLAGS)
                  | frozenset(SWITCH_DEFAULTS) | frozenset(SCHEDULE_RATIO_FLAGS) | frozenset(CHECK_SWITCHES)
-                 | frozenset(STEP_FRACTION_FLAGS) | frozenset(CLIP_FLAGS))
+                 | frozenset(STEP_FRACTION_FLAGS) | frozenset(CLIP_FLAGS) | frozenset(SLIME_SAMPLING_FLAGS))
 """Flags set (or checked) after the other overrides, against the config they leave."""

@@ -24,7 +24,7 @@ from typing import Any
 
 __all__ = ["SLIME_ALIASES", "SLIME_SWITCHES", "SLIME_CHECK_SWITCHES", "SLIME_VALUE_MAPS", "SLIME_IGNORED_SWITCHES",
            "SLIME_IGNORED_VALUE_FLAGS", "SLIME_NEUTRAL_FLAGS", "SLIME_REFUSED_SWITCHES", "SLIME_REFUSED_VALUE_FLAGS",
-           "CLIP_FLAGS"]
+           "CLIP_FLAGS", "SLIME_SAMPLING_FLAGS", "NONZERO_STD_FILTER", "FILTER_ROUNDS"]
 
 SLIME_ALIASES: dict[str, str] = {
     "rollout-seed": "task.seed",
@@ -74,6 +74,24 @@ CLIP_FLAGS: dict[str, str] = {"eps-clip": "rl.loss.clip_low", "eps-clip-high": "
 """slime's PPO clip range and dual clip -> their fields; resolved after the other overrides by :func:`~megatron_logra.megatron_flags.slime_resolve.resolve_clip`, which also
 chooses ``rl.loss.kind``."""
 
+SLIME_SAMPLING_FLAGS: tuple[str, ...] = ("dynamic-sampling-filter-path", "over-sampling-batch-size")
+"""slime's dynamic sampling, resolved after every other override (the filter first) by
+:func:`~megatron_logra.megatron_flags.dynamic_sampling.resolve_sampling`: ``--dynamic-sampling-filter-path`` naming
+slime's :data:`NONZERO_STD_FILTER` (any module path) turns on ``rl.dynamic_sampling_rounds`` (:data:`FILTER_ROUNDS`
+unless the line or recipe sets it), any other filter is refused; ``--over-sampling-batch-size N`` is accepted with
+dynamic sampling on (each extra round draws ``rl.prompts_per_step`` fresh prompts), and without it only at slime's
+default, ``N`` = ``rl.prompts_per_step`` (``--rollout-batch-size``)."""
+
+NONZERO_STD_FILTER = "check_reward_nonzero_std"
+"""The name of slime's dynamic sampling filter that keeps a group whose rewards are not all equal: the groups
+``rl.dynamic_sampling_rounds`` keeps here."""
+
+FILTER_ROUNDS = 4
+"""``rl.dynamic_sampling_rounds`` that ``--dynamic-sampling-filter-path ...check_reward_nonzero_std`` sets where
+the line and recipe leave it 0: slime draws prompts until the batch is full, without a bound; here at most 4 extra
+rounds (5 × the step's prompts generated) bound a step's cost, the groups still uniform after them trained at
+advantage 0."""
+
 SLIME_VALUE_MAPS: dict[str, str] = {"advantage-estimator": "rl.advantage.estimator", "rm-type": "task.reward",
                                     "custom-rm-path": "task.reward", "attention-backend": "model.transformer_impl"}
 """Value flags whose values are spelt otherwise here -> the field they set, by :func:`~megatron_logra.megatron_flags.slime_resolve.slime_value`:
@@ -105,6 +123,9 @@ SLIME_IGNORED_SWITCHES: dict[str, str] = {
                              "ratio (rl.loss.kind=ppo) are taken against the rollout engine's log-probs"),
     "keep-old-actor": _ONE_STEP + ", so no old actor is kept: the rollout engine's log-probs are π_old",
     "rollout-global-dataset": "the prompt stream is one dataset for the whole run already (task.datasets)",
+    "log-passrate": ("this is already in effect: every step's record holds pass_at_group, slime's pass@n of the step's groups (n = rl.group_size, "
+                     "--n-samples-per-prompt): the share of its prompts with a correct sample; accuracy is the "
+                     "share of correct samples"),
 }
 """slime switches accepted and ignored, each with why (logged as a warning)."""
 
@@ -113,12 +134,22 @@ SLIME_IGNORED_VALUE_FLAGS: dict[str, str] = {
     "actor-num-gpus-per-node": _GPUS,
     "num-gpus-per-node": _GPUS,
     "rollout-num-gpus": _GPUS,
+    "log-probs-max-tokens-per-gpu": ("the log-probs are computed in the training micro-batches (rl.micro_batch_size "
+                                     "sequences, or rl.max_tokens_per_micro_batch positions: --max-tokens-per-gpu), "
+                                     "their logits turned into log-probs in chunks of "
+                                     "rl.loss.logprob_chunk_tokens tokens"),
 }
 """slime value flags accepted (with their value) and ignored, each with why (logged as a warning)."""
 
 SLIME_NEUTRAL_FLAGS: dict[str, tuple[type, Any, str]] = {
     "train-backend": (str, "megatron", "the trainer is megatron-core's (there is no FSDP backend)"),
     "expert-tensor-parallel-size": (int, 1, "mixture-of-experts models are not supported (dense GPT only)"),
+    "kl-coef": (float, 0.0, "a KL penalty in the reward is not supported: the KL to the initial policy is a loss "
+                            "term, rl.loss.kl_coef=C (slime's --use-kl-loss --kl-loss-coef C), with "
+                            "rl.loss.kl_estimator k3 or k2"),
+    "update-weights-interval": (int, 1, "the rollout engine's weights are synced with the trainer's after every RL "
+                                        "step (sync.*), so each step's rollouts come from the current policy; "
+                                        "rollouts of a policy several steps old are not supported"),
 }
 """slime value flags accepted (and ignored) at the one value that matches this trainer."""
 
@@ -140,6 +171,17 @@ SLIME_REFUSED_VALUE_FLAGS: dict[str, str] = {
     "wandb-key": ("W&B reads its key from WANDB_API_KEY (or `wandb login`); a key given on the command line would "
                   "be written to config.yaml and the launch logs"),
     "wandb-host": "W&B reads its server from WANDB_BASE_URL (or `wandb login --host URL`)",
+    "hf-checkpoint": ("give model.hf_path=DIR (job=rl): the run reads the Hugging Face checkpoint's architecture, "
+                      "tokenizer and initial weights from it (slime's --hf-checkpoint only seeds SGLang and the "
+                      "tokenizer, its weights coming from --ref-load / --load)"),
+    "ref-load": ("the initial and reference policy is model.hf_path's weights (a Hugging Face directory; "
+                 "`megatron-logra convert mcore-to-hf` writes one from a torch_dist checkpoint); "
+                 "to continue a run of this trainer give --load RUN_DIR"),
+    "prompt-data": ("the RL job's prompts are task.datasets: jsonl:PATH for a file of prompt / answer rows (several, "
+                    "comma-separated, mixed by task.weights) or reasoning-gym names"),
+    "eval-prompt-data": ("held-out benchmarks are task.eval_datasets=jsonl:PATH[,jsonl:PATH2] (slime's NAME PATH "
+                         "pairs without the names: each file is reported as eval_accuracy/jsonl:FILE), up to "
+                         "task.num_eval rows of each"),
     "loss-type": ("the RL job's loss is rl.loss.kind (tis, ppo or gspo, --use-tis / --eps-clip / "
                   "--advantage-estimator gspo) with the KL penalty "
                   "rl.loss.kl_coef; the LM job's is the language-model loss (job=lm)"),

@@ -72,6 +72,6 @@ def unknown_flag_error(flag: str) -> ValueError:
     flags and fields."""
     close = suggestions(flag)
     hint = f"did you mean {' or '.join(close)}? " if close else ""
-    return ValueError(f"unknown option --{flag}: it is neither a Megatron-LM flag this trainer accepts nor a config "
-                      f"field; {hint}`megatron-logra train --help` lists the flags, `megatron-logra config RECIPE` "
-                      f"every field (give a field as a.b=VALUE or --a.b VALUE)")
+    return ValueError(f"unknown option --{flag}: it is neither a Megatron-LM or slime flag this trainer accepts nor "
+                      f"a config field; {hint}`megatron-logra train --help` lists the flags, `megatron-logra config "
+                      f"RECIPE` every field (give a field as a.b=VALUE or --a.b VALUE)")

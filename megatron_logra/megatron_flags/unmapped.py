@@ -100,25 +100,6 @@ REFUSED_VALUE_FLAGS: dict[str, str] = {
     "exit-interval": ("to stop after step N and continue later, give --train-iters N with --lr-decay-iters TOTAL "
                       "(optimizer.schedule.decay_steps keeps the schedule of the whole run), then --resume RUN_DIR "
                       "--train-iters TOTAL; a time limit is --exit-duration-in-mins (train.exit_duration_minutes)"),
-    "hf-checkpoint": ("give model.hf_path=DIR (job=rl): the run reads the Hugging Face checkpoint's architecture, "
-                      "tokenizer and initial weights from it (slime's --hf-checkpoint only seeds SGLang and the "
-                      "tokenizer, its weights coming from --ref-load / --load)"),
-    "ref-load": ("the initial and reference policy is model.hf_path's weights (a Hugging Face directory; "
-                 "`megatron-logra convert mcore-to-hf` writes one from a torch_dist checkpoint); "
-                 "to continue a run of this trainer give --load RUN_DIR"),
-    "dynamic-sampling-filter-path": (
-        "dynamic sampling is rl.dynamic_sampling_rounds=N: up to N extra rollout rounds per step replace the groups "
-        "whose rewards are all equal (slime's check_reward_nonzero_std filter) by fresh prompts' groups"),
-    "prompt-data": ("the RL job's prompts are task.datasets: jsonl:PATH for a file of prompt / answer rows (several, "
-                    "comma-separated, mixed by task.weights) or reasoning-gym names"),
-    "eval-prompt-data": ("held-out benchmarks are task.eval_datasets=jsonl:PATH[,jsonl:PATH2] (slime's NAME PATH "
-                         "pairs without the names: each file is reported as eval_accuracy/jsonl:FILE), up to "
-                         "task.num_eval rows of each"),
-    "over-sampling-batch-size": (
-        "each extra round of dynamic sampling draws rl.prompts_per_step fresh prompts; give "
-        "rl.dynamic_sampling_rounds=N for up to N rounds"),
-    "kl-coef": ("a KL penalty in the reward is not supported: the KL to the initial policy is a loss term, "
-                "rl.loss.kl_coef=C (slime's --use-kl-loss --kl-loss-coef C), with rl.loss.kl_estimator k3 or k2"),
     "num-experts": "mixture-of-experts models are not supported (dense GPT only)",
     "num-layers-per-virtual-pipeline-stage": "interleaved (virtual) pipeline schedules are not supported",
     "virtual-pipeline-model-parallel-size": "interleaved (virtual) pipeline schedules are not supported",

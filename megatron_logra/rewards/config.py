@@ -71,6 +71,12 @@ class TaskConfig:
     the eval set (the eval-only prompts of ``eval_modulus`` are still never trained on, so that the split is the
     same for every ``num_eval``; with ``eval_datasets`` nothing is held out, so training may use their prompts, and
     a warning says so)."""
+    max_prompt_tokens: int = 0
+    """The most tokens a training prompt may have (slime's ``--rollout-max-prompt-len``), counted as the policy
+    reads it (``rl.prompt_template`` and ``rl.chat_template`` applied): the train stream skips longer prompts, as it
+    skips those that do not fit ``model.seq_length`` (counted in each step's ``prompts_skipped``, one warning per
+    source; a ``jsonl:`` file's longer rows are skipped, not refused). The held-out set is not limited by it (slime's
+    evaluation prompts have a cap of their own): its prompts need only fit the model. 0 = no limit."""
     seed: int = 1234
     """Seed of the train stream (and of the datasets that produce it)."""
     eval_seed: int = 4321
@@ -131,6 +137,10 @@ class TaskConfig:
                                  f"it empty for the usual keys")
         self._check_weights()
         self._check_kwargs()
+        if isinstance(self.max_prompt_tokens, bool) or not isinstance(self.max_prompt_tokens, int) \
+                or self.max_prompt_tokens < 0:
+            raise ValueError(f"task.max_prompt_tokens={self.max_prompt_tokens!r} must be a whole number >= 0 (the "
+                             f"most tokens of a training prompt; 0 = no limit)")
         if self.num_eval < 0:
             raise ValueError(f"task.num_eval={self.num_eval} must be >= 0")
         if self.eval_modulus < 2:

@@ -120,6 +120,7 @@ class Task(TrainStream, HeldOutSet):
         self._fits: Callable[[str], bool] | None = None
         self._describe: Callable[[str], str] | None = None
         self._held_out_filter: PromptFilter | None = None
+        self._fix = ""
         self.overlong_skips: dict[str, int] = {}
         """Per source name: draws of this process that the prompt filter refused (skipped over-long prompts)."""
 
@@ -142,15 +143,17 @@ class Task(TrainStream, HeldOutSet):
         return prompt_bucket(prompt, self.eval_modulus) == 0
 
     def set_prompt_filter(self, fits: Callable[[str], bool] | None, describe: Callable[[str], str] | None = None, *,
-                          held_out: PromptFilter | None = None) -> None:
+                          held_out: PromptFilter | None = None, fix: str = "") -> None:
         """Make the train stream skip prompts ``fits`` refuses, as it skips eval-only ones (None: no filter).
 
         ``fits``: a pure function of the prompt text (the same on every DP rank). ``describe(prompt)``: why
         a refused prompt does not fit, for the warning and errors. The held-out set skips them too (it is
         drawn again at its next use), or, given ``held_out``, the prompts that filter refuses instead: its
         prompts are generated under a cap of their own (``rl.rollout.eval_max_new_tokens``), which its warning
-        names. Call :meth:`check_trainable` afterwards."""
+        names. ``fix``: what the training prompts' warning says keeps them (default: raise ``model.seq_length`` or
+        lower ``rl.rollout.max_new_tokens``). Call :meth:`check_trainable` afterwards."""
         self._fits, self._describe, self._held_out_filter = fits, describe, held_out
+        self._fix = fix
         self._eval = None
 
     @property
@@ -172,15 +175,15 @@ class Task(TrainStream, HeldOutSet):
         own = self._held_out_filter if what != "training" else None
         fits, why, limit = (self._fits, self._why, "rl.rollout.max_new_tokens") if own is None else \
             (own.fits, own.describe or self._why, own.limit)
+        fix = (self._fix if own is None else "") or f"raise model.seq_length or lower {limit}"
         if fits is None or fits(problem.prompt):
             return True
         key = source.name if what == "training" else f"{source.name} (held-out)"
         skipped = self.overlong_skips.get(key, 0)
         self.overlong_skips[key] = skipped + 1
         if not skipped:
-            logger.warning(
-                "%s: %s; %s prompts that do not fit are skipped (warned once per source) — raise "
-                "model.seq_length or lower %s to keep them", source.name, why(problem.prompt), what, limit)
+            logger.warning("%s: %s; %s prompts that do not fit are skipped (warned once per source) — %s to keep them",
+                           source.name, why(problem.prompt), what, fix)
         return False
 
     # ------------------------------------------------------------------ rewards

@@ -5,8 +5,10 @@
 Every prompt of a file (JSONL) source must fit ``model.seq_length`` with room for ``rl.rollout.max_new_tokens``,
 or, a prompt the held-out evaluation generates from (a benchmark's, or a held-out row of a training file), for
 ``rl.rollout.eval_max_new_tokens`` where that is set: the longest is checked and a misfit refused, naming its file
-and line. A generated source's over-long prompts are skipped by the train stream and the held-out set instead
-(:func:`filter_overlong_prompts`, each set by its own cap), and a source or benchmark none of whose prompts fits,
+and line. A training row longer than ``task.max_prompt_tokens`` (slime's ``--rollout-max-prompt-len``) is skipped
+instead, as slime drops it when loading the file; the held-out set is not limited by it. A generated source's
+over-long prompts are skipped by the train stream and the held-out set instead (:func:`filter_overlong_prompts`,
+each set by its own cap), and a source or benchmark none of whose prompts fits,
 or an evaluation cap that leaves no room for any prompt, is refused. Nothing here writes to the run directory.
 """
 
@@ -50,8 +52,9 @@ def task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group:
     rows = [problem for source in task.sources + task.benchmarks for problem in getattr(source, "problems", ())]
     lengths = [(len(rl_prompt_ids(tok, cfg.rl, problem.prompt)), problem) for problem in rows]
     held_out = _held_out_rows(cfg, task)
+    cap = cfg.task.max_prompt_tokens or float("inf")  # training rows above it are skipped, not refused
     for part in (False, True):  # training rows for the training cap, then held-out rows for the evaluation's
-        _check_longest([(n, p) for n, p in lengths if held_out(p) == part], cfg, held_out=part)
+        _check_longest([(n, p) for n, p in lengths if held_out(p) == part and (part or n <= cap)], cfg, held_out=part)
     warn_unknown_characters(tok, rows, cfg)  # a JSONL row's characters the tokenizer does not have
     filter_overlong_prompts(cfg, task, tok)
     return task, tok, stop_token_ids(tok, cfg.model.hf_path, cfg.tokenizer.path)
@@ -60,8 +63,9 @@ def task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group:
 def _held_out_rows(cfg: RunConfig, task: Any) -> Callable[[Any], bool]:
     """Which JSONL rows the evaluation generates from under its own cap (``rl.rollout.eval_max_new_tokens`` set
     and ``task.num_eval`` > 0): a benchmark's rows and a training file's eval-only ones. Without the field every
-    row is checked against the training cap, as when the two caps were one."""
-    if not cfg.rl.rollout.eval_max_new_tokens or cfg.task.num_eval == 0:
+    row is checked against the training cap, as when the two caps were one; with ``task.max_prompt_tokens``, which
+    skips the longer training rows only, the held-out rows are told apart too."""
+    if not (cfg.rl.rollout.eval_max_new_tokens or cfg.task.max_prompt_tokens) or cfg.task.num_eval == 0:
         return lambda problem: False
     benchmarks = {source.name for source in task.benchmarks}
     return lambda problem: problem.source in benchmarks or task.is_eval_prompt(problem.prompt)
@@ -83,6 +87,18 @@ def _check_longest(lengths: list, cfg: RunConfig, *, held_out: bool) -> None:
                          f"{which} of {problem.source!r} do not fit; the longest is on this line)") from None
 
 
+def _capped(room: PromptFilter, cap: int, num_tokens: Callable[[str], int]) -> PromptFilter:
+    """``room`` (the prompts that fit the model) less the prompts of more than ``cap`` tokens
+    (``task.max_prompt_tokens``, slime's ``--rollout-max-prompt-len``)."""
+    def describe(prompt: str) -> str:
+        if num_tokens(prompt) <= cap:
+            return room.describe(prompt)
+        return (f"a prompt of {num_tokens(prompt)} tokens is longer than task.max_prompt_tokens={cap} (prompt starts "
+                f"{prompt[:60]!r})")
+
+    return PromptFilter(lambda prompt: num_tokens(prompt) <= cap and room.fits(prompt), describe, room.limit)
+
+
 PROMPT_LENGTH_CACHE = 4096
 """Prompt texts whose token counts :func:`filter_overlong_prompts` remembers (an LRU cache)."""
 
@@ -95,7 +111,8 @@ def filter_overlong_prompts(cfg: RunConfig, task: Any, tok: Any) -> None:
     is then skipped rather than failing the run at the step that draws it; the loop's own check stays. The
     held-out set skips them too, or, with ``rl.rollout.eval_max_new_tokens`` set, those that leave no room for that
     cap (a filter of its own, whose warning names it); a benchmark none of whose prompts fits is refused
-    (``check_benchmarks_fit``)."""
+    (``check_benchmarks_fit``). ``task.max_prompt_tokens`` > 0 also skips the training prompts longer than it
+    (:func:`_capped`), not the held-out ones, which then have the filter of their own room."""
 
     @functools.lru_cache(maxsize=PROMPT_LENGTH_CACHE)
     def num_tokens(prompt: str) -> int:
@@ -115,6 +132,10 @@ def filter_overlong_prompts(cfg: RunConfig, task: Any, tok: Any) -> None:
 
     training = length_filter(False)
     own = length_filter(True) if cfg.rl.rollout.eval_max_new_tokens else None  # else the held-out set's is training's
-    task.set_prompt_filter(training.fits, training.describe, held_out=own)
+    cap, fix = cfg.task.max_prompt_tokens, ""
+    if cap:  # training prompts only: the held-out set keeps the filter of what fits the model
+        own, training = own or length_filter(True), _capped(training, cap, num_tokens)
+        fix = f"raise task.max_prompt_tokens={cap} (--rollout-max-prompt-len) or model.seq_length"
+    task.set_prompt_filter(training.fits, training.describe, held_out=own, fix=fix)
     task.check_trainable()
     check_benchmarks_fit(cfg, task, num_tokens)

@@ -127,12 +127,8 @@ def test_lr_warmup_fraction_and_other_warmup_iters_are_refused_naming_both():
     (["--lr-decay-samples", "100"], r"--lr-decay-iters N \(optimizer\.schedule\.decay_steps\)"),
     (["--hf-checkpoint", "/ckpt/Qwen"], r"model\.hf_path=DIR"),
     (["--ref-load", "/ckpt/q_torch_dist"], r"model\.hf_path's weights.*--load RUN_DIR"),
-    (["--dynamic-sampling-filter-path", "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"],
-     r"rl\.dynamic_sampling_rounds=N"),
-    (["--over-sampling-batch-size", "64"], r"rl\.dynamic_sampling_rounds=N"),
     (["--prompt-data", "/data/dapo.jsonl"], r"task\.datasets: jsonl:PATH"),
     (["--eval-prompt-data", "aime", "/data/aime.jsonl"], r"task\.eval_datasets=jsonl:PATH\[,jsonl:PATH2\]"),
-    (["--kl-coef", "0.01"], r"KL penalty in the reward is not supported.*rl\.loss\.kl_coef=C"),
 ])
 def test_a_well_known_flag_without_a_counterpart_is_refused_naming_what_to_use(args, match):
     with pytest.raises(ValueError, match=match) as err:

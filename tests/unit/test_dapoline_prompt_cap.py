@@ -1,0 +1,78 @@
+"""``task.max_prompt_tokens`` (slime's ``--rollout-max-prompt-len``): the train stream skips prompts longer than it,
+counted as the policy reads them, as it skips those that do not fit the model; a ``jsonl:`` file's longer rows are
+skipped, not refused; the held-out set is not limited by it."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from megatron_logra.config import parse_args_to_config
+
+# chain_sum with 2..6 one-digit terms: prompts of 20, 24, 28, 32 and 36 tokens with the tiny recipe's tokenizer
+LONGER = '{"chain_sum": {"min_terms": 2, "max_terms": 6, "min_digits": 1, "max_digits": 1}}'
+CAP = 28
+N = 120
+
+
+def _task(cfg, tmp_path):
+    from megatron_logra.rl.components import _task_and_tokenizer
+
+    task, tok, _ = _task_and_tokenizer(cfg, tmp_path / "run", will_save=False)
+    return task, tok
+
+
+def test_the_flag_sets_the_field_and_a_bad_value_names_it():
+    assert parse_args_to_config("tiny", ["--rollout-max-prompt-len", "512"]).task.max_prompt_tokens == 512
+    assert parse_args_to_config("tiny", []).task.max_prompt_tokens == 0
+    with pytest.raises(ValueError, match=r"task\.max_prompt_tokens=-1 must be a whole number >= 0"):
+        parse_args_to_config("tiny", ["task.max_prompt_tokens=-1"])
+
+
+def test_training_prompts_above_the_cap_are_skipped_and_held_out_ones_kept(tmp_path, caplog):
+    from megatron_logra.rl.loop import rl_prompt_ids
+
+    cfg = parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", f"task.dataset_kwargs={LONGER}",
+                                        "task.num_eval=40", "--rollout-max-prompt-len", str(CAP)])
+    with caplog.at_level(logging.WARNING, logger="megatron_logra.rewards.task"):
+        task, tok = _task(cfg, tmp_path)
+        drawn = [task.train_problem(i) for i in range(N)]
+    plain, _ = _task(parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "task.num_eval=40",
+                                                   f"task.dataset_kwargs={LONGER}"]), tmp_path)
+
+    def length(prompt: str) -> int:
+        return len(rl_prompt_ids(tok, cfg.rl, prompt))
+
+    unfiltered = [length(plain.train_problem(i).prompt) for i in range(N)]
+    assert min(unfiltered) <= CAP < max(unfiltered)  # the config exercises both cases
+    assert all(length(p.prompt) <= CAP for p in drawn)
+    assert task.overlong_skips["chain_sum"] >= sum(n > CAP for n in unfiltered) > 0
+    (warning,) = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert f"is longer than task.max_prompt_tokens={CAP}" in warning and "raise task.max_prompt_tokens" in warning
+    # the held-out set keeps its longer prompts (slime's evaluation prompts have a cap of their own)
+    held_out = [length(p.prompt) for p in task.eval_problems()]
+    assert held_out == [length(p.prompt) for p in plain.eval_problems()] and max(held_out) > CAP
+
+
+def _jsonl(tmp_path, prompts) -> str:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n" for p in prompts))
+    return f"jsonl:{path}"
+
+
+def test_a_jsonl_row_above_the_cap_is_skipped_not_refused(tmp_path):
+    from megatron_logra.rl.components import check_config
+
+    short = [f"what is {i} plus {i} ?" for i in range(40)]
+    long = "what is " + " plus ".join(str(i % 10) for i in range(40)) + " ?"  # past the tiny model's room
+    spec = _jsonl(tmp_path, short + [long])
+    args = [f"train.run_dir={tmp_path / 'run'}", f"task.datasets={spec}", "task.reward=math_verify",
+            "task.num_eval=0"]
+    with pytest.raises(ValueError, match=r"rows\.jsonl:41: .*do not fit"):  # without the cap: refused at start
+        check_config(parse_args_to_config("tiny", args))
+    cfg = parse_args_to_config("tiny", [*args, "task.max_prompt_tokens=20"])
+    task, _ = _task(cfg, tmp_path)
+    assert long not in {task.train_problem(i).prompt for i in range(200)}
+    assert task.overlong_skips[spec] > 0
