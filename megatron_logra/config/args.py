@@ -14,7 +14,7 @@ from megatron_logra.config.dotted import _canonical, _field_type
 from megatron_logra.megatron_flags import (CONTEXT_FLAGS, IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, LOAD_FLAGS,
                                            MEGATRON_ALIASES, MEGATRON_FLAGS, NEUTRAL_FLAGS, REFUSED_SWITCHES,
                                            REFUSED_VALUE_FLAGS, VALUE_MAPS, neutral_flag, unknown_flag_error)
-from megatron_logra.megatron_flags.slime import SLIME_REFUSED_SWITCHES, SLIME_REFUSED_VALUE_FLAGS
+from megatron_logra.megatron_flags.slime import SLIME_ALIASES, SLIME_REFUSED_SWITCHES, SLIME_REFUSED_VALUE_FLAGS
 from megatron_logra.megatron_flags.slime_resolve import sglang_flag_error
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,13 @@ def _parse_one(overrides: Sequence[str], i: int, items: list[Item]) -> int:
             raise ValueError(f"option {item} needs a value{got}: give {item} VALUE or {item}=VALUE")
         raw = overrides[i]
         i += 1
-    spelling = item if has_value else f"{item} {raw}"
+        if _takes_several(name):  # slime's nargs="+" flags: each following word is one more value, verbatim
+            words = [raw]
+            while i < len(overrides) and not overrides[i].startswith("--") and not _ASSIGNMENT.match(overrides[i]):
+                words.append(overrides[i])
+                i += 1
+            raw = words
+    spelling = item if has_value else f"{item} {' '.join(raw) if isinstance(raw, list) else raw}"
     if name in IGNORED_VALUE_FLAGS:
         logger.warning("%s is accepted and ignored: %s", spelling, IGNORED_VALUE_FLAGS[name])
     elif name in NEUTRAL_FLAGS:
@@ -126,6 +132,14 @@ def _parse_one(overrides: Sequence[str], i: int, items: list[Item]) -> int:
     else:
         items.append((name, raw, spelling))
     return i
+
+
+def _takes_several(name: str) -> bool:
+    """Whether ``--name`` is a slime flag of a list field (``--rollout-stop-token-ids 151645 151643``,
+    ``--rollout-stop '</answer>'``), which takes every word up to the next ``--flag`` or ``key=value`` as one value
+    each, as slime's ``nargs="+"`` does; its ``--name=V`` form is one value, parsed as the field's
+    (comma-separated). Megatron-LM's list flags take one comma-separated value (:func:`_after_flag_value`)."""
+    return name in SLIME_ALIASES and typing.get_origin(_field_type(SLIME_ALIASES[name])) in (list, tuple)
 
 
 def _whose(name: str) -> str:

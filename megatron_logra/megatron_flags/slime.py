@@ -38,6 +38,8 @@ SLIME_ALIASES: dict[str, str] = {
     "wandb-group": "train.wandb_group",
     "wandb-team": "train.wandb_entity",
     "max-tokens-per-gpu": "rl.max_tokens_per_micro_batch",
+    "rollout-stop-token-ids": "rl.rollout.stop_token_ids",  # nargs: --rollout-stop-token-ids 151645 151643
+    "rollout-stop": "rl.rollout.stop",  # nargs: --rollout-stop '</answer>' 'Question:', each word one string
 }
 """slime value flags -> the dotted field they set: ``--rollout-seed`` the seed of the prompt stream (``task.seed``;
 the held-out set keeps ``task.eval_seed``), ``--tis-clip`` / ``--tis-clip-low`` the importance weight's cap and

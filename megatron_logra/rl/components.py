@@ -159,7 +159,7 @@ def build_components(cfg: RunConfig, optimizer_factory=None, *, for_eval: bool =
         load_checkpoint(resume_from, model, bundle, groups, checksums=cfg.train.checkpoint_checksums,
                         model_config=cfg.model, training=not for_eval)
         logger.info("%s %s at RL step %d", "evaluating" if for_eval else "resumed from", resume_from, state.step)
-    engine = build_engine(cfg, model, groups)
+    engine = build_engine(cfg, model, groups, tokenizer=tok)
 
     # evaluation syncs in process: a directory transport would prune the run's delta files and write anchors
     # that an external consumer of that directory would then follow

@@ -58,7 +58,7 @@ def evaluate_held_out(c: RLComponents, step: Optional[int] = None) -> tuple[Opti
     if mine:
         params = SamplingParams(temperature=rollout.eval_temperature, top_p=rollout.eval_top_p,
                                 max_new_tokens=eval_new_tokens(rollout),
-                                stop_token_ids=c.stop_token_ids(), seed=c.cfg.train.seed)
+                                stop_token_ids=c.stop_token_ids(), stop=rollout.stop, seed=c.cfg.train.seed)
         generated = c.engine.generate(prompt_ids, params)
         completions = [_decode(c, r.completion_ids) for r in generated]
     asked = [p for p in mine for _ in range(k)]  # the problem of each completion

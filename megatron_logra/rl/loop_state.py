@@ -58,7 +58,8 @@ class RLComponents:
     """``PolicySync`` that brings the engine to the trainer's new weights after each update."""
     ref_model: Optional[torch.nn.Module] = None
     stop_ids: list[int] = field(default_factory=list)
-    """Token ids that end a completion (``data.tokenizer.stop_token_ids``); empty: the tokenizer's EOS."""
+    """Token ids that end a completion (``data.tokenizer.stop_token_ids`` and ``rl.rollout.stop_token_ids``);
+    empty: the tokenizer's EOS."""
     sample_log: Any = None
     """The run's :class:`~megatron_logra.rl.sample_log.SampleLog` (``rl.log_samples``), set by the job; None:
     nothing is logged (``megatron-logra eval``, ``rl.log_samples=0``)."""

@@ -2,8 +2,8 @@
 
 Which engine samples (the embedded transformers copy, or SGLang in process or at ``sglang_url``), how SGLang is
 reached and started (API keys, timeout, serialization, memory share, TP size, seeds, engine arguments) and the
-sampling of training and held-out rollouts. An invalid value is a ``ValueError`` naming its ``rl.rollout.*``
-field; an API key is never kept from a saved config (its ``"***"`` placeholder reads back as empty).
+sampling of training and held-out rollouts, with their stop tokens and stop strings. An invalid value is a
+``ValueError`` naming its ``rl.rollout.*`` field; an API key is never kept from a saved config (its ``"***"`` placeholder reads back as empty).
 :func:`new_tokens_limit` is the one place that says how many tokens a training or held-out completion may have
 (the evaluation's own ``eval_max_new_tokens``, or ``max_new_tokens``) and which field sets it.
 Importable from :mod:`megatron_logra.rl.config`.
@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from megatron_logra.rl.checks import check_finite_fields
 from megatron_logra.rollout.sglang_setup import REDACTED_API_KEY
 
-__all__ = ["EVAL_MAX_NEW_TOKENS_FIELD", "MAX_NEW_TOKENS_FIELD", "RolloutConfig", "eval_new_tokens", "new_tokens_limit"]
+__all__ = ["EVAL_MAX_NEW_TOKENS_FIELD", "MAX_NEW_TOKENS_FIELD", "RolloutConfig", "check_stop_token_ids",
+           "eval_new_tokens", "new_tokens_limit"]
 
 MAX_NEW_TOKENS_FIELD = "rl.rollout.max_new_tokens"
 EVAL_MAX_NEW_TOKENS_FIELD = "rl.rollout.eval_max_new_tokens"
@@ -78,6 +79,18 @@ class RolloutConfig:
     """Nucleus sampling mass."""
     max_new_tokens: int = 8
     """Completion length cap."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Token ids that end a completion besides the tokenizer's end-of-sequence ids (its EOS and the
+    ``generation_config.json``'s ``eos_token_id``), as slime's ``--rollout-stop-token-ids``: for training and
+    held-out rollouts, on either engine. A stop token is kept in the completion and its log-probs, as EOS is,
+    and left out of the text the reward scores, as EOS is. Each must be an id of the tokenizer and of
+    ``model.vocab_size`` (checked when the run is built)."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings (non-empty), as slime's ``--rollout-stop``: a completion ends at the token whose decoded text
+    completes one of them, for training and held-out rollouts. That token is kept with the ones before it (the
+    token ids, their log-probs and the text the reward sees, which holds the stop string, all agree); on the
+    embedded engine the match is on the reward's decoding of the completion's last tokens (``rollout.stop_strings``),
+    SGLang matches on its own decoding."""
     eval_temperature: float = 0.0
     """Temperature of held-out evaluation (0 = greedy)."""
     eval_top_p: float = 1.0
@@ -120,6 +133,7 @@ class RolloutConfig:
             raise ValueError(f"rl.rollout.top_p={self.top_p} must lie in (0, 1]")
         if self.max_new_tokens < 1:
             raise ValueError(f"rl.rollout.max_new_tokens={self.max_new_tokens} must be >= 1")
+        _check_stops(self)
         if not _is_fraction(self.eval_top_p):
             raise ValueError(f"rl.rollout.eval_top_p={self.eval_top_p!r} must lie in (0, 1] (1 = no nucleus cut)")
         if self.eval_temperature < 0:
@@ -147,6 +161,29 @@ def new_tokens_limit(rollout: RolloutConfig, *, held_out: bool = False) -> tuple
     if held_out and rollout.eval_max_new_tokens:
         return rollout.eval_max_new_tokens, EVAL_MAX_NEW_TOKENS_FIELD
     return rollout.max_new_tokens, MAX_NEW_TOKENS_FIELD
+
+
+def _check_stops(rollout: RolloutConfig) -> None:
+    """``stop_token_ids``: non-negative ints (the vocabulary is checked when the tokenizer is known:
+    :func:`check_stop_token_ids`); ``stop``: non-empty strings."""
+    ids = rollout.stop_token_ids
+    if not isinstance(ids, (list, tuple)) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+        raise ValueError(f"rl.rollout.stop_token_ids={ids!r} must be a list of token ids (ints >= 0), e.g. "
+                         "rl.rollout.stop_token_ids=[151645] or --rollout-stop-token-ids 151645 151643")
+    rollout.stop_token_ids = list(ids)
+    if not isinstance(rollout.stop, (list, tuple)) or any(not isinstance(t, str) or not t for t in rollout.stop):
+        raise ValueError(f"rl.rollout.stop={rollout.stop!r} must be a list of non-empty strings, e.g. "
+                         "--rollout-stop '</answer>'; drop the empty ones")
+    rollout.stop = list(rollout.stop)
+
+
+def check_stop_token_ids(rollout: RolloutConfig, vocab_size: int, what: str) -> None:
+    """Refuse a ``rl.rollout.stop_token_ids`` entry outside ``[0, vocab_size)`` (``what``: whose vocabulary, for
+    the message, e.g. ``"the tokenizer (146 tokens) and model.vocab_size=160"``)."""
+    bad = [t for t in rollout.stop_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"rl.rollout.stop_token_ids has {bad}, outside {what} (ids 0 .. {vocab_size - 1}): give "
+                         "ids of this run's tokenizer")
 
 
 def _is_fraction(value: object) -> bool:

@@ -26,7 +26,7 @@ from megatron_logra.rewards.slime_rm import with_run_args
 from megatron_logra.rewards.base import PromptFilter
 from megatron_logra.rl.prompts import (check_benchmarks_fit, check_held_out_room, check_prompt_fits, prompt_room,
                                        rl_prompt_ids, warn_unknown_characters)
-from megatron_logra.rl.rollout_config import new_tokens_limit
+from megatron_logra.rl.rollout_config import check_stop_token_ids, new_tokens_limit
 from megatron_logra.rl.warm_start import run_tokenizer
 
 __all__ = ["PROMPT_LENGTH_CACHE", "filter_overlong_prompts", "task_and_tokenizer"]
@@ -39,8 +39,9 @@ def task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group:
     tokenizer files, its size against ``model.vocab_size``), ``rl.chat_template``, the longest JSONL prompt
     against ``model.seq_length`` (refused), the filter of over-long generated prompts from the train stream
     and the held-out set (:func:`filter_overlong_prompts`: skipped, or refused when all are) and the stop tokens
-    (``generation_config.json``). Nothing is written. ``group``: the ranks that build the task together (the
-    job: every rank), which keep the JSONL rows their rank 0 keeps (:func:`~megatron_logra.rewards.build_task`)."""
+    (``generation_config.json``'s and ``rl.rollout.stop_token_ids``, checked against the vocabulary). Nothing is
+    written. ``group``: the ranks that build the task together (the job: every rank), which keep the JSONL rows their
+    rank 0 keeps (:func:`~megatron_logra.rewards.build_task`)."""
     check_held_out_room(cfg)  # an evaluation cap that leaves no room for any prompt: before anything is built
     # a slime reward function's args name RL fields too (n_samples_per_prompt: rl.group_size); its workers' too
     task = build_task(with_run_args(cfg.task, cfg.rl), group)
@@ -57,7 +58,18 @@ def task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group:
         _check_longest([(n, p) for n, p in lengths if held_out(p) == part and (part or n <= cap)], cfg, held_out=part)
     warn_unknown_characters(tok, rows, cfg)  # a JSONL row's characters the tokenizer does not have
     filter_overlong_prompts(cfg, task, tok)
-    return task, tok, stop_token_ids(tok, cfg.model.hf_path, cfg.tokenizer.path)
+    return task, tok, _stop_ids(cfg, tok)
+
+
+def _stop_ids(cfg: RunConfig, tok: Any) -> list[int]:
+    """The ids that end a completion: the tokenizer's end-of-sequence ids (``data.tokenizer.stop_token_ids``) and
+    ``rl.rollout.stop_token_ids``, which must be ids of the tokenizer and of ``model.vocab_size``."""
+    stops = stop_token_ids(tok, cfg.model.hf_path, cfg.tokenizer.path)
+    extra = cfg.rl.rollout.stop_token_ids
+    if extra:
+        check_stop_token_ids(cfg.rl.rollout, min(len(tok), cfg.model.vocab_size),
+                             f"the tokenizer ({len(tok)} tokens) and model.vocab_size={cfg.model.vocab_size}")
+    return sorted(set(stops) | set(extra))
 
 
 def _held_out_rows(cfg: RunConfig, task: Any) -> Callable[[Any], bool]:

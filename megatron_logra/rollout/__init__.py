@@ -10,12 +10,13 @@ from megatron_logra.rollout.engine import Rollout, RolloutEngine, SamplingParams
 __all__ = ["Rollout", "RolloutEngine", "SamplingParams", "EmbeddedEngine", "SGLangEngine", "build_engine"]
 
 
-def build_engine(cfg: Any, model: Any, groups: Any) -> Any:
+def build_engine(cfg: Any, model: Any, groups: Any, tokenizer: Any = None) -> Any:
     """The rollout engine ``cfg.rl.rollout.engine`` names, at weight version 0 (``PolicySync.full`` loads it).
 
     ``embedded``: a transformers copy on the trainer model's device in the trainer's compute dtype
     (``model.params_dtype``, so sketch deltas merge bit for bit on both sides; every rank owns one,
-    and rank 0 of each model-parallel group samples for the group).
+    and rank 0 of each model-parallel group samples for the group); ``tokenizer`` (the run's) decodes its
+    completions for stop strings (``rl.rollout.stop``).
     ``sglang``: :meth:`SGLangEngine.from_config` (one driving rank per engine; see its module).
     """
     kind = cfg.rl.rollout.engine
@@ -24,7 +25,8 @@ def build_engine(cfg: Any, model: Any, groups: Any) -> Any:
         from megatron_logra.train.step import model_device
 
         return EmbeddedEngine(cfg.model, init_seed=cfg.train.seed, tp=groups.tp_size, device=model_device(model),
-                              dtype=cfg.model.torch_dtype, gen_group=getattr(groups, "mp", None))
+                              dtype=cfg.model.torch_dtype, gen_group=getattr(groups, "mp", None),
+                              tokenizer=tokenizer)
     if kind == "sglang":
         from megatron_logra.rollout.sglang_engine import SGLangEngine
 

@@ -6,7 +6,7 @@ The engine owns its own copy of the policy, built from
 attention mask and per-row position ids (``cumsum(mask) - 1``, so every prompt starts at
 position 0 whatever its padding), runs the prompt once (once per distinct prompt: rows that repeat a
 prompt, as a GRPO group does, copy its logits and KV cache), then decodes one token per step
-through ``past_key_values``. Sampling (greedy, temperature, top-p, stop tokens) draws from one
+through ``past_key_values``. Sampling (greedy, temperature, top-p, stop tokens and stop strings) draws from one
 ``torch.Generator`` seeded with ``SamplingParams.seed``: the same prompts, params and weights
 give the same rollouts (a different batch composition may give different draws).
 Padded vocabulary columns (beyond ``ModelConfig.vocab_size``) get the logit
@@ -49,6 +49,7 @@ class EmbeddedEngine(EmbeddedWeights, EmbeddedGeneration):
     ``vocab_rows``: the rows of ``embed_tokens``/``lm_head`` :meth:`fingerprint` covers (None: all), e.g.
     ``cfg.vocab_size`` for an engine that follows a directory of refit files, which hold the model's
     vocabulary without the padding rows (the trainer's anchor markers fingerprint those rows).
+    ``tokenizer``: decodes completions for stop strings (``SamplingParams.stop``); None: they are refused.
     """
 
     def __init__(
@@ -62,11 +63,13 @@ class EmbeddedEngine(EmbeddedWeights, EmbeddedGeneration):
         tp: int = 1,
         gen_group: Any = None,
         vocab_rows: Optional[int] = None,
+        tokenizer: Any = None,
     ) -> None:
         if attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation={attn_implementation!r}: choose sdpa or eager")
         self.cfg = cfg
         self.gen_group = gen_group
+        self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.dtype = dtype
         self.hf_config = hf_config_from_model_config(cfg, tp)

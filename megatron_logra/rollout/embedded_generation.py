@@ -3,7 +3,9 @@
 :class:`~megatron_logra.rollout.embedded.EmbeddedEngine` takes these methods from this mixin.
 ``generate`` left-pads the batch, runs each distinct prompt once, then decodes one token per step
 through the KV cache, sampling with :func:`~megatron_logra.rollout.sampling.sample_next` from one
-generator seeded with ``SamplingParams.seed``; ``logprobs_of`` scores given sequences with the same
+generator seeded with ``SamplingParams.seed``, and ends a sequence at a stop token or at the token that completes a
+stop string (:class:`~megatron_logra.rollout.stop_strings.StopStrings`, which decodes with the engine's
+``tokenizer``); ``logprobs_of`` scores given sequences with the same
 log-prob convention from one full forward. See :mod:`megatron_logra.rollout.embedded` for the
 conventions both keep.
 """
@@ -19,6 +21,7 @@ from megatron_logra.models.gpt import ModelConfig
 from megatron_logra.rollout.driver import share_from_driver
 from megatron_logra.rollout.engine import Rollout, SamplingParams
 from megatron_logra.rollout.sampling import sample_next
+from megatron_logra.rollout.stop_strings import StopStrings
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +32,7 @@ _PAD_ID = 0  # any valid id: padded positions are masked out and never attended 
 
 class EmbeddedGeneration:
     """The generation side of :class:`~megatron_logra.rollout.embedded.EmbeddedEngine` (a mixin: the
-    engine sets ``cfg``, ``model``, ``device``, ``gen_group``, ``max_positions``, ``_cache_kw`` and
+    engine sets ``cfg``, ``model``, ``device``, ``gen_group``, ``max_positions``, ``tokenizer``, ``_cache_kw`` and
     ``_version`` in its constructor)."""
 
     cfg: ModelConfig
@@ -37,6 +40,8 @@ class EmbeddedGeneration:
     device: Any
     gen_group: Optional[Any]
     max_positions: int
+    tokenizer: Any
+    """Decodes completions for ``SamplingParams.stop`` (None: a call with stop strings is a ValueError)."""
     _cache_kw: str
     _version: int
 
@@ -85,6 +90,7 @@ class EmbeddedGeneration:
                     f"prompt {i} has {len(p)} tokens; at most max_position_embeddings {self.max_positions} - "
                     f"max_new_tokens {params.max_new_tokens} + 1 = {limit} fit"
                 )
+        strings = StopStrings(params.stop, getattr(self, "tokenizer", None)) if params.stop else None
         gen = torch.Generator(device=self.device).manual_seed(params.seed)
         stops = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=self.device)
         batch = len(prompts)
@@ -118,6 +124,8 @@ class EmbeddedGeneration:
         logps_out = torch.empty((batch, 0), dtype=torch.float32, device=self.device)
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         hit_stop = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        ends: dict[int, int] = {}  # rows a stop string ended -> their completion length
+        sampled: list[list[int]] = [[] for _ in range(batch)]  # each live row's tokens (stop strings only)
         for step in range(params.max_new_tokens):
             tokens, logps = sample_next(logits, params.temperature, params.top_p, gen)
             tokens_out = torch.cat([tokens_out, tokens[:, None]], dim=1)
@@ -125,6 +133,8 @@ class EmbeddedGeneration:
             is_stop = torch.isin(tokens, stops) & ~done
             hit_stop |= is_stop
             done |= is_stop
+            if strings is not None and self._end_at_stop_strings(strings, tokens, done, sampled, ends, step):
+                hit_stop |= done  # the rows a stop string just ended finished too
             if bool(done.all()) or step == params.max_new_tokens - 1:
                 break
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
@@ -135,18 +145,35 @@ class EmbeddedGeneration:
             cache = self._cache_of(out)
             next_pos = next_pos + 1
             logits = out.logits[:, -1].float()
-        return [self._rollout(prompts[i], tokens_out[i].tolist(), logps_out[i].tolist(), stops, bool(hit_stop[i]))
-                for i in range(batch)]
+        return [self._rollout(prompts[i], tokens_out[i].tolist(), logps_out[i].tolist(), stops, bool(hit_stop[i]),
+                              ends.get(i)) for i in range(batch)]
+
+    def _end_at_stop_strings(self, strings: StopStrings, tokens: torch.Tensor, done: torch.Tensor,
+                             sampled: list[list[int]], ends: dict[int, int], step: int) -> bool:
+        """Append this step's ``tokens`` to each live row's ``sampled`` ids and mark ``done`` (in place) the rows
+        whose new token completes a stop string, recording their length (``step + 1``) in ``ends``. Returns
+        whether any row ended here."""
+        ended = []
+        for i, (token, live) in enumerate(zip(tokens.tolist(), (~done).tolist())):
+            if live:
+                sampled[i].append(token)
+                if strings.ends(sampled[i]):
+                    ends[i] = step + 1
+                    ended.append(i)
+        if ended:
+            done[torch.tensor(ended, dtype=torch.long, device=done.device)] = True
+        return bool(ended)
 
     def _cache_of(self, out: Any) -> Any:
         """The KV cache (a transformers ``DynamicCache``) returned by a forward."""
         return out.cache if self._cache_kw == "cache" else out.past_key_values
 
     def _rollout(self, prompt: list[int], toks: list[int], logps: list[float], stops: torch.Tensor,
-                 finished: bool) -> Rollout:
-        """Cut a row's tokens after its first stop token (later steps ran on for other rows only)."""
+                 finished: bool, end: Optional[int] = None) -> Rollout:
+        """Cut a row's tokens after its first stop token, or after the ``end`` tokens a stop string ended it at
+        (later steps ran on for other rows only)."""
         stop_set = set(stops.tolist())
-        n = next((j + 1 for j, t in enumerate(toks) if t in stop_set), len(toks))
+        n = end if end is not None else next((j + 1 for j, t in enumerate(toks) if t in stop_set), len(toks))
         return Rollout(list(prompt), toks[:n], logps[:n], finished, self._version)
 
     @torch.inference_mode()

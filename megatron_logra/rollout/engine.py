@@ -50,6 +50,10 @@ class SamplingParams:
     """Completion length limit (>= 1); a sequence cut here has ``finished=False``."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Token ids that end a sequence; the stop token is included in ``completion_ids``."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings (non-empty): a sequence ends at the token whose decoded text completes one of them; that
+    token and those before it are kept (``completion_ids``, ``logprobs``), with ``finished=True``. Text after
+    the stop string within that last token is kept too: the completion is always whole tokens."""
     seed: int = 0
     """Seed of the sampling generator: the same prompts and params give the same rollouts."""
 
@@ -72,6 +76,11 @@ class SamplingParams:
             raise ValueError(f"sampling.stop_token_ids={self.stop_token_ids!r} must be a list of non-negative ints "
                              "(an empty list: no stop tokens)")
         self.stop_token_ids = [int(t) for t in stops]
+        if isinstance(self.stop, (str, bytes)) or not isinstance(self.stop, (list, tuple)) or \
+                any(not isinstance(text, str) or not text for text in self.stop):
+            raise ValueError(f"sampling.stop={self.stop!r} must be a list of non-empty strings (an empty list: no "
+                             "stop strings)")
+        self.stop = list(self.stop)
         if not _is_int(self.seed) or not 0 <= self.seed < 2**63:
             raise ValueError(f"sampling.seed={self.seed!r} must be an int in [0, 2**63)")
         self.seed = int(self.seed)
@@ -88,7 +97,7 @@ class Rollout:
     logprobs: list[float]
     """Per completion token: log-prob under softmax(z/T) before top-p truncation (T=0: softmax(z))."""
     finished: bool
-    """True when a stop token ended the sequence; False when ``max_new_tokens`` cut it."""
+    """True when a stop token or stop string ended the sequence; False when ``max_new_tokens`` cut it."""
     weight_version: int
     """Version of the weights that produced every token of this rollout."""
 

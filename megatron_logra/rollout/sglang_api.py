@@ -3,7 +3,7 @@
 Request (``POST /generate``; ``sglang.Engine.generate`` takes the same fields as keyword arguments)::
 
     {"input_ids": [[1, 5, 9], ...], "sampling_params": {"temperature": 1.0, "top_p": 1.0,
-     "max_new_tokens": 32, "stop_token_ids": [2], ...}, "return_logprob": true}
+     "max_new_tokens": 32, "stop_token_ids": [2], "stop": ["</answer>"], ...}, "return_logprob": true}
 
 Response: one dict per prompt, in order (a bare dict for a single prompt)::
 
@@ -109,13 +109,19 @@ def build_generate_payload(prompts: Sequence[Sequence[int]], params: SamplingPar
     outside ``[0, engine_vocab_size)``, and ids the engine does not have cannot be drawn anyway.
     ``send_seed`` adds ``sampling_seed = request_seeds(params.seed, len(prompts))[i]`` per prompt
     (SGLang's per-request seed), making ``sampling_params`` a list; otherwise SGLang samples from its
-    own generator.
+    own generator. Stop strings (``params.stop``) go as ``stop`` with ``no_stop_trim``: SGLang ends a request at
+    the token whose decoded tail holds one, ``output_ids`` and their log-probs keep that token (as
+    :class:`~megatron_logra.rollout.engine.SamplingParams` says; ``finish_reason`` is ``stop`` with the matched
+    string), and its text keeps the string, as slime sends them. Without stop strings neither key is sent.
     """
     if not prompts:
         raise ValueError("generate: empty batch")
     sp: dict[str, Any] = {"temperature": float(params.temperature), "top_p": float(params.top_p),
                           "max_new_tokens": int(params.max_new_tokens),
                           "stop_token_ids": sorted(set(params.stop_token_ids)), "skip_special_tokens": False}
+    if params.stop:  # the rollout keeps the tokens through the one completing the string: the text keeps it too
+        sp["stop"] = list(params.stop)
+        sp["no_stop_trim"] = True
     engine_vocab = padded_vocab_size if engine_vocab_size is None else min(engine_vocab_size, padded_vocab_size)
     if engine_vocab > vocab_size:
         sp["logit_bias"] = {str(i): PADDED_LOGIT_BIAS for i in range(vocab_size, engine_vocab)}
