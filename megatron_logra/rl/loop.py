@@ -103,7 +103,8 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     sums = _dp_sums(groups.dp, **generated, batch_tokens=float(sum(len(r.completion_ids) for r in rollouts)),
                     batch=float(len(rollouts)), truncated=float(sum(not r.finished for r in rollouts)),
                     abs_advantage=advantages.abs().sum().item(), prompts_skipped=float(collected.prompts_skipped),
-                    resampled=float(collected.replaced), uniform=float(collected.uniform))
+                    resampled=float(collected.replaced), uniform=float(collected.uniform),
+                    passed=float(collected.passed))
     record: dict[str, Any] = {
         "step": step, "reward_mean": sums["reward"] / sums["samples"], "accuracy": sums["correct"] / sums["samples"],
         "eval_accuracy": None, "response_length": sums["tokens"] / sums["samples"],
@@ -118,6 +119,7 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         "train_tokens_per_second": None, "prompts_skipped": int(sums["prompts_skipped"]),
         "resample_rounds": collected.extra_rounds, "groups_resampled": int(sums["resampled"]),
         "groups_uniform": int(sums["uniform"]), "advantage_std_raw": raw_std,
+        "pass_at_group": sums["passed"] * rl.group_size / sums["batch"],  # slime's pass@n of the batch's groups
     }
     if len(c.task.names) > 1:  # a mixture: reward and accuracy per source too (the same decision on every rank)
         by_source = all_reduce_sum(collected.by_source_S3, groups.dp)

@@ -70,6 +70,8 @@ class StepGroups:
     """Uniform groups this rank replaced by informative ones."""
     uniform: int
     """Uniform groups left in this rank's batch."""
+    passed: int
+    """Groups of this rank's batch with a correct rollout (slime's pass@n, n = ``group_size``, is their share)."""
     generate_seconds: float
     """Time spent in the engine's ``generate`` (all rounds)."""
     by_source_S3: torch.Tensor
@@ -102,7 +104,7 @@ def _sample_round(c: RLComponents, step: int, first: int, count: int, round_: in
     seed = cfg.train.seed * 1_000_003 + step * 1009 + groups.dp_rank
     params = SamplingParams(temperature=rl.rollout.temperature, top_p=rl.rollout.top_p,
                             max_new_tokens=rl.rollout.max_new_tokens, stop_token_ids=c.stop_token_ids(),
-                            stop=rl.rollout.stop, seed=seed ^ (round_ << 40))
+                            seed=seed ^ (round_ << 40))
     t0 = time.perf_counter()
     rollouts = c.engine.generate(prompt_ids, params)
     seconds = time.perf_counter() - t0
@@ -170,5 +172,6 @@ def collect_groups(c: RLComponents, step: int, ph: Phases | None = None) -> Step
         rewards_N=torch.tensor([s[0] for s in kept_scores], dtype=torch.float64),
         correct_N=torch.tensor([float(s[1]) for s in kept_scores]),
         generated_4=generated, prompts_skipped=totals["skipped"], extra_rounds=extra, replaced=replaced,
-        uniform=sum(_is_uniform(g) for g in batch), generate_seconds=totals["seconds"], by_source_S3=by_source,
+        uniform=sum(_is_uniform(g) for g in batch), passed=sum(any(s[1] for s in g[2]) for g in batch),
+        generate_seconds=totals["seconds"], by_source_S3=by_source,
     )
