@@ -104,7 +104,7 @@ def _sample_round(c: RLComponents, step: int, first: int, count: int, round_: in
     seed = cfg.train.seed * 1_000_003 + step * 1009 + groups.dp_rank
     params = SamplingParams(temperature=rl.rollout.temperature, top_p=rl.rollout.top_p,
                             max_new_tokens=rl.rollout.max_new_tokens, stop_token_ids=c.stop_token_ids(),
-                            seed=seed ^ (round_ << 40))
+                            stop=rl.rollout.stop, seed=seed ^ (round_ << 40))
     t0 = time.perf_counter()
     rollouts = c.engine.generate(prompt_ids, params)
     seconds = time.perf_counter() - t0
