@@ -97,7 +97,10 @@ advantage 0."""
 SLIME_VALUE_MAPS: dict[str, str] = {"advantage-estimator": "rl.advantage.estimator", "rm-type": "task.reward",
                                     "custom-rm-path": "task.reward", "attention-backend": "model.transformer_impl"}
 """Value flags whose values are spelt otherwise here -> the field they set, by :func:`~megatron_logra.megatron_flags.slime_resolve.slime_value`:
-``--advantage-estimator grpo`` (``gspo``: ``rl.loss.kind=gspo``, GSPO's loss on GRPO's advantages); ``--rm-type`` math / deepscaler / dapo score with math-verify
+``--advantage-estimator grpo`` (``gspo``: ``rl.loss.kind=gspo``, GSPO's loss on GRPO's advantages;
+``reinforce_plus_plus_baseline``: ``rl.advantage.scale_by_std=false``, the group mean only, whitened by
+``--normalize-advantages``, which :func:`~megatron_logra.megatron_flags.slime_resolve.check_estimator` requires);
+``--rm-type`` math / deepscaler / dapo score with math-verify
 (``task.reward=math_verify``); ``--custom-rm-path a.b.fn`` runs slime's own reward function,
 ``task.reward=slime:a.b.fn``; Megatron-LM's ``--attention-backend`` flash / fused is TransformerEngine's attention
 (``model.transformer_impl=transformer_engine``), unfused / local megatron-core's (``local``), auto ``auto``."""

@@ -5,13 +5,14 @@ a ``ValueError`` naming the flag and what to give instead."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from megatron_logra.megatron_flags.slime import CLIP_FLAGS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["slime_value", "resolve_clip", "check_use_wandb", "check_dynamic_batch", "sglang_flag_error"]
+__all__ = ["slime_value", "resolve_clip", "check_estimator", "check_use_wandb", "check_dynamic_batch",
+           "sglang_flag_error"]
 
 _RM_TYPES = {"math": "math_verify", "deepscaler": "math_verify", "dapo": "math_verify"}
 """slime's math graders -> ``task.reward`` scoring the same answers with math-verify."""
@@ -31,10 +32,13 @@ def slime_value(flag: str, raw: Any) -> tuple[str, str]:
             return "rl.advantage.estimator", "grpo"
         if value == "gspo":  # GRPO's advantages (the default estimator) with the sequence-level ratio's loss
             return "rl.loss.kind", "gspo"
+        if value == "reinforce_plus_plus_baseline":  # the group mean only; the whitening: check_estimator
+            return "rl.advantage.scale_by_std", "false"
         raise ValueError(f"--advantage-estimator {value}: this trainer's estimators are grpo (--advantage-estimator "
-                         f"grpo), gspo (GRPO's advantages, the loss rl.loss.kind=gspo) and an EMA-baseline REINFORCE "
-                         f"(rl.advantage.estimator=reinforce); slime's ppo (a value critic) and "
-                         f"reinforce_plus_plus(_baseline) are not supported")
+                         f"grpo), gspo (GRPO's advantages, the loss rl.loss.kind=gspo), reinforce_plus_plus_baseline "
+                         f"(the group's mean subtracted, the advantages whitened: with --normalize-advantages) and an "
+                         f"EMA-baseline REINFORCE (rl.advantage.estimator=reinforce); slime's ppo (a value critic) and "
+                         f"reinforce_plus_plus (discounted returns) are not supported")
     if flag == "rm-type":
         if value in _RM_TYPES:
             logger.warning("--rm-type %s: answers are scored by math-verify (task.reward=math_verify), which parses "
@@ -84,6 +88,24 @@ def resolve_clip(cfg: Any, flag: str, set_by: dict[str, tuple[str, Any]]) -> Opt
     raise ValueError(f"--{flag} sets {CLIP_FLAGS[flag]}, the clip range of rl.loss.kind=ppo, but the loss is given as "
                      f"{spelling}, which does not read it: drop --{flag}, or give rl.loss.kind=ppo (slime's PPO-clip "
                      f"loss)")
+
+
+def check_estimator(cfg: Any, items: Sequence[tuple[str, Any, str]]) -> None:
+    """slime's ``--advantage-estimator reinforce_plus_plus_baseline`` (REINFORCE++ with a group baseline) is the
+    group's mean reward subtracted (``rl.advantage.scale_by_std=false``, set by :func:`slime_value`), then the
+    advantages whitened over the step's loss tokens, which slime requires ``--normalize-advantages`` for, and the
+    rewards normalised per group: refused without ``rl.advantage.normalize`` or with ``rl.advantage.baseline=none``
+    (``--disable-rewards-normalization``), as slime refuses them. ``items``: the line's (flag, value, spelling)."""
+    given = [raw for key, raw, _ in items if key == "advantage-estimator"]
+    if not given or str(given[-1]).strip().lower() != "reinforce_plus_plus_baseline":
+        return
+    if cfg.rl.advantage.baseline == "none":
+        raise ValueError("--advantage-estimator reinforce_plus_plus_baseline subtracts each group's mean reward, which "
+                         "--disable-rewards-normalization (rl.advantage.baseline=none) turns off: drop one of them")
+    if not cfg.rl.advantage.normalize:
+        raise ValueError("--advantage-estimator reinforce_plus_plus_baseline whitens the advantages over the step's "
+                         "tokens, as slime does only with --normalize-advantages: give --normalize-advantages "
+                         "(rl.advantage.normalize=true)")
 
 
 def check_use_wandb(cfg: Any) -> None:
