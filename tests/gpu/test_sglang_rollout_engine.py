@@ -135,3 +135,27 @@ def test_engine_calls_leave_the_trainers_sigterm_handler(served):
         assert driver.engine.loop.remove_signal_handler(signal.SIGTERM) is False  # SGLang's was taken back
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_extra_stop_token_ids_end_sglang_completions(served):
+    """``rl.rollout.stop_token_ids`` reach SGLang's sampling params: a completion holds a stop id only as its last
+    token, and then it is finished."""
+    from collections import Counter
+
+    from megatron_logra.rollout.engine import SamplingParams
+    from megatron_logra.rollout.sglang_engine import SGLangEngine
+
+    smoke, _, _, driver = served
+    vocab = smoke.TINY.vocab
+    engine = SGLangEngine(generate_fn=lambda payload: driver.engine.generate(**payload), target=driver.target,
+                          vocab_size=vocab, padded_vocab_size=vocab)
+    free = engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=24, seed=5))
+    common = Counter(t for r in free for t in r.completion_ids[:-1]).most_common(2)
+    stops = [t for t, _ in common]
+    stopped = engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=24, seed=5,
+                                                      stop_token_ids=stops))
+    for r in stopped:
+        inside = [t for t in r.completion_ids[:-1] if t in stops]
+        assert not inside, (r.completion_ids, stops)
+        if r.completion_ids and r.completion_ids[-1] in stops:
+            assert r.finished
