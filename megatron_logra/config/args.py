@@ -121,6 +121,11 @@ def _parse_one(overrides: Sequence[str], i: int, items: list[Item]) -> int:
         if _takes_several(name):  # slime's nargs="+" flags: each following word is one more value, verbatim
             words = [raw]
             while i < len(overrides) and not overrides[i].startswith("--") and not _ASSIGNMENT.match(overrides[i]):
+                if _names_recipe(overrides[i]):
+                    raise ValueError(f"{item} takes every word up to the next --flag or key=value, and "
+                                     f"{overrides[i]!r} after {item} {' '.join(words)} is a recipe: give the recipe "
+                                     f"first (megatron-logra train {overrides[i]} {item} {' '.join(words)} ...), or "
+                                     f"{item}={overrides[i]} for a value that is a recipe's name")
                 words.append(overrides[i])
                 i += 1
             raw = words
@@ -137,9 +142,19 @@ def _parse_one(overrides: Sequence[str], i: int, items: list[Item]) -> int:
 def _takes_several(name: str) -> bool:
     """Whether ``--name`` is a slime flag of a list field (``--rollout-stop-token-ids 151645 151643``,
     ``--rollout-stop '</answer>'``), which takes every word up to the next ``--flag`` or ``key=value`` as one value
-    each, as slime's ``nargs="+"`` does; its ``--name=V`` form is one value, parsed as the field's
+    each, as slime's ``nargs="+"`` does (a later word naming a recipe is refused: the recipe goes first); its
+    ``--name=V`` form is one value, parsed as the field's
     (comma-separated). Megatron-LM's list flags take one comma-separated value (:func:`_after_flag_value`)."""
     return name in SLIME_ALIASES and typing.get_origin(_field_type(SLIME_ALIASES[name])) in (list, tuple)
+
+
+def _names_recipe(word: str) -> bool:
+    """Whether ``word`` names a recipe: a named recipe, or an existing ``.yaml`` / ``.yml`` file."""
+    from pathlib import Path
+
+    from megatron_logra.config.recipes import RECIPES
+
+    return word in RECIPES or (word.lower().endswith((".yaml", ".yml")) and Path(word).is_file())
 
 
 def _whose(name: str) -> str:
