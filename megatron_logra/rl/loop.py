@@ -148,7 +148,9 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         multiple=cfg.sequence_multiple(),
     )
     layout = _dp_sums(groups.dp, positions=float(sum(len(p.rows) * p.length for p in step_plan(c, batch))),
-                      filled=float(sum(len(r.prompt_ids) + len(r.completion_ids) - 1 for r in rollouts)))
+                      # a row without a completion is packed as padding only (pack_sequences)
+                      filled=float(sum(len(r.prompt_ids) + len(r.completion_ids) - 1 for r in rollouts
+                                       if r.completion_ids)))
     record.update(train_positions=int(layout["positions"]), padding_share=1.0 - layout["filled"] / layout["positions"])
     if c.ref_model is not None:
         ref_logprobs = _reference_logprobs(c, batch)
