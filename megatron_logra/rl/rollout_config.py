@@ -90,7 +90,8 @@ class RolloutConfig:
     completes one of them, for training and held-out rollouts. That token is kept with the ones before it (the
     token ids, their log-probs and the text the reward sees, which holds the stop string, all agree); on the
     embedded engine the match is on the reward's decoding of the completion's last tokens (``rollout.stop_strings``),
-    SGLang matches on its own decoding."""
+    SGLang matches on its own decoding, so it needs a tokenizer: a server's, or for the in-process engine
+    ``sglang_engine_args`` ``skip_tokenizer_init: false`` and ``tokenizer_path`` (refused otherwise)."""
     eval_temperature: float = 0.0
     """Temperature of held-out evaluation (0 = greedy)."""
     eval_top_p: float = 1.0
@@ -165,7 +166,9 @@ def new_tokens_limit(rollout: RolloutConfig, *, held_out: bool = False) -> tuple
 
 def _check_stops(rollout: RolloutConfig) -> None:
     """``stop_token_ids``: non-negative ints (the vocabulary is checked when the tokenizer is known:
-    :func:`check_stop_token_ids`); ``stop``: non-empty strings."""
+    :func:`check_stop_token_ids`); ``stop``: non-empty strings, refused on the in-process SGLang engine unless
+    ``sglang_engine_args`` load a tokenizer (``skip_tokenizer_init: false`` and a ``tokenizer_path``): without one
+    SGLang cannot match them."""
     ids = rollout.stop_token_ids
     if not isinstance(ids, (list, tuple)) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
         raise ValueError(f"rl.rollout.stop_token_ids={ids!r} must be a list of token ids (ints >= 0), e.g. "
@@ -175,6 +178,16 @@ def _check_stops(rollout: RolloutConfig) -> None:
         raise ValueError(f"rl.rollout.stop={rollout.stop!r} must be a list of non-empty strings, e.g. "
                          "--rollout-stop '</answer>'; drop the empty ones")
     rollout.stop = list(rollout.stop)
+    args = rollout.sglang_engine_args if isinstance(rollout.sglang_engine_args, dict) else {}
+    if (rollout.stop and rollout.engine == "sglang" and not rollout.sglang_url
+            and (args.get("skip_tokenizer_init", True) or not args.get("tokenizer_path"))):
+        raise ValueError(f"rl.rollout.stop={rollout.stop!r} (--rollout-stop): the in-process SGLang engine starts "
+                         "without a tokenizer (skip_tokenizer_init, a model directory of config.json only), so it "
+                         "cannot decode completions to match stop strings and refuses every request that has them; "
+                         "end completions by token instead (rl.rollout.stop_token_ids, --rollout-stop-token-ids), or "
+                         'give it a tokenizer: rl.rollout.sglang_engine_args=\'{"skip_tokenizer_init": false, '
+                         '"tokenizer_path": "DIR"}\', or use a server started with its tokenizer (rl.rollout.sglang_url) '
+                         'or rl.rollout.engine=embedded')
 
 
 def check_stop_token_ids(rollout: RolloutConfig, vocab_size: int, what: str) -> None:
