@@ -12,7 +12,9 @@ Contract
   start.
 * The host class provides ``sources``, ``weights``, ``_cum`` (their running sums), ``seed``, ``eval_modulus``,
   ``benchmarks``, ``eval_names``, ``_fits`` (the prompt filter, or None), ``_why`` (why a prompt does not fit),
-  ``is_eval_prompt`` and ``_trainable`` (not eval-only, passes the filter; counts a refused prompt).
+  ``is_eval_prompt``, ``_trainable`` (not eval-only, passes the filter; counts a refused prompt) and ``_fix`` (what
+  keeps the prompts the filter refuses, or empty for the model's room: raise ``model.seq_length`` or lower
+  ``rl.rollout.max_new_tokens``).
 """
 
 from __future__ import annotations
@@ -89,10 +91,12 @@ class TrainStream:
         if long_prompt is not None:
             fix = ("shorten the file's prompts" if jsonl
                    else f"make its prompts shorter via task.dataset_kwargs[{source.name!r}]")
+            # the filter's own fix where it has one (task.max_prompt_tokens: the model's room is not what refuses)
+            limit = getattr(self, "_fix", "") or "raise model.seq_length, lower rl.rollout.max_new_tokens"
             raise ValueError(
                 f"task.datasets: {source.name!r} has no training prompts that fit: "
-                f"{tried.format('eval-only or over-long')}; the last one: {self._why(long_prompt)} — raise "
-                f"model.seq_length, lower rl.rollout.max_new_tokens or {fix}")
+                f"{tried.format('eval-only or over-long')}; the last one: {self._why(long_prompt)} — {limit} "
+                f"or {fix}")
         what = tried.format("eval-only")
         if self.benchmarks:
             raise ValueError(
