@@ -85,6 +85,7 @@ RESUME_LAUNCH_FIELDS = frozenset({
     "train.steps", "rl.steps",  # the run's length (checked against the checkpoint: check_resume_steps)
     "train.resume", "train.run_dir", "train.overwrite",
     "train.micro_batch_size", "rl.micro_batch_size",  # the split of a step into micro-batches (per layout)
+    "rl.max_tokens_per_micro_batch",  # the same, by a token budget (0 where the new layout pipelines)
     "train.progress", "train.log_interval", "train.eval_interval", "rl.eval_interval",
     "train.save_interval", "train.keep_last", "train.checkpoint_checksums", "train.memory_check",
     "train.exit_signal_handler", "train.exit_duration_minutes",
