@@ -89,7 +89,12 @@ def _apply_items(cfg: RunConfig, items: Sequence[Item],
     sampling: list[Item] = []  # slime's dynamic sampling: after every field it reads (rl.*, job) is set
     setter = FieldSetter(cfg)
     collect = Collector(errors)
-    for key, raw, spelling in items:
+    # a flag of VALUE_MAPS sets a field chosen by its value (--advantage-estimator gspo: rl.loss.kind): given twice,
+    # only its last value is applied, as a repeated key takes its last value, so no earlier value's field remains
+    last = {key: i for i, (key, _, _) in enumerate(items) if key in VALUE_MAPS}
+    for index, (key, raw, spelling) in enumerate(items):
+        if key in VALUE_MAPS and last[key] != index:
+            continue
         with collect:
             if key in SCHEDULE_RATIO_FLAGS or key in STEP_FRACTION_FLAGS:
                 ratios.append((key, raw, spelling))
