@@ -33,7 +33,8 @@ from megatron_logra.rl.prompts import _decode, check_prompt_fits, prompt_room, r
 from megatron_logra.rl.rollout_stage import collect_groups
 from megatron_logra.rl.sample_log import sample_records
 from megatron_logra.rl.source_metrics import source_fields
-from megatron_logra.rl.step_guard import check_measured_kl, kl_errors_name_step, refuse_update, update_applied
+from megatron_logra.rl.step_guard import (check_measured_kl, kl_errors_name_step, refuse_update, trained_abs_advantage,
+                                          update_applied, zero_advantage_reason)
 from megatron_logra.train.step import model_device
 
 logger = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
     generated = dict(zip(("reward", "correct", "samples", "tokens"), collected.generated_4.tolist()))
     sums = _dp_sums(groups.dp, **generated, batch_tokens=float(sum(len(r.completion_ids) for r in rollouts)),
                     batch=float(len(rollouts)), truncated=float(sum(not r.finished for r in rollouts)),
-                    abs_advantage=advantages.abs().sum().item(), prompts_skipped=float(collected.prompts_skipped),
+                    abs_advantage=trained_abs_advantage(advantages, rollouts), prompts_skipped=float(collected.prompts_skipped),
                     resampled=float(collected.replaced), uniform=float(collected.uniform),
                     passed=float(collected.passed))
     record: dict[str, Any] = {
@@ -132,9 +133,8 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         return record
     # with a KL penalty (entropy bonus) the step still pulls towards the reference (higher entropy)
     if sums["abs_advantage"] == 0.0 and rl.loss.kl_coef == 0 and rl.loss.entropy_coef == 0:
-        logger.info("step %d: every advantage is zero (%s); no update", step,
-                    "every reward is 0" if rl.advantage.baseline == "none" and not rl.advantage.normalize
-                    else "all rewards equal" if rl.advantage.baseline == "none" else "all groups uniform")
+        logger.info("step %d: no completion token has a nonzero advantage (%s); no update", step,
+                    zero_advantage_reason(rl))
         record.update(skipped=True, skip_reason="zero advantages", step_seconds=elapsed(t0, device),
                       **device_peaks(device))
         return record

@@ -12,6 +12,8 @@ that must not be applied, a KL prediction or measurement that cannot be trusted.
   such steps in a row the run stops with :class:`BadStepsError` instead of going on without training. Only
   :func:`update_applied` ends the streak (a step skipped for zero advantages neither counts nor ends it). The
   streak is not checkpointed: a resumed run starts a new one.
+* :func:`trained_abs_advantage` is what decides a step of zero advantages (skipped, no update): ``Σ |A|`` over the
+  rollouts with a completion token; :func:`zero_advantage_reason` says why for the log.
 * :func:`kl_errors_name_step` makes a :class:`~megatron_logra.kl.controller.KLControlError` of the KL prediction
   or step size (a non-finite prediction) name the RL step; :func:`check_measured_kl` warns of a non-finite measured KL.
 """
@@ -29,7 +31,7 @@ from megatron_logra.parallel import all_gather_bytes
 logger = logging.getLogger(__name__)
 
 __all__ = ["BadStepsError", "RewardError", "check_measured_kl", "kl_errors_name_step", "refuse_update",
-           "score_rollouts", "update_applied"]
+           "score_rollouts", "trained_abs_advantage", "update_applied", "zero_advantage_reason"]
 
 
 class RewardError(RuntimeError):
@@ -129,3 +131,19 @@ def check_measured_kl(actual: Optional[float], step: int) -> None:
     if actual is not None and not math.isfinite(actual):
         logger.warning("RL step %d: the KL measured after the update is not finite (%s): the updated policy's logits "
                        "overflow on the probe; kl_actual is null and the calibration keeps its value", step, actual)
+
+
+def trained_abs_advantage(advantages, rollouts) -> float:
+    """``Σ |A_i|`` over the rollouts with a completion token: a step where it is 0 on every DP rank trains on nothing
+    (an empty completion's advantage reaches no loss token) and is skipped as one of zero advantages."""
+    return float(sum(abs(a) for a, r in zip(advantages.tolist(), rollouts) if r.completion_ids))
+
+
+def zero_advantage_reason(rl) -> str:
+    """Why a step's advantages are all zero, for the log line."""
+    if rl.advantage.estimator != "grpo":
+        return "every reward equals the baseline, or only empty completions have another"
+    if rl.advantage.baseline == "none":
+        return ("every reward is 0" if not rl.advantage.normalize else "all rewards equal") + \
+            ", or only empty completions have another"
+    return "all groups uniform, or only empty completions have a nonzero advantage"
