@@ -128,6 +128,7 @@ def _parse_one(overrides: Sequence[str], i: int, items: list[Item]) -> int:
                                      f"{item}={overrides[i]} for a value that is a recipe's name")
                 words.append(overrides[i])
                 i += 1
+            _check_int_words(name, words)
             raw = words
     spelling = item if has_value else f"{item} {' '.join(raw) if isinstance(raw, list) else raw}"
     if name in IGNORED_VALUE_FLAGS:
@@ -146,6 +147,19 @@ def _takes_several(name: str) -> bool:
     ``--name=V`` form is one value, parsed as the field's
     (comma-separated). Megatron-LM's list flags take one comma-separated value (:func:`_after_flag_value`)."""
     return name in SLIME_ALIASES and typing.get_origin(_field_type(SLIME_ALIASES[name])) in (list, tuple)
+
+
+def _check_int_words(name: str, words: list[str]) -> None:
+    """Refuse a comma-joined word of a slime flag of integers (``--rollout-stop-token-ids 5,6``), which slime's
+    ``nargs="+"`` reads as one value too (and refuses), naming both spellings that give the list."""
+    args = typing.get_args(_field_type(SLIME_ALIASES[name]))
+    joined = next((word for word in words if "," in word), None)
+    if not args or args[0] is not int or joined is None:
+        return
+    spaced = " ".join(part.strip() for word in words for part in word.split(",") if part.strip())
+    listed = ",".join(spaced.split())
+    raise ValueError(f"--{name} {' '.join(words)}: {joined!r} is not an integer: --{name} takes one id per word, "
+                     f"as slime's does: give --{name} {spaced} (or --{name}={listed})")
 
 
 def _names_recipe(word: str) -> bool:

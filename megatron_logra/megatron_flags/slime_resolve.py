@@ -61,6 +61,15 @@ def slime_value(flag: str, raw: Any) -> tuple[str, str]:
         raise ValueError(f"--attention-backend {value}: choose flash or fused (TransformerEngine's attention, "
                          f"model.transformer_impl=transformer_engine), unfused / local (megatron-core's, "
                          f"model.transformer_impl=local) or auto")
+    if flag == "log-probs-chunk-size":
+        try:
+            tokens = int(value)
+        except ValueError:
+            tokens = None
+        if tokens is None or tokens < -1:
+            raise ValueError(f"--log-probs-chunk-size {value}: give the tokens per chunk, a whole number > 0, or -1 "
+                             f"(slime's default: no chunks, rl.loss.logprob_chunk_tokens=0)")
+        return "rl.loss.logprob_chunk_tokens", str(max(tokens, 0))
     raise ValueError(f"--{flag} is not a flag of SLIME_VALUE_MAPS")
 
 

@@ -68,11 +68,14 @@ class Problem:
 class PromptFilter:
     """Which prompts fit a completion length cap: ``fits(prompt)``, a pure function of the prompt text (the same on
     every DP rank, so every rank draws the same problems); ``describe(prompt)``, why a refused one does not fit (for
-    warnings and errors); ``limit``, the field of the cap it leaves room for, which a warning names as the fix."""
+    warnings and errors); ``limit``, the field of the cap it leaves room for, which a warning names as the fix;
+    ``fix``, what that warning says keeps the refused prompts instead, where it is not to raise ``model.seq_length``
+    or lower ``limit`` (a cap on the prompt itself: ``task.eval_max_prompt_tokens``)."""
 
     fits: Callable[[str], bool]
     describe: Optional[Callable[[str], str]] = None
     limit: str = "rl.rollout.max_new_tokens"
+    fix: str = ""
 
 
 @runtime_checkable

@@ -76,7 +76,14 @@ class TaskConfig:
     reads it (``rl.prompt_template`` and ``rl.chat_template`` applied): the train stream skips longer prompts, as it
     skips those that do not fit ``model.seq_length`` (counted in each step's ``prompts_skipped``, one warning per
     source; a ``jsonl:`` file's longer rows are skipped, not refused). The held-out set is not limited by it (slime's
-    evaluation prompts have a cap of their own): its prompts need only fit the model. 0 = no limit."""
+    evaluation prompts have a cap of their own: ``eval_max_prompt_tokens``): its prompts need only fit the model.
+    0 = no limit."""
+    eval_max_prompt_tokens: int = 0
+    """The most tokens a held-out prompt may have (slime's ``--eval-max-prompt-len``), counted as
+    ``max_prompt_tokens`` counts a training prompt: the held-out set drops longer prompts (one warning per source,
+    counted under ``"NAME (held-out)"`` in ``overlong_skips``) and takes the next ones in its fixed order, the same
+    on every rank (a pure function of the prompt text); a benchmark (``eval_datasets``) none of whose held-out
+    prompts is within it is refused at start. Training prompts are not limited by it. 0 = no limit."""
     seed: int = 1234
     """Seed of the train stream (and of the datasets that produce it)."""
     eval_seed: int = 4321
@@ -141,6 +148,10 @@ class TaskConfig:
                 or self.max_prompt_tokens < 0:
             raise ValueError(f"task.max_prompt_tokens={self.max_prompt_tokens!r} must be a whole number >= 0 (the "
                              f"most tokens of a training prompt; 0 = no limit)")
+        if isinstance(self.eval_max_prompt_tokens, bool) or not isinstance(self.eval_max_prompt_tokens, int) \
+                or self.eval_max_prompt_tokens < 0:
+            raise ValueError(f"task.eval_max_prompt_tokens={self.eval_max_prompt_tokens!r} must be a whole number >= 0 "
+                             f"(the most tokens of a held-out prompt, --eval-max-prompt-len; 0 = no limit)")
         if self.num_eval < 0:
             raise ValueError(f"task.num_eval={self.num_eval} must be >= 0")
         if self.eval_modulus < 2:

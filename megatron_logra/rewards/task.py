@@ -175,7 +175,7 @@ class Task(TrainStream, HeldOutSet):
         own = self._held_out_filter if what != "training" else None
         fits, why, limit = (self._fits, self._why, "rl.rollout.max_new_tokens") if own is None else \
             (own.fits, own.describe or self._why, own.limit)
-        fix = (self._fix if own is None else "") or f"raise model.seq_length or lower {limit}"
+        fix = (self._fix if own is None else own.fix) or f"raise model.seq_length or lower {limit}"
         if fits is None or fits(problem.prompt):
             return True
         key = source.name if what == "training" else f"{source.name} (held-out)"

@@ -6,7 +6,8 @@ Every prompt of a file (JSONL) source must fit ``model.seq_length`` with room fo
 or, a prompt the held-out evaluation generates from (a benchmark's, or a held-out row of a training file), for
 ``rl.rollout.eval_max_new_tokens`` where that is set: the longest is checked and a misfit refused, naming its file
 and line. A training row longer than ``task.max_prompt_tokens`` (slime's ``--rollout-max-prompt-len``) is skipped
-instead, as slime drops it when loading the file; the held-out set is not limited by it. A generated source's
+instead, as slime drops it when loading the file; the held-out set is not limited by it, but a held-out row longer
+than ``task.eval_max_prompt_tokens`` (slime's ``--eval-max-prompt-len``) is dropped from it. A generated source's
 over-long prompts are skipped by the train stream and the held-out set instead (:func:`filter_overlong_prompts`,
 each set by its own cap), and a source or benchmark none of whose prompts fits,
 or an evaluation cap that leaves no room for any prompt, is refused. Nothing here writes to the run directory.
@@ -53,9 +54,10 @@ def task_and_tokenizer(cfg: RunConfig, run_dir: Path, *, will_save: bool, group:
     rows = [problem for source in task.sources + task.benchmarks for problem in getattr(source, "problems", ())]
     lengths = [(len(rl_prompt_ids(tok, cfg.rl, problem.prompt)), problem) for problem in rows]
     held_out = _held_out_rows(cfg, task)
-    cap = cfg.task.max_prompt_tokens or float("inf")  # training rows above it are skipped, not refused
+    caps = {False: cfg.task.max_prompt_tokens or float("inf"),  # rows above a cap are skipped, not refused
+            True: cfg.task.eval_max_prompt_tokens or float("inf")}
     for part in (False, True):  # training rows for the training cap, then held-out rows for the evaluation's
-        _check_longest([(n, p) for n, p in lengths if held_out(p) == part and (part or n <= cap)], cfg, held_out=part)
+        _check_longest([(n, p) for n, p in lengths if held_out(p) == part and n <= caps[part]], cfg, held_out=part)
     warn_unknown_characters(tok, rows, cfg)  # a JSONL row's characters the tokenizer does not have
     filter_overlong_prompts(cfg, task, tok)
     return task, tok, _stop_ids(cfg, tok)
@@ -75,9 +77,11 @@ def _stop_ids(cfg: RunConfig, tok: Any) -> list[int]:
 def _held_out_rows(cfg: RunConfig, task: Any) -> Callable[[Any], bool]:
     """Which JSONL rows the evaluation generates from under its own cap (``rl.rollout.eval_max_new_tokens`` set
     and ``task.num_eval`` > 0): a benchmark's rows and a training file's eval-only ones. Without the field every
-    row is checked against the training cap, as when the two caps were one; with ``task.max_prompt_tokens``, which
-    skips the longer training rows only, the held-out rows are told apart too."""
-    if not (cfg.rl.rollout.eval_max_new_tokens or cfg.task.max_prompt_tokens) or cfg.task.num_eval == 0:
+    row is checked against the training cap, as when the two caps were one; with ``task.max_prompt_tokens`` or
+    ``task.eval_max_prompt_tokens``, each of which skips the longer rows of its own set only, the held-out rows are
+    told apart too."""
+    if not (cfg.rl.rollout.eval_max_new_tokens or cfg.task.max_prompt_tokens or cfg.task.eval_max_prompt_tokens) \
+            or cfg.task.num_eval == 0:
         return lambda problem: False
     benchmarks = {source.name for source in task.benchmarks}
     return lambda problem: problem.source in benchmarks or task.is_eval_prompt(problem.prompt)
@@ -99,16 +103,17 @@ def _check_longest(lengths: list, cfg: RunConfig, *, held_out: bool) -> None:
                          f"{which} of {problem.source!r} do not fit; the longest is on this line)") from None
 
 
-def _capped(room: PromptFilter, cap: int, num_tokens: Callable[[str], int]) -> PromptFilter:
-    """``room`` (the prompts that fit the model) less the prompts of more than ``cap`` tokens
-    (``task.max_prompt_tokens``, slime's ``--rollout-max-prompt-len``)."""
+def _capped(room: PromptFilter, cap: int, num_tokens: Callable[[str], int],
+            field: str = "task.max_prompt_tokens", fix: str = "") -> PromptFilter:
+    """``room`` (the prompts that fit the model) less the prompts of more than ``cap`` tokens (``field``:
+    ``task.max_prompt_tokens``, slime's ``--rollout-max-prompt-len``, or ``task.eval_max_prompt_tokens``, slime's
+    ``--eval-max-prompt-len``); ``fix``: what the held-out set's warning names to keep them."""
     def describe(prompt: str) -> str:
         if num_tokens(prompt) <= cap:
             return room.describe(prompt)
-        return (f"a prompt of {num_tokens(prompt)} tokens is longer than task.max_prompt_tokens={cap} (prompt starts "
-                f"{prompt[:60]!r})")
+        return f"a prompt of {num_tokens(prompt)} tokens is longer than {field}={cap} (prompt starts {prompt[:60]!r})"
 
-    return PromptFilter(lambda prompt: num_tokens(prompt) <= cap and room.fits(prompt), describe, room.limit)
+    return PromptFilter(lambda prompt: num_tokens(prompt) <= cap and room.fits(prompt), describe, room.limit, fix)
 
 
 PROMPT_LENGTH_CACHE = 4096
@@ -148,6 +153,28 @@ def filter_overlong_prompts(cfg: RunConfig, task: Any, tok: Any) -> None:
     if cap:  # training prompts only: the held-out set keeps the filter of what fits the model
         own, training = own or length_filter(True), _capped(training, cap, num_tokens)
         fix = f"raise task.max_prompt_tokens={cap} (--rollout-max-prompt-len) or model.seq_length"
+    eval_cap = cfg.task.eval_max_prompt_tokens
+    if eval_cap:  # held-out prompts only, by the same rule (a pure function of the text: the same set on every rank)
+        own = _capped(own or length_filter(True), eval_cap, num_tokens, "task.eval_max_prompt_tokens",
+                      f"raise task.eval_max_prompt_tokens={eval_cap} (--eval-max-prompt-len)")
     task.set_prompt_filter(training.fits, training.describe, held_out=own, fix=fix)
     task.check_trainable()
     check_benchmarks_fit(cfg, task, num_tokens)
+    _check_benchmarks_within(cfg, task, num_tokens)
+
+
+def _check_benchmarks_within(cfg: RunConfig, task: Any, num_tokens: Callable[[str], int]) -> None:
+    """Refuse a held-out benchmark (``task.eval_datasets``) none of whose held-out prompts is within
+    ``task.eval_max_prompt_tokens``: it could never be evaluated (its accuracy would be ``null``)."""
+    cap = cfg.task.eval_max_prompt_tokens
+    if not cap:
+        return
+    problems = task.benchmark_problems()
+    for source in task.benchmarks:
+        lengths = [num_tokens(p.prompt) for p in problems if p.source == source.name]
+        if lengths and min(lengths) > cap:
+            raise ValueError(f"task.eval_datasets: every one of the {len(lengths)} held-out prompts of {source.name!r} "
+                             f"is longer than task.eval_max_prompt_tokens={cap} (--eval-max-prompt-len; the shortest "
+                             f"has {min(lengths)} tokens), so it could never be evaluated: raise "
+                             f"task.eval_max_prompt_tokens to {min(lengths)} or more, or drop it from "
+                             f"task.eval_datasets")
