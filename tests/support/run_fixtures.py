@@ -119,3 +119,16 @@ def rl_components(run_dir: Path, overrides: list):
     finally:
         destroy_parallel()
         torch.set_num_threads(before)
+
+
+LONGER_CHAIN_SUM = '{"chain_sum": {"min_terms": 2, "max_terms": 6, "min_digits": 1, "max_digits": 1}}'
+"""``task.dataset_kwargs`` of chain_sum with 2..6 one-digit terms: prompts of 20, 24, 28, 32 and 36 tokens with the
+tiny recipe's tokenizer (the prompt-cap tests)."""
+
+
+def task_and_tokenizer(cfg, tmp_path: Path):
+    """The task and tokenizer run config ``cfg`` builds (in ``tmp_path/run``, nothing saved), without a model."""
+    from megatron_logra.rl.components import _task_and_tokenizer
+
+    task, tok, _ = _task_and_tokenizer(cfg, tmp_path / "run", will_save=False)
+    return task, tok

@@ -40,6 +40,15 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
+def two_threads():
+    """Two intra-op threads for a module of whole RL runs (the machine's two cores), restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
 def groups():
     """Single-process megatron-core parallel state (gloo world of 1), torn down after the module."""
     from megatron_logra.parallel import ParallelConfig, destroy_parallel, initialize_parallel

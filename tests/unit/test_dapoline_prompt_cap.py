@@ -10,18 +10,11 @@ import logging
 import pytest
 
 from megatron_logra.config import parse_args_to_config
+from support.run_fixtures import LONGER_CHAIN_SUM, task_and_tokenizer
 
-# chain_sum with 2..6 one-digit terms: prompts of 20, 24, 28, 32 and 36 tokens with the tiny recipe's tokenizer
-LONGER = '{"chain_sum": {"min_terms": 2, "max_terms": 6, "min_digits": 1, "max_digits": 1}}'
+LONGER = LONGER_CHAIN_SUM  # prompts of 20, 24, 28, 32 and 36 tokens
 CAP = 28
 N = 120
-
-
-def _task(cfg, tmp_path):
-    from megatron_logra.rl.components import _task_and_tokenizer
-
-    task, tok, _ = _task_and_tokenizer(cfg, tmp_path / "run", will_save=False)
-    return task, tok
 
 
 def test_the_flag_sets_the_field_and_a_bad_value_names_it():
@@ -37,9 +30,9 @@ def test_training_prompts_above_the_cap_are_skipped_and_held_out_ones_kept(tmp_p
     cfg = parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", f"task.dataset_kwargs={LONGER}",
                                         "task.num_eval=40", "--rollout-max-prompt-len", str(CAP)])
     with caplog.at_level(logging.WARNING, logger="megatron_logra.rewards.task"):
-        task, tok = _task(cfg, tmp_path)
+        task, tok = task_and_tokenizer(cfg, tmp_path)
         drawn = [task.train_problem(i) for i in range(N)]
-    plain, _ = _task(parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "task.num_eval=40",
+    plain, _ = task_and_tokenizer(parse_args_to_config("tiny", [f"train.run_dir={tmp_path / 'run'}", "task.num_eval=40",
                                                    f"task.dataset_kwargs={LONGER}"]), tmp_path)
 
     def length(prompt: str) -> int:
@@ -73,6 +66,6 @@ def test_a_jsonl_row_above_the_cap_is_skipped_not_refused(tmp_path):
     with pytest.raises(ValueError, match=r"rows\.jsonl:41: .*do not fit"):  # without the cap: refused at start
         check_config(parse_args_to_config("tiny", args))
     cfg = parse_args_to_config("tiny", [*args, "task.max_prompt_tokens=20"])
-    task, _ = _task(cfg, tmp_path)
+    task, _ = task_and_tokenizer(cfg, tmp_path)
     assert long not in {task.train_problem(i).prompt for i in range(200)}
     assert task.overlong_skips[spec] > 0

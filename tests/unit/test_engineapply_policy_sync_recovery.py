@@ -23,11 +23,8 @@ MAX_UPDATES = 8
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
+def _two_threads(two_threads):
     yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("transport", ["inprocess", "directory"])

@@ -18,7 +18,6 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
 
 from support.engine_weights import engine_differs_from_trainer
 
@@ -28,11 +27,8 @@ NUM_UPDATES = 50
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
+def _two_threads(two_threads):
     yield
-    torch.set_num_threads(before)
 
 
 def test_50_updates_keep_the_delta_engine_bitwise_equal_and_rollouts_equal_to_full_refits(tmp_path):

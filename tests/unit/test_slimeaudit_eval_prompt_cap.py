@@ -11,17 +11,10 @@ import logging
 import pytest
 
 from megatron_logra.config import parse_args_to_config
+from support.run_fixtures import LONGER_CHAIN_SUM, task_and_tokenizer
 
-# chain_sum with 2..6 one-digit terms: prompts of 20, 24, 28, 32 and 36 tokens with the tiny recipe's tokenizer
-LONGER = '{"chain_sum": {"min_terms": 2, "max_terms": 6, "min_digits": 1, "max_digits": 1}}'
+LONGER = LONGER_CHAIN_SUM  # prompts of 20, 24, 28, 32 and 36 tokens
 CAP = 28
-
-
-def _task(cfg, tmp_path):
-    from megatron_logra.rl.components import _task_and_tokenizer
-
-    task, tok, _ = _task_and_tokenizer(cfg, tmp_path / "run", will_save=False)
-    return task, tok
 
 
 def test_the_flag_sets_the_field_and_a_bad_value_names_it():
@@ -39,9 +32,9 @@ def test_held_out_prompts_above_the_cap_are_dropped_and_training_ones_kept(tmp_p
     base = [f"train.run_dir={tmp_path / 'run'}", f"task.dataset_kwargs={LONGER}", "task.num_eval=40"]
     cfg = parse_args_to_config("tiny", [*base, "--eval-max-prompt-len", str(CAP)])
     with caplog.at_level(logging.WARNING, logger="megatron_logra.rewards.task"):
-        task, tok = _task(cfg, tmp_path)
+        task, tok = task_and_tokenizer(cfg, tmp_path)
         held_out = task.eval_problems()
-    plain, _ = _task(parse_args_to_config("tiny", base), tmp_path)
+    plain, _ = task_and_tokenizer(parse_args_to_config("tiny", base), tmp_path)
 
     def length(prompt: str) -> int:
         return len(rl_prompt_ids(tok, cfg.rl, prompt))
@@ -55,7 +48,7 @@ def test_held_out_prompts_above_the_cap_are_dropped_and_training_ones_kept(tmp_p
     assert f"is longer than task.eval_max_prompt_tokens={CAP}" in warning
     assert f"raise task.eval_max_prompt_tokens={CAP} (--eval-max-prompt-len)" in warning
     # built again (as every rank builds it): the same held-out problems, in the same order
-    again, _ = _task(cfg, tmp_path)
+    again, _ = task_and_tokenizer(cfg, tmp_path)
     assert [p.prompt for p in again.eval_problems()] == [p.prompt for p in held_out]
     # the train stream is not limited by it
     trained = [length(task.train_problem(i).prompt) for i in range(120)]
@@ -79,7 +72,7 @@ def test_a_benchmark_row_above_the_cap_is_dropped_not_refused(tmp_path):
     args = [f"train.run_dir={tmp_path / 'run'}", f"task.eval_datasets={spec}", "task.num_eval=20"]
     with pytest.raises(ValueError, match=r"bench\.jsonl:11: "):  # without the cap: refused at start
         check_config(parse_args_to_config("tiny", args))
-    task, _ = _task(parse_args_to_config("tiny", [*args, "--eval-max-prompt-len", "20"]), tmp_path)
+    task, _ = task_and_tokenizer(parse_args_to_config("tiny", [*args, "--eval-max-prompt-len", "20"]), tmp_path)
     prompts = [p.prompt for p in task.eval_problems()]
     assert long not in prompts and set(prompts) == set(short)
 
@@ -90,4 +83,4 @@ def test_a_benchmark_with_no_prompt_within_the_cap_is_refused(tmp_path):
                                         "task.num_eval=5", "--eval-max-prompt-len", "3"])
     with pytest.raises(ValueError, match=r"every one of the 5 held-out prompts of .* is longer than "
                                          r"task\.eval_max_prompt_tokens=3 .*raise task\.eval_max_prompt_tokens"):
-        _task(cfg, tmp_path)
+        task_and_tokenizer(cfg, tmp_path)
