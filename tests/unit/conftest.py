@@ -30,22 +30,23 @@ def _one_process_worlds_only():
     dist.init_process_group = real
 
 
+def _with_threads(count: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors on a shared 2-core machine: intra-op threads only add contention (≈10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    yield from _with_threads(1)
 
 
 @pytest.fixture(scope="module")
 def two_threads():
     """Two intra-op threads for a module of whole RL runs (the machine's two cores), restored after it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+    yield from _with_threads(2)
 
 
 @pytest.fixture(scope="module")
