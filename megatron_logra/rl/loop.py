@@ -147,17 +147,18 @@ def _rl_update(c: RLComponents, state: RLState, ph: Phases) -> dict:
         finished=[r.finished for r in rollouts], pad_id=c.tokenizer.pad_token_id, max_length=cfg.model.seq_length,
         multiple=cfg.sequence_multiple(),
     )
-    layout = _dp_sums(groups.dp, positions=float(sum(len(p.rows) * p.length for p in step_plan(c, batch))),
+    plan = step_plan(c, batch)  # the reference and the policy take the same micro-batches
+    layout = _dp_sums(groups.dp, positions=float(sum(len(p.rows) * p.length for p in plan)),
                       # a row without a completion is packed as padding only (pack_sequences)
                       filled=float(sum(len(r.prompt_ids) + len(r.completion_ids) - 1 for r in rollouts
                                        if r.completion_ids)))
     record.update(train_positions=int(layout["positions"]), padding_share=1.0 - layout["filled"] / layout["positions"])
     if c.ref_model is not None:
-        ref_logprobs = _reference_logprobs(c, batch)
+        ref_logprobs = _reference_logprobs(c, batch, plan)
         if ref_logprobs is not None:  # only the last pipeline stage computes the loss
             batch.extras["ref_logprobs"] = ref_logprobs
     loss_fn = make_rl_loss_fn(rl.loss, rl.rollout.temperature, groups.tp)
-    result, update, overflow_retries = backward_and_prepare(c, batch, loss_fn, step, ph)
+    result, update, overflow_retries = backward_and_prepare(c, batch, loss_fn, step, ph, plan)
     gap_sum, gap_tokens = result.reports["mismatch"].tolist()
     entropy_sum, entropy_tokens = result.reports["entropy"].tolist()
     record["entropy"] = entropy_sum / entropy_tokens if entropy_tokens > 0 else None

@@ -64,11 +64,12 @@ def make_rl_loss_fn(loss_cfg, temperature: float, tp_group):
     return loss_fn
 
 
-def _reference_logprobs(c: RLComponents, batch: Batch) -> Optional[torch.Tensor]:
+def _reference_logprobs(c: RLComponents, batch: Batch,
+                        plan: Optional[list[MicroSlice]] = None) -> Optional[torch.Tensor]:
     """Per-token log-probs ``[b, s]`` of the reference model on the last pipeline stage (``None`` on the
     others, whose micro-batches never reach the loss), one training micro-batch at a time through the
     same pipeline schedule as the policy (the logits of the whole step's batch at once would be
-    ``[b, s, V/tp]``: tens of GB at scale)."""
+    ``[b, s, V/tp]``: tens of GB at scale). ``plan``: the step's :func:`step_plan` (None: made here)."""
     parts: list[torch.Tensor] = []
     temperature, chunk = c.cfg.rl.rollout.temperature, c.cfg.rl.loss.logprob_chunk_tokens
 
@@ -78,7 +79,7 @@ def _reference_logprobs(c: RLComponents, batch: Batch) -> Optional[torch.Tensor]
         return logits.new_zeros((), dtype=torch.float32), tokens.to(torch.int), \
             {"lm": torch.stack([tokens.new_zeros((), dtype=torch.float32), tokens.float()])}
 
-    plan = step_plan(c, batch)
+    plan = step_plan(c, batch) if plan is None else plan
     with torch.no_grad():
         forward_backward(c.ref_model, [take_microbatch(batch, part) for part in plan], c.groups,
                          forward_only=True, loss_fn=capture)
@@ -92,10 +93,11 @@ def step_plan(c: RLComponents, batch: Batch) -> list[MicroSlice]:
     return plan_microbatches(batch, rl.micro_batch_size, rl.max_tokens_per_micro_batch, c.cfg.sequence_multiple())
 
 
-def backward_and_prepare(c: RLComponents, batch: Batch, loss_fn, step: int, phases: Any) -> tuple[StepResult, Any, int]:
+def backward_and_prepare(c: RLComponents, batch: Batch, loss_fn, step: int, phases: Any,
+                         plan: Optional[list[MicroSlice]] = None) -> tuple[StepResult, Any, int]:
     """Forward/backward of ``batch`` at the optimizer's loss scale, then ``optimizer.prepare``; returns the
     result, the prepared update and how many times it was re-run. ``phases`` (a ``Phases``) names the profiler
-    ranges ``forward_backward`` and ``prepare``.
+    ranges ``forward_backward`` and ``prepare``; ``plan``: the step's :func:`step_plan` (None: made here).
 
     A float16 overflow (``update.overflow``: the loss scale came down or is on its way) re-runs the
     forward/backward on the same batch rather than skipping the step: the rollouts are the expensive part
@@ -103,7 +105,7 @@ def backward_and_prepare(c: RLComponents, batch: Batch, loss_fn, step: int, phas
     the scaler's hysteresis, so the scale halves every ``optimizer.loss_scale.hysteresis`` re-runs until the
     step fits or the scale reaches ``min_scale``, where an overflow is a non-finite update like any other
     (returned skipped, without ``overflow``)."""
-    micro = [take_microbatch(batch, part) for part in step_plan(c, batch)]
+    micro = [take_microbatch(batch, part) for part in (step_plan(c, batch) if plan is None else plan)]
     retries = 0
     while True:
         phases.next("forward_backward")
