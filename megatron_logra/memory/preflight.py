@@ -74,13 +74,12 @@ def rl_micro_batch(cfg: Any, dp: int) -> int:
     ``rl.max_tokens_per_micro_batch`` an RL step's micro-batch holds at most that many positions, or one
     sequence (a warm start's micro-batches too): planned as the budget's worth of ``model.seq_length`` sequences,
     rounded up."""
-    step_rows = -(-cfg.rl.prompts_per_step // dp) * cfg.rl.group_size
     budget = cfg.rl.max_tokens_per_micro_batch
-    step = min(step_rows, max(1, -(-budget // cfg.model.seq_length)) if budget else cfg.rl.micro_batch_size)
+    per_micro = max(1, -(-budget // cfg.model.seq_length)) if budget else cfg.rl.micro_batch_size
+    rows = -(-cfg.rl.prompts_per_step // dp) * cfg.rl.group_size
     if cfg.sft.steps > 0 and not cfg.model.hf_path and not cfg.sft.init_path:  # the warm start trains
-        demos = -(-cfg.sft.batch_size // dp)
-        step = max(step, min(demos, max(1, -(-budget // cfg.model.seq_length)) if budget else cfg.rl.micro_batch_size))
-    return step
+        rows = max(rows, -(-cfg.sft.batch_size // dp))
+    return min(per_micro, rows)
 
 
 def embedded_rollout_sequences(cfg: Any, dp: int) -> int:
