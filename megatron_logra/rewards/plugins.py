@@ -172,11 +172,14 @@ class PluginScorer:
     def score(self, problem: Problem, completion: str) -> float:
         """``fn(problem, completion)`` as a float in ``[0, 1]`` (``_RANGE``); :class:`RewardTimeout` past
         ``timeout_s``."""
+        return self._checked(self._call(problem, completion))
+
+    def _call(self, problem: Problem, completion: Any) -> Any:
+        """``fn(problem, completion)``'s return value, within ``timeout_s`` where it is set
+        (:meth:`_call_with_timeout`)."""
         if self.timeout_s is None:
-            value = self.fn(problem, completion)
-        else:
-            value = self._call_with_timeout(problem, completion)
-        return self._checked(value)
+            return self.fn(problem, completion)
+        return self._call_with_timeout(problem, completion)
 
     def _checked(self, value: Any, where: str = "") -> float:
         """``value`` as a float in ``_RANGE``, else a ValueError naming the path, the value and ``where`` it was
@@ -214,7 +217,7 @@ class PluginScorer:
             )
         return value
 
-    def _call_with_timeout(self, problem: Problem, completion: str) -> Any:
+    def _call_with_timeout(self, problem: Problem, completion: Any) -> Any:
         """The function's return value within ``timeout_s``: on this thread when it is the main thread, else on
         the worker thread."""
         assert self.timeout_s is not None

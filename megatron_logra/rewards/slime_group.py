@@ -109,11 +109,7 @@ class SlimeGroupScorer(SlimeScorer):
         """One call of the function for ``completions`` (the samples of ``problem``), within ``timeout_s``: a
         checked finite reward per completion, in order."""
         completions = list(completions)
-        if self.timeout_s is None:
-            value = self.fn(problem, completions)
-        else:
-            value = self._call_with_timeout(problem, completions)  # type: ignore[arg-type]
-        return self._rewards(value, len(completions))
+        return self._rewards(self._call(problem, completions), len(completions))
 
     def _rewards(self, value: Any, count: int) -> list[float]:
         module = type(value).__module__.split(".")[0]
