@@ -45,7 +45,7 @@ def share_from_driver(fn: Callable[[], Any], group: Any) -> Any:
         try:
             box[0] = ("ok", fn())
         except SyncError as exc:
-            box[0] = ("sync", exc.kind, str(exc).removeprefix(f"[{exc.kind}] "))
+            box[0] = ("sync", exc.kind, exc.message)
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
             kind = next((t.__name__ for t in _INPUT_ERRORS if isinstance(exc, t)), None)
             box[0] = ("error", type(exc).__name__, str(exc), kind)

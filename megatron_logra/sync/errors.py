@@ -18,9 +18,10 @@ class SyncError(ValueError):
     ``malformed``, ``unreadable``, ``keys``, ``dtype``, ``shape``, ``version``, ``replay``, ``gap``,
     ``name``, ``nonfinite``, ``layout``, ``precision``, ``exists``, ``apply``, ``config``, ``anchor``:
     a directory consumer is past a trainer refit or restart it has not verified); the message says
-    the rest.
+    the rest (``message``: the text after the ``[kind]`` prefix of ``str(error)``).
     """
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(f"[{kind}] {message}")
         self.kind = kind
+        self.message = message

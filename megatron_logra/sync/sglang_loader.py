@@ -181,7 +181,7 @@ def _apply(model: nn.Module, delta_tensors: list, size: int, rank: int) -> tuple
         setattr(model, VERSION_ATTR, -1)
         raise
     if not _tp_all(error is None):  # some rank may have committed: the engine as a whole is inconsistent
-        reason = (str(error).removeprefix(f"[{error.kind}] ") if error is not None
+        reason = (error.message if error is not None
                   else "another TP rank failed to apply the delta after this one committed")
         setattr(model, VERSION_ATTR, -1)
         return -1, SyncError("apply", f"{reason} -- engine weights may differ across TP ranks; "
