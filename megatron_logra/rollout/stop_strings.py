@@ -7,7 +7,8 @@ SGLang's ``output_ids`` keep those tokens too, and its text keeps the string wit
 
 Only the tail of each live sequence is decoded per step: a stop string of ``n`` UTF-8 bytes spans at most ``n``
 tokens (each token holds at least one byte of text), and one more token in front keeps the decoder's view of a
-leading space (SentencePiece drops the space of a sequence's first word). The decoding is the reward's:
+leading space (SentencePiece drops the space of a sequence's first word). Special tokens (the tokenizer's
+``all_special_ids``) decode to nothing, so they do not count towards that many: the tail reaches back past them. The decoding is the reward's:
 ``tokenizer.decode(ids, skip_special_tokens=True)``.
 """
 
@@ -38,9 +39,23 @@ class StopStrings:
         self.stops = tuple(dict.fromkeys(stops))
         self.tokenizer = tokenizer
         self.window = max(len(s.encode("utf-8")) for s in self.stops) + 1
+        self.special = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
 
     def ends(self, completion: Sequence[int]) -> bool:
         """Whether the last token of ``completion`` (the ids sampled so far) completes a stop string: its decoded
         tail holds one (the steps before found none, so a match there ends at this token)."""
-        tail = self.tokenizer.decode(list(completion[-self.window:]), skip_special_tokens=True)
+        tail = self.tokenizer.decode(self._tail(completion), skip_special_tokens=True)
         return any(s in tail for s in self.stops)
+
+    def _tail(self, completion: Sequence[int]) -> list[int]:
+        """The last ``window`` tokens of ``completion`` that are not special, with the special ones among them."""
+        if not self.special:
+            return list(completion[-self.window:])
+        tail: list[int] = []
+        plain = 0
+        for token in reversed(completion):
+            tail.append(token)
+            plain += token not in self.special
+            if plain == self.window:
+                break
+        return tail[::-1]
