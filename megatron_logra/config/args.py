@@ -14,6 +14,7 @@ from megatron_logra.config.dotted import _canonical, _field_type
 from megatron_logra.megatron_flags import (CONTEXT_FLAGS, IGNORED_SWITCHES, IGNORED_VALUE_FLAGS, LOAD_FLAGS,
                                            MEGATRON_ALIASES, MEGATRON_FLAGS, NEUTRAL_FLAGS, REFUSED_SWITCHES,
                                            REFUSED_VALUE_FLAGS, VALUE_MAPS, neutral_flag, unknown_flag_error)
+from megatron_logra.megatron_flags.launch_scripts import moe_line_error
 from megatron_logra.megatron_flags.slime import SLIME_ALIASES, SLIME_REFUSED_SWITCHES, SLIME_REFUSED_VALUE_FLAGS
 from megatron_logra.megatron_flags.slime_resolve import sglang_flag_error
 
@@ -35,7 +36,11 @@ def _parse_overrides(overrides: Sequence[str], errors: Optional[list[ValueError]
 
     ``errors``: where given, each refused word is appended to it and parsing goes on, so that a pasted launch line
     hears of every flag it must change at once (:func:`raise_errors`); the arguments that follow a refused flag up
-    to the next ``--flag`` or ``key=value`` are taken as its values."""
+    to the next ``--flag`` or ``key=value`` are taken as its values. A line with ``--num-experts`` or a ``--moe-*``
+    flag (a mixture-of-experts model's) is refused as a whole, by one ``ValueError`` (:func:`moe_line_error`)."""
+    moe = moe_line_error(overrides)
+    if moe is not None:
+        raise moe
     items: list[Item] = []
     i = 0
     while i < len(overrides):

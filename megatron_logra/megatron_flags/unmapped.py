@@ -1,7 +1,8 @@
 """The Megatron-LM flags with no field here: accepted and ignored (with why), accepted only at this trainer's
 one value, or refused (with what to use instead).
 
-Plain tables, importing nothing of this project; :func:`~megatron_logra.megatron_flags.neutral_flag` checks
+Plain tables (with :mod:`~megatron_logra.megatron_flags.launch_scripts`' flags of slime's launch scripts), importing
+nothing of this project; :func:`~megatron_logra.megatron_flags.neutral_flag` checks
 a value of :data:`NEUTRAL_FLAGS`.
 """
 
@@ -9,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron_logra.megatron_flags.launch_scripts import (SCRIPT_IGNORED_SWITCHES, SCRIPT_IGNORED_VALUE_FLAGS,
+                                                          SCRIPT_NEUTRAL_FLAGS, SCRIPT_REFUSED_SWITCHES,
+                                                          SCRIPT_REFUSED_VALUE_FLAGS)
 from megatron_logra.megatron_flags.slime import (SLIME_IGNORED_SWITCHES, SLIME_IGNORED_VALUE_FLAGS, SLIME_NEUTRAL_FLAGS,
                                                  SLIME_REFUSED_SWITCHES, SLIME_REFUSED_VALUE_FLAGS)
 
@@ -42,6 +46,7 @@ IGNORED_SWITCHES: dict[str, str] = {
     "no-gradient-accumulation-fusion": _FUSIONS_OFF,
     "no-persist-layer-norm": _FUSIONS_OFF,
     **SLIME_IGNORED_SWITCHES,
+    **SCRIPT_IGNORED_SWITCHES,
 }
 """Megatron-LM switches accepted and ignored, each with why (logged as a warning)."""
 
@@ -49,6 +54,7 @@ IGNORED_VALUE_FLAGS: dict[str, str] = {
     "num-workers": "the training data are generated in the training process (there are no DataLoader workers)",
     "tensorboard-dir": "TensorBoard events go to RUN/tensorboard, RUN being train.run_dir (--save)",
     **SLIME_IGNORED_VALUE_FLAGS,
+    **SCRIPT_IGNORED_VALUE_FLAGS,
 }
 """Megatron-LM value flags accepted (with their value) and ignored, each with why (logged as a warning)."""
 
@@ -62,6 +68,7 @@ NEUTRAL_FLAGS: dict[str, tuple[type, Any, str]] = {
     "num-steps-per-rollout": (int, 1, "each RL step is one rollout and one optimizer step over its "
                                       "rl.prompts_per_step × rl.group_size sequences"),
     **SLIME_NEUTRAL_FLAGS,
+    **SCRIPT_NEUTRAL_FLAGS,
 }
 """Megatron-LM value flags accepted (and ignored) at the one value that matches this trainer:
 ``(type, value, why other values are refused)``."""
@@ -75,6 +82,7 @@ REFUSED_SWITCHES: dict[str, str] = {
     "no-load-rng": "a resumed run restores the RNG states; start a new run (another train.run_dir) instead",
     "use-checkpoint-args": "--resume RUN_DIR already takes the run's saved config (RUN_DIR/config.yaml)",
     **SLIME_REFUSED_SWITCHES,
+    **SCRIPT_REFUSED_SWITCHES,
 }
 """Megatron-LM switches this trainer cannot honour: refused, with what to do instead."""
 
@@ -104,5 +112,6 @@ REFUSED_VALUE_FLAGS: dict[str, str] = {
     "num-layers-per-virtual-pipeline-stage": "interleaved (virtual) pipeline schedules are not supported",
     "virtual-pipeline-model-parallel-size": "interleaved (virtual) pipeline schedules are not supported",
     **SLIME_REFUSED_VALUE_FLAGS,
+    **SCRIPT_REFUSED_VALUE_FLAGS,
 }
 """Megatron-LM value flags this trainer cannot honour: refused, with what to use instead."""
