@@ -69,7 +69,7 @@ from megatron_logra.megatron_flags import (CHECK_FLAGS, CHECK_SWITCHES, CONTEXT_
                                            schedule_ratio, step_fraction)
 from megatron_logra.megatron_flags.dynamic_sampling import resolve_sampling, sampling_order
 from megatron_logra.megatron_flags.slime import CLIP_FLAGS, SLIME_SAMPLING_FLAGS
-from megatron_logra.megatron_flags.slime_resolve import check_estimator, resolve_clip
+from megatron_logra.megatron_flags.slime_resolve import check_estimator, resolve_clip, slime_eval_sampling
 from megatron_logra.optim.schedule import ABSOLUTE_LRS
 
 logger = logging.getLogger(__name__)
@@ -132,6 +132,9 @@ def _apply_items(cfg: RunConfig, items: Sequence[Item],
     note_kl_loss_coef(cfg, [key for key, _, _ in items])
     with collect:
         check_estimator(cfg, items)
+    with collect:
+        for field, value, spelling in slime_eval_sampling(cfg, items, setter.set_by):
+            setter.put(field, value, spelling, "n-samples-per-eval-prompt")
     _drop_unselected_dataset_kwargs(cfg, given)
     return cfg, given
 

@@ -11,8 +11,8 @@ from megatron_logra.megatron_flags.slime import CLIP_FLAGS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["slime_value", "resolve_clip", "check_estimator", "check_use_wandb", "check_dynamic_batch",
-           "sglang_flag_error"]
+__all__ = ["slime_value", "resolve_clip", "check_estimator", "slime_eval_sampling", "check_use_wandb",
+           "check_dynamic_batch", "sglang_flag_error"]
 
 _RM_TYPES = {"math": "math_verify", "deepscaler": "math_verify", "dapo": "math_verify"}
 """slime's math graders -> ``task.reward`` scoring the same answers with math-verify."""
@@ -115,6 +115,28 @@ def check_estimator(cfg: Any, items: Sequence[tuple[str, Any, str]]) -> None:
         raise ValueError("--advantage-estimator reinforce_plus_plus_baseline whitens the advantages over the step's "
                          "tokens, as slime does only with --normalize-advantages: give --normalize-advantages "
                          "(rl.advantage.normalize=true)")
+
+
+def slime_eval_sampling(cfg: Any, items: Sequence[tuple[str, Any, str]],
+                        set_by: dict[str, tuple[str, Any]]) -> list[tuple[str, Any, str]]:
+    """slime samples held-out answers at ``--eval-temperature`` / ``--eval-top-p`` or, where the line gives none, at the
+    rollout's temperature and top-p. Held-out evaluation here is greedy by default (``rl.rollout.eval_temperature=0``),
+    which cannot give ``--n-samples-per-eval-prompt k > 1`` different answers: for such a line that sets no held-out
+    temperature (nor the field), the ``(field, value, spelling)`` items that take the rollout's, as slime does (and its
+    top-p where the held-out one is not given either); nothing otherwise. ``set_by``: the fields the line set."""
+    given = [(raw, spelling) for key, raw, spelling in items if key == "n-samples-per-eval-prompt"]
+    rollout = cfg.rl.rollout
+    if not given or rollout.eval_samples <= 1 or rollout.eval_temperature != 0 \
+            or "rl.rollout.eval_temperature" in set_by:
+        return []
+    spelling = given[-1][1]
+    out = [("rl.rollout.eval_temperature", rollout.temperature, spelling)]
+    if "rl.rollout.eval_top_p" not in set_by:
+        out.append(("rl.rollout.eval_top_p", rollout.top_p, spelling))
+    logger.info("%s without --eval-temperature: held-out answers are sampled at the rollout's temperature %g (and "
+                "top-p %g), as slime samples them", spelling, rollout.temperature,
+                rollout.top_p if len(out) > 1 else rollout.eval_top_p)
+    return out
 
 
 def check_use_wandb(cfg: Any) -> None:
