@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import pytest
@@ -71,14 +70,9 @@ def test_unfinished_saves_of_any_step_are_removed(model, groups, tmp_path):
 
 
 def test_files_are_synced_before_latest_names_them(model, groups, tmp_path, monkeypatch):
-    synced: list[str] = []
-    real_fsync = os.fsync
+    from support.fsync_log import record_fsyncs
 
-    def recording_fsync(fd):
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        return real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     run = (tmp_path / "run").resolve()
     save_checkpoint(run, 1, model, None, groups)
     tmp = str(run / "checkpoints" / "step_00000001.tmp")

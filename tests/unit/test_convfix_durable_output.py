@@ -7,7 +7,6 @@ before the rename) and checks each file of the finished output against it."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,9 @@ def hf_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def synced(monkeypatch) -> list[str]:
     """The path of every descriptor ``os.fsync`` flushes, in order."""
-    calls: list[str] = []
-    real = os.fsync
+    from support.fsync_log import record_fsyncs
 
-    def recording_fsync(fd):
-        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
-        return real(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
-    return calls
+    return record_fsyncs(monkeypatch)
 
 
 def _check_synced_before_rename(out: Path, synced: list[str]) -> None:

@@ -4,12 +4,12 @@ skipped, not refused; the held-out set is not limited by it."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
 
 from megatron_logra.config import parse_args_to_config
+from support.jsonl_rows import write_rows
 from support.run_fixtures import LONGER_CHAIN_SUM, task_and_tokenizer
 
 LONGER = LONGER_CHAIN_SUM  # prompts of 20, 24, 28, 32 and 36 tokens
@@ -49,18 +49,12 @@ def test_training_prompts_above_the_cap_are_skipped_and_held_out_ones_kept(tmp_p
     assert held_out == [length(p.prompt) for p in plain.eval_problems()] and max(held_out) > CAP
 
 
-def _jsonl(tmp_path, prompts) -> str:
-    path = tmp_path / "rows.jsonl"
-    path.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n" for p in prompts))
-    return f"jsonl:{path}"
-
-
 def test_a_jsonl_row_above_the_cap_is_skipped_not_refused(tmp_path):
     from megatron_logra.rl.components import check_config
 
     short = [f"what is {i} plus {i} ?" for i in range(40)]
     long = "what is " + " plus ".join(str(i % 10) for i in range(40)) + " ?"  # past the tiny model's room
-    spec = _jsonl(tmp_path, short + [long])
+    spec = write_rows(tmp_path / "rows.jsonl", [(p, "1") for p in short + [long]])
     args = [f"train.run_dir={tmp_path / 'run'}", f"task.datasets={spec}", "task.reward=math_verify",
             "task.num_eval=0"]
     with pytest.raises(ValueError, match=r"rows\.jsonl:41: .*do not fit"):  # without the cap: refused at start

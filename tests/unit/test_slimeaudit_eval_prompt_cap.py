@@ -5,12 +5,12 @@ and a benchmark with no held-out prompt within it is refused at start."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
 
 from megatron_logra.config import parse_args_to_config
+from support.jsonl_rows import write_rows
 from support.run_fixtures import LONGER_CHAIN_SUM, task_and_tokenizer
 
 LONGER = LONGER_CHAIN_SUM  # prompts of 20, 24, 28, 32 and 36 tokens
@@ -58,9 +58,7 @@ def test_held_out_prompts_above_the_cap_are_dropped_and_training_ones_kept(tmp_p
 
 
 def _benchmark(tmp_path, prompts) -> str:
-    path = tmp_path / "bench.jsonl"
-    path.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n" for p in prompts))
-    return f"jsonl:{path}"
+    return write_rows(tmp_path / "bench.jsonl", [(p, "1") for p in prompts])
 
 
 def test_a_benchmark_row_above_the_cap_is_dropped_not_refused(tmp_path):
